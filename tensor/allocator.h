@@ -1,0 +1,96 @@
+// Allocator: where storage bytes come from.
+//
+// A DataPtr owns one allocation: the data pointer, an opaque context and the
+// function that frees it, and the device it lives on. Allocators for other
+// memory (shared memory in multiprocessing/, device memory in cuda/) implement
+// the same interface and register for their device type, so tensor code never
+// changes to support them:
+//
+//   class ShmAllocator : public ember::Allocator { ... };
+//   ember::DataPtr p = ember::GetAllocator(ember::kCPU)->Allocate(1024);
+//
+// GetCpuAllocator() returns 64-byte aligned memory. Registration is meant for
+// program start-up; lookups are thread-safe.
+#ifndef EMBER_TENSOR_ALLOCATOR_H_
+#define EMBER_TENSOR_ALLOCATOR_H_
+
+#include <cstddef>
+#include <string_view>
+#include <utility>
+
+#include "tensor/device.h"
+
+namespace ember {
+
+using DeleterFn = void (*)(void* context);
+
+// Move-only owner of one allocation.
+class DataPtr {
+ public:
+  DataPtr() = default;
+  // Owns `context` through `deleter` (null deleter: nothing to free); `data`
+  // is the first byte users see, often equal to `context`.
+  DataPtr(void* data, void* context, DeleterFn deleter, Device device)
+      : data_(data), context_(context), deleter_(deleter), device_(device) {}
+  DataPtr(DataPtr&& other) noexcept { *this = std::move(other); }
+  DataPtr& operator=(DataPtr&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      data_ = std::exchange(other.data_, nullptr);
+      context_ = std::exchange(other.context_, nullptr);
+      deleter_ = std::exchange(other.deleter_, nullptr);
+      device_ = other.device_;
+    }
+    return *this;
+  }
+  DataPtr(const DataPtr&) = delete;
+  DataPtr& operator=(const DataPtr&) = delete;
+  ~DataPtr() { Reset(); }
+
+  void* get() const { return data_; }
+  void* context() const { return context_; }
+  DeleterFn deleter() const { return deleter_; }
+  Device device() const { return device_; }
+  explicit operator bool() const { return data_ != nullptr; }
+
+  // Frees the allocation now.
+  void Reset() {
+    if (deleter_ != nullptr) deleter_(context_);
+    data_ = context_ = nullptr;
+    deleter_ = nullptr;
+  }
+
+ private:
+  void* data_ = nullptr;
+  void* context_ = nullptr;
+  DeleterFn deleter_ = nullptr;
+  Device device_ = kCPU;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns `nbytes` of memory (a zero-size request may give a null data
+  // pointer). Throws ember::Error naming the size when memory is exhausted.
+  virtual DataPtr Allocate(size_t nbytes) = 0;
+  // A short name for messages ("cpu", "cuda_caching", "shm_fd", ...).
+  virtual std::string_view name() const = 0;
+};
+
+// Byte alignment of every CPU allocation (a cache line; wide enough for
+// AVX-512 loads).
+inline constexpr size_t kCpuAlignment = 64;
+
+// The process-wide CPU allocator (aligned_alloc).
+Allocator* GetCpuAllocator();
+
+// The allocator that `empty()` uses for `type`; the CPU allocator unless one
+// was registered. Returns null for a type with none (e.g. CUDA before the cuda
+// library registered its allocator).
+Allocator* GetAllocator(DeviceType type);
+// Makes `allocator` (not owned; must outlive its use) the default for `type`.
+void SetAllocator(DeviceType type, Allocator* allocator);
+
+}  // namespace ember
+
+#endif  // EMBER_TENSOR_ALLOCATOR_H_

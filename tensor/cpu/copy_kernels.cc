@@ -1,0 +1,48 @@
+// CPU kernels of copy_out (any dtype to any dtype, strided, broadcast source)
+// and fill_out.
+#include <cstring>
+
+#include "tensor/cpu/loops.h"
+#include "tensor/ops.h"
+
+namespace ember::cpu {
+namespace {
+
+void CopyOut(const Tensor& out, const Tensor& src) {
+  EMBER_CHECK(src.is_cpu() && out.is_cpu(), "copy_: cpu kernel got a ", src.device().ToString(),
+              " source and a ", out.device().ToString(), " destination");
+  if (out.dtype() == src.dtype() && out.is_contiguous() && src.is_contiguous()) {
+    std::memcpy(out.raw_data(), src.raw_data(), out.nbytes());
+    return;
+  }
+  VisitDtype(out.dtype(), [&]<typename D>() {
+    VisitDtype(src.dtype(), [&]<typename S>() {
+      Map<D, S>(out, {src}, [](S v) { return CastTo<D>(v); });
+    });
+  });
+}
+
+void FillOut(const Tensor& out, const Scalar& value) {
+  VisitDtype(out.dtype(), [&]<typename T>() {
+    const T v = value.to<T>();
+    std::array<char*, 1> base{static_cast<char*>(out.raw_data())};
+    std::array<IntArrayRef, 1> strides{out.strides()};
+    ForEachStrided<1>(out.sizes(), base, strides, {int64_t{sizeof(T)}},
+                      [&](char** p, const int64_t* s, int64_t n) {
+                        if (s[0] == int64_t{sizeof(T)}) {
+                          T* o = reinterpret_cast<T*>(p[0]);
+                          for (int64_t i = 0; i < n; ++i) o[i] = v;
+                        } else {
+                          for (int64_t i = 0; i < n; ++i) {
+                            *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
+                          }
+                        }
+                      });
+  });
+}
+
+EMBER_REGISTER_KERNEL(copy_out, kCPU, &CopyOut);
+EMBER_REGISTER_KERNEL(fill_out, kCPU, &FillOut);
+
+}  // namespace
+}  // namespace ember::cpu

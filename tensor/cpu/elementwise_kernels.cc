@@ -1,0 +1,2 @@
+// CPU kernels: elementwise (being written).
+#include "tensor/cpu/loops.h"

@@ -1,0 +1,2 @@
+// CPU kernels: indexing (being written).
+#include "tensor/cpu/loops.h"

@@ -1,0 +1,2 @@
+// CPU kernels: linalg (being written).
+#include "tensor/cpu/loops.h"

@@ -1,0 +1,2 @@
+// CPU kernels: reduce (being written).
+#include "tensor/cpu/loops.h"

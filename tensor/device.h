@@ -1,0 +1,56 @@
+// Device: where a tensor's memory lives, "cpu" or "cuda:N".
+//
+//   absl::StatusOr<ember::Device> d = ember::Device::Parse("cuda:1");
+//   // d->is_cuda(), d->index() == 1, d->ToString() == "cuda:1"
+//   ember::Device cpu = ember::kCPU;
+//
+// A CUDA device without an index ("cuda") means the current device. Parsing
+// follows torch.device: "cpu", "cuda", "cuda:N"; anything else is an
+// InvalidArgument error that names the string and lists the accepted forms.
+// Value type; thread-compatible.
+#ifndef EMBER_TENSOR_DEVICE_H_
+#define EMBER_TENSOR_DEVICE_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace ember {
+
+enum class DeviceType : int8_t { kCPU = 0, kCUDA = 1 };
+inline constexpr int kNumDeviceTypes = 2;
+
+std::string_view DeviceTypeName(DeviceType type);
+
+class Device {
+ public:
+  // A CPU device, or `type` with `index` (-1: no index given).
+  constexpr Device(DeviceType type = DeviceType::kCPU, int index = -1)  // NOLINT
+      : type_(type), index_(index) {}
+
+  static absl::StatusOr<Device> Parse(std::string_view text);
+
+  DeviceType type() const { return type_; }
+  int index() const { return index_; }
+  bool has_index() const { return index_ >= 0; }
+  bool is_cpu() const { return type_ == DeviceType::kCPU; }
+  bool is_cuda() const { return type_ == DeviceType::kCUDA; }
+  std::string ToString() const;
+
+  friend bool operator==(const Device& a, const Device& b) = default;
+
+ private:
+  DeviceType type_;
+  int index_;
+};
+
+inline constexpr Device kCPU{DeviceType::kCPU};
+
+std::ostream& operator<<(std::ostream& os, const Device& device);
+
+}  // namespace ember
+
+#endif  // EMBER_TENSOR_DEVICE_H_

@@ -1,0 +1,157 @@
+// The op dispatcher: how a Tensor method reaches the code that runs it.
+//
+// Note [Dispatch]
+// Every public tensor op is an `Op` object listed once in tensor/ops.inc. An Op
+// holds one kernel per DispatchKey. A call looks at its tensor arguments (and a
+// TensorOptions argument, for factories) and runs, in priority order:
+//   kAutograd  - when an argument requires grad (the autograd layer records the
+//                graph there, then calls Redispatch below itself);
+//   kCPU/kCUDA - the device kernel of the arguments' device;
+//   kComposite - device-independent code written in terms of other ops
+//                (broadcasting, type promotion, views, allocation).
+// Kernels are registered from the libraries that implement them (tensor/cpu/,
+// cuda/, autograd/) when those are linked, so tensor code never depends on
+// them and new backends need no change here. This breaks what would otherwise
+// be a dependency cycle between the Tensor class and its kernels.
+//
+//   // In a kernel library (linked with alwayslink = 1):
+//   EMBER_REGISTER_KERNEL(add, kComposite, &AddImpl);
+//
+// Registration happens during static initialisation; calls are thread-safe
+// once main() runs.
+#ifndef EMBER_TENSOR_DISPATCH_H_
+#define EMBER_TENSOR_DISPATCH_H_
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "tensor/device.h"
+
+namespace ember {
+
+class Tensor;
+class TensorOptions;
+
+enum class DispatchKey : uint8_t { kCPU = 0, kCUDA = 1, kAutograd = 2, kComposite = 3 };
+inline constexpr int kNumDispatchKeys = 4;
+
+// A small set of keys, one bit each.
+class DispatchKeySet {
+ public:
+  constexpr DispatchKeySet() = default;
+  constexpr explicit DispatchKeySet(DispatchKey k) : bits_(1u << static_cast<int>(k)) {}
+  constexpr DispatchKeySet operator|(DispatchKeySet o) const { return FromBits(bits_ | o.bits_); }
+  constexpr DispatchKeySet Remove(DispatchKey k) const {
+    return FromBits(bits_ & ~(1u << static_cast<int>(k)));
+  }
+  constexpr bool Has(DispatchKey k) const { return bits_ & (1u << static_cast<int>(k)); }
+  constexpr bool empty() const { return bits_ == 0; }
+
+ private:
+  static constexpr DispatchKeySet FromBits(uint8_t b) {
+    DispatchKeySet s;
+    s.bits_ = b;
+    return s;
+  }
+  uint8_t bits_ = 0;
+};
+
+DispatchKey DeviceDispatchKey(DeviceType type);
+
+namespace internal {
+
+// The keys one argument contributes; defined in tensor.cc.
+DispatchKeySet KeysOf(const Tensor& t);
+DispatchKeySet KeysOf(const TensorOptions& options);
+DispatchKeySet KeysOf(absl::Span<const Tensor> ts);
+inline DispatchKeySet KeysOf(const std::vector<Tensor>& ts) {
+  return KeysOf(absl::Span<const Tensor>(ts));
+}
+template <typename T>
+DispatchKeySet KeysOf(const T&) {
+  return {};
+}
+
+[[noreturn]] void ThrowNoKernel(std::string_view op, DispatchKeySet keys);
+
+}  // namespace internal
+
+template <typename Signature>
+class Op;
+
+template <typename R, typename... Args>
+class Op<R(Args...)> {
+ public:
+  using Kernel = R (*)(Args...);
+
+  constexpr explicit Op(std::string_view name) : name_(name) {}
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+
+  std::string_view name() const { return name_; }
+  void SetKernel(DispatchKey key, Kernel kernel) { kernels_[static_cast<int>(key)] = kernel; }
+  bool HasKernel(DispatchKey key) const { return kernels_[static_cast<int>(key)] != nullptr; }
+
+  // Runs the highest-priority kernel for the arguments (Note [Dispatch]).
+  R operator()(Args... args) const {
+    DispatchKeySet keys;
+    ((keys = keys | internal::KeysOf(args)), ...);
+    return Call(keys, std::forward<Args>(args)...);
+  }
+
+  // Runs the op as if `below` and every key above it were absent: the autograd
+  // kernel calls Redispatch(kAutograd, ...) to reach the device or composite
+  // kernel.
+  R Redispatch(DispatchKey below, Args... args) const {
+    DispatchKeySet keys;
+    ((keys = keys | internal::KeysOf(args)), ...);
+    keys = keys.Remove(DispatchKey::kAutograd);
+    (void)below;
+    return Call(keys, std::forward<Args>(args)...);
+  }
+
+ private:
+  R Call(DispatchKeySet keys, Args... args) const {
+    if (keys.Has(DispatchKey::kAutograd) && kernels_[2] != nullptr) {
+      return kernels_[2](std::forward<Args>(args)...);
+    }
+    for (int k : {0, 1}) {
+      if (keys.Has(static_cast<DispatchKey>(k)) && kernels_[k] != nullptr) {
+        return kernels_[k](std::forward<Args>(args)...);
+      }
+    }
+    if (kernels_[3] != nullptr) return kernels_[3](std::forward<Args>(args)...);
+    internal::ThrowNoKernel(name_, keys);
+  }
+
+  std::string_view name_;
+  std::array<Kernel, kNumDispatchKeys> kernels_{};
+};
+
+namespace internal {
+// Registers at static-initialisation time.
+struct KernelRegistrar {
+  template <typename OpT, typename Fn>
+  KernelRegistrar(OpT& op, DispatchKey key, Fn fn) {
+    op.SetKernel(key, fn);
+  }
+};
+}  // namespace internal
+
+#define EMBER_REGISTER_CONCAT_INNER_(a, b) a##b
+#define EMBER_REGISTER_CONCAT_(a, b) EMBER_REGISTER_CONCAT_INNER_(a, b)
+
+// Registers `fn` as the `key` kernel of ops::`op` (see Note [Dispatch]).
+#define EMBER_REGISTER_KERNEL(op, key, fn)                                   \
+  static ::ember::internal::KernelRegistrar EMBER_REGISTER_CONCAT_(          \
+      ember_registrar_##op##_, __COUNTER__)(::ember::ops::op,                \
+                                            ::ember::DispatchKey::key, fn)
+
+}  // namespace ember
+
+#endif  // EMBER_TENSOR_DISPATCH_H_

@@ -1,0 +1,2 @@
+// Composite kernels: elementwise (being written).
+#include "tensor/ops.h"

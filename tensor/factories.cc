@@ -1,0 +1,250 @@
+#include "tensor/factories.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "tensor/ops.h"
+
+namespace ember {
+
+Tensor empty(IntArrayRef sizes, TensorOptions options) {
+  return EmptyTensor(sizes, options.dtype(), options.device());
+}
+Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.options()); }
+Tensor zeros(IntArrayRef sizes, TensorOptions options) { return empty(sizes, options).fill_(0); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.options()); }
+Tensor ones(IntArrayRef sizes, TensorOptions options) { return empty(sizes, options).fill_(1); }
+Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.options()); }
+
+namespace {
+Dtype DefaultDtypeFor(const Scalar& v) {
+  if (v.is_bool()) return kBool;
+  if (v.is_integral()) return kInt64;
+  return kDefaultFloatDtype;
+}
+}  // namespace
+
+Tensor full(IntArrayRef sizes, const Scalar& value, std::optional<TensorOptions> options) {
+  TensorOptions o = options ? *options : TensorOptions(DefaultDtypeFor(value));
+  return empty(sizes, o).fill_(value);
+}
+Tensor full_like(const Tensor& t, const Scalar& value) { return full(t.sizes(), value, t.options()); }
+
+Tensor arange(const Scalar& end, std::optional<TensorOptions> options) {
+  return arange(0, end, 1, options);
+}
+
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step,
+              std::optional<TensorOptions> options) {
+  bool all_int = !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
+  TensorOptions o = options ? *options : TensorOptions(all_int ? kInt64 : kDefaultFloatDtype);
+  double s = start.to_double(), e = end.to_double(), st = step.to_double();
+  EMBER_CHECK(st != 0, "arange: step must be nonzero");
+  EMBER_CHECK(std::isfinite(s) && std::isfinite(e), "arange: unsupported range: ", s, " -> ", e);
+  EMBER_CHECK((st > 0 && e >= s) || (st < 0 && e <= s),
+              "arange: upper bound and larger bound inconsistent with step sign (start ", s,
+              ", end ", e, ", step ", st, ")");
+  int64_t n = all_int ? (end.to_int() - start.to_int() + step.to_int() - (st > 0 ? 1 : -1)) /
+                            step.to_int()
+                      : static_cast<int64_t>(std::ceil((e - s) / st));
+  Tensor out = empty({n}, o.device(kCPU));
+  VisitDtype(o.dtype(), [&]<typename T>() {
+    T* p = out.data_ptr<T>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (all_int) {
+        p[i] = CastTo<T>(start.to_int() + i * step.to_int());
+      } else {
+        p[i] = CastTo<T>(s + static_cast<double>(i) * st);
+      }
+    }
+  });
+  return out.to(o.device());
+}
+
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
+  EMBER_CHECK(steps >= 0, "linspace: number of steps must be non-negative, got ", steps);
+  Tensor out = empty({steps}, options.device(kCPU));
+  double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
+  VisitDtype(options.dtype(), [&]<typename T>() {
+    T* p = out.data_ptr<T>();
+    // Fill from both ends so that the last value is exactly `end`.
+    int64_t half = steps / 2;
+    for (int64_t i = 0; i < steps; ++i) {
+      double v = i < half ? start + step * static_cast<double>(i)
+                          : end - step * static_cast<double>(steps - 1 - i);
+      p[i] = CastTo<T>(v);
+    }
+  });
+  return out.to(options.device());
+}
+
+Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
+  int64_t cols = m.value_or(n);
+  EMBER_CHECK(n >= 0 && cols >= 0, "eye: n and m must be non-negative, got ", n, " and ", cols);
+  Tensor out = zeros({n, cols}, options);
+  int64_t k = std::min(n, cols);
+  if (k > 0) out.as_strided({k}, {cols + 1}, 0).fill_(1);
+  return out;
+}
+
+// --- Random ---------------------------------------------------------------------
+
+void Generator::manual_seed(uint64_t seed) {
+  engine_.seed(seed);
+  seed_ = seed;
+  spare_normal_.reset();
+}
+
+double Generator::NextDouble() {
+  return static_cast<double>(engine_() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+double Generator::NextNormal() {
+  if (spare_normal_) {
+    double v = *spare_normal_;
+    spare_normal_.reset();
+    return v;
+  }
+  double u1 = 1.0 - NextDouble();  // (0, 1]: log is finite.
+  double u2 = NextDouble();
+  double r = std::sqrt(-2.0 * std::log(u1));
+  spare_normal_ = r * std::sin(2.0 * M_PI * u2);
+  return r * std::cos(2.0 * M_PI * u2);
+}
+
+int64_t Generator::NextInt(int64_t low, int64_t high) {
+  uint64_t range = static_cast<uint64_t>(high - low);
+  // Rejection sampling removes modulo bias.
+  uint64_t limit = UINT64_MAX - UINT64_MAX % range;
+  uint64_t x;
+  do {
+    x = engine_();
+  } while (x >= limit);
+  return low + static_cast<int64_t>(x % range);
+}
+
+Generator& DefaultGenerator() {
+  static Generator* gen = new Generator();
+  return *gen;
+}
+
+void manual_seed(uint64_t seed) {
+  Generator& g = DefaultGenerator();
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.manual_seed(seed);
+}
+
+namespace {
+
+// Fills `t` (any device, any layout) from a per-element source evaluated on the
+// host in row-major order, so results do not depend on memory layout.
+template <typename Source>
+Tensor FillRandom(const Tensor& t, Generator* gen, Source source) {
+  Generator& g = gen ? *gen : DefaultGenerator();
+  Tensor host = empty(t.sizes(), TensorOptions(t.dtype()));
+  VisitDtype(t.dtype(), [&]<typename T>() {
+    T* p = host.data_ptr<T>();
+    std::lock_guard<std::mutex> lock(g.mutex());
+    for (int64_t i = 0; i < host.numel(); ++i) p[i] = CastTo<T>(source(g));
+  });
+  return t.copy_(host);
+}
+
+void CheckFloating(Dtype dtype, const char* op) {
+  EMBER_CHECK(IsFloatingPoint(dtype), op, ": expected a floating point dtype, got ",
+              DtypeName(dtype), "; use randint for integers");
+}
+
+}  // namespace
+
+Tensor uniform_(const Tensor& t, double from, double to, Generator* gen) {
+  CheckFloating(t.dtype(), "uniform_");
+  EMBER_CHECK(from <= to, "uniform_: expects from <= to, but got from=", from, " > to=", to);
+  return FillRandom(t, gen, [&](Generator& g) { return from + (to - from) * g.NextDouble(); });
+}
+
+Tensor normal_(const Tensor& t, double mean, double std, Generator* gen) {
+  CheckFloating(t.dtype(), "normal_");
+  EMBER_CHECK(std >= 0, "normal_: expects std >= 0.0, but found std ", std);
+  return FillRandom(t, gen, [&](Generator& g) { return mean + std * g.NextNormal(); });
+}
+
+Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen) {
+  CheckFloating(options.dtype(), "rand");
+  return uniform_(empty(sizes, options), 0.0, 1.0, gen);
+}
+
+Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen) {
+  CheckFloating(options.dtype(), "randn");
+  return normal_(empty(sizes, options), 0.0, 1.0, gen);
+}
+
+Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options,
+               Generator* gen) {
+  EMBER_CHECK(low < high, "randint: expects low < high, but got low=", low, ", high=", high);
+  return FillRandom(empty(sizes, options), gen,
+                    [&](Generator& g) { return g.NextInt(low, high); });
+}
+
+// --- Caller memory ----------------------------------------------------------------
+
+Tensor from_blob(void* data, IntArrayRef sizes, TensorOptions options,
+                 std::function<void(void*)> deleter) {
+  return from_blob(data, sizes, ContiguousStrides(sizes), options, std::move(deleter));
+}
+
+Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptions options,
+                 std::function<void(void*)> deleter) {
+  EMBER_CHECK(sizes.size() == strides.size(), "from_blob: got ", sizes.size(), " sizes but ",
+              strides.size(), " strides");
+  int64_t extent = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    EMBER_CHECK(sizes[d] >= 0 && strides[d] >= 0, "from_blob: sizes ", ShapeToString(sizes),
+                " and strides ", ShapeToString(strides), " must be non-negative");
+    extent += sizes[d] == 0 ? 0 : (sizes[d] - 1) * strides[d];
+  }
+  size_t nbytes = Numel(sizes) == 0 ? 0 : (extent + 1) * ElementSize(options.dtype());
+  EMBER_CHECK(data != nullptr || nbytes == 0, "from_blob: null data for a non-empty tensor");
+  DataPtr ptr;
+  if (deleter) {
+    struct Context {
+      void* data;
+      std::function<void(void*)> deleter;
+    };
+    auto* ctx = new Context{data, std::move(deleter)};
+    ptr = DataPtr(data, ctx, [](void* c) {
+      auto* context = static_cast<Context*>(c);
+      context->deleter(context->data);
+      delete context;
+    }, options.device());
+  } else {
+    ptr = DataPtr(data, nullptr, nullptr, options.device());
+  }
+  return Tensor(std::make_shared<TensorImpl>(Storage(std::move(ptr), nbytes), options.dtype(),
+                                             sizes, strides, 0));
+}
+
+namespace internal {
+Tensor CopyFromHost(const void* data, size_t count, Dtype dtype, IntArrayRef sizes) {
+  EMBER_CHECK(Numel(sizes) == static_cast<int64_t>(count), "tensor: ", count,
+              " values do not fill shape ", ShapeToString(sizes), " (", Numel(sizes),
+              " elements)");
+  Tensor out = empty(sizes, TensorOptions(dtype));
+  if (count > 0) std::memcpy(out.raw_data(), data, count * ElementSize(dtype));
+  return out;
+}
+}  // namespace internal
+
+Tensor tensor(std::initializer_list<float> v) { return tensor(std::vector<float>(v)); }
+Tensor tensor(std::initializer_list<double> v) { return tensor(std::vector<double>(v)); }
+Tensor tensor(std::initializer_list<int64_t> v) { return tensor(std::vector<int64_t>(v)); }
+Tensor tensor(std::initializer_list<int> v) {
+  return tensor(std::vector<int64_t>(v.begin(), v.end()));
+}
+Tensor tensor(std::initializer_list<bool> v) { return tensor(std::vector<bool>(v)); }
+
+Tensor scalar_tensor(const Scalar& value, std::optional<TensorOptions> options) {
+  return full({}, value, options);
+}
+
+}  // namespace ember

@@ -1,0 +1,130 @@
+// Factories: tensors made from sizes, ranges, random numbers or caller data.
+//
+//   ember::Tensor z = ember::zeros({2, 3});                    // float32
+//   ember::Tensor r = ember::arange(0, 10, 2);                 // int64 [5]
+//   ember::manual_seed(0);
+//   ember::Tensor n = ember::randn({4, 4});                    // same every run
+//   ember::Tensor v = ember::tensor(std::vector<float>{1, 2, 3});
+//   ember::Tensor b = ember::from_blob(ptr, {2, 2}, ember::kFloat64);  // no copy
+//
+// Defaults follow torch: float32 unless the values say otherwise (arange of
+// integers gives int64, full of a bool gives bool). Random numbers come from
+// a seedable generator: manual_seed(s) makes every later rand/randn/randint
+// sequence reproducible across runs and machines (a 64-bit Mersenne Twister
+// with Ember's own, platform-independent distributions; the values differ
+// from PyTorch's). Errors throw ember::Error. The default generator is
+// guarded by a mutex; factories are thread-safe.
+#ifndef EMBER_TENSOR_FACTORIES_H_
+#define EMBER_TENSOR_FACTORIES_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace ember {
+
+Tensor empty(IntArrayRef sizes, TensorOptions options = {});
+Tensor empty_like(const Tensor& t);
+Tensor zeros(IntArrayRef sizes, TensorOptions options = {});
+Tensor zeros_like(const Tensor& t);
+Tensor ones(IntArrayRef sizes, TensorOptions options = {});
+Tensor ones_like(const Tensor& t);
+// dtype from the value when not given: bool, int64 or float32.
+Tensor full(IntArrayRef sizes, const Scalar& value, std::optional<TensorOptions> options = std::nullopt);
+Tensor full_like(const Tensor& t, const Scalar& value);
+
+// [start, end) with `step`; int64 when all three are integers, else float32.
+Tensor arange(const Scalar& end, std::optional<TensorOptions> options = std::nullopt);
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step = 1,
+              std::optional<TensorOptions> options = std::nullopt);
+// `steps` evenly spaced values from start to end inclusive.
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options = {});
+// Identity matrix n x m (m defaults to n).
+Tensor eye(int64_t n, std::optional<int64_t> m = std::nullopt, TensorOptions options = {});
+
+// A seedable random source (torch.Generator).
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 67280421310721ull) : engine_(seed), seed_(seed) {}
+  void manual_seed(uint64_t seed);
+  uint64_t initial_seed() const { return seed_; }
+  // Uniform in [0, 1) with 53 random bits.
+  double NextDouble();
+  // Standard normal (Box-Muller on NextDouble).
+  double NextNormal();
+  // Uniform integer in [low, high).
+  int64_t NextInt(int64_t low, int64_t high);
+  std::mutex& mutex() { return mu_; }
+
+ private:
+  std::mt19937_64 engine_;
+  uint64_t seed_;
+  std::optional<double> spare_normal_;
+  std::mutex mu_;
+};
+
+// The process-wide default generator.
+Generator& DefaultGenerator();
+// torch.manual_seed: reseeds the default generator.
+void manual_seed(uint64_t seed);
+
+// Uniform in [0, 1) (floating dtypes only).
+Tensor rand(IntArrayRef sizes, TensorOptions options = {}, Generator* gen = nullptr);
+// Standard normal (floating dtypes only).
+Tensor randn(IntArrayRef sizes, TensorOptions options = {}, Generator* gen = nullptr);
+// Uniform integers in [low, high); int64 unless told.
+Tensor randint(int64_t low, int64_t high, IntArrayRef sizes,
+               TensorOptions options = TensorOptions(kInt64), Generator* gen = nullptr);
+// In place: uniform in [from, to) and normal(mean, std).
+Tensor uniform_(const Tensor& t, double from = 0.0, double to = 1.0, Generator* gen = nullptr);
+Tensor normal_(const Tensor& t, double mean = 0.0, double std = 1.0, Generator* gen = nullptr);
+
+// A tensor over caller memory, without copying. `deleter` (may be empty) runs
+// when the last tensor using the memory goes away; otherwise the caller keeps
+// the memory alive for as long as the tensor is used. Contiguous unless
+// `strides` are given.
+Tensor from_blob(void* data, IntArrayRef sizes, TensorOptions options = {},
+                 std::function<void(void*)> deleter = {});
+Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptions options = {},
+                 std::function<void(void*)> deleter = {});
+
+// A copy of `values`, 1-D unless `sizes` is given (numel must match); the
+// dtype is that of T.
+template <typename T>
+Tensor tensor(const std::vector<T>& values, std::optional<SizeVector> sizes = std::nullopt);
+Tensor tensor(std::initializer_list<float> values);
+Tensor tensor(std::initializer_list<double> values);
+Tensor tensor(std::initializer_list<int64_t> values);
+Tensor tensor(std::initializer_list<int> values);
+Tensor tensor(std::initializer_list<bool> values);
+
+// A 0-dim tensor holding `value` in `dtype` (default: from the value).
+Tensor scalar_tensor(const Scalar& value, std::optional<TensorOptions> options = std::nullopt);
+
+// --- Implementation ----------------------------------------------------------------
+
+namespace internal {
+Tensor CopyFromHost(const void* data, size_t count, Dtype dtype, IntArrayRef sizes);
+}
+
+template <typename T>
+Tensor tensor(const std::vector<T>& values, std::optional<SizeVector> sizes) {
+  using Stored = std::conditional_t<std::is_same_v<T, bool>, bool, T>;
+  SizeVector shape = sizes ? *sizes : SizeVector{static_cast<int64_t>(values.size())};
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<uint8_t> bytes(values.begin(), values.end());
+    return internal::CopyFromHost(bytes.data(), bytes.size(), kBool, shape);
+  } else {
+    return internal::CopyFromHost(values.data(), values.size(), kDtypeOf<Stored>, shape);
+  }
+}
+
+}  // namespace ember
+
+#endif  // EMBER_TENSOR_FACTORIES_H_

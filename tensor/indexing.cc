@@ -1,0 +1,2 @@
+// Composite kernels: indexing (being written).
+#include "tensor/ops.h"

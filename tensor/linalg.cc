@@ -1,0 +1,2 @@
+// Composite kernels: linalg (being written).
+#include "tensor/ops.h"

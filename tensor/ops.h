@@ -1,0 +1,70 @@
+// The dispatched op registry: one `Op` object per entry of tensor/ops.inc
+// (Note [Dispatch] in tensor/dispatch.h). Tensor methods call these; kernel
+// libraries register implementations into them.
+//
+//   ember::Tensor c = ember::ops::binary(ember::BinaryOp::kAdd, a, b);
+//
+// Most code should use the Tensor methods instead.
+#ifndef EMBER_TENSOR_OPS_H_
+#define EMBER_TENSOR_OPS_H_
+
+#include <optional>
+#include <string_view>
+
+#include "absl/types/span.h"
+#include "tensor/dispatch.h"
+#include "tensor/tensor.h"
+
+namespace ember {
+
+enum class UnaryOp : uint8_t {
+  kNeg, kAbs, kExp, kExpm1, kLog, kLog1p, kLog2, kSqrt, kRsqrt, kSin, kCos, kTan,
+  kTanh, kSigmoid, kRelu, kGelu, kErf, kReciprocal, kSign, kFloor, kCeil, kRound,
+  kSquare, kLogicalNot,
+};
+
+enum class BinaryOp : uint8_t {
+  kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum,
+  kEq, kNe, kLt, kLe, kGt, kGe,
+  kLogicalAnd, kLogicalOr, kLogicalXor,
+};
+
+enum class ReduceOp : uint8_t { kSum, kProd, kMean, kAmax, kAmin, kArgmax, kArgmin };
+
+// Lowercase names as in torch ("exp", "add", "sum"), for messages.
+std::string_view UnaryOpName(UnaryOp op);
+std::string_view BinaryOpName(BinaryOp op);
+std::string_view ReduceOpName(ReduceOp op);
+
+// Whether the op's result is computed in floating point even for integer
+// inputs (exp, sqrt, ...: int64 in, float32 out).
+bool UnaryOpPromotesToFloat(UnaryOp op);
+// Comparison and logical ops: bool results.
+bool BinaryOpReturnsBool(BinaryOp op);
+
+// Throws when `self` cannot be written elementwise: some of its elements
+// share memory (an expanded tensor), as torch refuses. `op` names the caller.
+void CheckWritable(const Tensor& self, const char* op);
+
+// Counts an in-place modification of `self` (and all its views).
+inline void BumpVersion(const Tensor& self) { self.impl()->BumpVersion(); }
+
+// The result of op(a, b) for in-place ops must have `self`'s shape; throws
+// "<op>: output with shape [3] doesn't match the broadcast shape [2, 3]".
+void CheckInPlaceShape(const Tensor& self, IntArrayRef broadcast, const char* op);
+
+// Whether two tensors' element ranges in one storage may overlap.
+bool MayOverlap(const Tensor& a, const Tensor& b);
+
+// A fresh contiguous tensor of `sizes` on `device` (uninitialised).
+Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device);
+
+namespace ops {
+#define EMBER_OP(name, ret, args) extern Op<ret args> name;
+#include "tensor/ops.inc"
+#undef EMBER_OP
+}  // namespace ops
+
+}  // namespace ember
+
+#endif  // EMBER_TENSOR_OPS_H_

@@ -1,0 +1,2 @@
+// Composite kernels: reduce (being written).
+#include "tensor/ops.h"

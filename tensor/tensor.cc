@@ -1,0 +1,594 @@
+#include "tensor/tensor.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "tensor/ops.h"
+
+namespace ember {
+
+// --- TensorImpl ------------------------------------------------------------------
+
+TensorImpl::TensorImpl(Storage storage, Dtype dtype, IntArrayRef sizes,
+                       IntArrayRef strides, int64_t storage_offset)
+    : storage_(std::move(storage)),
+      sizes_(sizes.begin(), sizes.end()),
+      strides_(strides.begin(), strides.end()),
+      storage_offset_(storage_offset),
+      dtype_(dtype),
+      version_(std::make_shared<VersionCounter>()) {
+  EMBER_INTERNAL_ASSERT(sizes.size() == strides.size());
+  Recompute();
+}
+
+void TensorImpl::SetGeometry(IntArrayRef sizes, IntArrayRef strides,
+                             int64_t storage_offset) {
+  EMBER_INTERNAL_ASSERT(sizes.size() == strides.size());
+  sizes_.assign(sizes.begin(), sizes.end());
+  strides_.assign(strides.begin(), strides.end());
+  storage_offset_ = storage_offset;
+  Recompute();
+}
+
+void TensorImpl::Recompute() {
+  numel_ = Numel(sizes_);
+  // Contiguous: row-major strides, ignoring dims of size 1 (torch's rule).
+  is_contiguous_ = true;
+  if (numel_ == 0) return;
+  int64_t expected = 1;
+  for (int64_t d = dim() - 1; d >= 0; --d) {
+    if (sizes_[d] == 1) continue;
+    if (strides_[d] != expected) {
+      is_contiguous_ = false;
+      return;
+    }
+    expected *= sizes_[d];
+  }
+}
+
+// --- Dispatch keys ----------------------------------------------------------------
+
+DispatchKey DeviceDispatchKey(DeviceType type) {
+  return type == DeviceType::kCUDA ? DispatchKey::kCUDA : DispatchKey::kCPU;
+}
+
+namespace internal {
+
+DispatchKeySet KeysOf(const Tensor& t) {
+  if (!t.defined()) return {};
+  DispatchKeySet keys(DeviceDispatchKey(t.device().type()));
+  const AutogradMetaInterface* meta = t.impl()->autograd_meta();
+  if (meta != nullptr && meta->requires_grad()) keys = keys | DispatchKeySet(DispatchKey::kAutograd);
+  return keys;
+}
+
+DispatchKeySet KeysOf(const TensorOptions& options) {
+  return DispatchKeySet(DeviceDispatchKey(options.device().type()));
+}
+
+DispatchKeySet KeysOf(absl::Span<const Tensor> ts) {
+  DispatchKeySet keys;
+  for (const Tensor& t : ts) keys = keys | KeysOf(t);
+  return keys;
+}
+
+void ThrowNoKernel(std::string_view op, DispatchKeySet keys) {
+  std::string devices;
+  if (keys.Has(DispatchKey::kCPU)) absl::StrAppend(&devices, " cpu");
+  if (keys.Has(DispatchKey::kCUDA)) absl::StrAppend(&devices, " cuda");
+  EMBER_FAIL(op, ": no kernel registered for device(s)", devices.empty() ? " (none)" : devices,
+             "; link the library that implements it (//tensor for cpu, //cuda for cuda)");
+}
+
+}  // namespace internal
+
+// --- Metadata ---------------------------------------------------------------------
+
+int64_t Tensor::size(int64_t d) const { return sizes()[WrapDim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[WrapDim(d, dim(), "stride")]; }
+
+void Tensor::CheckDataPtrType(Dtype requested) const {
+  EMBER_CHECK(defined(), "data_ptr: the tensor is undefined");
+  EMBER_CHECK(requested == dtype(), "data_ptr: expected a ", DtypeName(requested),
+              " pointer type for a ", DtypeName(dtype()), " tensor; ask for the tensor's own type");
+}
+
+Scalar Tensor::ItemScalar() const {
+  EMBER_CHECK(defined(), "item: the tensor is undefined");
+  EMBER_CHECK(numel() == 1, "item: a Tensor with ", numel(),
+              " elements cannot be converted to Scalar");
+  Tensor cpu = is_cpu() ? *this : to(kCPU);
+  return VisitDtype(dtype(), [&]<typename T>() -> Scalar {
+    T v = *static_cast<const T*>(cpu.raw_data());
+    if constexpr (std::is_same_v<T, bool>) {
+      return Scalar(v);
+    } else if constexpr (std::is_integral_v<T>) {
+      return Scalar(static_cast<int64_t>(v));
+    } else {
+      return Scalar(static_cast<double>(static_cast<OpMath<T>>(v)));
+    }
+  });
+}
+
+// --- Views ------------------------------------------------------------------------
+
+Tensor Tensor::view(IntArrayRef sizes) const { return ops::view(*this, sizes); }
+
+Tensor Tensor::reshape(IntArrayRef sizes) const {
+  SizeVector shape = InferSize(sizes, numel(), "reshape");
+  if (ComputeViewStrides(this->sizes(), strides(), shape)) return view(shape);
+  return contiguous().view(shape);
+}
+
+Tensor Tensor::as_strided(IntArrayRef sizes, IntArrayRef strides,
+                          std::optional<int64_t> storage_offset) const {
+  return ops::as_strided(*this, sizes, strides, storage_offset.value_or(this->storage_offset()));
+}
+
+Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
+  return ops::transpose(*this, dim0, dim1);
+}
+
+Tensor Tensor::t() const {
+  EMBER_CHECK(dim() <= 2, "t: expects a tensor with <= 2 dimensions, but got a ", dim(),
+              "-D tensor of shape ", ShapeToString(sizes()), "; use transpose(dim0, dim1)");
+  return dim() < 2 ? *this : transpose(0, 1);
+}
+
+Tensor Tensor::permute(IntArrayRef dims) const { return ops::permute(*this, dims); }
+
+Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
+  EMBER_CHECK(dim() > 0, "narrow: cannot be applied to a 0-dim tensor");
+  int64_t wd = WrapDim(d, dim(), "narrow");
+  int64_t n = sizes()[wd];
+  if (start < 0) start += n;
+  EMBER_CHECK(start >= 0 && start <= n, "narrow: start (", start,
+              ") is out of bounds for dimension ", wd, " of size ", n);
+  EMBER_CHECK(length >= 0 && start + length <= n, "narrow: start (", start, ") + length (",
+              length, ") exceeds dimension size (", n, ")");
+  return ops::slice(*this, wd, start, start + length, 1);
+}
+
+Tensor Tensor::slice(int64_t d, std::optional<int64_t> start, std::optional<int64_t> end,
+                     int64_t step) const {
+  EMBER_CHECK(dim() > 0, "slice: cannot be applied to a 0-dim tensor");
+  EMBER_CHECK(step > 0, "slice: step must be positive, got ", step);
+  int64_t wd = WrapDim(d, dim(), "slice");
+  int64_t n = sizes()[wd];
+  auto clampi = [n](int64_t v) {
+    if (v < 0) v += n;
+    return std::min(std::max<int64_t>(v, 0), n);
+  };
+  int64_t s = start ? clampi(*start) : 0;
+  int64_t e = end ? clampi(*end) : n;
+  if (e < s) e = s;
+  return ops::slice(*this, wd, s, e, step);
+}
+
+Tensor Tensor::select(int64_t d, int64_t index) const { return ops::select(*this, d, index); }
+Tensor Tensor::expand(IntArrayRef sizes) const { return ops::expand(*this, sizes); }
+Tensor Tensor::squeeze() const { return ops::squeeze(*this, std::nullopt); }
+Tensor Tensor::squeeze(int64_t d) const { return ops::squeeze(*this, d); }
+Tensor Tensor::unsqueeze(int64_t d) const { return ops::unsqueeze(*this, d); }
+
+Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
+  if (dim() == 0) return reshape({1});
+  int64_t s = WrapDim(start_dim, dim(), "flatten");
+  int64_t e = WrapDim(end_dim, dim(), "flatten");
+  EMBER_CHECK(s <= e, "flatten: start_dim (", start_dim, ") cannot come after end_dim (",
+              end_dim, ")");
+  SizeVector shape(sizes().begin(), sizes().begin() + s);
+  int64_t n = 1;
+  for (int64_t i = s; i <= e; ++i) n *= sizes()[i];
+  shape.push_back(n);
+  shape.insert(shape.end(), sizes().begin() + e + 1, sizes().end());
+  return reshape(shape);
+}
+
+std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const {
+  EMBER_CHECK(dim() > 0, "split: expects at least a 1-dimensional tensor");
+  EMBER_CHECK(split_size >= 0, "split: split_size must be non-negative, got ", split_size);
+  int64_t wd = WrapDim(d, dim(), "split");
+  int64_t n = sizes()[wd];
+  EMBER_CHECK(split_size > 0 || n == 0, "split: split_size can only be 0 if dimension ", wd,
+              " has size 0, but got size ", n);
+  std::vector<Tensor> out;
+  if (n == 0) {
+    out.push_back(*this);
+    return out;
+  }
+  for (int64_t start = 0; start < n; start += split_size) {
+    out.push_back(narrow(wd, start, std::min(split_size, n - start)));
+  }
+  return out;
+}
+
+std::vector<Tensor> Tensor::split_with_sizes(IntArrayRef split_sizes, int64_t d) const {
+  int64_t wd = WrapDim(d, dim(), "split_with_sizes");
+  int64_t total = 0;
+  for (int64_t s : split_sizes) {
+    EMBER_CHECK(s >= 0, "split_with_sizes: split sizes must be non-negative, got ",
+                ShapeToString(split_sizes));
+    total += s;
+  }
+  EMBER_CHECK(total == sizes()[wd], "split_with_sizes: split sizes ", ShapeToString(split_sizes),
+              " sum to ", total, " but dimension ", wd, " has size ", sizes()[wd]);
+  std::vector<Tensor> out;
+  int64_t start = 0;
+  for (int64_t s : split_sizes) {
+    out.push_back(narrow(wd, start, s));
+    start += s;
+  }
+  return out;
+}
+
+std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
+  EMBER_CHECK(dim() > 0, "chunk: expects at least a 1-dimensional tensor");
+  EMBER_CHECK(chunks > 0, "chunk: number of chunks must be greater than 0, got ", chunks);
+  int64_t n = sizes()[WrapDim(d, dim(), "chunk")];
+  int64_t split_size = (n + chunks - 1) / chunks;
+  if (split_size == 0 && n == 0) return split(0, d);
+  return split(split_size, d);
+}
+
+std::vector<Tensor> Tensor::unbind(int64_t d) const {
+  int64_t wd = WrapDim(d, dim(), "unbind");
+  std::vector<Tensor> out;
+  for (int64_t i = 0; i < sizes()[wd]; ++i) out.push_back(select(wd, i));
+  return out;
+}
+
+// --- Copies -----------------------------------------------------------------------
+
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+
+Tensor Tensor::clone() const {
+  Tensor out(std::make_shared<TensorImpl>(
+      Storage::Allocate(nbytes(), GetAllocator(device().type())), dtype(), sizes(),
+      ContiguousStrides(sizes()), 0));
+  return out.copy_(*this);
+}
+
+Tensor Tensor::to(Dtype d) const {
+  if (d == dtype()) return *this;
+  Tensor out(std::make_shared<TensorImpl>(
+      Storage::Allocate(numel() * ElementSize(d), GetAllocator(device().type())), d, sizes(),
+      ContiguousStrides(sizes()), 0));
+  return out.copy_(*this);
+}
+
+Tensor Tensor::to(Device dev) const {
+  if (dev.type() == device().type() &&
+      (!dev.has_index() || dev.index() == device().index())) {
+    return *this;
+  }
+  Allocator* allocator = GetAllocator(dev.type());
+  EMBER_CHECK(allocator != nullptr, "to: no allocator is registered for device ", dev.ToString(),
+              "; link //cuda to use CUDA devices");
+  Tensor out(std::make_shared<TensorImpl>(Storage::Allocate(nbytes(), allocator), dtype(),
+                                          sizes(), ContiguousStrides(sizes()), 0));
+  return out.copy_(*this);
+}
+
+Tensor Tensor::copy_(const Tensor& src) const { return ops::copy_(*this, src); }
+Tensor Tensor::fill_(const Scalar& value) const { return ops::fill_(*this, value); }
+
+// --- Elementwise ------------------------------------------------------------------
+
+#define EMBER_UNARY_METHOD(method, kind)                                          \
+  Tensor Tensor::method() const { return ops::unary(UnaryOp::kind, *this); }
+#define EMBER_UNARY_INPLACE_METHOD(method, kind)                                  \
+  Tensor Tensor::method() const { return ops::unary_(UnaryOp::kind, *this); }
+EMBER_UNARY_METHOD(neg, kNeg)
+EMBER_UNARY_METHOD(abs, kAbs)
+EMBER_UNARY_METHOD(exp, kExp)
+EMBER_UNARY_METHOD(expm1, kExpm1)
+EMBER_UNARY_METHOD(log, kLog)
+EMBER_UNARY_METHOD(log1p, kLog1p)
+EMBER_UNARY_METHOD(log2, kLog2)
+EMBER_UNARY_METHOD(sqrt, kSqrt)
+EMBER_UNARY_METHOD(rsqrt, kRsqrt)
+EMBER_UNARY_METHOD(sin, kSin)
+EMBER_UNARY_METHOD(cos, kCos)
+EMBER_UNARY_METHOD(tan, kTan)
+EMBER_UNARY_METHOD(tanh, kTanh)
+EMBER_UNARY_METHOD(sigmoid, kSigmoid)
+EMBER_UNARY_METHOD(relu, kRelu)
+EMBER_UNARY_METHOD(gelu, kGelu)
+EMBER_UNARY_METHOD(erf, kErf)
+EMBER_UNARY_METHOD(reciprocal, kReciprocal)
+EMBER_UNARY_METHOD(sign, kSign)
+EMBER_UNARY_METHOD(floor, kFloor)
+EMBER_UNARY_METHOD(ceil, kCeil)
+EMBER_UNARY_METHOD(round, kRound)
+EMBER_UNARY_METHOD(square, kSquare)
+EMBER_UNARY_METHOD(logical_not, kLogicalNot)
+EMBER_UNARY_INPLACE_METHOD(neg_, kNeg)
+EMBER_UNARY_INPLACE_METHOD(abs_, kAbs)
+EMBER_UNARY_INPLACE_METHOD(exp_, kExp)
+EMBER_UNARY_INPLACE_METHOD(log_, kLog)
+EMBER_UNARY_INPLACE_METHOD(sqrt_, kSqrt)
+EMBER_UNARY_INPLACE_METHOD(sigmoid_, kSigmoid)
+EMBER_UNARY_INPLACE_METHOD(tanh_, kTanh)
+EMBER_UNARY_INPLACE_METHOD(relu_, kRelu)
+#undef EMBER_UNARY_METHOD
+#undef EMBER_UNARY_INPLACE_METHOD
+
+Tensor WrapScalar(const Scalar& value, Device device) {
+  Tensor t(std::make_shared<TensorImpl>(
+      Storage::Allocate(ElementSize(value.dtype()), GetCpuAllocator()), value.dtype(),
+      IntArrayRef{}, IntArrayRef{}, 0));
+  VisitDtype(value.dtype(), [&]<typename T>() { *static_cast<T*>(t.raw_data()) = value.to<T>(); });
+  if (!device.is_cpu()) t = t.to(device);
+  t.impl()->set_wrapped_number(true);
+  return t;
+}
+
+namespace {
+Tensor Scaled(const Tensor& other, const Scalar& alpha) {
+  bool one = alpha.is_floating_point() ? alpha.to_double() == 1.0 : alpha.to_int() == 1;
+  return one ? other : ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device()));
+}
+}  // namespace
+
+#define EMBER_BINARY_METHODS(method, kind)                                        \
+  Tensor Tensor::method(const Tensor& other) const {                              \
+    return ops::binary(BinaryOp::kind, *this, other);                             \
+  }
+#define EMBER_BINARY_SCALAR_METHODS(method, kind)                                 \
+  EMBER_BINARY_METHODS(method, kind)                                              \
+  Tensor Tensor::method(const Scalar& other) const {                              \
+    return ops::binary(BinaryOp::kind, *this, WrapScalar(other, device()));       \
+  }
+EMBER_BINARY_SCALAR_METHODS(mul, kMul)
+EMBER_BINARY_SCALAR_METHODS(div, kDiv)
+EMBER_BINARY_SCALAR_METHODS(pow, kPow)
+EMBER_BINARY_METHODS(maximum, kMaximum)
+EMBER_BINARY_METHODS(minimum, kMinimum)
+EMBER_BINARY_SCALAR_METHODS(eq, kEq)
+EMBER_BINARY_SCALAR_METHODS(ne, kNe)
+EMBER_BINARY_SCALAR_METHODS(lt, kLt)
+EMBER_BINARY_SCALAR_METHODS(le, kLe)
+EMBER_BINARY_SCALAR_METHODS(gt, kGt)
+EMBER_BINARY_SCALAR_METHODS(ge, kGe)
+EMBER_BINARY_METHODS(logical_and, kLogicalAnd)
+EMBER_BINARY_METHODS(logical_or, kLogicalOr)
+EMBER_BINARY_METHODS(logical_xor, kLogicalXor)
+#undef EMBER_BINARY_METHODS
+#undef EMBER_BINARY_SCALAR_METHODS
+
+Tensor Tensor::add(const Tensor& other, const Scalar& alpha) const {
+  return ops::binary(BinaryOp::kAdd, *this, Scaled(other, alpha));
+}
+Tensor Tensor::add(const Scalar& other, const Scalar& alpha) const {
+  return add(WrapScalar(other, device()), alpha);
+}
+Tensor Tensor::sub(const Tensor& other, const Scalar& alpha) const {
+  return ops::binary(BinaryOp::kSub, *this, Scaled(other, alpha));
+}
+Tensor Tensor::sub(const Scalar& other, const Scalar& alpha) const {
+  return sub(WrapScalar(other, device()), alpha);
+}
+Tensor Tensor::add_(const Tensor& other, const Scalar& alpha) const {
+  return ops::binary_(BinaryOp::kAdd, *this, Scaled(other, alpha));
+}
+Tensor Tensor::add_(const Scalar& other, const Scalar& alpha) const {
+  return add_(WrapScalar(other, device()), alpha);
+}
+Tensor Tensor::sub_(const Tensor& other, const Scalar& alpha) const {
+  return ops::binary_(BinaryOp::kSub, *this, Scaled(other, alpha));
+}
+Tensor Tensor::sub_(const Scalar& other, const Scalar& alpha) const {
+  return sub_(WrapScalar(other, device()), alpha);
+}
+Tensor Tensor::mul_(const Tensor& other) const { return ops::binary_(BinaryOp::kMul, *this, other); }
+Tensor Tensor::mul_(const Scalar& other) const { return mul_(WrapScalar(other, device())); }
+Tensor Tensor::div_(const Tensor& other) const { return ops::binary_(BinaryOp::kDiv, *this, other); }
+Tensor Tensor::div_(const Scalar& other) const { return div_(WrapScalar(other, device())); }
+Tensor Tensor::pow_(const Scalar& exponent) const {
+  return ops::binary_(BinaryOp::kPow, *this, WrapScalar(exponent, device()));
+}
+
+Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max) const {
+  return ops::clamp(*this, min, max);
+}
+Tensor Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) const {
+  return ops::clamp_(*this, min, max);
+}
+Tensor Tensor::masked_fill(const Tensor& mask, const Scalar& value) const {
+  return clone().masked_fill_(mask, value);
+}
+Tensor Tensor::masked_fill_(const Tensor& mask, const Scalar& value) const {
+  return ops::masked_fill_(*this, mask, value);
+}
+Tensor Tensor::masked_select(const Tensor& mask) const { return ops::masked_select(*this, mask); }
+Tensor Tensor::index_select(int64_t d, const Tensor& index) const {
+  return ops::index_select(*this, d, index);
+}
+
+// --- Reductions -------------------------------------------------------------------
+
+Tensor Tensor::sum(std::optional<Dtype> dtype) const { return sum({}, false, dtype); }
+Tensor Tensor::sum(IntArrayRef dims, bool keepdim, std::optional<Dtype> dtype) const {
+  return ops::reduce(ReduceOp::kSum, *this, dims, keepdim, dtype);
+}
+Tensor Tensor::mean() const { return mean({}, false); }
+Tensor Tensor::mean(IntArrayRef dims, bool keepdim) const {
+  return ops::reduce(ReduceOp::kMean, *this, dims, keepdim, std::nullopt);
+}
+Tensor Tensor::prod() const { return ops::reduce(ReduceOp::kProd, *this, {}, false, std::nullopt); }
+Tensor Tensor::prod(int64_t d, bool keepdim) const {
+  int64_t dims[] = {d};
+  return ops::reduce(ReduceOp::kProd, *this, dims, keepdim, std::nullopt);
+}
+Tensor Tensor::max() const {
+  EMBER_CHECK(numel() > 0, "max(): expected a non-empty tensor; specify a dim for empty ones");
+  return amax({}, false);
+}
+Tensor Tensor::min() const {
+  EMBER_CHECK(numel() > 0, "min(): expected a non-empty tensor; specify a dim for empty ones");
+  return amin({}, false);
+}
+MinMaxResult Tensor::max(int64_t d, bool keepdim) const { return ops::max_dim(*this, d, keepdim); }
+MinMaxResult Tensor::min(int64_t d, bool keepdim) const { return ops::min_dim(*this, d, keepdim); }
+Tensor Tensor::amax(IntArrayRef dims, bool keepdim) const {
+  return ops::reduce(ReduceOp::kAmax, *this, dims, keepdim, std::nullopt);
+}
+Tensor Tensor::amin(IntArrayRef dims, bool keepdim) const {
+  return ops::reduce(ReduceOp::kAmin, *this, dims, keepdim, std::nullopt);
+}
+Tensor Tensor::argmax(std::optional<int64_t> d, bool keepdim) const {
+  if (!d) return flatten().max(0, false).indices;
+  return max(*d, keepdim).indices;
+}
+Tensor Tensor::argmin(std::optional<int64_t> d, bool keepdim) const {
+  if (!d) return flatten().min(0, false).indices;
+  return min(*d, keepdim).indices;
+}
+Tensor Tensor::var(IntArrayRef dims, int64_t correction, bool keepdim) const {
+  return ops::var(*this, dims, correction, keepdim);
+}
+Tensor Tensor::std(IntArrayRef dims, int64_t correction, bool keepdim) const {
+  return var(dims, correction, keepdim).sqrt();
+}
+Tensor Tensor::norm(const Scalar& p, IntArrayRef dims, bool keepdim) const {
+  EMBER_CHECK(is_floating_point(), "norm: expected a floating point tensor, got ",
+              DtypeName(dtype()));
+  double pv = p.to_double();
+  if (std::isinf(pv)) return pv > 0 ? abs().amax(dims, keepdim) : abs().amin(dims, keepdim);
+  if (pv == 0) return ne(0).to(dtype()).sum(dims, keepdim);
+  if (pv == 1) return abs().sum(dims, keepdim);
+  if (pv == 2) return square().sum(dims, keepdim).sqrt();
+  return abs().pow(p).sum(dims, keepdim).pow(1.0 / pv);
+}
+Tensor Tensor::softmax(int64_t d) const { return ops::softmax(*this, d); }
+Tensor Tensor::log_softmax(int64_t d) const { return ops::log_softmax(*this, d); }
+
+// --- Linear algebra ---------------------------------------------------------------
+
+Tensor Tensor::mm(const Tensor& other) const { return ops::mm(*this, other); }
+Tensor Tensor::bmm(const Tensor& other) const { return ops::bmm(*this, other); }
+Tensor Tensor::dot(const Tensor& other) const { return ops::dot(*this, other); }
+Tensor Tensor::outer(const Tensor& other) const {
+  EMBER_CHECK(dim() == 1 && other.dim() == 1, "outer: expected 1-D tensors, got shapes ",
+              ShapeToString(sizes()), " and ", ShapeToString(other.sizes()));
+  return unsqueeze(1).mul(other.unsqueeze(0));
+}
+
+Tensor Tensor::matmul(const Tensor& other) const {
+  const Tensor& a = *this;
+  const Tensor& b = other;
+  EMBER_CHECK(a.dim() > 0 && b.dim() > 0, "matmul: both arguments need at least 1 dimension, got ",
+              a.dim(), "-D and ", b.dim(), "-D");
+  if (a.dim() == 1 && b.dim() == 1) return a.dot(b);
+  if (a.dim() == 2 && b.dim() == 1) return a.mm(b.unsqueeze(1)).squeeze(1);
+  if (a.dim() == 1 && b.dim() == 2) return a.unsqueeze(0).mm(b).squeeze(0);
+  if (a.dim() == 2 && b.dim() == 2) return a.mm(b);
+  // Batched: broadcast the batch dims, fold them into one, run bmm.
+  Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
+  Tensor b2 = b.dim() == 1 ? b.unsqueeze(1) : b;
+  IntArrayRef a_batch = a2.sizes().subspan(0, a2.dim() - 2);
+  IntArrayRef b_batch = b2.sizes().subspan(0, b2.dim() - 2);
+  SizeVector batch = BroadcastShapes(a_batch, b_batch, "matmul");
+  int64_t n = a2.size(-2), k = a2.size(-1), k2 = b2.size(-2), m = b2.size(-1);
+  EMBER_CHECK(k == k2, "matmul: shapes ", ShapeToString(a.sizes()), " and ",
+              ShapeToString(b.sizes()), " cannot be multiplied (", n, "x", k, " and ", k2, "x", m, ")");
+  SizeVector a_shape = batch, b_shape = batch;
+  a_shape.insert(a_shape.end(), {n, k});
+  b_shape.insert(b_shape.end(), {k, m});
+  int64_t nb = Numel(batch);
+  Tensor out = a2.expand(a_shape).reshape({nb, n, k}).bmm(b2.expand(b_shape).reshape({nb, k, m}));
+  SizeVector out_shape = batch;
+  if (a.dim() > 1) out_shape.push_back(n);
+  if (b.dim() > 1) out_shape.push_back(m);
+  return out.view(out_shape);
+}
+
+// --- Whole-tensor comparison ------------------------------------------------------
+
+bool Tensor::equal(const Tensor& other) const {
+  if (sizes() != other.sizes()) return false;
+  if (numel() == 0) return true;
+  return eq(other).logical_not().sum().item<int64_t>() == 0;
+}
+
+bool Tensor::allclose(const Tensor& other, double rtol, double atol, bool equal_nan) const {
+  BroadcastShapes(sizes(), other.sizes(), "allclose");
+  if (numel() == 0 || other.numel() == 0) return true;
+  Dtype common = PromoteTypes(dtype(), other.dtype());
+  if (!IsFloatingPoint(common)) return eq(other).logical_not().sum().item<int64_t>() == 0;
+  Tensor a = to(kFloat64), b = other.to(kFloat64);
+  Tensor close = a.sub(b).abs().le(b.abs().mul(rtol).add(atol));
+  Tensor both_inf_equal = a.eq(b);  // Equal infinities are close.
+  Tensor ok = close.logical_or(both_inf_equal);
+  if (equal_nan) ok = ok.logical_or(a.ne(a).logical_and(b.ne(b)));
+  return ok.logical_not().sum().item<int64_t>() == 0;
+}
+
+// --- Operators and free functions -------------------------------------------------
+
+Tensor operator-(const Tensor& a) { return a.neg(); }
+Tensor operator+(const Tensor& a, const Tensor& b) { return a.add(b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return a.sub(b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return a.mul(b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return a.div(b); }
+Tensor operator+(const Tensor& a, const Scalar& b) { return a.add(b); }
+Tensor operator-(const Tensor& a, const Scalar& b) { return a.sub(b); }
+Tensor operator*(const Tensor& a, const Scalar& b) { return a.mul(b); }
+Tensor operator/(const Tensor& a, const Scalar& b) { return a.div(b); }
+Tensor operator+(const Scalar& a, const Tensor& b) { return WrapScalar(a, b.device()).add(b); }
+Tensor operator-(const Scalar& a, const Tensor& b) { return WrapScalar(a, b.device()).sub(b); }
+Tensor operator*(const Scalar& a, const Tensor& b) { return WrapScalar(a, b.device()).mul(b); }
+Tensor operator/(const Scalar& a, const Tensor& b) { return WrapScalar(a, b.device()).div(b); }
+Tensor operator==(const Tensor& a, const Tensor& b) { return a.eq(b); }
+Tensor operator!=(const Tensor& a, const Tensor& b) { return a.ne(b); }
+Tensor operator<(const Tensor& a, const Tensor& b) { return a.lt(b); }
+Tensor operator<=(const Tensor& a, const Tensor& b) { return a.le(b); }
+Tensor operator>(const Tensor& a, const Tensor& b) { return a.gt(b); }
+Tensor operator>=(const Tensor& a, const Tensor& b) { return a.ge(b); }
+Tensor operator&&(const Tensor& a, const Tensor& b) { return a.logical_and(b); }
+Tensor operator||(const Tensor& a, const Tensor& b) { return a.logical_or(b); }
+Tensor operator!(const Tensor& a) { return a.logical_not(); }
+Tensor& operator+=(Tensor& a, const Tensor& b) { a.add_(b); return a; }
+Tensor& operator-=(Tensor& a, const Tensor& b) { a.sub_(b); return a; }
+Tensor& operator*=(Tensor& a, const Tensor& b) { a.mul_(b); return a; }
+Tensor& operator/=(Tensor& a, const Tensor& b) { a.div_(b); return a; }
+Tensor& operator+=(Tensor& a, const Scalar& b) { a.add_(b); return a; }
+Tensor& operator-=(Tensor& a, const Scalar& b) { a.sub_(b); return a; }
+Tensor& operator*=(Tensor& a, const Scalar& b) { a.mul_(b); return a; }
+Tensor& operator/=(Tensor& a, const Scalar& b) { a.div_(b); return a; }
+
+Tensor where(const Tensor& condition, const Tensor& self, const Tensor& other) {
+  return ops::where(condition, self, other);
+}
+Tensor cat(absl::Span<const Tensor> tensors, int64_t dim) { return ops::cat(tensors, dim); }
+Tensor stack(absl::Span<const Tensor> tensors, int64_t dim) {
+  EMBER_CHECK(!tensors.empty(), "stack: expects a non-empty list of tensors");
+  int64_t wd = WrapDim(dim, tensors[0].dim() + 1, "stack");
+  std::vector<Tensor> expanded;
+  expanded.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    EMBER_CHECK(tensors[i].sizes() == tensors[0].sizes(), "stack: expects each tensor to be equal size, but got ",
+                ShapeToString(tensors[0].sizes()), " at entry 0 and ", ShapeToString(tensors[i].sizes()),
+                " at entry ", i);
+    expanded.push_back(tensors[i].unsqueeze(wd));
+  }
+  return cat(expanded, wd);
+}
+Tensor matmul(const Tensor& a, const Tensor& b) { return a.matmul(b); }
+Tensor mm(const Tensor& a, const Tensor& b) { return a.mm(b); }
+Tensor bmm(const Tensor& a, const Tensor& b) { return a.bmm(b); }
+Tensor addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const Scalar& beta,
+             const Scalar& alpha) {
+  return ops::addmm(self, mat1, mat2, beta, alpha);
+}
+Tensor dot(const Tensor& a, const Tensor& b) { return a.dot(b); }
+Tensor outer(const Tensor& a, const Tensor& b) { return a.outer(b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return a.maximum(b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return a.minimum(b); }
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
+  return a.allclose(b, rtol, atol, equal_nan);
+}
+bool equal(const Tensor& a, const Tensor& b) { return a.equal(b); }
+
+}  // namespace ember

@@ -1,0 +1,409 @@
+// Tensor: an n-dimensional, strided view of a Storage, with PyTorch's API.
+//
+//   ember::Tensor a = ember::arange(6).view({2, 3});     // int64 [2, 3]
+//   ember::Tensor b = ember::ones({3}, ember::kFloat32);
+//   ember::Tensor c = a + b;                            // float32 [2, 3]
+//   ember::Tensor s = c.sum(/*dims=*/{1}, /*keepdim=*/true);  // [2, 1]
+//   std::cout << c.t().contiguous() << "\n";
+//
+// A Tensor is a cheap, reference-counted handle to a TensorImpl (sizes,
+// strides, storage offset, dtype, the storage, a version counter and an
+// autograd slot). Copying a Tensor shares everything; view ops return new
+// TensorImpls over the same storage and version counter. In-place ops (name
+// ending in `_`) write through to every view and bump the version.
+//
+// Errors: user mistakes throw ember::Error with the shapes/dtypes involved
+// (see tensor/error.h). Ops run on the calling thread, using the intra-op
+// thread pool (tensor/thread_pool.h) for large tensors.
+//
+// Thread-safety: a Tensor handle is thread-compatible. Concurrent reads of
+// the same data are safe; concurrent writes need external synchronisation, as
+// in PyTorch.
+#ifndef EMBER_TENSOR_TENSOR_H_
+#define EMBER_TENSOR_TENSOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/allocator.h"
+#include "tensor/device.h"
+#include "tensor/dispatch.h"
+#include "tensor/dtype.h"
+#include "tensor/error.h"
+#include "tensor/scalar.h"
+#include "tensor/shape.h"
+#include "tensor/storage.h"
+
+namespace ember {
+
+// The autograd layer's per-tensor data (grad, grad_fn, ...). The tensor layer
+// only knows whether it asks for gradients (Note [Dispatch]).
+class AutogradMetaInterface {
+ public:
+  virtual ~AutogradMetaInterface() = default;
+  virtual bool requires_grad() const = 0;
+};
+
+// Counts in-place modifications of a tensor's data. Shared by a tensor, its
+// views and detach() results, so that autograd can tell whether a saved
+// tensor was modified.
+struct VersionCounter {
+  std::atomic<uint32_t> version{0};
+};
+
+// What a factory creates: dtype and device.
+//   ember::zeros({2}, ember::TensorOptions().dtype(ember::kInt64));
+class TensorOptions {
+ public:
+  TensorOptions() = default;
+  TensorOptions(Dtype dtype) : dtype_(dtype) {}     // NOLINT: implicit by design
+  TensorOptions(Device device) : device_(device) {}  // NOLINT
+
+  Dtype dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  TensorOptions dtype(Dtype d) const {
+    TensorOptions o = *this;
+    o.dtype_ = d;
+    return o;
+  }
+  TensorOptions device(Device d) const {
+    TensorOptions o = *this;
+    o.device_ = d;
+    return o;
+  }
+
+ private:
+  Dtype dtype_ = kDefaultFloatDtype;
+  Device device_ = kCPU;
+};
+
+class TensorImpl {
+ public:
+  TensorImpl(Storage storage, Dtype dtype, IntArrayRef sizes, IntArrayRef strides,
+             int64_t storage_offset);
+
+  IntArrayRef sizes() const { return sizes_; }
+  IntArrayRef strides() const { return strides_; }
+  int64_t storage_offset() const { return storage_offset_; }
+  int64_t dim() const { return static_cast<int64_t>(sizes_.size()); }
+  int64_t numel() const { return numel_; }
+  Dtype dtype() const { return dtype_; }
+  Device device() const { return storage_.device(); }
+  const Storage& storage() const { return storage_; }
+  bool is_contiguous() const { return is_contiguous_; }
+  // Address of element 0 (storage data + offset).
+  void* data() const {
+    return static_cast<char*>(storage_.data()) + storage_offset_ * ElementSize(dtype_);
+  }
+
+  // Replaces the geometry (used by ops that rewrite metadata in place).
+  void SetGeometry(IntArrayRef sizes, IntArrayRef strides, int64_t storage_offset);
+
+  uint32_t version() const { return version_->version.load(std::memory_order_relaxed); }
+  void BumpVersion() { version_->version.fetch_add(1, std::memory_order_relaxed); }
+  const std::shared_ptr<VersionCounter>& version_counter() const { return version_; }
+  void set_version_counter(std::shared_ptr<VersionCounter> v) { version_ = std::move(v); }
+
+  AutogradMetaInterface* autograd_meta() const { return autograd_meta_.get(); }
+  void set_autograd_meta(std::unique_ptr<AutogradMetaInterface> meta) {
+    autograd_meta_ = std::move(meta);
+  }
+
+  // A 0-dim tensor made from a plain number (Tensor::add(Scalar)); it takes
+  // part in type promotion as a number, not as a tensor.
+  bool is_wrapped_number() const { return wrapped_number_; }
+  void set_wrapped_number(bool v) { wrapped_number_ = v; }
+
+ private:
+  void Recompute();
+
+  Storage storage_;
+  SizeVector sizes_;
+  SizeVector strides_;
+  int64_t storage_offset_ = 0;
+  int64_t numel_ = 1;
+  Dtype dtype_;
+  bool is_contiguous_ = true;
+  bool wrapped_number_ = false;
+  std::shared_ptr<VersionCounter> version_;
+  std::unique_ptr<AutogradMetaInterface> autograd_meta_;
+};
+
+struct MinMaxResult;
+
+class Tensor {
+ public:
+  // An undefined tensor (defined() is false).
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  // True when both handles refer to the same TensorImpl.
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  // --- Metadata -----------------------------------------------------------
+  IntArrayRef sizes() const { return impl_->sizes(); }
+  IntArrayRef strides() const { return impl_->strides(); }
+  int64_t size(int64_t dim) const;
+  int64_t stride(int64_t dim) const;
+  int64_t dim() const { return impl_->dim(); }
+  int64_t numel() const { return impl_->numel(); }
+  Dtype dtype() const { return impl_->dtype(); }
+  Device device() const { return impl_->device(); }
+  TensorOptions options() const { return TensorOptions(dtype()).device(device()); }
+  const Storage& storage() const { return impl_->storage(); }
+  int64_t storage_offset() const { return impl_->storage_offset(); }
+  bool is_contiguous() const { return impl_->is_contiguous(); }
+  bool is_cpu() const { return device().is_cpu(); }
+  bool is_cuda() const { return device().is_cuda(); }
+  bool is_floating_point() const { return IsFloatingPoint(dtype()); }
+  size_t element_size() const { return ElementSize(dtype()); }
+  size_t nbytes() const { return numel() * element_size(); }
+  uint32_t version() const { return impl_->version(); }
+  // Typed pointer to element 0; T must match dtype().
+  template <typename T>
+  T* data_ptr() const {
+    CheckDataPtrType(kDtypeOf<T>);
+    return static_cast<T*>(impl_->data());
+  }
+  void* raw_data() const { return impl_->data(); }
+  // The value of a one-element tensor, converted to T.
+  template <typename T>
+  T item() const {
+    return ItemScalar().to<T>();
+  }
+  Scalar ItemScalar() const;
+
+  // --- Views (share storage) ----------------------------------------------
+  Tensor view(IntArrayRef sizes) const;
+  Tensor reshape(IntArrayRef sizes) const;
+  Tensor as_strided(IntArrayRef sizes, IntArrayRef strides,
+                    std::optional<int64_t> storage_offset = std::nullopt) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor t() const;
+  Tensor permute(IntArrayRef dims) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  // Python-style slicing: negative and out-of-range bounds are clamped.
+  Tensor slice(int64_t dim, std::optional<int64_t> start = std::nullopt,
+               std::optional<int64_t> end = std::nullopt, int64_t step = 1) const;
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor operator[](int64_t index) const { return select(0, index); }
+  Tensor expand(IntArrayRef sizes) const;
+  Tensor expand_as(const Tensor& other) const { return expand(other.sizes()); }
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<Tensor> split_with_sizes(IntArrayRef split_sizes, int64_t dim = 0) const;
+  std::vector<Tensor> unbind(int64_t dim = 0) const;
+
+  // --- Copies and conversions ---------------------------------------------
+  Tensor contiguous() const;
+  Tensor clone() const;
+  Tensor to(Dtype dtype) const;
+  Tensor to(Device device) const;
+  // Copies `src` (broadcast to this shape, any dtype) into this tensor.
+  Tensor copy_(const Tensor& src) const;
+  Tensor fill_(const Scalar& value) const;
+  Tensor zero_() const { return fill_(0); }
+
+  // --- Elementwise unary (float ops on integer inputs give float32) --------
+  Tensor neg() const;
+  Tensor abs() const;
+  Tensor exp() const;
+  Tensor expm1() const;
+  Tensor log() const;
+  Tensor log1p() const;
+  Tensor log2() const;
+  Tensor sqrt() const;
+  Tensor rsqrt() const;
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor tan() const;
+  Tensor tanh() const;
+  Tensor sigmoid() const;
+  Tensor relu() const;
+  Tensor gelu() const;
+  Tensor erf() const;
+  Tensor reciprocal() const;
+  Tensor sign() const;
+  Tensor floor() const;
+  Tensor ceil() const;
+  Tensor round() const;
+  Tensor square() const;
+  Tensor logical_not() const;
+  Tensor neg_() const;
+  Tensor abs_() const;
+  Tensor exp_() const;
+  Tensor log_() const;
+  Tensor sqrt_() const;
+  Tensor sigmoid_() const;
+  Tensor tanh_() const;
+  Tensor relu_() const;
+
+  // --- Elementwise binary (NumPy broadcasting, type promotion) -------------
+  Tensor add(const Tensor& other, const Scalar& alpha = 1) const;
+  Tensor add(const Scalar& other, const Scalar& alpha = 1) const;
+  Tensor sub(const Tensor& other, const Scalar& alpha = 1) const;
+  Tensor sub(const Scalar& other, const Scalar& alpha = 1) const;
+  Tensor mul(const Tensor& other) const;
+  Tensor mul(const Scalar& other) const;
+  Tensor div(const Tensor& other) const;
+  Tensor div(const Scalar& other) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor pow(const Scalar& exponent) const;
+  Tensor maximum(const Tensor& other) const;
+  Tensor minimum(const Tensor& other) const;
+  Tensor eq(const Tensor& other) const;
+  Tensor eq(const Scalar& other) const;
+  Tensor ne(const Tensor& other) const;
+  Tensor ne(const Scalar& other) const;
+  Tensor lt(const Tensor& other) const;
+  Tensor lt(const Scalar& other) const;
+  Tensor le(const Tensor& other) const;
+  Tensor le(const Scalar& other) const;
+  Tensor gt(const Tensor& other) const;
+  Tensor gt(const Scalar& other) const;
+  Tensor ge(const Tensor& other) const;
+  Tensor ge(const Scalar& other) const;
+  Tensor logical_and(const Tensor& other) const;
+  Tensor logical_or(const Tensor& other) const;
+  Tensor logical_xor(const Tensor& other) const;
+  // In place: the broadcast result must have this tensor's shape, and the
+  // promoted dtype must be castable to this tensor's dtype.
+  Tensor add_(const Tensor& other, const Scalar& alpha = 1) const;
+  Tensor add_(const Scalar& other, const Scalar& alpha = 1) const;
+  Tensor sub_(const Tensor& other, const Scalar& alpha = 1) const;
+  Tensor sub_(const Scalar& other, const Scalar& alpha = 1) const;
+  Tensor mul_(const Tensor& other) const;
+  Tensor mul_(const Scalar& other) const;
+  Tensor div_(const Tensor& other) const;
+  Tensor div_(const Scalar& other) const;
+  Tensor pow_(const Scalar& exponent) const;
+
+  Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max) const;
+  Tensor clamp_(std::optional<Scalar> min, std::optional<Scalar> max) const;
+  Tensor masked_fill(const Tensor& mask, const Scalar& value) const;
+  Tensor masked_fill_(const Tensor& mask, const Scalar& value) const;
+  Tensor masked_select(const Tensor& mask) const;
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+
+  // --- Reductions ---------------------------------------------------------
+  // Over all elements when `dims` is empty.
+  Tensor sum(std::optional<Dtype> dtype = std::nullopt) const;
+  Tensor sum(IntArrayRef dims, bool keepdim = false,
+             std::optional<Dtype> dtype = std::nullopt) const;
+  Tensor mean() const;
+  Tensor mean(IntArrayRef dims, bool keepdim = false) const;
+  Tensor prod() const;
+  Tensor prod(int64_t dim, bool keepdim = false) const;
+  Tensor max() const;
+  Tensor min() const;
+  MinMaxResult max(int64_t dim, bool keepdim = false) const;
+  MinMaxResult min(int64_t dim, bool keepdim = false) const;
+  Tensor amax(IntArrayRef dims, bool keepdim = false) const;
+  Tensor amin(IntArrayRef dims, bool keepdim = false) const;
+  Tensor argmax(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  Tensor argmin(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  // Bessel-corrected by default (correction = 1), as torch.var.
+  Tensor var(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor std(IntArrayRef dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor norm(const Scalar& p = 2, IntArrayRef dims = {}, bool keepdim = false) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+
+  // --- Linear algebra (OpenBLAS for float32/float64) ----------------------
+  Tensor matmul(const Tensor& other) const;
+  Tensor mm(const Tensor& other) const;
+  Tensor bmm(const Tensor& other) const;
+  Tensor dot(const Tensor& other) const;
+  Tensor outer(const Tensor& other) const;
+
+  // --- Comparison of whole tensors ----------------------------------------
+  bool equal(const Tensor& other) const;
+  bool allclose(const Tensor& other, double rtol = 1e-5, double atol = 1e-8,
+                bool equal_nan = false) const;
+
+  // Readable form, as torch prints: values, then shape/dtype when not the
+  // defaults.
+  std::string ToString() const;
+
+ private:
+  void CheckDataPtrType(Dtype requested) const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// max(dim) / min(dim): the values and their int64 indices.
+struct MinMaxResult {
+  Tensor values;
+  Tensor indices;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// --- Operators ---------------------------------------------------------------
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, const Scalar& b);
+Tensor operator-(const Tensor& a, const Scalar& b);
+Tensor operator*(const Tensor& a, const Scalar& b);
+Tensor operator/(const Tensor& a, const Scalar& b);
+Tensor operator+(const Scalar& a, const Tensor& b);
+Tensor operator-(const Scalar& a, const Tensor& b);
+Tensor operator*(const Scalar& a, const Tensor& b);
+Tensor operator/(const Scalar& a, const Tensor& b);
+Tensor operator==(const Tensor& a, const Tensor& b);
+Tensor operator!=(const Tensor& a, const Tensor& b);
+Tensor operator<(const Tensor& a, const Tensor& b);
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator&&(const Tensor& a, const Tensor& b);
+Tensor operator||(const Tensor& a, const Tensor& b);
+Tensor operator!(const Tensor& a);
+Tensor& operator+=(Tensor& a, const Tensor& b);
+Tensor& operator-=(Tensor& a, const Tensor& b);
+Tensor& operator*=(Tensor& a, const Tensor& b);
+Tensor& operator/=(Tensor& a, const Tensor& b);
+Tensor& operator+=(Tensor& a, const Scalar& b);
+Tensor& operator-=(Tensor& a, const Scalar& b);
+Tensor& operator*=(Tensor& a, const Scalar& b);
+Tensor& operator/=(Tensor& a, const Scalar& b);
+
+// --- Free functions ------------------------------------------------------------
+Tensor where(const Tensor& condition, const Tensor& self, const Tensor& other);
+Tensor cat(absl::Span<const Tensor> tensors, int64_t dim = 0);
+Tensor stack(absl::Span<const Tensor> tensors, int64_t dim = 0);
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor mm(const Tensor& a, const Tensor& b);
+Tensor bmm(const Tensor& a, const Tensor& b);
+Tensor addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2,
+             const Scalar& beta = 1, const Scalar& alpha = 1);
+Tensor dot(const Tensor& a, const Tensor& b);
+Tensor outer(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+              bool equal_nan = false);
+bool equal(const Tensor& a, const Tensor& b);
+
+// A 0-dim tensor holding `value` as a plain number (type promotion treats it
+// as a Scalar).
+Tensor WrapScalar(const Scalar& value, Device device = kCPU);
+
+}  // namespace ember
+
+#endif  // EMBER_TENSOR_TENSOR_H_

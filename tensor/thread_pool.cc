@@ -1,0 +1,141 @@
+#include "tensor/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "tensor/error.h"
+
+namespace ember {
+namespace {
+
+thread_local bool t_in_parallel = false;
+
+int DefaultThreads() {
+  int n = 0;
+  if (const char* env = std::getenv("OMP_NUM_THREADS");
+      env != nullptr && absl::SimpleAtoi(env, &n) && n > 0) {
+    return n;
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Workers that run queued tasks; grows on demand, never shrinks.
+class Pool {
+ public:
+  static Pool& Get() {
+    static Pool* pool = new Pool();  // Never destroyed: workers outlive main.
+    return *pool;
+  }
+
+  void Run(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+  void EnsureWorkers(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (static_cast<int>(workers_.size()) < n) {
+      workers_.emplace_back([this] { Loop(); });
+      workers_.back().detach();
+    }
+  }
+
+ private:
+  void Loop() {
+    t_in_parallel = true;
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !tasks_.empty(); });
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  std::vector<std::thread> workers_;
+};
+
+std::atomic<int>& NumThreads() {
+  static std::atomic<int> n{DefaultThreads()};
+  return n;
+}
+
+}  // namespace
+
+int GetNumThreads() { return NumThreads().load(std::memory_order_relaxed); }
+
+void SetNumThreads(int n) {
+  EMBER_CHECK(n >= 1, "set_num_threads: expected a positive number of threads, got ", n);
+  NumThreads().store(n, std::memory_order_relaxed);
+}
+
+bool InParallelRegion() { return t_in_parallel; }
+
+void ParallelFor(int64_t begin, int64_t end, int64_t grain,
+                 const std::function<void(int64_t, int64_t)>& body) {
+  if (begin >= end) return;
+  int64_t range = end - begin;
+  grain = std::max<int64_t>(grain, 1);
+  int64_t tasks = std::min<int64_t>(GetNumThreads(), (range + grain - 1) / grain);
+  if (tasks <= 1 || t_in_parallel) {
+    bool was = t_in_parallel;
+    t_in_parallel = true;
+    try {
+      body(begin, end);
+    } catch (...) {
+      t_in_parallel = was;
+      throw;
+    }
+    t_in_parallel = was;
+    return;
+  }
+  Pool::Get().EnsureWorkers(static_cast<int>(tasks) - 1);
+  int64_t chunk = (range + tasks - 1) / tasks;
+
+  std::mutex mu;
+  std::condition_variable done_cv;
+  int64_t remaining = tasks - 1;
+  std::exception_ptr error;
+  auto run_chunk = [&](int64_t t) {
+    int64_t b = begin + t * chunk;
+    int64_t e = std::min(end, b + chunk);
+    try {
+      if (b < e) body(b, e);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  };
+  for (int64_t t = 1; t < tasks; ++t) {
+    Pool::Get().Run([&, t] {
+      run_chunk(t);
+      std::lock_guard<std::mutex> lock(mu);
+      if (--remaining == 0) done_cv.notify_one();
+    });
+  }
+  t_in_parallel = true;
+  run_chunk(0);
+  t_in_parallel = false;
+  std::unique_lock<std::mutex> lock(mu);
+  done_cv.wait(lock, [&] { return remaining == 0; });
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace ember

@@ -1,0 +1,36 @@
+// The intra-op thread pool: splits one op's work over the machine's cores.
+//
+//   ember::ParallelFor(0, n, /*grain=*/32768, [&](int64_t begin, int64_t end) {
+//     for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+//   });
+//
+// The pool size defaults to OMP_NUM_THREADS when set (as PyTorch's intra-op
+// pool does), else to the number of cores; SetNumThreads changes it, as
+// torch.set_num_threads. Work smaller than `grain` elements, and calls made
+// from inside a ParallelFor body, run inline on the calling thread. An
+// exception thrown by a body is rethrown on the calling thread after all
+// chunks finish. ParallelFor blocks until every chunk is done; it may be
+// called from several threads at once.
+#ifndef EMBER_TENSOR_THREAD_POOL_H_
+#define EMBER_TENSOR_THREAD_POOL_H_
+
+#include <cstdint>
+#include <functional>
+
+namespace ember {
+
+// Elements below which splitting a loop costs more than it gains.
+inline constexpr int64_t kDefaultGrainSize = 32768;
+
+int GetNumThreads();
+// Sets the number of threads used by ParallelFor (>= 1).
+void SetNumThreads(int n);
+// True inside a ParallelFor body.
+bool InParallelRegion();
+
+void ParallelFor(int64_t begin, int64_t end, int64_t grain,
+                 const std::function<void(int64_t, int64_t)>& body);
+
+}  // namespace ember
+
+#endif  // EMBER_TENSOR_THREAD_POOL_H_
