@@ -48,8 +48,12 @@ namespace {
 
 Tensor Copy(const Tensor& self, const Tensor& src) {
   EMBER_CHECK(self.defined() && src.defined(), "copy_: both tensors must be defined");
-  SizeVector shape = BroadcastShapes(self.sizes(), src.sizes(), "copy_");
-  EMBER_CHECK(shape == self.sizes(), "copy_: the source shape ", ShapeToString(src.sizes()),
+  bool expandable = src.dim() <= self.dim();
+  for (int64_t i = 1; expandable && i <= src.dim(); ++i) {
+    int64_t s = src.sizes()[src.dim() - i];
+    expandable = s == 1 || s == self.sizes()[self.dim() - i];
+  }
+  EMBER_CHECK(expandable, "copy_: the source shape ", ShapeToString(src.sizes()),
               " cannot be broadcast to the destination shape ", ShapeToString(self.sizes()));
   CheckWritable(self, "copy_");
   if (self.numel() > 0 && !(self.is_same(src))) {
