@@ -518,9 +518,11 @@ bool Tensor::allclose(const Tensor& other, double rtol, double atol, bool equal_
   Dtype common = PromoteTypes(dtype(), other.dtype());
   if (!IsFloatingPoint(common)) return eq(other).logical_not().sum().item<int64_t>() == 0;
   Tensor a = to(kFloat64), b = other.to(kFloat64);
-  Tensor close = a.sub(b).abs().le(b.abs().mul(rtol).add(atol));
-  Tensor both_inf_equal = a.eq(b);  // Equal infinities are close.
-  Tensor ok = close.logical_or(both_inf_equal);
+  // x - x == 0 exactly when x is finite. Infinities are close only to an
+  // equal infinity (the a == b term), never through the tolerance.
+  Tensor finite = a.sub(a).eq(0).logical_and(b.sub(b).eq(0));
+  Tensor close = finite.logical_and(a.sub(b).abs().le(b.abs().mul(rtol).add(atol)));
+  Tensor ok = close.logical_or(a.eq(b));
   if (equal_nan) ok = ok.logical_or(a.ne(a).logical_and(b.ne(b)));
   return ok.logical_not().sum().item<int64_t>() == 0;
 }

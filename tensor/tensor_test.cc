@@ -3,6 +3,7 @@
 // worked out by hand or by plain loops over row-major indices.
 #include "tensor/tensor.h"
 
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <vector>
@@ -313,6 +314,26 @@ TEST(TensorTest, PrintsLikeTorch) {
   EXPECT_EQ(tensor({1e-6, 1.0}).ToString(), "tensor([1.0000e-06, 1.0000e+00], dtype=float64)");
   std::string big = arange(2000).ToString();
   EXPECT_EQ(big, "tensor([   0,    1,    2, ..., 1997, 1998, 1999])");
+}
+
+TEST(TensorTest, EqualAndAllclose) {
+  Tensor a = tensor({1.0f, 2.0f, 3.0f});
+  EXPECT_TRUE(a.equal(tensor({1.0f, 2.0f, 3.0f})));
+  EXPECT_FALSE(a.equal(tensor({1.0f, 2.0f, 3.5f})));
+  EXPECT_FALSE(a.equal(a.view({3, 1})));  // Shapes differ.
+  EXPECT_TRUE(a.equal(a.to(kInt64)));      // Values compare after promotion.
+  EXPECT_TRUE(zeros({0, 2}).equal(zeros({0, 2})));
+  // |a - b| <= atol + rtol * |b|, elementwise.
+  EXPECT_TRUE(a.allclose(tensor({1.0f, 2.0f, 3.0f + 2e-5f}), 1e-5, 1e-8));
+  EXPECT_FALSE(a.allclose(tensor({1.0f, 2.0f, 3.001f}), 1e-5, 1e-8));
+  EXPECT_TRUE(a.allclose(tensor({1.0f, 2.0f, 3.001f}), 0.0, 0.01));
+  EXPECT_TRUE(a.allclose(full({1}, 2.0f), 0.0, 1.0));  // Broadcasts: |1-2|, |3-2| <= 1.
+  Tensor n = tensor({1.0, NAN, INFINITY});
+  EXPECT_FALSE(n.allclose(tensor({1.0, NAN, INFINITY})));
+  EXPECT_TRUE(n.allclose(tensor({1.0, NAN, INFINITY}), 1e-5, 1e-8, /*equal_nan=*/true));
+  EXPECT_FALSE(tensor({INFINITY}).allclose(tensor({-INFINITY})));
+  EXPECT_TRUE(allclose(arange(3), arange(3)));
+  EXPECT_THAT(ErrorOf([&] { a.allclose(zeros({2})); }), HasSubstr("not broadcastable"));
 }
 
 TEST(TensorTest, WrapScalarIsANumber) {
