@@ -31,6 +31,11 @@ bool MayOverlap(const Tensor& a, const Tensor& b) {
   return alo < bhi && blo < ahi;
 }
 
+bool SameView(const Tensor& a, const Tensor& b) {
+  return a.storage().is_alias_of(b.storage()) && a.storage_offset() == b.storage_offset() &&
+         a.sizes() == b.sizes() && a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
 Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device) {
   for (int64_t s : sizes) {
     EMBER_CHECK(s >= 0, "empty: trying to create a tensor with negative dimension ", s, ": ",
@@ -58,11 +63,7 @@ Tensor Copy(const Tensor& self, const Tensor& src) {
   CheckWritable(self, "copy_");
   if (self.numel() > 0 && !(self.is_same(src))) {
     Tensor from = src;
-    bool same_view = self.storage().is_alias_of(src.storage()) &&
-                     self.storage_offset() == src.storage_offset() &&
-                     self.strides() == src.strides() && self.sizes() == src.sizes() &&
-                     self.dtype() == src.dtype();
-    if (!same_view) {
+    if (!SameView(self, src)) {
       if (MayOverlap(self, src)) from = src.clone();
       ops::copy_out(self, from.expand(self.sizes()));
     }

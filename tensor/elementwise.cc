@@ -64,11 +64,6 @@ Tensor OnDevice(const Tensor& t, Device device, std::string_view op) {
   return t.to(device);
 }
 
-bool SameView(const Tensor& a, const Tensor& b) {
-  return a.storage().is_alias_of(b.storage()) && a.storage_offset() == b.storage_offset() &&
-         a.sizes() == b.sizes() && a.strides() == b.strides() && a.dtype() == b.dtype();
-}
-
 // An input of an in-place op that shares memory with `self` in a different
 // layout is cloned, so that writes to self don't change what is still to be
 // read. The same layout is safe: each element is read before it is written.

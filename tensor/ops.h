@@ -56,6 +56,10 @@ void CheckInPlaceShape(const Tensor& self, IntArrayRef broadcast, const char* op
 // Whether two tensors' element ranges in one storage may overlap.
 bool MayOverlap(const Tensor& a, const Tensor& b);
 
+// Whether two tensors are the same elements: one storage, offset, sizes,
+// strides and dtype. Reading and writing such a pair elementwise is safe.
+bool SameView(const Tensor& a, const Tensor& b);
+
 // A fresh contiguous tensor of `sizes` on `device` (uninitialised).
 Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device);
 
