@@ -12,40 +12,18 @@
 #include "gtest/gtest.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
+#include "tensor/testing.h"
 
 namespace ember {
 namespace {
 
 using ::testing::HasSubstr;
+using ::ember::testing::ErrorOf;
+using ::ember::testing::Make;
+using ::ember::testing::Values;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// The elements of `t` in row-major order, as doubles.
-std::vector<double> Values(const Tensor& t) {
-  Tensor c = t.contiguous();
-  std::vector<double> out(c.numel());
-  VisitDtype(c.dtype(), [&]<typename T>() {
-    const T* p = static_cast<const T*>(c.raw_data());
-    for (int64_t i = 0; i < c.numel(); ++i) {
-      out[i] = static_cast<double>(static_cast<OpMath<T>>(p[i]));
-    }
-  });
-  return out;
-}
-
-// A tensor of `dtype` holding `values` (exactly representable ones).
-Tensor Make(const std::vector<double>& values, SizeVector shape, Dtype dtype) {
-  Tensor t = empty(shape, TensorOptions(dtype));
-  VisitDtype(dtype, [&]<typename T>() {
-    T* p = static_cast<T*>(t.raw_data());
-    for (size_t i = 0; i < values.size(); ++i) p[i] = CastTo<T>(values[i]);
-  });
-  return t;
-}
-Tensor Make(const std::vector<double>& values, Dtype dtype = kFloat32) {
-  return Make(values, {static_cast<int64_t>(values.size())}, dtype);
-}
 
 // Relative tolerance of one rounding in `dtype`.
 double Tol(Dtype dtype) {
@@ -74,15 +52,6 @@ void ExpectNear(const std::vector<double>& got, const std::vector<double>& want,
 
 void ExpectValues(const Tensor& t, const std::vector<double>& want, const std::string& what = "") {
   ExpectNear(Values(t), want, Tol(t.dtype()), what);
-}
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 constexpr Dtype kFloatDtypes[] = {kFloat32, kFloat64, kFloat16, kBFloat16};

@@ -12,46 +12,18 @@
 #include "gtest/gtest.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
+#include "tensor/testing.h"
 
 namespace ember {
 namespace {
 
 using ::testing::HasSubstr;
+using ::ember::testing::ErrorOf;
+using ::ember::testing::Make;
+using ::ember::testing::Values;
 
-std::vector<double> Values(const Tensor& t) {
-  Tensor c = t.contiguous();
-  std::vector<double> out(c.numel());
-  VisitDtype(c.dtype(), [&]<typename T>() {
-    const T* p = static_cast<const T*>(c.raw_data());
-    for (int64_t i = 0; i < c.numel(); ++i) {
-      out[i] = static_cast<double>(static_cast<OpMath<T>>(p[i]));
-    }
-  });
-  return out;
-}
-
-Tensor Make(const std::vector<double>& values, SizeVector shape, Dtype dtype) {
-  Tensor t = empty(shape, TensorOptions(dtype));
-  VisitDtype(dtype, [&]<typename T>() {
-    T* p = static_cast<T*>(t.raw_data());
-    for (size_t i = 0; i < values.size(); ++i) p[i] = CastTo<T>(values[i]);
-  });
-  return t;
-}
-Tensor Make(const std::vector<double>& values, Dtype dtype = kFloat32) {
-  return Make(values, {static_cast<int64_t>(values.size())}, dtype);
-}
 Tensor Mask(const std::vector<bool>& values, SizeVector shape) {
   return tensor(values, shape);
-}
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 std::vector<double> Iota(int64_t n, double start = 0) {

@@ -11,27 +11,15 @@
 #include "tensor/factories.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
+#include "tensor/testing.h"
 
 namespace ember {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::vector<double> Values(const Tensor& t) {
-  Tensor c = t.contiguous().to(kFloat64);
-  const double* p = c.data_ptr<double>();
-  return std::vector<double>(p, p + c.numel());
-}
-
-template <typename F>
-std::string ErrorOf(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using ::ember::testing::ErrorOf;
+using ::ember::testing::Make;
+using ::ember::testing::Values;
 
 // Row-major product of [b, n, k] and [b, k, m] value arrays.
 std::vector<double> RefBmm(const std::vector<double>& a, const std::vector<double>& b,

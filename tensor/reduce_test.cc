@@ -14,37 +14,19 @@
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "tensor/thread_pool.h"
+#include "tensor/testing.h"
 
 namespace ember {
 namespace {
 
 using ::testing::HasSubstr;
+using ::ember::testing::ErrorOf;
+using ::ember::testing::Make;
+using ::ember::testing::Values;
 
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 
-// Row-major values of any tensor as doubles (through copy_ only).
-std::vector<double> Values(const Tensor& t) {
-  Tensor c = t.contiguous().to(kFloat64);
-  const double* p = c.data_ptr<double>();
-  return std::vector<double>(p, p + c.numel());
-}
-
 double Item(const Tensor& t) { return Values(t).at(0); }
-
-template <typename F>
-std::string ErrorOf(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
-// A tensor of `dtype` holding `values` in shape `sizes`.
-Tensor Make(const std::vector<double>& values, SizeVector sizes, Dtype dtype) {
-  return tensor(values, sizes).to(dtype);
-}
 
 // Reference reduction of a row-major [rows, cols] matrix of doubles.
 std::vector<double> RefSumRows(const std::vector<double>& v, int64_t rows, int64_t cols) {

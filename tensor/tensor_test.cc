@@ -12,11 +12,15 @@
 #include "gtest/gtest.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
+#include "tensor/testing.h"
 
 namespace ember {
 namespace {
 
 using ::testing::HasSubstr;
+using ::ember::testing::ErrorOf;
+using ::ember::testing::Make;
+using ::ember::testing::Values;
 
 // Reads element `idx` of any tensor as double through sizes/strides only.
 double At(const Tensor& t, std::initializer_list<int64_t> idx) {
@@ -27,22 +31,6 @@ double At(const Tensor& t, std::initializer_list<int64_t> idx) {
   return VisitDtype(t.dtype(), [&]<typename T>() {
     return static_cast<double>(static_cast<OpMath<T>>(*reinterpret_cast<const T*>(base + off * sizeof(T))));
   });
-}
-
-std::vector<double> Values(const Tensor& t) {
-  Tensor c = t.contiguous().to(kFloat64);
-  const double* p = c.data_ptr<double>();
-  return std::vector<double>(p, p + c.numel());
-}
-
-template <typename F>
-std::string ErrorOf(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(TensorTest, FactoriesFillAndShapes) {
