@@ -33,16 +33,23 @@ void CheckMatrix(const char* op, const char* name, const Tensor& t, int64_t rank
               t.dim(), "-D tensor of shape ", ShapeToString(t.sizes()));
 }
 
-Tensor Mm(const Tensor& self, const Tensor& other) {
-  CheckDefinedOnOneDevice("mm", self, other);
-  CheckMatrix("mm", "mat1", self, 2);
-  CheckMatrix("mm", "mat2", other, 2);
-  const int64_t n = self.sizes()[0], k = self.sizes()[1], k2 = other.sizes()[0],
-                m = other.sizes()[1];
-  EMBER_CHECK(k == k2, "mm: mat1 and mat2 shapes cannot be multiplied (", n, "x", k, " and ", k2,
+// The checks mm and addmm share on their two matrices; returns the result
+// shape [n, m].
+SizeVector CheckMatrixProduct(const char* op, const Tensor& mat1, const Tensor& mat2) {
+  CheckDefinedOnOneDevice(op, mat1, mat2);
+  CheckMatrix(op, "mat1", mat1, 2);
+  CheckMatrix(op, "mat2", mat2, 2);
+  const int64_t n = mat1.sizes()[0], k = mat1.sizes()[1], k2 = mat2.sizes()[0],
+                m = mat2.sizes()[1];
+  EMBER_CHECK(k == k2, op, ": mat1 and mat2 shapes cannot be multiplied (", n, "x", k, " and ", k2,
               "x", m, ")");
-  CheckSameDtype("mm", "matrices", self, other);
-  Tensor out = EmptyTensor({n, m}, self.dtype(), self.device());
+  CheckSameDtype(op, "matrices", mat1, mat2);
+  return {n, m};
+}
+
+Tensor Mm(const Tensor& self, const Tensor& other) {
+  SizeVector shape = CheckMatrixProduct("mm", self, other);
+  Tensor out = EmptyTensor(shape, self.dtype(), self.device());
   ops::gemm_out(out.unsqueeze(0), self.unsqueeze(0), other.unsqueeze(0), 0, 1);
   return out;
 }
@@ -66,18 +73,10 @@ Tensor Bmm(const Tensor& self, const Tensor& other) {
 
 Tensor Addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const Scalar& beta,
              const Scalar& alpha) {
-  CheckDefinedOnOneDevice("addmm", mat1, mat2);
+  SizeVector shape = CheckMatrixProduct("addmm", mat1, mat2);
   CheckDefinedOnOneDevice("addmm", self, mat1);
-  CheckMatrix("addmm", "mat1", mat1, 2);
-  CheckMatrix("addmm", "mat2", mat2, 2);
-  const int64_t n = mat1.sizes()[0], k = mat1.sizes()[1], k2 = mat2.sizes()[0],
-                m = mat2.sizes()[1];
-  EMBER_CHECK(k == k2, "addmm: mat1 and mat2 shapes cannot be multiplied (", n, "x", k, " and ", k2,
-              "x", m, ")");
-  CheckSameDtype("addmm", "matrices", mat1, mat2);
   EMBER_CHECK(self.dtype() == mat1.dtype(), "addmm: expected self and the matrices to have the "
               "same dtype, but found ", DtypeName(self.dtype()), " and ", DtypeName(mat1.dtype()));
-  SizeVector shape{n, m};
   EMBER_CHECK(BroadcastShapes(self.sizes(), shape, "addmm") == shape, "addmm: self of shape ",
               ShapeToString(self.sizes()), " cannot be broadcast to the result shape ",
               ShapeToString(shape));
