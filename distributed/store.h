@@ -1,0 +1,84 @@
+// Store: the key-value store that ranks of a process group rendezvous through
+// (torch.distributed's Store), as an abstract interface.
+//
+//   std::shared_ptr<ember::distributed::Store> store = ...;  // TcpStore, FileStore, ...
+//   EMBER_RETURN_IF_ERROR(store->Set("rank0/addr", "10.0.0.1:29500"));
+//   EMBER_ASSIGN_OR_RETURN(std::string addr, store->Get("rank0/addr"));
+//   EMBER_ASSIGN_OR_RETURN(int64_t arrived, store->Add("arrived", 1));
+//
+// Values are arbitrary bytes held in std::string. Keys are non-empty strings.
+// Every call that can block takes a timeout; calls without one use the
+// store's default timeout(), which starts at kDefaultStoreTimeout (as
+// torch.distributed's default of 300 s) and can be changed with
+// set_timeout().
+//
+// Errors (absl::Status):
+//   kDeadlineExceeded  - Get/Wait: a key did not appear in time; the message
+//                        names the missing keys and the timeout.
+//   kInvalidArgument   - an empty key.
+//   kUnavailable       - the store's server or file cannot be reached.
+//   kDataLoss          - a malformed reply, or a value of the wrong kind (Add
+//                        on a key that does not hold a decimal integer).
+//
+// Thread-safety: implementations are thread-safe; one Store may be shared by
+// the threads of a process.
+#ifndef EMBER_DISTRIBUTED_STORE_H_
+#define EMBER_DISTRIBUTED_STORE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace ember::distributed {
+
+inline constexpr absl::Duration kDefaultStoreTimeout = absl::Seconds(300);
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Sets `key` to `value`, replacing any earlier value; wakes waiters.
+  virtual absl::Status Set(std::string_view key, std::string_view value) = 0;
+
+  // The value of `key`, waiting up to `timeout` for it to be set.
+  virtual absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) = 0;
+  absl::StatusOr<std::string> Get(std::string_view key) { return Get(key, timeout()); }
+
+  // Adds `delta` to the integer stored at `key` (a missing key counts as 0)
+  // and returns the new value. Values written by Add are decimal strings, so
+  // Get returns them as text, as in torch.
+  virtual absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) = 0;
+
+  // Atomically: if the value of `key` equals `expected` (or the key is absent
+  // and `expected` is empty), sets it to `desired`. Returns the value now
+  // stored (`desired` on success, the current value otherwise).
+  virtual absl::StatusOr<std::string> CompareSet(std::string_view key,
+                                                 std::string_view expected,
+                                                 std::string_view desired) = 0;
+
+  // Waits until every key in `keys` is set, up to `timeout`.
+  virtual absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) = 0;
+  absl::Status Wait(absl::Span<const std::string> keys) { return Wait(keys, timeout()); }
+
+  // Deletes `key`; returns whether it existed.
+  virtual absl::StatusOr<bool> DeleteKey(std::string_view key) = 0;
+
+  // The number of keys stored.
+  virtual absl::StatusOr<int64_t> NumKeys() = 0;
+
+  // The default timeout of the calls above that take none.
+  absl::Duration timeout() const { return timeout_; }
+  void set_timeout(absl::Duration timeout) { timeout_ = timeout; }
+
+ private:
+  absl::Duration timeout_ = kDefaultStoreTimeout;
+};
+
+}  // namespace ember::distributed
+
+#endif  // EMBER_DISTRIBUTED_STORE_H_
