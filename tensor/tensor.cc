@@ -54,6 +54,8 @@ DispatchKey DeviceDispatchKey(DeviceType type) {
 
 namespace internal {
 
+thread_local constinit bool tls_below_autograd = false;
+
 DispatchKeySet KeysOf(const Tensor& t) {
   if (!t.defined()) return {};
   DispatchKeySet keys(DeviceDispatchKey(t.device().type()));
@@ -525,6 +527,64 @@ bool Tensor::allclose(const Tensor& other, double rtol, double atol, bool equal_
   Tensor ok = close.logical_or(a.eq(b));
   if (equal_nan) ok = ok.logical_or(a.ne(a).logical_and(b.ne(b)));
   return ok.logical_not().sum().item<int64_t>() == 0;
+}
+
+// --- Autograd (Note [Autograd hooks]) -------------------------------------------
+
+namespace {
+const AutogradHooksInterface* g_autograd_hooks = nullptr;
+
+const AutogradHooksInterface& RequireAutogradHooks(const char* method) {
+  EMBER_CHECK(g_autograd_hooks != nullptr, method,
+              ": autograd is not linked into this program; depend on //autograd");
+  return *g_autograd_hooks;
+}
+}  // namespace
+
+void SetAutogradHooks(const AutogradHooksInterface* hooks) { g_autograd_hooks = hooks; }
+const AutogradHooksInterface* GetAutogradHooks() { return g_autograd_hooks; }
+
+bool Tensor::requires_grad() const {
+  const AutogradMetaInterface* meta = impl_->autograd_meta();
+  return meta != nullptr && meta->requires_grad();
+}
+
+const Tensor& Tensor::requires_grad_(bool requires_grad) const {
+  RequireAutogradHooks("requires_grad_").SetRequiresGrad(*this, requires_grad);
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  if (impl_->autograd_meta() == nullptr) return Tensor();
+  return RequireAutogradHooks("grad").Grad(*this);
+}
+
+void Tensor::set_grad(const Tensor& grad) const {
+  RequireAutogradHooks("set_grad").SetGrad(*this, grad);
+}
+
+bool Tensor::is_leaf() const {
+  const AutogradMetaInterface* meta = impl_->autograd_meta();
+  return meta == nullptr || meta->is_leaf();
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>(storage(), dtype(), sizes(), strides(),
+                                           storage_offset());
+  impl->set_version_counter(impl_->version_counter());
+  impl->set_wrapped_number(impl_->is_wrapped_number());
+  return Tensor(std::move(impl));
+}
+
+const Tensor& Tensor::detach_() const {
+  if (impl_->autograd_meta() != nullptr) RequireAutogradHooks("detach_").DetachInPlace(*this);
+  return *this;
+}
+
+void Tensor::retain_grad() const { RequireAutogradHooks("retain_grad").RetainGrad(*this); }
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph) const {
+  RequireAutogradHooks("backward").Backward(*this, gradient, retain_graph, create_graph);
 }
 
 // --- Operators and free functions -------------------------------------------------
