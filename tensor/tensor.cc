@@ -327,6 +327,24 @@ Tensor WrapScalar(const Scalar& value, Device device) {
 }
 
 namespace {
+// The number operand of `self op number`, wrapped (WrapScalar). When self's
+// dtype is its own compute type (float32, float64, int64) and the number is
+// of the same category, the number is wrapped in that dtype directly: type
+// promotion only looks at a wrapped number's category, and the kernel would
+// convert it to this dtype anyway, so the result is the same without the
+// conversion (which dominates ops on tiny tensors).
+Tensor WrapOperand(const Tensor& self, const Scalar& value) {
+  const Dtype d = self.dtype();
+  const bool same_category = (value.is_floating_point() && (d == kFloat32 || d == kFloat64)) ||
+                             (value.is_integral() && d == kInt64);
+  if (!same_category || !self.is_cpu()) return WrapScalar(value, self.device());
+  Tensor t(std::make_shared<TensorImpl>(
+      Storage::Allocate(ElementSize(d), GetCpuAllocator()), d, IntArrayRef{}, IntArrayRef{}, 0));
+  VisitDtype(d, [&]<typename T>() { *static_cast<T*>(t.raw_data()) = value.to<T>(); });
+  t.impl()->set_wrapped_number(true);
+  return t;
+}
+
 Tensor Scaled(const Tensor& other, const Scalar& alpha) {
   bool one = alpha.is_floating_point() ? alpha.to_double() == 1.0 : alpha.to_int() == 1;
   return one ? other : ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device()));
@@ -340,7 +358,7 @@ Tensor Scaled(const Tensor& other, const Scalar& alpha) {
 #define EMBER_BINARY_SCALAR_METHODS(method, kind)                                 \
   EMBER_BINARY_METHODS(method, kind)                                              \
   Tensor Tensor::method(const Scalar& other) const {                              \
-    return ops::binary(BinaryOp::kind, *this, WrapScalar(other, device()));       \
+    return ops::binary(BinaryOp::kind, *this, WrapOperand(*this, other));         \
   }
 EMBER_BINARY_SCALAR_METHODS(mul, kMul)
 EMBER_BINARY_SCALAR_METHODS(div, kDiv)
@@ -363,30 +381,30 @@ Tensor Tensor::add(const Tensor& other, const Scalar& alpha) const {
   return ops::binary(BinaryOp::kAdd, *this, Scaled(other, alpha));
 }
 Tensor Tensor::add(const Scalar& other, const Scalar& alpha) const {
-  return add(WrapScalar(other, device()), alpha);
+  return add(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::sub(const Tensor& other, const Scalar& alpha) const {
   return ops::binary(BinaryOp::kSub, *this, Scaled(other, alpha));
 }
 Tensor Tensor::sub(const Scalar& other, const Scalar& alpha) const {
-  return sub(WrapScalar(other, device()), alpha);
+  return sub(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::add_(const Tensor& other, const Scalar& alpha) const {
   return ops::binary_(BinaryOp::kAdd, *this, Scaled(other, alpha));
 }
 Tensor Tensor::add_(const Scalar& other, const Scalar& alpha) const {
-  return add_(WrapScalar(other, device()), alpha);
+  return add_(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::sub_(const Tensor& other, const Scalar& alpha) const {
   return ops::binary_(BinaryOp::kSub, *this, Scaled(other, alpha));
 }
 Tensor Tensor::sub_(const Scalar& other, const Scalar& alpha) const {
-  return sub_(WrapScalar(other, device()), alpha);
+  return sub_(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::mul_(const Tensor& other) const { return ops::binary_(BinaryOp::kMul, *this, other); }
-Tensor Tensor::mul_(const Scalar& other) const { return mul_(WrapScalar(other, device())); }
+Tensor Tensor::mul_(const Scalar& other) const { return mul_(WrapOperand(*this, other)); }
 Tensor Tensor::div_(const Tensor& other) const { return ops::binary_(BinaryOp::kDiv, *this, other); }
-Tensor Tensor::div_(const Scalar& other) const { return div_(WrapScalar(other, device())); }
+Tensor Tensor::div_(const Scalar& other) const { return div_(WrapOperand(*this, other)); }
 Tensor Tensor::pow_(const Scalar& exponent) const {
   return ops::binary_(BinaryOp::kPow, *this, WrapScalar(exponent, device()));
 }
