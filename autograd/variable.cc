@@ -73,6 +73,7 @@ std::shared_ptr<Node> GradAccumulator(const Tensor& leaf) {
 }
 
 Edge GradientEdge(const Tensor& t) {
+  if (!t.defined()) return Edge();
   AutogradMeta* meta = GetMeta(t);
   if (meta == nullptr) return Edge();
   std::shared_ptr<Node> fn = meta->is_view_ ? GradFn(t) : meta->grad_fn_;
