@@ -85,13 +85,19 @@ class OptimizerBase : public Optimizer {
     Options options;
   };
 
-  // Adds a group; throws when one of its parameters is already optimised or
-  // is not a leaf that requires grad.
+  // Adds a group; throws when one of its parameters is already optimised,
+  // listed twice (PyTorch only warns; a twice-listed parameter would be
+  // stepped twice) or is not a leaf.
   void add_param_group(std::vector<Tensor> params, Options options) {
     Options::Validate(options);
-    for (const Tensor& p : params) {
-      EMBER_CHECK(p.defined(), "optimizer: a parameter is an undefined tensor");
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor& p = params[i];
+      EMBER_CHECK(p.defined(), "optimizer: parameter ", i, " is an undefined tensor");
       EMBER_CHECK(p.is_leaf(), "can't optimize a non-leaf Tensor");
+      for (size_t j = 0; j < i; ++j) {
+        EMBER_CHECK(!params[j].is_same(p), "optimizer contains a parameter group with duplicate "
+                    "parameters (positions ", j, " and ", i, ")");
+      }
       for (const ParamGroup& g : groups_) {
         for (const Tensor& q : g.params) {
           EMBER_CHECK(!q.is_same(p), "some parameters appear in more than one parameter group");
