@@ -101,9 +101,8 @@ ConvShape ShapeOf(const Tensor& x, const Tensor& w, Int2 stride, Int2 padding, I
 
 struct Conv2dFunction : autograd::Function<Conv2dFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
-                        const Tensor& absent_or_bias, Int2 stride, Int2 padding, Int2 dilation,
+                        const Tensor& bias, Int2 stride, Int2 padding, Int2 dilation,
                         int64_t groups) {
-    const Tensor bias = internal::FromAbsent(absent_or_bias);
     Tensor x = input.detach().contiguous();
     Tensor w = weight.detach().contiguous();
     const ConvShape s = ShapeOf(x, w, stride, padding, dilation, groups);
@@ -226,8 +225,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
                 dilation[1] * (weight.size(3) - 1) + 1,
                 "). Kernel size can't be greater than actual input size");
   }
-  return Conv2dFunction::apply(input, weight, internal::OrAbsent(bias), stride, padding, dilation,
-                               groups);
+  return Conv2dFunction::apply(input, weight, bias, stride, padding, dilation, groups);
 }
 
 }  // namespace functional

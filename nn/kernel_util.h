@@ -12,7 +12,6 @@
 #define EMBER_NN_KERNEL_UTIL_H_
 
 #include "tensor/error.h"
-#include "tensor/factories.h"
 #include "tensor/tensor.h"
 
 namespace ember::nn::internal {
@@ -44,19 +43,6 @@ inline void CheckSameDtype(const Tensor& a, const Tensor& b, const char* op, con
               " to have the same dtype, but got ", DtypeName(a.dtype()), " and ",
               DtypeName(b.dtype()));
 }
-
-// Note [Absent optional tensors]
-// Optional tensor arguments of nn's custom Functions (a bias, an affine
-// weight, running statistics) travel as one shared 0-element placeholder
-// rather than as undefined tensors, and are turned back into undefined
-// tensors inside forward/backward. The Function machinery then only ever
-// sees defined tensors, for inputs and for saved tensors alike.
-inline const Tensor& AbsentTensor() {
-  static const Tensor* const absent = new Tensor(empty({0}));
-  return *absent;
-}
-inline Tensor OrAbsent(const Tensor& t) { return t.defined() ? t : AbsentTensor(); }
-inline Tensor FromAbsent(const Tensor& t) { return t.is_same(AbsentTensor()) ? Tensor() : t; }
 
 }  // namespace ember::nn::internal
 

@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/function.h"
 #include "nn/init.h"
-#include "nn/kernel_util.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 
@@ -17,9 +16,7 @@ using autograd::AutogradContext;
 
 // x [n, in] @ w^T [in, out] (+ b) with an explicit backward.
 struct LinearFunction : autograd::Function<LinearFunction> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w,
-                        const Tensor& absent_or_b) {
-    const Tensor b = internal::FromAbsent(absent_or_b);
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& w, const Tensor& b) {
     ctx->save_for_backward({x, w});
     return b.defined() ? addmm(b, x, w.t()) : x.mm(w.t());
   }
@@ -33,7 +30,7 @@ struct LinearFunction : autograd::Function<LinearFunction> {
     if (g.defined()) {
       if (ctx->needs_input_grad(0)) gx = g.mm(w);
       if (ctx->needs_input_grad(1)) gw = g.t().mm(x);
-      if (ctx->needs_input_grad(2)) gb = g.sum(/*dims=*/{0});  // Never for an absent bias.
+      if (ctx->needs_input_grad(2)) gb = g.sum(/*dims=*/{0});
     }
     return {gx, gw, gb};
   }
@@ -61,12 +58,11 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
                 "same dtype, but got ", DtypeName(bias.dtype()), " and ",
                 DtypeName(weight.dtype()));
   }
-  const Tensor b = internal::OrAbsent(bias);
-  if (input.dim() == 2) return LinearFunction::apply(input, weight, b);
+  if (input.dim() == 2) return LinearFunction::apply(input, weight, bias);
   // [*, in] -> [n, in] -> [n, out] -> [*, out].
   SizeVector out_shape(input.sizes().begin(), input.sizes().end());
   out_shape.back() = out;
-  return LinearFunction::apply(input.reshape({-1, in}), weight, b).reshape(out_shape);
+  return LinearFunction::apply(input.reshape({-1, in}), weight, bias).reshape(out_shape);
 }
 
 }  // namespace functional

@@ -20,14 +20,9 @@ using autograd::AutogradContext;
 
 // x viewed as [N, C, S]; statistics per channel.
 struct BatchNormFunction : autograd::Function<BatchNormFunction> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& absent_or_weight,
-                        const Tensor& absent_or_bias, const Tensor& absent_or_running_mean,
-                        const Tensor& absent_or_running_var, bool training, double momentum,
-                        double eps) {
-    const Tensor weight = internal::FromAbsent(absent_or_weight);
-    const Tensor bias = internal::FromAbsent(absent_or_bias);
-    const Tensor running_mean = internal::FromAbsent(absent_or_running_mean);
-    const Tensor running_var = internal::FromAbsent(absent_or_running_var);
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
+                        const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                        bool training, double momentum, double eps) {
     Tensor x = input.detach().contiguous();
     const int64_t n = x.size(0), c = x.size(1), s = x.numel() / std::max<int64_t>(n * c, 1);
     const int64_t m = n * s;
@@ -91,9 +86,8 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
       BumpVersion(running_mean);
       BumpVersion(running_var);
     }
-    ctx->save_for_backward({input, internal::OrAbsent(weight), mean, invstd});
+    ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["training"] = training;
-    ctx->saved_data["has_weight"] = weight.defined();
     return out;
   }
 
@@ -102,8 +96,7 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
     if (!grad_outputs[0].defined()) return grads;
     std::vector<Tensor> saved = ctx->get_saved_variables();
     Tensor x = saved[0].detach().contiguous();
-    Tensor w = std::get<bool>(ctx->saved_data["has_weight"]) ? saved[1].detach().contiguous()
-                                                             : Tensor();
+    Tensor w = saved[1].defined() ? saved[1].detach().contiguous() : Tensor();
     const Tensor& mean = saved[2];
     const Tensor& invstd = saved[3];
     const bool training = std::get<bool>(ctx->saved_data["training"]);
@@ -153,10 +146,8 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
 
 // x viewed as [R, D]; statistics per row.
 struct LayerNormFunction : autograd::Function<LayerNormFunction> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& absent_or_weight,
-                        const Tensor& absent_or_bias, std::vector<int64_t> shape, double eps) {
-    const Tensor weight = internal::FromAbsent(absent_or_weight);
-    const Tensor bias = internal::FromAbsent(absent_or_bias);
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
+                        const Tensor& bias, std::vector<int64_t> shape, double eps) {
     int64_t d = 1;
     for (int64_t v : shape) d *= v;
     Tensor x = input.detach().contiguous();
@@ -186,9 +177,8 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
         }
       }
     });
-    ctx->save_for_backward({input, internal::OrAbsent(weight), mean, rstd});
+    ctx->save_for_backward({input, weight, mean, rstd});
     ctx->saved_data["shape"] = shape;
-    ctx->saved_data["has_weight"] = weight.defined();
     return out;
   }
 
@@ -197,8 +187,7 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
     if (!grad_outputs[0].defined()) return grads;
     std::vector<Tensor> saved = ctx->get_saved_variables();
     Tensor x = saved[0].detach().contiguous();
-    Tensor w = std::get<bool>(ctx->saved_data["has_weight"]) ? saved[1].detach().contiguous()
-                                                             : Tensor();
+    Tensor w = saved[1].defined() ? saved[1].detach().contiguous() : Tensor();
     const Tensor& mean = saved[2];
     const Tensor& rstd = saved[3];
     const std::vector<int64_t> shape = std::get<std::vector<int64_t>>(ctx->saved_data["shape"]);
@@ -272,9 +261,8 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     EMBER_CHECK(per_channel > 1, "Expected more than 1 value per channel when training, got "
                 "input size ", ShapeToString(input.sizes()));
   }
-  using internal::OrAbsent;
-  return BatchNormFunction::apply(input, OrAbsent(weight), OrAbsent(bias), OrAbsent(running_mean),
-                                  OrAbsent(running_var), training, momentum, eps);
+  return BatchNormFunction::apply(input, weight, bias, running_mean, running_var, training,
+                                  momentum, eps);
 }
 
 Tensor layer_norm(const Tensor& input, IntArrayRef normalized_shape, const Tensor& weight,
@@ -297,7 +285,7 @@ Tensor layer_norm(const Tensor& input, IntArrayRef normalized_shape, const Tenso
     internal::CheckSameDtype(input, *t, "layer_norm", "input", "weight/bias");
   }
   return LayerNormFunction::apply(
-      input, internal::OrAbsent(weight), internal::OrAbsent(bias), std::vector<int64_t>(normalized_shape.begin(), normalized_shape.end()),
+      input, weight, bias, std::vector<int64_t>(normalized_shape.begin(), normalized_shape.end()),
       eps);
 }
 
