@@ -2,8 +2,14 @@
 // cross-entropy, SGD lr 0.01), the shape of /work/shared/peers'
 // libtorch_autograd.cc: Ember's nn + autograd + optim against the same step
 // written directly on cblas (the floor: the GEMMs and three elementwise
-// passes, no allocation, no graph). Both run on one thread (intra-op pool
-// and OpenBLAS), as the LibTorch peer does with torch::set_num_threads(1).
+// passes, no allocation, no graph).
+//
+// Threads: the intra-op pool has one thread, as the peer's
+// torch::set_num_threads(1). The argument is the number of OpenBLAS threads:
+// 1, or 0 for OpenBLAS's default (one per core), which is what the peer gets,
+// since set_num_threads does not reach Debian's OpenBLAS (run it with
+// OPENBLAS_NUM_THREADS=1 to compare with /1). nn/compare_mlp_with_libtorch.sh
+// runs both side by side.
 //
 //   bazel run //nn:mlp_benchmark -- --benchmark_min_time=2
 #include <cblas.h>
@@ -31,13 +37,14 @@ constexpr int kHidden = 4;
 constexpr int kClasses = 10;
 constexpr float kLr = 0.01f;
 
-void OneThread() {
+void SetThreads(const benchmark::State& state) {
   SetNumThreads(1);
-  openblas_set_num_threads(1);
+  const int blas_threads = static_cast<int>(state.range(0));
+  openblas_set_num_threads(blas_threads > 0 ? blas_threads : openblas_get_num_procs());
 }
 
 void BM_EmberMlpStep(benchmark::State& state) {
-  OneThread();
+  SetThreads(state);
   manual_seed(0);
   auto model = std::make_shared<Sequential>();
   for (int i = 0; i < kHidden; ++i) {
@@ -58,11 +65,11 @@ void BM_EmberMlpStep(benchmark::State& state) {
   }
   state.counters["loss"] = loss;
 }
-BENCHMARK(BM_EmberMlpStep)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_EmberMlpStep)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The same step on raw buffers and cblas_sgemm.
 void BM_CblasMlpStep(benchmark::State& state) {
-  OneThread();
+  SetThreads(state);
   manual_seed(0);
   const int layers = kHidden + 1;
   std::vector<int> in(layers, kWidth), out(layers, kWidth);
@@ -139,7 +146,7 @@ void BM_CblasMlpStep(benchmark::State& state) {
   }
   state.counters["loss"] = loss;
 }
-BENCHMARK(BM_CblasMlpStep)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CblasMlpStep)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace ember::nn
