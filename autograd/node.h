@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "tensor/allocator.h"
 #include "tensor/tensor.h"
 
 namespace ember::autograd {
@@ -71,6 +72,18 @@ class Node {
 
   Node();
   virtual ~Node() = default;
+  // Nodes come from the object pool (Note [Object pool] in
+  // tensor/allocator.h): graphs of small ops allocate one per op.
+  static void* operator new(size_t n) {
+    return n <= kPoolMaxBytes ? ::ember::internal::PoolAllocate(n) : ::operator new(n);
+  }
+  static void operator delete(void* p, size_t n) {
+    if (n <= kPoolMaxBytes) {
+      ::ember::internal::PoolFree(p, n);
+    } else {
+      ::operator delete(p);
+    }
+  }
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
@@ -133,7 +146,8 @@ void DeleteNode(Node* node);
 // chains iterative.
 template <typename T, typename... Args>
 std::shared_ptr<T> MakeNode(Args&&... args) {
-  return std::shared_ptr<T>(new T(std::forward<Args>(args)...), &internal::DeleteNode);
+  return std::shared_ptr<T>(new T(std::forward<Args>(args)...), &internal::DeleteNode,
+                            PoolAllocator<T>());
 }
 
 // The next sequence number of this thread (what the next node will get).

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "tensor/allocator.h"
 #include "tensor/tensor.h"
 
 namespace ember::autograd {
@@ -38,6 +39,9 @@ using TensorHook = std::function<Tensor(const Tensor& grad)>;
 
 class AutogradMeta final : public AutogradMetaInterface {
  public:
+  static void* operator new(size_t n) { return ::ember::internal::PoolAllocate(n); }
+  static void operator delete(void* p, size_t n) { ::ember::internal::PoolFree(p, n); }
+
   bool requires_grad() const override { return requires_grad_ || grad_fn_ != nullptr; }
   bool is_leaf() const override { return grad_fn_ == nullptr; }
 

@@ -232,7 +232,7 @@ Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptio
   } else {
     ptr = DataPtr(data, nullptr, nullptr, options.device());
   }
-  return Tensor(std::make_shared<TensorImpl>(Storage(std::move(ptr), nbytes), options.dtype(),
+  return Tensor(MakeTensorImpl(Storage(std::move(ptr), nbytes), options.dtype(),
                                              sizes, strides, 0));
 }
 

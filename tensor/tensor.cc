@@ -16,7 +16,7 @@ TensorImpl::TensorImpl(Storage storage, Dtype dtype, IntArrayRef sizes,
       strides_(strides.begin(), strides.end()),
       storage_offset_(storage_offset),
       dtype_(dtype),
-      version_(std::make_shared<VersionCounter>()) {
+      version_(std::allocate_shared<VersionCounter>(PoolAllocator<VersionCounter>())) {
   EMBER_INTERNAL_ASSERT(sizes.size() == strides.size());
   Recompute();
 }
@@ -245,7 +245,7 @@ std::vector<Tensor> Tensor::unbind(int64_t d) const {
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
-  Tensor out(std::make_shared<TensorImpl>(
+  Tensor out(MakeTensorImpl(
       Storage::Allocate(nbytes(), GetAllocator(device().type())), dtype(), sizes(),
       ContiguousStrides(sizes()), 0));
   return out.copy_(*this);
@@ -253,7 +253,7 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(Dtype d) const {
   if (d == dtype()) return *this;
-  Tensor out(std::make_shared<TensorImpl>(
+  Tensor out(MakeTensorImpl(
       Storage::Allocate(numel() * ElementSize(d), GetAllocator(device().type())), d, sizes(),
       ContiguousStrides(sizes()), 0));
   return out.copy_(*this);
@@ -267,7 +267,7 @@ Tensor Tensor::to(Device dev) const {
   Allocator* allocator = GetAllocator(dev.type());
   EMBER_CHECK(allocator != nullptr, "to: no allocator is registered for device ", dev.ToString(),
               "; link //cuda to use CUDA devices");
-  Tensor out(std::make_shared<TensorImpl>(Storage::Allocate(nbytes(), allocator), dtype(),
+  Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), allocator), dtype(),
                                           sizes(), ContiguousStrides(sizes()), 0));
   return out.copy_(*this);
 }
@@ -317,7 +317,7 @@ EMBER_UNARY_INPLACE_METHOD(relu_, kRelu)
 #undef EMBER_UNARY_INPLACE_METHOD
 
 Tensor WrapScalar(const Scalar& value, Device device) {
-  Tensor t(std::make_shared<TensorImpl>(
+  Tensor t(MakeTensorImpl(
       Storage::Allocate(ElementSize(value.dtype()), GetCpuAllocator()), value.dtype(),
       IntArrayRef{}, IntArrayRef{}, 0));
   VisitDtype(value.dtype(), [&]<typename T>() { *static_cast<T*>(t.raw_data()) = value.to<T>(); });
@@ -338,7 +338,7 @@ Tensor WrapOperand(const Tensor& self, const Scalar& value) {
   const bool same_category = (value.is_floating_point() && (d == kFloat32 || d == kFloat64)) ||
                              (value.is_integral() && d == kInt64);
   if (!same_category || !self.is_cpu()) return WrapScalar(value, self.device());
-  Tensor t(std::make_shared<TensorImpl>(
+  Tensor t(MakeTensorImpl(
       Storage::Allocate(ElementSize(d), GetCpuAllocator()), d, IntArrayRef{}, IntArrayRef{}, 0));
   VisitDtype(d, [&]<typename T>() { *static_cast<T*>(t.raw_data()) = value.to<T>(); });
   t.impl()->set_wrapped_number(true);
@@ -587,7 +587,7 @@ bool Tensor::is_leaf() const {
 }
 
 Tensor Tensor::detach() const {
-  auto impl = std::make_shared<TensorImpl>(storage(), dtype(), sizes(), strides(),
+  auto impl = MakeTensorImpl(storage(), dtype(), sizes(), strides(),
                                            storage_offset());
   impl->set_version_counter(impl_->version_counter());
   impl->set_wrapped_number(impl_->is_wrapped_number());

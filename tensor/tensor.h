@@ -167,6 +167,14 @@ class TensorImpl {
   std::unique_ptr<AutogradMetaInterface> autograd_meta_;
 };
 
+// A new TensorImpl from the object pool (Note [Object pool]); every
+// TensorImpl is made this way.
+template <typename... Args>
+std::shared_ptr<TensorImpl> MakeTensorImpl(Args&&... args) {
+  return std::allocate_shared<TensorImpl>(PoolAllocator<TensorImpl>(),
+                                          std::forward<Args>(args)...);
+}
+
 struct MinMaxResult;
 
 class Tensor {
