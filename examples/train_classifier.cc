@@ -42,8 +42,7 @@ Dataset MakeSpirals(int64_t per_class, ember::Generator& gen) {
   for (int64_t c = 0; c < kClasses; ++c) {
     for (int64_t i = 0; i < per_class; ++i) {
       const double r = static_cast<double>(i) / static_cast<double>(per_class);
-      const double theta =
-          c * 2 * std::numbers::pi / kClasses + r * 4.0 + gen.NextNormal() * 0.2;
+      const double theta = c * 2 * std::numbers::pi / kClasses + r * 4.0 + gen.NextNormal() * 0.2;
       xs.push_back(static_cast<float>(r * std::cos(theta)));
       xs.push_back(static_cast<float>(r * std::sin(theta)));
       ys.push_back(c);

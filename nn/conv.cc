@@ -18,9 +18,9 @@ using autograd::AutogradContext;
 
 // The geometry of one convolution.
 struct ConvShape {
-  int64_t n, c, h, w;      // input
-  int64_t o, kh, kw;       // weight
-  int64_t oh, ow;          // output
+  int64_t n, c, h, w;  // input
+  int64_t o, kh, kw;   // weight
+  int64_t oh, ow;      // output
   Int2 stride, padding, dilation;
   int64_t groups;
   int64_t ckk() const { return c * kh * kw; }
@@ -157,8 +157,8 @@ struct Conv2dFunction : autograd::Function<Conv2dFunction> {
       if (gw.defined()) {
         Unfold(x, n, s, cols);
         for (int64_t g = 0; g < groups; ++g) {
-          Gemm(gw.narrow(0, g * og, og), go_n.narrow(0, g * og, og),
-               cols.narrow(0, g * cg, cg).t(), 1.0);
+          Gemm(gw.narrow(0, g * og, og), go_n.narrow(0, g * og, og), cols.narrow(0, g * cg, cg).t(),
+               1.0);
         }
       }
       if (gx.defined()) {
@@ -201,8 +201,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
   EMBER_CHECK(groups > 0, "conv2d: groups must be positive, got ", groups);
   for (int i = 0; i < 2; ++i) {
     EMBER_CHECK(stride[i] > 0, "conv2d: stride must be positive, got ", PairString(stride));
-    EMBER_CHECK(padding[i] >= 0, "conv2d: padding must be non-negative, got ",
-                PairString(padding));
+    EMBER_CHECK(padding[i] >= 0, "conv2d: padding must be non-negative, got ", PairString(padding));
     EMBER_CHECK(dilation[i] > 0, "conv2d: dilation must be positive, got ", PairString(dilation));
   }
   EMBER_CHECK(input.size(1) == weight.size(1) * groups, "conv2d: expected input ",
@@ -212,8 +211,10 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
   EMBER_CHECK(weight.size(0) % groups == 0, "conv2d: out_channels (", weight.size(0),
               ") must be divisible by groups (", groups, ")");
   if (bias.defined()) {
-    EMBER_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "conv2d: expected a bias of "
-                "shape [", weight.size(0), "], got ", ShapeToString(bias.sizes()));
+    EMBER_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
+                "conv2d: expected a bias of "
+                "shape [",
+                weight.size(0), "], got ", ShapeToString(bias.sizes()));
     internal::CheckSameDtype(bias, weight, "conv2d", "bias", "weight");
   }
   for (int i = 0; i < 2; ++i) {
@@ -232,8 +233,10 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
 
 Conv2d::Conv2d(Conv2dOptions options) : options_(options) {
   const Conv2dOptions& o = options_;
-  EMBER_CHECK(o.in_channels > 0 && o.out_channels > 0, "Conv2d: in_channels and out_channels "
-              "must be positive, got ", o.in_channels, " and ", o.out_channels);
+  EMBER_CHECK(o.in_channels > 0 && o.out_channels > 0,
+              "Conv2d: in_channels and out_channels "
+              "must be positive, got ",
+              o.in_channels, " and ", o.out_channels);
   EMBER_CHECK(o.groups > 0, "Conv2d: groups must be positive, got ", o.groups);
   EMBER_CHECK(o.in_channels % o.groups == 0, "Conv2d: in_channels must be divisible by groups (",
               o.in_channels, " and ", o.groups, ")");
@@ -276,8 +279,9 @@ Tensor Conv2d::forward(const Tensor& input) {
 
 std::string Conv2d::extra_repr() const {
   const Conv2dOptions& o = options_;
-  std::string s = absl::StrCat(o.in_channels, ", ", o.out_channels, ", kernel_size=",
-                               PairString(o.kernel_size), ", stride=", PairString(o.stride));
+  std::string s =
+      absl::StrCat(o.in_channels, ", ", o.out_channels, ", kernel_size=", PairString(o.kernel_size),
+                   ", stride=", PairString(o.stride));
   if (o.padding != Int2{0, 0}) absl::StrAppend(&s, ", padding=", PairString(o.padding));
   if (o.dilation != Int2{1, 1}) absl::StrAppend(&s, ", dilation=", PairString(o.dilation));
   if (o.groups != 1) absl::StrAppend(&s, ", groups=", o.groups);

@@ -28,8 +28,6 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
 
 Dropout::Dropout(double p) : p_(p) { CheckP(p); }
 
-std::string Dropout::extra_repr() const {
-  return absl::StrCat("p=", p_, ", inplace=False");
-}
+std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_, ", inplace=False"); }
 
 }  // namespace ember::nn

@@ -21,8 +21,7 @@
 namespace ember::nn {
 
 namespace functional {
-Tensor dropout(const Tensor& input, double p = 0.5, bool training = true,
-               Generator* gen = nullptr);
+Tensor dropout(const Tensor& input, double p = 0.5, bool training = true, Generator* gen = nullptr);
 }  // namespace functional
 
 class Dropout : public Cloneable<Dropout> {

@@ -57,8 +57,10 @@ namespace functional {
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {
   internal::CheckCpu(indices, "embedding", "indices");
   internal::CheckCpu(weight, "embedding", "weight");
-  EMBER_CHECK(weight.dim() == 2, "embedding: expected a 2-D weight [num_embeddings, "
-              "embedding_dim], got shape ", ShapeToString(weight.sizes()));
+  EMBER_CHECK(weight.dim() == 2,
+              "embedding: expected a 2-D weight [num_embeddings, "
+              "embedding_dim], got shape ",
+              ShapeToString(weight.sizes()));
   EMBER_CHECK(indices.dtype() == kInt64 || indices.dtype() == kInt32,
               "embedding: expected indices of dtype int64 or int32, but got ",
               DtypeName(indices.dtype()), "; convert them with .to(ember::kInt64)");
@@ -86,9 +88,10 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim,
                      std::optional<int64_t> padding_idx)
     : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {
-  EMBER_CHECK(num_embeddings > 0 && embedding_dim >= 0, "Embedding: num_embeddings must be "
-              "positive and embedding_dim non-negative, got ", num_embeddings, " and ",
-              embedding_dim);
+  EMBER_CHECK(num_embeddings > 0 && embedding_dim >= 0,
+              "Embedding: num_embeddings must be "
+              "positive and embedding_dim non-negative, got ",
+              num_embeddings, " and ", embedding_dim);
   if (padding_idx) {
     EMBER_CHECK(*padding_idx >= -num_embeddings && *padding_idx < num_embeddings,
                 "Padding_idx must be within num_embeddings (got padding_idx=", *padding_idx,

@@ -16,8 +16,8 @@ double Fan(const Tensor& tensor, FanMode mode) {
 double KaimingStd(const Tensor& tensor, double a, FanMode mode, Nonlinearity nonlinearity,
                   const char* fn) {
   const double fan = Fan(tensor, mode);
-  EMBER_CHECK(fan > 0, fn, ": cannot initialise a tensor of shape ",
-              ShapeToString(tensor.sizes()), " because its fan is 0");
+  EMBER_CHECK(fan > 0, fn, ": cannot initialise a tensor of shape ", ShapeToString(tensor.sizes()),
+              " because its fan is 0");
   return calculate_gain(nonlinearity, a) / std::sqrt(fan);
 }
 
@@ -55,7 +55,8 @@ double calculate_gain(Nonlinearity nonlinearity, std::optional<double> param) {
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& tensor) {
   EMBER_CHECK(tensor.dim() >= 2,
               "Fan in and fan out can not be computed for tensor with fewer than 2 dimensions "
-              "(got shape ", ShapeToString(tensor.sizes()), ")");
+              "(got shape ",
+              ShapeToString(tensor.sizes()), ")");
   int64_t receptive = 1;
   for (int64_t d = 2; d < tensor.dim(); ++d) receptive *= tensor.size(d);
   return {tensor.size(1) * receptive, tensor.size(0) * receptive};
@@ -99,7 +100,8 @@ Tensor kaiming_uniform_(const Tensor& tensor, double a, FanMode mode, Nonlineari
 Tensor kaiming_normal_(const Tensor& tensor, double a, FanMode mode, Nonlinearity nonlinearity,
                        Generator* gen) {
   if (tensor.numel() == 0) return tensor;
-  return init::normal_(tensor, 0.0, KaimingStd(tensor, a, mode, nonlinearity, "kaiming_normal_"), gen);
+  return init::normal_(tensor, 0.0, KaimingStd(tensor, a, mode, nonlinearity, "kaiming_normal_"),
+                       gen);
 }
 
 }  // namespace ember::nn::init

@@ -30,7 +30,15 @@
 namespace ember::nn::init {
 
 enum class Nonlinearity {
-  kLinear, kConv1d, kConv2d, kConv3d, kSigmoid, kTanh, kReLU, kLeakyReLU, kSELU,
+  kLinear,
+  kConv1d,
+  kConv2d,
+  kConv3d,
+  kSigmoid,
+  kTanh,
+  kReLU,
+  kLeakyReLU,
+  kSELU,
 };
 enum class FanMode { kFanIn, kFanOut };
 
@@ -44,8 +52,7 @@ double calculate_gain(Nonlinearity nonlinearity, std::optional<double> param = s
 std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& tensor);
 
 Tensor uniform_(const Tensor& tensor, double a = 0.0, double b = 1.0, Generator* gen = nullptr);
-Tensor normal_(const Tensor& tensor, double mean = 0.0, double std = 1.0,
-               Generator* gen = nullptr);
+Tensor normal_(const Tensor& tensor, double mean = 0.0, double std = 1.0, Generator* gen = nullptr);
 Tensor constant_(const Tensor& tensor, double value);
 Tensor zeros_(const Tensor& tensor);
 Tensor ones_(const Tensor& tensor);

@@ -21,8 +21,12 @@ namespace ember::nn::internal {
 template <typename F>
 void VisitNnDtype(Dtype dtype, const char* op, F&& f) {
   switch (dtype) {
-    case kFloat32: f.template operator()<float>(); return;
-    case kFloat64: f.template operator()<double>(); return;
+    case kFloat32:
+      f.template operator()<float>();
+      return;
+    case kFloat64:
+      f.template operator()<double>();
+      return;
     default:
       EMBER_FAIL(op, ": expected a float32 or float64 tensor, but got ", DtypeName(dtype),
                  "; convert it with .to(ember::kFloat32) first");

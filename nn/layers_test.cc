@@ -6,9 +6,9 @@
 #include <memory>
 #include <vector>
 
+#include "autograd/grad_mode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "autograd/grad_mode.h"
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/conv.h"
@@ -63,7 +63,9 @@ TEST(LinearTest, ForwardIsXTimesWeightTransposedPlusBias) {
   ExpectNear(Values(fc(x)), want, 1e-5);
   // Leading dims are kept.
   EXPECT_EQ(fc(randn({2, 5, 3})).sizes(), (IntArrayRef{2, 5, 2}));
-  EXPECT_THAT(ErrorOf([&] { fc(randn({4, 5})); }),
+  EXPECT_THAT(ErrorOf([&] {
+                fc(randn({4, 5}));
+              }),
               HasSubstr("the input's last dim (5) doesn't match in_features (3)"));
 }
 
@@ -92,11 +94,14 @@ TEST(ActivationTest, ValuesAndReluGradient) {
   Tensor x = tensor({-2.0f, -0.5f, 0.0f, 1.5f});
   EXPECT_EQ(Values(ReLU()(x)), (std::vector<double>{0, 0, 0, 1.5}));
   ExpectNear(Values(Tanh()(x)), {std::tanh(-2.0), std::tanh(-0.5), 0.0, std::tanh(1.5)}, 1e-6);
-  ExpectNear(Values(Sigmoid()(x)), {1 / (1 + std::exp(2.0)), 1 / (1 + std::exp(0.5)), 0.5,
-                                    1 / (1 + std::exp(-1.5))}, 1e-6);
-  ExpectNear(Values(GELU()(x)), {-2 * 0.5 * (1 + std::erf(-2 / std::sqrt(2.0))),
-                                 -0.5 * 0.5 * (1 + std::erf(-0.5 / std::sqrt(2.0))), 0.0,
-                                 1.5 * 0.5 * (1 + std::erf(1.5 / std::sqrt(2.0)))}, 1e-5);
+  ExpectNear(Values(Sigmoid()(x)),
+             {1 / (1 + std::exp(2.0)), 1 / (1 + std::exp(0.5)), 0.5, 1 / (1 + std::exp(-1.5))},
+             1e-6);
+  ExpectNear(Values(GELU()(x)),
+             {-2 * 0.5 * (1 + std::erf(-2 / std::sqrt(2.0))),
+              -0.5 * 0.5 * (1 + std::erf(-0.5 / std::sqrt(2.0))), 0.0,
+              1.5 * 0.5 * (1 + std::erf(1.5 / std::sqrt(2.0)))},
+             1e-5);
   ExpectGradientsMatch([](const std::vector<Tensor>& in) { return functional::relu(in[0]); },
                        {tensor({-2.0, -0.5, 0.25, 1.5}).view({2, 2})});
   // Non-contiguous input takes the tensor-op path and agrees.
@@ -113,7 +118,8 @@ std::vector<double> NaiveConv(const Tensor& x, const Tensor& w, const Tensor& b,
   const int64_t o = w.size(0), cg = w.size(1), kh = w.size(2), kw = w.size(3);
   const int64_t oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) / stride[0] + 1;
   const int64_t ow = (wd + 2 * pad[1] - dil[1] * (kw - 1) - 1) / stride[1] + 1;
-  std::vector<double> xv = Values(x), wv = Values(w), bv = b.defined() ? Values(b) : std::vector<double>(o, 0.0);
+  std::vector<double> xv = Values(x), wv = Values(w),
+                      bv = b.defined() ? Values(b) : std::vector<double>(o, 0.0);
   std::vector<double> out;
   const int64_t og = o / groups;
   for (int64_t in = 0; in < n; ++in)
@@ -144,21 +150,31 @@ TEST(Conv2dTest, ForwardMatchesDirectConvolution) {
     int64_t groups;
     bool bias;
   };
-  for (const Case& k : {Case{{1, 1}, {0, 0}, {1, 1}, 1, true}, Case{{2, 1}, {1, 2}, {1, 1}, 1, false},
-                        Case{{1, 2}, {2, 1}, {2, 1}, 2, true}}) {
-    Conv2d conv(Conv2dOptions{.in_channels = 4, .out_channels = 6, .kernel_size = {3, 2},
-                              .stride = k.stride, .padding = k.pad, .dilation = k.dil,
-                              .groups = k.groups, .bias = k.bias});
+  for (const Case& k :
+       {Case{{1, 1}, {0, 0}, {1, 1}, 1, true}, Case{{2, 1}, {1, 2}, {1, 1}, 1, false},
+        Case{{1, 2}, {2, 1}, {2, 1}, 2, true}}) {
+    Conv2d conv(Conv2dOptions{.in_channels = 4,
+                              .out_channels = 6,
+                              .kernel_size = {3, 2},
+                              .stride = k.stride,
+                              .padding = k.pad,
+                              .dilation = k.dil,
+                              .groups = k.groups,
+                              .bias = k.bias});
     Tensor x = randn({2, 4, 7, 6});
     Tensor y = conv(x);
-    ExpectNear(Values(y), NaiveConv(x, conv.weight(), conv.bias(), k.stride, k.pad, k.dil, k.groups),
-               1e-4);
+    ExpectNear(Values(y),
+               NaiveConv(x, conv.weight(), conv.bias(), k.stride, k.pad, k.dil, k.groups), 1e-4);
   }
 }
 
 TEST(Conv2dTest, ResNetStemShapes) {
-  Conv2d stem(Conv2dOptions{.in_channels = 3, .out_channels = 8, .kernel_size = {7, 7},
-                            .stride = {2, 2}, .padding = {3, 3}, .bias = false});
+  Conv2d stem(Conv2dOptions{.in_channels = 3,
+                            .out_channels = 8,
+                            .kernel_size = {7, 7},
+                            .stride = {2, 2},
+                            .padding = {3, 3},
+                            .bias = false});
   EXPECT_FALSE(stem.bias().defined());
   EXPECT_EQ(stem.parameters().size(), 1u);
   EXPECT_EQ(stem(randn({1, 3, 32, 32})).sizes(), (IntArrayRef{1, 8, 16, 16}));
@@ -181,12 +197,14 @@ TEST(Conv2dTest, GradientsMatchFiniteDifferences) {
 
 TEST(Conv2dTest, ErrorsNameTheShapes) {
   Conv2d conv(3, 4, 3);
-  EXPECT_THAT(ErrorOf([&] { conv(randn({1, 2, 5, 5})); }),
-              HasSubstr("to have 3 channels"));
-  EXPECT_THAT(ErrorOf([&] { conv(randn({1, 3, 2, 2})); }),
+  EXPECT_THAT(ErrorOf([&] { conv(randn({1, 2, 5, 5})); }), HasSubstr("to have 3 channels"));
+  EXPECT_THAT(ErrorOf([&] {
+                conv(randn({1, 3, 2, 2}));
+              }),
               HasSubstr("Kernel size can't be greater than actual input size"));
-  EXPECT_THAT(ErrorOf([&] { Conv2d(Conv2dOptions{.in_channels = 3, .out_channels = 4, .groups = 2}); }),
-              HasSubstr("in_channels must be divisible by groups"));
+  EXPECT_THAT(
+      ErrorOf([&] { Conv2d(Conv2dOptions{.in_channels = 3, .out_channels = 4, .groups = 2}); }),
+      HasSubstr("in_channels must be divisible by groups"));
 }
 
 // --- Pooling ----------------------------------------------------------------------
@@ -200,17 +218,21 @@ TEST(PoolingTest, MaxPoolPicksWindowMaximaWithPadding) {
   // ceil_mode keeps a last partial window.
   MaxPool2d ceil(MaxPool2dOptions{.kernel_size = {2, 2}, .stride = {2, 2}, .ceil_mode = true});
   EXPECT_EQ(ceil(arange(25).to(kFloat32).view({1, 1, 5, 5})).sizes(), (IntArrayRef{1, 1, 3, 3}));
-  EXPECT_THAT(ErrorOf([&] { MaxPool2d(MaxPool2dOptions{.kernel_size = {2, 2}, .padding = {2, 2}})(x); }),
+  EXPECT_THAT(ErrorOf([&] {
+                MaxPool2d(MaxPool2dOptions{.kernel_size = {2, 2}, .padding = {2, 2}})(x);
+              }),
               HasSubstr("pad should be at most half of effective kernel size"));
 }
 
 TEST(PoolingTest, MaxPoolGradientGoesToTheMaxima) {
   manual_seed(4);
   // A permutation: distinct values, so finite differences see no ties.
-  Tensor x = (randn({2, 2, 5, 5}, kFloat64) * 10).round() + arange(100).to(kFloat64).view({2, 2, 5, 5}) * 0.001;
+  Tensor x = (randn({2, 2, 5, 5}, kFloat64) * 10).round() +
+             arange(100).to(kFloat64).view({2, 2, 5, 5}) * 0.001;
   ExpectGradientsMatch(
       [](const std::vector<Tensor>& in) {
-        return functional::max_pool2d(in[0], {.kernel_size = {2, 3}, .stride = {2, 1}, .padding = {1, 1}});
+        return functional::max_pool2d(in[0],
+                                      {.kernel_size = {2, 3}, .stride = {2, 1}, .padding = {1, 1}});
       },
       {x});
 }
@@ -225,7 +247,8 @@ TEST(PoolingTest, AvgPoolCountsPaddingUnlessTold) {
   manual_seed(5);
   ExpectGradientsMatch(
       [](const std::vector<Tensor>& in) {
-        return functional::avg_pool2d(in[0], {.kernel_size = {3, 2}, .stride = {2, 2}, .padding = {1, 1}});
+        return functional::avg_pool2d(in[0],
+                                      {.kernel_size = {3, 2}, .stride = {2, 2}, .padding = {1, 1}});
       },
       {Randn64({1, 2, 5, 4})});
 }
@@ -237,9 +260,12 @@ TEST(PoolingTest, AdaptiveAvgPoolAveragesPyTorchWindows) {
   ExpectNear(Values(gap(x).flatten()), Values(x.mean({2, 3})), 1e-5);
   // 5 -> 3: windows [0, 2), [1, 4), [3, 5).
   Tensor row = arange(5).to(kFloat32).view({1, 1, 5, 1});
-  EXPECT_EQ(Values(functional::adaptive_avg_pool2d(row, {3, 1})), (std::vector<double>{0.5, 2, 3.5}));
+  EXPECT_EQ(Values(functional::adaptive_avg_pool2d(row, {3, 1})),
+            (std::vector<double>{0.5, 2, 3.5}));
   ExpectGradientsMatch(
-      [](const std::vector<Tensor>& in) { return functional::adaptive_avg_pool2d(in[0], {2, 3}); },
+      [](const std::vector<Tensor>& in) {
+        return functional::adaptive_avg_pool2d(in[0], {2, 3});
+      },
       {Randn64({1, 2, 5, 7})});
 }
 
@@ -296,9 +322,15 @@ TEST(BatchNormTest, GradientsMatchFiniteDifferences) {
 
 TEST(BatchNormTest, RefusesOneValuePerChannelInTraining) {
   BatchNorm1d bn(4);
-  EXPECT_THAT(ErrorOf([&] { bn(randn({1, 4})); }),
-              HasSubstr("Expected more than 1 value per channel when training, got input size [1, 4]"));
-  EXPECT_THAT(ErrorOf([&] { BatchNorm2d(4)(randn({2, 4})); }), HasSubstr("expected 4D input (got 2D input)"));
+  EXPECT_THAT(
+      ErrorOf([&] {
+        bn(randn({1, 4}));
+      }),
+      HasSubstr("Expected more than 1 value per channel when training, got input size [1, 4]"));
+  EXPECT_THAT(ErrorOf([&] {
+                BatchNorm2d(4)(randn({2, 4}));
+              }),
+              HasSubstr("expected 4D input (got 2D input)"));
 }
 
 TEST(LayerNormTest, NormalisesTrailingDimsAndHasGradients) {
@@ -308,7 +340,9 @@ TEST(LayerNormTest, NormalisesTrailingDimsAndHasGradients) {
   for (double m : Values(y.mean({1}))) EXPECT_NEAR(m, 0, 1e-5);
   for (double v : Values(y.var({1}, 0))) EXPECT_NEAR(v, 1, 1e-3);
   ExpectGradientsMatch(
-      [](const std::vector<Tensor>& in) { return functional::layer_norm(in[0], {2, 3}, in[1], in[2]); },
+      [](const std::vector<Tensor>& in) {
+        return functional::layer_norm(in[0], {2, 3}, in[1], in[2]);
+      },
       {Randn64({2, 2, 3}), Randn64({2, 3}), Randn64({2, 3})});
   EXPECT_THAT(ErrorOf([&] { ln(randn({3, 5})); }), HasSubstr("Given normalized_shape=[4]"));
 }
@@ -353,8 +387,11 @@ TEST(FlattenTest, KeepsTheBatchDim) {
 TEST(SmallCnnTest, ForwardBackwardAndLossGoesDown) {
   manual_seed(12);
   auto net = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
-      std::make_shared<Conv2d>(Conv2dOptions{.in_channels = 1, .out_channels = 4,
-                                             .kernel_size = {3, 3}, .padding = {1, 1}, .bias = false}),
+      std::make_shared<Conv2d>(Conv2dOptions{.in_channels = 1,
+                                             .out_channels = 4,
+                                             .kernel_size = {3, 3},
+                                             .padding = {1, 1},
+                                             .bias = false}),
       std::make_shared<BatchNorm2d>(4), std::make_shared<ReLU>(), std::make_shared<MaxPool2d>(2),
       std::make_shared<AdaptiveAvgPool2d>(Int2{1, 1}), std::make_shared<Flatten>(),
       std::make_shared<Linear>(4, 2)});

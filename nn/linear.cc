@@ -42,21 +42,27 @@ namespace functional {
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   EMBER_CHECK(input.defined() && weight.defined(), "linear: input and weight must be defined");
-  EMBER_CHECK(weight.dim() == 2, "linear: expected a 2-D weight [out_features, in_features], got "
-              "shape ", ShapeToString(weight.sizes()));
-  EMBER_CHECK(input.dim() >= 1, "linear: expected an input with at least 1 dim, got a 0-dim tensor");
+  EMBER_CHECK(weight.dim() == 2,
+              "linear: expected a 2-D weight [out_features, in_features], got "
+              "shape ",
+              ShapeToString(weight.sizes()));
+  EMBER_CHECK(input.dim() >= 1,
+              "linear: expected an input with at least 1 dim, got a 0-dim tensor");
   const int64_t in = weight.size(1), out = weight.size(0);
   EMBER_CHECK(input.size(-1) == in, "linear: the input's last dim (", input.size(-1),
-              ") doesn't match in_features (", in, "): input shape ",
-              ShapeToString(input.sizes()), ", weight shape ", ShapeToString(weight.sizes()));
-  EMBER_CHECK(input.dtype() == weight.dtype(), "linear: expected input and weight to have the "
-              "same dtype, but got ", DtypeName(input.dtype()), " and ", DtypeName(weight.dtype()));
+              ") doesn't match in_features (", in, "): input shape ", ShapeToString(input.sizes()),
+              ", weight shape ", ShapeToString(weight.sizes()));
+  EMBER_CHECK(input.dtype() == weight.dtype(),
+              "linear: expected input and weight to have the "
+              "same dtype, but got ",
+              DtypeName(input.dtype()), " and ", DtypeName(weight.dtype()));
   if (bias.defined()) {
     EMBER_CHECK(bias.dim() == 1 && bias.size(0) == out, "linear: expected a bias of shape [", out,
                 "], got ", ShapeToString(bias.sizes()));
-    EMBER_CHECK(bias.dtype() == weight.dtype(), "linear: expected bias and weight to have the "
-                "same dtype, but got ", DtypeName(bias.dtype()), " and ",
-                DtypeName(weight.dtype()));
+    EMBER_CHECK(bias.dtype() == weight.dtype(),
+                "linear: expected bias and weight to have the "
+                "same dtype, but got ",
+                DtypeName(bias.dtype()), " and ", DtypeName(weight.dtype()));
   }
   if (input.dim() == 2) return LinearFunction::apply(input, weight, bias);
   // [*, in] -> [n, in] -> [n, out] -> [*, out].
@@ -89,9 +95,7 @@ void Linear::reset_parameters() {
   }
 }
 
-Tensor Linear::forward(const Tensor& input) {
-  return functional::linear(input, weight(), bias());
-}
+Tensor Linear::forward(const Tensor& input) { return functional::linear(input, weight(), bias()); }
 
 std::string Linear::extra_repr() const {
   return absl::StrCat("in_features=", in_features_, ", out_features=", out_features_,

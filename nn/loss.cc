@@ -16,9 +16,12 @@ using autograd::AutogradContext;
 
 Tensor Reduce(const Tensor& t, Reduction reduction) {
   switch (reduction) {
-    case Reduction::kNone: return t;
-    case Reduction::kMean: return t.mean();
-    case Reduction::kSum: return t.sum();
+    case Reduction::kNone:
+      return t;
+    case Reduction::kMean:
+      return t.mean();
+    case Reduction::kSum:
+      return t.sum();
   }
   EMBER_FAIL("unknown reduction ", static_cast<int>(reduction));
 }
@@ -29,8 +32,10 @@ Tensor CheckClassTargets(const char* op, const Tensor& input, const Tensor& targ
                          int64_t ignore_index) {
   internal::CheckCpu(input, op, "input");
   internal::CheckCpu(target, op, "target");
-  EMBER_CHECK(target.dtype() == kInt64, op, ": expected target of dtype int64 (class indices), "
-              "but got ", DtypeName(target.dtype()), "; convert it with .to(ember::kInt64)");
+  EMBER_CHECK(target.dtype() == kInt64, op,
+              ": expected target of dtype int64 (class indices), "
+              "but got ",
+              DtypeName(target.dtype()), "; convert it with .to(ember::kInt64)");
   EMBER_CHECK(input.dim() == 2, op, ": expected input [N, C] or [C], got shape ",
               ShapeToString(input.sizes()));
   EMBER_CHECK(target.dim() == 1, op, ": expected a 1-D target [N] for input [N, C], got shape ",
@@ -52,9 +57,12 @@ Tensor CheckClassTargets(const char* op, const Tensor& input, const Tensor& targ
 template <typename T>
 T RowScale(Reduction reduction, const T* g, int64_t row, double count) {
   switch (reduction) {
-    case Reduction::kNone: return g[row];
-    case Reduction::kSum: return g[0];
-    case Reduction::kMean: return static_cast<T>(g[0] / count);
+    case Reduction::kNone:
+      return g[row];
+    case Reduction::kSum:
+      return g[0];
+    case Reduction::kMean:
+      return static_cast<T>(g[0] / count);
   }
   return T(0);
 }
@@ -206,9 +214,9 @@ namespace functional {
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target,
                      const CrossEntropyOptions& options) {
-  EMBER_CHECK(options.label_smoothing >= 0.0 && options.label_smoothing <= 1.0,
-              "cross_entropy: label_smoothing must be between 0.0 and 1.0. Got: ",
-              options.label_smoothing);
+  EMBER_CHECK(
+      options.label_smoothing >= 0.0 && options.label_smoothing <= 1.0,
+      "cross_entropy: label_smoothing must be between 0.0 and 1.0. Got: ", options.label_smoothing);
   return WithBatch(input, target, options.reduction, [&](const Tensor& x, const Tensor& y) {
     Tensor t = CheckClassTargets("cross_entropy", x, y, options.ignore_index);
     return CrossEntropyFunction::apply(x, t, static_cast<int64_t>(options.reduction),
@@ -219,8 +227,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target,
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NllOptions& options) {
   return WithBatch(input, target, options.reduction, [&](const Tensor& x, const Tensor& y) {
     Tensor t = CheckClassTargets("nll_loss", x, y, options.ignore_index);
-    return NllFunction::apply(x, t, static_cast<int64_t>(options.reduction),
-                              options.ignore_index);
+    return NllFunction::apply(x, t, static_cast<int64_t>(options.reduction), options.ignore_index);
   });
 }
 
@@ -243,8 +250,8 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
               ") must be the same as input size (", ShapeToString(input.sizes()), ")");
   // (1 - y) x + w (log(1 + exp(-|x|)) + max(-x, 0)), w = 1 + (pos_weight - 1) y.
   Tensor softplus_neg = (-input.abs()).exp().log1p() + (-input).relu();
-  Tensor weighted = pos_weight.defined() ? ((pos_weight - 1.0) * target + 1.0) * softplus_neg
-                                         : softplus_neg;
+  Tensor weighted =
+      pos_weight.defined() ? ((pos_weight - 1.0) * target + 1.0) * softplus_neg : softplus_neg;
   return Reduce((1.0 - target) * input + weighted, reduction);
 }
 

@@ -2,16 +2,17 @@
 // reductions, ignore_index, label smoothing, gradients against finite
 // differences, error messages; and the finite-difference checker itself
 // catching a wrong backward.
+#include "nn/loss.h"
+
 #include <cmath>
 #include <functional>
 #include <vector>
 
+#include "autograd/function.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
-#include "autograd/function.h"
 #include "nn/clip_grad.h"
-#include "nn/loss.h"
 #include "nn/testing.h"
 #include "tensor/factories.h"
 
@@ -32,7 +33,8 @@ std::string ErrorOf(const std::function<void()>& f) {
 }
 
 // -log softmax(x)[t] per row, in double precision.
-std::vector<double> RowLosses(const Tensor& x, const std::vector<int64_t>& t, double smoothing = 0) {
+std::vector<double> RowLosses(const Tensor& x, const std::vector<int64_t>& t,
+                              double smoothing = 0) {
   std::vector<double> v = Values(x), out;
   const int64_t c = x.size(1);
   for (size_t i = 0; i < t.size(); ++i) {
@@ -55,7 +57,8 @@ TEST(CrossEntropyTest, ValuesAndReductions) {
   EXPECT_NEAR(functional::cross_entropy(x, t).item<double>(), sum / 4, 1e-5);
   EXPECT_NEAR(functional::cross_entropy(x, t, {.reduction = Reduction::kSum}).item<double>(), sum,
               1e-4);
-  std::vector<double> none = Values(functional::cross_entropy(x, t, {.reduction = Reduction::kNone}));
+  std::vector<double> none =
+      Values(functional::cross_entropy(x, t, {.reduction = Reduction::kNone}));
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(none[i], rows[i], 1e-5);
   // A single sample: input [C], 0-dim target.
   EXPECT_NEAR(functional::cross_entropy(x[2], t[2]).item<double>(), rows[2], 1e-5);
@@ -90,11 +93,17 @@ TEST(CrossEntropyTest, GradientsMatchFiniteDifferences) {
 
 TEST(CrossEntropyTest, ErrorsNameTheValues) {
   Tensor x = randn({2, 3});
-  EXPECT_THAT(ErrorOf([&] { functional::cross_entropy(x, tensor({0, 3})); }),
+  EXPECT_THAT(ErrorOf([&] {
+                functional::cross_entropy(x, tensor({0, 3}));
+              }),
               HasSubstr("Target 3 is out of bounds."));
-  EXPECT_THAT(ErrorOf([&] { functional::cross_entropy(x, tensor({0, 1, 2})); }),
+  EXPECT_THAT(ErrorOf([&] {
+                functional::cross_entropy(x, tensor({0, 1, 2}));
+              }),
               HasSubstr("Expected input batch_size (2) to match target batch_size (3)."));
-  EXPECT_THAT(ErrorOf([&] { functional::cross_entropy(x, tensor({0.0f, 1.0f})); }),
+  EXPECT_THAT(ErrorOf([&] {
+                functional::cross_entropy(x, tensor({0.0f, 1.0f}));
+              }),
               HasSubstr("expected target of dtype int64"));
 }
 
@@ -150,7 +159,9 @@ TEST(ClipGradNormTest, ScalesGradientsAboveTheLimit) {
   EXPECT_NEAR(clip_grad_norm_({a, b}, 10.0, INFINITY).item<double>(), 0.8, 1e-5);
   EXPECT_NEAR(b.grad()[0].item<double>(), 0.8, 1e-5);
   b.set_grad(tensor({NAN}));
-  EXPECT_THAT(ErrorOf([&] { clip_grad_norm_({a, b}, 1.0, 2.0, /*error_if_nonfinite=*/true); }),
+  EXPECT_THAT(ErrorOf([&] {
+                clip_grad_norm_({a, b}, 1.0, 2.0, /*error_if_nonfinite=*/true);
+              }),
               HasSubstr("is non-finite, so it cannot be clipped"));
 }
 

@@ -106,8 +106,8 @@ void Module::CheckNewName(const std::string& key, const char* what) const {
 const Tensor& Module::register_parameter(std::string name, Tensor tensor, bool requires_grad) {
   CheckNewName(name, "parameter");
   if (tensor.defined()) {
-    EMBER_CHECK(!requires_grad || tensor.is_floating_point(), this->name(), ": parameter \"",
-                name, "\" of dtype ", DtypeName(tensor.dtype()),
+    EMBER_CHECK(!requires_grad || tensor.is_floating_point(), this->name(), ": parameter \"", name,
+                "\" of dtype ", DtypeName(tensor.dtype()),
                 " can't require gradients; only floating point tensors can");
     autograd::NoGradGuard no_grad;
     tensor = AsLeaf(tensor, requires_grad);
@@ -399,8 +399,7 @@ std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
 
 void Module::CopyStateFrom(const Module& source, std::optional<Device> device) {
   const std::string where = name();
-  auto copy_entries = [&](std::vector<Entry>& to, const std::vector<Entry>& from,
-                          bool parameters) {
+  auto copy_entries = [&](std::vector<Entry>& to, const std::vector<Entry>& from, bool parameters) {
     EMBER_CHECK(to.size() == from.size(), where, ".clone: reset() registered ", to.size(),
                 parameters ? " parameters" : " buffers", " but the original has ", from.size());
     autograd::NoGradGuard no_grad;
@@ -464,8 +463,6 @@ std::string Module::ToString() const {
   return out;
 }
 
-std::ostream& operator<<(std::ostream& os, const Module& module) {
-  return os << module.ToString();
-}
+std::ostream& operator<<(std::ostream& os, const Module& module) { return os << module.ToString(); }
 
 }  // namespace ember::nn

@@ -91,8 +91,8 @@ class HookHandle {
 // Runs before forward(); a returned tensor replaces the input.
 using ForwardPreHook = std::function<std::optional<Tensor>(Module& module, const Tensor& input)>;
 // Runs after forward(); a returned tensor replaces the output.
-using ForwardHook = std::function<std::optional<Tensor>(Module& module, const Tensor& input,
-                                                        const Tensor& output)>;
+using ForwardHook =
+    std::function<std::optional<Tensor>(Module& module, const Tensor& input, const Tensor& output)>;
 
 class Module : public std::enable_shared_from_this<Module> {
  public:

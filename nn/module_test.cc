@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "autograd/grad_mode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "autograd/grad_mode.h"
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/linear.h"
@@ -33,9 +33,7 @@ class Net : public Cloneable<Net> {
     fc1 = register_module("fc1", std::make_shared<Linear>(4, 3));
     fc2 = register_module("fc2", std::make_shared<Linear>(3, 2, /*bias=*/false));
   }
-  Tensor forward(const Tensor& x) override {
-    return (*fc2)((*fc1)(x).relu()) * parameter("scale");
-  }
+  Tensor forward(const Tensor& x) override { return (*fc2)((*fc1)(x).relu()) * parameter("scale"); }
   Tensor scale;
   std::shared_ptr<Linear> fc1, fc2;
 };
@@ -70,8 +68,8 @@ TEST(ModuleTest, ParametersAreListedOwnFirstThenChildrenInRegistrationOrder) {
 }
 
 TEST(ModuleTest, SequentialNamesChildrenByPosition) {
-  Sequential seq({std::make_shared<Linear>(2, 3), std::make_shared<ReLU>(),
-                  std::make_shared<Linear>(3, 1)});
+  Sequential seq(
+      {std::make_shared<Linear>(2, 3), std::make_shared<ReLU>(), std::make_shared<Linear>(3, 1)});
   EXPECT_THAT(Names(seq.named_parameters()),
               ElementsAre("0.weight", "0.bias", "2.weight", "2.bias"));
   EXPECT_EQ(seq.size(), 3u);
@@ -126,8 +124,8 @@ TEST(ModuleTest, ZeroGradSetsToNoneOrZeroes) {
 }
 
 TEST(ModuleTest, ApplyVisitsChildrenBeforeParents) {
-  auto inner = std::make_shared<Sequential>(
-      std::vector<std::shared_ptr<Module>>{std::make_shared<ReLU>()});
+  auto inner =
+      std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{std::make_shared<ReLU>()});
   Sequential outer({inner, std::make_shared<Linear>(1, 1)});
   std::vector<std::string> order;
   outer.apply([&](Module& m) { order.push_back(m.name()); });

@@ -238,8 +238,10 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                   double eps) {
   internal::CheckCpu(input, "batch_norm", "input");
-  EMBER_CHECK(input.dim() >= 2, "batch_norm: expected an input of at least 2 dims [N, C, *], "
-              "got shape ", ShapeToString(input.sizes()));
+  EMBER_CHECK(input.dim() >= 2,
+              "batch_norm: expected an input of at least 2 dims [N, C, *], "
+              "got shape ",
+              ShapeToString(input.sizes()));
   const int64_t c = input.size(1);
   auto check_channel = [&](const Tensor& t, const char* what) {
     if (!t.defined()) return;
@@ -258,8 +260,10 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   if (bias.defined()) internal::CheckSameDtype(input, bias, "batch_norm", "input", "bias");
   if (training) {
     const int64_t per_channel = c > 0 ? input.numel() / c : 0;
-    EMBER_CHECK(per_channel > 1, "Expected more than 1 value per channel when training, got "
-                "input size ", ShapeToString(input.sizes()));
+    EMBER_CHECK(per_channel > 1,
+                "Expected more than 1 value per channel when training, got "
+                "input size ",
+                ShapeToString(input.sizes()));
   }
   return BatchNormFunction::apply(input, weight, bias, running_mean, running_var, training,
                                   momentum, eps);
@@ -275,9 +279,8 @@ Tensor layer_norm(const Tensor& input, IntArrayRef normalized_shape, const Tenso
     matches = input.size(input.dim() - k + i) == normalized_shape[i];
   }
   EMBER_CHECK(matches, "Given normalized_shape=", ShapeToString(normalized_shape),
-              ", expected input with shape [*, ",
-              ShapeToString(normalized_shape).substr(1), ", but got input of size ",
-              ShapeToString(input.sizes()));
+              ", expected input with shape [*, ", ShapeToString(normalized_shape).substr(1),
+              ", but got input of size ", ShapeToString(input.sizes()));
   for (const Tensor* t : {&weight, &bias}) {
     if (!t->defined()) continue;
     EMBER_CHECK(t->sizes() == normalized_shape, "layer_norm: expected weight and bias of shape ",
@@ -326,9 +329,8 @@ void BatchNormBase::reset_parameters() {
 
 Tensor BatchNormBase::forward(const Tensor& input) {
   CheckInputDim(input);
-  EMBER_CHECK(input.size(1) == options_.num_features, name(), ": expected ",
-              options_.num_features, " channels (dim 1), got input of shape ",
-              ShapeToString(input.sizes()));
+  EMBER_CHECK(input.size(1) == options_.num_features, name(), ": expected ", options_.num_features,
+              " channels (dim 1), got input of shape ", ShapeToString(input.sizes()));
   double momentum = options_.momentum.value_or(0.0);
   const bool tracking = options_.track_running_stats;
   if (is_training() && tracking) {
@@ -345,8 +347,8 @@ Tensor BatchNormBase::forward(const Tensor& input) {
 }
 
 std::string BatchNormBase::extra_repr() const {
-  return absl::StrCat(options_.num_features, ", eps=", options_.eps, ", momentum=",
-                      options_.momentum ? absl::StrCat(*options_.momentum) : "None",
+  return absl::StrCat(options_.num_features, ", eps=", options_.eps,
+                      ", momentum=", options_.momentum ? absl::StrCat(*options_.momentum) : "None",
                       ", affine=", options_.affine ? "True" : "False",
                       ", track_running_stats=", options_.track_running_stats ? "True" : "False");
 }
@@ -355,8 +357,8 @@ BatchNorm1d::BatchNorm1d(BatchNormOptions options) : Cloneable(options) { reset(
 
 void BatchNorm1d::CheckInputDim(const Tensor& input) const {
   EMBER_CHECK(input.defined() && (input.dim() == 2 || input.dim() == 3),
-              "BatchNorm1d: expected 2D or 3D input (got ",
-              input.defined() ? input.dim() : 0, "D input)");
+              "BatchNorm1d: expected 2D or 3D input (got ", input.defined() ? input.dim() : 0,
+              "D input)");
 }
 
 BatchNorm2d::BatchNorm2d(BatchNormOptions options) : Cloneable(options) { reset(); }
@@ -377,8 +379,10 @@ LayerNorm::LayerNorm(SizeVector normalized_shape, double eps, bool elementwise_a
 }
 
 void LayerNorm::reset() {
-  register_parameter("weight", elementwise_affine_ ? ember::empty(IntArrayRef(normalized_shape_)) : Tensor());
-  register_parameter("bias", elementwise_affine_ ? ember::empty(IntArrayRef(normalized_shape_)) : Tensor());
+  register_parameter("weight",
+                     elementwise_affine_ ? ember::empty(IntArrayRef(normalized_shape_)) : Tensor());
+  register_parameter("bias",
+                     elementwise_affine_ ? ember::empty(IntArrayRef(normalized_shape_)) : Tensor());
   if (!InClone()) reset_parameters();
 }
 

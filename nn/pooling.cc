@@ -42,12 +42,12 @@ Int2 CheckPool(const char* op, const Tensor& x, Int2 kernel, Int2 stride, Int2 p
                 PairString(stride));
     EMBER_CHECK(dilation[i] > 0, op, ": dilation must be greater than zero, but got ",
                 PairString(dilation));
-    EMBER_CHECK(padding[i] >= 0 && padding[i] <= (dilation[i] * (kernel[i] - 1) + 1) / 2, op,
-                ": pad should be at most half of effective kernel size, but got pad=",
-                PairString(padding), ", kernel_size=", PairString(kernel), " and dilation=",
-                PairString(dilation));
-    out[i] = PoolOutputSize(x.size(2 + i), kernel[i], padding[i], stride[i], dilation[i],
-                            ceil_mode);
+    EMBER_CHECK(
+        padding[i] >= 0 && padding[i] <= (dilation[i] * (kernel[i] - 1) + 1) / 2, op,
+        ": pad should be at most half of effective kernel size, but got pad=", PairString(padding),
+        ", kernel_size=", PairString(kernel), " and dilation=", PairString(dilation));
+    out[i] =
+        PoolOutputSize(x.size(2 + i), kernel[i], padding[i], stride[i], dilation[i], ceil_mode);
   }
   EMBER_CHECK(out[0] >= 1 && out[1] >= 1, op, ": given input size: (", x.size(1), "x", x.size(2),
               "x", x.size(3), "). Calculated output size: (", x.size(1), "x", out[0], "x", out[1],
@@ -55,9 +55,7 @@ Int2 CheckPool(const char* op, const Tensor& x, Int2 kernel, Int2 stride, Int2 p
   return out;
 }
 
-Int2 DefaultStride(Int2 stride, Int2 kernel) {
-  return stride == Int2{0, 0} ? kernel : stride;
-}
+Int2 DefaultStride(Int2 stride, Int2 kernel) { return stride == Int2{0, 0} ? kernel : stride; }
 
 // Runs `f` on x viewed as [N, C, H, W], restoring a 3-D input's shape.
 template <typename F>
@@ -209,9 +207,12 @@ struct AvgPoolFunction : autograd::Function<AvgPoolFunction> {
     std::vector<Tensor> grads(7);
     if (!grad_outputs[0].defined()) return grads;
     const IntVector sizes = std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]);
-    const IntVector ys = std::get<std::vector<int64_t>>(ctx->saved_data["ys"]), ye = std::get<std::vector<int64_t>>(ctx->saved_data["ye"]),
-                    yc = std::get<std::vector<int64_t>>(ctx->saved_data["yc"]), xs = std::get<std::vector<int64_t>>(ctx->saved_data["xs"]),
-                    xe = std::get<std::vector<int64_t>>(ctx->saved_data["xe"]), xc = std::get<std::vector<int64_t>>(ctx->saved_data["xc"]);
+    const IntVector ys = std::get<std::vector<int64_t>>(ctx->saved_data["ys"]),
+                    ye = std::get<std::vector<int64_t>>(ctx->saved_data["ye"]),
+                    yc = std::get<std::vector<int64_t>>(ctx->saved_data["yc"]),
+                    xs = std::get<std::vector<int64_t>>(ctx->saved_data["xs"]),
+                    xe = std::get<std::vector<int64_t>>(ctx->saved_data["xe"]),
+                    xc = std::get<std::vector<int64_t>>(ctx->saved_data["xc"]);
     Tensor g = grad_outputs[0].detach().contiguous();
     Tensor gx = zeros(sizes, g.options());
     const int64_t planes = sizes[0] * sizes[1], w = sizes[3];
@@ -258,8 +259,10 @@ Tensor avg_pool2d(const Tensor& input, const AvgPool2dOptions& options) {
     const Int2 stride = DefaultStride(options.stride, options.kernel_size);
     const Int2 k = options.kernel_size, p = options.padding;
     for (int i = 0; i < 2; ++i) {
-      EMBER_CHECK(p[i] <= k[i] / 2, "avg_pool2d: pad should be at most half of kernel size, but "
-                  "got pad=", PairString(p), " and kernel_size=", PairString(k));
+      EMBER_CHECK(p[i] <= k[i] / 2,
+                  "avg_pool2d: pad should be at most half of kernel size, but "
+                  "got pad=",
+                  PairString(p), " and kernel_size=", PairString(k));
     }
     const Int2 out = CheckPool("avg_pool2d", x, k, stride, p, {1, 1}, options.ceil_mode);
     internal::VisitNnDtype(x.dtype(), "avg_pool2d", []<typename T>() {});
@@ -276,10 +279,11 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
     EMBER_CHECK(x.dim() == 4, "adaptive_avg_pool2d: expected a 3-D or 4-D input, got shape ",
                 ShapeToString(x.sizes()));
     EMBER_CHECK(output_size[0] > 0 && output_size[1] > 0,
-                "adaptive_avg_pool2d: output_size must be positive, got ",
-                PairString(output_size));
-    EMBER_CHECK(x.size(2) > 0 && x.size(3) > 0, "adaptive_avg_pool2d: expected an input with "
-                "non-zero spatial size, got shape ", ShapeToString(x.sizes()));
+                "adaptive_avg_pool2d: output_size must be positive, got ", PairString(output_size));
+    EMBER_CHECK(x.size(2) > 0 && x.size(3) > 0,
+                "adaptive_avg_pool2d: expected an input with "
+                "non-zero spatial size, got shape ",
+                ShapeToString(x.sizes()));
     internal::VisitNnDtype(x.dtype(), "adaptive_avg_pool2d", []<typename T>() {});
     Windows rows = AdaptiveWindows(x.size(2), output_size[0]);
     Windows cols = AdaptiveWindows(x.size(3), output_size[1]);

@@ -59,9 +59,7 @@ class MaxPool2d : public Cloneable<MaxPool2d> {
                  .stride = {stride, stride},
                  .padding = {padding, padding}} {}
   void reset() override {}
-  Tensor forward(const Tensor& input) override {
-    return functional::max_pool2d(input, options_);
-  }
+  Tensor forward(const Tensor& input) override { return functional::max_pool2d(input, options_); }
 
  protected:
   std::string extra_repr() const override;
@@ -78,9 +76,7 @@ class AvgPool2d : public Cloneable<AvgPool2d> {
                  .stride = {stride, stride},
                  .padding = {padding, padding}} {}
   void reset() override {}
-  Tensor forward(const Tensor& input) override {
-    return functional::avg_pool2d(input, options_);
-  }
+  Tensor forward(const Tensor& input) override { return functional::avg_pool2d(input, options_); }
 
  protected:
   std::string extra_repr() const override;

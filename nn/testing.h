@@ -3,7 +3,8 @@
 //
 //   ember::nn::testing::ExpectGradientsMatch(
 //       [](const std::vector<ember::Tensor>& in) { return conv2d(in[0], in[1]); },
-//       {ember::randn({2, 3, 5, 5}, ember::kFloat64), ember::randn({4, 3, 3, 3}, ember::kFloat64)});
+//       {ember::randn({2, 3, 5, 5}, ember::kFloat64), ember::randn({4, 3, 3, 3},
+//       ember::kFloat64)});
 //
 // The check reduces the function's output to a scalar with fixed random
 // weights, runs backward once, and compares every input's gradient with

@@ -38,8 +38,8 @@ absl::Status AdamFromPairs(const std::vector<std::pair<std::string, double>>& pa
     using internal::Assign;
     if (!(Assign(k, v, "lr", &o->lr) || Assign(k, v, "beta1", &o->beta1) ||
           Assign(k, v, "beta2", &o->beta2) || Assign(k, v, "eps", &o->eps) ||
-          Assign(k, v, "weight_decay", &o->weight_decay) ||
-          Assign(k, v, "amsgrad", &o->amsgrad) || Assign(k, v, "maximize", &o->maximize))) {
+          Assign(k, v, "weight_decay", &o->weight_decay) || Assign(k, v, "amsgrad", &o->amsgrad) ||
+          Assign(k, v, "maximize", &o->maximize))) {
       return internal::UnknownOption(k, name);
     }
   }
@@ -48,8 +48,7 @@ absl::Status AdamFromPairs(const std::vector<std::pair<std::string, double>>& pa
 
 // One Adam update of `p`; `decoupled` selects AdamW's weight decay.
 template <typename O>
-void AdamUpdate(const Tensor& p, const Tensor& grad_in, const O& o, AdamState& st,
-                bool decoupled) {
+void AdamUpdate(const Tensor& p, const Tensor& grad_in, const O& o, AdamState& st, bool decoupled) {
   if (!st.exp_avg.defined()) {
     st.exp_avg = zeros_like(p);
     st.exp_avg_sq = zeros_like(p);
@@ -81,7 +80,9 @@ void AdamUpdate(const Tensor& p, const Tensor& grad_in, const O& o, AdamState& s
 }  // namespace
 
 void AdamOptions::Validate(const AdamOptions& o) { ValidateAdam(o); }
-std::vector<std::pair<std::string, double>> AdamOptions::ToPairs() const { return AdamPairs(*this); }
+std::vector<std::pair<std::string, double>> AdamOptions::ToPairs() const {
+  return AdamPairs(*this);
+}
 absl::Status AdamOptions::FromPairs(const std::vector<std::pair<std::string, double>>& pairs) {
   return AdamFromPairs(pairs, this, "Adam");
 }
@@ -109,7 +110,8 @@ absl::Status AdamState::FromPairs(const std::vector<std::pair<std::string, Tenso
     absl::Status s = absl::OkStatus();
     if (k == "step") {
       if (!v.defined() || v.numel() != 1) {
-        return absl::InvalidArgumentError("loaded Adam state \"step\" must be a one-element tensor");
+        return absl::InvalidArgumentError(
+            "loaded Adam state \"step\" must be a one-element tensor");
       }
       step = static_cast<int64_t>(v.item<double>());
     } else if (k == "exp_avg") {
@@ -141,8 +143,9 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
 
 void AdamW::step() {
   autograd::NoGradGuard no_grad;
-  ForEachParamWithGrad([](const Tensor& p, const Tensor& g, const AdamWOptions& o,
-                          AdamState& st) { AdamUpdate(p, g, o, st, /*decoupled=*/true); });
+  ForEachParamWithGrad([](const Tensor& p, const Tensor& g, const AdamWOptions& o, AdamState& st) {
+    AdamUpdate(p, g, o, st, /*decoupled=*/true);
+  });
 }
 
 }  // namespace ember::nn::optim

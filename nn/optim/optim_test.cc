@@ -5,9 +5,9 @@
 #include <functional>
 #include <vector>
 
+#include "autograd/grad_mode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "autograd/grad_mode.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/adam.h"
@@ -37,8 +37,9 @@ std::string ErrorOf(const std::function<void()>& f) {
 // Runs `steps` steps with fixed gradients g_k = grads[k] on a parameter
 // starting at p0, in float64, through opt.
 template <typename Opt, typename Options>
-std::vector<double> RunSteps(const std::vector<double>& p0, const std::vector<std::vector<double>>& grads,
-                        Options options, bool transposed = false) {
+std::vector<double> RunSteps(const std::vector<double>& p0,
+                             const std::vector<std::vector<double>>& grads, Options options,
+                             bool transposed = false) {
   Tensor p = tensor(p0);
   if (transposed) p = p.view({1, -1}).t();  // non-contiguous: the tensor-op path
   p.requires_grad_();
@@ -57,7 +58,8 @@ void ExpectNear(const std::vector<double>& got, const std::vector<double>& want)
 }
 
 const std::vector<double> kP0 = {1.0, -2.0, 0.5};
-const std::vector<std::vector<double>> kGrads = {{0.1, 0.2, -0.3}, {-0.4, 0.5, 0.6}, {0.7, -0.8, 0.9}};
+const std::vector<std::vector<double>> kGrads = {
+    {0.1, 0.2, -0.3}, {-0.4, 0.5, 0.6}, {0.7, -0.8, 0.9}};
 
 // SGD by its documented rule.
 std::vector<double> SgdReference(const SGDOptions& o) {
@@ -127,9 +129,13 @@ TEST(OptimizerTest, RejectsInvalidHyperparameters) {
               HasSubstr("Nesterov momentum requires a momentum and zero dampening"));
   EXPECT_THAT(ErrorOf([&] { Adam({p}, {.beta2 = 1.0}); }),
               HasSubstr("Invalid beta parameter at index 1: 1"));
-  EXPECT_THAT(ErrorOf([&] { SGD({{{p}, {}}, {{p}, {}}}); }),
+  EXPECT_THAT(ErrorOf([&] {
+                SGD({{{p}, {}}, {{p}, {}}});
+              }),
               HasSubstr("some parameters appear in more than one parameter group"));
-  EXPECT_THAT(ErrorOf([&] { SGD({p, p}, {.lr = 0.1}); }),
+  EXPECT_THAT(ErrorOf([&] {
+                SGD({p, p}, {.lr = 0.1});
+              }),
               HasSubstr("a parameter group with duplicate parameters"));
   Tensor non_leaf = p * 2;
   EXPECT_THAT(ErrorOf([&] { SGD({non_leaf}, {}); }), HasSubstr("can't optimize a non-leaf Tensor"));
@@ -213,9 +219,11 @@ TEST(OptimizerTest, EachOptimizerFitsALinearRegression) {
     Tensor x = randn({64, 3});
     Tensor y = x.matmul(tensor({1.0f, -2.0f, 0.5f}).view({3, 1})) + 0.3;
     std::unique_ptr<Optimizer> opt;
-    if (which == 0) opt = std::make_unique<SGD>(fc.parameters(), SGDOptions{.lr = 0.1, .momentum = 0.9});
+    if (which == 0)
+      opt = std::make_unique<SGD>(fc.parameters(), SGDOptions{.lr = 0.1, .momentum = 0.9});
     if (which == 1) opt = std::make_unique<Adam>(fc.parameters(), AdamOptions{.lr = 0.05});
-    if (which == 2) opt = std::make_unique<AdamW>(fc.parameters(), AdamWOptions{.lr = 0.05, .weight_decay = 0});
+    if (which == 2)
+      opt = std::make_unique<AdamW>(fc.parameters(), AdamWOptions{.lr = 0.05, .weight_decay = 0});
     double loss = 0;
     for (int step = 0; step < 300; ++step) {
       opt->zero_grad();

@@ -95,8 +95,10 @@ class OptimizerBase : public Optimizer {
       EMBER_CHECK(p.defined(), "optimizer: parameter ", i, " is an undefined tensor");
       EMBER_CHECK(p.is_leaf(), "can't optimize a non-leaf Tensor");
       for (size_t j = 0; j < i; ++j) {
-        EMBER_CHECK(!params[j].is_same(p), "optimizer contains a parameter group with duplicate "
-                    "parameters (positions ", j, " and ", i, ")");
+        EMBER_CHECK(!params[j].is_same(p),
+                    "optimizer contains a parameter group with duplicate "
+                    "parameters (positions ",
+                    j, " and ", i, ")");
       }
       for (const ParamGroup& g : groups_) {
         for (const Tensor& q : g.params) {
@@ -112,7 +114,9 @@ class OptimizerBase : public Optimizer {
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
 
   size_t num_param_groups() const override { return groups_.size(); }
-  const std::vector<Tensor>& params(size_t group) const override { return groups_.at(group).params; }
+  const std::vector<Tensor>& params(size_t group) const override {
+    return groups_.at(group).params;
+  }
   double lr(size_t group) const override { return groups_.at(group).options.lr; }
   void set_lr(size_t group, double lr) override { groups_.at(group).options.lr = lr; }
 
@@ -144,9 +148,9 @@ class OptimizerBase : public Optimizer {
       if (state.param_groups[g].params.size() != groups_[g].params.size()) {
         return absl::InvalidArgumentError(
             "loaded state dict contains a parameter group that doesn't match the size of "
-            "optimizer's group (group " + std::to_string(g) + ": " +
-            std::to_string(state.param_groups[g].params.size()) + " vs " +
-            std::to_string(groups_[g].params.size()) + " parameters)");
+            "optimizer's group (group " +
+            std::to_string(g) + ": " + std::to_string(state.param_groups[g].params.size()) +
+            " vs " + std::to_string(groups_[g].params.size()) + " parameters)");
       }
       Options o = groups_[g].options;
       absl::Status s = o.FromPairs(state.param_groups[g].options);

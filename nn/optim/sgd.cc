@@ -13,8 +13,8 @@ void SGDOptions::Validate(const SGDOptions& o) {
   EMBER_CHECK(o.momentum >= 0.0, "Invalid momentum value: ", o.momentum);
   EMBER_CHECK(o.weight_decay >= 0.0, "Invalid weight_decay value: ", o.weight_decay);
   EMBER_CHECK(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
-              "Nesterov momentum requires a momentum and zero dampening (got momentum=",
-              o.momentum, ", dampening=", o.dampening, ")");
+              "Nesterov momentum requires a momentum and zero dampening (got momentum=", o.momentum,
+              ", dampening=", o.dampening, ")");
 }
 
 std::vector<std::pair<std::string, double>> SGDOptions::ToPairs() const {
@@ -93,37 +93,37 @@ bool CanFuse(const Tensor& p, const Tensor& g) {
 // path below (used for other devices and layouts), in the same order.
 void SGD::step() {
   autograd::NoGradGuard no_grad;
-  ForEachParamWithGrad([](const Tensor& p, const Tensor& grad, const SGDOptions& o,
-                          SGDState& state) {
-    if (CanFuse(p, grad)) {
-      const bool first = o.momentum != 0.0 && !state.momentum_buffer.defined();
-      if (first) state.momentum_buffer = empty_like(p);
-      const Tensor& buf = state.momentum_buffer;
-      const bool use_buf = o.momentum != 0.0 && buf.is_contiguous() && buf.dtype() == p.dtype();
-      if (o.momentum == 0.0 || use_buf) {
-        VisitFloatingDtype(p.dtype(), "SGD", [&]<typename T>() {
-          if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-            FusedSgd<T>(p.data_ptr<T>(), grad.data_ptr<T>(),
-                        use_buf ? buf.data_ptr<T>() : nullptr, p.numel(), o, first);
+  ForEachParamWithGrad(
+      [](const Tensor& p, const Tensor& grad, const SGDOptions& o, SGDState& state) {
+        if (CanFuse(p, grad)) {
+          const bool first = o.momentum != 0.0 && !state.momentum_buffer.defined();
+          if (first) state.momentum_buffer = empty_like(p);
+          const Tensor& buf = state.momentum_buffer;
+          const bool use_buf = o.momentum != 0.0 && buf.is_contiguous() && buf.dtype() == p.dtype();
+          if (o.momentum == 0.0 || use_buf) {
+            VisitFloatingDtype(p.dtype(), "SGD", [&]<typename T>() {
+              if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+                FusedSgd<T>(p.data_ptr<T>(), grad.data_ptr<T>(),
+                            use_buf ? buf.data_ptr<T>() : nullptr, p.numel(), o, first);
+              }
+            });
+            BumpVersion(p);
+            return;
           }
-        });
-        BumpVersion(p);
-        return;
-      }
-    }
-    Tensor d = o.maximize ? grad.neg() : grad;
-    if (o.weight_decay != 0.0) d = d.add(p, o.weight_decay);
-    if (o.momentum != 0.0) {
-      Tensor& buf = state.momentum_buffer;
-      if (!buf.defined()) {
-        buf = d.clone();
-      } else {
-        buf.mul_(o.momentum).add_(d, 1.0 - o.dampening);
-      }
-      d = o.nesterov ? d.add(buf, o.momentum) : buf;
-    }
-    p.add_(d, -o.lr);
-  });
+        }
+        Tensor d = o.maximize ? grad.neg() : grad;
+        if (o.weight_decay != 0.0) d = d.add(p, o.weight_decay);
+        if (o.momentum != 0.0) {
+          Tensor& buf = state.momentum_buffer;
+          if (!buf.defined()) {
+            buf = d.clone();
+          } else {
+            buf.mul_(o.momentum).add_(d, 1.0 - o.dampening);
+          }
+          d = o.nesterov ? d.add(buf, o.momentum) : buf;
+        }
+        p.add_(d, -o.lr);
+      });
 }
 
 }  // namespace ember::nn::optim

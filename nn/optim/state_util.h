@@ -34,10 +34,10 @@ inline absl::Status UnknownOption(const std::string& key, const char* optimizer)
 inline absl::Status LoadStateTensor(const std::string& key, const Tensor& saved,
                                     const Tensor& param, Tensor* out) {
   if (!saved.defined() || saved.sizes() != param.sizes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "loaded optimizer state \"", key, "\" has shape ",
-        saved.defined() ? ShapeToString(saved.sizes()) : std::string("(undefined)"),
-        " but its parameter has shape ", ShapeToString(param.sizes())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("loaded optimizer state \"", key, "\" has shape ",
+                     saved.defined() ? ShapeToString(saved.sizes()) : std::string("(undefined)"),
+                     " but its parameter has shape ", ShapeToString(param.sizes())));
   }
   *out = saved.detach().to(param.device()).to(param.dtype()).clone();
   return absl::OkStatus();
