@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,8 @@
 #include "multiprocessing/manager_protocol.h"
 #include "multiprocessing/unique_fd.h"
 #include "tensor/status_macros.h"
+
+extern char** environ;
 
 namespace ember::multiprocessing {
 namespace {
@@ -89,26 +92,26 @@ absl::StatusOr<std::string> StartManager() {
     return absl::UnavailableError(absl::StrCat("shm manager: pipe: ", std::strerror(errno)));
   }
   UniqueFd ready_read(ready[0]);
-  std::string args[] = {
-      binary, "--socket=" + socket,
-      absl::StrCat("--grace_ms=", absl::ToInt64Milliseconds(GraceFromEnv())),
-      absl::StrCat("--ready_fd=", ready[1])};
+  UniqueFd ready_write(ready[1]);
+  constexpr int kReadyFd = 3;  // where the daemon finds the pipe
+  std::string args[] = {binary, "--socket=" + socket,
+                        absl::StrCat("--grace_ms=", absl::ToInt64Milliseconds(GraceFromEnv())),
+                        absl::StrCat("--ready_fd=", kReadyFd)};
   char* argv[] = {args[0].data(), args[1].data(), args[2].data(), args[3].data(), nullptr};
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    // Only async-signal-safe calls from here on. Fork twice so that the
-    // daemon is nobody's child here and never becomes a zombie of ours.
-    if (::fork() != 0) ::_exit(0);
-    ::fcntl(ready[1], F_SETFD, 0);
-    ::execv(argv[0], argv);
-    static const char kMsg[] = "exec of the shm_manager binary failed\n";
-    (void)!::write(ready[1], kMsg, sizeof(kMsg) - 1);
-    ::_exit(127);
-  }
-  ::close(ready[1]);
-  if (pid < 0) {
+  // posix_spawn, not fork: it runs no atfork handlers, and this runs with the
+  // client's lock held. The daemon forks once more itself, so it is nobody's
+  // child here and never becomes our zombie.
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, ready_write.get(), kReadyFd);
+  pid_t pid = -1;
+  int err = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ready_write.reset();
+  if (err != 0) {
     ::rmdir(dir.c_str());
-    return absl::UnavailableError(absl::StrCat("shm manager: fork: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("shm manager: cannot run '", binary, "': ", std::strerror(err)));
   }
   while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
   }

@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -48,6 +49,9 @@ int main(int argc, char** argv) {
   }
   if (options.socket_path.empty()) return Usage("(no --socket)");
 
+  // Detach: the starter waits for this process to exit, then for "ok" on
+  // the ready pipe from the daemon proper.
+  if (pid_t pid = ::fork(); pid != 0) return pid < 0 ? 1 : 0;
   ::setsid();
   for (int sig : {SIGINT, SIGQUIT, SIGHUP, SIGTSTP, SIGTTIN, SIGTTOU, SIGPIPE}) {
     ::signal(sig, SIG_IGN);
