@@ -3,7 +3,7 @@
 //
 //   absl::Status s = Spawn([&](int rank) -> absl::Status {
 //     return Train(rank, shared_weights);   // runs in child `rank`
-//   }, /*nprocs=*/4, {.timeout = absl::Minutes(5)});
+//   }, /*nprocs=*/4);
 //   // s names the first failing rank and its message, e.g.
 //   // "process 2 terminated with exit code 1: loss is NaN"
 //
