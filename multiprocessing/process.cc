@@ -23,6 +23,7 @@
 #include "multiprocessing/manager_client.h"
 #include "multiprocessing/shared_segment.h"
 #include "tensor/status_macros.h"
+#include "tensor/thread_pool.h"
 
 extern char** environ;
 
@@ -140,6 +141,9 @@ absl::StatusOr<Process> Process::Start(std::function<absl::Status()> fn) {
   }
   if (pid == 0) {
     TieToParent(parent);
+    // The intra-op pool's worker threads do not survive fork(); run tensor
+    // ops inline here rather than queue work that nobody would pick up.
+    SetNumThreads(1);
     read_end.reset();
     FinishChild(RunGuarded(fn), write_end.get());
   }
