@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -43,9 +44,12 @@ namespace ember::multiprocessing {
 // page and an mmap; a sender of fresh tensors pays that per message. Regions
 // this process created go back to a small cache when their storage dies and
 // are reused once the count shows no other holder (count == 1: the cache's
-// own mapping), which makes repeated sends of same-sized tensors cheap. The
-// cache holds at most $EMBER_SHM_CACHE_BYTES (default 256 MiB);
-// EmptySharedMemoryCache() frees it.
+// own mapping), which makes repeated sends of same-sized tensors cheap.
+// Receivers likewise keep the mappings of regions whose storages died (without
+// a reference or a descriptor: just the address range), so a region that
+// comes back is not mapped again. Each cache holds at most
+// $EMBER_SHM_CACHE_BYTES (default 256 MiB); EmptySharedMemoryCache() frees
+// both.
 //
 // Note [Dedup]
 // A process maps a region once however often it receives it: descriptors are
@@ -66,6 +70,7 @@ namespace {
 constexpr uint64_t kSegmentMagic = 0x544E454D47455345;  // "ESEGMENT"
 constexpr size_t kHeaderAlign = 64;
 constexpr size_t kPage = 4096;
+constexpr size_t kMaxSpareMappings = 64;
 
 size_t HeaderOffset(size_t capacity) {
   return (capacity + kHeaderAlign - 1) / kHeaderAlign * kHeaderAlign;
@@ -149,8 +154,49 @@ struct SegmentTables {
   std::map<std::pair<int, size_t>, std::vector<std::shared_ptr<SharedSegment>>> cache;
   size_t cached_bytes = 0;
   size_t cache_limit = CacheLimitFromEnv();
+  // Mappings of received regions whose storages died, kept so that a region
+  // received again is not mapped again (Note [Segment reuse]); they hold no
+  // reference and no descriptor.
+  struct Spare {
+    std::string key;
+    void* base;
+    size_t mapped;
+  };
+  std::deque<Spare> spare;
+  size_t spare_bytes = 0;
   bool exiting = false;
   uint64_t counter = 0;
+  pid_t pid = ::getpid();  // getpid() is a system call; this is refreshed on fork
+
+  // Keeps a dying mapping (holds mu). Returns the mappings to unmap.
+  std::vector<Spare> AddSpare(Spare s) {
+    std::vector<Spare> out;
+    if (exiting || s.mapped > cache_limit) {
+      out.push_back(std::move(s));
+      return out;
+    }
+    spare_bytes += s.mapped;
+    spare.push_back(std::move(s));
+    while (spare.size() > kMaxSpareMappings || spare_bytes > cache_limit) {
+      spare_bytes -= spare.front().mapped;
+      out.push_back(std::move(spare.front()));
+      spare.pop_front();
+    }
+    return out;
+  }
+  // A kept mapping of `key` with `mapped` bytes, or null (holds mu).
+  void* TakeSpare(const std::string& key, size_t mapped) {
+    for (auto it = spare.begin(); it != spare.end(); ++it) {
+      if (it->key == key) {
+        void* base = it->mapped == mapped ? it->base : nullptr;
+        if (base == nullptr) ::munmap(it->base, it->mapped);
+        spare_bytes -= it->mapped;
+        spare.erase(it);
+        return base;
+      }
+    }
+    return nullptr;
+  }
 
   static SegmentTables& Get() {
     static SegmentTables* t = [] {
@@ -172,6 +218,7 @@ struct SegmentTables {
   static void AfterForkInParent() { Get().mu.unlock(); }
   static void AfterForkInChild() {
     SegmentTables& t = Get();
+    t.pid = ::getpid();
     // The parent's cached regions are the parent's to reuse.
     auto cache = std::move(t.cache);
     t.cache.clear();
@@ -189,7 +236,7 @@ SharedSegment::SharedSegment(SharingStrategy strategy, void* base, size_t capaci
       fd_(std::move(fd)),
       name_(std::move(name)),
       key_(std::move(key)),
-      creator_pid_(created_here ? ::getpid() : 0) {}
+      creator_pid_(created_here ? SegmentTables::Get().pid : 0) {}
 
 SharedSegment::Header* SharedSegment::header() const {
   static_assert(sizeof(Header) == 64);
@@ -226,6 +273,7 @@ void UnlinkRegion(const std::string& name) {
 SharedSegment::~SharedSegment() {
   SegmentTables& t = SegmentTables::Get();
   bool unlink;
+  std::vector<SegmentTables::Spare> unmap;
   {
     std::lock_guard lock(t.mu);
     t.live.erase(this);
@@ -233,34 +281,44 @@ SharedSegment::~SharedSegment() {
       t.by_key.erase(it);
     }
     unlink = Release();
+    SegmentTables::Spare mapping{key_, base_, MappedBytes(capacity_)};
+    if (creator_pid_ == 0 && !unlink) {
+      unmap = t.AddSpare(std::move(mapping));
+    } else {
+      unmap.push_back(std::move(mapping));
+    }
   }
-  ::munmap(base_, MappedBytes(capacity_));
+  for (const SegmentTables::Spare& m : unmap) ::munmap(m.base, m.mapped);
   if (unlink) UnlinkRegion(name_);
 }
 
 absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(SharingStrategy strategy,
                                                                   UniqueFd fd, std::string name,
-                                                                  std::string key) {
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    return absl::InternalError(absl::StrCat("fstat of a shared-memory region: ", ErrnoText(errno)));
-  }
-  const std::string what = name.empty() ? std::string("received descriptor") : "region '" + name + "'";
-  if (st.st_size < 64 || (st.st_size - 64) % kHeaderAlign != 0) {
+                                                                  std::string key, off_t size) {
+  const std::string what =
+      name.empty() ? std::string("received descriptor") : "region '" + name + "'";
+  if (size < 64 || (size - 64) % kHeaderAlign != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " (", st.st_size, " bytes) is not an Ember shared-memory segment"));
+        absl::StrCat(what, " (", size, " bytes) is not an Ember shared-memory segment"));
   }
-  size_t mapped = static_cast<size_t>(st.st_size);
-  void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (base == MAP_FAILED) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("mmap of ", mapped, " bytes of ", what, ": ", ErrnoText(errno)));
+  const size_t mapped = static_cast<size_t>(size);
+  void* base;
+  {
+    SegmentTables& t = SegmentTables::Get();
+    std::lock_guard lock(t.mu);
+    base = t.TakeSpare(key, mapped);
+  }
+  if (base == nullptr) {
+    base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+    if (base == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("mmap of ", mapped, " bytes of ", what, ": ", ErrnoText(errno)));
+    }
   }
   auto* h = reinterpret_cast<Header*>(static_cast<char*>(base) + mapped - 64);
   if (h->magic != kSegmentMagic || HeaderOffset(h->capacity) + 64 != mapped) {
     ::munmap(base, mapped);
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " has no valid Ember segment header"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " has no valid Ember segment header"));
   }
   if (strategy == SharingStrategy::kFileSystem) fd.reset();  // the mapping is enough
   return std::shared_ptr<SharedSegment>(new SharedSegment(
@@ -389,7 +447,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportFd(UniqueFd 
     }
   }
   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<SharedSegment> seg,
-                         Map(SharingStrategy::kFileDescriptor, std::move(fd), "", key));
+                         Map(SharingStrategy::kFileDescriptor, std::move(fd), "", key, st.st_size));
   std::lock_guard lock(t.mu);
   t.live.insert(seg.get());
   t.by_key[key] = seg;
@@ -422,8 +480,12 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportName(const s
         "shared-memory region '", name, "' cannot be opened (", ErrnoText(errno),
         "): it was released, or its creator was killed before the message was received"));
   }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    return absl::InternalError(absl::StrCat("fstat of region '", name, "': ", ErrnoText(errno)));
+  }
   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<SharedSegment> seg,
-                         Map(SharingStrategy::kFileSystem, std::move(fd), name, key));
+                         Map(SharingStrategy::kFileSystem, std::move(fd), name, key, st.st_size));
   std::lock_guard lock(t.mu);
   t.live.insert(seg.get());
   t.by_key[key] = seg;
@@ -436,7 +498,7 @@ void SharedSegment::Recycle(std::shared_ptr<SharedSegment> segment) {
   {
     std::lock_guard lock(t.mu);
     const size_t cap = segment->capacity_;
-    if (t.exiting || segment->released_ || segment->creator_pid_ != ::getpid() ||
+    if (t.exiting || segment->released_ || segment->creator_pid_ != t.pid ||
         cap > t.cache_limit) {
       // Freed below, outside the lock.
     } else {
@@ -464,11 +526,15 @@ void SharedSegment::Recycle(std::shared_ptr<SharedSegment> segment) {
 void SharedSegment::EmptyCache() {
   SegmentTables& t = SegmentTables::Get();
   std::map<std::pair<int, size_t>, std::vector<std::shared_ptr<SharedSegment>>> cache;
+  std::deque<SegmentTables::Spare> spare;
   {
     std::lock_guard lock(t.mu);
     cache.swap(t.cache);
     t.cached_bytes = 0;
+    spare.swap(t.spare);
+    t.spare_bytes = 0;
   }
+  for (const SegmentTables::Spare& m : spare) ::munmap(m.base, m.mapped);
 }
 
 void SharedSegment::ReleaseAllAtExit() {

@@ -84,7 +84,7 @@ class SharedSegment {
 
   // Returns a segment whose storage died to the reuse cache (or frees it).
   static void Recycle(std::shared_ptr<SharedSegment> segment);
-  // Frees every cached region this process created.
+  // Frees every cached region this process created and every kept mapping.
   static void EmptyCache();
   // Drops this process's references on every segment it still maps, as its
   // exit would; called on normal exit and by forked children before _exit.
@@ -97,8 +97,10 @@ class SharedSegment {
                 std::string name, std::string key, bool created_here);
   static absl::StatusOr<std::shared_ptr<SharedSegment>> Create(SharingStrategy strategy,
                                                                size_t capacity);
+  // Maps a received region of `size` bytes (or reuses a kept mapping).
   static absl::StatusOr<std::shared_ptr<SharedSegment>> Map(SharingStrategy strategy, UniqueFd fd,
-                                                            std::string name, std::string key);
+                                                            std::string name, std::string key,
+                                                            off_t size);
   Header* header() const;
   // Drops this mapping's reference (once); true when that was the last
   // reference to a named region, which the caller then unlinks.

@@ -1,5 +1,6 @@
 #include "multiprocessing/sharing.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "multiprocessing/shared_segment.h"
 #include "tensor/error.h"
 #include "tensor/status_macros.h"
+#include "tensor/thread_pool.h"
 
 namespace ember::multiprocessing {
 namespace {
@@ -19,6 +21,21 @@ std::atomic<SharingStrategy> g_strategy{SharingStrategy::kFileDescriptor};
 
 const char* StrategyName(SharingStrategy s) {
   return s == SharingStrategy::kFileDescriptor ? "file_descriptor" : "file_system";
+}
+
+// memcpy, split over the intra-op pool for large storages (one thread
+// rarely saturates memory bandwidth).
+void CopyBytes(void* dst, const void* src, size_t n) {
+  constexpr int64_t kChunk = 1 << 20;
+  if (n < 4 * static_cast<size_t>(kChunk)) {
+    if (n > 0) std::memcpy(dst, src, n);
+    return;
+  }
+  const int64_t chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
+  ParallelFor(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    const size_t from = begin * kChunk, to = std::min<size_t>(n, end * kChunk);
+    std::memcpy(static_cast<char*>(dst) + from, static_cast<const char*>(src) + from, to - from);
+  });
 }
 
 // A shared storage's DataPtr context: its segment.
@@ -72,7 +89,7 @@ class CpuSharingHandler : public SharingHandler {
     if (IsShared(storage)) return absl::OkStatus();
     EMBER_ASSIGN_OR_RETURN(std::shared_ptr<SharedSegment> seg,
                            SharedSegment::Acquire(g_strategy.load(), storage.nbytes()));
-    if (storage.nbytes() > 0) std::memcpy(seg->data(), storage.data(), storage.nbytes());
+    CopyBytes(seg->data(), storage.data(), storage.nbytes());
     SharingStrategy strategy = seg->strategy();
     Storage handle = storage;  // shares the storage's state
     handle.set_data_ptr(MakeDataPtr(std::move(seg)), AllocatorFor(strategy));

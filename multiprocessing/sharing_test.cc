@@ -173,6 +173,36 @@ TEST_P(SharingTest, AStorageSentTwiceIsMappedOnce) {
   EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
 }
 
+// Regions are reused once released (Note [Segment reuse]); every message must
+// still carry its own values, including while the receiver holds earlier ones.
+TEST_P(SharingTest, ReusedRegionsCarryFreshValues) {
+  auto pipe = Pipe();
+  ASSERT_TRUE(pipe.ok());
+  constexpr int kMessages = 60;
+  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+    std::vector<Tensor> held;  // every third one is kept alive
+    for (int i = 0; i < kMessages; ++i) {
+      EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.Receive(absl::Seconds(20)));
+      EMBER_ASSIGN_OR_RETURN(Tensor t, v.as<Tensor>());
+      CHILD_CHECK(Values(t) == std::vector<double>(1024, i));
+      if (i % 3 == 0) held.push_back(t);
+      EMBER_RETURN_IF_ERROR(pipe->second.Send(Value(i)));
+    }
+    for (size_t k = 0; k < held.size(); ++k) {
+      CHILD_CHECK(Values(held[k]) == std::vector<double>(1024, 3 * k));
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(child.ok());
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE(pipe->first.Send(Value(full({1024}, i, kFloat32))).ok());
+    ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok()) << child->error_message();
+  }
+  absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
+}
+
 INSTANTIATE_TEST_SUITE_P(BothStrategies, SharingTest,
                          ::testing::Values("file_descriptor", "file_system"),
                          [](const auto& info) { return info.param; });
