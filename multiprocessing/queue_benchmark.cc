@@ -6,15 +6,15 @@
 //   EMBER_TORCH_PEER=/path/to/torch_mp_queue.py \
 //     bazel run //multiprocessing:queue_benchmark
 //
-// With EMBER_TORCH_PEER set, the peer runs once (/usr/bin/python3, or
-// $EMBER_PYTHON) in the same run and each benchmark reports PyTorch's rate
-// for the same case (torch_msgs_per_s) and the ratio (x_torch).
+// With EMBER_TORCH_PEER set, each case first runs the peer's bench() for the
+// same strategy and size (/usr/bin/python3, or $EMBER_PYTHON), then itself,
+// and reports PyTorch's rate (torch_msgs_per_s) and the ratio (x_torch); use
+// --benchmark_repetitions to pair several runs on a noisy machine.
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <string>
-#include <utility>
 
+#include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
 #include "multiprocessing/process.h"
 #include "multiprocessing/queue.h"
@@ -26,36 +26,34 @@ namespace {
 
 const char* StrategyOf(int64_t code) { return code == 0 ? "file_descriptor" : "file_system"; }
 
-// PyTorch's messages per second by (strategy, bytes), from one peer run.
-const std::map<std::pair<std::string, int64_t>, double>& TorchRates() {
-  static const auto* rates = [] {
-    auto* m = new std::map<std::pair<std::string, int64_t>, double>;
-    const char* script = std::getenv("EMBER_TORCH_PEER");
-    if (script == nullptr || *script == '\0') return m;
-    const char* python = std::getenv("EMBER_PYTHON");
-    std::string cmd = std::string(python ? python : "/usr/bin/python3") + " " + script;
-    FILE* f = ::popen(cmd.c_str(), "r");
-    if (f == nullptr) return m;
-    char strategy[64];
-    long long bytes;
-    double rate;
-    char line[512];
-    while (std::fgets(line, sizeof(line), f) != nullptr) {
-      if (std::sscanf(line, "%63s %lld %lf msgs/s", strategy, &bytes, &rate) == 3) {
-        (*m)[{strategy, bytes}] = rate;
-        std::fprintf(stderr, "torch peer: %s", line);
-      }
-    }
-    ::pclose(f);
-    return m;
-  }();
-  return *rates;
+// PyTorch's messages per second for one case, measured now by the peer's
+// own bench() with the peer's own message counts; 0 without a peer.
+double TorchRate(const std::string& strategy, int64_t nbytes) {
+  const char* script = std::getenv("EMBER_TORCH_PEER");
+  if (script == nullptr || *script == '\0') return 0;
+  std::string path = script;
+  std::string dir = path.substr(0, path.rfind('/'));
+  std::string module = path.substr(path.rfind('/') + 1);
+  module = module.substr(0, module.rfind('.'));
+  const int n = nbytes <= (4 << 10) ? 2000 : nbytes <= (1 << 20) ? 500 : 30;
+  const char* python = std::getenv("EMBER_PYTHON");
+  std::string cmd = std::string(python != nullptr ? python : "/usr/bin/python3") +
+                    " -c \"import sys; sys.path.insert(0, '" + dir + "'); import " + module +
+                    " as peer; print(peer.bench('" + strategy + "', " + std::to_string(nbytes) +
+                    ", " + std::to_string(n) + "))\"";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (f == nullptr) return 0;
+  double rate = 0;
+  if (std::fscanf(f, "%lf", &rate) != 1) rate = 0;
+  ::pclose(f);
+  return rate;
 }
 
 void BM_QueueRoundTrip(benchmark::State& state) {
   const std::string strategy = StrategyOf(state.range(0));
   const int64_t nbytes = state.range(1);
-  const auto& torch = TorchRates();  // before the child exists: it runs alone
+  // The peer runs first, alone, under the same conditions as what follows.
+  const double torch = TorchRate(strategy, nbytes);
   if (!set_sharing_strategy(strategy).ok()) return state.SkipWithError("strategy");
   absl::StatusOr<Queue> in = Queue::Create(), out = Queue::Create();
   if (!in.ok() || !out.ok()) return state.SkipWithError("queue");
@@ -77,30 +75,36 @@ void BM_QueueRoundTrip(benchmark::State& state) {
     return ack.ok() && *ack->get_if<int64_t>() == nbytes / 4;
   };
   for (int i = 0; i < 5; ++i) round_trip();  // warm-up, as the peer does
+  const absl::Time start = absl::Now();
   for (auto _ : state) {
     if (!round_trip()) {
       state.SkipWithError("round trip failed");
       break;
     }
   }
+  const double rate = state.iterations() / absl::ToDoubleSeconds(absl::Now() - start);
   (void)in->Put(Value());
   (void)child->Join(absl::Seconds(60));
-  state.counters["msgs_per_s"] =
-      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["msgs_per_s"] = rate;
   state.SetBytesProcessed(state.iterations() * nbytes);
-  if (auto it = torch.find({strategy, nbytes}); it != torch.end()) {
-    state.counters["torch_msgs_per_s"] = it->second;
-    state.counters["x_torch"] = benchmark::Counter(
-        static_cast<double>(state.iterations()) / it->second, benchmark::Counter::kIsRate);
+  if (torch > 0) {
+    state.counters["torch_msgs_per_s"] = torch;
+    state.counters["x_torch"] = rate / torch;
   }
   state.SetLabel(strategy);
 }
 
-BENCHMARK(BM_QueueRoundTrip)
-    ->ArgNames({"fs", "bytes"})
-    ->ArgsProduct({{0, 1}, {4 << 10, 1 << 20, 64 << 20}})
-    ->UseRealTime()
-    ->Unit(benchmark::kMicrosecond);
+// Fixed message counts (5x the peer's), so that each repetition runs the
+// case once, right after its peer measurement.
+void Cases(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"fs", "bytes"})->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({0, 4 << 10})->Iterations(10000);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({1, 4 << 10})->Iterations(10000);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({0, 1 << 20})->Iterations(2500);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({1, 1 << 20})->Iterations(2500);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({0, 64 << 20})->Iterations(150);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({1, 64 << 20})->Iterations(150);
 
 }  // namespace
 }  // namespace ember::multiprocessing

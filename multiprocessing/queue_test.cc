@@ -96,6 +96,25 @@ TEST(QueueTest, HogwildWritesThroughAQueueAreSeenByAll) {
   ASSERT_TRUE(child->Join(absl::Seconds(20)).ok());
 }
 
+// A leaf that requires grad (a model parameter) may be sent, as in PyTorch;
+// only non-leaf tensors that require grad are refused (CheckTensorSendable).
+class RequiresGrad : public AutogradMetaInterface {
+ public:
+  bool requires_grad() const override { return true; }
+};
+
+TEST(QueueTest, LeafTensorsThatRequireGradMaySend) {
+  Tensor param = ones({4});
+  param.impl()->set_autograd_meta(std::make_unique<RequiresGrad>());
+  EXPECT_TRUE(CheckTensorSendable(param).ok());
+  absl::StatusOr<SimpleQueue> q = SimpleQueue::Create();
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(q->Put(Value(param)).ok());
+  absl::StatusOr<Value> v = q->Get(absl::Seconds(5));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->get_if<Tensor>()->raw_data(), param.raw_data());  // same process: same mapping
+}
+
 // --- Bad input on queue sockets: an error, never a crash or a leak -----------
 
 class QueueBadInputTest : public ::testing::Test {
