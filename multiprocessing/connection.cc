@@ -143,7 +143,13 @@ absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
       }
     }
     if (n == 0 && fds.empty()) {
-      return absl::UnavailableError("Receive: the other end of the connection is closed");
+      // A closed peer and an empty message both read as 0 bytes; only the
+      // former leaves the socket hung up.
+      pollfd p{fd_.get(), POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP))) {
+        return absl::UnavailableError("Receive: the other end of the connection is closed");
+      }
+      return absl::InvalidArgumentError("malformed message: empty");
     }
     if (msg.msg_flags & MSG_CTRUNC) {
       return absl::ResourceExhaustedError(absl::StrCat(

@@ -150,10 +150,19 @@ TEST_F(QueueBadInputTest, EveryTruncationIsRejected) {
     // Only the full message carries the descriptors it describes.
     ASSERT_TRUE(q_.put_end().SendBytes(std::string_view(m->bytes).substr(0, cut), {}).ok());
     absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
-    EXPECT_FALSE(v.ok()) << "cut at " << cut;
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << "cut at " << cut;
   }
   AbandonMessage(*m);
   ExpectStillWorks();
+}
+
+TEST(ConnectionTest, AClosedPeerIsUnavailable) {
+  auto pipe = Pipe();
+  ASSERT_TRUE(pipe.ok());
+  pipe->second.Close();
+  absl::StatusOr<Value> v = pipe->first.Receive(absl::Seconds(5));
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(pipe->first.Send(Value(1)).code(), absl::StatusCode::kUnavailable);
 }
 
 TEST_F(QueueBadInputTest, DescriptorsWithGarbageAreClosed) {

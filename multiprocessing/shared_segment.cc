@@ -315,14 +315,28 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(SharingStrateg
           absl::StrCat("mmap of ", mapped, " bytes of ", what, ": ", ErrnoText(errno)));
     }
   }
+  return Adopt(strategy, base, mapped, std::move(fd), std::move(name), std::move(key));
+}
+
+absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Adopt(SharingStrategy strategy,
+                                                                    void* base, size_t mapped,
+                                                                    UniqueFd fd, std::string name,
+                                                                    std::string key) {
   auto* h = reinterpret_cast<Header*>(static_cast<char*>(base) + mapped - 64);
   if (h->magic != kSegmentMagic || HeaderOffset(h->capacity) + 64 != mapped) {
     ::munmap(base, mapped);
-    return absl::InvalidArgumentError(absl::StrCat(what, " has no valid Ember segment header"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        name.empty() ? std::string("received descriptor") : "region '" + name + "'",
+        " has no valid Ember segment header"));
   }
   if (strategy == SharingStrategy::kFileSystem) fd.reset();  // the mapping is enough
-  return std::shared_ptr<SharedSegment>(new SharedSegment(
-      strategy, base, h->capacity, std::move(fd), std::move(name), std::move(key), false));
+  std::shared_ptr<SharedSegment> seg(new SharedSegment(
+      strategy, base, h->capacity, std::move(fd), std::move(name), key, false));
+  SegmentTables& t = SegmentTables::Get();
+  std::lock_guard lock(t.mu);
+  t.live.insert(seg.get());
+  t.by_key[key] = seg;
+  return seg;
 }
 
 absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(SharingStrategy strategy,
@@ -446,12 +460,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportFd(UniqueFd 
       }
     }
   }
-  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<SharedSegment> seg,
-                         Map(SharingStrategy::kFileDescriptor, std::move(fd), "", key, st.st_size));
-  std::lock_guard lock(t.mu);
-  t.live.insert(seg.get());
-  t.by_key[key] = seg;
-  return seg;
+  return Map(SharingStrategy::kFileDescriptor, std::move(fd), "", key, st.st_size);
 }
 
 absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportName(const std::string& name) {
@@ -460,6 +469,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportName(const s
   }
   std::string key = "name:" + name;
   SegmentTables& t = SegmentTables::Get();
+  SegmentTables::Spare kept{};
   {
     std::lock_guard lock(t.mu);
     if (auto it = t.by_key.find(key); it != t.by_key.end()) {
@@ -468,6 +478,19 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportName(const s
         return seg;
       }
     }
+    // A region mapped before (and reused by its sender) needs no shm_open:
+    // names are never reused, so the kept mapping is that region.
+    for (auto it = t.spare.begin(); it != t.spare.end(); ++it) {
+      if (it->key == key) {
+        kept = *it;
+        t.spare_bytes -= it->mapped;
+        t.spare.erase(it);
+        break;
+      }
+    }
+  }
+  if (kept.base != nullptr) {
+    return Adopt(SharingStrategy::kFileSystem, kept.base, kept.mapped, UniqueFd(), name, key);
   }
   // Keep the daemon alive while this process maps regions.
   EMBER_RETURN_IF_ERROR(ConnectToManager());
@@ -484,12 +507,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportName(const s
   if (::fstat(fd.get(), &st) != 0) {
     return absl::InternalError(absl::StrCat("fstat of region '", name, "': ", ErrnoText(errno)));
   }
-  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<SharedSegment> seg,
-                         Map(SharingStrategy::kFileSystem, std::move(fd), name, key, st.st_size));
-  std::lock_guard lock(t.mu);
-  t.live.insert(seg.get());
-  t.by_key[key] = seg;
-  return seg;
+  return Map(SharingStrategy::kFileSystem, std::move(fd), name, key, st.st_size);
 }
 
 void SharedSegment::Recycle(std::shared_ptr<SharedSegment> segment) {

@@ -101,6 +101,11 @@ class SharedSegment {
   static absl::StatusOr<std::shared_ptr<SharedSegment>> Map(SharingStrategy strategy, UniqueFd fd,
                                                             std::string name, std::string key,
                                                             off_t size);
+  // Wraps a mapping of a received region, checking its header, and records
+  // it in the process-wide tables.
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Adopt(SharingStrategy strategy, void* base,
+                                                              size_t mapped, UniqueFd fd,
+                                                              std::string name, std::string key);
   Header* header() const;
   // Drops this mapping's reference (once); true when that was the last
   // reference to a named region, which the caller then unlinks.
