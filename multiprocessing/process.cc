@@ -293,6 +293,10 @@ absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
   if (nprocs < 1) {
     return absl::InvalidArgumentError(absl::StrCat("Spawn: nprocs must be >= 1, got ", nprocs));
   }
+  if (options.start_method == StartMethod::kFork && !fn) {
+    return absl::InvalidArgumentError(
+        "Spawn: no function to run (kFork needs one; kSpawn takes options.entry_point)");
+  }
   std::vector<Process> procs;
   auto stop_all = [&] {
     for (Process& p : procs) p.Terminate();

@@ -170,6 +170,7 @@ TEST(SpawnTest, TimeoutTerminatesEveryone) {
 TEST(SpawnTest, RejectsNoProcesses) {
   EXPECT_EQ(Spawn([](int) { return absl::OkStatus(); }, 0).code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Spawn(nullptr, 2).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SpawnTest, ReExecRunsTheRegisteredEntryPoint) {
