@@ -8,8 +8,10 @@
 #define EMBER_MULTIPROCESSING_TESTING_H_
 
 #include <dirent.h>
+#include <sys/random.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -42,9 +44,16 @@ inline std::vector<std::string> ShmEntries(const std::string& prefix) {
   return DirEntries("/dev/shm", prefix.substr(1));
 }
 
-// A region prefix no other test run uses: "/ember_test_<tag>_<pid>".
+// A region prefix no other test run uses: "/embertest_<tag>_<pid>_<random>"
+// (pids alone repeat across sandboxes with their own pid namespaces). Stable
+// within a process, so that children compute the same one.
 inline std::string UniquePrefix(const std::string& tag) {
-  return absl::StrCat("/embertest_", tag, "_", ::getpid());
+  static const uint32_t random = [] {
+    uint32_t r = 0;
+    (void)!::getrandom(&r, sizeof(r), 0);
+    return r;
+  }();
+  return absl::StrCat("/embertest_", tag, "_", ::getpid(), "_", absl::Hex(random));
 }
 
 // Polls `cond` until it holds (true) or `timeout` passes (false).

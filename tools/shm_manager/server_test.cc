@@ -88,7 +88,9 @@ class ServerTest : public ::testing::Test {
   }
   // Creates a real region the daemon can unlink.
   std::string MakeRegion(const std::string& tag) {
-    std::string name = absl::StrCat("/embertest_server_", ::getpid(), "_", tag);
+    // The directory's random part keeps names apart across parallel runs.
+    std::string name =
+        absl::StrCat("/embertest_server_", dir_.substr(dir_.rfind('-') + 1), "_", tag);
     int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
     EXPECT_GE(fd, 0);
     ::close(fd);
