@@ -3,6 +3,7 @@
 // period has passed, then exits. This test's own process never uses
 // file_system, so the manager it checks belongs to the killed tree alone.
 #include <signal.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <string>
@@ -63,6 +64,40 @@ TEST(ParentKillTest, RegionsAreUnlinkedAfterTheGracePeriod) {
   EXPECT_TRUE(testing::WaitUntil([&] { return ::stat(socket_path.c_str(), &st) != 0; },
                                  absl::Seconds(10)))
       << "the shm manager did not exit";
+}
+
+// Ctrl-C reaches a whole process group; the manager, in its own session,
+// must survive it to clean up after the group.
+TEST(ParentKillTest, TheManagerSurvivesSignalsToItsStartersGroup) {
+  const std::string prefix = testing::UniquePrefix("group");
+  auto pipe = Pipe();
+  ASSERT_TRUE(pipe.ok());
+  absl::StatusOr<Process> leader = Process::Start([&]() -> absl::Status {
+    ::setpgid(0, 0);
+    EMBER_RETURN_IF_ERROR(set_sharing_strategy("file_system"));
+    EMBER_RETURN_IF_ERROR(set_shared_memory_prefix(prefix));
+    Tensor mine = ones({2048});
+    EMBER_RETURN_IF_ERROR(share_memory_(mine));
+    EMBER_RETURN_IF_ERROR(pipe->second.Send(Value(ManagerSocketPath())));
+    absl::SleepFor(absl::Seconds(60));
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(leader.ok());
+  absl::StatusOr<Value> socket = pipe->first.Receive(absl::Seconds(20));
+  ASSERT_TRUE(socket.ok()) << socket.status();
+  const std::string socket_path = *socket->get_if<std::string>();
+  ASSERT_EQ(testing::ShmEntries(prefix).size(), 1u);
+  ASSERT_EQ(::killpg(leader->pid(), SIGINT), 0);
+  ASSERT_EQ(::killpg(leader->pid(), SIGHUP), 0);
+  absl::StatusOr<ExitStatus> e = leader->Join(absl::Seconds(10));
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->signal, SIGINT);
+  // Only a live manager removes the region and then its own socket.
+  EXPECT_TRUE(
+      testing::WaitUntil([&] { return testing::ShmEntries(prefix).empty(); }, absl::Seconds(10)));
+  struct stat st;
+  EXPECT_TRUE(testing::WaitUntil([&] { return ::stat(socket_path.c_str(), &st) != 0; },
+                                 absl::Seconds(10)));
 }
 
 }  // namespace
