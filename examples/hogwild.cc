@@ -36,7 +36,9 @@ struct Model {
   Tensor b;  // [1]
 };
 
-Tensor Predict(const Model& m, const Tensor& x) { return (x.matmul(m.w) + m.b).sigmoid(); }
+Tensor Predict(const Model& m, const Tensor& x) {
+  return (x.matmul(m.w) + m.b).sigmoid();
+}
 
 // Mean binary cross-entropy.
 double Loss(const Model& m, const Tensor& x, const Tensor& y) {
@@ -45,17 +47,24 @@ double Loss(const Model& m, const Tensor& x, const Tensor& y) {
 }
 
 double Accuracy(const Model& m, const Tensor& x, const Tensor& y) {
-  return Predict(m, x).gt(0.5).to(ember::kFloat32).eq(y).to(ember::kFloat32).mean().item<double>();
+  return Predict(m, x)
+      .gt(0.5)
+      .to(ember::kFloat32)
+      .eq(y)
+      .to(ember::kFloat32)
+      .mean()
+      .item<double>();
 }
 
 // One worker: SGD over its own shuffled batches, writing into the shared
 // model in place.
-absl::Status Train(int rank, const Model& model, const Tensor& x, const Tensor& y, int epochs,
-                   mp::Queue& results) {
+absl::Status Train(int rank, const Model& model, const Tensor& x,
+                   const Tensor& y, int epochs, mp::Queue& results) {
   ember::Generator gen(1000 + rank);
   double last = 0;
   for (int epoch = 0; epoch < epochs; ++epoch) {
-    Tensor order = ember::randint(0, kSamples, {kSamples / kBatch, kBatch}, ember::kInt64, &gen);
+    Tensor order = ember::randint(0, kSamples, {kSamples / kBatch, kBatch},
+                                  ember::kInt64, &gen);
     for (int64_t step = 0; step < order.size(0); ++step) {
       Tensor idx = order[step];
       Tensor xb = x.index_select(0, idx), yb = y.index_select(0, idx);
@@ -73,21 +82,25 @@ absl::Status Run(int workers, int epochs) {
   ember::manual_seed(0);
   Tensor x = ember::randn({kSamples, kFeatures});
   Tensor truth = ember::randn({kFeatures});
-  Tensor y = (x.matmul(truth) + ember::randn({kSamples}) * 0.5).gt(0).to(ember::kFloat32);
+  Tensor y = (x.matmul(truth) + ember::randn({kSamples}) * 0.5)
+                 .gt(0)
+                 .to(ember::kFloat32);
 
   Model model{ember::zeros({kFeatures}), ember::zeros({1})};
   EMBER_RETURN_IF_ERROR(mp::share_memory_(model.w));
   EMBER_RETURN_IF_ERROR(mp::share_memory_(model.b));
   const double before = Loss(model, x, y);
-  std::printf("hogwild: %d workers, %d epochs, %lld samples x %lld features\n", workers, epochs,
-              static_cast<long long>(kSamples), static_cast<long long>(kFeatures));
+  std::printf("hogwild: %d workers, %d epochs, %lld samples x %lld features\n",
+              workers, epochs, static_cast<long long>(kSamples),
+              static_cast<long long>(kFeatures));
   std::printf("loss before training: %.4f\n", before);
 
   EMBER_ASSIGN_OR_RETURN(mp::Queue results, mp::Queue::Create());
   mp::SpawnOptions options;
   options.timeout = absl::Minutes(5);
   EMBER_RETURN_IF_ERROR(mp::Spawn(
-      [&](int rank) { return Train(rank, model, x, y, epochs, results); }, workers, options));
+      [&](int rank) { return Train(rank, model, x, y, epochs, results); },
+      workers, options));
   for (int i = 0; i < workers; ++i) {
     EMBER_ASSIGN_OR_RETURN(mp::Value v, results.Get(absl::Seconds(10)));
     std::printf("  worker %lld: last loss %.4f\n",
@@ -98,7 +111,8 @@ absl::Status Run(int workers, int epochs) {
   std::printf("loss after training:  %.4f (accuracy %.1f%%)\n", after,
               100 * Accuracy(model, x, y));
   if (!(after < 0.5 * before)) {
-    return absl::InternalError("the loss did not fall by half: " + std::to_string(after));
+    return absl::InternalError("the loss did not fall by half: " +
+                               std::to_string(after));
   }
   return absl::OkStatus();
 }
@@ -107,8 +121,8 @@ int FlagOr(int argc, char** argv, std::string_view name, int fallback) {
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     int v = 0;
-    if (arg.starts_with(name) && absl::SimpleAtoi(std::string(arg.substr(name.size())), &v) &&
-        v > 0) {
+    if (arg.starts_with(name) &&
+        absl::SimpleAtoi(std::string(arg.substr(name.size())), &v) && v > 0) {
       return v;
     }
   }
@@ -118,7 +132,8 @@ int FlagOr(int argc, char** argv, std::string_view name, int fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::Status s = Run(FlagOr(argc, argv, "--workers=", 4), FlagOr(argc, argv, "--epochs=", 5));
+  absl::Status s = Run(FlagOr(argc, argv, "--workers=", 4),
+                       FlagOr(argc, argv, "--epochs=", 5));
   if (!s.ok()) {
     std::fprintf(stderr, "hogwild: %s\n", std::string(s.message()).c_str());
     return 1;

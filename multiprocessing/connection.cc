@@ -23,7 +23,9 @@ absl::StatusOr<bool> WaitFor(int fd, short events, absl::Time deadline) {
     if (deadline != absl::InfiniteFuture()) {
       absl::Duration left = deadline - absl::Now();
       if (left < absl::ZeroDuration()) left = absl::ZeroDuration();
-      ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 1 << 30));
+      ms = static_cast<int>(std::min<int64_t>(
+          absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
+          1 << 30));
     }
     pollfd p{fd, events, 0};
     int r = ::poll(&p, 1, ms);
@@ -36,26 +38,36 @@ absl::StatusOr<bool> WaitFor(int fd, short events, absl::Time deadline) {
 }
 
 absl::Time DeadlineOf(absl::Duration timeout) {
-  return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture()
+                                             : absl::Now() + timeout;
 }
 
-std::string DescribeTimeout(absl::Duration timeout) { return absl::FormatDuration(timeout); }
+std::string DescribeTimeout(absl::Duration timeout) {
+  return absl::FormatDuration(timeout);
+}
 
 }  // namespace
 
-absl::Status Connection::SendBytes(std::string_view bytes, absl::Span<const int> fds,
+absl::Status Connection::SendBytes(std::string_view bytes,
+                                   absl::Span<const int> fds,
                                    absl::Duration timeout) {
-  if (!fd_.valid()) return absl::FailedPreconditionError("Send on a closed connection");
+  if (!fd_.valid())
+    return absl::FailedPreconditionError("Send on a closed connection");
   if (bytes.size() > kMaxMessageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a message of ", bytes.size(), " bytes exceeds the limit of ", kMaxMessageBytes,
-        " bytes; put large data in a tensor, which travels through shared memory"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a message of ", bytes.size(),
+                     " bytes exceeds the limit of ", kMaxMessageBytes,
+                     " bytes; put large data in a tensor, which travels "
+                     "through shared memory"));
   }
   if (fds.size() > kMaxMessageFds) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a message with ", fds.size(), " file_descriptor-shared storages exceeds the kernel's "
-        "limit of ", kMaxMessageFds, " descriptors per message; send fewer tensors at once or "
-        "use set_sharing_strategy(\"file_system\")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a message with ", fds.size(),
+                     " file_descriptor-shared storages exceeds the kernel's "
+                     "limit of ",
+                     kMaxMessageFds,
+                     " descriptors per message; send fewer tensors at once or "
+                     "use set_sharing_strategy(\"file_system\")"));
   }
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   msghdr msg{};
@@ -79,23 +91,28 @@ absl::Status Connection::SendBytes(std::string_view bytes, absl::Span<const int>
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       EMBER_ASSIGN_OR_RETURN(bool ready, WaitFor(fd_.get(), POLLOUT, deadline));
       if (!ready) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "Send: the receiving side did not make room within ", DescribeTimeout(timeout)));
+        return absl::DeadlineExceededError(
+            absl::StrCat("Send: the receiving side did not make room within ",
+                         DescribeTimeout(timeout)));
       }
       continue;
     }
     if (errno == EMSGSIZE) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a message of ", bytes.size(), " bytes is larger than this socket accepts; put large "
-          "data in a tensor"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("a message of ", bytes.size(),
+                       " bytes is larger than this socket accepts; put large "
+                       "data in a tensor"));
     }
     if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) {
-      return absl::UnavailableError("Send: the other end of the connection is closed");
+      return absl::UnavailableError(
+          "Send: the other end of the connection is closed");
     }
     if (errno == ETOOMANYREFS) {
       return absl::ResourceExhaustedError(
-          "Send: the kernel refused to pass more descriptors in flight (ETOOMANYREFS); "
-          "receive pending messages first or use set_sharing_strategy(\"file_system\")");
+          "Send: the kernel refused to pass more descriptors in flight "
+          "(ETOOMANYREFS); "
+          "receive pending messages first or use "
+          "set_sharing_strategy(\"file_system\")");
     }
     return absl::InternalError(absl::StrCat("sendmsg: ", std::strerror(errno)));
   }
@@ -109,15 +126,16 @@ absl::Status Connection::Send(const Value& value, absl::Duration timeout) {
 }
 
 absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
-  if (!fd_.valid()) return absl::FailedPreconditionError("Receive on a closed connection");
+  if (!fd_.valid())
+    return absl::FailedPreconditionError("Receive on a closed connection");
   thread_local std::unique_ptr<char[]> buffer(new char[kMaxMessageBytes + 1]);
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMessageFds)];
   const absl::Time deadline = DeadlineOf(timeout);
   while (true) {
     EMBER_ASSIGN_OR_RETURN(bool ready, WaitFor(fd_.get(), POLLIN, deadline));
     if (!ready) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("Receive: no message within ", DescribeTimeout(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "Receive: no message within ", DescribeTimeout(timeout)));
     }
     iovec iov{buffer.get(), kMaxMessageBytes + 1};
     msghdr msg{};
@@ -127,13 +145,17 @@ absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
     msg.msg_controllen = sizeof(control);
     ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;  // another reader won
-      if (errno == ECONNRESET) return absl::UnavailableError("Receive: the connection was reset");
-      return absl::InternalError(absl::StrCat("recvmsg: ", std::strerror(errno)));
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+        continue;  // another reader won
+      if (errno == ECONNRESET)
+        return absl::UnavailableError("Receive: the connection was reset");
+      return absl::InternalError(
+          absl::StrCat("recvmsg: ", std::strerror(errno)));
     }
     // Take ownership of every descriptor first, so that no path leaks one.
     std::vector<UniqueFd> fds;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
+         c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
       for (size_t i = 0; i < count; ++i) {
@@ -147,20 +169,26 @@ absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
       // former leaves the socket hung up.
       pollfd p{fd_.get(), POLLRDHUP, 0};
       if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP))) {
-        return absl::UnavailableError("Receive: the other end of the connection is closed");
+        return absl::UnavailableError(
+            "Receive: the other end of the connection is closed");
       }
       return absl::InvalidArgumentError("malformed message: empty");
     }
     if (msg.msg_flags & MSG_CTRUNC) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "Receive: a message's file descriptors could not all be accepted, most likely "
-          "because this process reached its descriptor limit (RLIMIT_NOFILE; the message is "
-          "lost). Raise the limit (ulimit -n) or call set_sharing_strategy(\"file_system\") "
-          "in every process"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("Receive: a message's file descriptors could not all be "
+                       "accepted, most likely "
+                       "because this process reached its descriptor limit "
+                       "(RLIMIT_NOFILE; the message is "
+                       "lost). Raise the limit (ulimit -n) or call "
+                       "set_sharing_strategy(\"file_system\") "
+                       "in every process"));
     }
-    if (msg.msg_flags & MSG_TRUNC || static_cast<size_t>(n) > kMaxMessageBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Receive: a message exceeded the limit of ", kMaxMessageBytes, " bytes"));
+    if (msg.msg_flags & MSG_TRUNC ||
+        static_cast<size_t>(n) > kMaxMessageBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Receive: a message exceeded the limit of ",
+                       kMaxMessageBytes, " bytes"));
     }
     return DecodeMessage(std::string_view(buffer.get(), n), std::move(fds));
   }
@@ -177,16 +205,19 @@ absl::StatusOr<std::pair<Connection, Connection>> Pipe(bool duplex) {
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
     if (errno == EMFILE || errno == ENFILE) {
       return absl::ResourceExhaustedError(
-          "Pipe: no descriptors left for a socket pair (RLIMIT_NOFILE); raise the limit "
+          "Pipe: no descriptors left for a socket pair (RLIMIT_NOFILE); raise "
+          "the limit "
           "(ulimit -n)");
     }
-    return absl::InternalError(absl::StrCat("socketpair: ", std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("socketpair: ", std::strerror(errno)));
   }
   if (!duplex) {
     ::shutdown(sv[0], SHUT_WR);
     ::shutdown(sv[1], SHUT_RD);
   }
-  return std::make_pair(Connection(UniqueFd(sv[0])), Connection(UniqueFd(sv[1])));
+  return std::make_pair(Connection(UniqueFd(sv[0])),
+                        Connection(UniqueFd(sv[1])));
 }
 
 }  // namespace ember::multiprocessing

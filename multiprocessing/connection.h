@@ -4,7 +4,8 @@
 //   absl::StatusOr<std::pair<Connection, Connection>> p = Pipe();
 //   // fork a child holding p->second ...
 //   EMBER_RETURN_IF_ERROR(p->first.Send(Value(weights)));          // parent
-//   EMBER_ASSIGN_OR_RETURN(Value v, p->second.Receive(absl::Seconds(5)));  // child
+//   EMBER_ASSIGN_OR_RETURN(Value v, p->second.Receive(absl::Seconds(5)));  //
+//   child
 //
 // A Connection is one end of a UNIX SOCK_SEQPACKET socket: each Send is one
 // message, delivered whole or not at all, with the descriptors of
@@ -52,12 +53,14 @@ class Connection {
   // share_memory_, InvalidArgument for a message over kMaxMessageBytes or
   // with too many file_descriptor storages, Unavailable when the peer is gone.
   // Nothing is sent when it fails.
-  absl::Status Send(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
+  absl::Status Send(const Value& value,
+                    absl::Duration timeout = absl::InfiniteDuration());
   // Waits up to `timeout` for a message (DeadlineExceeded). Errors:
   // Unavailable when the peer closed its end, InvalidArgument for a malformed
   // message (its descriptors are closed), ResourceExhausted when descriptors
   // could not be accepted (the limit is named).
-  absl::StatusOr<Value> Receive(absl::Duration timeout = absl::InfiniteDuration());
+  absl::StatusOr<Value> Receive(
+      absl::Duration timeout = absl::InfiniteDuration());
   // True when a message is ready within `timeout`.
   bool Poll(absl::Duration timeout = absl::ZeroDuration()) const;
 

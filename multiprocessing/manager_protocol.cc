@@ -26,14 +26,17 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline) {
   while (true) {
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError("shm manager: timed out waiting for the socket");
+      return absl::DeadlineExceededError(
+          "shm manager: timed out waiting for the socket");
     }
     pollfd p{fd, events, 0};
-    int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 60000));
+    int ms = static_cast<int>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 60000));
     int r = ::poll(&p, 1, ms);
     if (r > 0) return absl::OkStatus();
     if (r < 0 && errno != EINTR) {
-      return absl::InternalError(absl::StrCat("shm manager: poll: ", std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("shm manager: poll: ", std::strerror(errno)));
     }
   }
 }
@@ -53,14 +56,16 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
   Header h;
   std::memcpy(&h, buffer_.data(), sizeof(h));
   if (h.magic != kManagerMagic) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "shm manager protocol: bad magic 0x%08x (expected 0x%08x): not an Ember client",
-        h.magic, kManagerMagic));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shm manager protocol: bad magic 0x%08x (expected "
+                        "0x%08x): not an Ember client",
+                        h.magic, kManagerMagic));
   }
   if (h.version != kManagerProtocolVersion) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "shm manager protocol: version ", h.version, " is not supported (this build speaks ",
-        kManagerProtocolVersion, "); use client and shm_manager from the same build"));
+        "shm manager protocol: version ", h.version,
+        " is not supported (this build speaks ", kManagerProtocolVersion,
+        "); use client and shm_manager from the same build"));
   }
   if (h.type < static_cast<uint16_t>(FrameType::kHello) ||
       h.type > static_cast<uint16_t>(FrameType::kError)) {
@@ -68,12 +73,14 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
         absl::StrCat("shm manager protocol: unknown frame type ", h.type));
   }
   if (h.length > kMaxFramePayload) {
-    return absl::InvalidArgumentError(absl::StrCat("shm manager protocol: payload of ", h.length,
-                                                   " bytes exceeds the limit of ",
-                                                   kMaxFramePayload));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shm manager protocol: payload of ", h.length,
+                     " bytes exceeds the limit of ", kMaxFramePayload));
   }
-  if (buffer_.size() < kFrameHeaderBytes + h.length) return std::optional<Frame>();
-  Frame f{static_cast<FrameType>(h.type), buffer_.substr(kFrameHeaderBytes, h.length)};
+  if (buffer_.size() < kFrameHeaderBytes + h.length)
+    return std::optional<Frame>();
+  Frame f{static_cast<FrameType>(h.type),
+          buffer_.substr(kFrameHeaderBytes, h.length)};
   buffer_.erase(0, kFrameHeaderBytes + h.length);
   return std::optional<Frame>(std::move(f));
 }
@@ -81,15 +88,16 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
 bool IsValidRegionName(std::string_view name) {
   if (name.size() < 2 || name.size() > 251 || name[0] != '/') return false;
   return std::all_of(name.begin() + 1, name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '.' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
   });
 }
 
 absl::Status WriteAll(int fd, std::string_view bytes, absl::Time deadline) {
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done,
+                       MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       done += n;
       continue;
@@ -99,13 +107,14 @@ absl::Status WriteAll(int fd, std::string_view bytes, absl::Time deadline) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    return absl::UnavailableError(
-        absl::StrCat("shm manager: connection lost while writing: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat(
+        "shm manager: connection lost while writing: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Frame> ReadFrame(int fd, FrameReader& reader, absl::Time deadline) {
+absl::StatusOr<Frame> ReadFrame(int fd, FrameReader& reader,
+                                absl::Time deadline) {
   char buf[512];
   while (true) {
     absl::StatusOr<std::optional<Frame>> next = reader.Next();
@@ -116,14 +125,16 @@ absl::StatusOr<Frame> ReadFrame(int fd, FrameReader& reader, absl::Time deadline
       reader.Append(buf, n);
       continue;
     }
-    if (n == 0) return absl::UnavailableError("shm manager: connection closed by the daemon");
+    if (n == 0)
+      return absl::UnavailableError(
+          "shm manager: connection closed by the daemon");
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (absl::Status s = WaitFor(fd, POLLIN, deadline); !s.ok()) return s;
       continue;
     }
     if (errno == EINTR) continue;
-    return absl::UnavailableError(
-        absl::StrCat("shm manager: connection lost while reading: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat(
+        "shm manager: connection lost while reading: ", std::strerror(errno)));
   }
 }
 

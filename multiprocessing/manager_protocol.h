@@ -74,7 +74,8 @@ bool IsValidRegionName(std::string_view name);
 // Each fails with DeadlineExceeded once `deadline` passes, Unavailable when
 // the peer closed the connection.
 absl::Status WriteAll(int fd, std::string_view bytes, absl::Time deadline);
-absl::StatusOr<Frame> ReadFrame(int fd, FrameReader& reader, absl::Time deadline);
+absl::StatusOr<Frame> ReadFrame(int fd, FrameReader& reader,
+                                absl::Time deadline);
 
 }  // namespace ember::multiprocessing
 

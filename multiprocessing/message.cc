@@ -107,13 +107,15 @@ struct Encoder {
   }
 
   absl::Status EncodeTensor(const Tensor& t) {
-    if (!t.defined()) return absl::InvalidArgumentError("cannot send an undefined tensor");
+    if (!t.defined())
+      return absl::InvalidArgumentError("cannot send an undefined tensor");
     EMBER_RETURN_IF_ERROR(CheckTensorSendable(t));
     const Storage& storage = t.storage();
     auto [it, fresh] = storage_index.try_emplace(
         storage.id(), static_cast<uint32_t>(message->storages.size()));
     if (fresh) {
-      EMBER_ASSIGN_OR_RETURN(SharingHandler * h, GetSharingHandler(storage.device().type()));
+      EMBER_ASSIGN_OR_RETURN(SharingHandler * h,
+                             GetSharingHandler(storage.device().type()));
       EMBER_RETURN_IF_ERROR(h->Share(storage));
       EMBER_ASSIGN_OR_RETURN(ExportedStorage e, h->Export(storage));
       message->storages.push_back(std::move(e));
@@ -134,7 +136,8 @@ struct Decoder {
   std::vector<Storage> storages;
 
   absl::StatusOr<Value> Decode(int depth) {
-    if (depth > kMaxDepth) return Malformed(absl::StrCat("nesting deeper than ", kMaxDepth));
+    if (depth > kMaxDepth)
+      return Malformed(absl::StrCat("nesting deeper than ", kMaxDepth));
     uint8_t tag = 0;
     EMBER_RETURN_IF_ERROR(in.Get(tag));
     switch (tag) {
@@ -174,7 +177,8 @@ struct Decoder {
         return Value(std::move(list));
       }
       default:
-        return Malformed(absl::StrCat("unknown value tag ", tag, " at byte ", in.pos() - 1));
+        return Malformed(
+            absl::StrCat("unknown value tag ", tag, " at byte ", in.pos() - 1));
     }
   }
 
@@ -183,7 +187,8 @@ struct Decoder {
     uint8_t ndim = 0;
     EMBER_RETURN_IF_ERROR(in.Get(dtype));
     EMBER_RETURN_IF_ERROR(in.Get(ndim));
-    if (dtype < 0 || dtype >= kNumDtypes) return Malformed(absl::StrCat("dtype code ", dtype));
+    if (dtype < 0 || dtype >= kNumDtypes)
+      return Malformed(absl::StrCat("dtype code ", dtype));
     if (ndim > kMaxDims) return Malformed(absl::StrCat(ndim, " dimensions"));
     SizeVector sizes(ndim), strides(ndim);
     for (auto& s : sizes) EMBER_RETURN_IF_ERROR(in.Get(s));
@@ -193,19 +198,22 @@ struct Decoder {
     EMBER_RETURN_IF_ERROR(in.Get(offset));
     EMBER_RETURN_IF_ERROR(in.Get(index));
     if (index >= storages.size()) {
-      return Malformed(absl::StrCat("storage index ", index, " of ", storages.size()));
+      return Malformed(
+          absl::StrCat("storage index ", index, " of ", storages.size()));
     }
     const Storage& storage = storages[index];
     const Dtype dt = static_cast<Dtype>(dtype);
     // The furthest element must lie inside the storage (128-bit: no overflow).
-    const int64_t limit = static_cast<int64_t>(storage.nbytes() / ElementSize(dt));
+    const int64_t limit =
+        static_cast<int64_t>(storage.nbytes() / ElementSize(dt));
     bool empty = false;
     for (int64_t n : sizes) empty |= (n == 0);
     if (offset < 0) return Malformed(absl::StrCat("storage offset ", offset));
     __int128 last = offset;
     for (int d = 0; d < ndim; ++d) {
       if (sizes[d] < 0 || strides[d] < 0) {
-        return Malformed(absl::StrCat("size ", sizes[d], " / stride ", strides[d], " in dim ", d));
+        return Malformed(absl::StrCat("size ", sizes[d], " / stride ",
+                                      strides[d], " in dim ", d));
       }
       if (!empty) last += static_cast<__int128>(sizes[d] - 1) * strides[d];
     }
@@ -213,7 +221,8 @@ struct Decoder {
       return Malformed(absl::StrCat("a tensor reaches past the ", limit,
                                     " elements of its storage"));
     }
-    auto impl = std::make_shared<TensorImpl>(storage, dt, sizes, strides, offset);
+    auto impl =
+        std::make_shared<TensorImpl>(storage, dt, sizes, strides, offset);
     return Value(Tensor(std::move(impl)));
   }
 };
@@ -229,7 +238,8 @@ absl::Status CheckTensorSendable(const Tensor& t) {
   const bool is_leaf = true;
   if (requires_grad && !is_leaf) {
     return absl::InvalidArgumentError(
-        "cannot send a non-leaf tensor that requires grad between processes (its autograd "
+        "cannot send a non-leaf tensor that requires grad between processes "
+        "(its autograd "
         "graph cannot be shared); send tensor.detach() instead");
   }
   return absl::OkStatus();
@@ -261,7 +271,9 @@ absl::StatusOr<EncodedMessage> EncodeMessage(const Value& value) {
 
 void AbandonMessage(EncodedMessage& message) {
   for (ExportedStorage& e : message.storages) {
-    if (absl::StatusOr<SharingHandler*> h = GetSharingHandler(e.source.device().type()); h.ok()) {
+    if (absl::StatusOr<SharingHandler*> h =
+            GetSharingHandler(e.source.device().type());
+        h.ok()) {
       (*h)->Abandon(e);
     }
   }
@@ -269,17 +281,20 @@ void AbandonMessage(EncodedMessage& message) {
   message.fds.clear();
 }
 
-absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<UniqueFd> fds) {
+absl::StatusOr<Value> DecodeMessage(std::string_view bytes,
+                                    std::vector<UniqueFd> fds) {
   Decoder dec{Reader(bytes), {}};
   uint32_t magic = 0, count = 0;
   uint16_t version = 0, flags = 0;
   EMBER_RETURN_IF_ERROR(dec.in.Get(magic));
   if (magic != kMagic) {
-    return Malformed(absl::StrFormat("bad magic 0x%08x: not an Ember queue message", magic));
+    return Malformed(
+        absl::StrFormat("bad magic 0x%08x: not an Ember queue message", magic));
   }
   EMBER_RETURN_IF_ERROR(dec.in.Get(version));
   if (version != kVersion) {
-    return Malformed(absl::StrCat("version ", version, " (this build reads ", kVersion, ")"));
+    return Malformed(absl::StrCat("version ", version, " (this build reads ",
+                                  kVersion, ")"));
   }
   EMBER_RETURN_IF_ERROR(dec.in.Get(flags));
   EMBER_RETURN_IF_ERROR(dec.in.Get(count));
@@ -292,22 +307,27 @@ absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<UniqueFd
     EMBER_RETURN_IF_ERROR(dec.in.Get(r.nbytes));
     EMBER_RETURN_IF_ERROR(dec.in.GetBytes(r.handle));
     EMBER_RETURN_IF_ERROR(dec.in.Get(nfds));
-    if (device >= kNumDeviceTypes) return Malformed(absl::StrCat("device type ", device));
+    if (device >= kNumDeviceTypes)
+      return Malformed(absl::StrCat("device type ", device));
     if (nfds > fds.size() - next_fd) {
-      return Malformed(absl::StrCat("storage ", i, " wants ", nfds, " descriptors but only ",
+      return Malformed(absl::StrCat("storage ", i, " wants ", nfds,
+                                    " descriptors but only ",
                                     fds.size() - next_fd, " arrived"));
     }
-    for (uint8_t k = 0; k < nfds; ++k) r.fds.push_back(std::move(fds[next_fd++]));
+    for (uint8_t k = 0; k < nfds; ++k)
+      r.fds.push_back(std::move(fds[next_fd++]));
     EMBER_ASSIGN_OR_RETURN(SharingHandler * h,
                            GetSharingHandler(static_cast<DeviceType>(device)));
     EMBER_ASSIGN_OR_RETURN(Storage s, h->Import(std::move(r)));
     dec.storages.push_back(std::move(s));
   }
   if (next_fd != fds.size()) {
-    return Malformed(absl::StrCat(fds.size(), " descriptors arrived but ", next_fd, " were used"));
+    return Malformed(absl::StrCat(fds.size(), " descriptors arrived but ",
+                                  next_fd, " were used"));
   }
   EMBER_ASSIGN_OR_RETURN(Value v, dec.Decode(0));
-  if (!dec.in.done()) return Malformed(absl::StrCat("trailing bytes after byte ", dec.in.pos()));
+  if (!dec.in.done())
+    return Malformed(absl::StrCat("trailing bytes after byte ", dec.in.pos()));
   return v;
 }
 

@@ -48,7 +48,8 @@ absl::StatusOr<EncodedMessage> EncodeMessage(const Value& value);
 // Drops the references an encoded message took, for one never delivered.
 void AbandonMessage(EncodedMessage& message);
 // Rebuilds a value; `fds` are the descriptors that arrived with `bytes`.
-absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<UniqueFd> fds);
+absl::StatusOr<Value> DecodeMessage(std::string_view bytes,
+                                    std::vector<UniqueFd> fds);
 
 }  // namespace ember::multiprocessing
 

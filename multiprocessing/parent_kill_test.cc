@@ -3,8 +3,8 @@
 // period has passed, then exits. This test's own process never uses
 // file_system, so the manager it checks belongs to the killed tree alone.
 #include <signal.h>
-#include <unistd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -34,11 +34,12 @@ TEST(ParentKillTest, RegionsAreUnlinkedAfterTheGracePeriod) {
     EMBER_ASSIGN_OR_RETURN(Queue q, Queue::Create());
     std::vector<Process> children;
     for (int c = 0; c < 2; ++c) {
-      EMBER_ASSIGN_OR_RETURN(Process p, Process::Start([&]() -> absl::Status {
-                               EMBER_RETURN_IF_ERROR(q.Put(Value(zeros({4096}))));
-                               absl::SleepFor(absl::Seconds(60));
-                               return absl::OkStatus();
-                             }));
+      EMBER_ASSIGN_OR_RETURN(
+          Process p, Process::Start([&]() -> absl::Status {
+            EMBER_RETURN_IF_ERROR(q.Put(Value(zeros({4096}))));
+            absl::SleepFor(absl::Seconds(60));
+            return absl::OkStatus();
+          }));
       children.push_back(std::move(p));
     }
     std::vector<Value> got;
@@ -57,12 +58,12 @@ TEST(ParentKillTest, RegionsAreUnlinkedAfterTheGracePeriod) {
   EXPECT_GE(testing::ShmEntries(prefix).size(), 3u);
   parent->Kill();
   ASSERT_TRUE(parent->Join(absl::Seconds(10)).ok());
-  EXPECT_TRUE(
-      testing::WaitUntil([&] { return testing::ShmEntries(prefix).empty(); }, absl::Seconds(10)))
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return testing::ShmEntries(prefix).empty(); }, absl::Seconds(10)))
       << testing::ShmEntries(prefix).size() << " regions left";
   struct stat st;
-  EXPECT_TRUE(testing::WaitUntil([&] { return ::stat(socket_path.c_str(), &st) != 0; },
-                                 absl::Seconds(10)))
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return ::stat(socket_path.c_str(), &st) != 0; }, absl::Seconds(10)))
       << "the shm manager did not exit";
 }
 
@@ -93,11 +94,12 @@ TEST(ParentKillTest, TheManagerSurvivesSignalsToItsStartersGroup) {
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->signal, SIGINT);
   // Only a live manager removes the region and then its own socket.
-  EXPECT_TRUE(
-      testing::WaitUntil([&] { return testing::ShmEntries(prefix).empty(); }, absl::Seconds(10)));
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return testing::ShmEntries(prefix).empty(); }, absl::Seconds(10)));
   struct stat st;
-  EXPECT_TRUE(testing::WaitUntil([&] { return ::stat(socket_path.c_str(), &st) != 0; },
-                                 absl::Seconds(10)));
+  EXPECT_TRUE(
+      testing::WaitUntil([&] { return ::stat(socket_path.c_str(), &st) != 0; },
+                         absl::Seconds(10)));
 }
 
 }  // namespace

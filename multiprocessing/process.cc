@@ -102,34 +102,40 @@ void MaybeRunSpawnedChild() {
   if (name == nullptr) return;
   std::string entry = name;
   int rank = 0, error_fd = -1;
-  (void)absl::SimpleAtoi(std::getenv("EMBER_MP_RANK") ? std::getenv("EMBER_MP_RANK") : "0", &rank);
-  (void)absl::SimpleAtoi(std::getenv("EMBER_MP_ERROR_FD") ? std::getenv("EMBER_MP_ERROR_FD") : "",
-                         &error_fd);
+  (void)absl::SimpleAtoi(
+      std::getenv("EMBER_MP_RANK") ? std::getenv("EMBER_MP_RANK") : "0", &rank);
+  (void)absl::SimpleAtoi(
+      std::getenv("EMBER_MP_ERROR_FD") ? std::getenv("EMBER_MP_ERROR_FD") : "",
+      &error_fd);
   std::vector<std::string> args;
-  if (const char* a = std::getenv("EMBER_MP_ARGS"); a != nullptr && *a != '\0') {
+  if (const char* a = std::getenv("EMBER_MP_ARGS");
+      a != nullptr && *a != '\0') {
     args = absl::StrSplit(a, kArgSeparator);
   }
-  for (const char* var : {"EMBER_MP_ENTRY_POINT", "EMBER_MP_RANK", "EMBER_MP_ERROR_FD",
-                          "EMBER_MP_ARGS"}) {
+  for (const char* var : {"EMBER_MP_ENTRY_POINT", "EMBER_MP_RANK",
+                          "EMBER_MP_ERROR_FD", "EMBER_MP_ARGS"}) {
     ::unsetenv(var);  // not for this child's own children
   }
   if (error_fd >= 0) ::fcntl(error_fd, F_SETFD, FD_CLOEXEC);
   EntryPoint fn = nullptr;
   {
     std::lock_guard lock(EntryPointsMu());
-    if (auto it = EntryPoints().find(entry); it != EntryPoints().end()) fn = it->second;
+    if (auto it = EntryPoints().find(entry); it != EntryPoints().end())
+      fn = it->second;
   }
   absl::Status status =
-      fn == nullptr ? absl::NotFoundError(absl::StrCat("entry point '", entry,
-                                                       "' is not registered in this binary"))
-                    : RunGuarded([&] { return fn(rank, args); });
+      fn == nullptr
+          ? absl::NotFoundError(absl::StrCat(
+                "entry point '", entry, "' is not registered in this binary"))
+          : RunGuarded([&] { return fn(rank, args); });
   FinishChild(status, error_fd);
 }
 
 absl::StatusOr<Process> Process::Start(std::function<absl::Status()> fn) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
-    return absl::UnavailableError(absl::StrCat("Process: pipe: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("Process: pipe: ", std::strerror(errno)));
   }
   UniqueFd read_end(p[0]), write_end(p[1]);
   std::fflush(stdout);
@@ -137,7 +143,8 @@ absl::StatusOr<Process> Process::Start(std::function<absl::Status()> fn) {
   const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
-    return absl::UnavailableError(absl::StrCat("Process: fork: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("Process: fork: ", std::strerror(errno)));
   }
   if (pid == 0) {
     TieToParent(parent);
@@ -153,33 +160,39 @@ absl::StatusOr<Process> Process::Start(std::function<absl::Status()> fn) {
   return proc;
 }
 
-absl::StatusOr<Process> Process::StartSpawn(const std::string& entry_point, int rank,
-                                             std::vector<std::string> args) {
+absl::StatusOr<Process> Process::StartSpawn(const std::string& entry_point,
+                                            int rank,
+                                            std::vector<std::string> args) {
   {
     std::lock_guard lock(EntryPointsMu());
     if (!EntryPoints().contains(entry_point)) {
-      return absl::NotFoundError(absl::StrCat(
-          "StartSpawn: no entry point '", entry_point,
-          "' is registered in this binary; register it with EMBER_REGISTER_ENTRY_POINT"));
+      return absl::NotFoundError(
+          absl::StrCat("StartSpawn: no entry point '", entry_point,
+                       "' is registered in this binary; register it with "
+                       "EMBER_REGISTER_ENTRY_POINT"));
     }
   }
   std::string exe = SelfExe();
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
-    return absl::UnavailableError(absl::StrCat("Process: pipe: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("Process: pipe: ", std::strerror(errno)));
   }
   UniqueFd read_end(p[0]), write_end(p[1]);
   // Everything the child needs is built before fork (only exec follows).
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view kv = *e;
-    if (kv.starts_with("EMBER_MP_") || kv.starts_with("EMBER_SHM_MANAGER_SOCKET=")) continue;
+    if (kv.starts_with("EMBER_MP_") ||
+        kv.starts_with("EMBER_SHM_MANAGER_SOCKET="))
+      continue;
     env.emplace_back(kv);
   }
   env.push_back("EMBER_MP_ENTRY_POINT=" + entry_point);
   env.push_back(absl::StrCat("EMBER_MP_RANK=", rank));
   env.push_back(absl::StrCat("EMBER_MP_ERROR_FD=", write_end.get()));
-  env.push_back("EMBER_MP_ARGS=" + absl::StrJoin(args, std::string(1, kArgSeparator)));
+  env.push_back("EMBER_MP_ARGS=" +
+                absl::StrJoin(args, std::string(1, kArgSeparator)));
   if (std::string socket = ManagerSocketPath(); !socket.empty()) {
     env.push_back("EMBER_SHM_MANAGER_SOCKET=" + socket);
   }
@@ -193,7 +206,8 @@ absl::StatusOr<Process> Process::StartSpawn(const std::string& entry_point, int 
   const int error_fd = write_end.get();
   pid_t pid = ::fork();
   if (pid < 0) {
-    return absl::UnavailableError(absl::StrCat("Process: fork: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("Process: fork: ", std::strerror(errno)));
   }
   if (pid == 0) {
     TieToParent(parent);
@@ -253,8 +267,9 @@ void Process::Reap(int wait_status) {
 absl::StatusOr<ExitStatus> Process::Join(absl::Duration timeout) {
   if (exit_) return *exit_;
   if (pid_ <= 0) return absl::FailedPreconditionError("Join: no process");
-  const absl::Time deadline =
-      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  const absl::Time deadline = timeout == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + timeout;
   absl::Duration nap = absl::Microseconds(20);
   while (true) {
     int ws = 0;
@@ -264,13 +279,16 @@ absl::StatusOr<ExitStatus> Process::Join(absl::Duration timeout) {
       return *exit_;
     }
     if (r < 0 && errno != EINTR) {
-      return absl::InternalError(absl::StrCat("waitpid(", pid_, "): ", std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("waitpid(", pid_, "): ", std::strerror(errno)));
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "Join: process ", pid_, " still running after ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("Join: process ", pid_, " still running after ",
+                       absl::FormatDuration(timeout)));
     }
-    absl::SleepFor(std::min(nap, std::max(deadline - absl::Now(), absl::ZeroDuration())));
+    absl::SleepFor(
+        std::min(nap, std::max(deadline - absl::Now(), absl::ZeroDuration())));
     nap = std::min(nap * 2, absl::Milliseconds(5));
   }
 }
@@ -291,18 +309,21 @@ void Process::Kill() {
 absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
                    const SpawnOptions& options) {
   if (nprocs < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("Spawn: nprocs must be >= 1, got ", nprocs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Spawn: nprocs must be >= 1, got ", nprocs));
   }
   if (options.start_method == StartMethod::kFork && !fn) {
     return absl::InvalidArgumentError(
-        "Spawn: no function to run (kFork needs one; kSpawn takes options.entry_point)");
+        "Spawn: no function to run (kFork needs one; kSpawn takes "
+        "options.entry_point)");
   }
   std::vector<Process> procs;
   auto stop_all = [&] {
     for (Process& p : procs) p.Terminate();
     absl::Time deadline = absl::Now() + options.terminate_grace;
     for (Process& p : procs) {
-      if (!p.Join(std::max(deadline - absl::Now(), absl::ZeroDuration())).ok()) {
+      if (!p.Join(std::max(deadline - absl::Now(), absl::ZeroDuration()))
+               .ok()) {
         p.Kill();
         (void)p.Join();
       }
@@ -336,9 +357,9 @@ absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
       if (!e->ok()) {
         std::string message = procs[rank].error_message();
         stop_all();
-        return absl::InternalError(absl::StrCat("process ", rank, " terminated with ",
-                                                e->ToString(),
-                                                message.empty() ? "" : ": " + message));
+        return absl::InternalError(
+            absl::StrCat("process ", rank, " terminated with ", e->ToString(),
+                         message.empty() ? "" : ": " + message));
       }
     }
     if (all_done) return absl::OkStatus();
@@ -349,8 +370,9 @@ absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
       }
       stop_all();
       return absl::DeadlineExceededError(absl::StrCat(
-          "Spawn: process(es) ", absl::StrJoin(running, ", "), " still running after ",
-          absl::FormatDuration(options.timeout), "; all were terminated"));
+          "Spawn: process(es) ", absl::StrJoin(running, ", "),
+          " still running after ", absl::FormatDuration(options.timeout),
+          "; all were terminated"));
     }
     absl::SleepFor(nap);
     nap = std::min(nap * 2, absl::Milliseconds(5));

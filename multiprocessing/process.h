@@ -54,13 +54,14 @@ struct ExitStatus {
 };
 
 // What a kSpawn child runs: its rank and the arguments it was given.
-using EntryPoint = absl::Status (*)(int rank, absl::Span<const std::string> args);
+using EntryPoint = absl::Status (*)(int rank,
+                                    absl::Span<const std::string> args);
 // Registers `fn` under `name` (at start-up, e.g. via the macro below).
 void RegisterEntryPoint(const std::string& name, EntryPoint fn);
-#define EMBER_REGISTER_ENTRY_POINT(name, fn)                                     \
-  static const bool ember_entry_point_##fn = [] {                               \
-    ::ember::multiprocessing::RegisterEntryPoint(name, fn);                      \
-    return true;                                                                \
+#define EMBER_REGISTER_ENTRY_POINT(name, fn)                \
+  static const bool ember_entry_point_##fn = [] {           \
+    ::ember::multiprocessing::RegisterEntryPoint(name, fn); \
+    return true;                                            \
   }()
 // Call first in main(): in a process started with kSpawn, runs its entry
 // point and exits (never returns); otherwise returns at once.
@@ -72,7 +73,8 @@ class Process {
   static absl::StatusOr<Process> Start(std::function<absl::Status()> fn);
   // Re-executes this binary running entry point `entry_point` with `rank`
   // and `args` (kSpawn). NotFound when `entry_point` is not registered here.
-  static absl::StatusOr<Process> StartSpawn(const std::string& entry_point, int rank,
+  static absl::StatusOr<Process> StartSpawn(const std::string& entry_point,
+                                            int rank,
                                             std::vector<std::string> args = {});
 
   Process(Process&& other) noexcept;
@@ -83,7 +85,8 @@ class Process {
   pid_t pid() const { return pid_; }
   // Waits up to `timeout` for the child to end (DeadlineExceeded while it
   // runs). Returns the same status on every later call.
-  absl::StatusOr<ExitStatus> Join(absl::Duration timeout = absl::InfiniteDuration());
+  absl::StatusOr<ExitStatus> Join(
+      absl::Duration timeout = absl::InfiniteDuration());
   bool is_alive();
   // The failure message the child reported ("" when none), once joined.
   const std::string& error_message() const { return error_message_; }

@@ -3,7 +3,8 @@
 //
 //   absl::StatusOr<Queue> q = Queue::Create();
 //   // ... Process::Start a child that calls q->Get(absl::Seconds(10)) ...
-//   EMBER_RETURN_IF_ERROR(q->Put(Value(weights)));   // weights now in shared memory
+//   EMBER_RETURN_IF_ERROR(q->Put(Value(weights)));   // weights now in shared
+//   memory
 //
 // A queue is a SOCK_SEQPACKET socket pair created before fork(): every put is
 // one message, so any number of processes may put and get at once without
@@ -39,7 +40,8 @@ class SimpleQueue {
 
   // Blocks while the socket buffer is full, up to `timeout`. Errors: see
   // Connection::Send.
-  absl::Status Put(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
+  absl::Status Put(const Value& value,
+                   absl::Duration timeout = absl::InfiniteDuration());
   // Blocks up to `timeout` for a message (DeadlineExceeded). Errors: see
   // Connection::Receive.
   absl::StatusOr<Value> Get(absl::Duration timeout = absl::InfiniteDuration());
@@ -66,7 +68,8 @@ class Queue {
   // Waits up to `timeout` for room when the queue holds `maxsize` messages
   // (DeadlineExceeded, naming maxsize), then sends. Errors: see
   // Connection::Send.
-  absl::Status Put(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
+  absl::Status Put(const Value& value,
+                   absl::Duration timeout = absl::InfiniteDuration());
   absl::StatusOr<Value> Get(absl::Duration timeout = absl::InfiniteDuration());
   // Messages put and not yet got, across all processes (a snapshot).
   int64_t qsize() const;

@@ -28,8 +28,9 @@ TEST(QueueTest, ManyProducersOneConsumerKeepsPerProducerOrder) {
   for (int p = 0; p < kProducers; ++p) {
     absl::StatusOr<Process> proc = Process::Start([&, p]() -> absl::Status {
       for (int i = 0; i < kEach; ++i) {
-        EMBER_RETURN_IF_ERROR(q->Put(Value(Value::List{p, i, full({3}, p * 1000 + i, kInt32)}),
-                                     absl::Seconds(20)));
+        EMBER_RETURN_IF_ERROR(
+            q->Put(Value(Value::List{p, i, full({3}, p * 1000 + i, kInt32)}),
+                   absl::Seconds(20)));
       }
       return absl::OkStatus();
     });
@@ -40,7 +41,8 @@ TEST(QueueTest, ManyProducersOneConsumerKeepsPerProducerOrder) {
   for (int n = 0; n < kProducers * kEach; ++n) {
     absl::StatusOr<Value> v = q->Get(absl::Seconds(20));
     ASSERT_TRUE(v.ok()) << v.status();
-    int64_t p = *v->list()[0].get_if<int64_t>(), i = *v->list()[1].get_if<int64_t>();
+    int64_t p = *v->list()[0].get_if<int64_t>(),
+            i = *v->list()[1].get_if<int64_t>();
     EXPECT_EQ(i, next[p]++);
     Tensor t = *v->list()[2].get_if<Tensor>();
     EXPECT_EQ(t[2].item<int64_t>(), p * 1000 + i);
@@ -112,7 +114,8 @@ TEST(QueueTest, LeafTensorsThatRequireGradMaySend) {
   ASSERT_TRUE(q->Put(Value(param)).ok());
   absl::StatusOr<Value> v = q->Get(absl::Seconds(5));
   ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ(v->get_if<Tensor>()->raw_data(), param.raw_data());  // same process: same mapping
+  EXPECT_EQ(v->get_if<Tensor>()->raw_data(),
+            param.raw_data());  // same process: same mapping
 }
 
 // --- Bad input on queue sockets: an error, never a crash or a leak -----------
@@ -143,14 +146,18 @@ TEST_F(QueueBadInputTest, GarbageIsRejected) {
 }
 
 TEST_F(QueueBadInputTest, EveryTruncationIsRejected) {
-  Value value(Value::List{Value(1), Value("two"), Value(3.0), Value(arange(4))});
+  Value value(
+      Value::List{Value(1), Value("two"), Value(3.0), Value(arange(4))});
   absl::StatusOr<EncodedMessage> m = EncodeMessage(value);
   ASSERT_TRUE(m.ok());
   for (size_t cut = 0; cut < m->bytes.size(); ++cut) {
     // Only the full message carries the descriptors it describes.
-    ASSERT_TRUE(q_.put_end().SendBytes(std::string_view(m->bytes).substr(0, cut), {}).ok());
+    ASSERT_TRUE(q_.put_end()
+                    .SendBytes(std::string_view(m->bytes).substr(0, cut), {})
+                    .ok());
     absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
-    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << "cut at " << cut;
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument)
+        << "cut at " << cut;
   }
   AbandonMessage(*m);
   ExpectStillWorks();
@@ -187,7 +194,8 @@ TEST_F(QueueBadInputTest, AForeignDescriptorInPlaceOfASegmentIsRejected) {
   ::close(devnull);
   absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(v.status().message(), HasSubstr("not an Ember shared-memory segment"));
+  EXPECT_THAT(v.status().message(),
+              HasSubstr("not an Ember shared-memory segment"));
   AbandonMessage(*m);
   ExpectStillWorks();
 }

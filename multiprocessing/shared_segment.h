@@ -50,15 +50,16 @@ class SharedSegment {
   // Errors: ResourceExhausted when the descriptor limit or /dev/shm is
   // exhausted (the message names the limit or the size), Unavailable when the
   // shm manager cannot be reached (file_system).
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> Acquire(SharingStrategy strategy,
-                                                                size_t nbytes);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Acquire(
+      SharingStrategy strategy, size_t nbytes);
   // Maps a region received as a descriptor or by name, adopting the one
   // reference its message carried. A region this process already maps is
   // mapped once: the existing segment is returned (Note [Dedup]).
   // Errors: InvalidArgument for a descriptor or region that is not an Ember
   // segment, NotFound for a name that no longer exists.
   static absl::StatusOr<std::shared_ptr<SharedSegment>> ImportFd(UniqueFd fd);
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> ImportName(const std::string& name);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> ImportName(
+      const std::string& name);
 
   SharedSegment(const SharedSegment&) = delete;
   SharedSegment& operator=(const SharedSegment&) = delete;
@@ -93,19 +94,20 @@ class SharedSegment {
 
  private:
   struct Header;
-  SharedSegment(SharingStrategy strategy, void* base, size_t capacity, UniqueFd fd,
-                std::string name, std::string key, bool created_here);
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> Create(SharingStrategy strategy,
-                                                               size_t capacity);
+  SharedSegment(SharingStrategy strategy, void* base, size_t capacity,
+                UniqueFd fd, std::string name, std::string key,
+                bool created_here);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Create(
+      SharingStrategy strategy, size_t capacity);
   // Maps a received region of `size` bytes (or reuses a kept mapping).
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> Map(SharingStrategy strategy, UniqueFd fd,
-                                                            std::string name, std::string key,
-                                                            off_t size);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Map(
+      SharingStrategy strategy, UniqueFd fd, std::string name, std::string key,
+      off_t size);
   // Wraps a mapping of a received region, checking its header, and records
   // it in the process-wide tables.
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> Adopt(SharingStrategy strategy, void* base,
-                                                              size_t mapped, UniqueFd fd,
-                                                              std::string name, std::string key);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Adopt(
+      SharingStrategy strategy, void* base, size_t mapped, UniqueFd fd,
+      std::string name, std::string key);
   Header* header() const;
   // Drops this mapping's reference (once); true when that was the last
   // reference to a named region, which the caller then unlinks.
@@ -117,8 +119,8 @@ class SharedSegment {
   size_t capacity_;
   UniqueFd fd_;
   std::string name_;
-  std::string key_;     // dedup key: "fd:<dev>:<ino>" or "name:<name>"
-  pid_t creator_pid_;   // 0 when received
+  std::string key_;    // dedup key: "fd:<dev>:<ino>" or "name:<name>"
+  pid_t creator_pid_;  // 0 when received
   bool released_ = false;
 };
 

@@ -5,8 +5,8 @@
 //   namespace mp = ember::multiprocessing;
 //   EMBER_RETURN_IF_ERROR(mp::set_sharing_strategy("file_system"));
 //   ember::Tensor w = ember::zeros({1024});
-//   EMBER_RETURN_IF_ERROR(mp::share_memory_(w));   // moved in place; views follow
-//   assert(mp::is_shared(w));
+//   EMBER_RETURN_IF_ERROR(mp::share_memory_(w));   // moved in place; views
+//   follow assert(mp::is_shared(w));
 //
 // Strategies, as torch.multiprocessing documents them:
 //   "file_descriptor" (default): each shared storage is an anonymous memfd,

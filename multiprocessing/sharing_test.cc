@@ -19,12 +19,12 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // Inside a child: fail with the location and condition.
-#define CHILD_CHECK(cond)                                                                 \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      return absl::InternalError(absl::StrCat(__FILE__, ":", __LINE__, ": check failed: " \
-                                              #cond));                                    \
-    }                                                                                     \
+#define CHILD_CHECK(cond)                                                   \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      return absl::InternalError(                                           \
+          absl::StrCat(__FILE__, ":", __LINE__, ": check failed: " #cond)); \
+    }                                                                       \
   } while (0)
 
 std::vector<double> Values(const Tensor& t) {
@@ -40,7 +40,8 @@ Tensor Sample(Dtype dtype) {
 }
 
 TEST(SharingStrategyTest, ListsAndSetsStrategies) {
-  EXPECT_THAT(get_all_sharing_strategies(), ElementsAre("file_descriptor", "file_system"));
+  EXPECT_THAT(get_all_sharing_strategies(),
+              ElementsAre("file_descriptor", "file_system"));
   ASSERT_TRUE(set_sharing_strategy("file_system").ok());
   EXPECT_EQ(get_sharing_strategy(), "file_system");
   ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok());
@@ -65,9 +66,12 @@ class SharingTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     ASSERT_TRUE(set_sharing_strategy(GetParam()).ok());
-    ASSERT_TRUE(set_shared_memory_prefix(testing::UniquePrefix("sharing")).ok());
+    ASSERT_TRUE(
+        set_shared_memory_prefix(testing::UniquePrefix("sharing")).ok());
   }
-  void TearDown() override { ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok()); }
+  void TearDown() override {
+    ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok());
+  }
 };
 
 TEST_P(SharingTest, ShareMemoryMovesInPlaceAndViewsFollow) {
@@ -84,7 +88,8 @@ TEST_P(SharingTest, ShareMemoryMovesInPlaceAndViewsFollow) {
   EXPECT_EQ(Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
 }
 
-TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays) {
+TEST_P(SharingTest,
+       EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays) {
   std::vector<Tensor> sent;
   Value::List message;
   for (Dtype d : kAllDtypes) {
@@ -95,7 +100,8 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
   Tensor strided = base.t().slice(1, 1, 4);  // non-contiguous view, offset 1
   message.push_back(strided);
   message.push_back(empty({0, 3}));
-  message.push_back(Value::List{Value(7), Value("label"), Value(2.5), Value(true), Value()});
+  message.push_back(
+      Value::List{Value(7), Value("label"), Value(2.5), Value(true), Value()});
   auto pipe = Pipe();
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
@@ -114,7 +120,9 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
     CHILD_CHECK(s.sizes() == IntArrayRef({6, 3}));
     CHILD_CHECK(s.strides() == IntArrayRef({1, 6}));
     CHILD_CHECK(s.storage_offset() == 6);
-    CHILD_CHECK(Values(s) == Values(arange(24).view({4, 6}).t().slice(1, 1, 4).to(kFloat64)));
+    CHILD_CHECK(
+        Values(s) ==
+        Values(arange(24).view({4, 6}).t().slice(1, 1, 4).to(kFloat64)));
     s.fill_(-5);
     EMBER_ASSIGN_OR_RETURN(Tensor e, got[kNumDtypes + 1].as<Tensor>());
     CHILD_CHECK(e.numel() == 0 && e.sizes() == IntArrayRef({0, 3}));
@@ -135,14 +143,16 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
   ASSERT_TRUE(child.ok()) << child.status();
   ASSERT_TRUE(pipe->first.Send(Value(message), absl::Seconds(20)).ok());
   absl::StatusOr<Value> ack = pipe->first.Receive(absl::Seconds(20));
-  ASSERT_TRUE(ack.ok()) << ack.status() << " / " << child->Join(absl::Seconds(5)).status()
+  ASSERT_TRUE(ack.ok()) << ack.status() << " / "
+                        << child->Join(absl::Seconds(5)).status()
                         << child->error_message();
   for (const Tensor& t : sent) {
     EXPECT_TRUE(is_shared(t));  // moved in place when sent
     EXPECT_EQ(Values(t), std::vector<double>(6, 1)) << t.dtype();
   }
   EXPECT_EQ(Values(strided), std::vector<double>(18, -5));
-  EXPECT_EQ(Values(base.select(0, 0)), (std::vector<double>{0, 1, 2, 3, 4, 5}));  // untouched
+  EXPECT_EQ(Values(base.select(0, 0)),
+            (std::vector<double>{0, 1, 2, 3, 4, 5}));  // untouched
   sent[0].fill_(42);
   ASSERT_TRUE(pipe->first.Send(Value("go")).ok());
   absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
@@ -161,13 +171,15 @@ TEST_P(SharingTest, AStorageSentTwiceIsMappedOnce) {
     EMBER_ASSIGN_OR_RETURN(Tensor tb, b.list()[0].as<Tensor>());
     EMBER_ASSIGN_OR_RETURN(Tensor tc, b.list()[1].as<Tensor>());
     CHILD_CHECK(ta.storage().data() == tb.storage().data());
-    CHILD_CHECK(tb.storage().is_alias_of(tc.storage()));  // one storage per message entry
+    CHILD_CHECK(tb.storage().is_alias_of(
+        tc.storage()));  // one storage per message entry
     CHILD_CHECK(tc.storage_offset() == 128);
     return absl::OkStatus();
   });
   ASSERT_TRUE(child.ok());
   ASSERT_TRUE(pipe->first.Send(Value(t)).ok());
-  ASSERT_TRUE(pipe->first.Send(Value(Value::List{t, t.narrow(0, 128, 128)})).ok());
+  ASSERT_TRUE(
+      pipe->first.Send(Value(Value::List{t, t.narrow(0, 128, 128)})).ok());
   absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
   ASSERT_TRUE(exit.ok());
   EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
@@ -196,7 +208,8 @@ TEST_P(SharingTest, ReusedRegionsCarryFreshValues) {
   ASSERT_TRUE(child.ok());
   for (int i = 0; i < kMessages; ++i) {
     ASSERT_TRUE(pipe->first.Send(Value(full({1024}, i, kFloat32))).ok());
-    ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok()) << child->error_message();
+    ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok())
+        << child->error_message();
   }
   absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
   ASSERT_TRUE(exit.ok());

@@ -3,7 +3,8 @@
 // condition with a deadline.
 //
 //   std::string prefix = UniquePrefix("leak");
-//   ASSERT_TRUE(WaitUntil([&] { return ShmEntries(prefix).empty(); }, absl::Seconds(5)));
+//   ASSERT_TRUE(WaitUntil([&] { return ShmEntries(prefix).empty(); },
+//   absl::Seconds(5)));
 #ifndef EMBER_MULTIPROCESSING_TESTING_H_
 #define EMBER_MULTIPROCESSING_TESTING_H_
 
@@ -24,12 +25,14 @@ namespace ember::multiprocessing::testing {
 
 // Entries of `dir` (e.g. "/proc/self/fd", "/dev/shm") whose names start with
 // `prefix`.
-inline std::vector<std::string> DirEntries(const std::string& dir, const std::string& prefix = "") {
+inline std::vector<std::string> DirEntries(const std::string& dir,
+                                           const std::string& prefix = "") {
   std::vector<std::string> out;
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
       std::string name = e->d_name;
-      if (name != "." && name != ".." && name.starts_with(prefix)) out.push_back(name);
+      if (name != "." && name != ".." && name.starts_with(prefix))
+        out.push_back(name);
     }
     ::closedir(d);
   }
@@ -37,7 +40,9 @@ inline std::vector<std::string> DirEntries(const std::string& dir, const std::st
 }
 
 // Open descriptors of this process (minus the one used to count them).
-inline int OpenFdCount() { return static_cast<int>(DirEntries("/proc/self/fd").size()) - 1; }
+inline int OpenFdCount() {
+  return static_cast<int>(DirEntries("/proc/self/fd").size()) - 1;
+}
 
 // /dev/shm entries of regions named with `prefix` (given with its "/").
 inline std::vector<std::string> ShmEntries(const std::string& prefix) {
@@ -53,11 +58,13 @@ inline std::string UniquePrefix(const std::string& tag) {
     (void)!::getrandom(&r, sizeof(r), 0);
     return r;
   }();
-  return absl::StrCat("/embertest_", tag, "_", ::getpid(), "_", absl::Hex(random));
+  return absl::StrCat("/embertest_", tag, "_", ::getpid(), "_",
+                      absl::Hex(random));
 }
 
 // Polls `cond` until it holds (true) or `timeout` passes (false).
-inline bool WaitUntil(const std::function<bool()>& cond, absl::Duration timeout) {
+inline bool WaitUntil(const std::function<bool()>& cond,
+                      absl::Duration timeout) {
   absl::Time deadline = absl::Now() + timeout;
   while (!cond()) {
     if (absl::Now() > deadline) return false;

@@ -26,17 +26,18 @@ namespace ember::multiprocessing {
 class Value {
  public:
   using List = std::vector<Value>;
-  using Variant = std::variant<std::monostate, bool, int64_t, double, std::string, Tensor, List>;
+  using Variant = std::variant<std::monostate, bool, int64_t, double,
+                               std::string, Tensor, List>;
 
-  Value() = default;  // None
-  Value(bool v) : v_(v) {}                             // NOLINT: implicit by design
-  Value(int v) : v_(static_cast<int64_t>(v)) {}        // NOLINT
-  Value(int64_t v) : v_(v) {}                          // NOLINT
-  Value(double v) : v_(v) {}                           // NOLINT
-  Value(const char* v) : v_(std::string(v)) {}         // NOLINT
-  Value(std::string v) : v_(std::move(v)) {}           // NOLINT
-  Value(Tensor v) : v_(std::move(v)) {}                // NOLINT
-  Value(List v) : v_(std::move(v)) {}                  // NOLINT
+  Value() = default;                             // None
+  Value(bool v) : v_(v) {}                       // NOLINT: implicit by design
+  Value(int v) : v_(static_cast<int64_t>(v)) {}  // NOLINT
+  Value(int64_t v) : v_(v) {}                    // NOLINT
+  Value(double v) : v_(v) {}                     // NOLINT
+  Value(const char* v) : v_(std::string(v)) {}   // NOLINT
+  Value(std::string v) : v_(std::move(v)) {}     // NOLINT
+  Value(Tensor v) : v_(std::move(v)) {}          // NOLINT
+  Value(List v) : v_(std::move(v)) {}            // NOLINT
 
   bool is_none() const { return std::holds_alternative<std::monostate>(v_); }
   template <typename T>
@@ -52,8 +53,9 @@ class Value {
   template <typename T>
   absl::StatusOr<T> as() const {
     if (const T* p = std::get_if<T>(&v_)) return *p;
-    return absl::InvalidArgumentError(absl::StrCat("expected a ", KindName(Variant(T{}).index()),
-                                                   " value, got ", KindName(v_.index())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a ", KindName(Variant(T{}).index()),
+                     " value, got ", KindName(v_.index())));
   }
   // The elements of a list (empty for anything else).
   const List& list() const {
@@ -68,7 +70,7 @@ class Value {
  private:
   static const char* KindName(size_t index) {
     constexpr const char* kNames[] = {"none",   "bool",   "int", "double",
-                                           "string", "tensor", "list"};
+                                      "string", "tensor", "list"};
     return kNames[index];
   }
   Variant v_;

@@ -23,10 +23,11 @@
 namespace {
 
 int Usage(std::string_view bad) {
-  std::fprintf(stderr,
-               "shm_manager: bad argument '%.*s'\n"
-               "usage: shm_manager --socket=PATH [--grace_ms=N] [--ready_fd=FD]\n",
-               static_cast<int>(bad.size()), bad.data());
+  std::fprintf(
+      stderr,
+      "shm_manager: bad argument '%.*s'\n"
+      "usage: shm_manager --socket=PATH [--grace_ms=N] [--ready_fd=FD]\n",
+      static_cast<int>(bad.size()), bad.data());
   return 2;
 }
 
@@ -39,9 +40,11 @@ int main(int argc, char** argv) {
     int64_t n = 0;
     if (arg.starts_with("--socket=")) {
       options.socket_path = std::string(arg.substr(9));
-    } else if (arg.starts_with("--grace_ms=") && absl::SimpleAtoi(std::string(arg.substr(11)), &n) && n >= 0) {
+    } else if (arg.starts_with("--grace_ms=") &&
+               absl::SimpleAtoi(std::string(arg.substr(11)), &n) && n >= 0) {
       options.grace = absl::Milliseconds(n);
-    } else if (arg.starts_with("--ready_fd=") && absl::SimpleAtoi(std::string(arg.substr(11)), &n) && n >= 0) {
+    } else if (arg.starts_with("--ready_fd=") &&
+               absl::SimpleAtoi(std::string(arg.substr(11)), &n) && n >= 0) {
       options.ready_fd = static_cast<int>(n);
     } else {
       return Usage(arg);
@@ -53,7 +56,8 @@ int main(int argc, char** argv) {
   // the ready pipe from the daemon proper.
   if (pid_t pid = ::fork(); pid != 0) return pid < 0 ? 1 : 0;
   ::setsid();
-  for (int sig : {SIGINT, SIGQUIT, SIGHUP, SIGTSTP, SIGTTIN, SIGTTOU, SIGPIPE}) {
+  for (int sig :
+       {SIGINT, SIGQUIT, SIGHUP, SIGTSTP, SIGTTIN, SIGTTOU, SIGPIPE}) {
     ::signal(sig, SIG_IGN);
   }
   (void)!::chdir("/");
@@ -63,8 +67,8 @@ int main(int argc, char** argv) {
     int self = ::dirfd(d);
     while (dirent* e = ::readdir(d)) {
       int fd = 0;
-      if (absl::SimpleAtoi(e->d_name, &fd) && fd > STDERR_FILENO && fd != self &&
-          fd != options.ready_fd) {
+      if (absl::SimpleAtoi(e->d_name, &fd) && fd > STDERR_FILENO &&
+          fd != self && fd != options.ready_fd) {
         ::close(fd);
       }
     }
@@ -79,7 +83,8 @@ int main(int argc, char** argv) {
 
   absl::Status status = ember::shm_manager::RunServer(options);
   if (!status.ok()) {
-    std::fprintf(stderr, "shm_manager: %s\n", std::string(status.message()).c_str());
+    std::fprintf(stderr, "shm_manager: %s\n",
+                 std::string(status.message()).c_str());
     return 1;
   }
   return 0;

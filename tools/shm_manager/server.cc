@@ -31,7 +31,7 @@ using multiprocessing::UniqueFd;
 
 struct Client {
   UniqueFd fd;
-  int pid = 0;          // from kHello; 0 until then
+  int pid = 0;           // from kHello; 0 until then
   bool goodbye = false;  // exited normally
   bool closing = false;  // flush `outbox`, then drop
   FrameReader reader;
@@ -58,31 +58,36 @@ class Server {
   ServerOptions options_;
   UniqueFd listener_;
   std::vector<std::unique_ptr<Client>> clients_;
-  std::map<std::string, Client*> owner_;  // region -> registering client (null: orphan)
+  std::map<std::string, Client*>
+      owner_;  // region -> registering client (null: orphan)
 };
 
 absl::Status Server::Listen() {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (options_.socket_path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path '", options_.socket_path,
-                                                   "' is longer than ",
-                                                   sizeof(addr.sun_path) - 1, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path '", options_.socket_path, "' is longer than ",
+                     sizeof(addr.sun_path) - 1, " bytes"));
   }
   std::strcpy(addr.sun_path, options_.socket_path.c_str());
-  listener_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!listener_.valid()) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
-  if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+  listener_.reset(
+      ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!listener_.valid())
+    return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr),
+             sizeof(addr)) != 0 ||
       ::listen(listener_.get(), 128) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on '", options_.socket_path, "': ", strerror(errno)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on '", options_.socket_path, "': ", strerror(errno)));
   }
   return absl::OkStatus();
 }
 
 void Server::Accept() {
   while (true) {
-    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int fd = ::accept4(listener_.get(), nullptr, nullptr,
+                       SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
     auto c = std::make_unique<Client>();
     c->fd.reset(fd);
@@ -91,8 +96,10 @@ void Server::Accept() {
 }
 
 void Server::Reject(Client& c, const std::string& why) {
-  std::fprintf(stderr, "shm_manager: rejected a client (pid %d): %s\n", c.pid, why.c_str());
-  c.outbox += EncodeFrame(FrameType::kError, why.substr(0, multiprocessing::kMaxFramePayload));
+  std::fprintf(stderr, "shm_manager: rejected a client (pid %d): %s\n", c.pid,
+               why.c_str());
+  c.outbox += EncodeFrame(FrameType::kError,
+                          why.substr(0, multiprocessing::kMaxFramePayload));
   c.closing = true;
 }
 
@@ -112,9 +119,11 @@ void Server::Handle(Client& c, const Frame& f) {
     }
     case FrameType::kRegister:
       if (!multiprocessing::IsValidRegionName(f.payload)) {
-        return Reject(c, absl::StrCat("'", f.payload, "' is not a region name"));
+        return Reject(c,
+                      absl::StrCat("'", f.payload, "' is not a region name"));
       }
-      if (auto it = owner_.find(f.payload); it != owner_.end() && it->second != nullptr) {
+      if (auto it = owner_.find(f.payload);
+          it != owner_.end() && it->second != nullptr) {
         it->second->regions.erase(f.payload);
       }
       owner_[f.payload] = &c;
@@ -201,7 +210,8 @@ void Server::Loop() {
         ssize_t n = ::send(c.fd.get(), c.outbox.data(), c.outbox.size(),
                            MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) c.outbox.erase(0, n);
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) alive = false;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+          alive = false;
       }
       if (!alive || (c.closing && c.outbox.empty())) {
         Drop(i);
@@ -223,14 +233,17 @@ absl::Status RunServer(const ServerOptions& options) {
   Server server(options);
   absl::Status listening = server.Listen();
   if (options.ready_fd >= 0) {
-    std::string msg = listening.ok() ? "ok\n" : std::string(listening.message()) + "\n";
+    std::string msg =
+        listening.ok() ? "ok\n" : std::string(listening.message()) + "\n";
     (void)!::write(options.ready_fd, msg.data(), msg.size());
     ::close(options.ready_fd);
   }
   if (!listening.ok()) return listening;
   server.Loop();
-  std::string dir = options.socket_path.substr(0, options.socket_path.rfind('/'));
-  if (!dir.empty()) ::rmdir(dir.c_str());  // the private directory, if now empty
+  std::string dir =
+      options.socket_path.substr(0, options.socket_path.rfind('/'));
+  if (!dir.empty())
+    ::rmdir(dir.c_str());  // the private directory, if now empty
   return absl::OkStatus();
 }
 

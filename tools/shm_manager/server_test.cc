@@ -68,7 +68,9 @@ class ServerTest : public ::testing::Test {
     addr.sun_family = AF_UNIX;
     std::strcpy(addr.sun_path, socket_.c_str());
     UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(
+        ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+        0);
     return fd;
   }
   absl::StatusOr<Frame> Read(const UniqueFd& fd) {
@@ -89,29 +91,33 @@ class ServerTest : public ::testing::Test {
   // Creates a real region the daemon can unlink.
   std::string MakeRegion(const std::string& tag) {
     // The directory's random part keeps names apart across parallel runs.
-    std::string name =
-        absl::StrCat("/embertest_server_", dir_.substr(dir_.rfind('-') + 1), "_", tag);
+    std::string name = absl::StrCat("/embertest_server_",
+                                    dir_.substr(dir_.rfind('-') + 1), "_", tag);
     int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
     EXPECT_GE(fd, 0);
     ::close(fd);
     return name;
   }
-  static bool RegionExists(const std::string& name) { return Exists("/dev/shm" + name); }
+  static bool RegionExists(const std::string& name) {
+    return Exists("/dev/shm" + name);
+  }
 
   std::string dir_, socket_;
 };
 
 TEST_F(ServerTest, AcksRegistrationsSentByteByByte) {
   UniqueFd fd = Connect();
-  std::string frames = EncodeFrame(FrameType::kHello, absl::StrCat(::getpid())) +
-                       EncodeFrame(FrameType::kRegister, "/embertest_bytewise");
+  std::string frames =
+      EncodeFrame(FrameType::kHello, absl::StrCat(::getpid())) +
+      EncodeFrame(FrameType::kRegister, "/embertest_bytewise");
   for (char c : frames) {
     Send(fd, std::string(1, c));
     absl::SleepFor(absl::Microseconds(200));
   }
   FrameReader reader;
   for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<Frame> f = ReadFrame(fd.get(), reader, absl::Now() + absl::Seconds(5));
+    absl::StatusOr<Frame> f =
+        ReadFrame(fd.get(), reader, absl::Now() + absl::Seconds(5));
     ASSERT_TRUE(f.ok()) << f.status();
     EXPECT_EQ(f->type, FrameType::kAck);
   }
@@ -126,7 +132,8 @@ TEST_F(ServerTest, RejectsGarbageAndKeepsServing) {
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_EQ(f->type, FrameType::kError);
   EXPECT_THAT(f->payload, HasSubstr("bad magic"));
-  EXPECT_EQ(Read(bad).status().code(), absl::StatusCode::kUnavailable);  // closed
+  EXPECT_EQ(Read(bad).status().code(),
+            absl::StatusCode::kUnavailable);  // closed
   UniqueFd good = Hello();
   Send(good, EncodeFrame(FrameType::kGoodbye));
 }
@@ -154,7 +161,8 @@ TEST_F(ServerTest, RejectsForeignVersionsTypesLengthsAndNames) {
   std::string huge = hello;
   huge[10] = 0x7f;  // length
   expect_rejected(huge, "exceeds the limit");
-  expect_rejected(EncodeFrame(FrameType::kRegister, "/early"), "first frame must be kHello");
+  expect_rejected(EncodeFrame(FrameType::kRegister, "/early"),
+                  "first frame must be kHello");
   expect_rejected(hello + EncodeFrame(FrameType::kRegister, "../etc/passwd"),
                   "is not a region name");
   expect_rejected(EncodeFrame(FrameType::kHello, "-3"), "bad kHello");
@@ -180,14 +188,16 @@ TEST_F(ServerTest, UnlinksTheRegionsOfAClientThatDies) {
     Send(dying, EncodeFrame(FrameType::kRegister, dead_region));
     ASSERT_EQ(Read(dying)->type, FrameType::kAck);
   }  // hangs up without kGoodbye: as if killed
-  EXPECT_TRUE(WaitUntil([&] { return !RegionExists(dead_region); }, absl::Seconds(5)));
+  EXPECT_TRUE(
+      WaitUntil([&] { return !RegionExists(dead_region); }, absl::Seconds(5)));
   EXPECT_TRUE(RegionExists(survivor_region));
   // A clean exit leaves its regions to others until the daemon goes idle.
   Send(survivor, EncodeFrame(FrameType::kGoodbye));
   survivor.reset();
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_TRUE(RegionExists(survivor_region) || !Exists(socket_));
-  EXPECT_TRUE(WaitUntil([&] { return !RegionExists(survivor_region); }, absl::Seconds(5)));
+  EXPECT_TRUE(WaitUntil([&] { return !RegionExists(survivor_region); },
+                        absl::Seconds(5)));
 }
 
 }  // namespace
