@@ -183,6 +183,19 @@ struct SegmentTables {
     }
     spare_bytes += s.mapped;
     spare.push_back(std::move(s));
+    // A region nobody holds any more (count 0) can never arrive again: unmap
+    // it rather than keep its memory alive.
+    for (auto it = spare.begin(); it != spare.end();) {
+      auto* h = reinterpret_cast<SharedSegment::Header*>(
+          static_cast<char*>(it->base) + it->mapped - 64);
+      if (h->refcount.load(std::memory_order_acquire) <= 0) {
+        spare_bytes -= it->mapped;
+        out.push_back(std::move(*it));
+        it = spare.erase(it);
+      } else {
+        ++it;
+      }
+    }
     while (spare.size() > kMaxSpareMappings || spare_bytes > cache_limit) {
       spare_bytes -= spare.front().mapped;
       out.push_back(std::move(spare.front()));

@@ -1,5 +1,6 @@
 #include "multiprocessing/sharing.h"
 
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -211,6 +212,52 @@ TEST_P(SharingTest, ReusedRegionsCarryFreshValues) {
     ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok())
         << child->error_message();
   }
+  absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
+  ASSERT_TRUE(exit.ok());
+  EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
+}
+
+int MemfdMappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("memfd:ember_shm") != std::string::npos;
+  }
+  return n;
+}
+
+// A receiver keeps mappings of released regions only while their sender may
+// send them again (Note [Segment reuse]): once the sender has freed them,
+// their memory is let go.
+TEST(SharingCacheTest, ReceiversDropMappingsOfRegionsNobodyHolds) {
+  ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok());
+  auto pipe = Pipe();
+  ASSERT_TRUE(pipe.ok());
+  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+    for (int i = 0; i < 10; ++i) {  // ten regions, held at once, then dropped
+      EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.Receive(absl::Seconds(20)));
+    }
+    CHILD_CHECK(MemfdMappings() >=
+                10);  // kept for reuse: the sender caches them
+    EMBER_RETURN_IF_ERROR(pipe->second.Send(Value("dropped")));
+    {
+      EMBER_ASSIGN_OR_RETURN(Value last,
+                             pipe->second.Receive(absl::Seconds(20)));
+    }
+    CHILD_CHECK(MemfdMappings() <= 1);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(child.ok());
+  Value::List held;
+  for (int i = 0; i < 10; ++i) {
+    held.push_back(full({1000 + i}, i, kFloat32));  // distinct sizes: no reuse
+    ASSERT_TRUE(pipe->first.Send(held.back()).ok());
+  }
+  ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok())
+      << child->error_message();
+  held.clear();
+  EmptySharedMemoryCache();  // the sender frees all ten
+  ASSERT_TRUE(pipe->first.Send(Value(ones({3}))).ok());
   absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
   ASSERT_TRUE(exit.ok());
   EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
