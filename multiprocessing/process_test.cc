@@ -41,6 +41,13 @@ absl::Status EchoArgsEntry(int rank, absl::Span<const std::string> args) {
 }
 EMBER_REGISTER_ENTRY_POINT("echo_args", EchoArgsEntry);
 
+// A fresh process whose $EMBER_SHM_MANAGER points nowhere.
+absl::Status ShareWithoutManagerEntry(int, absl::Span<const std::string>) {
+  EMBER_RETURN_IF_ERROR(set_sharing_strategy("file_system"));
+  return share_memory_(ones({16}));
+}
+EMBER_REGISTER_ENTRY_POINT("share_without_manager", ShareWithoutManagerEntry);
+
 // True when `pid` is gone or a zombie (dead, not yet reaped by its parent).
 bool IsDead(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -186,6 +193,18 @@ TEST(SpawnTest, ReExecRunsTheRegisteredEntryPoint) {
   absl::Status s = Spawn(nullptr, 2, options);
   EXPECT_EQ(s.message(),
             "process 1 terminated with exit code 1: rank 1 refuses");
+}
+
+TEST(SpawnTest, AMissingManagerBinaryIsNamed) {
+  ::setenv("EMBER_SHM_MANAGER", "/nonexistent/shm_manager", 1);
+  absl::StatusOr<Process> p = Process::StartSpawn("share_without_manager", 0);
+  ::unsetenv("EMBER_SHM_MANAGER");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->Join(absl::Seconds(20)).ok());
+  EXPECT_THAT(
+      p->error_message(),
+      HasSubstr("$EMBER_SHM_MANAGER='/nonexistent/shm_manager' is not an "
+                "executable file"));
 }
 
 TEST(SpawnTest, UnknownEntryPointIsNotFound) {
