@@ -10,7 +10,7 @@
 // creator dies.
 //
 //   absl::StatusOr<std::shared_ptr<SharedSegment>> s =
-//       SharedSegment::Create(SharingStrategy::kFileSystem, 4096);
+//       SharedSegment::Acquire(SharingStrategy::kFileSystem, 4096);
 //   std::memcpy((*s)->data(), src, 4096);
 //
 // Thread-safe: the process-wide tables (live segments, received-segment
