@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -185,6 +186,7 @@ void Server::UnlinkAll() {
 
 void Server::Loop() {
   absl::Time idle_since = absl::Now();
+  bool ever_connected = false;
   while (true) {
     std::vector<pollfd> fds;
     fds.push_back({listener_.get(), POLLIN, 0});
@@ -195,7 +197,11 @@ void Server::Loop() {
     }
     int timeout_ms = -1;
     if (clients_.empty()) {
-      absl::Duration left = idle_since + options_.grace - absl::Now();
+      const absl::Duration idle_limit =
+          ever_connected
+              ? options_.grace
+              : std::max(options_.grace, options_.first_client_timeout);
+      absl::Duration left = idle_since + idle_limit - absl::Now();
       if (left <= absl::ZeroDuration()) break;
       timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
     }
@@ -218,7 +224,10 @@ void Server::Loop() {
         if (clients_.empty()) idle_since = absl::Now();
       }
     }
-    if (fds[0].revents & POLLIN) Accept();
+    if (fds[0].revents & POLLIN) {
+      Accept();
+      ever_connected |= !clients_.empty();
+    }
   }
   // Stop accepting before cleaning up, so a late client starts a new daemon
   // rather than registering with one that is leaving.

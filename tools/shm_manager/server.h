@@ -3,8 +3,9 @@
 // The daemon serves a UNIX stream socket and records, for each connected
 // client, the file_system regions it registers. It unlinks a client's regions
 // when the client disconnects without kGoodbye (it died), and, once no client
-// has been connected for `grace`, unlinks every region still recorded, removes
-// its socket and returns. Protocol: multiprocessing/manager_protocol.h.
+// has been connected for `grace` (or, before the first client, for
+// `first_client_timeout`), unlinks every region still recorded, removes its
+// socket and returns. Protocol: multiprocessing/manager_protocol.h.
 //
 //   ServerOptions options{.socket_path = dir + "/manager.sock",
 //                         .grace = absl::Seconds(1)};
@@ -27,6 +28,9 @@ struct ServerOptions {
   std::string socket_path;
   // How long to wait for a new client once the last one has gone.
   absl::Duration grace = absl::Seconds(1);
+  // How long to wait for the first client (at least `grace`): the process
+  // that started the daemon may be slow to connect on a loaded machine.
+  absl::Duration first_client_timeout = absl::Seconds(10);
   // When >= 0, "ok\n" (or the bind error) is written there once listening,
   // then it is closed.
   int ready_fd = -1;
