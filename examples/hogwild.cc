@@ -78,7 +78,7 @@ absl::Status Train(int rank, const Model& model, const Tensor& x,
 }
 
 absl::Status Run(int workers, int epochs) {
-  // A linearly separable task with label noise.
+  // A linearly separable problem with label noise.
   ember::manual_seed(0);
   Tensor x = ember::randn({kSamples, kFeatures});
   Tensor truth = ember::randn({kFeatures});

@@ -70,7 +70,8 @@ class FrameReader {
 // of [A-Za-z0-9_.-].
 bool IsValidRegionName(std::string_view name);
 
-// Blocking helpers over a stream socket, retrying partial transfers and EINTR.
+// Blocking reads and writes over a stream socket, retrying partial transfers
+// and EINTR.
 // Each fails with DeadlineExceeded once `deadline` passes, Unavailable when
 // the peer closed the connection.
 absl::Status WriteAll(int fd, std::string_view bytes, absl::Time deadline);

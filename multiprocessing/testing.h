@@ -1,4 +1,4 @@
-// Test helpers for multiprocessing/ (testonly): counting this process's
+// Test utilities for multiprocessing/ (testonly): counting this process's
 // descriptors, listing /dev/shm, unique region prefixes, and waiting for a
 // condition with a deadline.
 //
