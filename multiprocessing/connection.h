@@ -1,0 +1,86 @@
+// Connection and Pipe: message channels between processes that carry Values,
+// tensors included (multiprocessing.Pipe's Connection).
+//
+//   absl::StatusOr<std::pair<Connection, Connection>> p = Pipe();
+//   // fork a child holding p->second ...
+//   EMBER_RETURN_IF_ERROR(p->first.Send(Value(weights)));          // parent
+//   EMBER_ASSIGN_OR_RETURN(Value v, p->second.Receive(absl::Seconds(5)));  //
+//   child
+//
+// A Connection is one end of a UNIX SOCK_SEQPACKET socket: each Send is one
+// message, delivered whole or not at all, with the descriptors of
+// file_descriptor-shared storages attached (SCM_RIGHTS). Tensors are moved to
+// shared memory when sent (see message.h); the receiver gets views on the
+// same bytes. Messages are at most kMaxMessageBytes: large data belongs in
+// tensors, which travel by reference.
+//
+// Descriptors are close-on-exec: connections reach children by fork (Process
+// with StartMethod::kFork), not across exec.
+//
+// Thread-safety: Send and Receive may be called from several threads and
+// processes at once; each message goes to exactly one receiver.
+#ifndef EMBER_MULTIPROCESSING_CONNECTION_H_
+#define EMBER_MULTIPROCESSING_CONNECTION_H_
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "multiprocessing/unique_fd.h"
+#include "multiprocessing/value.h"
+
+namespace ember::multiprocessing {
+
+inline constexpr size_t kMaxMessageBytes = 160 << 10;
+// The kernel's limit on descriptors in one message (SCM_MAX_FD).
+inline constexpr size_t kMaxMessageFds = 253;
+
+class Connection {
+ public:
+  Connection() = default;
+  explicit Connection(UniqueFd fd) : fd_(std::move(fd)) {}
+  Connection(Connection&&) = default;
+  Connection& operator=(Connection&&) = default;
+
+  // Sends `value`, moving its tensors to shared memory. Blocks while the
+  // socket is full, up to `timeout` (DeadlineExceeded). Errors: those of
+  // share_memory_, InvalidArgument for a message over kMaxMessageBytes or
+  // with too many file_descriptor storages, Unavailable when the peer is gone.
+  // Nothing is sent when it fails.
+  absl::Status Send(const Value& value,
+                    absl::Duration timeout = absl::InfiniteDuration());
+  // Waits up to `timeout` for a message (DeadlineExceeded). Errors:
+  // Unavailable when the peer closed its end, InvalidArgument for a malformed
+  // message (its descriptors are closed), ResourceExhausted when descriptors
+  // could not be accepted (the limit is named).
+  absl::StatusOr<Value> Receive(
+      absl::Duration timeout = absl::InfiniteDuration());
+  // True when a message is ready within `timeout`.
+  bool Poll(absl::Duration timeout = absl::ZeroDuration()) const;
+
+  // Sends raw bytes and descriptors as one message (what Send does after
+  // encoding; tests use it to inject malformed input).
+  absl::Status SendBytes(std::string_view bytes, absl::Span<const int> fds,
+                         absl::Duration timeout = absl::InfiniteDuration());
+
+  bool valid() const { return fd_.valid(); }
+  int fd() const { return fd_.get(); }
+  void Close() { fd_.reset(); }
+
+ private:
+  UniqueFd fd_;
+};
+
+// A connected pair. Duplex: both ends send and receive; otherwise the first
+// end only receives and the second only sends, as multiprocessing.Pipe.
+absl::StatusOr<std::pair<Connection, Connection>> Pipe(bool duplex = true);
+
+}  // namespace ember::multiprocessing
+
+#endif  // EMBER_MULTIPROCESSING_CONNECTION_H_

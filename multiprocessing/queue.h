@@ -1,0 +1,88 @@
+// Queue and SimpleQueue: multi-producer, multi-consumer queues of Values
+// between processes (torch.multiprocessing.Queue / SimpleQueue).
+//
+//   absl::StatusOr<Queue> q = Queue::Create();
+//   // ... Process::Start a child that calls q->Get(absl::Seconds(10)) ...
+//   EMBER_RETURN_IF_ERROR(q->Put(Value(weights)));   // weights now in shared
+//   memory
+//
+// A queue is a SOCK_SEQPACKET socket pair created before fork(): every put is
+// one message, so any number of processes may put and get at once without
+// locks, and each message reaches exactly one getter. Tensors move to shared
+// memory when put; getters receive views of the same bytes (Hogwild style
+// writes are seen by everyone). Messages follow Connection's rules (size
+// limit, descriptors) and are FIFO per producer.
+//
+// Queue adds an optional bound (`maxsize`, as multiprocessing.Queue), and
+// qsize()/empty(), kept in a small shared page; SimpleQueue has neither and
+// only blocks when the socket buffer is full.
+//
+// Handles are cheap to copy and share the same queue; copies made before
+// fork() work in the child. Thread-safe and process-safe.
+#ifndef EMBER_MULTIPROCESSING_QUEUE_H_
+#define EMBER_MULTIPROCESSING_QUEUE_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "multiprocessing/connection.h"
+#include "multiprocessing/value.h"
+
+namespace ember::multiprocessing {
+
+class SimpleQueue {
+ public:
+  // Errors: ResourceExhausted when no descriptors are left.
+  static absl::StatusOr<SimpleQueue> Create();
+
+  // Blocks while the socket buffer is full, up to `timeout`. Errors: see
+  // Connection::Send.
+  absl::Status Put(const Value& value,
+                   absl::Duration timeout = absl::InfiniteDuration());
+  // Blocks up to `timeout` for a message (DeadlineExceeded). Errors: see
+  // Connection::Receive.
+  absl::StatusOr<Value> Get(absl::Duration timeout = absl::InfiniteDuration());
+  // True when no message is waiting (a snapshot).
+  bool empty() const;
+
+  // The sockets, for tests that write raw bytes into the queue.
+  Connection& put_end() { return ends_->put; }
+
+ private:
+  struct Ends {
+    Connection put;
+    Connection get;
+  };
+  std::shared_ptr<Ends> ends_;
+};
+
+class Queue {
+ public:
+  // `maxsize` <= 0: unbounded. Errors: ResourceExhausted (descriptors,
+  // memory).
+  static absl::StatusOr<Queue> Create(int64_t maxsize = 0);
+
+  // Waits up to `timeout` for room when the queue holds `maxsize` messages
+  // (DeadlineExceeded, naming maxsize), then sends. Errors: see
+  // Connection::Send.
+  absl::Status Put(const Value& value,
+                   absl::Duration timeout = absl::InfiniteDuration());
+  absl::StatusOr<Value> Get(absl::Duration timeout = absl::InfiniteDuration());
+  // Messages put and not yet got, across all processes (a snapshot).
+  int64_t qsize() const;
+  bool empty() const { return qsize() == 0; }
+  int64_t maxsize() const { return maxsize_; }
+
+ private:
+  struct Shared;
+  SimpleQueue queue_;
+  std::shared_ptr<Shared> shared_;  // the shared page
+  int64_t maxsize_ = 0;
+};
+
+}  // namespace ember::multiprocessing
+
+#endif  // EMBER_MULTIPROCESSING_QUEUE_H_

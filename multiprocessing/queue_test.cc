@@ -1,0 +1,238 @@
+#include "multiprocessing/queue.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "multiprocessing/message.h"
+#include "multiprocessing/process.h"
+#include "multiprocessing/sharing.h"
+#include "multiprocessing/testing.h"
+#include "tensor/factories.h"
+#include "tensor/status_macros.h"
+
+namespace ember::multiprocessing {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(QueueTest, ManyProducersOneConsumerKeepsPerProducerOrder) {
+  absl::StatusOr<Queue> q = Queue::Create();
+  ASSERT_TRUE(q.ok()) << q.status();
+  constexpr int kProducers = 3, kEach = 40;
+  std::vector<Process> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    absl::StatusOr<Process> proc = Process::Start([&, p]() -> absl::Status {
+      for (int i = 0; i < kEach; ++i) {
+        EMBER_RETURN_IF_ERROR(
+            q->Put(Value(Value::List{p, i, full({3}, p * 1000 + i, kInt32)}),
+                   absl::Seconds(20)));
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(proc.ok());
+    producers.push_back(*std::move(proc));
+  }
+  std::vector<int> next(kProducers, 0);
+  for (int n = 0; n < kProducers * kEach; ++n) {
+    absl::StatusOr<Value> v = q->Get(absl::Seconds(20));
+    ASSERT_TRUE(v.ok()) << v.status();
+    int64_t p = *v->list()[0].get_if<int64_t>(),
+            i = *v->list()[1].get_if<int64_t>();
+    EXPECT_EQ(i, next[p]++);
+    Tensor t = *v->list()[2].get_if<Tensor>();
+    EXPECT_EQ(t[2].item<int64_t>(), p * 1000 + i);
+  }
+  for (Process& p : producers) {
+    absl::StatusOr<ExitStatus> e = p.Join(absl::Seconds(20));
+    ASSERT_TRUE(e.ok());
+    EXPECT_TRUE(e->ok()) << p.error_message();
+  }
+  EXPECT_TRUE(q->empty());
+}
+
+TEST(QueueTest, MaxsizeBoundsPutsAndQsizeCounts) {
+  absl::StatusOr<Queue> q = Queue::Create(/*maxsize=*/2);
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(q->Put(Value(1)).ok());
+  ASSERT_TRUE(q->Put(Value(2)).ok());
+  EXPECT_EQ(q->qsize(), 2);
+  absl::Status full = q->Put(Value(3), absl::Milliseconds(50));
+  EXPECT_EQ(full.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(full.message(), HasSubstr("maxsize 2"));
+  EXPECT_EQ(*q->Get(absl::Seconds(1))->get_if<int64_t>(), 1);
+  EXPECT_EQ(q->qsize(), 1);
+  ASSERT_TRUE(q->Put(Value(3), absl::Milliseconds(50)).ok());
+  EXPECT_EQ(*q->Get(absl::Seconds(1))->get_if<int64_t>(), 2);
+  EXPECT_EQ(*q->Get(absl::Seconds(1))->get_if<int64_t>(), 3);
+  EXPECT_TRUE(q->empty());
+}
+
+TEST(QueueTest, GetTimesOutOnAnEmptyQueue) {
+  absl::StatusOr<SimpleQueue> q = SimpleQueue::Create();
+  ASSERT_TRUE(q.ok());
+  absl::StatusOr<Value> v = q->Get(absl::Milliseconds(30));
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(q->empty());
+}
+
+TEST(QueueTest, HogwildWritesThroughAQueueAreSeenByAll) {
+  absl::StatusOr<SimpleQueue> to_child = SimpleQueue::Create();
+  absl::StatusOr<SimpleQueue> to_parent = SimpleQueue::Create();
+  ASSERT_TRUE(to_child.ok() && to_parent.ok());
+  Tensor w = zeros({8});
+  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+    EMBER_ASSIGN_OR_RETURN(Value v, to_child->Get(absl::Seconds(20)));
+    EMBER_ASSIGN_OR_RETURN(Tensor t, v.as<Tensor>());
+    t.add_(1.5);
+    return to_parent->Put(Value("done"));
+  });
+  ASSERT_TRUE(child.ok());
+  ASSERT_TRUE(to_child->Put(Value(w)).ok());
+  ASSERT_TRUE(to_parent->Get(absl::Seconds(20)).ok());
+  EXPECT_TRUE(w.equal(full({8}, 1.5)));
+  ASSERT_TRUE(child->Join(absl::Seconds(20)).ok());
+}
+
+// A leaf that requires grad (a model parameter) may be sent, as in PyTorch;
+// only non-leaf tensors that require grad are refused (CheckTensorSendable).
+class RequiresGrad : public AutogradMetaInterface {
+ public:
+  bool requires_grad() const override { return true; }
+};
+
+TEST(QueueTest, LeafTensorsThatRequireGradMaySend) {
+  Tensor param = ones({4});
+  param.impl()->set_autograd_meta(std::make_unique<RequiresGrad>());
+  EXPECT_TRUE(CheckTensorSendable(param).ok());
+  absl::StatusOr<SimpleQueue> q = SimpleQueue::Create();
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(q->Put(Value(param)).ok());
+  absl::StatusOr<Value> v = q->Get(absl::Seconds(5));
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->get_if<Tensor>()->raw_data(),
+            param.raw_data());  // same process: same mapping
+}
+
+// --- Bad input on queue sockets: an error, never a crash or a leak -----------
+
+class QueueBadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<SimpleQueue> q = SimpleQueue::Create();
+    ASSERT_TRUE(q.ok());
+    q_ = *std::move(q);
+  }
+  // After any bad message, a good one still gets through.
+  void ExpectStillWorks() {
+    ASSERT_TRUE(q_.Put(Value("fine")).ok());
+    absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(*v->get_if<std::string>(), "fine");
+  }
+  SimpleQueue q_;
+};
+
+TEST_F(QueueBadInputTest, GarbageIsRejected) {
+  ASSERT_TRUE(q_.put_end().SendBytes("definitely not a message", {}).ok());
+  absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(v.status().message(), HasSubstr("bad magic"));
+  ExpectStillWorks();
+}
+
+TEST_F(QueueBadInputTest, EveryTruncationIsRejected) {
+  Value value(
+      Value::List{Value(1), Value("two"), Value(3.0), Value(arange(4))});
+  absl::StatusOr<EncodedMessage> m = EncodeMessage(value);
+  ASSERT_TRUE(m.ok());
+  for (size_t cut = 0; cut < m->bytes.size(); ++cut) {
+    // Only the full message carries the descriptors it describes.
+    ASSERT_TRUE(q_.put_end()
+                    .SendBytes(std::string_view(m->bytes).substr(0, cut), {})
+                    .ok());
+    absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument)
+        << "cut at " << cut;
+  }
+  AbandonMessage(*m);
+  ExpectStillWorks();
+}
+
+TEST(ConnectionTest, AClosedPeerIsUnavailable) {
+  auto pipe = Pipe();
+  ASSERT_TRUE(pipe.ok());
+  pipe->second.Close();
+  absl::StatusOr<Value> v = pipe->first.Receive(absl::Seconds(5));
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(pipe->first.Send(Value(1)).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(QueueBadInputTest, DescriptorsWithGarbageAreClosed) {
+  const int before = testing::OpenFdCount();
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(devnull, 0);
+  int fds[] = {devnull, devnull, devnull};
+  ASSERT_TRUE(q_.put_end().SendBytes("garbage with descriptors", fds).ok());
+  ::close(devnull);
+  EXPECT_FALSE(q_.Get(absl::Seconds(5)).ok());
+  EXPECT_EQ(testing::OpenFdCount(), before);
+  ExpectStillWorks();
+}
+
+TEST_F(QueueBadInputTest, AForeignDescriptorInPlaceOfASegmentIsRejected) {
+  ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok());
+  absl::StatusOr<EncodedMessage> m = EncodeMessage(Value(ones({16})));
+  ASSERT_TRUE(m.ok());
+  int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int fds[] = {devnull};
+  ASSERT_TRUE(q_.put_end().SendBytes(m->bytes, fds).ok());
+  ::close(devnull);
+  absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(v.status().message(),
+              HasSubstr("not an Ember shared-memory segment"));
+  AbandonMessage(*m);
+  ExpectStillWorks();
+}
+
+TEST_F(QueueBadInputTest, AMissingRegionNameIsNotFound) {
+  ASSERT_TRUE(set_sharing_strategy("file_system").ok());
+  ASSERT_TRUE(set_shared_memory_prefix(testing::UniquePrefix("queue")).ok());
+  Tensor t = ones({16});
+  absl::StatusOr<EncodedMessage> m = EncodeMessage(Value(t));
+  ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok());
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::string bytes = m->bytes;
+  std::string name = testing::UniquePrefix("queue");
+  size_t at = bytes.find(name.substr(1));
+  ASSERT_NE(at, std::string::npos);
+  bytes[at] = 'X';  // a region nobody created
+  ASSERT_TRUE(q_.put_end().SendBytes(bytes, {}).ok());
+  absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(v.status().message(), HasSubstr("cannot be opened"));
+  AbandonMessage(*m);
+  ExpectStillWorks();
+}
+
+TEST_F(QueueBadInputTest, OversizedPlainValuesAreRefusedBeforeSending) {
+  absl::Status s = q_.Put(Value(std::string(kMaxMessageBytes + 1, 'x')));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("put large data in a tensor"));
+  EXPECT_TRUE(q_.empty());
+  ExpectStillWorks();
+}
+
+TEST_F(QueueBadInputTest, UndefinedTensorsAreRefused) {
+  absl::Status s = q_.Put(Value(Tensor()));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("undefined tensor"));
+}
+
+}  // namespace
+}  // namespace ember::multiprocessing

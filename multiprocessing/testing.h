@@ -1,0 +1,78 @@
+// Test utilities for multiprocessing/ (testonly): counting this process's
+// descriptors, listing /dev/shm, unique region prefixes, and waiting for a
+// condition with a deadline.
+//
+//   std::string prefix = UniquePrefix("leak");
+//   ASSERT_TRUE(WaitUntil([&] { return ShmEntries(prefix).empty(); },
+//   absl::Seconds(5)));
+#ifndef EMBER_MULTIPROCESSING_TESTING_H_
+#define EMBER_MULTIPROCESSING_TESTING_H_
+
+#include <dirent.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace ember::multiprocessing::testing {
+
+// Entries of `dir` (e.g. "/proc/self/fd", "/dev/shm") whose names start with
+// `prefix`.
+inline std::vector<std::string> DirEntries(const std::string& dir,
+                                           const std::string& prefix = "") {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != ".." && name.starts_with(prefix))
+        out.push_back(name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+// Open descriptors of this process (minus the one used to count them).
+inline int OpenFdCount() {
+  return static_cast<int>(DirEntries("/proc/self/fd").size()) - 1;
+}
+
+// /dev/shm entries of regions named with `prefix` (given with its "/").
+inline std::vector<std::string> ShmEntries(const std::string& prefix) {
+  return DirEntries("/dev/shm", prefix.substr(1));
+}
+
+// A region prefix no other test run uses: "/embertest_<tag>_<pid>_<random>"
+// (pids alone repeat across sandboxes with their own pid namespaces). Stable
+// within a process, so that children compute the same one.
+inline std::string UniquePrefix(const std::string& tag) {
+  static const uint32_t random = [] {
+    uint32_t r = 0;
+    (void)!::getrandom(&r, sizeof(r), 0);
+    return r;
+  }();
+  return absl::StrCat("/embertest_", tag, "_", ::getpid(), "_",
+                      absl::Hex(random));
+}
+
+// Polls `cond` until it holds (true) or `timeout` passes (false).
+inline bool WaitUntil(const std::function<bool()>& cond,
+                      absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (!cond()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+}  // namespace ember::multiprocessing::testing
+
+#endif  // EMBER_MULTIPROCESSING_TESTING_H_
