@@ -7,6 +7,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <pthread.h>
 #include <thread>
 #include <vector>
 
@@ -30,9 +31,17 @@ int DefaultThreads() {
 // Workers that run queued tasks; grows on demand, never shrinks.
 class Pool {
  public:
+  // The process's pool. Never destroyed: workers outlive main. A child made
+  // by fork() has none of its parent's workers (and the parent's lock may have
+  // been held at the fork), so the child starts over with a fresh pool; the
+  // parent's copy is abandoned.
   static Pool& Get() {
-    static Pool* pool = new Pool();  // Never destroyed: workers outlive main.
-    return *pool;
+    static std::once_flag once;
+    std::call_once(once, [] {
+      current_ = new Pool();
+      pthread_atfork(nullptr, nullptr, [] { current_ = new Pool(); });
+    });
+    return *current_;
   }
 
   void Run(std::function<void()> task) {
@@ -65,6 +74,8 @@ class Pool {
       task();
     }
   }
+
+  static inline Pool* current_ = nullptr;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -1,5 +1,8 @@
 #include "tensor/thread_pool.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <stdexcept>
 #include <vector>
@@ -16,6 +19,32 @@ TEST(ThreadPoolTest, CoversRangeExactlyOnce) {
     for (int64_t i = b; i < e; ++i) hits[i]++;
   });
   for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+}
+
+// A forked child inherits none of its parent's workers; its ParallelFor must
+// still cover the range (with fresh workers) instead of waiting forever on
+// tasks that no thread will run.
+TEST(ThreadPoolTest, ForkedChildGetsAFreshPool) {
+  SetNumThreads(4);
+  std::atomic<int64_t> warm{0};
+  ParallelFor(0, 1 << 20, 1024, [&](int64_t b, int64_t e) { warm += e - b; });
+  ASSERT_EQ(warm.load(), 1 << 20);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(20);  // A hang fails the test instead of stalling it.
+    std::atomic<int64_t> covered{0};
+    std::atomic<int> chunks{0};
+    ParallelFor(0, 1 << 20, 1024, [&](int64_t b, int64_t e) {
+      covered += e - b;
+      ++chunks;
+    });
+    _exit(covered.load() == (1 << 20) && chunks.load() == 4 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "child died with signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 TEST(ThreadPoolTest, SmallRangesAndNestingRunInline) {
