@@ -230,17 +230,11 @@ struct Decoder {
 }  // namespace
 
 absl::Status CheckTensorSendable(const Tensor& t) {
-  // Leaf-ness comes from Tensor::is_leaf() once the autograd layer provides
-  // it; until then every tensor counts as a leaf, so only tensors without
-  // autograd state are known to be safe and none is refused.
-  AutogradMetaInterface* meta = t.impl()->autograd_meta();
-  const bool requires_grad = meta != nullptr && meta->requires_grad();
-  const bool is_leaf = true;
-  if (requires_grad && !is_leaf) {
+  if (t.requires_grad() && !t.is_leaf()) {
     return absl::InvalidArgumentError(
         "cannot send a non-leaf tensor that requires grad between processes "
-        "(its autograd "
-        "graph cannot be shared); send tensor.detach() instead");
+        "(its autograd graph cannot cross a process boundary); send "
+        "tensor.detach() to share its data");
   }
   return absl::OkStatus();
 }

@@ -100,14 +100,9 @@ TEST(QueueTest, HogwildWritesThroughAQueueAreSeenByAll) {
 
 // A leaf that requires grad (a model parameter) may be sent, as in PyTorch;
 // only non-leaf tensors that require grad are refused (CheckTensorSendable).
-class RequiresGrad : public AutogradMetaInterface {
- public:
-  bool requires_grad() const override { return true; }
-};
-
 TEST(QueueTest, LeafTensorsThatRequireGradMaySend) {
   Tensor param = ones({4});
-  param.impl()->set_autograd_meta(std::make_unique<RequiresGrad>());
+  param.requires_grad_();
   EXPECT_TRUE(CheckTensorSendable(param).ok());
   absl::StatusOr<SimpleQueue> q = SimpleQueue::Create();
   ASSERT_TRUE(q.ok());
@@ -116,6 +111,23 @@ TEST(QueueTest, LeafTensorsThatRequireGradMaySend) {
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->get_if<Tensor>()->raw_data(),
             param.raw_data());  // same process: same mapping
+}
+
+TEST(QueueTest, NonLeafTensorsThatRequireGradAreRefused) {
+  Tensor param = ones({4});
+  param.requires_grad_();
+  Tensor activation = param * 2;  // has a grad_fn: not a leaf
+  ASSERT_FALSE(activation.is_leaf());
+  absl::StatusOr<SimpleQueue> q = SimpleQueue::Create();
+  ASSERT_TRUE(q.ok());
+  absl::Status put = q->Put(Value(activation));
+  EXPECT_EQ(put.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(put.message(), ::testing::HasSubstr("non-leaf tensor that requires grad"));
+  EXPECT_THAT(put.message(), ::testing::HasSubstr("detach()"));
+  // Nothing was sent: the queue is still empty.
+  EXPECT_EQ(q->Get(absl::Milliseconds(50)).status().code(), absl::StatusCode::kDeadlineExceeded);
+  // Its detached data may go.
+  EXPECT_TRUE(q->Put(Value(activation.detach())).ok());
 }
 
 // --- Bad input on queue sockets: an error, never a crash or a leak -----------
