@@ -90,6 +90,7 @@ absl::StatusOr<int> TestServer::RequestCount(const std::string& path) const {
 
 absl::Status WriteArchive(const std::string& path, const std::string& format,
                           const std::vector<ArchiveEntry>& entries) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   std::unique_ptr<struct archive, int (*)(struct archive*)> a(archive_write_new(), archive_write_free);
   if (format == "zip") {
     archive_write_set_format_zip(a.get());

@@ -60,7 +60,8 @@ struct ArchiveEntry {
   std::string hardlink;
 };
 
-// Writes `entries` as an archive at `path`; `format` is "zip" or "tar.gz".
+// Writes `entries` as an archive at `path` (parent folders created); `format`
+// is "zip" or "tar.gz".
 absl::Status WriteArchive(const std::string& path, const std::string& format,
                           const std::vector<ArchiveEntry>& entries);
 
