@@ -15,6 +15,9 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   libgloo-dev libopenblas-dev libcurl4-openssl-dev libarchive-dev
   libopenmpi-dev libssl-dev
+  # hub/ tests: openssl makes the loopback HTTPS server's certificate;
+  # python3-torch checks that PyTorch reads Ember's checkpoints.
+  openssl python3-torch
 )
 CUDA=/usr/local/cuda
 
