@@ -30,17 +30,32 @@ void Put32(std::string& out, uint32_t v) { out.append(reinterpret_cast<const cha
 }  // namespace
 
 uint32_t Crc32(absl::string_view data) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
+  // Slicing-by-8: eight tables let the loop fold in eight bytes per step.
+  static const auto* tables = [] {
+    auto* t = new std::array<std::array<uint32_t, 256>, 8>();
     for (uint32_t i = 0; i < 256; ++i) {
       uint32_t c = i;
       for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
+      (*t)[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i) {
+      for (int s = 1; s < 8; ++s) (*t)[s][i] = ((*t)[s - 1][i] >> 8) ^ (*t)[0][(*t)[s - 1][i] & 0xFF];
     }
     return t;
   }();
+  const auto& t = *tables;
   uint32_t crc = 0xFFFFFFFFu;
-  for (unsigned char ch : data) crc = table[(crc ^ ch) & 0xFF] ^ (crc >> 8);
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(data.data());
+  size_t n = data.size();
+  for (; n >= 8; p += 8, n -= 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= crc;  // little-endian host
+    crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
+          t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+  }
+  for (; n > 0; ++p, --n) crc = t[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
   return crc ^ 0xFFFFFFFFu;
 }
 
