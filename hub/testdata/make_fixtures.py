@@ -12,6 +12,11 @@ The outputs are committed; the tests only read them.
                         not in Debian)
   tensors.expected.txt  one line per tensor: name dtype sizes values
   evil_*.pt, truncated.pt  hostile checkpoints (see each writer below)
+  mlp_torch.pt, small_cnn_torch.pt   state_dicts of the hub's "mlp" and
+                        "small_cnn" architectures built with torch.nn, and
+  *_torch.io.txt        an input and PyTorch's output for it ("input" and
+                        "output" lines: sizes then values), so tests compare
+                        Ember's forward with PyTorch's
 """
 import collections
 import io
@@ -126,12 +131,36 @@ def hostile():
     open(os.path.join(HERE, "truncated.pt"), "wb").write(data[: len(data) // 2])
 
 
+def write_io(path, x, y):
+    with open(path, "w") as f:
+        for tag, t in (("input", x), ("output", y)):
+            sizes = ",".join(str(s) for s in t.shape)
+            f.write(f"{tag} {sizes} " + " ".join(repr(float(v)) for v in t.reshape(-1).tolist()) + "\n")
+
+
+def models():
+    """The hub's builder architectures, as torch.nn spells them."""
+    nn = torch.nn
+    torch.manual_seed(1)
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    x = torch.randn(5, 4)
+    torch.save(mlp.state_dict(), os.path.join(HERE, "mlp_torch.pt"))
+    write_io(os.path.join(HERE, "mlp_torch.io.txt"), x, mlp(x).detach())
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(16, 4))
+    x = torch.randn(2, 3, 8, 8)
+    torch.save(cnn.state_dict(), os.path.join(HERE, "small_cnn_torch.pt"))
+    write_io(os.path.join(HERE, "small_cnn_torch.io.txt"), x, cnn(x).detach())
+
+
 def main():
     sd = tensors()
     torch.save(sd, os.path.join(HERE, "tensors.pt"))
     write_safetensors(sd, os.path.join(HERE, "tensors.safetensors"))
     write_expected(sd)
     hostile()
+    models()
     # Sanity: PyTorch's own restricted loader reads the good file back.
     back = torch.load(os.path.join(HERE, "tensors.pt"), weights_only=True)
     assert all(torch.equal(back[k], sd[k]) for k in sd)
