@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -157,6 +159,22 @@ TEST_F(RepoCacheTest, MaliciousArchiveLeavesNoCacheEntry) {
   for (const auto& e : fs::directory_iterator(hub_dir_)) names.push_back(e.path().filename());
   EXPECT_THAT(names, ::testing::ElementsAre("evil_repo.lock"));
   EXPECT_FALSE(fs::exists(base_ + "/pwned.txt"));
+}
+
+TEST_F(RepoCacheTest, ConcurrentLoadersDownloadOnce) {
+  Publish("alice/models", "v2", "shared");
+  std::vector<absl::StatusOr<FetchedRepo>> results(4, absl::UnknownError("not run"));
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 4; ++rank) {
+    ranks.emplace_back([&, rank] { results[rank] = Fetch("alice/models:v2"); });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->dir, hub_dir_ + "/alice_models_v2");
+  }
+  EXPECT_EQ(Requests("/alice/models/zipball/v2"), 1);
+  EXPECT_THAT(*ReadFile(hub_dir_ + "/alice_models_v2/hubconf.textproto"), HasSubstr("shared"));
 }
 
 TEST_F(RepoCacheTest, BaseUrlFromEnvironment) {
