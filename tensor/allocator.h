@@ -81,6 +81,51 @@ class Allocator {
 // AVX-512 loads).
 inline constexpr size_t kCpuAlignment = 64;
 
+// Note [Object pool]
+// Ops on small tensors (and the autograd graph they record) create and drop
+// many small bookkeeping objects: TensorImpls, storages, version counters,
+// graph nodes. PoolAllocate/PoolFree serve those from free lists kept per
+// thread and per 16-byte size class (up to kPoolMaxBytes), so that a chain of
+// scalar ops does not go through the general-purpose heap, whose cost
+// dominates such ops. A block may be freed on any thread (it joins that
+// thread's lists). Each thread caches at most kPoolCacheBytes; the rest goes
+// back to the heap, and a thread's cache is released when it exits.
+inline constexpr size_t kPoolMaxBytes = 1024;
+inline constexpr size_t kPoolCacheBytes = size_t{16} << 20;
+
+namespace internal {
+// `nbytes` (<= kPoolMaxBytes) bytes, aligned for any fundamental type.
+void* PoolAllocate(size_t nbytes);
+// Returns a block from PoolAllocate(nbytes).
+void PoolFree(void* p, size_t nbytes) noexcept;
+}  // namespace internal
+
+// A standard allocator over the object pool (for std::allocate_shared and
+// containers of small objects). Falls back to operator new for requests
+// larger than kPoolMaxBytes.
+template <typename T>
+struct PoolAllocator {
+  using value_type = T;
+  PoolAllocator() = default;
+  template <typename U>
+  PoolAllocator(const PoolAllocator<U>&) {}  // NOLINT: rebinding is implicit.
+  T* allocate(size_t n) {
+    const size_t bytes = n * sizeof(T);
+    if (bytes > kPoolMaxBytes) return static_cast<T*>(::operator new(bytes));
+    return static_cast<T*>(internal::PoolAllocate(bytes));
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    const size_t bytes = n * sizeof(T);
+    if (bytes > kPoolMaxBytes) {
+      ::operator delete(p);
+    } else {
+      internal::PoolFree(p, bytes);
+    }
+  }
+  template <typename U>
+  bool operator==(const PoolAllocator<U>&) const { return true; }
+};
+
 // The process-wide CPU allocator (aligned_alloc).
 Allocator* GetCpuAllocator();
 

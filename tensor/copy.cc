@@ -45,7 +45,7 @@ Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device) {
   EMBER_CHECK(allocator != nullptr, "empty: no allocator is registered for device ",
               device.ToString(), "; link //cuda to use CUDA devices");
   size_t nbytes = static_cast<size_t>(Numel(sizes)) * ElementSize(dtype);
-  return Tensor(std::make_shared<TensorImpl>(Storage::Allocate(nbytes, allocator), dtype, sizes,
+  return Tensor(MakeTensorImpl(Storage::Allocate(nbytes, allocator), dtype, sizes,
                                              ContiguousStrides(sizes), 0));
 }
 

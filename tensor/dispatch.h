@@ -19,6 +19,13 @@
 //
 // Registration happens during static initialisation; calls are thread-safe
 // once main() runs.
+//
+// Note [Below autograd]
+// The autograd kernel of an op records one graph node for the whole op, then
+// runs the op's own kernels inside a BelowAutogradGuard. Composite kernels
+// call other ops (var calls mean, sub and sum; to() calls copy_); the guard
+// makes those inner calls skip the autograd key, so one user-level op records
+// exactly one node. The guard is thread-local: other threads keep recording.
 #ifndef EMBER_TENSOR_DISPATCH_H_
 #define EMBER_TENSOR_DISPATCH_H_
 
@@ -79,7 +86,25 @@ DispatchKeySet KeysOf(const T&) {
 
 [[noreturn]] void ThrowNoKernel(std::string_view op, DispatchKeySet keys);
 
+// True inside a BelowAutogradGuard on this thread (Note [Below autograd]).
+extern thread_local constinit bool tls_below_autograd;
+
 }  // namespace internal
+
+// While alive, ops called on this thread skip their autograd kernels (Note
+// [Below autograd]). Nests; restores the previous state on destruction.
+class BelowAutogradGuard {
+ public:
+  BelowAutogradGuard() : previous_(internal::tls_below_autograd) {
+    internal::tls_below_autograd = true;
+  }
+  ~BelowAutogradGuard() { internal::tls_below_autograd = previous_; }
+  BelowAutogradGuard(const BelowAutogradGuard&) = delete;
+  BelowAutogradGuard& operator=(const BelowAutogradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
 
 template <typename Signature>
 class Op;
@@ -106,7 +131,8 @@ class Op<R(Args...)> {
 
   // Runs the op as if `below` and every key above it were absent: the autograd
   // kernel calls Redispatch(kAutograd, ...) to reach the device or composite
-  // kernel.
+  // kernel. Ops the composite kernel calls in turn still see the autograd key
+  // unless a BelowAutogradGuard is alive (Note [Below autograd]).
   R Redispatch(DispatchKey below, Args... args) const {
     DispatchKeySet keys;
     ((keys = keys | internal::KeysOf(args)), ...);
@@ -117,7 +143,8 @@ class Op<R(Args...)> {
 
  private:
   R Call(DispatchKeySet keys, Args... args) const {
-    if (keys.Has(DispatchKey::kAutograd) && kernels_[2] != nullptr) {
+    if (keys.Has(DispatchKey::kAutograd) && kernels_[2] != nullptr &&
+        !internal::tls_below_autograd) {
       return kernels_[2](std::forward<Args>(args)...);
     }
     for (int k : {0, 1}) {

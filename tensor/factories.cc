@@ -11,9 +11,21 @@ Tensor empty(IntArrayRef sizes, TensorOptions options) {
   return EmptyTensor(sizes, options.dtype(), options.device());
 }
 Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.options()); }
-Tensor zeros(IntArrayRef sizes, TensorOptions options) { return empty(sizes, options).fill_(0); }
+
+namespace {
+// A fresh tensor filled with `value`. It calls the device kernel directly, so
+// the new tensor starts at version 0 (its fill is not an in-place
+// modification anyone could have saved a tensor before), as in torch.
+Tensor Filled(IntArrayRef sizes, TensorOptions options, const Scalar& value) {
+  Tensor t = empty(sizes, options);
+  if (t.numel() > 0) ops::fill_out(t, value);
+  return t;
+}
+}  // namespace
+
+Tensor zeros(IntArrayRef sizes, TensorOptions options) { return Filled(sizes, options, 0); }
 Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.options()); }
-Tensor ones(IntArrayRef sizes, TensorOptions options) { return empty(sizes, options).fill_(1); }
+Tensor ones(IntArrayRef sizes, TensorOptions options) { return Filled(sizes, options, 1); }
 Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.options()); }
 
 namespace {
@@ -26,7 +38,7 @@ Dtype DefaultDtypeFor(const Scalar& v) {
 
 Tensor full(IntArrayRef sizes, const Scalar& value, std::optional<TensorOptions> options) {
   TensorOptions o = options ? *options : TensorOptions(DefaultDtypeFor(value));
-  return empty(sizes, o).fill_(value);
+  return Filled(sizes, o, value);
 }
 Tensor full_like(const Tensor& t, const Scalar& value) { return full(t.sizes(), value, t.options()); }
 
@@ -220,7 +232,7 @@ Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptio
   } else {
     ptr = DataPtr(data, nullptr, nullptr, options.device());
   }
-  return Tensor(std::make_shared<TensorImpl>(Storage(std::move(ptr), nbytes), options.dtype(),
+  return Tensor(MakeTensorImpl(Storage(std::move(ptr), nbytes), options.dtype(),
                                              sizes, strides, 0));
 }
 

@@ -5,7 +5,8 @@
 namespace ember {
 
 Storage::Storage(DataPtr data, size_t nbytes, Allocator* allocator)
-    : impl_(std::make_shared<Impl>(Impl{std::move(data), nbytes, allocator})) {}
+    : impl_(std::allocate_shared<Impl>(PoolAllocator<Impl>(),
+                                       Impl{std::move(data), nbytes, allocator})) {}
 
 Storage Storage::Allocate(size_t nbytes, Allocator* allocator) {
   EMBER_INTERNAL_ASSERT(allocator != nullptr);

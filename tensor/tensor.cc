@@ -16,7 +16,7 @@ TensorImpl::TensorImpl(Storage storage, Dtype dtype, IntArrayRef sizes,
       strides_(strides.begin(), strides.end()),
       storage_offset_(storage_offset),
       dtype_(dtype),
-      version_(std::make_shared<VersionCounter>()) {
+      version_(std::allocate_shared<VersionCounter>(PoolAllocator<VersionCounter>())) {
   EMBER_INTERNAL_ASSERT(sizes.size() == strides.size());
   Recompute();
 }
@@ -53,6 +53,8 @@ DispatchKey DeviceDispatchKey(DeviceType type) {
 }
 
 namespace internal {
+
+thread_local constinit bool tls_below_autograd = false;
 
 DispatchKeySet KeysOf(const Tensor& t) {
   if (!t.defined()) return {};
@@ -243,7 +245,7 @@ std::vector<Tensor> Tensor::unbind(int64_t d) const {
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
-  Tensor out(std::make_shared<TensorImpl>(
+  Tensor out(MakeTensorImpl(
       Storage::Allocate(nbytes(), GetAllocator(device().type())), dtype(), sizes(),
       ContiguousStrides(sizes()), 0));
   return out.copy_(*this);
@@ -251,7 +253,7 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(Dtype d) const {
   if (d == dtype()) return *this;
-  Tensor out(std::make_shared<TensorImpl>(
+  Tensor out(MakeTensorImpl(
       Storage::Allocate(numel() * ElementSize(d), GetAllocator(device().type())), d, sizes(),
       ContiguousStrides(sizes()), 0));
   return out.copy_(*this);
@@ -265,7 +267,7 @@ Tensor Tensor::to(Device dev) const {
   Allocator* allocator = GetAllocator(dev.type());
   EMBER_CHECK(allocator != nullptr, "to: no allocator is registered for device ", dev.ToString(),
               "; link //cuda to use CUDA devices");
-  Tensor out(std::make_shared<TensorImpl>(Storage::Allocate(nbytes(), allocator), dtype(),
+  Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), allocator), dtype(),
                                           sizes(), ContiguousStrides(sizes()), 0));
   return out.copy_(*this);
 }
@@ -315,7 +317,7 @@ EMBER_UNARY_INPLACE_METHOD(relu_, kRelu)
 #undef EMBER_UNARY_INPLACE_METHOD
 
 Tensor WrapScalar(const Scalar& value, Device device) {
-  Tensor t(std::make_shared<TensorImpl>(
+  Tensor t(MakeTensorImpl(
       Storage::Allocate(ElementSize(value.dtype()), GetCpuAllocator()), value.dtype(),
       IntArrayRef{}, IntArrayRef{}, 0));
   VisitDtype(value.dtype(), [&]<typename T>() { *static_cast<T*>(t.raw_data()) = value.to<T>(); });
@@ -325,6 +327,24 @@ Tensor WrapScalar(const Scalar& value, Device device) {
 }
 
 namespace {
+// The number operand of `self op number`, wrapped (WrapScalar). When self's
+// dtype is its own compute type (float32, float64, int64) and the number is
+// of the same category, the number is wrapped in that dtype directly: type
+// promotion only looks at a wrapped number's category, and the kernel would
+// convert it to this dtype anyway, so the result is the same without the
+// conversion (which dominates ops on tiny tensors).
+Tensor WrapOperand(const Tensor& self, const Scalar& value) {
+  const Dtype d = self.dtype();
+  const bool same_category = (value.is_floating_point() && (d == kFloat32 || d == kFloat64)) ||
+                             (value.is_integral() && d == kInt64);
+  if (!same_category || !self.is_cpu()) return WrapScalar(value, self.device());
+  Tensor t(MakeTensorImpl(
+      Storage::Allocate(ElementSize(d), GetCpuAllocator()), d, IntArrayRef{}, IntArrayRef{}, 0));
+  VisitDtype(d, [&]<typename T>() { *static_cast<T*>(t.raw_data()) = value.to<T>(); });
+  t.impl()->set_wrapped_number(true);
+  return t;
+}
+
 Tensor Scaled(const Tensor& other, const Scalar& alpha) {
   bool one = alpha.is_floating_point() ? alpha.to_double() == 1.0 : alpha.to_int() == 1;
   return one ? other : ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device()));
@@ -338,7 +358,7 @@ Tensor Scaled(const Tensor& other, const Scalar& alpha) {
 #define EMBER_BINARY_SCALAR_METHODS(method, kind)                                 \
   EMBER_BINARY_METHODS(method, kind)                                              \
   Tensor Tensor::method(const Scalar& other) const {                              \
-    return ops::binary(BinaryOp::kind, *this, WrapScalar(other, device()));       \
+    return ops::binary(BinaryOp::kind, *this, WrapOperand(*this, other));         \
   }
 EMBER_BINARY_SCALAR_METHODS(mul, kMul)
 EMBER_BINARY_SCALAR_METHODS(div, kDiv)
@@ -361,30 +381,30 @@ Tensor Tensor::add(const Tensor& other, const Scalar& alpha) const {
   return ops::binary(BinaryOp::kAdd, *this, Scaled(other, alpha));
 }
 Tensor Tensor::add(const Scalar& other, const Scalar& alpha) const {
-  return add(WrapScalar(other, device()), alpha);
+  return add(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::sub(const Tensor& other, const Scalar& alpha) const {
   return ops::binary(BinaryOp::kSub, *this, Scaled(other, alpha));
 }
 Tensor Tensor::sub(const Scalar& other, const Scalar& alpha) const {
-  return sub(WrapScalar(other, device()), alpha);
+  return sub(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::add_(const Tensor& other, const Scalar& alpha) const {
   return ops::binary_(BinaryOp::kAdd, *this, Scaled(other, alpha));
 }
 Tensor Tensor::add_(const Scalar& other, const Scalar& alpha) const {
-  return add_(WrapScalar(other, device()), alpha);
+  return add_(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::sub_(const Tensor& other, const Scalar& alpha) const {
   return ops::binary_(BinaryOp::kSub, *this, Scaled(other, alpha));
 }
 Tensor Tensor::sub_(const Scalar& other, const Scalar& alpha) const {
-  return sub_(WrapScalar(other, device()), alpha);
+  return sub_(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::mul_(const Tensor& other) const { return ops::binary_(BinaryOp::kMul, *this, other); }
-Tensor Tensor::mul_(const Scalar& other) const { return mul_(WrapScalar(other, device())); }
+Tensor Tensor::mul_(const Scalar& other) const { return mul_(WrapOperand(*this, other)); }
 Tensor Tensor::div_(const Tensor& other) const { return ops::binary_(BinaryOp::kDiv, *this, other); }
-Tensor Tensor::div_(const Scalar& other) const { return div_(WrapScalar(other, device())); }
+Tensor Tensor::div_(const Scalar& other) const { return div_(WrapOperand(*this, other)); }
 Tensor Tensor::pow_(const Scalar& exponent) const {
   return ops::binary_(BinaryOp::kPow, *this, WrapScalar(exponent, device()));
 }
@@ -525,6 +545,64 @@ bool Tensor::allclose(const Tensor& other, double rtol, double atol, bool equal_
   Tensor ok = close.logical_or(a.eq(b));
   if (equal_nan) ok = ok.logical_or(a.ne(a).logical_and(b.ne(b)));
   return ok.logical_not().sum().item<int64_t>() == 0;
+}
+
+// --- Autograd (Note [Autograd hooks]) -------------------------------------------
+
+namespace {
+const AutogradHooksInterface* g_autograd_hooks = nullptr;
+
+const AutogradHooksInterface& RequireAutogradHooks(const char* method) {
+  EMBER_CHECK(g_autograd_hooks != nullptr, method,
+              ": autograd is not linked into this program; depend on //autograd");
+  return *g_autograd_hooks;
+}
+}  // namespace
+
+void SetAutogradHooks(const AutogradHooksInterface* hooks) { g_autograd_hooks = hooks; }
+const AutogradHooksInterface* GetAutogradHooks() { return g_autograd_hooks; }
+
+bool Tensor::requires_grad() const {
+  const AutogradMetaInterface* meta = impl_->autograd_meta();
+  return meta != nullptr && meta->requires_grad();
+}
+
+const Tensor& Tensor::requires_grad_(bool requires_grad) const {
+  RequireAutogradHooks("requires_grad_").SetRequiresGrad(*this, requires_grad);
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  if (impl_->autograd_meta() == nullptr) return Tensor();
+  return RequireAutogradHooks("grad").Grad(*this);
+}
+
+void Tensor::set_grad(const Tensor& grad) const {
+  RequireAutogradHooks("set_grad").SetGrad(*this, grad);
+}
+
+bool Tensor::is_leaf() const {
+  const AutogradMetaInterface* meta = impl_->autograd_meta();
+  return meta == nullptr || meta->is_leaf();
+}
+
+Tensor Tensor::detach() const {
+  auto impl = MakeTensorImpl(storage(), dtype(), sizes(), strides(),
+                                           storage_offset());
+  impl->set_version_counter(impl_->version_counter());
+  impl->set_wrapped_number(impl_->is_wrapped_number());
+  return Tensor(std::move(impl));
+}
+
+const Tensor& Tensor::detach_() const {
+  if (impl_->autograd_meta() != nullptr) RequireAutogradHooks("detach_").DetachInPlace(*this);
+  return *this;
+}
+
+void Tensor::retain_grad() const { RequireAutogradHooks("retain_grad").RetainGrad(*this); }
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph) const {
+  RequireAutogradHooks("backward").Backward(*this, gradient, retain_graph, create_graph);
 }
 
 // --- Operators and free functions -------------------------------------------------

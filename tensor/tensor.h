@@ -42,13 +42,45 @@
 
 namespace ember {
 
-// The autograd layer's per-tensor data (grad, grad_fn, ...). The tensor layer
-// only knows whether it asks for gradients (Note [Dispatch]).
+class Tensor;
+
+// Note [Autograd hooks]
+// The tensor layer knows nothing of graphs. Each TensorImpl has a slot for the
+// autograd layer's per-tensor data (grad, grad_fn, hooks, ...), seen here only
+// through AutogradMetaInterface, and the Tensor methods that need autograd
+// (requires_grad_, grad, backward, ...) forward to the AutogradHooksInterface
+// that //autograd registers when it is linked. Without it, requires_grad() is
+// false, grad() is undefined, and the methods that need autograd throw, naming
+// the library to link.
+
+// The autograd layer's per-tensor data. The dispatcher asks requires_grad()
+// to pick the autograd kernel (Note [Dispatch]).
 class AutogradMetaInterface {
  public:
   virtual ~AutogradMetaInterface() = default;
   virtual bool requires_grad() const = 0;
+  // False for tensors that an op recorded in the graph produced.
+  virtual bool is_leaf() const { return true; }
 };
+
+// The Tensor methods that autograd implements (Note [Autograd hooks]).
+// Registered once, during static initialisation, by //autograd.
+class AutogradHooksInterface {
+ public:
+  virtual ~AutogradHooksInterface() = default;
+  virtual void SetRequiresGrad(const Tensor& self, bool requires_grad) const = 0;
+  virtual Tensor Grad(const Tensor& self) const = 0;
+  virtual void SetGrad(const Tensor& self, const Tensor& grad) const = 0;
+  virtual void DetachInPlace(const Tensor& self) const = 0;
+  virtual void RetainGrad(const Tensor& self) const = 0;
+  virtual void Backward(const Tensor& self, const Tensor& gradient, bool retain_graph,
+                        bool create_graph) const = 0;
+};
+
+// Installs the autograd layer's hooks; `hooks` must outlive the program.
+void SetAutogradHooks(const AutogradHooksInterface* hooks);
+// The installed hooks, or nullptr when //autograd is not linked.
+const AutogradHooksInterface* GetAutogradHooks();
 
 // Counts in-place modifications of a tensor's data. Shared by a tensor, its
 // views and detach() results, so that autograd can tell whether a saved
@@ -134,6 +166,14 @@ class TensorImpl {
   std::shared_ptr<VersionCounter> version_;
   std::unique_ptr<AutogradMetaInterface> autograd_meta_;
 };
+
+// A new TensorImpl from the object pool (Note [Object pool]); every
+// TensorImpl is made this way.
+template <typename... Args>
+std::shared_ptr<TensorImpl> MakeTensorImpl(Args&&... args) {
+  return std::allocate_shared<TensorImpl>(PoolAllocator<TensorImpl>(),
+                                          std::forward<Args>(args)...);
+}
 
 struct MinMaxResult;
 
@@ -337,6 +377,34 @@ class Tensor {
   // Readable form, as torch prints: values, then shape/dtype when not the
   // defaults.
   std::string ToString() const;
+
+  // --- Autograd (implemented by //autograd, Note [Autograd hooks]) ----------
+  // Whether ops on this tensor record a graph: a leaf whose flag is set, or
+  // the output of a recorded op.
+  bool requires_grad() const;
+  // Sets the flag of a leaf; throws for non-leaves and non-floating dtypes,
+  // as torch does. Returns *this.
+  const Tensor& requires_grad_(bool requires_grad = true) const;
+  // The accumulated gradient (leaves, or non-leaves after retain_grad());
+  // undefined when none.
+  Tensor grad() const;
+  // Replaces the gradient (optimizers, zero_grad); undefined clears it. The
+  // shape must match.
+  void set_grad(const Tensor& grad) const;
+  // True unless the tensor is the output of a recorded op.
+  bool is_leaf() const;
+  // A tensor sharing data and version counter, outside any graph.
+  Tensor detach() const;
+  // Takes this tensor out of the graph (it becomes a leaf that does not
+  // require grad). Throws for views, as torch does. Returns *this.
+  const Tensor& detach_() const;
+  // Makes backward() fill grad() of this non-leaf too.
+  void retain_grad() const;
+  // Computes the gradient of this tensor with respect to the graph leaves and
+  // accumulates it into their grad(). `gradient` may be omitted only for
+  // one-element tensors. Runs on the calling thread; blocks until done.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false,
+                bool create_graph = false) const;
 
  private:
   void CheckDataPtrType(Dtype requested) const;

@@ -10,7 +10,7 @@ namespace ember {
 namespace {
 
 Tensor MakeView(const Tensor& self, IntArrayRef sizes, IntArrayRef strides, int64_t offset) {
-  auto impl = std::make_shared<TensorImpl>(self.storage(), self.dtype(), sizes, strides, offset);
+  auto impl = MakeTensorImpl(self.storage(), self.dtype(), sizes, strides, offset);
   impl->set_version_counter(self.impl()->version_counter());
   return Tensor(std::move(impl));
 }

@@ -1,0 +1,904 @@
+// The autograd kernels of the tensor core's ops (tensor/ops.inc): each runs
+// the op below autograd (Note [Below autograd]), then, when grad mode is on
+// and an input requires grad, records one node whose backward formula is
+// written in differentiable tensor ops, so that create_graph gives
+// higher-order gradients. Gradients are returned in the op's output shape and
+// compute dtype; the engine reduces them to each input (Note [Gradient
+// layout]).
+//
+// Note [Derivative coverage]
+// - Recorded here: every view op, copy_/fill_, unary, binary, where, clamp,
+//   masked_fill_, masked_select, index_select, cat, reduce, max_dim/min_dim,
+//   softmax/log_softmax, mm, bmm, addmm, dot, and the in-place forms (through
+//   Note [In-place rules]).
+// - var has no autograd kernel: its composite kernel is written in recorded
+//   ops (mean, sub, mul, sum), so it is differentiated through them. The same
+//   holds for the Tensor methods composed in tensor.cc (matmul, outer, norm,
+//   std, reshape, flatten, split, stack, ...).
+// - Comparisons, logical ops, argmax/argmin and the indices of max/min give
+//   bool or integer results, which never require grad.
+// - Not differentiable twice (their backward is not recorded): as_strided,
+//   slice with step > 1, index_select, masked_select and in-place ops on views
+//   (their first derivative is exact).
+#include <cctype>
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include "absl/container/inlined_vector.h"
+#include "autograd/anomaly_mode.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/record.h"
+#include "autograd/scatter.h"
+#include "tensor/factories.h"
+#include "tensor/ops.h"
+
+namespace ember::autograd {
+namespace {
+
+// --- Helpers -----------------------------------------------------------------
+
+Tensor Num(double v) { return WrapScalar(v); }
+Tensor ZeroLike() { return WrapScalar(0.0); }
+
+SizeVector ToVector(IntArrayRef a) { return SizeVector(a.begin(), a.end()); }
+
+// Reduced dims as the reduce kernels see them: every dim when `dims` is empty.
+SizeVector ReducedDims(const Tensor& self, IntArrayRef dims) {
+  if (self.dim() == 0) return {};
+  if (dims.empty()) {
+    SizeVector all(self.dim());
+    for (int64_t d = 0; d < self.dim(); ++d) all[d] = d;
+    return all;
+  }
+  return WrapDims(dims, self.dim(), "reduce");
+}
+
+// A gradient of a reduction, given in the output shape, back in the input's
+// shape (unsqueezing reduced dims first when they were dropped).
+Tensor ExpandReduced(const Tensor& g, IntArrayRef in_sizes, IntArrayRef reduced, bool keepdim) {
+  Tensor r = g;
+  if (!keepdim) {
+    for (int64_t d : reduced) r = r.unsqueeze(d);
+  }
+  return r.expand(in_sizes);
+}
+
+// The result of a reduction with its reduced dims kept (size 1).
+Tensor KeepDims(const Tensor& out, IntArrayRef reduced, bool keepdim) {
+  Tensor r = out;
+  if (!keepdim) {
+    for (int64_t d : reduced) r = r.unsqueeze(d);
+  }
+  return r;
+}
+
+bool ShouldRecord(const Tensor& a) { return GradMode::is_enabled() && RequiresGrad(a); }
+bool ShouldRecord(const Tensor& a, const Tensor& b) {
+  return GradMode::is_enabled() && (RequiresGrad(a) || RequiresGrad(b));
+}
+bool ShouldRecord(const Tensor& a, const Tensor& b, const Tensor& c) {
+  return GradMode::is_enabled() && (RequiresGrad(a) || RequiresGrad(b) || RequiresGrad(c));
+}
+
+std::shared_ptr<FormulaNode> Formula(const char* name, FormulaNode::Formula f) {
+  return MakeNode<FormulaNode>(name, std::move(f));
+}
+
+// A zero tensor of `sizes` whose slice [start, end) along `dim` is `g`,
+// built from differentiable ops (cat), so its own backward is recorded.
+Tensor PadAlong(const Tensor& g, IntArrayRef sizes, int64_t dim, int64_t start, int64_t end) {
+  SizeVector before = ToVector(sizes), after = ToVector(sizes);
+  before[dim] = start;
+  after[dim] = sizes[dim] - end;
+  std::vector<Tensor> parts;
+  if (start > 0) parts.push_back(zeros(before, TensorOptions(g.dtype()).device(g.device())));
+  parts.push_back(g);
+  if (after[dim] > 0) parts.push_back(zeros(after, TensorOptions(g.dtype()).device(g.device())));
+  return parts.size() == 1 ? g : cat(parts, dim);
+}
+
+// --- Views -------------------------------------------------------------------
+
+// Records `out = view_op(self)` with `backward(grad)`.
+template <typename F>
+Tensor RecordView(const Tensor& self, Tensor out, const char* name, const char* op, F backward) {
+  if (!ShouldRecord(self)) return out;
+  auto node = Formula(name, [backward](const variable_list&, const variable_list& grads) {
+    return variable_list{backward(grads[0])};
+  });
+  node->add_next_edge(GradientEdge(self));
+  FinishHistory(node, out, op);
+  MarkAsView(out, self);
+  return out;
+}
+
+Tensor ViewAutograd(const Tensor& self, IntArrayRef sizes) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::view(self, sizes);
+  }
+  SizeVector in = ToVector(self.sizes());
+  return RecordView(self, out, "ViewBackward", "view", [in](const Tensor& g) { return g.reshape(in); });
+}
+
+Tensor AsStridedAutograd(const Tensor& self, IntArrayRef sizes, IntArrayRef strides,
+                         int64_t offset) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::as_strided(self, sizes, strides, offset);
+  }
+  StridedGeometry in = StridedGeometry::Of(self), view = StridedGeometry::Of(out);
+  return RecordView(self, out, "AsStridedBackward", "as_strided",
+                    [in, view](const Tensor& g) { return AsStridedBackward(g, in, view); });
+}
+
+Tensor TransposeAutograd(const Tensor& self, int64_t d0, int64_t d1) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::transpose(self, d0, d1);
+  }
+  return RecordView(self, out, "TransposeBackward", "transpose",
+                    [d0, d1](const Tensor& g) { return g.transpose(d0, d1); });
+}
+
+Tensor PermuteAutograd(const Tensor& self, IntArrayRef dims) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::permute(self, dims);
+  }
+  SizeVector inverse(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) inverse[WrapDim(dims[i], self.dim(), "permute")] = i;
+  return RecordView(self, out, "PermuteBackward", "permute",
+                    [inverse](const Tensor& g) { return g.permute(inverse); });
+}
+
+Tensor SliceAutograd(const Tensor& self, int64_t dim, int64_t start, int64_t end, int64_t step) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::slice(self, dim, start, end, step);
+  }
+  SizeVector in = ToVector(self.sizes());
+  int64_t d = WrapDim(dim, self.dim(), "slice");
+  return RecordView(self, out, "SliceBackward", "slice", [=](const Tensor& g) {
+    if (step == 1) return PadAlong(g, in, d, start, end);
+    Tensor r = zeros(in, TensorOptions(g.dtype()).device(g.device()));
+    NoGradGuard no_grad;
+    r.slice(d, start, end, step).copy_(g);
+    return r;
+  });
+}
+
+Tensor SelectAutograd(const Tensor& self, int64_t dim, int64_t index) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::select(self, dim, index);
+  }
+  SizeVector in = ToVector(self.sizes());
+  int64_t d = WrapDim(dim, self.dim(), "select");
+  int64_t i = index < 0 ? index + in[d] : index;
+  return RecordView(self, out, "SelectBackward", "select",
+                    [=](const Tensor& g) { return PadAlong(g.unsqueeze(d), in, d, i, i + 1); });
+}
+
+Tensor ExpandAutograd(const Tensor& self, IntArrayRef sizes) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::expand(self, sizes);
+  }
+  SizeVector in = ToVector(self.sizes());
+  return RecordView(self, out, "ExpandBackward", "expand",
+                    [in](const Tensor& g) { return SumToSize(g, in); });
+}
+
+Tensor SqueezeAutograd(const Tensor& self, std::optional<int64_t> dim) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::squeeze(self, dim);
+  }
+  SizeVector in = ToVector(self.sizes());
+  return RecordView(self, out, "SqueezeBackward", "squeeze",
+                    [in](const Tensor& g) { return g.reshape(in); });
+}
+
+Tensor UnsqueezeAutograd(const Tensor& self, int64_t dim) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::unsqueeze(self, dim);
+  }
+  SizeVector in = ToVector(self.sizes());
+  return RecordView(self, out, "UnsqueezeBackward", "unsqueeze",
+                    [in](const Tensor& g) { return g.reshape(in); });
+}
+
+// --- In place (Note [In-place rules]) ------------------------------------------
+
+// Runs an in-place op that must be recorded: `out_of_place(snapshot)` computes
+// the new value from a recorded copy of the old one (so saved tensors are not
+// the ones being overwritten), `in_place()` performs the real op below
+// autograd (its checks and dtype rules included), then self's history is
+// rebased onto the recorded result.
+template <typename OutOfPlace, typename InPlace>
+Tensor RecordInPlace(const Tensor& self, OutOfPlace out_of_place, InPlace in_place) {
+  CheckInPlace(self);
+  Tensor snapshot = self.clone();
+  Tensor result = out_of_place(snapshot);
+  {
+    BelowAutogradGuard below;
+    in_place();
+  }
+  if (RequiresGrad(result)) {
+    AutogradMeta* meta = GetMeta(result);
+    RebaseHistory(self, Edge(meta->grad_fn_, meta->output_nr_));
+  }
+  return self;
+}
+
+Tensor CopyAutograd(const Tensor& self, const Tensor& src) {
+  if (!ShouldRecord(self, src)) {
+    BelowAutogradGuard below;
+    return ops::copy_(self, src);
+  }
+  CheckInPlace(self);
+  {
+    BelowAutogradGuard below;
+    ops::copy_(self, src);
+  }
+  if (!self.is_floating_point()) return self;
+  // The old value of self is overwritten: it gets no gradient.
+  auto node = Formula("CopyBackwards", [](const variable_list&, const variable_list& grads) {
+    return variable_list{grads[0]};
+  });
+  node->add_next_edge(GradientEdge(src));
+  uint32_t nr = node->add_input_metadata(self);
+  if (AnomalyMode::is_enabled()) node->set_forward_op("copy_");
+  RebaseHistory(self, Edge(node, nr));
+  return self;
+}
+
+Tensor FillAutograd(const Tensor& self, const Scalar& value) {
+  if (!ShouldRecord(self)) {
+    BelowAutogradGuard below;
+    return ops::fill_(self, value);
+  }
+  CheckInPlace(self);
+  {
+    BelowAutogradGuard below;
+    ops::fill_(self, value);
+  }
+  auto node = Formula("FillBackward", [](const variable_list&, const variable_list&) {
+    return variable_list{};
+  });
+  uint32_t nr = node->add_input_metadata(self);
+  RebaseHistory(self, Edge(node, nr));
+  return self;
+}
+
+// --- Unary -------------------------------------------------------------------
+
+Tensor UnaryFormula(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& y) {
+  switch (op) {
+    case UnaryOp::kNeg: return g.neg();
+    case UnaryOp::kAbs: return g * x.sign();
+    case UnaryOp::kExp: return g * y;
+    case UnaryOp::kExpm1: return g * (y + 1);
+    case UnaryOp::kLog: return g / x;
+    case UnaryOp::kLog1p: return g / (x + 1);
+    case UnaryOp::kLog2: return g / (x * std::numbers::ln2);
+    case UnaryOp::kSqrt: return g / (y * 2);
+    case UnaryOp::kRsqrt: return g * y.pow(3) * -0.5;
+    case UnaryOp::kSin: return g * x.cos();
+    case UnaryOp::kCos: return g * x.sin().neg();
+    case UnaryOp::kTan: return g * (y * y + 1);
+    case UnaryOp::kTanh: return g * (1 - y * y);
+    case UnaryOp::kSigmoid: return g * (y * (1 - y));
+    case UnaryOp::kRelu: return where(y.gt(0), g, ZeroLike());
+    case UnaryOp::kGelu: {
+      constexpr double kInvSqrt2 = 0.70710678118654752440;
+      constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+      Tensor cdf = ((x * kInvSqrt2).erf() + 1) * 0.5;
+      Tensor pdf = (x * x * -0.5).exp() * kInvSqrt2Pi;
+      return g * (cdf + x * pdf);
+    }
+    case UnaryOp::kErf: return g * (x * x).neg().exp() * (2.0 / std::sqrt(std::numbers::pi));
+    case UnaryOp::kReciprocal: return g * (y * y).neg();
+    case UnaryOp::kSquare: return g * x * 2;
+    case UnaryOp::kSign:
+    case UnaryOp::kFloor:
+    case UnaryOp::kCeil:
+    case UnaryOp::kRound: return Tensor();  // Zero almost everywhere.
+    case UnaryOp::kLogicalNot: break;
+  }
+  EMBER_INTERNAL_ASSERT(false, "no derivative for ", UnaryOpName(op));
+  return Tensor();
+}
+
+bool UnarySavesInput(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::kAbs: case UnaryOp::kLog: case UnaryOp::kLog1p: case UnaryOp::kLog2:
+    case UnaryOp::kSin: case UnaryOp::kCos: case UnaryOp::kGelu: case UnaryOp::kErf:
+    case UnaryOp::kSquare: return true;
+    default: return false;
+  }
+}
+
+bool UnarySavesResult(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::kExp: case UnaryOp::kExpm1: case UnaryOp::kSqrt: case UnaryOp::kRsqrt:
+    case UnaryOp::kTan: case UnaryOp::kTanh: case UnaryOp::kSigmoid: case UnaryOp::kRelu:
+    case UnaryOp::kReciprocal: return true;
+    default: return false;
+  }
+}
+
+class UnaryBackward final : public Node {
+ public:
+  explicit UnaryBackward(UnaryOp op) : op_(op) {}
+  std::string name() const override {
+    std::string n(UnaryOpName(op_));
+    n[0] = static_cast<char>(std::toupper(n[0]));
+    return n + "Backward";
+  }
+  void release_variables() override {
+    self_.Release();
+    result_.Release();
+  }
+  SavedVariable self_, result_;
+
+ protected:
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return {Tensor()};
+    return {UnaryFormula(op_, grads[0], self_.Unpack(), result_.Unpack())};
+  }
+
+ private:
+  UnaryOp op_;
+};
+
+Tensor UnaryAutograd(UnaryOp op, const Tensor& self) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::unary(op, self);
+  }
+  if (op == UnaryOp::kLogicalNot || !ShouldRecord(self)) return out;
+  auto node = MakeNode<UnaryBackward>(op);
+  node->add_next_edge(GradientEdge(self));
+  if (UnarySavesInput(op)) node->self_ = SavedVariable(self, false);
+  FinishHistory(node, out, UnaryOpName(op));
+  if (UnarySavesResult(op)) node->result_ = SavedVariable(out, true);
+  return out;
+}
+
+Tensor UnaryInPlaceAutograd(UnaryOp op, const Tensor& self) {
+  if (op == UnaryOp::kLogicalNot || !ShouldRecord(self)) {
+    BelowAutogradGuard below;
+    return ops::unary_(op, self);
+  }
+  return RecordInPlace(
+      self, [&](const Tensor& old) { return ops::unary(op, old); },
+      [&] { ops::unary_(op, self); });
+}
+
+// --- Binary ------------------------------------------------------------------
+
+class BinaryBackward final : public Node {
+ public:
+  explicit BinaryBackward(BinaryOp op) : op_(op) {}
+  std::string name() const override {
+    switch (op_) {
+      case BinaryOp::kAdd: return "AddBackward";
+      case BinaryOp::kSub: return "SubBackward";
+      case BinaryOp::kMul: return "MulBackward";
+      case BinaryOp::kDiv: return "DivBackward";
+      case BinaryOp::kPow: return "PowBackward";
+      case BinaryOp::kMaximum: return "MaximumBackward";
+      case BinaryOp::kMinimum: return "MinimumBackward";
+      default: return std::string(BinaryOpName(op_)) + "Backward";
+    }
+  }
+  void release_variables() override {
+    self_.Release();
+    other_.Release();
+    result_.Release();
+  }
+  SavedVariable self_, other_, result_;
+
+ protected:
+  variable_list apply(variable_list&& grads) override {
+    const Tensor& g = grads[0];
+    if (!g.defined()) return {Tensor(), Tensor()};
+    const bool need_a = next_edge(0).is_valid(), need_b = next_edge(1).is_valid();
+    Tensor ga, gb;
+    switch (op_) {
+      case BinaryOp::kAdd:
+        return {g, g};
+      case BinaryOp::kSub:
+        return {g, need_b ? g.neg() : Tensor()};
+      case BinaryOp::kMul:
+        if (need_a) ga = g * other_.Unpack();
+        if (need_b) gb = g * self_.Unpack();
+        return {ga, gb};
+      case BinaryOp::kDiv: {
+        Tensor b = other_.Unpack();
+        if (need_a) ga = g / b;
+        if (need_b) gb = (g * self_.Unpack() / (b * b)).neg();
+        return {ga, gb};
+      }
+      case BinaryOp::kPow: {
+        Tensor a = self_.Unpack(), b = other_.Unpack();
+        if (need_a) ga = where(b.eq(0), ZeroLike(), g * b * a.pow(b - 1));
+        if (need_b) {
+          Tensor y = result_.Unpack();
+          // d/db a^b = a^b log a; zero where a == 0 and b >= 0 (torch's rule).
+          Tensor mask = a.eq(0).logical_and(b.ge(0));
+          gb = where(mask, ZeroLike(), g * y * a.log());
+        }
+        return {ga, gb};
+      }
+      case BinaryOp::kMaximum:
+      case BinaryOp::kMinimum: {
+        Tensor a = self_.Unpack(), b = other_.Unpack();
+        Tensor a_wins = op_ == BinaryOp::kMaximum ? a > b : a < b;
+        Tensor tie = a == b;
+        Tensor half = g * 0.5;
+        if (need_a) ga = where(a_wins, g, where(tie, half, ZeroLike()));
+        if (need_b) gb = where(a_wins.logical_or(tie), where(tie, half, ZeroLike()), g);
+        return {ga, gb};
+      }
+      default: break;
+    }
+    EMBER_INTERNAL_ASSERT(false, "no derivative for ", BinaryOpName(op_));
+    return {};
+  }
+
+ private:
+  BinaryOp op_;
+};
+
+Tensor BinaryAutograd(BinaryOp op, const Tensor& a, const Tensor& b) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::binary(op, a, b);
+  }
+  if (BinaryOpReturnsBool(op) || !ShouldRecord(a, b)) return out;
+  auto node = MakeNode<BinaryBackward>(op);
+  node->add_next_edge(GradientEdge(a));
+  node->add_next_edge(GradientEdge(b));
+  const bool need_a = RequiresGrad(a), need_b = RequiresGrad(b);
+  switch (op) {
+    case BinaryOp::kMul:
+      if (need_a) node->other_ = SavedVariable(b, false);
+      if (need_b) node->self_ = SavedVariable(a, false);
+      break;
+    case BinaryOp::kDiv:
+      node->other_ = SavedVariable(b, false);
+      if (need_b) node->self_ = SavedVariable(a, false);
+      break;
+    case BinaryOp::kPow:
+    case BinaryOp::kMaximum:
+    case BinaryOp::kMinimum:
+      node->self_ = SavedVariable(a, false);
+      node->other_ = SavedVariable(b, false);
+      break;
+    default: break;
+  }
+  FinishHistory(node, out, BinaryOpName(op));
+  if (op == BinaryOp::kPow && need_b) node->result_ = SavedVariable(out, true);
+  return out;
+}
+
+Tensor BinaryInPlaceAutograd(BinaryOp op, const Tensor& self, const Tensor& other) {
+  if (BinaryOpReturnsBool(op) || !ShouldRecord(self, other)) {
+    BelowAutogradGuard below;
+    return ops::binary_(op, self, other);
+  }
+  return RecordInPlace(
+      self, [&](const Tensor& old) { return ops::binary(op, old, other); },
+      [&] { ops::binary_(op, self, other); });
+}
+
+// --- where, clamp, masking, indexing, cat ----------------------------------------
+
+Tensor WhereAutograd(const Tensor& condition, const Tensor& self, const Tensor& other) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::where(condition, self, other);
+  }
+  if (!ShouldRecord(self, other)) return out;
+  auto node = Formula("WhereBackward", [](const variable_list& saved, const variable_list& grads) {
+    const Tensor& c = saved[0];
+    const Tensor& g = grads[0];
+    return variable_list{where(c, g, ZeroLike()), where(c, ZeroLike(), g)};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->add_next_edge(GradientEdge(other));
+  node->Save(condition);
+  FinishHistory(node, out, "where");
+  return out;
+}
+
+Tensor ClampMask(const Tensor& x, const std::optional<Scalar>& min, const std::optional<Scalar>& max) {
+  Tensor mask;
+  if (min) mask = x.ge(*min);
+  if (max) mask = mask.defined() ? mask.logical_and(x.le(*max)) : x.le(*max);
+  return mask;
+}
+
+Tensor ClampAutograd(const Tensor& self, const std::optional<Scalar>& min,
+                     const std::optional<Scalar>& max) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::clamp(self, min, max);
+  }
+  if (!ShouldRecord(self)) return out;
+  auto node = Formula("ClampBackward", [min, max](const variable_list& saved,
+                                                   const variable_list& grads) {
+    return variable_list{where(ClampMask(saved[0], min, max), grads[0], ZeroLike())};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->Save(self);
+  FinishHistory(node, out, "clamp");
+  return out;
+}
+
+Tensor ClampInPlaceAutograd(const Tensor& self, const std::optional<Scalar>& min,
+                            const std::optional<Scalar>& max) {
+  if (!ShouldRecord(self)) {
+    BelowAutogradGuard below;
+    return ops::clamp_(self, min, max);
+  }
+  return RecordInPlace(
+      self, [&](const Tensor& old) { return ops::clamp(old, min, max); },
+      [&] { ops::clamp_(self, min, max); });
+}
+
+Tensor MaskedFillAutograd(const Tensor& self, const Tensor& mask, const Scalar& value) {
+  if (!ShouldRecord(self)) {
+    BelowAutogradGuard below;
+    return ops::masked_fill_(self, mask, value);
+  }
+  return RecordInPlace(
+      self, [&](const Tensor& old) { return where(mask, WrapScalar(value), old); },
+      [&] { ops::masked_fill_(self, mask, value); });
+}
+
+Tensor MaskedSelectAutograd(const Tensor& self, const Tensor& mask) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::masked_select(self, mask);
+  }
+  if (!ShouldRecord(self)) return out;
+  SizeVector shape = BroadcastShapes(self.sizes(), mask.sizes(), "masked_select");
+  auto node = Formula("MaskedSelectBackward", [shape](const variable_list& saved,
+                                                      const variable_list& grads) {
+    Tensor m = saved[0].expand(shape).to(kCPU).contiguous();
+    std::vector<int64_t> positions;
+    const bool* mp = m.numel() > 0 ? m.data_ptr<bool>() : nullptr;
+    for (int64_t i = 0; i < m.numel(); ++i) {
+      if (mp[i]) positions.push_back(i);
+    }
+    Tensor index = tensor(positions);
+    return variable_list{IndexAdd({Numel(shape)}, 0, index, grads[0]).view(shape)};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->Save(mask);
+  FinishHistory(node, out, "masked_select");
+  return out;
+}
+
+Tensor IndexSelectAutograd(const Tensor& self, int64_t dim, const Tensor& index) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::index_select(self, dim, index);
+  }
+  if (!ShouldRecord(self)) return out;
+  SizeVector in = ToVector(self.sizes());
+  auto node = Formula("IndexSelectBackward", [in, dim](const variable_list& saved,
+                                                       const variable_list& grads) {
+    return variable_list{IndexAdd(in, dim, saved[0], grads[0])};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->Save(index);
+  FinishHistory(node, out, "index_select");
+  return out;
+}
+
+Tensor CatAutograd(absl::Span<const Tensor> tensors, int64_t dim) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::cat(tensors, dim);
+  }
+  bool record = false;
+  for (const Tensor& t : tensors) record = record || RequiresGrad(t);
+  if (!GradMode::is_enabled() || !record) return out;
+  // Legacy [0]-shaped inputs take no part in the result (see ops::cat).
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // (start, length); length -1: skipped.
+  const int64_t d = out.dim() == 0 ? 0 : WrapDim(dim, out.dim(), "cat");
+  int64_t offset = 0;
+  for (const Tensor& t : tensors) {
+    if (t.dim() == 1 && t.numel() == 0 && out.dim() != 1) {
+      ranges.push_back({0, -1});
+      continue;
+    }
+    ranges.push_back({offset, t.sizes()[d]});
+    offset += t.sizes()[d];
+  }
+  auto node = Formula("CatBackward", [ranges, d](const variable_list&, const variable_list& grads) {
+    variable_list result;
+    for (auto [start, length] : ranges) {
+      result.push_back(length < 0 ? Tensor() : grads[0].narrow(d, start, length));
+    }
+    return result;
+  });
+  for (const Tensor& t : tensors) node->add_next_edge(GradientEdge(t));
+  FinishHistory(node, out, "cat");
+  return out;
+}
+
+// --- Reductions --------------------------------------------------------------
+
+Tensor ReduceAutograd(ReduceOp op, const Tensor& self, IntArrayRef dims, bool keepdim,
+                      std::optional<Dtype> dtype) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::reduce(op, self, dims, keepdim, dtype);
+  }
+  if (!ShouldRecord(self) || !out.is_floating_point()) return out;
+  SizeVector in = ToVector(self.sizes());
+  SizeVector reduced = ReducedDims(self, dims);
+  std::shared_ptr<FormulaNode> node;
+  switch (op) {
+    case ReduceOp::kSum:
+      node = Formula("SumBackward", [=](const variable_list&, const variable_list& grads) {
+        return variable_list{ExpandReduced(grads[0], in, reduced, keepdim)};
+      });
+      break;
+    case ReduceOp::kMean: {
+      int64_t n = 1;
+      for (int64_t d : reduced) n *= in[d];
+      node = Formula("MeanBackward", [=](const variable_list&, const variable_list& grads) {
+        return variable_list{ExpandReduced(grads[0], in, reduced, keepdim) / static_cast<double>(n)};
+      });
+      break;
+    }
+    case ReduceOp::kProd:
+      node = Formula("ProdBackward", [=](const variable_list& saved, const variable_list& grads) {
+        const Tensor& x = saved[0];
+        Tensor y = KeepDims(saved[1], reduced, keepdim);
+        Tensor g = ExpandReduced(grads[0], in, reduced, keepdim);
+        // Without zeros in a slice: y / x. With one zero, its derivative is
+        // the product of the others; with more, every derivative is zero.
+        Tensor is_zero = x.eq(0);
+        Tensor zero_count = is_zero.sum(reduced, /*keepdim=*/true);
+        Tensor safe_x = where(is_zero, Num(1.0), x);
+        Tensor others = safe_x;
+        for (int64_t d : reduced) others = others.prod(d, /*keepdim=*/true);
+        Tensor deriv = where(zero_count.eq(0), y / safe_x,
+                             where(is_zero.logical_and(zero_count.eq(1)), others, Num(0.0)));
+        return variable_list{g * deriv};
+      });
+      break;
+    case ReduceOp::kAmax:
+    case ReduceOp::kAmin:
+      node = Formula(op == ReduceOp::kAmax ? "AmaxBackward" : "AminBackward",
+                     [=](const variable_list& saved, const variable_list& grads) {
+        Tensor y = KeepDims(saved[1], reduced, keepdim);
+        Tensor mask = (saved[0] == y).to(grads[0].dtype());
+        Tensor count = mask.sum(reduced, /*keepdim=*/true);
+        return variable_list{ExpandReduced(grads[0], in, reduced, keepdim) * mask / count};
+      });
+      break;
+    default:
+      return out;
+  }
+  node->add_next_edge(GradientEdge(self));
+  if (op == ReduceOp::kProd || op == ReduceOp::kAmax || op == ReduceOp::kAmin) node->Save(self);
+  FinishHistory(node, out, ReduceOpName(op));
+  if (op == ReduceOp::kProd || op == ReduceOp::kAmax || op == ReduceOp::kAmin) {
+    node->Save(out, /*is_output=*/true);
+  }
+  return out;
+}
+
+MinMaxResult MaxMinDimAutograd(bool is_max, const Tensor& self, int64_t dim, bool keepdim) {
+  MinMaxResult out;
+  {
+    BelowAutogradGuard below;
+    out = is_max ? ops::max_dim(self, dim, keepdim) : ops::min_dim(self, dim, keepdim);
+  }
+  if (!ShouldRecord(self) || !out.values.is_floating_point()) return out;
+  SizeVector in = ToVector(self.sizes());
+  const int64_t d = self.dim() == 0 ? 0 : WrapDim(dim, self.dim(), is_max ? "max" : "min");
+  auto node = Formula(is_max ? "MaxBackward" : "MinBackward",
+                      [=](const variable_list& saved, const variable_list& grads) {
+    if (in.empty()) return variable_list{grads[0]};
+    Tensor idx = keepdim ? saved[0] : saved[0].unsqueeze(d);
+    Tensor g = keepdim ? grads[0] : grads[0].unsqueeze(d);
+    SizeVector pos_shape(in.size(), 1);
+    pos_shape[d] = in[d];
+    Tensor positions = arange(in[d]).view(pos_shape);
+    return variable_list{where(positions == idx, g, ZeroLike())};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->Save(out.indices);
+  FinishHistory(node, out.values, is_max ? "max" : "min");
+  return out;
+}
+
+MinMaxResult MaxDimAutograd(const Tensor& self, int64_t dim, bool keepdim) {
+  return MaxMinDimAutograd(true, self, dim, keepdim);
+}
+MinMaxResult MinDimAutograd(const Tensor& self, int64_t dim, bool keepdim) {
+  return MaxMinDimAutograd(false, self, dim, keepdim);
+}
+
+Tensor SoftmaxAutogradImpl(bool log, const Tensor& self, int64_t dim) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = log ? ops::log_softmax(self, dim) : ops::softmax(self, dim);
+  }
+  if (!ShouldRecord(self)) return out;
+  const int64_t d = self.dim() == 0 ? 0 : WrapDim(dim, self.dim(), "softmax");
+  const bool scalar = self.dim() == 0;
+  auto node = Formula(log ? "LogSoftmaxBackward" : "SoftmaxBackward",
+                      [=](const variable_list& saved, const variable_list& grads) {
+    const Tensor& y = saved[0];
+    const Tensor& g = grads[0];
+    if (scalar) return variable_list{log ? g - y.exp() * g : g * y - g * y};
+    if (log) return variable_list{g - y.exp() * g.sum({d}, /*keepdim=*/true)};
+    return variable_list{y * (g - (g * y).sum({d}, /*keepdim=*/true))};
+  });
+  node->add_next_edge(GradientEdge(self));
+  FinishHistory(node, out, log ? "log_softmax" : "softmax");
+  node->Save(out, /*is_output=*/true);
+  return out;
+}
+
+Tensor SoftmaxAutograd(const Tensor& self, int64_t dim) { return SoftmaxAutogradImpl(false, self, dim); }
+Tensor LogSoftmaxAutograd(const Tensor& self, int64_t dim) {
+  return SoftmaxAutogradImpl(true, self, dim);
+}
+
+// --- Linear algebra ------------------------------------------------------------
+
+Tensor MmAutograd(const Tensor& self, const Tensor& other) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::mm(self, other);
+  }
+  if (!ShouldRecord(self, other)) return out;
+  auto node = Formula("MmBackward", [](const variable_list& saved, const variable_list& grads) {
+    const Tensor& g = grads[0];
+    return variable_list{saved[1].defined() ? g.mm(saved[1].t()) : Tensor(),
+                         saved[0].defined() ? saved[0].t().mm(g) : Tensor()};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->add_next_edge(GradientEdge(other));
+  node->Save(RequiresGrad(other) ? self : Tensor());
+  node->Save(RequiresGrad(self) ? other : Tensor());
+  FinishHistory(node, out, "mm");
+  return out;
+}
+
+Tensor BmmAutograd(const Tensor& self, const Tensor& other) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::bmm(self, other);
+  }
+  if (!ShouldRecord(self, other)) return out;
+  auto node = Formula("BmmBackward", [](const variable_list& saved, const variable_list& grads) {
+    const Tensor& g = grads[0];
+    return variable_list{saved[1].defined() ? g.bmm(saved[1].transpose(1, 2)) : Tensor(),
+                         saved[0].defined() ? saved[0].transpose(1, 2).bmm(g) : Tensor()};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->add_next_edge(GradientEdge(other));
+  node->Save(RequiresGrad(other) ? self : Tensor());
+  node->Save(RequiresGrad(self) ? other : Tensor());
+  FinishHistory(node, out, "bmm");
+  return out;
+}
+
+Tensor AddmmAutograd(const Tensor& self, const Tensor& mat1, const Tensor& mat2,
+                     const Scalar& beta, const Scalar& alpha) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::addmm(self, mat1, mat2, beta, alpha);
+  }
+  if (!ShouldRecord(self, mat1, mat2)) return out;
+  auto node = Formula("AddmmBackward", [beta, alpha](const variable_list& saved,
+                                                     const variable_list& grads) {
+    const Tensor& g = grads[0];
+    const bool beta_zero = beta.to_double() == 0.0;
+    const bool alpha_one = alpha.to_double() == 1.0;
+    Tensor g_self = beta_zero ? Tensor() : (beta.to_double() == 1.0 ? g : g * beta);
+    Tensor g1, g2;
+    if (saved[1].defined()) g1 = alpha_one ? g.mm(saved[1].t()) : g.mm(saved[1].t()) * alpha;
+    if (saved[0].defined()) g2 = alpha_one ? saved[0].t().mm(g) : saved[0].t().mm(g) * alpha;
+    return variable_list{g_self, g1, g2};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->add_next_edge(GradientEdge(mat1));
+  node->add_next_edge(GradientEdge(mat2));
+  node->Save(RequiresGrad(mat2) ? mat1 : Tensor());
+  node->Save(RequiresGrad(mat1) ? mat2 : Tensor());
+  FinishHistory(node, out, "addmm");
+  return out;
+}
+
+Tensor DotAutograd(const Tensor& self, const Tensor& other) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::dot(self, other);
+  }
+  if (!ShouldRecord(self, other)) return out;
+  auto node = Formula("DotBackward", [](const variable_list& saved, const variable_list& grads) {
+    const Tensor& g = grads[0];
+    return variable_list{saved[1].defined() ? g * saved[1] : Tensor(),
+                         saved[0].defined() ? g * saved[0] : Tensor()};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->add_next_edge(GradientEdge(other));
+  node->Save(RequiresGrad(other) ? self : Tensor());
+  node->Save(RequiresGrad(self) ? other : Tensor());
+  FinishHistory(node, out, "dot");
+  return out;
+}
+
+EMBER_REGISTER_KERNEL(view, kAutograd, &ViewAutograd);
+EMBER_REGISTER_KERNEL(as_strided, kAutograd, &AsStridedAutograd);
+EMBER_REGISTER_KERNEL(transpose, kAutograd, &TransposeAutograd);
+EMBER_REGISTER_KERNEL(permute, kAutograd, &PermuteAutograd);
+EMBER_REGISTER_KERNEL(slice, kAutograd, &SliceAutograd);
+EMBER_REGISTER_KERNEL(select, kAutograd, &SelectAutograd);
+EMBER_REGISTER_KERNEL(expand, kAutograd, &ExpandAutograd);
+EMBER_REGISTER_KERNEL(squeeze, kAutograd, &SqueezeAutograd);
+EMBER_REGISTER_KERNEL(unsqueeze, kAutograd, &UnsqueezeAutograd);
+EMBER_REGISTER_KERNEL(copy_, kAutograd, &CopyAutograd);
+EMBER_REGISTER_KERNEL(fill_, kAutograd, &FillAutograd);
+EMBER_REGISTER_KERNEL(unary, kAutograd, &UnaryAutograd);
+EMBER_REGISTER_KERNEL(unary_, kAutograd, &UnaryInPlaceAutograd);
+EMBER_REGISTER_KERNEL(binary, kAutograd, &BinaryAutograd);
+EMBER_REGISTER_KERNEL(binary_, kAutograd, &BinaryInPlaceAutograd);
+EMBER_REGISTER_KERNEL(where, kAutograd, &WhereAutograd);
+EMBER_REGISTER_KERNEL(clamp, kAutograd, &ClampAutograd);
+EMBER_REGISTER_KERNEL(clamp_, kAutograd, &ClampInPlaceAutograd);
+EMBER_REGISTER_KERNEL(masked_fill_, kAutograd, &MaskedFillAutograd);
+EMBER_REGISTER_KERNEL(masked_select, kAutograd, &MaskedSelectAutograd);
+EMBER_REGISTER_KERNEL(index_select, kAutograd, &IndexSelectAutograd);
+EMBER_REGISTER_KERNEL(cat, kAutograd, &CatAutograd);
+EMBER_REGISTER_KERNEL(reduce, kAutograd, &ReduceAutograd);
+EMBER_REGISTER_KERNEL(max_dim, kAutograd, &MaxDimAutograd);
+EMBER_REGISTER_KERNEL(min_dim, kAutograd, &MinDimAutograd);
+EMBER_REGISTER_KERNEL(softmax, kAutograd, &SoftmaxAutograd);
+EMBER_REGISTER_KERNEL(log_softmax, kAutograd, &LogSoftmaxAutograd);
+EMBER_REGISTER_KERNEL(mm, kAutograd, &MmAutograd);
+EMBER_REGISTER_KERNEL(bmm, kAutograd, &BmmAutograd);
+EMBER_REGISTER_KERNEL(addmm, kAutograd, &AddmmAutograd);
+EMBER_REGISTER_KERNEL(dot, kAutograd, &DotAutograd);
+
+}  // namespace
+}  // namespace ember::autograd

@@ -1,0 +1,125 @@
+#include "autograd/gradcheck.h"
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "tensor/factories.h"
+#include "tensor/testing.h"
+
+namespace ember::autograd {
+namespace {
+
+// Address of row-major element `index` of a float64 tensor.
+double* ElementAt(const Tensor& t, int64_t index) {
+  int64_t offset = t.storage_offset();
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    offset += (index % t.sizes()[d]) * t.strides()[d];
+    index /= t.sizes()[d];
+  }
+  return static_cast<double*>(t.storage().data()) + offset;
+}
+
+bool SelfOverlapping(const Tensor& t) {
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.strides()[d] == 0 && t.sizes()[d] > 1) return true;
+  }
+  return false;
+}
+
+// The flattened values of every floating output.
+std::vector<std::vector<double>> Evaluate(
+    const std::function<variable_list(const variable_list&)>& fn, const variable_list& inputs) {
+  NoGradGuard no_grad;
+  std::vector<std::vector<double>> out;
+  for (const Tensor& t : fn(inputs)) {
+    out.push_back(t.defined() && t.is_floating_point() ? testing::Values(t) : std::vector<double>());
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>& fn,
+                       const variable_list& inputs, const GradcheckOptions& options) {
+  std::vector<size_t> checked;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined() || !t.requires_grad()) continue;
+    if (t.dtype() != kFloat64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradcheck: input ", i, " is ", std::string(DtypeName(t.dtype())),
+          "; finite differences need float64 inputs (use .to(ember::kFloat64))"));
+    }
+    if (SelfOverlapping(t)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradcheck: input ", i, " of shape ", ShapeToString(t.sizes()), " and strides ",
+          ShapeToString(t.strides()), " overlaps itself; pass a tensor that owns its elements"));
+    }
+    checked.push_back(i);
+  }
+  variable_list wrt;
+  for (size_t i : checked) wrt.push_back(inputs[i]);
+
+  variable_list outputs = fn(inputs);
+  // Analytical Jacobian: analytical[o][k][c][j] = d out_o[k] / d input_c[j].
+  std::vector<std::vector<std::vector<std::vector<double>>>> analytical(outputs.size());
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    const Tensor& out = outputs[o];
+    if (!out.defined() || !out.requires_grad()) continue;
+    if (out.numel() == 0) {
+      // Nothing to compare; backward must still run.
+      Grad({out}, wrt, {zeros_like(out)}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+      continue;
+    }
+    for (int64_t k = 0; k < out.numel(); ++k) {
+      Tensor seed = zeros(out.sizes(), TensorOptions(out.dtype()));
+      seed.view({-1}).narrow(0, k, 1).fill_(1);
+      variable_list grads = Grad({out}, wrt, {seed}, /*retain_graph=*/true, false,
+                                 /*allow_unused=*/true);
+      std::vector<std::vector<double>> row;
+      for (size_t c = 0; c < wrt.size(); ++c) {
+        row.push_back(grads[c].defined() ? testing::Values(grads[c])
+                                         : std::vector<double>(wrt[c].numel(), 0.0));
+        if (static_cast<int64_t>(row.back().size()) != wrt[c].numel()) {
+          return absl::InternalError(absl::StrCat(
+              "gradcheck: the gradient of input ", checked[c], " has ", row.back().size(),
+              " elements; the input has ", wrt[c].numel()));
+        }
+      }
+      analytical[o].push_back(std::move(row));
+    }
+  }
+
+  // Numerical Jacobian, one input element at a time.
+  for (size_t c = 0; c < wrt.size(); ++c) {
+    const Tensor& in = wrt[c];
+    for (int64_t j = 0; j < in.numel(); ++j) {
+      double* p = ElementAt(in, j);
+      const double original = *p;
+      *p = original + options.eps;
+      auto plus = Evaluate(fn, inputs);
+      *p = original - options.eps;
+      auto minus = Evaluate(fn, inputs);
+      *p = original;
+      for (size_t o = 0; o < outputs.size(); ++o) {
+        if (analytical[o].empty()) continue;
+        for (size_t k = 0; k < plus[o].size(); ++k) {
+          const double numerical = (plus[o][k] - minus[o][k]) / (2 * options.eps);
+          const double exact = analytical[o][k][c][j];
+          if (std::abs(numerical - exact) > options.atol + options.rtol * std::abs(numerical)) {
+            return absl::InternalError(absl::StrCat(
+                "gradcheck: Jacobian mismatch for output ", o, " element ", k,
+                " with respect to input ", checked[c], " element ", j, ": numerical ", numerical,
+                ", analytical ", exact));
+          }
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ember::autograd

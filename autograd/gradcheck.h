@@ -1,0 +1,44 @@
+// Gradient checking (testonly): compares the Jacobian that autograd computes
+// with one from central finite differences in float64, as
+// torch.autograd.gradcheck does.
+//
+//   Tensor x = ember::randn({3, 4}, ember::kFloat64).requires_grad_();
+//   absl::Status s = ember::autograd::Gradcheck(
+//       [](const variable_list& in) { return variable_list{in[0].tanh()}; }, {x});
+//   EXPECT_TRUE(s.ok()) << s;
+//
+// For each input that requires grad and each of its elements, the input is
+// perturbed by +-eps in place (through its strides, so non-contiguous inputs
+// work) and `fn` re-run without grad; for each output element, autograd's
+// grad() gives one row of the analytical Jacobian. Entries must agree within
+// atol + rtol * |numerical|. Empty inputs and outputs are run through forward
+// and backward too (nothing to compare, but nothing may fail).
+//
+// Inputs must be float64 (float32 differences are too coarse) and must not
+// overlap themselves (an expanded tensor would perturb several elements at
+// once); violations are reported as InvalidArgument. A mismatch is reported
+// as an Internal error naming the output, input, element and both values.
+// Blocking; runs on the calling thread.
+#ifndef EMBER_AUTOGRAD_GRADCHECK_H_
+#define EMBER_AUTOGRAD_GRADCHECK_H_
+
+#include <functional>
+
+#include "absl/status/status.h"
+#include "autograd/node.h"
+#include "tensor/tensor.h"
+
+namespace ember::autograd {
+
+struct GradcheckOptions {
+  double eps = 1e-6;
+  double atol = 1e-5;
+  double rtol = 1e-3;
+};
+
+absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>& fn,
+                       const variable_list& inputs, const GradcheckOptions& options = {});
+
+}  // namespace ember::autograd
+
+#endif  // EMBER_AUTOGRAD_GRADCHECK_H_

@@ -1,0 +1,158 @@
+// Node: one recorded operation of the autograd graph, and Edge, the link from
+// a node to the node that receives one of its gradients.
+//
+// Note [Autograd graph]
+// An op that records (its input requires grad and grad mode is on) creates a
+// Node whose apply() maps the gradients of the op's outputs to gradients of
+// its inputs. next_edges()[i] leads to where the gradient of input i goes:
+// the node that produced that input, or the AccumulateGrad node of a leaf, or
+// nowhere (an input that does not require grad). Each output tensor points
+// back at its node (grad_fn) with its output number, which is the node's
+// input number in backward. Nodes hold strong references to the next nodes,
+// so a graph lives as long as a tensor that can reach it. Sequence numbers
+// grow with creation order on each thread; the engine runs ready nodes with
+// the highest number first, which is the reverse of the forward order.
+//
+//   auto node = ember::autograd::MakeNode<MyBackward>();
+//   node->add_next_edge(ember::autograd::GradientEdge(input));
+//
+// Thread-safety: a node is built on one thread; the engine runs it on one
+// thread at a time. Hooks must be registered before backward runs.
+#ifndef EMBER_AUTOGRAD_NODE_H_
+#define EMBER_AUTOGRAD_NODE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "tensor/allocator.h"
+#include "tensor/tensor.h"
+
+namespace ember::autograd {
+
+class Node;
+
+using variable_list = std::vector<Tensor>;
+
+// Where a gradient flows: input `input_nr` of `function`. Invalid (null
+// function) for inputs that need no gradient.
+struct Edge {
+  Edge() = default;
+  Edge(std::shared_ptr<Node> function, uint32_t input_nr)
+      : function(std::move(function)), input_nr(input_nr) {}
+  bool is_valid() const { return function != nullptr; }
+
+  std::shared_ptr<Node> function;
+  uint32_t input_nr = 0;
+};
+
+using edge_list = absl::InlinedVector<Edge, 2>;
+
+// What a node's input gradient must look like: the shape, dtype and device of
+// the forward output it belongs to. The engine sums broadcast gradients back
+// to `shape` and converts them to `dtype` (Note [Gradient layout]).
+struct InputMetadata {
+  SizeVector shape;
+  Dtype dtype = kFloat32;
+  Device device = kCPU;
+};
+
+class Node {
+ public:
+  // Gradients in, possibly modified gradients out.
+  using PreHook = std::function<variable_list(const variable_list& grad_outputs)>;
+  // (grad_inputs, grad_outputs) -> replacement grad_inputs, or an empty list
+  // to keep them.
+  using PostHook =
+      std::function<variable_list(const variable_list& grad_inputs, const variable_list& grad_outputs)>;
+
+  Node();
+  virtual ~Node() = default;
+  // Nodes come from the object pool (Note [Object pool] in
+  // tensor/allocator.h): graphs of small ops allocate one per op.
+  static void* operator new(size_t n) {
+    return n <= kPoolMaxBytes ? ::ember::internal::PoolAllocate(n) : ::operator new(n);
+  }
+  static void operator delete(void* p, size_t n) {
+    if (n <= kPoolMaxBytes) {
+      ::ember::internal::PoolFree(p, n);
+    } else {
+      ::operator delete(p);
+    }
+  }
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Runs the pre hooks, apply() and the post hooks. `grads` has one entry per
+  // input (num_inputs()); undefined entries stand for zeros.
+  variable_list Run(variable_list&& grads);
+
+  // "MulBackward", "AccumulateGrad", ...
+  virtual std::string name() const = 0;
+  // Frees saved tensors once the graph will not be run again (retain_graph
+  // false). Later use of them raises PyTorch's "backward through the graph a
+  // second time" error.
+  virtual void release_variables() {}
+
+  uint64_t sequence_nr() const { return sequence_nr_; }
+
+  const edge_list& next_edges() const { return next_edges_; }
+  const Edge& next_edge(size_t i) const { return next_edges_[i]; }
+  size_t num_outputs() const { return next_edges_.size(); }
+  void add_next_edge(Edge edge) { next_edges_.push_back(std::move(edge)); }
+  void set_next_edges(edge_list edges) { next_edges_ = std::move(edges); }
+
+  // Records that the forward output numbered num_inputs() looks like `t`
+  // and returns that number.
+  uint32_t add_input_metadata(const Tensor& t);
+  size_t num_inputs() const { return input_metadata_.size(); }
+  const InputMetadata& input_metadata(size_t i) const { return input_metadata_[i]; }
+
+  void register_pre_hook(PreHook hook) { pre_hooks_.push_back(std::move(hook)); }
+  void register_post_hook(PostHook hook) { post_hooks_.push_back(std::move(hook)); }
+  // Hooks of one forward output (tensor hooks, retain_grad): run on that
+  // input's gradient before apply(); they return the replacement gradient or
+  // an undefined tensor to keep it.
+  void register_tensor_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook);
+
+  // Anomaly mode: the forward op that created this node ("mul").
+  const std::string& forward_op() const { return forward_op_; }
+  void set_forward_op(std::string op) { forward_op_ = std::move(op); }
+
+ protected:
+  virtual variable_list apply(variable_list&& grads) = 0;
+
+ private:
+  uint64_t sequence_nr_;
+  edge_list next_edges_;
+  absl::InlinedVector<InputMetadata, 1> input_metadata_;
+  std::vector<PreHook> pre_hooks_;
+  std::vector<PostHook> post_hooks_;
+  std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> tensor_pre_hooks_;
+  std::string forward_op_;
+};
+
+namespace internal {
+// Deletes nodes one at a time, so that dropping a long chain does not recurse
+// once per node (Note [Node deletion]).
+void DeleteNode(Node* node);
+}  // namespace internal
+
+// Creates a node owned by a shared_ptr whose deleter keeps deletion of long
+// chains iterative.
+template <typename T, typename... Args>
+std::shared_ptr<T> MakeNode(Args&&... args) {
+  return std::shared_ptr<T>(new T(std::forward<Args>(args)...), &internal::DeleteNode,
+                            PoolAllocator<T>());
+}
+
+// The next sequence number of this thread (what the next node will get).
+uint64_t PeekSequenceNr();
+
+}  // namespace ember::autograd
+
+#endif  // EMBER_AUTOGRAD_NODE_H_

@@ -1,0 +1,161 @@
+#include "autograd/variable.h"
+
+#include "autograd/grad_mode.h"
+#include "autograd/scatter.h"
+#include "tensor/ops.h"
+
+namespace ember::autograd {
+namespace {
+
+// Note [Views and in-place]
+// A recorded view op marks its output as a view of the input's base (the
+// tensor that owns the memory). An in-place op on a view of a non-leaf
+// rewrites the base's history (CopySlices, derivatives.cc), which bumps the
+// version counter shared by base and views. Each view remembers the version at
+// which its grad_fn was set; when the version has moved on, its grad_fn is
+// regenerated as an as_strided view of the base's current history. So every
+// view, not only the one written through, sees the write, as in PyTorch.
+class ViewOfBaseBackward final : public Node {
+ public:
+  ViewOfBaseBackward(StridedGeometry base, StridedGeometry view)
+      : base_(std::move(base)), view_(std::move(view)) {}
+  std::string name() const override { return "AsStridedBackward"; }
+
+ protected:
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return {Tensor()};
+    return {AsStridedBackward(grads[0], base_, view_)};
+  }
+
+ private:
+  StridedGeometry base_;
+  StridedGeometry view_;
+};
+
+}  // namespace
+
+AutogradMeta* MaterializeMeta(const Tensor& t) {
+  EMBER_CHECK(t.defined(), "autograd: the tensor is undefined");
+  AutogradMeta* meta = GetMeta(t);
+  if (meta == nullptr) {
+    auto owned = std::make_unique<AutogradMeta>();
+    meta = owned.get();
+    t.impl()->set_autograd_meta(std::move(owned));
+  }
+  return meta;
+}
+
+std::shared_ptr<Node> GradFn(const Tensor& t) {
+  AutogradMeta* meta = GetMeta(t);
+  if (meta == nullptr) return nullptr;
+  if (meta->is_view_ && meta->attr_version_ != t.version()) {
+    const Tensor& base = meta->base_;
+    Edge base_edge = GradientEdge(base);
+    if (base_edge.is_valid()) {
+      auto node = MakeNode<ViewOfBaseBackward>(StridedGeometry::Of(base), StridedGeometry::Of(t));
+      node->add_next_edge(std::move(base_edge));
+      meta->grad_fn_ = node;
+      meta->output_nr_ = node->add_input_metadata(t);
+    }
+    meta->attr_version_ = t.version();
+  }
+  return meta->grad_fn_;
+}
+
+std::shared_ptr<Node> GradAccumulator(const Tensor& leaf) {
+  AutogradMeta* meta = MaterializeMeta(leaf);
+  std::shared_ptr<Node> acc = meta->grad_accumulator_.lock();
+  if (acc != nullptr) return acc;
+  auto node = MakeNode<AccumulateGrad>(leaf);
+  node->add_input_metadata(leaf);
+  meta->grad_accumulator_ = node;
+  return node;
+}
+
+Edge GradientEdge(const Tensor& t) {
+  if (!t.defined()) return Edge();
+  AutogradMeta* meta = GetMeta(t);
+  if (meta == nullptr) return Edge();
+  std::shared_ptr<Node> fn = meta->is_view_ ? GradFn(t) : meta->grad_fn_;
+  if (fn != nullptr) return Edge(std::move(fn), meta->output_nr_);
+  if (meta->requires_grad_) return Edge(GradAccumulator(t), 0);
+  return Edge();
+}
+
+void SetHistory(const Tensor& t, const std::shared_ptr<Node>& node) {
+  AutogradMeta* meta = MaterializeMeta(t);
+  meta->grad_fn_ = node;
+  meta->output_nr_ = node->add_input_metadata(t);
+  meta->attr_version_ = t.version();
+}
+
+void MarkAsView(const Tensor& view, const Tensor& input) {
+  AutogradMeta* meta = MaterializeMeta(view);
+  AutogradMeta* in_meta = GetMeta(input);
+  meta->is_view_ = true;
+  meta->base_ = (in_meta != nullptr && in_meta->is_view_) ? in_meta->base_ : input;
+  meta->attr_version_ = view.version();
+}
+
+void RegisterHook(const Tensor& t, TensorHook hook) {
+  EMBER_CHECK(t.requires_grad(),
+              "cannot register a hook on a tensor that doesn't require gradient");
+  AutogradMeta* meta = MaterializeMeta(t);
+  std::shared_ptr<Node> fn = GradFn(t);
+  if (fn == nullptr) {
+    meta->leaf_hooks_.push_back(std::move(hook));
+  } else {
+    fn->register_tensor_pre_hook(meta->output_nr_, std::move(hook));
+  }
+}
+
+// Note [Gradient accumulation]
+// As PyTorch's AccumulateGrad: the first gradient is stored as it is when
+// nothing else can see it (a fresh, contiguous tensor no one else holds) and
+// cloned otherwise; later ones are added in place, or out of place when the
+// graph of the gradient itself is being recorded (create_graph), so that
+// higher-order gradients see the sum.
+AccumulateGrad::AccumulateGrad(Tensor variable) : variable_(std::move(variable)) {}
+
+variable_list AccumulateGrad::apply(variable_list&& grads) {
+  Tensor grad = std::move(grads[0]);
+  if (!grad.defined()) return {};
+  std::lock_guard<std::mutex> lock(mutex_);
+  AutogradMeta* meta = MaterializeMeta(variable_);
+  for (const TensorHook& hook : meta->leaf_hooks_) {
+    Tensor replaced = hook(grad);
+    if (replaced.defined()) grad = std::move(replaced);
+  }
+  Tensor& stored = meta->grad_;
+  if (!stored.defined()) {
+    const bool unshared = grad.impl_ptr().use_count() == 1 && grad.storage().use_count() == 1 &&
+                          grad.is_contiguous() && !grad.requires_grad();
+    if (!GradMode::is_enabled() && unshared) {
+      stored = std::move(grad);
+    } else {
+      stored = grad.clone();
+    }
+  } else if (!GradMode::is_enabled()) {
+    stored.add_(grad);
+  } else {
+    stored = stored.add(grad);
+  }
+  return {};
+}
+
+std::string DescribeTensor(const Tensor& t) {
+  std::string_view type;
+  switch (t.dtype()) {
+    case kFloat32: type = "float"; break;
+    case kFloat64: type = "double"; break;
+    case kFloat16: type = "half"; break;
+    case kBFloat16: type = "bfloat16"; break;
+    case kInt64: type = "long"; break;
+    case kInt32: type = "int"; break;
+    case kBool: type = "bool"; break;
+    default: type = DtypeName(t.dtype()); break;
+  }
+  return ::ember::internal::Concat("[", type, " ", ShapeToString(t.sizes()), "]");
+}
+
+}  // namespace ember::autograd

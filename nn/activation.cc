@@ -1,0 +1,66 @@
+#include "nn/activation.h"
+
+#include <vector>
+
+#include "autograd/function.h"
+#include "autograd/grad_mode.h"
+#include "tensor/factories.h"
+
+namespace ember::nn {
+namespace {
+
+using autograd::AutogradContext;
+
+template <typename F>
+void VisitFloat(Dtype dtype, F&& f) {
+  if (dtype == kFloat32) {
+    f.template operator()<float>();
+  } else {
+    f.template operator()<double>();
+  }
+}
+
+struct ReluFunction : autograd::Function<ReluFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input) {
+    Tensor out = empty(input.sizes(), input.options());
+    VisitFloat(input.dtype(), [&]<typename T>() {
+      const T* x = input.data_ptr<T>();
+      T* y = out.data_ptr<T>();
+      const int64_t n = input.numel();
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+    });
+    ctx->save_for_backward({out});
+    return out;
+  }
+
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    Tensor out = ctx->get_saved_variables()[0];
+    Tensor g = grad_outputs[0].contiguous();
+    // A graph of the backward (create_graph) needs differentiable ops.
+    if (autograd::GradMode::is_enabled() || g.dtype() != out.dtype()) {
+      return {where(out.gt(0), g, zeros({}, g.options()))};
+    }
+    Tensor gx = empty(out.sizes(), out.options());
+    VisitFloat(out.dtype(), [&]<typename T>() {
+      const T* y = out.data_ptr<T>();
+      const T* pg = g.data_ptr<T>();
+      T* px = gx.data_ptr<T>();
+      const int64_t n = out.numel();
+      for (int64_t i = 0; i < n; ++i) px[i] = y[i] > T(0) ? pg[i] : T(0);
+    });
+    return {gx};
+  }
+};
+
+}  // namespace
+
+namespace functional {
+
+Tensor relu(const Tensor& input) {
+  const bool fast = input.defined() && input.is_cpu() && input.is_contiguous() &&
+                    (input.dtype() == kFloat32 || input.dtype() == kFloat64);
+  return fast ? ReluFunction::apply(input) : input.relu();
+}
+
+}  // namespace functional
+}  // namespace ember::nn

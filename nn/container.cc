@@ -1,0 +1,45 @@
+#include "nn/container.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tensor/error.h"
+
+namespace ember::nn {
+
+Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) {
+  for (auto& m : modules) push_back(std::move(m));
+}
+
+void Sequential::push_back(std::shared_ptr<Module> module) {
+  EMBER_CHECK(module != nullptr, "Sequential::push_back: module ", modules_.size(), " is null");
+  register_module(std::to_string(modules_.size()), module);
+  modules_.push_back(std::move(module));
+}
+
+std::shared_ptr<Module> Sequential::operator[](int64_t index) const {
+  const int64_t n = static_cast<int64_t>(modules_.size());
+  EMBER_CHECK(index >= -n && index < n, "Sequential: index ", index,
+              " is out of range for a container of ", n, " modules");
+  return modules_[index < 0 ? index + n : index];
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& m : modules_) x = (*m)(x);
+  return x;
+}
+
+std::shared_ptr<Module> Sequential::clone(std::optional<Device> device) const {
+  std::shared_ptr<Sequential> copy(new Sequential(*this));
+  // The copy constructor copied the train/eval flag and hooks; a Sequential
+  // has no parameters or buffers of its own.
+  for (const auto& m : modules_) copy->push_back(m->clone(device));
+  return copy;
+}
+
+std::string Flatten::extra_repr() const {
+  return absl::StrCat("start_dim=", start_dim_, ", end_dim=", end_dim_);
+}
+
+}  // namespace ember::nn

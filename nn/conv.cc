@@ -1,0 +1,292 @@
+#include "nn/conv.h"
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/function.h"
+#include "nn/init.h"
+#include "nn/kernel_util.h"
+#include "tensor/error.h"
+#include "tensor/factories.h"
+#include "tensor/ops.h"
+
+namespace ember::nn {
+namespace {
+
+using autograd::AutogradContext;
+
+// The geometry of one convolution.
+struct ConvShape {
+  int64_t n, c, h, w;  // input
+  int64_t o, kh, kw;   // weight
+  int64_t oh, ow;      // output
+  Int2 stride, padding, dilation;
+  int64_t groups;
+  int64_t ckk() const { return c * kh * kw; }
+  int64_t l() const { return oh * ow; }
+};
+
+// cols[(ci * kh + ki) * kw + kj][oy * ow + ox] = x[ci][iy][ix] (0 outside).
+template <typename T>
+void Im2Col(const T* x, const ConvShape& s, T* cols) {
+  for (int64_t ci = 0; ci < s.c; ++ci) {
+    for (int64_t ki = 0; ki < s.kh; ++ki) {
+      for (int64_t kj = 0; kj < s.kw; ++kj) {
+        T* row = cols + ((ci * s.kh + ki) * s.kw + kj) * s.l();
+        const T* plane = x + ci * s.h * s.w;
+        for (int64_t oy = 0; oy < s.oh; ++oy) {
+          const int64_t iy = oy * s.stride[0] - s.padding[0] + ki * s.dilation[0];
+          T* out = row + oy * s.ow;
+          if (iy < 0 || iy >= s.h) {
+            for (int64_t ox = 0; ox < s.ow; ++ox) out[ox] = T(0);
+            continue;
+          }
+          const T* in = plane + iy * s.w;
+          for (int64_t ox = 0; ox < s.ow; ++ox) {
+            const int64_t ix = ox * s.stride[1] - s.padding[1] + kj * s.dilation[1];
+            out[ox] = (ix >= 0 && ix < s.w) ? in[ix] : T(0);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The adjoint of Im2Col: adds every cols entry back into gx.
+template <typename T>
+void Col2Im(const T* cols, const ConvShape& s, T* gx) {
+  for (int64_t ci = 0; ci < s.c; ++ci) {
+    for (int64_t ki = 0; ki < s.kh; ++ki) {
+      for (int64_t kj = 0; kj < s.kw; ++kj) {
+        const T* row = cols + ((ci * s.kh + ki) * s.kw + kj) * s.l();
+        T* plane = gx + ci * s.h * s.w;
+        for (int64_t oy = 0; oy < s.oh; ++oy) {
+          const int64_t iy = oy * s.stride[0] - s.padding[0] + ki * s.dilation[0];
+          if (iy < 0 || iy >= s.h) continue;
+          const T* in = row + oy * s.ow;
+          T* out = plane + iy * s.w;
+          for (int64_t ox = 0; ox < s.ow; ++ox) {
+            const int64_t ix = ox * s.stride[1] - s.padding[1] + kj * s.dilation[1];
+            if (ix >= 0 && ix < s.w) out[ix] += in[ox];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Unfolds sample `n` of x (contiguous) into cols [C*kh*kw, OH*OW].
+void Unfold(const Tensor& x, int64_t n, const ConvShape& s, const Tensor& cols) {
+  internal::VisitNnDtype(x.dtype(), "conv2d", [&]<typename T>() {
+    Im2Col(x.data_ptr<T>() + n * s.c * s.h * s.w, s, cols.data_ptr<T>());
+  });
+}
+
+// out = beta * out + a @ b on 2-D views.
+void Gemm(const Tensor& out, const Tensor& a, const Tensor& b, double beta) {
+  ops::gemm_out(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), beta, 1);
+}
+
+ConvShape ShapeOf(const Tensor& x, const Tensor& w, Int2 stride, Int2 padding, Int2 dilation,
+                  int64_t groups) {
+  ConvShape s;
+  s.n = x.size(0), s.c = x.size(1), s.h = x.size(2), s.w = x.size(3);
+  s.o = w.size(0), s.kh = w.size(2), s.kw = w.size(3);
+  s.stride = stride, s.padding = padding, s.dilation = dilation, s.groups = groups;
+  s.oh = (s.h + 2 * padding[0] - dilation[0] * (s.kh - 1) - 1) / stride[0] + 1;
+  s.ow = (s.w + 2 * padding[1] - dilation[1] * (s.kw - 1) - 1) / stride[1] + 1;
+  return s;
+}
+
+struct Conv2dFunction : autograd::Function<Conv2dFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
+                        const Tensor& bias, Int2 stride, Int2 padding, Int2 dilation,
+                        int64_t groups) {
+    Tensor x = input.detach().contiguous();
+    Tensor w = weight.detach().contiguous();
+    const ConvShape s = ShapeOf(x, w, stride, padding, dilation, groups);
+    ctx->save_for_backward({input, weight});
+    ctx->saved_data["stride"] = std::vector<int64_t>{stride[0], stride[1]};
+    ctx->saved_data["padding"] = std::vector<int64_t>{padding[0], padding[1]};
+    ctx->saved_data["dilation"] = std::vector<int64_t>{dilation[0], dilation[1]};
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["has_bias"] = bias.defined();
+
+    Tensor out = empty({s.n, s.o, s.oh, s.ow}, x.options());
+    if (out.numel() == 0) return out;
+    if (bias.defined()) {
+      out.copy_(bias.detach().view({1, s.o, 1, 1}));
+    }
+    const double beta = bias.defined() ? 1.0 : 0.0;
+    const int64_t og = s.o / groups, cg = s.ckk() / groups;
+    Tensor w2d = w.view({s.o, s.ckk() / groups});
+    Tensor cols = empty({s.ckk(), s.l()}, x.options());
+    for (int64_t n = 0; n < s.n; ++n) {
+      Unfold(x, n, s, cols);
+      Tensor out_n = out.select(0, n).view({s.o, s.l()});
+      for (int64_t g = 0; g < groups; ++g) {
+        Gemm(out_n.narrow(0, g * og, og), w2d.narrow(0, g * og, og), cols.narrow(0, g * cg, cg),
+             beta);
+      }
+    }
+    return out;
+  }
+
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    std::vector<Tensor> saved = ctx->get_saved_variables();
+    const auto stride = std::get<std::vector<int64_t>>(ctx->saved_data["stride"]);
+    const auto padding = std::get<std::vector<int64_t>>(ctx->saved_data["padding"]);
+    const auto dilation = std::get<std::vector<int64_t>>(ctx->saved_data["dilation"]);
+    const int64_t groups = std::get<int64_t>(ctx->saved_data["groups"]);
+    std::vector<Tensor> grads(7);
+    if (!grad_outputs[0].defined()) return grads;
+    Tensor x = saved[0].detach().contiguous();
+    Tensor w = saved[1].detach().contiguous();
+    Tensor go = grad_outputs[0].detach().contiguous();
+    const ConvShape s = ShapeOf(x, w, {stride[0], stride[1]}, {padding[0], padding[1]},
+                                {dilation[0], dilation[1]}, groups);
+    const int64_t og = s.o / groups, cg = s.ckk() / groups;
+    Tensor w2d = w.view({s.o, cg});
+    Tensor cols = empty({s.ckk(), s.l()}, x.options());
+    Tensor gx, gw;
+    if (ctx->needs_input_grad(0)) gx = zeros(x.sizes(), x.options());
+    if (ctx->needs_input_grad(1)) gw = zeros({s.o, cg}, x.options());
+    for (int64_t n = 0; n < s.n; ++n) {
+      Tensor go_n = go.select(0, n).view({s.o, s.l()});
+      if (gw.defined()) {
+        Unfold(x, n, s, cols);
+        for (int64_t g = 0; g < groups; ++g) {
+          Gemm(gw.narrow(0, g * og, og), go_n.narrow(0, g * og, og), cols.narrow(0, g * cg, cg).t(),
+               1.0);
+        }
+      }
+      if (gx.defined()) {
+        for (int64_t g = 0; g < groups; ++g) {
+          Gemm(cols.narrow(0, g * cg, cg), w2d.narrow(0, g * og, og).t(),
+               go_n.narrow(0, g * og, og), 0.0);
+        }
+        internal::VisitNnDtype(x.dtype(), "conv2d", [&]<typename T>() {
+          Col2Im(cols.data_ptr<T>(), s, gx.data_ptr<T>() + n * s.c * s.h * s.w);
+        });
+      }
+    }
+    grads[0] = gx;
+    if (gw.defined()) grads[1] = gw.view(saved[1].sizes());
+    if (ctx->needs_input_grad(2) && std::get<bool>(ctx->saved_data["has_bias"])) {
+      grads[2] = go.sum(/*dims=*/{0, 2, 3});
+    }
+    return grads;
+  }
+};
+
+std::string PairString(Int2 p) { return absl::StrCat("(", p[0], ", ", p[1], ")"); }
+
+}  // namespace
+
+namespace functional {
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int2 stride,
+              Int2 padding, Int2 dilation, int64_t groups) {
+  internal::CheckCpu(input, "conv2d", "input");
+  internal::CheckCpu(weight, "conv2d", "weight");
+  if (input.dim() == 3) {
+    return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
+  }
+  EMBER_CHECK(input.dim() == 4, "conv2d: expected a 3-D or 4-D input [N, C, H, W], got shape ",
+              ShapeToString(input.sizes()));
+  EMBER_CHECK(weight.dim() == 4, "conv2d: expected a 4-D weight [O, C/groups, kh, kw], got shape ",
+              ShapeToString(weight.sizes()));
+  internal::CheckSameDtype(input, weight, "conv2d", "input", "weight");
+  EMBER_CHECK(groups > 0, "conv2d: groups must be positive, got ", groups);
+  for (int i = 0; i < 2; ++i) {
+    EMBER_CHECK(stride[i] > 0, "conv2d: stride must be positive, got ", PairString(stride));
+    EMBER_CHECK(padding[i] >= 0, "conv2d: padding must be non-negative, got ", PairString(padding));
+    EMBER_CHECK(dilation[i] > 0, "conv2d: dilation must be positive, got ", PairString(dilation));
+  }
+  EMBER_CHECK(input.size(1) == weight.size(1) * groups, "conv2d: expected input ",
+              ShapeToString(input.sizes()), " to have ", weight.size(1) * groups,
+              " channels (weight ", ShapeToString(weight.sizes()), ", groups=", groups,
+              "), but got ", input.size(1), " channels instead");
+  EMBER_CHECK(weight.size(0) % groups == 0, "conv2d: out_channels (", weight.size(0),
+              ") must be divisible by groups (", groups, ")");
+  if (bias.defined()) {
+    EMBER_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0),
+                "conv2d: expected a bias of "
+                "shape [",
+                weight.size(0), "], got ", ShapeToString(bias.sizes()));
+    internal::CheckSameDtype(bias, weight, "conv2d", "bias", "weight");
+  }
+  for (int i = 0; i < 2; ++i) {
+    const int64_t padded = input.size(2 + i) + 2 * padding[i];
+    const int64_t extent = dilation[i] * (weight.size(2 + i) - 1) + 1;
+    EMBER_CHECK(padded >= extent, "conv2d: calculated padded input size per channel: (",
+                input.size(2) + 2 * padding[0], " x ", input.size(3) + 2 * padding[1],
+                "). Kernel size: (", dilation[0] * (weight.size(2) - 1) + 1, " x ",
+                dilation[1] * (weight.size(3) - 1) + 1,
+                "). Kernel size can't be greater than actual input size");
+  }
+  return Conv2dFunction::apply(input, weight, bias, stride, padding, dilation, groups);
+}
+
+}  // namespace functional
+
+Conv2d::Conv2d(Conv2dOptions options) : options_(options) {
+  const Conv2dOptions& o = options_;
+  EMBER_CHECK(o.in_channels > 0 && o.out_channels > 0,
+              "Conv2d: in_channels and out_channels "
+              "must be positive, got ",
+              o.in_channels, " and ", o.out_channels);
+  EMBER_CHECK(o.groups > 0, "Conv2d: groups must be positive, got ", o.groups);
+  EMBER_CHECK(o.in_channels % o.groups == 0, "Conv2d: in_channels must be divisible by groups (",
+              o.in_channels, " and ", o.groups, ")");
+  EMBER_CHECK(o.out_channels % o.groups == 0, "Conv2d: out_channels must be divisible by groups (",
+              o.out_channels, " and ", o.groups, ")");
+  EMBER_CHECK(o.kernel_size[0] > 0 && o.kernel_size[1] > 0,
+              "Conv2d: kernel_size must be positive, got ", PairString(o.kernel_size));
+  reset();
+}
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride,
+               int64_t padding)
+    : Conv2d(Conv2dOptions{.in_channels = in_channels,
+                           .out_channels = out_channels,
+                           .kernel_size = {kernel_size, kernel_size},
+                           .stride = {stride, stride},
+                           .padding = {padding, padding}}) {}
+
+void Conv2d::reset() {
+  const Conv2dOptions& o = options_;
+  register_parameter("weight", empty({o.out_channels, o.in_channels / o.groups, o.kernel_size[0],
+                                      o.kernel_size[1]}));
+  register_parameter("bias", o.bias ? empty({o.out_channels}) : Tensor());
+  if (!InClone()) reset_parameters();
+}
+
+void Conv2d::reset_parameters() {
+  init::kaiming_uniform_(weight(), std::sqrt(5.0));
+  if (bias().defined()) {
+    const int64_t fan_in = init::calculate_fan_in_and_fan_out(weight()).first;
+    const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+    init::uniform_(bias(), -bound, bound);
+  }
+}
+
+Tensor Conv2d::forward(const Tensor& input) {
+  return functional::conv2d(input, weight(), bias(), options_.stride, options_.padding,
+                            options_.dilation, options_.groups);
+}
+
+std::string Conv2d::extra_repr() const {
+  const Conv2dOptions& o = options_;
+  std::string s =
+      absl::StrCat(o.in_channels, ", ", o.out_channels, ", kernel_size=", PairString(o.kernel_size),
+                   ", stride=", PairString(o.stride));
+  if (o.padding != Int2{0, 0}) absl::StrAppend(&s, ", padding=", PairString(o.padding));
+  if (o.dilation != Int2{1, 1}) absl::StrAppend(&s, ", dilation=", PairString(o.dilation));
+  if (o.groups != 1) absl::StrAppend(&s, ", groups=", o.groups);
+  if (!o.bias) absl::StrAppend(&s, ", bias=False");
+  return s;
+}
+
+}  // namespace ember::nn

@@ -1,0 +1,33 @@
+#include "nn/dropout.h"
+
+#include "absl/strings/str_cat.h"
+#include "tensor/error.h"
+
+namespace ember::nn {
+namespace {
+
+void CheckP(double p) {
+  EMBER_CHECK(p >= 0.0 && p <= 1.0, "dropout probability has to be between 0 and 1, but got ", p);
+}
+
+}  // namespace
+
+namespace functional {
+
+Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
+  CheckP(p);
+  if (!training || p == 0.0) return input;
+  EMBER_CHECK(input.is_floating_point(), "dropout: expected a floating point input, got ",
+              DtypeName(input.dtype()));
+  if (p == 1.0) return input * 0.0;
+  Tensor keep = rand(input.sizes(), input.options(), gen).ge(p).to(input.dtype());
+  return input * (keep * (1.0 / (1.0 - p)));
+}
+
+}  // namespace functional
+
+Dropout::Dropout(double p) : p_(p) { CheckP(p); }
+
+std::string Dropout::extra_repr() const { return absl::StrCat("p=", p_, ", inplace=False"); }
+
+}  // namespace ember::nn

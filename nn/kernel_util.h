@@ -1,0 +1,53 @@
+// Helpers shared by the CPU kernels of nn's layers (private to nn/).
+//
+//   ember::nn::internal::VisitNnDtype(x.dtype(), "conv2d", [&]<typename T>() {
+//     const T* px = x.data_ptr<T>();
+//     ...
+//   });
+//
+// nn's own kernels (convolution, pooling, normalisation, embedding, losses)
+// work on contiguous float32 / float64 CPU tensors; other dtypes and devices
+// are refused with a message that says what to convert to. Thread-safe.
+#ifndef EMBER_NN_KERNEL_UTIL_H_
+#define EMBER_NN_KERNEL_UTIL_H_
+
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+
+namespace ember::nn::internal {
+
+// Calls f.template operator()<T>() with T float or double; throws for other
+// dtypes, naming `op`.
+template <typename F>
+void VisitNnDtype(Dtype dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case kFloat32:
+      f.template operator()<float>();
+      return;
+    case kFloat64:
+      f.template operator()<double>();
+      return;
+    default:
+      EMBER_FAIL(op, ": expected a float32 or float64 tensor, but got ", DtypeName(dtype),
+                 "; convert it with .to(ember::kFloat32) first");
+  }
+}
+
+// Throws unless `t` is defined and on the CPU, naming `op` and the argument.
+inline void CheckCpu(const Tensor& t, const char* op, const char* what) {
+  EMBER_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+  EMBER_CHECK(t.is_cpu(), op, ": ", what, " is on ", t.device().ToString(),
+              ", but this kernel runs on the CPU only; move it with .to(ember::kCPU)");
+}
+
+// Throws unless `a` and `b` have the same dtype, naming `op`.
+inline void CheckSameDtype(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
+                           const char* what_b) {
+  EMBER_CHECK(a.dtype() == b.dtype(), op, ": expected ", what_a, " and ", what_b,
+              " to have the same dtype, but got ", DtypeName(a.dtype()), " and ",
+              DtypeName(b.dtype()));
+}
+
+}  // namespace ember::nn::internal
+
+#endif  // EMBER_NN_KERNEL_UTIL_H_

@@ -1,0 +1,468 @@
+#include "nn/module.h"
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <set>
+#include <sstream>
+#include <typeinfo>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "autograd/grad_mode.h"
+#include "tensor/error.h"
+
+namespace ember::nn {
+
+struct HookHandle::Table {
+  int64_t next_id = 0;
+  std::vector<std::pair<int64_t, ForwardPreHook>> pre;
+  std::vector<std::pair<int64_t, ForwardHook>> post;
+};
+
+void HookHandle::remove() {
+  std::shared_ptr<Table> table = table_.lock();
+  if (table == nullptr) return;
+  std::erase_if(table->pre, [&](const auto& e) { return e.first == id_; });
+  std::erase_if(table->post, [&](const auto& e) { return e.first == id_; });
+}
+
+namespace {
+
+thread_local bool in_clone = false;
+
+std::string Join(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : absl::StrCat(prefix, ".", name);
+}
+
+// A leaf copy of `t` with `requires_grad`, sharing nothing with the graph.
+Tensor AsLeaf(const Tensor& t, bool requires_grad) {
+  Tensor leaf = t.detach();
+  if (requires_grad) leaf.requires_grad_(true);
+  return leaf;
+}
+
+}  // namespace
+
+CloneScope::CloneScope() : previous_(in_clone) { in_clone = true; }
+CloneScope::~CloneScope() { in_clone = previous_; }
+
+bool Module::InClone() { return in_clone; }
+
+Module::Module() : hooks_(std::make_shared<HookHandle::Table>()) {}
+
+Module::Module(const Module& other)
+    : enable_shared_from_this(),
+      training_(other.training_),
+      hooks_(std::make_shared<HookHandle::Table>(*other.hooks_)) {}
+
+std::string Module::name() const {
+  const char* mangled = typeid(*this).name();
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string full = status == 0 && demangled != nullptr ? demangled : mangled;
+  std::free(demangled);
+  // Drop namespaces and template arguments: "ember::nn::Linear" -> "Linear".
+  const size_t angle = full.find('<');
+  if (angle != std::string::npos) full.resize(angle);
+  const size_t colon = full.rfind("::");
+  return colon == std::string::npos ? full : full.substr(colon + 2);
+}
+
+Tensor Module::operator()(const Tensor& input) {
+  if (hooks_->pre.empty() && hooks_->post.empty()) return forward(input);
+  Tensor x = input;
+  // Copies, so that a hook removing itself does not disturb the iteration.
+  auto pre = hooks_->pre;
+  for (auto& [id, hook] : pre) {
+    if (std::optional<Tensor> replaced = hook(*this, x)) x = *replaced;
+  }
+  Tensor y = forward(x);
+  auto post = hooks_->post;
+  for (auto& [id, hook] : post) {
+    if (std::optional<Tensor> replaced = hook(*this, x, y)) y = *replaced;
+  }
+  return y;
+}
+
+// --- Registration -------------------------------------------------------------
+
+void Module::CheckNewName(const std::string& key, const char* what) const {
+  EMBER_CHECK(!key.empty(), name(), ": ", what, " name can't be empty");
+  EMBER_CHECK(key.find('.') == std::string::npos, name(), ": ", what, " name \"", key,
+              "\" can't contain \".\"");
+  for (const Entry& e : parameters_) {
+    EMBER_CHECK(e.name != key, name(), ": attribute \"", key, "\" already exists as a parameter");
+  }
+  for (const Entry& e : buffers_) {
+    EMBER_CHECK(e.name != key, name(), ": attribute \"", key, "\" already exists as a buffer");
+  }
+  for (const auto& [n, m] : children_) {
+    EMBER_CHECK(n != key, name(), ": attribute \"", key, "\" already exists as a child module");
+  }
+}
+
+const Tensor& Module::register_parameter(std::string name, Tensor tensor, bool requires_grad) {
+  CheckNewName(name, "parameter");
+  if (tensor.defined()) {
+    EMBER_CHECK(!requires_grad || tensor.is_floating_point(), this->name(), ": parameter \"", name,
+                "\" of dtype ", DtypeName(tensor.dtype()),
+                " can't require gradients; only floating point tensors can");
+    autograd::NoGradGuard no_grad;
+    tensor = AsLeaf(tensor, requires_grad);
+  }
+  parameters_.push_back({std::move(name), std::move(tensor), true});
+  return parameters_.back().tensor;
+}
+
+const Tensor& Module::register_buffer(std::string name, Tensor tensor, bool persistent) {
+  CheckNewName(name, "buffer");
+  buffers_.push_back({std::move(name), std::move(tensor), persistent});
+  return buffers_.back().tensor;
+}
+
+void Module::RegisterChild(std::string name, std::shared_ptr<Module> module) {
+  CheckNewName(name, "module");
+  EMBER_CHECK(module != nullptr, this->name(), ": child module \"", name, "\" is null");
+  children_.emplace_back(std::move(name), std::move(module));
+}
+
+const Tensor& Module::parameter(std::string_view name) const {
+  for (const Entry& e : parameters_) {
+    if (e.name == name) return e.tensor;
+  }
+  EMBER_FAIL(this->name(), " has no parameter \"", name, "\"");
+}
+
+const Tensor& Module::buffer(std::string_view name) const {
+  for (const Entry& e : buffers_) {
+    if (e.name == name) return e.tensor;
+  }
+  EMBER_FAIL(this->name(), " has no buffer \"", name, "\"");
+}
+
+std::shared_ptr<Module> Module::child(std::string_view name) const {
+  for (const auto& [n, m] : children_) {
+    if (n == name) return m;
+  }
+  EMBER_FAIL(this->name(), " has no child module \"", name, "\"");
+}
+
+void Module::set_parameter(std::string_view name, Tensor tensor) {
+  for (Entry& e : parameters_) {
+    if (e.name != name) continue;
+    const bool requires_grad = e.tensor.defined() ? e.tensor.requires_grad() : true;
+    autograd::NoGradGuard no_grad;
+    e.tensor = tensor.defined() ? AsLeaf(tensor, requires_grad) : tensor;
+    return;
+  }
+  EMBER_FAIL(this->name(), " has no parameter \"", name, "\"");
+}
+
+void Module::set_buffer(std::string_view name, Tensor tensor) {
+  for (Entry& e : buffers_) {
+    if (e.name != name) continue;
+    e.tensor = std::move(tensor);
+    return;
+  }
+  EMBER_FAIL(this->name(), " has no buffer \"", name, "\"");
+}
+
+// --- Traversal ----------------------------------------------------------------
+
+template <typename Fn>
+void Module::ForEachModule(const std::string& prefix, const Fn& fn) const {
+  fn(prefix, *this);
+  for (const auto& [name, child] : children_) child->ForEachModule(Join(prefix, name), fn);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::unordered_set<const TensorImpl*> seen;
+  auto visit = [&](const std::string& prefix, const Module& m) {
+    for (const Entry& e : m.parameters_) {
+      if (e.tensor.defined() && seen.insert(e.tensor.impl()).second) {
+        out.emplace_back(Join(prefix, e.name), e.tensor);
+      }
+    }
+  };
+  if (recurse) {
+    ForEachModule("", visit);
+  } else {
+    visit("", *this);
+  }
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters(recurse)) out.push_back(std::move(t));
+  return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::unordered_set<const TensorImpl*> seen;
+  auto visit = [&](const std::string& prefix, const Module& m) {
+    for (const Entry& e : m.buffers_) {
+      if (e.tensor.defined() && seen.insert(e.tensor.impl()).second) {
+        out.emplace_back(Join(prefix, e.name), e.tensor);
+      }
+    }
+  };
+  if (recurse) {
+    ForEachModule("", visit);
+  } else {
+    visit("", *this);
+  }
+  return out;
+}
+
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_buffers(recurse)) out.push_back(std::move(t));
+  return out;
+}
+
+std::vector<std::shared_ptr<Module>> Module::children() const {
+  std::vector<std::shared_ptr<Module>> out;
+  for (const auto& [name, m] : children_) out.push_back(m);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
+  return children_;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  std::unordered_set<const Module*> seen;
+  std::function<void(const std::string&, const std::shared_ptr<Module>&)> visit =
+      [&](const std::string& prefix, const std::shared_ptr<Module>& m) {
+        if (!seen.insert(m.get()).second) return;
+        out.emplace_back(prefix, m);
+        for (const auto& [name, child] : m->children_) visit(Join(prefix, name), child);
+      };
+  // A module not owned by a shared_ptr (on the stack) is listed through a
+  // non-owning pointer.
+  std::shared_ptr<Module> self = weak_from_this().lock();
+  if (self == nullptr) self = std::shared_ptr<Module>(this, [](Module*) {});
+  visit("", self);
+  return out;
+}
+
+std::vector<std::shared_ptr<Module>> Module::modules() {
+  std::vector<std::shared_ptr<Module>> out;
+  for (auto& [name, m] : named_modules()) out.push_back(std::move(m));
+  return out;
+}
+
+// --- Modes and gradients --------------------------------------------------------
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  for (const Tensor& p : parameters()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    if (set_to_none) {
+      p.set_grad(Tensor());
+    } else {
+      autograd::NoGradGuard no_grad;
+      g.zero_();
+    }
+  }
+}
+
+void Module::apply(const std::function<void(Module&)>& fn) {
+  for (auto& [name, child] : children_) child->apply(fn);
+  fn(*this);
+}
+
+void Module::ConvertTensors(const std::function<Tensor(const Tensor&)>& convert) {
+  autograd::NoGradGuard no_grad;
+  for (Entry& e : parameters_) {
+    if (!e.tensor.defined()) continue;
+    Tensor old = e.tensor;
+    Tensor converted = convert(old);
+    if (converted.is_same(old)) continue;
+    e.tensor = AsLeaf(converted, old.requires_grad());
+    if (Tensor g = old.grad(); g.defined()) e.tensor.set_grad(convert(g));
+  }
+  for (Entry& e : buffers_) {
+    if (e.tensor.defined()) e.tensor = convert(e.tensor);
+  }
+  for (auto& [name, child] : children_) child->ConvertTensors(convert);
+}
+
+void Module::to(Device device) {
+  ConvertTensors([&](const Tensor& t) { return t.to(device); });
+}
+
+void Module::to(Dtype dtype) {
+  EMBER_CHECK(IsFloatingPoint(dtype), name(),
+              ".to: only floating point dtypes are accepted, but got ", DtypeName(dtype));
+  ConvertTensors([&](const Tensor& t) { return t.is_floating_point() ? t.to(dtype) : t; });
+}
+
+// --- Serialisation --------------------------------------------------------------
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  ForEachModule("", [&](const std::string& prefix, const Module& m) {
+    for (const Entry& e : m.parameters_) {
+      if (e.tensor.defined()) out.emplace_back(Join(prefix, e.name), e.tensor.detach());
+    }
+    for (const Entry& e : m.buffers_) {
+      if (e.tensor.defined() && e.persistent) {
+        out.emplace_back(Join(prefix, e.name), e.tensor.detach());
+      }
+    }
+  });
+  return out;
+}
+
+absl::Status Module::load_state_dict(const StateDict& state, bool strict) {
+  // What this module expects, in state_dict() order.
+  std::vector<std::pair<std::string, Tensor>> expected = state_dict();
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [key, t] : state) given.emplace(key, &t);
+  std::set<std::string> expected_keys;
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const auto& [key, target] : expected) {
+    expected_keys.insert(key);
+    auto it = given.find(key);
+    if (it == given.end()) {
+      missing.push_back(absl::StrCat("\"", key, "\""));
+      continue;
+    }
+    const Tensor& src = *it->second;
+    if (!src.defined()) {
+      mismatched.push_back(absl::StrCat("value for ", key,
+                                        " is an undefined tensor; expected shape ",
+                                        ShapeToString(target.sizes())));
+    } else if (src.sizes() != target.sizes()) {
+      mismatched.push_back(absl::StrCat(
+          "size mismatch for ", key, ": copying a param with shape ", ShapeToString(src.sizes()),
+          " from checkpoint, the shape in current model is ", ShapeToString(target.sizes()), "."));
+    }
+  }
+  for (const auto& [key, t] : state) {
+    if (!expected_keys.contains(key)) unexpected.push_back(absl::StrCat("\"", key, "\""));
+  }
+  std::vector<std::string> errors;
+  if (strict && !missing.empty()) {
+    errors.push_back(
+        absl::StrCat("Missing key(s) in state_dict: ", absl::StrJoin(missing, ", "), ". "));
+  }
+  if (strict && !unexpected.empty()) {
+    errors.push_back(
+        absl::StrCat("Unexpected key(s) in state_dict: ", absl::StrJoin(unexpected, ", "), ". "));
+  }
+  for (std::string& m : mismatched) errors.push_back(std::move(m));
+  if (!errors.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("Error(s) in loading state_dict for ", name(),
+                                                   ":\n\t", absl::StrJoin(errors, "\n\t")));
+  }
+  autograd::NoGradGuard no_grad;
+  for (const auto& [key, target] : expected) {
+    auto it = given.find(key);
+    if (it != given.end()) target.copy_(*it->second);
+  }
+  return absl::OkStatus();
+}
+
+// --- Hooks ---------------------------------------------------------------------
+
+HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+  const int64_t id = hooks_->next_id++;
+  hooks_->pre.emplace_back(id, std::move(hook));
+  return HookHandle(hooks_, id);
+}
+
+HookHandle Module::register_forward_hook(ForwardHook hook) {
+  const int64_t id = hooks_->next_id++;
+  hooks_->post.emplace_back(id, std::move(hook));
+  return HookHandle(hooks_, id);
+}
+
+// --- Deep copy -----------------------------------------------------------------
+
+std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
+  EMBER_FAIL(name(), " can't be cloned: derive it from ember::nn::Cloneable<", name(),
+             "> and implement reset(), or override clone()");
+}
+
+void Module::CopyStateFrom(const Module& source, std::optional<Device> device) {
+  const std::string where = name();
+  auto copy_entries = [&](std::vector<Entry>& to, const std::vector<Entry>& from, bool parameters) {
+    EMBER_CHECK(to.size() == from.size(), where, ".clone: reset() registered ", to.size(),
+                parameters ? " parameters" : " buffers", " but the original has ", from.size());
+    autograd::NoGradGuard no_grad;
+    for (size_t i = 0; i < to.size(); ++i) {
+      const Tensor& src = from[i].tensor;
+      EMBER_CHECK(to[i].name == from[i].name, where, ".clone: reset() registered \"", to[i].name,
+                  "\" where the original has \"", from[i].name, "\"");
+      to[i].persistent = from[i].persistent;
+      if (!src.defined()) {
+        to[i].tensor = Tensor();
+        continue;
+      }
+      Tensor value = (device ? src.to(*device) : src);
+      value = value.is_same(src) ? src.clone() : value;
+      if (parameters) {
+        to[i].tensor = AsLeaf(value, src.requires_grad());
+        if (Tensor g = src.grad(); g.defined()) {
+          Tensor gc = device ? g.to(*device) : g;
+          to[i].tensor.set_grad(gc.is_same(g) ? g.clone() : gc);
+        }
+      } else {
+        to[i].tensor = value;
+      }
+    }
+  };
+  copy_entries(parameters_, source.parameters_, true);
+  copy_entries(buffers_, source.buffers_, false);
+  training_ = source.training_;
+  EMBER_CHECK(children_.size() == source.children_.size(), where, ".clone: reset() registered ",
+              children_.size(), " child modules but the original has ", source.children_.size());
+  for (size_t i = 0; i < children_.size(); ++i) {
+    EMBER_CHECK(children_[i].first == source.children_[i].first, where,
+                ".clone: reset() registered child \"", children_[i].first,
+                "\" where the original has \"", source.children_[i].first, "\"");
+    *children_[i].second->hooks_ = *source.children_[i].second->hooks_;
+    children_[i].second->CopyStateFrom(*source.children_[i].second, device);
+  }
+}
+
+// --- Printing -------------------------------------------------------------------
+
+void Module::PrintTo(std::string& out, int indent) const {
+  absl::StrAppend(&out, name(), "(", extra_repr());
+  if (children_.empty()) {
+    absl::StrAppend(&out, ")");
+    return;
+  }
+  absl::StrAppend(&out, "\n");
+  const std::string pad(indent + 2, ' ');
+  for (const auto& [n, child] : children_) {
+    absl::StrAppend(&out, pad, "(", n, "): ");
+    child->PrintTo(out, indent + 2);
+    absl::StrAppend(&out, "\n");
+  }
+  absl::StrAppend(&out, std::string(indent, ' '), ")");
+}
+
+std::string Module::ToString() const {
+  std::string out;
+  PrintTo(out, 0);
+  return out;
+}
+
+std::ostream& operator<<(std::ostream& os, const Module& module) { return os << module.ToString(); }
+
+}  // namespace ember::nn

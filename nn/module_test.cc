@@ -1,0 +1,306 @@
+// Module: registration order and names, traversal, modes, zero_grad, apply,
+// to(dtype), state_dict / load_state_dict (strict errors), hooks, deep copy
+// and printing.
+#include "nn/module.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/grad_mode.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nn/activation.h"
+#include "nn/container.h"
+#include "nn/linear.h"
+#include "nn/normalization.h"
+#include "tensor/factories.h"
+
+namespace ember::nn {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A module with typed children, a parameter and buffers of its own.
+class Net : public Cloneable<Net> {
+ public:
+  Net() { reset(); }
+  void reset() override {
+    scale = register_parameter("scale", ones({1}));
+    register_buffer("steps", zeros({}, TensorOptions(kInt64)));
+    register_buffer("scratch", zeros({2}), /*persistent=*/false);
+    fc1 = register_module("fc1", std::make_shared<Linear>(4, 3));
+    fc2 = register_module("fc2", std::make_shared<Linear>(3, 2, /*bias=*/false));
+  }
+  Tensor forward(const Tensor& x) override { return (*fc2)((*fc1)(x).relu()) * parameter("scale"); }
+  Tensor scale;
+  std::shared_ptr<Linear> fc1, fc2;
+};
+
+std::vector<std::string> Names(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : named) out.push_back(name);
+  return out;
+}
+
+std::string ErrorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(ModuleTest, ParametersAreListedOwnFirstThenChildrenInRegistrationOrder) {
+  Net net;
+  EXPECT_THAT(Names(net.named_parameters()),
+              ElementsAre("scale", "fc1.weight", "fc1.bias", "fc2.weight"));
+  EXPECT_THAT(Names(net.named_parameters(/*recurse=*/false)), ElementsAre("scale"));
+  EXPECT_EQ(net.parameters().size(), 4u);
+  EXPECT_THAT(Names(net.named_buffers()), ElementsAre("steps", "scratch"));
+  for (const Tensor& p : net.parameters()) {
+    EXPECT_TRUE(p.requires_grad());
+    EXPECT_TRUE(p.is_leaf());
+  }
+  EXPECT_TRUE(net.fc1->weight().is_same(net.parameters()[1]));
+}
+
+TEST(ModuleTest, SequentialNamesChildrenByPosition) {
+  Sequential seq(
+      {std::make_shared<Linear>(2, 3), std::make_shared<ReLU>(), std::make_shared<Linear>(3, 1)});
+  EXPECT_THAT(Names(seq.named_parameters()),
+              ElementsAre("0.weight", "0.bias", "2.weight", "2.bias"));
+  EXPECT_EQ(seq.size(), 3u);
+  EXPECT_EQ(seq[-1]->name(), "Linear");
+  EXPECT_THAT(ErrorOf([&] { seq[3]; }), HasSubstr("index 3 is out of range"));
+  auto modules = seq.named_modules();
+  ASSERT_EQ(modules.size(), 4u);
+  EXPECT_EQ(modules[0].first, "");
+  EXPECT_EQ(modules[3].first, "2");
+}
+
+TEST(ModuleTest, SharedParametersAreListedOnce) {
+  auto shared = std::make_shared<Linear>(2, 2);
+  Sequential seq({shared, shared});
+  EXPECT_EQ(seq.parameters().size(), 2u);
+}
+
+TEST(ModuleTest, RegistrationRefusesBadAndDuplicateNames) {
+  Net net;
+  EXPECT_THAT(ErrorOf([&] { net.register_parameter("fc1", zeros({1})); }),
+              HasSubstr("attribute \"fc1\" already exists as a child module"));
+  EXPECT_THAT(ErrorOf([&] { net.register_buffer("a.b", zeros({1})); }),
+              HasSubstr("can't contain \".\""));
+  EXPECT_THAT(ErrorOf([&] { net.register_parameter("", zeros({1})); }),
+              HasSubstr("name can't be empty"));
+  EXPECT_THAT(ErrorOf([&] { net.register_parameter("i", zeros({1}, TensorOptions(kInt64))); }),
+              HasSubstr("only floating point tensors can"));
+  EXPECT_THAT(ErrorOf([&] { net.parameter("nope"); }), HasSubstr("Net has no parameter \"nope\""));
+}
+
+TEST(ModuleTest, TrainAndEvalReachEveryDescendant) {
+  Net net;
+  EXPECT_TRUE(net.fc2->is_training());
+  net.eval();
+  EXPECT_FALSE(net.is_training());
+  EXPECT_FALSE(net.fc1->is_training());
+  net.train();
+  EXPECT_TRUE(net.fc2->is_training());
+}
+
+TEST(ModuleTest, ZeroGradSetsToNoneOrZeroes) {
+  Net net;
+  net(randn({5, 4})).sum().backward();
+  for (const Tensor& p : net.parameters()) ASSERT_TRUE(p.grad().defined());
+  net.zero_grad(/*set_to_none=*/false);
+  for (const Tensor& p : net.parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
+  }
+  net.zero_grad();
+  for (const Tensor& p : net.parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(ModuleTest, ApplyVisitsChildrenBeforeParents) {
+  auto inner =
+      std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{std::make_shared<ReLU>()});
+  Sequential outer({inner, std::make_shared<Linear>(1, 1)});
+  std::vector<std::string> order;
+  outer.apply([&](Module& m) { order.push_back(m.name()); });
+  EXPECT_THAT(order, ElementsAre("ReLU", "Sequential", "Linear", "Sequential"));
+}
+
+TEST(ModuleTest, ToDtypeConvertsFloatingTensorsOnly) {
+  Net net;
+  Tensor before = net.fc1->weight().clone();
+  net(randn({2, 4})).sum().backward();
+  net.to(kFloat64);
+  EXPECT_EQ(net.fc1->weight().dtype(), kFloat64);
+  EXPECT_TRUE(net.fc1->weight().requires_grad());
+  EXPECT_TRUE(net.fc1->weight().is_leaf());
+  EXPECT_EQ(net.fc1->weight().grad().dtype(), kFloat64);
+  EXPECT_EQ(net.buffer("steps").dtype(), kInt64);
+  EXPECT_TRUE(net.fc1->weight().allclose(before.to(kFloat64)));
+  // Forward still works in float64 and gradients flow to the new tensors.
+  net.zero_grad();
+  net(randn({2, 4}, kFloat64)).sum().backward();
+  EXPECT_TRUE(net.fc1->weight().grad().defined());
+  EXPECT_THAT(ErrorOf([&] { net.to(kInt64); }), HasSubstr("only floating point dtypes"));
+}
+
+TEST(ModuleTest, StateDictHoldsParametersAndPersistentBuffers) {
+  Net net;
+  StateDict sd = net.state_dict();
+  EXPECT_THAT(Names(sd), ElementsAre("scale", "steps", "fc1.weight", "fc1.bias", "fc2.weight"));
+  EXPECT_FALSE(sd[0].second.requires_grad());
+  // Shares storage with the module.
+  EXPECT_EQ(sd[2].second.raw_data(), net.fc1->weight().raw_data());
+}
+
+TEST(ModuleTest, LoadStateDictCopiesValues) {
+  manual_seed(1);
+  Net a;
+  Net b;
+  ASSERT_FALSE(a.fc1->weight().equal(b.fc1->weight()));
+  ASSERT_TRUE(b.load_state_dict(a.state_dict()).ok());
+  EXPECT_TRUE(a.fc1->weight().equal(b.fc1->weight()));
+  EXPECT_TRUE(a.fc2->weight().equal(b.fc2->weight()));
+  // Still b's own storage, still a leaf that requires grad.
+  EXPECT_NE(a.fc1->weight().raw_data(), b.fc1->weight().raw_data());
+  EXPECT_TRUE(b.fc1->weight().requires_grad());
+}
+
+TEST(ModuleTest, LoadStateDictStrictNamesMissingAndUnexpectedKeys) {
+  Net net;
+  Tensor before = net.fc1->weight().clone();
+  StateDict sd = net.state_dict();
+  sd.erase(sd.begin() + 3);  // fc1.bias
+  sd.emplace_back("fc3.weight", zeros({1}));
+  for (auto& [k, v] : sd) {
+    if (k == "fc1.weight") v = zeros({3, 4});
+  }
+  absl::Status s = net.load_state_dict(sd);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("Error(s) in loading state_dict for Net:\n\tMissing key(s) in state_dict: "
+                        "\"fc1.bias\". \n\tUnexpected key(s) in state_dict: \"fc3.weight\". "));
+  // Nothing was copied.
+  EXPECT_TRUE(net.fc1->weight().equal(before));
+  // Non-strict loads what matches.
+  EXPECT_TRUE(net.load_state_dict(sd, /*strict=*/false).ok());
+  EXPECT_EQ(net.fc1->weight().abs().sum().item<double>(), 0.0);
+}
+
+TEST(ModuleTest, LoadStateDictNamesShapeMismatchesEvenWhenNotStrict) {
+  Net net;
+  StateDict sd = net.state_dict();
+  for (auto& [k, v] : sd) {
+    if (k == "fc1.weight") v = zeros({2, 4});
+  }
+  absl::Status s = net.load_state_dict(sd, /*strict=*/false);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("size mismatch for fc1.weight: copying a param with shape [2, 4] from "
+                        "checkpoint, the shape in current model is [3, 4]."));
+}
+
+TEST(ModuleTest, ForwardHooksReplaceInputAndOutputUntilRemoved) {
+  Linear fc(2, 2);
+  std::vector<std::string> calls;
+  HookHandle pre = fc.register_forward_pre_hook([&](Module& m, const Tensor& x) {
+    calls.push_back("pre " + m.name());
+    return std::optional<Tensor>(x * 0.0);
+  });
+  HookHandle post = fc.register_forward_hook(
+      [&](Module&, const Tensor& in, const Tensor& out) -> std::optional<Tensor> {
+        calls.push_back("post");
+        EXPECT_EQ(in.abs().sum().item<double>(), 0.0);  // saw the replaced input
+        return out + 100.0;
+      });
+  Tensor y = fc(ones({1, 2}));
+  EXPECT_THAT(calls, ElementsAre("pre Linear", "post"));
+  // Zero input: output = bias + 100.
+  EXPECT_TRUE(y.allclose(fc.bias().detach().unsqueeze(0) + 100.0));
+  pre.remove();
+  post.remove();
+  post.remove();  // harmless
+  Tensor z = fc(ones({1, 2}));
+  EXPECT_EQ(calls.size(), 2u);
+  EXPECT_TRUE(z.allclose(functional::linear(ones({1, 2}), fc.weight(), fc.bias())));
+}
+
+TEST(ModuleTest, CloneIsDeepAndKeepsTypedChildrenConsistent) {
+  auto net = std::make_shared<Net>();
+  net->eval();
+  net->fc1->train();
+  (*net)(randn({3, 4})).sum().backward();
+  auto copy = std::dynamic_pointer_cast<Net>(net->clone());
+  ASSERT_NE(copy, nullptr);
+  // Same values, different storage, typed pointers refer to the copy's children.
+  EXPECT_TRUE(copy->fc1->weight().equal(net->fc1->weight()));
+  EXPECT_NE(copy->fc1->weight().raw_data(), net->fc1->weight().raw_data());
+  EXPECT_EQ(copy->fc1.get(), copy->child("fc1").get());
+  EXPECT_NE(copy->fc1.get(), net->fc1.get());
+  EXPECT_TRUE(copy->fc1->weight().requires_grad());
+  ASSERT_TRUE(copy->fc1->weight().grad().defined());
+  EXPECT_TRUE(copy->fc1->weight().grad().equal(net->fc1->weight().grad()));
+  EXPECT_FALSE(copy->is_training());
+  EXPECT_TRUE(copy->fc1->is_training());
+  // Changing the copy leaves the original alone.
+  {
+    autograd::NoGradGuard no_grad;
+    copy->fc1->weight().fill_(7);
+  }
+  EXPECT_FALSE(net->fc1->weight().equal(copy->fc1->weight()));
+  // Parameters come in the same order in both.
+  EXPECT_EQ(Names(copy->named_parameters()), Names(net->named_parameters()));
+}
+
+TEST(ModuleTest, CloneDoesNotDrawRandomNumbers) {
+  manual_seed(3);
+  auto net = std::make_shared<Net>();
+  Tensor expected = randn({4});
+  manual_seed(3);
+  auto net2 = std::make_shared<Net>();
+  auto copy = net2->clone();
+  EXPECT_TRUE(randn({4}).equal(expected));
+}
+
+TEST(ModuleTest, CloneOfSequentialClonesChildrenAndHooks) {
+  auto seq = std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+      std::make_shared<Linear>(2, 2), std::make_shared<BatchNorm1d>(2)});
+  int calls = 0;
+  (*seq)[0]->register_forward_hook([&](Module&, const Tensor&, const Tensor&) {
+    ++calls;
+    return std::optional<Tensor>();
+  });
+  auto copy = std::static_pointer_cast<Sequential>(seq->clone());
+  EXPECT_NE((*copy)[0].get(), (*seq)[0].get());
+  EXPECT_TRUE(copy->state_dict()[0].second.equal(seq->state_dict()[0].second));
+  (*copy)(randn({3, 2}));
+  EXPECT_EQ(calls, 1);
+  // The copy's BatchNorm updated its own running stats only.
+  EXPECT_EQ(copy->buffers()[2].item<int64_t>(), 1);
+  EXPECT_EQ(seq->buffers()[2].item<int64_t>(), 0);
+}
+
+TEST(ModuleTest, ModulesThatAreNotCloneableSaySo) {
+  struct Plain : Module {
+    Tensor forward(const Tensor& x) override { return x; }
+  };
+  Plain p;
+  EXPECT_THAT(ErrorOf([&] { p.clone(); }), HasSubstr("derive it from ember::nn::Cloneable"));
+}
+
+TEST(ModuleTest, PrintsTheTree) {
+  Net net;
+  EXPECT_EQ(net.ToString(),
+            "Net(\n"
+            "  (fc1): Linear(in_features=4, out_features=3, bias=True)\n"
+            "  (fc2): Linear(in_features=3, out_features=2, bias=False)\n"
+            ")");
+}
+
+}  // namespace
+}  // namespace ember::nn

@@ -1,0 +1,315 @@
+#include "nn/pooling.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/function.h"
+#include "nn/kernel_util.h"
+#include "tensor/error.h"
+#include "tensor/factories.h"
+
+namespace ember::nn {
+namespace {
+
+using autograd::AutogradContext;
+using IntVector = std::vector<int64_t>;
+
+std::string PairString(Int2 p) { return absl::StrCat("(", p[0], ", ", p[1], ")"); }
+
+// PyTorch's pooling output size, ceil_mode included.
+int64_t PoolOutputSize(int64_t in, int64_t kernel, int64_t pad, int64_t stride, int64_t dilation,
+                       bool ceil_mode) {
+  const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  int64_t out = (span < 0 ? -((-span + stride - 1) / stride) : span / stride) + 1;
+  // The last window must start inside the input or its left padding.
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+// Checks an [N, C, H, W] input and the pool geometry; returns {OH, OW}.
+Int2 CheckPool(const char* op, const Tensor& x, Int2 kernel, Int2 stride, Int2 padding,
+               Int2 dilation, bool ceil_mode) {
+  internal::CheckCpu(x, op, "input");
+  EMBER_CHECK(x.dim() == 4, op, ": expected a 3-D or 4-D input, got shape ",
+              ShapeToString(x.sizes()));
+  Int2 out;
+  for (int i = 0; i < 2; ++i) {
+    EMBER_CHECK(kernel[i] > 0, op, ": kernel_size must be greater than zero, but got ",
+                PairString(kernel));
+    EMBER_CHECK(stride[i] > 0, op, ": stride must be greater than zero, but got ",
+                PairString(stride));
+    EMBER_CHECK(dilation[i] > 0, op, ": dilation must be greater than zero, but got ",
+                PairString(dilation));
+    EMBER_CHECK(
+        padding[i] >= 0 && padding[i] <= (dilation[i] * (kernel[i] - 1) + 1) / 2, op,
+        ": pad should be at most half of effective kernel size, but got pad=", PairString(padding),
+        ", kernel_size=", PairString(kernel), " and dilation=", PairString(dilation));
+    out[i] =
+        PoolOutputSize(x.size(2 + i), kernel[i], padding[i], stride[i], dilation[i], ceil_mode);
+  }
+  EMBER_CHECK(out[0] >= 1 && out[1] >= 1, op, ": given input size: (", x.size(1), "x", x.size(2),
+              "x", x.size(3), "). Calculated output size: (", x.size(1), "x", out[0], "x", out[1],
+              "). Output size is too small");
+  return out;
+}
+
+Int2 DefaultStride(Int2 stride, Int2 kernel) { return stride == Int2{0, 0} ? kernel : stride; }
+
+// Runs `f` on x viewed as [N, C, H, W], restoring a 3-D input's shape.
+template <typename F>
+Tensor With4d(const Tensor& x, F f) {
+  if (x.defined() && x.dim() == 3) return f(x.unsqueeze(0)).squeeze(0);
+  return f(x);
+}
+
+struct MaxPool2dFunction : autograd::Function<MaxPool2dFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, Int2 kernel, Int2 stride,
+                        Int2 padding, Int2 dilation, Int2 out_size) {
+    Tensor x = input.detach().contiguous();
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+    const int64_t oh = out_size[0], ow = out_size[1];
+    Tensor out = empty({n, c, oh, ow}, x.options());
+    Tensor indices = empty({n, c, oh, ow}, kInt64);
+    internal::VisitNnDtype(x.dtype(), "max_pool2d", [&]<typename T>() {
+      const T* px = x.data_ptr<T>();
+      T* po = out.data_ptr<T>();
+      int64_t* pi = indices.data_ptr<int64_t>();
+      for (int64_t plane = 0; plane < n * c; ++plane) {
+        const T* in = px + plane * h * w;
+        for (int64_t oy = 0; oy < oh; ++oy) {
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            T best = -std::numeric_limits<T>::infinity();
+            int64_t best_index = -1;
+            for (int64_t ki = 0; ki < kernel[0]; ++ki) {
+              const int64_t iy = oy * stride[0] - padding[0] + ki * dilation[0];
+              if (iy < 0 || iy >= h) continue;
+              for (int64_t kj = 0; kj < kernel[1]; ++kj) {
+                const int64_t ix = ox * stride[1] - padding[1] + kj * dilation[1];
+                if (ix < 0 || ix >= w) continue;
+                const T v = in[iy * w + ix];
+                if (best_index < 0 || v > best || std::isnan(v)) {
+                  best = v;
+                  best_index = iy * w + ix;
+                  if (std::isnan(v)) break;
+                }
+              }
+              if (best_index >= 0 && std::isnan(best)) break;
+            }
+            const int64_t o = (plane * oh + oy) * ow + ox;
+            po[o] = best;
+            pi[o] = best_index;
+          }
+        }
+      }
+    });
+    ctx->save_for_backward({indices});
+    ctx->saved_data["input_sizes"] = IntVector(x.sizes().begin(), x.sizes().end());
+    return out;
+  }
+
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    std::vector<Tensor> grads(6);
+    if (!grad_outputs[0].defined()) return grads;
+    Tensor indices = ctx->get_saved_variables()[0];
+    const IntVector sizes = std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]);
+    Tensor g = grad_outputs[0].detach().contiguous();
+    Tensor gx = zeros(sizes, g.options());
+    const int64_t planes = sizes[0] * sizes[1], hw = sizes[2] * sizes[3];
+    const int64_t l = indices.size(2) * indices.size(3);
+    internal::VisitNnDtype(g.dtype(), "max_pool2d backward", [&]<typename T>() {
+      const T* pg = g.data_ptr<T>();
+      const int64_t* pi = indices.data_ptr<int64_t>();
+      T* px = gx.data_ptr<T>();
+      for (int64_t plane = 0; plane < planes; ++plane) {
+        for (int64_t j = 0; j < l; ++j) {
+          const int64_t idx = pi[plane * l + j];
+          if (idx >= 0) px[plane * hw + idx] += pg[plane * l + j];
+        }
+      }
+    });
+    grads[0] = gx;
+    return grads;
+  }
+};
+
+// The windows of an average pool along one dim: [start, end) clipped to the
+// input, and the count each output divides by.
+struct Windows {
+  IntVector start, end, count;
+};
+
+Windows AvgWindows(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t pad,
+                   bool count_include_pad) {
+  Windows w;
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t s = o * stride - pad;
+    int64_t e = std::min(s + kernel, in + pad);
+    const int64_t padded = e - s;
+    s = std::max<int64_t>(s, 0);
+    e = std::min(e, in);
+    w.start.push_back(s);
+    w.end.push_back(e);
+    w.count.push_back(count_include_pad ? padded : e - s);
+  }
+  return w;
+}
+
+Windows AdaptiveWindows(int64_t in, int64_t out) {
+  Windows w;
+  for (int64_t o = 0; o < out; ++o) {
+    const int64_t s = (o * in) / out;
+    const int64_t e = ((o + 1) * in + out - 1) / out;
+    w.start.push_back(s);
+    w.end.push_back(e);
+    w.count.push_back(e - s);
+  }
+  return w;
+}
+
+// Averages over the product of row and column windows.
+struct AvgPoolFunction : autograd::Function<AvgPoolFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, IntVector ys, IntVector ye,
+                        IntVector yc, IntVector xs, IntVector xe, IntVector xc) {
+    Tensor x = input.detach().contiguous();
+    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+    const int64_t oh = static_cast<int64_t>(ys.size()), ow = static_cast<int64_t>(xs.size());
+    Tensor out = empty({n, c, oh, ow}, x.options());
+    internal::VisitNnDtype(x.dtype(), "avg_pool2d", [&]<typename T>() {
+      const T* px = x.data_ptr<T>();
+      T* po = out.data_ptr<T>();
+      for (int64_t plane = 0; plane < n * c; ++plane) {
+        const T* in = px + plane * h * w;
+        for (int64_t oy = 0; oy < oh; ++oy) {
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            T sum = 0;
+            for (int64_t iy = ys[oy]; iy < ye[oy]; ++iy) {
+              for (int64_t ix = xs[ox]; ix < xe[ox]; ++ix) sum += in[iy * w + ix];
+            }
+            const int64_t count = yc[oy] * xc[ox];
+            po[(plane * oh + oy) * ow + ox] = count > 0 ? sum / static_cast<T>(count) : T(0);
+          }
+        }
+      }
+    });
+    ctx->saved_data["input_sizes"] = IntVector(x.sizes().begin(), x.sizes().end());
+    ctx->saved_data["ys"] = ys;
+    ctx->saved_data["ye"] = ye;
+    ctx->saved_data["yc"] = yc;
+    ctx->saved_data["xs"] = xs;
+    ctx->saved_data["xe"] = xe;
+    ctx->saved_data["xc"] = xc;
+    return out;
+  }
+
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    std::vector<Tensor> grads(7);
+    if (!grad_outputs[0].defined()) return grads;
+    const IntVector sizes = std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]);
+    const IntVector ys = std::get<std::vector<int64_t>>(ctx->saved_data["ys"]),
+                    ye = std::get<std::vector<int64_t>>(ctx->saved_data["ye"]),
+                    yc = std::get<std::vector<int64_t>>(ctx->saved_data["yc"]),
+                    xs = std::get<std::vector<int64_t>>(ctx->saved_data["xs"]),
+                    xe = std::get<std::vector<int64_t>>(ctx->saved_data["xe"]),
+                    xc = std::get<std::vector<int64_t>>(ctx->saved_data["xc"]);
+    Tensor g = grad_outputs[0].detach().contiguous();
+    Tensor gx = zeros(sizes, g.options());
+    const int64_t planes = sizes[0] * sizes[1], w = sizes[3];
+    const int64_t oh = static_cast<int64_t>(ys.size()), ow = static_cast<int64_t>(xs.size());
+    internal::VisitNnDtype(g.dtype(), "avg_pool2d backward", [&]<typename T>() {
+      const T* pg = g.data_ptr<T>();
+      T* px = gx.data_ptr<T>();
+      for (int64_t plane = 0; plane < planes; ++plane) {
+        T* out = px + plane * sizes[2] * w;
+        for (int64_t oy = 0; oy < oh; ++oy) {
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            const int64_t count = yc[oy] * xc[ox];
+            if (count == 0) continue;
+            const T share = pg[(plane * oh + oy) * ow + ox] / static_cast<T>(count);
+            for (int64_t iy = ys[oy]; iy < ye[oy]; ++iy) {
+              for (int64_t ix = xs[ox]; ix < xe[ox]; ++ix) out[iy * w + ix] += share;
+            }
+          }
+        }
+      }
+    });
+    grads[0] = gx;
+    return grads;
+  }
+};
+
+}  // namespace
+
+namespace functional {
+
+Tensor max_pool2d(const Tensor& input, const MaxPool2dOptions& options) {
+  return With4d(input, [&](const Tensor& x) {
+    const Int2 stride = DefaultStride(options.stride, options.kernel_size);
+    const Int2 out = CheckPool("max_pool2d", x, options.kernel_size, stride, options.padding,
+                               options.dilation, options.ceil_mode);
+    internal::VisitNnDtype(x.dtype(), "max_pool2d", []<typename T>() {});
+    return MaxPool2dFunction::apply(x, options.kernel_size, stride, options.padding,
+                                    options.dilation, out);
+  });
+}
+
+Tensor avg_pool2d(const Tensor& input, const AvgPool2dOptions& options) {
+  return With4d(input, [&](const Tensor& x) {
+    const Int2 stride = DefaultStride(options.stride, options.kernel_size);
+    const Int2 k = options.kernel_size, p = options.padding;
+    for (int i = 0; i < 2; ++i) {
+      EMBER_CHECK(p[i] <= k[i] / 2,
+                  "avg_pool2d: pad should be at most half of kernel size, but "
+                  "got pad=",
+                  PairString(p), " and kernel_size=", PairString(k));
+    }
+    const Int2 out = CheckPool("avg_pool2d", x, k, stride, p, {1, 1}, options.ceil_mode);
+    internal::VisitNnDtype(x.dtype(), "avg_pool2d", []<typename T>() {});
+    Windows rows = AvgWindows(x.size(2), out[0], k[0], stride[0], p[0], options.count_include_pad);
+    Windows cols = AvgWindows(x.size(3), out[1], k[1], stride[1], p[1], options.count_include_pad);
+    return AvgPoolFunction::apply(x, rows.start, rows.end, rows.count, cols.start, cols.end,
+                                  cols.count);
+  });
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
+  return With4d(input, [&](const Tensor& x) {
+    internal::CheckCpu(x, "adaptive_avg_pool2d", "input");
+    EMBER_CHECK(x.dim() == 4, "adaptive_avg_pool2d: expected a 3-D or 4-D input, got shape ",
+                ShapeToString(x.sizes()));
+    EMBER_CHECK(output_size[0] > 0 && output_size[1] > 0,
+                "adaptive_avg_pool2d: output_size must be positive, got ", PairString(output_size));
+    EMBER_CHECK(x.size(2) > 0 && x.size(3) > 0,
+                "adaptive_avg_pool2d: expected an input with "
+                "non-zero spatial size, got shape ",
+                ShapeToString(x.sizes()));
+    internal::VisitNnDtype(x.dtype(), "adaptive_avg_pool2d", []<typename T>() {});
+    Windows rows = AdaptiveWindows(x.size(2), output_size[0]);
+    Windows cols = AdaptiveWindows(x.size(3), output_size[1]);
+    return AvgPoolFunction::apply(x, rows.start, rows.end, rows.count, cols.start, cols.end,
+                                  cols.count);
+  });
+}
+
+}  // namespace functional
+
+std::string MaxPool2d::extra_repr() const {
+  return absl::StrCat("kernel_size=", PairString(options_.kernel_size),
+                      ", stride=", PairString(DefaultStride(options_.stride, options_.kernel_size)),
+                      ", padding=", PairString(options_.padding),
+                      ", dilation=", PairString(options_.dilation),
+                      ", ceil_mode=", options_.ceil_mode ? "True" : "False");
+}
+
+std::string AvgPool2d::extra_repr() const {
+  return absl::StrCat("kernel_size=", PairString(options_.kernel_size),
+                      ", stride=", PairString(DefaultStride(options_.stride, options_.kernel_size)),
+                      ", padding=", PairString(options_.padding));
+}
+
+std::string AdaptiveAvgPool2d::extra_repr() const {
+  return absl::StrCat("output_size=", PairString(output_size_));
+}
+
+}  // namespace ember::nn
