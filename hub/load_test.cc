@@ -3,6 +3,8 @@
 // same outputs as the same weights loaded directly, and the failure modes.
 #include "hub/load.h"
 
+#include <sys/wait.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -133,6 +135,27 @@ TEST_F(LoadTest, PyTorchWeightsGivePyTorchOutputs) {
     ASSERT_EQ(out.sizes(), y.sizes());
     EXPECT_LT(MaxAbsDiff(out, y), 1e-5);
   }
+}
+
+// torchvision's own resnet18: its state_dict loads into the "resnet18" builder
+// (names, shapes and the BN buffers match) and gives torchvision's outputs.
+TEST_F(LoadTest, TorchvisionResNet18WeightsGiveTorchvisionOutputs) {
+  std::string cmd = "/usr/bin/python3 hub/testdata/torchvision_resnet18.py " + *base_;
+  int status = std::system(cmd.c_str());
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    GTEST_SKIP() << "python3-torchvision is not installed; the torchvision comparison is unchecked";
+  }
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
+  absl::StatusOr<std::shared_ptr<nn::Module>> model = Build("resnet18", {{"num_classes", int64_t{10}}});
+  ASSERT_TRUE(model.ok()) << model.status();
+  absl::StatusOr<StateDict> weights = LoadCheckpoint(*base_ + "/resnet18.pt");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  ASSERT_TRUE((*model)->load_state_dict(*weights).ok());
+  (*model)->eval();
+  auto [x, y] = ReadIo(*base_ + "/resnet18.io.txt");
+  Tensor out = (**model)(x);
+  ASSERT_EQ(out.sizes(), y.sizes());
+  EXPECT_LT(MaxAbsDiff(out, y), 1e-4);
 }
 
 TEST_F(LoadTest, HubLoadedModelMatchesTheSameWeightsLoadedDirectly) {

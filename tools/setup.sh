@@ -16,8 +16,8 @@ PACKAGES=(
   libgloo-dev libopenblas-dev libcurl4-openssl-dev libarchive-dev
   libopenmpi-dev libssl-dev
   # hub/ tests: openssl makes the loopback HTTPS server's certificate;
-  # python3-torch checks that PyTorch reads Ember's checkpoints.
-  openssl python3-torch
+  # python3-torch(vision) check Ember's checkpoints and ResNet-18 against PyTorch.
+  openssl python3-torch python3-torchvision
 )
 CUDA=/usr/local/cuda
 
