@@ -37,13 +37,16 @@ int Fail(const std::string& why) {
   return 1;
 }
 
-// Writes a repository publishing ResNet-18 with weights, as a model author would.
+// Writes a repository publishing ResNet-18 with weights, as a model author
+// would.
 absl::Status PublishRepository(const std::string& dir) {
   std::filesystem::create_directories(dir + "/weights");
   ember::manual_seed(0);
-  absl::StatusOr<std::shared_ptr<ember::nn::Module>> pretrained = ember::hub::Build("resnet18", {});
+  absl::StatusOr<std::shared_ptr<ember::nn::Module>> pretrained =
+      ember::hub::Build("resnet18", {});
   if (!pretrained.ok()) return pretrained.status();
-  absl::Status saved = ember::hub::SaveCheckpoint((*pretrained)->state_dict(), dir + "/weights/resnet18.pt");
+  absl::Status saved = ember::hub::SaveCheckpoint((*pretrained)->state_dict(),
+                                                  dir + "/weights/resnet18.pt");
   if (!saved.ok()) return saved;
   std::ofstream(dir + "/hubconf.textproto") << R"pb(
     dependencies: "resnet18"
@@ -61,18 +64,22 @@ absl::Status PublishRepository(const std::string& dir) {
 
 int main() {
   const char* test_tmp = std::getenv("TEST_TMPDIR");
-  const std::string repo =
-      (test_tmp ? std::filesystem::path(test_tmp) : std::filesystem::temp_directory_path()) / "ember_finetune_repo";
-  if (absl::Status s = PublishRepository(repo); !s.ok()) return Fail(std::string(s.message()));
+  const std::string repo = (test_tmp ? std::filesystem::path(test_tmp)
+                                     : std::filesystem::temp_directory_path()) /
+                           "ember_finetune_repo";
+  if (absl::Status s = PublishRepository(repo); !s.ok())
+    return Fail(std::string(s.message()));
 
   // model = torch.hub.load(repo, "resnet18", source="local", pretrained=True)
   ember::hub::LoadOptions options;
   options.source = ember::hub::Source::kLocal;
   options.pretrained = true;
-  absl::StatusOr<std::shared_ptr<ember::nn::Module>> loaded = ember::hub::Load(repo, "resnet18", options);
+  absl::StatusOr<std::shared_ptr<ember::nn::Module>> loaded =
+      ember::hub::Load(repo, "resnet18", options);
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   auto backbone = std::dynamic_pointer_cast<ember::hub::ResNet18>(*loaded);
-  if (!backbone) return Fail("the resnet18 entry point did not return a ResNet18");
+  if (!backbone)
+    return Fail("the resnet18 entry point did not return a ResNet18");
 
   // for p in model.parameters(): p.requires_grad = False
   std::vector<ember::Tensor> frozen = backbone->parameters();
@@ -96,20 +103,25 @@ int main() {
     images[i].narrow(2, label * 16, 16).add_(1.5);
   }
 
-  ember::nn::optim::SGD optimizer(model->fc()->parameters(), {.lr = 0.05, .momentum = 0.9});
+  ember::nn::optim::SGD optimizer(model->fc()->parameters(),
+                                  {.lr = 0.05, .momentum = 0.9});
   double first_loss = 0, last_loss = 0;
   for (int step = 0; step < 15; ++step) {
     optimizer.zero_grad();
-    ember::Tensor loss = ember::nn::functional::cross_entropy((*model)(images), labels);
+    ember::Tensor loss =
+        ember::nn::functional::cross_entropy((*model)(images), labels);
     loss.backward();
     if (step == 0) {
       // No gradient is computed for the frozen part.
       for (const ember::Tensor& p : frozen) {
-        if (p.grad().defined()) return Fail("a frozen parameter received a gradient");
+        if (p.grad().defined())
+          return Fail("a frozen parameter received a gradient");
       }
-      if (!model->fc()->weight().grad().defined()) return Fail("the new layer received no gradient");
+      if (!model->fc()->weight().grad().defined())
+        return Fail("the new layer received no gradient");
       ember::IntArrayRef g = model->fc()->weight().grad().sizes();
-      std::cout << "after backward: none of the " << frozen.size() << " frozen tensors has a .grad; fc.weight.grad has shape ["
+      std::cout << "after backward: none of the " << frozen.size()
+                << " frozen tensors has a .grad; fc.weight.grad has shape ["
                 << g[0] << ", " << g[1] << "]\n";
     }
     optimizer.step();
@@ -118,11 +130,14 @@ int main() {
     std::printf("step %2d  loss %.4f\n", step, last_loss);
   }
   for (size_t i = 0; i < frozen.size(); ++i) {
-    if ((frozen[i] - frozen_before[i]).abs().max().item<double>() != 0.0) return Fail("a frozen parameter changed");
+    if ((frozen[i] - frozen_before[i]).abs().max().item<double>() != 0.0)
+      return Fail("a frozen parameter changed");
   }
   if (!(last_loss < first_loss)) return Fail("the loss did not go down");
-  std::printf("trained only fc: loss %.4f -> %.4f; the %zu frozen tensors are unchanged\n", first_loss, last_loss,
-              frozen.size());
+  std::printf(
+      "trained only fc: loss %.4f -> %.4f; the %zu frozen tensors are "
+      "unchanged\n",
+      first_loss, last_loss, frozen.size());
   std::filesystem::remove_all(repo);
   return 0;
 }

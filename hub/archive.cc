@@ -27,16 +27,18 @@ absl::StatusOr<Reader> Open(const std::string& path) {
   Reader r(archive_read_new());
   archive_read_support_format_all(r.get());
   archive_read_support_filter_all(r.get());
-  if (archive_read_open_filename(r.get(), path.c_str(), 1 << 16) != ARCHIVE_OK) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot open archive ", path, ": ", archive_error_string(r.get())));
+  if (archive_read_open_filename(r.get(), path.c_str(), 1 << 16) !=
+      ARCHIVE_OK) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot open archive ", path, ": ", archive_error_string(r.get())));
   }
   return r;
 }
 
 // Depth of `path` below the archive root after resolving "." and "..",
 // starting from the components of `base`; -1 when it climbs above the root.
-int ResolvedDepth(const std::vector<std::string>& base, const std::string& path) {
+int ResolvedDepth(const std::vector<std::string>& base,
+                  const std::string& path) {
   int depth = static_cast<int>(base.size());
   for (absl::string_view part : absl::StrSplit(path, '/', absl::SkipEmpty())) {
     if (part == ".") continue;
@@ -48,10 +50,12 @@ int ResolvedDepth(const std::vector<std::string>& base, const std::string& path)
 
 // Why `entry` may not be extracted, or "" when it is fine.
 std::string Offence(struct archive_entry* entry) {
-  std::string path = archive_entry_pathname(entry) ? archive_entry_pathname(entry) : "";
+  std::string path =
+      archive_entry_pathname(entry) ? archive_entry_pathname(entry) : "";
   if (path.empty()) return "an entry has an empty path";
   if (path.front() == '/') return "absolute path";
-  if (ResolvedDepth({}, path) < 0) return "path climbs out of the archive with '..'";
+  if (ResolvedDepth({}, path) < 0)
+    return "path climbs out of the archive with '..'";
   for (absl::string_view part : absl::StrSplit(path, '/')) {
     if (part == "..") return "path contains '..'";
   }
@@ -63,11 +67,14 @@ std::string Offence(struct archive_entry* entry) {
   }
   mode_t type = archive_entry_filetype(entry);
   if (type == AE_IFLNK) {
-    std::string target = archive_entry_symlink(entry) ? archive_entry_symlink(entry) : "";
+    std::string target =
+        archive_entry_symlink(entry) ? archive_entry_symlink(entry) : "";
     std::vector<std::string> dir = absl::StrSplit(path, '/', absl::SkipEmpty());
     dir.pop_back();  // the link's own name
-    if (target.empty() || target.front() == '/' || ResolvedDepth(dir, target) < 0) {
-      return absl::StrCat("symbolic link to '", target, "' points outside the archive");
+    if (target.empty() || target.front() == '/' ||
+        ResolvedDepth(dir, target) < 0) {
+      return absl::StrCat("symbolic link to '", target,
+                          "' points outside the archive");
     }
   } else if (type != AE_IFREG && type != AE_IFDIR) {
     return "special file (device, FIFO or socket)";
@@ -77,7 +84,8 @@ std::string Offence(struct archive_entry* entry) {
 
 }  // namespace
 
-absl::Status ExtractArchive(const std::string& archive_path, const std::string& dest_dir) {
+absl::Status ExtractArchive(const std::string& archive_path,
+                            const std::string& dest_dir) {
   // Pass 1: check every entry; nothing is written.
   {
     absl::StatusOr<Reader> r = Open(archive_path);
@@ -86,59 +94,72 @@ absl::Status ExtractArchive(const std::string& archive_path, const std::string& 
     int rc;
     while ((rc = archive_read_next_header(r->get(), &entry)) == ARCHIVE_OK) {
       if (std::string why = Offence(entry); !why.empty()) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "refusing archive ", archive_path, ": entry '", archive_entry_pathname(entry), "': ", why,
-            "; nothing was extracted"));
+        return absl::PermissionDeniedError(
+            absl::StrCat("refusing archive ", archive_path, ": entry '",
+                         archive_entry_pathname(entry), "': ", why,
+                         "; nothing was extracted"));
       }
     }
     if (rc != ARCHIVE_EOF) {
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot read archive ", archive_path, ": ", archive_error_string(r->get())));
+          absl::StrCat("cannot read archive ", archive_path, ": ",
+                       archive_error_string(r->get())));
     }
   }
   // Pass 2: extract below dest_dir with libarchive's guards on.
   if (absl::Status s = MakeDirs(dest_dir); !s.ok()) return s;
   std::error_code ec;
   const std::string root = std::filesystem::canonical(dest_dir, ec).string();
-  if (ec) return absl::InternalError(absl::StrCat("cannot resolve ", dest_dir, ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot resolve ", dest_dir, ": ", ec.message()));
   absl::StatusOr<Reader> r = Open(archive_path);
   if (!r.ok()) return r.status();
   std::unique_ptr<struct archive, WriterDeleter> w(archive_write_disk_new());
   // Entries were checked to be relative; their written paths are absolute
   // only through the (canonical) destination prefix, so the no-absolute-path
   // guard cannot be used here, but the others can.
-  archive_write_disk_set_options(
-      w.get(), ARCHIVE_EXTRACT_SECURE_SYMLINKS | ARCHIVE_EXTRACT_SECURE_NODOTDOT | ARCHIVE_EXTRACT_TIME);
+  archive_write_disk_set_options(w.get(), ARCHIVE_EXTRACT_SECURE_SYMLINKS |
+                                              ARCHIVE_EXTRACT_SECURE_NODOTDOT |
+                                              ARCHIVE_EXTRACT_TIME);
   struct archive_entry* entry;
   int rc;
   while ((rc = archive_read_next_header(r->get(), &entry)) == ARCHIVE_OK) {
     std::string name = archive_entry_pathname(entry);
     auto failed = [&](struct archive* a) {
-      return absl::InternalError(absl::StrCat("cannot extract '", name, "' from ", archive_path, " into ",
-                                              dest_dir, ": ", archive_error_string(a)));
+      return absl::InternalError(
+          absl::StrCat("cannot extract '", name, "' from ", archive_path,
+                       " into ", dest_dir, ": ", archive_error_string(a)));
     };
     archive_entry_set_pathname(entry, absl::StrCat(root, "/", name).c_str());
     if (const char* link = archive_entry_hardlink(entry); link != nullptr) {
       archive_entry_set_hardlink(entry, absl::StrCat(root, "/", link).c_str());
     }
-    archive_entry_set_perm(entry, archive_entry_perm(entry) & 0755);  // no setuid/setgid/world-write
-    if (archive_write_header(w.get(), entry) != ARCHIVE_OK) return failed(w.get());
+    archive_entry_set_perm(entry, archive_entry_perm(entry) &
+                                      0755);  // no setuid/setgid/world-write
+    if (archive_write_header(w.get(), entry) != ARCHIVE_OK)
+      return failed(w.get());
     const void* block;
     size_t size;
     la_int64_t offset;
     int data_rc;
-    while ((data_rc = archive_read_data_block(r->get(), &block, &size, &offset)) == ARCHIVE_OK) {
-      if (archive_write_data_block(w.get(), block, size, offset) != ARCHIVE_OK) return failed(w.get());
+    while ((data_rc = archive_read_data_block(r->get(), &block, &size,
+                                              &offset)) == ARCHIVE_OK) {
+      if (archive_write_data_block(w.get(), block, size, offset) != ARCHIVE_OK)
+        return failed(w.get());
     }
     if (data_rc != ARCHIVE_EOF) return failed(r->get());
-    if (archive_write_finish_entry(w.get()) != ARCHIVE_OK) return failed(w.get());
+    if (archive_write_finish_entry(w.get()) != ARCHIVE_OK)
+      return failed(w.get());
   }
   if (rc != ARCHIVE_EOF) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot read archive ", archive_path, ": ", archive_error_string(r->get())));
+        absl::StrCat("cannot read archive ", archive_path, ": ",
+                     archive_error_string(r->get())));
   }
   if (archive_write_close(w.get()) != ARCHIVE_OK) {
-    return absl::InternalError(absl::StrCat("cannot finish extracting ", archive_path, ": ",
+    return absl::InternalError(absl::StrCat("cannot finish extracting ",
+                                            archive_path, ": ",
                                             archive_error_string(w.get())));
   }
   return absl::OkStatus();

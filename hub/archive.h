@@ -1,7 +1,8 @@
 // Safe extraction of repository archives (zip, tar, tar.gz, ... through
 // libarchive).
 //
-//   EMBER_RETURN_IF_ERROR(ember::hub::ExtractArchive("/hub/x.zip", "/hub/x.extract"));
+//   EMBER_RETURN_IF_ERROR(ember::hub::ExtractArchive("/hub/x.zip",
+//   "/hub/x.extract"));
 //
 // Every entry is checked before anything is written: an entry whose path is
 // absolute or climbs out with "..", a symbolic link whose target is absolute
@@ -26,7 +27,8 @@ namespace ember::hub {
 // written then); InvalidArgument for an unreadable or unsupported archive;
 // Internal for local file errors. After an error during the writing pass,
 // `dest_dir` may hold part of the archive; the caller removes it.
-absl::Status ExtractArchive(const std::string& archive_path, const std::string& dest_dir);
+absl::Status ExtractArchive(const std::string& archive_path,
+                            const std::string& dest_dir);
 
 }  // namespace ember::hub
 

@@ -38,7 +38,8 @@ class ArchiveTest : public ::testing::Test {
     }
     return out;
   }
-  absl::Status Refused(const std::string& format, const std::vector<ArchiveEntry>& entries) {
+  absl::Status Refused(const std::string& format,
+                       const std::vector<ArchiveEntry>& entries) {
     std::string archive = base_ + "/a." + format;
     EXPECT_TRUE(WriteArchive(archive, format, entries).ok());
     absl::Status s = ExtractArchive(archive, dest_);
@@ -54,7 +55,8 @@ TEST_F(ArchiveTest, ExtractsZipAndTarGz) {
   for (std::string format : {"zip", "tar.gz"}) {
     std::string archive = base_ + "/a." + format;
     ASSERT_TRUE(WriteArchive(archive, format,
-                             {{"top/"}, {"top/hubconf.textproto", "entry_points {}"},
+                             {{"top/"},
+                              {"top/hubconf.textproto", "entry_points {}"},
                               {"top/weights/w.bin", std::string(5000, 'w')},
                               {"top/link", "", "weights/w.bin"}})
                     .ok());
@@ -68,33 +70,41 @@ TEST_F(ArchiveTest, ExtractsZipAndTarGz) {
 }
 
 TEST_F(ArchiveTest, RefusesDotDotTraversal) {
-  absl::Status s = Refused("zip", {{"top/ok.txt", "fine"}, {"top/../../escape.txt", "pwned"}});
+  absl::Status s = Refused(
+      "zip", {{"top/ok.txt", "fine"}, {"top/../../escape.txt", "pwned"}});
   EXPECT_THAT(s.message(), HasSubstr("'top/../../escape.txt'"));
   EXPECT_THAT(s.message(), HasSubstr("nothing was extracted"));
-  Refused("tar.gz", {{"top/ok.txt", "fine"}, {"top/sub/../../../escape.txt", "pwned"}});
+  Refused("tar.gz",
+          {{"top/ok.txt", "fine"}, {"top/sub/../../../escape.txt", "pwned"}});
 }
 
 TEST_F(ArchiveTest, RefusesAbsolutePaths) {
-  absl::Status s = Refused("tar.gz", {{"top/ok.txt", "fine"}, {base_ + "/abs.txt", "pwned"}});
+  absl::Status s = Refused(
+      "tar.gz", {{"top/ok.txt", "fine"}, {base_ + "/abs.txt", "pwned"}});
   EXPECT_THAT(s.message(), HasSubstr("absolute path"));
 }
 
 TEST_F(ArchiveTest, RefusesSymlinksPointingOut) {
-  absl::Status s = Refused("tar.gz", {{"top/"}, {"top/out", "", "../.."}, {"top/out/escape.txt", "pwned"}});
+  absl::Status s = Refused(
+      "tar.gz",
+      {{"top/"}, {"top/out", "", "../.."}, {"top/out/escape.txt", "pwned"}});
   EXPECT_THAT(s.message(), HasSubstr("symbolic link to '../..'"));
   Refused("tar.gz", {{"top/etc", "", "/etc"}});
   Refused("zip", {{"top/a/b", "", "../../../x"}});
 }
 
 TEST_F(ArchiveTest, RefusesHardlinksPointingOut) {
-  absl::Status s = Refused("tar.gz", {{"top/ok.txt", "fine"}, {"top/passwd", "", "", "/etc/passwd"}});
+  absl::Status s = Refused("tar.gz", {{"top/ok.txt", "fine"},
+                                      {"top/passwd", "", "", "/etc/passwd"}});
   EXPECT_THAT(s.message(), HasSubstr("hard link"));
   Refused("tar.gz", {{"top/ok.txt", "fine"}, {"top/x", "", "", "../outside"}});
 }
 
 TEST_F(ArchiveTest, CorruptArchiveIsAnError) {
   std::string archive = base_ + "/a.zip";
-  ASSERT_TRUE(::ember::hub::testing::WriteFile(archive, "PK\x03\x04 this is not a zip").ok());
+  ASSERT_TRUE(
+      ::ember::hub::testing::WriteFile(archive, "PK\x03\x04 this is not a zip")
+          .ok());
   absl::Status s = ExtractArchive(archive, dest_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr(archive));

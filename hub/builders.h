@@ -6,12 +6,15 @@
 //                          ember::hub::Build("resnet18", args));
 //
 //   // A library adds its own family once, before loading:
-//   EMBER_RETURN_IF_ERROR(ember::hub::RegisterBuilder("my_net", [](const ember::hub::Kwargs& kw)
+//   EMBER_RETURN_IF_ERROR(ember::hub::RegisterBuilder("my_net", [](const
+//   ember::hub::Kwargs& kw)
 //       -> absl::StatusOr<std::shared_ptr<ember::nn::Module>> { ... }));
 //
 // Built in (arguments and defaults):
-//   mlp        in_features=4, hidden=8, out_features=3, depth=2 (Linear layers);
-//              Sequential(Linear, ReLU, ..., Linear), names "0.weight", "2.bias", ...
+//   mlp        in_features=4, hidden=8, out_features=3, depth=2 (Linear
+//   layers);
+//              Sequential(Linear, ReLU, ..., Linear), names "0.weight",
+//              "2.bias", ...
 //   small_cnn  in_channels=3, num_classes=4: Sequential(Conv2d(3x3, 8), ReLU,
 //              MaxPool2d(2), Conv2d(3x3, 16), ReLU, AdaptiveAvgPool2d(1),
 //              Flatten, Linear(16, num_classes))
@@ -39,7 +42,8 @@ namespace ember::hub {
 // One keyword argument's value.
 using Arg = std::variant<int64_t, double, bool, std::string>;
 using Kwargs = std::map<std::string, Arg>;
-using Builder = std::function<absl::StatusOr<std::shared_ptr<nn::Module>>(const Kwargs& kwargs)>;
+using Builder = std::function<absl::StatusOr<std::shared_ptr<nn::Module>>(
+    const Kwargs& kwargs)>;
 
 // Adds `builder` under `name`. Errors: AlreadyExists.
 absl::Status RegisterBuilder(const std::string& name, Builder builder);
@@ -50,7 +54,8 @@ std::vector<std::string> BuilderNames();
 // Calls the builder `name` with `kwargs`. Errors: NotFound listing the
 // builders; InvalidArgument for an unknown argument, a wrong type or a bad
 // value (naming the builder and the argument).
-absl::StatusOr<std::shared_ptr<nn::Module>> Build(const std::string& name, const Kwargs& kwargs);
+absl::StatusOr<std::shared_ptr<nn::Module>> Build(const std::string& name,
+                                                  const Kwargs& kwargs);
 
 // Reads a builder's arguments with defaults, then rejects any it did not read.
 //   KwargsReader r("mlp", kwargs);
@@ -58,7 +63,8 @@ absl::StatusOr<std::shared_ptr<nn::Module>> Build(const std::string& name, const
 //   EMBER_RETURN_IF_ERROR(r.Finish());
 class KwargsReader {
  public:
-  KwargsReader(std::string builder, const Kwargs& kwargs) : builder_(std::move(builder)), kwargs_(kwargs) {}
+  KwargsReader(std::string builder, const Kwargs& kwargs)
+      : builder_(std::move(builder)), kwargs_(kwargs) {}
   // A positive integer argument (or `fallback` when absent).
   int64_t PositiveInt(const std::string& name, int64_t fallback);
   // InvalidArgument for the first type error or unread argument, else OK.

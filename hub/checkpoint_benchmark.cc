@@ -24,13 +24,16 @@ constexpr int64_t kElements = (64 << 20) / 4 / kTensors;
 const StateDict& Fixture() {
   static const StateDict* sd = [] {
     auto* s = new StateDict;
-    for (int64_t i = 0; i < kTensors; ++i) s->emplace_back("layer" + std::to_string(i), rand({kElements}));
+    for (int64_t i = 0; i < kTensors; ++i)
+      s->emplace_back("layer" + std::to_string(i), rand({kElements}));
     return s;
   }();
   return *sd;
 }
 
-void SetBytes(benchmark::State& state) { state.SetBytesProcessed(state.iterations() * kTensors * kElements * 4); }
+void SetBytes(benchmark::State& state) {
+  state.SetBytesProcessed(state.iterations() * kTensors * kElements * 4);
+}
 
 void BM_MemcpyBaseline(benchmark::State& state) {
   // What any reader of these bytes must do: take the file's bytes (a copy, as
@@ -55,7 +58,8 @@ BENCHMARK(BM_MemcpyBaseline)->Unit(benchmark::kMillisecond);
 void BM_ReadTorchCheckpoint(benchmark::State& state) {
   std::string bytes = *WriteTorchCheckpoint(Fixture());
   for (auto _ : state) {
-    absl::StatusOr<StateDict> sd = ReadTorchCheckpoint(bytes, "bench.pt");  // copies `bytes` in
+    absl::StatusOr<StateDict> sd =
+        ReadTorchCheckpoint(bytes, "bench.pt");  // copies `bytes` in
     benchmark::DoNotOptimize(sd->data());
   }
   SetBytes(state);

@@ -43,7 +43,8 @@ std::vector<Expected> ReadExpected() {
     std::vector<std::string> parts = absl::StrSplit(line, ' ');
     Expected e{parts[0], parts[1], {}, {}};
     if (parts[2] != "-") {
-      for (absl::string_view s : absl::StrSplit(parts[2], ',')) e.sizes.push_back(std::stoll(std::string(s)));
+      for (absl::string_view s : absl::StrSplit(parts[2], ','))
+        e.sizes.push_back(std::stoll(std::string(s)));
     }
     for (size_t i = 3; i < parts.size(); ++i) {
       if (!parts[i].empty()) e.values.push_back(std::stod(parts[i]));
@@ -67,7 +68,9 @@ void ExpectMatchesFixture(const StateDict& sd) {
     SCOPED_TRACE(expected[i].name);
     EXPECT_EQ(sd[i].first, expected[i].name);
     EXPECT_EQ(std::string(DtypeName(sd[i].second.dtype())), expected[i].dtype);
-    EXPECT_EQ(std::vector<int64_t>(sd[i].second.sizes().begin(), sd[i].second.sizes().end()), expected[i].sizes);
+    EXPECT_EQ(std::vector<int64_t>(sd[i].second.sizes().begin(),
+                                   sd[i].second.sizes().end()),
+              expected[i].sizes);
     EXPECT_EQ(Values(sd[i].second), expected[i].values);
   }
 }
@@ -87,10 +90,13 @@ std::string Slurp(const std::string& path) {
   return s.str();
 }
 
-std::string TmpPath(const std::string& name) { return std::string(std::getenv("TEST_TMPDIR")) + "/" + name; }
+std::string TmpPath(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
 
 TEST(CheckpointTest, ReadsTorchSave) {
-  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  absl::StatusOr<StateDict> sd =
+      LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
   ASSERT_TRUE(sd.ok()) << sd.status();
   ExpectMatchesFixture(*sd);
   // Views keep their geometry and share their storage, as in PyTorch.
@@ -102,21 +108,23 @@ TEST(CheckpointTest, ReadsTorchSave) {
 }
 
 TEST(CheckpointTest, ReadsSafetensors) {
-  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.safetensors");
+  absl::StatusOr<StateDict> sd =
+      LoadCheckpoint(std::string(kTestdata) + "tensors.safetensors");
   ASSERT_TRUE(sd.ok()) << sd.status();
   ExpectMatchesFixture(*sd);
 }
 
 // Runs check_torch_load.py on `path`; its exit status (77: no python3-torch).
 int TorchLoadCheck(const std::string& path) {
-  std::string cmd = "/usr/bin/python3 hub/testdata/check_torch_load.py " + path + " " + kTestdata +
-                    "tensors.expected.txt";
+  std::string cmd = "/usr/bin/python3 hub/testdata/check_torch_load.py " +
+                    path + " " + kTestdata + "tensors.expected.txt";
   int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 TEST(CheckpointTest, RoundTripThroughPyTorchFormat) {
-  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  absl::StatusOr<StateDict> sd =
+      LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
   ASSERT_TRUE(sd.ok()) << sd.status();
   std::string path = TmpPath("ember.pt");
   ASSERT_TRUE(SaveCheckpoint(*sd, path).ok());
@@ -125,12 +133,16 @@ TEST(CheckpointTest, RoundTripThroughPyTorchFormat) {
   ExpectMatchesFixture(*back);
 
   int rc = TorchLoadCheck(path);
-  if (rc == 77) GTEST_SKIP() << "python3-torch is not installed; PyTorch's side of the round trip is unchecked";
-  EXPECT_EQ(rc, 0) << "torch.load(weights_only=True) did not read Ember's checkpoint as expected";
+  if (rc == 77)
+    GTEST_SKIP() << "python3-torch is not installed; PyTorch's side of the "
+                    "round trip is unchecked";
+  EXPECT_EQ(rc, 0) << "torch.load(weights_only=True) did not read Ember's "
+                      "checkpoint as expected";
 }
 
 TEST(CheckpointTest, RoundTripThroughSafetensors) {
-  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  absl::StatusOr<StateDict> sd =
+      LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
   ASSERT_TRUE(sd.ok()) << sd.status();
   std::string path = TmpPath("ember.safetensors");
   ASSERT_TRUE(SaveCheckpoint(*sd, path).ok());
@@ -153,7 +165,8 @@ TEST(CheckpointTest, RefusesUnknownGlobals) {
 TEST(CheckpointTest, RefusesReduceOnDisallowedCallable) {
   absl::Status s = LoadFixture("evil_reduce.pt");
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(s.message(), HasSubstr("REDUCE on 'torch.FloatStorage' is not allowed"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("REDUCE on 'torch.FloatStorage' is not allowed"));
 }
 
 TEST(CheckpointTest, RefusesUnknownOpcodes) {
@@ -165,10 +178,13 @@ TEST(CheckpointTest, RefusesUnknownOpcodes) {
 TEST(CheckpointTest, ChecksStorageSizesAndGeometry) {
   absl::Status s = LoadFixture("evil_storage_size.pt");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("storage '0' should hold 6 float32 elements (24 bytes) but its record has 8"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("storage '0' should hold 6 float32 elements (24 bytes) "
+                        "but its record has 8"));
   s = LoadFixture("evil_view.pt");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("size [2, 3], stride [3, 1] at offset 2 reaches past its storage of 6"));
+  EXPECT_THAT(s.message(), HasSubstr("size [2, 3], stride [3, 1] at offset 2 "
+                                     "reaches past its storage of 6"));
   s = LoadFixture("evil_stride.pt");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("non-negative"));
@@ -182,8 +198,10 @@ TEST(CheckpointTest, RefusesTruncatedAndCorruptZips) {
   std::string bytes = Slurp(std::string(kTestdata) + "tensors.pt");
   size_t at = bytes.find("tensors/data/0");
   ASSERT_NE(at, std::string::npos);
-  // Flip a byte of the first storage record (its data follows its local header).
-  size_t data = bytes.find("tensors/data/0", at) + std::string("tensors/data/0").size();
+  // Flip a byte of the first storage record (its data follows its local
+  // header).
+  size_t data =
+      bytes.find("tensors/data/0", at) + std::string("tensors/data/0").size();
   absl::StatusOr<StateDict> sd = ReadTorchCheckpoint(bytes, "x.pt");
   ASSERT_TRUE(sd.ok());
   bytes[data + 70] ^= 0x5a;
@@ -196,28 +214,42 @@ TEST(CheckpointTest, RefusesHostileSafetensors) {
   std::string good = Slurp(std::string(kTestdata) + "tensors.safetensors");
   std::string bytes = good;
   bytes[7] = 0x7f;  // a header length far past the file
-  EXPECT_THAT(ReadSafetensors(bytes, "a").status().message(), HasSubstr("exceeds the file"));
+  EXPECT_THAT(ReadSafetensors(bytes, "a").status().message(),
+              HasSubstr("exceeds the file"));
   bytes = good.substr(0, good.size() - 1);
-  EXPECT_THAT(ReadSafetensors(bytes, "b").status().message(), HasSubstr("truncated"));
+  EXPECT_THAT(ReadSafetensors(bytes, "b").status().message(),
+              HasSubstr("truncated"));
   // A header claiming more bytes than the shape needs.
-  std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,12]}})";
-  bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header + std::string(12, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "c").status().message(), HasSubstr("hold 12 bytes but shape [2] of F32 needs 8"));
-  header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"v":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})";
-  bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header + std::string(6, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "d").status().message(), HasSubstr("overlap or hole"));
+  std::string header =
+      R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,12]}})";
+  bytes = std::string(1, static_cast<char>(header.size())) +
+          std::string(7, '\0') + header + std::string(12, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "c").status().message(),
+              HasSubstr("hold 12 bytes but shape [2] of F32 needs 8"));
+  header =
+      R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"v":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})";
+  bytes = std::string(1, static_cast<char>(header.size())) +
+          std::string(7, '\0') + header + std::string(6, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "d").status().message(),
+              HasSubstr("overlap or hole"));
   header = R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})";
-  bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header + std::string(8, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "e").status().message(), HasSubstr("dtype C64"));
+  bytes = std::string(1, static_cast<char>(header.size())) +
+          std::string(7, '\0') + header + std::string(8, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "e").status().message(),
+              HasSubstr("dtype C64"));
   header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
-  bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header + std::string(4, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "f").status().message(), HasSubstr("invalid JSON"));
+  bytes = std::string(1, static_cast<char>(header.size())) +
+          std::string(7, '\0') + header + std::string(4, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "f").status().message(),
+              HasSubstr("invalid JSON"));
 }
 
 TEST(CheckpointTest, WritersRefuseDuplicates) {
   StateDict sd = {{"a", zeros({2})}, {"a", zeros({2})}};
-  EXPECT_THAT(WriteTorchCheckpoint(sd).status().message(), HasSubstr("'a' appears twice"));
-  EXPECT_THAT(WriteSafetensors(sd).status().message(), HasSubstr("'a' appears twice"));
+  EXPECT_THAT(WriteTorchCheckpoint(sd).status().message(),
+              HasSubstr("'a' appears twice"));
+  EXPECT_THAT(WriteSafetensors(sd).status().message(),
+              HasSubstr("'a' appears twice"));
 }
 
 TEST(CheckpointTest, UnknownFileIsAnError) {
@@ -225,8 +257,11 @@ TEST(CheckpointTest, UnknownFileIsAnError) {
   std::ofstream(path) << "\x80\x02legacy";
   absl::Status s = LoadCheckpoint(path).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("neither a torch.save zip checkpoint nor a safetensors"));
-  EXPECT_EQ(LoadCheckpoint(TmpPath("missing.pt")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(
+      s.message(),
+      HasSubstr("neither a torch.save zip checkpoint nor a safetensors"));
+  EXPECT_EQ(LoadCheckpoint(TmpPath("missing.pt")).status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace

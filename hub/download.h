@@ -6,7 +6,8 @@
 //   ember::hub::DownloadOptions opts;
 //   opts.hash_prefix = "a1b2c3d4";
 //   EMBER_RETURN_IF_ERROR(ember::hub::DownloadUrlToFile(
-//       "https://example.org/resnet18-a1b2c3d4.pt", "/data/hub/checkpoints/resnet18-a1b2c3d4.pt", opts));
+//       "https://example.org/resnet18-a1b2c3d4.pt",
+//       "/data/hub/checkpoints/resnet18-a1b2c3d4.pt", opts));
 //
 // See Note [Download safety] in download.cc for timeouts, retries, TLS and
 // redirects.

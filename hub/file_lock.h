@@ -3,7 +3,8 @@
 // fetch a repository or a checkpoint once instead of racing.
 //
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::FileLock lock,
-//                          ember::hub::FileLock::Acquire(dir + "/x.lock", absl::Minutes(10)));
+//                          ember::hub::FileLock::Acquire(dir + "/x.lock",
+//                          absl::Minutes(10)));
 //   ...   // exclusive until `lock` is destroyed
 //
 // The kernel drops the lock when its holder exits, so a crashed loader never
@@ -26,7 +27,8 @@ class FileLock {
   // Blocks until the lock on `path` (created if missing) is held, polling,
   // for at most `timeout`. Errors: DeadlineExceeded naming the path after
   // `timeout`; Internal when the file cannot be opened.
-  static absl::StatusOr<FileLock> Acquire(const std::string& path, absl::Duration timeout);
+  static absl::StatusOr<FileLock> Acquire(const std::string& path,
+                                          absl::Duration timeout);
 
   FileLock(FileLock&& other) noexcept;
   FileLock& operator=(FileLock&& other) noexcept;

@@ -15,7 +15,8 @@ TEST(FileLockTest, ExcludesAndTimesOut) {
   std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/x.lock";
   absl::StatusOr<FileLock> first = FileLock::Acquire(path, absl::Seconds(1));
   ASSERT_TRUE(first.ok()) << first.status();
-  absl::StatusOr<FileLock> second = FileLock::Acquire(path, absl::Milliseconds(100));
+  absl::StatusOr<FileLock> second =
+      FileLock::Acquire(path, absl::Milliseconds(100));
   EXPECT_EQ(second.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(second.status().message(), ::testing::HasSubstr(path));
 

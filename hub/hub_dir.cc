@@ -31,13 +31,14 @@ absl::Status MakeDirs(const std::string& dir) {
     if (pos != dir.size() && dir[pos] != '/') continue;
     std::string prefix = dir.substr(0, pos);
     if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::InternalError(
-          absl::StrCat("cannot create directory ", prefix, ": ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat(
+          "cannot create directory ", prefix, ": ", std::strerror(errno)));
     }
   }
   struct stat st;
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::InternalError(absl::StrCat(dir, " exists but is not a directory"));
+    return absl::InternalError(
+        absl::StrCat(dir, " exists but is not a directory"));
   }
   return absl::OkStatus();
 }
@@ -49,7 +50,9 @@ absl::StatusOr<std::string> GetDir() {
     dir = DirSetByUser();
   }
   if (dir.empty()) {
-    if (const char* env = std::getenv(kHubDirEnv); env != nullptr && *env != '\0') dir = env;
+    if (const char* env = std::getenv(kHubDirEnv);
+        env != nullptr && *env != '\0')
+      dir = env;
   }
   if (dir.empty()) {
     const char* home = std::getenv("HOME");

@@ -9,7 +9,8 @@
 //
 // Layout inside it:
 //   <owner>_<repo>_<ref>/   a fetched repository (repo_cache.h)
-//   checkpoints/            weights from load_state_dict_from_url (checkpoints.h)
+//   checkpoints/            weights from load_state_dict_from_url
+//   (checkpoints.h)
 //
 // Thread-safety: SetDir/GetDir may be called from any thread.
 #ifndef EMBER_HUB_HUB_DIR_H_

@@ -1,7 +1,8 @@
 // HubConf: what a repository publishes, read from its hubconf.textproto.
 //
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::HubConf conf,
-//                          ember::hub::ParseHubConf(text, "alice/models/hubconf.textproto"));
+//                          ember::hub::ParseHubConf(text,
+//                          "alice/models/hubconf.textproto"));
 //   const ember::hub::EntryPoint* e = ember::hub::FindEntryPoint(conf, "mlp");
 //
 // The schema is hub/hubconf.proto. Parsing checks the file's own consistency
@@ -14,11 +15,11 @@
 #define EMBER_HUB_HUBCONF_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "hub/hubconf.pb.h"
 
 namespace ember::hub {
@@ -29,7 +30,8 @@ inline constexpr char kHubConfFile[] = "hubconf.textproto";
 // Parses and validates hubconf text. `source` names the file in messages.
 // Errors: InvalidArgument naming the source, the line/column or the entry
 // and what to fix.
-absl::StatusOr<HubConf> ParseHubConf(absl::string_view text, absl::string_view source);
+absl::StatusOr<HubConf> ParseHubConf(absl::string_view text,
+                                     absl::string_view source);
 
 // Reads and parses <repo_dir>/hubconf.textproto. NotFound when the repository
 // publishes none.
@@ -40,7 +42,8 @@ const EntryPoint* FindEntryPoint(const HubConf& conf, absl::string_view name);
 
 // FailedPrecondition listing every dependency of `conf` missing from
 // `available` (and what is available); OK when none is missing.
-absl::Status CheckDependencies(const HubConf& conf, const std::vector<std::string>& available);
+absl::Status CheckDependencies(const HubConf& conf,
+                               const std::vector<std::string>& available);
 
 }  // namespace ember::hub
 

@@ -15,7 +15,10 @@ constexpr char kGood[] = R"pb(
     name: "tiny_mlp"
     doc: "A two-layer perceptron."
     builder: "mlp"
-    kwargs { key: "hidden" value { int_value: 8 } }
+    kwargs {
+      key: "hidden"
+      value { int_value: 8 }
+    }
     weights { file: "weights/tiny_mlp.safetensors" sha256: "0123abcd" }
   }
   entry_points { name: "fresh" builder: "mlp" }
@@ -34,7 +37,8 @@ TEST(HubConfTest, ParsesEntryPoints) {
 }
 
 TEST(HubConfTest, SyntaxErrorNamesSourceAndLine) {
-  absl::StatusOr<HubConf> conf = ParseHubConf("entry_points {\n name: 3 }", "r/hubconf.textproto");
+  absl::StatusOr<HubConf> conf =
+      ParseHubConf("entry_points {\n name: 3 }", "r/hubconf.textproto");
   ASSERT_FALSE(conf.ok());
   EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(conf.status().message(), HasSubstr("r/hubconf.textproto"));
@@ -42,30 +46,42 @@ TEST(HubConfTest, SyntaxErrorNamesSourceAndLine) {
 }
 
 TEST(HubConfTest, UnknownFieldIsAnError) {
-  absl::StatusOr<HubConf> conf = ParseHubConf("entrypoints { name: \"a\" }", "f");
+  absl::StatusOr<HubConf> conf =
+      ParseHubConf("entrypoints { name: \"a\" }", "f");
   ASSERT_FALSE(conf.ok());
   EXPECT_THAT(conf.status().message(), HasSubstr("entrypoints"));
 }
 
 TEST(HubConfTest, RejectsInconsistentEntries) {
-  auto error = [](const char* text) { return std::string(ParseHubConf(text, "f").status().message()); };
-  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"mlp\" } entry_points { name: \"a\" builder: \"mlp\" }"),
+  auto error = [](const char* text) {
+    return std::string(ParseHubConf(text, "f").status().message());
+  };
+  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"mlp\" } "
+                    "entry_points { name: \"a\" builder: \"mlp\" }"),
               HasSubstr("'a' is defined twice"));
-  EXPECT_THAT(error("entry_points { name: \"a\" }"), HasSubstr("names no builder"));
-  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" weights { url: \"https://x/w.pt\" } }"),
+  EXPECT_THAT(error("entry_points { name: \"a\" }"),
+              HasSubstr("names no builder"));
+  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" weights { url: "
+                    "\"https://x/w.pt\" } }"),
               HasSubstr("has no sha256"));
-  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" weights { file: \"w\" url: \"u\" sha256: \"00112233\" } }"),
+  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" weights { file: "
+                    "\"w\" url: \"u\" sha256: \"00112233\" } }"),
               HasSubstr("exactly one"));
-  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" weights { file: \"../w\" } }"),
+  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" weights { file: "
+                    "\"../w\" } }"),
               HasSubstr("relative path inside"));
-  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" weights { file: \"w\" sha256: \"xyz12345\" } }"),
+  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" weights { file: "
+                    "\"w\" sha256: \"xyz12345\" } }"),
               HasSubstr("not 8 to 64 hex digits"));
-  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" kwargs { key: \"pretrained\" value { bool_value: true } } }"),
+  EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" kwargs { key: "
+                    "\"pretrained\" value { bool_value: true } } }"),
               HasSubstr("`pretrained`"));
 }
 
 TEST(HubConfTest, MissingDependenciesAreListed) {
-  absl::StatusOr<HubConf> conf = ParseHubConf("dependencies: \"mlp\" dependencies: \"vit\" dependencies: \"bert\"", "f");
+  absl::StatusOr<HubConf> conf = ParseHubConf(
+      "dependencies: \"mlp\" dependencies: \"vit\" dependencies: \"bert\"",
+      "f");
   ASSERT_TRUE(conf.ok()) << conf.status();
   EXPECT_TRUE(CheckDependencies(*conf, {"mlp", "vit", "bert"}).ok());
   absl::Status s = CheckDependencies(*conf, {"mlp", "resnet18"});

@@ -1,10 +1,12 @@
 // Loading a model from a published repository, as torch.hub.load.
 //
 //   ember::hub::LoadOptions opts;
-//   opts.pretrained = true;                                  // the published weights
-//   opts.kwargs = {{"num_classes", int64_t{10}}};            // passed on to the builder
-//   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<ember::nn::Module> model,
-//                          ember::hub::Load("alice/models:v1", "resnet18", opts));
+//   opts.pretrained = true;                                  // the published
+//   weights opts.kwargs = {{"num_classes", int64_t{10}}};            // passed
+//   on to the builder EMBER_ASSIGN_OR_RETURN(std::shared_ptr<ember::nn::Module>
+//   model,
+//                          ember::hub::Load("alice/models:v1", "resnet18",
+//                          opts));
 //
 // Load opens the repository (hub.h: fetched and cached, or a local folder),
 // checks that this program provides every `dependencies` entry of its
@@ -30,7 +32,8 @@
 namespace ember::hub {
 
 struct LoadOptions : HubOptions {
-  // false: freshly initialised weights; true: the entry point's published weights.
+  // false: freshly initialised weights; true: the entry point's published
+  // weights.
   bool pretrained = false;
   // Arguments for the builder, overriding the entry point's defaults.
   Kwargs kwargs;
@@ -42,8 +45,9 @@ struct LoadOptions : HubOptions {
 // NotFound for an unknown entry point or builder; InvalidArgument for bad
 // kwargs or weights that do not fit the module (load_state_dict's message);
 // DataLoss for a weights hash mismatch; download errors (download.h).
-absl::StatusOr<std::shared_ptr<nn::Module>> Load(const std::string& repo, const std::string& entry,
-                                                 const LoadOptions& options = {});
+absl::StatusOr<std::shared_ptr<nn::Module>> Load(
+    const std::string& repo, const std::string& entry,
+    const LoadOptions& options = {});
 
 }  // namespace ember::hub
 

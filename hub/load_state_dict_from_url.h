@@ -1,8 +1,9 @@
 // load_state_dict_from_url: PyTorch's way of fetching pretrained weights.
 //
 //   ember::hub::LoadFromUrlOptions opts;
-//   opts.check_hash = true;   // "resnet18-f37072fd.pth": SHA-256 starts f37072fd
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd, ember::hub::LoadStateDictFromUrl(
+//   opts.check_hash = true;   // "resnet18-f37072fd.pth": SHA-256 starts
+//   f37072fd EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
+//   ember::hub::LoadStateDictFromUrl(
 //       "https://download.pytorch.org/models/resnet18-f37072fd.pth", opts));
 //
 // The file is cached as <model_dir>/<file name> (model_dir defaults to
@@ -37,7 +38,8 @@ struct LoadFromUrlOptions {
   std::string file_name;
   // When set, the file's SHA-256 must also start with this (hubconf weights).
   std::string sha256;
-  DownloadOptions download;  // its progress and hash_prefix are set from the above
+  DownloadOptions
+      download;  // its progress and hash_prefix are set from the above
   absl::Duration lock_timeout = absl::Minutes(10);
 };
 
@@ -50,10 +52,12 @@ std::string HashPrefixFromFileName(const std::string& file_name);
 // InvalidArgument (check_hash without a hash in the name, a URL with no file
 // name); DataLoss (hash mismatch, on download or of the cached file); the
 // download's errors (download.h).
-absl::StatusOr<std::string> DownloadCheckpoint(const std::string& url, const LoadFromUrlOptions& options = {});
+absl::StatusOr<std::string> DownloadCheckpoint(
+    const std::string& url, const LoadFromUrlOptions& options = {});
 
 // DownloadCheckpoint, then LoadCheckpoint (checkpoint.h) on the file.
-absl::StatusOr<StateDict> LoadStateDictFromUrl(const std::string& url, const LoadFromUrlOptions& options = {});
+absl::StatusOr<StateDict> LoadStateDictFromUrl(
+    const std::string& url, const LoadFromUrlOptions& options = {});
 
 }  // namespace ember::hub
 

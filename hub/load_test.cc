@@ -37,17 +37,22 @@ std::pair<Tensor, Tensor> ReadIo(const std::string& path) {
   std::string line;
   Tensor io[2];
   for (int i = 0; i < 2 && std::getline(in, line); ++i) {
-    std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    std::vector<std::string> parts =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
     SizeVector sizes;
-    for (absl::string_view s : absl::StrSplit(parts[1], ',')) sizes.push_back(std::stoll(std::string(s)));
+    for (absl::string_view s : absl::StrSplit(parts[1], ','))
+      sizes.push_back(std::stoll(std::string(s)));
     std::vector<float> values;
-    for (size_t k = 2; k < parts.size(); ++k) values.push_back(std::stof(parts[k]));
+    for (size_t k = 2; k < parts.size(); ++k)
+      values.push_back(std::stof(parts[k]));
     io[i] = tensor(values, sizes);
   }
   return {io[0], io[1]};
 }
 
-double MaxAbsDiff(const Tensor& a, const Tensor& b) { return (a - b).abs().max().item<double>(); }
+double MaxAbsDiff(const Tensor& a, const Tensor& b) {
+  return (a - b).abs().max().item<double>();
+}
 
 class LoadTest : public ::testing::Test {
  protected:
@@ -58,7 +63,8 @@ class LoadTest : public ::testing::Test {
     std::string cnn = *ReadFile("hub/testdata/small_cnn_torch.pt");
     std::string cnn_name = "small_cnn-" + Sha256Hex(cnn).substr(0, 8) + ".pt";
     ASSERT_TRUE(WriteFile(tmp + "/www/w/" + cnn_name, cnn).ok());
-    absl::StatusOr<TestServer> s = TestServer::Start(tmp + "/www", tmp + "/server");
+    absl::StatusOr<TestServer> s =
+        TestServer::Start(tmp + "/www", tmp + "/server");
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = new TestServer(std::move(*s));
 
@@ -70,7 +76,7 @@ class LoadTest : public ::testing::Test {
     std::string resnet_file = tmp + "/resnet_tiny.safetensors";
     ASSERT_TRUE(SaveCheckpoint((*resnet)->state_dict(), resnet_file).ok());
 
-    std::string hubconf = R"pb(
+    std::string hubconf = R"conf(
       dependencies: "mlp"
       dependencies: "small_cnn"
       dependencies: "resnet18"
@@ -79,13 +85,16 @@ class LoadTest : public ::testing::Test {
         doc: "The MLP of make_fixtures.py, trained by nobody."
         builder: "mlp"
         kwargs { key: "out_features" value { int_value: 3 } }
-        weights { file: "weights/mlp_torch.pt" sha256: ")pb" + Sha256Hex(mlp) + R"pb(" }
+        weights { file: "weights/mlp_torch.pt" sha256: ")conf" +
+                          Sha256Hex(mlp) + R"conf(" }
       }
       entry_points {
         name: "small_cnn"
         builder: "small_cnn"
-        weights { url: ")pb" + server_->url("/w/" + cnn_name) + R"pb(" sha256: ")pb" +
-                          Sha256Hex(cnn).substr(0, 16) + R"pb(" }
+        weights { url: ")conf" +
+                          server_->url("/w/" + cnn_name) +
+                          R"conf(" sha256: ")conf" +
+                          Sha256Hex(cnn).substr(0, 16) + R"conf(" }
       }
       entry_points {
         name: "resnet18_tiny"
@@ -95,14 +104,17 @@ class LoadTest : public ::testing::Test {
         weights { file: "weights/resnet_tiny.safetensors" }
       }
       entry_points { name: "fresh" builder: "mlp" }
-    )pb";
-    ASSERT_TRUE(WriteArchive(tmp + "/www/alice/models/zipball/master", "tar.gz",
-                             {{"alice-models-1234abc/hubconf.textproto", hubconf},
-                              {"alice-models-1234abc/weights/mlp_torch.pt", mlp},
-                              {"alice-models-1234abc/weights/resnet_tiny.safetensors", *ReadFile(resnet_file)}})
-                    .ok());
+    )conf";
+    ASSERT_TRUE(
+        WriteArchive(tmp + "/www/alice/models/zipball/master", "tar.gz",
+                     {{"alice-models-1234abc/hubconf.textproto", hubconf},
+                      {"alice-models-1234abc/weights/mlp_torch.pt", mlp},
+                      {"alice-models-1234abc/weights/resnet_tiny.safetensors",
+                       *ReadFile(resnet_file)}})
+            .ok());
     ASSERT_TRUE(WriteArchive(tmp + "/www/alice/needs-vit/zipball/master", "zip",
-                             {{"r/hubconf.textproto", "dependencies: \"mlp\" dependencies: \"vit\""}})
+                             {{"r/hubconf.textproto",
+                               "dependencies: \"mlp\" dependencies: \"vit\""}})
                     .ok());
   }
   static void TearDownTestSuite() {
@@ -128,9 +140,11 @@ TEST_F(LoadTest, PyTorchWeightsGivePyTorchOutputs) {
   options_.pretrained = true;
   for (const char* entry : {"mlp", "small_cnn"}) {
     SCOPED_TRACE(entry);
-    absl::StatusOr<std::shared_ptr<nn::Module>> model = Load("alice/models", entry, options_);
+    absl::StatusOr<std::shared_ptr<nn::Module>> model =
+        Load("alice/models", entry, options_);
     ASSERT_TRUE(model.ok()) << model.status();
-    auto [x, y] = ReadIo(std::string("hub/testdata/") + entry + "_torch.io.txt");
+    auto [x, y] =
+        ReadIo(std::string("hub/testdata/") + entry + "_torch.io.txt");
     Tensor out = (**model)(x);
     ASSERT_EQ(out.sizes(), y.sizes());
     EXPECT_LT(MaxAbsDiff(out, y), 1e-5);
@@ -140,13 +154,16 @@ TEST_F(LoadTest, PyTorchWeightsGivePyTorchOutputs) {
 // torchvision's own resnet18: its state_dict loads into the "resnet18" builder
 // (names, shapes and the BN buffers match) and gives torchvision's outputs.
 TEST_F(LoadTest, TorchvisionResNet18WeightsGiveTorchvisionOutputs) {
-  std::string cmd = "/usr/bin/python3 hub/testdata/torchvision_resnet18.py " + *base_;
+  std::string cmd =
+      "/usr/bin/python3 hub/testdata/torchvision_resnet18.py " + *base_;
   int status = std::system(cmd.c_str());
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
-    GTEST_SKIP() << "python3-torchvision is not installed; the torchvision comparison is unchecked";
+    GTEST_SKIP() << "python3-torchvision is not installed; the torchvision "
+                    "comparison is unchecked";
   }
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
-  absl::StatusOr<std::shared_ptr<nn::Module>> model = Build("resnet18", {{"num_classes", int64_t{10}}});
+  absl::StatusOr<std::shared_ptr<nn::Module>> model =
+      Build("resnet18", {{"num_classes", int64_t{10}}});
   ASSERT_TRUE(model.ok()) << model.status();
   absl::StatusOr<StateDict> weights = LoadCheckpoint(*base_ + "/resnet18.pt");
   ASSERT_TRUE(weights.ok()) << weights.status();
@@ -160,12 +177,14 @@ TEST_F(LoadTest, TorchvisionResNet18WeightsGiveTorchvisionOutputs) {
 
 TEST_F(LoadTest, HubLoadedModelMatchesTheSameWeightsLoadedDirectly) {
   options_.pretrained = true;
-  absl::StatusOr<std::shared_ptr<nn::Module>> hub_model = Load("alice/models", "resnet18_tiny", options_);
+  absl::StatusOr<std::shared_ptr<nn::Module>> hub_model =
+      Load("alice/models", "resnet18_tiny", options_);
   ASSERT_TRUE(hub_model.ok()) << hub_model.status();
   absl::StatusOr<std::shared_ptr<nn::Module>> direct =
       Build("resnet18", {{"num_classes", int64_t{5}}, {"width", int64_t{4}}});
   ASSERT_TRUE(direct.ok());
-  absl::StatusOr<StateDict> weights = LoadCheckpoint(*base_ + "/resnet_tiny.safetensors");
+  absl::StatusOr<StateDict> weights =
+      LoadCheckpoint(*base_ + "/resnet_tiny.safetensors");
   ASSERT_TRUE(weights.ok()) << weights.status();
   ASSERT_TRUE((*direct)->load_state_dict(*weights).ok());
   (*hub_model)->eval();
@@ -179,7 +198,8 @@ TEST_F(LoadTest, HubLoadedModelMatchesTheSameWeightsLoadedDirectly) {
 
   // Without pretrained weights the same entry point is freshly initialised.
   options_.pretrained = false;
-  absl::StatusOr<std::shared_ptr<nn::Module>> fresh = Load("alice/models", "resnet18_tiny", options_);
+  absl::StatusOr<std::shared_ptr<nn::Module>> fresh =
+      Load("alice/models", "resnet18_tiny", options_);
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   (*fresh)->eval();
   EXPECT_GT(MaxAbsDiff((**fresh)(x), a), 1e-4);
@@ -187,7 +207,8 @@ TEST_F(LoadTest, HubLoadedModelMatchesTheSameWeightsLoadedDirectly) {
 
 TEST_F(LoadTest, KwargsOverrideEntryDefaults) {
   options_.kwargs = {{"hidden", int64_t{16}}, {"depth", int64_t{3}}};
-  absl::StatusOr<std::shared_ptr<nn::Module>> model = Load("alice/models", "fresh", options_);
+  absl::StatusOr<std::shared_ptr<nn::Module>> model =
+      Load("alice/models", "fresh", options_);
   ASSERT_TRUE(model.ok()) << model.status();
   StateDict sd = (*model)->state_dict();
   ASSERT_EQ(sd.size(), 6u);
@@ -198,7 +219,8 @@ TEST_F(LoadTest, KwargsOverrideEntryDefaults) {
   options_.kwargs = {{"hidden", std::string("wide")}};
   absl::Status s = Load("alice/models", "fresh", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("'hidden' must be a positive int, got a string"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("'hidden' must be a positive int, got a string"));
   options_.kwargs = {{"dropout", 0.5}};
   s = Load("alice/models", "fresh", options_).status();
   EXPECT_THAT(s.message(), HasSubstr("unexpected argument 'dropout'"));
@@ -244,7 +266,8 @@ TEST_F(LoadTest, LocalSourceAndOffline) {
   LoadOptions local;
   local.source = Source::kLocal;
   local.pretrained = true;
-  absl::StatusOr<std::shared_ptr<nn::Module>> model = Load(*base_ + "/hub/alice_models_master", "mlp", local);
+  absl::StatusOr<std::shared_ptr<nn::Module>> model =
+      Load(*base_ + "/hub/alice_models_master", "mlp", local);
   ASSERT_TRUE(model.ok()) << model.status();
   // Offline (an unreachable base URL): the cached repository still loads.
   options_.base_url = "https://127.0.0.1:1";

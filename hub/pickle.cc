@@ -23,7 +23,8 @@
 //   torch._utils._rebuild_tensor_v2      -> a tensor view of a storage (REDUCE)
 //   torch._utils._rebuild_parameter      -> the tensor it wraps (REDUCE)
 //   torch.{Float,Double,Half,BFloat16,Long,Int,Short,Char,Byte,Bool}Storage
-//                                        -> a dtype, only inside a persistent id
+//                                        -> a dtype, only inside a persistent
+//                                        id
 // Any other global, REDUCE on anything but the three callables above, and any
 // other opcode stop the load with an error that names them. Every tensor's
 // offset, sizes and strides are checked against its storage's element count,
@@ -38,23 +39,36 @@ struct Value;
 using ValuePtr = std::shared_ptr<Value>;
 
 struct Value {
-  enum Kind { kNone, kBool, kInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kStorage, kTensor };
+  enum Kind {
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kTuple,
+    kList,
+    kDict,
+    kGlobal,
+    kStorage,
+    kTensor
+  };
   Kind kind = kNone;
   bool ordered = false;  // kDict: an OrderedDict
   int64_t i = 0;         // kBool, kInt
   double f = 0;
-  std::string s;         // kString; kGlobal: "module.name"
-  std::vector<ValuePtr> items;                       // kTuple, kList
+  std::string s;                // kString; kGlobal: "module.name"
+  std::vector<ValuePtr> items;  // kTuple, kList
   std::vector<std::pair<ValuePtr, ValuePtr>> pairs;  // kDict
-  Storage storage;       // kStorage
+  Storage storage;                                   // kStorage
   Dtype dtype = kFloat32;
   int64_t numel = 0;
-  Tensor tensor;         // kTensor
+  Tensor tensor;  // kTensor
 };
 
 const char* KindName(Value::Kind k) {
-  static const char* names[] = {"None", "bool",   "int",    "float",   "str",   "tuple",
-                                "list", "dict",   "global", "storage", "tensor"};
+  static const char* names[] = {"None",   "bool",    "int",   "float",
+                                "str",    "tuple",   "list",  "dict",
+                                "global", "storage", "tensor"};
   return names[k];
 }
 
@@ -75,14 +89,22 @@ constexpr char kRebuildParameter[] = "torch._utils._rebuild_parameter";
 // Names of the pickle opcodes this reader refuses, for error messages.
 std::string OpcodeName(unsigned char op) {
   static const auto* names = new std::map<unsigned char, const char*>{
-      {'i', "INST"},        {'o', "OBJ"},         {0x81, "NEWOBJ"},     {0x92, "NEWOBJ_EX"},
-      {'P', "PERSID"},      {'S', "STRING"},      {'T', "BINSTRING"},   {'U', "SHORT_BINSTRING"},
-      {'V', "UNICODE"},     {'I', "INT"},         {'L', "LONG"},        {'F', "FLOAT"},
-      {'g', "GET"},         {'p', "PUT"},         {'l', "LIST"},        {'d', "DICT"},
-      {'0', "POP"},         {'1', "POP_MARK"},    {'2', "DUP"},         {0x82, "EXT1"},
-      {0x83, "EXT2"},       {0x84, "EXT4"},       {0x8b, "LONG4"},      {0x8e, "BINBYTES8"},
-      {'B', "BINBYTES"},    {'C', "SHORT_BINBYTES"}, {0x90, "ADDITEMS"}, {0x8f, "EMPTY_SET"},
-      {0x91, "FROZENSET"},  {0x96, "BYTEARRAY8"}, {0x97, "NEXT_BUFFER"}, {0x98, "READONLY_BUFFER"}};
+      {'i', "INST"},         {'o', "OBJ"},
+      {0x81, "NEWOBJ"},      {0x92, "NEWOBJ_EX"},
+      {'P', "PERSID"},       {'S', "STRING"},
+      {'T', "BINSTRING"},    {'U', "SHORT_BINSTRING"},
+      {'V', "UNICODE"},      {'I', "INT"},
+      {'L', "LONG"},         {'F', "FLOAT"},
+      {'g', "GET"},          {'p', "PUT"},
+      {'l', "LIST"},         {'d', "DICT"},
+      {'0', "POP"},          {'1', "POP_MARK"},
+      {'2', "DUP"},          {0x82, "EXT1"},
+      {0x83, "EXT2"},        {0x84, "EXT4"},
+      {0x8b, "LONG4"},       {0x8e, "BINBYTES8"},
+      {'B', "BINBYTES"},     {'C', "SHORT_BINBYTES"},
+      {0x90, "ADDITEMS"},    {0x8f, "EMPTY_SET"},
+      {0x91, "FROZENSET"},   {0x96, "BYTEARRAY8"},
+      {0x97, "NEXT_BUFFER"}, {0x98, "READONLY_BUFFER"}};
   auto it = names->find(op);
   return it != names->end() ? absl::StrFormat("%s (0x%02x)", it->second, op)
                             : absl::StrFormat("0x%02x", op);
@@ -90,20 +112,24 @@ std::string OpcodeName(unsigned char op) {
 
 class Unpickler {
  public:
-  Unpickler(absl::string_view data, const StorageLoader& load, absl::string_view source)
+  Unpickler(absl::string_view data, const StorageLoader& load,
+            absl::string_view source)
       : data_(data), load_(load), source_(source) {}
 
   absl::StatusOr<ValuePtr> Run();
 
  private:
   absl::Status Error(absl::string_view why) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ": data.pkl at byte ", op_at_, ": ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_, ": data.pkl at byte ", op_at_, ": ", why));
   }
   absl::Status Refused(absl::string_view why) const {
-    return absl::PermissionDeniedError(absl::StrCat(
-        source_, ": refusing to load: ", why,
-        ". A state_dict checkpoint needs only OrderedDict, torch._utils._rebuild_tensor_v2, "
-        "torch._utils._rebuild_parameter and torch.*Storage; this file may be malicious"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(source_, ": refusing to load: ", why,
+                     ". A state_dict checkpoint needs only OrderedDict, "
+                     "torch._utils._rebuild_tensor_v2, "
+                     "torch._utils._rebuild_parameter and torch.*Storage; this "
+                     "file may be malicious"));
   }
   bool Take(size_t n, absl::string_view* out) {
     if (pos_ + n > data_.size()) return false;
@@ -174,8 +200,8 @@ class Unpickler {
 
 absl::Status Unpickler::Global(std::string module, std::string name) {
   std::string full = absl::StrCat(module, ".", name);
-  if (full != kOrderedDict && full != kRebuildTensor && full != kRebuildParameter &&
-      !StorageTypes().count(full)) {
+  if (full != kOrderedDict && full != kRebuildTensor &&
+      full != kRebuildParameter && !StorageTypes().count(full)) {
     return Refused(absl::StrCat("global '", full, "' is not allowed"));
   }
   ValuePtr v = Make(Value::kGlobal);
@@ -185,9 +211,10 @@ absl::Status Unpickler::Global(std::string module, std::string name) {
 
 absl::Status Unpickler::PersistentLoad(const ValuePtr& pid) {
   // ('storage', <storage type>, key, location, numel)
-  if (pid->kind != Value::kTuple || pid->items.size() != 5 || pid->items[0]->kind != Value::kString ||
-      pid->items[0]->s != "storage") {
-    return Error("persistent id is not ('storage', type, key, location, numel)");
+  if (pid->kind != Value::kTuple || pid->items.size() != 5 ||
+      pid->items[0]->kind != Value::kString || pid->items[0]->s != "storage") {
+    return Error(
+        "persistent id is not ('storage', type, key, location, numel)");
   }
   const ValuePtr& type = pid->items[1];
   const ValuePtr& key = pid->items[2];
@@ -196,12 +223,13 @@ absl::Status Unpickler::PersistentLoad(const ValuePtr& pid) {
   if (type->kind != Value::kGlobal || !StorageTypes().count(type->s)) {
     return Error("persistent id does not name a storage type");
   }
-  if (key->kind != Value::kString || location->kind != Value::kString || numel->kind != Value::kInt ||
-      numel->i < 0) {
+  if (key->kind != Value::kString || location->kind != Value::kString ||
+      numel->kind != Value::kInt || numel->i < 0) {
     return Error("persistent id has a malformed key, location or size");
   }
   if (location->s.rfind("cpu", 0) != 0 && location->s.rfind("cuda", 0) != 0) {
-    return Error(absl::StrCat("storage location '", location->s, "' is not cpu or cuda"));
+    return Error(absl::StrCat("storage location '", location->s,
+                              "' is not cpu or cuda"));
   }
   StorageRef ref{key->s, StorageTypes().at(type->s), numel->i};
   auto it = storages_.find(ref.key);
@@ -209,8 +237,11 @@ absl::Status Unpickler::PersistentLoad(const ValuePtr& pid) {
     absl::StatusOr<Storage> s = load_(ref);
     if (!s.ok()) return s.status();
     it = storages_.emplace(ref.key, std::make_pair(*s, ref)).first;
-  } else if (it->second.second.dtype != ref.dtype || it->second.second.numel != ref.numel) {
-    return Error(absl::StrCat("storage '", ref.key, "' is described twice with different types or sizes"));
+  } else if (it->second.second.dtype != ref.dtype ||
+             it->second.second.numel != ref.numel) {
+    return Error(
+        absl::StrCat("storage '", ref.key,
+                     "' is described twice with different types or sizes"));
   }
   ValuePtr v = Make(Value::kStorage);
   v->storage = it->second.first;
@@ -219,59 +250,80 @@ absl::Status Unpickler::PersistentLoad(const ValuePtr& pid) {
   return Push(v);
 }
 
-absl::StatusOr<ValuePtr> Unpickler::RebuildTensor(const std::vector<ValuePtr>& args) {
-  // (storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
-  if (args.size() < 6 || args.size() > 7) return Error("_rebuild_tensor_v2 expects 6 or 7 arguments");
+absl::StatusOr<ValuePtr> Unpickler::RebuildTensor(
+    const std::vector<ValuePtr>& args) {
+  // (storage, storage_offset, size, stride, requires_grad, backward_hooks[,
+  // metadata])
+  if (args.size() < 6 || args.size() > 7)
+    return Error("_rebuild_tensor_v2 expects 6 or 7 arguments");
   const ValuePtr& storage = args[0];
-  if (storage->kind != Value::kStorage) return Error("_rebuild_tensor_v2: first argument is not a storage");
-  if (args[1]->kind != Value::kInt || args[2]->kind != Value::kTuple || args[3]->kind != Value::kTuple) {
+  if (storage->kind != Value::kStorage)
+    return Error("_rebuild_tensor_v2: first argument is not a storage");
+  if (args[1]->kind != Value::kInt || args[2]->kind != Value::kTuple ||
+      args[3]->kind != Value::kTuple) {
     return Error("_rebuild_tensor_v2: malformed offset, size or stride");
   }
   if (args[5]->kind != Value::kDict || !args[5]->pairs.empty()) {
-    return Error("_rebuild_tensor_v2: backward hooks are not supported in a checkpoint");
+    return Error(
+        "_rebuild_tensor_v2: backward hooks are not supported in a checkpoint");
   }
   const int64_t offset = args[1]->i;
   const std::vector<ValuePtr>& size = args[2]->items;
   const std::vector<ValuePtr>& stride = args[3]->items;
-  if (size.size() != stride.size()) return Error("_rebuild_tensor_v2: size and stride differ in length");
+  if (size.size() != stride.size())
+    return Error("_rebuild_tensor_v2: size and stride differ in length");
   SizeVector sizes, strides;
   int64_t extent = 0;  // largest element index the view touches
   bool empty = false;
   for (size_t d = 0; d < size.size(); ++d) {
-    if (size[d]->kind != Value::kInt || stride[d]->kind != Value::kInt || size[d]->i < 0 || stride[d]->i < 0) {
-      return Error("_rebuild_tensor_v2: sizes and strides must be non-negative integers");
+    if (size[d]->kind != Value::kInt || stride[d]->kind != Value::kInt ||
+        size[d]->i < 0 || stride[d]->i < 0) {
+      return Error(
+          "_rebuild_tensor_v2: sizes and strides must be non-negative "
+          "integers");
     }
     sizes.push_back(size[d]->i);
     strides.push_back(stride[d]->i);
     empty |= size[d]->i == 0;
     int64_t span;
-    if (size[d]->i > 0 && (__builtin_mul_overflow(size[d]->i - 1, stride[d]->i, &span) ||
-                           __builtin_add_overflow(extent, span, &extent))) {
+    if (size[d]->i > 0 &&
+        (__builtin_mul_overflow(size[d]->i - 1, stride[d]->i, &span) ||
+         __builtin_add_overflow(extent, span, &extent))) {
       return Error("_rebuild_tensor_v2: size times stride overflows");
     }
   }
-  if (offset < 0) return Error(absl::StrCat("_rebuild_tensor_v2: negative storage offset ", offset));
+  if (offset < 0)
+    return Error(
+        absl::StrCat("_rebuild_tensor_v2: negative storage offset ", offset));
   int64_t last;
-  if (!empty && (__builtin_add_overflow(offset, extent, &last) || last >= storage->numel)) {
-    return Error(absl::StrCat("tensor of size [", absl::StrJoin(sizes, ", "), "], stride [",
-                              absl::StrJoin(strides, ", "), "] at offset ", offset,
-                              " reaches past its storage of ", storage->numel, " elements"));
+  if (!empty && (__builtin_add_overflow(offset, extent, &last) ||
+                 last >= storage->numel)) {
+    return Error(absl::StrCat(
+        "tensor of size [", absl::StrJoin(sizes, ", "), "], stride [",
+        absl::StrJoin(strides, ", "), "] at offset ", offset,
+        " reaches past its storage of ", storage->numel, " elements"));
   }
   if (empty && offset > storage->numel) {
-    return Error(absl::StrCat("storage offset ", offset, " is past its storage of ", storage->numel, " elements"));
+    return Error(absl::StrCat("storage offset ", offset,
+                              " is past its storage of ", storage->numel,
+                              " elements"));
   }
   ValuePtr v = Make(Value::kTensor);
-  v->tensor = Tensor(std::make_shared<TensorImpl>(storage->storage, storage->dtype, sizes, strides, offset));
+  v->tensor = Tensor(std::make_shared<TensorImpl>(
+      storage->storage, storage->dtype, sizes, strides, offset));
   return v;
 }
 
 absl::Status Unpickler::Reduce(const ValuePtr& callable, const ValuePtr& args) {
   if (callable->kind != Value::kGlobal) {
-    return Refused(absl::StrCat("REDUCE on a ", KindName(callable->kind), " value"));
+    return Refused(
+        absl::StrCat("REDUCE on a ", KindName(callable->kind), " value"));
   }
-  if (args->kind != Value::kTuple) return Error("REDUCE arguments are not a tuple");
+  if (args->kind != Value::kTuple)
+    return Error("REDUCE arguments are not a tuple");
   if (callable->s == kOrderedDict) {
-    if (!args->items.empty()) return Error("OrderedDict() takes no arguments here");
+    if (!args->items.empty())
+      return Error("OrderedDict() takes no arguments here");
     ValuePtr d = Make(Value::kDict);
     d->ordered = true;
     return Push(d);
@@ -287,27 +339,33 @@ absl::Status Unpickler::Reduce(const ValuePtr& callable, const ValuePtr& args) {
     }
     return Push(args->items[0]);
   }
-  return Refused(absl::StrCat("REDUCE on '", callable->s, "' is not allowed (it is not a callable a state_dict uses)"));
+  return Refused(absl::StrCat(
+      "REDUCE on '", callable->s,
+      "' is not allowed (it is not a callable a state_dict uses)"));
 }
 
-absl::Status Unpickler::SetItems(const ValuePtr& dict, const std::vector<ValuePtr>& kv) {
-  if (dict->kind != Value::kDict) return Error(absl::StrCat("SETITEM on a ", KindName(dict->kind)));
+absl::Status Unpickler::SetItems(const ValuePtr& dict,
+                                 const std::vector<ValuePtr>& kv) {
+  if (dict->kind != Value::kDict)
+    return Error(absl::StrCat("SETITEM on a ", KindName(dict->kind)));
   if (kv.size() % 2 != 0) return Error("SETITEMS with an odd number of items");
-  for (size_t i = 0; i < kv.size(); i += 2) dict->pairs.emplace_back(kv[i], kv[i + 1]);
+  for (size_t i = 0; i < kv.size(); i += 2)
+    dict->pairs.emplace_back(kv[i], kv[i + 1]);
   return absl::OkStatus();
 }
 
 absl::StatusOr<ValuePtr> Unpickler::Run() {
-#define EMBER_PICKLE_TRY(expr)             \
-  do {                                     \
-    absl::Status s_ = (expr);              \
-    if (!s_.ok()) return s_;               \
+#define EMBER_PICKLE_TRY(expr) \
+  do {                         \
+    absl::Status s_ = (expr);  \
+    if (!s_.ok()) return s_;   \
   } while (0)
-#define EMBER_PICKLE_POP(var)                     \
-  absl::StatusOr<ValuePtr> var##_or = Pop();      \
-  if (!var##_or.ok()) return var##_or.status();   \
+#define EMBER_PICKLE_POP(var)                   \
+  absl::StatusOr<ValuePtr> var##_or = Pop();    \
+  if (!var##_or.ok()) return var##_or.status(); \
   ValuePtr var = *var##_or
-  const absl::Status truncated = absl::InvalidArgumentError(absl::StrCat(source_, ": data.pkl is truncated"));
+  const absl::Status truncated = absl::InvalidArgumentError(
+      absl::StrCat(source_, ": data.pkl is truncated"));
   while (true) {
     op_at_ = pos_;
     absl::string_view opb;
@@ -317,7 +375,8 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
       case 0x80: {  // PROTO
         uint8_t proto;
         if (!TakeLe(&proto)) return truncated;
-        if (proto > 5) return Error(absl::StrCat("unknown pickle protocol ", proto));
+        if (proto > 5)
+          return Error(absl::StrCat("unknown pickle protocol ", proto));
         break;
       }
       case 0x95: {  // FRAME
@@ -395,8 +454,10 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
         if (!TakeLe(&n) || !Take(n, &b)) return truncated;
         if (n > 8) return Error("integer does not fit in 64 bits");
         uint64_t u = 0;
-        for (size_t i = 0; i < n; ++i) u |= uint64_t{static_cast<unsigned char>(b[i])} << (8 * i);
-        if (n > 0 && n < 8 && (static_cast<unsigned char>(b[n - 1]) & 0x80)) u |= ~uint64_t{0} << (8 * n);
+        for (size_t i = 0; i < n; ++i)
+          u |= uint64_t{static_cast<unsigned char>(b[i])} << (8 * i);
+        if (n > 0 && n < 8 && (static_cast<unsigned char>(b[n - 1]) & 0x80))
+          u |= ~uint64_t{0} << (8 * n);
         EMBER_PICKLE_TRY(Push(Int(static_cast<int64_t>(u))));
         break;
       }
@@ -462,7 +523,8 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
           index = i;
         }
         auto it = memo_.find(index);
-        if (it == memo_.end()) return Error(absl::StrCat("memo entry ", index, " was never stored"));
+        if (it == memo_.end())
+          return Error(absl::StrCat("memo entry ", index, " was never stored"));
         EMBER_PICKLE_TRY(Push(it->second));
         break;
       }
@@ -492,9 +554,11 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
         EMBER_PICKLE_TRY(Reduce(callable, args));
         break;
       }
-      case 'b': {  // BUILD: only an OrderedDict's __dict__ (its _metadata), which is dropped
+      case 'b': {  // BUILD: only an OrderedDict's __dict__ (its _metadata),
+                   // which is dropped
         EMBER_PICKLE_POP(state);
-        if (stack_.empty() || stack_.back()->kind != Value::kDict || state->kind != Value::kDict) {
+        if (stack_.empty() || stack_.back()->kind != Value::kDict ||
+            state->kind != Value::kDict) {
           return Refused("BUILD on anything but an OrderedDict");
         }
         break;
@@ -515,19 +579,22 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
       }
       case 'a': {
         EMBER_PICKLE_POP(item);
-        if (stack_.empty() || stack_.back()->kind != Value::kList) return Error("APPEND without a list");
+        if (stack_.empty() || stack_.back()->kind != Value::kList)
+          return Error("APPEND without a list");
         stack_.back()->items.push_back(item);
         break;
       }
       case 'e': {
         absl::StatusOr<std::vector<ValuePtr>> items = PopToMark();
         if (!items.ok()) return items.status();
-        if (stack_.empty() || stack_.back()->kind != Value::kList) return Error("APPENDS without a list");
+        if (stack_.empty() || stack_.back()->kind != Value::kList)
+          return Error("APPENDS without a list");
         for (ValuePtr& v : *items) stack_.back()->items.push_back(std::move(v));
         break;
       }
       default:
-        return Refused(absl::StrCat("opcode ", OpcodeName(op), " at byte ", op_at_, " is not allowed"));
+        return Refused(absl::StrCat("opcode ", OpcodeName(op), " at byte ",
+                                    op_at_, " is not allowed"));
     }
   }
 #undef EMBER_PICKLE_TRY
@@ -538,7 +605,9 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
 class Pickler {
  public:
   void Proto() { out_ += "\x80\x02"; }
-  void Global(absl::string_view module, absl::string_view name) { absl::StrAppend(&out_, "c", module, "\n", name, "\n"); }
+  void Global(absl::string_view module, absl::string_view name) {
+    absl::StrAppend(&out_, "c", module, "\n", name, "\n");
+  }
   void Op(char op) { out_.push_back(op); }
   void String(absl::string_view s) {
     out_.push_back('X');
@@ -580,28 +649,34 @@ std::string StorageTypeName(Dtype dtype) {
 
 }  // namespace
 
-absl::StatusOr<StateDict> UnpickleStateDict(absl::string_view pickle, const StorageLoader& load,
+absl::StatusOr<StateDict> UnpickleStateDict(absl::string_view pickle,
+                                            const StorageLoader& load,
                                             absl::string_view source) {
   Unpickler unpickler(pickle, load, source);
   absl::StatusOr<ValuePtr> result = unpickler.Run();
   if (!result.ok()) return result.status();
   const Value& root = **result;
   if (root.kind != Value::kDict) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": the checkpoint holds a ", KindName(root.kind), ", not a state_dict (a mapping of names to tensors)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": the checkpoint holds a ", KindName(root.kind),
+                     ", not a state_dict (a mapping of names to tensors)"));
   }
   StateDict sd;
   std::set<std::string> seen;
   for (const auto& [key, value] : root.pairs) {
     if (key->kind != Value::kString) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": a state_dict key is a ", KindName(key->kind), ", not a str"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": a state_dict key is a ", KindName(key->kind),
+                       ", not a str"));
     }
     if (value->kind != Value::kTensor) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": entry '", key->s, "' is a ", KindName(value->kind),
-                                                     ", not a tensor; save model.state_dict() itself"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": entry '", key->s, "' is a ", KindName(value->kind),
+          ", not a tensor; save model.state_dict() itself"));
     }
     if (!seen.insert(key->s).second) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": entry '", key->s, "' appears twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": entry '", key->s, "' appears twice"));
     }
     sd.emplace_back(key->s, value->tensor);
   }
@@ -630,7 +705,7 @@ std::string PickleStateDict(const std::vector<PickledTensor>& tensors) {
     p.Int(t.storage_offset);
     p.IntTuple(t.sizes);
     p.IntTuple(t.strides);
-    p.Op('\x89');  // requires_grad = False
+    p.Op('\x89');                            // requires_grad = False
     p.Global("collections", "OrderedDict");  // backward hooks: OrderedDict()
     p.Op(')');
     p.Op('R');

@@ -24,19 +24,21 @@ namespace ember::hub {
 struct StorageRef {
   std::string key;  // record archive/data/<key>
   Dtype dtype;
-  int64_t numel;    // elements, as the pickle claims
+  int64_t numel;  // elements, as the pickle claims
 };
 
 // Returns the storage `ref` names, with exactly numel * ElementSize(dtype)
 // bytes; called once per distinct key.
-using StorageLoader = std::function<absl::StatusOr<Storage>(const StorageRef& ref)>;
+using StorageLoader =
+    std::function<absl::StatusOr<Storage>(const StorageRef& ref)>;
 
 // Runs the restricted unpickler over `pickle` and returns the state dict it
 // builds. Errors: PermissionDenied naming a refused global, callable or
 // opcode; InvalidArgument for malformed programs, geometry that does not fit
 // its storage, or a result that is not a mapping of names to tensors;
 // whatever `load` returns. `source` names the file in messages.
-absl::StatusOr<StateDict> UnpickleStateDict(absl::string_view pickle, const StorageLoader& load,
+absl::StatusOr<StateDict> UnpickleStateDict(absl::string_view pickle,
+                                            const StorageLoader& load,
                                             absl::string_view source);
 
 // One tensor as torch.save records it.

@@ -1,7 +1,9 @@
 // Fetching published repositories into the hub directory.
 //
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef ref, ember::hub::ParseRepoRef("alice/models:v1"));
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::FetchedRepo repo, ember::hub::FetchRepo(ref));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef ref,
+//   ember::hub::ParseRepoRef("alice/models:v1"));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::FetchedRepo repo,
+//   ember::hub::FetchRepo(ref));
 //   // repo.dir == "<hub_dir>/alice_models_v1", holding the repository's files
 //
 // The archive of <owner>/<repo> at <ref> comes from
@@ -30,7 +32,8 @@
 
 namespace ember::hub {
 
-// Environment variable overriding the default base URL (a mirror, a test server).
+// Environment variable overriding the default base URL (a mirror, a test
+// server).
 inline constexpr char kBaseUrlEnv[] = "EMBER_HUB_BASE_URL";
 inline constexpr char kDefaultBaseUrl[] = "https://github.com";
 
@@ -57,7 +60,8 @@ std::string BaseUrl(const FetchOptions& options);
 // ref (or neither default branch) exists; the download's errors
 // (download.h); the archive's (archive.h); Internal for cache file errors.
 // On error the cache holds what it held before.
-absl::StatusOr<FetchedRepo> FetchRepo(const RepoRef& repo, const FetchOptions& options = {});
+absl::StatusOr<FetchedRepo> FetchRepo(const RepoRef& repo,
+                                      const FetchOptions& options = {});
 
 }  // namespace ember::hub
 

@@ -44,15 +44,17 @@ class RepoCacheTest : public ::testing::Test {
   void TearDown() override { SetDir(""); }
 
   // Publishes owner/repo at `ref` with a hubconf whose doc is `doc`.
-  void Publish(const std::string& owner_repo, const std::string& ref, const std::string& doc,
-               const std::string& format = "zip") {
+  void Publish(const std::string& owner_repo, const std::string& ref,
+               const std::string& doc, const std::string& format = "zip") {
     std::string top = "x-" + ref + "-0123abc/";
-    ASSERT_TRUE(WriteArchive(www_ + "/" + owner_repo + "/zipball/" + ref, format,
-                             {{top},
-                              {top + "hubconf.textproto",
-                               "entry_points { name: \"m\" builder: \"mlp\" doc: \"" + doc + "\" }"},
-                              {top + "weights/w.bin", "weights of " + doc}})
-                    .ok());
+    ASSERT_TRUE(
+        WriteArchive(www_ + "/" + owner_repo + "/zipball/" + ref, format,
+                     {{top},
+                      {top + "hubconf.textproto",
+                       "entry_points { name: \"m\" builder: \"mlp\" doc: \"" +
+                           doc + "\" }"},
+                      {top + "weights/w.bin", "weights of " + doc}})
+            .ok());
   }
   absl::StatusOr<FetchedRepo> Fetch(const std::string& text) {
     absl::StatusOr<RepoRef> ref = ParseRepoRef(text);
@@ -90,20 +92,27 @@ TEST_F(RepoCacheTest, FetchesIntoOwnerRepoRefAndReusesTheCache) {
   EXPECT_EQ(Requests("/alice/models/zipball/v1"), 2);
   // Nothing but the repository and its lock is left in the hub directory.
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(hub_dir_)) names.push_back(e.path().filename());
-  EXPECT_THAT(names, ::testing::UnorderedElementsAre("alice_models_v1", "alice_models.lock"));
+  for (const auto& e : fs::directory_iterator(hub_dir_))
+    names.push_back(e.path().filename());
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("alice_models_v1",
+                                                     "alice_models.lock"));
 }
 
 TEST_F(RepoCacheTest, ForceReloadDeletesDownloadedWeights) {
   std::string top = "t/";
-  ASSERT_TRUE(WriteArchive(www_ + "/alice/models/zipball/v1", "zip",
-                           {{top + "hubconf.textproto",
-                             "entry_points { name: \"m\" builder: \"mlp\" weights { url: "
-                             "\"https://example.org/m-0123abcd.pt\" sha256: \"0123abcd\" } }"}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteArchive(
+          www_ + "/alice/models/zipball/v1", "zip",
+          {{top + "hubconf.textproto",
+            "entry_points { name: \"m\" builder: \"mlp\" weights { url: "
+            "\"https://example.org/m-0123abcd.pt\" sha256: \"0123abcd\" } }"}})
+          .ok());
   ASSERT_TRUE(Fetch("alice/models:v1").ok());
-  ASSERT_TRUE(WriteFile(hub_dir_ + "/checkpoints/m-0123abcd.pt", "downloaded").ok());
-  ASSERT_TRUE(WriteFile(hub_dir_ + "/checkpoints/other-01234567.pt", "someone else's").ok());
+  ASSERT_TRUE(
+      WriteFile(hub_dir_ + "/checkpoints/m-0123abcd.pt", "downloaded").ok());
+  ASSERT_TRUE(
+      WriteFile(hub_dir_ + "/checkpoints/other-01234567.pt", "someone else's")
+          .ok());
   options_.force_reload = true;
   ASSERT_TRUE(Fetch("alice/models:v1").ok());
   EXPECT_FALSE(fs::exists(hub_dir_ + "/checkpoints/m-0123abcd.pt"));
@@ -127,7 +136,8 @@ TEST_F(RepoCacheTest, DefaultBranchIsMasterThenMain) {
 
   r = Fetch("carol/nothing");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(r.status().message(), HasSubstr("neither a master nor a main branch"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("neither a master nor a main branch"));
   r = Fetch("alice/models:v9");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(r.status().message(), HasSubstr("'v9'"));
@@ -146,24 +156,28 @@ TEST_F(RepoCacheTest, WorksOfflineFromTheCache) {
   options_.download.max_attempts = 1;
   r = Fetch("alice/models:main");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(*ReadFile(hub_dir_ + "/alice_models_main/hubconf.textproto"), HasSubstr("cached"));
+  EXPECT_THAT(*ReadFile(hub_dir_ + "/alice_models_main/hubconf.textproto"),
+              HasSubstr("cached"));
 }
 
 TEST_F(RepoCacheTest, MaliciousArchiveLeavesNoCacheEntry) {
   ASSERT_TRUE(WriteArchive(www_ + "/evil/repo/zipball/master", "tar.gz",
-                           {{"t/hubconf.textproto", "entry_points {}"}, {"t/../../../pwned.txt", "x"}})
+                           {{"t/hubconf.textproto", "entry_points {}"},
+                            {"t/../../../pwned.txt", "x"}})
                   .ok());
   absl::StatusOr<FetchedRepo> r = Fetch("evil/repo");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied);
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(hub_dir_)) names.push_back(e.path().filename());
+  for (const auto& e : fs::directory_iterator(hub_dir_))
+    names.push_back(e.path().filename());
   EXPECT_THAT(names, ::testing::ElementsAre("evil_repo.lock"));
   EXPECT_FALSE(fs::exists(base_ + "/pwned.txt"));
 }
 
 TEST_F(RepoCacheTest, ConcurrentLoadersDownloadOnce) {
   Publish("alice/models", "v2", "shared");
-  std::vector<absl::StatusOr<FetchedRepo>> results(4, absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<FetchedRepo>> results(
+      4, absl::UnknownError("not run"));
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < 4; ++rank) {
     ranks.emplace_back([&, rank] { results[rank] = Fetch("alice/models:v2"); });
@@ -174,7 +188,8 @@ TEST_F(RepoCacheTest, ConcurrentLoadersDownloadOnce) {
     EXPECT_EQ(r->dir, hub_dir_ + "/alice_models_v2");
   }
   EXPECT_EQ(Requests("/alice/models/zipball/v2"), 1);
-  EXPECT_THAT(*ReadFile(hub_dir_ + "/alice_models_v2/hubconf.textproto"), HasSubstr("shared"));
+  EXPECT_THAT(*ReadFile(hub_dir_ + "/alice_models_v2/hubconf.textproto"),
+              HasSubstr("shared"));
 }
 
 TEST_F(RepoCacheTest, BaseUrlFromEnvironment) {

@@ -1,6 +1,7 @@
 // RepoRef: a repository named as "owner/repo[:ref]", as torch.hub names them.
 //
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef r, ember::hub::ParseRepoRef("alice/models:v1"));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef r,
+//   ember::hub::ParseRepoRef("alice/models:v1"));
 //   // r.owner == "alice", r.repo == "models", r.ref == "v1"
 //   ember::hub::CacheDirName(r.owner, r.repo, "v1");   // "alice_models_v1"
 //
@@ -16,9 +17,9 @@
 
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace ember::hub {
 
@@ -35,7 +36,8 @@ absl::StatusOr<RepoRef> ParseRepoRef(absl::string_view text);
 // The folder name of a fetched repository inside the hub directory:
 // "<owner>_<repo>_<ref>", with any '/' of the ref (branch "feature/x")
 // replaced by '_'.
-std::string CacheDirName(absl::string_view owner, absl::string_view repo, absl::string_view ref);
+std::string CacheDirName(absl::string_view owner, absl::string_view repo,
+                         absl::string_view ref);
 
 }  // namespace ember::hub
 

@@ -25,8 +25,9 @@ TEST(RepoRefTest, ParsesOwnerRepoAndRef) {
 }
 
 TEST(RepoRefTest, RejectsMalformedNames) {
-  for (const char* bad : {"alice", "/models", "alice/", "alice/models/extra", "al ice/models",
-                          "alice/models:", "alice/models:../x", "../x/y"}) {
+  for (const char* bad :
+       {"alice", "/models", "alice/", "alice/models/extra", "al ice/models",
+        "alice/models:", "alice/models:../x", "../x/y"}) {
     absl::StatusOr<RepoRef> r = ParseRepoRef(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(r.status().message(), HasSubstr(bad));
@@ -46,7 +47,8 @@ TEST(RepoRefTest, RefusesBareCommits) {
 
 TEST(RepoRefTest, CacheDirName) {
   EXPECT_EQ(CacheDirName("alice", "models", "master"), "alice_models_master");
-  EXPECT_EQ(CacheDirName("alice", "models", "feature/x"), "alice_models_feature_x");
+  EXPECT_EQ(CacheDirName("alice", "models", "feature/x"),
+            "alice_models_feature_x");
 }
 
 }  // namespace

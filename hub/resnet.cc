@@ -6,16 +6,19 @@
 namespace ember::hub {
 namespace {
 
-std::shared_ptr<nn::Conv2d> Conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding) {
-  return std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = in,
-                                                        .out_channels = out,
-                                                        .kernel_size = {kernel, kernel},
-                                                        .stride = {stride, stride},
-                                                        .padding = {padding, padding},
-                                                        .bias = false});
+std::shared_ptr<nn::Conv2d> Conv(int64_t in, int64_t out, int64_t kernel,
+                                 int64_t stride, int64_t padding) {
+  return std::make_shared<nn::Conv2d>(
+      nn::Conv2dOptions{.in_channels = in,
+                        .out_channels = out,
+                        .kernel_size = {kernel, kernel},
+                        .stride = {stride, stride},
+                        .padding = {padding, padding},
+                        .bias = false});
 }
 
-std::shared_ptr<nn::Sequential> Stage(int64_t in_planes, int64_t planes, int64_t stride) {
+std::shared_ptr<nn::Sequential> Stage(int64_t in_planes, int64_t planes,
+                                      int64_t stride) {
   auto stage = std::make_shared<nn::Sequential>();
   stage->push_back(std::make_shared<BasicBlock>(in_planes, planes, stride));
   stage->push_back(std::make_shared<BasicBlock>(planes, planes, 1));
@@ -76,13 +79,16 @@ void ResNet18::RegisterAll() {
 
 Tensor ResNet18::forward(const Tensor& x) {
   Tensor out = (*bn1_)((*conv1_)(x)).relu();
-  out = nn::functional::max_pool2d(out, nn::MaxPool2dOptions{.kernel_size = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});
+  out = nn::functional::max_pool2d(
+      out, nn::MaxPool2dOptions{
+               .kernel_size = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});
   out = (*layer4_)((*layer3_)((*layer2_)((*layer1_)(out))));
   out = nn::functional::adaptive_avg_pool2d(out, {1, 1}).flatten(1);
   return (*fc_)(out);
 }
 
-std::shared_ptr<ResNet18> ResNet18::WithNewHead(std::shared_ptr<nn::Linear> fc) const {
+std::shared_ptr<ResNet18> ResNet18::WithNewHead(
+    std::shared_ptr<nn::Linear> fc) const {
   // The copy constructor copies flags and hooks but registers nothing; the
   // trunk's modules are then shared, not copied.
   std::shared_ptr<ResNet18> out(new ResNet18(*this));

@@ -2,8 +2,10 @@
 // (conv1, bn1, layer1.0.conv1, ..., layer2.0.downsample.0, ..., fc), so
 // torchvision's resnet18 state_dict loads into it.
 //
-//   auto net = std::make_shared<ember::hub::ResNet18>(ember::hub::ResNetOptions{.num_classes = 10});
-//   ember::Tensor logits = (*net)(images);            // [N, 3, H, W] -> [N, 10]
+//   auto net =
+//   std::make_shared<ember::hub::ResNet18>(ember::hub::ResNetOptions{.num_classes
+//   = 10}); ember::Tensor logits = (*net)(images);            // [N, 3, H, W]
+//   -> [N, 10]
 //   // Transfer learning: keep the trunk, put a new classifier on top.
 //   auto tuned = net->WithNewHead(std::make_shared<ember::nn::Linear>(512, 2));
 //

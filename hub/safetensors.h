@@ -3,7 +3,8 @@
 // an optional "__metadata__" of strings), then the tensors' bytes.
 //
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
-//                          ember::hub::ReadSafetensors(bytes, "model.safetensors"));
+//                          ember::hub::ReadSafetensors(bytes,
+//                          "model.safetensors"));
 //   EMBER_ASSIGN_OR_RETURN(std::string file, ember::hub::WriteSafetensors(sd));
 //
 // Reading checks what the format's specification requires: the header is
@@ -25,7 +26,8 @@ namespace ember::hub {
 
 // Parses safetensors `bytes`; `source` names the file in errors. Errors:
 // InvalidArgument naming the tensor or header problem.
-absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes, absl::string_view source);
+absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes,
+                                          absl::string_view source);
 
 // The safetensors bytes of `state_dict`, in its order. Errors:
 // InvalidArgument for a tensor not on the CPU or a duplicate name.

@@ -2,7 +2,8 @@
 // returns and what checkpoints hold.
 //
 //   ember::hub::StateDict sd = {{"fc.weight", w}, {"fc.bias", b}};
-//   EMBER_RETURN_IF_ERROR(ember::hub::SaveCheckpoint(sd, "/tmp/fc.pt"));   // checkpoint.h
+//   EMBER_RETURN_IF_ERROR(ember::hub::SaveCheckpoint(sd, "/tmp/fc.pt"));   //
+//   checkpoint.h
 //
 // An ordered list rather than a map: the order is the module's registration
 // order and survives a round trip through either file format.

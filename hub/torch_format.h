@@ -3,8 +3,10 @@
 // record of raw little-endian bytes per storage) and <archive>/version.
 //
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
-//                          ember::hub::ReadTorchCheckpoint(bytes, "resnet18.pth"));
-//   EMBER_ASSIGN_OR_RETURN(std::string file, ember::hub::WriteTorchCheckpoint(sd));
+//                          ember::hub::ReadTorchCheckpoint(bytes,
+//                          "resnet18.pth"));
+//   EMBER_ASSIGN_OR_RETURN(std::string file,
+//   ember::hub::WriteTorchCheckpoint(sd));
 //
 // Reading never executes anything: data.pkl runs on a restricted unpickler
 // (Note [Restricted unpickler] in pickle.cc) and every tensor is checked
@@ -30,7 +32,8 @@ namespace ember::hub {
 // geometry outside its storage, storage record of the wrong size);
 // PermissionDenied (a global, callable or opcode a state_dict does not need);
 // DataLoss (a record's CRC does not match).
-absl::StatusOr<StateDict> ReadTorchCheckpoint(std::string bytes, absl::string_view source);
+absl::StatusOr<StateDict> ReadTorchCheckpoint(std::string bytes,
+                                              absl::string_view source);
 
 // The torch.save bytes of `state_dict`, each tensor saved contiguous in its
 // own storage. Errors: InvalidArgument for a tensor that is not on the CPU or

@@ -24,8 +24,12 @@ uint16_t Le16(const std::string& b, size_t at) {
   std::memcpy(&v, b.data() + at, 2);
   return v;
 }
-void Put16(std::string& out, uint16_t v) { out.append(reinterpret_cast<const char*>(&v), 2); }
-void Put32(std::string& out, uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); }
+void Put16(std::string& out, uint16_t v) {
+  out.append(reinterpret_cast<const char*>(&v), 2);
+}
+void Put32(std::string& out, uint32_t v) {
+  out.append(reinterpret_cast<const char*>(&v), 4);
+}
 
 }  // namespace
 
@@ -39,7 +43,8 @@ uint32_t Crc32(absl::string_view data) {
       (*t)[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; ++i) {
-      for (int s = 1; s < 8; ++s) (*t)[s][i] = ((*t)[s - 1][i] >> 8) ^ (*t)[0][(*t)[s - 1][i] & 0xFF];
+      for (int s = 1; s < 8; ++s)
+        (*t)[s][i] = ((*t)[s - 1][i] >> 8) ^ (*t)[0][(*t)[s - 1][i] & 0xFF];
     }
     return t;
   }();
@@ -52,40 +57,48 @@ uint32_t Crc32(absl::string_view data) {
     std::memcpy(&lo, p, 4);
     std::memcpy(&hi, p + 4, 4);
     lo ^= crc;  // little-endian host
-    crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
-          t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+    crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^
+          t[4][lo >> 24] ^ t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^
+          t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
   }
   for (; n > 0; ++p, --n) crc = t[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
   return crc ^ 0xFFFFFFFFu;
 }
 
-absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes, std::string source) {
+absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes,
+                                          std::string source) {
   auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not a readable checkpoint zip: ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": not a readable checkpoint zip: ", why));
   };
   const size_t n = bytes.size();
   if (n < kEndSize) return bad("file too short (truncated?)");
   // The end-of-directory record sits in the last 22 + 65535 (comment) bytes.
   size_t end = std::string::npos;
   for (size_t at = n - kEndSize;; --at) {
-    if (Le32(bytes, at) == kEndOfDirectory && at + kEndSize + Le16(bytes, at + 20) == n) {
+    if (Le32(bytes, at) == kEndOfDirectory &&
+        at + kEndSize + Le16(bytes, at + 20) == n) {
       end = at;
       break;
     }
     if (at == 0 || n - at > kEndSize + 0xFFFF) break;
   }
-  if (end == std::string::npos) return bad("no end-of-directory record (truncated or not a zip)");
+  if (end == std::string::npos)
+    return bad("no end-of-directory record (truncated or not a zip)");
   const uint64_t count = Le16(bytes, end + 10);
   const uint64_t dir_size = Le32(bytes, end + 12);
   const uint64_t dir_offset = Le32(bytes, end + 16);
-  if (count == 0xFFFF || dir_offset == 0xFFFFFFFFu) return bad("zip64 archives are not supported");
-  if (dir_offset + dir_size > end) return bad("central directory lies outside the file");
+  if (count == 0xFFFF || dir_offset == 0xFFFFFFFFu)
+    return bad("zip64 archives are not supported");
+  if (dir_offset + dir_size > end)
+    return bad("central directory lies outside the file");
 
   ZipReader r;
   r.source_ = std::move(source);
   size_t at = dir_offset;
   for (uint64_t i = 0; i < count; ++i) {
-    if (at + 46 > end || Le32(bytes, at) != kCentralHeader) return bad("corrupt central directory");
+    if (at + 46 > end || Le32(bytes, at) != kCentralHeader)
+      return bad("corrupt central directory");
     const uint16_t method = Le16(bytes, at + 10);
     Entry e;
     e.crc = Le32(bytes, at + 16);
@@ -99,32 +112,40 @@ absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes, std::string source)
     std::string name = bytes.substr(at + 46, name_len);
     at += 46 + name_len + extra_len + comment_len;
     if (method != 0 || compressed != e.size) {
-      return bad(absl::StrCat("entry '", name, "' is compressed (method ", method,
-                              "); checkpoints store their entries uncompressed"));
+      return bad(
+          absl::StrCat("entry '", name, "' is compressed (method ", method,
+                       "); checkpoints store their entries uncompressed"));
     }
     if (header + 30 > dir_offset || Le32(bytes, header) != kLocalHeader) {
-      return bad(absl::StrCat("entry '", name, "' has no local header at offset ", header));
+      return bad(absl::StrCat("entry '", name,
+                              "' has no local header at offset ", header));
     }
-    e.offset = header + 30 + Le16(bytes, header + 26) + Le16(bytes, header + 28);
+    e.offset =
+        header + 30 + Le16(bytes, header + 26) + Le16(bytes, header + 28);
     if (e.offset + e.size > dir_offset) {
-      return bad(absl::StrCat("entry '", name, "' (", e.size, " bytes at offset ", e.offset,
+      return bad(absl::StrCat("entry '", name, "' (", e.size,
+                              " bytes at offset ", e.offset,
                               ") runs past the end of the data"));
     }
-    if (!r.entries_.emplace(name, e).second) return bad(absl::StrCat("entry '", name, "' appears twice"));
+    if (!r.entries_.emplace(name, e).second)
+      return bad(absl::StrCat("entry '", name, "' appears twice"));
     r.names_.push_back(std::move(name));
   }
   r.bytes_ = std::move(bytes);
   return r;
 }
 
-absl::StatusOr<absl::string_view> ZipReader::Read(absl::string_view name) const {
+absl::StatusOr<absl::string_view> ZipReader::Read(
+    absl::string_view name) const {
   auto it = entries_.find(std::string(name));
   if (it == entries_.end()) {
-    return absl::NotFoundError(absl::StrCat(source_, ": no record '", name, "' in the checkpoint"));
+    return absl::NotFoundError(
+        absl::StrCat(source_, ": no record '", name, "' in the checkpoint"));
   }
   absl::string_view data(bytes_.data() + it->second.offset, it->second.size);
   if (Crc32(data) != it->second.crc) {
-    return absl::DataLossError(absl::StrCat(source_, ": record '", name, "' is corrupt (CRC mismatch)"));
+    return absl::DataLossError(absl::StrCat(source_, ": record '", name,
+                                            "' is corrupt (CRC mismatch)"));
   }
   return data;
 }
@@ -133,12 +154,13 @@ void ZipWriter::Add(const std::string& name, absl::string_view data) {
   Entry e{name, out_.size(), data.size(), Crc32(data)};
   // Pad with an extra field so that the data starts on a 64-byte boundary.
   size_t unpadded = out_.size() + 30 + name.size() + 4;
-  uint16_t pad = static_cast<uint16_t>((kAlignment - unpadded % kAlignment) % kAlignment);
+  uint16_t pad =
+      static_cast<uint16_t>((kAlignment - unpadded % kAlignment) % kAlignment);
   Put32(out_, kLocalHeader);
-  Put16(out_, 20);  // version needed
-  Put16(out_, 0);   // flags
-  Put16(out_, 0);   // method: stored
-  Put16(out_, 0);   // time
+  Put16(out_, 20);    // version needed
+  Put16(out_, 0);     // flags
+  Put16(out_, 0);     // method: stored
+  Put16(out_, 0);     // time
   Put16(out_, 0x21);  // date: 1980-01-01
   Put32(out_, e.crc);
   Put32(out_, static_cast<uint32_t>(e.size));

@@ -2,8 +2,10 @@
 // entries that checks every offset against the file, and a writer that
 // aligns each entry's data to 64 bytes as PyTorch's writer does.
 //
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::ZipReader zip, ember::hub::ZipReader::Open(bytes, "w.pt"));
-//   EMBER_ASSIGN_OR_RETURN(absl::string_view pkl, zip.Read("archive/data.pkl"));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::ZipReader zip,
+//   ember::hub::ZipReader::Open(bytes, "w.pt"));
+//   EMBER_ASSIGN_OR_RETURN(absl::string_view pkl,
+//   zip.Read("archive/data.pkl"));
 //
 //   ember::hub::ZipWriter out;
 //   out.Add("archive/version", "3\n");
@@ -36,7 +38,9 @@ class ZipReader {
 
   // Entry names in directory order.
   const std::vector<std::string>& names() const { return names_; }
-  bool Contains(absl::string_view name) const { return entries_.count(std::string(name)) > 0; }
+  bool Contains(absl::string_view name) const {
+    return entries_.count(std::string(name)) > 0;
+  }
   // The bytes of entry `name` (a view into the reader), CRC-checked. Errors:
   // NotFound; DataLoss when the CRC does not match.
   absl::StatusOr<absl::string_view> Read(absl::string_view name) const;

@@ -2,9 +2,11 @@
 // an archive writer for fixture repositories.
 //
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::testing::TestServer server,
-//                          ember::hub::testing::TestServer::Start(root, work_dir));
-//   server.url("/alice/models/zipball/master");   // https://127.0.0.1:<port>/...
-//   setenv(ember::hub::kCaBundleEnv, server.ca_bundle().c_str(), 1);
+//                          ember::hub::testing::TestServer::Start(root,
+//                          work_dir));
+//   server.url("/alice/models/zipball/master");   //
+//   https://127.0.0.1:<port>/... setenv(ember::hub::kCaBundleEnv,
+//   server.ca_bundle().c_str(), 1);
 //
 // The server is hub/testing/hub_server.py run by /usr/bin/python3 (see its
 // docstring for the special paths); it serves whatever is under `root` at the
@@ -27,14 +29,17 @@ class TestServer {
  public:
   // Starts the server on 127.0.0.1 (any free port) serving `root`; the
   // certificate goes to `work_dir`. Blocks until it listens (at most 30 s).
-  static absl::StatusOr<TestServer> Start(const std::string& root, const std::string& work_dir);
+  static absl::StatusOr<TestServer> Start(const std::string& root,
+                                          const std::string& work_dir);
 
   TestServer(TestServer&& other) noexcept;
   TestServer& operator=(TestServer&&) = delete;
   TestServer(const TestServer&) = delete;
   ~TestServer();  // stops the server
 
-  std::string base_url() const { return "https://127.0.0.1:" + std::to_string(port_); }
+  std::string base_url() const {
+    return "https://127.0.0.1:" + std::to_string(port_);
+  }
   std::string url(const std::string& path) const { return base_url() + path; }
   int port() const { return port_; }
   // The PEM certificate clients must trust.
@@ -44,7 +49,10 @@ class TestServer {
 
  private:
   TestServer(pid_t pid, int stdin_fd, int port, std::string ca_bundle)
-      : pid_(pid), stdin_fd_(stdin_fd), port_(port), ca_bundle_(std::move(ca_bundle)) {}
+      : pid_(pid),
+        stdin_fd_(stdin_fd),
+        port_(port),
+        ca_bundle_(std::move(ca_bundle)) {}
   pid_t pid_ = -1;
   int stdin_fd_ = -1;
   int port_ = 0;

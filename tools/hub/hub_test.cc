@@ -33,13 +33,17 @@ class HubBinaryTest : public ::testing::Test {
     base_ = new std::string(tmp);
     ASSERT_TRUE(WriteArchive(tmp + "/www/alice/models/zipball/main", "zip",
                              {{"top/hubconf.textproto",
-                               "entry_points { name: \"tiny\" builder: \"mlp\" doc: \"A tiny MLP.\" }\n"
-                               "entry_points { name: \"cnn\" builder: \"small_cnn\" doc: \"A small CNN.\" }"}})
+                               "entry_points { name: \"tiny\" builder: \"mlp\" "
+                               "doc: \"A tiny MLP.\" }\n"
+                               "entry_points { name: \"cnn\" builder: "
+                               "\"small_cnn\" doc: \"A small CNN.\" }"}})
                     .ok());
     std::string weights = *ReadFile("hub/testdata/tensors.pt");
-    name_ = new std::string("tensors-" + Sha256Hex(weights).substr(0, 8) + ".pt");
+    name_ =
+        new std::string("tensors-" + Sha256Hex(weights).substr(0, 8) + ".pt");
     ASSERT_TRUE(WriteFile(tmp + "/www/w/" + *name_, weights).ok());
-    absl::StatusOr<TestServer> s = TestServer::Start(tmp + "/www", tmp + "/server");
+    absl::StatusOr<TestServer> s =
+        TestServer::Start(tmp + "/www", tmp + "/server");
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = new TestServer(std::move(*s));
   }
@@ -51,11 +55,13 @@ class HubBinaryTest : public ::testing::Test {
   // Runs tools/hub/hub with `args` (a shell-quoted string).
   Result Run(const std::string& args) {
     std::string out = *base_ + "/stdout", err = *base_ + "/stderr";
-    std::string cmd = "EMBER_HUB_BASE_URL=" + server_->base_url() + " EMBER_HUB_CA_BUNDLE=" +
-                      server_->ca_bundle() + " TORCH_HUB_DIR=" + *base_ + "/hub tools/hub/hub " + args +
-                      " >" + out + " 2>" + err + " </dev/null";
+    std::string cmd = "EMBER_HUB_BASE_URL=" + server_->base_url() +
+                      " EMBER_HUB_CA_BUNDLE=" + server_->ca_bundle() +
+                      " TORCH_HUB_DIR=" + *base_ + "/hub tools/hub/hub " +
+                      args + " >" + out + " 2>" + err + " </dev/null";
     int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, *ReadFile(out), *ReadFile(err)};
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, *ReadFile(out),
+            *ReadFile(err)};
   }
   static std::string* base_;
   static std::string* name_;
