@@ -35,11 +35,10 @@ absl::StatusOr<Reader> Open(const std::string& path) {
   return r;
 }
 
-// Depth of `path` below the archive root after resolving "." and "..",
-// starting from the components of `base`; -1 when it climbs above the root.
-int ResolvedDepth(const std::vector<std::string>& base,
-                  const std::string& path) {
-  int depth = static_cast<int>(base.size());
+// Depth below the archive root reached by walking `path` from a folder at
+// depth `start`, resolving "." and ".."; -1 when it climbs above the root.
+int ResolvedDepth(int start, const std::string& path) {
+  int depth = start;
   for (absl::string_view part : absl::StrSplit(path, '/', absl::SkipEmpty())) {
     if (part == ".") continue;
     depth += part == ".." ? -1 : 1;
@@ -48,20 +47,26 @@ int ResolvedDepth(const std::vector<std::string>& base,
   return depth;
 }
 
+// The entry's path ("" when it has none).
+std::string PathOf(struct archive_entry* entry) {
+  const char* path = archive_entry_pathname(entry);
+  return path ? path : "";
+}
+
 // Why `entry` may not be extracted, or "" when it is fine.
 std::string Offence(struct archive_entry* entry) {
-  std::string path =
-      archive_entry_pathname(entry) ? archive_entry_pathname(entry) : "";
+  std::string path = PathOf(entry);
   if (path.empty()) return "an entry has an empty path";
   if (path.front() == '/') return "absolute path";
-  if (ResolvedDepth({}, path) < 0)
+  if (ResolvedDepth(0, path) < 0)
     return "path climbs out of the archive with '..'";
   for (absl::string_view part : absl::StrSplit(path, '/')) {
     if (part == "..") return "path contains '..'";
   }
   if (const char* link = archive_entry_hardlink(entry); link != nullptr) {
     std::string target = link;
-    if (target.front() == '/' || ResolvedDepth({}, target) < 0) {
+    if (target.empty() || target.front() == '/' ||
+        ResolvedDepth(0, target) < 0) {
       return absl::StrCat("hard link to '", target, "' outside the archive");
     }
   }
@@ -69,10 +74,13 @@ std::string Offence(struct archive_entry* entry) {
   if (type == AE_IFLNK) {
     std::string target =
         archive_entry_symlink(entry) ? archive_entry_symlink(entry) : "";
-    std::vector<std::string> dir = absl::StrSplit(path, '/', absl::SkipEmpty());
-    dir.pop_back();  // the link's own name
+    // The target is relative to the folder holding the link.
+    size_t slash = path.find_last_of('/');
+    int dir_depth = slash == std::string::npos
+                        ? 0
+                        : ResolvedDepth(0, path.substr(0, slash));
     if (target.empty() || target.front() == '/' ||
-        ResolvedDepth(dir, target) < 0) {
+        ResolvedDepth(dir_depth, target) < 0) {
       return absl::StrCat("symbolic link to '", target,
                           "' points outside the archive");
     }
@@ -96,8 +104,7 @@ absl::Status ExtractArchive(const std::string& archive_path,
       if (std::string why = Offence(entry); !why.empty()) {
         return absl::PermissionDeniedError(
             absl::StrCat("refusing archive ", archive_path, ": entry '",
-                         archive_entry_pathname(entry), "': ", why,
-                         "; nothing was extracted"));
+                         PathOf(entry), "': ", why, "; nothing was extracted"));
       }
     }
     if (rc != ARCHIVE_EOF) {
@@ -125,7 +132,7 @@ absl::Status ExtractArchive(const std::string& archive_path,
   struct archive_entry* entry;
   int rc;
   while ((rc = archive_read_next_header(r->get(), &entry)) == ARCHIVE_OK) {
-    std::string name = archive_entry_pathname(entry);
+    std::string name = PathOf(entry);
     auto failed = [&](struct archive* a) {
       return absl::InternalError(
           absl::StrCat("cannot extract '", name, "' from ", archive_path,

@@ -58,7 +58,8 @@ TEST_F(ArchiveTest, ExtractsZipAndTarGz) {
                              {{"top/"},
                               {"top/hubconf.textproto", "entry_points {}"},
                               {"top/weights/w.bin", std::string(5000, 'w')},
-                              {"top/link", "", "weights/w.bin"}})
+                              {"top/link", "", "weights/w.bin"},
+                              {"top/weights/up", "", "../hubconf.textproto"}})
                     .ok());
     std::string dest = base_ + "/out-" + format;
     ASSERT_TRUE(ExtractArchive(archive, dest).ok());
@@ -91,6 +92,9 @@ TEST_F(ArchiveTest, RefusesSymlinksPointingOut) {
   EXPECT_THAT(s.message(), HasSubstr("symbolic link to '../..'"));
   Refused("tar.gz", {{"top/etc", "", "/etc"}});
   Refused("zip", {{"top/a/b", "", "../../../x"}});
+  // "." components do not count as depth.
+  Refused("tar.gz", {{"./././l", "", "../x"}});
+  Refused("tar.gz", {{"top/./l", "", "../../x"}});
 }
 
 TEST_F(ArchiveTest, RefusesHardlinksPointingOut) {
