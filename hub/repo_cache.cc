@@ -55,7 +55,7 @@ void DeleteDownloadedWeights(const std::string& hub_dir,
         fs::path(e.weights().url().substr(0, e.weights().url().find('?')))
             .filename();
     std::error_code ec;
-    if (!name.empty())
+    if (!name.empty() && name != "." && name != "..")
       fs::remove(absl::StrCat(hub_dir, "/checkpoints/", name), ec);
   }
 }
