@@ -15,6 +15,9 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   libgloo-dev libopenblas-dev libcurl4-openssl-dev libarchive-dev
   libopenmpi-dev libssl-dev
+  # hub/ tests: openssl makes the loopback HTTPS server's certificate;
+  # python3-torch(vision) check Ember's checkpoints and ResNet-18 against PyTorch.
+  openssl python3-torch python3-torchvision
 )
 CUDA=/usr/local/cuda
 

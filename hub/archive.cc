@@ -1,0 +1,175 @@
+#include "hub/archive.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "hub/hub_dir.h"
+
+namespace ember::hub {
+namespace {
+
+struct ReaderDeleter {
+  void operator()(struct archive* a) const { archive_read_free(a); }
+};
+struct WriterDeleter {
+  void operator()(struct archive* a) const { archive_write_free(a); }
+};
+using Reader = std::unique_ptr<struct archive, ReaderDeleter>;
+
+absl::StatusOr<Reader> Open(const std::string& path) {
+  Reader r(archive_read_new());
+  archive_read_support_format_all(r.get());
+  archive_read_support_filter_all(r.get());
+  if (archive_read_open_filename(r.get(), path.c_str(), 1 << 16) !=
+      ARCHIVE_OK) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot open archive ", path, ": ", archive_error_string(r.get())));
+  }
+  return r;
+}
+
+// Depth below the archive root reached by walking `path` from a folder at
+// depth `start`, resolving "." and ".."; -1 when it climbs above the root.
+int ResolvedDepth(int start, const std::string& path) {
+  int depth = start;
+  for (absl::string_view part : absl::StrSplit(path, '/', absl::SkipEmpty())) {
+    if (part == ".") continue;
+    depth += part == ".." ? -1 : 1;
+    if (depth < 0) return -1;
+  }
+  return depth;
+}
+
+// The entry's path ("" when it has none).
+std::string PathOf(struct archive_entry* entry) {
+  const char* path = archive_entry_pathname(entry);
+  return path ? path : "";
+}
+
+// Why `entry` may not be extracted, or "" when it is fine.
+std::string Offence(struct archive_entry* entry) {
+  std::string path = PathOf(entry);
+  if (path.empty()) return "an entry has an empty path";
+  if (path.front() == '/') return "absolute path";
+  if (ResolvedDepth(0, path) < 0)
+    return "path climbs out of the archive with '..'";
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part == "..") return "path contains '..'";
+  }
+  if (const char* link = archive_entry_hardlink(entry); link != nullptr) {
+    std::string target = link;
+    if (target.empty() || target.front() == '/' ||
+        ResolvedDepth(0, target) < 0) {
+      return absl::StrCat("hard link to '", target, "' outside the archive");
+    }
+  }
+  mode_t type = archive_entry_filetype(entry);
+  if (type == AE_IFLNK) {
+    std::string target =
+        archive_entry_symlink(entry) ? archive_entry_symlink(entry) : "";
+    // The target is relative to the folder holding the link.
+    size_t slash = path.find_last_of('/');
+    int dir_depth = slash == std::string::npos
+                        ? 0
+                        : ResolvedDepth(0, path.substr(0, slash));
+    if (target.empty() || target.front() == '/' ||
+        ResolvedDepth(dir_depth, target) < 0) {
+      return absl::StrCat("symbolic link to '", target,
+                          "' points outside the archive");
+    }
+  } else if (type != AE_IFREG && type != AE_IFDIR) {
+    return "special file (device, FIFO or socket)";
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::Status ExtractArchive(const std::string& archive_path,
+                            const std::string& dest_dir) {
+  // Pass 1: check every entry; nothing is written.
+  {
+    absl::StatusOr<Reader> r = Open(archive_path);
+    if (!r.ok()) return r.status();
+    struct archive_entry* entry;
+    int rc;
+    while ((rc = archive_read_next_header(r->get(), &entry)) == ARCHIVE_OK) {
+      if (std::string why = Offence(entry); !why.empty()) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("refusing archive ", archive_path, ": entry '",
+                         PathOf(entry), "': ", why, "; nothing was extracted"));
+      }
+    }
+    if (rc != ARCHIVE_EOF) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot read archive ", archive_path, ": ",
+                       archive_error_string(r->get())));
+    }
+  }
+  // Pass 2: extract below dest_dir with libarchive's guards on.
+  if (absl::Status s = MakeDirs(dest_dir); !s.ok()) return s;
+  std::error_code ec;
+  const std::string root = std::filesystem::canonical(dest_dir, ec).string();
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot resolve ", dest_dir, ": ", ec.message()));
+  absl::StatusOr<Reader> r = Open(archive_path);
+  if (!r.ok()) return r.status();
+  std::unique_ptr<struct archive, WriterDeleter> w(archive_write_disk_new());
+  // Entries were checked to be relative; their written paths are absolute
+  // only through the (canonical) destination prefix, so the no-absolute-path
+  // guard cannot be used here, but the others can.
+  archive_write_disk_set_options(w.get(), ARCHIVE_EXTRACT_SECURE_SYMLINKS |
+                                              ARCHIVE_EXTRACT_SECURE_NODOTDOT |
+                                              ARCHIVE_EXTRACT_TIME);
+  struct archive_entry* entry;
+  int rc;
+  while ((rc = archive_read_next_header(r->get(), &entry)) == ARCHIVE_OK) {
+    std::string name = PathOf(entry);
+    auto failed = [&](struct archive* a) {
+      return absl::InternalError(
+          absl::StrCat("cannot extract '", name, "' from ", archive_path,
+                       " into ", dest_dir, ": ", archive_error_string(a)));
+    };
+    archive_entry_set_pathname(entry, absl::StrCat(root, "/", name).c_str());
+    if (const char* link = archive_entry_hardlink(entry); link != nullptr) {
+      archive_entry_set_hardlink(entry, absl::StrCat(root, "/", link).c_str());
+    }
+    archive_entry_set_perm(entry, archive_entry_perm(entry) &
+                                      0755);  // no setuid/setgid/world-write
+    if (archive_write_header(w.get(), entry) != ARCHIVE_OK)
+      return failed(w.get());
+    const void* block;
+    size_t size;
+    la_int64_t offset;
+    int data_rc;
+    while ((data_rc = archive_read_data_block(r->get(), &block, &size,
+                                              &offset)) == ARCHIVE_OK) {
+      if (archive_write_data_block(w.get(), block, size, offset) != ARCHIVE_OK)
+        return failed(w.get());
+    }
+    if (data_rc != ARCHIVE_EOF) return failed(r->get());
+    if (archive_write_finish_entry(w.get()) != ARCHIVE_OK)
+      return failed(w.get());
+  }
+  if (rc != ARCHIVE_EOF) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read archive ", archive_path, ": ",
+                     archive_error_string(r->get())));
+  }
+  if (archive_write_close(w.get()) != ARCHIVE_OK) {
+    return absl::InternalError(absl::StrCat("cannot finish extracting ",
+                                            archive_path, ": ",
+                                            archive_error_string(w.get())));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ember::hub

@@ -1,0 +1,155 @@
+#include "hub/builders.h"
+
+#include <algorithm>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "hub/resnet.h"
+#include "nn/activation.h"
+#include "nn/container.h"
+#include "nn/conv.h"
+#include "nn/linear.h"
+#include "nn/pooling.h"
+#include "tensor/error.h"
+#include "tensor/status_macros.h"
+
+namespace ember::hub {
+namespace {
+
+using ModulePtr = std::shared_ptr<nn::Module>;
+
+absl::StatusOr<ModulePtr> BuildMlp(const Kwargs& kwargs) {
+  KwargsReader r("mlp", kwargs);
+  int64_t in = r.PositiveInt("in_features", 4);
+  int64_t hidden = r.PositiveInt("hidden", 8);
+  int64_t out = r.PositiveInt("out_features", 3);
+  int64_t depth = r.PositiveInt("depth", 2);
+  EMBER_RETURN_IF_ERROR(r.Finish());
+  auto net = std::make_shared<nn::Sequential>();
+  for (int64_t i = 0; i < depth; ++i) {
+    bool last = i + 1 == depth;
+    net->push_back(std::make_shared<nn::Linear>(i == 0 ? in : hidden,
+                                                last ? out : hidden));
+    if (!last) net->push_back(std::make_shared<nn::ReLU>());
+  }
+  return net;
+}
+
+absl::StatusOr<ModulePtr> BuildSmallCnn(const Kwargs& kwargs) {
+  KwargsReader r("small_cnn", kwargs);
+  int64_t in = r.PositiveInt("in_channels", 3);
+  int64_t classes = r.PositiveInt("num_classes", 4);
+  EMBER_RETURN_IF_ERROR(r.Finish());
+  return std::make_shared<nn::Sequential>(std::vector<ModulePtr>{
+      std::make_shared<nn::Conv2d>(in, 8, 3, 1, 1),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+      std::make_shared<nn::Conv2d>(8, 16, 3, 1, 1),
+      std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::AdaptiveAvgPool2d>(nn::Int2{1, 1}),
+      std::make_shared<nn::Flatten>(),
+      std::make_shared<nn::Linear>(16, classes)});
+}
+
+absl::StatusOr<ModulePtr> BuildResNet18(const Kwargs& kwargs) {
+  KwargsReader r("resnet18", kwargs);
+  ResNetOptions options;
+  options.num_classes = r.PositiveInt("num_classes", options.num_classes);
+  options.width = r.PositiveInt("width", options.width);
+  options.in_channels = r.PositiveInt("in_channels", options.in_channels);
+  EMBER_RETURN_IF_ERROR(r.Finish());
+  return std::make_shared<ResNet18>(options);
+}
+
+struct Registry {
+  absl::Mutex mu;
+  std::map<std::string, Builder> builders ABSL_GUARDED_BY(mu) = {
+      {"mlp", BuildMlp},
+      {"small_cnn", BuildSmallCnn},
+      {"resnet18", BuildResNet18}};
+};
+
+Registry& GetRegistry() {
+  static auto* registry = new Registry();
+  return *registry;
+}
+
+std::string ArgTypeName(const Arg& a) {
+  static const char* names[] = {"int", "float", "bool", "string"};
+  return names[a.index()];
+}
+
+}  // namespace
+
+int64_t KwargsReader::PositiveInt(const std::string& name, int64_t fallback) {
+  read_.push_back(name);
+  auto it = kwargs_.find(name);
+  if (it == kwargs_.end()) return fallback;
+  const int64_t* v = std::get_if<int64_t>(&it->second);
+  if (v == nullptr || *v <= 0) {
+    if (error_.empty()) {
+      error_ =
+          absl::StrCat("builder ", builder_, ": argument '", name,
+                       "' must be a positive int, got ",
+                       v ? absl::StrCat(*v) : "a " + ArgTypeName(it->second));
+    }
+    return fallback;
+  }
+  return *v;
+}
+
+absl::Status KwargsReader::Finish() const {
+  if (!error_.empty()) return absl::InvalidArgumentError(error_);
+  for (const auto& [name, value] : kwargs_) {
+    if (std::find(read_.begin(), read_.end(), name) == read_.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("builder ", builder_, " got an unexpected argument '",
+                       name, "' (it takes: ", absl::StrJoin(read_, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RegisterBuilder(const std::string& name, Builder builder) {
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  if (!r.builders.emplace(name, std::move(builder)).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("a builder named '", name, "' is already registered"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> BuilderNames() {
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  std::vector<std::string> names;
+  for (const auto& [name, b] : r.builders) names.push_back(name);
+  return names;
+}
+
+absl::StatusOr<std::shared_ptr<nn::Module>> Build(const std::string& name,
+                                                  const Kwargs& kwargs) {
+  Builder builder;
+  {
+    Registry& r = GetRegistry();
+    absl::MutexLock lock(&r.mu);
+    auto it = r.builders.find(name);
+    if (it != r.builders.end()) builder = it->second;
+  }
+  if (!builder) {
+    return absl::NotFoundError(absl::StrCat(
+        "no builder named '", name, "' is registered (registered: ",
+        absl::StrJoin(BuilderNames(), ", "), ")"));
+  }
+  try {
+    return builder(kwargs);
+  } catch (const Error& e) {  // a layer's argument check (ember::Error) becomes
+                              // a Status here
+    return absl::InvalidArgumentError(
+        absl::StrCat("builder ", name, ": ", e.what()));
+  }
+}
+
+}  // namespace ember::hub

@@ -1,0 +1,82 @@
+// The registry of model builders: the C++ functions a hubconf entry point
+// names in its `builder` field.
+//
+//   ember::hub::Kwargs args = {{"num_classes", int64_t{10}}};
+//   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<ember::nn::Module> m,
+//                          ember::hub::Build("resnet18", args));
+//
+//   // A library adds its own family once, before loading:
+//   EMBER_RETURN_IF_ERROR(ember::hub::RegisterBuilder("my_net", [](const
+//   ember::hub::Kwargs& kw)
+//       -> absl::StatusOr<std::shared_ptr<ember::nn::Module>> { ... }));
+//
+// Built in (arguments and defaults):
+//   mlp        in_features=4, hidden=8, out_features=3, depth=2 (Linear
+//   layers);
+//              Sequential(Linear, ReLU, ..., Linear), names "0.weight",
+//              "2.bias", ...
+//   small_cnn  in_channels=3, num_classes=4: Sequential(Conv2d(3x3, 8), ReLU,
+//              MaxPool2d(2), Conv2d(3x3, 16), ReLU, AdaptiveAvgPool2d(1),
+//              Flatten, Linear(16, num_classes))
+//   resnet18   num_classes=1000, width=64, in_channels=3 (resnet.h)
+// Each matches the torch.nn model of the same structure name for name, so
+// PyTorch state_dicts load into them.
+//
+// Thread-safety: Register/Find/Build may be called from any thread.
+#ifndef EMBER_HUB_BUILDERS_H_
+#define EMBER_HUB_BUILDERS_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nn/module.h"
+
+namespace ember::hub {
+
+// One keyword argument's value.
+using Arg = std::variant<int64_t, double, bool, std::string>;
+using Kwargs = std::map<std::string, Arg>;
+using Builder = std::function<absl::StatusOr<std::shared_ptr<nn::Module>>(
+    const Kwargs& kwargs)>;
+
+// Adds `builder` under `name`. Errors: AlreadyExists.
+absl::Status RegisterBuilder(const std::string& name, Builder builder);
+
+// Every registered name, sorted.
+std::vector<std::string> BuilderNames();
+
+// Calls the builder `name` with `kwargs`. Errors: NotFound listing the
+// builders; InvalidArgument for an unknown argument, a wrong type or a bad
+// value (naming the builder and the argument).
+absl::StatusOr<std::shared_ptr<nn::Module>> Build(const std::string& name,
+                                                  const Kwargs& kwargs);
+
+// Reads a builder's arguments with defaults, then rejects any it did not read.
+//   KwargsReader r("mlp", kwargs);
+//   int64_t hidden = r.Int("hidden", 8);
+//   EMBER_RETURN_IF_ERROR(r.Finish());
+class KwargsReader {
+ public:
+  KwargsReader(std::string builder, const Kwargs& kwargs)
+      : builder_(std::move(builder)), kwargs_(kwargs) {}
+  // A positive integer argument (or `fallback` when absent).
+  int64_t PositiveInt(const std::string& name, int64_t fallback);
+  // InvalidArgument for the first type error or unread argument, else OK.
+  absl::Status Finish() const;
+
+ private:
+  std::string builder_;
+  const Kwargs& kwargs_;
+  std::vector<std::string> read_;
+  std::string error_;
+};
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_BUILDERS_H_

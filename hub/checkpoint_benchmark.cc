@@ -1,0 +1,103 @@
+// Checkpoint read/write throughput against copying the same bytes into fresh
+// tensors (BM_MemcpyBaseline: the floor for any reader that produces tensors
+// it owns), so the figures are ratios. A 64 MiB float32 state dict of 16
+// tensors; CRC-32 and SHA-256 alone show what verification costs.
+//
+//   bazel run //hub:checkpoint_benchmark
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "hub/safetensors.h"
+#include "hub/sha256.h"
+#include "hub/torch_format.h"
+#include "hub/zip.h"
+#include "tensor/factories.h"
+
+namespace ember::hub {
+namespace {
+
+constexpr int64_t kTensors = 16;
+constexpr int64_t kElements = (64 << 20) / 4 / kTensors;
+
+const StateDict& Fixture() {
+  static const StateDict* sd = [] {
+    auto* s = new StateDict;
+    for (int64_t i = 0; i < kTensors; ++i)
+      s->emplace_back("layer" + std::to_string(i), rand({kElements}));
+    return s;
+  }();
+  return *sd;
+}
+
+void SetBytes(benchmark::State& state) {
+  state.SetBytesProcessed(state.iterations() * kTensors * kElements * 4);
+}
+
+void BM_MemcpyBaseline(benchmark::State& state) {
+  // What any reader of these bytes must do: take the file's bytes (a copy, as
+  // ReadTorchCheckpoint takes its argument) and copy them into fresh tensors
+  // that are all alive at the end.
+  std::string src = *WriteTorchCheckpoint(Fixture());
+  for (auto _ : state) {
+    std::string file = src;
+    std::vector<Tensor> out;
+    size_t at = 0;
+    for (const auto& [name, t] : Fixture()) {
+      out.push_back(empty({kElements}));
+      std::memcpy(out.back().raw_data(), file.data() + at, t.nbytes());
+      at += t.nbytes();
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  SetBytes(state);
+}
+BENCHMARK(BM_MemcpyBaseline)->Unit(benchmark::kMillisecond);
+
+void BM_ReadTorchCheckpoint(benchmark::State& state) {
+  std::string bytes = *WriteTorchCheckpoint(Fixture());
+  for (auto _ : state) {
+    absl::StatusOr<StateDict> sd =
+        ReadTorchCheckpoint(bytes, "bench.pt");  // copies `bytes` in
+    benchmark::DoNotOptimize(sd->data());
+  }
+  SetBytes(state);
+}
+BENCHMARK(BM_ReadTorchCheckpoint)->Unit(benchmark::kMillisecond);
+
+void BM_WriteTorchCheckpoint(benchmark::State& state) {
+  for (auto _ : state) {
+    absl::StatusOr<std::string> bytes = WriteTorchCheckpoint(Fixture());
+    benchmark::DoNotOptimize(bytes->data());
+  }
+  SetBytes(state);
+}
+BENCHMARK(BM_WriteTorchCheckpoint)->Unit(benchmark::kMillisecond);
+
+void BM_ReadSafetensors(benchmark::State& state) {
+  std::string bytes = *WriteSafetensors(Fixture());
+  for (auto _ : state) {
+    absl::StatusOr<StateDict> sd = ReadSafetensors(bytes, "bench.safetensors");
+    benchmark::DoNotOptimize(sd->data());
+  }
+  SetBytes(state);
+}
+BENCHMARK(BM_ReadSafetensors)->Unit(benchmark::kMillisecond);
+
+void BM_Sha256(benchmark::State& state) {
+  std::string bytes = *WriteSafetensors(Fixture());
+  for (auto _ : state) benchmark::DoNotOptimize(Sha256Hex(bytes));
+  SetBytes(state);
+}
+BENCHMARK(BM_Sha256)->Unit(benchmark::kMillisecond);
+
+void BM_Crc32(benchmark::State& state) {
+  std::string bytes = *WriteSafetensors(Fixture());
+  for (auto _ : state) benchmark::DoNotOptimize(Crc32(bytes));
+  SetBytes(state);
+}
+BENCHMARK(BM_Crc32)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace ember::hub

@@ -1,0 +1,268 @@
+// Checkpoint formats against fixtures made by python3-torch
+// (testdata/make_fixtures.py): reading torch.save and safetensors files,
+// refusing hostile ones, and Ember -> PyTorch format -> Ember round trips
+// checked by PyTorch itself (testdata/check_torch_load.py).
+#include "hub/checkpoint.h"
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "hub/safetensors.h"
+#include "hub/torch_format.h"
+#include "tensor/factories.h"
+
+namespace ember::hub {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kTestdata[] = "hub/testdata/";
+
+struct Expected {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> sizes;
+  std::vector<double> values;
+};
+
+// testdata/tensors.expected.txt, written by PyTorch.
+std::vector<Expected> ReadExpected() {
+  std::ifstream in(std::string(kTestdata) + "tensors.expected.txt");
+  std::vector<Expected> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> parts = absl::StrSplit(line, ' ');
+    Expected e{parts[0], parts[1], {}, {}};
+    if (parts[2] != "-") {
+      for (absl::string_view s : absl::StrSplit(parts[2], ','))
+        e.sizes.push_back(std::stoll(std::string(s)));
+    }
+    for (size_t i = 3; i < parts.size(); ++i) {
+      if (!parts[i].empty()) e.values.push_back(std::stod(parts[i]));
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+std::vector<double> Values(const Tensor& t) {
+  Tensor d = t.to(kFloat64).contiguous();
+  const double* p = d.numel() ? d.data_ptr<double>() : nullptr;
+  return std::vector<double>(p, p + d.numel());
+}
+
+void ExpectMatchesFixture(const StateDict& sd) {
+  std::vector<Expected> expected = ReadExpected();
+  ASSERT_EQ(expected.size(), 13u);
+  ASSERT_EQ(sd.size(), expected.size());
+  for (size_t i = 0; i < sd.size(); ++i) {
+    SCOPED_TRACE(expected[i].name);
+    EXPECT_EQ(sd[i].first, expected[i].name);
+    EXPECT_EQ(std::string(DtypeName(sd[i].second.dtype())), expected[i].dtype);
+    EXPECT_EQ(std::vector<int64_t>(sd[i].second.sizes().begin(),
+                                   sd[i].second.sizes().end()),
+              expected[i].sizes);
+    EXPECT_EQ(Values(sd[i].second), expected[i].values);
+  }
+}
+
+const Tensor& Find(const StateDict& sd, const std::string& name) {
+  for (const auto& [n, t] : sd) {
+    if (n == name) return t;
+  }
+  static Tensor none;
+  return none;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string TmpPath(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+TEST(CheckpointTest, ReadsTorchSave) {
+  absl::StatusOr<StateDict> sd =
+      LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  ExpectMatchesFixture(*sd);
+  // Views keep their geometry and share their storage, as in PyTorch.
+  const Tensor& rows = Find(*sd, "view.rows");
+  const Tensor& transposed = Find(*sd, "view.transposed");
+  EXPECT_EQ(rows.storage_offset(), 4);
+  EXPECT_EQ(transposed.strides(), (IntArrayRef{1, 4}));
+  EXPECT_TRUE(rows.storage().is_alias_of(transposed.storage()));
+}
+
+TEST(CheckpointTest, ReadsSafetensors) {
+  absl::StatusOr<StateDict> sd =
+      LoadCheckpoint(std::string(kTestdata) + "tensors.safetensors");
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  ExpectMatchesFixture(*sd);
+}
+
+// Runs check_torch_load.py on `path`; its exit status (77: no python3-torch).
+int TorchLoadCheck(const std::string& path) {
+  std::string cmd = "/usr/bin/python3 hub/testdata/check_torch_load.py " +
+                    path + " " + kTestdata + "tensors.expected.txt";
+  int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(CheckpointTest, RoundTripThroughPyTorchFormat) {
+  absl::StatusOr<StateDict> sd =
+      LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  std::string path = TmpPath("ember.pt");
+  ASSERT_TRUE(SaveCheckpoint(*sd, path).ok());
+  absl::StatusOr<StateDict> back = LoadCheckpoint(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectMatchesFixture(*back);
+
+  int rc = TorchLoadCheck(path);
+  if (rc == 77)
+    GTEST_SKIP() << "python3-torch is not installed; PyTorch's side of the "
+                    "round trip is unchecked";
+  EXPECT_EQ(rc, 0) << "torch.load(weights_only=True) did not read Ember's "
+                      "checkpoint as expected";
+}
+
+TEST(CheckpointTest, RoundTripThroughSafetensors) {
+  absl::StatusOr<StateDict> sd =
+      LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  std::string path = TmpPath("ember.safetensors");
+  ASSERT_TRUE(SaveCheckpoint(*sd, path).ok());
+  absl::StatusOr<StateDict> back = LoadCheckpoint(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectMatchesFixture(*back);
+}
+
+absl::Status LoadFixture(const std::string& name) {
+  return LoadCheckpoint(std::string(kTestdata) + name).status();
+}
+
+TEST(CheckpointTest, RefusesUnknownGlobals) {
+  absl::Status s = LoadFixture("evil_global.pt");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(), HasSubstr("global 'os.system' is not allowed"));
+  EXPECT_THAT(s.message(), HasSubstr("evil_global.pt"));
+}
+
+TEST(CheckpointTest, RefusesReduceOnDisallowedCallable) {
+  absl::Status s = LoadFixture("evil_reduce.pt");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(),
+              HasSubstr("REDUCE on 'torch.FloatStorage' is not allowed"));
+}
+
+TEST(CheckpointTest, RefusesUnknownOpcodes) {
+  absl::Status s = LoadFixture("evil_opcode.pt");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(), HasSubstr("opcode INST (0x69)"));
+}
+
+TEST(CheckpointTest, ChecksStorageSizesAndGeometry) {
+  absl::Status s = LoadFixture("evil_storage_size.pt");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("storage '0' should hold 6 float32 elements (24 bytes) "
+                        "but its record has 8"));
+  s = LoadFixture("evil_view.pt");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("size [2, 3], stride [3, 1] at offset 2 "
+                                     "reaches past its storage of 6"));
+  s = LoadFixture("evil_stride.pt");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("non-negative"));
+}
+
+TEST(CheckpointTest, RefusesTruncatedAndCorruptZips) {
+  absl::Status s = LoadFixture("truncated.pt");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("truncated"));
+
+  std::string bytes = Slurp(std::string(kTestdata) + "tensors.pt");
+  size_t at = bytes.find("tensors/data/0");
+  ASSERT_NE(at, std::string::npos);
+  // Flip a byte of the first storage record (its data follows its local
+  // header).
+  size_t data =
+      bytes.find("tensors/data/0", at) + std::string("tensors/data/0").size();
+  absl::StatusOr<StateDict> sd = ReadTorchCheckpoint(bytes, "x.pt");
+  ASSERT_TRUE(sd.ok());
+  bytes[data + 70] ^= 0x5a;
+  sd = ReadTorchCheckpoint(bytes, "x.pt");
+  EXPECT_EQ(sd.status().code(), absl::StatusCode::kDataLoss) << sd.status();
+  EXPECT_THAT(sd.status().message(), HasSubstr("CRC"));
+}
+
+TEST(CheckpointTest, RefusesHostileSafetensors) {
+  std::string good = Slurp(std::string(kTestdata) + "tensors.safetensors");
+  std::string bytes = good;
+  bytes[7] = 0x7f;  // a header length far past the file
+  EXPECT_THAT(ReadSafetensors(bytes, "a").status().message(),
+              HasSubstr("exceeds the file"));
+  bytes = good.substr(0, good.size() - 1);
+  EXPECT_THAT(ReadSafetensors(bytes, "b").status().message(),
+              HasSubstr("truncated"));
+  // A header claiming more bytes than the shape needs.
+  std::string header =
+      R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,12]}})";
+  bytes = std::string(1, static_cast<char>(header.size())) +
+          std::string(7, '\0') + header + std::string(12, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "c").status().message(),
+              HasSubstr("hold 12 bytes but shape [2] of F32 needs 8"));
+  header =
+      R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"v":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})";
+  bytes = std::string(1, static_cast<char>(header.size())) +
+          std::string(7, '\0') + header + std::string(6, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "d").status().message(),
+              HasSubstr("overlap or hole"));
+  header = R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})";
+  bytes = std::string(1, static_cast<char>(header.size())) +
+          std::string(7, '\0') + header + std::string(8, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "e").status().message(),
+              HasSubstr("dtype C64"));
+  header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  bytes = std::string(1, static_cast<char>(header.size())) +
+          std::string(7, '\0') + header + std::string(4, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "f").status().message(),
+              HasSubstr("invalid JSON"));
+}
+
+TEST(CheckpointTest, WritersRefuseDuplicates) {
+  StateDict sd = {{"a", zeros({2})}, {"a", zeros({2})}};
+  EXPECT_THAT(WriteTorchCheckpoint(sd).status().message(),
+              HasSubstr("'a' appears twice"));
+  EXPECT_THAT(WriteSafetensors(sd).status().message(),
+              HasSubstr("'a' appears twice"));
+}
+
+TEST(CheckpointTest, UnknownFileIsAnError) {
+  std::string path = TmpPath("junk.bin");
+  std::ofstream(path) << "\x80\x02legacy";
+  absl::Status s = LoadCheckpoint(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      s.message(),
+      HasSubstr("neither a torch.save zip checkpoint nor a safetensors"));
+  EXPECT_EQ(LoadCheckpoint(TmpPath("missing.pt")).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace ember::hub

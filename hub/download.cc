@@ -1,0 +1,212 @@
+#include "hub/download.h"
+
+#include <curl/curl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "hub/sha256.h"
+
+// Note [Download safety]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// - TLS: peer and host verification are always on; the only knob is which CA
+//   bundle to trust (DownloadOptions::ca_bundle / EMBER_HUB_CA_BUNDLE).
+// - Redirects are followed (GitHub redirects archive links to
+//   codeload.github.com) but only to https: a redirect from https to plain
+//   http would let anyone on the path substitute the file, so it is refused.
+//   A plain-http URL given explicitly by the caller is allowed.
+// - Every attempt has a connect timeout, a stall timeout and a total timeout,
+//   so no download hangs. Transient failures are retried with exponential
+//   backoff; client errors (4xx), TLS verification failures and refused
+//   redirects are not, since repeating them cannot help.
+// - Bytes go to "<dest>.partial-<random>" in the destination's directory (same
+//   file system, so the final rename is atomic). The hash is checked on that
+//   file; only a verified file is renamed over `dest`.
+
+namespace ember::hub {
+namespace {
+
+struct CurlDeleter {
+  void operator()(CURL* c) const { curl_easy_cleanup(c); }
+};
+struct FileCloser {
+  void operator()(FILE* f) const { std::fclose(f); }
+};
+
+void GlobalInitOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+struct Progress {
+  bool draw = false;
+  curl_off_t last_drawn = -1;
+};
+
+int OnProgress(void* user, curl_off_t total, curl_off_t now, curl_off_t,
+               curl_off_t) {
+  auto* p = static_cast<Progress*>(user);
+  if (!p->draw || now == p->last_drawn) return 0;
+  p->last_drawn = now;
+  if (total > 0) {
+    int pct = static_cast<int>(100 * now / total);
+    int bars = pct / 4;
+    std::fprintf(stderr, "\r%3d%%|%-25s| %.1f/%.1f MB", pct,
+                 std::string(bars, '#').c_str(), now / 1e6, total / 1e6);
+  } else {
+    std::fprintf(stderr, "\r%.1f MB", now / 1e6);
+  }
+  return 0;
+}
+
+size_t OnData(char* data, size_t size, size_t n, void* user) {
+  return std::fwrite(data, size, n, static_cast<FILE*>(user)) * size;
+}
+
+struct Attempt {
+  absl::Status status;
+  bool retry = false;
+};
+
+Attempt TryOnce(const std::string& url, const std::string& tmp,
+                const DownloadOptions& options, const std::string& ca_bundle) {
+  std::unique_ptr<FILE, FileCloser> out(std::fopen(tmp.c_str(), "wb"));
+  if (!out) {
+    return {absl::InternalError(
+                absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno))),
+            false};
+  }
+  std::unique_ptr<CURL, CurlDeleter> curl(curl_easy_init());
+  CURL* c = curl.get();
+  char error[CURL_ERROR_SIZE] = {0};
+  Progress progress;
+  progress.draw = options.progress && isatty(STDERR_FILENO);
+  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+  curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
+  curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "https");
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
+  curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (!ca_bundle.empty())
+    curl_easy_setopt(c, CURLOPT_CAINFO, ca_bundle.c_str());
+  curl_easy_setopt(
+      c, CURLOPT_CONNECTTIMEOUT_MS,
+      static_cast<long>(absl::ToInt64Milliseconds(options.connect_timeout)));
+  curl_easy_setopt(
+      c, CURLOPT_TIMEOUT_MS,
+      static_cast<long>(absl::ToInt64Milliseconds(options.total_timeout)));
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+  curl_easy_setopt(
+      c, CURLOPT_LOW_SPEED_TIME,
+      static_cast<long>(absl::ToInt64Seconds(options.stall_timeout)));
+  curl_easy_setopt(c, CURLOPT_USERAGENT, "ember-hub/1");
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnData);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, out.get());
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, progress.draw ? 0L : 1L);
+  curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, OnProgress);
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, &progress);
+
+  CURLcode rc = curl_easy_perform(c);
+  if (progress.draw) std::fputc('\n', stderr);
+  bool flushed = std::fflush(out.get()) == 0;
+  std::string what = absl::StrCat("downloading ", url, ": ");
+  if (rc == CURLE_UNSUPPORTED_PROTOCOL) {
+    return {absl::PermissionDeniedError(
+                absl::StrCat(what, "refused a redirect to a non-https URL (",
+                             error, "); only https redirects are followed")),
+            false};
+  }
+  if (rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CACERT_BADFILE) {
+    return {absl::UnavailableError(absl::StrCat(
+                what, "TLS verification failed: ", error, " (set ",
+                kCaBundleEnv, " to a PEM bundle that trusts this server)")),
+            false};
+  }
+  if (rc != CURLE_OK) {
+    bool transient = rc == CURLE_COULDNT_CONNECT ||
+                     rc == CURLE_OPERATION_TIMEDOUT ||
+                     rc == CURLE_PARTIAL_FILE || rc == CURLE_RECV_ERROR ||
+                     rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING ||
+                     rc == CURLE_COULDNT_RESOLVE_HOST;
+    return {absl::UnavailableError(
+                absl::StrCat(what, curl_easy_strerror(rc), ": ", error)),
+            transient};
+  }
+  long code = 0;
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
+  if (code == 404)
+    return {absl::NotFoundError(absl::StrCat(what, "HTTP 404 (not found)")),
+            false};
+  if (code >= 400) {
+    return {absl::UnavailableError(absl::StrCat(what, "HTTP ", code)),
+            code >= 500 || code == 429};
+  }
+  if (!flushed)
+    return {absl::InternalError(
+                absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno))),
+            false};
+  return {absl::OkStatus(), false};
+}
+
+}  // namespace
+
+absl::Status DownloadUrlToFile(const std::string& url, const std::string& dest,
+                               const DownloadOptions& options) {
+  GlobalInitOnce();
+  std::string ca_bundle = options.ca_bundle;
+  if (const char* env = std::getenv(kCaBundleEnv);
+      ca_bundle.empty() && env != nullptr)
+    ca_bundle = env;
+  absl::BitGen gen;
+  std::string tmp =
+      absl::StrCat(dest, ".partial-", absl::Uniform<uint64_t>(gen));
+  Attempt attempt;
+  absl::Duration backoff = options.initial_backoff;
+  for (int i = 1; i <= std::max(1, options.max_attempts); ++i) {
+    attempt = TryOnce(url, tmp, options, ca_bundle);
+    if (attempt.status.ok() || !attempt.retry || i == options.max_attempts)
+      break;
+    absl::SleepFor(backoff);
+    backoff *= 2;
+  }
+  if (!attempt.status.ok()) {
+    std::remove(tmp.c_str());
+    if (attempt.retry) {
+      return absl::Status(attempt.status.code(),
+                          absl::StrCat(attempt.status.message(), " (after ",
+                                       options.max_attempts, " attempts)"));
+    }
+    return attempt.status;
+  }
+  if (!options.hash_prefix.empty()) {
+    absl::StatusOr<std::string> digest = Sha256OfFile(tmp);
+    if (!digest.ok() || !absl::StartsWith(*digest, options.hash_prefix)) {
+      std::remove(tmp.c_str());
+      if (!digest.ok()) return digest.status();
+      return absl::DataLossError(absl::StrCat(
+          "invalid hash value for ", url,
+          ": expected the SHA-256 to start with '", options.hash_prefix,
+          "', got '", *digest, "'; the download was discarded"));
+    }
+  }
+  if (std::rename(tmp.c_str(), dest.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    return absl::InternalError(absl::StrCat("cannot move download into ", dest,
+                                            ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ember::hub

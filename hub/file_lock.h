@@ -1,0 +1,46 @@
+// FileLock: an exclusive advisory lock (flock) on a lock file, so that
+// concurrent loaders (e.g. the ranks of a DDP job sharing one hub directory)
+// fetch a repository or a checkpoint once instead of racing.
+//
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::FileLock lock,
+//                          ember::hub::FileLock::Acquire(dir + "/x.lock",
+//                          absl::Minutes(10)));
+//   ...   // exclusive until `lock` is destroyed
+//
+// The kernel drops the lock when its holder exits, so a crashed loader never
+// leaves a stale lock behind; the file itself stays (it is empty).
+//
+// Thread-safety: a FileLock is move-only; distinct FileLock objects on the
+// same path exclude each other across threads and processes.
+#ifndef EMBER_HUB_FILE_LOCK_H_
+#define EMBER_HUB_FILE_LOCK_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace ember::hub {
+
+class FileLock {
+ public:
+  // Blocks until the lock on `path` (created if missing) is held, polling,
+  // for at most `timeout`. Errors: DeadlineExceeded naming the path after
+  // `timeout`; Internal when the file cannot be opened.
+  static absl::StatusOr<FileLock> Acquire(const std::string& path,
+                                          absl::Duration timeout);
+
+  FileLock(FileLock&& other) noexcept;
+  FileLock& operator=(FileLock&& other) noexcept;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock();  // releases the lock
+
+ private:
+  explicit FileLock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_FILE_LOCK_H_

@@ -1,0 +1,73 @@
+// The hub: list, document and load the entry points a repository publishes,
+// as torch.hub.list / help / load.
+//
+//   ember::hub::HubOptions opts;                       // GitHub, cached,
+//   offline once fetched EMBER_ASSIGN_OR_RETURN(std::vector<std::string> names,
+//   ember::hub::List("alice/models", opts)); EMBER_ASSIGN_OR_RETURN(std::string
+//   doc, ember::hub::Help("alice/models", "resnet18", opts));
+//
+// A repository is "owner/repo[:ref]" fetched into the hub directory
+// (repo_cache.h), or, with source = kLocal, a directory on disk used as is
+// (torch.hub's source='local'). Either way its root holds hubconf.textproto
+// (hubconf.h). Loading models (Load) lives in hub/load.h, which needs nn/.
+//
+// Errors: everything here reads the network, files or a published config, so
+// failures are absl::Status (see hub/README.md for the codes).
+//
+// Thread-safety: safe from any thread and any process (fetches are locked).
+#ifndef EMBER_HUB_HUB_H_
+#define EMBER_HUB_HUB_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "hub/hubconf.h"
+#include "hub/repo_cache.h"
+
+namespace ember::hub {
+
+enum class Source {
+  kGithub,  // "owner/repo[:ref]", fetched from the base URL into the cache
+  kLocal,   // a directory holding hubconf.textproto
+};
+
+struct HubOptions {
+  Source source = Source::kGithub;
+  // Fetch the repository again even when cached (kGithub only).
+  bool force_reload = false;
+  // Where kGithub repositories come from; empty: $EMBER_HUB_BASE_URL or GitHub.
+  std::string base_url;
+  // Timeouts, retries, CA bundle and progress bar for every download.
+  DownloadOptions download;
+};
+
+// A repository resolved to a folder on disk, with its parsed hubconf.
+struct Repository {
+  std::string dir;
+  HubConf conf;
+};
+
+// Fetches (or finds) `repo` and reads its hubconf. Blocks on the network when
+// the repository is not cached. Errors: those of ParseRepoRef, FetchRepo and
+// ReadHubConf; NotFound for a kLocal directory that does not exist.
+absl::StatusOr<Repository> OpenRepository(const std::string& repo,
+                                          const HubOptions& options = {});
+
+// The names of the entry points `repo` publishes, in file order.
+absl::StatusOr<std::vector<std::string>> List(const std::string& repo,
+                                              const HubOptions& options = {});
+
+// The doc of entry point `entry`. Errors: NotFound listing the entry points
+// that exist.
+absl::StatusOr<std::string> Help(const std::string& repo,
+                                 const std::string& entry,
+                                 const HubOptions& options = {});
+
+// The entry point `entry` of `conf`; NotFound listing those that exist.
+absl::StatusOr<const EntryPoint*> GetEntryPoint(const Repository& repo,
+                                                const std::string& entry);
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_HUB_H_

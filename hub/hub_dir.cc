@@ -1,0 +1,70 @@
+#include "hub/hub_dir.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace ember::hub {
+namespace {
+
+absl::Mutex dir_mu;
+std::string& DirSetByUser() ABSL_EXCLUSIVE_LOCKS_REQUIRED(dir_mu) {
+  static auto* dir = new std::string();
+  return *dir;
+}
+
+}  // namespace
+
+void SetDir(std::string dir) {
+  absl::MutexLock lock(&dir_mu);
+  DirSetByUser() = std::move(dir);
+}
+
+absl::Status MakeDirs(const std::string& dir) {
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos != dir.size() && dir[pos] != '/') continue;
+    std::string prefix = dir.substr(0, pos);
+    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::InternalError(absl::StrCat(
+          "cannot create directory ", prefix, ": ", std::strerror(errno)));
+    }
+  }
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InternalError(
+        absl::StrCat(dir, " exists but is not a directory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GetDir() {
+  std::string dir;
+  {
+    absl::MutexLock lock(&dir_mu);
+    dir = DirSetByUser();
+  }
+  if (dir.empty()) {
+    if (const char* env = std::getenv(kHubDirEnv);
+        env != nullptr && *env != '\0')
+      dir = env;
+  }
+  if (dir.empty()) {
+    const char* home = std::getenv("HOME");
+    if (home == nullptr || *home == '\0') {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no hub directory: call SetDir(), set ", kHubDirEnv, " or set HOME"));
+    }
+    dir = absl::StrCat(home, "/.torch/hub");
+  }
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  return dir;
+}
+
+}  // namespace ember::hub

@@ -1,0 +1,139 @@
+#include "hub/hubconf.h"
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace ember::hub {
+namespace {
+
+// Keeps the first parse error with its position (protobuf would otherwise
+// print it to stderr).
+class FirstError : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (message_.empty())
+      message_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ",
+                              message);
+  }
+  void AddWarning(int, int, const std::string&) override {}
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string message_;
+};
+
+bool IsHex(absl::string_view s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return absl::ascii_isxdigit(c); });
+}
+
+absl::Status CheckWeights(const EntryPoint& e, absl::string_view source) {
+  if (!e.has_weights()) return absl::OkStatus();
+  const Weights& w = e.weights();
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": entry point '", e.name(), "': weights ", why));
+  };
+  if (w.file().empty() == w.url().empty()) {
+    return bad(
+        "need exactly one of `file` (a path in the repository) or `url`");
+  }
+  if (!w.sha256().empty() &&
+      (w.sha256().size() < 8 || w.sha256().size() > 64 || !IsHex(w.sha256()))) {
+    return bad(
+        absl::StrCat("sha256 '", w.sha256(), "' is not 8 to 64 hex digits"));
+  }
+  if (!w.url().empty() && w.sha256().empty()) {
+    return bad(
+        absl::StrCat("url '", w.url(),
+                     "' has no sha256; give the file's SHA-256 (sha256sum)"));
+  }
+  if (!w.file().empty() &&
+      (w.file().front() == '/' || w.file().find("..") != std::string::npos)) {
+    return bad(absl::StrCat("file '", w.file(),
+                            "' must be a relative path inside the repository"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HubConf> ParseHubConf(absl::string_view text,
+                                     absl::string_view source) {
+  HubConf conf;
+  FirstError errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &conf)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": not a valid hubconf (schema hub/hubconf.proto): ",
+        errors.message()));
+  }
+  std::set<std::string> names;
+  for (const EntryPoint& e : conf.entry_points()) {
+    if (e.name().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": an entry point has no name"));
+    }
+    if (!names.insert(e.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": entry point '", e.name(), "' is defined twice"));
+    }
+    if (e.builder().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": entry point '", e.name(),
+                       "' names no builder; set builder: \"<name>\""));
+    }
+    if (e.kwargs().contains("pretrained")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": entry point '", e.name(),
+                       "': `pretrained` is an argument of every entry point, "
+                       "not a builder kwarg"));
+    }
+    if (absl::Status s = CheckWeights(e, source); !s.ok()) return s;
+  }
+  return conf;
+}
+
+absl::StatusOr<HubConf> ReadHubConf(const std::string& repo_dir) {
+  std::string path = absl::StrCat(repo_dir, "/", kHubConfFile);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("no ", kHubConfFile, " in ", repo_dir,
+                     ": the repository publishes no entry points"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseHubConf(text.str(), path);
+}
+
+const EntryPoint* FindEntryPoint(const HubConf& conf, absl::string_view name) {
+  for (const EntryPoint& e : conf.entry_points()) {
+    if (e.name() == name) return &e;
+  }
+  return nullptr;
+}
+
+absl::Status CheckDependencies(const HubConf& conf,
+                               const std::vector<std::string>& available) {
+  std::vector<std::string> missing;
+  for (const std::string& d : conf.dependencies()) {
+    if (std::find(available.begin(), available.end(), d) == available.end())
+      missing.push_back(d);
+  }
+  if (missing.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "missing dependencies: ", absl::StrJoin(missing, ", "),
+      " (this loader provides: ", absl::StrJoin(available, ", "), ")"));
+}
+
+}  // namespace ember::hub

@@ -1,0 +1,50 @@
+// HubConf: what a repository publishes, read from its hubconf.textproto.
+//
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::HubConf conf,
+//                          ember::hub::ParseHubConf(text,
+//                          "alice/models/hubconf.textproto"));
+//   const ember::hub::EntryPoint* e = ember::hub::FindEntryPoint(conf, "mlp");
+//
+// The schema is hub/hubconf.proto. Parsing checks the file's own consistency
+// (unique entry names, a builder per entry, weights given as a file or as a
+// URL with its SHA-256); whether the builders exist is the loader's check
+// (CheckDependencies).
+//
+// Thread-safety: free functions on values; safe from any thread.
+#ifndef EMBER_HUB_HUBCONF_H_
+#define EMBER_HUB_HUBCONF_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "hub/hubconf.pb.h"
+
+namespace ember::hub {
+
+// The file a repository publishes at its root.
+inline constexpr char kHubConfFile[] = "hubconf.textproto";
+
+// Parses and validates hubconf text. `source` names the file in messages.
+// Errors: InvalidArgument naming the source, the line/column or the entry
+// and what to fix.
+absl::StatusOr<HubConf> ParseHubConf(absl::string_view text,
+                                     absl::string_view source);
+
+// Reads and parses <repo_dir>/hubconf.textproto. NotFound when the repository
+// publishes none.
+absl::StatusOr<HubConf> ReadHubConf(const std::string& repo_dir);
+
+// The entry point called `name`, or null.
+const EntryPoint* FindEntryPoint(const HubConf& conf, absl::string_view name);
+
+// FailedPrecondition listing every dependency of `conf` missing from
+// `available` (and what is available); OK when none is missing.
+absl::Status CheckDependencies(const HubConf& conf,
+                               const std::vector<std::string>& available);
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_HUBCONF_H_

@@ -1,0 +1,78 @@
+#include "hub/load.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "hub/checkpoint.h"
+#include "hub/load_state_dict_from_url.h"
+#include "hub/sha256.h"
+#include "tensor/status_macros.h"
+
+namespace ember::hub {
+namespace {
+
+Arg FromProto(const ArgValue& v) {
+  switch (v.kind_case()) {
+    case ArgValue::kIntValue:
+      return v.int_value();
+    case ArgValue::kFloatValue:
+      return v.float_value();
+    case ArgValue::kBoolValue:
+      return v.bool_value();
+    default:
+      return v.string_value();
+  }
+}
+
+absl::StatusOr<StateDict> PublishedWeights(const Repository& repo,
+                                           const EntryPoint& e,
+                                           const LoadOptions& options) {
+  const Weights& w = e.weights();
+  if (!w.url().empty()) {
+    LoadFromUrlOptions from_url;
+    from_url.sha256 = w.sha256();
+    from_url.progress = options.download.progress;
+    from_url.download = options.download;
+    return LoadStateDictFromUrl(w.url(), from_url);
+  }
+  const std::string path = absl::StrCat(repo.dir, "/", w.file());
+  if (!w.sha256().empty()) {
+    EMBER_ASSIGN_OR_RETURN(std::string digest, Sha256OfFile(path));
+    if (!absl::StartsWith(digest, w.sha256())) {
+      return absl::DataLossError(absl::StrCat(
+          "weights ", path, " have SHA-256 ", digest, ", not the published '",
+          w.sha256(), "'; reload the repository with force_reload"));
+    }
+  }
+  return LoadCheckpoint(path);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<nn::Module>> Load(const std::string& repo,
+                                                 const std::string& entry,
+                                                 const LoadOptions& options) {
+  EMBER_ASSIGN_OR_RETURN(Repository r, OpenRepository(repo, options));
+  EMBER_RETURN_IF_ERROR(CheckDependencies(r.conf, BuilderNames()));
+  EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, GetEntryPoint(r, entry));
+  Kwargs kwargs;
+  for (const auto& [name, value] : e->kwargs()) kwargs[name] = FromProto(value);
+  for (const auto& [name, value] : options.kwargs) kwargs[name] = value;
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> module,
+                         Build(e->builder(), kwargs));
+  if (!options.pretrained) return module;
+  if (!e->has_weights()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("entry point ", entry, " of ", repo,
+                     " publishes no weights; load it with pretrained = false"));
+  }
+  EMBER_ASSIGN_OR_RETURN(StateDict weights, PublishedWeights(r, *e, options));
+  absl::Status loaded = module->load_state_dict(weights);
+  if (!loaded.ok()) {
+    return absl::Status(loaded.code(),
+                        absl::StrCat("pretrained weights of ", repo, " ", entry,
+                                     ": ", loaded.message()));
+  }
+  return module;
+}
+
+}  // namespace ember::hub

@@ -1,0 +1,100 @@
+#include "hub/resnet.h"
+
+#include "nn/activation.h"
+#include "nn/pooling.h"
+
+namespace ember::hub {
+namespace {
+
+std::shared_ptr<nn::Conv2d> Conv(int64_t in, int64_t out, int64_t kernel,
+                                 int64_t stride, int64_t padding) {
+  return std::make_shared<nn::Conv2d>(
+      nn::Conv2dOptions{.in_channels = in,
+                        .out_channels = out,
+                        .kernel_size = {kernel, kernel},
+                        .stride = {stride, stride},
+                        .padding = {padding, padding},
+                        .bias = false});
+}
+
+std::shared_ptr<nn::Sequential> Stage(int64_t in_planes, int64_t planes,
+                                      int64_t stride) {
+  auto stage = std::make_shared<nn::Sequential>();
+  stage->push_back(std::make_shared<BasicBlock>(in_planes, planes, stride));
+  stage->push_back(std::make_shared<BasicBlock>(planes, planes, 1));
+  return stage;
+}
+
+}  // namespace
+
+BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride)
+    : in_planes_(in_planes), planes_(planes), stride_(stride) {
+  reset();
+}
+
+void BasicBlock::reset() {
+  conv1_ = register_module("conv1", Conv(in_planes_, planes_, 3, stride_, 1));
+  bn1_ = register_module("bn1", std::make_shared<nn::BatchNorm2d>(planes_));
+  conv2_ = register_module("conv2", Conv(planes_, planes_, 3, 1, 1));
+  bn2_ = register_module("bn2", std::make_shared<nn::BatchNorm2d>(planes_));
+  downsample_ = nullptr;
+  if (stride_ != 1 || in_planes_ != planes_) {
+    downsample_ = std::make_shared<nn::Sequential>();
+    downsample_->push_back(Conv(in_planes_, planes_, 1, stride_, 0));
+    downsample_->push_back(std::make_shared<nn::BatchNorm2d>(planes_));
+    register_module("downsample", downsample_);
+  }
+}
+
+Tensor BasicBlock::forward(const Tensor& x) {
+  Tensor out = (*bn1_)((*conv1_)(x)).relu();
+  out = (*bn2_)((*conv2_)(out));
+  Tensor identity = downsample_ ? (*downsample_)(x) : x;
+  return (out + identity).relu();
+}
+
+ResNet18::ResNet18(ResNetOptions options) : options_(options) { reset(); }
+
+void ResNet18::reset() {
+  const int64_t w = options_.width;
+  conv1_ = Conv(options_.in_channels, w, 7, 2, 3);
+  bn1_ = std::make_shared<nn::BatchNorm2d>(w);
+  layer1_ = Stage(w, w, 1);
+  layer2_ = Stage(w, 2 * w, 2);
+  layer3_ = Stage(2 * w, 4 * w, 2);
+  layer4_ = Stage(4 * w, 8 * w, 2);
+  fc_ = std::make_shared<nn::Linear>(8 * w, options_.num_classes);
+  RegisterAll();
+}
+
+void ResNet18::RegisterAll() {
+  register_module("conv1", conv1_);
+  register_module("bn1", bn1_);
+  register_module("layer1", layer1_);
+  register_module("layer2", layer2_);
+  register_module("layer3", layer3_);
+  register_module("layer4", layer4_);
+  register_module("fc", fc_);
+}
+
+Tensor ResNet18::forward(const Tensor& x) {
+  Tensor out = (*bn1_)((*conv1_)(x)).relu();
+  out = nn::functional::max_pool2d(
+      out, nn::MaxPool2dOptions{
+               .kernel_size = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});
+  out = (*layer4_)((*layer3_)((*layer2_)((*layer1_)(out))));
+  out = nn::functional::adaptive_avg_pool2d(out, {1, 1}).flatten(1);
+  return (*fc_)(out);
+}
+
+std::shared_ptr<ResNet18> ResNet18::WithNewHead(
+    std::shared_ptr<nn::Linear> fc) const {
+  // The copy constructor copies flags and hooks but registers nothing; the
+  // trunk's modules are then shared, not copied.
+  std::shared_ptr<ResNet18> out(new ResNet18(*this));
+  out->fc_ = std::move(fc);
+  out->RegisterAll();
+  return out;
+}
+
+}  // namespace ember::hub

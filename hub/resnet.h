@@ -1,0 +1,78 @@
+// ResNet-18 (He et al., 2015) with torchvision's layout and parameter names
+// (conv1, bn1, layer1.0.conv1, ..., layer2.0.downsample.0, ..., fc), so
+// torchvision's resnet18 state_dict loads into it.
+//
+//   auto net =
+//   std::make_shared<ember::hub::ResNet18>(ember::hub::ResNetOptions{.num_classes
+//   = 10}); ember::Tensor logits = (*net)(images);            // [N, 3, H, W]
+//   -> [N, 10]
+//   // Transfer learning: keep the trunk, put a new classifier on top.
+//   auto tuned = net->WithNewHead(std::make_shared<ember::nn::Linear>(512, 2));
+//
+// `width` scales every stage (64, 128, 256, 512 at width 64, torchvision's);
+// smaller widths make small test models with the same structure.
+//
+// Errors: as nn layers (ember::Error for bad shapes). Thread-safety: as
+// Module (nn/module.h).
+#ifndef EMBER_HUB_RESNET_H_
+#define EMBER_HUB_RESNET_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "nn/container.h"
+#include "nn/conv.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+#include "nn/normalization.h"
+
+namespace ember::hub {
+
+struct ResNetOptions {
+  int64_t num_classes = 1000;
+  int64_t width = 64;
+  int64_t in_channels = 3;
+};
+
+// Two 3x3 convolutions with a shortcut; `downsample` (1x1 conv + BN) when the
+// shape changes.
+class BasicBlock : public nn::Cloneable<BasicBlock> {
+ public:
+  BasicBlock(int64_t in_planes, int64_t planes, int64_t stride);
+  void reset() override;
+  Tensor forward(const Tensor& input) override;
+  std::string name() const override { return "BasicBlock"; }
+
+ private:
+  int64_t in_planes_, planes_, stride_;
+  std::shared_ptr<nn::Conv2d> conv1_, conv2_;
+  std::shared_ptr<nn::BatchNorm2d> bn1_, bn2_;
+  std::shared_ptr<nn::Sequential> downsample_;
+};
+
+class ResNet18 : public nn::Cloneable<ResNet18> {
+ public:
+  explicit ResNet18(ResNetOptions options = {});
+  void reset() override;
+  Tensor forward(const Tensor& input) override;
+  std::string name() const override { return "ResNet"; }
+
+  // The classifier (torchvision's `fc`).
+  const std::shared_ptr<nn::Linear>& fc() const { return fc_; }
+  // A ResNet sharing this one's trunk (the same modules, not copies) with
+  // `fc` as its classifier: torch's `model.fc = nn.Linear(...)`.
+  std::shared_ptr<ResNet18> WithNewHead(std::shared_ptr<nn::Linear> fc) const;
+
+ private:
+  void RegisterAll();
+
+  ResNetOptions options_;
+  std::shared_ptr<nn::Conv2d> conv1_;
+  std::shared_ptr<nn::BatchNorm2d> bn1_;
+  std::shared_ptr<nn::Sequential> layer1_, layer2_, layer3_, layer4_;
+  std::shared_ptr<nn::Linear> fc_;
+};
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_RESNET_H_

@@ -1,0 +1,38 @@
+// The safetensors format: an 8-byte little-endian header length, a JSON
+// header mapping each tensor name to {"dtype", "shape", "data_offsets"} (plus
+// an optional "__metadata__" of strings), then the tensors' bytes.
+//
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
+//                          ember::hub::ReadSafetensors(bytes,
+//                          "model.safetensors"));
+//   EMBER_ASSIGN_OR_RETURN(std::string file, ember::hub::WriteSafetensors(sd));
+//
+// Reading checks what the format's specification requires: the header is
+// valid JSON within the file, each byte range matches its dtype and shape,
+// and the ranges cover the data exactly, without overlap or holes. Tensors
+// come back in file order (their data offsets).
+//
+// Thread-safety: free functions; safe from any thread.
+#ifndef EMBER_HUB_SAFETENSORS_H_
+#define EMBER_HUB_SAFETENSORS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "hub/state_dict.h"
+
+namespace ember::hub {
+
+// Parses safetensors `bytes`; `source` names the file in errors. Errors:
+// InvalidArgument naming the tensor or header problem.
+absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes,
+                                          absl::string_view source);
+
+// The safetensors bytes of `state_dict`, in its order. Errors:
+// InvalidArgument for a tensor not on the CPU or a duplicate name.
+absl::StatusOr<std::string> WriteSafetensors(const StateDict& state_dict);
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_SAFETENSORS_H_

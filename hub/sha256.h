@@ -1,0 +1,26 @@
+// SHA-256 digests (OpenSSL's libcrypto), as lowercase hex.
+//
+//   EMBER_ASSIGN_OR_RETURN(std::string hex, ember::hub::Sha256OfFile(path));
+//   ember::hub::Sha256Hex("abc");   // "ba7816bf..."
+//
+// Thread-safety: safe from any thread.
+#ifndef EMBER_HUB_SHA256_H_
+#define EMBER_HUB_SHA256_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ember::hub {
+
+// The digest of `bytes`: 64 lowercase hex digits.
+std::string Sha256Hex(absl::string_view bytes);
+
+// The digest of the file at `path`, read in chunks. Errors: NotFound /
+// Internal naming the path.
+absl::StatusOr<std::string> Sha256OfFile(const std::string& path);
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_SHA256_H_

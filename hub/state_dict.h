@@ -1,0 +1,25 @@
+// StateDict: a model's named tensors in order, what torch's state_dict()
+// returns and what checkpoints hold.
+//
+//   ember::hub::StateDict sd = {{"fc.weight", w}, {"fc.bias", b}};
+//   EMBER_RETURN_IF_ERROR(ember::hub::SaveCheckpoint(sd, "/tmp/fc.pt"));   //
+//   checkpoint.h
+//
+// An ordered list rather than a map: the order is the module's registration
+// order and survives a round trip through either file format.
+#ifndef EMBER_HUB_STATE_DICT_H_
+#define EMBER_HUB_STATE_DICT_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace ember::hub {
+
+using StateDict = std::vector<std::pair<std::string, Tensor>>;
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_STATE_DICT_H_

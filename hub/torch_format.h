@@ -1,0 +1,45 @@
+// PyTorch's torch.save format for state_dicts: a zip holding
+// <archive>/data.pkl (the pickled OrderedDict), <archive>/data/<key> (one
+// record of raw little-endian bytes per storage) and <archive>/version.
+//
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
+//                          ember::hub::ReadTorchCheckpoint(bytes,
+//                          "resnet18.pth"));
+//   EMBER_ASSIGN_OR_RETURN(std::string file,
+//   ember::hub::WriteTorchCheckpoint(sd));
+//
+// Reading never executes anything: data.pkl runs on a restricted unpickler
+// (Note [Restricted unpickler] in pickle.cc) and every tensor is checked
+// against its storage record. Tensors that share a storage in the file share
+// one Storage after loading, as in PyTorch. What Ember writes,
+// torch.load(path, weights_only=True) reads (checked against python3-torch by
+// torch_format_test).
+//
+// Thread-safety: free functions; safe from any thread.
+#ifndef EMBER_HUB_TORCH_FORMAT_H_
+#define EMBER_HUB_TORCH_FORMAT_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "hub/state_dict.h"
+
+namespace ember::hub {
+
+// Parses a torch.save file held in `bytes`; `source` names it in errors.
+// Errors: InvalidArgument (not a checkpoint zip, truncated, malformed pickle,
+// geometry outside its storage, storage record of the wrong size);
+// PermissionDenied (a global, callable or opcode a state_dict does not need);
+// DataLoss (a record's CRC does not match).
+absl::StatusOr<StateDict> ReadTorchCheckpoint(std::string bytes,
+                                              absl::string_view source);
+
+// The torch.save bytes of `state_dict`, each tensor saved contiguous in its
+// own storage. Errors: InvalidArgument for a tensor that is not on the CPU or
+// a duplicate name; OutOfRange above 4 GiB (zip64 is not written).
+absl::StatusOr<std::string> WriteTorchCheckpoint(const StateDict& state_dict);
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_TORCH_FORMAT_H_
