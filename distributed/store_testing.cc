@@ -65,7 +65,7 @@ TEST_P(StoreConformanceTest, WaitNamesOnlyTheMissingKeys) {
   ASSERT_TRUE(store->Set("present", "1").ok());
   absl::Status status = store->Wait({"present", "absent1", "absent2"}, kShort);
   ASSERT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(status.message(), AllOf(HasSubstr("[absent1, absent2]"), Not(HasSubstr("present"))));
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("absent1"), HasSubstr("absent2"), Not(HasSubstr("present"))));
   EXPECT_TRUE(store->Wait({"present"}, kShort).ok());
   EXPECT_TRUE(store->Wait({}, kShort).ok());
 }

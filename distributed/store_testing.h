@@ -13,6 +13,7 @@
 
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "distributed/store.h"
@@ -33,6 +34,8 @@ struct StoreImpl {
   std::string name;
   std::function<std::unique_ptr<StoreHarness>()> make;
 };
+
+inline void PrintTo(const StoreImpl& impl, std::ostream* os) { *os << impl.name; }
 
 inline std::string StoreImplName(const ::testing::TestParamInfo<StoreImpl>& info) { return info.param.name; }
 
