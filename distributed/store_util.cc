@@ -23,7 +23,8 @@ absl::StatusOr<int64_t> ParseCounter(std::string_view key, std::string_view valu
 
 absl::Status MissingKeysError(std::string_view store, absl::Span<const std::string> missing,
                               absl::Duration timeout) {
-  return absl::DeadlineExceededError(absl::StrCat(std::string(store), ": timed out after ", absl::FormatDuration(timeout),
+  std::string who = store.empty() ? "" : std::string(store) + ": ";
+  return absl::DeadlineExceededError(absl::StrCat(who, "timed out after ", absl::FormatDuration(timeout),
                                                   " waiting for keys [", absl::StrJoin(missing, ", "), "]"));
 }
 

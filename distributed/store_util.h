@@ -23,7 +23,8 @@ absl::Status CheckKey(std::string_view key);
 absl::StatusOr<int64_t> ParseCounter(std::string_view key, std::string_view value);
 
 // kDeadlineExceeded: "<store>: timed out after <timeout> waiting for keys
-// [a, b]". `store` names the store (e.g. "FileStore /tmp/x").
+// [a, b]". `store` names the store (e.g. "FileStore /tmp/x"); empty leaves
+// the prefix out.
 absl::Status MissingKeysError(std::string_view store, absl::Span<const std::string> missing,
                               absl::Duration timeout);
 
