@@ -15,6 +15,8 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   libgloo-dev libopenblas-dev libcurl4-openssl-dev libarchive-dev
   libopenmpi-dev libssl-dev
+  # `ip netns` for the two-host test of tools/launch (multihost_test).
+  iproute2
 )
 CUDA=/usr/local/cuda
 
