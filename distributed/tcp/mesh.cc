@@ -1,0 +1,449 @@
+#include "distributed/tcp/mesh.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "distributed/tcp/shm_channel.h"
+
+namespace ember::distributed::tcp {
+namespace {
+
+constexpr uint32_t kMagic = 0x454d4231;  // "EMB1"
+constexpr size_t kHeaderBytes = 32;
+constexpr size_t kAlign = 32;  // messages are padded to this (Note [Message matching])
+constexpr size_t kSmallMessage = 8192;
+constexpr absl::Duration kReadSlice = absl::Milliseconds(100);
+
+struct WireHeader {
+  uint32_t magic;
+  uint8_t kind;
+  uint8_t op;
+  uint16_t reserved;
+  int32_t step;
+  int32_t reserved2;
+  int64_t tag;
+  uint64_t nbytes;
+};
+static_assert(sizeof(WireHeader) == kHeaderBytes);
+
+size_t Padding(size_t nbytes) { return (kAlign - nbytes % kAlign) % kAlign; }
+
+std::string KeyText(const MessageKey& key) {
+  switch (key.kind) {
+    case MessageKind::kP2P: return absl::StrCat("tag ", key.tag);
+    case MessageKind::kCollective: return absl::StrCat("collective #", key.tag, " step ", key.step);
+    case MessageKind::kPoison: return "poison";
+  }
+  return "?";
+}
+
+}  // namespace
+
+// A message that arrived before its receive was posted.
+struct Mesh::Unexpected {
+  int src;
+  MessageKey key;
+  uint8_t op;
+  std::string data;
+  bool complete = false;                  // guarded by Mesh::mu_
+  std::shared_ptr<PendingRecv> claimer;  // guarded by Mesh::mu_
+};
+
+bool PendingRecv::finished() {
+  absl::MutexLock lock(&mu_);
+  return signalled_;
+}
+
+absl::Status PendingRecv::status() {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+int PendingRecv::source() {
+  absl::MutexLock lock(&mu_);
+  return source_;
+}
+
+Mesh::Mesh(int rank, std::vector<std::unique_ptr<Channel>> channels, std::vector<PeerInfo> peers,
+           std::function<std::string(uint8_t)> op_names)
+    : rank_(rank),
+      channels_(std::move(channels)),
+      peers_(std::move(peers)),
+      op_names_(std::move(op_names)) {
+  for (size_t i = 0; i < channels_.size(); ++i) send_mu_.push_back(std::make_unique<absl::Mutex>());
+  for (int peer = 0; peer < size(); ++peer) {
+    if (channels_[peer]) readers_.emplace_back([this, peer] { ReadLoop(peer); });
+  }
+}
+
+Mesh::~Mesh() {
+  stopping_.store(true);
+  for (auto& channel : channels_) {
+    if (channel) channel->Interrupt();
+  }
+  for (std::thread& t : readers_) t.join();
+  Abort(absl::AbortedError("the process group was destroyed"));
+}
+
+std::string Mesh::DescribePeer(int rank) const {
+  if (rank < 0 || rank >= static_cast<int>(peers_.size())) return "any rank";
+  const PeerInfo& p = peers_[rank];
+  if (p.same_host && p.pid > 0 && p.pid != getpid()) {
+    return absl::StrCat("rank ", rank, " (pid ", p.pid, " on this host, ", ProcessState(p.pid),
+                        ")");
+  }
+  if (p.same_host) return absl::StrCat("rank ", rank);
+  return absl::StrCat("rank ", rank, " (", p.address, ")");
+}
+
+absl::Status Mesh::Send(int dst, MessageKey key, uint8_t op, absl::Span<const char> payload,
+                        absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;
+    auto it = failed_peers_.find(dst);
+    if (it != failed_peers_.end()) return it->second;
+  }
+  WireHeader h{kMagic, static_cast<uint8_t>(key.kind), op, 0, key.step, 0, key.tag,
+               payload.size()};
+  const size_t pad = Padding(payload.size());
+  Channel& channel = *channels_[dst];
+  absl::MutexLock lock(send_mu_[dst].get());
+  if (payload.size() <= kSmallMessage) {
+    char buf[kHeaderBytes + kSmallMessage + kAlign];
+    std::memcpy(buf, &h, kHeaderBytes);
+    if (!payload.empty()) std::memcpy(buf + kHeaderBytes, payload.data(), payload.size());
+    std::memset(buf + kHeaderBytes + payload.size(), 0, pad);
+    return channel.Write(buf, kHeaderBytes + payload.size() + pad, deadline);
+  }
+  static const char kZeros[kAlign] = {};
+  absl::Status s = channel.Write(&h, kHeaderBytes, deadline);
+  if (s.ok()) s = channel.Write(payload.data(), payload.size(), deadline);
+  if (s.ok()) s = channel.Write(kZeros, pad, deadline);
+  return s;
+}
+
+absl::Status Mesh::PostError(int src, const MessageKey& key) const {
+  if (!aborted_.ok()) return aborted_;
+  if (src != kFromAnyRank) {
+    auto it = failed_peers_.find(src);
+    if (it != failed_peers_.end()) return it->second;
+  }
+  if (key.kind == MessageKind::kCollective) {
+    if (!failed_peers_.empty()) return failed_peers_.begin()->second;
+    auto it = poisoned_.find(key.tag);
+    if (it != poisoned_.end()) return it->second;
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<PendingRecv> Mesh::Post(int src, MessageKey key, uint8_t op, size_t nbytes,
+                                        Sink sink, RecvDone done) {
+  auto recv = std::make_shared<PendingRecv>(src, key, op, nbytes, std::move(sink),
+                                            std::move(done));
+  std::shared_ptr<Unexpected> ready;
+  absl::Status error;
+  {
+    absl::MutexLock lock(&mu_);
+    error = PostError(src, key);
+    if (error.ok()) {
+      auto it = std::find_if(unexpected_.begin(), unexpected_.end(), [&](const auto& u) {
+        return (src == kFromAnyRank || u->src == src) && u->key == key;
+      });
+      if (it == unexpected_.end()) {
+        posted_.push_back(recv);
+      } else {
+        std::shared_ptr<Unexpected> u = *it;
+        unexpected_.erase(it);
+        if (u->complete) {
+          ready = std::move(u);
+        } else {
+          u->claimer = recv;  // the reader delivers it when complete
+        }
+      }
+    }
+  }
+  if (!error.ok()) {
+    Finish(recv, error, -1);
+  } else if (ready) {
+    absl::Status match = CheckMatch(*recv, ready->src, ready->op, ready->data.size());
+    if (match.ok()) {
+      absl::MutexLock lock(&recv->mu_);
+      if (!recv->claimed_ && !ready->data.empty()) recv->sink_(0, ready->data.data(), ready->data.size());
+    }
+    Finish(recv, match, ready->src);
+  }
+  return recv;
+}
+
+absl::Status Mesh::CheckMatch(const PendingRecv& recv, int peer, uint8_t op,
+                              size_t nbytes) const {
+  if (recv.op_ != kAnyOp && op != recv.op_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mismatched collectives: rank ", peer, " ran ", op_names_(op), " as ", KeyText(recv.key_),
+        " while this rank (", rank_, ") ran ", op_names_(recv.op_),
+        "; every rank must call the same collectives in the same order"));
+  }
+  if (nbytes != recv.nbytes_) {
+    if (recv.key_.kind == MessageKind::kP2P) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "recv: rank ", peer, " sent ", nbytes, " bytes with ", KeyText(recv.key_),
+          " but the receiving tensor holds ", recv.nbytes_, " bytes; sizes must match"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mismatched collective: rank ", peer, " sent ", nbytes, " bytes for ", op_names_(op), " (",
+        KeyText(recv.key_), ") but this rank (", rank_, ") expected ", recv.nbytes_,
+        "; every rank must pass tensors of the same size and dtype"));
+  }
+  return absl::OkStatus();
+}
+
+void Mesh::Finish(const std::shared_ptr<PendingRecv>& recv, const absl::Status& status,
+                  int src) {
+  {
+    absl::MutexLock lock(&recv->mu_);
+    if (recv->claimed_) return;
+    recv->claimed_ = true;
+  }
+  if (recv->done_) recv->done_(status, src);
+  absl::MutexLock lock(&recv->mu_);
+  recv->status_ = status;
+  recv->source_ = src;
+  recv->signalled_ = true;
+}
+
+void Mesh::Cancel(const std::shared_ptr<PendingRecv>& recv, const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    posted_.remove(recv);
+  }
+  Finish(recv, status, -1);
+}
+
+absl::Status Mesh::Wait(const std::shared_ptr<PendingRecv>& recv, absl::Time deadline,
+                        const std::string& what) {
+  {
+    absl::MutexLock lock(&recv->mu_);
+    auto signalled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv->mu_) { return recv->signalled_; };
+    if (recv->mu_.AwaitWithDeadline(absl::Condition(&signalled), deadline)) {
+      return WithContext(recv->status_, what);
+    }
+  }
+  Cancel(recv, absl::DeadlineExceededError(
+                   absl::StrCat(what, ": timed out waiting for ", DescribePeer(recv->src_), " (",
+                                KeyText(recv->key_), ")")));
+  absl::MutexLock lock(&recv->mu_);
+  auto signalled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv->mu_) { return recv->signalled_; };
+  recv->mu_.Await(absl::Condition(&signalled));
+  return recv->status_;
+}
+
+absl::Status Mesh::WithContext(const absl::Status& status, const std::string& what) {
+  if (status.ok() || absl::StartsWith(status.message(), what)) return status;
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
+void Mesh::Poison(int64_t seq, const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok() || poisoned_.count(seq)) return;  // nothing to tell, or told already
+    poisoned_.emplace(seq, reason);
+  }
+  const std::string text = absl::StrCat("rank ", rank_, " failed this collective: ",
+                                        reason.message());
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(200);
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank_) continue;
+    (void)Send(peer, {MessageKind::kPoison, seq, 0}, kAnyOp,
+               absl::Span<const char>(text.data(), text.size()), deadline);
+  }
+}
+
+void Mesh::Abort(const absl::Status& status) {
+  std::list<std::shared_ptr<PendingRecv>> posted;
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.ok()) aborted_ = status;
+    posted.swap(posted_);
+    for (auto& u : unexpected_) {
+      if (u->claimer) posted.push_back(u->claimer);
+    }
+  }
+  for (auto& channel : channels_) {
+    if (channel) channel->Interrupt();
+  }
+  for (auto& recv : posted) Finish(recv, status, -1);
+}
+
+void Mesh::FailPeer(int peer, const absl::Status& status) {
+  const absl::Status error(status.code(),
+                           absl::StrCat("lost ", DescribePeer(peer), ": ", status.message()));
+  std::vector<std::shared_ptr<PendingRecv>> failed;
+  {
+    absl::MutexLock lock(&mu_);
+    failed_peers_.emplace(peer, error);
+    for (auto it = posted_.begin(); it != posted_.end();) {
+      if ((*it)->src_ == peer || (*it)->key_.kind == MessageKind::kCollective) {
+        failed.push_back(*it);
+        it = posted_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& recv : failed) Finish(recv, error, peer);
+}
+
+void Mesh::ReadLoop(int peer) {
+  Channel& channel = *channels_[peer];
+  while (!stopping_.load()) {
+    absl::Status s = ReadMessage(peer, channel);
+    if (!s.ok()) {
+      if (!stopping_.load()) FailPeer(peer, s);
+      return;
+    }
+  }
+}
+
+absl::Status Mesh::StreamPayload(Channel& channel, size_t nbytes, const Sink& sink) {
+  size_t offset = 0;
+  while (offset < nbytes) {
+    const size_t left = nbytes - offset;
+    auto span = channel.Peek(std::min<size_t>(8, left), kReadSlice);
+    if (!span.ok()) return span.status();
+    if (span->empty()) {
+      if (stopping_.load()) return absl::AbortedError("the process group was destroyed");
+      continue;
+    }
+    size_t n = std::min(span->size(), left);
+    if (n < left) n -= n % 8;
+    sink(offset, span->data(), n);
+    channel.Consume(n);
+    offset += n;
+  }
+  size_t pad = Padding(nbytes);
+  while (pad > 0) {
+    auto span = channel.Peek(pad, kReadSlice);
+    if (!span.ok()) return span.status();
+    if (span->size() >= pad) {
+      channel.Consume(pad);
+      pad = 0;
+    } else if (stopping_.load()) {
+      return absl::AbortedError("the process group was destroyed");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
+  auto span = channel.Peek(kHeaderBytes, kReadSlice);
+  if (!span.ok()) return span.status();
+  if (span->size() < kHeaderBytes) return absl::OkStatus();  // idle
+  WireHeader h;
+  std::memcpy(&h, span->data(), kHeaderBytes);
+  channel.Consume(kHeaderBytes);
+  if (h.magic != kMagic || h.kind < 1 || h.kind > 3) {
+    return absl::DataLossError(absl::StrCat("garbled message header (", channel.Describe(), ")"));
+  }
+  const MessageKey key{static_cast<MessageKind>(h.kind), h.tag, h.step};
+
+  if (key.kind == MessageKind::kPoison) {
+    std::string text(h.nbytes, '\0');
+    absl::Status s = StreamPayload(channel, h.nbytes, [&](size_t off, const char* d, size_t n) {
+      std::memcpy(text.data() + off, d, n);
+    });
+    if (!s.ok()) return s;
+    const absl::Status reason = absl::FailedPreconditionError(text);
+    std::vector<std::shared_ptr<PendingRecv>> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      poisoned_.emplace(h.tag, reason);
+      for (auto it = posted_.begin(); it != posted_.end();) {
+        if ((*it)->key_.kind == MessageKind::kCollective && (*it)->key_.tag == h.tag) {
+          failed.push_back(*it);
+          it = posted_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      unexpected_.remove_if([&](const auto& u) {
+        return u->key.kind == MessageKind::kCollective && u->key.tag == h.tag;
+      });
+    }
+    for (auto& recv : failed) Finish(recv, reason, peer);
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<PendingRecv> target;
+  std::shared_ptr<Unexpected> stash;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = std::find_if(posted_.begin(), posted_.end(), [&](const auto& r) {
+      return (r->src_ == kFromAnyRank || r->src_ == peer) && r->key_ == key;
+    });
+    if (it != posted_.end()) {
+      target = *it;
+      posted_.erase(it);
+    } else if (!(key.kind == MessageKind::kCollective && poisoned_.count(key.tag))) {
+      stash = std::make_shared<Unexpected>();
+      stash->src = peer;
+      stash->key = key;
+      stash->op = h.op;
+      unexpected_.push_back(stash);
+    }
+  }
+
+  absl::Status stream;
+  if (target) {
+    absl::Status match = CheckMatch(*target, peer, h.op, h.nbytes);
+    if (!match.ok()) Finish(target, match, peer);
+    PendingRecv* r = target.get();
+    stream = StreamPayload(channel, h.nbytes, [r](size_t off, const char* d, size_t n) {
+      absl::MutexLock lock(&r->mu_);
+      if (!r->claimed_) r->sink_(off, d, n);
+    });
+    if (!stream.ok()) {
+      Finish(target, absl::Status(stream.code(), absl::StrCat(DescribePeer(peer), ": ",
+                                                              stream.message())),
+             peer);
+      return stream;
+    }
+    Finish(target, absl::OkStatus(), peer);
+    return absl::OkStatus();
+  }
+
+  if (stash) stash->data.resize(h.nbytes);
+  char* dst = stash ? stash->data.data() : nullptr;
+  stream = StreamPayload(channel, h.nbytes, [dst](size_t off, const char* d, size_t n) {
+    if (dst) std::memcpy(dst + off, d, n);
+  });
+  if (!stash) return stream;  // a poisoned collective's message: dropped
+  std::shared_ptr<PendingRecv> claimer;
+  {
+    absl::MutexLock lock(&mu_);
+    stash->complete = true;
+    claimer = std::move(stash->claimer);
+  }
+  if (!stream.ok()) {
+    if (claimer) Finish(claimer, stream, peer);
+    return stream;
+  }
+  if (claimer) {
+    absl::Status match = CheckMatch(*claimer, peer, stash->op, stash->data.size());
+    if (match.ok()) {
+      absl::MutexLock lock(&claimer->mu_);
+      if (!claimer->claimed_ && !stash->data.empty()) {
+        claimer->sink_(0, stash->data.data(), stash->data.size());
+      }
+    }
+    Finish(claimer, match, peer);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ember::distributed::tcp
