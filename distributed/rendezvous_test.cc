@@ -154,6 +154,18 @@ TEST(RendezvousThreadsTest, MulticastAssignsRanksAndGroupNamesShareTheAddress) {
   ExpectOneJob(job_b);
 }
 
+TEST(RendezvousErrorsTest, MulticastProcessesDisagreeingOnWorldSize) {
+  const std::string url = MulticastUrl();
+  auto results = RunThreads(2, [&](int i) {
+    return RendezvousOptions{.init_method = url, .world_size = 2 + i, .timeout = absl::Seconds(3)};
+  });
+  if (MulticastUnavailable(results[0].status())) GTEST_SKIP() << results[0].status();
+  for (auto& result : results) {
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(result.status().message(), HasSubstr("use one world_size, or a different group_name per job"));
+  }
+}
+
 TEST(RendezvousErrorsTest, BadUrlsNameTheProblem) {
   struct Case {
     std::string url;
@@ -315,6 +327,8 @@ void RunProcesses(int world_size, std::function<std::vector<std::string>(int)> e
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
+      // The child is a test run of its own: keep it off this run's outputs.
+      for (const char* name : {"XML_OUTPUT_FILE", "TEST_PREMATURE_EXIT_FILE", "GTEST_OUTPUT"}) unsetenv(name);
       for (const std::string& kv : env) putenv(strdup(kv.c_str()));
       execl("/proc/self/exe", "rendezvous_test", "--gtest_filter=RendezvousChildTest.Rank", nullptr);
       _exit(127);
@@ -354,6 +368,10 @@ TEST(RendezvousProcessesTest, File) {
 
 TEST(RendezvousProcessesTest, Multicast) {
   std::string url = MulticastUrl();
+  absl::StatusOr<RendezvousResult> alone =
+      Rendezvous({.init_method = url, .world_size = 1, .group_name = "probe", .timeout = absl::Seconds(5)});
+  if (MulticastUnavailable(alone.status())) GTEST_SKIP() << alone.status();
+  ASSERT_TRUE(alone.ok()) << alone.status();
   RunProcesses(3, [&](int) {
     return std::vector<std::string>{"RDZV_CHILD_INIT=" + url, "RDZV_CHILD_WORLD_SIZE=3"};
   });

@@ -10,7 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -169,6 +172,94 @@ TEST(TcpStoreTest, ServerSurvivesGarbageAndAHugeFrameLength) {
   for (int fd : idle) close(fd);
 }
 
+// An HTTP/2 frame: 24-bit length, type, flags, stream id.
+std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  std::string f;
+  f.push_back(static_cast<char>(payload.size() >> 16));
+  f.push_back(static_cast<char>(payload.size() >> 8));
+  f.push_back(static_cast<char>(payload.size()));
+  f.push_back(static_cast<char>(type));
+  f.push_back(static_cast<char>(flags));
+  for (int shift = 24; shift >= 0; shift -= 8) f.push_back(static_cast<char>(stream >> shift));
+  return f + payload;
+}
+
+// An HPACK "literal header field without indexing, new name" (short strings).
+std::string Header(const std::string& name, const std::string& value) {
+  return std::string(1, '\0') + static_cast<char>(name.size()) + name + static_cast<char>(value.size()) + value;
+}
+
+// Resident memory of this process, in bytes.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// Reads frames from `fd` for up to `wait`; the (type, stream) pairs seen, and
+// whether the connection was closed.
+std::pair<std::vector<std::pair<int, uint32_t>>, bool> ReadFrames(int fd, absl::Duration wait) {
+  int64_t us = absl::ToInt64Microseconds(wait);
+  timeval timeout = {static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  std::string received;
+  std::vector<std::pair<int, uint32_t>> frames;
+  char chunk[4096];
+  bool closed = false;
+  while (true) {
+    ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) closed = true;
+    if (n <= 0) break;
+    received.append(chunk, n);
+  }
+  for (size_t pos = 0; pos + 9 <= received.size();) {
+    auto byte = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(received[pos + i])); };
+    uint32_t length = byte(0) << 16 | byte(1) << 8 | byte(2);
+    frames.emplace_back(byte(3), (byte(5) & 0x7f) << 24 | byte(6) << 16 | byte(7) << 8 | byte(8));
+    pos += 9 + length;
+  }
+  return {frames, closed};
+}
+
+TEST(TcpStoreTest, ServerSurvivesAGrpcLengthPrefixOfFourGigabytes) {
+  std::unique_ptr<TcpStoreServer> server = TcpStoreServer::Start({.max_message_bytes = 1 << 20}).value();
+  const int64_t resident_before = ResidentBytes();
+  int fd = Connect(server->port());
+  ASSERT_GE(fd, 0);
+  std::string headers = Header(":method", "POST") + Header(":scheme", "http") +
+                        Header(":path", "/ember.distributed.wire.TcpStoreService/Set") +
+                        Header(":authority", "store") + Header("content-type", "application/grpc") +
+                        Header("te", "trailers");
+  // A gRPC message header announcing 0xffffffff bytes, then 2 MiB of them
+  // (twice max_message_bytes), as far as flow control lets them in.
+  std::string bytes = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + Frame(0x4, 0, 0, "") +
+                      Frame(0x1, 0x4 /*END_HEADERS*/, 1, headers) +
+                      Frame(0x0, 0, 1, std::string("\x00\xff\xff\xff\xff", 5));
+  ASSERT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  // While that stream is open, the server holds no 4 GiB buffer and serves others.
+  std::unique_ptr<TcpStore> client = Client(server->port());
+  EXPECT_TRUE(client->Set("still", "serving").ok());
+  EXPECT_LT(ResidentBytes() - resident_before, int64_t{256} << 20);
+  timeval send_timeout = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+  const std::string chunk(16 << 10, 'z');
+  for (int i = 0; i < 128; ++i) {
+    std::string data = Frame(0x0, 0, 1, chunk);
+    if (write(fd, data.data(), data.size()) != static_cast<ssize_t>(data.size())) break;
+  }
+  // The stream is refused (trailers or RST_STREAM on stream 1) or the
+  // connection closed: never a 4 GiB wait.
+  auto [frames, closed] = ReadFrames(fd, absl::Seconds(3));
+  bool refused = closed;
+  for (auto [type, stream] : frames) refused |= (stream == 1 && (type == 0x1 || type == 0x3)) || type == 0x7;
+  EXPECT_TRUE(refused) << frames.size() << " frames, none refusing stream 1";
+  close(fd);
+  EXPECT_LT(ResidentBytes() - resident_before, int64_t{256} << 20);
+  EXPECT_EQ(client->Get("still", absl::Seconds(5)).value(), "serving");
+  EXPECT_EQ(client->NumKeys().value(), 1) << "the refused Set must not have stored anything";
+}
+
 // Sends `payload` as the raw body of `method`, bypassing the typed stub.
 grpc::Status RawCall(int port, const std::string& method, const std::string& payload) {
   grpc::ChannelArguments args;
@@ -297,6 +388,8 @@ TEST(TcpStoreTest, ProcessesShareTheServer) {
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
+      // The child is a test run of its own: keep it off this run's outputs.
+      for (const char* name : {"XML_OUTPUT_FILE", "TEST_PREMATURE_EXIT_FILE", "GTEST_OUTPUT"}) unsetenv(name);
       setenv(kChildPortEnv, std::to_string(server->port()).c_str(), 1);
       execl("/proc/self/exe", "tcp_store_test", "--gtest_filter=TcpStoreChildTest.Client", nullptr);
       _exit(127);
