@@ -401,6 +401,9 @@ absl::StatusOr<RendezvousResult> MulticastRendezvous(const RendezvousOptions& op
     std::optional<Announcement> a = Decode(datagram->first, datagram->second);
     if (!a || a->group_name != options.group_name) return absl::OkStatus();
     if (a->world_size != plan.world_size) {
+      // Announce once more: the other process is listening (it has sent),
+      // and may not have heard us yet; it then fails the same way.
+      (void)channel->Send(Encode(me));
       return absl::InvalidArgumentError(absl::StrCat("multicast rendezvous on ", plan.where, " (group_name '",
                                                      options.group_name, "'): world_size ", plan.world_size,
                                                      " here but ", a->world_size, " at ", a->sender_ip,
