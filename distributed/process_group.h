@@ -98,7 +98,9 @@ class SupportTable {
 // completed exactly once, with OK or the op's error.
 class Work {
  public:
-  // `deadline`: when the op gives up (the group's or the call's timeout).
+  // `deadline`: when Wait gives up on the op. Backends that enforce the op's
+  // timeout themselves pass a later backstop, so that their error (which
+  // names the peer) is the one reported.
   Work(OpType op, absl::Time deadline);
   virtual ~Work() = default;
   Work(const Work&) = delete;

@@ -38,6 +38,7 @@ std::string KeyText(const MessageKey& key) {
     case MessageKind::kP2P: return absl::StrCat("tag ", key.tag);
     case MessageKind::kCollective: return absl::StrCat("collective #", key.tag, " step ", key.step);
     case MessageKind::kPoison: return "poison";
+    case MessageKind::kGoodbye: return "goodbye";
   }
   return "?";
 }
@@ -82,12 +83,24 @@ Mesh::Mesh(int rank, std::vector<std::unique_ptr<Channel>> channels, std::vector
 }
 
 Mesh::~Mesh() {
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(100);
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer != rank_) (void)Send(peer, {MessageKind::kGoodbye, 0, 0}, kAnyOp, {}, deadline);
+  }
   stopping_.store(true);
   for (auto& channel : channels_) {
     if (channel) channel->Interrupt();
   }
   for (std::thread& t : readers_) t.join();
   Abort(absl::AbortedError("the process group was destroyed"));
+}
+
+bool Mesh::PeerKnownDown(int rank) const {
+  if (rank < 0 || rank >= static_cast<int>(peers_.size())) return false;
+  const PeerInfo& p = peers_[rank];
+  if (!p.same_host || p.pid <= 0 || p.pid == getpid()) return false;
+  const std::string state = ProcessState(p.pid);
+  return state == "stopped" || state == "stopped by a debugger" || state == "exited";
 }
 
 std::string Mesh::DescribePeer(int rank) const {
@@ -135,7 +148,7 @@ absl::Status Mesh::PostError(int src, const MessageKey& key) const {
     if (it != failed_peers_.end()) return it->second;
   }
   if (key.kind == MessageKind::kCollective) {
-    if (!failed_peers_.empty()) return failed_peers_.begin()->second;
+    if (!first_failure_.ok()) return first_failure_;
     auto it = poisoned_.find(key.tag);
     if (it != poisoned_.end()) return it->second;
   }
@@ -150,22 +163,22 @@ std::shared_ptr<PendingRecv> Mesh::Post(int src, MessageKey key, uint8_t op, siz
   absl::Status error;
   {
     absl::MutexLock lock(&mu_);
-    error = PostError(src, key);
-    if (error.ok()) {
-      auto it = std::find_if(unexpected_.begin(), unexpected_.end(), [&](const auto& u) {
-        return (src == kFromAnyRank || u->src == src) && u->key == key;
-      });
-      if (it == unexpected_.end()) {
-        posted_.push_back(recv);
+    // A message that already arrived is delivered even if its sender has
+    // left or failed since.
+    auto it = std::find_if(unexpected_.begin(), unexpected_.end(), [&](const auto& u) {
+      return (src == kFromAnyRank || u->src == src) && u->key == key;
+    });
+    if (it != unexpected_.end() && aborted_.ok()) {
+      std::shared_ptr<Unexpected> u = *it;
+      unexpected_.erase(it);
+      if (u->complete) {
+        ready = std::move(u);
       } else {
-        std::shared_ptr<Unexpected> u = *it;
-        unexpected_.erase(it);
-        if (u->complete) {
-          ready = std::move(u);
-        } else {
-          u->claimer = recv;  // the reader delivers it when complete
-        }
+        u->claimer = recv;  // the reader delivers it when complete
       }
+    } else {
+      error = PostError(src, key);
+      if (error.ok()) posted_.push_back(recv);
     }
   }
   if (!error.ok()) {
@@ -226,7 +239,7 @@ void Mesh::Cancel(const std::shared_ptr<PendingRecv>& recv, const absl::Status& 
 }
 
 absl::Status Mesh::Wait(const std::shared_ptr<PendingRecv>& recv, absl::Time deadline,
-                        const std::string& what) {
+                        const std::string& what, bool settle) {
   {
     absl::MutexLock lock(&recv->mu_);
     auto signalled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv->mu_) { return recv->signalled_; };
@@ -234,9 +247,20 @@ absl::Status Mesh::Wait(const std::shared_ptr<PendingRecv>& recv, absl::Time dea
       return WithContext(recv->status_, what);
     }
   }
-  Cancel(recv, absl::DeadlineExceededError(
-                   absl::StrCat(what, ": timed out waiting for ", DescribePeer(recv->src_), " (",
-                                KeyText(recv->key_), ")")));
+  // Note [Which rank reports a stall]: when one rank stops, its neighbours
+  // time out waiting for it, and the ranks behind them time out waiting for
+  // the neighbours, all at about the same moment. Only a rank waiting on a
+  // peer it can see is down reports at once; the others give the poison
+  // from that rank a moment to arrive, so that every survivor names the
+  // stopped rank rather than whichever neighbour it was waiting for.
+  absl::Status cause;
+  if (settle && recv->key_.kind == MessageKind::kCollective && !PeerKnownDown(recv->src_)) {
+    cause = CollectiveFailure(recv->key_.tag, absl::Milliseconds(500));
+  }
+  Cancel(recv, !cause.ok() ? WithContext(cause, what)
+                           : absl::DeadlineExceededError(absl::StrCat(
+                                 what, ": timed out waiting for ", DescribePeer(recv->src_),
+                                 " (", KeyText(recv->key_), ")")));
   absl::MutexLock lock(&recv->mu_);
   auto signalled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv->mu_) { return recv->signalled_; };
   recv->mu_.Await(absl::Condition(&signalled));
@@ -264,6 +288,20 @@ void Mesh::Poison(int64_t seq, const absl::Status& reason) {
   }
 }
 
+absl::Status Mesh::CollectiveFailure(int64_t seq, absl::Duration settle) {
+  absl::MutexLock lock(&mu_);
+  auto known = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return mismatched_.count(seq) > 0 || poisoned_.count(seq) > 0 || !first_failure_.ok() ||
+           !aborted_.ok();
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&known), settle);
+  if (!aborted_.ok()) return aborted_;
+  if (auto m = mismatched_.find(seq); m != mismatched_.end()) return m->second;
+  auto it = poisoned_.find(seq);
+  if (it != poisoned_.end()) return it->second;
+  return first_failure_;
+}
+
 void Mesh::Abort(const absl::Status& status) {
   std::list<std::shared_ptr<PendingRecv>> posted;
   {
@@ -287,6 +325,7 @@ void Mesh::FailPeer(int peer, const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     failed_peers_.emplace(peer, error);
+    if (first_failure_.ok()) first_failure_ = error;
     for (auto it = posted_.begin(); it != posted_.end();) {
       if ((*it)->src_ == peer || (*it)->key_.kind == MessageKind::kCollective) {
         failed.push_back(*it);
@@ -304,7 +343,7 @@ void Mesh::ReadLoop(int peer) {
   while (!stopping_.load()) {
     absl::Status s = ReadMessage(peer, channel);
     if (!s.ok()) {
-      if (!stopping_.load()) FailPeer(peer, s);
+      if (!stopping_.load() && !absl::IsCancelled(s)) FailPeer(peer, s);
       return;
     }
   }
@@ -347,10 +386,30 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
   WireHeader h;
   std::memcpy(&h, span->data(), kHeaderBytes);
   channel.Consume(kHeaderBytes);
-  if (h.magic != kMagic || h.kind < 1 || h.kind > 3) {
+  if (h.magic != kMagic || h.kind < 1 || h.kind > 4) {
     return absl::DataLossError(absl::StrCat("garbled message header (", channel.Describe(), ")"));
   }
   const MessageKey key{static_cast<MessageKind>(h.kind), h.tag, h.step};
+
+  if (key.kind == MessageKind::kGoodbye) {
+    const absl::Status gone = absl::UnavailableError(
+        absl::StrCat("rank ", peer, " has left (it destroyed its process group)"));
+    std::vector<std::shared_ptr<PendingRecv>> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      failed_peers_.emplace(peer, gone);
+      for (auto it = posted_.begin(); it != posted_.end();) {
+        if ((*it)->src_ == peer) {
+          failed.push_back(*it);
+          it = posted_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& recv : failed) Finish(recv, gone, peer);
+    return absl::CancelledError("goodbye");  // ends this peer's reader quietly
+  }
 
   if (key.kind == MessageKind::kPoison) {
     std::string text(h.nbytes, '\0');
@@ -401,7 +460,13 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
   absl::Status stream;
   if (target) {
     absl::Status match = CheckMatch(*target, peer, h.op, h.nbytes);
-    if (!match.ok()) Finish(target, match, peer);
+    if (!match.ok()) {
+      if (key.kind == MessageKind::kCollective) {
+        absl::MutexLock lock(&mu_);
+        mismatched_.emplace(key.tag, match);
+      }
+      Finish(target, match, peer);
+    }
     PendingRecv* r = target.get();
     stream = StreamPayload(channel, h.nbytes, [r](size_t off, const char* d, size_t n) {
       absl::MutexLock lock(&r->mu_);
@@ -430,7 +495,12 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
     claimer = std::move(stash->claimer);
   }
   if (!stream.ok()) {
-    if (claimer) Finish(claimer, stream, peer);
+    if (claimer) {
+      Finish(claimer,
+             absl::Status(stream.code(), absl::StrCat("lost ", DescribePeer(peer), ": ",
+                                                      stream.message())),
+             peer);
+    }
     return stream;
   }
   if (claimer) {

@@ -21,7 +21,9 @@
 // or op code differs from the message's fails with kFailedPrecondition (a
 // mismatched collective), and the payload is discarded.
 //
-// Failures: a peer whose channel breaks (exited, connection reset) fails
+// Failures: a peer that says goodbye (destroyed its group) fails only the
+// receives posted from it. A peer whose channel breaks without goodbye
+// (killed, connection reset) fails
 // every receive posted from it, every collective receive (a group with a
 // dead member cannot finish a collective) and every later such Post. Poison
 // (sent by a rank whose collective failed) fails that collective's receives
@@ -53,7 +55,9 @@
 
 namespace ember::distributed::tcp {
 
-enum class MessageKind : uint8_t { kP2P = 1, kCollective = 2, kPoison = 3 };
+// kGoodbye: the peer destroyed its group in an orderly way; its channel
+// closing afterwards is not a failure.
+enum class MessageKind : uint8_t { kP2P = 1, kCollective = 2, kPoison = 3, kGoodbye = 4 };
 
 struct MessageKey {
   MessageKind kind = MessageKind::kP2P;
@@ -127,8 +131,10 @@ class Mesh {
                                     Sink sink, RecvDone done = nullptr);
   // Waits for `recv` until `deadline`; then cancels it with kDeadlineExceeded
   // naming `what` and the peer. Returns the receive's status.
+  // Collective receives first give a failure elsewhere a moment to explain
+  // the stall (Note [Which rank reports a stall]) unless `settle` is off.
   absl::Status Wait(const std::shared_ptr<PendingRecv>& recv, absl::Time deadline,
-                    const std::string& what);
+                    const std::string& what, bool settle = true);
   // Fails `recv` with `status` unless it already finished.
   void Cancel(const std::shared_ptr<PendingRecv>& recv, const absl::Status& status);
 
@@ -138,8 +144,16 @@ class Mesh {
   // Fails every pending and future operation with `status`; wakes waiters.
   void Abort(const absl::Status& status);
 
+  // Why collective `seq` cannot finish, when known: a mismatch seen here,
+  // the poison a peer sent for it, else the first peer lost. Waits up to `settle` for a cause to
+  // arrive (a send that failed is often the echo of a failure elsewhere).
+  // OK when nothing is known.
+  absl::Status CollectiveFailure(int64_t seq, absl::Duration settle = absl::ZeroDuration());
+
   // "rank 2 (pid 4711 on this host, stopped)" / "rank 2 (10.0.0.2:41234)".
   std::string DescribePeer(int rank) const;
+  // Whether `rank` runs on this host and is stopped or has exited.
+  bool PeerKnownDown(int rank) const;
 
  private:
   struct Unexpected;
@@ -164,6 +178,9 @@ class Mesh {
   std::list<std::shared_ptr<PendingRecv>> posted_ ABSL_GUARDED_BY(mu_);
   std::list<std::shared_ptr<Unexpected>> unexpected_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Status> failed_peers_ ABSL_GUARDED_BY(mu_);
+  absl::Status first_failure_ ABSL_GUARDED_BY(mu_);  // of failed_peers_
+  // Collectives that a mismatch detected here has doomed.
+  std::map<int64_t, absl::Status> mismatched_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, absl::Status> poisoned_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -39,6 +40,10 @@ namespace ember::distributed::tcp {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x454d4248;  // "EMBH"
+// How long after an op's deadline its Work gives up on the worker: past
+// the settle time of Note [Which rank reports a stall] and the monitored
+// barrier's grace.
+constexpr absl::Duration kBackstop = absl::Seconds(3);
 
 absl::Span<const char> Bytes(const Tensor& t) {
   return {static_cast<const char*>(t.raw_data()), t.nbytes()};
@@ -109,6 +114,23 @@ absl::StatusOr<PeerRecord> ParseRecord(const std::string& text, int rank) {
   return r;
 }
 
+absl::Status SendTo(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int dst, int32_t step,
+                    absl::Span<const char> bytes) {
+  absl::Status s = mesh.Send(dst, {MessageKind::kCollective, ctx.seq, step},
+                             static_cast<uint8_t>(ctx.op), bytes, ctx.deadline);
+  if (s.ok()) return s;
+  // A peer that hung up may only be echoing a failure elsewhere (it gave up
+  // on this collective and exited): report the cause when it is known.
+  if (absl::IsUnavailable(s)) {
+    absl::Status cause = mesh.CollectiveFailure(ctx.seq, absl::Milliseconds(200));
+    if (!cause.ok() && !absl::StrContains(cause.message(), absl::StrCat("lost rank ", dst))) {
+      return absl::Status(cause.code(), absl::StrCat(ctx.what, ": ", cause.message()));
+    }
+  }
+  return absl::Status(s.code(), absl::StrCat(ctx.what, ": sending to ", mesh.DescribePeer(dst),
+                                             ": ", s.message()));
+}
+
 // Moves whole buffers between ranks: sends[p] to rank p and recvs[p] from
 // rank p (empty optionals skip a peer), all under one collective step.
 struct Target {
@@ -130,11 +152,7 @@ absl::Status Exchange(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int32_t
   for (int i = 1; i < n; ++i) {
     const int p = (r + i) % n;
     if (!sends[p]) continue;
-    absl::Status s = mesh.Send(p, key, code, *sends[p], ctx.deadline);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(ctx.what, ": sending to ", mesh.DescribePeer(p),
-                                                 ": ", s.message()));
-    }
+    EMBER_RETURN_IF_ERROR(SendTo(mesh, ctx, p, step, *sends[p]));
   }
   for (int i = 1; i < n; ++i) {
     const int p = (r - i + n) % n;
@@ -143,14 +161,6 @@ absl::Status Exchange(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int32_t
   return absl::OkStatus();
 }
 
-absl::Status SendTo(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int dst, int32_t step,
-                    absl::Span<const char> bytes) {
-  absl::Status s = mesh.Send(dst, {MessageKind::kCollective, ctx.seq, step},
-                             static_cast<uint8_t>(ctx.op), bytes, ctx.deadline);
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(ctx.what, ": sending to ", mesh.DescribePeer(dst),
-                                             ": ", s.message()));
-}
 
 // Segment i (mod n) of a buffer of `numel` elements: byte offset and length.
 struct Segment {
@@ -375,7 +385,9 @@ std::shared_ptr<Work> TcpProcessGroup::Enqueue(OpType op,
                                                const std::optional<absl::Duration>& timeout,
                                                bool collective, Job job) {
   const absl::Time deadline = DeadlineFor(timeout);
-  auto work = std::make_shared<Work>(op, deadline);
+  // The worker enforces `deadline` itself, naming the peer at fault; the
+  // Work's own backstop only covers a worker that never gets there.
+  auto work = std::make_shared<Work>(op, deadline + kBackstop);
   absl::MutexLock lock(&mu_);
   const int64_t seq = collective ? next_seq_++ : -1;
   std::string what = collective ? absl::StrCat(OpTypeName(op), " (collective #", seq, ")")
@@ -676,17 +688,20 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoMonitoredBarrier(
         const MessageKey arrive{MessageKind::kCollective, ctx.seq, 0};
         const MessageKey release{MessageKind::kCollective, ctx.seq, 1};
         if (r != 0) {
+          // Rank 0 judges who is missing; its verdict (poison) arrives after
+          // the timeout, so the others wait a little longer for it.
           auto ack = m.Post(0, release, code, 0, CopySink(nullptr));
           EMBER_RETURN_IF_ERROR(SendTo(m, ctx, 0, 0, {}));
-          return m.Wait(ack, ctx.deadline, ctx.what);
+          return m.Wait(ack, ctx.deadline + absl::Seconds(1), ctx.what);
         }
         std::vector<std::shared_ptr<PendingRecv>> arrivals(n);
         for (int p = 1; p < n; ++p) arrivals[p] = m.Post(p, arrive, code, 0, CopySink(nullptr));
         std::vector<int> missing;
         for (int p = 1; p < n; ++p) {
-          absl::Status s = m.Wait(arrivals[p], ctx.deadline, ctx.what);
+          // A rank that timed out, left or died did not pass the barrier.
+          absl::Status s = m.Wait(arrivals[p], ctx.deadline, ctx.what, /*settle=*/false);
           if (s.ok()) continue;
-          if (!absl::IsDeadlineExceeded(s)) return s;
+          if (absl::IsAborted(s)) return s;
           missing.push_back(p);
           if (!wait_all) break;
         }

@@ -350,7 +350,7 @@ TEST(TcpProcessGroupTest, MismatchedSizesFailInsteadOfHanging) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the group timeout is 20 s";
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(results[r].code(), absl::StatusCode::kFailedPrecondition) << results[r];
-    EXPECT_THAT(results[r].message(), HasSubstr("all_reduce")) << results[r];
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("all_reduce")) << results[r];
   }
   EXPECT_THAT(results[0].ToString() + results[1].ToString() + results[2].ToString(),
               HasSubstr("same size"));
@@ -363,7 +363,7 @@ TEST(TcpProcessGroupTest, MismatchedOpsFail) {
     return Finish(me.group->Broadcast(t, {.root = 1}));
   });
   EXPECT_EQ(results[0].code(), absl::StatusCode::kFailedPrecondition) << results[0];
-  EXPECT_THAT(results[0].message(), HasSubstr("broadcast"));
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("broadcast"));
 }
 
 TEST(TcpProcessGroupTest, TimeoutNamesTheMissingPeerAndTheOp) {
@@ -384,8 +384,8 @@ TEST(TcpProcessGroupTest, TimeoutNamesTheMissingPeerAndTheOp) {
       },
       options);
   EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
-  EXPECT_THAT(results[0].message(), HasSubstr("all_reduce"));
-  EXPECT_THAT(results[0].message(), HasSubstr("rank 1"));
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("all_reduce"));
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("rank 1"));
 }
 
 TEST(TcpProcessGroupTest, MonitoredBarrierNamesTheRanksThatDidNotArrive) {
@@ -398,7 +398,7 @@ TEST(TcpProcessGroupTest, MonitoredBarrierNamesTheRanksThatDidNotArrive) {
         {.timeout = absl::Milliseconds(300), .wait_all_ranks = true}));
   });
   EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
-  EXPECT_THAT(results[0].message(), HasSubstr("ranks 1, 3 failed to pass monitoredBarrier"));
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("ranks 1, 3 failed to pass monitoredBarrier"));
   EXPECT_FALSE(results[2].ok());
 }
 

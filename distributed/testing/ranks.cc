@@ -21,7 +21,7 @@ namespace {
 
 absl::Status RunOne(int rank, int world_size, std::shared_ptr<Store> store,
                     const std::function<absl::Status(Rank&)>& body,
-                    const RunRanksOptions& options) {
+                    const RunRanksOptions& options, const std::string& dir) {
   auto backend = FindBackend(options.backend);
   if (!backend.ok()) return backend.status();
   BackendOptions b;
@@ -32,7 +32,7 @@ absl::Status RunOne(int rank, int world_size, std::shared_ptr<Store> store,
   b.timeout = options.timeout;
   auto group = (*backend)->create(b);
   if (!group.ok()) return group.status();
-  Rank me{rank, world_size, *group, store};
+  Rank me{rank, world_size, *group, store, dir};
   return body(me);
 }
 
@@ -52,7 +52,7 @@ std::vector<absl::Status> RunRanksEach(int world_size,
   std::vector<absl::Status> results(world_size);
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] { results[r] = RunOne(r, world_size, store, body, options); });
+    threads.emplace_back([&, r] { results[r] = RunOne(r, world_size, store, body, options, ""); });
   }
   for (std::thread& t : threads) t.join();
   return results;
@@ -84,10 +84,16 @@ std::vector<ProcessResult> RunRankProcesses(int world_size,
       // The child: errors go to a file the parent reads.
       const std::string log = absl::StrCat(dir, "/rank", r, ".log");
       if (!freopen(log.c_str(), "w", stderr)) _exit(3);
-      auto store = FileStore::Open(store_path, options.timeout);
-      absl::Status s = store.ok() ? RunOne(r, world_size, std::shared_ptr<Store>(std::move(*store)),
-                                           body, options)
-                                  : store.status();
+      absl::Status s;
+      if (options.make_group) {
+        auto store = FileStore::Open(store_path, options.timeout);
+        s = store.ok() ? RunOne(r, world_size, std::shared_ptr<Store>(std::move(*store)), body,
+                                options, dir)
+                       : store.status();
+      } else {
+        Rank me{r, world_size, nullptr, nullptr, dir};
+        s = body(me);
+      }
       if (!s.ok()) fprintf(stderr, "%s\n", s.ToString().c_str());
       fflush(stderr);
       _exit(s.ok() ? 0 : 1);
@@ -95,25 +101,35 @@ std::vector<ProcessResult> RunRankProcesses(int world_size,
     pids[r] = pid;
   }
   const absl::Time deadline = absl::Now() + wait;
+  auto kill_child = [&](int r) {
+    kill(pids[r], SIGKILL);
+    kill(pids[r], SIGCONT);
+  };
   int left = world_size;
   while (left > 0) {
+    int stopped = 0;
     for (int r = 0; r < world_size; ++r) {
       if (pids[r] <= 0) continue;
       int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        if (WIFEXITED(status)) results[r].exit_code = WEXITSTATUS(status);
-        if (WIFSIGNALED(status)) results[r].signal = WTERMSIG(status);
-        pids[r] = -1;
-        --left;
+      if (waitpid(pids[r], &status, WNOHANG | WUNTRACED) != pids[r]) {
+        stopped += results[r].stopped;
+        continue;
       }
+      if (WIFSTOPPED(status)) {
+        results[r].stopped = true;
+        ++stopped;
+        continue;
+      }
+      if (WIFEXITED(status)) results[r].exit_code = WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) results[r].signal = WTERMSIG(status);
+      pids[r] = -1;
+      --left;
     }
     if (left == 0) break;
-    if (absl::Now() > deadline) {
+    const bool only_stopped_left = stopped == left;
+    if (only_stopped_left || absl::Now() > deadline) {
       for (int r = 0; r < world_size; ++r) {
-        if (pids[r] > 0) {
-          kill(pids[r], SIGKILL);
-          kill(pids[r], SIGCONT);
-        }
+        if (pids[r] > 0) kill_child(r);
       }
     }
     absl::SleepFor(absl::Milliseconds(5));

@@ -36,8 +36,10 @@ namespace ember::distributed::testing {
 struct Rank {
   int rank = 0;
   int world_size = 1;
-  std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<ProcessGroup> group;  // null when make_group is off
   std::shared_ptr<Store> store;
+  // A directory shared by the ranks of one run (processes only).
+  std::string temp_dir;
 };
 
 struct RunRanksOptions {
@@ -45,6 +47,9 @@ struct RunRanksOptions {
   // The group's timeout (every op's default).
   absl::Duration timeout = absl::Seconds(20);
   std::string store_prefix = "test/";
+  // Off: `body` builds what it needs itself (e.g. init_process_group with
+  // file://<temp_dir>/...); Rank::group and Rank::store are then null.
+  bool make_group = true;
 };
 
 // Runs `body` on `world_size` threads, each with its own group over one
@@ -60,16 +65,18 @@ std::vector<absl::Status> RunRanksEach(int world_size,
 
 // How a rank process ended.
 struct ProcessResult {
-  int exit_code = -1;  // when it exited
-  int signal = 0;      // when a signal killed it
+  int exit_code = -1;    // when it exited
+  int signal = 0;        // when a signal killed it
+  bool stopped = false;  // it was found stopped (and then killed)
   std::string output;  // what it wrote to stderr (its errors)
 };
 
 // Forks `world_size` processes that rendezvous through a FileStore in a
 // fresh temporary directory, builds each one's group and runs `body`; a
 // rank exits 0 when `body` returns OK, else prints the error and exits 1.
-// Waits for all children up to `wait` (then kills the rest). Call only while
-// the test process has a single thread.
+// Waits for all children up to `wait`; children still running then, and
+// children left stopped (SIGSTOP) once all others have ended, are killed.
+// Call only while the test process has a single thread.
 std::vector<ProcessResult> RunRankProcesses(int world_size,
                                             const std::function<absl::Status(Rank&)>& body,
                                             const RunRanksOptions& options = {},
