@@ -18,8 +18,8 @@ namespace {
 // fails, naming this rank and the members.
 class NonMemberGroup : public ProcessGroup {
  public:
-  NonMemberGroup(int global_rank, std::vector<int> members, std::string backend)
-      : ProcessGroup(-1, static_cast<int>(members.size()), std::move(backend), SupportTable(),
+  NonMemberGroup(int global_rank, std::vector<int> members, const BackendInfo& backend)
+      : ProcessGroup(-1, static_cast<int>(members.size()), backend.name, backend.support,
                      absl::ZeroDuration()),
         error_(absl::FailedPreconditionError(absl::StrCat(
             "rank ", global_rank, " is not a member of this group (ranks [",
@@ -240,7 +240,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
   auto me = std::find(ranks.begin(), ranks.end(), s.rank);
   Group group;
   if (me == ranks.end()) {
-    group = std::make_shared<NonMemberGroup>(s.rank, ranks, backend->name);
+    group = std::make_shared<NonMemberGroup>(s.rank, ranks, *backend);
   } else {
     BackendOptions b;
     b.store = s.store;
