@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,14 +27,16 @@
 // rewritten in place, so a reader never sees a half-updated value; a record
 // cut short by a writer that died mid-append is dropped by the next writer.
 //
-// Locks are open-file-description locks (F_OFD_SETLK) over the whole file:
-// unlike classic POSIX record locks they exclude other file descriptors of
-// the same process, so threads and several FileStores in one process are
-// serialised too, and unlike flock(2) they are passed on to NFS servers as
-// byte-range locks. Acquiring an NFS lock also revalidates the client's cached
-// pages of the file, which is why every read happens under the lock. Locks
-// are taken with non-blocking attempts until the call's timeout, never with
-// F_OFD_SETLKW, so a stopped lock holder cannot hang other ranks forever.
+// Locks are open-file-description locks (F_OFD_SETLK) over the whole file.
+// They are byte-range locks, which NFS carries to the server (NLM or NFSv4
+// locks), and unlike classic POSIX record locks they exclude other file
+// descriptors of the same process, so threads and several FileStores in one
+// process are serialised too. Acquiring an NFS lock also revalidates the
+// client's cached pages of the file, which is why every read happens under
+// the lock. Locks are taken with non-blocking attempts until the call's
+// timeout, never with F_OFD_SETLKW, so a stopped lock holder cannot hang
+// other ranks forever. Where OFD locks are missing (EINVAL), flock(2) stands
+// in; Linux maps it onto whole-file byte-range locks on NFS as well.
 //
 // 'U' records count the FileStores that have the file open; the last one to
 // close removes the file so that the path can serve the next job.
@@ -72,14 +75,19 @@ absl::Status WriteAll(int fd, const std::string& bytes, int64_t offset, const st
 
 }  // namespace
 
-// Holds the whole-file OFD lock on `fd` until destroyed.
+// Holds the whole-file lock on `fd` (OFD, or flock as a fallback) until
+// destroyed.
 class FileStore::Locked {
  public:
-  Locked(int fd) : fd_(fd) {}
-  Locked(Locked&& other) : fd_(std::exchange(other.fd_, -1)) {}
+  Locked(int fd, bool is_flock) : fd_(fd), is_flock_(is_flock) {}
+  Locked(Locked&& other) : fd_(std::exchange(other.fd_, -1)), is_flock_(other.is_flock_) {}
   Locked& operator=(Locked&&) = delete;
   ~Locked() {
     if (fd_ < 0) return;
+    if (is_flock_) {
+      flock(fd_, LOCK_UN);
+      return;
+    }
     struct flock lock = {};
     lock.l_type = F_UNLCK;
     lock.l_whence = SEEK_SET;
@@ -88,6 +96,7 @@ class FileStore::Locked {
 
  private:
   int fd_;
+  bool is_flock_;
 };
 
 absl::StatusOr<FileStore::Locked> FileStore::Lock(bool exclusive, absl::Duration timeout) {
@@ -97,8 +106,20 @@ absl::StatusOr<FileStore::Locked> FileStore::Lock(bool exclusive, absl::Duration
   absl::Time deadline = absl::Now() + timeout;
   absl::Duration pause = absl::Microseconds(100);
   while (true) {
-    if (fcntl(fd_, F_OFD_SETLK, &lock) == 0) return Locked(fd_);
-    if (errno != EAGAIN && errno != EACCES && errno != EINTR) return ErrnoError("locking", path_, errno);
+    if (use_flock_) {
+      if (flock(fd_, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) return Locked(fd_, true);
+    } else {
+      if (fcntl(fd_, F_OFD_SETLK, &lock) == 0) return Locked(fd_, false);
+      if (errno == EINVAL) {
+        // A kernel or file system without OFD locks: flock, which Linux
+        // also maps onto byte-range locks on NFS.
+        use_flock_ = true;
+        continue;
+      }
+    }
+    if (errno != EAGAIN && errno != EACCES && errno != EINTR && errno != EWOULDBLOCK) {
+      return ErrnoError("locking", path_, errno);
+    }
     if (absl::Now() >= deadline) {
       return absl::UnavailableError(absl::StrCat("FileStore ", path_, ": could not lock the file within ",
                                                  absl::FormatDuration(timeout),

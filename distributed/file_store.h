@@ -80,6 +80,7 @@ class FileStore : public Store {
   int64_t read_offset_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of the log applied to data_
   int64_t users_ ABSL_GUARDED_BY(mu_) = 0;        // FileStores that have the file open
   bool registered_ ABSL_GUARDED_BY(mu_) = false;  // counted in users_ by Open
+  bool use_flock_ ABSL_GUARDED_BY(mu_) = false;   // no OFD locks here
   std::map<std::string, std::string, std::less<>> data_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -221,11 +221,11 @@ class Supervisor {
         StopAll();
         return *failure;
       }
-      if (Running() == 0) return Outcome{Outcome::kAllSucceeded};
+      if (Running() == 0) return Outcome{Outcome::kAllSucceeded, 0, ""};
       std::optional<int> sig = NextSignal(absl::Seconds(1));
       if (sig && *sig != SIGCHLD) {
         StopAll(*sig);
-        return Outcome{Outcome::kSignalled, *sig};
+        return Outcome{Outcome::kSignalled, *sig, ""};
       }
     }
   }

@@ -1,8 +1,6 @@
 // A worker for multihost_test: joins the job with env:// and the tcp
 // backend, all_reduces a tensor holding rank + 1 and checks that every
 // element became 1 + 2 + ... + world_size. Exit 0 on success, 1 otherwise.
-#include <unistd.h>
-
 #include <cstdio>
 
 #include "distributed/distributed.h"
@@ -11,7 +9,10 @@
 
 int main() {
   namespace dist = ember::distributed;
-  absl::Status init = dist::init_process_group({.backend = "tcp", .timeout = absl::Seconds(60)});
+  dist::InitOptions options;  // env://, filled in by launch
+  options.backend = "tcp";
+  options.timeout = absl::Seconds(60);
+  absl::Status init = dist::init_process_group(options);
   if (!init.ok()) {
     std::fprintf(stderr, "multihost_worker: init_process_group: %s\n", std::string(init.message()).c_str());
     return 1;
@@ -31,8 +32,6 @@ int main() {
       return 1;
     }
   }
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
   std::printf("multihost_worker rank %d of %d: all_reduce gave %g\n", rank, world_size, expected);
   (void)dist::destroy_process_group();
   return 0;
