@@ -2,7 +2,8 @@
 // A launcher runs in each (--nnodes=2, --nproc_per_node=2) and the four
 // workers all_reduce across them through the tcp backend, so the traffic
 // between the hosts crosses the veth link. Needs root and iproute2's `ip`;
-// skips with a message where namespaces cannot be made.
+// skips with a message where namespaces cannot be made. A second case
+// rendezvous by IP multicast across the two hosts, ranks assigned.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -118,6 +120,15 @@ class TwoHosts {
     return "";
   }
 
+  // Routes multicast out of the veth link in both namespaces.
+  std::string AddMulticastRoutes() {
+    for (int host = 0; host < 2; ++host) {
+      auto [code, out] = Run({ip_, "-n", names_[host], "route", "add", "224.0.0.0/4", "dev", names_[host] + "v"});
+      if (code != 0) return absl::StrCat("adding a multicast route failed: ", out);
+    }
+    return "";
+  }
+
   // Bytes sent over the veth end of `host` so far.
   int64_t TxBytes(int host) const {
     auto [code, out] = Run({ip_, "netns", "exec", names_[host], "cat",
@@ -125,6 +136,7 @@ class TwoHosts {
     return code == 0 ? std::atoll(out.c_str()) : -1;
   }
 
+  const std::string& ip() const { return ip_; }
   const std::string& name(int host) const { return names_[host]; }
   const std::string& address(int host) const { return addresses_[host]; }
 
@@ -133,35 +145,58 @@ class TwoHosts {
   std::vector<std::string> names_, addresses_, created_;
 };
 
-TEST(MultiHostTest, AllReduceAcrossTwoNetworkNamespaces) {
-  if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root; run this test as root to cover two hosts";
+// Makes the two hosts, or says why not (then the caller skips).
+std::string MakeHosts(std::unique_ptr<TwoHosts>& hosts) {
+  if (geteuid() != 0) return "network namespaces need root; run this test as root to cover two hosts";
   std::optional<std::string> ip = FindIp();
-  if (!ip) GTEST_SKIP() << "iproute2's `ip` is not installed (apt-get install iproute2)";
-  TwoHosts hosts(*ip);
-  if (std::string problem = hosts.SetUp(); !problem.empty()) {
-    GTEST_SKIP() << "cannot make network namespaces here (" << problem
-                 << "); the test needs root outside a sandbox (it is tagged no-sandbox)";
+  if (!ip) return "iproute2's `ip` is not installed (apt-get install iproute2)";
+  hosts = std::make_unique<TwoHosts>(*ip);
+  if (std::string problem = hosts->SetUp(); !problem.empty()) {
+    return absl::StrCat("cannot make network namespaces here (", problem,
+                        "); the test needs root outside a sandbox (it is tagged no-sandbox)");
   }
+  return "";
+}
+
+// Runs `launch --nnodes=2 --nproc_per_node=2` in each namespace with the
+// worker and `worker_args`, and checks all four ranks reduced correctly over
+// the veth link.
+void RunTwoNodes(const TwoHosts& hosts, const std::vector<std::string>& worker_args) {
   std::vector<pid_t> launchers;
   std::vector<std::string> logs;
+  const int64_t tx_before[2] = {hosts.TxBytes(0), hosts.TxBytes(1)};
   for (int node = 0; node < 2; ++node) {
     logs.push_back(absl::StrCat(std::getenv("TEST_TMPDIR"), "/node", node, ".log"));
-    launchers.push_back(Spawn({*ip, "netns", "exec", hosts.name(node), Runfile("tools/launch/launch"),
-                               "--nnodes=2", absl::StrCat("--node_rank=", node), "--nproc_per_node=2",
-                               "--master_addr=" + hosts.address(0), "--master_port=29500", "--use_env",
-                               Runfile("tools/launch/multihost_worker")},
-                              logs.back()));
+    std::vector<std::string> argv = {hosts.ip(), "netns", "exec", hosts.name(node), Runfile("tools/launch/launch"),
+                                     "--nnodes=2", absl::StrCat("--node_rank=", node), "--nproc_per_node=2",
+                                     "--master_addr=" + hosts.address(0), "--master_port=29500", "--use_env",
+                                     Runfile("tools/launch/multihost_worker")};
+    argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+    launchers.push_back(Spawn(argv, logs.back()));
   }
   for (int node = 0; node < 2; ++node) {
     EXPECT_EQ(Wait(launchers[node], absl::Seconds(90)), 0) << "node " << node << ":\n" << ReadFile(logs[node]);
   }
   // The reduced data crossed the link both ways (4 ranks x 16 KiB).
-  EXPECT_GT(hosts.TxBytes(0), 16 * 1024);
-  EXPECT_GT(hosts.TxBytes(1), 16 * 1024);
+  EXPECT_GT(hosts.TxBytes(0) - tx_before[0], 16 * 1024);
+  EXPECT_GT(hosts.TxBytes(1) - tx_before[1], 16 * 1024);
   std::string all = ReadFile(logs[0]) + ReadFile(logs[1]);
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_NE(all.find(absl::StrCat("rank ", rank, " of 4: all_reduce gave 10")), std::string::npos) << all;
   }
+}
+
+TEST(MultiHostTest, AllReduceAcrossTwoNetworkNamespaces) {
+  std::unique_ptr<TwoHosts> hosts;
+  if (std::string why = MakeHosts(hosts); !why.empty()) GTEST_SKIP() << why;
+  RunTwoNodes(*hosts, {});  // env://, as launch sets it
+}
+
+TEST(MultiHostTest, MulticastRendezvousAssignsRanksAcrossHosts) {
+  std::unique_ptr<TwoHosts> hosts;
+  if (std::string why = MakeHosts(hosts); !why.empty()) GTEST_SKIP() << why;
+  if (std::string why = hosts->AddMulticastRoutes(); !why.empty()) GTEST_SKIP() << why;
+  RunTwoNodes(*hosts, {"tcp://239.255.77.1:29600"});
 }
 
 }  // namespace

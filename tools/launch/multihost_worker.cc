@@ -1,16 +1,23 @@
-// A worker for multihost_test: joins the job with env:// and the tcp
-// backend, all_reduces a tensor holding rank + 1 and checks that every
-// element became 1 + 2 + ... + world_size. Exit 0 on success, 1 otherwise.
+// A worker for multihost_test: joins the job with the tcp backend through
+// env:// (or the init method given as its argument, with WORLD_SIZE from the
+// environment and the rank assigned), all_reduces a tensor holding rank + 1
+// and checks that every element became 1 + 2 + ... + world_size. Exit 0 on
+// success, 1 otherwise.
 #include <cstdio>
+#include <cstdlib>
 
 #include "distributed/distributed.h"
 #include "tensor/factories.h"
 #include "tensor/tensor.h"
 
-int main() {
+int main(int argc, char** argv) {
   namespace dist = ember::distributed;
   dist::InitOptions options;  // env://, filled in by launch
   options.backend = "tcp";
+  if (argc > 1) {
+    options.init_method = argv[1];
+    options.world_size = std::atoi(std::getenv("WORLD_SIZE"));
+  }
   options.timeout = absl::Seconds(60);
   absl::Status init = dist::init_process_group(options);
   if (!init.ok()) {
