@@ -58,6 +58,9 @@ namespace {
 
 constexpr absl::Duration kAnnounceEvery = absl::Milliseconds(50);
 constexpr char kAnnounceMagic[] = "ember-rendezvous-1";
+// Set to 1 by `launch --serve_store`: the launcher serves the TcpStore, so
+// rank 0 connects to it like every other rank.
+constexpr char kServedByLauncherEnv[] = "EMBER_STORE_SERVED_BY_LAUNCHER";
 
 std::string RandomToken() {
   std::random_device device;
@@ -100,6 +103,7 @@ struct Plan {
   int rank = -1;
   int world_size = -1;
   std::string where;  // for messages: "tcp://host:port", "file:///path"
+  bool served_elsewhere = false;  // env:// under `launch --serve_store`
 };
 
 absl::Status CheckRankAndWorldSize(const RendezvousOptions& options, const Plan& plan, bool rank_may_be_assigned,
@@ -203,6 +207,7 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
     EMBER_ASSIGN_OR_RETURN(plan.world_size, Merge(options, "world_size", options.world_size, "WORLD_SIZE", env_world));
     EMBER_ASSIGN_OR_RETURN(plan.rank, Merge(options, "rank", options.rank, "RANK", env_rank));
     plan.where = absl::StrCat("env:// (MASTER_ADDR=", plan.host, " MASTER_PORT=", plan.port, ")");
+    plan.served_elsewhere = env(kServedByLauncherEnv).value_or("0") == "1";
     EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, plan, false, "RANK", "WORLD_SIZE"));
     return plan;
   }
@@ -491,7 +496,7 @@ absl::StatusOr<RendezvousResult> Rendezvous(const RendezvousOptions& options) {
     TcpStoreOptions store_options;
     store_options.host = plan.host;
     store_options.port = plan.port;
-    store_options.is_server = plan.rank == 0;
+    store_options.is_server = plan.rank == 0 && !plan.served_elsewhere;
     store_options.timeout = options.timeout;
     EMBER_ASSIGN_OR_RETURN(store, TcpStore::Create(store_options));
   }

@@ -16,6 +16,9 @@
 // - SIGINT, SIGTERM and SIGHUP are forwarded to every worker; the launcher
 //   then waits for them (SIGKILL after the grace, or on a second signal) and
 //   exits with 128 + the signal.
+// - With --serve_store, node 0's launcher serves the job's TcpStore on
+//   master_port, a fresh one for every attempt so that a restarted job does
+//   not meet the keys of the failed one.
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -28,14 +31,17 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "distributed/tcp_store.h"
 #include "tools/launch/launch_options.h"
 
 namespace ember::launch {
@@ -86,6 +92,16 @@ class Supervisor {
     }
     for (int attempt = 0;; ++attempt) {
       workers_.clear();
+      if (options_.serve_store && options_.node_rank == 0) {
+        store_server_.reset();  // the previous attempt's keys go with it
+        absl::StatusOr<std::unique_ptr<distributed::TcpStoreServer>> server =
+            distributed::TcpStoreServer::Start({.port = options_.master_port});
+        if (!server.ok()) {
+          Say(absl::StrCat("--serve_store: ", std::string(server.status().message())));
+          return 1;
+        }
+        store_server_ = std::move(*server);
+      }
       for (int local = 0; local < options_.nproc_per_node; ++local) {
         Worker worker;
         worker.spec = MakeWorkerSpec(options_, local, attempt, omp_set);
@@ -121,6 +137,26 @@ class Supervisor {
   };
 
   bool Start(Worker& worker) {
+    // Everything the child needs is built before fork: with --serve_store the
+    // launcher runs gRPC threads, and a forked child may only make
+    // async-signal-safe calls.
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string_view entry(*e);
+      std::string name(entry.substr(0, entry.find('=')));
+      if (!worker.spec.env.contains(name)) env_strings.emplace_back(entry);
+    }
+    for (const auto& [name, value] : worker.spec.env) env_strings.push_back(name + "=" + value);
+    std::vector<char*> envp;
+    for (std::string& entry : env_strings) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+    std::vector<char*> argv;
+    for (std::string& arg : worker.spec.argv) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    std::string exec_failed = absl::StrCat("launch: cannot run ", executable_, "\n");
+    sigset_t none;
+    sigemptyset(&none);
+
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -132,15 +168,9 @@ class Supervisor {
       // before the prctl.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);
-      sigset_t none;
-      sigemptyset(&none);
       sigprocmask(SIG_SETMASK, &none, nullptr);
-      for (const auto& [name, value] : worker.spec.env) setenv(name.c_str(), value.c_str(), 1);
-      std::vector<char*> argv;
-      for (std::string& arg : worker.spec.argv) argv.push_back(arg.data());
-      argv.push_back(nullptr);
-      execv(executable_.c_str(), argv.data());
-      std::fprintf(stderr, "launch: cannot run %s: %s\n", executable_.c_str(), strerror(errno));
+      execve(executable_.c_str(), argv.data(), envp.data());
+      (void)!write(2, exec_failed.data(), exec_failed.size());
       _exit(127);
     }
     worker.pid = pid;
@@ -234,6 +264,7 @@ class Supervisor {
   const std::string executable_;
   const int signal_fd_;
   std::vector<Worker> workers_;
+  std::unique_ptr<distributed::TcpStoreServer> store_server_;  // --serve_store
 };
 
 int Main(int argc, char** argv) {

@@ -24,10 +24,12 @@ absl::Status ParseInt(const std::string& name, const std::string& text, int min,
 
 std::string Usage() {
   return "usage: launch [--nproc_per_node=N] [--nnodes=M] [--node_rank=K] [--master_addr=ADDR]\n"
-         "              [--master_port=PORT] [--use_env] [--max_restarts=R] program [args...]\n"
+         "              [--master_port=PORT] [--use_env] [--max_restarts=R] [--serve_store]\n"
+         "              program [args...]\n"
          "Starts N workers of `program` on this node (node K of M) with MASTER_ADDR, MASTER_PORT,\n"
          "WORLD_SIZE, RANK and LOCAL_RANK set for env:// rendezvous; passes --local_rank=i unless\n"
-         "--use_env. Defaults: 1 process, 1 node, node 0, 127.0.0.1:29500, no restarts.";
+         "--use_env. --serve_store: node 0's launcher serves the store for Ember programs.\n"
+         "Defaults: 1 process, 1 node, node 0, 127.0.0.1:29500, no restarts.";
 }
 
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
@@ -47,9 +49,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
       name = name.substr(0, eq);
     }
     if (name == "help") return UsageError("help requested");
-    if (name == "use_env") {
-      if (value) return UsageError("--use_env takes no value");
-      options.use_env = true;
+    if (name == "use_env" || name == "serve_store") {
+      if (value) return UsageError(absl::StrCat("--", name, " takes no value"));
+      (name == "use_env" ? options.use_env : options.serve_store) = true;
       continue;
     }
     if (!value) {
@@ -99,6 +101,7 @@ WorkerSpec MakeWorkerSpec(const LaunchOptions& options, int local_rank, int rest
   spec.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
   spec.env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
   if (!omp_num_threads_set && options.nproc_per_node > 1) spec.env["OMP_NUM_THREADS"] = "1";
+  if (options.serve_store) spec.env["EMBER_STORE_SERVED_BY_LAUNCHER"] = "1";
   return spec;
 }
 

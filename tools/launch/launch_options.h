@@ -11,6 +11,12 @@
 // nproc_per_node > 1, and, unless --use_env, the argument --local_rank=i
 // before the program's own arguments.
 //
+// --serve_store (an Ember extension): the launcher of node 0 serves the
+// job's TcpStore on master_port itself, afresh for every attempt, and sets
+// EMBER_STORE_SERVED_BY_LAUNCHER=1 so that Ember's env:// rendezvous connects
+// rank 0 to it instead of serving. The store then outlives any worker. Only
+// for Ember programs: PyTorch's TCPStore does not speak the gRPC protocol.
+//
 // Thread-safety: plain functions on values.
 #ifndef EMBER_TOOLS_LAUNCH_LAUNCH_OPTIONS_H_
 #define EMBER_TOOLS_LAUNCH_LAUNCH_OPTIONS_H_
@@ -31,6 +37,7 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   bool use_env = false;
+  bool serve_store = false;
   int max_restarts = 0;
   // How long workers get to exit after SIGTERM before SIGKILL.
   absl::Duration stop_grace = absl::Seconds(10);

@@ -44,11 +44,16 @@ TEST(LaunchOptionsTest, WorkerSpec) {
   options.use_env = true;
   EXPECT_THAT(MakeWorkerSpec(options, 0, 2, true).argv, ElementsAre("prog", "a"));
   EXPECT_EQ(MakeWorkerSpec(options, 0, 2, true).env.at("TORCHELASTIC_RESTART_COUNT"), "2");
+  EXPECT_FALSE(MakeWorkerSpec(options, 0, 0, true).env.contains("EMBER_STORE_SERVED_BY_LAUNCHER"));
+  options.serve_store = true;
+  EXPECT_EQ(MakeWorkerSpec(options, 0, 0, true).env.at("EMBER_STORE_SERVED_BY_LAUNCHER"), "1");
 }
 
 TEST(LaunchOptionsTest, ErrorsNameTheOption) {
   EXPECT_THAT(ParseLaunchArgs({"--max_restarts=-1", "p"}).status().message(), HasSubstr("--max_restarts=-1"));
   EXPECT_THAT(ParseLaunchArgs({"--use_env=1", "p"}).status().message(), HasSubstr("--use_env takes no value"));
+  EXPECT_THAT(ParseLaunchArgs({"--serve_store=yes", "p"}).status().message(),
+              HasSubstr("--serve_store takes no value"));
   EXPECT_THAT(ParseLaunchArgs({"--nnodes=x", "p"}).status().message(), HasSubstr("--nnodes=x"));
 }
 

@@ -241,5 +241,29 @@ TEST(LaunchTest, WorkersRendezvousThroughEnv) {
   for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(ReadFile(absl::StrCat(out, "/joined", rank)), "3");
 }
 
+TEST(LaunchTest, ServeStoreOutlivesRankZero) {
+  std::string out = FreshDir("serve_store");
+  Launched launched = Start({"--nproc_per_node=3", absl::StrCat("--master_port=", FreePort()), "--use_env",
+                             "--serve_store", Worker(), "--mode=rendezvous", "--rank0_leaves_early=1",
+                             "--out=" + out});
+  ASSERT_EQ(Finish(launched), 0) << ReadFile(launched.stderr_path);
+  for (int rank = 1; rank < 3; ++rank) EXPECT_EQ(ReadFile(absl::StrCat(out, "/joined", rank)), "3");
+}
+
+TEST(LaunchTest, ServeStoreOnAPortInUseNamesThePort) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  Launched launched = Start({absl::StrCat("--master_port=", port), "--serve_store", "true"});
+  EXPECT_EQ(Finish(launched), 1);
+  EXPECT_THAT(ReadFile(launched.stderr_path), HasSubstr(absl::StrCat("port ", port, " is already in use")));
+  close(fd);
+}
+
 }  // namespace
 }  // namespace ember::launch

@@ -8,7 +8,10 @@
 //   sleep       writes <out>/pid<RANK>, then sleeps; on SIGTERM writes
 //               <out>/sigterm<RANK> and exits 0.
 //   flaky       fails (exit 5) on the first attempt, succeeds on a restart.
-//   rendezvous  joins with env:// and checks every rank's key in the store.
+//   rendezvous  joins with env:// and checks every rank's key in the store;
+//               with --rank0_leaves_early, rank 0 exits straight after
+//               joining and the others use the store 300 ms later (it must
+//               be served by the launcher then).
 #include <signal.h>
 #include <unistd.h>
 
@@ -98,6 +101,16 @@ int main(int argc, char** argv) {
     if (!joined.ok()) return Fail(std::string(joined.status().message()));
     auto& store = *joined->store;
     if (!store.Set(absl::StrCat("hello/", joined->rank), "1").ok()) return Fail("Set failed");
+    if (!Flag(argc, argv, "rank0_leaves_early").empty()) {
+      if (joined->rank == 0) return 0;
+      usleep(300 * 1000);
+      for (int r = 0; r < joined->world_size; ++r) {
+        if (!store.Get(absl::StrCat("hello/", r), absl::Seconds(20)).ok()) return Fail("a rank's key is missing");
+      }
+      if (!store.Add("after_rank0_left", 1).ok()) return Fail("the store went away with rank 0");
+      std::ofstream(absl::StrCat(out_dir, "/joined", joined->rank)) << joined->world_size;
+      return 0;
+    }
     for (int r = 0; r < joined->world_size; ++r) {
       if (!store.Get(absl::StrCat("hello/", r), absl::Seconds(20)).ok()) return Fail("a rank's key is missing");
     }
