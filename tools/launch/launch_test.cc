@@ -250,6 +250,17 @@ TEST(LaunchTest, ServeStoreOutlivesRankZero) {
   for (int rank = 1; rank < 3; ++rank) EXPECT_EQ(ReadFile(absl::StrCat(out, "/joined", rank)), "3");
 }
 
+TEST(LaunchTest, ServeStoreGivesEachAttemptAFreshStore) {
+  std::string out = FreshDir("serve_store_restart");
+  Launched launched = Start({"--nproc_per_node=2", absl::StrCat("--master_port=", FreePort()), "--use_env",
+                             "--serve_store", "--max_restarts=1", Worker(), "--mode=flaky_rendezvous",
+                             "--out=" + out});
+  // The second attempt's ranks would find the first's rank claims in a kept store.
+  ASSERT_EQ(Finish(launched), 0) << ReadFile(launched.stderr_path);
+  EXPECT_EQ(ReadFile(out + "/joined0"), "1");
+  EXPECT_EQ(ReadFile(out + "/joined1"), "1");
+}
+
 TEST(LaunchTest, ServeStoreOnAPortInUseNamesThePort) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr = {};

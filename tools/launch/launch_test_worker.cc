@@ -8,6 +8,8 @@
 //   sleep       writes <out>/pid<RANK>, then sleeps; on SIGTERM writes
 //               <out>/sigterm<RANK> and exits 0.
 //   flaky       fails (exit 5) on the first attempt, succeeds on a restart.
+//   flaky_rendezvous  joins with env://, then fails (exit 5) on the first
+//               attempt; succeeds after joining on a restart.
 //   rendezvous  joins with env:// and checks every rank's key in the store;
 //               with --rank0_leaves_early, rank 0 exits straight after
 //               joining and the others use the store 300 ms later (it must
@@ -93,6 +95,15 @@ int main(int argc, char** argv) {
   }
   if (mode == "flaky") {
     return Env("TORCHELASTIC_RESTART_COUNT") == "0" ? 5 : 0;
+  }
+  if (mode == "flaky_rendezvous") {
+    ember::distributed::RendezvousOptions options;  // env://
+    options.timeout = absl::Seconds(30);
+    absl::StatusOr<ember::distributed::RendezvousResult> joined = ember::distributed::Rendezvous(options);
+    if (!joined.ok()) return Fail(std::string(joined.status().message()));
+    if (Env("TORCHELASTIC_RESTART_COUNT") == "0") return 5;
+    std::ofstream(absl::StrCat(out_dir, "/joined", joined->rank)) << Env("TORCHELASTIC_RESTART_COUNT");
+    return 0;
   }
   if (mode == "rendezvous") {
     ember::distributed::RendezvousOptions options;  // env://
