@@ -162,7 +162,7 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
   std::string_view rest = std::string_view(url).substr(scheme_end + 3);
   // Query fields rank= and world_size= (as torch.distributed accepts them).
   std::optional<int> query_rank, query_world_size;
-  if (size_t q = rest.find('?'); q != std::string_view::npos && scheme != "file") {
+  if (size_t q = rest.find('?'); q != std::string_view::npos) {
     for (absl::string_view field : absl::StrSplit(absl::string_view(rest.data() + q + 1, rest.size() - q - 1), '&',
                                                   absl::SkipEmpty())) {
       std::pair<std::string, std::string> kv = absl::StrSplit(field, absl::MaxSplits('=', 1));
@@ -176,9 +176,13 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
     }
     rest = rest.substr(0, q);
   }
+  // The options and the URL's query together; they must agree.
+  EMBER_ASSIGN_OR_RETURN(const int given_world_size,
+                         Merge(options, "world_size", options.world_size, "world_size", query_world_size));
+  EMBER_ASSIGN_OR_RETURN(const int given_rank, Merge(options, "rank", options.rank, "rank", query_rank));
   Plan plan;
   if (scheme == "env") {
-    if (!rest.empty()) return Invalid(options, "env:// takes nothing after the scheme");
+    if (!rest.empty()) return Invalid(options, "env:// takes nothing after the scheme but ?rank=&world_size=");
     auto env = [](const char* name) -> std::optional<std::string> {
       const char* value = std::getenv(name);
       if (value == nullptr || *value == '\0') return std::nullopt;
@@ -195,17 +199,17 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
     if (rank) {
       EMBER_ASSIGN_OR_RETURN(env_rank, ParseInt(options, "RANK", *rank));
     }
-    if (!world && options.world_size < 0) {
+    if (!world && given_world_size < 0) {
       return Invalid(options, "environment variable WORLD_SIZE is not set (and no world_size was given)");
     }
-    if (!rank && options.rank < 0) {
+    if (!rank && given_rank < 0) {
       return Invalid(options, "environment variable RANK is not set (and no rank was given)");
     }
     plan.kind = Plan::Kind::kTcp;
     plan.host = *addr;
     EMBER_ASSIGN_OR_RETURN(plan.port, ParsePort(options, "MASTER_PORT", *port));
-    EMBER_ASSIGN_OR_RETURN(plan.world_size, Merge(options, "world_size", options.world_size, "WORLD_SIZE", env_world));
-    EMBER_ASSIGN_OR_RETURN(plan.rank, Merge(options, "rank", options.rank, "RANK", env_rank));
+    EMBER_ASSIGN_OR_RETURN(plan.world_size, Merge(options, "world_size", given_world_size, "WORLD_SIZE", env_world));
+    EMBER_ASSIGN_OR_RETURN(plan.rank, Merge(options, "rank", given_rank, "RANK", env_rank));
     plan.where = absl::StrCat("env:// (MASTER_ADDR=", plan.host, " MASTER_PORT=", plan.port, ")");
     plan.served_elsewhere = env(kServedByLauncherEnv).value_or("0") == "1";
     EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, plan, false, "RANK", "WORLD_SIZE"));
@@ -214,9 +218,8 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
   if (scheme == "tcp") {
     EMBER_RETURN_IF_ERROR(SplitHostPort(options, rest, plan));
     plan.kind = IsMulticast(plan.host) ? Plan::Kind::kMulticast : Plan::Kind::kTcp;
-    EMBER_ASSIGN_OR_RETURN(plan.world_size,
-                           Merge(options, "world_size", options.world_size, "world_size", query_world_size));
-    EMBER_ASSIGN_OR_RETURN(plan.rank, Merge(options, "rank", options.rank, "rank", query_rank));
+    plan.world_size = given_world_size;
+    plan.rank = given_rank;
     plan.where = absl::StrCat("tcp://", std::string(rest));
     EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, plan, plan.kind == Plan::Kind::kMulticast, "rank",
                                                 "world_size"));
@@ -226,8 +229,8 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
     if (rest.empty()) return Invalid(options, "the path is empty; expected file:///path/to/shared/file");
     plan.kind = Plan::Kind::kFile;
     plan.path = std::string(rest);
-    plan.world_size = options.world_size;
-    plan.rank = options.rank;
+    plan.world_size = given_world_size;
+    plan.rank = given_rank;
     plan.where = "file://" + plan.path;
     EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, plan, false, "rank", "world_size"));
     return plan;

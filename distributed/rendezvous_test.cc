@@ -116,6 +116,14 @@ TEST(RendezvousThreadsTest, File) {
   ExpectOneJob(results);
 }
 
+TEST(RendezvousThreadsTest, FileQueryFields) {
+  const std::string url = "file://" + TempPath("query") + "?world_size=2";
+  auto results = RunThreads(2, [&](int r) {
+    return RendezvousOptions{.init_method = absl::StrCat(url, "&rank=", r), .timeout = absl::Seconds(20)};
+  });
+  ExpectOneJob(results);
+}
+
 TEST(RendezvousThreadsTest, FileGroupNamesKeepJobsApart) {
   const std::string url = "file://" + TempPath("shared");
   auto results = RunThreads(4, [&](int i) {
@@ -223,7 +231,6 @@ TEST(RendezvousErrorsTest, EnvNamesMissingAndContradictoryVariables) {
   unsetenv("WORLD_SIZE");
   unsetenv("RANK");
   auto message = [](RendezvousOptions options) {
-    options.init_method = "env://";
     options.timeout = absl::Seconds(1);
     absl::StatusOr<RendezvousResult> result = Rendezvous(options);
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
@@ -249,6 +256,7 @@ TEST(RendezvousErrorsTest, EnvNamesMissingAndContradictoryVariables) {
   setenv("RANK", "1", 1);
   EXPECT_THAT(message({.rank = 0}), HasSubstr("RANK=1 contradicts rank=0"));
   EXPECT_THAT(message({.world_size = 3}), HasSubstr("WORLD_SIZE=2 contradicts world_size=3"));
+  EXPECT_THAT(message({.init_method = "env://?rank=0"}), HasSubstr("RANK=1 contradicts rank=0"));
   for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(name);
 }
 
