@@ -5,6 +5,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -30,12 +31,20 @@ absl::Status Finish(const absl::StatusOr<std::shared_ptr<Work>>& work) {
 }
 
 TEST(TcpProcessesTest, AllReduceAcrossProcesses) {
-  for (const char* shm : {"1", "0"}) {
-    setenv("EMBER_TCP_SHM", shm, 1);
+  // Shared memory with direct reads (where the kernel allows them), the
+  // rings alone, then sockets.
+  for (const char* shm : {"1", "ring", "0"}) {
+    setenv("EMBER_TCP_SHM", std::string(shm) == "0" ? "0" : "1", 1);
+    setenv("EMBER_TCP_DIRECT", std::string(shm) == "ring" ? "0" : "1", 1);
     std::vector<ProcessResult> results = RunRankProcesses(3, [](Rank& me) -> absl::Status {
-      Tensor t = full({1 << 20}, me.rank + 1, kFloat32);
+      Tensor t = full({4 << 20}, me.rank + 1, kFloat32);
       EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
-      if (!t.equal(full({1 << 20}, 6, kFloat32))) return absl::InternalError("wrong sum");
+      if (!t.equal(full({4 << 20}, 6, kFloat32))) return absl::InternalError("wrong sum");
+      std::vector<Tensor> all = {zeros({1 << 18}), zeros({1 << 18}), zeros({1 << 18})};
+      EMBER_RETURN_IF_ERROR(Finish(me.group->AllGather(all, full({1 << 18}, me.rank, kFloat32))));
+      for (int r = 0; r < 3; ++r) {
+        if (!all[r].equal(full({1 << 18}, r, kFloat32))) return absl::InternalError("all_gather");
+      }
       return absl::OkStatus();
     });
     for (int r = 0; r < 3; ++r) {
@@ -44,6 +53,7 @@ TEST(TcpProcessesTest, AllReduceAcrossProcesses) {
     }
   }
   unsetenv("EMBER_TCP_SHM");
+  unsetenv("EMBER_TCP_DIRECT");
 }
 
 // Every survivor's all_reduce fails within about the timeout, naming the

@@ -1,6 +1,9 @@
 #include "distributed/tcp/mesh.h"
 
+#include <sys/uio.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstring>
@@ -9,6 +12,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "distributed/tcp/shm_channel.h"
+
+#define EMBER_MESH_RETURN_IF_ERROR(expr)   \
+  do {                                     \
+    ::absl::Status mesh_status_ = (expr);  \
+    if (!mesh_status_.ok()) return mesh_status_; \
+  } while (0)
 
 namespace ember::distributed::tcp {
 namespace {
@@ -19,11 +28,19 @@ constexpr size_t kAlign = 32;  // messages are padded to this (Note [Message mat
 constexpr size_t kSmallMessage = 8192;
 constexpr absl::Duration kReadSlice = absl::Milliseconds(100);
 
+constexpr uint16_t kDirectFlag = 1;  // the payload is a DirectDescriptor
+constexpr size_t kBounceBytes = 256 << 10;
+
+struct DirectDescriptor {
+  uint64_t address;
+  int64_t id;
+};
+
 struct WireHeader {
   uint32_t magic;
   uint8_t kind;
   uint8_t op;
-  uint16_t reserved;
+  uint16_t flags;
   int32_t step;
   int32_t reserved2;
   int64_t tag;
@@ -39,6 +56,7 @@ std::string KeyText(const MessageKey& key) {
     case MessageKind::kCollective: return absl::StrCat("collective #", key.tag, " step ", key.step);
     case MessageKind::kPoison: return "poison";
     case MessageKind::kGoodbye: return "goodbye";
+    case MessageKind::kAck: return "ack";
   }
   return "?";
 }
@@ -77,6 +95,7 @@ Mesh::Mesh(int rank, std::vector<std::unique_ptr<Channel>> channels, std::vector
       peers_(std::move(peers)),
       op_names_(std::move(op_names)) {
   for (size_t i = 0; i < channels_.size(); ++i) send_mu_.push_back(std::make_unique<absl::Mutex>());
+  next_direct_id_ = std::vector<std::atomic<int64_t>>(channels_.size());
   for (int peer = 0; peer < size(); ++peer) {
     if (channels_[peer]) readers_.emplace_back([this, peer] { ReadLoop(peer); });
   }
@@ -122,6 +141,9 @@ absl::Status Mesh::Send(int dst, MessageKey key, uint8_t op, absl::Span<const ch
     auto it = failed_peers_.find(dst);
     if (it != failed_peers_.end()) return it->second;
   }
+  if (payload.size() >= kDirectBytes && peers_[dst].peer_reads_us) {
+    return SendDirect(dst, key, op, payload, deadline);
+  }
   WireHeader h{kMagic, static_cast<uint8_t>(key.kind), op, 0, key.step, 0, key.tag,
                payload.size()};
   const size_t pad = Padding(payload.size());
@@ -141,6 +163,75 @@ absl::Status Mesh::Send(int dst, MessageKey key, uint8_t op, absl::Span<const ch
   return s;
 }
 
+absl::Status Mesh::SendDirect(int dst, MessageKey key, uint8_t op,
+                              absl::Span<const char> payload, absl::Time deadline) {
+  const int64_t id = next_direct_id_[dst].fetch_add(1);
+  struct {
+    WireHeader h;
+    DirectDescriptor d;
+  } wire{{kMagic, static_cast<uint8_t>(key.kind), op, kDirectFlag, key.step, 0, key.tag,
+          payload.size()},
+         {reinterpret_cast<uint64_t>(payload.data()), id}};
+  static_assert(sizeof(wire) == kHeaderBytes + 16);
+  char buf[kHeaderBytes + kAlign] = {};
+  std::memcpy(buf, &wire, sizeof(wire));
+  {
+    absl::MutexLock lock(send_mu_[dst].get());
+    EMBER_MESH_RETURN_IF_ERROR(channels_[dst]->Write(buf, kHeaderBytes + kAlign, deadline));
+  }
+  // The payload must stay put until the receiver has read it.
+  absl::MutexLock lock(&mu_);
+  auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return acks_.count({dst, id}) > 0 || failed_peers_.count(dst) > 0 || !aborted_.ok();
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&settled), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("timed out waiting for ", DescribePeer(dst), " to read the message"));
+  }
+  if (acks_.erase({dst, id})) return absl::OkStatus();
+  if (!aborted_.ok()) return aborted_;
+  return failed_peers_.find(dst)->second;
+}
+
+absl::Status Mesh::ReadDirect(int peer, uint64_t address, size_t nbytes, const Sink& sink) {
+  const PeerInfo& p = peers_[peer];
+  if (p.pid == getpid()) {  // ranks as threads: the memory is ours
+    for (size_t off = 0; off < nbytes; off += kBounceBytes) {
+      sink(off, reinterpret_cast<const char*>(address) + off, std::min(kBounceBytes, nbytes - off));
+    }
+    return absl::OkStatus();
+  }
+  thread_local std::unique_ptr<char[]> bounce(new char[kBounceBytes]);
+  for (size_t off = 0; off < nbytes; off += kBounceBytes) {
+    const size_t n = std::min(kBounceBytes, nbytes - off);
+    iovec local{bounce.get(), n};
+    iovec remote{reinterpret_cast<void*>(address + off), n};
+    ssize_t got = process_vm_readv(p.pid, &local, 1, &remote, 1, 0);
+    if (got != static_cast<ssize_t>(n)) {
+      return absl::UnavailableError(absl::StrCat("reading ", n, " bytes from rank ", peer,
+                                                 "'s memory failed: ", strerror(errno)));
+    }
+    sink(off, bounce.get(), n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Mesh::ReadDirectInto(int peer, uint64_t address, size_t offset, size_t n,
+                                  char* dst) {
+  const PeerInfo& p = peers_[peer];
+  if (p.pid == getpid()) {
+    std::memcpy(dst + offset, reinterpret_cast<const char*>(address) + offset, n);
+    return absl::OkStatus();
+  }
+  iovec local{dst + offset, n};
+  iovec remote{reinterpret_cast<void*>(address + offset), n};
+  if (process_vm_readv(p.pid, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(n)) {
+    return absl::UnavailableError(absl::StrCat("reading ", n, " bytes from rank ", peer,
+                                               "'s memory failed: ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Mesh::PostError(int src, const MessageKey& key) const {
   if (!aborted_.ok()) return aborted_;
   if (src != kFromAnyRank) {
@@ -156,9 +247,9 @@ absl::Status Mesh::PostError(int src, const MessageKey& key) const {
 }
 
 std::shared_ptr<PendingRecv> Mesh::Post(int src, MessageKey key, uint8_t op, size_t nbytes,
-                                        Sink sink, RecvDone done) {
+                                        Sink sink, RecvDone done, char* copy_to) {
   auto recv = std::make_shared<PendingRecv>(src, key, op, nbytes, std::move(sink),
-                                            std::move(done));
+                                            std::move(done), copy_to);
   std::shared_ptr<Unexpected> ready;
   absl::Status error;
   {
@@ -386,10 +477,35 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
   WireHeader h;
   std::memcpy(&h, span->data(), kHeaderBytes);
   channel.Consume(kHeaderBytes);
-  if (h.magic != kMagic || h.kind < 1 || h.kind > 4) {
+  if (h.magic != kMagic || h.kind < 1 || h.kind > 5) {
     return absl::DataLossError(absl::StrCat("garbled message header (", channel.Describe(), ")"));
   }
   const MessageKey key{static_cast<MessageKind>(h.kind), h.tag, h.step};
+
+  if (key.kind == MessageKind::kAck) {
+    absl::MutexLock lock(&mu_);
+    acks_.insert({peer, h.tag});
+    return absl::OkStatus();
+  }
+
+  // A direct message's payload is read from the sender's memory; the wire
+  // carries only its descriptor (Note [Direct reads]).
+  const bool direct = (h.flags & kDirectFlag) != 0;
+  DirectDescriptor descriptor{};
+  if (direct) {
+    absl::Status s = StreamPayload(channel, sizeof(descriptor), [&](size_t off, const char* d,
+                                                                     size_t n) {
+      std::memcpy(reinterpret_cast<char*>(&descriptor) + off, d, n);
+    });
+    if (!s.ok()) return s;
+  }
+  auto payload = [&](const Sink& sink) -> absl::Status {
+    if (!direct) return StreamPayload(channel, h.nbytes, sink);
+    absl::Status s = ReadDirect(peer, descriptor.address, h.nbytes, sink);
+    if (!s.ok()) return s;
+    return Send(peer, {MessageKind::kAck, descriptor.id, 0}, kAnyOp, {},
+                absl::Now() + absl::Minutes(5));
+  };
 
   if (key.kind == MessageKind::kGoodbye) {
     const absl::Status gone = absl::UnavailableError(
@@ -468,10 +584,25 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
       Finish(target, match, peer);
     }
     PendingRecv* r = target.get();
-    stream = StreamPayload(channel, h.nbytes, [r](size_t off, const char* d, size_t n) {
-      absl::MutexLock lock(&r->mu_);
-      if (!r->claimed_) r->sink_(off, d, n);
-    });
+    if (direct && r->copy_to_ != nullptr && match.ok()) {
+      // Straight into the destination, in pieces so that a cancel stops it.
+      constexpr size_t kPiece = 4 << 20;
+      for (size_t off = 0; off < h.nbytes && stream.ok(); off += kPiece) {
+        absl::MutexLock lock(&r->mu_);
+        if (r->claimed_) break;
+        stream = ReadDirectInto(peer, descriptor.address, off, std::min(kPiece, h.nbytes - off),
+                                r->copy_to_);
+      }
+      if (stream.ok()) {
+        stream = Send(peer, {MessageKind::kAck, descriptor.id, 0}, kAnyOp, {},
+                      absl::Now() + absl::Minutes(5));
+      }
+    } else {
+      stream = payload([r](size_t off, const char* d, size_t n) {
+        absl::MutexLock lock(&r->mu_);
+        if (!r->claimed_) r->sink_(off, d, n);
+      });
+    }
     if (!stream.ok()) {
       Finish(target, absl::Status(stream.code(), absl::StrCat(DescribePeer(peer), ": ",
                                                               stream.message())),
@@ -484,7 +615,7 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
 
   if (stash) stash->data.resize(h.nbytes);
   char* dst = stash ? stash->data.data() : nullptr;
-  stream = StreamPayload(channel, h.nbytes, [dst](size_t off, const char* d, size_t n) {
+  stream = payload([dst](size_t off, const char* d, size_t n) {
     if (dst) std::memcpy(dst + off, d, n);
   });
   if (!stash) return stream;  // a poisoned collective's message: dropped

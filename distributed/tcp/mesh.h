@@ -41,6 +41,7 @@
 #include <functional>
 #include <list>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -57,7 +58,14 @@ namespace ember::distributed::tcp {
 
 // kGoodbye: the peer destroyed its group in an orderly way; its channel
 // closing afterwards is not a failure.
-enum class MessageKind : uint8_t { kP2P = 1, kCollective = 2, kPoison = 3, kGoodbye = 4 };
+// kAck: the receiver has read a direct message (Note [Direct reads]).
+enum class MessageKind : uint8_t {
+  kP2P = 1,
+  kCollective = 2,
+  kPoison = 3,
+  kGoodbye = 4,
+  kAck = 5,
+};
 
 struct MessageKey {
   MessageKind kind = MessageKind::kP2P;
@@ -79,9 +87,10 @@ inline constexpr int kFromAnyRank = -1;
 
 class PendingRecv {
  public:
-  PendingRecv(int src, MessageKey key, uint8_t op, size_t nbytes, Sink sink, RecvDone done)
+  PendingRecv(int src, MessageKey key, uint8_t op, size_t nbytes, Sink sink, RecvDone done,
+              char* copy_to)
       : src_(src), key_(key), op_(op), nbytes_(nbytes), sink_(std::move(sink)),
-        done_(std::move(done)) {}
+        done_(std::move(done)), copy_to_(copy_to) {}
   bool finished() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status status() ABSL_LOCKS_EXCLUDED(mu_);
   // The sender, once finished; for kFromAnyRank receives.
@@ -95,6 +104,7 @@ class PendingRecv {
   const size_t nbytes_;
   Sink sink_;
   RecvDone done_;
+  char* const copy_to_;
   absl::Mutex mu_;
   bool claimed_ ABSL_GUARDED_BY(mu_) = false;    // finishing has begun
   bool signalled_ ABSL_GUARDED_BY(mu_) = false;  // finished; waiters may go
@@ -107,7 +117,24 @@ struct PeerInfo {
   std::string address;  // "10.0.0.2:41234"
   pid_t pid = 0;
   bool same_host = false;
+  // Note [Direct reads]: whether this rank can read the peer's memory, and
+  // whether the peer can read this rank's.
+  bool we_read_peer = false;
+  bool peer_reads_us = false;
 };
+
+// Note [Direct reads]
+// Between processes on one host a large message (kDirectBytes and up) does
+// not go through the ring at all: the sender writes a 16-byte descriptor
+// (the payload's address) and blocks; the receiver's reader thread copies
+// the payload straight out of the sender's memory with process_vm_readv
+// (Cross Memory Attach: one copy instead of two) into the destination, or
+// in 256 KiB pieces through a cache-sized bounce buffer into a reducing
+// sink, then answers with an ack that releases the sender. Ranks that are
+// threads of one process read the memory directly. Whether a peer may be
+// read is probed once at setup (a known word at a published address); when
+// the kernel refuses (ptrace restrictions, containers), messages use the ring.
+inline constexpr size_t kDirectBytes = 256 << 10;
 
 class Mesh {
  public:
@@ -127,8 +154,10 @@ class Mesh {
   absl::Status Send(int dst, MessageKey key, uint8_t op, absl::Span<const char> payload,
                     absl::Time deadline);
   // Posts a receive of exactly `nbytes` from `src` (or kFromAnyRank).
+  // `copy_to`: when the sink only copies into one buffer, that buffer;
+  // large same-host messages are then read straight into it.
   std::shared_ptr<PendingRecv> Post(int src, MessageKey key, uint8_t op, size_t nbytes,
-                                    Sink sink, RecvDone done = nullptr);
+                                    Sink sink, RecvDone done = nullptr, char* copy_to = nullptr);
   // Waits for `recv` until `deadline`; then cancels it with kDeadlineExceeded
   // naming `what` and the peer. Returns the receive's status.
   // Collective receives first give a failure elsewhere a moment to explain
@@ -162,6 +191,12 @@ class Mesh {
   void ReadLoop(int peer);
   absl::Status ReadMessage(int peer, Channel& channel);
   absl::Status StreamPayload(Channel& channel, size_t nbytes, const Sink& sink);
+  // Copies a direct message's payload from `peer`'s memory into `sink`.
+  absl::Status ReadDirect(int peer, uint64_t address, size_t nbytes, const Sink& sink);
+  // Copies [offset, offset + n) of a direct message straight into `dst`.
+  absl::Status ReadDirectInto(int peer, uint64_t address, size_t offset, size_t n, char* dst);
+  absl::Status SendDirect(int dst, MessageKey key, uint8_t op, absl::Span<const char> payload,
+                          absl::Time deadline);
   absl::Status CheckMatch(const PendingRecv& recv, int peer, uint8_t op, size_t nbytes) const;
   void Finish(const std::shared_ptr<PendingRecv>& recv, const absl::Status& status, int src);
   void FailPeer(int peer, const absl::Status& status);
@@ -172,6 +207,7 @@ class Mesh {
   const std::vector<PeerInfo> peers_;
   const std::function<std::string(uint8_t)> op_names_;
   std::vector<std::unique_ptr<absl::Mutex>> send_mu_;  // one writer per channel
+  std::vector<std::atomic<int64_t>> next_direct_id_;   // per destination
   std::atomic<bool> stopping_{false};
 
   mutable absl::Mutex mu_;
@@ -181,6 +217,8 @@ class Mesh {
   absl::Status first_failure_ ABSL_GUARDED_BY(mu_);  // of failed_peers_
   // Collectives that a mismatch detected here has doomed.
   std::map<int64_t, absl::Status> mismatched_ ABSL_GUARDED_BY(mu_);
+  // Acks of direct messages: (peer, id).
+  std::set<std::pair<int, int64_t>> acks_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, absl::Status> poisoned_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
 

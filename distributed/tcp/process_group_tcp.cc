@@ -1,6 +1,7 @@
 #include "distributed/tcp/process_group_tcp.h"
 
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,7 +23,9 @@
 namespace ember::distributed::tcp {
 
 // Note [tcp algorithms]
-// all_reduce is a ring: N-1 reduce-scatter steps, then N-1 all-gather steps,
+// Small all_reduce (under kDirectAllReduceBytes received per rank) is one
+// hop: every rank sends its buffer to every other and reduces the N inputs
+// in rank order. Larger all_reduce is a ring: N-1 reduce-scatter steps, then N-1 all-gather steps,
 // over N segments of the buffer. Every receive of the op is posted before the
 // first send, so each incoming segment streams from the channel straight
 // into the destination (reduce-scatter: acc = op(acc, incoming); all-gather:
@@ -44,6 +47,9 @@ constexpr uint32_t kHelloMagic = 0x454d4248;  // "EMBH"
 // the settle time of Note [Which rank reports a stall] and the monitored
 // barrier's grace.
 constexpr absl::Duration kBackstop = absl::Seconds(3);
+// all_reduce moves a whole buffer to every peer in one hop (DirectAllReduce)
+// while the bytes each rank receives stay under this; the ring beyond.
+constexpr size_t kDirectAllReduceBytes = 64 << 10;
 
 absl::Span<const char> Bytes(const Tensor& t) {
   return {static_cast<const char*>(t.raw_data()), t.nbytes()};
@@ -93,18 +99,32 @@ std::string HostKey() {
                       NamespaceId("pid"), "/", NamespaceId("net"));
 }
 
+// A word at a known address that peers on this host try to read, to learn
+// whether Cross Memory Attach works between us (Note [Direct reads]).
+const uint64_t kProbeWord = 0x454d4245522d4d41;
+
+bool CanReadMemoryOf(pid_t pid, uint64_t address) {
+  if (pid == getpid()) return true;
+  uint64_t word = 0;
+  iovec local{&word, sizeof(word)};
+  iovec remote{reinterpret_cast<void*>(address), sizeof(word)};
+  return process_vm_readv(pid, &local, 1, &remote, 1, 0) == sizeof(word) && word == kProbeWord;
+}
+
 struct PeerRecord {
   std::string host_key;
   std::string address;
   int port = 0;
   pid_t pid = 0;
+  uint64_t probe = 0;
 };
 
 absl::StatusOr<PeerRecord> ParseRecord(const std::string& text, int rank) {
   std::vector<std::string> f = absl::StrSplit(text, '|');
   PeerRecord r;
   int pid = 0;
-  if (f.size() != 4 || !absl::SimpleAtoi(f[2], &r.port) || !absl::SimpleAtoi(f[3], &pid)) {
+  if (f.size() != 5 || !absl::SimpleAtoi(f[2], &r.port) || !absl::SimpleAtoi(f[3], &pid) ||
+      !absl::SimpleAtoi(f[4], &r.probe)) {
     return absl::DataLossError(
         absl::StrCat("rank ", rank, "'s address record '", text, "' in the store is malformed"));
   }
@@ -146,7 +166,8 @@ absl::Status Exchange(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int32_t
   std::vector<std::shared_ptr<PendingRecv>> posted(n);
   for (int p = 0; p < n; ++p) {
     if (p != r && recvs[p]) {
-      posted[p] = mesh.Post(p, key, code, recvs[p]->nbytes, CopySink(recvs[p]->data));
+      posted[p] = mesh.Post(p, key, code, recvs[p]->nbytes, CopySink(recvs[p]->data), nullptr,
+                            recvs[p]->data);
     }
   }
   for (int i = 1; i < n; ++i) {
@@ -195,10 +216,38 @@ absl::Status RingReduceScatter(Mesh& mesh, const TcpProcessGroup::OpContext& ctx
   return absl::OkStatus();
 }
 
+// Small all_reduce in one hop: everyone sends its whole buffer to everyone,
+// and every rank reduces the N inputs in rank order 0..N-1 (the same bits
+// everywhere, as the ring gives).
+absl::Status DirectAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
+                             int64_t numel, Dtype dtype, ReduceOp op) {
+  const int n = mesh.size(), r = mesh.rank();
+  const size_t nbytes = static_cast<size_t>(numel) * ElementSize(dtype);
+  std::vector<std::string> inputs(n);
+  std::vector<std::optional<absl::Span<const char>>> sends(n, absl::Span<const char>(data, nbytes));
+  std::vector<std::optional<Target>> recvs(n);
+  for (int p = 0; p < n; ++p) {
+    if (p == r) {
+      inputs[p].assign(data, nbytes);
+    } else {
+      inputs[p].resize(nbytes);
+      recvs[p] = Target{inputs[p].data(), nbytes};
+    }
+  }
+  EMBER_RETURN_IF_ERROR(Exchange(mesh, ctx, 0, sends, recvs));
+  std::memcpy(data, inputs[0].data(), nbytes);
+  for (int p = 1; p < n; ++p) ReduceInto(op, dtype, data, inputs[p].data(), numel);
+  if (op == ReduceOp::kAvg) DivideBy(dtype, data, numel, n);
+  return absl::OkStatus();
+}
+
 absl::Status RingAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
                            int64_t numel, Dtype dtype, ReduceOp op) {
   const int n = mesh.size(), r = mesh.rank();
   if (n == 1) return absl::OkStatus();
+  if (static_cast<size_t>(numel) * ElementSize(dtype) * (n - 1) <= kDirectAllReduceBytes) {
+    return DirectAllReduce(mesh, ctx, data, numel, dtype, op);
+  }
   const size_t elem = ElementSize(dtype);
   const int left = (r - 1 + n) % n, right = (r + 1) % n;
   const uint8_t code = static_cast<uint8_t>(ctx.op);
@@ -208,7 +257,7 @@ absl::Status RingAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, ch
   for (int k = 0; k < n - 1; ++k) {
     Segment s = SegmentOf(r - k, n, numel, elem);
     ag[k] = mesh.Post(left, {MessageKind::kCollective, ctx.seq, n - 1 + k}, code, s.nbytes,
-                      CopySink(data + s.offset));
+                      CopySink(data + s.offset), nullptr, data + s.offset);
   }
   EMBER_RETURN_IF_ERROR(RingReduceScatter(mesh, ctx, data, numel, dtype, op));
   Segment own = SegmentOf(r + 1, n, numel, elem);
@@ -229,6 +278,9 @@ TcpOptions TcpOptions::FromEnv() {
   TcpOptions o;
   if (const char* v = std::getenv("EMBER_TCP_SHM"); v != nullptr && std::string(v) == "0") {
     o.shared_memory = false;
+  }
+  if (const char* v = std::getenv("EMBER_TCP_DIRECT"); v != nullptr && std::string(v) == "0") {
+    o.direct_reads = false;
   }
   if (const char* v = std::getenv("EMBER_TCP_RING_BYTES"); v != nullptr) {
     size_t bytes = 0;
@@ -260,7 +312,8 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
   const std::string host_key = HostKey();
   EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, "peer/", rank),
                                   absl::StrCat(host_key, "|", address, "|", listener.port(), "|",
-                                               getpid())));
+                                               getpid(), "|",
+                                               reinterpret_cast<uint64_t>(&kProbeWord))));
   std::vector<PeerRecord> records(n);
   for (int p = 0; p < n; ++p) {
     auto text = store.Get(absl::StrCat(prefix, "peer/", p), left());
@@ -344,9 +397,26 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
   std::vector<PeerInfo> peers(n);
   std::vector<std::string> transports(n, "self");
   for (int p = 0; p < n; ++p) {
-    peers[p] = {absl::StrCat(records[p].address, ":", records[p].port), records[p].pid,
-                records[p].host_key == host_key};
+    peers[p].address = absl::StrCat(records[p].address, ":", records[p].port);
+    peers[p].pid = records[p].pid;
+    peers[p].same_host = records[p].host_key == host_key;
     if (channels[p]) transports[p] = channels[p]->Describe();
+  }
+  // 4. Direct reads (Note [Direct reads]): tell each peer on this host
+  // whether we can read its memory, and learn whether it can read ours.
+  if (tcp.direct_reads) {
+    for (int p = 0; p < n; ++p) {
+      if (p == rank || !same_host(p)) continue;
+      peers[p].we_read_peer = CanReadMemoryOf(records[p].pid, records[p].probe);
+      EMBER_RETURN_IF_ERROR(
+          store.Set(shm_key("direct", p, rank), peers[p].we_read_peer ? "1" : "0"));
+    }
+    for (int p = 0; p < n; ++p) {
+      if (p == rank || !same_host(p)) continue;
+      EMBER_ASSIGN_OR_RETURN(std::string ok, store.Get(shm_key("direct", rank, p), left()));
+      peers[p].peer_reads_us = ok == "1";
+      if (peers[p].peer_reads_us) transports[p] += " + direct reads";
+    }
   }
   auto mesh = std::make_shared<Mesh>(rank, std::move(channels), std::move(peers), &OpCodeName);
   return std::shared_ptr<TcpProcessGroup>(
@@ -774,7 +844,7 @@ absl::StatusOr<std::shared_ptr<RecvWork>> TcpProcessGroup::DoRecv(const Tensor& 
   };
   work->set_recv(mesh_->Post(src == kAnySource ? kFromAnyRank : src,
                              {MessageKind::kP2P, options.tag, 0}, kAnyOp, staging.nbytes(),
-                             CopySink(Data(staging)), std::move(done)));
+                             CopySink(Data(staging)), std::move(done), Data(staging)));
   return std::shared_ptr<RecvWork>(work);
 }
 

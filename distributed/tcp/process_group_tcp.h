@@ -22,6 +22,7 @@
 // all ranks get the same bits.
 //
 // Environment: EMBER_TCP_SHM=0 forces sockets between ranks on one host;
+// EMBER_TCP_DIRECT=0 keeps large messages in the rings;
 // EMBER_TCP_RING_BYTES sets the shared-memory ring size;
 // EMBER_SOCKET_IFNAME / GLOO_SOCKET_IFNAME pick the interface to publish.
 //
@@ -47,6 +48,10 @@ namespace ember::distributed::tcp {
 struct TcpOptions {
   // Shared memory between ranks on one host (EMBER_TCP_SHM=0 turns it off).
   bool shared_memory = true;
+  // Large messages between processes on one host are read straight from
+  // the sender's memory when the kernel allows it (EMBER_TCP_DIRECT=0 turns
+  // it off; Note [Direct reads] in mesh.h).
+  bool direct_reads = true;
   // Bytes per direction of each shared-memory ring (EMBER_TCP_RING_BYTES).
   size_t ring_bytes = size_t{2} << 20;
   // The defaults, overridden by the environment variables above.

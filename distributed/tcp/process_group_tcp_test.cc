@@ -452,9 +452,30 @@ TEST(TcpProcessGroupTest, SocketsWhenSharedMemoryIsOff) {
 TEST(TcpProcessGroupTest, SharedMemoryBetweenRanksOnOneHost) {
   absl::Status s = RunRanks(2, [](Rank& me) -> absl::Status {
     auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
-    EXPECT_EQ(tcp->TransportTo(1 - me.rank), "shared memory");
+    // Ranks that are threads of one process can always read each other.
+    EXPECT_EQ(tcp->TransportTo(1 - me.rank), "shared memory + direct reads");
     return absl::OkStatus();
   });
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(TcpProcessGroupTest, LargeMessagesThroughTheRingsWhenDirectReadsAreOff) {
+  setenv("EMBER_TCP_DIRECT", "0", 1);
+  absl::Status s = RunRanks(3, [](Rank& me) -> absl::Status {
+    auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
+    EXPECT_EQ(tcp->TransportTo((me.rank + 1) % 3), "shared memory");
+    Tensor t = Input(me.rank, 3 << 20, kFloat32);  // 12 MiB: several times the ring
+    EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
+    std::vector<double> got = Values(t);
+    for (int64_t i = 0; i < (3 << 20); i += 4099) {
+      EXPECT_EQ(got[i], Expected(ReduceOp::kSum, 3, i, kFloat32));
+    }
+    Tensor b = me.rank == 0 ? arange(1 << 22, kInt32) : zeros({1 << 22}, kInt32);
+    EMBER_RETURN_IF_ERROR(Finish(me.group->Broadcast(b, {.root = 0})));
+    EXPECT_TRUE(b.equal(arange(1 << 22, kInt32)));
+    return absl::OkStatus();
+  });
+  unsetenv("EMBER_TCP_DIRECT");
   EXPECT_TRUE(s.ok()) << s;
 }
 
