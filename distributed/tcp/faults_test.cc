@@ -69,6 +69,9 @@ void ExpectSurvivorsFail(int fault, const char* shm) {
         Tensor t = ones({4 << 20}, kFloat32);  // 16 MiB: the op takes a while
         EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));  // everyone is up
         if (me.rank == 2) {
+          // Let the others finish the first all_reduce (a dead member fails
+          // every collective still waiting), then die inside the second.
+          absl::SleepFor(absl::Milliseconds(300));
           EMBER_ASSIGN_OR_RETURN(auto work, me.group->AllReduce(t));
           absl::SleepFor(absl::Milliseconds(2));
           raise(fault);

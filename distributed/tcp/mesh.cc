@@ -276,6 +276,7 @@ std::shared_ptr<PendingRecv> Mesh::Post(int src, MessageKey key, uint8_t op, siz
     Finish(recv, error, -1);
   } else if (ready) {
     absl::Status match = CheckMatch(*recv, ready->src, ready->op, ready->data.size());
+    RecordMismatch(key, match);
     if (match.ok()) {
       absl::MutexLock lock(&recv->mu_);
       if (!recv->claimed_ && !ready->data.empty()) recv->sink_(0, ready->data.data(), ready->data.size());
@@ -305,6 +306,12 @@ absl::Status Mesh::CheckMatch(const PendingRecv& recv, int peer, uint8_t op,
         "; every rank must pass tensors of the same size and dtype"));
   }
   return absl::OkStatus();
+}
+
+void Mesh::RecordMismatch(const MessageKey& key, const absl::Status& match) {
+  if (match.ok() || key.kind != MessageKind::kCollective) return;
+  absl::MutexLock lock(&mu_);
+  mismatched_.emplace(key.tag, match);
 }
 
 void Mesh::Finish(const std::shared_ptr<PendingRecv>& recv, const absl::Status& status,
@@ -577,10 +584,7 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
   if (target) {
     absl::Status match = CheckMatch(*target, peer, h.op, h.nbytes);
     if (!match.ok()) {
-      if (key.kind == MessageKind::kCollective) {
-        absl::MutexLock lock(&mu_);
-        mismatched_.emplace(key.tag, match);
-      }
+      RecordMismatch(key, match);
       Finish(target, match, peer);
     }
     PendingRecv* r = target.get();
@@ -636,6 +640,7 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
   }
   if (claimer) {
     absl::Status match = CheckMatch(*claimer, peer, stash->op, stash->data.size());
+    RecordMismatch(key, match);
     if (match.ok()) {
       absl::MutexLock lock(&claimer->mu_);
       if (!claimer->claimed_ && !stash->data.empty()) {

@@ -199,6 +199,8 @@ class Mesh {
                           absl::Time deadline);
   absl::Status CheckMatch(const PendingRecv& recv, int peer, uint8_t op, size_t nbytes) const;
   void Finish(const std::shared_ptr<PendingRecv>& recv, const absl::Status& status, int src);
+  // Remembers a failed CheckMatch of a collective (CollectiveFailure).
+  void RecordMismatch(const MessageKey& key, const absl::Status& match);
   void FailPeer(int peer, const absl::Status& status);
   absl::Status PostError(int src, const MessageKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
