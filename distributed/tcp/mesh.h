@@ -108,6 +108,7 @@ class PendingRecv {
   absl::Mutex mu_;
   bool claimed_ ABSL_GUARDED_BY(mu_) = false;    // finishing has begun
   bool signalled_ ABSL_GUARDED_BY(mu_) = false;  // finished; waiters may go
+  std::atomic<bool> signalled_flag_{false};       // the same, for spinning waiters
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int source_ ABSL_GUARDED_BY(mu_) = -1;
 };

@@ -38,7 +38,7 @@ namespace {
 constexpr size_t kControlBytes = 4096;  // both Ring blocks, page aligned
 constexpr size_t kPublishBytes = 64 << 10;  // writer publishes its head this often
 constexpr int kSpins = 400;
-constexpr int kYields = 16;
+constexpr int kYields = 200;
 constexpr absl::Duration kSleepSlice = absl::Milliseconds(50);
 
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout) {
