@@ -45,6 +45,10 @@ class Channel {
   // Makes blocked and future Write/Peek calls return kAborted.
   virtual void Interrupt() = 0;
 
+  // Makes a Peek that is waiting return early (with what it has), so that
+  // the reader thread can look at other work. Optional.
+  virtual void Wake() {}
+
   // "shared memory" or "tcp 10.0.0.2:41234", for messages.
   virtual std::string Describe() const = 0;
 };

@@ -9,12 +9,14 @@
 // follow its lead: before every timed op rank 0 broadcasts the op and size
 // (untimed), then all ranks pass a barrier and run the op; rank 0 times the op
 // alone (manual time), as ../shared/peers/torch_allreduce.py does for gloo.
-// Counters: algbw = bytes / time, busbw = algbw x 2(N-1)/N for all_reduce,
+// Counters (from the mean time, and p50_us / *_p50_GBps from the median):
+// algbw = bytes / time, busbw = algbw x 2(N-1)/N for all_reduce,
 // x (N-1)/N for all_gather (bytes = the gathered output), x 1 for broadcast.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -102,18 +104,27 @@ void Collective(benchmark::State& state, int64_t command) {
     Wait(Group()->Barrier(), "barrier");
     RunOp(command, nbytes);
   }
+  std::vector<double> seconds;
   for (auto _ : state) {
     Announce(command, nbytes);
     Wait(Group()->Barrier(), "barrier");
     const absl::Time start = absl::Now();
     RunOp(command, nbytes);
-    state.SetIterationTime(absl::ToDoubleSeconds(absl::Now() - start));
+    seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    state.SetIterationTime(seconds.back());
   }
+  // The median as well as the mean: the peer script reports medians, and on
+  // a shared machine a few descheduled iterations move the mean a lot.
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds.empty() ? 0 : seconds[seconds.size() / 2];
   const double bytes = command == kAllGather ? double(nbytes) * world : double(nbytes);
   const double factor = command == kAllReduce   ? 2.0 * (world - 1) / world
                         : command == kAllGather ? double(world - 1) / world
                                                 : 1.0;
   state.counters["ranks"] = world;
+  state.counters["p50_us"] = median * 1e6;
+  state.counters["algbw_p50_GBps"] = median > 0 ? bytes / median / 1e9 : 0;
+  state.counters["busbw_p50_GBps"] = median > 0 ? bytes * factor / median / 1e9 : 0;
   state.counters["algbw"] = benchmark::Counter(bytes * state.iterations(),
                                                benchmark::Counter::kIsRate,
                                                benchmark::Counter::kIs1000);

@@ -70,6 +70,10 @@ struct Mesh::Unexpected {
   MessageKey key;
   uint8_t op;
   std::string data;
+  // A deferred direct message: only its descriptor has been read.
+  bool direct = false;
+  DirectDescriptor descriptor{};
+  size_t nbytes = 0;
   bool complete = false;                  // guarded by Mesh::mu_
   std::shared_ptr<PendingRecv> claimer;  // guarded by Mesh::mu_
 };
@@ -97,6 +101,10 @@ Mesh::Mesh(int rank, std::vector<std::unique_ptr<Channel>> channels, std::vector
       op_names_(std::move(op_names)) {
   for (size_t i = 0; i < channels_.size(); ++i) send_mu_.push_back(std::make_unique<absl::Mutex>());
   next_direct_id_ = std::vector<std::atomic<int64_t>>(channels_.size());
+  {
+    absl::MutexLock lock(&mu_);
+    deferred_.resize(channels_.size());
+  }
   for (int peer = 0; peer < size(); ++peer) {
     if (channels_[peer]) readers_.emplace_back([this, peer] { ReadLoop(peer); });
   }
@@ -253,6 +261,7 @@ std::shared_ptr<PendingRecv> Mesh::Post(int src, MessageKey key, uint8_t op, siz
                                             std::move(done), copy_to);
   std::shared_ptr<Unexpected> ready;
   absl::Status error;
+  int wake = -1;
   {
     absl::MutexLock lock(&mu_);
     // A message that already arrived is delivered even if its sender has
@@ -263,7 +272,10 @@ std::shared_ptr<PendingRecv> Mesh::Post(int src, MessageKey key, uint8_t op, siz
     if (it != unexpected_.end() && aborted_.ok()) {
       std::shared_ptr<Unexpected> u = *it;
       unexpected_.erase(it);
-      if (u->complete) {
+      if (u->direct) {
+        wake = u->src;
+        deferred_[u->src].push_back({recv, u});
+      } else if (u->complete) {
         ready = std::move(u);
       } else {
         u->claimer = recv;  // the reader delivers it when complete
@@ -273,6 +285,7 @@ std::shared_ptr<PendingRecv> Mesh::Post(int src, MessageKey key, uint8_t op, siz
       if (error.ok()) posted_.push_back(recv);
     }
   }
+  if (wake >= 0) channels_[wake]->Wake();
   if (!error.ok()) {
     Finish(recv, error, -1);
   } else if (ready) {
@@ -422,6 +435,10 @@ void Mesh::Abort(const absl::Status& status) {
     for (auto& u : unexpected_) {
       if (u->claimer) posted.push_back(u->claimer);
     }
+    for (auto& queue : deferred_) {
+      for (Deferred& d : queue) posted.push_back(d.target);
+      queue.clear();
+    }
   }
   for (auto& channel : channels_) {
     if (channel) channel->Interrupt();
@@ -437,6 +454,8 @@ void Mesh::FailPeer(int peer, const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     failed_peers_.emplace(peer, error);
     if (first_failure_.ok()) first_failure_ = error;
+    for (Deferred& d : deferred_[peer]) failed.push_back(d.target);
+    deferred_[peer].clear();
     for (auto it = posted_.begin(); it != posted_.end();) {
       if ((*it)->src_ == peer || (*it)->key_.kind == MessageKind::kCollective) {
         failed.push_back(*it);
@@ -452,11 +471,56 @@ void Mesh::FailPeer(int peer, const absl::Status& status) {
 void Mesh::ReadLoop(int peer) {
   Channel& channel = *channels_[peer];
   while (!stopping_.load()) {
-    absl::Status s = ReadMessage(peer, channel);
+    absl::Status s = ReadDeferred(peer);
+    if (s.ok()) s = ReadMessage(peer, channel);
     if (!s.ok()) {
       if (!stopping_.load() && !absl::IsCancelled(s)) FailPeer(peer, s);
       return;
     }
+  }
+}
+
+absl::Status Mesh::ReadDeferred(int peer) {
+  while (true) {
+    Deferred work;
+    {
+      absl::MutexLock lock(&mu_);
+      if (deferred_[peer].empty()) return absl::OkStatus();
+      work = std::move(deferred_[peer].front());
+      deferred_[peer].pop_front();
+    }
+    PendingRecv* r = work.target.get();
+    const Unexpected& m = *work.message;
+    absl::Status match = CheckMatch(*r, peer, m.op, m.nbytes);
+    RecordMismatch(m.key, match);
+    if (!match.ok()) Finish(work.target, match, peer);
+    absl::Status s;
+    if (r->copy_to_ != nullptr) {
+      constexpr size_t kPiece = 4 << 20;
+      for (size_t off = 0; off < m.nbytes && s.ok(); off += kPiece) {
+        absl::MutexLock lock(&r->mu_);
+        if (r->claimed_) break;
+        s = ReadDirectInto(peer, m.descriptor.address, off, std::min(kPiece, m.nbytes - off),
+                           r->copy_to_);
+      }
+    } else {
+      s = ReadDirect(peer, m.descriptor.address, m.nbytes,
+                     [r](size_t off, const char* d, size_t n) {
+                       absl::MutexLock lock(&r->mu_);
+                       if (!r->claimed_) r->sink_(off, d, n);
+                     });
+    }
+    if (s.ok()) {
+      s = Send(peer, {MessageKind::kAck, m.descriptor.id, 0}, kAnyOp, {},
+               absl::Now() + absl::Minutes(5));
+    }
+    if (!s.ok()) {
+      Finish(work.target,
+             absl::Status(s.code(), absl::StrCat("lost ", DescribePeer(peer), ": ", s.message())),
+             peer);
+      return s;
+    }
+    Finish(work.target, absl::OkStatus(), peer);
   }
 }
 
@@ -589,9 +653,16 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
       stash->src = peer;
       stash->key = key;
       stash->op = h.op;
+      if (direct && key.kind == MessageKind::kCollective) {
+        stash->direct = true;  // read when its receive is posted (ReadDeferred)
+        stash->descriptor = descriptor;
+        stash->nbytes = h.nbytes;
+        stash->complete = true;
+      }
       unexpected_.push_back(stash);
     }
   }
+  if (stash && stash->direct) return absl::OkStatus();
 
   absl::Status stream;
   if (target) {

@@ -39,6 +39,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <deque>
 #include <list>
 #include <map>
 #include <set>
@@ -131,7 +132,12 @@ struct PeerInfo {
 // the payload straight out of the sender's memory with process_vm_readv
 // (Cross Memory Attach: one copy instead of two) into the destination, or
 // in 256 KiB pieces through a cache-sized bounce buffer into a reducing
-// sink, then answers with an ack that releases the sender. Ranks that are
+// sink, then answers with an ack that releases the sender. A collective's
+// direct message that arrives before its receive is posted is not copied
+// aside: its descriptor waits, and once the receive is posted the reader
+// thread is woken to read it (safe because every collective posts all its
+// receives before its first send). Point-to-point messages are read into
+// memory at once instead, so that unsafe send/send patterns cannot deadlock. Ranks that are
 // threads of one process read the memory directly. Whether a peer may be
 // read is probed once at setup (a known word at a published address); when
 // the kernel refuses (ptrace restrictions, containers), messages use the ring.
@@ -190,6 +196,8 @@ class Mesh {
   // `status` with "what: " in front, unless it already starts so.
   static absl::Status WithContext(const absl::Status& status, const std::string& what);
   void ReadLoop(int peer);
+  // Reads the deferred direct messages of `peer` (on its reader thread).
+  absl::Status ReadDeferred(int peer);
   absl::Status ReadMessage(int peer, Channel& channel);
   absl::Status StreamPayload(Channel& channel, size_t nbytes, const Sink& sink);
   // Copies a direct message's payload from `peer`'s memory into `sink`.
@@ -220,6 +228,13 @@ class Mesh {
   absl::Status first_failure_ ABSL_GUARDED_BY(mu_);  // of failed_peers_
   // Collectives that a mismatch detected here has doomed.
   std::map<int64_t, absl::Status> mismatched_ ABSL_GUARDED_BY(mu_);
+  // Direct collective messages whose receive was posted after they
+  // arrived: the peer's reader thread reads them (Note [Direct reads]).
+  struct Deferred {
+    std::shared_ptr<PendingRecv> target;
+    std::shared_ptr<Unexpected> message;
+  };
+  std::vector<std::deque<Deferred>> deferred_ ABSL_GUARDED_BY(mu_);
   // Acks of direct messages: (peer, id).
   std::set<std::pair<int, int64_t>> acks_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, absl::Status> poisoned_ ABSL_GUARDED_BY(mu_);

@@ -238,11 +238,14 @@ absl::StatusOr<absl::Span<const char>> ShmChannel::Peek(size_t min_bytes, absl::
   const uint64_t tail = in_->tail.load(std::memory_order_relaxed);
   auto available = [&] { return in_->head.load(std::memory_order_acquire) - tail; };
   if (available() < min_bytes) {
-    auto ready = [&] { return available() >= min_bytes; };
+    auto ready = [&] {
+      return available() >= min_bytes || woken_.load(std::memory_order_relaxed);
+    };
     absl::StatusOr<bool> ok = WaitUntil(ready, in_->reader_sleeping, in_->data_seq,
                                         absl::Now() + wait, interrupted_,
                                         [this] { return CheckPeerAlive(); });
     if (!ok.ok()) return ok.status();
+    if (woken_.exchange(false) && available() < min_bytes) return absl::Span<const char>();
     if (!*ok) {
       absl::Status alive = CheckPeerAlive();
       if (!alive.ok()) return alive;
@@ -258,6 +261,12 @@ void ShmChannel::Consume(size_t n) {
   if (n == 0) return;
   in_->tail.store(in_->tail.load(std::memory_order_relaxed) + n, std::memory_order_release);
   Notify(in_->writer_sleeping, in_->space_seq);
+}
+
+void ShmChannel::Wake() {
+  woken_.store(true);
+  in_->data_seq.fetch_add(1);
+  FutexWakeAll(&in_->data_seq);
 }
 
 void ShmChannel::Interrupt() {

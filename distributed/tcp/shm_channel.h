@@ -63,6 +63,7 @@ class ShmChannel : public Channel {
   absl::StatusOr<absl::Span<const char>> Peek(size_t min_bytes, absl::Duration wait) override;
   void Consume(size_t n) override;
   void Interrupt() override;
+  void Wake() override;
   std::string Describe() const override { return "shared memory"; }
 
   struct Ring;  // the control block of one direction, in the segment
@@ -83,6 +84,7 @@ class ShmChannel : public Channel {
   char* in_data_;
   ShmChannelOptions options_;
   std::atomic<bool> interrupted_{false};
+  std::atomic<bool> woken_{false};
 };
 
 }  // namespace ember::distributed::tcp
