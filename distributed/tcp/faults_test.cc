@@ -57,8 +57,8 @@ TEST(TcpProcessesTest, AllReduceAcrossProcesses) {
 }
 
 // Every survivor's all_reduce fails within about the timeout, naming the
-// missing rank and the op. `fault` is what rank 2 does to itself once its
-// own all_reduce is under way.
+// missing rank and the op. `fault` is the signal rank 2 raises in the
+// middle of its all_reduce, just before the others join it.
 void ExpectSurvivorsFail(int fault, const char* shm) {
   setenv("EMBER_TCP_SHM", shm, 1);
   RunRanksOptions options;
@@ -69,15 +69,16 @@ void ExpectSurvivorsFail(int fault, const char* shm) {
         Tensor t = ones({4 << 20}, kFloat32);  // 16 MiB: the op takes a while
         EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));  // everyone is up
         if (me.rank == 2) {
-          // Let the others finish the first all_reduce (a dead member fails
-          // every collective still waiting), then die inside the second.
-          absl::SleepFor(absl::Milliseconds(300));
+          // Inside its second all_reduce (which waits for the others) when
+          // it is killed or stopped; the others join a moment later.
           EMBER_ASSIGN_OR_RETURN(auto work, me.group->AllReduce(t));
-          absl::SleepFor(absl::Milliseconds(2));
+          absl::SleepFor(absl::Milliseconds(50));
+          if (work->IsCompleted()) return absl::InternalError("the all_reduce ended too soon");
           raise(fault);
           absl::SleepFor(absl::Seconds(30));
           return absl::InternalError("rank 2 survived its own signal");
         }
+        absl::SleepFor(absl::Milliseconds(100));
         const absl::Time start = absl::Now();
         absl::Status s = Finish(me.group->AllReduce(t));
         const absl::Duration took = absl::Now() - start;

@@ -151,6 +151,29 @@ absl::Status SendTo(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int dst, 
                                              ": ", s.message()));
 }
 
+// Holds an op's posted receives; any still pending when the op returns
+// (it failed part way) are cancelled, so that no late message is written
+// into buffers the op is about to free.
+class OpRecvs {
+ public:
+  explicit OpRecvs(Mesh& mesh) : mesh_(mesh) {}
+  ~OpRecvs() {
+    for (auto& recv : recvs_) {
+      if (recv && !recv->finished()) {
+        mesh_.Cancel(recv, absl::CancelledError("the collective ended before this message"));
+      }
+    }
+  }
+  std::shared_ptr<PendingRecv> Add(std::shared_ptr<PendingRecv> recv) {
+    recvs_.push_back(recv);
+    return recv;
+  }
+
+ private:
+  Mesh& mesh_;
+  std::vector<std::shared_ptr<PendingRecv>> recvs_;
+};
+
 // Moves whole buffers between ranks: sends[p] to rank p and recvs[p] from
 // rank p (empty optionals skip a peer), all under one collective step.
 struct Target {
@@ -164,10 +187,11 @@ absl::Status Exchange(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int32_t
   const uint8_t code = static_cast<uint8_t>(ctx.op);
   const MessageKey key{MessageKind::kCollective, ctx.seq, step};
   std::vector<std::shared_ptr<PendingRecv>> posted(n);
+  OpRecvs guard(mesh);
   for (int p = 0; p < n; ++p) {
     if (p != r && recvs[p]) {
-      posted[p] = mesh.Post(p, key, code, recvs[p]->nbytes, CopySink(recvs[p]->data), nullptr,
-                            recvs[p]->data);
+      posted[p] = guard.Add(mesh.Post(p, key, code, recvs[p]->nbytes, CopySink(recvs[p]->data),
+                                      nullptr, recvs[p]->data));
     }
   }
   for (int i = 1; i < n; ++i) {
@@ -203,10 +227,11 @@ absl::Status RingReduceScatter(Mesh& mesh, const TcpProcessGroup::OpContext& ctx
   const int left = (r - 1 + n) % n, right = (r + 1) % n;
   const uint8_t code = static_cast<uint8_t>(ctx.op);
   std::vector<std::shared_ptr<PendingRecv>> rs(n - 1);
+  OpRecvs guard(mesh);
   for (int k = 0; k < n - 1; ++k) {
     Segment s = SegmentOf(r - k - 1, n, numel, elem);
-    rs[k] = mesh.Post(left, {MessageKind::kCollective, ctx.seq, k}, code, s.nbytes,
-                      ReduceSink(op, dtype, data + s.offset));
+    rs[k] = guard.Add(mesh.Post(left, {MessageKind::kCollective, ctx.seq, k}, code, s.nbytes,
+                                ReduceSink(op, dtype, data + s.offset)));
   }
   for (int k = 0; k < n - 1; ++k) {
     Segment s = SegmentOf(r - k, n, numel, elem);
@@ -254,10 +279,11 @@ absl::Status RingAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, ch
   // All-gather receives are posted first too: a segment's final value only
   // arrives after this rank has sent its own part of it (Note [tcp algorithms]).
   std::vector<std::shared_ptr<PendingRecv>> ag(n - 1);
+  OpRecvs guard(mesh);
   for (int k = 0; k < n - 1; ++k) {
     Segment s = SegmentOf(r - k, n, numel, elem);
-    ag[k] = mesh.Post(left, {MessageKind::kCollective, ctx.seq, n - 1 + k}, code, s.nbytes,
-                      CopySink(data + s.offset), nullptr, data + s.offset);
+    ag[k] = guard.Add(mesh.Post(left, {MessageKind::kCollective, ctx.seq, n - 1 + k}, code,
+                                s.nbytes, CopySink(data + s.offset), nullptr, data + s.offset));
   }
   EMBER_RETURN_IF_ERROR(RingReduceScatter(mesh, ctx, data, numel, dtype, op));
   Segment own = SegmentOf(r + 1, n, numel, elem);
