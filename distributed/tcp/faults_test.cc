@@ -5,6 +5,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <iostream>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -95,6 +96,7 @@ void ExpectSurvivorsFail(int fault, const char* shm) {
       options, absl::Seconds(30));
   unsetenv("EMBER_TCP_SHM");
   for (int r = 0; r < 2; ++r) {
+    std::cerr << "rank " << r << " " << results[r].output;  // what the survivor saw
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
     EXPECT_THAT(results[r].output, HasSubstr("rank 2"));
   }

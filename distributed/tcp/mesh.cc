@@ -272,7 +272,9 @@ std::shared_ptr<PendingRecv> Mesh::Post(int src, MessageKey key, uint8_t op, siz
     if (it != unexpected_.end() && aborted_.ok()) {
       std::shared_ptr<Unexpected> u = *it;
       unexpected_.erase(it);
-      if (u->direct) {
+      if (u->direct && failed_peers_.count(u->src)) {
+        error = failed_peers_[u->src];  // its payload died with it
+      } else if (u->direct) {
         wake = u->src;
         deferred_[u->src].push_back({recv, u});
       } else if (u->complete) {
