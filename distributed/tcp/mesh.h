@@ -137,9 +137,13 @@ struct PeerInfo {
 // aside: its descriptor waits, and once the receive is posted the reader
 // thread is woken to read it (safe because every collective posts all its
 // receives before its first send). Point-to-point messages are read into
-// memory at once instead, so that unsafe send/send patterns cannot deadlock. Ranks that are
-// threads of one process read the memory directly. Whether a peer may be
-// read is probed once at setup (a known word at a published address); when
+// memory at once instead, so that unsafe send/send patterns cannot deadlock.
+// Ranks that are threads of one process use the rings: a sender that gives
+// up at its deadline frees its buffer, which a late reader in the same
+// address space must never touch. (Between processes such a late read
+// gets whatever the sender's memory then holds; the sender's failure
+// poisons the collective, so the receiver's op fails too, unless it had
+// already finished.) Whether a peer may be read is probed once at setup (a known word at a published address); when
 // the kernel refuses (ptrace restrictions, containers), messages use the ring.
 inline constexpr size_t kDirectBytes = 256 << 10;
 

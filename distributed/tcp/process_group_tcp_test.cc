@@ -452,8 +452,8 @@ TEST(TcpProcessGroupTest, SocketsWhenSharedMemoryIsOff) {
 TEST(TcpProcessGroupTest, SharedMemoryBetweenRanksOnOneHost) {
   absl::Status s = RunRanks(2, [](Rank& me) -> absl::Status {
     auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
-    // Ranks that are threads of one process can always read each other.
-    EXPECT_EQ(tcp->TransportTo(1 - me.rank), "shared memory + direct reads");
+    // Ranks that are threads of one process keep to the rings.
+    EXPECT_EQ(tcp->TransportTo(1 - me.rank), "shared memory");
     return absl::OkStatus();
   });
   EXPECT_TRUE(s.ok()) << s;
