@@ -8,6 +8,7 @@
 namespace ember::distributed {
 namespace {
 std::string DtypeText(Dtype dtype) { return std::string(DtypeName(dtype)); }
+constexpr absl::Duration kDeadlineGrace = absl::Milliseconds(250);
 }  // namespace
 
 // Note [ProcessGroup layers]
@@ -78,7 +79,7 @@ absl::Status Work::Wait(absl::Duration timeout) {
   const absl::Time until = absl::Now() + timeout;
   // A short grace after the deadline lets the backend report the failure
   // itself, naming the peer it was waiting for.
-  const absl::Time cancel_at = deadline_ + absl::Milliseconds(250);
+  const absl::Time cancel_at = deadline_ + kDeadlineGrace;
   {
     absl::MutexLock lock(&mu_);
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
@@ -98,8 +99,13 @@ absl::Status Work::Wait(absl::Duration timeout) {
 }
 
 bool Work::IsCompleted() {
-  absl::MutexLock lock(&mu_);
-  return done_;
+  {
+    absl::MutexLock lock(&mu_);
+    if (done_ || absl::Now() < deadline_ + kDeadlineGrace) return done_;
+  }
+  // Past its deadline: a poller learns of the timeout as a waiter would.
+  (void)Wait(absl::ZeroDuration());
+  return true;
 }
 
 absl::Status Work::status() {

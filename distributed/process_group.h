@@ -114,7 +114,8 @@ class Work {
   absl::Status Wait(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Wait() { return Wait(absl::InfiniteDuration()); }
 
-  // Whether the op has finished (successfully or not). Never blocks.
+  // Whether the op has finished (successfully or not). Never blocks; past
+  // the deadline it fails the op as Wait would, so polling also times out.
   bool IsCompleted() ABSL_LOCKS_EXCLUDED(mu_);
   // OK while running or after success; the error after a failure.
   absl::Status status() ABSL_LOCKS_EXCLUDED(mu_);

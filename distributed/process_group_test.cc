@@ -103,6 +103,14 @@ TEST(WorkTest, WaitReturnsTheStatusOrTimesOut) {
   EXPECT_EQ(work.status().code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(WorkTest, PollingPastTheDeadlineFailsTheWork) {
+  Work work(OpType::kRecv, absl::Now() + absl::Milliseconds(5));
+  EXPECT_FALSE(work.IsCompleted());
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_TRUE(work.IsCompleted());
+  EXPECT_EQ(work.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST(WorkTest, PastItsDeadlineAWorkFails) {
   Work work(OpType::kBarrier, absl::Now() + absl::Milliseconds(10));
   const absl::Time start = absl::Now();

@@ -13,12 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "distributed/tcp/shm_channel.h"
-
-#define EMBER_MESH_RETURN_IF_ERROR(expr)   \
-  do {                                     \
-    ::absl::Status mesh_status_ = (expr);  \
-    if (!mesh_status_.ok()) return mesh_status_; \
-  } while (0)
+#include "tensor/status_macros.h"
 
 namespace ember::distributed::tcp {
 namespace {
@@ -186,7 +181,7 @@ absl::Status Mesh::SendDirect(int dst, MessageKey key, uint8_t op,
   std::memcpy(buf, &wire, sizeof(wire));
   {
     absl::MutexLock lock(send_mu_[dst].get());
-    EMBER_MESH_RETURN_IF_ERROR(channels_[dst]->Write(buf, kHeaderBytes + kAlign, deadline));
+    EMBER_RETURN_IF_ERROR(channels_[dst]->Write(buf, kHeaderBytes + kAlign, deadline));
   }
   // The payload must stay put until the receiver has read it.
   absl::MutexLock lock(&mu_);

@@ -504,10 +504,6 @@ void TcpProcessGroup::WorkerLoop() {
       if (queue_.empty()) return;  // stopping, and nothing left
       item = std::move(queue_.front());
       queue_.pop_front();
-      if (stopping_ && !aborted_.ok()) {
-        item.work->Finish(aborted_);
-        continue;
-      }
       if (!aborted_.ok()) {
         item.work->Finish(aborted_);
         continue;
