@@ -18,6 +18,8 @@ PACKAGES=(
   # hub/ tests: openssl makes the loopback HTTPS server's certificate;
   # python3-torch(vision) check Ember's checkpoints and ResNet-18 against PyTorch.
   openssl python3-torch python3-torchvision
+  # `ip netns` for the two-host test of tools/launch (multihost_test).
+  iproute2
 )
 CUDA=/usr/local/cuda
 

@@ -1,0 +1,60 @@
+#include "distributed/backend_registry.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+
+namespace ember::distributed {
+namespace {
+
+struct Registry {
+  absl::Mutex mu;
+  // unique_ptr: pointers handed out stay valid while the map grows.
+  std::map<std::string, std::unique_ptr<BackendInfo>> backends ABSL_GUARDED_BY(mu);
+};
+
+Registry& GetRegistry() {
+  static Registry* registry = new Registry;
+  return *registry;
+}
+
+}  // namespace
+
+absl::Status RegisterBackend(BackendInfo info) {
+  Registry& r = GetRegistry();
+  std::string key = absl::AsciiStrToLower(info.name);
+  absl::MutexLock lock(&r.mu);
+  if (r.backends.count(key)) {
+    return absl::AlreadyExistsError(absl::StrCat("backend '", key, "' is already registered"));
+  }
+  r.backends.emplace(key, std::make_unique<BackendInfo>(std::move(info)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const BackendInfo*> FindBackend(const std::string& name) {
+  Registry& r = GetRegistry();
+  std::string key = absl::AsciiStrToLower(name);
+  absl::MutexLock lock(&r.mu);
+  auto it = r.backends.find(key);
+  if (it != r.backends.end()) return it->second.get();
+  std::vector<std::string> names;
+  for (const auto& [n, info] : r.backends) names.push_back(n);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown backend '", name, "'; registered backends: ",
+      names.empty() ? "(none: link //distributed/tcp)" : absl::StrJoin(names, ", ")));
+}
+
+std::vector<std::string> RegisteredBackends() {
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  std::vector<std::string> names;
+  for (const auto& [n, info] : r.backends) names.push_back(n);
+  return names;
+}
+
+}  // namespace ember::distributed

@@ -1,0 +1,70 @@
+// The registry of process-group backends by name ("tcp", later "gloo",
+// "nccl", "mpi"): how init_process_group and new_group turn a backend name
+// into a ProcessGroup.
+//
+//   // In a backend's .cc (an alwayslink library), once per process:
+//   EMBER_REGISTER_BACKEND(tcp, ember::distributed::BackendInfo{
+//       .name = "tcp", .support = TcpSupportTable(), .create = &CreateTcpGroup});
+//
+//   EMBER_ASSIGN_OR_RETURN(const BackendInfo* info, FindBackend("tcp"));
+//   EMBER_ASSIGN_OR_RETURN(auto pg, info->create(options));
+//
+// Names are case-insensitive, as torch's Backend("GLOO") == "gloo".
+//
+// Errors: FindBackend returns kInvalidArgument naming the unknown backend and
+// listing the registered ones; RegisterBackend returns kAlreadyExists for a
+// second registration of a name.
+//
+// Thread-safety: all functions are thread-safe.
+#ifndef EMBER_DISTRIBUTED_BACKEND_REGISTRY_H_
+#define EMBER_DISTRIBUTED_BACKEND_REGISTRY_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "distributed/process_group.h"
+#include "distributed/store.h"
+
+namespace ember::distributed {
+
+// What a backend needs to build one group: the rendezvous store (shared by
+// the group's ranks), this process's rank in the group and its size.
+struct BackendOptions {
+  std::shared_ptr<Store> store;
+  // Prepended to every key the backend writes, so that groups (and jobs
+  // sharing a store through group_name) never collide.
+  std::string store_prefix;
+  int rank = 0;
+  int size = 1;
+  absl::Duration timeout = kDefaultStoreTimeout;
+};
+
+struct BackendInfo {
+  std::string name;
+  // The ops and devices the backend implements (Note [Backend support table]).
+  SupportTable support;
+  // Builds the group; blocks until every rank has connected or the timeout.
+  std::function<absl::StatusOr<std::shared_ptr<ProcessGroup>>(const BackendOptions&)> create;
+};
+
+absl::Status RegisterBackend(BackendInfo info);
+// The backend called `name`; the pointer stays valid for the process's life.
+absl::StatusOr<const BackendInfo*> FindBackend(const std::string& name);
+std::vector<std::string> RegisteredBackends();
+
+}  // namespace ember::distributed
+
+// Registers a backend while the program starts (use in an alwayslink library).
+#define EMBER_REGISTER_BACKEND(id, ...)                                             \
+  static const bool ember_backend_registered_##id = [] {                            \
+    ::absl::Status s = ::ember::distributed::RegisterBackend(__VA_ARGS__);          \
+    return s.ok();                                                                  \
+  }()
+
+#endif  // EMBER_DISTRIBUTED_BACKEND_REGISTRY_H_

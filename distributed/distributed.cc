@@ -1,0 +1,398 @@
+#include "distributed/distributed.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "distributed/backend_registry.h"
+#include "distributed/rendezvous.h"
+#include "tensor/status_macros.h"
+
+namespace ember::distributed {
+namespace {
+
+// The handle new_group returns to processes outside the group: every op
+// fails, naming this rank and the members.
+class NonMemberGroup : public ProcessGroup {
+ public:
+  NonMemberGroup(int global_rank, std::vector<int> members, const BackendInfo& backend)
+      : ProcessGroup(-1, static_cast<int>(members.size()), backend.name, backend.support,
+                     absl::ZeroDuration()),
+        error_(absl::FailedPreconditionError(absl::StrCat(
+            "rank ", global_rank, " is not a member of this group (ranks [",
+            absl::StrJoin(members, ", "), "]); only its members may run ops on it"))) {}
+  void Abort() override {}
+
+ protected:
+  absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor&, const BroadcastOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(const Tensor&, const AllReduceOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor&, const ReduceOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGather(absl::Span<const Tensor>, const Tensor&, const AllGatherOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(const Tensor&, const Tensor&, const AllGatherOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor>, const Tensor&, const GatherOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoScatter(const Tensor&, absl::Span<const Tensor>, const ScatterOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(const Tensor&, absl::Span<const Tensor>, const ReduceScatterOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(absl::Span<const Tensor>, absl::Span<const Tensor>, const AllToAllOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoBarrier(const BarrierOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(const MonitoredBarrierOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoSend(const Tensor&, int, const P2POptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor&, int, const P2POptions&) override { return error_; }
+
+ private:
+  absl::Status error_;
+};
+
+struct State {
+  absl::Mutex mu;
+  Group world ABSL_GUARDED_BY(mu);
+  std::shared_ptr<Store> store ABSL_GUARDED_BY(mu);
+  std::string prefix ABSL_GUARDED_BY(mu);
+  std::string backend ABSL_GUARDED_BY(mu);
+  absl::Duration timeout ABSL_GUARDED_BY(mu);
+  int rank ABSL_GUARDED_BY(mu) = -1;
+  int size ABSL_GUARDED_BY(mu) = 0;
+  int generation ABSL_GUARDED_BY(mu) = 0;
+  int next_group ABSL_GUARDED_BY(mu) = 0;
+  // Global ranks of each group's members, by group rank.
+  std::map<const ProcessGroup*, std::vector<int>> members ABSL_GUARDED_BY(mu);
+};
+
+State& GetState() {
+  static State* state = new State;
+  return *state;
+}
+
+absl::Status NotInitialized() {
+  return absl::FailedPreconditionError(
+      "the default process group is not initialized; call init_process_group first");
+}
+
+// The group to run on and its members' global ranks.
+struct Resolved {
+  Group group;
+  std::vector<int> members;
+  int global_rank;
+
+  // The group rank of global rank `rank` (kAnySource passes through).
+  absl::StatusOr<int> GroupRank(int rank, const char* what) const {
+    if (rank == kAnySource) return rank;
+    auto it = std::find(members.begin(), members.end(), rank);
+    if (it == members.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " ", rank,
+                                                     " is not a member of the group (ranks [",
+                                                     absl::StrJoin(members, ", "), "])"));
+    }
+    return static_cast<int>(it - members.begin());
+  }
+};
+
+absl::StatusOr<Resolved> Resolve(const Group& group) {
+  State& s = GetState();
+  absl::MutexLock lock(&s.mu);
+  if (!s.world) return NotInitialized();
+  Resolved r{group ? group : s.world, {}, s.rank};
+  auto it = s.members.find(r.group.get());
+  if (it == s.members.end()) {
+    return absl::FailedPreconditionError(
+        "the group was destroyed (destroy_process_group) or is not a group of this job");
+  }
+  r.members = it->second;
+  if (r.group->rank() < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", s.rank, " is not a member of this group (ranks [", absl::StrJoin(r.members, ", "),
+        "]); only its members may run ops on it"));
+  }
+  return r;
+}
+
+absl::Status WaitFor(absl::StatusOr<std::shared_ptr<Work>> work) {
+  if (!work.ok()) return work.status();
+  return (*work)->Wait();
+}
+
+}  // namespace
+
+absl::Status init_process_group(const InitOptions& options) {
+  State& s = GetState();
+  absl::MutexLock lock(&s.mu);
+  if (s.world) {
+    return absl::FailedPreconditionError(
+        "init_process_group was already called; call destroy_process_group first");
+  }
+  EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, FindBackend(options.backend));
+  BackendOptions b;
+  if (options.store) {
+    if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init_process_group with a store needs world_size >= 1 and 0 <= rank < world_size; got "
+          "world_size ",
+          options.world_size, ", rank ", options.rank));
+    }
+    b.store = options.store;
+    b.rank = options.rank;
+    b.size = options.world_size;
+  } else {
+    RendezvousOptions r;
+    r.init_method = options.init_method;
+    r.world_size = options.world_size;
+    r.rank = options.rank;
+    r.group_name = options.group_name;
+    r.timeout = options.timeout;
+    EMBER_ASSIGN_OR_RETURN(RendezvousResult joined, Rendezvous(r));
+    b.store = joined.store;
+    b.rank = joined.rank;
+    b.size = joined.world_size;
+  }
+  b.timeout = options.timeout;
+  b.store_prefix = absl::StrCat("pg", s.generation, "/world/");
+  EMBER_ASSIGN_OR_RETURN(Group world, backend->create(b));
+  s.world = world;
+  s.store = b.store;
+  s.prefix = absl::StrCat("pg", s.generation, "/");
+  s.backend = backend->name;
+  s.timeout = options.timeout;
+  s.rank = b.rank;
+  s.size = b.size;
+  s.next_group = 0;
+  ++s.generation;
+  std::vector<int> all(b.size);
+  for (int i = 0; i < b.size; ++i) all[i] = i;
+  s.members[world.get()] = std::move(all);
+  return absl::OkStatus();
+}
+
+bool is_initialized() {
+  State& s = GetState();
+  absl::MutexLock lock(&s.mu);
+  return s.world != nullptr;
+}
+
+absl::StatusOr<int> get_rank(const Group& group) {
+  State& s = GetState();
+  absl::MutexLock lock(&s.mu);
+  if (!s.world) return NotInitialized();
+  return group ? group->rank() : s.rank;
+}
+
+absl::StatusOr<int> get_world_size(const Group& group) {
+  State& s = GetState();
+  absl::MutexLock lock(&s.mu);
+  if (!s.world) return NotInitialized();
+  return group ? group->size() : s.size;
+}
+
+absl::StatusOr<Group> get_default_group() {
+  State& s = GetState();
+  absl::MutexLock lock(&s.mu);
+  if (!s.world) return NotInitialized();
+  return s.world;
+}
+
+absl::Status destroy_process_group(const Group& group) {
+  State& s = GetState();
+  std::map<const ProcessGroup*, std::vector<int>> dropped;
+  Group world;
+  {
+    absl::MutexLock lock(&s.mu);
+    if (!s.world) return NotInitialized();
+    if (group && group != s.world) {
+      if (s.members.erase(group.get()) == 0) {
+        return absl::InvalidArgumentError("destroy_process_group: unknown or destroyed group");
+      }
+      return absl::OkStatus();
+    }
+    world = std::move(s.world);
+    s.world = nullptr;
+    s.members.clear();
+    s.store = nullptr;
+    s.rank = -1;
+    s.size = 0;
+  }
+  // `world` (and groups the caller no longer holds) are released here,
+  // outside the lock: destruction joins the group's threads.
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& options) {
+  State& s = GetState();
+  absl::MutexLock lock(&s.mu);
+  if (!s.world) return NotInitialized();
+  if (ranks.empty()) {
+    for (int i = 0; i < s.size; ++i) ranks.push_back(i);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= s.size) {
+      return absl::InvalidArgumentError(absl::StrCat("new_group: rank ", ranks[i],
+                                                     " is out of range for world size ", s.size));
+    }
+    if (i > 0 && ranks[i] == ranks[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("new_group: rank ", ranks[i], " is listed twice"));
+    }
+  }
+  const int id = s.next_group++;
+  const std::string backend_name = options.backend.empty() ? s.backend : options.backend;
+  EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, FindBackend(backend_name));
+  auto me = std::find(ranks.begin(), ranks.end(), s.rank);
+  Group group;
+  if (me == ranks.end()) {
+    group = std::make_shared<NonMemberGroup>(s.rank, ranks, *backend);
+  } else {
+    BackendOptions b;
+    b.store = s.store;
+    b.store_prefix = absl::StrCat(s.prefix, "group", id, "/");
+    b.rank = static_cast<int>(me - ranks.begin());
+    b.size = static_cast<int>(ranks.size());
+    b.timeout = options.timeout.value_or(s.timeout);
+    EMBER_ASSIGN_OR_RETURN(group, backend->create(b));
+  }
+  s.members[group.get()] = ranks;
+  return group;
+}
+
+// --- Point-to-point ------------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<Work>> isend(const Tensor& tensor, int dst, const Group& group,
+                                            int tag) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  EMBER_ASSIGN_OR_RETURN(int to, r.GroupRank(dst, "send: dst"));
+  return r.group->Send(tensor, to, {.tag = tag});
+}
+
+absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src,
+                                                const Group& group, int tag) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  EMBER_ASSIGN_OR_RETURN(int from, r.GroupRank(src, "recv: src"));
+  return r.group->Recv(tensor, from, {.tag = tag});
+}
+
+absl::Status send(const Tensor& tensor, int dst, const Group& group, int tag) {
+  return WaitFor(isend(tensor, dst, group, tag));
+}
+
+absl::StatusOr<int> recv(const Tensor& tensor, int src, const Group& group, int tag) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  EMBER_ASSIGN_OR_RETURN(int from, r.GroupRank(src, "recv: src"));
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<RecvWork> work, r.group->Recv(tensor, from, {.tag = tag}));
+  EMBER_RETURN_IF_ERROR(work->Wait());
+  const int source = work->source();
+  return source >= 0 && source < static_cast<int>(r.members.size()) ? r.members[source] : source;
+}
+
+// --- Collectives ---------------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<Work>> broadcast_async(const Tensor& tensor, int src,
+                                                      const Group& group) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(src, "broadcast: src"));
+  return r.group->Broadcast(tensor, {.root = root});
+}
+
+absl::StatusOr<std::shared_ptr<Work>> all_reduce_async(const Tensor& tensor, ReduceOp op,
+                                                       const Group& group) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  return r.group->AllReduce(tensor, {.op = op});
+}
+
+absl::StatusOr<std::shared_ptr<Work>> reduce_async(const Tensor& tensor, int dst, ReduceOp op,
+                                                   const Group& group) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(dst, "reduce: dst"));
+  return r.group->Reduce(tensor, {.root = root, .op = op});
+}
+
+absl::StatusOr<std::shared_ptr<Work>> all_gather_async(absl::Span<const Tensor> tensor_list,
+                                                       const Tensor& tensor, const Group& group) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  return r.group->AllGather(tensor_list, tensor);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> all_gather_into_tensor_async(const Tensor& output,
+                                                                   const Tensor& input,
+                                                                   const Group& group) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  return r.group->AllGatherIntoTensor(output, input);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> gather_async(const Tensor& tensor,
+                                                   absl::Span<const Tensor> gather_list, int dst,
+                                                   const Group& group) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(dst, "gather: dst"));
+  return r.group->Gather(gather_list, tensor, {.root = root});
+}
+
+absl::StatusOr<std::shared_ptr<Work>> scatter_async(const Tensor& tensor,
+                                                    absl::Span<const Tensor> scatter_list,
+                                                    int src, const Group& group) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(src, "scatter: src"));
+  return r.group->Scatter(tensor, scatter_list, {.root = root});
+}
+
+absl::StatusOr<std::shared_ptr<Work>> reduce_scatter_async(const Tensor& output,
+                                                           absl::Span<const Tensor> input_list,
+                                                           ReduceOp op, const Group& group) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  return r.group->ReduceScatter(output, input_list, {.op = op});
+}
+
+absl::StatusOr<std::shared_ptr<Work>> all_to_all_async(absl::Span<const Tensor> output_list,
+                                                       absl::Span<const Tensor> input_list,
+                                                       const Group& group) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  return r.group->AllToAll(output_list, input_list);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> barrier_async(const Group& group) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  return r.group->Barrier();
+}
+
+absl::Status broadcast(const Tensor& tensor, int src, const Group& group) {
+  return WaitFor(broadcast_async(tensor, src, group));
+}
+absl::Status all_reduce(const Tensor& tensor, ReduceOp op, const Group& group) {
+  return WaitFor(all_reduce_async(tensor, op, group));
+}
+absl::Status reduce(const Tensor& tensor, int dst, ReduceOp op, const Group& group) {
+  return WaitFor(reduce_async(tensor, dst, op, group));
+}
+absl::Status all_gather(absl::Span<const Tensor> tensor_list, const Tensor& tensor,
+                        const Group& group) {
+  return WaitFor(all_gather_async(tensor_list, tensor, group));
+}
+absl::Status all_gather_into_tensor(const Tensor& output, const Tensor& input,
+                                    const Group& group) {
+  return WaitFor(all_gather_into_tensor_async(output, input, group));
+}
+absl::Status gather(const Tensor& tensor, absl::Span<const Tensor> gather_list, int dst,
+                    const Group& group) {
+  return WaitFor(gather_async(tensor, gather_list, dst, group));
+}
+absl::Status scatter(const Tensor& tensor, absl::Span<const Tensor> scatter_list, int src,
+                     const Group& group) {
+  return WaitFor(scatter_async(tensor, scatter_list, src, group));
+}
+absl::Status reduce_scatter(const Tensor& output, absl::Span<const Tensor> input_list,
+                            ReduceOp op, const Group& group) {
+  return WaitFor(reduce_scatter_async(output, input_list, op, group));
+}
+absl::Status all_to_all(absl::Span<const Tensor> output_list,
+                        absl::Span<const Tensor> input_list, const Group& group) {
+  return WaitFor(all_to_all_async(output_list, input_list, group));
+}
+absl::Status barrier(const Group& group) { return WaitFor(barrier_async(group)); }
+
+absl::Status monitored_barrier(const Group& group, std::optional<absl::Duration> timeout,
+                               bool wait_all_ranks) {
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
+  return WaitFor(
+      r.group->MonitoredBarrier({.timeout = timeout, .wait_all_ranks = wait_all_ranks}));
+}
+
+}  // namespace ember::distributed

@@ -1,0 +1,157 @@
+// torch.distributed for C++ programs: one default process group per process,
+// created by init_process_group, and the free functions that run ops on it
+// (or on a group made by new_group).
+//
+//   // Every process (launched with MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK):
+//   EMBER_RETURN_IF_ERROR(ember::distributed::init_process_group({.backend = "tcp"}));
+//   ember::Tensor t = ember::ones({1024});
+//   EMBER_RETURN_IF_ERROR(ember::distributed::all_reduce(t));   // t == world_size
+//   EMBER_ASSIGN_OR_RETURN(auto pair, ember::distributed::new_group({0, 1}));
+//   EMBER_RETURN_IF_ERROR(ember::distributed::broadcast(t, /*src=*/0, pair));
+//   EMBER_RETURN_IF_ERROR(ember::distributed::destroy_process_group());
+//
+// As in torch, ranks passed to the free functions (src, dst) are global ranks
+// even when a group is given; inside ProcessGroup's own methods they are ranks
+// within the group. Each op has a blocking form returning absl::Status and an
+// `_async` form returning the op's Work (torch's async_op=True). Calls on a
+// group this process is not a member of fail with kFailedPrecondition naming
+// the rank and the group's members; calls before init_process_group fail
+// with kFailedPrecondition ("call init_process_group first").
+//
+// Errors: absl::Status throughout (see process_group.h for the codes);
+// init_process_group's rendezvous errors name the variable or URL at fault
+// (distributed/rendezvous.h).
+//
+// Thread-safety: all functions are thread-safe; init_process_group and
+// destroy_process_group must not race with ops on the default group.
+#ifndef EMBER_DISTRIBUTED_DISTRIBUTED_H_
+#define EMBER_DISTRIBUTED_DISTRIBUTED_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "distributed/process_group.h"
+#include "distributed/store.h"
+#include "tensor/tensor.h"
+
+namespace ember::distributed {
+
+// torch.distributed's default_pg_timeout: 30 minutes.
+inline constexpr absl::Duration kDefaultProcessGroupTimeout = absl::Minutes(30);
+
+// A handle to a process group; null means the default group.
+using Group = std::shared_ptr<ProcessGroup>;
+
+struct InitOptions {
+  std::string backend = "tcp";
+  // env://, tcp://host:port, tcp://<multicast address>:port, file:///path.
+  std::string init_method = "env://";
+  int world_size = -1;  // -1: from the init method / environment
+  int rank = -1;        // -1: from the init method / environment
+  std::string group_name;
+  absl::Duration timeout = kDefaultProcessGroupTimeout;
+  // torch's `store=` argument: use this store instead of a rendezvous
+  // (world_size and rank must then be given).
+  std::shared_ptr<Store> store;
+};
+
+// Rendezvous with the other processes, then builds the default group with
+// the backend. Blocks until every rank has joined or `timeout`.
+// kFailedPrecondition if already initialised.
+absl::Status init_process_group(const InitOptions& options = {});
+bool is_initialized();
+// This process's rank in `group` (global rank for the default group), or -1
+// when it is not a member, as torch returns.
+absl::StatusOr<int> get_rank(const Group& group = nullptr);
+absl::StatusOr<int> get_world_size(const Group& group = nullptr);
+// The default group (for the ProcessGroup methods).
+absl::StatusOr<Group> get_default_group();
+// Destroys `group`, or every group and the default one when null. Ops
+// already issued on it finish or fail with kAborted.
+absl::Status destroy_process_group(const Group& group = nullptr);
+
+struct NewGroupOptions {
+  std::optional<absl::Duration> timeout;  // the default group's when unset
+  std::string backend;                    // the default group's when empty
+};
+// A group of the given global ranks (all ranks when empty). Every process
+// must call new_group, with the same ranks, in the same order. Members block
+// until the group's ranks have connected; non-members get a handle whose ops
+// fail clearly.
+absl::StatusOr<Group> new_group(std::vector<int> ranks = {},
+                                const NewGroupOptions& options = {});
+
+// --- Point-to-point (blocking forms wait for completion) ----------------------
+absl::Status send(const Tensor& tensor, int dst, const Group& group = nullptr, int tag = 0);
+// Returns the sender's global rank (useful with src = kAnySource).
+absl::StatusOr<int> recv(const Tensor& tensor, int src = kAnySource,
+                         const Group& group = nullptr, int tag = 0);
+absl::StatusOr<std::shared_ptr<Work>> isend(const Tensor& tensor, int dst,
+                                            const Group& group = nullptr, int tag = 0);
+absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src = kAnySource,
+                                                const Group& group = nullptr, int tag = 0);
+
+// --- Collectives ----------------------------------------------------------------
+absl::Status broadcast(const Tensor& tensor, int src, const Group& group = nullptr);
+absl::Status all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum,
+                        const Group& group = nullptr);
+absl::Status reduce(const Tensor& tensor, int dst, ReduceOp op = ReduceOp::kSum,
+                    const Group& group = nullptr);
+absl::Status all_gather(absl::Span<const Tensor> tensor_list, const Tensor& tensor,
+                        const Group& group = nullptr);
+absl::Status all_gather_into_tensor(const Tensor& output, const Tensor& input,
+                                    const Group& group = nullptr);
+// `gather_list` is used on dst only (pass {} elsewhere); likewise
+// `scatter_list` on src.
+absl::Status gather(const Tensor& tensor, absl::Span<const Tensor> gather_list, int dst,
+                    const Group& group = nullptr);
+absl::Status scatter(const Tensor& tensor, absl::Span<const Tensor> scatter_list, int src,
+                     const Group& group = nullptr);
+absl::Status reduce_scatter(const Tensor& output, absl::Span<const Tensor> input_list,
+                            ReduceOp op = ReduceOp::kSum, const Group& group = nullptr);
+absl::Status all_to_all(absl::Span<const Tensor> output_list,
+                        absl::Span<const Tensor> input_list, const Group& group = nullptr);
+absl::Status barrier(const Group& group = nullptr);
+// Rank 0's error names the ranks that did not arrive within `timeout` (the
+// group's timeout when unset).
+absl::Status monitored_barrier(const Group& group = nullptr,
+                               std::optional<absl::Duration> timeout = std::nullopt,
+                               bool wait_all_ranks = false);
+
+// The same ops, returning their Work instead of waiting (torch's async_op).
+absl::StatusOr<std::shared_ptr<Work>> broadcast_async(const Tensor& tensor, int src,
+                                                      const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> all_reduce_async(const Tensor& tensor,
+                                                       ReduceOp op = ReduceOp::kSum,
+                                                       const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> reduce_async(const Tensor& tensor, int dst,
+                                                   ReduceOp op = ReduceOp::kSum,
+                                                   const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> all_gather_async(absl::Span<const Tensor> tensor_list,
+                                                       const Tensor& tensor,
+                                                       const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> all_gather_into_tensor_async(
+    const Tensor& output, const Tensor& input, const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> gather_async(const Tensor& tensor,
+                                                   absl::Span<const Tensor> gather_list, int dst,
+                                                   const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> scatter_async(const Tensor& tensor,
+                                                    absl::Span<const Tensor> scatter_list,
+                                                    int src, const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> reduce_scatter_async(
+    const Tensor& output, absl::Span<const Tensor> input_list, ReduceOp op = ReduceOp::kSum,
+    const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> all_to_all_async(absl::Span<const Tensor> output_list,
+                                                       absl::Span<const Tensor> input_list,
+                                                       const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> barrier_async(const Group& group = nullptr);
+
+}  // namespace ember::distributed
+
+#endif  // EMBER_DISTRIBUTED_DISTRIBUTED_H_

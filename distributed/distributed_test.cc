@@ -1,0 +1,202 @@
+// The torch.distributed-style API, with ranks as processes that rendezvous
+// through file:// (the default group is per process, so threads cannot
+// stand in for ranks here).
+#include "distributed/distributed.h"
+
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "distributed/hash_store.h"
+#include "distributed/testing/ranks.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tensor/factories.h"
+#include "tensor/status_macros.h"
+
+namespace ember::distributed {
+namespace {
+
+using ::ember::distributed::testing::ProcessResult;
+using ::ember::distributed::testing::Rank;
+using ::ember::distributed::testing::RunRankProcesses;
+using ::ember::distributed::testing::RunRanksOptions;
+using ::testing::HasSubstr;
+
+// Fails the rank with a message naming the check.
+absl::Status Check(bool ok, const std::string& what) {
+  return ok ? absl::OkStatus() : absl::InternalError(absl::StrCat("check failed: ", what));
+}
+
+absl::Status Init(const Rank& me) {
+  return init_process_group({.init_method = absl::StrCat("file://", me.temp_dir, "/rendezvous"),
+                             .world_size = me.world_size,
+                             .rank = me.rank,
+                             .timeout = absl::Seconds(20)});
+}
+
+TEST(DistributedTest, BeforeInitEverythingAsksForInit) {
+  EXPECT_FALSE(is_initialized());
+  Tensor t = ones({2});
+  absl::Status s = all_reduce(t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("init_process_group"));
+  EXPECT_EQ(get_rank().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(destroy_process_group().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(DistributedTest, UnknownBackendListsTheKnownOnes) {
+  absl::Status s = init_process_group({.backend = "nccl2", .world_size = 1, .rank = 0,
+                                       .store = nullptr});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("tcp"));
+  EXPECT_FALSE(is_initialized());
+}
+
+TEST(DistributedTest, CollectivesAndPointToPointOnTheDefaultGroup) {
+  RunRanksOptions options;
+  options.make_group = false;
+  std::vector<ProcessResult> results = RunRankProcesses(
+      3,
+      [](Rank& me) -> absl::Status {
+        EMBER_RETURN_IF_ERROR(Init(me));
+        EMBER_RETURN_IF_ERROR(Check(is_initialized(), "is_initialized"));
+        EMBER_ASSIGN_OR_RETURN(int rank, get_rank());
+        EMBER_ASSIGN_OR_RETURN(int world, get_world_size());
+        EMBER_RETURN_IF_ERROR(Check(rank == me.rank && world == 3, "rank and world size"));
+        absl::Status again = init_process_group({.world_size = 3, .rank = me.rank});
+        EMBER_RETURN_IF_ERROR(Check(again.code() == absl::StatusCode::kFailedPrecondition,
+                                    "a second init fails"));
+
+        Tensor t = full({5}, rank + 1, kFloat32);
+        EMBER_RETURN_IF_ERROR(all_reduce(t));
+        EMBER_RETURN_IF_ERROR(Check(t.equal(full({5}, 6, kFloat32)), "all_reduce sum"));
+        EMBER_RETURN_IF_ERROR(all_reduce(t, ReduceOp::kMax));
+        Tensor b = full({3}, rank, kInt64);
+        EMBER_RETURN_IF_ERROR(broadcast(b, /*src=*/2));
+        EMBER_RETURN_IF_ERROR(Check(b.equal(full({3}, 2, kInt64)), "broadcast from 2"));
+
+        Tensor r = full({1}, rank * 10, kInt32);
+        EMBER_RETURN_IF_ERROR(reduce(r, /*dst=*/1));
+        if (rank == 1) EMBER_RETURN_IF_ERROR(Check(r.item<int>() == 30, "reduce to 1"));
+
+        std::vector<Tensor> parts = {zeros({2}), zeros({2}), zeros({2})};
+        EMBER_RETURN_IF_ERROR(all_gather(parts, full({2}, rank, kFloat32)));
+        for (int i = 0; i < 3; ++i) {
+          EMBER_RETURN_IF_ERROR(Check(parts[i].equal(full({2}, i, kFloat32)), "all_gather"));
+        }
+        Tensor flat = zeros({6});
+        EMBER_RETURN_IF_ERROR(all_gather_into_tensor(flat, full({2}, rank, kFloat32)));
+        EMBER_RETURN_IF_ERROR(
+            Check(flat.equal(tensor({0.f, 0.f, 1.f, 1.f, 2.f, 2.f})), "all_gather_into_tensor"));
+
+        std::vector<Tensor> gathered;
+        if (rank == 0) gathered = {zeros({1}), zeros({1}), zeros({1})};
+        EMBER_RETURN_IF_ERROR(gather(full({1}, rank + 5, kFloat32), gathered, /*dst=*/0));
+        if (rank == 0) EMBER_RETURN_IF_ERROR(Check(gathered[2].item<float>() == 7, "gather"));
+
+        std::vector<Tensor> pieces;
+        if (rank == 2) pieces = {full({1}, 100, kFloat32), full({1}, 101, kFloat32), full({1}, 102, kFloat32)};
+        Tensor mine = zeros({1});
+        EMBER_RETURN_IF_ERROR(scatter(mine, pieces, /*src=*/2));
+        EMBER_RETURN_IF_ERROR(Check(mine.item<float>() == 100 + rank, "scatter"));
+
+        Tensor rs = zeros({2});
+        EMBER_RETURN_IF_ERROR(
+            reduce_scatter(rs, {full({2}, 1, kFloat32), full({2}, 2, kFloat32), full({2}, 3, kFloat32)}, ReduceOp::kSum));
+        EMBER_RETURN_IF_ERROR(Check(rs.equal(full({2}, 3 * (rank + 1), kFloat32)), "reduce_scatter"));
+
+        std::vector<Tensor> outs = {zeros({1}), zeros({1}), zeros({1})};
+        EMBER_RETURN_IF_ERROR(all_to_all(
+            outs, {full({1}, rank * 10, kFloat32), full({1}, rank * 10 + 1, kFloat32),
+             full({1}, rank * 10 + 2, kFloat32)}));
+        for (int i = 0; i < 3; ++i) {
+          EMBER_RETURN_IF_ERROR(Check(outs[i].item<float>() == i * 10 + rank, "all_to_all"));
+        }
+
+        // Point to point, with tags and from any source.
+        if (rank != 0) {
+          EMBER_RETURN_IF_ERROR(send(full({4}, rank, kFloat32), /*dst=*/0, nullptr, /*tag=*/3));
+        } else {
+          for (int i = 0; i < 2; ++i) {
+            Tensor in = zeros({4});
+            EMBER_ASSIGN_OR_RETURN(int from, recv(in, kAnySource, nullptr, /*tag=*/3));
+            EMBER_RETURN_IF_ERROR(Check(in.equal(full({4}, from, kFloat32)), "recv from any source"));
+          }
+        }
+        EMBER_ASSIGN_OR_RETURN(auto work, all_reduce_async(t));
+        EMBER_RETURN_IF_ERROR(work->Wait());
+        EMBER_RETURN_IF_ERROR(Check(work->IsCompleted(), "IsCompleted"));
+        EMBER_RETURN_IF_ERROR(barrier());
+        EMBER_RETURN_IF_ERROR(monitored_barrier(nullptr, absl::Seconds(10)));
+        EMBER_RETURN_IF_ERROR(destroy_process_group());
+        return Check(!is_initialized(), "destroyed");
+      },
+      options);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << results[r].output;
+}
+
+TEST(DistributedTest, NewGroupMembersAndNonMembers) {
+  RunRanksOptions options;
+  options.make_group = false;
+  std::vector<ProcessResult> results = RunRankProcesses(
+      4,
+      [](Rank& me) -> absl::Status {
+        EMBER_RETURN_IF_ERROR(Init(me));
+        EMBER_ASSIGN_OR_RETURN(Group odd, new_group({3, 1}));
+        EMBER_ASSIGN_OR_RETURN(Group all, new_group());
+        EMBER_ASSIGN_OR_RETURN(int group_rank, get_rank(odd));
+        Tensor t = full({3}, me.rank, kFloat64);
+        if (me.rank % 2 == 1) {
+          EMBER_RETURN_IF_ERROR(Check(group_rank == (me.rank == 1 ? 0 : 1), "group rank"));
+          EMBER_RETURN_IF_ERROR(all_reduce(t, ReduceOp::kSum, odd));
+          EMBER_RETURN_IF_ERROR(Check(t.equal(full({3}, 4, kFloat64)), "sum over {1, 3}"));
+          // Global ranks in the free functions: src 3 is group rank 1.
+          Tensor b = full({1}, me.rank, kInt8);
+          EMBER_RETURN_IF_ERROR(broadcast(b, /*src=*/3, odd));
+          EMBER_RETURN_IF_ERROR(Check(b.item<int>() == 3, "broadcast from global rank 3"));
+          absl::Status outside = broadcast(b, /*src=*/0, odd);
+          EMBER_RETURN_IF_ERROR(Check(absl::StrContains(outside.message(), "not a member"),
+                                      "src outside the group"));
+        } else {
+          EMBER_RETURN_IF_ERROR(Check(group_rank == -1, "non-member rank is -1"));
+          absl::Status s = all_reduce(t, ReduceOp::kSum, odd);
+          EMBER_RETURN_IF_ERROR(Check(s.code() == absl::StatusCode::kFailedPrecondition &&
+                                          absl::StrContains(s.message(), "not a member") &&
+                                          absl::StrContains(s.message(), "[1, 3]"),
+                                      absl::StrCat("non-member error: ", s.ToString())));
+          s = odd->AllReduce(t).status();
+          EMBER_RETURN_IF_ERROR(Check(absl::StrContains(s.message(), "not a member"),
+                                      "the handle itself refuses"));
+        }
+        Tensor u = ones({2});
+        EMBER_RETURN_IF_ERROR(all_reduce(u, ReduceOp::kSum, all));
+        EMBER_RETURN_IF_ERROR(Check(u.equal(full({2}, 4, kFloat32)), "all_reduce over new_group()"));
+        return destroy_process_group();
+      },
+      options);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(results[r].exit_code, 0) << results[r].output;
+}
+
+TEST(DistributedTest, InitWithAStore) {
+  auto store = std::make_shared<HashStore>();
+  absl::Status bad = init_process_group({.world_size = 2, .rank = 2, .store = store});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("rank 2"));
+
+  // world_size 1 needs no peers: the whole API runs in this process.
+  ASSERT_TRUE(init_process_group({.world_size = 1, .rank = 0, .store = store}).ok());
+  EXPECT_EQ(*get_world_size(), 1);
+  Tensor t = full({3}, 7, kInt32);
+  EXPECT_TRUE(all_reduce(t, ReduceOp::kProduct).ok());
+  EXPECT_TRUE(t.equal(full({3}, 7, kInt32)));
+  EXPECT_TRUE(barrier().ok());
+  absl::Status self = send(t, 0);
+  EXPECT_EQ(self.code(), absl::StatusCode::kInvalidArgument) << self;
+  EXPECT_TRUE(destroy_process_group().ok());
+  EXPECT_FALSE(is_initialized());
+}
+
+}  // namespace
+}  // namespace ember::distributed

@@ -1,0 +1,52 @@
+// HashStore: a Store held in the memory of one process, for ranks that run as
+// threads (gloo's HashStore, torch's HashStore).
+//
+//   auto store = std::make_shared<ember::distributed::HashStore>();
+//   std::thread peer([&] { store->Set("ready", "1").IgnoreError(); });
+//   EMBER_RETURN_IF_ERROR(store->Wait({"ready"}, absl::Seconds(5)));
+//
+// Get and Wait block (on a condition variable, not by polling) until the keys
+// are set or the timeout passes; the kDeadlineExceeded error names the missing
+// keys. No call fails otherwise, except kInvalidArgument for an empty key and
+// kDataLoss for Add on a value that is not a decimal integer.
+//
+// Thread-safety: thread-safe; share one HashStore between the threads of a
+// process (usually through std::shared_ptr<Store>).
+#ifndef EMBER_DISTRIBUTED_HASH_STORE_H_
+#define EMBER_DISTRIBUTED_HASH_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "distributed/store.h"
+
+namespace ember::distributed {
+
+class HashStore : public Store {
+ public:
+  HashStore() = default;
+
+  absl::Status Set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> CompareSet(std::string_view key, std::string_view expected,
+                                         std::string_view desired) override;
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> DeleteKey(std::string_view key) override;
+  absl::StatusOr<int64_t> NumKeys() override;
+
+  using Store::Get;
+  using Store::Wait;
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::string, std::less<>> data_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ember::distributed
+
+#endif  // EMBER_DISTRIBUTED_HASH_STORE_H_

@@ -1,0 +1,64 @@
+#include "distributed/prefix_store.h"
+
+#include <utility>
+#include <vector>
+
+#include "distributed/store_util.h"
+#include "tensor/status_macros.h"
+
+namespace ember::distributed {
+
+PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> store)
+    : prefix_(std::move(prefix)), store_(std::move(store)) {
+  set_timeout(store_->timeout());
+}
+
+std::string PrefixStore::Full(std::string_view key) const {
+  std::string full;
+  full.reserve(prefix_.size() + 1 + key.size());
+  full.append(prefix_).push_back('/');
+  full.append(key);
+  return full;
+}
+
+// Keys are checked here so that an empty key is an error rather than "<prefix>/".
+
+absl::Status PrefixStore::Set(std::string_view key, std::string_view value) {
+  EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+  return store_->Set(Full(key), value);
+}
+
+absl::StatusOr<std::string> PrefixStore::Get(std::string_view key, absl::Duration timeout) {
+  EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+  return store_->Get(Full(key), timeout);
+}
+
+absl::StatusOr<int64_t> PrefixStore::Add(std::string_view key, int64_t delta) {
+  EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+  return store_->Add(Full(key), delta);
+}
+
+absl::StatusOr<std::string> PrefixStore::CompareSet(std::string_view key, std::string_view expected,
+                                                    std::string_view desired) {
+  EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+  return store_->CompareSet(Full(key), expected, desired);
+}
+
+absl::Status PrefixStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
+  std::vector<std::string> full;
+  full.reserve(keys.size());
+  for (const std::string& key : keys) {
+    EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+    full.push_back(Full(key));
+  }
+  return store_->Wait(full, timeout);
+}
+
+absl::StatusOr<bool> PrefixStore::DeleteKey(std::string_view key) {
+  EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+  return store_->DeleteKey(Full(key));
+}
+
+absl::StatusOr<int64_t> PrefixStore::NumKeys() { return store_->NumKeys(); }
+
+}  // namespace ember::distributed

@@ -1,0 +1,55 @@
+// PrefixStore: a view of another Store in which every key is silently
+// prefixed, so that process groups and jobs (group_name) sharing one store
+// cannot see each other's keys (torch.distributed's PrefixStore).
+//
+//   std::shared_ptr<Store> job = ...;
+//   auto group = std::make_shared<ember::distributed::PrefixStore>("group1", job);
+//   EMBER_RETURN_IF_ERROR(group->Set("ready", "1"));  // sets "group1/ready" in `job`
+//
+// Blocking, errors and timeouts are those of the wrapped store; error
+// messages name the full (prefixed) keys. NumKeys counts every key of the
+// wrapped store, as torch's does. PrefixStores nest ("a/b/key").
+//
+// Thread-safety: as thread-safe as the wrapped store (all of Ember's are).
+#ifndef EMBER_DISTRIBUTED_PREFIX_STORE_H_
+#define EMBER_DISTRIBUTED_PREFIX_STORE_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "distributed/store.h"
+
+namespace ember::distributed {
+
+class PrefixStore : public Store {
+ public:
+  // Shares ownership of `store`; its keys are "<prefix>/<key>". The wrapped
+  // store's default timeout is inherited.
+  PrefixStore(std::string prefix, std::shared_ptr<Store> store);
+
+  absl::Status Set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> CompareSet(std::string_view key, std::string_view expected,
+                                         std::string_view desired) override;
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> DeleteKey(std::string_view key) override;
+  absl::StatusOr<int64_t> NumKeys() override;
+
+  using Store::Get;
+  using Store::Wait;
+
+  const std::string& prefix() const { return prefix_; }
+  const std::shared_ptr<Store>& underlying() const { return store_; }
+
+ private:
+  std::string Full(std::string_view key) const;
+
+  const std::string prefix_;
+  const std::shared_ptr<Store> store_;
+};
+
+}  // namespace ember::distributed
+
+#endif  // EMBER_DISTRIBUTED_PREFIX_STORE_H_

@@ -1,0 +1,335 @@
+#include "distributed/process_group.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "tensor/status_macros.h"
+
+namespace ember::distributed {
+namespace {
+std::string DtypeText(Dtype dtype) { return std::string(DtypeName(dtype)); }
+constexpr absl::Duration kDeadlineGrace = absl::Milliseconds(250);
+}  // namespace
+
+// Note [ProcessGroup layers]
+// torch's c10d ProcessGroup grew one virtual per op and left each backend to
+// check its own arguments, so the same mistake reads differently per backend.
+// Here the base class owns every check that does not depend on how bytes move
+// (defined tensors, agreeing sizes/dtypes, ranks in range, the reduce op
+// against the dtype, and the support table) and backends implement Do* for
+// validated calls only. Checks that need the peers' view (every rank passing
+// the same size) can only happen during the op; backends report those as
+// the Work's kFailedPrecondition.
+//
+// Note [Backend support table]
+// Each backend declares, per device type, which ops it implements
+// (SupportTable). The table is the same data that distributed/README.md shows;
+// a call outside it fails before any communication with kUnimplemented naming
+// the op, the backend and the device, instead of failing deep in a transport.
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "SUM";
+    case ReduceOp::kProduct: return "PRODUCT";
+    case ReduceOp::kMin: return "MIN";
+    case ReduceOp::kMax: return "MAX";
+    case ReduceOp::kAvg: return "AVG";
+  }
+  return "?";
+}
+
+const char* OpTypeName(OpType op) {
+  switch (op) {
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kAllReduce: return "all_reduce";
+    case OpType::kReduce: return "reduce";
+    case OpType::kAllGather: return "all_gather";
+    case OpType::kAllGatherIntoTensor: return "all_gather_into_tensor";
+    case OpType::kGather: return "gather";
+    case OpType::kScatter: return "scatter";
+    case OpType::kReduceScatter: return "reduce_scatter";
+    case OpType::kAllToAll: return "all_to_all";
+    case OpType::kBarrier: return "barrier";
+    case OpType::kMonitoredBarrier: return "monitored_barrier";
+    case OpType::kSend: return "send";
+    case OpType::kRecv: return "recv";
+  }
+  return "?";
+}
+
+SupportTable& SupportTable::Allow(OpType op, DeviceType device) {
+  mask_[static_cast<int>(device)] |= 1u << static_cast<int>(op);
+  return *this;
+}
+
+SupportTable& SupportTable::AllowAll(DeviceType device) {
+  for (int op = 0; op < kNumOpTypes; ++op) Allow(static_cast<OpType>(op), device);
+  return *this;
+}
+
+bool SupportTable::Supports(OpType op, DeviceType device) const {
+  return (mask_[static_cast<int>(device)] >> static_cast<int>(op)) & 1u;
+}
+
+// --- Work ---------------------------------------------------------------------
+
+Work::Work(OpType op, absl::Time deadline) : op_(op), deadline_(deadline) {}
+
+absl::Status Work::Wait(absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  // A short grace after the deadline lets the backend report the failure
+  // itself, naming the peer it was waiting for.
+  const absl::Time cancel_at = deadline_ + kDeadlineGrace;
+  {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+    mu_.AwaitWithDeadline(absl::Condition(&done), std::min(until, cancel_at));
+    if (done_) return status_;
+    if (until < cancel_at) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(OpTypeName(op_), ": Work::Wait timed out after ",
+                       absl::FormatDuration(timeout), "; the op is still running"));
+    }
+  }
+  OnDeadline();
+  Finish(absl::DeadlineExceededError(absl::StrCat(OpTypeName(op_),
+                                                  ": timed out (the op's deadline passed)")));
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+bool Work::IsCompleted() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (done_ || absl::Now() < deadline_ + kDeadlineGrace) return done_;
+  }
+  // Past its deadline: a poller learns of the timeout as a waiter would.
+  (void)Wait(absl::ZeroDuration());
+  return true;
+}
+
+absl::Status Work::status() {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+void Work::Finish(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (done_) return;
+  done_ = true;
+  status_ = std::move(status);
+}
+
+void Work::OnDeadline() {}
+
+std::shared_ptr<Work> Work::Completed(OpType op, absl::Status status) {
+  auto work = std::make_shared<Work>(op, absl::Now());
+  work->Finish(std::move(status));
+  return work;
+}
+
+// --- ProcessGroup: the checks shared by every backend --------------------------
+
+ProcessGroup::ProcessGroup(int rank, int size, std::string backend, SupportTable support,
+                           absl::Duration timeout)
+    : rank_(rank),
+      size_(size),
+      backend_(std::move(backend)),
+      support_(support),
+      timeout_(timeout) {}
+
+absl::Time ProcessGroup::DeadlineFor(const std::optional<absl::Duration>& timeout) const {
+  return absl::Now() + timeout.value_or(timeout_);
+}
+
+absl::Status ProcessGroup::CheckSupported(OpType op, DeviceType device) const {
+  if (support_.Supports(op, device)) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      OpTypeName(op), " is not supported by the '", backend_, "' backend for ",
+      std::string(DeviceTypeName(device)),
+      " tensors (see the backend support table in distributed/README.md); use a backend "
+      "that supports it or move the tensor"));
+}
+
+absl::Status ProcessGroup::CheckTensor(OpType op, const Tensor& tensor,
+                                       const std::string& what) const {
+  if (!tensor.defined()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpTypeName(op), ": ", what, " is an undefined tensor"));
+  }
+  return CheckSupported(op, tensor.device().type());
+}
+
+absl::Status ProcessGroup::CheckRank(OpType op, int rank, const std::string& what) const {
+  if (rank >= 0 && rank < size_) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(OpTypeName(op), ": ", what, " ", rank,
+                                                 " is out of range for a group of size ",
+                                                 size_, " (valid: 0..", size_ - 1, ")"));
+}
+
+absl::Status ProcessGroup::CheckList(OpType op, absl::Span<const Tensor> list,
+                                     const std::string& what, const Tensor& like,
+                                     bool same_numel) const {
+  if (static_cast<int>(list.size()) != size_) {
+    return absl::InvalidArgumentError(absl::StrCat(OpTypeName(op), ": ", what, " has ",
+                                                   list.size(), " tensors; expected one per rank (",
+                                                   size_, ")"));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    EMBER_RETURN_IF_ERROR(CheckTensor(op, list[i], absl::StrCat(what, "[", i, "]")));
+    if (list[i].dtype() != like.dtype()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          OpTypeName(op), ": ", what, "[", i, "] is ", DtypeText(list[i].dtype()),
+          " but the other tensor is ", DtypeText(like.dtype()), "; use one dtype"));
+    }
+    if (same_numel && list[i].numel() != like.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          OpTypeName(op), ": ", what, "[", i, "] has ", list[i].numel(),
+          " elements but the other tensor has ", like.numel(), "; sizes must match"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ProcessGroup::CheckReduceOp(OpType op, ReduceOp reduce, Dtype dtype) const {
+  if (reduce == ReduceOp::kAvg && !IsFloatingPoint(dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(OpTypeName(op), ": ReduceOp.AVG needs a floating point tensor, got ",
+                     DtypeText(dtype), "; use SUM and divide, or convert the tensor"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Broadcast(const Tensor& tensor,
+                                                              const BroadcastOptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kBroadcast, tensor, "tensor"));
+  EMBER_RETURN_IF_ERROR(CheckRank(OpType::kBroadcast, options.root, "root"));
+  return DoBroadcast(tensor, options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllReduce(const Tensor& tensor,
+                                                              const AllReduceOptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kAllReduce, tensor, "tensor"));
+  EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kAllReduce, options.op, tensor.dtype()));
+  return DoAllReduce(tensor, options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Reduce(const Tensor& tensor,
+                                                           const ReduceOptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kReduce, tensor, "tensor"));
+  EMBER_RETURN_IF_ERROR(CheckRank(OpType::kReduce, options.root, "root"));
+  EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kReduce, options.op, tensor.dtype()));
+  return DoReduce(tensor, options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllGather(absl::Span<const Tensor> outputs,
+                                                              const Tensor& input,
+                                                              const AllGatherOptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kAllGather, input, "input"));
+  EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllGather, outputs, "outputs", input, true));
+  return DoAllGather(outputs, input, options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllGatherIntoTensor(
+    const Tensor& output, const Tensor& input, const AllGatherOptions& options) {
+  const OpType op = OpType::kAllGatherIntoTensor;
+  EMBER_RETURN_IF_ERROR(CheckTensor(op, input, "input"));
+  EMBER_RETURN_IF_ERROR(CheckTensor(op, output, "output"));
+  if (output.dtype() != input.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat(OpTypeName(op), ": output is ",
+                                                   DtypeText(output.dtype()), " but input is ",
+                                                   DtypeText(input.dtype())));
+  }
+  if (output.numel() != input.numel() * size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        OpTypeName(op), ": output has ", output.numel(), " elements; expected world size (",
+        size_, ") x input (", input.numel(), ") = ", input.numel() * size_));
+  }
+  return DoAllGatherIntoTensor(output, input, options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Gather(absl::Span<const Tensor> outputs,
+                                                           const Tensor& input,
+                                                           const GatherOptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kGather, input, "input"));
+  EMBER_RETURN_IF_ERROR(CheckRank(OpType::kGather, options.root, "root"));
+  if (rank_ == options.root) {
+    EMBER_RETURN_IF_ERROR(CheckList(OpType::kGather, outputs, "outputs", input, true));
+  } else if (!outputs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gather: outputs must be empty on non-root rank ", rank_, " (root is ",
+                     options.root, ")"));
+  }
+  return DoGather(outputs, input, options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Scatter(const Tensor& output,
+                                                            absl::Span<const Tensor> inputs,
+                                                            const ScatterOptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kScatter, output, "output"));
+  EMBER_RETURN_IF_ERROR(CheckRank(OpType::kScatter, options.root, "root"));
+  if (rank_ == options.root) {
+    EMBER_RETURN_IF_ERROR(CheckList(OpType::kScatter, inputs, "inputs", output, true));
+  } else if (!inputs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scatter: inputs must be empty on non-root rank ", rank_, " (root is ",
+                     options.root, ")"));
+  }
+  return DoScatter(output, inputs, options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::ReduceScatter(
+    const Tensor& output, absl::Span<const Tensor> inputs, const ReduceScatterOptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kReduceScatter, output, "output"));
+  EMBER_RETURN_IF_ERROR(CheckList(OpType::kReduceScatter, inputs, "inputs", output, true));
+  EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kReduceScatter, options.op, output.dtype()));
+  return DoReduceScatter(output, inputs, options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllToAll(absl::Span<const Tensor> outputs,
+                                                             absl::Span<const Tensor> inputs,
+                                                             const AllToAllOptions& options) {
+  if (inputs.empty()) {
+    return absl::InvalidArgumentError("all_to_all: inputs is empty; pass one tensor per rank");
+  }
+  EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllToAll, inputs, "inputs", inputs[0], false));
+  EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllToAll, outputs, "outputs", inputs[0], false));
+  return DoAllToAll(outputs, inputs, options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Barrier(const BarrierOptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckSupported(OpType::kBarrier, DeviceType::kCPU));
+  return DoBarrier(options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::MonitoredBarrier(
+    const MonitoredBarrierOptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckSupported(OpType::kMonitoredBarrier, DeviceType::kCPU));
+  return DoMonitoredBarrier(options);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Send(const Tensor& tensor, int dst,
+                                                         const P2POptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kSend, tensor, "tensor"));
+  EMBER_RETURN_IF_ERROR(CheckRank(OpType::kSend, dst, "dst"));
+  if (dst == rank_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("send: dst ", dst, " is this rank; a rank cannot send to itself"));
+  }
+  return DoSend(tensor, dst, options);
+}
+
+absl::StatusOr<std::shared_ptr<RecvWork>> ProcessGroup::Recv(const Tensor& tensor, int src,
+                                                             const P2POptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kRecv, tensor, "tensor"));
+  if (src != kAnySource) {
+    EMBER_RETURN_IF_ERROR(CheckRank(OpType::kRecv, src, "src"));
+    if (src == rank_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("recv: src ", src, " is this rank; a rank cannot receive from itself"));
+    }
+  }
+  return DoRecv(tensor, src, options);
+}
+
+}  // namespace ember::distributed

@@ -1,0 +1,327 @@
+// ProcessGroup: a set of ranks that run collectives and point-to-point ops
+// together (torch.distributed's ProcessGroup), as one abstract interface that
+// every backend (tcp now; gloo, nccl, mpi later) implements.
+//
+//   std::shared_ptr<ProcessGroup> pg = ...;  // from init_process_group or a backend factory
+//   ember::Tensor t = ember::ones({4});
+//   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+//                          pg->AllReduce(t, {.op = ReduceOp::kSum}));
+//   EMBER_RETURN_IF_ERROR(work->Wait());  // t now holds the sum over ranks
+//
+// Layering (Note [ProcessGroup layers]): the public, non-virtual methods
+// check what is the same for every backend (tensors defined, sizes and dtypes
+// that agree, roots and peers in range, the op allowed for the dtype, and the
+// backend support table: op x device) and only then call the backend's
+// protected Do* method. A backend therefore only ever sees well-formed calls,
+// and the same mistake gives the same message on every backend.
+//
+// Ranks in a ProcessGroup's methods are ranks within that group (0..size-1).
+// Tensors are handles: ops read and write the caller's storage, as in
+// PyTorch (all_reduce is in place). The caller must keep the tensors alive and
+// untouched until the Work completes.
+//
+// Errors: a user's mistake (an empty list, a root out of range, different
+// dtypes, an op the backend does not support) is returned by the call itself
+// as kInvalidArgument / kUnimplemented, before any communication. Failures
+// that happen while the op runs (a dead or stopped peer, a timeout, a peer
+// that disagrees on the tensor size, abort) are the Work's status:
+// kDeadlineExceeded, kUnavailable, kFailedPrecondition (mismatched
+// collective), kAborted; messages name the op and the peer.
+//
+// Thread-safety: ProcessGroup methods may be called from any thread; ops
+// issued from several threads are ordered as the calls are. Collectives must
+// be issued in the same order on every rank (as in PyTorch). Work is
+// thread-safe.
+#ifndef EMBER_DISTRIBUTED_PROCESS_GROUP_H_
+#define EMBER_DISTRIBUTED_PROCESS_GROUP_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "tensor/device.h"
+#include "tensor/tensor.h"
+
+namespace ember::distributed {
+
+// torch.distributed.ReduceOp. AVG divides the sum by the group size and
+// needs a floating dtype. On bool tensors SUM and MAX are "or", PRODUCT and
+// MIN are "and", as in PyTorch.
+enum class ReduceOp : int8_t { kSum, kProduct, kMin, kMax, kAvg };
+const char* ReduceOpName(ReduceOp op);  // "SUM", "PRODUCT", ...
+
+// Every operation a ProcessGroup offers; the rows of the support table.
+enum class OpType : int8_t {
+  kBroadcast,
+  kAllReduce,
+  kReduce,
+  kAllGather,
+  kAllGatherIntoTensor,
+  kGather,
+  kScatter,
+  kReduceScatter,
+  kAllToAll,
+  kBarrier,
+  kMonitoredBarrier,
+  kSend,
+  kRecv,
+};
+inline constexpr int kNumOpTypes = 13;
+// The torch.distributed name: "broadcast", "all_reduce", ...
+const char* OpTypeName(OpType op);
+
+// The ops a backend implements, per device type (Note [Backend support
+// table]). Value type.
+class SupportTable {
+ public:
+  SupportTable& Allow(OpType op, DeviceType device);
+  // Allows every op on `device`.
+  SupportTable& AllowAll(DeviceType device);
+  bool Supports(OpType op, DeviceType device) const;
+
+ private:
+  uint32_t mask_[kNumDeviceTypes] = {};
+};
+
+// The outcome of one asynchronous op (torch's Work). Created by backends;
+// completed exactly once, with OK or the op's error.
+class Work {
+ public:
+  // `deadline`: when Wait gives up on the op. Backends that enforce the op's
+  // timeout themselves pass a later backstop, so that their error (which
+  // names the peer) is the one reported.
+  Work(OpType op, absl::Time deadline);
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Blocks until the op completes and returns its status. Without a timeout
+  // it waits until the op's deadline, after which the op is cancelled and
+  // fails with kDeadlineExceeded. With a timeout shorter than that it
+  // returns kDeadlineExceeded when the timeout passes and leaves the op
+  // running (call Wait again).
+  absl::Status Wait(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Wait() { return Wait(absl::InfiniteDuration()); }
+
+  // Whether the op has finished (successfully or not). Never blocks; past
+  // the deadline it fails the op as Wait would, so polling also times out.
+  bool IsCompleted() ABSL_LOCKS_EXCLUDED(mu_);
+  // OK while running or after success; the error after a failure.
+  absl::Status status() ABSL_LOCKS_EXCLUDED(mu_);
+  OpType op() const { return op_; }
+  absl::Time deadline() const { return deadline_; }
+
+  // For backends: completes the work (the first call wins) and wakes
+  // waiters.
+  void Finish(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  // A Work that is already finished with `status`.
+  static std::shared_ptr<Work> Completed(OpType op, absl::Status status);
+
+ protected:
+  // Called by Wait once the deadline has passed and the op is not done.
+  // Backends stop the op here; the default finishes with kDeadlineExceeded.
+  virtual void OnDeadline();
+
+ private:
+  const OpType op_;
+  const absl::Time deadline_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+// Options of each op. `timeout` overrides the group's timeout for one call.
+struct BroadcastOptions {
+  int root = 0;
+  std::optional<absl::Duration> timeout;
+};
+struct AllReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  std::optional<absl::Duration> timeout;
+};
+struct ReduceOptions {
+  int root = 0;
+  ReduceOp op = ReduceOp::kSum;
+  std::optional<absl::Duration> timeout;
+};
+struct AllGatherOptions {
+  std::optional<absl::Duration> timeout;
+};
+struct GatherOptions {
+  int root = 0;
+  std::optional<absl::Duration> timeout;
+};
+struct ScatterOptions {
+  int root = 0;
+  std::optional<absl::Duration> timeout;
+};
+struct ReduceScatterOptions {
+  ReduceOp op = ReduceOp::kSum;
+  std::optional<absl::Duration> timeout;
+};
+struct AllToAllOptions {
+  std::optional<absl::Duration> timeout;
+};
+struct BarrierOptions {
+  std::optional<absl::Duration> timeout;
+};
+struct MonitoredBarrierOptions {
+  std::optional<absl::Duration> timeout;
+  // Rank 0 waits for every rank and names all the missing ones, instead of
+  // failing at the first.
+  bool wait_all_ranks = false;
+};
+struct P2POptions {
+  int tag = 0;
+  std::optional<absl::Duration> timeout;
+};
+
+// Passed to Recv/IRecv for "from any rank"; Work's source() then tells which.
+inline constexpr int kAnySource = -1;
+
+class RecvWork;
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size, std::string backend, SupportTable support,
+               absl::Duration timeout);
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& backend() const { return backend_; }
+  const SupportTable& support() const { return support_; }
+  // The default timeout of every op (torch's `timeout` argument).
+  absl::Duration timeout() const { return timeout_; }
+
+  // Each op returns at once with a Work (or an error for a malformed call);
+  // the op runs in the background. Shapes, as in torch.distributed:
+  //   Broadcast       tensor: root's data -> every rank's `tensor`
+  //   AllReduce       tensor: reduced in place on every rank
+  //   Reduce          tensor: the result lands on the root only
+  //   AllGather       outputs[i] <- rank i's input (size() outputs)
+  //   AllGatherIntoTensor  output = concatenation of inputs along dim 0
+  //   Gather          root's outputs[i] <- rank i's input (outputs empty elsewhere)
+  //   Scatter         output <- root's inputs[rank] (inputs empty elsewhere)
+  //   ReduceScatter   output <- reduction over ranks of inputs[rank]
+  //   AllToAll        outputs[i] <- rank i's inputs[rank]
+  //   Barrier         returns when every rank has entered
+  //   MonitoredBarrier  as Barrier; rank 0's error names the missing ranks
+  absl::StatusOr<std::shared_ptr<Work>> Broadcast(const Tensor& tensor,
+                                                  const BroadcastOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> AllReduce(const Tensor& tensor,
+                                                  const AllReduceOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> Reduce(const Tensor& tensor,
+                                               const ReduceOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> AllGather(absl::Span<const Tensor> outputs,
+                                                  const Tensor& input,
+                                                  const AllGatherOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> AllGatherIntoTensor(
+      const Tensor& output, const Tensor& input, const AllGatherOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> Gather(absl::Span<const Tensor> outputs,
+                                               const Tensor& input,
+                                               const GatherOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> Scatter(const Tensor& output,
+                                                absl::Span<const Tensor> inputs,
+                                                const ScatterOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
+      const Tensor& output, absl::Span<const Tensor> inputs,
+      const ReduceScatterOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> AllToAll(absl::Span<const Tensor> outputs,
+                                                 absl::Span<const Tensor> inputs,
+                                                 const AllToAllOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> Barrier(const BarrierOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> MonitoredBarrier(
+      const MonitoredBarrierOptions& options = {});
+
+  // Point-to-point (torch's isend / irecv). Messages between two ranks with
+  // the same tag arrive in the order sent. `src` may be kAnySource.
+  absl::StatusOr<std::shared_ptr<Work>> Send(const Tensor& tensor, int dst,
+                                             const P2POptions& options = {});
+  absl::StatusOr<std::shared_ptr<RecvWork>> Recv(const Tensor& tensor, int src,
+                                                 const P2POptions& options = {});
+
+  // Fails every pending and future op of this group with kAborted and wakes
+  // every waiter. Never blocks for long.
+  virtual void Abort() = 0;
+
+ protected:
+  // Called only with validated arguments (Note [ProcessGroup layers]).
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(
+      const Tensor& tensor, const BroadcastOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(
+      const Tensor& tensor, const AllReduceOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor& tensor,
+                                                         const ReduceOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoAllGather(
+      absl::Span<const Tensor> outputs, const Tensor& input,
+      const AllGatherOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(
+      const Tensor& output, const Tensor& input, const AllGatherOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor> outputs,
+                                                         const Tensor& input,
+                                                         const GatherOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoScatter(
+      const Tensor& output, absl::Span<const Tensor> inputs,
+      const ScatterOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(
+      const Tensor& output, absl::Span<const Tensor> inputs,
+      const ReduceScatterOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(
+      absl::Span<const Tensor> outputs, absl::Span<const Tensor> inputs,
+      const AllToAllOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoBarrier(const BarrierOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(
+      const MonitoredBarrierOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoSend(const Tensor& tensor, int dst,
+                                                       const P2POptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor& tensor, int src,
+                                                           const P2POptions& options) = 0;
+
+  // The deadline of an op that starts now.
+  absl::Time DeadlineFor(const std::optional<absl::Duration>& timeout) const;
+
+ private:
+  absl::Status CheckSupported(OpType op, DeviceType device) const;
+  absl::Status CheckTensor(OpType op, const Tensor& tensor, const std::string& what) const;
+  absl::Status CheckRank(OpType op, int rank, const std::string& what) const;
+  absl::Status CheckList(OpType op, absl::Span<const Tensor> list, const std::string& what,
+                         const Tensor& like, bool same_numel) const;
+  absl::Status CheckReduceOp(OpType op, ReduceOp reduce, Dtype dtype) const;
+
+  const int rank_;
+  const int size_;
+  const std::string backend_;
+  const SupportTable support_;
+  const absl::Duration timeout_;
+};
+
+// A receive's Work: also tells which rank the message came from (useful
+// with kAnySource).
+class RecvWork : public Work {
+ public:
+  using Work::Work;
+  // The sender's rank once completed; -1 before.
+  int source() const { return source_.load(); }
+  void set_source(int rank) { source_.store(rank); }
+
+ private:
+  std::atomic<int> source_{-1};
+};
+
+}  // namespace ember::distributed
+
+#endif  // EMBER_DISTRIBUTED_PROCESS_GROUP_H_

@@ -1,0 +1,177 @@
+// The tests of StoreConformanceTest; linked (alwayslink) into each store's test.
+#include "distributed/store_testing.h"
+
+#include <atomic>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+
+namespace ember::distributed::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr absl::Duration kShort = absl::Milliseconds(200);
+constexpr absl::Duration kLong = absl::Seconds(20);
+
+TEST_P(StoreConformanceTest, SetThenGetAndOverwrite) {
+  std::shared_ptr<Store> store = NewClient();
+  ASSERT_TRUE(store->Set("k", "v1").ok());
+  EXPECT_EQ(store->Get("k", kShort).value(), "v1");
+  ASSERT_TRUE(store->Set("k", "v2").ok());
+  EXPECT_EQ(store->Get("k", kShort).value(), "v2");
+}
+
+TEST_P(StoreConformanceTest, ValuesAreArbitraryBytes) {
+  std::shared_ptr<Store> store = NewClient();
+  std::string binary("a\0b\xff\n\r", 6);
+  std::string large(1 << 20, '\0');
+  for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<char>(i * 31 + 7);
+  ASSERT_TRUE(store->Set("binary", binary).ok());
+  ASSERT_TRUE(store->Set("large", large).ok());
+  ASSERT_TRUE(store->Set("empty", "").ok());
+  EXPECT_EQ(store->Get("binary", kShort).value(), binary);
+  EXPECT_EQ(store->Get("large", kShort).value(), large);
+  EXPECT_EQ(store->Get("empty", kShort).value(), "");
+}
+
+TEST_P(StoreConformanceTest, KeysWithSeparatorsStayDistinct) {
+  std::shared_ptr<Store> store = NewClient();
+  ASSERT_TRUE(store->Set("a/b", "1").ok());
+  ASSERT_TRUE(store->Set("a", "2").ok());
+  ASSERT_TRUE(store->Set("a b\n", "3").ok());
+  EXPECT_EQ(store->Get("a/b", kShort).value(), "1");
+  EXPECT_EQ(store->Get("a", kShort).value(), "2");
+  EXPECT_EQ(store->Get("a b\n", kShort).value(), "3");
+}
+
+TEST_P(StoreConformanceTest, GetTimesOutNamingTheKey) {
+  std::shared_ptr<Store> store = NewClient();
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::string> value = store->Get("never/set", kShort);
+  EXPECT_GE(absl::Now() - start, kShort - absl::Milliseconds(20));
+  ASSERT_EQ(value.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(value.status().message(), HasSubstr("never/set"));
+}
+
+TEST_P(StoreConformanceTest, WaitNamesOnlyTheMissingKeys) {
+  std::shared_ptr<Store> store = NewClient();
+  ASSERT_TRUE(store->Set("present", "1").ok());
+  absl::Status status = store->Wait({"present", "absent1", "absent2"}, kShort);
+  ASSERT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(status.message(), AllOf(HasSubstr("absent1"), HasSubstr("absent2"), Not(HasSubstr("present"))));
+  EXPECT_TRUE(store->Wait({"present"}, kShort).ok());
+  EXPECT_TRUE(store->Wait({}, kShort).ok());
+}
+
+TEST_P(StoreConformanceTest, GetAndWaitWakeWhenAnotherClientSets) {
+  std::shared_ptr<Store> waiter = NewClient();
+  std::shared_ptr<Store> setter = NewClient();
+  std::thread later([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_TRUE(setter->Set("late1", "x").ok());
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(setter->Set("late2", "y").ok());
+  });
+  EXPECT_TRUE(waiter->Wait({"late1", "late2"}, kLong).ok());
+  EXPECT_EQ(waiter->Get("late1", kLong).value(), "x");
+  later.join();
+}
+
+TEST_P(StoreConformanceTest, DefaultTimeoutApplies) {
+  std::shared_ptr<Store> store = NewClient();
+  store->set_timeout(absl::Milliseconds(100));
+  EXPECT_EQ(store->Get("missing").status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(store->Wait({"missing"}).code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_P(StoreConformanceTest, AddCountsFromZeroAndGetReadsDecimal) {
+  std::shared_ptr<Store> store = NewClient();
+  EXPECT_EQ(store->Add("counter", 5).value(), 5);
+  EXPECT_EQ(store->Add("counter", -7).value(), -2);
+  EXPECT_EQ(store->Get("counter", kShort).value(), "-2");
+  EXPECT_EQ(store->Add("counter", 0).value(), -2);
+}
+
+TEST_P(StoreConformanceTest, AddOnTextIsDataLoss) {
+  std::shared_ptr<Store> store = NewClient();
+  ASSERT_TRUE(store->Set("text", "hello").ok());
+  absl::StatusOr<int64_t> sum = store->Add("text", 1);
+  ASSERT_EQ(sum.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(sum.status().message(), HasSubstr("text"));
+  EXPECT_EQ(store->Get("text", kShort).value(), "hello");
+}
+
+TEST_P(StoreConformanceTest, CompareSet) {
+  std::shared_ptr<Store> store = NewClient();
+  // Absent key, non-empty expected: nothing is set; the expected value comes back.
+  EXPECT_EQ(store->CompareSet("cas", "x", "y").value(), "x");
+  EXPECT_EQ(store->NumKeys().value(), 0);
+  // Absent key, empty expected: set.
+  EXPECT_EQ(store->CompareSet("cas", "", "first").value(), "first");
+  // Mismatch: unchanged, the current value comes back.
+  EXPECT_EQ(store->CompareSet("cas", "wrong", "second").value(), "first");
+  EXPECT_EQ(store->Get("cas", kShort).value(), "first");
+  // Match: replaced.
+  EXPECT_EQ(store->CompareSet("cas", "first", "second").value(), "second");
+  EXPECT_EQ(store->Get("cas", kShort).value(), "second");
+}
+
+TEST_P(StoreConformanceTest, DeleteKeyAndNumKeys) {
+  std::shared_ptr<Store> store = NewClient();
+  EXPECT_EQ(store->NumKeys().value(), 0);
+  ASSERT_TRUE(store->Set("a", "1").ok());
+  ASSERT_TRUE(store->Set("b", "2").ok());
+  ASSERT_TRUE(store->Add("c", 1).ok());
+  EXPECT_EQ(store->NumKeys().value(), 3);
+  EXPECT_TRUE(store->DeleteKey("a").value());
+  EXPECT_FALSE(store->DeleteKey("a").value());
+  EXPECT_EQ(store->NumKeys().value(), 2);
+  EXPECT_EQ(store->Get("a", absl::Milliseconds(50)).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(store->Get("b", kShort).value(), "2");
+}
+
+TEST_P(StoreConformanceTest, EmptyKeyIsInvalid) {
+  std::shared_ptr<Store> store = NewClient();
+  EXPECT_EQ(store->Set("", "v").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Get("", kShort).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Add("", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->CompareSet("", "", "v").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Wait({"ok", ""}, kShort).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->DeleteKey("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(StoreConformanceTest, ConcurrentClientsAddAndElectOneLeader) {
+  constexpr int kClients = 4;
+  constexpr int kAddsEach = 50;
+  std::vector<std::shared_ptr<Store>> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back(NewClient());
+  std::vector<std::string> leaders(kClients);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      absl::StatusOr<std::string> seen = clients[i]->CompareSet("leader", "", "client" + std::to_string(i));
+      if (seen.ok()) leaders[i] = *seen; else ++failures;
+      for (int n = 0; n < kAddsEach; ++n) {
+        if (!clients[i]->Add("total", 1).ok()) ++failures;
+      }
+      if (!clients[i]->Set("done/" + std::to_string(i), "1").ok()) ++failures;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(clients[0]->Get("total", kShort).value(), std::to_string(kClients * kAddsEach));
+  EXPECT_EQ(std::set<std::string>(leaders.begin(), leaders.end()).size(), 1u) << "two clients won CompareSet";
+  EXPECT_EQ(clients[1]->Get("leader", kShort).value(), leaders[0]);
+  EXPECT_TRUE(clients[2]->Wait({"done/0", "done/1", "done/2", "done/3"}, kShort).ok());
+}
+
+}  // namespace
+}  // namespace ember::distributed::testing

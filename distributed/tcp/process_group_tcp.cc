@@ -1,0 +1,882 @@
+#include "distributed/tcp/process_group_tcp.h"
+
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "distributed/tcp/reduce.h"
+#include "distributed/tcp/shm_channel.h"
+#include "distributed/tcp/socket_channel.h"
+#include "tensor/status_macros.h"
+
+namespace ember::distributed::tcp {
+
+// Note [tcp algorithms]
+// Small all_reduce (under kDirectAllReduceBytes received per rank) is one
+// hop: every rank sends its buffer to every other and reduces the N inputs
+// in rank order. Larger all_reduce is a ring: N-1 reduce-scatter steps, then N-1 all-gather steps,
+// over N segments of the buffer. Every receive of the op is posted before the
+// first send, so each incoming segment streams from the channel straight
+// into the destination (reduce-scatter: acc = op(acc, incoming); all-gather:
+// a copy) on the reader thread while the worker thread sends the next
+// segment. Each segment is reduced exactly once, on a path fixed by its
+// index, and then copied to everyone: every rank ends with the same bits,
+// run after run (AVG divides the finished segment before it is copied).
+// reduce runs the reduce-scatter half and gathers the segments to the root.
+// The other collectives move whole tensors directly between the ranks that
+// need them (Exchange), with sends staggered (rank r sends to r+1 first) so
+// that no rank is everyone's first target; reduce_scatter reduces what it
+// received in rank order 0..N-1. Non-contiguous tensors go through
+// contiguous staging copies.
+
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x454d4248;  // "EMBH"
+// How long after an op's deadline its Work gives up on the worker: past
+// the settle time of Note [Which rank reports a stall] and the monitored
+// barrier's grace.
+constexpr absl::Duration kBackstop = absl::Seconds(3);
+// all_reduce moves a whole buffer to every peer in one hop (DirectAllReduce)
+// while the bytes each rank receives stay under this; the ring beyond.
+constexpr size_t kDirectAllReduceBytes = 64 << 10;
+
+absl::Span<const char> Bytes(const Tensor& t) {
+  return {static_cast<const char*>(t.raw_data()), t.nbytes()};
+}
+char* Data(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
+
+// A contiguous tensor to work on (t itself when already contiguous).
+Tensor Staging(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+void CopyBack(const Tensor& user, const Tensor& staging) {
+  if (!staging.is_same(user)) user.copy_(staging);
+}
+
+Sink CopySink(char* dst) {
+  return [dst](size_t off, const char* data, size_t n) { std::memcpy(dst + off, data, n); };
+}
+Sink ReduceSink(ReduceOp op, Dtype dtype, char* acc) {
+  const size_t elem = ElementSize(dtype);
+  return [=](size_t off, const char* data, size_t n) {
+    ReduceInto(op, dtype, acc + off, data, static_cast<int64_t>(n / elem));
+  };
+}
+
+std::string OpCodeName(uint8_t code) {
+  if (code == kAnyOp) return "send";
+  if (code < kNumOpTypes) return std::string(OpTypeName(static_cast<OpType>(code)));
+  return absl::StrCat("op #", code);
+}
+
+std::string ReadFirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string NamespaceId(const char* ns) {
+  struct stat st {};
+  if (stat(absl::StrCat("/proc/self/ns/", ns).c_str(), &st) != 0) return "?";
+  return absl::StrCat(st.st_ino);
+}
+
+// Ranks with equal keys can share memory and see each other's pids.
+std::string HostKey() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(ReadFirstLine("/proc/sys/kernel/random/boot_id"), "/", host, "/",
+                      NamespaceId("pid"), "/", NamespaceId("net"));
+}
+
+// A word at a known address that peers on this host try to read, to learn
+// whether Cross Memory Attach works between us (Note [Direct reads]).
+const uint64_t kProbeWord = 0x454d4245522d4d41;
+
+bool CanReadMemoryOf(pid_t pid, uint64_t address) {
+  if (pid == getpid()) return false;  // threads use the rings (Note [Direct reads])
+  uint64_t word = 0;
+  iovec local{&word, sizeof(word)};
+  iovec remote{reinterpret_cast<void*>(address), sizeof(word)};
+  return process_vm_readv(pid, &local, 1, &remote, 1, 0) == sizeof(word) && word == kProbeWord;
+}
+
+struct PeerRecord {
+  std::string host_key;
+  std::string address;
+  int port = 0;
+  pid_t pid = 0;
+  uint64_t probe = 0;
+};
+
+absl::StatusOr<PeerRecord> ParseRecord(const std::string& text, int rank) {
+  std::vector<std::string> f = absl::StrSplit(text, '|');
+  PeerRecord r;
+  int pid = 0;
+  if (f.size() != 5 || !absl::SimpleAtoi(f[2], &r.port) || !absl::SimpleAtoi(f[3], &pid) ||
+      !absl::SimpleAtoi(f[4], &r.probe)) {
+    return absl::DataLossError(
+        absl::StrCat("rank ", rank, "'s address record '", text, "' in the store is malformed"));
+  }
+  r.host_key = f[0];
+  r.address = f[1];
+  r.pid = pid;
+  return r;
+}
+
+absl::Status SendTo(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int dst, int32_t step,
+                    absl::Span<const char> bytes) {
+  absl::Status s = mesh.Send(dst, {MessageKind::kCollective, ctx.seq, step},
+                             static_cast<uint8_t>(ctx.op), bytes, ctx.deadline);
+  if (s.ok()) return s;
+  // A peer that hung up may only be echoing a failure elsewhere (it gave up
+  // on this collective and exited): report the cause when it is known.
+  if (absl::IsUnavailable(s)) {
+    absl::Status cause = mesh.CollectiveFailure(ctx.seq, absl::Milliseconds(200));
+    if (!cause.ok() && !absl::StrContains(cause.message(), absl::StrCat("lost rank ", dst))) {
+      return absl::Status(cause.code(), absl::StrCat(ctx.what, ": ", cause.message()));
+    }
+  }
+  return absl::Status(s.code(), absl::StrCat(ctx.what, ": sending to ", mesh.DescribePeer(dst),
+                                             ": ", s.message()));
+}
+
+// Holds an op's posted receives; any still pending when the op returns
+// (it failed part way) are cancelled, so that no late message is written
+// into buffers the op is about to free.
+class OpRecvs {
+ public:
+  explicit OpRecvs(Mesh& mesh) : mesh_(mesh) {}
+  ~OpRecvs() {
+    for (auto& recv : recvs_) {
+      if (recv && !recv->finished()) {
+        mesh_.Cancel(recv, absl::CancelledError("the collective ended before this message"));
+      }
+    }
+  }
+  std::shared_ptr<PendingRecv> Add(std::shared_ptr<PendingRecv> recv) {
+    recvs_.push_back(recv);
+    return recv;
+  }
+
+ private:
+  Mesh& mesh_;
+  std::vector<std::shared_ptr<PendingRecv>> recvs_;
+};
+
+// Moves whole buffers between ranks: sends[p] to rank p and recvs[p] from
+// rank p (empty optionals skip a peer), all under one collective step.
+struct Target {
+  char* data;
+  size_t nbytes;
+};
+absl::Status Exchange(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int32_t step,
+                      const std::vector<std::optional<absl::Span<const char>>>& sends,
+                      const std::vector<std::optional<Target>>& recvs) {
+  const int n = mesh.size(), r = mesh.rank();
+  const uint8_t code = static_cast<uint8_t>(ctx.op);
+  const MessageKey key{MessageKind::kCollective, ctx.seq, step};
+  std::vector<std::shared_ptr<PendingRecv>> posted(n);
+  OpRecvs guard(mesh);
+  for (int p = 0; p < n; ++p) {
+    if (p != r && recvs[p]) {
+      posted[p] = guard.Add(mesh.Post(p, key, code, recvs[p]->nbytes, CopySink(recvs[p]->data),
+                                      nullptr, recvs[p]->data));
+    }
+  }
+  for (int i = 1; i < n; ++i) {
+    const int p = (r + i) % n;
+    if (!sends[p]) continue;
+    EMBER_RETURN_IF_ERROR(SendTo(mesh, ctx, p, step, *sends[p]));
+  }
+  for (int i = 1; i < n; ++i) {
+    const int p = (r - i + n) % n;
+    if (posted[p]) EMBER_RETURN_IF_ERROR(mesh.Wait(posted[p], ctx.deadline, ctx.what));
+  }
+  return absl::OkStatus();
+}
+
+
+// Segment i (mod n) of a buffer of `numel` elements: byte offset and length.
+struct Segment {
+  size_t offset;
+  size_t nbytes;
+};
+Segment SegmentOf(int i, int n, int64_t numel, size_t elem) {
+  i = ((i % n) + n) % n;
+  const int64_t begin = numel * i / n, end = numel * (i + 1) / n;
+  return {static_cast<size_t>(begin) * elem, static_cast<size_t>(end - begin) * elem};
+}
+
+// The reduce-scatter half of the ring (Note [tcp algorithms]): afterwards
+// segment r+1 of `data` holds the full reduction on rank r.
+absl::Status RingReduceScatter(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
+                               int64_t numel, Dtype dtype, ReduceOp op) {
+  const int n = mesh.size(), r = mesh.rank();
+  const size_t elem = ElementSize(dtype);
+  const int left = (r - 1 + n) % n, right = (r + 1) % n;
+  const uint8_t code = static_cast<uint8_t>(ctx.op);
+  std::vector<std::shared_ptr<PendingRecv>> rs(n - 1);
+  OpRecvs guard(mesh);
+  for (int k = 0; k < n - 1; ++k) {
+    Segment s = SegmentOf(r - k - 1, n, numel, elem);
+    rs[k] = guard.Add(mesh.Post(left, {MessageKind::kCollective, ctx.seq, k}, code, s.nbytes,
+                                ReduceSink(op, dtype, data + s.offset)));
+  }
+  for (int k = 0; k < n - 1; ++k) {
+    Segment s = SegmentOf(r - k, n, numel, elem);
+    EMBER_RETURN_IF_ERROR(SendTo(mesh, ctx, right, k, {data + s.offset, s.nbytes}));
+    EMBER_RETURN_IF_ERROR(mesh.Wait(rs[k], ctx.deadline, ctx.what));
+  }
+  return absl::OkStatus();
+}
+
+// Small all_reduce in one hop: everyone sends its whole buffer to everyone,
+// and every rank reduces the N inputs in rank order 0..N-1 (the same bits
+// everywhere, as the ring gives).
+absl::Status DirectAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
+                             int64_t numel, Dtype dtype, ReduceOp op) {
+  const int n = mesh.size(), r = mesh.rank();
+  const size_t nbytes = static_cast<size_t>(numel) * ElementSize(dtype);
+  std::vector<std::string> inputs(n);
+  std::vector<std::optional<absl::Span<const char>>> sends(n, absl::Span<const char>(data, nbytes));
+  std::vector<std::optional<Target>> recvs(n);
+  for (int p = 0; p < n; ++p) {
+    if (p == r) {
+      inputs[p].assign(data, nbytes);
+    } else {
+      inputs[p].resize(nbytes);
+      recvs[p] = Target{inputs[p].data(), nbytes};
+    }
+  }
+  EMBER_RETURN_IF_ERROR(Exchange(mesh, ctx, 0, sends, recvs));
+  std::memcpy(data, inputs[0].data(), nbytes);
+  for (int p = 1; p < n; ++p) ReduceInto(op, dtype, data, inputs[p].data(), numel);
+  if (op == ReduceOp::kAvg) DivideBy(dtype, data, numel, n);
+  return absl::OkStatus();
+}
+
+absl::Status RingAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
+                           int64_t numel, Dtype dtype, ReduceOp op) {
+  const int n = mesh.size(), r = mesh.rank();
+  if (n == 1) return absl::OkStatus();
+  if (static_cast<size_t>(numel) * ElementSize(dtype) * (n - 1) <= kDirectAllReduceBytes) {
+    return DirectAllReduce(mesh, ctx, data, numel, dtype, op);
+  }
+  const size_t elem = ElementSize(dtype);
+  const int left = (r - 1 + n) % n, right = (r + 1) % n;
+  const uint8_t code = static_cast<uint8_t>(ctx.op);
+  // All-gather receives are posted first too: a segment's final value only
+  // arrives after this rank has sent its own part of it (Note [tcp algorithms]).
+  std::vector<std::shared_ptr<PendingRecv>> ag(n - 1);
+  OpRecvs guard(mesh);
+  for (int k = 0; k < n - 1; ++k) {
+    Segment s = SegmentOf(r - k, n, numel, elem);
+    ag[k] = guard.Add(mesh.Post(left, {MessageKind::kCollective, ctx.seq, n - 1 + k}, code,
+                                s.nbytes, CopySink(data + s.offset), nullptr, data + s.offset));
+  }
+  EMBER_RETURN_IF_ERROR(RingReduceScatter(mesh, ctx, data, numel, dtype, op));
+  Segment own = SegmentOf(r + 1, n, numel, elem);
+  if (op == ReduceOp::kAvg) {
+    DivideBy(dtype, data + own.offset, static_cast<int64_t>(own.nbytes / elem), n);
+  }
+  for (int k = 0; k < n - 1; ++k) {
+    Segment s = SegmentOf(r + 1 - k, n, numel, elem);
+    EMBER_RETURN_IF_ERROR(SendTo(mesh, ctx, right, n - 1 + k, {data + s.offset, s.nbytes}));
+    EMBER_RETURN_IF_ERROR(mesh.Wait(ag[k], ctx.deadline, ctx.what));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+TcpOptions TcpOptions::FromEnv() {
+  TcpOptions o;
+  if (const char* v = std::getenv("EMBER_TCP_SHM"); v != nullptr && std::string(v) == "0") {
+    o.shared_memory = false;
+  }
+  if (const char* v = std::getenv("EMBER_TCP_DIRECT"); v != nullptr && std::string(v) == "0") {
+    o.direct_reads = false;
+  }
+  if (const char* v = std::getenv("EMBER_TCP_RING_BYTES"); v != nullptr) {
+    size_t bytes = 0;
+    if (absl::SimpleAtoi(v, &bytes) && bytes >= 4096) o.ring_bytes = bytes / 4096 * 4096;
+  }
+  return o;
+}
+
+SupportTable TcpSupportTable() { return SupportTable().AllowAll(DeviceType::kCPU); }
+
+absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
+    const BackendOptions& options, const TcpOptions& tcp) {
+  const int rank = options.rank, n = options.size;
+  if (options.store == nullptr) {
+    return absl::InvalidArgumentError("tcp backend: no store was given");
+  }
+  if (n < 1 || rank < 0 || rank >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("tcp backend: rank ", rank,
+                                                   " is invalid for world size ", n,
+                                                   " (need 0 <= rank < world_size)"));
+  }
+  Store& store = *options.store;
+  const std::string prefix = options.store_prefix + "tcp/";
+  const absl::Time deadline = absl::Now() + options.timeout;
+  auto left = [&] { return std::max(deadline - absl::Now(), absl::ZeroDuration()); };
+
+  EMBER_ASSIGN_OR_RETURN(Listener listener, Listener::Create());
+  EMBER_ASSIGN_OR_RETURN(std::string address, LocalAddress());
+  const std::string host_key = HostKey();
+  EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, "peer/", rank),
+                                  absl::StrCat(host_key, "|", address, "|", listener.port(), "|",
+                                               getpid(), "|",
+                                               reinterpret_cast<uint64_t>(&kProbeWord))));
+  std::vector<PeerRecord> records(n);
+  for (int p = 0; p < n; ++p) {
+    auto text = store.Get(absl::StrCat(prefix, "peer/", p), left());
+    if (!text.ok()) {
+      return absl::Status(text.status().code(),
+                          absl::StrCat("tcp backend: rank ", p, " never published its address: ",
+                                       text.status().message()));
+    }
+    EMBER_ASSIGN_OR_RETURN(records[p], ParseRecord(*text, p));
+  }
+  auto shm_key = [&](const char* what, int lo, int hi) {
+    return absl::StrCat(prefix, what, "/", lo, "/", hi);
+  };
+  auto same_host = [&](int p) { return tcp.shared_memory && records[p].host_key == host_key; };
+
+  std::vector<std::unique_ptr<Channel>> channels(n);
+  std::vector<std::unique_ptr<ShmChannel>> created(n);
+  // 1. Segments for the higher ranks on this host.
+  for (int p = rank + 1; p < n; ++p) {
+    if (!same_host(p)) continue;
+    auto ch = ShmChannel::Create({tcp.ring_bytes, p, records[p].pid});
+    EMBER_RETURN_IF_ERROR(
+        store.Set(shm_key("shm", rank, p), ch.ok() ? (*ch)->Locator() : std::string("none")));
+    if (ch.ok()) created[p] = std::move(*ch);
+  }
+  // 2. Open the lower ranks' segments, or connect to them.
+  for (int p = 0; p < rank; ++p) {
+    if (same_host(p)) {
+      EMBER_ASSIGN_OR_RETURN(std::string locator, store.Get(shm_key("shm", p, rank), left()));
+      if (locator != "none") {
+        auto ch = ShmChannel::Open(locator, {tcp.ring_bytes, p, records[p].pid});
+        EMBER_RETURN_IF_ERROR(store.Set(shm_key("shm-ok", p, rank), ch.ok() ? "1" : "0"));
+        if (ch.ok()) {
+          channels[p] = std::move(*ch);
+          continue;
+        }
+      }
+    }
+    auto fd = ConnectTo(records[p].address, records[p].port, deadline);
+    if (!fd.ok()) {
+      return absl::Status(fd.status().code(), absl::StrCat("tcp backend: rank ", rank,
+                                                           " cannot reach rank ", p, ": ",
+                                                           fd.status().message()));
+    }
+    const int32_t hello[2] = {static_cast<int32_t>(kHelloMagic), rank};
+    EMBER_RETURN_IF_ERROR(WriteFully(fd->get(), hello, sizeof(hello), deadline));
+    channels[p] = std::make_unique<SocketChannel>(
+        std::move(*fd), p, absl::StrCat(records[p].address, ":", records[p].port));
+  }
+  // 3. The higher ranks: confirm their use of our segments, or accept them.
+  int expected = 0;
+  for (int p = rank + 1; p < n; ++p) {
+    if (created[p]) {
+      EMBER_ASSIGN_OR_RETURN(std::string ok, store.Get(shm_key("shm-ok", rank, p), left()));
+      if (ok == "1") {
+        channels[p] = std::move(created[p]);
+        continue;
+      }
+    }
+    ++expected;
+  }
+  for (int i = 0; i < expected; ++i) {
+    auto fd = listener.Accept(deadline);
+    if (!fd.ok()) {
+      return absl::Status(fd.status().code(),
+                          absl::StrCat("tcp backend: rank ", rank, ": ", expected - i, " of ",
+                                       expected, " higher ranks never connected: ",
+                                       fd.status().message()));
+    }
+    int32_t hello[2] = {0, -1};
+    EMBER_RETURN_IF_ERROR(ReadFully(fd->get(), hello, sizeof(hello), deadline));
+    const int p = hello[1];
+    if (hello[0] != static_cast<int32_t>(kHelloMagic) || p <= rank || p >= n || channels[p]) {
+      --i;  // not one of ours (a stray connection): drop it
+      continue;
+    }
+    channels[p] = std::make_unique<SocketChannel>(
+        std::move(*fd), p, absl::StrCat(records[p].address, ":", records[p].port));
+  }
+
+  std::vector<PeerInfo> peers(n);
+  std::vector<std::string> transports(n, "self");
+  for (int p = 0; p < n; ++p) {
+    peers[p].address = absl::StrCat(records[p].address, ":", records[p].port);
+    peers[p].pid = records[p].pid;
+    peers[p].same_host = records[p].host_key == host_key;
+    if (channels[p]) transports[p] = channels[p]->Describe();
+  }
+  // 4. Direct reads (Note [Direct reads]): tell each peer on this host
+  // whether we can read its memory, and learn whether it can read ours.
+  if (tcp.direct_reads) {
+    for (int p = 0; p < n; ++p) {
+      if (p == rank || !same_host(p)) continue;
+      peers[p].we_read_peer = CanReadMemoryOf(records[p].pid, records[p].probe);
+      EMBER_RETURN_IF_ERROR(
+          store.Set(shm_key("direct", p, rank), peers[p].we_read_peer ? "1" : "0"));
+    }
+    for (int p = 0; p < n; ++p) {
+      if (p == rank || !same_host(p)) continue;
+      EMBER_ASSIGN_OR_RETURN(std::string ok, store.Get(shm_key("direct", rank, p), left()));
+      peers[p].peer_reads_us = ok == "1";
+      if (peers[p].peer_reads_us) transports[p] += " + direct reads";
+    }
+  }
+  auto mesh = std::make_shared<Mesh>(rank, std::move(channels), std::move(peers), &OpCodeName);
+  return std::shared_ptr<TcpProcessGroup>(
+      new TcpProcessGroup(options, std::move(mesh), std::move(transports)));
+}
+
+TcpProcessGroup::TcpProcessGroup(const BackendOptions& options, std::shared_ptr<Mesh> mesh,
+                                 std::vector<std::string> transports)
+    : ProcessGroup(options.rank, options.size, "tcp", TcpSupportTable(), options.timeout),
+      mesh_(std::move(mesh)),
+      transports_(std::move(transports)) {
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+TcpProcessGroup::~TcpProcessGroup() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  worker_.join();
+}
+
+std::string TcpProcessGroup::TransportTo(int peer) const {
+  return peer >= 0 && peer < static_cast<int>(transports_.size()) ? transports_[peer] : "none";
+}
+
+void TcpProcessGroup::Abort() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.ok()) aborted_ = absl::AbortedError("the process group was aborted");
+  }
+  mesh_->Abort(absl::AbortedError("the process group was aborted"));
+}
+
+std::shared_ptr<Work> TcpProcessGroup::Enqueue(OpType op,
+                                               const std::optional<absl::Duration>& timeout,
+                                               bool collective, Job job) {
+  const absl::Time deadline = DeadlineFor(timeout);
+  // The worker enforces `deadline` itself, naming the peer at fault; the
+  // Work's own backstop only covers a worker that never gets there.
+  auto work = std::make_shared<Work>(op, deadline + kBackstop);
+  absl::MutexLock lock(&mu_);
+  const int64_t seq = collective ? next_seq_++ : -1;
+  std::string what = collective ? absl::StrCat(OpTypeName(op), " (collective #", seq, ")")
+                                : std::string(OpTypeName(op));
+  queue_.push_back({work, {op, seq, deadline, std::move(what)}, std::move(job)});
+  return work;
+}
+
+void TcpProcessGroup::WorkerLoop() {
+  while (true) {
+    Queued item;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping, and nothing left
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      if (!aborted_.ok()) {
+        item.work->Finish(aborted_);
+        continue;
+      }
+    }
+    absl::Status status;
+    try {
+      status = item.job(item.context);
+    } catch (const std::exception& e) {
+      status = absl::InternalError(absl::StrCat(item.context.what, ": ", e.what()));
+    }
+    if (!status.ok() && item.context.seq >= 0) mesh_->Poison(item.context.seq, status);
+    item.work->Finish(status);
+  }
+}
+
+// --- The ops ------------------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoBroadcast(
+    const Tensor& tensor, const BroadcastOptions& options) {
+  const int root = options.root;
+  return Enqueue(OpType::kBroadcast, options.timeout, true,
+                 [this, tensor, root](const OpContext& ctx) -> absl::Status {
+                   Mesh& m = *mesh_;
+                   const int n = size();
+                   Tensor data = Staging(tensor);
+                   std::vector<std::optional<absl::Span<const char>>> sends(n);
+                   std::vector<std::optional<Target>> recvs(n);
+                   if (rank() == root) {
+                     for (int p = 0; p < n; ++p) sends[p] = Bytes(data);
+                   } else {
+                     recvs[root] = Target{Data(data), data.nbytes()};
+                   }
+                   EMBER_RETURN_IF_ERROR(Exchange(m, ctx, 0, sends, recvs));
+                   if (rank() != root) CopyBack(tensor, data);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllReduce(
+    const Tensor& tensor, const AllReduceOptions& options) {
+  const ReduceOp op = options.op;
+  return Enqueue(OpType::kAllReduce, options.timeout, true,
+                 [this, tensor, op](const OpContext& ctx) -> absl::Status {
+                   Tensor data = Staging(tensor);
+                   EMBER_RETURN_IF_ERROR(
+                       RingAllReduce(*mesh_, ctx, Data(data), data.numel(), data.dtype(), op));
+                   CopyBack(tensor, data);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoReduce(const Tensor& tensor,
+                                                                const ReduceOptions& options) {
+  const ReduceOp op = options.op;
+  const int root = options.root;
+  return Enqueue(
+      OpType::kReduce, options.timeout, true,
+      [this, tensor, op, root](const OpContext& ctx) -> absl::Status {
+        Mesh& m = *mesh_;
+        const int n = size(), r = rank();
+        // Non-roots reduce in a scratch copy: their tensor is left as it was.
+        Tensor data = r == root ? Staging(tensor) : tensor.clone();
+        if (!data.is_contiguous()) data = data.contiguous();
+        if (n == 1) return absl::OkStatus();
+        const size_t elem = data.element_size();
+        EMBER_RETURN_IF_ERROR(
+            RingReduceScatter(m, ctx, Data(data), data.numel(), data.dtype(), op));
+        Segment own = SegmentOf(r + 1, n, data.numel(), elem);
+        if (op == ReduceOp::kAvg) {
+          DivideBy(data.dtype(), Data(data) + own.offset, static_cast<int64_t>(own.nbytes / elem),
+                   n);
+        }
+        std::vector<std::optional<absl::Span<const char>>> sends(n);
+        std::vector<std::optional<Target>> recvs(n);
+        if (r == root) {
+          for (int p = 0; p < n; ++p) {
+            Segment s = SegmentOf(p + 1, n, data.numel(), elem);
+            recvs[p] = Target{Data(data) + s.offset, s.nbytes};
+          }
+        } else {
+          sends[root] = absl::Span<const char>(Data(data) + own.offset, own.nbytes);
+        }
+        EMBER_RETURN_IF_ERROR(Exchange(m, ctx, n - 1, sends, recvs));
+        if (r == root) CopyBack(tensor, data);
+        return absl::OkStatus();
+      });
+}
+
+namespace {
+
+// all_gather into `outputs` (already staged, contiguous).
+absl::Status AllGatherInto(Mesh& m, const TcpProcessGroup::OpContext& ctx,
+                           const std::vector<Tensor>& outputs, const Tensor& input) {
+  const int n = m.size(), r = m.rank();
+  std::vector<std::optional<absl::Span<const char>>> sends(n, Bytes(input));
+  std::vector<std::optional<Target>> recvs(n);
+  for (int p = 0; p < n; ++p) recvs[p] = Target{Data(outputs[p]), outputs[p].nbytes()};
+  std::memcpy(Data(outputs[r]), input.raw_data(), input.nbytes());
+  return Exchange(m, ctx, 0, sends, recvs);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllGather(
+    absl::Span<const Tensor> outputs, const Tensor& input, const AllGatherOptions& options) {
+  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  return Enqueue(OpType::kAllGather, options.timeout, true,
+                 [this, outs, input](const OpContext& ctx) -> absl::Status {
+                   std::vector<Tensor> staged;
+                   for (const Tensor& t : outs) staged.push_back(Staging(t));
+                   EMBER_RETURN_IF_ERROR(AllGatherInto(*mesh_, ctx, staged, Staging(input)));
+                   for (size_t i = 0; i < outs.size(); ++i) CopyBack(outs[i], staged[i]);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllGatherIntoTensor(
+    const Tensor& output, const Tensor& input, const AllGatherOptions& options) {
+  return Enqueue(OpType::kAllGatherIntoTensor, options.timeout, true,
+                 [this, output, input](const OpContext& ctx) -> absl::Status {
+                   const int n = size();
+                   Tensor out = Staging(output);
+                   Tensor flat = out.reshape({out.numel()});
+                   const int64_t m = input.numel();
+                   std::vector<Tensor> parts;
+                   for (int p = 0; p < n; ++p) parts.push_back(flat.narrow(0, p * m, m));
+                   EMBER_RETURN_IF_ERROR(AllGatherInto(*mesh_, ctx, parts, Staging(input)));
+                   CopyBack(output, out);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoGather(absl::Span<const Tensor> outputs,
+                                                                const Tensor& input,
+                                                                const GatherOptions& options) {
+  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  const int root = options.root;
+  return Enqueue(OpType::kGather, options.timeout, true,
+                 [this, outs, input, root](const OpContext& ctx) -> absl::Status {
+                   const int n = size(), r = rank();
+                   Tensor in = Staging(input);
+                   std::vector<std::optional<absl::Span<const char>>> sends(n);
+                   std::vector<std::optional<Target>> recvs(n);
+                   std::vector<Tensor> staged;
+                   if (r == root) {
+                     for (int p = 0; p < n; ++p) {
+                       staged.push_back(Staging(outs[p]));
+                       recvs[p] = Target{Data(staged[p]), staged[p].nbytes()};
+                     }
+                     std::memcpy(Data(staged[r]), in.raw_data(), in.nbytes());
+                   } else {
+                     sends[root] = Bytes(in);
+                   }
+                   EMBER_RETURN_IF_ERROR(Exchange(*mesh_, ctx, 0, sends, recvs));
+                   for (size_t i = 0; i < staged.size(); ++i) CopyBack(outs[i], staged[i]);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoScatter(
+    const Tensor& output, absl::Span<const Tensor> inputs, const ScatterOptions& options) {
+  std::vector<Tensor> ins(inputs.begin(), inputs.end());
+  const int root = options.root;
+  return Enqueue(OpType::kScatter, options.timeout, true,
+                 [this, output, ins, root](const OpContext& ctx) -> absl::Status {
+                   const int n = size(), r = rank();
+                   Tensor out = Staging(output);
+                   std::vector<std::optional<absl::Span<const char>>> sends(n);
+                   std::vector<std::optional<Target>> recvs(n);
+                   std::vector<Tensor> staged;
+                   if (r == root) {
+                     for (int p = 0; p < n; ++p) {
+                       staged.push_back(Staging(ins[p]));
+                       sends[p] = Bytes(staged[p]);
+                     }
+                     std::memcpy(Data(out), staged[r].raw_data(), out.nbytes());
+                   } else {
+                     recvs[root] = Target{Data(out), out.nbytes()};
+                   }
+                   EMBER_RETURN_IF_ERROR(Exchange(*mesh_, ctx, 0, sends, recvs));
+                   CopyBack(output, out);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoReduceScatter(
+    const Tensor& output, absl::Span<const Tensor> inputs, const ReduceScatterOptions& options) {
+  std::vector<Tensor> ins(inputs.begin(), inputs.end());
+  const ReduceOp op = options.op;
+  return Enqueue(OpType::kReduceScatter, options.timeout, true,
+                 [this, output, ins, op](const OpContext& ctx) -> absl::Status {
+                   const int n = size(), r = rank();
+                   Tensor out = Staging(output);
+                   std::vector<Tensor> staged;
+                   std::vector<std::optional<absl::Span<const char>>> sends(n);
+                   std::vector<std::optional<Target>> recvs(n);
+                   std::vector<std::string> received(n);
+                   for (int p = 0; p < n; ++p) {
+                     staged.push_back(Staging(ins[p]));
+                     sends[p] = Bytes(staged[p]);
+                     if (p != r) {
+                       received[p].resize(out.nbytes());
+                       recvs[p] = Target{received[p].data(), out.nbytes()};
+                     }
+                   }
+                   EMBER_RETURN_IF_ERROR(Exchange(*mesh_, ctx, 0, sends, recvs));
+                   // Reduce in rank order 0..n-1.
+                   auto part = [&](int p) -> const char* {
+                     return p == r ? static_cast<const char*>(staged[r].raw_data())
+                                   : received[p].data();
+                   };
+                   std::memcpy(Data(out), part(0), out.nbytes());
+                   for (int p = 1; p < n; ++p) {
+                     ReduceInto(op, out.dtype(), Data(out), part(p), out.numel());
+                   }
+                   if (op == ReduceOp::kAvg) DivideBy(out.dtype(), Data(out), out.numel(), n);
+                   CopyBack(output, out);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllToAll(
+    absl::Span<const Tensor> outputs, absl::Span<const Tensor> inputs,
+    const AllToAllOptions& options) {
+  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  std::vector<Tensor> ins(inputs.begin(), inputs.end());
+  return Enqueue(OpType::kAllToAll, options.timeout, true,
+                 [this, outs, ins](const OpContext& ctx) -> absl::Status {
+                   const int n = size(), r = rank();
+                   std::vector<Tensor> in_staged, out_staged;
+                   std::vector<std::optional<absl::Span<const char>>> sends(n);
+                   std::vector<std::optional<Target>> recvs(n);
+                   for (int p = 0; p < n; ++p) {
+                     in_staged.push_back(Staging(ins[p]));
+                     out_staged.push_back(Staging(outs[p]));
+                     sends[p] = Bytes(in_staged[p]);
+                     recvs[p] = Target{Data(out_staged[p]), out_staged[p].nbytes()};
+                   }
+                   if (in_staged[r].nbytes() != out_staged[r].nbytes()) {
+                     return absl::InvalidArgumentError(absl::StrCat(
+                         ctx.what, ": inputs[", r, "] has ", in_staged[r].numel(),
+                         " elements but outputs[", r, "] has ", out_staged[r].numel()));
+                   }
+                   std::memcpy(Data(out_staged[r]), in_staged[r].raw_data(),
+                               in_staged[r].nbytes());
+                   EMBER_RETURN_IF_ERROR(Exchange(*mesh_, ctx, 0, sends, recvs));
+                   for (int p = 0; p < n; ++p) CopyBack(outs[p], out_staged[p]);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoBarrier(const BarrierOptions& options) {
+  return Enqueue(OpType::kBarrier, options.timeout, true,
+                 [this](const OpContext& ctx) -> absl::Status {
+                   const int n = size();
+                   std::vector<std::optional<absl::Span<const char>>> sends(
+                       n, absl::Span<const char>());
+                   std::vector<std::optional<Target>> recvs(n, Target{nullptr, 0});
+                   return Exchange(*mesh_, ctx, 0, sends, recvs);
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoMonitoredBarrier(
+    const MonitoredBarrierOptions& options) {
+  const bool wait_all = options.wait_all_ranks;
+  const absl::Duration timeout = options.timeout.value_or(this->timeout());
+  return Enqueue(
+      OpType::kMonitoredBarrier, options.timeout, true,
+      [this, wait_all, timeout](const OpContext& ctx) -> absl::Status {
+        Mesh& m = *mesh_;
+        const int n = size(), r = rank();
+        const uint8_t code = static_cast<uint8_t>(ctx.op);
+        const MessageKey arrive{MessageKind::kCollective, ctx.seq, 0};
+        const MessageKey release{MessageKind::kCollective, ctx.seq, 1};
+        if (r != 0) {
+          // Rank 0 judges who is missing; its verdict (poison) arrives after
+          // the timeout, so the others wait a little longer for it.
+          auto ack = m.Post(0, release, code, 0, CopySink(nullptr));
+          EMBER_RETURN_IF_ERROR(SendTo(m, ctx, 0, 0, {}));
+          return m.Wait(ack, ctx.deadline + absl::Seconds(1), ctx.what);
+        }
+        std::vector<std::shared_ptr<PendingRecv>> arrivals(n);
+        for (int p = 1; p < n; ++p) arrivals[p] = m.Post(p, arrive, code, 0, CopySink(nullptr));
+        std::vector<int> missing;
+        for (int p = 1; p < n; ++p) {
+          // A rank that timed out, left or died did not pass the barrier.
+          absl::Status s = m.Wait(arrivals[p], ctx.deadline, ctx.what, /*settle=*/false);
+          if (s.ok()) continue;
+          if (absl::IsAborted(s)) return s;
+          missing.push_back(p);
+          if (!wait_all) break;
+        }
+        if (!missing.empty()) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "monitored_barrier: rank", missing.size() > 1 ? "s " : " ",
+              absl::StrJoin(missing, ", "), " failed to pass monitoredBarrier in ",
+              absl::ToInt64Milliseconds(timeout), " ms"));
+        }
+        for (int p = 1; p < n; ++p) EMBER_RETURN_IF_ERROR(SendTo(m, ctx, p, 1, {}));
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoSend(const Tensor& tensor, int dst,
+                                                              const P2POptions& options) {
+  const int tag = options.tag;
+  Tensor data = Staging(tensor);
+  return Enqueue(OpType::kSend, options.timeout, false,
+                 [this, data, dst, tag](const OpContext& ctx) -> absl::Status {
+                   absl::Status s = mesh_->Send(dst, {MessageKind::kP2P, tag, 0}, kAnyOp,
+                                                Bytes(data), ctx.deadline);
+                   if (s.ok()) return s;
+                   return absl::Status(s.code(),
+                                       absl::StrCat("send to ", mesh_->DescribePeer(dst), " (tag ",
+                                                    tag, "): ", s.message()));
+                 });
+}
+
+namespace {
+
+// irecv's Work: at its deadline it cancels the posted receive.
+class TcpRecvWork : public RecvWork {
+ public:
+  TcpRecvWork(absl::Time deadline, std::shared_ptr<Mesh> mesh, int src, int tag)
+      : RecvWork(OpType::kRecv, deadline), mesh_(std::move(mesh)), src_(src), tag_(tag) {}
+  void set_recv(std::shared_ptr<PendingRecv> recv) { recv_ = std::move(recv); }
+
+ protected:
+  void OnDeadline() override {
+    if (recv_) {
+      mesh_->Cancel(recv_, absl::DeadlineExceededError(absl::StrCat(
+                               "recv from ", mesh_->DescribePeer(src_), " (tag ", tag_,
+                               "): timed out")));
+    }
+  }
+
+ private:
+  std::shared_ptr<Mesh> mesh_;
+  int src_;
+  int tag_;
+  std::shared_ptr<PendingRecv> recv_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<RecvWork>> TcpProcessGroup::DoRecv(const Tensor& tensor, int src,
+                                                                  const P2POptions& options) {
+  auto work = std::make_shared<TcpRecvWork>(DeadlineFor(options.timeout), mesh_, src,
+                                            options.tag);
+  Tensor staging = Staging(tensor);
+  std::weak_ptr<TcpRecvWork> weak = work;
+  RecvDone done = [weak, tensor, staging](const absl::Status& status, int from) {
+    absl::Status s = status;
+    if (s.ok()) CopyBack(tensor, staging);
+    if (auto w = weak.lock()) {
+      w->set_source(from);
+      w->Finish(s);
+    }
+  };
+  work->set_recv(mesh_->Post(src == kAnySource ? kFromAnyRank : src,
+                             {MessageKind::kP2P, options.tag, 0}, kAnyOp, staging.nbytes(),
+                             CopySink(Data(staging)), std::move(done), Data(staging)));
+  return std::shared_ptr<RecvWork>(work);
+}
+
+EMBER_REGISTER_BACKEND(tcp, BackendInfo{
+    .name = "tcp",
+    .support = TcpSupportTable(),
+    .create = [](const BackendOptions& options)
+        -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+      EMBER_ASSIGN_OR_RETURN(auto pg, TcpProcessGroup::Create(options));
+      return std::shared_ptr<ProcessGroup>(std::move(pg));
+    }});
+
+}  // namespace ember::distributed::tcp

@@ -1,0 +1,140 @@
+// TcpProcessGroup: Ember's zero-dependency backend ("tcp"): every op of
+// ProcessGroup on CPU tensors, for any world size, over shared memory between
+// ranks on one host and TCP sockets between hosts.
+//
+//   BackendOptions options{.store = store, .store_prefix = "job7/", .rank = r, .size = n,
+//                          .timeout = absl::Seconds(30)};
+//   EMBER_ASSIGN_OR_RETURN(auto pg, TcpProcessGroup::Create(options));
+//   EMBER_ASSIGN_OR_RETURN(auto work, pg->AllReduce(t));
+//   EMBER_RETURN_IF_ERROR(work->Wait());
+//
+// Setup: each rank publishes "host key|address|port|pid" in the store, reads
+// everyone's, then builds one Channel per peer: a ShmChannel when both share
+// a host (same boot id, hostname, pid and network namespace) and
+// `shared_memory` is on, else a TCP connection (the higher rank connects).
+// Create blocks until every peer is connected or `timeout` passes.
+//
+// Execution: ops run in call order on one worker thread per group; a
+// receive (Recv / irecv) is posted at once and completes on a reader
+// thread. Algorithms (Note [tcp algorithms] in process_group_tcp.cc): ring
+// reduce-scatter + all-gather for all_reduce and reduce, direct exchange for
+// the others. Every reduction happens once per element in a fixed order, so
+// all ranks get the same bits.
+//
+// Environment: EMBER_TCP_SHM=0 forces sockets between ranks on one host;
+// EMBER_TCP_DIRECT=0 keeps large messages in the rings;
+// EMBER_TCP_RING_BYTES sets the shared-memory ring size;
+// EMBER_SOCKET_IFNAME / GLOO_SOCKET_IFNAME pick the interface to publish.
+//
+// Thread-safety: as ProcessGroup.
+#ifndef EMBER_DISTRIBUTED_TCP_PROCESS_GROUP_TCP_H_
+#define EMBER_DISTRIBUTED_TCP_PROCESS_GROUP_TCP_H_
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "distributed/backend_registry.h"
+#include "distributed/process_group.h"
+#include "distributed/tcp/mesh.h"
+
+namespace ember::distributed::tcp {
+
+struct TcpOptions {
+  // Shared memory between ranks on one host (EMBER_TCP_SHM=0 turns it off).
+  bool shared_memory = true;
+  // Large messages between processes on one host are read straight from
+  // the sender's memory when the kernel allows it (EMBER_TCP_DIRECT=0 turns
+  // it off; Note [Direct reads] in mesh.h).
+  bool direct_reads = true;
+  // Bytes per direction of each shared-memory ring (EMBER_TCP_RING_BYTES).
+  size_t ring_bytes = size_t{2} << 20;
+  // The defaults, overridden by the environment variables above.
+  static TcpOptions FromEnv();
+};
+
+// The tcp row of the backend support table: every op, CPU tensors only.
+SupportTable TcpSupportTable();
+
+class TcpProcessGroup : public ProcessGroup {
+ public:
+  static absl::StatusOr<std::shared_ptr<TcpProcessGroup>> Create(
+      const BackendOptions& options, const TcpOptions& tcp = TcpOptions::FromEnv());
+  ~TcpProcessGroup() override;
+
+  void Abort() override;
+  // How bytes reach `peer`: "shared memory" or "tcp <address>".
+  std::string TransportTo(int peer) const;
+
+  struct OpContext {
+    OpType op;
+    int64_t seq;  // the collective's sequence number in this group
+    absl::Time deadline;
+    std::string what;  // "all_reduce (collective #3)"
+  };
+
+ protected:
+  absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor& tensor,
+                                                    const BroadcastOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(const Tensor& tensor,
+                                                    const AllReduceOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor& tensor,
+                                                 const ReduceOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGather(absl::Span<const Tensor> outputs,
+                                                    const Tensor& input,
+                                                    const AllGatherOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(
+      const Tensor& output, const Tensor& input, const AllGatherOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor> outputs,
+                                                 const Tensor& input,
+                                                 const GatherOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoScatter(const Tensor& output,
+                                                  absl::Span<const Tensor> inputs,
+                                                  const ScatterOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(
+      const Tensor& output, absl::Span<const Tensor> inputs,
+      const ReduceScatterOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(absl::Span<const Tensor> outputs,
+                                                   absl::Span<const Tensor> inputs,
+                                                   const AllToAllOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoBarrier(const BarrierOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(
+      const MonitoredBarrierOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoSend(const Tensor& tensor, int dst,
+                                               const P2POptions& options) override;
+  absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor& tensor, int src,
+                                                   const P2POptions& options) override;
+
+ private:
+  using Job = std::function<absl::Status(const OpContext&)>;
+  struct Queued {
+    std::shared_ptr<Work> work;
+    OpContext context;
+    Job job;
+  };
+
+  TcpProcessGroup(const BackendOptions& options, std::shared_ptr<Mesh> mesh,
+                  std::vector<std::string> transports);
+  // Queues `job`; a collective takes the next sequence number.
+  std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout,
+                                bool collective, Job job);
+  void WorkerLoop();
+
+  std::shared_ptr<Mesh> mesh_;
+  const std::vector<std::string> transports_;
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Mutex mu_;
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  std::thread worker_;
+};
+
+}  // namespace ember::distributed::tcp
+
+#endif  // EMBER_DISTRIBUTED_TCP_PROCESS_GROUP_TCP_H_

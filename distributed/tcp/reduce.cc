@@ -1,0 +1,71 @@
+#include "distributed/tcp/reduce.h"
+
+#include <algorithm>
+#include <type_traits>
+
+namespace ember::distributed::tcp {
+namespace {
+
+template <typename T, typename F>
+void Apply(void* acc, const void* in, int64_t n, F f) {
+  T* a = static_cast<T*>(acc);
+  const T* b = static_cast<const T*>(in);
+  for (int64_t i = 0; i < n; ++i) a[i] = f(a[i], b[i]);
+}
+
+template <typename T>
+void ReduceTyped(ReduceOp op, void* acc, const void* in, int64_t n) {
+  using M = OpMath<T>;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (op == ReduceOp::kProduct || op == ReduceOp::kMin) {
+      Apply<T>(acc, in, n, [](bool a, bool b) { return a && b; });
+    } else {
+      Apply<T>(acc, in, n, [](bool a, bool b) { return a || b; });
+    }
+    return;
+  } else {
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        Apply<T>(acc, in, n, [](T a, T b) { return static_cast<T>(M(a) + M(b)); });
+        return;
+      case ReduceOp::kProduct:
+        Apply<T>(acc, in, n, [](T a, T b) { return static_cast<T>(M(a) * M(b)); });
+        return;
+      case ReduceOp::kMin:
+        // NaN propagates, as torch.minimum does.
+        Apply<T>(acc, in, n, [](T a, T b) {
+          M x = M(a), y = M(b);
+          if (x != x) return a;
+          if (y != y) return b;
+          return y < x ? b : a;
+        });
+        return;
+      case ReduceOp::kMax:
+        Apply<T>(acc, in, n, [](T a, T b) {
+          M x = M(a), y = M(b);
+          if (x != x) return a;
+          if (y != y) return b;
+          return y > x ? b : a;
+        });
+        return;
+    }
+  }
+}
+
+}  // namespace
+
+void ReduceInto(ReduceOp op, Dtype dtype, void* acc, const void* in, int64_t n) {
+  VisitDtype(dtype, [&]<typename T>() { ReduceTyped<T>(op, acc, in, n); });
+}
+
+void DivideBy(Dtype dtype, void* data, int64_t n, int64_t divisor) {
+  VisitFloatingDtype(dtype, "all_reduce AVG", [&]<typename T>() {
+    T* p = static_cast<T*>(data);
+    using M = OpMath<T>;
+    const M d = static_cast<M>(divisor);
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(M(p[i]) / d);
+  });
+}
+
+}  // namespace ember::distributed::tcp

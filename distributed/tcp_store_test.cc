@@ -1,0 +1,415 @@
+// TcpStore: the shared store suite with one gRPC client per store client,
+// then the server's robustness (garbage, a huge frame length, oversized and
+// malformed messages, a port in use), the handshake, clients that start
+// before the server, shutdown waking waiters, and ranks as processes.
+#include "distributed/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "distributed/store_testing.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace ember::distributed {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::StoreConformanceTest;
+using testing::StoreHarness;
+using testing::StoreImpl;
+
+std::unique_ptr<TcpStore> Client(int port, absl::Duration timeout = absl::Seconds(10)) {
+  TcpStoreOptions options;
+  options.port = port;
+  options.timeout = timeout;
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Create(options);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? std::move(*store) : nullptr;
+}
+
+class TcpStoreHarness : public StoreHarness {
+ public:
+  TcpStoreHarness() : server_(TcpStoreServer::Start({}).value()) {}
+  std::shared_ptr<Store> NewClient() override { return Client(server_->port()); }
+
+ private:
+  std::unique_ptr<TcpStoreServer> server_;
+};
+
+INSTANTIATE_TEST_SUITE_P(All, StoreConformanceTest,
+                         ::testing::Values(StoreImpl{"TcpStore", [] {
+                           return std::unique_ptr<StoreHarness>(new TcpStoreHarness);
+                         }}),
+                         testing::StoreImplName);
+
+// A connected TCP socket to 127.0.0.1:port, or -1.
+int Connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A port that was free a moment ago.
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST(TcpStoreTest, ServerOwnerIsAClientOfItsOwnServer) {
+  TcpStoreOptions options;
+  options.is_server = true;
+  options.timeout = absl::Seconds(10);
+  std::unique_ptr<TcpStore> rank0 = TcpStore::Create(options).value();
+  ASSERT_GT(rank0->port(), 0);
+  std::unique_ptr<TcpStore> rank1 = Client(rank0->port());
+  ASSERT_TRUE(rank0->Set("from0", "a").ok());
+  EXPECT_EQ(rank1->Get("from0", absl::Seconds(5)).value(), "a");
+}
+
+TEST(TcpStoreTest, ClientMayStartBeforeTheServer) {
+  int port = FreePort();
+  absl::StatusOr<std::unique_ptr<TcpStore>> early;
+  std::thread client([&] {
+    TcpStoreOptions options;
+    options.port = port;
+    options.timeout = absl::Seconds(20);
+    early = TcpStore::Create(options);
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  std::unique_ptr<TcpStoreServer> server = TcpStoreServer::Start({.port = port}).value();
+  client.join();
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_TRUE((*early)->Set("k", "v").ok());
+}
+
+TEST(TcpStoreTest, NoServerIsUnavailableWithinTheTimeoutNamingTheAddress) {
+  int port = FreePort();
+  TcpStoreOptions options;
+  options.port = port;
+  options.timeout = absl::Milliseconds(300);
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Create(options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(store.status().message(), HasSubstr("127.0.0.1:" + std::to_string(port)));
+}
+
+TEST(TcpStoreTest, PortInUseNamesThePort) {
+  std::unique_ptr<TcpStoreServer> first = TcpStoreServer::Start({}).value();
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> second = TcpStoreServer::Start({.port = first->port()});
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(second.status().message(),
+              HasSubstr("port " + std::to_string(first->port()) + " is already in use"));
+}
+
+TEST(TcpStoreTest, BadPortsAreInvalidArguments) {
+  EXPECT_EQ(TcpStoreServer::Start({.port = 70000}).status().code(), absl::StatusCode::kInvalidArgument);
+  TcpStoreOptions options;
+  options.port = 0;  // a client needs the server's port
+  EXPECT_EQ(TcpStore::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TcpStoreTest, ServerSurvivesGarbageAndAHugeFrameLength) {
+  std::unique_ptr<TcpStoreServer> server = TcpStoreServer::Start({}).value();
+  std::unique_ptr<TcpStore> before = Client(server->port());
+  ASSERT_TRUE(before->Set("k", "v").ok());
+
+  std::mt19937 random(42);
+  std::vector<int> idle;
+  for (int i = 0; i < 8; ++i) {
+    int fd = Connect(server->port());
+    ASSERT_GE(fd, 0);
+    std::string junk(4096, '\0');
+    for (char& c : junk) c = static_cast<char>(random());
+    (void)!write(fd, junk.data(), junk.size());
+    if (i % 2 == 0) close(fd); else idle.push_back(fd);  // some stay open, silent
+  }
+  {
+    // A valid HTTP/2 preface and empty SETTINGS, then a DATA frame header
+    // announcing the largest length a frame can have, with nothing behind it.
+    int fd = Connect(server->port());
+    ASSERT_GE(fd, 0);
+    std::string bytes = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    bytes += std::string("\x00\x00\x00\x04\x00\x00\x00\x00\x00", 9);
+    bytes += std::string("\xff\xff\xff\x00\x00\x00\x00\x00\x01", 9);
+    ASSERT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    idle.push_back(fd);
+  }
+  std::unique_ptr<TcpStore> after = Client(server->port());
+  EXPECT_EQ(after->Get("k", absl::Seconds(5)).value(), "v");
+  EXPECT_TRUE(before->Set("k2", "v2").ok());
+  for (int fd : idle) close(fd);
+}
+
+// An HTTP/2 frame: 24-bit length, type, flags, stream id.
+std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  std::string f;
+  f.push_back(static_cast<char>(payload.size() >> 16));
+  f.push_back(static_cast<char>(payload.size() >> 8));
+  f.push_back(static_cast<char>(payload.size()));
+  f.push_back(static_cast<char>(type));
+  f.push_back(static_cast<char>(flags));
+  for (int shift = 24; shift >= 0; shift -= 8) f.push_back(static_cast<char>(stream >> shift));
+  return f + payload;
+}
+
+// An HPACK "literal header field without indexing, new name" (short strings).
+std::string Header(const std::string& name, const std::string& value) {
+  return std::string(1, '\0') + static_cast<char>(name.size()) + name + static_cast<char>(value.size()) + value;
+}
+
+// Resident memory of this process, in bytes.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// Reads frames from `fd` for up to `wait`; the (type, stream) pairs seen, and
+// whether the connection was closed.
+std::pair<std::vector<std::pair<int, uint32_t>>, bool> ReadFrames(int fd, absl::Duration wait) {
+  int64_t us = absl::ToInt64Microseconds(wait);
+  timeval timeout = {static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  std::string received;
+  std::vector<std::pair<int, uint32_t>> frames;
+  char chunk[4096];
+  bool closed = false;
+  while (true) {
+    ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) closed = true;
+    if (n <= 0) break;
+    received.append(chunk, n);
+  }
+  for (size_t pos = 0; pos + 9 <= received.size();) {
+    auto byte = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(received[pos + i])); };
+    uint32_t length = byte(0) << 16 | byte(1) << 8 | byte(2);
+    frames.emplace_back(byte(3), (byte(5) & 0x7f) << 24 | byte(6) << 16 | byte(7) << 8 | byte(8));
+    pos += 9 + length;
+  }
+  return {frames, closed};
+}
+
+TEST(TcpStoreTest, ServerSurvivesAGrpcLengthPrefixOfFourGigabytes) {
+  std::unique_ptr<TcpStoreServer> server = TcpStoreServer::Start({.max_message_bytes = 1 << 20}).value();
+  const int64_t resident_before = ResidentBytes();
+  int fd = Connect(server->port());
+  ASSERT_GE(fd, 0);
+  std::string headers = Header(":method", "POST") + Header(":scheme", "http") +
+                        Header(":path", "/ember.distributed.wire.TcpStoreService/Set") +
+                        Header(":authority", "store") + Header("content-type", "application/grpc") +
+                        Header("te", "trailers");
+  // A gRPC message header announcing 0xffffffff bytes, then 2 MiB of them
+  // (twice max_message_bytes), as far as flow control lets them in.
+  std::string bytes = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + Frame(0x4, 0, 0, "") +
+                      Frame(0x1, 0x4 /*END_HEADERS*/, 1, headers) +
+                      Frame(0x0, 0, 1, std::string("\x00\xff\xff\xff\xff", 5));
+  ASSERT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  // While that stream is open, the server holds no 4 GiB buffer and serves others.
+  std::unique_ptr<TcpStore> client = Client(server->port());
+  EXPECT_TRUE(client->Set("still", "serving").ok());
+  EXPECT_LT(ResidentBytes() - resident_before, int64_t{256} << 20);
+  timeval send_timeout = {5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+  const std::string chunk(16 << 10, 'z');
+  for (int i = 0; i < 128; ++i) {
+    std::string data = Frame(0x0, 0, 1, chunk);
+    if (write(fd, data.data(), data.size()) != static_cast<ssize_t>(data.size())) break;
+  }
+  // The stream is refused (trailers or RST_STREAM on stream 1) or the
+  // connection closed: never a 4 GiB wait.
+  auto [frames, closed] = ReadFrames(fd, absl::Seconds(3));
+  bool refused = closed;
+  for (auto [type, stream] : frames) refused |= (stream == 1 && (type == 0x1 || type == 0x3)) || type == 0x7;
+  EXPECT_TRUE(refused) << frames.size() << " frames, none refusing stream 1";
+  close(fd);
+  EXPECT_LT(ResidentBytes() - resident_before, int64_t{256} << 20);
+  EXPECT_EQ(client->Get("still", absl::Seconds(5)).value(), "serving");
+  EXPECT_EQ(client->NumKeys().value(), 1) << "the refused Set must not have stored anything";
+}
+
+// Sends `payload` as the raw body of `method`, bypassing the typed stub.
+grpc::Status RawCall(int port, const std::string& method, const std::string& payload) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(),
+                                           args);
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(payload);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer reply;
+  std::mutex mu;
+  std::condition_variable done_cv;
+  bool done = false;
+  grpc::Status result;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &reply, [&](grpc::Status status) {
+    std::lock_guard<std::mutex> lock(mu);
+    result = status;
+    done = true;
+    done_cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  done_cv.wait(lock, [&] { return done; });
+  return result;
+}
+
+TEST(TcpStoreTest, ServerRefusesOversizedAndMalformedMessages) {
+  std::unique_ptr<TcpStoreServer> server =
+      TcpStoreServer::Start({.max_message_bytes = 1 << 20}).value();
+  grpc::Status big = RawCall(server->port(), "/ember.distributed.wire.TcpStoreService/Set",
+                             std::string((1 << 20) + 4096, 'x'));
+  EXPECT_EQ(big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << big.error_message();
+  grpc::Status malformed =
+      RawCall(server->port(), "/ember.distributed.wire.TcpStoreService/Set", "\xff\xff\xff\xff garbage");
+  EXPECT_FALSE(malformed.ok());
+  grpc::Status unknown = RawCall(server->port(), "/no.Such/Method", "x");
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+
+  TcpStoreOptions options;
+  options.port = server->port();
+  options.max_message_bytes = 1 << 20;
+  std::unique_ptr<TcpStore> client = TcpStore::Create(options).value();
+  absl::Status too_big = client->Set("big", std::string(2 << 20, 'x'));
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(too_big.message(), HasSubstr("max_message_bytes"));
+  EXPECT_TRUE(client->Set("small", "ok").ok());
+  EXPECT_EQ(client->Get("small", absl::Seconds(5)).value(), "ok");
+}
+
+TEST(TcpStoreTest, HandshakeWithSomethingElseFailsInTime) {
+  // A listener that answers like an HTTP/1 server.
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 16), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  std::atomic<bool> stop{false};
+  std::thread responder([&] {
+    while (!stop) {
+      int fd = accept(listener, nullptr, nullptr);
+      if (fd < 0) return;
+      (void)!write(fd, "HTTP/1.1 400 Bad Request\r\n\r\n", 28);
+      close(fd);
+    }
+  });
+  TcpStoreOptions options;
+  options.port = ntohs(addr.sin_port);
+  options.timeout = absl::Seconds(1);
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Create(options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+  EXPECT_FALSE(store.ok());
+  stop = true;
+  shutdown(listener, SHUT_RDWR);
+  close(listener);
+  responder.join();
+}
+
+TEST(TcpStoreTest, ServerShutdownEndsWaitsAndLaterCallsAreUnavailable) {
+  auto server = TcpStoreServer::Start({}).value();
+  std::unique_ptr<TcpStore> client = Client(server->port());
+  absl::Status waited;
+  std::thread waiter([&] { waited = client->Wait({"never"}, absl::Seconds(60)); });
+  absl::SleepFor(absl::Milliseconds(200));
+  absl::Time start = absl::Now();
+  server.reset();
+  waiter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
+  client->set_timeout(absl::Seconds(2));
+  EXPECT_EQ(client->Set("k", "v").code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(TcpStoreTest, TimeoutErrorNamesTheServerAndTheKey) {
+  auto server = TcpStoreServer::Start({}).value();
+  std::unique_ptr<TcpStore> client = Client(server->port());
+  absl::Status status = client->Wait({"rank/3"}, absl::Milliseconds(100));
+  ASSERT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(status.message(), HasSubstr("TcpStore 127.0.0.1:" + std::to_string(server->port())));
+  EXPECT_THAT(status.message(), HasSubstr("rank/3"));
+}
+
+// Ranks as processes: the test re-runs this binary as clients (a forked copy
+// of a process that already runs gRPC threads must not use gRPC).
+constexpr char kChildPortEnv[] = "EMBER_TCP_STORE_TEST_CHILD_PORT";
+
+TEST(TcpStoreChildTest, Client) {
+  const char* port = std::getenv(kChildPortEnv);
+  if (port == nullptr) GTEST_SKIP() << "runs only as a child of TcpStoreTest.ProcessesShareTheServer";
+  std::unique_ptr<TcpStore> store = Client(std::atoi(port));
+  ASSERT_NE(store, nullptr);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(store->Add("sum", 1).ok());
+  ASSERT_TRUE(store->Add("children_done", 1).ok());
+  ASSERT_TRUE(store->Wait({"parent_saw_all"}, absl::Seconds(20)).ok());
+}
+
+TEST(TcpStoreTest, ProcessesShareTheServer) {
+  auto server = TcpStoreServer::Start({}).value();
+  constexpr int kChildren = 3;
+  std::vector<pid_t> children;
+  for (int c = 0; c < kChildren; ++c) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      // The child is a test run of its own: keep it off this run's outputs.
+      for (const char* name : {"XML_OUTPUT_FILE", "TEST_PREMATURE_EXIT_FILE", "GTEST_OUTPUT"}) unsetenv(name);
+      setenv(kChildPortEnv, std::to_string(server->port()).c_str(), 1);
+      execl("/proc/self/exe", "tcp_store_test", "--gtest_filter=TcpStoreChildTest.Client", nullptr);
+      _exit(127);
+    }
+    children.push_back(pid);
+  }
+  std::unique_ptr<TcpStore> parent = Client(server->port());
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (parent->Get("children_done", absl::Seconds(1)).value_or("0") != std::to_string(kChildren) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(parent->Get("sum", absl::Seconds(1)).value_or(""), std::to_string(20 * kChildren));
+  ASSERT_TRUE(parent->Set("parent_saw_all", "1").ok());
+  for (pid_t pid : children) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  }
+}
+
+}  // namespace
+}  // namespace ember::distributed

@@ -1,0 +1,67 @@
+// The command line of the `launch` binary and the environment it gives each
+// worker, as PyTorch's launcher (torch.distributed.launch) defines them:
+//
+//   launch --nproc_per_node=4 [--nnodes=2 --node_rank=0 --master_addr=10.0.0.1
+//          --master_port=29500] [--use_env] [--max_restarts=3] program args...
+//
+// Worker i of node K gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE
+// (= nnodes * nproc_per_node), RANK (= K * nproc_per_node + i), LOCAL_RANK
+// (= i), LOCAL_WORLD_SIZE, GROUP_RANK (= K), TORCHELASTIC_RESTART_COUNT and
+// TORCHELASTIC_MAX_RESTARTS, OMP_NUM_THREADS=1 when it is unset and
+// nproc_per_node > 1, and, unless --use_env, the argument --local_rank=i
+// before the program's own arguments.
+//
+// --serve_store (an Ember extension): the launcher of node 0 serves the
+// job's TcpStore on master_port itself, afresh for every attempt, and sets
+// EMBER_STORE_SERVED_BY_LAUNCHER=1 so that Ember's env:// rendezvous connects
+// rank 0 to it instead of serving. The store then outlives any worker. Only
+// for Ember programs: PyTorch's TCPStore does not speak the gRPC protocol.
+//
+// Thread-safety: plain functions on values.
+#ifndef EMBER_TOOLS_LAUNCH_LAUNCH_OPTIONS_H_
+#define EMBER_TOOLS_LAUNCH_LAUNCH_OPTIONS_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace ember::launch {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool use_env = false;
+  bool serve_store = false;
+  int max_restarts = 0;
+  // How long workers get to exit after SIGTERM before SIGKILL.
+  absl::Duration stop_grace = absl::Seconds(10);
+  std::vector<std::string> program;  // the program and its own arguments
+};
+
+// The usage text printed for --help and after a usage error.
+std::string Usage();
+
+// Parses argv[1..]: launcher options ("--name=value" or "--name value") up to
+// the program, which is the first argument not starting with "--" (or the
+// one after "--"). kInvalidArgument names the offending option or value.
+absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args);
+
+// The worker's command line and the variables to add to its environment.
+struct WorkerSpec {
+  int rank;
+  int local_rank;
+  std::vector<std::string> argv;
+  std::map<std::string, std::string> env;
+};
+WorkerSpec MakeWorkerSpec(const LaunchOptions& options, int local_rank, int restart_count,
+                          bool omp_num_threads_set);
+
+}  // namespace ember::launch
+
+#endif  // EMBER_TOOLS_LAUNCH_LAUNCH_OPTIONS_H_
