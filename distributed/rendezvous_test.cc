@@ -26,10 +26,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-// The tests build options with designated initializers that leave fields at
-// their defaults on purpose.
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-
 namespace ember::distributed {
 namespace {
 
