@@ -14,8 +14,11 @@
 // so that the record's data starts on a 64-byte boundary; libarchive's zip
 // writer has no such padding. PyTorch's reader does not depend on it: it finds
 // each record through the central directory and the local header and copies
-// the record out (torch.load, weights_only or not), so Ember's files load as
-// they are. checkpoint_test has PyTorch itself load one to keep this true.
+// the record into a fresh storage (torch.load, weights_only or not), so
+// Ember's files load as they are; checkpoint_test has PyTorch itself load one
+// to keep this true. torch.load(mmap=True) (PyTorch 2.1 and later) maps
+// records in place instead, where an unaligned record gives unaligned
+// tensors; that path has not been tried against Ember's files.
 
 namespace ember::hub {
 namespace {

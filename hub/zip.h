@@ -14,6 +14,8 @@
 //
 // zip64 archives (over 4 GiB, or over 65535 entries) are read and written;
 // libarchive switches to zip64 records when sizes or offsets need them.
+// zip_test reads a small archive written with forced zip64 records; no file
+// over 4 GiB is made by the tests.
 // Unlike PyTorch's writer, the writer does not pad entries so that their data
 // starts on a 64-byte boundary: torch.load does not need it (see Note
 // [Record alignment] in zip.cc).
