@@ -61,9 +61,10 @@ absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes,
   if (archive_read_support_format_zip_seekable(a.get()) != ARCHIVE_OK ||
       archive_read_open_memory(a.get(), r.bytes_.data(), r.bytes_.size()) !=
           ARCHIVE_OK) {
-    return bad(absl::StrCat("no complete zip directory (truncated or not a "
-                            "zip?): ",
-                            ErrorOf(a.get())));
+    return bad(
+        absl::StrCat("no complete zip directory (truncated or not a "
+                     "zip?): ",
+                     ErrorOf(a.get())));
   }
   // Stored entries come back as pointers into r.bytes_ (the memory reader
   // hands libarchive the whole buffer), and are kept as offsets; anything
@@ -183,9 +184,9 @@ void ZipWriter::Add(const std::string& name, absl::string_view data) {
   struct archive* a = archive_.get();
   const size_t size = data.size();
   auto fail = [&] {
-    status_ = absl::InternalError(absl::StrCat(
-        "cannot write zip entry '", name, "' (", size, " bytes): ",
-        ErrorOf(a)));
+    status_ =
+        absl::InternalError(absl::StrCat("cannot write zip entry '", name,
+                                         "' (", size, " bytes): ", ErrorOf(a)));
   };
   EntryHandle entry(archive_entry_new());
   if (entry == nullptr) {

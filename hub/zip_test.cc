@@ -21,8 +21,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string Written(const std::vector<std::pair<std::string, std::string>>&
-                        entries) {
+std::string Written(
+    const std::vector<std::pair<std::string, std::string>>& entries) {
   ZipWriter w;
   for (const auto& [name, data] : entries) w.Add(name, data);
   absl::StatusOr<std::string> bytes = std::move(w).Finish();
@@ -142,7 +142,8 @@ TEST(ZipTest, CorruptDataFailsItsCrc) {
 }
 
 TEST(ZipTest, RefusesDuplicateNames) {
-  std::string bytes = Written({{"archive/data/0", "a"}, {"archive/data/0", "b"}});
+  std::string bytes =
+      Written({{"archive/data/0", "a"}, {"archive/data/0", "b"}});
   absl::Status s = ZipReader::Open(bytes, "d.pt").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("d.pt: "));
