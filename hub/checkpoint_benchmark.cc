@@ -1,7 +1,7 @@
 // Checkpoint read/write throughput against copying the same bytes into fresh
 // tensors (BM_MemcpyBaseline: the floor for any reader that produces tensors
 // it owns), so the figures are ratios. A 64 MiB float32 state dict of 16
-// tensors; CRC-32 and SHA-256 alone show what verification costs.
+// tensors; SHA-256 alone shows what check_hash costs.
 //
 //   bazel run //hub:checkpoint_benchmark
 #include <cstring>
@@ -12,7 +12,6 @@
 #include "hub/safetensors.h"
 #include "hub/sha256.h"
 #include "hub/torch_format.h"
-#include "hub/zip.h"
 #include "tensor/factories.h"
 
 namespace ember::hub {
@@ -91,13 +90,6 @@ void BM_Sha256(benchmark::State& state) {
   SetBytes(state);
 }
 BENCHMARK(BM_Sha256)->Unit(benchmark::kMillisecond);
-
-void BM_Crc32(benchmark::State& state) {
-  std::string bytes = *WriteSafetensors(Fixture());
-  for (auto _ : state) benchmark::DoNotOptimize(Crc32(bytes));
-  SetBytes(state);
-}
-BENCHMARK(BM_Crc32)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace ember::hub

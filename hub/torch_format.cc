@@ -55,7 +55,6 @@ absl::StatusOr<std::string> WriteTorchCheckpoint(const StateDict& state_dict) {
   std::vector<PickledTensor> pickled;
   std::vector<Tensor> contiguous;
   std::set<std::string> names;
-  uint64_t total = 0;
   for (size_t i = 0; i < state_dict.size(); ++i) {
     const auto& [name, tensor] = state_dict[i];
     if (!names.insert(name).second) {
@@ -69,17 +68,11 @@ absl::StatusOr<std::string> WriteTorchCheckpoint(const StateDict& state_dict) {
                        "; move it with .to(ember::kCPU) before saving"));
     }
     Tensor c = tensor.contiguous();
-    total += c.nbytes();
     pickled.push_back(
         PickledTensor{name, std::to_string(i), c.dtype(), c.numel(), 0,
                       SizeVector(c.sizes().begin(), c.sizes().end()),
                       SizeVector(c.strides().begin(), c.strides().end())});
     contiguous.push_back(std::move(c));
-  }
-  if (total >= (uint64_t{1} << 32) - (uint64_t{1} << 20)) {
-    return absl::OutOfRangeError(
-        absl::StrCat("state_dict holds ", total,
-                     " bytes; checkpoints over 4 GiB (zip64) are not written"));
   }
   ZipWriter zip;
   zip.Add("archive/data.pkl", PickleStateDict(pickled));

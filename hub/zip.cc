@@ -1,137 +1,146 @@
 #include "hub/zip.h"
 
-#include <array>
-#include <cstring>
+#include <archive.h>
+#include <archive_entry.h>
 
+#include <cstdint>
+#include <memory>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+
+// Note [Record alignment]
+// PyTorch's writer pads each record's local header with an "FB" extra field
+// so that the record's data starts on a 64-byte boundary; libarchive's zip
+// writer has no such padding. PyTorch's reader does not depend on it: it finds
+// each record through the central directory and the local header and copies
+// the record into a fresh storage (torch.load, weights_only or not), so
+// Ember's files load as they are; checkpoint_test has PyTorch itself load one
+// to keep this true. torch.load(mmap=True) (PyTorch 2.1 and later) maps
+// records in place instead, where an unaligned record gives unaligned
+// tensors; that path has not been tried against Ember's files.
 
 namespace ember::hub {
 namespace {
 
-constexpr uint32_t kLocalHeader = 0x04034b50;
-constexpr uint32_t kCentralHeader = 0x02014b50;
-constexpr uint32_t kEndOfDirectory = 0x06054b50;
-constexpr size_t kEndSize = 22;
-constexpr size_t kAlignment = 64;
+struct ReaderDeleter {
+  void operator()(struct archive* a) const { archive_read_free(a); }
+};
+struct EntryDeleter {
+  void operator()(struct archive_entry* e) const { archive_entry_free(e); }
+};
+using Reader = std::unique_ptr<struct archive, ReaderDeleter>;
+using EntryHandle = std::unique_ptr<struct archive_entry, EntryDeleter>;
 
-uint32_t Le32(const std::string& b, size_t at) {
-  uint32_t v;
-  std::memcpy(&v, b.data() + at, 4);
-  return v;
+std::string ErrorOf(struct archive* a) {
+  const char* why = archive_error_string(a);
+  return why != nullptr ? why : "unknown libarchive error";
 }
-uint16_t Le16(const std::string& b, size_t at) {
-  uint16_t v;
-  std::memcpy(&v, b.data() + at, 2);
-  return v;
-}
-void Put16(std::string& out, uint16_t v) {
-  out.append(reinterpret_cast<const char*>(&v), 2);
-}
-void Put32(std::string& out, uint32_t v) {
-  out.append(reinterpret_cast<const char*>(&v), 4);
+
+// libarchive's write callback: the archive's bytes go to a std::string.
+la_ssize_t AppendTo(struct archive*, void* out, const void* data, size_t n) {
+  static_cast<std::string*>(out)->append(static_cast<const char*>(data), n);
+  return static_cast<la_ssize_t>(n);
 }
 
 }  // namespace
 
-uint32_t Crc32(absl::string_view data) {
-  // Slicing-by-8: eight tables let the loop fold in eight bytes per step.
-  static const auto* tables = [] {
-    auto* t = new std::array<std::array<uint32_t, 256>, 8>();
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      (*t)[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i) {
-      for (int s = 1; s < 8; ++s)
-        (*t)[s][i] = ((*t)[s - 1][i] >> 8) ^ (*t)[0][(*t)[s - 1][i] & 0xFF];
-    }
-    return t;
-  }();
-  const auto& t = *tables;
-  uint32_t crc = 0xFFFFFFFFu;
-  const unsigned char* p = reinterpret_cast<const unsigned char*>(data.data());
-  size_t n = data.size();
-  for (; n >= 8; p += 8, n -= 8) {
-    uint32_t lo, hi;
-    std::memcpy(&lo, p, 4);
-    std::memcpy(&hi, p + 4, 4);
-    lo ^= crc;  // little-endian host
-    crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^
-          t[4][lo >> 24] ^ t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^
-          t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
-  }
-  for (; n > 0; ++p, --n) crc = t[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
-  return crc ^ 0xFFFFFFFFu;
-}
-
 absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes,
                                           std::string source) {
+  ZipReader r;
+  r.bytes_ = std::move(bytes);
+  r.source_ = std::move(source);
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": not a readable checkpoint zip: ", why));
+        absl::StrCat(r.source_, ": not a readable checkpoint zip: ", why));
   };
-  const size_t n = bytes.size();
-  if (n < kEndSize) return bad("file too short (truncated?)");
-  // The end-of-directory record sits in the last 22 + 65535 (comment) bytes.
-  size_t end = std::string::npos;
-  for (size_t at = n - kEndSize;; --at) {
-    if (Le32(bytes, at) == kEndOfDirectory &&
-        at + kEndSize + Le16(bytes, at + 20) == n) {
-      end = at;
-      break;
-    }
-    if (at == 0 || n - at > kEndSize + 0xFFFF) break;
+  Reader a(archive_read_new());
+  if (a == nullptr) return absl::ResourceExhaustedError("out of memory");
+  // Only the reader that starts from the central directory: the streaming one
+  // would accept a file cut off inside its directory.
+  if (archive_read_support_format_zip_seekable(a.get()) != ARCHIVE_OK ||
+      archive_read_open_memory(a.get(), r.bytes_.data(), r.bytes_.size()) !=
+          ARCHIVE_OK) {
+    return bad(
+        absl::StrCat("no complete zip directory (truncated or not a "
+                     "zip?): ",
+                     ErrorOf(a.get())));
   }
-  if (end == std::string::npos)
-    return bad("no end-of-directory record (truncated or not a zip)");
-  const uint64_t count = Le16(bytes, end + 10);
-  const uint64_t dir_size = Le32(bytes, end + 12);
-  const uint64_t dir_offset = Le32(bytes, end + 16);
-  if (count == 0xFFFF || dir_offset == 0xFFFFFFFFu)
-    return bad("zip64 archives are not supported");
-  if (dir_offset + dir_size > end)
-    return bad("central directory lies outside the file");
-
-  ZipReader r;
-  r.source_ = std::move(source);
-  size_t at = dir_offset;
-  for (uint64_t i = 0; i < count; ++i) {
-    if (at + 46 > end || Le32(bytes, at) != kCentralHeader)
-      return bad("corrupt central directory");
-    const uint16_t method = Le16(bytes, at + 10);
+  // Stored entries come back as pointers into r.bytes_ (the memory reader
+  // hands libarchive the whole buffer), and are kept as offsets; anything
+  // else is decoded into the entry, at most as many bytes as the file holds.
+  const uintptr_t base = reinterpret_cast<uintptr_t>(r.bytes_.data());
+  const uint64_t file_size = r.bytes_.size();
+  uint64_t decoded_total = 0;
+  for (;;) {
+    struct archive_entry* header = nullptr;
+    int rc = archive_read_next_header(a.get(), &header);
+    if (rc == ARCHIVE_EOF) break;
+    if (rc != ARCHIVE_OK) {
+      return bad(absl::StrCat("corrupt entry after '",
+                              r.names_.empty() ? "" : r.names_.back(),
+                              "': ", ErrorOf(a.get())));
+    }
+    const char* path = archive_entry_pathname(header);
+    std::string name = path != nullptr ? path : "";
+    if (name.empty()) return bad("an entry has no name");
+    if (archive_entry_is_encrypted(header))
+      return bad(absl::StrCat("entry '", name, "' is encrypted"));
+    if (archive_entry_size_is_set(header) &&
+        static_cast<uint64_t>(archive_entry_size(header)) > file_size) {
+      return bad(absl::StrCat("entry '", name, "' claims ",
+                              archive_entry_size(header),
+                              " bytes, more than the file's ", file_size,
+                              "; checkpoints store their records "
+                              "uncompressed"));
+    }
     Entry e;
-    e.crc = Le32(bytes, at + 16);
-    const uint64_t compressed = Le32(bytes, at + 20);
-    e.size = Le32(bytes, at + 24);
-    const size_t name_len = Le16(bytes, at + 28);
-    const size_t extra_len = Le16(bytes, at + 30);
-    const size_t comment_len = Le16(bytes, at + 32);
-    const uint64_t header = Le32(bytes, at + 42);
-    if (at + 46 + name_len > end) return bad("corrupt central directory");
-    std::string name = bytes.substr(at + 46, name_len);
-    at += 46 + name_len + extra_len + comment_len;
-    if (method != 0 || compressed != e.size) {
-      return bad(
-          absl::StrCat("entry '", name, "' is compressed (method ", method,
-                       "); checkpoints store their entries uncompressed"));
+    const void* block = nullptr;
+    size_t n = 0;
+    la_int64_t offset = 0;
+    while ((rc = archive_read_data_block(a.get(), &block, &n, &offset)) ==
+           ARCHIVE_OK) {
+      if (n == 0) continue;
+      if (offset < 0 || static_cast<uint64_t>(offset) != e.size)
+        return bad(absl::StrCat("entry '", name, "' has a hole"));
+      const uintptr_t at = reinterpret_cast<uintptr_t>(block);
+      const bool continues_view =
+          e.in_file && at >= base && at - base <= file_size &&
+          n <= file_size - (at - base) &&
+          (e.size == 0 || at - base == e.offset + e.size);
+      if (continues_view) {
+        if (e.size == 0) e.offset = at - base;
+      } else {
+        if (e.in_file) {
+          e.decoded.assign(r.bytes_, e.offset, e.size);
+          e.in_file = false;
+        }
+        decoded_total += n;
+        if (decoded_total > file_size) {
+          return bad(absl::StrCat(
+              "entry '", name, "' expands past ", file_size,
+              " bytes, the file's size; checkpoints store their records "
+              "uncompressed"));
+        }
+        e.decoded.append(static_cast<const char*>(block), n);
+      }
+      e.size += n;
     }
-    if (header + 30 > dir_offset || Le32(bytes, header) != kLocalHeader) {
-      return bad(absl::StrCat("entry '", name,
-                              "' has no local header at offset ", header));
+    if (rc != ARCHIVE_EOF) {
+      std::string why = ErrorOf(a.get());
+      // libarchive reports a CRC mismatch as a warning whose text says so;
+      // there is no separate code for it.
+      if (absl::StrContains(why, "CRC")) {
+        return absl::DataLossError(
+            absl::StrCat(r.source_, ": record '", name,
+                         "' is corrupt (CRC mismatch): ", why));
+      }
+      return bad(absl::StrCat("entry '", name, "': ", why));
     }
-    e.offset =
-        header + 30 + Le16(bytes, header + 26) + Le16(bytes, header + 28);
-    if (e.offset + e.size > dir_offset) {
-      return bad(absl::StrCat("entry '", name, "' (", e.size,
-                              " bytes at offset ", e.offset,
-                              ") runs past the end of the data"));
-    }
-    if (!r.entries_.emplace(name, e).second)
+    if (!r.entries_.emplace(name, std::move(e)).second)
       return bad(absl::StrCat("entry '", name, "' appears twice"));
     r.names_.push_back(std::move(name));
   }
-  r.bytes_ = std::move(bytes);
   return r;
 }
 
@@ -142,70 +151,67 @@ absl::StatusOr<absl::string_view> ZipReader::Read(
     return absl::NotFoundError(
         absl::StrCat(source_, ": no record '", name, "' in the checkpoint"));
   }
-  absl::string_view data(bytes_.data() + it->second.offset, it->second.size);
-  if (Crc32(data) != it->second.crc) {
-    return absl::DataLossError(absl::StrCat(source_, ": record '", name,
-                                            "' is corrupt (CRC mismatch)"));
-  }
-  return data;
+  const Entry& e = it->second;
+  if (!e.in_file) return absl::string_view(e.decoded);
+  return absl::string_view(bytes_.data() + e.offset, e.size);
 }
+
+void ZipWriter::WriterDeleter::operator()(struct archive* a) const {
+  archive_write_free(a);
+}
+
+ZipWriter::ZipWriter() : archive_(archive_write_new()) {
+  struct archive* a = archive_.get();
+  if (a == nullptr) {
+    status_ = absl::ResourceExhaustedError("out of memory");
+    return;
+  }
+  // Unblocked output (no padding after the directory), stored entries.
+  if (archive_write_set_format_zip(a) != ARCHIVE_OK ||
+      archive_write_zip_set_compression_store(a) != ARCHIVE_OK ||
+      archive_write_set_bytes_per_block(a, 0) != ARCHIVE_OK ||
+      archive_write_open2(a, &out_, nullptr, &AppendTo, nullptr, nullptr) !=
+          ARCHIVE_OK) {
+    status_ = absl::InternalError(
+        absl::StrCat("cannot start a zip archive: ", ErrorOf(a)));
+  }
+}
+
+ZipWriter::~ZipWriter() = default;
 
 void ZipWriter::Add(const std::string& name, absl::string_view data) {
-  Entry e{name, out_.size(), data.size(), Crc32(data)};
-  // Pad with an extra field so that the data starts on a 64-byte boundary.
-  size_t unpadded = out_.size() + 30 + name.size() + 4;
-  uint16_t pad =
-      static_cast<uint16_t>((kAlignment - unpadded % kAlignment) % kAlignment);
-  Put32(out_, kLocalHeader);
-  Put16(out_, 20);    // version needed
-  Put16(out_, 0);     // flags
-  Put16(out_, 0);     // method: stored
-  Put16(out_, 0);     // time
-  Put16(out_, 0x21);  // date: 1980-01-01
-  Put32(out_, e.crc);
-  Put32(out_, static_cast<uint32_t>(e.size));
-  Put32(out_, static_cast<uint32_t>(e.size));
-  Put16(out_, static_cast<uint16_t>(name.size()));
-  Put16(out_, static_cast<uint16_t>(4 + pad));
-  out_ += name;
-  Put16(out_, 0x4246);  // "FB": padding, as PyTorch's writer names it
-  Put16(out_, pad);
-  out_.append(pad, 'Z');
-  out_.append(data.data(), data.size());
-  entries_.push_back(std::move(e));
+  if (!status_.ok()) return;
+  struct archive* a = archive_.get();
+  const size_t size = data.size();
+  auto fail = [&] {
+    status_ =
+        absl::InternalError(absl::StrCat("cannot write zip entry '", name,
+                                         "' (", size, " bytes): ", ErrorOf(a)));
+  };
+  EntryHandle entry(archive_entry_new());
+  if (entry == nullptr) {
+    status_ = absl::ResourceExhaustedError("out of memory");
+    return;
+  }
+  archive_entry_set_pathname(entry.get(), name.c_str());
+  archive_entry_set_filetype(entry.get(), AE_IFREG);
+  archive_entry_set_perm(entry.get(), 0644);
+  archive_entry_set_size(entry.get(), static_cast<la_int64_t>(data.size()));
+  if (archive_write_header(a, entry.get()) != ARCHIVE_OK) return fail();
+  while (!data.empty()) {
+    la_ssize_t wrote = archive_write_data(a, data.data(), data.size());
+    if (wrote <= 0) return fail();
+    data.remove_prefix(static_cast<size_t>(wrote));
+  }
+  if (archive_write_finish_entry(a) != ARCHIVE_OK) return fail();
 }
 
-std::string ZipWriter::Finish() && {
-  const uint32_t dir_offset = static_cast<uint32_t>(out_.size());
-  for (const Entry& e : entries_) {
-    Put32(out_, kCentralHeader);
-    Put16(out_, 20);  // version made by
-    Put16(out_, 20);  // version needed
-    Put16(out_, 0);
-    Put16(out_, 0);
-    Put16(out_, 0);
-    Put16(out_, 0x21);
-    Put32(out_, e.crc);
-    Put32(out_, static_cast<uint32_t>(e.size));
-    Put32(out_, static_cast<uint32_t>(e.size));
-    Put16(out_, static_cast<uint16_t>(e.name.size()));
-    Put16(out_, 0);  // extra
-    Put16(out_, 0);  // comment
-    Put16(out_, 0);  // disk
-    Put16(out_, 0);  // internal attributes
-    Put32(out_, 0);  // external attributes
-    Put32(out_, static_cast<uint32_t>(e.header_offset));
-    out_ += e.name;
+absl::StatusOr<std::string> ZipWriter::Finish() && {
+  if (status_.ok() && archive_write_close(archive_.get()) != ARCHIVE_OK) {
+    status_ = absl::InternalError(absl::StrCat(
+        "cannot write the zip directory: ", ErrorOf(archive_.get())));
   }
-  const uint32_t dir_size = static_cast<uint32_t>(out_.size()) - dir_offset;
-  Put32(out_, kEndOfDirectory);
-  Put16(out_, 0);
-  Put16(out_, 0);
-  Put16(out_, static_cast<uint16_t>(entries_.size()));
-  Put16(out_, static_cast<uint16_t>(entries_.size()));
-  Put32(out_, dir_size);
-  Put32(out_, dir_offset);
-  Put16(out_, 0);
+  if (!status_.ok()) return status_;
   return std::move(out_);
 }
 

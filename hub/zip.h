@@ -1,6 +1,7 @@
-// The zip container of PyTorch checkpoints: a reader of stored (uncompressed)
-// entries that checks every offset against the file, and a writer that
-// aligns each entry's data to 64 bytes as PyTorch's writer does.
+// The zip container of PyTorch checkpoints, read and written by libarchive:
+// a reader that takes a whole file's bytes and verifies every entry (bounds,
+// CRC-32, duplicate names, sizes) before handing out views of them, and a
+// writer of stored (uncompressed) entries.
 //
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::ZipReader zip,
 //   ember::hub::ZipReader::Open(bytes, "w.pt"));
@@ -9,10 +10,15 @@
 //
 //   ember::hub::ZipWriter out;
 //   out.Add("archive/version", "3\n");
-//   std::string file = std::move(out).Finish();
+//   EMBER_ASSIGN_OR_RETURN(std::string file, std::move(out).Finish());
 //
-// Compressed entries and zip64 (archives over 4 GiB) are refused with an
-// error saying so: torch.save writes neither for checkpoints of that size.
+// zip64 archives (over 4 GiB, or over 65535 entries) are read and written;
+// libarchive switches to zip64 records when sizes or offsets need them.
+// zip_test reads a small archive written with forced zip64 records; no file
+// over 4 GiB is made by the tests.
+// Unlike PyTorch's writer, the writer does not pad entries so that their data
+// starts on a 64-byte boundary: torch.load does not need it (see Note
+// [Record alignment] in zip.cc).
 //
 // Thread-safety: a ZipReader is immutable after Open (reads are safe from any
 // thread); a ZipWriter is thread-compatible.
@@ -21,35 +27,45 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+
+struct archive;
 
 namespace ember::hub {
 
 class ZipReader {
  public:
-  // Parses the central directory of `bytes`, which the reader keeps. `source`
-  // names the file in errors. Errors: InvalidArgument for anything that is not
-  // a complete zip of stored entries (truncated, corrupt, compressed, zip64).
+  // Reads the directory and every entry of `bytes`, which the reader keeps;
+  // stored entries stay views into it. `source` names the file in errors.
+  // Does not block beyond the CPU work. Errors: InvalidArgument for anything
+  // that is not a complete, well-formed zip (truncated, corrupt, two entries
+  // with one name, encrypted, or entries that expand to more bytes than the
+  // file holds, as only compressed ones can); DataLoss when an entry's CRC-32
+  // does not match its data.
   static absl::StatusOr<ZipReader> Open(std::string bytes, std::string source);
 
-  // Entry names in directory order.
+  // Entry names in the order their data lies in the file.
   const std::vector<std::string>& names() const { return names_; }
   bool Contains(absl::string_view name) const {
     return entries_.count(std::string(name)) > 0;
   }
-  // The bytes of entry `name` (a view into the reader), CRC-checked. Errors:
-  // NotFound; DataLoss when the CRC does not match.
+  // The bytes of entry `name`, a view into the reader (CRC-checked by Open).
+  // Errors: NotFound.
   absl::StatusOr<absl::string_view> Read(absl::string_view name) const;
 
  private:
   struct Entry {
+    // Stored entries: the data's place in bytes_. Others: their decoded bytes.
     uint64_t offset = 0;
     uint64_t size = 0;
-    uint32_t crc = 0;
+    bool in_file = true;
+    std::string decoded;
   };
   std::string bytes_;
   std::string source_;
@@ -59,24 +75,28 @@ class ZipReader {
 
 class ZipWriter {
  public:
-  // Appends a stored entry.
+  ZipWriter();
+  ZipWriter(const ZipWriter&) = delete;
+  ZipWriter& operator=(const ZipWriter&) = delete;
+  ~ZipWriter();
+
+  // Appends a stored entry (a copy of `data`). A failure is kept and
+  // reported by Finish; later calls then do nothing.
   void Add(const std::string& name, absl::string_view data);
-  // The archive's bytes (central directory appended).
-  std::string Finish() &&;
+  // The archive's bytes (central directory appended). Errors: Internal when
+  // libarchive failed to write an entry or the directory, naming the entry.
+  absl::StatusOr<std::string> Finish() &&;
 
  private:
-  struct Entry {
-    std::string name;
-    uint64_t header_offset;
-    uint64_t size;
-    uint32_t crc;
+  struct WriterDeleter {
+    void operator()(struct archive* a) const;
   };
+  // Declared before archive_, so destroyed after it: closing the archive
+  // writes into out_.
   std::string out_;
-  std::vector<Entry> entries_;
+  absl::Status status_;
+  std::unique_ptr<struct archive, WriterDeleter> archive_;
 };
-
-// CRC-32 (zip's polynomial) of `data`.
-uint32_t Crc32(absl::string_view data);
 
 }  // namespace ember::hub
 
