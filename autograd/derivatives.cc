@@ -23,6 +23,7 @@
 #include <cctype>
 #include <cmath>
 #include <numbers>
+#include <optional>
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -413,6 +414,9 @@ class BinaryBackward final : public Node {
     result_.Release();
   }
   SavedVariable self_, other_, result_;
+  // mul/div by a plain number (a wrapped scalar that needs no gradient): the
+  // number itself is kept instead of its tensor, as torch's MulBackward1.
+  std::optional<Scalar> other_number_;
 
  protected:
   variable_list apply(variable_list&& grads) override {
@@ -426,10 +430,12 @@ class BinaryBackward final : public Node {
       case BinaryOp::kSub:
         return {g, need_b ? g.neg() : Tensor()};
       case BinaryOp::kMul:
+        if (other_number_) return {g.mul(*other_number_), Tensor()};
         if (need_a) ga = g * other_.Unpack();
         if (need_b) gb = g * self_.Unpack();
         return {ga, gb};
       case BinaryOp::kDiv: {
+        if (other_number_) return {g.div(*other_number_), Tensor()};
         Tensor b = other_.Unpack();
         if (need_a) ga = g / b;
         if (need_b) gb = (g * self_.Unpack() / (b * b)).neg();
@@ -477,13 +483,20 @@ Tensor BinaryAutograd(BinaryOp op, const Tensor& a, const Tensor& b) {
   node->add_next_edge(GradientEdge(a));
   node->add_next_edge(GradientEdge(b));
   const bool need_a = RequiresGrad(a), need_b = RequiresGrad(b);
+  const bool b_is_number = !need_b && b.impl()->is_wrapped_number() && b.is_cpu();
   switch (op) {
     case BinaryOp::kMul:
-      if (need_a) node->other_ = SavedVariable(b, false);
-      if (need_b) node->self_ = SavedVariable(a, false);
-      break;
     case BinaryOp::kDiv:
-      node->other_ = SavedVariable(b, false);
+      if (b_is_number) {
+        node->other_number_ = b.ItemScalar();
+        break;
+      }
+      if (op == BinaryOp::kDiv) {
+        node->other_ = SavedVariable(b, false);
+        if (need_b) node->self_ = SavedVariable(a, false);
+        break;
+      }
+      if (need_a) node->other_ = SavedVariable(b, false);
       if (need_b) node->self_ = SavedVariable(a, false);
       break;
     case BinaryOp::kPow:

@@ -112,28 +112,38 @@ class Node {
   size_t num_inputs() const { return input_metadata_.size(); }
   const InputMetadata& input_metadata(size_t i) const { return input_metadata_[i]; }
 
-  void register_pre_hook(PreHook hook) { pre_hooks_.push_back(std::move(hook)); }
-  void register_post_hook(PostHook hook) { post_hooks_.push_back(std::move(hook)); }
+  void register_pre_hook(PreHook hook) { extras().pre_hooks.push_back(std::move(hook)); }
+  void register_post_hook(PostHook hook) { extras().post_hooks.push_back(std::move(hook)); }
   // Hooks of one forward output (tensor hooks, retain_grad): run on that
   // input's gradient before apply(); they return the replacement gradient or
   // an undefined tensor to keep it.
   void register_tensor_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook);
 
   // Anomaly mode: the forward op that created this node ("mul").
-  const std::string& forward_op() const { return forward_op_; }
-  void set_forward_op(std::string op) { forward_op_ = std::move(op); }
+  std::string forward_op() const { return extras_ ? extras_->forward_op : std::string(); }
+  void set_forward_op(std::string op) { extras().forward_op = std::move(op); }
 
  protected:
   virtual variable_list apply(variable_list&& grads) = 0;
 
  private:
+  // What few nodes have (hooks, anomaly data), kept out of line so that the
+  // graphs of small ops stay compact.
+  struct Extras {
+    std::vector<PreHook> pre_hooks;
+    std::vector<PostHook> post_hooks;
+    std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> tensor_pre_hooks;
+    std::string forward_op;
+  };
+  Extras& extras() {
+    if (extras_ == nullptr) extras_ = std::make_unique<Extras>();
+    return *extras_;
+  }
+
   uint64_t sequence_nr_;
   edge_list next_edges_;
   absl::InlinedVector<InputMetadata, 1> input_metadata_;
-  std::vector<PreHook> pre_hooks_;
-  std::vector<PostHook> post_hooks_;
-  std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> tensor_pre_hooks_;
-  std::string forward_op_;
+  std::unique_ptr<Extras> extras_;
 };
 
 namespace internal {
