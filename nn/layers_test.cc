@@ -195,6 +195,14 @@ TEST(Conv2dTest, GradientsMatchFiniteDifferences) {
       {Randn64({1, 4, 4, 4}), Randn64({2, 2, 2, 2})});
 }
 
+TEST(Conv2dTest, RefusesToRecordItsBackward) {
+  Tensor x = randn({1, 1, 3, 3}).requires_grad_();
+  Tensor w = randn({1, 1, 2, 2}).requires_grad_();
+  Tensor y = functional::conv2d(x, w).sum();
+  EXPECT_THAT(ErrorOf([&] { y.backward(Tensor(), false, /*create_graph=*/true); }),
+              HasSubstr("conv2d backward: this backward is once-differentiable"));
+}
+
 TEST(Conv2dTest, ErrorsNameTheShapes) {
   Conv2d conv(3, 4, 3);
   EXPECT_THAT(ErrorOf([&] { conv(randn({1, 2, 5, 5})); }), HasSubstr("to have 3 channels"));

@@ -3,7 +3,8 @@
 //
 //   ember::nn::testing::ExpectGradientsMatch(
 //       [](const std::vector<ember::Tensor>& in) { return conv2d(in[0], in[1]); },
-//       {ember::randn({2, 3, 5, 5}, ember::kFloat64), ember::randn({4, 3, 3, 3}, ember::kFloat64)});
+//       {ember::randn({2, 3, 5, 5}, ember::kFloat64), ember::randn({4, 3, 3, 3},
+//       ember::kFloat64)});
 //
 // ExpectGradientsMatch runs autograd's gradient checker (autograd/gradcheck.h:
 // the full Jacobian against central finite differences in float64) on fresh
