@@ -21,6 +21,7 @@
 #ifndef EMBER_AUTOGRAD_NODE_H_
 #define EMBER_AUTOGRAD_NODE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -59,6 +60,15 @@ struct InputMetadata {
   SizeVector shape;
   Dtype dtype = kFloat32;
   Device device = kCPU;
+};
+
+// The engine's bookkeeping for one node during one backward run (Note
+// [Engine]): how many gradients are still to come, and their sum so far.
+struct NodeTask {
+  int dependencies = 0;
+  bool should_execute = true;  // grad(): the node leads to a captured edge.
+  bool needed = true;          // should_execute, or its input is captured.
+  variable_list buffer;
 };
 
 class Node {
@@ -118,6 +128,13 @@ class Node {
   // input's gradient before apply(); they return the replacement gradient or
   // an undefined tensor to keep it.
   void register_tensor_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook);
+
+  // Engine use only: the NodeTask of the backward run that claimed this node
+  // (owner), kept in the node so that a run needs no lookup table. A run that
+  // finds a node claimed by another run (two threads differentiating one
+  // graph) keeps its bookkeeping in a table instead.
+  std::atomic<const void*> engine_owner_{nullptr};
+  NodeTask engine_task_;
 
   // Anomaly mode: the forward op that created this node ("mul").
   std::string forward_op() const { return extras_ ? extras_->forward_op : std::string(); }
