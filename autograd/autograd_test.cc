@@ -188,7 +188,9 @@ TEST(AutogradTest, SetGradChecksShape) {
   Tensor x = Make({1, 2}).requires_grad_();
   x.set_grad(Make({5, 5}));
   EXPECT_THAT(Values(x.grad()), ElementsAre(5, 5));
-  EXPECT_THAT(ErrorOf([&] { x.set_grad(Make({1, 2, 3})); }),
+  EXPECT_THAT(ErrorOf([&] {
+                x.set_grad(Make({1, 2, 3}));
+              }),
               HasSubstr("assigned grad has data of a different size"));
   x.set_grad(Tensor());
   EXPECT_FALSE(x.grad().defined());

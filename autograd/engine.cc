@@ -146,8 +146,8 @@ void CheckNoNan(const Node& fn, const variable_list& outputs) {
     const Tensor& t = outputs[i];
     if (!t.defined() || !t.is_floating_point() || t.numel() == 0) continue;
     NoGradGuard no_grad;
-    EMBER_CHECK(t.ne(t).logical_not().sum().item<int64_t>() == t.numel(), "Function '",
-                fn.name(), "' returned nan values in its ", i, "th output.");
+    EMBER_CHECK(t.ne(t).logical_not().sum().item<int64_t>() == t.numel(), "Function '", fn.name(),
+                "' returned nan values in its ", i, "th output.");
   }
 }
 
@@ -230,13 +230,15 @@ variable_list RootGrads(const variable_list& tensors, const variable_list& grad_
                 " of tensors does not require grad and does not have a grad_fn");
     Tensor g = grad_tensors.empty() ? Tensor() : grad_tensors[i];
     if (!g.defined()) {
-      EMBER_CHECK(t.numel() == 1, "grad can be implicitly created only for scalar outputs (got "
-                  "a tensor of shape ", ShapeToString(t.sizes()), "); pass a gradient");
+      EMBER_CHECK(t.numel() == 1,
+                  "grad can be implicitly created only for scalar outputs (got "
+                  "a tensor of shape ",
+                  ShapeToString(t.sizes()), "); pass a gradient");
       g = ones_like(t);
     } else {
-      EMBER_CHECK(g.sizes() == t.sizes(), "Mismatch in shape: grad_output[", i,
-                  "] has a shape of ", ShapeToString(g.sizes()), " and output[", i,
-                  "] has a shape of ", ShapeToString(t.sizes()), ".");
+      EMBER_CHECK(g.sizes() == t.sizes(), "Mismatch in shape: grad_output[", i, "] has a shape of ",
+                  ShapeToString(g.sizes()), " and output[", i, "] has a shape of ",
+                  ShapeToString(t.sizes()), ".");
     }
     roots.push_back(GradientEdge(t));
     grads.push_back(std::move(g));
@@ -249,8 +251,8 @@ variable_list RootGrads(const variable_list& tensors, const variable_list& grad_
 Tensor SumToSize(const Tensor& grad, IntArrayRef shape) {
   if (grad.sizes() == shape) return grad;
   const int64_t lead = grad.dim() - static_cast<int64_t>(shape.size());
-  EMBER_CHECK(lead >= 0, "sum_to_size: size ", ShapeToString(shape),
-              " is not expandable to size ", ShapeToString(grad.sizes()));
+  EMBER_CHECK(lead >= 0, "sum_to_size: size ", ShapeToString(shape), " is not expandable to size ",
+              ShapeToString(grad.sizes()));
   SizeVector dims;
   for (int64_t d = 0; d < lead; ++d) dims.push_back(d);
   for (int64_t d = lead; d < grad.dim(); ++d) {
@@ -305,8 +307,8 @@ variable_list Grad(const variable_list& outputs, const variable_list& inputs,
   variable_list result = RunBackward(roots, std::move(grads), retain_graph.value_or(create_graph),
                                      create_graph, input_edges);
   for (size_t i = 0; i < result.size(); ++i) {
-    EMBER_CHECK(result[i].defined() || allow_unused, "One of the differentiated Tensors (input ",
-                i, ") appears to not have been used in the graph. Set allow_unused=true if this "
+    EMBER_CHECK(result[i].defined() || allow_unused, "One of the differentiated Tensors (input ", i,
+                ") appears to not have been used in the graph. Set allow_unused=true if this "
                 "is the desired behavior.");
   }
   return result;

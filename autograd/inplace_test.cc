@@ -33,10 +33,10 @@ TEST(InPlaceTest, VersionCounterIsSharedByViewsAndDetach) {
 
 TEST(InPlaceTest, ModifiedSavedTensorGivesPyTorchsMessage) {
   Tensor a = ones({3, 4}).requires_grad_();
-  Tensor b = a * 2;                  // MulBackward output 0, version 0.
-  Tensor c = b * b;                  // Saves b at version 0.
-  b.add_(1);                         // Version 1.
-  b.add_(1);                         // Version 2.
+  Tensor b = a * 2;  // MulBackward output 0, version 0.
+  Tensor c = b * b;  // Saves b at version 0.
+  b.add_(1);         // Version 1.
+  b.add_(1);         // Version 2.
   EXPECT_THAT(ErrorOf([&] { c.sum().backward(); }),
               HasSubstr("one of the variables needed for gradient computation has been modified "
                         "by an inplace operation: [float [3, 4]], which is output 0 of "

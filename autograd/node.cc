@@ -12,13 +12,12 @@ Node::Node() : sequence_nr_(t_next_sequence_nr++) {}
 uint64_t PeekSequenceNr() { return t_next_sequence_nr; }
 
 uint32_t Node::add_input_metadata(const Tensor& t) {
-  input_metadata_.push_back(InputMetadata{SizeVector(t.sizes().begin(), t.sizes().end()),
-                                          t.dtype(), t.device()});
+  input_metadata_.push_back(
+      InputMetadata{SizeVector(t.sizes().begin(), t.sizes().end()), t.dtype(), t.device()});
   return static_cast<uint32_t>(input_metadata_.size() - 1);
 }
 
-void Node::register_tensor_pre_hook(uint32_t input_nr,
-                                    std::function<Tensor(const Tensor&)> hook) {
+void Node::register_tensor_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook) {
   extras().tensor_pre_hooks.emplace_back(input_nr, std::move(hook));
 }
 

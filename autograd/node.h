@@ -77,8 +77,8 @@ class Node {
   using PreHook = std::function<variable_list(const variable_list& grad_outputs)>;
   // (grad_inputs, grad_outputs) -> replacement grad_inputs, or an empty list
   // to keep them.
-  using PostHook =
-      std::function<variable_list(const variable_list& grad_inputs, const variable_list& grad_outputs)>;
+  using PostHook = std::function<variable_list(const variable_list& grad_inputs,
+                                               const variable_list& grad_outputs)>;
 
   Node();
   virtual ~Node() = default;
