@@ -133,6 +133,13 @@ TEST(AutogradTest, GradWithAllowUnused) {
               HasSubstr("appears to not have been used in the graph"));
 }
 
+TEST(AutogradTest, PiecewiseConstantOpsGiveZeroGradients) {
+  Tensor x = Make({-1.5, 0.5, 2.5}).requires_grad_();
+  variable_list g = Grad({(x.sign() + x.floor() + x.round()).sum()}, {x});
+  ASSERT_TRUE(g[0].defined());
+  EXPECT_THAT(Values(g[0]), ElementsAre(0, 0, 0));
+}
+
 TEST(AutogradTest, SecondBackwardWithoutRetainGraphFails) {
   Tensor x = Make({2}).requires_grad_();
   Tensor y = (x * x).sum();

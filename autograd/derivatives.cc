@@ -336,7 +336,8 @@ Tensor UnaryFormula(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& 
     case UnaryOp::kFloor:
     case UnaryOp::kCeil:
     case UnaryOp::kRound:
-      return Tensor();  // Zero almost everywhere.
+      // Zero almost everywhere; a zero tensor (not "no gradient"), as torch.
+      return zeros(g.sizes(), TensorOptions(g.dtype()).device(g.device()));
     case UnaryOp::kLogicalNot:
       break;
   }
@@ -563,7 +564,12 @@ Tensor BinaryInPlaceAutograd(BinaryOp op, const Tensor& self, const Tensor& othe
     return ops::binary_(op, self, other);
   }
   return RecordInPlace(
-      self, [&](const Tensor& old) { return ops::binary(op, old, other); },
+      self,
+      [&](const Tensor& old) {
+        // x.mul_(x): the other operand is self too, and must be read as it was.
+        const bool aliased = other.is_same(self) || SameView(other, self);
+        return ops::binary(op, old, aliased ? old : other);
+      },
       [&] { ops::binary_(op, self, other); });
 }
 

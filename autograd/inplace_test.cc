@@ -76,6 +76,15 @@ TEST(InPlaceTest, InPlaceOnNonLeafRewritesHistory) {
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], expected[i], 1e-3 * expected[i]);
 }
 
+TEST(InPlaceTest, SelfAliasedInPlaceOp) {
+  Tensor a = Make({1, 2, 3}).requires_grad_();
+  Tensor b = a * 2;
+  b.mul_(b);  // (2a)^2
+  EXPECT_THAT(Values(b), ElementsAre(4, 16, 36));
+  b.sum().backward();
+  EXPECT_THAT(Values(a.grad()), ElementsAre(8, 16, 24));  // 8a
+}
+
 TEST(InPlaceTest, InPlaceOnViewOfNonLeafReachesTheBase) {
   Tensor a = Make({1, 2, 3, 4}).requires_grad_();
   Tensor b = a * 1;
