@@ -291,12 +291,11 @@ class Block : public Cloneable<Block> {
  public:
   explicit Block(int64_t c) : c_(c) { reset(); }
   void reset() override {
-    conv = register_module("conv", std::make_shared<Conv2d>(Conv2dOptions{
-                                       .in_channels = c_,
-                                       .out_channels = c_,
-                                       .kernel_size = {3, 3},
-                                       .padding = {1, 1},
-                                       .bias = false}));
+    conv = register_module("conv", std::make_shared<Conv2d>(Conv2dOptions{.in_channels = c_,
+                                                                          .out_channels = c_,
+                                                                          .kernel_size = {3, 3},
+                                                                          .padding = {1, 1},
+                                                                          .bias = false}));
     bn = register_module("bn", std::make_shared<BatchNorm2d>(c_));
   }
   Tensor forward(const Tensor& x) override { return functional::relu((*bn)((*conv)(x)) + x); }
