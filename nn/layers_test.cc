@@ -104,6 +104,7 @@ TEST(ActivationTest, ValuesAndReluGradient) {
              1e-5);
   ExpectGradientsMatch([](const std::vector<Tensor>& in) { return functional::relu(in[0]); },
                        {tensor({-2.0, -0.5, 0.25, 1.5}).view({2, 2})});
+  EXPECT_TRUE(std::isnan(functional::relu(tensor({NAN})).item<double>()));
   // Non-contiguous input takes the tensor-op path and agrees.
   Tensor m = randn({3, 4});
   EXPECT_TRUE(functional::relu(m.t()).equal(m.t().relu()));
