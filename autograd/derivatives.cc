@@ -429,6 +429,43 @@ Tensor UnaryInPlaceAutograd(UnaryOp op, const Tensor& self) {
 
 // --- Binary ------------------------------------------------------------------
 
+// add and sub: nothing saved. (Small, as chains of small ops are
+// dominated by the size of their graph.)
+class AddSubBackward final : public Node {
+ public:
+  explicit AddSubBackward(bool sub) : sub_(sub) {}
+  std::string name() const override { return sub_ ? "SubBackward" : "AddBackward"; }
+
+ protected:
+  variable_list apply(variable_list&& grads) override {
+    const Tensor& g = grads[0];
+    if (!g.defined()) return {Tensor(), Tensor()};
+    return {g, sub_ && next_edge(1).is_valid() ? g.neg() : g};
+  }
+
+ private:
+  bool sub_;
+};
+
+// mul or div by a plain number (a wrapped scalar that needs no gradient):
+// the number is kept instead of its tensor, as torch's MulBackward1.
+class ScaleBackward final : public Node {
+ public:
+  ScaleBackward(bool div, Scalar number) : div_(div), number_(number) {}
+  std::string name() const override { return div_ ? "DivBackward" : "MulBackward"; }
+
+ protected:
+  variable_list apply(variable_list&& grads) override {
+    const Tensor& g = grads[0];
+    if (!g.defined()) return {Tensor(), Tensor()};
+    return {div_ ? g.div(number_) : g.mul(number_), Tensor()};
+  }
+
+ private:
+  bool div_;
+  Scalar number_;
+};
+
 class BinaryBackward final : public Node {
  public:
   explicit BinaryBackward(BinaryOp op) : op_(op) {}
@@ -458,9 +495,6 @@ class BinaryBackward final : public Node {
     result_.Release();
   }
   SavedVariable self_, other_, result_;
-  // mul/div by a plain number (a wrapped scalar that needs no gradient): the
-  // number itself is kept instead of its tensor, as torch's MulBackward1.
-  std::optional<Scalar> other_number_;
 
  protected:
   variable_list apply(variable_list&& grads) override {
@@ -469,17 +503,11 @@ class BinaryBackward final : public Node {
     const bool need_a = next_edge(0).is_valid(), need_b = next_edge(1).is_valid();
     Tensor ga, gb;
     switch (op_) {
-      case BinaryOp::kAdd:
-        return {g, g};
-      case BinaryOp::kSub:
-        return {g, need_b ? g.neg() : Tensor()};
       case BinaryOp::kMul:
-        if (other_number_) return {g.mul(*other_number_), Tensor()};
         if (need_a) ga = g * other_.Unpack();
         if (need_b) gb = g * self_.Unpack();
         return {ga, gb};
       case BinaryOp::kDiv: {
-        if (other_number_) return {g.div(*other_number_), Tensor()};
         Tensor b = other_.Unpack();
         if (need_a) ga = g / b;
         if (need_b) gb = (g * self_.Unpack() / (b * b)).neg();
@@ -524,24 +552,32 @@ Tensor BinaryAutograd(BinaryOp op, const Tensor& a, const Tensor& b) {
     out = ops::binary(op, a, b);
   }
   if (BinaryOpReturnsBool(op) || !ShouldRecord(a, b)) return out;
+  const bool need_a = RequiresGrad(a), need_b = RequiresGrad(b);
+  if (op == BinaryOp::kAdd || op == BinaryOp::kSub) {
+    auto node = MakeNode<AddSubBackward>(op == BinaryOp::kSub);
+    node->add_next_edge(GradientEdge(a));
+    node->add_next_edge(GradientEdge(b));
+    FinishHistory(node, out, BinaryOpName(op));
+    return out;
+  }
+  const bool b_is_number = !need_b && b.impl()->is_wrapped_number() && b.is_cpu();
+  if (b_is_number && (op == BinaryOp::kMul || op == BinaryOp::kDiv)) {
+    auto node = MakeNode<ScaleBackward>(op == BinaryOp::kDiv, b.ItemScalar());
+    node->add_next_edge(GradientEdge(a));
+    node->add_next_edge(Edge());
+    FinishHistory(node, out, BinaryOpName(op));
+    return out;
+  }
   auto node = MakeNode<BinaryBackward>(op);
   node->add_next_edge(GradientEdge(a));
   node->add_next_edge(GradientEdge(b));
-  const bool need_a = RequiresGrad(a), need_b = RequiresGrad(b);
-  const bool b_is_number = !need_b && b.impl()->is_wrapped_number() && b.is_cpu();
   switch (op) {
     case BinaryOp::kMul:
-    case BinaryOp::kDiv:
-      if (b_is_number) {
-        node->other_number_ = b.ItemScalar();
-        break;
-      }
-      if (op == BinaryOp::kDiv) {
-        node->other_ = SavedVariable(b, false);
-        if (need_b) node->self_ = SavedVariable(a, false);
-        break;
-      }
       if (need_a) node->other_ = SavedVariable(b, false);
+      if (need_b) node->self_ = SavedVariable(a, false);
+      break;
+    case BinaryOp::kDiv:
+      node->other_ = SavedVariable(b, false);
       if (need_b) node->self_ = SavedVariable(a, false);
       break;
     case BinaryOp::kPow:
