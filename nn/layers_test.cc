@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -86,6 +87,18 @@ TEST(LinearTest, GradientsMatchFiniteDifferences) {
   ExpectGradientsMatch(
       [](const std::vector<Tensor>& in) { return functional::linear(in[0], in[1]); },
       {Randn64({2, 3, 3}), Randn64({2, 3})});
+}
+
+TEST(LinearTest, SupportsDoubleBackward) {
+  manual_seed(13);
+  Tensor x = randn({2, 3}, kFloat64).requires_grad_();
+  Tensor w = randn({4, 3}, kFloat64).requires_grad_();
+  Tensor y = functional::linear(x, w);
+  // g = d/dx sum(y^2) = 2 (x W^T) W, recorded; d/dx sum(g) = 2 (W^T W) 1 per row.
+  Tensor g = autograd::Grad({(y * y).sum()}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor second = autograd::Grad({g.sum()}, {x})[0];
+  Tensor want = (w.detach().t().mm(w.detach())).sum({1}) * 2.0;
+  for (int i = 0; i < 2; ++i) ExpectNear(Values(second[i]), Values(want), 1e-12);
 }
 
 // --- Activations ------------------------------------------------------------------
