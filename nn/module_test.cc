@@ -151,6 +151,19 @@ TEST(ModuleTest, ToDtypeConvertsFloatingTensorsOnly) {
   EXPECT_THAT(ErrorOf([&] { net.to(kInt64); }), HasSubstr("only floating point dtypes"));
 }
 
+TEST(ModuleTest, ToKeepsSharedParametersSharedAndFailsAtomically) {
+  auto shared = std::make_shared<Linear>(2, 2);
+  Sequential seq({shared, shared});
+  seq.to(kFloat64);
+  EXPECT_EQ(seq.parameters().size(), 2u);
+  EXPECT_EQ(shared->weight().dtype(), kFloat64);
+  Net net;
+  Tensor before = net.fc1->weight();
+  // No CUDA allocator in this build: nothing may change.
+  EXPECT_THAT(ErrorOf([&] { net.to(Device(DeviceType::kCUDA, 0)); }), HasSubstr("cuda"));
+  EXPECT_TRUE(net.fc1->weight().is_same(before));
+}
+
 TEST(ModuleTest, StateDictHoldsParametersAndPersistentBuffers) {
   Net net;
   StateDict sd = net.state_dict();
