@@ -1,4 +1,5 @@
 // The Tensor autograd methods, grad mode, the engine and the graph.
+#include <thread>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -189,6 +190,27 @@ TEST(AutogradTest, RetainGradKeepsNonLeafGradients) {
   z.sum().backward();
   EXPECT_THAT(Values(y.grad()), ElementsAre(6, 12));
   EXPECT_THAT(Values(x.grad()), ElementsAre(18, 36));
+}
+
+TEST(AutogradTest, ThreadsDifferentiateOneGraphAtOnce) {
+  Tensor x = Make({1, 2, 3}, kFloat64).requires_grad_();
+  Tensor y = (x * x * x).sum();
+  std::vector<std::vector<double>> results(2);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        results[t] = Values(Grad({y}, {x}, {}, /*retain_graph=*/true)[0]);
+        Tensor own = Make({2}, kFloat64).requires_grad_();
+        (own * own).sum().backward();  // An independent graph on this thread.
+        EXPECT_THAT(Values(own.grad()), ElementsAre(4));
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (const auto& r : results) EXPECT_THAT(r, ElementsAre(3, 12, 27));
+  y.backward();  // Every node was released by both runs.
+  EXPECT_THAT(Values(x.grad()), ElementsAre(3, 12, 27));
 }
 
 TEST(AutogradTest, SetGradChecksShape) {
