@@ -85,7 +85,9 @@ void BM_EmberMlpStep(benchmark::State& state) {
   StepTimer timer;
   for (auto _ : state) {
     timer.Start();
-    opt.zero_grad();
+    // LibTorch 1.13's Optimizer::zero_grad() zeroes gradients in place (it has
+    // no set_to_none); do the same step.
+    opt.zero_grad(/*set_to_none=*/false);
     Tensor l = functional::cross_entropy((*model)(x), y);
     l.backward();
     opt.step();
