@@ -33,9 +33,9 @@ Tensor Chain(const Tensor& x) {
 }
 
 void Report(benchmark::State& state) {
-  state.counters["per_op_us"] = benchmark::Counter(
-      kOpsPerRun * 1e-6, benchmark::Counter::kIsIterationInvariantRate |
-                             benchmark::Counter::kInvert);
+  state.counters["per_op_us"] =
+      benchmark::Counter(kOpsPerRun * 1e-6, benchmark::Counter::kIsIterationInvariantRate |
+                                                benchmark::Counter::kInvert);
 }
 
 void BM_ChainForwardBackward(benchmark::State& state) {

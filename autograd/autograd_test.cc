@@ -1,4 +1,5 @@
 // The Tensor autograd methods, grad mode, the engine and the graph.
+#include <thread>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -133,6 +134,13 @@ TEST(AutogradTest, GradWithAllowUnused) {
               HasSubstr("appears to not have been used in the graph"));
 }
 
+TEST(AutogradTest, PiecewiseConstantOpsGiveZeroGradients) {
+  Tensor x = Make({-1.5, 0.5, 2.5}).requires_grad_();
+  variable_list g = Grad({(x.sign() + x.floor() + x.round()).sum()}, {x});
+  ASSERT_TRUE(g[0].defined());
+  EXPECT_THAT(Values(g[0]), ElementsAre(0, 0, 0));
+}
+
 TEST(AutogradTest, SecondBackwardWithoutRetainGraphFails) {
   Tensor x = Make({2}).requires_grad_();
   Tensor y = (x * x).sum();
@@ -184,11 +192,34 @@ TEST(AutogradTest, RetainGradKeepsNonLeafGradients) {
   EXPECT_THAT(Values(x.grad()), ElementsAre(18, 36));
 }
 
+TEST(AutogradTest, ThreadsDifferentiateOneGraphAtOnce) {
+  Tensor x = Make({1, 2, 3}, kFloat64).requires_grad_();
+  Tensor y = (x * x * x).sum();
+  std::vector<std::vector<double>> results(2);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        results[t] = Values(Grad({y}, {x}, {}, /*retain_graph=*/true)[0]);
+        Tensor own = Make({2}, kFloat64).requires_grad_();
+        (own * own).sum().backward();  // An independent graph on this thread.
+        EXPECT_THAT(Values(own.grad()), ElementsAre(4));
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (const auto& r : results) EXPECT_THAT(r, ElementsAre(3, 12, 27));
+  y.backward();  // Every node was released by both runs.
+  EXPECT_THAT(Values(x.grad()), ElementsAre(3, 12, 27));
+}
+
 TEST(AutogradTest, SetGradChecksShape) {
   Tensor x = Make({1, 2}).requires_grad_();
   x.set_grad(Make({5, 5}));
   EXPECT_THAT(Values(x.grad()), ElementsAre(5, 5));
-  EXPECT_THAT(ErrorOf([&] { x.set_grad(Make({1, 2, 3})); }),
+  EXPECT_THAT(ErrorOf([&] {
+                x.set_grad(Make({1, 2, 3}));
+              }),
               HasSubstr("assigned grad has data of a different size"));
   x.set_grad(Tensor());
   EXPECT_FALSE(x.grad().defined());

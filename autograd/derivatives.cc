@@ -23,6 +23,7 @@
 #include <cctype>
 #include <cmath>
 #include <numbers>
+#include <optional>
 #include <string>
 
 #include "absl/container/inlined_vector.h"
@@ -121,7 +122,8 @@ Tensor ViewAutograd(const Tensor& self, IntArrayRef sizes) {
     out = ops::view(self, sizes);
   }
   SizeVector in = ToVector(self.sizes());
-  return RecordView(self, out, "ViewBackward", "view", [in](const Tensor& g) { return g.reshape(in); });
+  return RecordView(self, out, "ViewBackward", "view",
+                    [in](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor AsStridedAutograd(const Tensor& self, IntArrayRef sizes, IntArrayRef strides,
@@ -276,9 +278,8 @@ Tensor FillAutograd(const Tensor& self, const Scalar& value) {
     BelowAutogradGuard below;
     ops::fill_(self, value);
   }
-  auto node = Formula("FillBackward", [](const variable_list&, const variable_list&) {
-    return variable_list{};
-  });
+  auto node = Formula("FillBackward",
+                      [](const variable_list&, const variable_list&) { return variable_list{}; });
   uint32_t nr = node->add_input_metadata(self);
   RebaseHistory(self, Edge(node, nr));
   return self;
@@ -288,21 +289,36 @@ Tensor FillAutograd(const Tensor& self, const Scalar& value) {
 
 Tensor UnaryFormula(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& y) {
   switch (op) {
-    case UnaryOp::kNeg: return g.neg();
-    case UnaryOp::kAbs: return g * x.sign();
-    case UnaryOp::kExp: return g * y;
-    case UnaryOp::kExpm1: return g * (y + 1);
-    case UnaryOp::kLog: return g / x;
-    case UnaryOp::kLog1p: return g / (x + 1);
-    case UnaryOp::kLog2: return g / (x * std::numbers::ln2);
-    case UnaryOp::kSqrt: return g / (y * 2);
-    case UnaryOp::kRsqrt: return g * y.pow(3) * -0.5;
-    case UnaryOp::kSin: return g * x.cos();
-    case UnaryOp::kCos: return g * x.sin().neg();
-    case UnaryOp::kTan: return g * (y * y + 1);
-    case UnaryOp::kTanh: return g * (1 - y * y);
-    case UnaryOp::kSigmoid: return g * (y * (1 - y));
-    case UnaryOp::kRelu: return where(y.gt(0), g, ZeroLike());
+    case UnaryOp::kNeg:
+      return g.neg();
+    case UnaryOp::kAbs:
+      return g * x.sign();
+    case UnaryOp::kExp:
+      return g * y;
+    case UnaryOp::kExpm1:
+      return g * (y + 1);
+    case UnaryOp::kLog:
+      return g / x;
+    case UnaryOp::kLog1p:
+      return g / (x + 1);
+    case UnaryOp::kLog2:
+      return g / (x * std::numbers::ln2);
+    case UnaryOp::kSqrt:
+      return g / (y * 2);
+    case UnaryOp::kRsqrt:
+      return g * y.pow(3) * -0.5;
+    case UnaryOp::kSin:
+      return g * x.cos();
+    case UnaryOp::kCos:
+      return g * x.sin().neg();
+    case UnaryOp::kTan:
+      return g * (y * y + 1);
+    case UnaryOp::kTanh:
+      return g * (1 - y * y);
+    case UnaryOp::kSigmoid:
+      return g * (y * (1 - y));
+    case UnaryOp::kRelu:
+      return where(y.gt(0), g, ZeroLike());
     case UnaryOp::kGelu: {
       constexpr double kInvSqrt2 = 0.70710678118654752440;
       constexpr double kInvSqrt2Pi = 0.39894228040143267794;
@@ -310,14 +326,20 @@ Tensor UnaryFormula(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& 
       Tensor pdf = (x * x * -0.5).exp() * kInvSqrt2Pi;
       return g * (cdf + x * pdf);
     }
-    case UnaryOp::kErf: return g * (x * x).neg().exp() * (2.0 / std::sqrt(std::numbers::pi));
-    case UnaryOp::kReciprocal: return g * (y * y).neg();
-    case UnaryOp::kSquare: return g * x * 2;
+    case UnaryOp::kErf:
+      return g * (x * x).neg().exp() * (2.0 / std::sqrt(std::numbers::pi));
+    case UnaryOp::kReciprocal:
+      return g * (y * y).neg();
+    case UnaryOp::kSquare:
+      return g * x * 2;
     case UnaryOp::kSign:
     case UnaryOp::kFloor:
     case UnaryOp::kCeil:
-    case UnaryOp::kRound: return Tensor();  // Zero almost everywhere.
-    case UnaryOp::kLogicalNot: break;
+    case UnaryOp::kRound:
+      // Zero almost everywhere; a zero tensor (not "no gradient"), as torch.
+      return zeros(g.sizes(), TensorOptions(g.dtype()).device(g.device()));
+    case UnaryOp::kLogicalNot:
+      break;
   }
   EMBER_INTERNAL_ASSERT(false, "no derivative for ", UnaryOpName(op));
   return Tensor();
@@ -325,19 +347,35 @@ Tensor UnaryFormula(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& 
 
 bool UnarySavesInput(UnaryOp op) {
   switch (op) {
-    case UnaryOp::kAbs: case UnaryOp::kLog: case UnaryOp::kLog1p: case UnaryOp::kLog2:
-    case UnaryOp::kSin: case UnaryOp::kCos: case UnaryOp::kGelu: case UnaryOp::kErf:
-    case UnaryOp::kSquare: return true;
-    default: return false;
+    case UnaryOp::kAbs:
+    case UnaryOp::kLog:
+    case UnaryOp::kLog1p:
+    case UnaryOp::kLog2:
+    case UnaryOp::kSin:
+    case UnaryOp::kCos:
+    case UnaryOp::kGelu:
+    case UnaryOp::kErf:
+    case UnaryOp::kSquare:
+      return true;
+    default:
+      return false;
   }
 }
 
 bool UnarySavesResult(UnaryOp op) {
   switch (op) {
-    case UnaryOp::kExp: case UnaryOp::kExpm1: case UnaryOp::kSqrt: case UnaryOp::kRsqrt:
-    case UnaryOp::kTan: case UnaryOp::kTanh: case UnaryOp::kSigmoid: case UnaryOp::kRelu:
-    case UnaryOp::kReciprocal: return true;
-    default: return false;
+    case UnaryOp::kExp:
+    case UnaryOp::kExpm1:
+    case UnaryOp::kSqrt:
+    case UnaryOp::kRsqrt:
+    case UnaryOp::kTan:
+    case UnaryOp::kTanh:
+    case UnaryOp::kSigmoid:
+    case UnaryOp::kRelu:
+    case UnaryOp::kReciprocal:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -386,25 +424,69 @@ Tensor UnaryInPlaceAutograd(UnaryOp op, const Tensor& self) {
     return ops::unary_(op, self);
   }
   return RecordInPlace(
-      self, [&](const Tensor& old) { return ops::unary(op, old); },
-      [&] { ops::unary_(op, self); });
+      self, [&](const Tensor& old) { return ops::unary(op, old); }, [&] { ops::unary_(op, self); });
 }
 
 // --- Binary ------------------------------------------------------------------
+
+// add and sub: nothing saved. (Small, as chains of small ops are
+// dominated by the size of their graph.)
+class AddSubBackward final : public Node {
+ public:
+  explicit AddSubBackward(bool sub) : sub_(sub) {}
+  std::string name() const override { return sub_ ? "SubBackward" : "AddBackward"; }
+
+ protected:
+  variable_list apply(variable_list&& grads) override {
+    const Tensor& g = grads[0];
+    if (!g.defined()) return {Tensor(), Tensor()};
+    return {g, sub_ && next_edge(1).is_valid() ? g.neg() : g};
+  }
+
+ private:
+  bool sub_;
+};
+
+// mul or div by a plain number (a wrapped scalar that needs no gradient):
+// the number is kept instead of its tensor, as torch's MulBackward1.
+class ScaleBackward final : public Node {
+ public:
+  ScaleBackward(bool div, Scalar number) : div_(div), number_(number) {}
+  std::string name() const override { return div_ ? "DivBackward" : "MulBackward"; }
+
+ protected:
+  variable_list apply(variable_list&& grads) override {
+    const Tensor& g = grads[0];
+    if (!g.defined()) return {Tensor(), Tensor()};
+    return {div_ ? g.div(number_) : g.mul(number_), Tensor()};
+  }
+
+ private:
+  bool div_;
+  Scalar number_;
+};
 
 class BinaryBackward final : public Node {
  public:
   explicit BinaryBackward(BinaryOp op) : op_(op) {}
   std::string name() const override {
     switch (op_) {
-      case BinaryOp::kAdd: return "AddBackward";
-      case BinaryOp::kSub: return "SubBackward";
-      case BinaryOp::kMul: return "MulBackward";
-      case BinaryOp::kDiv: return "DivBackward";
-      case BinaryOp::kPow: return "PowBackward";
-      case BinaryOp::kMaximum: return "MaximumBackward";
-      case BinaryOp::kMinimum: return "MinimumBackward";
-      default: return std::string(BinaryOpName(op_)) + "Backward";
+      case BinaryOp::kAdd:
+        return "AddBackward";
+      case BinaryOp::kSub:
+        return "SubBackward";
+      case BinaryOp::kMul:
+        return "MulBackward";
+      case BinaryOp::kDiv:
+        return "DivBackward";
+      case BinaryOp::kPow:
+        return "PowBackward";
+      case BinaryOp::kMaximum:
+        return "MaximumBackward";
+      case BinaryOp::kMinimum:
+        return "MinimumBackward";
+      default:
+        return std::string(BinaryOpName(op_)) + "Backward";
     }
   }
   void release_variables() override {
@@ -421,10 +503,6 @@ class BinaryBackward final : public Node {
     const bool need_a = next_edge(0).is_valid(), need_b = next_edge(1).is_valid();
     Tensor ga, gb;
     switch (op_) {
-      case BinaryOp::kAdd:
-        return {g, g};
-      case BinaryOp::kSub:
-        return {g, need_b ? g.neg() : Tensor()};
       case BinaryOp::kMul:
         if (need_a) ga = g * other_.Unpack();
         if (need_b) gb = g * self_.Unpack();
@@ -456,7 +534,8 @@ class BinaryBackward final : public Node {
         if (need_b) gb = where(a_wins.logical_or(tie), where(tie, half, ZeroLike()), g);
         return {ga, gb};
       }
-      default: break;
+      default:
+        break;
     }
     EMBER_INTERNAL_ASSERT(false, "no derivative for ", BinaryOpName(op_));
     return {};
@@ -473,10 +552,25 @@ Tensor BinaryAutograd(BinaryOp op, const Tensor& a, const Tensor& b) {
     out = ops::binary(op, a, b);
   }
   if (BinaryOpReturnsBool(op) || !ShouldRecord(a, b)) return out;
+  const bool need_a = RequiresGrad(a), need_b = RequiresGrad(b);
+  if (op == BinaryOp::kAdd || op == BinaryOp::kSub) {
+    auto node = MakeNode<AddSubBackward>(op == BinaryOp::kSub);
+    node->add_next_edge(GradientEdge(a));
+    node->add_next_edge(GradientEdge(b));
+    FinishHistory(node, out, BinaryOpName(op));
+    return out;
+  }
+  const bool b_is_number = !need_b && b.impl()->is_wrapped_number() && b.is_cpu();
+  if (b_is_number && (op == BinaryOp::kMul || op == BinaryOp::kDiv)) {
+    auto node = MakeNode<ScaleBackward>(op == BinaryOp::kDiv, b.ItemScalar());
+    node->add_next_edge(GradientEdge(a));
+    node->add_next_edge(Edge());
+    FinishHistory(node, out, BinaryOpName(op));
+    return out;
+  }
   auto node = MakeNode<BinaryBackward>(op);
   node->add_next_edge(GradientEdge(a));
   node->add_next_edge(GradientEdge(b));
-  const bool need_a = RequiresGrad(a), need_b = RequiresGrad(b);
   switch (op) {
     case BinaryOp::kMul:
       if (need_a) node->other_ = SavedVariable(b, false);
@@ -492,7 +586,8 @@ Tensor BinaryAutograd(BinaryOp op, const Tensor& a, const Tensor& b) {
       node->self_ = SavedVariable(a, false);
       node->other_ = SavedVariable(b, false);
       break;
-    default: break;
+    default:
+      break;
   }
   FinishHistory(node, out, BinaryOpName(op));
   if (op == BinaryOp::kPow && need_b) node->result_ = SavedVariable(out, true);
@@ -505,7 +600,12 @@ Tensor BinaryInPlaceAutograd(BinaryOp op, const Tensor& self, const Tensor& othe
     return ops::binary_(op, self, other);
   }
   return RecordInPlace(
-      self, [&](const Tensor& old) { return ops::binary(op, old, other); },
+      self,
+      [&](const Tensor& old) {
+        // x.mul_(x): the other operand is self too, and must be read as it was.
+        const bool aliased = other.is_same(self) || SameView(other, self);
+        return ops::binary(op, old, aliased ? old : other);
+      },
       [&] { ops::binary_(op, self, other); });
 }
 
@@ -530,7 +630,8 @@ Tensor WhereAutograd(const Tensor& condition, const Tensor& self, const Tensor& 
   return out;
 }
 
-Tensor ClampMask(const Tensor& x, const std::optional<Scalar>& min, const std::optional<Scalar>& max) {
+Tensor ClampMask(const Tensor& x, const std::optional<Scalar>& min,
+                 const std::optional<Scalar>& max) {
   Tensor mask;
   if (min) mask = x.ge(*min);
   if (max) mask = mask.defined() ? mask.logical_and(x.le(*max)) : x.le(*max);
@@ -545,10 +646,10 @@ Tensor ClampAutograd(const Tensor& self, const std::optional<Scalar>& min,
     out = ops::clamp(self, min, max);
   }
   if (!ShouldRecord(self)) return out;
-  auto node = Formula("ClampBackward", [min, max](const variable_list& saved,
-                                                   const variable_list& grads) {
-    return variable_list{where(ClampMask(saved[0], min, max), grads[0], ZeroLike())};
-  });
+  auto node =
+      Formula("ClampBackward", [min, max](const variable_list& saved, const variable_list& grads) {
+        return variable_list{where(ClampMask(saved[0], min, max), grads[0], ZeroLike())};
+      });
   node->add_next_edge(GradientEdge(self));
   node->Save(self);
   FinishHistory(node, out, "clamp");
@@ -584,17 +685,17 @@ Tensor MaskedSelectAutograd(const Tensor& self, const Tensor& mask) {
   }
   if (!ShouldRecord(self)) return out;
   SizeVector shape = BroadcastShapes(self.sizes(), mask.sizes(), "masked_select");
-  auto node = Formula("MaskedSelectBackward", [shape](const variable_list& saved,
-                                                      const variable_list& grads) {
-    Tensor m = saved[0].expand(shape).to(kCPU).contiguous();
-    std::vector<int64_t> positions;
-    const bool* mp = m.numel() > 0 ? m.data_ptr<bool>() : nullptr;
-    for (int64_t i = 0; i < m.numel(); ++i) {
-      if (mp[i]) positions.push_back(i);
-    }
-    Tensor index = tensor(positions);
-    return variable_list{IndexAdd({Numel(shape)}, 0, index, grads[0]).view(shape)};
-  });
+  auto node = Formula(
+      "MaskedSelectBackward", [shape](const variable_list& saved, const variable_list& grads) {
+        Tensor m = saved[0].expand(shape).to(kCPU).contiguous();
+        std::vector<int64_t> positions;
+        const bool* mp = m.numel() > 0 ? m.data_ptr<bool>() : nullptr;
+        for (int64_t i = 0; i < m.numel(); ++i) {
+          if (mp[i]) positions.push_back(i);
+        }
+        Tensor index = tensor(positions);
+        return variable_list{IndexAdd({Numel(shape)}, 0, index, grads[0]).view(shape)};
+      });
   node->add_next_edge(GradientEdge(self));
   node->Save(mask);
   FinishHistory(node, out, "masked_select");
@@ -609,10 +710,10 @@ Tensor IndexSelectAutograd(const Tensor& self, int64_t dim, const Tensor& index)
   }
   if (!ShouldRecord(self)) return out;
   SizeVector in = ToVector(self.sizes());
-  auto node = Formula("IndexSelectBackward", [in, dim](const variable_list& saved,
-                                                       const variable_list& grads) {
-    return variable_list{IndexAdd(in, dim, saved[0], grads[0])};
-  });
+  auto node = Formula("IndexSelectBackward",
+                      [in, dim](const variable_list& saved, const variable_list& grads) {
+                        return variable_list{IndexAdd(in, dim, saved[0], grads[0])};
+                      });
   node->add_next_edge(GradientEdge(self));
   node->Save(index);
   FinishHistory(node, out, "index_select");
@@ -675,7 +776,8 @@ Tensor ReduceAutograd(ReduceOp op, const Tensor& self, IntArrayRef dims, bool ke
       int64_t n = 1;
       for (int64_t d : reduced) n *= in[d];
       node = Formula("MeanBackward", [=](const variable_list&, const variable_list& grads) {
-        return variable_list{ExpandReduced(grads[0], in, reduced, keepdim) / static_cast<double>(n)};
+        return variable_list{ExpandReduced(grads[0], in, reduced, keepdim) /
+                             static_cast<double>(n)};
       });
       break;
     }
@@ -698,13 +800,14 @@ Tensor ReduceAutograd(ReduceOp op, const Tensor& self, IntArrayRef dims, bool ke
       break;
     case ReduceOp::kAmax:
     case ReduceOp::kAmin:
-      node = Formula(op == ReduceOp::kAmax ? "AmaxBackward" : "AminBackward",
-                     [=](const variable_list& saved, const variable_list& grads) {
-        Tensor y = KeepDims(saved[1], reduced, keepdim);
-        Tensor mask = (saved[0] == y).to(grads[0].dtype());
-        Tensor count = mask.sum(reduced, /*keepdim=*/true);
-        return variable_list{ExpandReduced(grads[0], in, reduced, keepdim) * mask / count};
-      });
+      node = Formula(
+          op == ReduceOp::kAmax ? "AmaxBackward" : "AminBackward",
+          [=](const variable_list& saved, const variable_list& grads) {
+            Tensor y = KeepDims(saved[1], reduced, keepdim);
+            Tensor mask = (saved[0] == y).to(grads[0].dtype());
+            Tensor count = mask.sum(reduced, /*keepdim=*/true);
+            return variable_list{ExpandReduced(grads[0], in, reduced, keepdim) * mask / count};
+          });
       break;
     default:
       return out;
@@ -729,14 +832,14 @@ MinMaxResult MaxMinDimAutograd(bool is_max, const Tensor& self, int64_t dim, boo
   const int64_t d = self.dim() == 0 ? 0 : WrapDim(dim, self.dim(), is_max ? "max" : "min");
   auto node = Formula(is_max ? "MaxBackward" : "MinBackward",
                       [=](const variable_list& saved, const variable_list& grads) {
-    if (in.empty()) return variable_list{grads[0]};
-    Tensor idx = keepdim ? saved[0] : saved[0].unsqueeze(d);
-    Tensor g = keepdim ? grads[0] : grads[0].unsqueeze(d);
-    SizeVector pos_shape(in.size(), 1);
-    pos_shape[d] = in[d];
-    Tensor positions = arange(in[d]).view(pos_shape);
-    return variable_list{where(positions == idx, g, ZeroLike())};
-  });
+                        if (in.empty()) return variable_list{grads[0]};
+                        Tensor idx = keepdim ? saved[0] : saved[0].unsqueeze(d);
+                        Tensor g = keepdim ? grads[0] : grads[0].unsqueeze(d);
+                        SizeVector pos_shape(in.size(), 1);
+                        pos_shape[d] = in[d];
+                        Tensor positions = arange(in[d]).view(pos_shape);
+                        return variable_list{where(positions == idx, g, ZeroLike())};
+                      });
   node->add_next_edge(GradientEdge(self));
   node->Save(out.indices);
   FinishHistory(node, out.values, is_max ? "max" : "min");
@@ -761,19 +864,21 @@ Tensor SoftmaxAutogradImpl(bool log, const Tensor& self, int64_t dim) {
   const bool scalar = self.dim() == 0;
   auto node = Formula(log ? "LogSoftmaxBackward" : "SoftmaxBackward",
                       [=](const variable_list& saved, const variable_list& grads) {
-    const Tensor& y = saved[0];
-    const Tensor& g = grads[0];
-    if (scalar) return variable_list{log ? g - y.exp() * g : g * y - g * y};
-    if (log) return variable_list{g - y.exp() * g.sum({d}, /*keepdim=*/true)};
-    return variable_list{y * (g - (g * y).sum({d}, /*keepdim=*/true))};
-  });
+                        const Tensor& y = saved[0];
+                        const Tensor& g = grads[0];
+                        if (scalar) return variable_list{log ? g - y.exp() * g : g * y - g * y};
+                        if (log) return variable_list{g - y.exp() * g.sum({d}, /*keepdim=*/true)};
+                        return variable_list{y * (g - (g * y).sum({d}, /*keepdim=*/true))};
+                      });
   node->add_next_edge(GradientEdge(self));
   FinishHistory(node, out, log ? "log_softmax" : "softmax");
   node->Save(out, /*is_output=*/true);
   return out;
 }
 
-Tensor SoftmaxAutograd(const Tensor& self, int64_t dim) { return SoftmaxAutogradImpl(false, self, dim); }
+Tensor SoftmaxAutograd(const Tensor& self, int64_t dim) {
+  return SoftmaxAutogradImpl(false, self, dim);
+}
 Tensor LogSoftmaxAutograd(const Tensor& self, int64_t dim) {
   return SoftmaxAutogradImpl(true, self, dim);
 }
@@ -820,25 +925,25 @@ Tensor BmmAutograd(const Tensor& self, const Tensor& other) {
   return out;
 }
 
-Tensor AddmmAutograd(const Tensor& self, const Tensor& mat1, const Tensor& mat2,
-                     const Scalar& beta, const Scalar& alpha) {
+Tensor AddmmAutograd(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const Scalar& beta,
+                     const Scalar& alpha) {
   Tensor out;
   {
     BelowAutogradGuard below;
     out = ops::addmm(self, mat1, mat2, beta, alpha);
   }
   if (!ShouldRecord(self, mat1, mat2)) return out;
-  auto node = Formula("AddmmBackward", [beta, alpha](const variable_list& saved,
-                                                     const variable_list& grads) {
-    const Tensor& g = grads[0];
-    const bool beta_zero = beta.to_double() == 0.0;
-    const bool alpha_one = alpha.to_double() == 1.0;
-    Tensor g_self = beta_zero ? Tensor() : (beta.to_double() == 1.0 ? g : g * beta);
-    Tensor g1, g2;
-    if (saved[1].defined()) g1 = alpha_one ? g.mm(saved[1].t()) : g.mm(saved[1].t()) * alpha;
-    if (saved[0].defined()) g2 = alpha_one ? saved[0].t().mm(g) : saved[0].t().mm(g) * alpha;
-    return variable_list{g_self, g1, g2};
-  });
+  auto node = Formula(
+      "AddmmBackward", [beta, alpha](const variable_list& saved, const variable_list& grads) {
+        const Tensor& g = grads[0];
+        const bool beta_zero = beta.to_double() == 0.0;
+        const bool alpha_one = alpha.to_double() == 1.0;
+        Tensor g_self = beta_zero ? Tensor() : (beta.to_double() == 1.0 ? g : g * beta);
+        Tensor g1, g2;
+        if (saved[1].defined()) g1 = alpha_one ? g.mm(saved[1].t()) : g.mm(saved[1].t()) * alpha;
+        if (saved[0].defined()) g2 = alpha_one ? saved[0].t().mm(g) : saved[0].t().mm(g) * alpha;
+        return variable_list{g_self, g1, g2};
+      });
   node->add_next_edge(GradientEdge(self));
   node->add_next_edge(GradientEdge(mat1));
   node->add_next_edge(GradientEdge(mat2));

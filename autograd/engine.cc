@@ -27,20 +27,42 @@ class GraphRoot final : public Node {
   variable_list grads_;
 };
 
-struct NodeTask {
-  int dependencies = 0;
-  bool should_execute = true;  // grad(): the node leads to a captured edge.
-  bool needed = true;          // should_execute or captured.
-  variable_list buffer;
-};
-
 struct GraphTask {
   bool keep_graph = false;
+  // Where the NodeTasks live: in the nodes (claimed by this run), or, when
+  // another run holds some of them, in `tasks`.
+  bool in_nodes = true;
+  std::vector<Node*> claimed;
   absl::flat_hash_map<Node*, NodeTask> tasks;
   // grad(): for each captured node, (its input number, index in `captured`).
   absl::flat_hash_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captures;
   variable_list captured;
   std::vector<std::function<void()>> callbacks;
+
+  NodeTask& Of(Node* fn) { return in_nodes ? fn->engine_task_ : tasks[fn]; }
+
+  // Registers `fn`; false if it was registered before.
+  bool Visit(Node* fn) {
+    if (!in_nodes) return tasks.try_emplace(fn).second;
+    const void* expected = nullptr;
+    if (fn->engine_owner_.compare_exchange_strong(expected, this, std::memory_order_acq_rel)) {
+      claimed.push_back(fn);
+      return true;
+    }
+    if (expected == this) return false;
+    throw OwnedElsewhere{};
+  }
+
+  void ReleaseClaims() {
+    for (Node* fn : claimed) {
+      fn->engine_task_ = NodeTask();
+      fn->engine_owner_.store(nullptr, std::memory_order_release);
+    }
+    claimed.clear();
+  }
+  ~GraphTask() { ReleaseClaims(); }
+
+  struct OwnedElsewhere {};
 };
 
 thread_local std::vector<GraphTask*> t_running_tasks;
@@ -54,14 +76,14 @@ class RunningTask {
 // Counts dependencies; with captures, marks which nodes must run: those from
 // which a captured edge is reachable. Iterative post-order, as graphs can be
 // long chains.
-void PrepareTask(GraphTask& task, Node* root) {
+void PrepareNodes(GraphTask& task, Node* root) {
   const bool capturing = !task.captures.empty();
   struct Frame {
     Node* fn;
     size_t next;
   };
   std::vector<Frame> stack;
-  task.tasks.try_emplace(root);
+  task.Visit(root);
   stack.push_back({root, 0});
   while (!stack.empty()) {
     Frame& frame = stack.back();
@@ -69,20 +91,33 @@ void PrepareTask(GraphTask& task, Node* root) {
     if (frame.next < fn->num_outputs()) {
       const Edge& edge = fn->next_edge(frame.next++);
       if (!edge.is_valid()) continue;
-      auto [it, inserted] = task.tasks.try_emplace(edge.function.get());
-      ++it->second.dependencies;
-      if (inserted) stack.push_back({edge.function.get(), 0});
+      Node* next = edge.function.get();
+      const bool first = task.Visit(next);
+      ++task.Of(next).dependencies;
+      if (first) stack.push_back({next, 0});
       continue;
     }
     stack.pop_back();
     if (!capturing) continue;
-    NodeTask& nt = task.tasks[fn];
+    NodeTask& nt = task.Of(fn);
     bool execute = false;
     for (const Edge& edge : fn->next_edges()) {
-      if (edge.is_valid() && task.tasks[edge.function.get()].needed) execute = true;
+      if (edge.is_valid() && task.Of(edge.function.get()).needed) execute = true;
     }
     nt.should_execute = execute;
     nt.needed = execute || task.captures.contains(fn);
+  }
+}
+
+void PrepareTask(GraphTask& task, Node* root) {
+  try {
+    PrepareNodes(task, root);
+  } catch (const GraphTask::OwnedElsewhere&) {
+    // Another backward run holds part of this graph: keep the bookkeeping of
+    // this one in a table.
+    task.ReleaseClaims();
+    task.in_nodes = false;
+    PrepareNodes(task, root);
   }
 }
 
@@ -111,8 +146,8 @@ void CheckNoNan(const Node& fn, const variable_list& outputs) {
     const Tensor& t = outputs[i];
     if (!t.defined() || !t.is_floating_point() || t.numel() == 0) continue;
     NoGradGuard no_grad;
-    EMBER_CHECK(t.ne(t).logical_not().sum().item<int64_t>() == t.numel(), "Function '",
-                fn.name(), "' returned nan values in its ", i, "th output.");
+    EMBER_CHECK(t.ne(t).logical_not().sum().item<int64_t>() == t.numel(), "Function '", fn.name(),
+                "' returned nan values in its ", i, "th output.");
   }
 }
 
@@ -141,15 +176,15 @@ void Execute(GraphTask& task, const std::shared_ptr<Node>& root) {
     ready.pop();
     variable_list inputs;
     {
-      auto it = task.tasks.find(fn);
-      inputs = std::move(it->second.buffer);
+      NodeTask& nt = task.Of(fn);
+      inputs = std::move(nt.buffer);
       if (inputs.size() < fn->num_inputs()) inputs.resize(fn->num_inputs());
       if (!task.captures.empty()) {
         auto captured = task.captures.find(fn);
         if (captured != task.captures.end()) {
           for (auto [input_nr, index] : captured->second) task.captured[index] = inputs[input_nr];
         }
-        if (!it->second.should_execute) continue;
+        if (!nt.should_execute) continue;
       }
     }
     variable_list outputs = CallNode(*fn, std::move(inputs));
@@ -161,7 +196,7 @@ void Execute(GraphTask& task, const std::shared_ptr<Node>& root) {
     for (size_t i = 0; i < n; ++i) {
       const Edge& edge = fn->next_edge(i);
       if (!edge.is_valid()) continue;
-      NodeTask& next = task.tasks.find(edge.function.get())->second;
+      NodeTask& next = task.Of(edge.function.get());
       if (!next.needed) continue;
       if (outputs[i].defined()) {
         Tensor grad = MatchInputLayout(std::move(outputs[i]), *fn, edge, i);
@@ -195,13 +230,15 @@ variable_list RootGrads(const variable_list& tensors, const variable_list& grad_
                 " of tensors does not require grad and does not have a grad_fn");
     Tensor g = grad_tensors.empty() ? Tensor() : grad_tensors[i];
     if (!g.defined()) {
-      EMBER_CHECK(t.numel() == 1, "grad can be implicitly created only for scalar outputs (got "
-                  "a tensor of shape ", ShapeToString(t.sizes()), "); pass a gradient");
+      EMBER_CHECK(t.numel() == 1,
+                  "grad can be implicitly created only for scalar outputs (got "
+                  "a tensor of shape ",
+                  ShapeToString(t.sizes()), "); pass a gradient");
       g = ones_like(t);
     } else {
-      EMBER_CHECK(g.sizes() == t.sizes(), "Mismatch in shape: grad_output[", i,
-                  "] has a shape of ", ShapeToString(g.sizes()), " and output[", i,
-                  "] has a shape of ", ShapeToString(t.sizes()), ".");
+      EMBER_CHECK(g.sizes() == t.sizes(), "Mismatch in shape: grad_output[", i, "] has a shape of ",
+                  ShapeToString(g.sizes()), " and output[", i, "] has a shape of ",
+                  ShapeToString(t.sizes()), ".");
     }
     roots.push_back(GradientEdge(t));
     grads.push_back(std::move(g));
@@ -214,8 +251,8 @@ variable_list RootGrads(const variable_list& tensors, const variable_list& grad_
 Tensor SumToSize(const Tensor& grad, IntArrayRef shape) {
   if (grad.sizes() == shape) return grad;
   const int64_t lead = grad.dim() - static_cast<int64_t>(shape.size());
-  EMBER_CHECK(lead >= 0, "sum_to_size: size ", ShapeToString(shape),
-              " is not expandable to size ", ShapeToString(grad.sizes()));
+  EMBER_CHECK(lead >= 0, "sum_to_size: size ", ShapeToString(shape), " is not expandable to size ",
+              ShapeToString(grad.sizes()));
   SizeVector dims;
   for (int64_t d = 0; d < lead; ++d) dims.push_back(d);
   for (int64_t d = lead; d < grad.dim(); ++d) {
@@ -233,10 +270,11 @@ Tensor SumToSize(const Tensor& grad, IntArrayRef shape) {
 
 variable_list RunBackward(const edge_list& roots, variable_list inputs, bool keep_graph,
                           bool create_graph, const edge_list& outputs) {
-  GraphTask task;
-  task.keep_graph = keep_graph;
+  // The root outlives the task, whose destructor releases the nodes it claimed.
   auto root = MakeNode<GraphRoot>(std::move(inputs));
   root->set_next_edges(roots);
+  GraphTask task;
+  task.keep_graph = keep_graph;
   task.captured.resize(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].is_valid()) continue;
@@ -269,8 +307,8 @@ variable_list Grad(const variable_list& outputs, const variable_list& inputs,
   variable_list result = RunBackward(roots, std::move(grads), retain_graph.value_or(create_graph),
                                      create_graph, input_edges);
   for (size_t i = 0; i < result.size(); ++i) {
-    EMBER_CHECK(result[i].defined() || allow_unused, "One of the differentiated Tensors (input ",
-                i, ") appears to not have been used in the graph. Set allow_unused=true if this "
+    EMBER_CHECK(result[i].defined() || allow_unused, "One of the differentiated Tensors (input ", i,
+                ") appears to not have been used in the graph. Set allow_unused=true if this "
                 "is the desired behavior.");
   }
   return result;

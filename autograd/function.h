@@ -126,9 +126,7 @@ inline std::string Demangle(const char* name) {
 template <class T>
 class CppNode final : public Node {
  public:
-  std::string name() const override {
-    return internal::Demangle(typeid(T).name()) + "Backward";
-  }
+  std::string name() const override { return internal::Demangle(typeid(T).name()) + "Backward"; }
   void release_variables() override {
     for (SavedVariable& s : ctx_.saved_) s.Release();
   }
@@ -149,8 +147,8 @@ class CppNode final : public Node {
     variable_list result = T::backward(&ctx_, std::move(grads));
     const size_t n = arg_edges_.size();
     EMBER_CHECK(result.size() >= n, "function ", name(),
-                " returned an incorrect number of gradients (expected ", n, ", got ",
-                result.size(), ")");
+                " returned an incorrect number of gradients (expected ", n, ", got ", result.size(),
+                ")");
     for (size_t i = n; i < result.size(); ++i) {
       EMBER_CHECK(!result[i].defined(), "function ", name(),
                   " returned an incorrect number of gradients (expected ", n, ", got ",

@@ -35,7 +35,8 @@ std::vector<std::vector<double>> Evaluate(
   NoGradGuard no_grad;
   std::vector<std::vector<double>> out;
   for (const Tensor& t : fn(inputs)) {
-    out.push_back(t.defined() && t.is_floating_point() ? testing::Values(t) : std::vector<double>());
+    out.push_back(t.defined() && t.is_floating_point() ? testing::Values(t)
+                                                       : std::vector<double>());
   }
   return out;
 }
@@ -49,9 +50,9 @@ absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>&
     const Tensor& t = inputs[i];
     if (!t.defined() || !t.requires_grad()) continue;
     if (t.dtype() != kFloat64) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradcheck: input ", i, " is ", std::string(DtypeName(t.dtype())),
-          "; finite differences need float64 inputs (use .to(ember::kFloat64))"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradcheck: input ", i, " is ", std::string(DtypeName(t.dtype())),
+                       "; finite differences need float64 inputs (use .to(ember::kFloat64))"));
     }
     if (SelfOverlapping(t)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -84,9 +85,9 @@ absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>&
         row.push_back(grads[c].defined() ? testing::Values(grads[c])
                                          : std::vector<double>(wrt[c].numel(), 0.0));
         if (static_cast<int64_t>(row.back().size()) != wrt[c].numel()) {
-          return absl::InternalError(absl::StrCat(
-              "gradcheck: the gradient of input ", checked[c], " has ", row.back().size(),
-              " elements; the input has ", wrt[c].numel()));
+          return absl::InternalError(absl::StrCat("gradcheck: the gradient of input ", checked[c],
+                                                  " has ", row.back().size(),
+                                                  " elements; the input has ", wrt[c].numel()));
         }
       }
       analytical[o].push_back(std::move(row));
@@ -110,10 +111,10 @@ absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>&
           const double numerical = (plus[o][k] - minus[o][k]) / (2 * options.eps);
           const double exact = analytical[o][k][c][j];
           if (std::abs(numerical - exact) > options.atol + options.rtol * std::abs(numerical)) {
-            return absl::InternalError(absl::StrCat(
-                "gradcheck: Jacobian mismatch for output ", o, " element ", k,
-                " with respect to input ", checked[c], " element ", j, ": numerical ", numerical,
-                ", analytical ", exact));
+            return absl::InternalError(absl::StrCat("gradcheck: Jacobian mismatch for output ", o,
+                                                    " element ", k, " with respect to input ",
+                                                    checked[c], " element ", j, ": numerical ",
+                                                    numerical, ", analytical ", exact));
           }
         }
       }

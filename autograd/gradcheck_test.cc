@@ -59,15 +59,15 @@ TEST(GradcheckTest, UnaryOps) {
     bool positive;
   };
   const U ops[] = {
-      {"neg", UnaryOp::kNeg, false},     {"abs", UnaryOp::kAbs, false},
-      {"exp", UnaryOp::kExp, false},     {"expm1", UnaryOp::kExpm1, false},
-      {"log", UnaryOp::kLog, true},      {"log1p", UnaryOp::kLog1p, true},
-      {"log2", UnaryOp::kLog2, true},    {"sqrt", UnaryOp::kSqrt, true},
-      {"rsqrt", UnaryOp::kRsqrt, true},  {"sin", UnaryOp::kSin, false},
-      {"cos", UnaryOp::kCos, false},     {"tan", UnaryOp::kTan, false},
-      {"tanh", UnaryOp::kTanh, false},   {"sigmoid", UnaryOp::kSigmoid, false},
-      {"relu", UnaryOp::kRelu, false},   {"gelu", UnaryOp::kGelu, false},
-      {"erf", UnaryOp::kErf, false},     {"reciprocal", UnaryOp::kReciprocal, true},
+      {"neg", UnaryOp::kNeg, false},       {"abs", UnaryOp::kAbs, false},
+      {"exp", UnaryOp::kExp, false},       {"expm1", UnaryOp::kExpm1, false},
+      {"log", UnaryOp::kLog, true},        {"log1p", UnaryOp::kLog1p, true},
+      {"log2", UnaryOp::kLog2, true},      {"sqrt", UnaryOp::kSqrt, true},
+      {"rsqrt", UnaryOp::kRsqrt, true},    {"sin", UnaryOp::kSin, false},
+      {"cos", UnaryOp::kCos, false},       {"tan", UnaryOp::kTan, false},
+      {"tanh", UnaryOp::kTanh, false},     {"sigmoid", UnaryOp::kSigmoid, false},
+      {"relu", UnaryOp::kRelu, false},     {"gelu", UnaryOp::kGelu, false},
+      {"erf", UnaryOp::kErf, false},       {"reciprocal", UnaryOp::kReciprocal, true},
       {"square", UnaryOp::kSquare, false}, {"floor", UnaryOp::kFloor, false},
       {"sign", UnaryOp::kSign, false},
   };
@@ -133,14 +133,20 @@ TEST(GradcheckTest, SelectionAndJoining) {
   Check("masked_select", One([mask](const variable_list& in) { return in[0].masked_select(mask); }),
         {Leaf({3})});
   Tensor index = tensor(std::vector<int64_t>{2, 0, 2});
-  Check("index_select", One([index](const variable_list& in) { return in[0].index_select(1, index); }),
+  Check("index_select",
+        One([index](const variable_list& in) { return in[0].index_select(1, index); }),
         {Strided({2, 3})});
-  Check("index_select empty",
-        One([](const variable_list& in) { return in[0].index_select(0, tensor(std::vector<int64_t>{})); }),
+  Check("index_select empty", One([](const variable_list& in) {
+          return in[0].index_select(0, tensor(std::vector<int64_t>{}));
+        }),
         {Leaf({3, 2})});
-  Check("cat", One([](const variable_list& in) { return cat({in[0], in[1], in[2]}, 1); }),
+  Check("cat", One([](const variable_list& in) {
+          return cat({in[0], in[1], in[2]}, 1);
+        }),
         {Leaf({2, 1}), Strided({2, 3}), Leaf({2, 0})});
-  Check("stack", One([](const variable_list& in) { return stack({in[0], in[1]}, 0); }),
+  Check("stack", One([](const variable_list& in) {
+          return stack({in[0], in[1]}, 0);
+        }),
         {Leaf({3}), Strided({3})});
 }
 
@@ -151,21 +157,36 @@ TEST(GradcheckTest, Views) {
     std::function<Tensor(const Tensor&)> f;
   };
   const V views[] = {
-      {"view", [](const Tensor& x) { return x.contiguous().view({3, 2}) * 1; }},
+      {"view",
+       [](const Tensor& x) {
+         return x.contiguous().view({3, 2}) * 1;
+       }},
       {"reshape", [](const Tensor& x) { return x.reshape({6}) * 1; }},
       {"transpose", [](const Tensor& x) { return x.transpose(0, 1) * 1; }},
       {"t", [](const Tensor& x) { return x.t() * 1; }},
-      {"permute", [](const Tensor& x) { return x.unsqueeze(0).permute({2, 0, 1}) * 1; }},
+      {"permute",
+       [](const Tensor& x) {
+         return x.unsqueeze(0).permute({2, 0, 1}) * 1;
+       }},
       {"slice", [](const Tensor& x) { return x.slice(1, 1, 3) * 1; }},
       {"slice step", [](const Tensor& x) { return x.slice(1, 0, 3, 2) * 1; }},
       {"narrow", [](const Tensor& x) { return x.narrow(0, 1, 1) * 1; }},
       {"select", [](const Tensor& x) { return x.select(1, -1) * 1; }},
-      {"expand", [](const Tensor& x) { return x.unsqueeze(0).expand({4, 2, 3}) * 1; }},
+      {"expand",
+       [](const Tensor& x) {
+         return x.unsqueeze(0).expand({4, 2, 3}) * 1;
+       }},
       {"squeeze", [](const Tensor& x) { return x.unsqueeze(1).squeeze() * 1; }},
       {"squeeze dim", [](const Tensor& x) { return x.unsqueeze(2).squeeze(2) * 1; }},
       {"flatten", [](const Tensor& x) { return x.flatten() * 1; }},
-      {"as_strided", [](const Tensor& x) { return x.contiguous().as_strided({2, 2}, {1, 2}, 1) * 1; }},
-      {"as_strided overlapping", [](const Tensor& x) { return x.contiguous().as_strided({3, 2}, {1, 1}) * 1; }},
+      {"as_strided",
+       [](const Tensor& x) {
+         return x.contiguous().as_strided({2, 2}, {1, 2}, 1) * 1;
+       }},
+      {"as_strided overlapping",
+       [](const Tensor& x) {
+         return x.contiguous().as_strided({3, 2}, {1, 1}) * 1;
+       }},
       {"chunk", [](const Tensor& x) { return x.chunk(2, 1)[1] * 1; }},
       {"unbind", [](const Tensor& x) { return x.unbind(0)[1] * 1; }},
       {"split", [](const Tensor& x) { return x.split(2, 1)[0] * 1; }},
@@ -177,7 +198,9 @@ TEST(GradcheckTest, Views) {
     Check(v.name, f, {Leaf({2, 3})});
     Check(std::string(v.name) + " strided", f, {Strided({2, 3})});
   }
-  Check("view empty", One([](const variable_list& in) { return in[0].view({0, 2}) * 1; }),
+  Check("view empty", One([](const variable_list& in) {
+          return in[0].view({0, 2}) * 1;
+        }),
         {Leaf({2, 0})});
 }
 
@@ -192,7 +215,10 @@ TEST(GradcheckTest, Reductions) {
       {"sum dim", [](const Tensor& x) { return x.sum({1}); }},
       {"sum keepdim", [](const Tensor& x) { return x.sum({0}, true); }},
       {"mean", [](const Tensor& x) { return x.mean(); }},
-      {"mean dims", [](const Tensor& x) { return x.mean({0, 1}, true); }},
+      {"mean dims",
+       [](const Tensor& x) {
+         return x.mean({0, 1}, true);
+       }},
       {"prod", [](const Tensor& x) { return x.prod(); }},
       {"prod dim", [](const Tensor& x) { return x.prod(1); }},
       {"amax", [](const Tensor& x) { return x.amax({1}); }},
@@ -299,16 +325,16 @@ struct WrongCube : Function<WrongCube> {
 
 TEST(GradcheckTest, CatchesAWrongBackward) {
   manual_seed(8);
-  absl::Status s = Gradcheck(
-      [](const variable_list& in) { return variable_list{WrongCube::apply(in[0])}; },
-      {Leaf({3}, 2.0)});
+  absl::Status s =
+      Gradcheck([](const variable_list& in) { return variable_list{WrongCube::apply(in[0])}; },
+                {Leaf({3}, 2.0)});
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("Jacobian mismatch for output 0"));
 }
 
 TEST(GradcheckTest, RefusesFloat32AndOverlappingInputs) {
-  absl::Status s = Gradcheck([](const variable_list& in) { return in; },
-                             {ones({2}).requires_grad_()});
+  absl::Status s =
+      Gradcheck([](const variable_list& in) { return in; }, {ones({2}).requires_grad_()});
   EXPECT_THAT(std::string(s.message()), HasSubstr("need float64 inputs"));
   Tensor expanded = ones({1}, kFloat64).expand({3}).detach().requires_grad_();
   s = Gradcheck([](const variable_list& in) { return in; }, {expanded});

@@ -88,6 +88,29 @@ TEST(HooksTest, CallbacksRunWhenBackwardFinishes) {
               HasSubstr("Final callbacks can only be installed during backward pass."));
 }
 
+TEST(HooksTest, BackwardInsideAHookOverTheSameGraph) {
+  Tensor x = Make({1, 2}).requires_grad_();
+  Tensor y = x * 2;
+  Tensor z = y * 3;
+  std::vector<double> inner;
+  bool nested = false;
+  RegisterHook(y, [&](const Tensor& g) {
+    if (nested) return Tensor();  // The nested run reaches this hook too.
+    nested = true;
+    // y's node belongs to the running backward: this nested run keeps its
+    // own bookkeeping (Note [Engine]). Backward runs with grad mode off.
+    EnableGradGuard enable_grad;
+    inner = Values(Grad({(y * y).sum()}, {x}, {}, /*retain_graph=*/true)[0]);
+    nested = false;
+    return Tensor();
+  });
+  z.sum().backward(Tensor(), /*retain_graph=*/true);
+  EXPECT_THAT(inner, ElementsAre(8, 16));  // d/dx sum((2x)^2) = 8x.
+  EXPECT_THAT(Values(x.grad()), ElementsAre(6, 6));
+  z.sum().backward();  // The graph is still usable: every node was released.
+  EXPECT_THAT(Values(x.grad()), ElementsAre(12, 12));
+}
+
 struct Explode : Function<Explode> {
   static Tensor forward(AutogradContext*, const Tensor& x) { return x * 1; }
   static variable_list backward(AutogradContext*, variable_list) {
@@ -159,6 +182,8 @@ TEST(HigherOrderTest, BackwardWithCreateGraphAccumulatesDifferentiableGrad) {
   EXPECT_TRUE(x.grad().requires_grad());
   variable_list gg = Grad({x.grad().sum()}, {x});
   EXPECT_THAT(Values(gg[0]), ElementsAre(2));
+  // x.grad()'s graph holds x: reset it to break the cycle (as torch advises).
+  x.set_grad(Tensor());
 }
 
 }  // namespace

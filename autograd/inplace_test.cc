@@ -33,10 +33,10 @@ TEST(InPlaceTest, VersionCounterIsSharedByViewsAndDetach) {
 
 TEST(InPlaceTest, ModifiedSavedTensorGivesPyTorchsMessage) {
   Tensor a = ones({3, 4}).requires_grad_();
-  Tensor b = a * 2;                  // MulBackward output 0, version 0.
-  Tensor c = b * b;                  // Saves b at version 0.
-  b.add_(1);                         // Version 1.
-  b.add_(1);                         // Version 2.
+  Tensor b = a * 2;  // MulBackward output 0, version 0.
+  Tensor c = b * b;  // Saves b at version 0.
+  b.add_(1);         // Version 1.
+  b.add_(1);         // Version 2.
   EXPECT_THAT(ErrorOf([&] { c.sum().backward(); }),
               HasSubstr("one of the variables needed for gradient computation has been modified "
                         "by an inplace operation: [float [3, 4]], which is output 0 of "
@@ -66,9 +66,6 @@ TEST(InPlaceTest, LeafThatRequiresGradIsRefusedBeforeModification) {
 
 TEST(InPlaceTest, InPlaceOnNonLeafRewritesHistory) {
   Tensor a = Make({1, 2, 3}).requires_grad_();
-  Tensor b = a * 2;
-  b.mul_(b);  // b = (2a)^2: saved-alias use is caught, so square out of place.
-  (void)b;
   Tensor c = a * 2;
   c.exp_();
   c.add_(1);
@@ -77,6 +74,15 @@ TEST(InPlaceTest, InPlaceOnNonLeafRewritesHistory) {
   for (double v : {1.0, 2.0, 3.0}) expected.push_back(2 * std::exp(2 * v));
   std::vector<double> got = Values(a.grad());
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], expected[i], 1e-3 * expected[i]);
+}
+
+TEST(InPlaceTest, SelfAliasedInPlaceOp) {
+  Tensor a = Make({1, 2, 3}).requires_grad_();
+  Tensor b = a * 2;
+  b.mul_(b);  // (2a)^2
+  EXPECT_THAT(Values(b), ElementsAre(4, 16, 36));
+  b.sum().backward();
+  EXPECT_THAT(Values(a.grad()), ElementsAre(8, 16, 24));  // 8a
 }
 
 TEST(InPlaceTest, InPlaceOnViewOfNonLeafReachesTheBase) {

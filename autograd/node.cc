@@ -12,23 +12,23 @@ Node::Node() : sequence_nr_(t_next_sequence_nr++) {}
 uint64_t PeekSequenceNr() { return t_next_sequence_nr; }
 
 uint32_t Node::add_input_metadata(const Tensor& t) {
-  input_metadata_.push_back(InputMetadata{SizeVector(t.sizes().begin(), t.sizes().end()),
-                                          t.dtype(), t.device()});
+  input_metadata_.push_back(
+      InputMetadata{SizeVector(t.sizes().begin(), t.sizes().end()), t.dtype(), t.device()});
   return static_cast<uint32_t>(input_metadata_.size() - 1);
 }
 
-void Node::register_tensor_pre_hook(uint32_t input_nr,
-                                    std::function<Tensor(const Tensor&)> hook) {
-  tensor_pre_hooks_.emplace_back(input_nr, std::move(hook));
+void Node::register_tensor_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook) {
+  extras().tensor_pre_hooks.emplace_back(input_nr, std::move(hook));
 }
 
 variable_list Node::Run(variable_list&& grads) {
-  for (auto& [input_nr, hook] : tensor_pre_hooks_) {
+  if (extras_ == nullptr) return apply(std::move(grads));
+  for (auto& [input_nr, hook] : extras_->tensor_pre_hooks) {
     if (input_nr >= grads.size() || !grads[input_nr].defined()) continue;
     Tensor replaced = hook(grads[input_nr]);
     if (replaced.defined()) grads[input_nr] = std::move(replaced);
   }
-  for (const PreHook& hook : pre_hooks_) {
+  for (const PreHook& hook : extras_->pre_hooks) {
     variable_list replaced = hook(grads);
     if (!replaced.empty()) {
       EMBER_CHECK(replaced.size() == grads.size(), "a pre hook of ", name(), " returned ",
@@ -36,10 +36,10 @@ variable_list Node::Run(variable_list&& grads) {
       grads = std::move(replaced);
     }
   }
-  if (post_hooks_.empty()) return apply(std::move(grads));
+  if (extras_->post_hooks.empty()) return apply(std::move(grads));
   variable_list grad_outputs = grads;
   variable_list grad_inputs = apply(std::move(grads));
-  for (const PostHook& hook : post_hooks_) {
+  for (const PostHook& hook : extras_->post_hooks) {
     variable_list replaced = hook(grad_inputs, grad_outputs);
     if (!replaced.empty()) {
       EMBER_CHECK(replaced.size() == grad_inputs.size(), "a post hook of ", name(), " returned ",

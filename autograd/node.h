@@ -21,6 +21,7 @@
 #ifndef EMBER_AUTOGRAD_NODE_H_
 #define EMBER_AUTOGRAD_NODE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -61,14 +62,23 @@ struct InputMetadata {
   Device device = kCPU;
 };
 
+// The engine's bookkeeping for one node during one backward run (Note
+// [Engine]): how many gradients are still to come, and their sum so far.
+struct NodeTask {
+  int dependencies = 0;
+  bool should_execute = true;  // grad(): the node leads to a captured edge.
+  bool needed = true;          // should_execute, or its input is captured.
+  variable_list buffer;
+};
+
 class Node {
  public:
   // Gradients in, possibly modified gradients out.
   using PreHook = std::function<variable_list(const variable_list& grad_outputs)>;
   // (grad_inputs, grad_outputs) -> replacement grad_inputs, or an empty list
   // to keep them.
-  using PostHook =
-      std::function<variable_list(const variable_list& grad_inputs, const variable_list& grad_outputs)>;
+  using PostHook = std::function<variable_list(const variable_list& grad_inputs,
+                                               const variable_list& grad_outputs)>;
 
   Node();
   virtual ~Node() = default;
@@ -112,28 +122,45 @@ class Node {
   size_t num_inputs() const { return input_metadata_.size(); }
   const InputMetadata& input_metadata(size_t i) const { return input_metadata_[i]; }
 
-  void register_pre_hook(PreHook hook) { pre_hooks_.push_back(std::move(hook)); }
-  void register_post_hook(PostHook hook) { post_hooks_.push_back(std::move(hook)); }
+  void register_pre_hook(PreHook hook) { extras().pre_hooks.push_back(std::move(hook)); }
+  void register_post_hook(PostHook hook) { extras().post_hooks.push_back(std::move(hook)); }
   // Hooks of one forward output (tensor hooks, retain_grad): run on that
   // input's gradient before apply(); they return the replacement gradient or
   // an undefined tensor to keep it.
   void register_tensor_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook);
 
+  // Engine use only: the NodeTask of the backward run that claimed this node
+  // (owner), kept in the node so that a run needs no lookup table. A run that
+  // finds a node claimed by another run (two threads differentiating one
+  // graph) keeps its bookkeeping in a table instead.
+  std::atomic<const void*> engine_owner_{nullptr};
+  NodeTask engine_task_;
+
   // Anomaly mode: the forward op that created this node ("mul").
-  const std::string& forward_op() const { return forward_op_; }
-  void set_forward_op(std::string op) { forward_op_ = std::move(op); }
+  std::string forward_op() const { return extras_ ? extras_->forward_op : std::string(); }
+  void set_forward_op(std::string op) { extras().forward_op = std::move(op); }
 
  protected:
   virtual variable_list apply(variable_list&& grads) = 0;
 
  private:
+  // What few nodes have (hooks, anomaly data), kept out of line so that the
+  // graphs of small ops stay compact.
+  struct Extras {
+    std::vector<PreHook> pre_hooks;
+    std::vector<PostHook> post_hooks;
+    std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> tensor_pre_hooks;
+    std::string forward_op;
+  };
+  Extras& extras() {
+    if (extras_ == nullptr) extras_ = std::make_unique<Extras>();
+    return *extras_;
+  }
+
   uint64_t sequence_nr_;
   edge_list next_edges_;
   absl::InlinedVector<InputMetadata, 1> input_metadata_;
-  std::vector<PreHook> pre_hooks_;
-  std::vector<PostHook> post_hooks_;
-  std::vector<std::pair<uint32_t, std::function<Tensor(const Tensor&)>>> tensor_pre_hooks_;
-  std::string forward_op_;
+  std::unique_ptr<Extras> extras_;
 };
 
 namespace internal {

@@ -82,7 +82,8 @@ void RebaseHistory(const Tensor& self, const Edge& edge) {
   const Tensor& base = meta->base_;
   EMBER_CHECK(base.is_contiguous(),
               "in-place operation on a view of a non-contiguous tensor of shape ",
-              ShapeToString(base.sizes()), " is not supported; call contiguous() on the base "
+              ShapeToString(base.sizes()),
+              " is not supported; call contiguous() on the base "
               "before taking the view");
   auto node = MakeNode<CopySlices>(SizeVector(self.sizes().begin(), self.sizes().end()),
                                    SizeVector(self.strides().begin(), self.strides().end()),

@@ -32,7 +32,8 @@ class FormulaNode final : public Node {
  public:
   // (saved tensors, unpacked in Save order; gradients) -> one gradient per
   // next edge (undefined: zero).
-  using Formula = std::function<variable_list(const variable_list& saved, const variable_list& grads)>;
+  using Formula =
+      std::function<variable_list(const variable_list& saved, const variable_list& grads)>;
 
   FormulaNode(const char* name, Formula formula) : name_(name), formula_(std::move(formula)) {}
   std::string name() const override { return name_; }

@@ -42,12 +42,13 @@ Tensor SavedVariable::Unpack() const {
     if (fn != nullptr) {
       which = ::ember::internal::Concat(", which is output ", output_nr_, " of ", fn->name(), ",");
     }
-    EMBER_FAIL("one of the variables needed for gradient computation has been modified by an "
-               "inplace operation: ",
-               DescribeTensor(data_), which, " is at version ", data_.version(),
-               "; expected version ", saved_version_,
-               " instead. Hint: enable anomaly detection (ember::autograd::DetectAnomalyGuard) "
-               "to find the operation that failed to compute its gradient.");
+    EMBER_FAIL(
+        "one of the variables needed for gradient computation has been modified by an "
+        "inplace operation: ",
+        DescribeTensor(data_), which, " is at version ", data_.version(), "; expected version ",
+        saved_version_,
+        " instead. Hint: enable anomaly detection (ember::autograd::DetectAnomalyGuard) "
+        "to find the operation that failed to compute its gradient.");
   }
   if (is_output_ && requires_grad_ && GradMode::is_enabled()) {
     // Rebuild the output with its history so that a recorded backward

@@ -34,14 +34,16 @@ class TensorMethods final : public AutogradHooksInterface {
 
   void SetGrad(const Tensor& self, const Tensor& grad) const override {
     if (grad.defined()) {
-      EMBER_CHECK(grad.sizes() == self.sizes(), "assigned grad has data of a different size: ",
-                  ShapeToString(grad.sizes()), " for a tensor of shape ",
-                  ShapeToString(self.sizes()));
-      EMBER_CHECK(grad.dtype() == self.dtype(), "assigned grad has data of a different type: ",
-                  DtypeName(grad.dtype()), " for a ", DtypeName(self.dtype()), " tensor");
-      EMBER_CHECK(grad.device() == self.device(), "assigned grad has data located on a different "
-                  "device: ", grad.device().ToString(), " for a tensor on ",
-                  self.device().ToString());
+      EMBER_CHECK(grad.sizes() == self.sizes(),
+                  "assigned grad has data of a different size: ", ShapeToString(grad.sizes()),
+                  " for a tensor of shape ", ShapeToString(self.sizes()));
+      EMBER_CHECK(grad.dtype() == self.dtype(),
+                  "assigned grad has data of a different type: ", DtypeName(grad.dtype()),
+                  " for a ", DtypeName(self.dtype()), " tensor");
+      EMBER_CHECK(grad.device() == self.device(),
+                  "assigned grad has data located on a different "
+                  "device: ",
+                  grad.device().ToString(), " for a tensor on ", self.device().ToString());
     }
     AutogradMeta* meta = grad.defined() ? MaterializeMeta(self) : GetMeta(self);
     if (meta != nullptr) meta->grad_ = grad;
@@ -59,8 +61,7 @@ class TensorMethods final : public AutogradHooksInterface {
   }
 
   void RetainGrad(const Tensor& self) const override {
-    EMBER_CHECK(self.requires_grad(),
-                "can't retain_grad on Tensor that has requires_grad=False");
+    EMBER_CHECK(self.requires_grad(), "can't retain_grad on Tensor that has requires_grad=False");
     AutogradMeta* meta = MaterializeMeta(self);
     if (meta->is_leaf() || meta->retains_grad_) return;
     meta->retains_grad_ = true;

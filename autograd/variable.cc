@@ -146,14 +146,30 @@ variable_list AccumulateGrad::apply(variable_list&& grads) {
 std::string DescribeTensor(const Tensor& t) {
   std::string_view type;
   switch (t.dtype()) {
-    case kFloat32: type = "float"; break;
-    case kFloat64: type = "double"; break;
-    case kFloat16: type = "half"; break;
-    case kBFloat16: type = "bfloat16"; break;
-    case kInt64: type = "long"; break;
-    case kInt32: type = "int"; break;
-    case kBool: type = "bool"; break;
-    default: type = DtypeName(t.dtype()); break;
+    case kFloat32:
+      type = "float";
+      break;
+    case kFloat64:
+      type = "double";
+      break;
+    case kFloat16:
+      type = "half";
+      break;
+    case kBFloat16:
+      type = "bfloat16";
+      break;
+    case kInt64:
+      type = "long";
+      break;
+    case kInt32:
+      type = "int";
+      break;
+    case kBool:
+      type = "bool";
+      break;
+    default:
+      type = DtypeName(t.dtype());
+      break;
   }
   return ::ember::internal::Concat("[", type, " ", ShapeToString(t.sizes()), "]");
 }

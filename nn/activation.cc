@@ -24,10 +24,14 @@ struct ReluFunction : autograd::Function<ReluFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input) {
     Tensor out = empty(input.sizes(), input.options());
     VisitFloat(input.dtype(), [&]<typename T>() {
-      const T* x = input.data_ptr<T>();
-      T* y = out.data_ptr<T>();
+      const T* __restrict x = input.data_ptr<T>();
+      T* __restrict y = out.data_ptr<T>();
       const int64_t n = input.numel();
-      for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+      // Branch-free (vectorises); NaN stays NaN, as in torch.
+      for (int64_t i = 0; i < n; ++i) {
+        const T v = x[i];
+        y[i] = v < T(0) ? T(0) : v;
+      }
     });
     ctx->save_for_backward({out});
     return out;
@@ -42,11 +46,14 @@ struct ReluFunction : autograd::Function<ReluFunction> {
     }
     Tensor gx = empty(out.sizes(), out.options());
     VisitFloat(out.dtype(), [&]<typename T>() {
-      const T* y = out.data_ptr<T>();
-      const T* pg = g.data_ptr<T>();
-      T* px = gx.data_ptr<T>();
+      const T* __restrict y = out.data_ptr<T>();
+      const T* __restrict pg = g.data_ptr<T>();
+      T* __restrict px = gx.data_ptr<T>();
       const int64_t n = out.numel();
-      for (int64_t i = 0; i < n; ++i) px[i] = y[i] > T(0) ? pg[i] : T(0);
+      for (int64_t i = 0; i < n; ++i) {
+        const T grad = pg[i];  // Loaded unconditionally, so the loop vectorises.
+        px[i] = y[i] > T(0) ? grad : T(0);
+      }
     });
     return {gx};
   }

@@ -4,7 +4,9 @@
 # in two thread settings: OpenBLAS's default (the peer as written: its
 # set_num_threads(1) leaves Debian's OpenBLAS at one thread per core) and one
 # OpenBLAS thread (OPENBLAS_NUM_THREADS=1 for the peer). Prints each round and
-# the median ratio Ember / LibTorch per setting. Run from the repository root:
+# the median ratio Ember / LibTorch per setting. Both sides follow the peer's
+# protocol: a fresh process, 30 steps, the median of the last 25. Run from the
+# repository root:
 #   nn/compare_mlp_with_libtorch.sh [rounds]
 set -euo pipefail
 rounds="${1:-7}"
@@ -23,10 +25,10 @@ peer_ms() {  # $1: OPENBLAS_NUM_THREADS value or "" for the default
   unset OPENBLAS_NUM_THREADS
 }
 
-ember_ms() {  # $1: benchmark argument (1 or 0); prints "ember cblas" medians in ms
-  "$ember_bin" --benchmark_filter="/$1/" --benchmark_repetitions=5 \
-      --benchmark_report_aggregates_only=true --benchmark_min_time=0.3 2>/dev/null |
-    awk '/EmberMlpStep.*_median/ {e=$2} /CblasMlpStep.*_median/ {c=$2} END {print e, c}'
+ember_ms() {  # $1: benchmark argument (1 or 0); prints "ember cblas" median steps in ms
+  "$ember_bin" --benchmark_filter="^PeerProtocol/.*/$1/" 2>/dev/null |
+    awk '{ for (i = 1; i <= NF; ++i) if ($i ~ /^median_ms=/) { split($i, kv, "="); m = kv[2] } }
+         /EmberMlpStep/ { e = m } /CblasMlpStep/ { c = m } END { print e, c }'
 }
 
 for setting in default 1; do

@@ -134,6 +134,7 @@ struct Conv2dFunction : autograd::Function<Conv2dFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    internal::CheckOnceDifferentiable("conv2d backward");
     std::vector<Tensor> saved = ctx->get_saved_variables();
     const auto stride = std::get<std::vector<int64_t>>(ctx->saved_data["stride"]);
     const auto padding = std::get<std::vector<int64_t>>(ctx->saved_data["padding"]);

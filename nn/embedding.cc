@@ -26,6 +26,7 @@ struct EmbeddingFunction : autograd::Function<EmbeddingFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    internal::CheckOnceDifferentiable("embedding backward");
     std::vector<Tensor> grads(3);
     if (!grad_outputs[0].defined() || !ctx->needs_input_grad(0)) return grads;
     const Tensor indices = ctx->get_saved_variables()[0];

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -88,6 +89,18 @@ TEST(LinearTest, GradientsMatchFiniteDifferences) {
       {Randn64({2, 3, 3}), Randn64({2, 3})});
 }
 
+TEST(LinearTest, SupportsDoubleBackward) {
+  manual_seed(13);
+  Tensor x = randn({2, 3}, kFloat64).requires_grad_();
+  Tensor w = randn({4, 3}, kFloat64).requires_grad_();
+  Tensor y = functional::linear(x, w);
+  // g = d/dx sum(y^2) = 2 (x W^T) W, recorded; d/dx sum(g) = 2 (W^T W) 1 per row.
+  Tensor g = autograd::Grad({(y * y).sum()}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor second = autograd::Grad({g.sum()}, {x})[0];
+  Tensor want = (w.detach().t().mm(w.detach())).sum({1}) * 2.0;
+  for (int i = 0; i < 2; ++i) ExpectNear(Values(second[i]), Values(want), 1e-12);
+}
+
 // --- Activations ------------------------------------------------------------------
 
 TEST(ActivationTest, ValuesAndReluGradient) {
@@ -104,6 +117,7 @@ TEST(ActivationTest, ValuesAndReluGradient) {
              1e-5);
   ExpectGradientsMatch([](const std::vector<Tensor>& in) { return functional::relu(in[0]); },
                        {tensor({-2.0, -0.5, 0.25, 1.5}).view({2, 2})});
+  EXPECT_TRUE(std::isnan(functional::relu(tensor({NAN})).item<double>()));
   // Non-contiguous input takes the tensor-op path and agrees.
   Tensor m = randn({3, 4});
   EXPECT_TRUE(functional::relu(m.t()).equal(m.t().relu()));
@@ -193,6 +207,14 @@ TEST(Conv2dTest, GradientsMatchFiniteDifferences) {
         return functional::conv2d(in[0], in[1], Tensor(), {1, 1}, {0, 0}, {1, 1}, 2);
       },
       {Randn64({1, 4, 4, 4}), Randn64({2, 2, 2, 2})});
+}
+
+TEST(Conv2dTest, RefusesToRecordItsBackward) {
+  Tensor x = randn({1, 1, 3, 3}).requires_grad_();
+  Tensor w = randn({1, 1, 2, 2}).requires_grad_();
+  Tensor y = functional::conv2d(x, w).sum();
+  EXPECT_THAT(ErrorOf([&] { y.backward(Tensor(), false, /*create_graph=*/true); }),
+              HasSubstr("conv2d backward: this backward is once-differentiable"));
 }
 
 TEST(Conv2dTest, ErrorsNameTheShapes) {

@@ -115,6 +115,7 @@ struct CrossEntropyFunction : autograd::Function<CrossEntropyFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    internal::CheckOnceDifferentiable("cross_entropy backward");
     std::vector<Tensor> grads(5);
     if (!grad_outputs[0].defined() || !ctx->needs_input_grad(0)) return grads;
     std::vector<Tensor> saved = ctx->get_saved_variables();
@@ -174,6 +175,7 @@ struct NllFunction : autograd::Function<NllFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    internal::CheckOnceDifferentiable("nll_loss backward");
     std::vector<Tensor> grads(4);
     if (!grad_outputs[0].defined() || !ctx->needs_input_grad(0)) return grads;
     const Tensor target = ctx->get_saved_variables()[0];

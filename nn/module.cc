@@ -284,19 +284,35 @@ void Module::apply(const std::function<void(Module&)>& fn) {
 }
 
 void Module::ConvertTensors(const std::function<Tensor(const Tensor&)>& convert) {
+  // Converts everything first and assigns only when every conversion
+  // succeeded, so a failure (say, an unavailable device) changes nothing. A
+  // tensor registered in several places is converted once and stays shared.
+  std::map<const TensorImpl*, Tensor> converted;
+  std::vector<std::pair<Entry*, Tensor>> pending;
   autograd::NoGradGuard no_grad;
-  for (Entry& e : parameters_) {
-    if (!e.tensor.defined()) continue;
-    Tensor old = e.tensor;
-    Tensor converted = convert(old);
-    if (converted.is_same(old)) continue;
-    e.tensor = AsLeaf(converted, old.requires_grad());
-    if (Tensor g = old.grad(); g.defined()) e.tensor.set_grad(convert(g));
-  }
-  for (Entry& e : buffers_) {
-    if (e.tensor.defined()) e.tensor = convert(e.tensor);
-  }
-  for (auto& [name, child] : children_) child->ConvertTensors(convert);
+  auto convert_once = [&](const Tensor& t, bool parameter) {
+    auto [it, inserted] = converted.try_emplace(t.impl());
+    if (inserted) {
+      Tensor c = convert(t);
+      if (parameter && !c.is_same(t)) {
+        c = AsLeaf(c, t.requires_grad());
+        if (Tensor g = t.grad(); g.defined()) c.set_grad(convert(g));
+      }
+      it->second = c;
+    }
+    return it->second;
+  };
+  std::function<void(Module&)> visit = [&](Module& m) {
+    for (Entry& e : m.parameters_) {
+      if (e.tensor.defined()) pending.emplace_back(&e, convert_once(e.tensor, true));
+    }
+    for (Entry& e : m.buffers_) {
+      if (e.tensor.defined()) pending.emplace_back(&e, convert_once(e.tensor, false));
+    }
+    for (auto& [name, child] : m.children_) visit(*child);
+  };
+  visit(*this);
+  for (auto& [entry, value] : pending) entry->tensor = std::move(value);
 }
 
 void Module::to(Device device) {

@@ -153,7 +153,9 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // Moves or converts every parameter and buffer (and gradient). to(dtype)
   // converts floating-point tensors only, as torch does. Parameters stay
-  // leaves with their requires_grad flags.
+  // leaves with their requires_grad flags; a tensor registered in several
+  // modules stays shared. Throws ember::Error (from the tensor layer, e.g. an
+  // unavailable device) without changing anything.
   void to(Device device);
   void to(Dtype dtype);
 

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "nn/activation.h"
 #include "nn/container.h"
+#include "nn/conv.h"
 #include "nn/linear.h"
 #include "nn/normalization.h"
 #include "tensor/factories.h"
@@ -150,6 +151,19 @@ TEST(ModuleTest, ToDtypeConvertsFloatingTensorsOnly) {
   EXPECT_THAT(ErrorOf([&] { net.to(kInt64); }), HasSubstr("only floating point dtypes"));
 }
 
+TEST(ModuleTest, ToKeepsSharedParametersSharedAndFailsAtomically) {
+  auto shared = std::make_shared<Linear>(2, 2);
+  Sequential seq({shared, shared});
+  seq.to(kFloat64);
+  EXPECT_EQ(seq.parameters().size(), 2u);
+  EXPECT_EQ(shared->weight().dtype(), kFloat64);
+  Net net;
+  Tensor before = net.fc1->weight();
+  // No CUDA allocator in this build: nothing may change.
+  EXPECT_THAT(ErrorOf([&] { net.to(Device(DeviceType::kCUDA, 0)); }), HasSubstr("cuda"));
+  EXPECT_TRUE(net.fc1->weight().is_same(before));
+}
+
 TEST(ModuleTest, StateDictHoldsParametersAndPersistentBuffers) {
   Net net;
   StateDict sd = net.state_dict();
@@ -283,6 +297,44 @@ TEST(ModuleTest, CloneOfSequentialClonesChildrenAndHooks) {
   // The copy's BatchNorm updated its own running stats only.
   EXPECT_EQ(copy->buffers()[2].item<int64_t>(), 1);
   EXPECT_EQ(seq->buffers()[2].item<int64_t>(), 0);
+}
+
+// The residual block of nn/README.md.
+class Block : public Cloneable<Block> {
+ public:
+  explicit Block(int64_t c) : c_(c) { reset(); }
+  void reset() override {
+    conv = register_module("conv", std::make_shared<Conv2d>(Conv2dOptions{.in_channels = c_,
+                                                                          .out_channels = c_,
+                                                                          .kernel_size = {3, 3},
+                                                                          .padding = {1, 1},
+                                                                          .bias = false}));
+    bn = register_module("bn", std::make_shared<BatchNorm2d>(c_));
+  }
+  Tensor forward(const Tensor& x) override { return functional::relu((*bn)((*conv)(x)) + x); }
+  std::shared_ptr<Conv2d> conv;
+  std::shared_ptr<BatchNorm2d> bn;
+
+ private:
+  int64_t c_;
+};
+
+TEST(ModuleTest, ResidualBlockTrainsAndClones) {
+  manual_seed(4);
+  auto block = std::make_shared<Block>(2);
+  EXPECT_THAT(Names(block->named_parameters()), ElementsAre("conv.weight", "bn.weight", "bn.bias"));
+  EXPECT_THAT(Names(block->state_dict()),
+              ElementsAre("conv.weight", "bn.weight", "bn.bias", "bn.running_mean",
+                          "bn.running_var", "bn.num_batches_tracked"));
+  Tensor x = randn({2, 2, 4, 4});
+  (*block)(x).sum().backward();
+  auto replica = std::static_pointer_cast<Block>(block->clone());
+  EXPECT_EQ(replica->conv.get(), replica->child("conv").get());
+  EXPECT_TRUE(replica->bn->running_mean().equal(block->bn->running_mean()));
+  block->eval();
+  replica->eval();
+  EXPECT_TRUE((*replica)(x).equal((*block)(x)));
+  EXPECT_TRUE(replica->conv->weight().grad().equal(block->conv->weight().grad()));
 }
 
 TEST(ModuleTest, ModulesThatAreNotCloneableSaySo) {

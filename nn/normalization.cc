@@ -92,6 +92,7 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    internal::CheckOnceDifferentiable("batch_norm backward");
     std::vector<Tensor> grads(8);
     if (!grad_outputs[0].defined()) return grads;
     std::vector<Tensor> saved = ctx->get_saved_variables();
@@ -183,6 +184,7 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    internal::CheckOnceDifferentiable("layer_norm backward");
     std::vector<Tensor> grads(5);
     if (!grad_outputs[0].defined()) return grads;
     std::vector<Tensor> saved = ctx->get_saved_variables();

@@ -110,6 +110,7 @@ struct MaxPool2dFunction : autograd::Function<MaxPool2dFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    internal::CheckOnceDifferentiable("max_pool2d backward");
     std::vector<Tensor> grads(6);
     if (!grad_outputs[0].defined()) return grads;
     Tensor indices = ctx->get_saved_variables()[0];
@@ -204,6 +205,7 @@ struct AvgPoolFunction : autograd::Function<AvgPoolFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    internal::CheckOnceDifferentiable("avg_pool2d backward");
     std::vector<Tensor> grads(7);
     if (!grad_outputs[0].defined()) return grads;
     const IntVector sizes = std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]);

@@ -38,6 +38,15 @@ TEST(DispatchTest, PicksHighestPriorityRegisteredKernel) {
   Tensor g = zeros({2});
   g.impl()->set_autograd_meta(std::make_unique<RequiresGrad>());
   EXPECT_EQ(probe(g), 12);  // Autograd, then redispatch to the cpu kernel.
+  {
+    BelowAutogradGuard below;
+    EXPECT_EQ(probe(g), 2);  // Note [Below autograd]: the autograd key is skipped.
+    {
+      BelowAutogradGuard nested;
+    }
+    EXPECT_EQ(probe(g), 2);  // Still below after a nested guard ends.
+  }
+  EXPECT_EQ(probe(g), 12);
 }
 
 TEST(DispatchTest, KeySetOperations) {

@@ -60,7 +60,8 @@ namespace {
 // The update on contiguous CPU buffers of one floating dtype, in one pass
 // (Note [Fused SGD]).
 template <typename T>
-void FusedSgd(T* p, const T* g, T* buf, int64_t n, const SGDOptions& o, bool first_step) {
+void FusedSgd(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t n,
+              const SGDOptions& o, bool first_step) {
   const T lr = static_cast<T>(o.lr), wd = static_cast<T>(o.weight_decay);
   const T momentum = static_cast<T>(o.momentum), keep = static_cast<T>(1.0 - o.dampening);
   const T sign = o.maximize ? T(-1) : T(1);
