@@ -24,7 +24,6 @@
 #include "hub/builders.h"
 #include "hub/checkpoint.h"
 #include "hub/load.h"
-#include "hub/resnet.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
@@ -77,19 +76,24 @@ int main() {
   absl::StatusOr<std::shared_ptr<ember::nn::Module>> loaded =
       ember::hub::Load(repo, "resnet18", options);
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
-  auto backbone = std::dynamic_pointer_cast<ember::hub::ResNet18>(*loaded);
-  if (!backbone)
-    return Fail("the resnet18 entry point did not return a ResNet18");
+  std::shared_ptr<ember::nn::Module> model = *loaded;
 
   // for p in model.parameters(): p.requires_grad = False
-  std::vector<ember::Tensor> frozen = backbone->parameters();
-  for (ember::Tensor& p : frozen) p.requires_grad_(false);
-  std::vector<ember::Tensor> frozen_before;
-  for (const ember::Tensor& p : frozen) frozen_before.push_back(p.clone());
+  const std::vector<ember::Tensor> pretrained = model->parameters();
+  for (const ember::Tensor& p : pretrained) p.requires_grad_(false);
 
   // model.fc = nn.Linear(512, 2): only the new layer requires grad.
-  std::shared_ptr<ember::hub::ResNet18> model =
-      backbone->WithNewHead(std::make_shared<ember::nn::Linear>(512, 2));
+  std::shared_ptr<ember::nn::Linear> fc = model->replace_module(
+      "fc", std::make_shared<ember::nn::Linear>(512, 2));
+  // The new head took the old one's place: the trunk's tensors, then fc's.
+  const std::vector<ember::Tensor> params = model->parameters();
+  if (params.size() != pretrained.size() ||
+      !params[params.size() - 2].is_same(fc->weight()) ||
+      !params.back().is_same(fc->bias()))
+    return Fail("the new fc is not the model's last layer");
+  const std::vector<ember::Tensor> frozen(params.begin(), params.end() - 2);
+  std::vector<ember::Tensor> frozen_before;
+  for (const ember::Tensor& p : frozen) frozen_before.push_back(p.clone());
   model->eval();  // the frozen trunk's batch-norm statistics stay as published
 
   // A small synthetic task: is the image brighter on its left or right half?
@@ -103,7 +107,7 @@ int main() {
     images[i].narrow(2, label * 16, 16).add_(1.5);
   }
 
-  ember::nn::optim::SGD optimizer(model->fc()->parameters(),
+  ember::nn::optim::SGD optimizer(fc->parameters(),
                                   {.lr = 0.05, .momentum = 0.9});
   double first_loss = 0, last_loss = 0;
   for (int step = 0; step < 15; ++step) {
@@ -117,9 +121,9 @@ int main() {
         if (p.grad().defined())
           return Fail("a frozen parameter received a gradient");
       }
-      if (!model->fc()->weight().grad().defined())
+      if (!fc->weight().grad().defined())
         return Fail("the new layer received no gradient");
-      ember::IntArrayRef g = model->fc()->weight().grad().sizes();
+      ember::IntArrayRef g = fc->weight().grad().sizes();
       std::cout << "after backward: none of the " << frozen.size()
                 << " frozen tensors has a .grad; fc.weight.grad has shape ["
                 << g[0] << ", " << g[1] << "]\n";

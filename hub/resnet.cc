@@ -1,6 +1,7 @@
 #include "hub/resnet.h"
 
 #include "nn/activation.h"
+#include "nn/linear.h"
 #include "nn/pooling.h"
 
 namespace ember::hub {
@@ -57,44 +58,27 @@ ResNet18::ResNet18(ResNetOptions options) : options_(options) { reset(); }
 
 void ResNet18::reset() {
   const int64_t w = options_.width;
-  conv1_ = Conv(options_.in_channels, w, 7, 2, 3);
-  bn1_ = std::make_shared<nn::BatchNorm2d>(w);
-  layer1_ = Stage(w, w, 1);
-  layer2_ = Stage(w, 2 * w, 2);
-  layer3_ = Stage(2 * w, 4 * w, 2);
-  layer4_ = Stage(4 * w, 8 * w, 2);
-  fc_ = std::make_shared<nn::Linear>(8 * w, options_.num_classes);
-  RegisterAll();
-}
-
-void ResNet18::RegisterAll() {
-  register_module("conv1", conv1_);
-  register_module("bn1", bn1_);
-  register_module("layer1", layer1_);
-  register_module("layer2", layer2_);
-  register_module("layer3", layer3_);
-  register_module("layer4", layer4_);
-  register_module("fc", fc_);
+  register_module("conv1", Conv(options_.in_channels, w, 7, 2, 3));
+  register_module("bn1", std::make_shared<nn::BatchNorm2d>(w));
+  register_module("layer1", Stage(w, w, 1));
+  register_module("layer2", Stage(w, 2 * w, 2));
+  register_module("layer3", Stage(2 * w, 4 * w, 2));
+  register_module("layer4", Stage(4 * w, 8 * w, 2));
+  register_module("fc", std::make_shared<nn::Linear>(8 * w, options_.num_classes));
 }
 
 Tensor ResNet18::forward(const Tensor& x) {
-  Tensor out = (*bn1_)((*conv1_)(x)).relu();
+  // Children are looked up by name on every call (Note [Replacing a child]);
+  // seven short string compares, nothing beside the convolutions.
+  Tensor out = (*child("bn1"))((*child("conv1"))(x)).relu();
   out = nn::functional::max_pool2d(
       out, nn::MaxPool2dOptions{
                .kernel_size = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});
-  out = (*layer4_)((*layer3_)((*layer2_)((*layer1_)(out))));
+  for (const char* stage : {"layer1", "layer2", "layer3", "layer4"}) {
+    out = (*child(stage))(out);
+  }
   out = nn::functional::adaptive_avg_pool2d(out, {1, 1}).flatten(1);
-  return (*fc_)(out);
-}
-
-std::shared_ptr<ResNet18> ResNet18::WithNewHead(
-    std::shared_ptr<nn::Linear> fc) const {
-  // The copy constructor copies flags and hooks but registers nothing; the
-  // trunk's modules are then shared, not copied.
-  std::shared_ptr<ResNet18> out(new ResNet18(*this));
-  out->fc_ = std::move(fc);
-  out->RegisterAll();
-  return out;
+  return (*child("fc"))(out);
 }
 
 }  // namespace ember::hub

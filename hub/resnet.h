@@ -2,12 +2,17 @@
 // (conv1, bn1, layer1.0.conv1, ..., layer2.0.downsample.0, ..., fc), so
 // torchvision's resnet18 state_dict loads into it.
 //
-//   auto net =
-//   std::make_shared<ember::hub::ResNet18>(ember::hub::ResNetOptions{.num_classes
-//   = 10}); ember::Tensor logits = (*net)(images);            // [N, 3, H, W]
-//   -> [N, 10]
-//   // Transfer learning: keep the trunk, put a new classifier on top.
-//   auto tuned = net->WithNewHead(std::make_shared<ember::nn::Linear>(512, 2));
+//   auto net = std::make_shared<ember::hub::ResNet18>(
+//       ember::hub::ResNetOptions{.num_classes = 10});
+//   ember::Tensor logits = (*net)(images);  // [N, 3, H, W] -> [N, 10]
+//   // Transfer learning, torch's `model.fc = nn.Linear(512, 2)`: keep the
+//   // trunk, put a new classifier on top.
+//   auto head = net->replace_module("fc", std::make_shared<ember::nn::Linear>(512, 2));
+//
+// ResNet18 reads its children through the registry, so any of them (conv1,
+// bn1, layer1..layer4, fc) can be replaced with replace_module (Note
+// [Replacing a child] in nn/module.h); BasicBlock keeps typed pointers and
+// refuses.
 //
 // `width` scales every stage (64, 128, 256, 512 at width 64, torchvision's);
 // smaller widths make small test models with the same structure.
@@ -22,7 +27,6 @@
 
 #include "nn/container.h"
 #include "nn/conv.h"
-#include "nn/linear.h"
 #include "nn/module.h"
 #include "nn/normalization.h"
 
@@ -57,20 +61,16 @@ class ResNet18 : public nn::Cloneable<ResNet18> {
   Tensor forward(const Tensor& input) override;
   std::string name() const override { return "ResNet"; }
 
-  // The classifier (torchvision's `fc`).
-  const std::shared_ptr<nn::Linear>& fc() const { return fc_; }
-  // A ResNet sharing this one's trunk (the same modules, not copies) with
-  // `fc` as its classifier: torch's `model.fc = nn.Linear(...)`.
-  std::shared_ptr<ResNet18> WithNewHead(std::shared_ptr<nn::Linear> fc) const;
+  // The classifier (torchvision's `fc`), read from the registry: whatever
+  // replace_module("fc", ...) last put there.
+  std::shared_ptr<nn::Module> fc() const { return child("fc"); }
+
+ protected:
+  // forward() reads every child through child(), never a pointer of its own.
+  bool children_replaceable() const override { return true; }
 
  private:
-  void RegisterAll();
-
   ResNetOptions options_;
-  std::shared_ptr<nn::Conv2d> conv1_;
-  std::shared_ptr<nn::BatchNorm2d> bn1_;
-  std::shared_ptr<nn::Sequential> layer1_, layer2_, layer3_, layer4_;
-  std::shared_ptr<nn::Linear> fc_;
 };
 
 }  // namespace ember::hub

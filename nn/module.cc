@@ -2,6 +2,7 @@
 
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <set>
 #include <sstream>
@@ -126,6 +127,28 @@ void Module::RegisterChild(std::string name, std::shared_ptr<Module> module) {
   CheckNewName(name, "module");
   EMBER_CHECK(module != nullptr, this->name(), ": child module \"", name, "\" is null");
   children_.emplace_back(std::move(name), std::move(module));
+}
+
+void Module::ReplaceChild(std::string_view name, std::shared_ptr<Module> module) {
+  EMBER_CHECK(module != nullptr, this->name(), ".replace_module: the new child \"", name,
+              "\" is null");
+  auto it = std::find_if(children_.begin(), children_.end(),
+                         [&](const auto& entry) { return entry.first == name; });
+  if (it == children_.end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, m] : children_) names.push_back(absl::StrCat("\"", n, "\""));
+    EMBER_FAIL(this->name(), ".replace_module: there is no child module \"", name,
+               "\" to replace; ",
+               names.empty() ? std::string("it has no child modules")
+                             : absl::StrCat("its children are ", absl::StrJoin(names, ", ")));
+  }
+  EMBER_CHECK(children_replaceable(), this->name(), ".replace_module(\"", name, "\"): ",
+              this->name(),
+              " does not allow replacing its children, as it may keep its own pointers to them "
+              "and go on calling the old one; a module whose forward() reads its children "
+              "through child() allows it by overriding children_replaceable()");
+  it->second = std::move(module);
+  replaced_children_.emplace(name);
 }
 
 const Tensor& Module::parameter(std::string_view name) const {
@@ -450,6 +473,13 @@ void Module::CopyStateFrom(const Module& source, std::optional<Device> device) {
     EMBER_CHECK(children_[i].first == source.children_[i].first, where,
                 ".clone: reset() registered child \"", children_[i].first,
                 "\" where the original has \"", source.children_[i].first, "\"");
+    if (source.replaced_children_.contains(children_[i].first)) {
+      // reset() registered the original child; the replacement is cloned
+      // whole, with its own hooks, state and flags.
+      children_[i].second = source.children_[i].second->clone(device);
+      replaced_children_.insert(children_[i].first);
+      continue;
+    }
     *children_[i].second->hooks_ = *source.children_[i].second->hooks_;
     children_[i].second->CopyStateFrom(*source.children_[i].second, device);
   }

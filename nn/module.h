@@ -20,6 +20,10 @@
 //   absl::Status s = other->load_state_dict(sd);            // strict by default
 //   std::shared_ptr<ember::nn::Module> replica = net->clone();  // deep copy
 //
+//   // Fine-tuning, torch's `model.fc = nn.Linear(512, 2)`, on a model that
+//   // allows it (Note [Replacing a child]):
+//   auto head = resnet->replace_module("fc", std::make_shared<ember::nn::Linear>(512, 2));
+//
 // A module owns, in registration order, named parameters (leaf tensors that
 // require grad), named buffers (state such as running means) and named child
 // modules. Every traversal (parameters(), named_buffers(), state_dict(),
@@ -40,6 +44,21 @@
 // and train/eval flag from the original. Containers whose children come from
 // outside (Sequential) override clone() to clone each child instead.
 //
+// Note [Replacing a child]
+// replace_module(name, m) puts `m` in the registry slot of the child `name`,
+// keeping its position, so traversals, state_dict() keys and parameters()
+// order read as if `m` had been registered there in the first place. The
+// hazard is a typed member pointer (`std::shared_ptr<Linear> fc2`) that the
+// parent keeps to the old child: forward() would silently go on calling the
+// old layer. So a module must opt in by overriding children_replaceable() to
+// return true, which states that its forward() reaches its children only
+// through the registry (child("fc")), never through a pointer of its own; a
+// module that does not opt in (the default, and Sequential) refuses with an
+// ember::Error saying so. The caller gets the new child back with its own
+// type, the one typed handle that is certainly current. clone() of a module
+// with a replaced child runs reset() as usual (which registers the original
+// child) and then puts a clone of the replacement in its slot.
+//
 // Errors: a module's forward and its constructor's argument checks are tensor
 // math: a user's mistake throws ember::Error naming the values involved.
 // load_state_dict reads data from outside the program and returns
@@ -57,6 +76,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -120,6 +140,17 @@ class Module : public std::enable_shared_from_this<Module> {
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
     RegisterChild(std::move(name), module);
+    return module;
+  }
+  // Replaces the registered child `name` with `module` in place (same
+  // position) and returns `module` (Note [Replacing a child]). The new child
+  // keeps its own train/eval flag and hooks, as an attribute assignment does
+  // in PyTorch. Throws ember::Error when `module` is null, when there is no
+  // child `name` (the message lists the existing children), or when this
+  // module does not allow replacement (children_replaceable()).
+  template <typename M>
+  std::shared_ptr<M> replace_module(std::string_view name, std::shared_ptr<M> module) {
+    ReplaceChild(name, module);
     return module;
   }
 
@@ -191,6 +222,11 @@ class Module : public std::enable_shared_from_this<Module> {
   // The one-line summary inside the printed tree ("in_features=4, ...").
   virtual std::string extra_repr() const { return ""; }
 
+  // True when forward() reaches every child through the registry (child()),
+  // so replace_module may swap them (Note [Replacing a child]). A module that
+  // keeps its own typed pointers to its children must leave it false.
+  virtual bool children_replaceable() const { return false; }
+
   // Replaces a registered parameter's or buffer's tensor (kept a leaf with
   // the old requires_grad for parameters).
   void set_parameter(std::string_view name, Tensor tensor);
@@ -214,6 +250,7 @@ class Module : public std::enable_shared_from_this<Module> {
   };
 
   void RegisterChild(std::string name, std::shared_ptr<Module> module);
+  void ReplaceChild(std::string_view name, std::shared_ptr<Module> module);
   void CheckNewName(const std::string& key, const char* what) const;
   template <typename Fn>
   void ForEachModule(const std::string& prefix, const Fn& fn) const;
@@ -224,6 +261,9 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<Entry> parameters_;
   std::vector<Entry> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  // Names of children put in place by replace_module; clone() clones these
+  // rather than keeping what reset() registered.
+  std::set<std::string, std::less<>> replaced_children_;
   std::shared_ptr<HookHandle::Table> hooks_;
 };
 

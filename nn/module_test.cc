@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "autograd/grad_mode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -39,7 +40,8 @@ class Net : public Cloneable<Net> {
   std::shared_ptr<Linear> fc1, fc2;
 };
 
-std::vector<std::string> Names(const std::vector<std::pair<std::string, Tensor>>& named) {
+template <typename T>
+std::vector<std::string> Names(const std::vector<std::pair<std::string, T>>& named) {
   std::vector<std::string> out;
   for (const auto& [name, t] : named) out.push_back(name);
   return out;
@@ -343,6 +345,130 @@ TEST(ModuleTest, ModulesThatAreNotCloneableSaySo) {
   };
   Plain p;
   EXPECT_THAT(ErrorOf([&] { p.clone(); }), HasSubstr("derive it from ember::nn::Cloneable"));
+}
+
+// A model that reads its children through the registry, so it allows
+// replace_module (Note [Replacing a child]).
+class Classifier : public Cloneable<Classifier> {
+ public:
+  Classifier() { reset(); }
+  void reset() override {
+    register_module("body", std::make_shared<Linear>(4, 3));
+    register_module("head", std::make_shared<Linear>(3, 2));
+    register_module("norm", std::make_shared<BatchNorm1d>(2));
+  }
+  Tensor forward(const Tensor& x) override {
+    return (*child("norm"))((*child("head"))((*child("body"))(x).relu()));
+  }
+
+ protected:
+  bool children_replaceable() const override { return true; }
+};
+
+// The replacement head used below: Linear(3, 5) -> ReLU -> Linear(5, 2).
+std::shared_ptr<Sequential> DeeperHead() {
+  return std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{
+      std::make_shared<Linear>(3, 5), std::make_shared<ReLU>(), std::make_shared<Linear>(5, 2)});
+}
+
+TEST(ModuleTest, ReplaceModuleTakesTheOldChildsPlace) {
+  auto model = std::make_shared<Classifier>();
+  std::shared_ptr<Module> old_head = model->child("head");
+  std::shared_ptr<Sequential> head = model->replace_module("head", DeeperHead());
+  EXPECT_EQ(model->child("head").get(), head.get());
+  EXPECT_THAT(Names(model->named_children()), ElementsAre("body", "head", "norm"));
+  EXPECT_THAT(Names(model->state_dict()),
+              ElementsAre("body.weight", "body.bias", "head.0.weight", "head.0.bias",
+                          "head.2.weight", "head.2.bias", "norm.weight", "norm.bias",
+                          "norm.running_mean", "norm.running_var", "norm.num_batches_tracked"));
+  // parameters() lists the new head's tensors where the old head's were.
+  std::vector<Tensor> params = model->parameters();
+  ASSERT_EQ(params.size(), 8u);
+  const auto first = std::static_pointer_cast<Linear>((*head)[0]);
+  const auto last = std::static_pointer_cast<Linear>((*head)[2]);
+  EXPECT_TRUE(params[2].is_same(first->weight()));
+  EXPECT_TRUE(params[3].is_same(first->bias()));
+  EXPECT_TRUE(params[4].is_same(last->weight()));
+  EXPECT_TRUE(params[5].is_same(last->bias()));
+  for (const Tensor& p : params) {
+    EXPECT_FALSE(p.is_same(std::static_pointer_cast<Linear>(old_head)->weight()));
+  }
+  // forward() calls the new head: the output is what the pieces compute.
+  model->eval();
+  Tensor x = randn({6, 4});
+  Tensor expected = (*model->child("norm"))((*head)((*model->child("body"))(x).relu()));
+  EXPECT_TRUE((*model)(x).equal(expected));
+  // A state_dict saved after the replacement loads into another replaced model.
+  auto other = std::make_shared<Classifier>();
+  other->replace_module("head", DeeperHead());
+  ASSERT_TRUE(other->load_state_dict(model->state_dict()).ok());
+  other->eval();
+  EXPECT_TRUE((*other)(x).equal((*model)(x)));
+  // ...and not into one with the original head: its keys differ.
+  absl::Status status = std::make_shared<Classifier>()->load_state_dict(model->state_dict());
+  EXPECT_THAT(std::string(status.message()), HasSubstr("Unexpected key(s) in state_dict: "
+                                                       "\"head.0.weight\""));
+}
+
+TEST(ModuleTest, ReplaceModuleNamesWhatIsWrong) {
+  auto model = std::make_shared<Classifier>();
+  EXPECT_THAT(ErrorOf([&] { model->replace_module("haed", std::make_shared<Linear>(3, 2)); }),
+              HasSubstr("Classifier.replace_module: there is no child module \"haed\" to "
+                        "replace; its children are \"body\", \"head\", \"norm\""));
+  EXPECT_THAT(ErrorOf([&] { model->replace_module("head", std::shared_ptr<Linear>()); }),
+              HasSubstr("the new child \"head\" is null"));
+  Linear leaf(2, 2);
+  EXPECT_THAT(ErrorOf([&] { leaf.replace_module("fc", std::make_shared<Linear>(3, 2)); }),
+              HasSubstr("there is no child module \"fc\" to replace; it has no child modules"));
+  // Modules with typed pointers to their children refuse, and stay as they were.
+  auto net = std::make_shared<Net>();
+  EXPECT_THAT(ErrorOf([&] { net->replace_module("fc1", std::make_shared<Linear>(4, 3)); }),
+              HasSubstr("Net does not allow replacing its children"));
+  EXPECT_EQ(net->child("fc1").get(), net->fc1.get());
+  auto seq = DeeperHead();
+  std::shared_ptr<Module> first = (*seq)[0];
+  EXPECT_THAT(ErrorOf([&] { seq->replace_module("0", std::make_shared<Linear>(3, 5)); }),
+              HasSubstr("Sequential does not allow replacing its children"));
+  EXPECT_EQ(seq->child("0").get(), first.get());
+}
+
+TEST(ModuleTest, CloneOfAModuleWithAReplacedChildClonesTheReplacement) {
+  manual_seed(5);
+  auto model = std::make_shared<Classifier>();
+  auto head = model->replace_module("head", DeeperHead());
+  int calls = 0;
+  head->register_forward_hook([&](Module&, const Tensor&, const Tensor&) {
+    ++calls;
+    return std::optional<Tensor>();
+  });
+  Tensor x = randn({6, 4});
+  (*model)(x).sum().backward();
+  auto copy = std::static_pointer_cast<Classifier>(model->clone());
+  // The copy has the replacement's structure, its own storage and the values.
+  EXPECT_EQ(Names(copy->state_dict()), Names(model->state_dict()));
+  auto copied_head = std::dynamic_pointer_cast<Sequential>(copy->child("head"));
+  ASSERT_NE(copied_head, nullptr);
+  EXPECT_NE(copied_head.get(), head.get());
+  std::vector<Tensor> original = model->parameters(), copied = copy->parameters();
+  ASSERT_EQ(copied.size(), original.size());
+  for (size_t i = 0; i < copied.size(); ++i) {
+    EXPECT_TRUE(copied[i].equal(original[i])) << i;
+    EXPECT_NE(copied[i].raw_data(), original[i].raw_data()) << i;
+    ASSERT_TRUE(copied[i].grad().defined()) << i;
+    EXPECT_TRUE(copied[i].grad().equal(original[i].grad())) << i;
+  }
+  // Same outputs, the hook came along, and a clone of the clone works too.
+  model->eval();
+  copy->eval();
+  calls = 0;
+  EXPECT_TRUE((*copy)(x).equal((*model)(x)));
+  EXPECT_EQ(calls, 2);
+  auto again = copy->clone();
+  again->eval();
+  EXPECT_TRUE((*again)(x).equal((*model)(x)));
+  // The clone's head can be replaced again without touching the original.
+  copy->replace_module("head", std::make_shared<Linear>(3, 2));
+  EXPECT_EQ(model->child("head").get(), head.get());
 }
 
 TEST(ModuleTest, PrintsTheTree) {
