@@ -68,8 +68,9 @@ void ResNet18::reset() {
 }
 
 Tensor ResNet18::forward(const Tensor& x) {
-  // Children are looked up by name on every call (Note [Replacing a child]);
-  // seven short string compares, nothing beside the convolutions.
+  // Children are looked up by name on every call (Note [Replacing a child]):
+  // a scan of seven names per lookup, so a replaced child is always the one
+  // called.
   Tensor out = (*child("bn1"))((*child("conv1"))(x)).relu();
   out = nn::functional::max_pool2d(
       out, nn::MaxPool2dOptions{
