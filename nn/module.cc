@@ -200,11 +200,12 @@ void Module::ForEachModule(const std::string& prefix, const Fn& fn) const {
   for (const auto& [name, child] : children_) child->ForEachModule(Join(prefix, name), fn);
 }
 
-std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+std::vector<std::pair<std::string, Tensor>> Module::NamedEntries(std::vector<Entry> Module::*list,
+                                                                bool recurse) const {
   std::vector<std::pair<std::string, Tensor>> out;
-  std::unordered_set<const TensorImpl*> seen;
+  std::unordered_set<const TensorImpl*> seen;  // a tensor registered twice is listed once
   auto visit = [&](const std::string& prefix, const Module& m) {
-    for (const Entry& e : m.parameters_) {
+    for (const Entry& e : m.*list) {
       if (e.tensor.defined() && seen.insert(e.tensor.impl()).second) {
         out.emplace_back(Join(prefix, e.name), e.tensor);
       }
@@ -216,6 +217,10 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurs
     visit("", *this);
   }
   return out;
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+  return NamedEntries(&Module::parameters_, recurse);
 }
 
 std::vector<Tensor> Module::parameters(bool recurse) const {
@@ -225,21 +230,7 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  std::unordered_set<const TensorImpl*> seen;
-  auto visit = [&](const std::string& prefix, const Module& m) {
-    for (const Entry& e : m.buffers_) {
-      if (e.tensor.defined() && seen.insert(e.tensor.impl()).second) {
-        out.emplace_back(Join(prefix, e.name), e.tensor);
-      }
-    }
-  };
-  if (recurse) {
-    ForEachModule("", visit);
-  } else {
-    visit("", *this);
-  }
-  return out;
+  return NamedEntries(&Module::buffers_, recurse);
 }
 
 std::vector<Tensor> Module::buffers(bool recurse) const {

@@ -254,6 +254,10 @@ class Module : public std::enable_shared_from_this<Module> {
   void CheckNewName(const std::string& key, const char* what) const;
   template <typename Fn>
   void ForEachModule(const std::string& prefix, const Fn& fn) const;
+  // The defined tensors of `list` (parameters_ or buffers_) of this module
+  // (and its descendants when `recurse`), each listed once, with dotted names.
+  std::vector<std::pair<std::string, Tensor>> NamedEntries(std::vector<Entry> Module::*list,
+                                                           bool recurse) const;
   void ConvertTensors(const std::function<Tensor(const Tensor&)>& convert);
   void PrintTo(std::string& out, int indent) const;
 

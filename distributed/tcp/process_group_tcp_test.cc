@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
+#include "tensor/testing.h"
 
 namespace ember::distributed::tcp {
 namespace {
@@ -23,25 +24,8 @@ namespace {
 using ::ember::distributed::testing::Rank;
 using ::ember::distributed::testing::RunRanks;
 using ::ember::distributed::testing::RunRanksEach;
+using ::ember::testing::Values;
 using ::testing::HasSubstr;
-
-// The elements of `t` in row-major order, as doubles (read through its
-// strides directly, relying on no op of the code under test).
-std::vector<double> Values(const Tensor& t) {
-  std::vector<double> out;
-  const char* base = static_cast<const char*>(t.storage().data());
-  std::vector<int64_t> idx(t.dim(), 0);
-  for (int64_t n = 0; n < t.numel(); ++n) {
-    int64_t off = t.storage_offset();
-    for (int64_t d = 0; d < t.dim(); ++d) off += idx[d] * t.strides()[d];
-    VisitDtype(t.dtype(), [&]<typename T>() {
-      out.push_back(static_cast<double>(
-          static_cast<OpMath<T>>(*reinterpret_cast<const T*>(base + off * sizeof(T)))));
-    });
-    for (int64_t d = t.dim() - 1; d >= 0 && ++idx[d] == t.sizes()[d]; --d) idx[d] = 0;
-  }
-  return out;
-}
 
 Tensor Make(const std::vector<double>& values, int64_t n, Dtype dtype) {
   Tensor t = empty({n}, TensorOptions(dtype));
