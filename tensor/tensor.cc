@@ -242,6 +242,7 @@ std::vector<Tensor> Tensor::unbind(int64_t d) const {
 
 // --- Copies -----------------------------------------------------------------------
 
+
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
@@ -345,9 +346,33 @@ Tensor WrapOperand(const Tensor& self, const Scalar& value) {
   return t;
 }
 
-Tensor Scaled(const Tensor& other, const Scalar& alpha) {
-  bool one = alpha.is_floating_point() ? alpha.to_double() == 1.0 : alpha.to_int() == 1;
-  return one ? other : ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device()));
+bool IsOne(const Scalar& alpha) {
+  return alpha.is_floating_point() ? alpha.to_double() == 1.0 : alpha.to_int() == 1;
+}
+
+// Whether an op on `a` and `b` would be recorded by autograd.
+bool RecordsGraph(const Tensor& a, const Tensor& b) {
+  return (internal::KeysOf(a) | internal::KeysOf(b)).Has(DispatchKey::kAutograd) &&
+         !internal::tls_below_autograd;
+}
+
+// self op alpha * other: one pass (binary_alpha) unless autograd records it,
+// which it does as a mul and an add (Note [One-pass alpha] in elementwise.cc).
+// An integer alpha of 1 needs no checks; any other alpha is checked against
+// the result dtype by binary_alpha.
+Tensor WithAlpha(BinaryOp op, const Tensor& self, const Tensor& other, const Scalar& alpha) {
+  const bool records = RecordsGraph(self, other);
+  if (IsOne(alpha) && (alpha.is_integral() || records)) return ops::binary(op, self, other);
+  if (!records) return ops::binary_alpha(op, self, other, alpha);
+  return ops::binary(op, self, ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device())));
+}
+Tensor WithAlphaInPlace(BinaryOp op, const Tensor& self, const Tensor& other,
+                        const Scalar& alpha) {
+  const bool records = RecordsGraph(self, other);
+  if (IsOne(alpha) && (alpha.is_integral() || records)) return ops::binary_(op, self, other);
+  if (!records) return ops::binary_alpha_(op, self, other, alpha);
+  return ops::binary_(op, self,
+                      ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device())));
 }
 }  // namespace
 
@@ -378,25 +403,25 @@ EMBER_BINARY_METHODS(logical_xor, kLogicalXor)
 #undef EMBER_BINARY_SCALAR_METHODS
 
 Tensor Tensor::add(const Tensor& other, const Scalar& alpha) const {
-  return ops::binary(BinaryOp::kAdd, *this, Scaled(other, alpha));
+  return WithAlpha(BinaryOp::kAdd, *this, other, alpha);
 }
 Tensor Tensor::add(const Scalar& other, const Scalar& alpha) const {
   return add(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::sub(const Tensor& other, const Scalar& alpha) const {
-  return ops::binary(BinaryOp::kSub, *this, Scaled(other, alpha));
+  return WithAlpha(BinaryOp::kSub, *this, other, alpha);
 }
 Tensor Tensor::sub(const Scalar& other, const Scalar& alpha) const {
   return sub(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::add_(const Tensor& other, const Scalar& alpha) const {
-  return ops::binary_(BinaryOp::kAdd, *this, Scaled(other, alpha));
+  return WithAlphaInPlace(BinaryOp::kAdd, *this, other, alpha);
 }
 Tensor Tensor::add_(const Scalar& other, const Scalar& alpha) const {
   return add_(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::sub_(const Tensor& other, const Scalar& alpha) const {
-  return ops::binary_(BinaryOp::kSub, *this, Scaled(other, alpha));
+  return WithAlphaInPlace(BinaryOp::kSub, *this, other, alpha);
 }
 Tensor Tensor::sub_(const Scalar& other, const Scalar& alpha) const {
   return sub_(WrapOperand(*this, other), alpha);
