@@ -242,6 +242,15 @@ std::vector<Tensor> Tensor::unbind(int64_t d) const {
 
 // --- Copies -----------------------------------------------------------------------
 
+namespace {
+// `fresh` (just allocated) filled from `src` through copy_, so autograd records
+// it; the result reads version 0 (Note [Fresh tensors start at version 0]).
+Tensor CopyIntoFresh(const Tensor& fresh, const Tensor& src) {
+  fresh.copy_(src);
+  ResetFreshVersion(fresh);
+  return fresh;
+}
+}  // namespace
 
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
@@ -249,7 +258,7 @@ Tensor Tensor::clone() const {
   Tensor out(MakeTensorImpl(
       Storage::Allocate(nbytes(), GetAllocator(device().type())), dtype(), sizes(),
       ContiguousStrides(sizes()), 0));
-  return out.copy_(*this);
+  return CopyIntoFresh(out, *this);
 }
 
 Tensor Tensor::to(Dtype d) const {
@@ -257,7 +266,7 @@ Tensor Tensor::to(Dtype d) const {
   Tensor out(MakeTensorImpl(
       Storage::Allocate(numel() * ElementSize(d), GetAllocator(device().type())), d, sizes(),
       ContiguousStrides(sizes()), 0));
-  return out.copy_(*this);
+  return CopyIntoFresh(out, *this);
 }
 
 Tensor Tensor::to(Device dev) const {
@@ -270,7 +279,7 @@ Tensor Tensor::to(Device dev) const {
               "; link //cuda to use CUDA devices");
   Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), allocator), dtype(),
                                           sizes(), ContiguousStrides(sizes()), 0));
-  return out.copy_(*this);
+  return CopyIntoFresh(out, *this);
 }
 
 Tensor Tensor::copy_(const Tensor& src) const { return ops::copy_(*this, src); }
