@@ -9,8 +9,13 @@
 //   class ShmAllocator : public ember::Allocator { ... };
 //   ember::DataPtr p = ember::GetAllocator(ember::kCPU)->Allocate(1024);
 //
-// GetCpuAllocator() returns 64-byte aligned memory. Registration is meant for
-// program start-up; lookups are thread-safe.
+// GetCpuAllocator() returns 64-byte aligned memory and keeps freed blocks of
+// at least 64 KiB in a bounded process-wide cache for reuse (Note [Large block
+// cache] in allocator.cc; EMBER_CPU_ALLOC_CACHE_MB sets its limit, 0 turns it
+// off; EmptyCpuCache() hands the cached blocks back to the system, like
+// torch.cuda.empty_cache() does for device memory). Registration is meant for
+// program start-up; lookups and the CPU allocator are thread-safe, and the
+// cache stays consistent across fork().
 #ifndef EMBER_TENSOR_ALLOCATOR_H_
 #define EMBER_TENSOR_ALLOCATOR_H_
 
@@ -126,8 +131,34 @@ struct PoolAllocator {
   bool operator==(const PoolAllocator<U>&) const { return true; }
 };
 
-// The process-wide CPU allocator (aligned_alloc).
+// The process-wide CPU allocator (aligned_alloc, with the caches above).
 Allocator* GetCpuAllocator();
+
+// CPU blocks of at least this size go through the large block cache.
+inline constexpr size_t kCpuCacheMinBytes = size_t{64} << 10;
+// The cache's limit unless EMBER_CPU_ALLOC_CACHE_MB (whole MiB) says
+// otherwise. A malformed value is reported on stderr and the default is used.
+inline constexpr size_t kCpuCacheDefaultLimitBytes = size_t{1} << 30;
+
+struct CpuCacheStats {
+  size_t cached_bytes = 0;   // Free bytes held for reuse.
+  size_t cached_blocks = 0;  // Free blocks held for reuse.
+  size_t hits = 0;           // Large allocations served from the cache.
+  size_t misses = 0;         // Large allocations that found no cached block.
+  size_t limit_bytes = 0;    // Most bytes the cache holds (0: off).
+};
+
+// Frees every cached CPU block now (blocks in use are untouched). Blocks on
+// the mutex of the cache; thread-safe.
+void EmptyCpuCache();
+// Sets the most bytes the cache may hold (0 turns it off), freeing the cache
+// when it holds more. Thread-safe.
+void SetCpuCacheLimit(size_t bytes);
+// A snapshot of the cache's counters. Thread-safe.
+CpuCacheStats GetCpuCacheStats();
+// Whether `p` was made by the CPU allocator's large block path, i.e. will go
+// back to the cache when freed.
+bool IsCachedCpuBlock(const DataPtr& p);
 
 // The allocator that `empty()` uses for `type`; the CPU allocator unless one
 // was registered. Returns null for a type with none (e.g. CUDA before the cuda

@@ -16,6 +16,18 @@
 //   Comparisons and logical ops compute in that dtype and return bool.
 // - in place: the result dtype must be castable to the destination's
 //   (torch.can_cast: no float -> integer, no non-bool -> bool).
+//
+// Note [One-pass alpha]
+// add/sub(self, other, alpha) compute self +- alpha * other. Optimizers and
+// gradient buckets call them in place on large tensors, so the CPU kernel
+// (binary_alpha_out) takes alpha and makes one pass, with no temporary for
+// alpha * other: float dtypes multiply-add in their op-math type, integers
+// and bool stay exact (wrapping, as torch). alpha follows torch's rules: it
+// must not be a floating-point number when the compute dtype is integral or
+// bool, and a bool alpha needs bool operands. The ops have no autograd
+// kernel: when an argument requires grad, Tensor::add/sub record mul and add
+// as before. Devices without a binary_alpha_out kernel also take the
+// two-pass route.
 #include <optional>
 #include <string>
 #include <string_view>
@@ -218,6 +230,74 @@ Tensor BinaryInPlace(BinaryOp op, const Tensor& self, const Tensor& other) {
   return self;
 }
 
+// --- add/sub with alpha (Note [One-pass alpha]) ----------------------------------
+
+void CheckAlpha(BinaryOp op, Dtype compute, const Scalar& alpha) {
+  std::string_view name = BinaryOpName(op);
+  EMBER_CHECK(!alpha.is_bool() || compute == kBool, name,
+              ": Boolean alpha only supported for Boolean results (alpha ", alpha.ToString(),
+              ", result dtype ", DtypeName(compute), ")");
+  EMBER_CHECK(IsFloatingPoint(compute) || !alpha.is_floating_point(), name,
+              ": For integral input tensors, argument alpha must not be a floating point "
+              "number (alpha ",
+              alpha.ToString(), ", result dtype ", DtypeName(compute),
+              "); pass an integer alpha or convert the tensors to a floating dtype");
+}
+
+Tensor Scaled(const Tensor& other, const Scalar& alpha) {
+  return ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device()));
+}
+
+bool HasAlphaKernel(Device device) {
+  return ops::binary_alpha_out.HasKernel(DeviceDispatchKey(device.type()));
+}
+
+void CheckAlphaOp(BinaryOp op) {
+  EMBER_INTERNAL_ASSERT(op == BinaryOp::kAdd || op == BinaryOp::kSub,
+                        "binary_alpha: only add and sub take alpha");
+}
+
+Tensor BinaryAlpha(BinaryOp op, const Tensor& a, const Tensor& b, const Scalar& alpha) {
+  CheckAlphaOp(op);
+  BinaryPlan plan = PlanBinary(op, a, b);
+  CheckAlpha(op, plan.compute, alpha);
+  Device device = (a.dim() == 0 && b.dim() > 0) ? b.device() : a.device();
+  if (!HasAlphaKernel(device)) return ops::binary(op, a, Scaled(b, alpha));
+  Tensor a2 = OnDevice(a, device, BinaryOpName(op));
+  Tensor b2 = OnDevice(b, device, BinaryOpName(op));
+  Tensor out = EmptyTensor(plan.shape, plan.result, device);
+  if (out.numel() == 0) return out;
+  ops::binary_alpha_out(op, out, Prepare(a2, plan.compute, plan.shape),
+                        Prepare(b2, plan.compute, plan.shape), alpha);
+  return out;
+}
+
+Tensor BinaryAlphaInPlace(BinaryOp op, const Tensor& self, const Tensor& other,
+                          const Scalar& alpha) {
+  CheckAlphaOp(op);
+  std::string_view name = BinaryOpName(op);
+  std::string inplace_name = std::string(name) + "_";
+  BinaryPlan plan = PlanBinary(op, self, other);
+  CheckAlpha(op, plan.compute, alpha);
+  if (!HasAlphaKernel(self.device())) return ops::binary_(op, self, Scaled(other, alpha));
+  CheckInPlaceShape(self, plan.shape, inplace_name.c_str());
+  CheckCastable(plan.result, self, name);
+  CheckWritable(self, inplace_name.c_str());
+  Tensor o = OnDevice(other, self.device(), name);
+  if (self.numel() > 0) {
+    Tensor in_b = Prepare(Unaliased(self, o), plan.compute, plan.shape);
+    if (plan.result == self.dtype() && plan.compute == self.dtype()) {
+      ops::binary_alpha_out(op, self, self, in_b, alpha);
+    } else {
+      Tensor tmp = EmptyTensor(plan.shape, plan.result, self.device());
+      ops::binary_alpha_out(op, tmp, Prepare(self, plan.compute, plan.shape), in_b, alpha);
+      ops::copy_out(self, tmp);
+    }
+  }
+  BumpVersion(self);
+  return self;
+}
+
 // --- where -----------------------------------------------------------------------
 
 Tensor Where(const Tensor& condition, const Tensor& self, const Tensor& other) {
@@ -291,6 +371,8 @@ EMBER_REGISTER_KERNEL(unary, kComposite, &Unary);
 EMBER_REGISTER_KERNEL(unary_, kComposite, &UnaryInPlace);
 EMBER_REGISTER_KERNEL(binary, kComposite, &Binary);
 EMBER_REGISTER_KERNEL(binary_, kComposite, &BinaryInPlace);
+EMBER_REGISTER_KERNEL(binary_alpha, kComposite, &BinaryAlpha);
+EMBER_REGISTER_KERNEL(binary_alpha_, kComposite, &BinaryAlphaInPlace);
 EMBER_REGISTER_KERNEL(where, kComposite, &Where);
 EMBER_REGISTER_KERNEL(clamp, kComposite, &Clamp);
 EMBER_REGISTER_KERNEL(clamp_, kComposite, &ClampInPlace);

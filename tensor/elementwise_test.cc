@@ -488,6 +488,62 @@ TEST(BinaryTest, EmptyAndZeroDim) {
   EXPECT_EQ(scalar_tensor(3.0).gt(2).item<bool>(), true);
 }
 
+TEST(BinaryTest, AlphaValuesAndDtypes) {
+  Tensor a = Make({1, 2, 3}, kFloat32);
+  ExpectValues(a.add(Make({1, 1, 1}, kFloat32), 2.5), {3.5, 4.5, 5.5});
+  ExpectValues(a.sub(Make({1, 2, 4}, kFloat32), -2), {3, 6, 11});
+  // Broadcast other, mixed dtypes: float32 self, int64 other -> float32.
+  Tensor m = Make({1, 2, 3, 4}, {2, 2}, kFloat32);
+  Tensor r = m.add(Make({10, 20}, kInt64), 0.5);
+  EXPECT_EQ(r.dtype(), kFloat32);
+  ExpectValues(r, {6, 12, 8, 14});
+  // Integers stay exact (a float multiply of 2^53 + 1 would round).
+  const int64_t big = (int64_t{1} << 53) + 1;
+  Tensor i = Make({0, 0}, kInt64);
+  i.add_(tensor(std::vector<int64_t>{big, -big}), 3);
+  EXPECT_EQ(i.select(0, 0).item<int64_t>(), 3 * big);
+  EXPECT_EQ(i.select(0, 1).item<int64_t>(), -3 * big);
+  Tensor small = Make({100, -100}, kInt8).sub(Make({1, 1}, kInt8), 28);  // Wraps, as torch.
+  ExpectValues(small, {72, -128});
+  // 16-bit floats compute in float.
+  Tensor h = Make({1, 2}, kFloat16);
+  h.sub_(Make({0.5, 0.5}, kFloat16), 2);
+  EXPECT_EQ(h.dtype(), kFloat16);
+  ExpectValues(h, {0, 1});
+  // Bool: any non-zero integer alpha is true.
+  ExpectValues(tensor({false, true}).add(tensor({true, false}), true), {1, 1});
+  ExpectValues(tensor({false, true}).add(tensor({true, false}), 0), {0, 1});
+}
+
+TEST(BinaryTest, AlphaMustSuitTheResultDtype) {
+  Tensor i = Make({1, 2}, kInt64);
+  EXPECT_THAT(ErrorOf([&] { i.add(Make({1, 2}, kInt64), 2.5); }),
+              HasSubstr("add: For integral input tensors, argument alpha must not be a floating "
+                        "point number (alpha 2.5, result dtype int64)"));
+  EXPECT_THAT(ErrorOf([&] { i.sub_(Make({1, 2}, kInt64), 1.0); }),
+              HasSubstr("sub: For integral input tensors, argument alpha must not be a floating"));
+  EXPECT_THAT(ErrorOf([&] { Make({1.0}).add(Make({1.0}), true); }),
+              HasSubstr("add: Boolean alpha only supported for Boolean results"));
+  ExpectValues(i, {1, 2});  // Nothing written.
+  // In place: the result dtype must still be castable to self's.
+  EXPECT_THAT(ErrorOf([&] { i.add_(Make({0.5, 0.5}), 2); }),
+              HasSubstr("add_: result type float32 can't be cast to the desired output type int64"));
+}
+
+TEST(BinaryTest, InPlaceAlphaAllocatesNoTemporary) {
+  // 1 MiB operands: a temporary for alpha * other would be a large CPU block,
+  // which the allocator's counters see.
+  Tensor a = zeros({1 << 18});
+  Tensor b = ones({1 << 18});
+  CpuCacheStats before = GetCpuCacheStats();
+  a.add_(b, 0.25);
+  a.sub_(b, -0.5);
+  CpuCacheStats after = GetCpuCacheStats();
+  EXPECT_EQ(after.hits + after.misses, before.hits + before.misses);
+  EXPECT_EQ(a.select(0, 0).item<float>(), 0.75f);
+  EXPECT_EQ(a.select(0, (1 << 18) - 1).item<float>(), 0.75f);
+}
+
 TEST(BinaryTest, InPlace) {
   Tensor a = Make({1, 2, 3, 4, 5, 6}, {2, 3}, kFloat32);
   uint32_t v = a.version();

@@ -95,7 +95,9 @@ Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
   EMBER_CHECK(n >= 0 && cols >= 0, "eye: n and m must be non-negative, got ", n, " and ", cols);
   Tensor out = zeros({n, cols}, options);
   int64_t k = std::min(n, cols);
-  if (k > 0) out.as_strided({k}, {cols + 1}, 0).fill_(1);
+  // The kernel directly: a fresh tensor reads version 0 (Note [Fresh tensors
+  // start at version 0] in ops.h).
+  if (k > 0) ops::fill_out(out.as_strided({k}, {cols + 1}, 0), 1);
   return out;
 }
 
@@ -183,19 +185,25 @@ Tensor normal_(const Tensor& t, double mean, double std, Generator* gen) {
 
 Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen) {
   CheckFloating(options.dtype(), "rand");
-  return uniform_(empty(sizes, options), 0.0, 1.0, gen);
+  Tensor t = uniform_(empty(sizes, options), 0.0, 1.0, gen);
+  ResetFreshVersion(t);
+  return t;
 }
 
 Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen) {
   CheckFloating(options.dtype(), "randn");
-  return normal_(empty(sizes, options), 0.0, 1.0, gen);
+  Tensor t = normal_(empty(sizes, options), 0.0, 1.0, gen);
+  ResetFreshVersion(t);
+  return t;
 }
 
 Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options,
                Generator* gen) {
   EMBER_CHECK(low < high, "randint: expects low < high, but got low=", low, ", high=", high);
-  return FillRandom(empty(sizes, options), gen,
-                    [&](Generator& g) { return g.NextInt(low, high); });
+  Tensor t = FillRandom(empty(sizes, options), gen,
+                        [&](Generator& g) { return g.NextInt(low, high); });
+  ResetFreshVersion(t);
+  return t;
 }
 
 // --- Caller memory ----------------------------------------------------------------

@@ -49,6 +49,16 @@ void CheckWritable(const Tensor& self, const char* op);
 // Counts an in-place modification of `self` (and all its views).
 inline void BumpVersion(const Tensor& self) { self.impl()->BumpVersion(); }
 
+// Note [Fresh tensors start at version 0]
+// A tensor that a factory or a copy (clone, to, rand, eye) has just made and
+// filled reads version 0, as in torch: its filling happened before anyone
+// could hold or save it, so it is not a modification. Fillers that go through
+// a dispatched in-place op (copy_, so that autograd records clone and to)
+// call this on the result; nothing else shares its counter yet.
+inline void ResetFreshVersion(const Tensor& fresh) {
+  fresh.impl()->version_counter()->version.store(0, std::memory_order_relaxed);
+}
+
 // The result of op(a, b) for in-place ops must have `self`'s shape; throws
 // "<op>: output with shape [3] doesn't match the broadcast shape [2, 3]".
 void CheckInPlaceShape(const Tensor& self, IntArrayRef broadcast, const char* op);

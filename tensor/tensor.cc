@@ -242,13 +242,23 @@ std::vector<Tensor> Tensor::unbind(int64_t d) const {
 
 // --- Copies -----------------------------------------------------------------------
 
+namespace {
+// `fresh` (just allocated) filled from `src` through copy_, so autograd records
+// it; the result reads version 0 (Note [Fresh tensors start at version 0]).
+Tensor CopyIntoFresh(const Tensor& fresh, const Tensor& src) {
+  fresh.copy_(src);
+  ResetFreshVersion(fresh);
+  return fresh;
+}
+}  // namespace
+
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
   Tensor out(MakeTensorImpl(
       Storage::Allocate(nbytes(), GetAllocator(device().type())), dtype(), sizes(),
       ContiguousStrides(sizes()), 0));
-  return out.copy_(*this);
+  return CopyIntoFresh(out, *this);
 }
 
 Tensor Tensor::to(Dtype d) const {
@@ -256,7 +266,7 @@ Tensor Tensor::to(Dtype d) const {
   Tensor out(MakeTensorImpl(
       Storage::Allocate(numel() * ElementSize(d), GetAllocator(device().type())), d, sizes(),
       ContiguousStrides(sizes()), 0));
-  return out.copy_(*this);
+  return CopyIntoFresh(out, *this);
 }
 
 Tensor Tensor::to(Device dev) const {
@@ -269,7 +279,7 @@ Tensor Tensor::to(Device dev) const {
               "; link //cuda to use CUDA devices");
   Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), allocator), dtype(),
                                           sizes(), ContiguousStrides(sizes()), 0));
-  return out.copy_(*this);
+  return CopyIntoFresh(out, *this);
 }
 
 Tensor Tensor::copy_(const Tensor& src) const { return ops::copy_(*this, src); }
@@ -345,9 +355,33 @@ Tensor WrapOperand(const Tensor& self, const Scalar& value) {
   return t;
 }
 
-Tensor Scaled(const Tensor& other, const Scalar& alpha) {
-  bool one = alpha.is_floating_point() ? alpha.to_double() == 1.0 : alpha.to_int() == 1;
-  return one ? other : ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device()));
+bool IsOne(const Scalar& alpha) {
+  return alpha.is_floating_point() ? alpha.to_double() == 1.0 : alpha.to_int() == 1;
+}
+
+// Whether an op on `a` and `b` would be recorded by autograd.
+bool RecordsGraph(const Tensor& a, const Tensor& b) {
+  return (internal::KeysOf(a) | internal::KeysOf(b)).Has(DispatchKey::kAutograd) &&
+         !internal::tls_below_autograd;
+}
+
+// self op alpha * other: one pass (binary_alpha) unless autograd records it,
+// which it does as a mul and an add (Note [One-pass alpha] in elementwise.cc).
+// An integer alpha of 1 needs no checks; any other alpha is checked against
+// the result dtype by binary_alpha.
+Tensor WithAlpha(BinaryOp op, const Tensor& self, const Tensor& other, const Scalar& alpha) {
+  const bool records = RecordsGraph(self, other);
+  if (IsOne(alpha) && (alpha.is_integral() || records)) return ops::binary(op, self, other);
+  if (!records) return ops::binary_alpha(op, self, other, alpha);
+  return ops::binary(op, self, ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device())));
+}
+Tensor WithAlphaInPlace(BinaryOp op, const Tensor& self, const Tensor& other,
+                        const Scalar& alpha) {
+  const bool records = RecordsGraph(self, other);
+  if (IsOne(alpha) && (alpha.is_integral() || records)) return ops::binary_(op, self, other);
+  if (!records) return ops::binary_alpha_(op, self, other, alpha);
+  return ops::binary_(op, self,
+                      ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device())));
 }
 }  // namespace
 
@@ -378,25 +412,25 @@ EMBER_BINARY_METHODS(logical_xor, kLogicalXor)
 #undef EMBER_BINARY_SCALAR_METHODS
 
 Tensor Tensor::add(const Tensor& other, const Scalar& alpha) const {
-  return ops::binary(BinaryOp::kAdd, *this, Scaled(other, alpha));
+  return WithAlpha(BinaryOp::kAdd, *this, other, alpha);
 }
 Tensor Tensor::add(const Scalar& other, const Scalar& alpha) const {
   return add(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::sub(const Tensor& other, const Scalar& alpha) const {
-  return ops::binary(BinaryOp::kSub, *this, Scaled(other, alpha));
+  return WithAlpha(BinaryOp::kSub, *this, other, alpha);
 }
 Tensor Tensor::sub(const Scalar& other, const Scalar& alpha) const {
   return sub(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::add_(const Tensor& other, const Scalar& alpha) const {
-  return ops::binary_(BinaryOp::kAdd, *this, Scaled(other, alpha));
+  return WithAlphaInPlace(BinaryOp::kAdd, *this, other, alpha);
 }
 Tensor Tensor::add_(const Scalar& other, const Scalar& alpha) const {
   return add_(WrapOperand(*this, other), alpha);
 }
 Tensor Tensor::sub_(const Tensor& other, const Scalar& alpha) const {
-  return ops::binary_(BinaryOp::kSub, *this, Scaled(other, alpha));
+  return WithAlphaInPlace(BinaryOp::kSub, *this, other, alpha);
 }
 Tensor Tensor::sub_(const Scalar& other, const Scalar& alpha) const {
   return sub_(WrapOperand(*this, other), alpha);

@@ -331,5 +331,33 @@ TEST(TensorTest, WrapScalarIsANumber) {
   EXPECT_EQ(w.dim(), 0);
 }
 
+TEST(TensorTest, FreshTensorsStartAtVersionZero) {
+  Tensor src = Make({1, 2, 3, 4}, {2, 2}, kFloat32);
+  src.add_(1);  // The source's own version must not leak into its copies.
+  ASSERT_EQ(src.version(), 1u);
+  EXPECT_EQ(src.clone().version(), 0u);
+  EXPECT_EQ(src.to(kFloat64).version(), 0u);
+  EXPECT_EQ(src.to(kInt32).version(), 0u);
+  EXPECT_EQ(src.t().contiguous().version(), 0u);
+  EXPECT_EQ(rand({3}).version(), 0u);
+  EXPECT_EQ(randn({3}).version(), 0u);
+  EXPECT_EQ(randint(0, 5, {3}).version(), 0u);
+  EXPECT_EQ(eye(3).version(), 0u);
+  EXPECT_EQ(zeros({3}).version(), 0u);
+  EXPECT_EQ(full({3}, 2.0).version(), 0u);
+  EXPECT_EQ(arange(4).version(), 0u);
+  EXPECT_EQ(linspace(0, 1, 5).version(), 0u);
+  // The values are still copied, and later writes still count.
+  Tensor c = src.clone();
+  EXPECT_EQ(Values(c), (std::vector<double>{2, 3, 4, 5}));
+  c.mul_(2);
+  EXPECT_EQ(c.version(), 1u);
+  EXPECT_EQ(src.version(), 1u);
+  // In-place random fills are modifications.
+  Tensor u = zeros({3});
+  uniform_(u, 0, 1);
+  EXPECT_EQ(u.version(), 1u);
+}
+
 }  // namespace
 }  // namespace ember

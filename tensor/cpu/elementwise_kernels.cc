@@ -1,5 +1,5 @@
-// CPU kernels of the elementwise `_out` ops: unary_out, binary_out, where_out
-// and clamp_out. The composite kernels (tensor/elementwise.cc, Note
+// CPU kernels of the elementwise `_out` ops: unary_out, binary_out,
+// binary_alpha_out, where_out and clamp_out. The composite kernels (tensor/elementwise.cc, Note
 // [Elementwise dtypes]) have validated everything: `out` has the iteration
 // shape, the inputs are expanded to it and are in the compute dtype (the
 // output's, or any dtype for logical_not and bool-returning binary ops).
@@ -254,6 +254,38 @@ void BinaryOut(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b)
   VisitDtype(a.dtype(), [&]<typename T>() { BinaryTyped<T>(op, out, a, b); });
 }
 
+// --- binary_alpha_out (Note [One-pass alpha] in tensor/elementwise.cc) --------------
+
+template <typename T>
+void BinaryAlphaTyped(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
+                      const Scalar& alpha) {
+  const bool add = op == BinaryOp::kAdd;
+  if constexpr (std::is_same_v<T, bool>) {
+    EMBER_INTERNAL_ASSERT(add, "sub on bool reached binary_alpha_out");
+    if (alpha.to<bool>()) {
+      MapArith<T>(out, a, b, [](bool x, bool y) { return x || y; });
+    } else {
+      MapArith<T>(out, a, b, [](bool x, bool) { return x; });
+    }
+  } else if constexpr (kIsFloat<T>) {
+    using M = OpMath<T>;
+    const M s = add ? alpha.to<M>() : -alpha.to<M>();
+    MapArith<T>(out, a, b, [s](M x, M y) { return x + s * y; });
+  } else {
+    const T s = alpha.to<T>();
+    if (add) {
+      MapArith<T>(out, a, b, [s](T x, T y) { return WrapAdd<T>(x, WrapMul<T>(s, y)); });
+    } else {
+      MapArith<T>(out, a, b, [s](T x, T y) { return WrapSub<T>(x, WrapMul<T>(s, y)); });
+    }
+  }
+}
+
+void BinaryAlphaOut(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
+                    const Scalar& alpha) {
+  VisitDtype(a.dtype(), [&]<typename T>() { BinaryAlphaTyped<T>(op, out, a, b, alpha); });
+}
+
 // --- where_out / clamp_out ---------------------------------------------------------
 
 void WhereOut(const Tensor& out, const Tensor& condition, const Tensor& a, const Tensor& b) {
@@ -305,6 +337,7 @@ void ClampOut(const Tensor& out, const Tensor& in, const std::optional<Scalar>& 
 
 EMBER_REGISTER_KERNEL(unary_out, kCPU, &UnaryOut);
 EMBER_REGISTER_KERNEL(binary_out, kCPU, &BinaryOut);
+EMBER_REGISTER_KERNEL(binary_alpha_out, kCPU, &BinaryAlphaOut);
 EMBER_REGISTER_KERNEL(where_out, kCPU, &WhereOut);
 EMBER_REGISTER_KERNEL(clamp_out, kCPU, &ClampOut);
 
