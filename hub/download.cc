@@ -51,16 +51,15 @@ struct Progress {
   curl_off_t last_drawn = -1;
 };
 
-int OnProgress(void* user, curl_off_t total, curl_off_t now, curl_off_t,
-               curl_off_t) {
+int OnProgress(void* user, curl_off_t total, curl_off_t now, curl_off_t, curl_off_t) {
   auto* p = static_cast<Progress*>(user);
   if (!p->draw || now == p->last_drawn) return 0;
   p->last_drawn = now;
   if (total > 0) {
     int pct = static_cast<int>(100 * now / total);
     int bars = pct / 4;
-    std::fprintf(stderr, "\r%3d%%|%-25s| %.1f/%.1f MB", pct,
-                 std::string(bars, '#').c_str(), now / 1e6, total / 1e6);
+    std::fprintf(stderr, "\r%3d%%|%-25s| %.1f/%.1f MB", pct, std::string(bars, '#').c_str(),
+                 now / 1e6, total / 1e6);
   } else {
     std::fprintf(stderr, "\r%.1f MB", now / 1e6);
   }
@@ -76,12 +75,11 @@ struct Attempt {
   bool retry = false;
 };
 
-Attempt TryOnce(const std::string& url, const std::string& tmp,
-                const DownloadOptions& options, const std::string& ca_bundle) {
+Attempt TryOnce(const std::string& url, const std::string& tmp, const DownloadOptions& options,
+                const std::string& ca_bundle) {
   std::unique_ptr<FILE, FileCloser> out(std::fopen(tmp.c_str(), "wb"));
   if (!out) {
-    return {absl::InternalError(
-                absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno))),
+    return {absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno))),
             false};
   }
   std::unique_ptr<CURL, CurlDeleter> curl(curl_easy_init());
@@ -98,18 +96,14 @@ Attempt TryOnce(const std::string& url, const std::string& tmp,
   curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "https");
   curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 1L);
   curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 2L);
-  if (!ca_bundle.empty())
-    curl_easy_setopt(c, CURLOPT_CAINFO, ca_bundle.c_str());
-  curl_easy_setopt(
-      c, CURLOPT_CONNECTTIMEOUT_MS,
-      static_cast<long>(absl::ToInt64Milliseconds(options.connect_timeout)));
-  curl_easy_setopt(
-      c, CURLOPT_TIMEOUT_MS,
-      static_cast<long>(absl::ToInt64Milliseconds(options.total_timeout)));
+  if (!ca_bundle.empty()) curl_easy_setopt(c, CURLOPT_CAINFO, ca_bundle.c_str());
+  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS,
+                   static_cast<long>(absl::ToInt64Milliseconds(options.connect_timeout)));
+  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS,
+                   static_cast<long>(absl::ToInt64Milliseconds(options.total_timeout)));
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-  curl_easy_setopt(
-      c, CURLOPT_LOW_SPEED_TIME,
-      static_cast<long>(absl::ToInt64Seconds(options.stall_timeout)));
+  curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME,
+                   static_cast<long>(absl::ToInt64Seconds(options.stall_timeout)));
   curl_easy_setopt(c, CURLOPT_USERAGENT, "ember-hub/1");
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnData);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, out.get());
@@ -122,39 +116,32 @@ Attempt TryOnce(const std::string& url, const std::string& tmp,
   bool flushed = std::fflush(out.get()) == 0;
   std::string what = absl::StrCat("downloading ", url, ": ");
   if (rc == CURLE_UNSUPPORTED_PROTOCOL) {
-    return {absl::PermissionDeniedError(
-                absl::StrCat(what, "refused a redirect to a non-https URL (",
-                             error, "); only https redirects are followed")),
-            false};
+    return {
+        absl::PermissionDeniedError(absl::StrCat(what, "refused a redirect to a non-https URL (",
+                                                 error, "); only https redirects are followed")),
+        false};
   }
   if (rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CACERT_BADFILE) {
-    return {absl::UnavailableError(absl::StrCat(
-                what, "TLS verification failed: ", error, " (set ",
-                kCaBundleEnv, " to a PEM bundle that trusts this server)")),
+    return {absl::UnavailableError(absl::StrCat(what, "TLS verification failed: ", error, " (set ",
+                                                kCaBundleEnv,
+                                                " to a PEM bundle that trusts this server)")),
             false};
   }
   if (rc != CURLE_OK) {
-    bool transient = rc == CURLE_COULDNT_CONNECT ||
-                     rc == CURLE_OPERATION_TIMEDOUT ||
-                     rc == CURLE_PARTIAL_FILE || rc == CURLE_RECV_ERROR ||
-                     rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING ||
-                     rc == CURLE_COULDNT_RESOLVE_HOST;
-    return {absl::UnavailableError(
-                absl::StrCat(what, curl_easy_strerror(rc), ": ", error)),
+    bool transient = rc == CURLE_COULDNT_CONNECT || rc == CURLE_OPERATION_TIMEDOUT ||
+                     rc == CURLE_PARTIAL_FILE || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR ||
+                     rc == CURLE_GOT_NOTHING || rc == CURLE_COULDNT_RESOLVE_HOST;
+    return {absl::UnavailableError(absl::StrCat(what, curl_easy_strerror(rc), ": ", error)),
             transient};
   }
   long code = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-  if (code == 404)
-    return {absl::NotFoundError(absl::StrCat(what, "HTTP 404 (not found)")),
-            false};
+  if (code == 404) return {absl::NotFoundError(absl::StrCat(what, "HTTP 404 (not found)")), false};
   if (code >= 400) {
-    return {absl::UnavailableError(absl::StrCat(what, "HTTP ", code)),
-            code >= 500 || code == 429};
+    return {absl::UnavailableError(absl::StrCat(what, "HTTP ", code)), code >= 500 || code == 429};
   }
   if (!flushed)
-    return {absl::InternalError(
-                absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno))),
+    return {absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno))),
             false};
   return {absl::OkStatus(), false};
 }
@@ -165,27 +152,23 @@ absl::Status DownloadUrlToFile(const std::string& url, const std::string& dest,
                                const DownloadOptions& options) {
   GlobalInitOnce();
   std::string ca_bundle = options.ca_bundle;
-  if (const char* env = std::getenv(kCaBundleEnv);
-      ca_bundle.empty() && env != nullptr)
+  if (const char* env = std::getenv(kCaBundleEnv); ca_bundle.empty() && env != nullptr)
     ca_bundle = env;
   absl::BitGen gen;
-  std::string tmp =
-      absl::StrCat(dest, ".partial-", absl::Uniform<uint64_t>(gen));
+  std::string tmp = absl::StrCat(dest, ".partial-", absl::Uniform<uint64_t>(gen));
   Attempt attempt;
   absl::Duration backoff = options.initial_backoff;
   for (int i = 1; i <= std::max(1, options.max_attempts); ++i) {
     attempt = TryOnce(url, tmp, options, ca_bundle);
-    if (attempt.status.ok() || !attempt.retry || i == options.max_attempts)
-      break;
+    if (attempt.status.ok() || !attempt.retry || i == options.max_attempts) break;
     absl::SleepFor(backoff);
     backoff *= 2;
   }
   if (!attempt.status.ok()) {
     std::remove(tmp.c_str());
     if (attempt.retry) {
-      return absl::Status(attempt.status.code(),
-                          absl::StrCat(attempt.status.message(), " (after ",
-                                       options.max_attempts, " attempts)"));
+      return absl::Status(attempt.status.code(), absl::StrCat(attempt.status.message(), " (after ",
+                                                              options.max_attempts, " attempts)"));
     }
     return attempt.status;
   }
@@ -194,17 +177,16 @@ absl::Status DownloadUrlToFile(const std::string& url, const std::string& dest,
     if (!digest.ok() || !absl::StartsWith(*digest, options.hash_prefix)) {
       std::remove(tmp.c_str());
       if (!digest.ok()) return digest.status();
-      return absl::DataLossError(absl::StrCat(
-          "invalid hash value for ", url,
-          ": expected the SHA-256 to start with '", options.hash_prefix,
-          "', got '", *digest, "'; the download was discarded"));
+      return absl::DataLossError(
+          absl::StrCat("invalid hash value for ", url, ": expected the SHA-256 to start with '",
+                       options.hash_prefix, "', got '", *digest, "'; the download was discarded"));
     }
   }
   if (std::rename(tmp.c_str(), dest.c_str()) != 0) {
     int err = errno;
     std::remove(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot move download into ", dest,
-                                            ": ", std::strerror(err)));
+    return absl::InternalError(
+        absl::StrCat("cannot move download into ", dest, ": ", std::strerror(err)));
   }
   return absl::OkStatus();
 }
