@@ -13,6 +13,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "hub/sha256.h"
 
 // Note [Download safety]
@@ -46,24 +47,58 @@ void GlobalInitOnce() {
   std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
+// Note [Progress bar]
+// ~~~~~~~~~~~~~~~~~~~
+// Drawn on stderr only when DownloadOptions::progress is set and stderr is a
+// terminal; there is no size or duration threshold (PyTorch's tqdm bar shows
+// for every download too). One line, "<file>: NN%|####   | x.x/y.y MB", is
+// rewritten in place with '\r' at most every 100 ms, and once more at 100%;
+// a newline ends it. Only a 2xx response's body counts (a redirect or error
+// page draws nothing), and an attempt that drew nothing prints nothing.
 struct Progress {
-  bool draw = false;
-  curl_off_t last_drawn = -1;
+  bool enabled = false;
+  CURL* curl = nullptr;
+  std::string name;
+  bool drawn = false;
+  curl_off_t last_bytes = -1;
+  absl::Time last_time = absl::InfinitePast();
 };
+
+void Draw(Progress& p, curl_off_t total, curl_off_t now) {
+  if (total > 0) {
+    int pct = static_cast<int>(100 * now / total);
+    std::fprintf(stderr, "\r%s: %3d%%|%-25s| %.1f/%.1f MB", p.name.c_str(), pct,
+                 std::string(pct / 4, '#').c_str(), now / 1e6, total / 1e6);
+  } else {
+    std::fprintf(stderr, "\r%s: %.1f MB", p.name.c_str(), now / 1e6);
+  }
+  std::fflush(stderr);
+  p.drawn = true;
+  p.last_bytes = now;
+  p.last_time = absl::Now();
+}
 
 int OnProgress(void* user, curl_off_t total, curl_off_t now, curl_off_t, curl_off_t) {
   auto* p = static_cast<Progress*>(user);
-  if (!p->draw || now == p->last_drawn) return 0;
-  p->last_drawn = now;
-  if (total > 0) {
-    int pct = static_cast<int>(100 * now / total);
-    int bars = pct / 4;
-    std::fprintf(stderr, "\r%3d%%|%-25s| %.1f/%.1f MB", pct, std::string(bars, '#').c_str(),
-                 now / 1e6, total / 1e6);
-  } else {
-    std::fprintf(stderr, "\r%.1f MB", now / 1e6);
-  }
+  if (!p->enabled || now == p->last_bytes || (now == 0 && total == 0)) return 0;
+  long code = 0;
+  curl_easy_getinfo(p->curl, CURLINFO_RESPONSE_CODE, &code);
+  if (code < 200 || code >= 300) return 0;
+  bool done = total > 0 && now >= total;
+  if (done || absl::Now() - p->last_time >= absl::Milliseconds(100)) Draw(*p, total, now);
   return 0;
+}
+
+// Ends the bar of an attempt: redraws the final count if the last callback
+// was throttled away, then the newline.
+void FinishProgress(Progress& p, bool ok) {
+  if (!p.drawn) return;
+  curl_off_t got = 0, total = -1;
+  curl_easy_getinfo(p.curl, CURLINFO_SIZE_DOWNLOAD_T, &got);
+  curl_easy_getinfo(p.curl, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &total);
+  if (ok && got != p.last_bytes) Draw(p, total, got);
+  std::fputc('\n', stderr);
+  std::fflush(stderr);
 }
 
 size_t OnData(char* data, size_t size, size_t n, void* user) {
@@ -75,8 +110,8 @@ struct Attempt {
   bool retry = false;
 };
 
-Attempt TryOnce(const std::string& url, const std::string& tmp, const DownloadOptions& options,
-                const std::string& ca_bundle) {
+Attempt TryOnce(const std::string& url, const std::string& tmp, const std::string& name,
+                const DownloadOptions& options, const std::string& ca_bundle) {
   std::unique_ptr<FILE, FileCloser> out(std::fopen(tmp.c_str(), "wb"));
   if (!out) {
     return {absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno))),
@@ -86,7 +121,9 @@ Attempt TryOnce(const std::string& url, const std::string& tmp, const DownloadOp
   CURL* c = curl.get();
   char error[CURL_ERROR_SIZE] = {0};
   Progress progress;
-  progress.draw = options.progress && isatty(STDERR_FILENO);
+  progress.enabled = options.progress && isatty(STDERR_FILENO);
+  progress.curl = c;
+  progress.name = name;
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, error);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
@@ -107,12 +144,12 @@ Attempt TryOnce(const std::string& url, const std::string& tmp, const DownloadOp
   curl_easy_setopt(c, CURLOPT_USERAGENT, "ember-hub/1");
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnData);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, out.get());
-  curl_easy_setopt(c, CURLOPT_NOPROGRESS, progress.draw ? 0L : 1L);
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, progress.enabled ? 0L : 1L);
   curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, OnProgress);
   curl_easy_setopt(c, CURLOPT_XFERINFODATA, &progress);
 
   CURLcode rc = curl_easy_perform(c);
-  if (progress.draw) std::fputc('\n', stderr);
+  FinishProgress(progress, rc == CURLE_OK);
   bool flushed = std::fflush(out.get()) == 0;
   std::string what = absl::StrCat("downloading ", url, ": ");
   if (rc == CURLE_UNSUPPORTED_PROTOCOL) {
@@ -156,10 +193,11 @@ absl::Status DownloadUrlToFile(const std::string& url, const std::string& dest,
     ca_bundle = env;
   absl::BitGen gen;
   std::string tmp = absl::StrCat(dest, ".partial-", absl::Uniform<uint64_t>(gen));
+  const std::string name = dest.substr(dest.find_last_of('/') + 1);
   Attempt attempt;
   absl::Duration backoff = options.initial_backoff;
   for (int i = 1; i <= std::max(1, options.max_attempts); ++i) {
-    attempt = TryOnce(url, tmp, options, ca_bundle);
+    attempt = TryOnce(url, tmp, name, options, ca_bundle);
     if (attempt.status.ok() || !attempt.retry || i == options.max_attempts) break;
     absl::SleepFor(backoff);
     backoff *= 2;
