@@ -3,6 +3,7 @@
 #include <curl/curl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -51,9 +52,9 @@ void GlobalInitOnce() {
 // ~~~~~~~~~~~~~~~~~~~
 // Drawn on stderr only when DownloadOptions::progress is set and stderr is a
 // terminal; there is no size or duration threshold (PyTorch's tqdm bar shows
-// for every download too). One line, "<file>: NN%|####   | x.x/y.y MB", is
-// rewritten in place with '\r' at most every 100 ms, and once more at 100%;
-// a newline ends it. Only a 2xx response's body counts (a redirect or error
+// for every download too). One line, "<file>: NN%|####   | x.x/y.y MB" (kB
+// under a megabyte), is rewritten in place with '\r' at most every 100 ms,
+// and once more at 100%; a newline ends it. Only a 2xx response's body counts (a redirect or error
 // page draws nothing), and an attempt that drew nothing prints nothing.
 struct Progress {
   bool enabled = false;
@@ -65,12 +66,16 @@ struct Progress {
 };
 
 void Draw(Progress& p, curl_off_t total, curl_off_t now) {
+  // kB below a megabyte, so that a small file shows a size rather than 0.0.
+  const bool mb = std::max(total, now) >= 1000000;
+  const double unit = mb ? 1e6 : 1e3;
+  const char* unit_name = mb ? "MB" : "kB";
   if (total > 0) {
     int pct = static_cast<int>(100 * now / total);
-    std::fprintf(stderr, "\r%s: %3d%%|%-25s| %.1f/%.1f MB", p.name.c_str(), pct,
-                 std::string(pct / 4, '#').c_str(), now / 1e6, total / 1e6);
+    std::fprintf(stderr, "\r%s: %3d%%|%-25s| %.1f/%.1f %s", p.name.c_str(), pct,
+                 std::string(pct / 4, '#').c_str(), now / unit, total / unit, unit_name);
   } else {
-    std::fprintf(stderr, "\r%s: %.1f MB", p.name.c_str(), now / 1e6);
+    std::fprintf(stderr, "\r%s: %.1f %s", p.name.c_str(), now / unit, unit_name);
   }
   std::fflush(stderr);
   p.drawn = true;
