@@ -40,7 +40,9 @@ struct DownloadOptions {
   // transfers, HTTP 5xx/429), with `initial_backoff` doubling between them.
   int max_attempts = 3;
   absl::Duration initial_backoff = absl::Milliseconds(500);
-  // A progress bar on stderr, drawn only when stderr is a terminal.
+  // A one-line progress bar on stderr (the destination's file name, percent,
+  // MB), drawn only when stderr is a terminal, for downloads of any size
+  // (Note [Progress bar] in download.cc).
   bool progress = true;
   // PEM bundle of trusted CAs; empty: $EMBER_HUB_CA_BUNDLE, else the system's.
   std::string ca_bundle;

@@ -10,6 +10,7 @@ plain files it answers:
   /flaky/<path>            HTTP 503 on the first request for <path>, then the file
   /redirect-http/<path>    302 to http://127.0.0.1:<port>/<path>
   /redirect-https/<path>   302 to https://127.0.0.1:<port>/<path>
+  /slow/<path>             the file in 20 pieces 50 ms apart (a "long" download)
 It exits when its parent closes stdin.
 """
 import argparse
@@ -20,6 +21,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 
 
 def main():
@@ -84,6 +86,19 @@ def main():
                 if first:
                     return self.send_bytes(503, b"try again")
                 path = "/" + rel
+            if path.startswith("/slow/"):
+                body = self.file_bytes(path[len("/slow"):])
+                if body is None:
+                    return self.send_bytes(404, b"not found")
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                step = (len(body) + 19) // 20
+                for i in range(0, len(body), step):
+                    self.wfile.write(body[i:i + step])
+                    self.wfile.flush()
+                    time.sleep(0.05)
+                return
             cut = path.startswith("/cut/")
             if cut:
                 path = path[len("/cut"):]
