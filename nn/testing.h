@@ -9,6 +9,12 @@
 // ExpectGradientsMatch runs autograd's gradient checker (autograd/gradcheck.h:
 // the full Jacobian against central finite differences in float64) on fresh
 // leaf copies of the inputs and records a test failure naming the mismatch.
+//
+// ExpectSecondDerivativesMatch is the same check one order up (PyTorch's
+// gradgradcheck): the first derivatives, recorded with create_graph=true for
+// a fixed random output gradient v, are themselves checked against finite
+// differences with respect to the inputs and v. A first derivative that is
+// not recorded (detached from the graph) is a failure, not a skipped check.
 #ifndef EMBER_NN_TESTING_H_
 #define EMBER_NN_TESTING_H_
 
@@ -16,7 +22,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
+#include "tensor/factories.h"
 #include "gtest/gtest.h"
 #include "tensor/tensor.h"
 
@@ -39,6 +48,40 @@ inline void ExpectGradientsMatch(const std::function<Tensor(const std::vector<Te
   absl::Status s = autograd::Gradcheck(
       [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in)}; }, inputs);
   EXPECT_TRUE(s.ok()) << "gradient check failed: " << s;
+}
+
+// Checks the second derivatives of fn (inputs must be float64): the recorded
+// gradients of fn's output, weighted by a random v, against finite
+// differences with respect to every input and v.
+inline void ExpectSecondDerivativesMatch(
+    const std::function<Tensor(const std::vector<Tensor>&)>& fn, std::vector<Tensor> inputs) {
+  for (Tensor& t : inputs) {
+    t = t.detach().clone();
+    t.requires_grad_(true);
+  }
+  const size_t n = inputs.size();
+  {
+    autograd::NoGradGuard no_grad;
+    Tensor v = randn(fn(inputs).sizes(), TensorOptions(kFloat64));
+    v.requires_grad_(true);
+    inputs.push_back(v);
+  }
+  bool detached = false;
+  auto first_order = [&](const std::vector<Tensor>& in) {
+    // The checker evaluates without grad; the first derivatives need a graph.
+    autograd::EnableGradGuard enable_grad;
+    std::vector<Tensor> wrt(in.begin(), in.begin() + n);
+    std::vector<Tensor> grads = autograd::Grad({fn(wrt)}, wrt, {in[n]}, /*retain_graph=*/true,
+                                               /*create_graph=*/true, /*allow_unused=*/true);
+    for (Tensor& g : grads) {
+      if (!g.defined()) continue;
+      if (!g.requires_grad()) detached = true;
+    }
+    return grads;
+  };
+  absl::Status s = autograd::Gradcheck(first_order, inputs);
+  EXPECT_TRUE(s.ok()) << "second-derivative check failed: " << s;
+  EXPECT_FALSE(detached) << "a first derivative was not recorded with create_graph=true";
 }
 
 }  // namespace ember::nn::testing
