@@ -26,6 +26,7 @@ namespace ember::nn {
 namespace {
 
 using ::ember::nn::testing::ExpectGradientsMatch;
+using ::ember::nn::testing::ExpectSecondDerivativesMatch;
 using ::ember::nn::testing::Values;
 using ::testing::HasSubstr;
 
@@ -101,6 +102,16 @@ TEST(LinearTest, SupportsDoubleBackward) {
   for (int i = 0; i < 2; ++i) ExpectNear(Values(second[i]), Values(want), 1e-12);
 }
 
+TEST(LinearTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(14);
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = functional::linear(in[0], in[1], in[2]);
+        return y * y;
+      },
+      {Randn64({3, 2}), Randn64({4, 2}), Randn64({4})});
+}
+
 // --- Activations ------------------------------------------------------------------
 
 TEST(ActivationTest, ValuesAndReluGradient) {
@@ -121,6 +132,17 @@ TEST(ActivationTest, ValuesAndReluGradient) {
   // Non-contiguous input takes the tensor-op path and agrees.
   Tensor m = randn({3, 4});
   EXPECT_TRUE(functional::relu(m.t()).equal(m.t().relu()));
+}
+
+TEST(ActivationTest, ReluSecondDerivativesMatchFiniteDifferences) {
+  manual_seed(15);
+  // relu(x) * x: its second derivative 2 [x > 0] is not zero, so a recorded
+  // backward that lost the mask or the dependence on x would fail.
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) { return functional::relu(in[0]) * in[0]; },
+      {Randn64({3, 4})});
+  ExpectSecondDerivativesMatch([](const std::vector<Tensor>& in) { return functional::relu(in[0]); },
+                               {Randn64({2, 5})});
 }
 
 // --- Conv2d ------------------------------------------------------------------------
@@ -259,6 +281,28 @@ TEST(PoolingTest, MaxPoolGradientGoesToTheMaxima) {
       {x});
 }
 
+TEST(PoolingTest, MaxPoolSecondDerivativesMatchFiniteDifferences) {
+  manual_seed(7);
+  Tensor x = (randn({2, 2, 5, 5}, kFloat64) * 10).round() +
+             arange(100).to(kFloat64).view({2, 2, 5, 5}) * 0.001;
+  // Squared, so that the second derivative with respect to x is not zero.
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = functional::max_pool2d(
+            in[0], {.kernel_size = {2, 3}, .stride = {2, 1}, .padding = {1, 1}});
+        return y * y;
+      },
+      {x});
+  // Third order: the gather at the indices is recorded too.
+  Tensor leaf = x.clone().requires_grad_();
+  Tensor y = functional::max_pool2d(leaf, {.kernel_size = {2, 2}});
+  Tensor v = randn(y.sizes(), kFloat64).requires_grad_();
+  Tensor g = autograd::Grad({y}, {leaf}, {v}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor gv = autograd::Grad({(g * g).sum()}, {v}, {}, std::nullopt, /*create_graph=*/true)[0];
+  ExpectNear(Values(gv), Values(v * 2.0), 1e-12);  // Each window's maximum is picked once.
+  EXPECT_TRUE(gv.requires_grad());
+}
+
 TEST(PoolingTest, AvgPoolCountsPaddingUnlessTold) {
   Tensor x = ones({1, 1, 2, 2});
   AvgPool2dOptions o{.kernel_size = {2, 2}, .stride = {1, 1}, .padding = {1, 1}};
@@ -287,6 +331,28 @@ TEST(PoolingTest, AdaptiveAvgPoolAveragesPyTorchWindows) {
   ExpectGradientsMatch(
       [](const std::vector<Tensor>& in) {
         return functional::adaptive_avg_pool2d(in[0], {2, 3});
+      },
+      {Randn64({1, 2, 5, 7})});
+}
+
+TEST(PoolingTest, AvgPoolSecondDerivativesMatchFiniteDifferences) {
+  manual_seed(8);
+  for (bool include_pad : {true, false}) {
+    ExpectSecondDerivativesMatch(
+        [&](const std::vector<Tensor>& in) {
+          Tensor y = functional::avg_pool2d(in[0], {.kernel_size = {3, 2},
+                                                    .stride = {2, 2},
+                                                    .padding = {1, 1},
+                                                    .ceil_mode = true,
+                                                    .count_include_pad = include_pad});
+          return y * y;
+        },
+        {Randn64({1, 2, 5, 4})});
+  }
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = functional::adaptive_avg_pool2d(in[0], {2, 3});
+        return y * y;
       },
       {Randn64({1, 2, 5, 7})});
 }
