@@ -231,12 +231,25 @@ TEST(Conv2dTest, GradientsMatchFiniteDifferences) {
       {Randn64({1, 4, 4, 4}), Randn64({2, 2, 2, 2})});
 }
 
-TEST(Conv2dTest, RefusesToRecordItsBackward) {
-  Tensor x = randn({1, 1, 3, 3}).requires_grad_();
-  Tensor w = randn({1, 1, 2, 2}).requires_grad_();
-  Tensor y = functional::conv2d(x, w).sum();
-  EXPECT_THAT(ErrorOf([&] { y.backward(Tensor(), false, /*create_graph=*/true); }),
-              HasSubstr("conv2d backward: this backward is once-differentiable"));
+TEST(Conv2dTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(16);
+  // Squared output: every pair of (x, w, bias, v) has a second derivative.
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = functional::conv2d(in[0], in[1], in[2], {2, 1}, {1, 0}, {1, 2});
+        return y * y;
+      },
+      {Randn64({2, 2, 5, 6}), Randn64({3, 2, 2, 2}), Randn64({3})});
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = functional::conv2d(in[0], in[1], Tensor(), {1, 1}, {0, 0}, {1, 1}, 2);
+        return y * y;
+      },
+      {Randn64({1, 4, 4, 4}), Randn64({2, 2, 2, 2})});
+  // Linear in x: the recorded gradient's own gradient is a convolution again.
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) { return functional::conv2d(in[0], in[1]); },
+      {Randn64({1, 2, 4, 4}), Randn64({2, 2, 3, 3})});
 }
 
 TEST(Conv2dTest, ErrorsNameTheShapes) {
