@@ -421,6 +421,24 @@ TEST(BatchNormTest, GradientsMatchFiniteDifferences) {
       {Randn64({5, 2})});
 }
 
+TEST(BatchNormTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(17);
+  for (bool training : {true, false}) {
+    SCOPED_TRACE(training ? "training" : "eval");
+    Tensor rm = Randn64({3}), rv = rand({3}, kFloat64) + 0.5;
+    ExpectSecondDerivativesMatch(
+        [&](const std::vector<Tensor>& in) {
+          return functional::batch_norm(in[0], rm.clone(), rv.clone(), in[1], in[2], training);
+        },
+        {Randn64({4, 3, 2}), Randn64({3}), Randn64({3})});
+  }
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        return functional::batch_norm(in[0], Tensor(), Tensor(), Tensor(), Tensor(), true);
+      },
+      {Randn64({5, 2})});
+}
+
 TEST(BatchNormTest, RefusesOneValuePerChannelInTraining) {
   BatchNorm1d bn(4);
   EXPECT_THAT(
@@ -446,6 +464,18 @@ TEST(LayerNormTest, NormalisesTrailingDimsAndHasGradients) {
       },
       {Randn64({2, 2, 3}), Randn64({2, 3}), Randn64({2, 3})});
   EXPECT_THAT(ErrorOf([&] { ln(randn({3, 5})); }), HasSubstr("Given normalized_shape=[4]"));
+}
+
+TEST(LayerNormTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(18);
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        return functional::layer_norm(in[0], {2, 3}, in[1], in[2]);
+      },
+      {Randn64({2, 2, 3}), Randn64({2, 3}), Randn64({2, 3})});
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) { return functional::layer_norm(in[0], {4}, Tensor(), Tensor(), 1e-5); },
+      {Randn64({3, 4})});
 }
 
 // --- Embedding, Dropout, Flatten ---------------------------------------------------
