@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -141,8 +142,8 @@ TEST(ActivationTest, ReluSecondDerivativesMatchFiniteDifferences) {
   ExpectSecondDerivativesMatch(
       [](const std::vector<Tensor>& in) { return functional::relu(in[0]) * in[0]; },
       {Randn64({3, 4})});
-  ExpectSecondDerivativesMatch([](const std::vector<Tensor>& in) { return functional::relu(in[0]); },
-                               {Randn64({2, 5})});
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) { return functional::relu(in[0]); }, {Randn64({2, 5})});
 }
 
 // --- Conv2d ------------------------------------------------------------------------
@@ -474,11 +475,27 @@ TEST(LayerNormTest, SecondDerivativesMatchFiniteDifferences) {
       },
       {Randn64({2, 2, 3}), Randn64({2, 3}), Randn64({2, 3})});
   ExpectSecondDerivativesMatch(
-      [](const std::vector<Tensor>& in) { return functional::layer_norm(in[0], {4}, Tensor(), Tensor(), 1e-5); },
+      [](const std::vector<Tensor>& in) {
+        return functional::layer_norm(in[0], {4}, Tensor(), Tensor(), 1e-5);
+      },
       {Randn64({3, 4})});
 }
 
 // --- Embedding, Dropout, Flatten ---------------------------------------------------
+
+TEST(EmbeddingTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(19);
+  const Tensor ids = tensor(std::vector<int64_t>{1, 3, 1, 0, 4}).view({5});
+  for (std::optional<int64_t> padding : {std::optional<int64_t>(), std::optional<int64_t>(0)}) {
+    SCOPED_TRACE(padding ? "padding_idx=0" : "no padding");
+    ExpectSecondDerivativesMatch(
+        [&](const std::vector<Tensor>& in) {
+          Tensor y = functional::embedding(ids, in[0], padding);
+          return y * y;
+        },
+        {Randn64({5, 3})});
+  }
+}
 
 TEST(EmbeddingTest, LooksUpRowsAndAccumulatesGradients) {
   manual_seed(10);

@@ -154,8 +154,8 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
     std::vector<Tensor> saved = ctx->get_saved_variables();
     if (autograd::GradMode::is_enabled()) {
       grads = BatchNormRecordedBackward(saved, grad_outputs[0],
-                                       std::get<bool>(ctx->saved_data["training"]),
-                                       std::get<double>(ctx->saved_data["eps"]));
+                                        std::get<bool>(ctx->saved_data["training"]),
+                                        std::get<double>(ctx->saved_data["eps"]));
       for (size_t i = 0; i < grads.size(); ++i) {
         if (!ctx->needs_input_grad(i)) grads[i] = Tensor();
       }
@@ -255,8 +255,8 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
     std::vector<Tensor> saved = ctx->get_saved_variables();
     if (autograd::GradMode::is_enabled()) {
       grads = LayerNormRecordedBackward(saved, grad_outputs[0],
-                                       std::get<std::vector<int64_t>>(ctx->saved_data["shape"]),
-                                       std::get<double>(ctx->saved_data["eps"]));
+                                        std::get<std::vector<int64_t>>(ctx->saved_data["shape"]),
+                                        std::get<double>(ctx->saved_data["eps"]));
       for (size_t i = 0; i < grads.size(); ++i) {
         if (!ctx->needs_input_grad(i)) grads[i] = Tensor();
       }

@@ -331,7 +331,8 @@ struct AvgPoolAdjointFunction : autograd::Function<AvgPoolAdjointFunction> {
   }
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
     std::vector<Tensor> grads(2);
-    if (grad_outputs[0].defined()) grads[0] = AvgPoolFunction::apply(grad_outputs[0], LoadPlan(ctx));
+    if (grad_outputs[0].defined())
+      grads[0] = AvgPoolFunction::apply(grad_outputs[0], LoadPlan(ctx));
     return grads;
   }
 };
@@ -375,9 +376,9 @@ Tensor avg_pool2d(const Tensor& input, const AvgPool2dOptions& options) {
     internal::VisitNnDtype(x.dtype(), "avg_pool2d", []<typename T>() {});
     Windows rows = AvgWindows(x.size(2), out[0], k[0], stride[0], p[0], options.count_include_pad);
     Windows cols = AvgWindows(x.size(3), out[1], k[1], stride[1], p[1], options.count_include_pad);
-    return AvgPoolFunction::apply(x, AvgPlan{IntVector(x.sizes().begin(), x.sizes().end()),
-                                             rows.start, rows.end, rows.count, cols.start,
-                                             cols.end, cols.count});
+    return AvgPoolFunction::apply(
+        x, AvgPlan{IntVector(x.sizes().begin(), x.sizes().end()), rows.start, rows.end, rows.count,
+                   cols.start, cols.end, cols.count});
   });
 }
 
@@ -395,9 +396,9 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
     internal::VisitNnDtype(x.dtype(), "adaptive_avg_pool2d", []<typename T>() {});
     Windows rows = AdaptiveWindows(x.size(2), output_size[0]);
     Windows cols = AdaptiveWindows(x.size(3), output_size[1]);
-    return AvgPoolFunction::apply(x, AvgPlan{IntVector(x.sizes().begin(), x.sizes().end()),
-                                             rows.start, rows.end, rows.count, cols.start,
-                                             cols.end, cols.count});
+    return AvgPoolFunction::apply(
+        x, AvgPlan{IntVector(x.sizes().begin(), x.sizes().end()), rows.start, rows.end, rows.count,
+                   cols.start, cols.end, cols.count});
   });
 }
 

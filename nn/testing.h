@@ -25,8 +25,8 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
-#include "tensor/factories.h"
 #include "gtest/gtest.h"
+#include "tensor/factories.h"
 #include "tensor/tensor.h"
 
 namespace ember::nn::testing {
