@@ -486,15 +486,21 @@ TEST(LayerNormTest, SecondDerivativesMatchFiniteDifferences) {
 TEST(EmbeddingTest, SecondDerivativesMatchFiniteDifferences) {
   manual_seed(19);
   const Tensor ids = tensor(std::vector<int64_t>{1, 3, 1, 0, 4}).view({5});
-  for (std::optional<int64_t> padding : {std::optional<int64_t>(), std::optional<int64_t>(0)}) {
-    SCOPED_TRACE(padding ? "padding_idx=0" : "no padding");
-    ExpectSecondDerivativesMatch(
-        [&](const std::vector<Tensor>& in) {
-          Tensor y = functional::embedding(ids, in[0], padding);
-          return y * y;
-        },
-        {Randn64({5, 3})});
-  }
+  ExpectSecondDerivativesMatch(
+      [&](const std::vector<Tensor>& in) {
+        Tensor y = functional::embedding(ids, in[0]);
+        return y * y;
+      },
+      {Randn64({5, 3})});
+  // The padding row gets no gradient by definition, so its lookups are masked
+  // out of the output for the finite differences to agree.
+  const Tensor keep = tensor({1.0, 1.0, 1.0, 0.0, 1.0}).view({5, 1});
+  ExpectSecondDerivativesMatch(
+      [&](const std::vector<Tensor>& in) {
+        Tensor y = functional::embedding(ids, in[0], /*padding_idx=*/0) * keep;
+        return y * y;
+      },
+      {Randn64({5, 3})});
 }
 
 TEST(EmbeddingTest, LooksUpRowsAndAccumulatesGradients) {
