@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/function.h"
+#include "autograd/grad_mode.h"
 #include "nn/init.h"
 #include "nn/kernel_util.h"
 #include "tensor/error.h"
@@ -15,6 +16,7 @@ namespace ember::nn {
 namespace {
 
 using autograd::AutogradContext;
+using IntVector = std::vector<int64_t>;
 
 // The geometry of one convolution.
 struct ConvShape {
@@ -88,98 +90,195 @@ void Gemm(const Tensor& out, const Tensor& a, const Tensor& b, double beta) {
   ops::gemm_out(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), beta, 1);
 }
 
-ConvShape ShapeOf(const Tensor& x, const Tensor& w, Int2 stride, Int2 padding, Int2 dilation,
-                  int64_t groups) {
+// Stride, padding, dilation and groups of one convolution.
+struct ConvParams {
+  Int2 stride, padding, dilation;
+  int64_t groups;
+};
+
+ConvShape ShapeOf(IntArrayRef x, IntArrayRef w, const ConvParams& p) {
   ConvShape s;
-  s.n = x.size(0), s.c = x.size(1), s.h = x.size(2), s.w = x.size(3);
-  s.o = w.size(0), s.kh = w.size(2), s.kw = w.size(3);
-  s.stride = stride, s.padding = padding, s.dilation = dilation, s.groups = groups;
-  s.oh = (s.h + 2 * padding[0] - dilation[0] * (s.kh - 1) - 1) / stride[0] + 1;
-  s.ow = (s.w + 2 * padding[1] - dilation[1] * (s.kw - 1) - 1) / stride[1] + 1;
+  s.n = x[0], s.c = x[1], s.h = x[2], s.w = x[3];
+  s.o = w[0], s.kh = w[2], s.kw = w[3];
+  s.stride = p.stride, s.padding = p.padding, s.dilation = p.dilation, s.groups = p.groups;
+  s.oh = (s.h + 2 * p.padding[0] - p.dilation[0] * (s.kh - 1) - 1) / p.stride[0] + 1;
+  s.ow = (s.w + 2 * p.padding[1] - p.dilation[1] * (s.kw - 1) - 1) / p.stride[1] + 1;
   return s;
 }
 
+// y = conv(x, w) + bias (bias may be undefined).
+Tensor ConvForward(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                   const ConvParams& p) {
+  Tensor x = input.detach().contiguous();
+  Tensor w = weight.detach().contiguous();
+  const ConvShape s = ShapeOf(x.sizes(), w.sizes(), p);
+  Tensor out = empty({s.n, s.o, s.oh, s.ow}, x.options());
+  if (out.numel() == 0) return out;
+  if (bias.defined()) out.copy_(bias.detach().view({1, s.o, 1, 1}));
+  const double beta = bias.defined() ? 1.0 : 0.0;
+  const int64_t og = s.o / p.groups, cg = s.ckk() / p.groups;
+  Tensor w2d = w.view({s.o, cg});
+  Tensor cols = empty({s.ckk(), s.l()}, x.options());
+  for (int64_t n = 0; n < s.n; ++n) {
+    Unfold(x, n, s, cols);
+    Tensor out_n = out.select(0, n).view({s.o, s.l()});
+    for (int64_t g = 0; g < p.groups; ++g) {
+      Gemm(out_n.narrow(0, g * og, og), w2d.narrow(0, g * og, og), cols.narrow(0, g * cg, cg),
+           beta);
+    }
+  }
+  return out;
+}
+
+// The gradient of conv(x, w) with respect to x (of shape x_sizes), given go.
+Tensor ConvInputGrad(const Tensor& grad, const Tensor& weight, const IntVector& x_sizes,
+                     const ConvParams& p) {
+  Tensor go = grad.detach().contiguous();
+  Tensor w = weight.detach().contiguous();
+  const ConvShape s = ShapeOf(x_sizes, w.sizes(), p);
+  Tensor gx = zeros(x_sizes, go.options());
+  if (gx.numel() == 0 || go.numel() == 0) return gx;
+  const int64_t og = s.o / p.groups, cg = s.ckk() / p.groups;
+  Tensor w2d = w.view({s.o, cg});
+  Tensor cols = empty({s.ckk(), s.l()}, go.options());
+  for (int64_t n = 0; n < s.n; ++n) {
+    Tensor go_n = go.select(0, n).view({s.o, s.l()});
+    for (int64_t g = 0; g < p.groups; ++g) {
+      Gemm(cols.narrow(0, g * cg, cg), w2d.narrow(0, g * og, og).t(), go_n.narrow(0, g * og, og),
+           0.0);
+    }
+    internal::VisitNnDtype(go.dtype(), "conv2d backward", [&]<typename T>() {
+      Col2Im(cols.data_ptr<T>(), s, gx.data_ptr<T>() + n * s.c * s.h * s.w);
+    });
+  }
+  return gx;
+}
+
+// The gradient of conv(x, w) with respect to w (of shape w_sizes), given go.
+Tensor ConvWeightGrad(const Tensor& input, const Tensor& grad, const IntVector& w_sizes,
+                      const ConvParams& p) {
+  Tensor x = input.detach().contiguous();
+  Tensor go = grad.detach().contiguous();
+  const ConvShape s = ShapeOf(x.sizes(), w_sizes, p);
+  const int64_t og = s.o / p.groups, cg = s.ckk() / p.groups;
+  Tensor gw = zeros({s.o, cg}, x.options());
+  if (x.numel() == 0 || go.numel() == 0) return gw.view(w_sizes);
+  Tensor cols = empty({s.ckk(), s.l()}, x.options());
+  for (int64_t n = 0; n < s.n; ++n) {
+    Tensor go_n = go.select(0, n).view({s.o, s.l()});
+    Unfold(x, n, s, cols);
+    for (int64_t g = 0; g < p.groups; ++g) {
+      Gemm(gw.narrow(0, g * og, og), go_n.narrow(0, g * og, og), cols.narrow(0, g * cg, cg).t(),
+           1.0);
+    }
+  }
+  return gw.view(w_sizes);
+}
+
+void SaveParams(AutogradContext* ctx, const ConvParams& p) {
+  ctx->saved_data["params"] = IntVector{p.stride[0],   p.stride[1],   p.padding[0], p.padding[1],
+                                        p.dilation[0], p.dilation[1], p.groups};
+}
+
+ConvParams LoadParams(AutogradContext* ctx) {
+  const IntVector v = std::get<IntVector>(ctx->saved_data["params"]);
+  return {{v[0], v[1]}, {v[2], v[3]}, {v[4], v[5]}, v[6]};
+}
+
+IntVector SizesOf(const Tensor& t) { return IntVector(t.sizes().begin(), t.sizes().end()); }
+
+// Note [Convolution double backward]
+// y = C(x, w) is bilinear, and so are its two gradients: gx = Cx(go, w) (a
+// transposed convolution) and gw = Cw(x, go) (a correlation). From
+// <ggx, Cx(go, w)> = <C(ggx, w), go> = <Cw(ggx, go), w> and
+// <ggw, Cw(x, go)> = <C(x, ggw), go> = <Cx(go, ggw), x>, the backward of each of
+// the three is written in the other two and itself, so Conv2dFunction,
+// ConvInputGradFunction and ConvWeightGradFunction close under
+// differentiation. The backward kernels run directly unless create_graph asks
+// for a graph.
+struct Conv2dFunction;
+
+struct ConvInputGradFunction : autograd::Function<ConvInputGradFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& grad, const Tensor& weight,
+                        IntVector x_sizes, ConvParams p) {
+    ctx->save_for_backward({grad, weight});
+    ctx->saved_data["x_sizes"] = x_sizes;
+    SaveParams(ctx, p);
+    return ConvInputGrad(grad, weight, x_sizes, p);
+  }
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs);
+};
+struct ConvWeightGradFunction : autograd::Function<ConvWeightGradFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& grad,
+                        IntVector w_sizes, ConvParams p) {
+    ctx->save_for_backward({input, grad});
+    ctx->saved_data["w_sizes"] = w_sizes;
+    SaveParams(ctx, p);
+    return ConvWeightGrad(input, grad, w_sizes, p);
+  }
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs);
+};
+
 struct Conv2dFunction : autograd::Function<Conv2dFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
-                        const Tensor& bias, Int2 stride, Int2 padding, Int2 dilation,
-                        int64_t groups) {
-    Tensor x = input.detach().contiguous();
-    Tensor w = weight.detach().contiguous();
-    const ConvShape s = ShapeOf(x, w, stride, padding, dilation, groups);
+                        const Tensor& bias, ConvParams p) {
     ctx->save_for_backward({input, weight});
-    ctx->saved_data["stride"] = std::vector<int64_t>{stride[0], stride[1]};
-    ctx->saved_data["padding"] = std::vector<int64_t>{padding[0], padding[1]};
-    ctx->saved_data["dilation"] = std::vector<int64_t>{dilation[0], dilation[1]};
-    ctx->saved_data["groups"] = groups;
     ctx->saved_data["has_bias"] = bias.defined();
-
-    Tensor out = empty({s.n, s.o, s.oh, s.ow}, x.options());
-    if (out.numel() == 0) return out;
-    if (bias.defined()) {
-      out.copy_(bias.detach().view({1, s.o, 1, 1}));
-    }
-    const double beta = bias.defined() ? 1.0 : 0.0;
-    const int64_t og = s.o / groups, cg = s.ckk() / groups;
-    Tensor w2d = w.view({s.o, s.ckk() / groups});
-    Tensor cols = empty({s.ckk(), s.l()}, x.options());
-    for (int64_t n = 0; n < s.n; ++n) {
-      Unfold(x, n, s, cols);
-      Tensor out_n = out.select(0, n).view({s.o, s.l()});
-      for (int64_t g = 0; g < groups; ++g) {
-        Gemm(out_n.narrow(0, g * og, og), w2d.narrow(0, g * og, og), cols.narrow(0, g * cg, cg),
-             beta);
-      }
-    }
-    return out;
+    SaveParams(ctx, p);
+    return ConvForward(input, weight, bias, p);
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
-    internal::CheckOnceDifferentiable("conv2d backward");
+    std::vector<Tensor> grads(4);
+    const Tensor& go = grad_outputs[0];
+    if (!go.defined()) return grads;
     std::vector<Tensor> saved = ctx->get_saved_variables();
-    const auto stride = std::get<std::vector<int64_t>>(ctx->saved_data["stride"]);
-    const auto padding = std::get<std::vector<int64_t>>(ctx->saved_data["padding"]);
-    const auto dilation = std::get<std::vector<int64_t>>(ctx->saved_data["dilation"]);
-    const int64_t groups = std::get<int64_t>(ctx->saved_data["groups"]);
-    std::vector<Tensor> grads(7);
-    if (!grad_outputs[0].defined()) return grads;
-    Tensor x = saved[0].detach().contiguous();
-    Tensor w = saved[1].detach().contiguous();
-    Tensor go = grad_outputs[0].detach().contiguous();
-    const ConvShape s = ShapeOf(x, w, {stride[0], stride[1]}, {padding[0], padding[1]},
-                                {dilation[0], dilation[1]}, groups);
-    const int64_t og = s.o / groups, cg = s.ckk() / groups;
-    Tensor w2d = w.view({s.o, cg});
-    Tensor cols = empty({s.ckk(), s.l()}, x.options());
-    Tensor gx, gw;
-    if (ctx->needs_input_grad(0)) gx = zeros(x.sizes(), x.options());
-    if (ctx->needs_input_grad(1)) gw = zeros({s.o, cg}, x.options());
-    for (int64_t n = 0; n < s.n; ++n) {
-      Tensor go_n = go.select(0, n).view({s.o, s.l()});
-      if (gw.defined()) {
-        Unfold(x, n, s, cols);
-        for (int64_t g = 0; g < groups; ++g) {
-          Gemm(gw.narrow(0, g * og, og), go_n.narrow(0, g * og, og), cols.narrow(0, g * cg, cg).t(),
-               1.0);
-        }
-      }
-      if (gx.defined()) {
-        for (int64_t g = 0; g < groups; ++g) {
-          Gemm(cols.narrow(0, g * cg, cg), w2d.narrow(0, g * og, og).t(),
-               go_n.narrow(0, g * og, og), 0.0);
-        }
-        internal::VisitNnDtype(x.dtype(), "conv2d", [&]<typename T>() {
-          Col2Im(cols.data_ptr<T>(), s, gx.data_ptr<T>() + n * s.c * s.h * s.w);
-        });
-      }
+    const ConvParams p = LoadParams(ctx);
+    const bool record = autograd::GradMode::is_enabled();
+    if (ctx->needs_input_grad(0)) {
+      grads[0] = record ? ConvInputGradFunction::apply(go, saved[1], SizesOf(saved[0]), p)
+                        : ConvInputGrad(go, saved[1], SizesOf(saved[0]), p);
     }
-    grads[0] = gx;
-    if (gw.defined()) grads[1] = gw.view(saved[1].sizes());
+    if (ctx->needs_input_grad(1)) {
+      grads[1] = record ? ConvWeightGradFunction::apply(saved[0], go, SizesOf(saved[1]), p)
+                        : ConvWeightGrad(saved[0], go, SizesOf(saved[1]), p);
+    }
     if (ctx->needs_input_grad(2) && std::get<bool>(ctx->saved_data["has_bias"])) {
-      grads[2] = go.sum(/*dims=*/{0, 2, 3});
+      grads[2] = go.sum(/*dims=*/{0, 2, 3});  // Recorded under create_graph.
     }
     return grads;
   }
 };
+
+std::vector<Tensor> ConvInputGradFunction::backward(AutogradContext* ctx,
+                                                    std::vector<Tensor> grad_outputs) {
+  // Inputs (go, w); ggx = grad_outputs[0] has x's shape.
+  std::vector<Tensor> grads(4);
+  const Tensor& ggx = grad_outputs[0];
+  if (!ggx.defined()) return grads;
+  std::vector<Tensor> saved = ctx->get_saved_variables();
+  const ConvParams p = LoadParams(ctx);
+  if (ctx->needs_input_grad(0)) grads[0] = Conv2dFunction::apply(ggx, saved[1], Tensor(), p);
+  if (ctx->needs_input_grad(1)) {
+    grads[1] = ConvWeightGradFunction::apply(ggx, saved[0], SizesOf(saved[1]), p);
+  }
+  return grads;
+}
+
+std::vector<Tensor> ConvWeightGradFunction::backward(AutogradContext* ctx,
+                                                     std::vector<Tensor> grad_outputs) {
+  // Inputs (x, go); ggw = grad_outputs[0] has w's shape.
+  std::vector<Tensor> grads(4);
+  const Tensor& ggw = grad_outputs[0];
+  if (!ggw.defined()) return grads;
+  std::vector<Tensor> saved = ctx->get_saved_variables();
+  const ConvParams p = LoadParams(ctx);
+  if (ctx->needs_input_grad(0)) {
+    grads[0] = ConvInputGradFunction::apply(saved[1], ggw, SizesOf(saved[0]), p);
+  }
+  if (ctx->needs_input_grad(1)) grads[1] = Conv2dFunction::apply(saved[0], ggw, Tensor(), p);
+  return grads;
+}
 
 std::string PairString(Int2 p) { return absl::StrCat("(", p[0], ", ", p[1], ")"); }
 
@@ -227,7 +326,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
                 dilation[1] * (weight.size(3) - 1) + 1,
                 "). Kernel size can't be greater than actual input size");
   }
-  return Conv2dFunction::apply(input, weight, bias, stride, padding, dilation, groups);
+  return Conv2dFunction::apply(input, weight, bias, ConvParams{stride, padding, dilation, groups});
 }
 
 }  // namespace functional

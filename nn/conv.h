@@ -22,7 +22,8 @@
 // grad_out @ cols^T over the batch, grad_input folds W^T @ grad_out back
 // (col2im), grad_bias sums grad_out over batch and space. Only one sample's
 // unfolding is alive at a time, so memory stays at one [C*kh*kw, OH*OW]
-// matrix. The backward is an explicit kernel and so once-differentiable.
+// matrix. Under create_graph the backward is recorded as convolutions, so
+// higher-order gradients work (Note [Convolution double backward]).
 //
 // Errors: bad options and shape/dtype/device mismatches throw ember::Error.
 // CPU, float32 and float64. Thread-safety: as Module (nn/module.h).

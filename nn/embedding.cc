@@ -15,6 +15,75 @@ namespace {
 
 using autograd::AutogradContext;
 
+// gw[indices[i]] += g[i] for every i whose index is not padding_idx.
+Tensor EmbeddingScatter(const Tensor& grad, const Tensor& indices, int64_t num_weights,
+                        int64_t padding_idx) {
+  Tensor g = grad.detach().contiguous();
+  const int64_t dim = g.size(1);
+  Tensor gw = zeros({num_weights, dim}, g.options());
+  internal::VisitNnDtype(g.dtype(), "embedding backward", [&]<typename T>() {
+    const int64_t* idx = indices.data_ptr<int64_t>();
+    const T* pg = g.data_ptr<T>();
+    T* pw = gw.data_ptr<T>();
+    for (int64_t i = 0; i < indices.numel(); ++i) {
+      if (idx[i] == padding_idx) continue;
+      T* row = pw + idx[i] * dim;
+      const T* src = pg + i * dim;
+      for (int64_t j = 0; j < dim; ++j) row[j] += src[j];
+    }
+  });
+  return gw;
+}
+
+// Note [Embedding double backward]
+// The backward scatters g's rows to the looked-up rows, skipping padding_idx;
+// its derivative is the lookup with the padding rows zeroed
+// (EmbeddingGatherFunction), whose own derivative is the scatter again, so
+// every order is exact. The scatter kernel runs directly unless create_graph
+// asks for a graph.
+struct EmbeddingScatterFunction : autograd::Function<EmbeddingScatterFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& grad, const Tensor& indices,
+                        int64_t num_weights, int64_t padding_idx) {
+    ctx->save_for_backward({indices});
+    ctx->saved_data["padding_idx"] = padding_idx;
+    return EmbeddingScatter(grad, indices, num_weights, padding_idx);
+  }
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs);
+};
+
+// Rows of weight at indices, with the padding_idx rows zeroed.
+struct EmbeddingGatherFunction : autograd::Function<EmbeddingGatherFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& weight, const Tensor& indices,
+                        int64_t padding_idx) {
+    ctx->save_for_backward({indices});
+    ctx->saved_data["num_weights"] = weight.size(0);
+    ctx->saved_data["padding_idx"] = padding_idx;
+    Tensor out = weight.detach().index_select(0, indices).contiguous();
+    const int64_t* idx = indices.data_ptr<int64_t>();
+    for (int64_t i = 0; i < indices.numel(); ++i) {
+      if (idx[i] == padding_idx) out.select(0, i).zero_();
+    }
+    return out;
+  }
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    std::vector<Tensor> grads(3);
+    if (!grad_outputs[0].defined()) return grads;
+    grads[0] = EmbeddingScatterFunction::apply(grad_outputs[0], ctx->get_saved_variables()[0],
+                                               std::get<int64_t>(ctx->saved_data["num_weights"]),
+                                               std::get<int64_t>(ctx->saved_data["padding_idx"]));
+    return grads;
+  }
+};
+
+std::vector<Tensor> EmbeddingScatterFunction::backward(AutogradContext* ctx,
+                                                       std::vector<Tensor> grad_outputs) {
+  std::vector<Tensor> grads(4);
+  if (!grad_outputs[0].defined()) return grads;
+  grads[0] = EmbeddingGatherFunction::apply(grad_outputs[0], ctx->get_saved_variables()[0],
+                                            std::get<int64_t>(ctx->saved_data["padding_idx"]));
+  return grads;
+}
+
 // indices (flat int64, checked) -> rows of weight.
 struct EmbeddingFunction : autograd::Function<EmbeddingFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& weight, const Tensor& indices,
@@ -26,27 +95,15 @@ struct EmbeddingFunction : autograd::Function<EmbeddingFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
-    internal::CheckOnceDifferentiable("embedding backward");
     std::vector<Tensor> grads(3);
     if (!grad_outputs[0].defined() || !ctx->needs_input_grad(0)) return grads;
     const Tensor indices = ctx->get_saved_variables()[0];
     const int64_t num_weights = std::get<int64_t>(ctx->saved_data["num_weights"]);
     const int64_t padding_idx = std::get<int64_t>(ctx->saved_data["padding_idx"]);
-    Tensor g = grad_outputs[0].detach().contiguous();
-    const int64_t dim = g.size(1);
-    Tensor gw = zeros({num_weights, dim}, g.options());
-    internal::VisitNnDtype(g.dtype(), "embedding backward", [&]<typename T>() {
-      const int64_t* idx = indices.data_ptr<int64_t>();
-      const T* pg = g.data_ptr<T>();
-      T* pw = gw.data_ptr<T>();
-      for (int64_t i = 0; i < indices.numel(); ++i) {
-        if (idx[i] == padding_idx) continue;
-        T* row = pw + idx[i] * dim;
-        const T* src = pg + i * dim;
-        for (int64_t j = 0; j < dim; ++j) row[j] += src[j];
-      }
-    });
-    grads[0] = gw;
+    grads[0] =
+        autograd::GradMode::is_enabled()
+            ? EmbeddingScatterFunction::apply(grad_outputs[0], indices, num_weights, padding_idx)
+            : EmbeddingScatter(grad_outputs[0], indices, num_weights, padding_idx);
     return grads;
   }
 };

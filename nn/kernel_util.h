@@ -11,7 +11,6 @@
 #ifndef EMBER_NN_KERNEL_UTIL_H_
 #define EMBER_NN_KERNEL_UTIL_H_
 
-#include "autograd/grad_mode.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
 
@@ -47,15 +46,6 @@ inline void CheckSameDtype(const Tensor& a, const Tensor& b, const char* op, con
   EMBER_CHECK(a.dtype() == b.dtype(), op, ": expected ", what_a, " and ", what_b,
               " to have the same dtype, but got ", DtypeName(a.dtype()), " and ",
               DtypeName(b.dtype()));
-}
-
-// Called first in a backward kernel that is not built of differentiable ops:
-// throws when the backward is asked to record a graph (create_graph), which
-// such a kernel cannot honour.
-inline void CheckOnceDifferentiable(const char* op) {
-  EMBER_CHECK(!autograd::GradMode::is_enabled(), op,
-              ": this backward is once-differentiable; create_graph=true is not supported "
-              "through it");
 }
 
 }  // namespace ember::nn::internal

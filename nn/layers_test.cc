@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -26,6 +27,7 @@ namespace ember::nn {
 namespace {
 
 using ::ember::nn::testing::ExpectGradientsMatch;
+using ::ember::nn::testing::ExpectSecondDerivativesMatch;
 using ::ember::nn::testing::Values;
 using ::testing::HasSubstr;
 
@@ -101,6 +103,16 @@ TEST(LinearTest, SupportsDoubleBackward) {
   for (int i = 0; i < 2; ++i) ExpectNear(Values(second[i]), Values(want), 1e-12);
 }
 
+TEST(LinearTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(14);
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = functional::linear(in[0], in[1], in[2]);
+        return y * y;
+      },
+      {Randn64({3, 2}), Randn64({4, 2}), Randn64({4})});
+}
+
 // --- Activations ------------------------------------------------------------------
 
 TEST(ActivationTest, ValuesAndReluGradient) {
@@ -121,6 +133,17 @@ TEST(ActivationTest, ValuesAndReluGradient) {
   // Non-contiguous input takes the tensor-op path and agrees.
   Tensor m = randn({3, 4});
   EXPECT_TRUE(functional::relu(m.t()).equal(m.t().relu()));
+}
+
+TEST(ActivationTest, ReluSecondDerivativesMatchFiniteDifferences) {
+  manual_seed(15);
+  // relu(x) * x: its second derivative 2 [x > 0] is not zero, so a recorded
+  // backward that lost the mask or the dependence on x would fail.
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) { return functional::relu(in[0]) * in[0]; },
+      {Randn64({3, 4})});
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) { return functional::relu(in[0]); }, {Randn64({2, 5})});
 }
 
 // --- Conv2d ------------------------------------------------------------------------
@@ -209,12 +232,25 @@ TEST(Conv2dTest, GradientsMatchFiniteDifferences) {
       {Randn64({1, 4, 4, 4}), Randn64({2, 2, 2, 2})});
 }
 
-TEST(Conv2dTest, RefusesToRecordItsBackward) {
-  Tensor x = randn({1, 1, 3, 3}).requires_grad_();
-  Tensor w = randn({1, 1, 2, 2}).requires_grad_();
-  Tensor y = functional::conv2d(x, w).sum();
-  EXPECT_THAT(ErrorOf([&] { y.backward(Tensor(), false, /*create_graph=*/true); }),
-              HasSubstr("conv2d backward: this backward is once-differentiable"));
+TEST(Conv2dTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(16);
+  // Squared output: every pair of (x, w, bias, v) has a second derivative.
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = functional::conv2d(in[0], in[1], in[2], {2, 1}, {1, 0}, {1, 2});
+        return y * y;
+      },
+      {Randn64({2, 2, 5, 6}), Randn64({3, 2, 2, 2}), Randn64({3})});
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = functional::conv2d(in[0], in[1], Tensor(), {1, 1}, {0, 0}, {1, 1}, 2);
+        return y * y;
+      },
+      {Randn64({1, 4, 4, 4}), Randn64({2, 2, 2, 2})});
+  // Linear in x: the recorded gradient's own gradient is a convolution again.
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) { return functional::conv2d(in[0], in[1]); },
+      {Randn64({1, 2, 4, 4}), Randn64({2, 2, 3, 3})});
 }
 
 TEST(Conv2dTest, ErrorsNameTheShapes) {
@@ -259,6 +295,28 @@ TEST(PoolingTest, MaxPoolGradientGoesToTheMaxima) {
       {x});
 }
 
+TEST(PoolingTest, MaxPoolSecondDerivativesMatchFiniteDifferences) {
+  manual_seed(7);
+  Tensor x = (randn({2, 2, 5, 5}, kFloat64) * 10).round() +
+             arange(100).to(kFloat64).view({2, 2, 5, 5}) * 0.001;
+  // Squared, so that the second derivative with respect to x is not zero.
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = functional::max_pool2d(
+            in[0], {.kernel_size = {2, 3}, .stride = {2, 1}, .padding = {1, 1}});
+        return y * y;
+      },
+      {x});
+  // Third order: the gather at the indices is recorded too.
+  Tensor leaf = x.clone().requires_grad_();
+  Tensor y = functional::max_pool2d(leaf, {.kernel_size = {2, 2}});
+  Tensor v = randn(y.sizes(), kFloat64).requires_grad_();
+  Tensor g = autograd::Grad({y}, {leaf}, {v}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor gv = autograd::Grad({(g * g).sum()}, {v}, {}, std::nullopt, /*create_graph=*/true)[0];
+  ExpectNear(Values(gv), Values(v * 2.0), 1e-12);  // Each window's maximum is picked once.
+  EXPECT_TRUE(gv.requires_grad());
+}
+
 TEST(PoolingTest, AvgPoolCountsPaddingUnlessTold) {
   Tensor x = ones({1, 1, 2, 2});
   AvgPool2dOptions o{.kernel_size = {2, 2}, .stride = {1, 1}, .padding = {1, 1}};
@@ -287,6 +345,28 @@ TEST(PoolingTest, AdaptiveAvgPoolAveragesPyTorchWindows) {
   ExpectGradientsMatch(
       [](const std::vector<Tensor>& in) {
         return functional::adaptive_avg_pool2d(in[0], {2, 3});
+      },
+      {Randn64({1, 2, 5, 7})});
+}
+
+TEST(PoolingTest, AvgPoolSecondDerivativesMatchFiniteDifferences) {
+  manual_seed(8);
+  for (bool include_pad : {true, false}) {
+    ExpectSecondDerivativesMatch(
+        [&](const std::vector<Tensor>& in) {
+          Tensor y = functional::avg_pool2d(in[0], {.kernel_size = {3, 2},
+                                                    .stride = {2, 2},
+                                                    .padding = {1, 1},
+                                                    .ceil_mode = true,
+                                                    .count_include_pad = include_pad});
+          return y * y;
+        },
+        {Randn64({1, 2, 5, 4})});
+  }
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        Tensor y = functional::adaptive_avg_pool2d(in[0], {2, 3});
+        return y * y;
       },
       {Randn64({1, 2, 5, 7})});
 }
@@ -342,6 +422,24 @@ TEST(BatchNormTest, GradientsMatchFiniteDifferences) {
       {Randn64({5, 2})});
 }
 
+TEST(BatchNormTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(17);
+  for (bool training : {true, false}) {
+    SCOPED_TRACE(training ? "training" : "eval");
+    Tensor rm = Randn64({3}), rv = rand({3}, kFloat64) + 0.5;
+    ExpectSecondDerivativesMatch(
+        [&](const std::vector<Tensor>& in) {
+          return functional::batch_norm(in[0], rm.clone(), rv.clone(), in[1], in[2], training);
+        },
+        {Randn64({4, 3, 2}), Randn64({3}), Randn64({3})});
+  }
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        return functional::batch_norm(in[0], Tensor(), Tensor(), Tensor(), Tensor(), true);
+      },
+      {Randn64({5, 2})});
+}
+
 TEST(BatchNormTest, RefusesOneValuePerChannelInTraining) {
   BatchNorm1d bn(4);
   EXPECT_THAT(
@@ -369,7 +467,41 @@ TEST(LayerNormTest, NormalisesTrailingDimsAndHasGradients) {
   EXPECT_THAT(ErrorOf([&] { ln(randn({3, 5})); }), HasSubstr("Given normalized_shape=[4]"));
 }
 
+TEST(LayerNormTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(18);
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        return functional::layer_norm(in[0], {2, 3}, in[1], in[2]);
+      },
+      {Randn64({2, 2, 3}), Randn64({2, 3}), Randn64({2, 3})});
+  ExpectSecondDerivativesMatch(
+      [](const std::vector<Tensor>& in) {
+        return functional::layer_norm(in[0], {4}, Tensor(), Tensor(), 1e-5);
+      },
+      {Randn64({3, 4})});
+}
+
 // --- Embedding, Dropout, Flatten ---------------------------------------------------
+
+TEST(EmbeddingTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(19);
+  const Tensor ids = tensor(std::vector<int64_t>{1, 3, 1, 0, 4}).view({5});
+  ExpectSecondDerivativesMatch(
+      [&](const std::vector<Tensor>& in) {
+        Tensor y = functional::embedding(ids, in[0]);
+        return y * y;
+      },
+      {Randn64({5, 3})});
+  // The padding row gets no gradient by definition, so its lookups are masked
+  // out of the output for the finite differences to agree.
+  const Tensor keep = tensor({1.0, 1.0, 1.0, 0.0, 1.0}).view({5, 1});
+  ExpectSecondDerivativesMatch(
+      [&](const std::vector<Tensor>& in) {
+        Tensor y = functional::embedding(ids, in[0], /*padding_idx=*/0) * keep;
+        return y * y;
+      },
+      {Randn64({5, 3})});
+}
 
 TEST(EmbeddingTest, LooksUpRowsAndAccumulatesGradients) {
   manual_seed(10);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "autograd/function.h"
+#include "autograd/grad_mode.h"
 #include "nn/kernel_util.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -80,6 +81,22 @@ Tensor ReducedOutput(Reduction reduction, const std::vector<double>& rows, doubl
   return full({}, total, options);
 }
 
+// Each row's weight in a reduced loss: 0 for an ignored row, 1 / count under
+// kMean, else 1; as a float64 [N] tensor.
+Tensor RowWeights(const int64_t* t, int64_t n, int64_t ignore_index, Reduction reduction,
+                  double count) {
+  Tensor w = empty({n}, TensorOptions(kFloat64));
+  const double kept = reduction == Reduction::kMean ? 1.0 / count : 1.0;
+  for (int64_t i = 0; i < n; ++i) w.data_ptr<double>()[i] = t[i] == ignore_index ? 0.0 : kept;
+  return w;
+}
+
+// Note [Recorded loss backward]
+// Under create_graph the losses' gradients are written in recorded tensor ops,
+// so they can be differentiated again: cross-entropy's is
+// (softmax(x) - q) * g * w per row (q the smoothed one-hot target, w the row
+// weight), NLL's is -onehot * g * w. Without create_graph the fused loops run.
+
 struct CrossEntropyFunction : autograd::Function<CrossEntropyFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& target,
                         int64_t reduction, int64_t ignore_index, double smoothing) {
@@ -115,19 +132,29 @@ struct CrossEntropyFunction : autograd::Function<CrossEntropyFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
-    internal::CheckOnceDifferentiable("cross_entropy backward");
     std::vector<Tensor> grads(5);
     if (!grad_outputs[0].defined() || !ctx->needs_input_grad(0)) return grads;
     std::vector<Tensor> saved = ctx->get_saved_variables();
-    Tensor x = saved[0].detach().contiguous();
     const int64_t* t = saved[1].data_ptr<int64_t>();
     const double* lse = saved[2].data_ptr<double>();
     const auto reduction = static_cast<Reduction>(std::get<int64_t>(ctx->saved_data["reduction"]));
     const int64_t ignore_index = std::get<int64_t>(ctx->saved_data["ignore_index"]);
     const double smoothing = std::get<double>(ctx->saved_data["smoothing"]);
     const double count = std::get<double>(ctx->saved_data["count"]);
+    const int64_t n = saved[0].size(0), c = saved[0].size(1);
+    if (autograd::GradMode::is_enabled()) {  // Note [Recorded loss backward]
+      Tensor q = full({n, c}, smoothing / static_cast<double>(c), TensorOptions(kFloat64));
+      for (int64_t i = 0; i < n; ++i) {
+        if (t[i] != ignore_index) q.data_ptr<double>()[i * c + t[i]] += 1 - smoothing;
+      }
+      const Dtype dtype = saved[0].dtype();
+      Tensor w = RowWeights(t, n, ignore_index, reduction, count).to(dtype);
+      Tensor scale = (grad_outputs[0] * w).unsqueeze(1);
+      grads[0] = (saved[0].softmax(1) - q.to(dtype)) * scale;
+      return grads;
+    }
+    Tensor x = saved[0].detach().contiguous();
     Tensor g = grad_outputs[0].detach().contiguous();
-    const int64_t n = x.size(0), c = x.size(1);
     Tensor gx = empty(x.sizes(), x.options());
     internal::VisitNnDtype(x.dtype(), "cross_entropy backward", [&]<typename T>() {
       const T* pg = g.data_ptr<T>();
@@ -175,7 +202,6 @@ struct NllFunction : autograd::Function<NllFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
-    internal::CheckOnceDifferentiable("nll_loss backward");
     std::vector<Tensor> grads(4);
     if (!grad_outputs[0].defined() || !ctx->needs_input_grad(0)) return grads;
     const Tensor target = ctx->get_saved_variables()[0];
@@ -184,8 +210,18 @@ struct NllFunction : autograd::Function<NllFunction> {
     const int64_t ignore_index = std::get<int64_t>(ctx->saved_data["ignore_index"]);
     const double count = std::get<double>(ctx->saved_data["count"]);
     const int64_t c = std::get<int64_t>(ctx->saved_data["classes"]);
-    Tensor g = grad_outputs[0].detach().contiguous();
     const int64_t n = target.numel();
+    if (autograd::GradMode::is_enabled()) {  // Note [Recorded loss backward]
+      Tensor w = RowWeights(t, n, ignore_index, reduction, count);
+      Tensor onehot = zeros({n, c}, TensorOptions(kFloat64));
+      for (int64_t i = 0; i < n; ++i) {
+        if (t[i] != ignore_index) onehot.data_ptr<double>()[i * c + t[i]] = -1;
+      }
+      const Dtype dtype = grad_outputs[0].dtype();
+      grads[0] = onehot.to(dtype) * (grad_outputs[0] * w.to(dtype)).unsqueeze(1);
+      return grads;
+    }
+    Tensor g = grad_outputs[0].detach().contiguous();
     Tensor gx = zeros({n, c}, g.options());
     internal::VisitNnDtype(g.dtype(), "nll_loss backward", [&]<typename T>() {
       const T* pg = g.data_ptr<T>();

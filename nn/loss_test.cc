@@ -8,7 +8,9 @@
 #include <functional>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "autograd/function.h"
+#include "autograd/grad_mode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
@@ -20,6 +22,7 @@ namespace ember::nn {
 namespace {
 
 using ::ember::nn::testing::ExpectGradientsMatch;
+using ::ember::nn::testing::ExpectSecondDerivativesMatch;
 using ::ember::nn::testing::Values;
 using ::testing::HasSubstr;
 
@@ -91,6 +94,51 @@ TEST(CrossEntropyTest, GradientsMatchFiniteDifferences) {
   }
 }
 
+TEST(CrossEntropyTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(21);
+  const Tensor target = tensor(std::vector<int64_t>{2, 0, 1});
+  for (Reduction r : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+    ExpectSecondDerivativesMatch(
+        [&](const std::vector<Tensor>& in) {
+          return functional::cross_entropy(in[0], target, {.reduction = r});
+        },
+        {randn({3, 4}, kFloat64)});
+  }
+  // An ignored row and label smoothing; a [C] input with a 0-dim target.
+  ExpectSecondDerivativesMatch(
+      [&](const std::vector<Tensor>& in) {
+        return functional::cross_entropy(in[0], target,
+                                         {.ignore_index = 0, .label_smoothing = 0.2});
+      },
+      {randn({3, 4}, kFloat64)});
+  ExpectSecondDerivativesMatch(
+      [&](const std::vector<Tensor>& in) {
+        return functional::cross_entropy(in[0], tensor(std::vector<int64_t>{1}).squeeze(0));
+      },
+      {randn({4}, kFloat64)});
+}
+
+TEST(CrossEntropyTest, GradientPenaltyMatchesTheHessianOfSoftmax) {
+  // d/dx |d loss/dx|^2 = 2 H g with H = diag(p) - p p^T for one row (sum).
+  Tensor x = tensor({0.3, -1.2, 0.8}).unsqueeze(0).requires_grad_();
+  Tensor loss =
+      functional::cross_entropy(x, tensor(std::vector<int64_t>{1}), {.reduction = Reduction::kSum});
+  Tensor g = autograd::Grad({loss}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor penalty_grad = autograd::Grad({(g * g).sum()}, {x})[0];
+  std::vector<double> v = Values(x), p(3), gv(3), want(3, 0.0);
+  double z = 0;
+  for (int j = 0; j < 3; ++j) z += std::exp(v[j]);
+  for (int j = 0; j < 3; ++j) {
+    p[j] = std::exp(v[j]) / z;
+    gv[j] = p[j] - (j == 1 ? 1.0 : 0.0);
+  }
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 3; ++j) want[i] += 2 * ((i == j ? p[i] : 0.0) - p[i] * p[j]) * gv[j];
+  }
+  std::vector<double> got = Values(penalty_grad);
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << i;
+}
+
 TEST(CrossEntropyTest, ErrorsNameTheValues) {
   Tensor x = randn({2, 3});
   EXPECT_THAT(ErrorOf([&] {
@@ -121,6 +169,19 @@ TEST(NllLossTest, PicksNegatedLogProbabilities) {
   Tensor x = randn({3, 3});
   EXPECT_NEAR(functional::nll_loss(x.log_softmax(1), t).item<double>(),
               functional::cross_entropy(x, t).item<double>(), 1e-5);
+}
+
+TEST(NllLossTest, SecondDerivativesMatchFiniteDifferences) {
+  manual_seed(22);
+  const Tensor target = tensor(std::vector<int64_t>{2, 0, 1});
+  for (Reduction r : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+    ExpectSecondDerivativesMatch(
+        [&](const std::vector<Tensor>& in) {
+          return functional::nll_loss(in[0].log_softmax(1), target,
+                                      {.reduction = r, .ignore_index = 1});
+        },
+        {randn({3, 4}, kFloat64)});
+  }
 }
 
 TEST(RegressionLossTest, MseL1AndBceWithLogits) {
@@ -178,6 +239,60 @@ TEST(GradientCheckTest, CatchesAWrongBackward) {
       ExpectGradientsMatch([](const std::vector<Tensor>& in) { return WrongDouble::apply(in[0]); },
                            {tensor({1.5})}),
       "gradient check failed");
+}
+
+// y = x^3 whose recorded backward holds one factor of x fixed: the first
+// derivative 3 x^2 is right, the second (3 x instead of 6 x) is not.
+struct WrongSecondDerivative : autograd::Function<WrongSecondDerivative> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x) {
+    ctx->save_for_backward({x});
+    return x * x * x;
+  }
+  static std::vector<Tensor> backward(autograd::AutogradContext* ctx, std::vector<Tensor> g) {
+    Tensor x = ctx->get_saved_variables()[0];
+    return {g[0] * x * x.detach() * 3.0};
+  }
+};
+
+// A Function whose backward detaches (records nothing under create_graph).
+struct DetachedBackward : autograd::Function<DetachedBackward> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x) {
+    ctx->save_for_backward({x});
+    return x * x;
+  }
+  static std::vector<Tensor> backward(autograd::AutogradContext* ctx, std::vector<Tensor> g) {
+    return {(g[0] * ctx->get_saved_variables()[0] * 2.0).detach()};
+  }
+};
+
+// y = x^2 whose recorded backward (create_graph) is off by 1%, but is
+// consistent with its own derivative.
+struct DriftingRecordedBackward : autograd::Function<DriftingRecordedBackward> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x) {
+    ctx->save_for_backward({x});
+    return x * x;
+  }
+  static std::vector<Tensor> backward(autograd::AutogradContext* ctx, std::vector<Tensor> g) {
+    const double k = autograd::GradMode::is_enabled() ? 2.02 : 2.0;
+    return {g[0] * ctx->get_saved_variables()[0] * k};
+  }
+};
+
+TEST(GradientCheckTest, CatchesAWrongSecondDerivative) {
+  auto wrong = [](const std::vector<Tensor>& in) { return WrongSecondDerivative::apply(in[0]); };
+  ExpectGradientsMatch(wrong, {tensor({1.5, -0.7})});  // First order is right.
+  EXPECT_NONFATAL_FAILURE(ExpectSecondDerivativesMatch(wrong, {tensor({1.5, -0.7})}),
+                          "second-derivative check failed");
+  EXPECT_NONFATAL_FAILURE(
+      ExpectSecondDerivativesMatch(
+          [](const std::vector<Tensor>& in) { return DetachedBackward::apply(in[0]); },
+          {tensor({1.5})}),
+      "was not recorded");
+  EXPECT_NONFATAL_FAILURE(
+      ExpectSecondDerivativesMatch(
+          [](const std::vector<Tensor>& in) { return DriftingRecordedBackward::apply(in[0]); },
+          {tensor({1.5})}),
+      "differs from the plain one");
 }
 
 }  // namespace

@@ -18,6 +18,62 @@ namespace {
 
 using autograd::AutogradContext;
 
+// Note [Normalisation double backward]
+// Under create_graph the backward is written in recorded tensor ops: the
+// statistics are recomputed from the saved input (they depend on it), then
+//   x^ = (x - mean) * rstd,  gw = sum(g x^),  gb = sum(g),
+//   gx = w rstd (g - mean(g) - x^ mean(g x^))   (batch statistics), or
+//   gx = w rstd g                               (running statistics),
+// each reduction over the normalised elements. Without create_graph the fused
+// loops run. Empty inputs are not differentiated twice (their means are NaN).
+
+// saved = {input, weight, mean, invstd}; the gradients of BatchNormFunction's
+// eight arguments.
+std::vector<Tensor> BatchNormRecordedBackward(const std::vector<Tensor>& saved, const Tensor& grad,
+                                              bool training, double eps) {
+  const Tensor& input = saved[0];
+  const int64_t n = input.size(0), c = input.size(1);
+  const SizeVector view{n, c, -1};
+  Tensor x = input.reshape(view), g = grad.reshape(view);
+  Tensor mean, rstd;
+  if (training) {
+    mean = x.mean({0, 2}, /*keepdim=*/true);
+    rstd = ((x - mean).square().mean({0, 2}, /*keepdim=*/true) + eps).rsqrt();
+  } else {
+    mean = saved[2].view({1, c, 1});
+    rstd = saved[3].view({1, c, 1});
+  }
+  Tensor xhat = (x - mean) * rstd;
+  Tensor scale = saved[1].defined() ? saved[1].view({1, c, 1}) * rstd : rstd;
+  Tensor gx = training ? scale * (g - g.mean({0, 2}, true) - xhat * (g * xhat).mean({0, 2}, true))
+                       : scale * g;
+  std::vector<Tensor> grads(8);
+  grads[0] = gx.reshape(input.sizes());
+  if (saved[1].defined()) grads[1] = (g * xhat).sum({0, 2});
+  grads[2] = g.sum({0, 2});
+  return grads;
+}
+
+// saved = {input, weight, mean, rstd}; the gradients of LayerNormFunction's
+// five arguments.
+std::vector<Tensor> LayerNormRecordedBackward(const std::vector<Tensor>& saved, const Tensor& grad,
+                                              const std::vector<int64_t>& shape, double eps) {
+  int64_t d = 1;
+  for (int64_t v : shape) d *= v;
+  const Tensor& input = saved[0];
+  Tensor x = input.reshape({-1, d}), g = grad.reshape({-1, d});
+  Tensor mean = x.mean({1}, /*keepdim=*/true);
+  Tensor rstd = ((x - mean).square().mean({1}, /*keepdim=*/true) + eps).rsqrt();
+  Tensor xhat = (x - mean) * rstd;
+  Tensor dy = saved[1].defined() ? g * saved[1].reshape({1, d}) : g;
+  Tensor gx = rstd * (dy - dy.mean({1}, true) - xhat * (dy * xhat).mean({1}, true));
+  std::vector<Tensor> grads(5);
+  grads[0] = gx.reshape(input.sizes());
+  if (saved[1].defined()) grads[1] = (g * xhat).sum({0}).view(shape);
+  grads[2] = g.sum({0}).view(shape);
+  return grads;
+}
+
 // x viewed as [N, C, S]; statistics per channel.
 struct BatchNormFunction : autograd::Function<BatchNormFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
@@ -88,14 +144,23 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
     }
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["training"] = training;
+    ctx->saved_data["eps"] = eps;
     return out;
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
-    internal::CheckOnceDifferentiable("batch_norm backward");
     std::vector<Tensor> grads(8);
     if (!grad_outputs[0].defined()) return grads;
     std::vector<Tensor> saved = ctx->get_saved_variables();
+    if (autograd::GradMode::is_enabled()) {
+      grads = BatchNormRecordedBackward(saved, grad_outputs[0],
+                                        std::get<bool>(ctx->saved_data["training"]),
+                                        std::get<double>(ctx->saved_data["eps"]));
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (!ctx->needs_input_grad(i)) grads[i] = Tensor();
+      }
+      return grads;
+    }
     Tensor x = saved[0].detach().contiguous();
     Tensor w = saved[1].defined() ? saved[1].detach().contiguous() : Tensor();
     const Tensor& mean = saved[2];
@@ -180,14 +245,23 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
     });
     ctx->save_for_backward({input, weight, mean, rstd});
     ctx->saved_data["shape"] = shape;
+    ctx->saved_data["eps"] = eps;
     return out;
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
-    internal::CheckOnceDifferentiable("layer_norm backward");
     std::vector<Tensor> grads(5);
     if (!grad_outputs[0].defined()) return grads;
     std::vector<Tensor> saved = ctx->get_saved_variables();
+    if (autograd::GradMode::is_enabled()) {
+      grads = LayerNormRecordedBackward(saved, grad_outputs[0],
+                                        std::get<std::vector<int64_t>>(ctx->saved_data["shape"]),
+                                        std::get<double>(ctx->saved_data["eps"]));
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (!ctx->needs_input_grad(i)) grads[i] = Tensor();
+      }
+      return grads;
+    }
     Tensor x = saved[0].detach().contiguous();
     Tensor w = saved[1].defined() ? saved[1].detach().contiguous() : Tensor();
     const Tensor& mean = saved[2];

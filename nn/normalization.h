@@ -15,7 +15,8 @@
 // the running stats. Defaults are PyTorch's: eps = 1e-5, momentum = 0.1,
 // affine weight = 1 and bias = 0. LayerNorm normalises over the trailing
 // `normalized_shape` dims with the biased variance. Backward passes are
-// explicit kernels (once-differentiable).
+// explicit kernels; under create_graph they are written in recorded tensor
+// ops instead, so higher-order gradients work.
 //
 // Errors: shape mismatches and a training batch with one value per channel
 // throw ember::Error. CPU, float32 and float64. Thread-safety: as Module

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/function.h"
+#include "autograd/grad_mode.h"
 #include "nn/kernel_util.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -64,6 +65,90 @@ Tensor With4d(const Tensor& x, F f) {
   return f(x);
 }
 
+// Note [Pooling double backward]
+// Max pooling's backward scatters g to the saved argmax indices, and the
+// derivative of that scatter is the gather at the same indices (and back):
+// MaxPoolScatterFunction and MaxPoolGatherFunction are each other's backward,
+// so every order is exact. An average pool is linear, so its backward (the
+// adjoint: each output's gradient spread over its window) has the pool itself
+// as its backward. The backward kernels run directly unless create_graph
+// asks for a graph.
+
+// gx[plane, indices[plane, j]] += g[plane, j] into an input-shaped zero tensor.
+Tensor MaxPoolScatter(const Tensor& grad, const Tensor& indices, const IntVector& sizes) {
+  Tensor g = grad.detach().contiguous();
+  Tensor gx = zeros(sizes, g.options());
+  const int64_t planes = sizes[0] * sizes[1], hw = sizes[2] * sizes[3];
+  const int64_t l = indices.size(2) * indices.size(3);
+  internal::VisitNnDtype(g.dtype(), "max_pool2d backward", [&]<typename T>() {
+    const T* pg = g.data_ptr<T>();
+    const int64_t* pi = indices.data_ptr<int64_t>();
+    T* px = gx.data_ptr<T>();
+    for (int64_t plane = 0; plane < planes; ++plane) {
+      for (int64_t j = 0; j < l; ++j) {
+        const int64_t idx = pi[plane * l + j];
+        if (idx >= 0) px[plane * hw + idx] += pg[plane * l + j];
+      }
+    }
+  });
+  return gx;
+}
+
+// out[plane, j] = x[plane, indices[plane, j]] (0 for an empty window).
+Tensor MaxPoolGather(const Tensor& input, const Tensor& indices) {
+  Tensor x = input.detach().contiguous();
+  Tensor out = empty(indices.sizes(), x.options());
+  const int64_t planes = x.size(0) * x.size(1), hw = x.size(2) * x.size(3);
+  const int64_t l = indices.size(2) * indices.size(3);
+  internal::VisitNnDtype(x.dtype(), "max_pool2d double backward", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    const int64_t* pi = indices.data_ptr<int64_t>();
+    T* po = out.data_ptr<T>();
+    for (int64_t plane = 0; plane < planes; ++plane) {
+      for (int64_t j = 0; j < l; ++j) {
+        const int64_t idx = pi[plane * l + j];
+        po[plane * l + j] = idx >= 0 ? px[plane * hw + idx] : T(0);
+      }
+    }
+  });
+  return out;
+}
+
+struct MaxPoolGatherFunction;
+
+struct MaxPoolScatterFunction : autograd::Function<MaxPoolScatterFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& grad, const Tensor& indices,
+                        IntVector sizes) {
+    ctx->save_for_backward({indices});
+    return MaxPoolScatter(grad, indices, sizes);
+  }
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs);
+};
+
+struct MaxPoolGatherFunction : autograd::Function<MaxPoolGatherFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& indices) {
+    ctx->save_for_backward({indices});
+    ctx->saved_data["input_sizes"] = IntVector(input.sizes().begin(), input.sizes().end());
+    return MaxPoolGather(input, indices);
+  }
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    std::vector<Tensor> grads(2);
+    if (!grad_outputs[0].defined()) return grads;
+    grads[0] = MaxPoolScatterFunction::apply(
+        grad_outputs[0], ctx->get_saved_variables()[0],
+        std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]));
+    return grads;
+  }
+};
+
+std::vector<Tensor> MaxPoolScatterFunction::backward(AutogradContext* ctx,
+                                                     std::vector<Tensor> grad_outputs) {
+  std::vector<Tensor> grads(3);
+  if (!grad_outputs[0].defined()) return grads;
+  grads[0] = MaxPoolGatherFunction::apply(grad_outputs[0], ctx->get_saved_variables()[0]);
+  return grads;
+}
+
 struct MaxPool2dFunction : autograd::Function<MaxPool2dFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, Int2 kernel, Int2 stride,
                         Int2 padding, Int2 dilation, Int2 out_size) {
@@ -110,27 +195,13 @@ struct MaxPool2dFunction : autograd::Function<MaxPool2dFunction> {
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
-    internal::CheckOnceDifferentiable("max_pool2d backward");
     std::vector<Tensor> grads(6);
     if (!grad_outputs[0].defined()) return grads;
     Tensor indices = ctx->get_saved_variables()[0];
     const IntVector sizes = std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]);
-    Tensor g = grad_outputs[0].detach().contiguous();
-    Tensor gx = zeros(sizes, g.options());
-    const int64_t planes = sizes[0] * sizes[1], hw = sizes[2] * sizes[3];
-    const int64_t l = indices.size(2) * indices.size(3);
-    internal::VisitNnDtype(g.dtype(), "max_pool2d backward", [&]<typename T>() {
-      const T* pg = g.data_ptr<T>();
-      const int64_t* pi = indices.data_ptr<int64_t>();
-      T* px = gx.data_ptr<T>();
-      for (int64_t plane = 0; plane < planes; ++plane) {
-        for (int64_t j = 0; j < l; ++j) {
-          const int64_t idx = pi[plane * l + j];
-          if (idx >= 0) px[plane * hw + idx] += pg[plane * l + j];
-        }
-      }
-    });
-    grads[0] = gx;
+    grads[0] = autograd::GradMode::is_enabled()
+                   ? MaxPoolScatterFunction::apply(grad_outputs[0], indices, sizes)
+                   : MaxPoolScatter(grad_outputs[0], indices, sizes);
     return grads;
   }
 };
@@ -169,77 +240,112 @@ Windows AdaptiveWindows(int64_t in, int64_t out) {
   return w;
 }
 
-// Averages over the product of row and column windows.
-struct AvgPoolFunction : autograd::Function<AvgPoolFunction> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& input, IntVector ys, IntVector ye,
-                        IntVector yc, IntVector xs, IntVector xe, IntVector xc) {
-    Tensor x = input.detach().contiguous();
-    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
-    const int64_t oh = static_cast<int64_t>(ys.size()), ow = static_cast<int64_t>(xs.size());
-    Tensor out = empty({n, c, oh, ow}, x.options());
-    internal::VisitNnDtype(x.dtype(), "avg_pool2d", [&]<typename T>() {
-      const T* px = x.data_ptr<T>();
-      T* po = out.data_ptr<T>();
-      for (int64_t plane = 0; plane < n * c; ++plane) {
-        const T* in = px + plane * h * w;
-        for (int64_t oy = 0; oy < oh; ++oy) {
-          for (int64_t ox = 0; ox < ow; ++ox) {
-            T sum = 0;
-            for (int64_t iy = ys[oy]; iy < ye[oy]; ++iy) {
-              for (int64_t ix = xs[ox]; ix < xe[ox]; ++ix) sum += in[iy * w + ix];
-            }
-            const int64_t count = yc[oy] * xc[ox];
-            po[(plane * oh + oy) * ow + ox] = count > 0 ? sum / static_cast<T>(count) : T(0);
-          }
-        }
-      }
-    });
-    ctx->saved_data["input_sizes"] = IntVector(x.sizes().begin(), x.sizes().end());
-    ctx->saved_data["ys"] = ys;
-    ctx->saved_data["ye"] = ye;
-    ctx->saved_data["yc"] = yc;
-    ctx->saved_data["xs"] = xs;
-    ctx->saved_data["xe"] = xe;
-    ctx->saved_data["xc"] = xc;
-    return out;
-  }
+// The row and column windows of an average pool, and the input's shape.
+struct AvgPlan {
+  IntVector sizes, ys, ye, yc, xs, xe, xc;
+};
 
-  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
-    internal::CheckOnceDifferentiable("avg_pool2d backward");
-    std::vector<Tensor> grads(7);
-    if (!grad_outputs[0].defined()) return grads;
-    const IntVector sizes = std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]);
-    const IntVector ys = std::get<std::vector<int64_t>>(ctx->saved_data["ys"]),
-                    ye = std::get<std::vector<int64_t>>(ctx->saved_data["ye"]),
-                    yc = std::get<std::vector<int64_t>>(ctx->saved_data["yc"]),
-                    xs = std::get<std::vector<int64_t>>(ctx->saved_data["xs"]),
-                    xe = std::get<std::vector<int64_t>>(ctx->saved_data["xe"]),
-                    xc = std::get<std::vector<int64_t>>(ctx->saved_data["xc"]);
-    Tensor g = grad_outputs[0].detach().contiguous();
-    Tensor gx = zeros(sizes, g.options());
-    const int64_t planes = sizes[0] * sizes[1], w = sizes[3];
-    const int64_t oh = static_cast<int64_t>(ys.size()), ow = static_cast<int64_t>(xs.size());
-    internal::VisitNnDtype(g.dtype(), "avg_pool2d backward", [&]<typename T>() {
-      const T* pg = g.data_ptr<T>();
-      T* px = gx.data_ptr<T>();
-      for (int64_t plane = 0; plane < planes; ++plane) {
-        T* out = px + plane * sizes[2] * w;
-        for (int64_t oy = 0; oy < oh; ++oy) {
-          for (int64_t ox = 0; ox < ow; ++ox) {
-            const int64_t count = yc[oy] * xc[ox];
-            if (count == 0) continue;
-            const T share = pg[(plane * oh + oy) * ow + ox] / static_cast<T>(count);
-            for (int64_t iy = ys[oy]; iy < ye[oy]; ++iy) {
-              for (int64_t ix = xs[ox]; ix < xe[ox]; ++ix) out[iy * w + ix] += share;
-            }
+// Averages x over the product of row and column windows.
+Tensor AvgPool(const Tensor& input, const AvgPlan& p) {
+  Tensor x = input.detach().contiguous();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t oh = static_cast<int64_t>(p.ys.size()), ow = static_cast<int64_t>(p.xs.size());
+  Tensor out = empty({n, c, oh, ow}, x.options());
+  internal::VisitNnDtype(x.dtype(), "avg_pool2d", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    for (int64_t plane = 0; plane < n * c; ++plane) {
+      const T* in = px + plane * h * w;
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          T sum = 0;
+          for (int64_t iy = p.ys[oy]; iy < p.ye[oy]; ++iy) {
+            for (int64_t ix = p.xs[ox]; ix < p.xe[ox]; ++ix) sum += in[iy * w + ix];
+          }
+          const int64_t count = p.yc[oy] * p.xc[ox];
+          po[(plane * oh + oy) * ow + ox] = count > 0 ? sum / static_cast<T>(count) : T(0);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// The adjoint of AvgPool: each output's gradient spread evenly over its window.
+Tensor AvgPoolAdjoint(const Tensor& grad, const AvgPlan& p) {
+  Tensor g = grad.detach().contiguous();
+  Tensor gx = zeros(p.sizes, g.options());
+  const int64_t planes = p.sizes[0] * p.sizes[1], w = p.sizes[3];
+  const int64_t oh = static_cast<int64_t>(p.ys.size()), ow = static_cast<int64_t>(p.xs.size());
+  internal::VisitNnDtype(g.dtype(), "avg_pool2d backward", [&]<typename T>() {
+    const T* pg = g.data_ptr<T>();
+    T* px = gx.data_ptr<T>();
+    for (int64_t plane = 0; plane < planes; ++plane) {
+      T* out = px + plane * p.sizes[2] * w;
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          const int64_t count = p.yc[oy] * p.xc[ox];
+          if (count == 0) continue;
+          const T share = pg[(plane * oh + oy) * ow + ox] / static_cast<T>(count);
+          for (int64_t iy = p.ys[oy]; iy < p.ye[oy]; ++iy) {
+            for (int64_t ix = p.xs[ox]; ix < p.xe[ox]; ++ix) out[iy * w + ix] += share;
           }
         }
       }
-    });
-    grads[0] = gx;
+    }
+  });
+  return gx;
+}
+
+void SavePlan(AutogradContext* ctx, const AvgPlan& p) {
+  ctx->saved_data["sizes"] = p.sizes;
+  ctx->saved_data["ys"] = p.ys;
+  ctx->saved_data["ye"] = p.ye;
+  ctx->saved_data["yc"] = p.yc;
+  ctx->saved_data["xs"] = p.xs;
+  ctx->saved_data["xe"] = p.xe;
+  ctx->saved_data["xc"] = p.xc;
+}
+
+AvgPlan LoadPlan(AutogradContext* ctx) {
+  auto get = [&](const char* key) { return std::get<IntVector>(ctx->saved_data[key]); };
+  return {get("sizes"), get("ys"), get("ye"), get("yc"), get("xs"), get("xe"), get("xc")};
+}
+
+// Note [Pooling double backward]: AvgPoolFunction and AvgPoolAdjointFunction
+// are each other's backward.
+struct AvgPoolAdjointFunction;
+
+struct AvgPoolFunction : autograd::Function<AvgPoolFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, AvgPlan plan) {
+    SavePlan(ctx, plan);
+    return AvgPool(input, plan);
+  }
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs);
+};
+
+struct AvgPoolAdjointFunction : autograd::Function<AvgPoolAdjointFunction> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& grad, AvgPlan plan) {
+    SavePlan(ctx, plan);
+    return AvgPoolAdjoint(grad, plan);
+  }
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    std::vector<Tensor> grads(2);
+    if (grad_outputs[0].defined())
+      grads[0] = AvgPoolFunction::apply(grad_outputs[0], LoadPlan(ctx));
     return grads;
   }
 };
+
+std::vector<Tensor> AvgPoolFunction::backward(AutogradContext* ctx,
+                                              std::vector<Tensor> grad_outputs) {
+  std::vector<Tensor> grads(2);
+  if (!grad_outputs[0].defined()) return grads;
+  const AvgPlan plan = LoadPlan(ctx);
+  grads[0] = autograd::GradMode::is_enabled() ? AvgPoolAdjointFunction::apply(grad_outputs[0], plan)
+                                              : AvgPoolAdjoint(grad_outputs[0], plan);
+  return grads;
+}
 
 }  // namespace
 
@@ -270,8 +376,9 @@ Tensor avg_pool2d(const Tensor& input, const AvgPool2dOptions& options) {
     internal::VisitNnDtype(x.dtype(), "avg_pool2d", []<typename T>() {});
     Windows rows = AvgWindows(x.size(2), out[0], k[0], stride[0], p[0], options.count_include_pad);
     Windows cols = AvgWindows(x.size(3), out[1], k[1], stride[1], p[1], options.count_include_pad);
-    return AvgPoolFunction::apply(x, rows.start, rows.end, rows.count, cols.start, cols.end,
-                                  cols.count);
+    return AvgPoolFunction::apply(
+        x, AvgPlan{IntVector(x.sizes().begin(), x.sizes().end()), rows.start, rows.end, rows.count,
+                   cols.start, cols.end, cols.count});
   });
 }
 
@@ -289,8 +396,9 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
     internal::VisitNnDtype(x.dtype(), "adaptive_avg_pool2d", []<typename T>() {});
     Windows rows = AdaptiveWindows(x.size(2), output_size[0]);
     Windows cols = AdaptiveWindows(x.size(3), output_size[1]);
-    return AvgPoolFunction::apply(x, rows.start, rows.end, rows.count, cols.start, cols.end,
-                                  cols.count);
+    return AvgPoolFunction::apply(
+        x, AvgPlan{IntVector(x.sizes().begin(), x.sizes().end()), rows.start, rows.end, rows.count,
+                   cols.start, cols.end, cols.count});
   });
 }
 

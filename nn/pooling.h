@@ -13,7 +13,8 @@
 // window; average pooling counts padding in the divisor unless
 // count_include_pad is false; adaptive pooling averages the windows
 // [floor(i * in / out), ceil((i + 1) * in / out)). The backward passes are
-// explicit kernels (once-differentiable).
+// explicit kernels, recorded under create_graph as functions whose own
+// backward is known, so higher-order gradients work.
 //
 // Errors: bad options and shapes throw ember::Error. CPU, float32 and
 // float64. Thread-safety: as Module (nn/module.h).

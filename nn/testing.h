@@ -9,15 +9,28 @@
 // ExpectGradientsMatch runs autograd's gradient checker (autograd/gradcheck.h:
 // the full Jacobian against central finite differences in float64) on fresh
 // leaf copies of the inputs and records a test failure naming the mismatch.
+//
+// ExpectSecondDerivativesMatch is the same check one order up (PyTorch's
+// gradgradcheck): the first derivatives, recorded with create_graph=true for
+// a fixed random output gradient v, are themselves checked against finite
+// differences with respect to the inputs and v. Since a recorded backward may
+// take another path than the plain one, the recorded first derivatives must
+// also equal the plain ones, which are checked against finite differences of
+// fn. A first derivative that is not recorded (detached from the graph) is a
+// failure, not a skipped check.
 #ifndef EMBER_NN_TESTING_H_
 #define EMBER_NN_TESTING_H_
 
+#include <cmath>
 #include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "gtest/gtest.h"
+#include "tensor/factories.h"
 #include "tensor/tensor.h"
 
 namespace ember::nn::testing {
@@ -39,6 +52,62 @@ inline void ExpectGradientsMatch(const std::function<Tensor(const std::vector<Te
   absl::Status s = autograd::Gradcheck(
       [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in)}; }, inputs);
   EXPECT_TRUE(s.ok()) << "gradient check failed: " << s;
+}
+
+// Checks the first and second derivatives of fn (inputs must be float64): the
+// plain gradients against finite differences of fn, the recorded gradients
+// (weighted by a random v) against the plain ones, and the gradients of the
+// recorded gradients against their finite differences (every input and v).
+inline void ExpectSecondDerivativesMatch(
+    const std::function<Tensor(const std::vector<Tensor>&)>& fn, std::vector<Tensor> inputs) {
+  for (Tensor& t : inputs) {
+    t = t.detach().clone();
+    t.requires_grad_(true);
+  }
+  const size_t n = inputs.size();
+  {
+    autograd::NoGradGuard no_grad;
+    Tensor v = randn(fn(inputs).sizes(), TensorOptions(kFloat64));
+    v.requires_grad_(true);
+    inputs.push_back(v);
+  }
+  bool detached = false;
+  auto first_order = [&](const std::vector<Tensor>& in) {
+    // The checker evaluates without grad; the first derivatives need a graph.
+    autograd::EnableGradGuard enable_grad;
+    std::vector<Tensor> wrt(in.begin(), in.begin() + n);
+    std::vector<Tensor> grads = autograd::Grad({fn(wrt)}, wrt, {in[n]}, /*retain_graph=*/true,
+                                               /*create_graph=*/true, /*allow_unused=*/true);
+    for (Tensor& g : grads) {
+      if (!g.defined()) continue;
+      if (!g.requires_grad()) detached = true;
+    }
+    return grads;
+  };
+  const std::vector<Tensor> wrt(inputs.begin(), inputs.begin() + n);
+  absl::Status first = autograd::Gradcheck(
+      [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in)}; }, wrt);
+  EXPECT_TRUE(first.ok()) << "gradient check failed: " << first;
+  const std::vector<Tensor> plain = autograd::Grad({fn(wrt)}, wrt, {inputs[n]}, std::nullopt,
+                                                   /*create_graph=*/false, /*allow_unused=*/true);
+  const std::vector<Tensor> recorded = first_order(inputs);
+  for (size_t i = 0; i < n; ++i) {
+    if (!plain[i].defined() || !recorded[i].defined()) {
+      EXPECT_EQ(plain[i].defined(), recorded[i].defined())
+          << "the recorded and plain gradients of input " << i << " differ in being defined";
+      continue;
+    }
+    const std::vector<double> a = Values(plain[i]), b = Values(recorded[i]);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) {
+      EXPECT_NEAR(a[j], b[j], 1e-9 * (1 + std::abs(a[j])))
+          << "the recorded gradient of input " << i << " element " << j
+          << " differs from the plain one";
+    }
+  }
+  absl::Status s = autograd::Gradcheck(first_order, inputs);
+  EXPECT_TRUE(s.ok()) << "second-derivative check failed: " << s;
+  EXPECT_FALSE(detached) << "a first derivative was not recorded with create_graph=true";
 }
 
 }  // namespace ember::nn::testing
