@@ -17,9 +17,10 @@
 //   std, reshape, flatten, split, stack, ...).
 // - Comparisons, logical ops, argmax/argmin and the indices of max/min give
 //   bool or integer results, which never require grad.
-// - Not differentiable twice (their backward is not recorded): as_strided,
-//   slice with step > 1, index_select, masked_select and in-place ops on views
-//   (their first derivative is exact).
+// - The scatters that undo gathers (as_strided, stepped slice, index_select,
+//   masked_select, and the regenerated history of views written in place) are
+//   recorded too (StridedScatter, RecordedIndexAdd), so every op here is
+//   differentiable twice.
 #include <cctype>
 #include <cmath>
 #include <numbers>
@@ -100,6 +101,22 @@ Tensor PadAlong(const Tensor& g, IntArrayRef sizes, int64_t dim, int64_t start, 
   return parts.size() == 1 ? g : cat(parts, dim);
 }
 
+// IndexAdd (scatter.h), recorded when grad mode is on and `grad` requires
+// grad: it is linear in `grad`, and its adjoint is index_select, whose own
+// backward is this function again.
+Tensor RecordedIndexAdd(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& grad) {
+  Tensor result = IndexAdd(sizes, dim, index, grad);
+  if (!ShouldRecord(grad)) return result;
+  auto node = Formula("IndexAddBackward", [dim](const variable_list& saved,
+                                                const variable_list& grads) {
+    return variable_list{grads[0].index_select(dim, saved[0])};
+  });
+  node->add_next_edge(GradientEdge(grad));
+  node->Save(index);
+  FinishHistory(node, result, "index_add");
+  return result;
+}
+
 // --- Views -------------------------------------------------------------------
 
 // Records `out = view_op(self)` with `backward(grad)`.
@@ -135,7 +152,7 @@ Tensor AsStridedAutograd(const Tensor& self, IntArrayRef sizes, IntArrayRef stri
   }
   StridedGeometry in = StridedGeometry::Of(self), view = StridedGeometry::Of(out);
   return RecordView(self, out, "AsStridedBackward", "as_strided",
-                    [in, view](const Tensor& g) { return AsStridedBackward(g, in, view); });
+                    [in, view](const Tensor& g) { return StridedScatter(g, in, view); });
 }
 
 Tensor TransposeAutograd(const Tensor& self, int64_t d0, int64_t d1) {
@@ -168,13 +185,17 @@ Tensor SliceAutograd(const Tensor& self, int64_t dim, int64_t start, int64_t end
   }
   SizeVector in = ToVector(self.sizes());
   int64_t d = WrapDim(dim, self.dim(), "slice");
-  return RecordView(self, out, "SliceBackward", "slice", [=](const Tensor& g) {
-    if (step == 1) return PadAlong(g, in, d, start, end);
-    Tensor r = zeros(in, TensorOptions(g.dtype()).device(g.device()));
-    NoGradGuard no_grad;
-    r.slice(d, start, end, step).copy_(g);
-    return r;
-  });
+  if (step == 1) {
+    return RecordView(self, out, "SliceBackward", "slice",
+                      [=](const Tensor& g) { return PadAlong(g, in, d, start, end); });
+  }
+  // A stepped slice of a contiguous tensor of self's shape, whatever self's
+  // strides: the gradient is scattered there (recorded, so differentiable).
+  StridedGeometry whole{in, ContiguousStrides(in), 0};
+  StridedGeometry part{ToVector(out.sizes()), whole.strides, start * whole.strides[d]};
+  part.strides[d] *= step;
+  return RecordView(self, out, "SliceBackward", "slice",
+                    [=](const Tensor& g) { return StridedScatter(g, whole, part); });
 }
 
 Tensor SelectAutograd(const Tensor& self, int64_t dim, int64_t index) {
@@ -694,7 +715,7 @@ Tensor MaskedSelectAutograd(const Tensor& self, const Tensor& mask) {
           if (mp[i]) positions.push_back(i);
         }
         Tensor index = tensor(positions);
-        return variable_list{IndexAdd({Numel(shape)}, 0, index, grads[0]).view(shape)};
+        return variable_list{RecordedIndexAdd({Numel(shape)}, 0, index, grads[0]).view(shape)};
       });
   node->add_next_edge(GradientEdge(self));
   node->Save(mask);
@@ -712,7 +733,7 @@ Tensor IndexSelectAutograd(const Tensor& self, int64_t dim, const Tensor& index)
   SizeVector in = ToVector(self.sizes());
   auto node = Formula("IndexSelectBackward",
                       [in, dim](const variable_list& saved, const variable_list& grads) {
-                        return variable_list{IndexAdd(in, dim, saved[0], grads[0])};
+                        return variable_list{RecordedIndexAdd(in, dim, saved[0], grads[0])};
                       });
   node->add_next_edge(GradientEdge(self));
   node->Save(index);

@@ -69,7 +69,15 @@ absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>&
   std::vector<std::vector<std::vector<std::vector<double>>>> analytical(outputs.size());
   for (size_t o = 0; o < outputs.size(); ++o) {
     const Tensor& out = outputs[o];
-    if (!out.defined() || !out.requires_grad()) continue;
+    if (!out.defined() || !out.is_floating_point()) continue;
+    if (!out.requires_grad()) {
+      // Outside the graph: autograd says the Jacobian is zero; the finite
+      // differences must agree (a backward that is not recorded fails here).
+      std::vector<std::vector<double>> row;
+      for (const Tensor& in : wrt) row.push_back(std::vector<double>(in.numel(), 0.0));
+      analytical[o].assign(out.numel(), row);
+      continue;
+    }
     if (out.numel() == 0) {
       // Nothing to compare; backward must still run.
       Grad({out}, wrt, {zeros_like(out)}, /*retain_graph=*/true, false, /*allow_unused=*/true);
@@ -121,6 +129,41 @@ absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>&
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Gradgradcheck(const std::function<variable_list(const variable_list&)>& fn,
+                           const variable_list& inputs, const GradcheckOptions& options) {
+  const size_t n = inputs.size();
+  variable_list all = inputs;
+  {
+    EnableGradGuard enable;
+    for (const Tensor& out : fn(inputs)) {
+      if (out.defined() && out.requires_grad()) {
+        all.push_back((rand(out.sizes(), kFloat64) * 2 - 1).requires_grad_());
+      }
+    }
+  }
+  auto first_derivatives = [&fn, n](const variable_list& args) {
+    EnableGradGuard enable;
+    variable_list in(args.begin(), args.begin() + n);
+    variable_list outs, seeds, wrt;
+    size_t next_seed = n;
+    for (const Tensor& out : fn(in)) {
+      if (!out.defined() || !out.requires_grad()) continue;
+      outs.push_back(out);
+      seeds.push_back(args[next_seed++].to(out.dtype()));
+    }
+    for (const Tensor& t : in) {
+      if (t.defined() && t.requires_grad()) wrt.push_back(t);
+    }
+    variable_list grads = Grad(outs, wrt, seeds, /*retain_graph=*/true, /*create_graph=*/true,
+                               /*allow_unused=*/true);
+    for (size_t c = 0; c < grads.size(); ++c) {
+      if (!grads[c].defined()) grads[c] = zeros_like(wrt[c]);
+    }
+    return grads;
+  };
+  return Gradcheck(first_derivatives, all, options);
 }
 
 }  // namespace ember::autograd

@@ -11,7 +11,8 @@
 // perturbed by +-eps in place (through its strides, so non-contiguous inputs
 // work) and `fn` re-run without grad; for each output element, autograd's
 // grad() gives one row of the analytical Jacobian. Entries must agree within
-// atol + rtol * |numerical|. Empty inputs and outputs are run through forward
+// atol + rtol * |numerical|. A floating output that does not require grad
+// has a zero analytical Jacobian, which the differences must confirm. Empty inputs and outputs are run through forward
 // and backward too (nothing to compare, but nothing may fail).
 //
 // Inputs must be float64 (float32 differences are too coarse) and must not
@@ -38,6 +39,15 @@ struct GradcheckOptions {
 
 absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>& fn,
                        const variable_list& inputs, const GradcheckOptions& options = {});
+
+// Second derivatives, as torch.autograd.gradgradcheck: fixed random float64
+// gradients are drawn for `fn`'s differentiable outputs, and Gradcheck is run
+// on the function (inputs, output gradients) -> first derivatives of `fn`
+// computed with create_graph. So the backward of every backward formula is
+// checked, with respect to the inputs and to the incoming gradients. Same
+// input rules and errors as Gradcheck.
+absl::Status Gradgradcheck(const std::function<variable_list(const variable_list&)>& fn,
+                           const variable_list& inputs, const GradcheckOptions& options = {});
 
 }  // namespace ember::autograd
 

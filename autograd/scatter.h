@@ -6,8 +6,9 @@
 //   // grad of x.index_select(0, idx): zeros of x's shape, rows added back.
 //   Tensor gx = ember::autograd::IndexAdd(x.sizes(), 0, idx, grad);
 //
-// These are not recorded by autograd (first-order gradients only). Pure
-// functions; thread-safe. Bad arguments throw ember::Error.
+// These are not recorded by autograd; their recorded forms, for double
+// backward, are StridedScatter (variable.h) and the index_add node in
+// derivatives.cc. Pure functions; thread-safe. Bad arguments throw ember::Error.
 #ifndef EMBER_AUTOGRAD_SCATTER_H_
 #define EMBER_AUTOGRAD_SCATTER_H_
 

@@ -24,7 +24,7 @@ class ViewOfBaseBackward final : public Node {
  protected:
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {Tensor()};
-    return {AsStridedBackward(grads[0], base_, view_)};
+    return {StridedScatter(grads[0], base_, view_)};
   }
 
  private:
@@ -32,7 +32,42 @@ class ViewOfBaseBackward final : public Node {
   StridedGeometry view_;
 };
 
+// Note [Double backward of strided scatters]
+// StridedScatter(g, to, from) is linear in g: it gathers g's elements at
+// `to`'s positions after adding them at `from`'s. Its adjoint swaps the two
+// geometries, so its backward is the same function with them swapped, and
+// the double backward of as_strided, stepped slices and writes through views
+// is recorded like any other op.
+class StridedScatterBackward final : public Node {
+ public:
+  StridedScatterBackward(StridedGeometry to, StridedGeometry from)
+      : to_(std::move(to)), from_(std::move(from)) {}
+  std::string name() const override { return "AsStridedBackwardBackward"; }
+
+ protected:
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return {Tensor()};
+    return {StridedScatter(grads[0], from_, to_)};
+  }
+
+ private:
+  StridedGeometry to_;
+  StridedGeometry from_;
+};
+
 }  // namespace
+
+Tensor StridedScatter(const Tensor& grad, const StridedGeometry& to,
+                      const StridedGeometry& from) {
+  Tensor result = AsStridedBackward(grad, to, from);
+  const AutogradMeta* meta = GetMeta(grad);
+  if (!GradMode::is_enabled() || meta == nullptr || !meta->requires_grad()) return result;
+  auto node = MakeNode<StridedScatterBackward>(to, from);
+  node->add_next_edge(GradientEdge(grad));
+  SetHistory(result, node);
+  return result;
+}
+
 
 AutogradMeta* MaterializeMeta(const Tensor& t) {
   EMBER_CHECK(t.defined(), "autograd: the tensor is undefined");

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "autograd/scatter.h"
 #include "tensor/allocator.h"
 #include "tensor/tensor.h"
 
@@ -85,6 +86,10 @@ void SetHistory(const Tensor& t, const std::shared_ptr<Node>& node);
 // Marks `view` (just produced by a recorded view op of `input`) as a view of
 // input's base.
 void MarkAsView(const Tensor& view, const Tensor& input);
+
+// AsStridedBackward(grad, to, from) (scatter.h), recorded when grad mode is
+// on and `grad` requires grad (Note [Double backward of strided scatters]).
+Tensor StridedScatter(const Tensor& grad, const StridedGeometry& to, const StridedGeometry& from);
 
 // Registers a hook on the gradient of `t` (torch.Tensor.register_hook): it
 // runs on every gradient computed for `t` and may return a replacement, or an
