@@ -38,7 +38,10 @@
 //   3. Add 1 to "rendezvous/joined"; the rank that brings it to world_size
 //      sets "rendezvous/complete", which every rank waits for.
 // A timeout in step 3 reads the counter and the rank claims to report
-// "k of N ranks joined" and which ranks are missing.
+// "k of N ranks joined" and which ranks are missing. The rank that serves the
+// store keeps serving for a short linger after its own timeout, so that the
+// ranks that started a moment later still read the count from it and report
+// the same timeout, rather than a vanished server.
 //
 // Everything a caller can get wrong (the URL, variables, world size, rank)
 // is checked before the first socket or file is opened.
@@ -239,6 +242,15 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
 }
 
 absl::Duration Remaining(absl::Time deadline) { return std::max(deadline - absl::Now(), absl::ZeroDuration()); }
+
+// How long the serving rank keeps its store up after its join timed out (Note
+// [Rendezvous protocol]): at most a second, and never longer than the timeout.
+absl::Status LingerIfServing(absl::Status join, bool serving, absl::Duration timeout) {
+  if (serving && join.code() == absl::StatusCode::kDeadlineExceeded) {
+    absl::SleepFor(std::min(timeout, absl::Seconds(1)));
+  }
+  return join;
+}
 
 // See Note [Rendezvous protocol].
 absl::Status Join(Store& store, const Plan& plan, const RendezvousOptions& options, absl::Time deadline) {
@@ -478,7 +490,7 @@ absl::StatusOr<RendezvousResult> MulticastRendezvous(const RendezvousOptions& op
   absl::Status status = Join(*shared, plan, options, deadline);
   joined = true;
   announcer.join();
-  EMBER_RETURN_IF_ERROR(status);
+  EMBER_RETURN_IF_ERROR(LingerIfServing(std::move(status), plan.rank == 0, options.timeout));
   return RendezvousResult{shared, plan.rank, plan.world_size};
 }
 
@@ -493,19 +505,20 @@ absl::StatusOr<RendezvousResult> Rendezvous(const RendezvousOptions& options) {
   if (plan.kind == Plan::Kind::kMulticast) return MulticastRendezvous(options, std::move(plan), deadline);
 
   std::shared_ptr<Store> store;
+  const bool serving = plan.kind != Plan::Kind::kFile && plan.rank == 0 && !plan.served_elsewhere;
   if (plan.kind == Plan::Kind::kFile) {
     EMBER_ASSIGN_OR_RETURN(store, FileStore::Open(plan.path, options.timeout));
   } else {
     TcpStoreOptions store_options;
     store_options.host = plan.host;
     store_options.port = plan.port;
-    store_options.is_server = plan.rank == 0 && !plan.served_elsewhere;
+    store_options.is_server = serving;
     store_options.timeout = options.timeout;
     EMBER_ASSIGN_OR_RETURN(store, TcpStore::Create(store_options));
   }
   store->set_timeout(options.timeout);
   if (!options.group_name.empty()) store = std::make_shared<PrefixStore>(options.group_name, store);
-  EMBER_RETURN_IF_ERROR(Join(*store, plan, options, deadline));
+  EMBER_RETURN_IF_ERROR(LingerIfServing(Join(*store, plan, options, deadline), serving, options.timeout));
   return RendezvousResult{store, plan.rank, plan.world_size};
 }
 
