@@ -25,23 +25,14 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "distributed/testing/free_port.h"
 
 namespace ember::distributed {
 namespace {
 
-using ::testing::HasSubstr;
+using ::ember::distributed::testing::FreePort;
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using ::testing::HasSubstr;
 
 std::string TempPath(const std::string& name) {
   static std::atomic<int> counter{0};

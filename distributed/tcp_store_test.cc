@@ -26,9 +26,12 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "distributed/testing/free_port.h"
 
 namespace ember::distributed {
 namespace {
+
+using ::ember::distributed::testing::FreePort;
 
 using ::testing::HasSubstr;
 using testing::StoreConformanceTest;
@@ -71,19 +74,6 @@ int Connect(int port) {
     return -1;
   }
   return fd;
-}
-
-// A port that was free a moment ago.
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 TEST(TcpStoreTest, ServerOwnerIsAClientOfItsOwnServer) {

@@ -22,9 +22,12 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "distributed/testing/free_port.h"
 
 namespace ember::launch {
 namespace {
+
+using ::ember::distributed::testing::FreePort;
 
 using ::testing::HasSubstr;
 
@@ -220,17 +223,6 @@ TEST(LaunchTest, UsageErrorsNameTheProblem) {
     EXPECT_EQ(Finish(launched), 2) << c.expected;
     EXPECT_THAT(ReadFile(launched.stderr_path), HasSubstr(c.expected));
   }
-}
-
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 TEST(LaunchTest, WorkersRendezvousThroughEnv) {
