@@ -12,7 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "distributed/tcp/shm_channel.h"
+#include "distributed/tcp/shm_segment.h"
 #include "tensor/status_macros.h"
 
 namespace ember::distributed::tcp {

@@ -25,8 +25,11 @@ namespace ember::distributed::tcp {
 // Note [tcp algorithms]
 // Small all_reduce (under kDirectAllReduceBytes received per rank) is one
 // hop: every rank sends its buffer to every other and reduces the N inputs
-// in rank order. Larger all_reduce is a ring: N-1 reduce-scatter steps, then N-1 all-gather steps,
-// over N segments of the buffer. Every receive of the op is posted before the
+// in rank order. Larger all_reduce, when every rank of the group is on this
+// host, runs in the shared-memory arena (Note [Shared-memory all_reduce] in
+// shm_arena.h); otherwise (or with EMBER_TCP_ARENA=0, or after an arena op
+// failed) it is a ring: N-1 reduce-scatter steps, then N-1 all-gather
+// steps, over N segments of the buffer. Every receive of the op is posted before the
 // first send, so each incoming segment streams from the channel straight
 // into the destination (reduce-scatter: acc = op(acc, incoming); all-gather:
 // a copy) on the reader thread while the worker thread sends the next
@@ -207,17 +210,6 @@ absl::Status Exchange(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int32_t
 }
 
 
-// Segment i (mod n) of a buffer of `numel` elements: byte offset and length.
-struct Segment {
-  size_t offset;
-  size_t nbytes;
-};
-Segment SegmentOf(int i, int n, int64_t numel, size_t elem) {
-  i = ((i % n) + n) % n;
-  const int64_t begin = numel * i / n, end = numel * (i + 1) / n;
-  return {static_cast<size_t>(begin) * elem, static_cast<size_t>(end - begin) * elem};
-}
-
 // The reduce-scatter half of the ring (Note [tcp algorithms]): afterwards
 // segment r+1 of `data` holds the full reduction on rank r.
 absl::Status RingReduceScatter(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
@@ -307,6 +299,9 @@ TcpOptions TcpOptions::FromEnv() {
   }
   if (const char* v = std::getenv("EMBER_TCP_DIRECT"); v != nullptr && std::string(v) == "0") {
     o.direct_reads = false;
+  }
+  if (const char* v = std::getenv("EMBER_TCP_ARENA"); v != nullptr && std::string(v) == "0") {
+    o.arena = false;
   }
   if (const char* v = std::getenv("EMBER_TCP_RING_BYTES"); v != nullptr) {
     size_t bytes = 0;
@@ -444,15 +439,45 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
       if (peers[p].peer_reads_us) transports[p] += " + direct reads";
     }
   }
+  // 5. The all_reduce arena (Note [Shared-memory all_reduce]), when every
+  // rank is on this host: everyone publishes a segment (or "none"), maps
+  // the others', and it is used only if every rank managed.
+  std::unique_ptr<ShmArena> arena;
+  const bool one_host = std::all_of(records.begin(), records.end(),
+                                    [&](const PeerRecord& r) { return r.host_key == host_key; });
+  if (n > 1 && one_host) {
+    absl::StatusOr<std::unique_ptr<ShmArena>> created_arena =
+        tcp.shared_memory && tcp.arena ? ShmArena::Create(rank, n)
+                                       : absl::UnavailableError("turned off");
+    EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, "arena/", rank),
+                                    created_arena.ok() ? (*created_arena)->Locator() : "none"));
+    bool ok = created_arena.ok();
+    for (int p = 0; p < n; ++p) {
+      if (p == rank) continue;
+      EMBER_ASSIGN_OR_RETURN(std::string locator,
+                             store.Get(absl::StrCat(prefix, "arena/", p), left()));
+      ok = ok && locator != "none" && (*created_arena)->Attach(p, locator).ok();
+    }
+    EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, "arena-ok/", rank), ok ? "1" : "0"));
+    for (int p = 0; p < n; ++p) {
+      if (p == rank) continue;
+      EMBER_ASSIGN_OR_RETURN(std::string peer_ok,
+                             store.Get(absl::StrCat(prefix, "arena-ok/", p), left()));
+      ok = ok && peer_ok == "1";
+    }
+    if (ok) arena = std::move(*created_arena);
+  }
   auto mesh = std::make_shared<Mesh>(rank, std::move(channels), std::move(peers), &OpCodeName);
   return std::shared_ptr<TcpProcessGroup>(
-      new TcpProcessGroup(options, std::move(mesh), std::move(transports)));
+      new TcpProcessGroup(options, std::move(mesh), std::move(arena), std::move(transports)));
 }
 
 TcpProcessGroup::TcpProcessGroup(const BackendOptions& options, std::shared_ptr<Mesh> mesh,
+                                 std::unique_ptr<ShmArena> arena,
                                  std::vector<std::string> transports)
     : ProcessGroup(options.rank, options.size, "tcp", TcpSupportTable(), options.timeout),
       mesh_(std::move(mesh)),
+      arena_(std::move(arena)),
       transports_(std::move(transports)) {
   worker_ = std::thread([this] { WorkerLoop(); });
 }
@@ -475,6 +500,7 @@ void TcpProcessGroup::Abort() {
     if (aborted_.ok()) aborted_ = absl::AbortedError("the process group was aborted");
   }
   mesh_->Abort(absl::AbortedError("the process group was aborted"));
+  if (arena_) arena_->Interrupt();
 }
 
 std::shared_ptr<Work> TcpProcessGroup::Enqueue(OpType op,
@@ -543,14 +569,38 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoBroadcast(
                  });
 }
 
+std::string TcpProcessGroup::AllReduceAlgorithm(size_t nbytes) const {
+  const int n = size();
+  if (n == 1) return "none";
+  if (nbytes * (n - 1) <= kDirectAllReduceBytes) return "direct";
+  if (arena_ && arena_->Usable()) return "arena";
+  return "ring";
+}
+
+ShmArena::Op TcpProcessGroup::ArenaOp(const OpContext& ctx) const {
+  Mesh* mesh = mesh_.get();
+  const int64_t seq = ctx.seq;
+  return {.seq = seq,
+          .what = ctx.what,
+          .deadline = ctx.deadline,
+          .failure = [mesh, seq] { return mesh->CollectiveFailure(seq); },
+          .describe = [mesh](int peer) { return mesh->DescribePeer(peer); }};
+}
+
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllReduce(
     const Tensor& tensor, const AllReduceOptions& options) {
   const ReduceOp op = options.op;
   return Enqueue(OpType::kAllReduce, options.timeout, true,
                  [this, tensor, op](const OpContext& ctx) -> absl::Status {
                    Tensor data = Staging(tensor);
-                   EMBER_RETURN_IF_ERROR(
-                       RingAllReduce(*mesh_, ctx, Data(data), data.numel(), data.dtype(), op));
+                   if (AllReduceAlgorithm(data.nbytes()) == "arena") {
+                     EMBER_RETURN_IF_ERROR(arena_->AllReduce(ArenaOp(ctx), Data(data),
+                                                             data.numel(), data.dtype(), op));
+                   } else {
+                     if (arena_) arena_->AnnounceElsewhere(ctx.seq, data.nbytes(), data.dtype(), op);
+                     EMBER_RETURN_IF_ERROR(
+                         RingAllReduce(*mesh_, ctx, Data(data), data.numel(), data.dtype(), op));
+                   }
                    CopyBack(tensor, data);
                    return absl::OkStatus();
                  });

@@ -16,13 +16,16 @@
 //
 // Execution: ops run in call order on one worker thread per group; a
 // receive (Recv / irecv) is posted at once and completes on a reader
-// thread. Algorithms (Note [tcp algorithms] in process_group_tcp.cc): ring
-// reduce-scatter + all-gather for all_reduce and reduce, direct exchange for
-// the others. Every reduction happens once per element in a fixed order, so
+// thread. Algorithms (Note [tcp algorithms] in process_group_tcp.cc): large
+// all_reduce in shared staging segments when the whole group shares a host
+// (ShmArena), else ring reduce-scatter + all-gather, as for reduce; direct
+// exchange for the others. Every reduction happens once per element in a fixed order, so
 // all ranks get the same bits.
 //
 // Environment: EMBER_TCP_SHM=0 forces sockets between ranks on one host;
 // EMBER_TCP_DIRECT=0 keeps large messages in the rings;
+// EMBER_TCP_ARENA=0 runs large all_reduce as a ring even when every rank is
+// on this host;
 // EMBER_TCP_RING_BYTES sets the shared-memory ring size;
 // EMBER_SOCKET_IFNAME / GLOO_SOCKET_IFNAME pick the interface to publish.
 //
@@ -42,6 +45,7 @@
 #include "distributed/backend_registry.h"
 #include "distributed/process_group.h"
 #include "distributed/tcp/mesh.h"
+#include "distributed/tcp/shm_arena.h"
 
 namespace ember::distributed::tcp {
 
@@ -52,6 +56,10 @@ struct TcpOptions {
   // the sender's memory when the kernel allows it (EMBER_TCP_DIRECT=0 turns
   // it off; Note [Direct reads] in mesh.h).
   bool direct_reads = true;
+  // all_reduce through per-rank staging segments when every rank of the
+  // group is on this host (EMBER_TCP_ARENA=0 turns it off; Note
+  // [Shared-memory all_reduce] in shm_arena.h).
+  bool arena = true;
   // Bytes per direction of each shared-memory ring (EMBER_TCP_RING_BYTES).
   size_t ring_bytes = size_t{2} << 20;
   // The defaults, overridden by the environment variables above.
@@ -70,6 +78,9 @@ class TcpProcessGroup : public ProcessGroup {
   void Abort() override;
   // How bytes reach `peer`: "shared memory" or "tcp <address>".
   std::string TransportTo(int peer) const;
+  // How an all_reduce of `nbytes` would run now: "none" (a group of one),
+  // "direct" (small: one hop), "arena" (ShmArena) or "ring".
+  std::string AllReduceAlgorithm(size_t nbytes) const;
 
   struct OpContext {
     OpType op;
@@ -119,13 +130,17 @@ class TcpProcessGroup : public ProcessGroup {
   };
 
   TcpProcessGroup(const BackendOptions& options, std::shared_ptr<Mesh> mesh,
-                  std::vector<std::string> transports);
+                  std::unique_ptr<ShmArena> arena, std::vector<std::string> transports);
   // Queues `job`; a collective takes the next sequence number.
   std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout,
                                 bool collective, Job job);
   void WorkerLoop();
+  // How the arena reports failures and names peers for the op `ctx`.
+  ShmArena::Op ArenaOp(const OpContext& ctx) const;
 
   std::shared_ptr<Mesh> mesh_;
+  // Null unless every rank is on this host (TcpOptions::arena).
+  const std::unique_ptr<ShmArena> arena_;
   const std::vector<std::string> transports_;
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Mutex mu_;

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
@@ -98,8 +99,62 @@ TEST_P(TcpWorldTest, AllReduceEveryDtypeAndOp) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-TEST_P(TcpWorldTest, AllReduceGivesTheSameBitsOnEveryRank) {
+// Sets an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+// Large all_reduce, in the shared-memory arena and (EMBER_TCP_ARENA=0) as a
+// ring: several chunks and a partial one, a length that no world size
+// divides, every dtype and op, every element checked.
+TEST_P(TcpWorldTest, LargeAllReduceEveryDtypeAndOpInBothAlgorithms) {
   const int world = GetParam();
+  if (world == 1) GTEST_SKIP() << "a group of one has no algorithm";
+  const int64_t n = 3 * 65536 + 7;
+  for (const char* arena : {"1", "0"}) {
+    ScopedEnv env("EMBER_TCP_ARENA", arena);
+    const std::string algorithm = std::string(arena) == "1" ? "arena" : "ring";
+    absl::Status s = RunRanks(world, [&](Rank& me) -> absl::Status {
+      auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
+      EXPECT_EQ(tcp->AllReduceAlgorithm(n), algorithm);
+      for (Dtype dtype : kAllDtypes) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin,
+                            ReduceOp::kMax, ReduceOp::kAvg}) {
+          if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) continue;
+          Tensor t = Input(me.rank, n, dtype);
+          EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t, {.op = op})));
+          std::vector<double> got = Values(t);
+          int64_t wrong = 0, first = -1;
+          for (int64_t i = 0; i < n; ++i) {
+            double want = Expected(op, world, i, dtype);
+            double tol = op == ReduceOp::kAvg ? 1e-2 * std::abs(want) : 0;
+            if (std::abs(got[i] - want) > tol && wrong++ == 0) first = i;
+          }
+          EXPECT_EQ(wrong, 0) << algorithm << " " << DtypeName(dtype) << " "
+                              << ReduceOpName(op) << " rank " << me.rank
+                              << ", first wrong element " << first;
+        }
+      }
+      return absl::OkStatus();
+    });
+    EXPECT_TRUE(s.ok()) << algorithm << ": " << s;
+  }
+}
+
+void ExpectTheSameBitsOnEveryRank(int world, const char* arena);
+
+TEST_P(TcpWorldTest, AllReduceGivesTheSameBitsOnEveryRank) {
+  for (const char* arena : {"1", "0"}) ExpectTheSameBitsOnEveryRank(GetParam(), arena);
+}
+
+void ExpectTheSameBitsOnEveryRank(int world, const char* arena) {
+  ScopedEnv env("EMBER_TCP_ARENA", arena);
+  SCOPED_TRACE(absl::StrCat("EMBER_TCP_ARENA=", arena));
   const int64_t n = (1 << 18) + 5;
   std::vector<std::vector<float>> results(world);
   absl::Status s = RunRanks(world, [&](Rank& me) -> absl::Status {
@@ -418,8 +473,11 @@ TEST(TcpProcessGroupTest, SocketsWhenSharedMemoryIsOff) {
     auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
     EXPECT_NE(tcp, nullptr);
     for (int p = 0; p < 3; ++p) {
-      if (p != me.rank) EXPECT_THAT(tcp->TransportTo(p), HasSubstr("tcp "));
+      if (p != me.rank) {
+        EXPECT_THAT(tcp->TransportTo(p), HasSubstr("tcp "));
+      }
     }
+    EXPECT_EQ(tcp->AllReduceAlgorithm(400000), "ring");
     Tensor t = Input(me.rank, 100000, kFloat32);
     EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
     std::vector<double> got = Values(t);
@@ -445,9 +503,11 @@ TEST(TcpProcessGroupTest, SharedMemoryBetweenRanksOnOneHost) {
 
 TEST(TcpProcessGroupTest, LargeMessagesThroughTheRingsWhenDirectReadsAreOff) {
   setenv("EMBER_TCP_DIRECT", "0", 1);
+  ScopedEnv ring("EMBER_TCP_ARENA", "0");
   absl::Status s = RunRanks(3, [](Rank& me) -> absl::Status {
     auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
     EXPECT_EQ(tcp->TransportTo((me.rank + 1) % 3), "shared memory");
+    EXPECT_EQ(tcp->AllReduceAlgorithm(12 << 20), "ring");
     Tensor t = Input(me.rank, 3 << 20, kFloat32);  // 12 MiB: several times the ring
     EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
     std::vector<double> got = Values(t);
@@ -461,6 +521,96 @@ TEST(TcpProcessGroupTest, LargeMessagesThroughTheRingsWhenDirectReadsAreOff) {
   });
   unsetenv("EMBER_TCP_DIRECT");
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// The arena compares every rank's announcement before the first chunk: a
+// size mismatch fails at once on every rank, naming both calls, and the
+// group goes on with ring all_reduce afterwards.
+TEST(TcpArenaTest, MismatchedSizesFailAtOnceAndTheGroupGoesOn) {
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> later(3);
+  std::vector<absl::Status> results = RunRanksEach(3, [&](Rank& me) -> absl::Status {
+    auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
+    EXPECT_EQ(tcp->AllReduceAlgorithm(4 << 20), "arena");
+    Tensor t = ones({me.rank == 1 ? 2 << 20 : 1 << 20}, kFloat32);
+    absl::Status s = Finish(me.group->AllReduce(t));
+    // Afterwards the same all_reduce everywhere works, as a ring.
+    later[me.rank] = [&]() -> absl::Status {
+      Tensor u = Input(me.rank, 1 << 20, kFloat32);
+      EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(u)));
+      EXPECT_EQ(tcp->AllReduceAlgorithm(4 << 20), "ring");
+      std::vector<double> got = Values(u);
+      for (int64_t i = 0; i < (1 << 20); i += 1009) {
+        EXPECT_EQ(got[i], Expected(ReduceOp::kSum, 3, i, kFloat32)) << i;
+      }
+      return absl::OkStatus();
+    }();
+    return s;
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the group timeout is 20 s";
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(results[r].ok()) << "rank " << r;
+    EXPECT_TRUE(later[r].ok()) << "rank " << r << ": " << later[r];
+  }
+  const std::string all =
+      results[0].ToString() + results[1].ToString() + results[2].ToString();
+  EXPECT_THAT(all, HasSubstr("mismatched collectives"));
+  EXPECT_THAT(all, HasSubstr("8388608 bytes of float32"));
+  EXPECT_THAT(all, HasSubstr("4194304 bytes of float32"));
+}
+
+TEST(TcpArenaTest, ALargeAllReduceAgainstASmallOneFails) {
+  std::vector<absl::Status> results = RunRanksEach(2, [](Rank& me) -> absl::Status {
+    Tensor t = ones({me.rank == 0 ? 1 << 20 : 4}, kFloat32);
+    return Finish(me.group->AllReduce(t));
+  });
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kFailedPrecondition) << results[0];
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("16 bytes of float32"));
+  EXPECT_FALSE(results[1].ok());
+}
+
+TEST(TcpArenaTest, TimeoutNamesTheRankThatNeverJoined) {
+  ::ember::distributed::testing::RunRanksOptions options;
+  options.timeout = absl::Milliseconds(600);
+  std::vector<absl::Status> results = RunRanksEach(
+      2,
+      [](Rank& me) -> absl::Status {
+        if (me.rank == 1) {
+          absl::SleepFor(absl::Seconds(2));
+          return absl::OkStatus();
+        }
+        const absl::Time start = absl::Now();
+        Tensor t = ones({1 << 20}, kFloat32);
+        absl::Status s = Finish(me.group->AllReduce(t));
+        EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
+        return s;
+      },
+      options);
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
+  EXPECT_THAT(std::string(results[0].message()),
+              HasSubstr("all_reduce (collective #0): timed out waiting for rank 1"));
+  EXPECT_THAT(std::string(results[0].message()), HasSubstr("join"));
+}
+
+TEST(TcpArenaTest, AbortWakesALargeAllReduce) {
+  std::vector<absl::Status> results = RunRanksEach(2, [](Rank& me) -> absl::Status {
+    if (me.rank == 0) {
+      absl::SleepFor(absl::Milliseconds(800));
+      return absl::OkStatus();
+    }
+    Tensor t = ones({1 << 20}, kFloat32);
+    EMBER_ASSIGN_OR_RETURN(auto coll, me.group->AllReduce(t));
+    std::thread aborter([&] {
+      absl::SleepFor(absl::Milliseconds(100));
+      me.group->Abort();
+    });
+    const absl::Time start = absl::Now();
+    absl::Status s = coll->Wait();
+    aborter.join();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+    return s;
+  });
+  EXPECT_EQ(results[1].code(), absl::StatusCode::kAborted) << results[1];
 }
 
 TEST(TcpProcessGroupTest, CudaTensorsAreRejectedByTheSupportTable) {

@@ -6,35 +6,37 @@
 namespace ember::distributed::tcp {
 namespace {
 
+// out[i] = f(a[i], b[i]); `out` may be `a` (ReduceInto) or a third buffer.
 template <typename T, typename F>
-void Apply(void* acc, const void* in, int64_t n, F f) {
-  T* a = static_cast<T*>(acc);
-  const T* b = static_cast<const T*>(in);
-  for (int64_t i = 0; i < n; ++i) a[i] = f(a[i], b[i]);
+void Apply(void* out, const void* a, const void* b, int64_t n, F f) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
 }
 
 template <typename T>
-void ReduceTyped(ReduceOp op, void* acc, const void* in, int64_t n) {
+void ReduceTyped(ReduceOp op, void* out, const void* acc, const void* in, int64_t n) {
   using M = OpMath<T>;
   if constexpr (std::is_same_v<T, bool>) {
     if (op == ReduceOp::kProduct || op == ReduceOp::kMin) {
-      Apply<T>(acc, in, n, [](bool a, bool b) { return a && b; });
+      Apply<T>(out, acc, in, n, [](bool a, bool b) { return a && b; });
     } else {
-      Apply<T>(acc, in, n, [](bool a, bool b) { return a || b; });
+      Apply<T>(out, acc, in, n, [](bool a, bool b) { return a || b; });
     }
     return;
   } else {
     switch (op) {
       case ReduceOp::kSum:
       case ReduceOp::kAvg:
-        Apply<T>(acc, in, n, [](T a, T b) { return static_cast<T>(M(a) + M(b)); });
+        Apply<T>(out, acc, in, n, [](T a, T b) { return static_cast<T>(M(a) + M(b)); });
         return;
       case ReduceOp::kProduct:
-        Apply<T>(acc, in, n, [](T a, T b) { return static_cast<T>(M(a) * M(b)); });
+        Apply<T>(out, acc, in, n, [](T a, T b) { return static_cast<T>(M(a) * M(b)); });
         return;
       case ReduceOp::kMin:
         // NaN propagates, as torch.minimum does.
-        Apply<T>(acc, in, n, [](T a, T b) {
+        Apply<T>(out, acc, in, n, [](T a, T b) {
           M x = M(a), y = M(b);
           if (x != x) return a;
           if (y != y) return b;
@@ -42,7 +44,7 @@ void ReduceTyped(ReduceOp op, void* acc, const void* in, int64_t n) {
         });
         return;
       case ReduceOp::kMax:
-        Apply<T>(acc, in, n, [](T a, T b) {
+        Apply<T>(out, acc, in, n, [](T a, T b) {
           M x = M(a), y = M(b);
           if (x != x) return a;
           if (y != y) return b;
@@ -56,7 +58,11 @@ void ReduceTyped(ReduceOp op, void* acc, const void* in, int64_t n) {
 }  // namespace
 
 void ReduceInto(ReduceOp op, Dtype dtype, void* acc, const void* in, int64_t n) {
-  VisitDtype(dtype, [&]<typename T>() { ReduceTyped<T>(op, acc, in, n); });
+  VisitDtype(dtype, [&]<typename T>() { ReduceTyped<T>(op, acc, acc, in, n); });
+}
+
+void ReduceTo(ReduceOp op, Dtype dtype, void* out, const void* a, const void* b, int64_t n) {
+  VisitDtype(dtype, [&]<typename T>() { ReduceTyped<T>(op, out, a, b, n); });
 }
 
 void DivideBy(Dtype dtype, void* data, int64_t n, int64_t divisor) {

@@ -2,7 +2,7 @@
 // single-producer/single-consumer byte rings in a shared memfd segment.
 //
 //   // rank a (creates):                    // rank b (opens, after a publishes):
-//   auto a = ShmChannel::Create(opts);        auto b = ShmChannel::Open(pid_a, fd_a, opts);
+//   auto a = ShmChannel::Create(opts);        auto b = ShmChannel::Open(locator, opts);
 //   store->Set(key, a->Locator());            // Locator() = "<pid>:<fd>"
 //
 // Note [Same-host shared memory]
@@ -12,8 +12,7 @@
 // the ring into the destination (or reduces into it), so a message costs two
 // copies and no system call while both sides are busy. Waiting spins briefly,
 // then sleeps on a futex in the segment (FUTEX_WAKE only when the other side
-// said it sleeps). The peer opens the memfd through /proc/<pid>/fd/<n>, which
-// needs no fd passing; the creator keeps its fd open for the channel's life.
+// said it sleeps; see shm_segment.h).
 // A dead peer is noticed while waiting: each idle slice (50 ms) reads
 // /proc/<pid>/stat, so survivors fail within that slice instead of the op's
 // timeout. A stopped (SIGSTOP) peer is alive; its ops fail at the timeout and
@@ -32,7 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "distributed/tcp/channel.h"
-#include "distributed/tcp/fd.h"
+#include "distributed/tcp/shm_segment.h"
 
 namespace ember::distributed::tcp {
 
@@ -43,10 +42,6 @@ struct ShmChannelOptions {
   int peer_rank = -1;
   pid_t peer_pid = 0;
 };
-
-// "running", "stopped", "exited", ... for the process `pid` (read from
-// /proc/<pid>/stat); for messages naming a peer.
-std::string ProcessState(pid_t pid);
 
 class ShmChannel : public Channel {
  public:
@@ -69,14 +64,11 @@ class ShmChannel : public Channel {
   struct Ring;  // the control block of one direction, in the segment
 
  private:
-  ShmChannel(Fd fd, void* base, size_t map_bytes, size_t ring_bytes, bool creator,
-             const ShmChannelOptions& options);
+  ShmChannel(SharedSegment segment, bool creator, const ShmChannelOptions& options);
   // kUnavailable when the peer process has exited.
   absl::Status CheckPeerAlive() const;
 
-  Fd fd_;
-  void* base_;
-  size_t map_bytes_;
+  SharedSegment segment_;
   size_t capacity_;
   Ring* out_;
   Ring* in_;
