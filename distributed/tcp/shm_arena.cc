@@ -33,11 +33,12 @@ namespace {
 constexpr size_t kControlBytes = 4096;
 static_assert(sizeof(ShmArena::Control) <= kControlBytes);
 
-// Portions shrink as groups grow, so that a chunk stays about 1 MiB or less
-// (cache-sized) and a segment stays small.
+// A chunk is at most about 1 MiB (cache-sized) and a portion at most
+// 128 KiB: 2 ranks move 256 KiB chunks, which measured as fast as 512 KiB
+// ones at 64 MiB and faster at 4 MiB (BENCHMARKS.md).
 size_t PortionBytesFor(int size) {
   const size_t target = (size_t{1} << 20) / static_cast<size_t>(size);
-  return std::clamp<size_t>(target / 4096 * 4096, 32 << 10, 256 << 10);
+  return std::clamp<size_t>(target / 4096 * 4096, 32 << 10, 128 << 10);
 }
 
 size_t SegmentBytes(int size, size_t portion) {
