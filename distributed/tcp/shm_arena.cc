@@ -150,6 +150,20 @@ absl::Status ShmArena::WaitForPeers(const Op& op, std::atomic<uint64_t> Control:
     Control& c = control(p);
     auto ready = [&] { return (c.*counter).load(std::memory_order_acquire) >= target; };
     if (ready()) continue;
+    // Spinning pays only while the peer runs on another core at the same
+    // time; when it does not (more ranks than free cores), every spin is
+    // time taken from the peer. The budget halves after a wait that spinning
+    // did not end and grows back after one it did.
+    int spun = 0;
+    while (spun < spin_budget_ && !ready()) {
+      CpuRelax();
+      ++spun;
+    }
+    if (ready()) {
+      spin_budget_ = std::min(kMaxSpins, spin_budget_ + spin_budget_ / 4 + 1);
+      continue;
+    }
+    spin_budget_ = std::max(kMinSpins, spin_budget_ / 2);
     auto on_slice = [&]() -> absl::Status {
       if (c.broken.load(std::memory_order_acquire)) {
         return absl::AbortedError(
@@ -158,7 +172,7 @@ absl::Status ShmArena::WaitForPeers(const Op& op, std::atomic<uint64_t> Control:
       return op.failure ? op.failure() : absl::OkStatus();
     };
     absl::StatusOr<bool> done =
-        WaitUntil(ready, c.sleeping, c.bell, op.deadline, interrupted_, on_slice);
+        WaitUntil(ready, c.sleeping, c.bell, op.deadline, interrupted_, on_slice, /*spins=*/0);
     if (!done.ok()) return Fail(WithWhat(op.what, done.status()));
     if (!*done) {
       return Fail(absl::DeadlineExceededError(absl::StrCat(

@@ -38,6 +38,9 @@
 // Waiting spins, yields, then sleeps on the peer's futex word (see
 // shm_segment.h); each sleep slice asks `Op::failure` (a peer lost, the op
 // poisoned, the group aborted), and the op's deadline bounds every wait.
+// The spin is adaptive: its budget halves after each wait that spinning did
+// not end (the peer was not running: more ranks than free cores) and grows
+// back after each it did, so ranks sharing a core hand over at once.
 //
 // Thread-safety: one op at a time (the group's worker thread); Interrupt()
 // from any thread.
@@ -119,6 +122,10 @@ class ShmArena {
   const size_t portion_bytes_;
   std::vector<SharedSegment> segments_;  // [rank_] is ours
   std::atomic<bool> interrupted_{false};
+  // CpuRelax() rounds a wait spins before yielding (worker thread only).
+  static constexpr int kMinSpins = 8;
+  static constexpr int kMaxSpins = 400;
+  int spin_budget_ = kMaxSpins;
 };
 
 }  // namespace ember::distributed::tcp

@@ -90,14 +90,16 @@ inline void Notify(std::atomic<uint32_t>& sleeping, std::atomic<uint32_t>& seq) 
 // ready() or `until`. Returns whether ready() held; kAborted once
 // `interrupted` is set; the error of `on_slice`, which runs after each sleep
 // slice (liveness checks), when it fails.
+// `spins`: CpuRelax() rounds before yielding (callers that adapt it to how
+// often spinning pays off pass their own).
 template <typename Ready, typename OnSlice>
 absl::StatusOr<bool> WaitUntil(Ready ready, std::atomic<uint32_t>& sleeping,
                                std::atomic<uint32_t>& seq, absl::Time until,
-                               const std::atomic<bool>& interrupted, OnSlice on_slice) {
-  constexpr int kSpins = 400;
+                               const std::atomic<bool>& interrupted, OnSlice on_slice,
+                               int spins = 400) {
   constexpr int kYields = 200;
   constexpr absl::Duration kSleepSlice = absl::Milliseconds(50);
-  for (int i = 0; i < kSpins; ++i) {
+  for (int i = 0; i < spins; ++i) {
     if (ready()) return true;
     CpuRelax();
   }
