@@ -227,6 +227,12 @@ absl::Status ShmArena::CheckAnnouncements(const Op& op, size_t nbytes, Dtype dty
 absl::Status ShmArena::AllReduce(const Op& op, char* data, int64_t numel, Dtype dtype,
                                  ReduceOp redop) {
   if (interrupted_.load()) return absl::AbortedError("the process group was aborted");
+  // With no chunk to wait on, a fast peer could announce its next op before
+  // this rank has read this one's announcement.
+  if (numel <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op.what, ": the shared-memory all_reduce needs a non-empty buffer"));
+  }
   const int n = size_, r = rank_;
   const size_t elem = ElementSize(dtype);
   Announce(op.seq, static_cast<size_t>(numel) * elem, dtype, redop, true);

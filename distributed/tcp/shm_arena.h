@@ -96,7 +96,7 @@ class ShmArena {
   // under `op` that runs elsewhere (over the rings); AllReduce announces
   // itself.
   void AnnounceElsewhere(int64_t seq, size_t nbytes, Dtype dtype, ReduceOp op);
-  // all_reduce of the contiguous buffer `data` in place.
+  // all_reduce of the contiguous buffer `data` (numel > 0) in place.
   absl::Status AllReduce(const Op& op, char* data, int64_t numel, Dtype dtype, ReduceOp redop);
   // Makes waiting and future ops fail with kAborted.
   void Interrupt();
