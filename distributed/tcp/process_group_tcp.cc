@@ -137,6 +137,30 @@ absl::StatusOr<PeerRecord> ParseRecord(const std::string& text, int rank) {
   return r;
 }
 
+// Publishes `value` as <key>/<rank> in the store and reads every other
+// rank's; returns all N values in rank order. `what` names the value in
+// errors ("its address").
+absl::StatusOr<std::vector<std::string>> PublishAndGather(Store& store, const std::string& key,
+                                                          int rank, int n,
+                                                          const std::string& value,
+                                                          const char* what, absl::Time deadline) {
+  EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(key, "/", rank), value));
+  std::vector<std::string> values(n);
+  values[rank] = value;
+  for (int p = 0; p < n; ++p) {
+    if (p == rank) continue;
+    auto got = store.Get(absl::StrCat(key, "/", p),
+                         std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!got.ok()) {
+      return absl::Status(got.status().code(),
+                          absl::StrCat("tcp backend: rank ", p, " never published ", what, ": ",
+                                       got.status().message()));
+    }
+    values[p] = std::move(*got);
+  }
+  return values;
+}
+
 absl::Status SendTo(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int dst, int32_t step,
                     absl::Span<const char> bytes) {
   absl::Status s = mesh.Send(dst, {MessageKind::kCollective, ctx.seq, step},
@@ -261,10 +285,6 @@ absl::Status DirectAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, 
 absl::Status RingAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
                            int64_t numel, Dtype dtype, ReduceOp op) {
   const int n = mesh.size(), r = mesh.rank();
-  if (n == 1) return absl::OkStatus();
-  if (static_cast<size_t>(numel) * ElementSize(dtype) * (n - 1) <= kDirectAllReduceBytes) {
-    return DirectAllReduce(mesh, ctx, data, numel, dtype, op);
-  }
   const size_t elem = ElementSize(dtype);
   const int left = (r - 1 + n) % n, right = (r + 1) % n;
   const uint8_t code = static_cast<uint8_t>(ctx.op);
@@ -331,19 +351,15 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
   EMBER_ASSIGN_OR_RETURN(Listener listener, Listener::Create());
   EMBER_ASSIGN_OR_RETURN(std::string address, LocalAddress());
   const std::string host_key = HostKey();
-  EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, "peer/", rank),
-                                  absl::StrCat(host_key, "|", address, "|", listener.port(), "|",
-                                               getpid(), "|",
-                                               reinterpret_cast<uint64_t>(&kProbeWord))));
+  EMBER_ASSIGN_OR_RETURN(
+      std::vector<std::string> texts,
+      PublishAndGather(store, prefix + "peer", rank, n,
+                       absl::StrCat(host_key, "|", address, "|", listener.port(), "|", getpid(),
+                                    "|", reinterpret_cast<uint64_t>(&kProbeWord)),
+                       "its address", deadline));
   std::vector<PeerRecord> records(n);
   for (int p = 0; p < n; ++p) {
-    auto text = store.Get(absl::StrCat(prefix, "peer/", p), left());
-    if (!text.ok()) {
-      return absl::Status(text.status().code(),
-                          absl::StrCat("tcp backend: rank ", p, " never published its address: ",
-                                       text.status().message()));
-    }
-    EMBER_ASSIGN_OR_RETURN(records[p], ParseRecord(*text, p));
+    EMBER_ASSIGN_OR_RETURN(records[p], ParseRecord(texts[p], p));
   }
   auto shm_key = [&](const char* what, int lo, int hi) {
     return absl::StrCat(prefix, what, "/", lo, "/", hi);
@@ -449,23 +465,21 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
     absl::StatusOr<std::unique_ptr<ShmArena>> created_arena =
         tcp.shared_memory && tcp.arena ? ShmArena::Create(rank, n)
                                        : absl::UnavailableError("turned off");
-    EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, "arena/", rank),
-                                    created_arena.ok() ? (*created_arena)->Locator() : "none"));
+    EMBER_ASSIGN_OR_RETURN(
+        std::vector<std::string> locators,
+        PublishAndGather(store, prefix + "arena", rank, n,
+                         created_arena.ok() ? (*created_arena)->Locator() : "none",
+                         "its all_reduce arena", deadline));
     bool ok = created_arena.ok();
-    for (int p = 0; p < n; ++p) {
-      if (p == rank) continue;
-      EMBER_ASSIGN_OR_RETURN(std::string locator,
-                             store.Get(absl::StrCat(prefix, "arena/", p), left()));
-      ok = ok && locator != "none" && (*created_arena)->Attach(p, locator).ok();
+    for (int p = 0; p < n && ok; ++p) {
+      ok = p == rank || (locators[p] != "none" && (*created_arena)->Attach(p, locators[p]).ok());
     }
-    EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, "arena-ok/", rank), ok ? "1" : "0"));
-    for (int p = 0; p < n; ++p) {
-      if (p == rank) continue;
-      EMBER_ASSIGN_OR_RETURN(std::string peer_ok,
-                             store.Get(absl::StrCat(prefix, "arena-ok/", p), left()));
-      ok = ok && peer_ok == "1";
+    EMBER_ASSIGN_OR_RETURN(std::vector<std::string> oks,
+                           PublishAndGather(store, prefix + "arena-ok", rank, n, ok ? "1" : "0",
+                                            "whether it mapped the all_reduce arenas", deadline));
+    if (std::all_of(oks.begin(), oks.end(), [](const std::string& v) { return v == "1"; })) {
+      arena = std::move(*created_arena);
     }
-    if (ok) arena = std::move(*created_arena);
   }
   auto mesh = std::make_shared<Mesh>(rank, std::move(channels), std::move(peers), &OpCodeName);
   return std::shared_ptr<TcpProcessGroup>(
@@ -569,12 +583,22 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoBroadcast(
                  });
 }
 
-std::string TcpProcessGroup::AllReduceAlgorithm(size_t nbytes) const {
+TcpProcessGroup::AllReduceKind TcpProcessGroup::ChooseAllReduce(size_t nbytes) const {
   const int n = size();
-  if (n == 1) return "none";
-  if (nbytes * (n - 1) <= kDirectAllReduceBytes) return "direct";
-  if (arena_ && arena_->Usable()) return "arena";
-  return "ring";
+  if (n == 1) return AllReduceKind::kNone;
+  if (nbytes * (n - 1) <= kDirectAllReduceBytes) return AllReduceKind::kDirect;
+  if (arena_ && arena_->Usable()) return AllReduceKind::kArena;
+  return AllReduceKind::kRing;
+}
+
+std::string TcpProcessGroup::AllReduceAlgorithm(size_t nbytes) const {
+  switch (ChooseAllReduce(nbytes)) {
+    case AllReduceKind::kNone: return "none";
+    case AllReduceKind::kDirect: return "direct";
+    case AllReduceKind::kArena: return "arena";
+    case AllReduceKind::kRing: return "ring";
+  }
+  return "unknown";
 }
 
 ShmArena::Op TcpProcessGroup::ArenaOp(const OpContext& ctx) const {
@@ -593,14 +617,27 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllReduce(
   return Enqueue(OpType::kAllReduce, options.timeout, true,
                  [this, tensor, op](const OpContext& ctx) -> absl::Status {
                    Tensor data = Staging(tensor);
-                   if (AllReduceAlgorithm(data.nbytes()) == "arena") {
-                     EMBER_RETURN_IF_ERROR(arena_->AllReduce(ArenaOp(ctx), Data(data),
-                                                             data.numel(), data.dtype(), op));
-                   } else {
-                     if (arena_) arena_->AnnounceElsewhere(ctx.seq, data.nbytes(), data.dtype(), op);
-                     EMBER_RETURN_IF_ERROR(
-                         RingAllReduce(*mesh_, ctx, Data(data), data.numel(), data.dtype(), op));
+                   const AllReduceKind kind = ChooseAllReduce(data.nbytes());
+                   if (arena_ && kind != AllReduceKind::kArena) {
+                     arena_->AnnounceElsewhere(ctx.seq, data.nbytes(), data.dtype(), op);
                    }
+                   absl::Status status;
+                   switch (kind) {
+                     case AllReduceKind::kNone: break;
+                     case AllReduceKind::kDirect:
+                       status = DirectAllReduce(*mesh_, ctx, Data(data), data.numel(),
+                                                data.dtype(), op);
+                       break;
+                     case AllReduceKind::kArena:
+                       status = arena_->AllReduce(ArenaOp(ctx), Data(data), data.numel(),
+                                                  data.dtype(), op);
+                       break;
+                     case AllReduceKind::kRing:
+                       status = RingAllReduce(*mesh_, ctx, Data(data), data.numel(),
+                                              data.dtype(), op);
+                       break;
+                   }
+                   EMBER_RETURN_IF_ERROR(status);
                    CopyBack(tensor, data);
                    return absl::OkStatus();
                  });

@@ -135,6 +135,10 @@ class TcpProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout,
                                 bool collective, Job job);
   void WorkerLoop();
+  enum class AllReduceKind { kNone, kDirect, kArena, kRing };
+  // The one place that picks an all_reduce algorithm (AllReduceAlgorithm
+  // names its choice).
+  AllReduceKind ChooseAllReduce(size_t nbytes) const;
   // How the arena reports failures and names peers for the op `ctx`.
   ShmArena::Op ArenaOp(const OpContext& ctx) const;
 

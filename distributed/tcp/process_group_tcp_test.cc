@@ -405,26 +405,33 @@ TEST(TcpProcessGroupTest, MismatchedOpsFail) {
   EXPECT_THAT(std::string(results[0].message()), HasSubstr("broadcast"));
 }
 
-TEST(TcpProcessGroupTest, TimeoutNamesTheMissingPeerAndTheOp) {
+// Rank 0's all_reduce of `numel` floats when rank 1 never joins it (group
+// timeout 600 ms); it must fail within 1.5 s.
+absl::Status AllReduceWithoutRank1(int64_t numel) {
   ::ember::distributed::testing::RunRanksOptions options;
   options.timeout = absl::Milliseconds(600);
   std::vector<absl::Status> results = RunRanksEach(
       2,
-      [](Rank& me) -> absl::Status {
+      [numel](Rank& me) -> absl::Status {
         if (me.rank == 1) {
           absl::SleepFor(absl::Seconds(2));  // never joins the all_reduce
           return absl::OkStatus();
         }
         const absl::Time start = absl::Now();
-        Tensor t = ones({4}, kFloat32);
+        Tensor t = ones({numel}, kFloat32);
         absl::Status s = Finish(me.group->AllReduce(t));
         EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
         return s;
       },
       options);
-  EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
-  EXPECT_THAT(std::string(results[0].message()), HasSubstr("all_reduce"));
-  EXPECT_THAT(std::string(results[0].message()), HasSubstr("rank 1"));
+  return results[0];
+}
+
+TEST(TcpProcessGroupTest, TimeoutNamesTheMissingPeerAndTheOp) {
+  absl::Status s = AllReduceWithoutRank1(4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("all_reduce"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("rank 1"));
 }
 
 TEST(TcpProcessGroupTest, MonitoredBarrierNamesTheRanksThatDidNotArrive) {
@@ -468,7 +475,7 @@ TEST(TcpProcessGroupTest, AbortWakesWaiters) {
 }
 
 TEST(TcpProcessGroupTest, SocketsWhenSharedMemoryIsOff) {
-  setenv("EMBER_TCP_SHM", "0", 1);
+  ScopedEnv sockets("EMBER_TCP_SHM", "0");
   absl::Status s = RunRanks(3, [](Rank& me) -> absl::Status {
     auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
     EXPECT_NE(tcp, nullptr);
@@ -487,7 +494,6 @@ TEST(TcpProcessGroupTest, SocketsWhenSharedMemoryIsOff) {
     EXPECT_TRUE(b.equal(arange(1 << 20, kInt32)));
     return absl::OkStatus();
   });
-  unsetenv("EMBER_TCP_SHM");
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -502,7 +508,7 @@ TEST(TcpProcessGroupTest, SharedMemoryBetweenRanksOnOneHost) {
 }
 
 TEST(TcpProcessGroupTest, LargeMessagesThroughTheRingsWhenDirectReadsAreOff) {
-  setenv("EMBER_TCP_DIRECT", "0", 1);
+  ScopedEnv no_direct_reads("EMBER_TCP_DIRECT", "0");
   ScopedEnv ring("EMBER_TCP_ARENA", "0");
   absl::Status s = RunRanks(3, [](Rank& me) -> absl::Status {
     auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
@@ -519,7 +525,6 @@ TEST(TcpProcessGroupTest, LargeMessagesThroughTheRingsWhenDirectReadsAreOff) {
     EXPECT_TRUE(b.equal(arange(1 << 22, kInt32)));
     return absl::OkStatus();
   });
-  unsetenv("EMBER_TCP_DIRECT");
   EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -570,26 +575,11 @@ TEST(TcpArenaTest, ALargeAllReduceAgainstASmallOneFails) {
 }
 
 TEST(TcpArenaTest, TimeoutNamesTheRankThatNeverJoined) {
-  ::ember::distributed::testing::RunRanksOptions options;
-  options.timeout = absl::Milliseconds(600);
-  std::vector<absl::Status> results = RunRanksEach(
-      2,
-      [](Rank& me) -> absl::Status {
-        if (me.rank == 1) {
-          absl::SleepFor(absl::Seconds(2));
-          return absl::OkStatus();
-        }
-        const absl::Time start = absl::Now();
-        Tensor t = ones({1 << 20}, kFloat32);
-        absl::Status s = Finish(me.group->AllReduce(t));
-        EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
-        return s;
-      },
-      options);
-  EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
-  EXPECT_THAT(std::string(results[0].message()),
+  absl::Status s = AllReduceWithoutRank1(1 << 20);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()),
               HasSubstr("all_reduce (collective #0): timed out waiting for rank 1"));
-  EXPECT_THAT(std::string(results[0].message()), HasSubstr("join"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("join"));
 }
 
 TEST(TcpArenaTest, AbortWakesALargeAllReduce) {

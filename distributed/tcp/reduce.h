@@ -1,7 +1,7 @@
-// Elementwise reduction kernels of the tcp backend: acc[i] = op(acc[i], in[i])
-// (or out[i] = op(a[i], b[i]))
-// for every dtype and ReduceOp, in a fixed order (so the same inputs give the
-// same bits), plus the AVG division.
+// Elementwise reduction kernels of the tcp backend, acc[i] = op(acc[i], in[i])
+// (ReduceInto) and out[i] = op(a[i], b[i]) (ReduceTo), for every dtype and
+// ReduceOp in a fixed order (so the same inputs give the same bits), plus the
+// AVG division.
 //
 //   ReduceInto(ReduceOp::kSum, kFloat32, acc, incoming, n);
 //
