@@ -20,16 +20,12 @@
 namespace ember::distributed::tcp {
 namespace {
 
+using ::ember::distributed::testing::Finish;
 using ::ember::distributed::testing::ProcessResult;
 using ::ember::distributed::testing::Rank;
 using ::ember::distributed::testing::RunRankProcesses;
 using ::ember::distributed::testing::RunRanksOptions;
 using ::testing::HasSubstr;
-
-absl::Status Finish(const absl::StatusOr<std::shared_ptr<Work>>& work) {
-  if (!work.ok()) return work.status();
-  return (*work)->Wait();
-}
 
 TEST(TcpProcessesTest, AllReduceAcrossProcesses) {
   // Shared memory with direct reads (where the kernel allows them), the

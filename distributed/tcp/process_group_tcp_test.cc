@@ -22,6 +22,7 @@
 namespace ember::distributed::tcp {
 namespace {
 
+using ::ember::distributed::testing::Finish;
 using ::ember::distributed::testing::Rank;
 using ::ember::distributed::testing::RunRanks;
 using ::ember::distributed::testing::RunRanksEach;
@@ -65,11 +66,6 @@ double Expected(ReduceOp op, int world, int64_t i, Dtype dtype) {
   if (dtype == kBool) return acc != 0;
   if (op == ReduceOp::kAvg) acc /= world;
   return acc;
-}
-
-absl::Status Finish(const absl::StatusOr<std::shared_ptr<Work>>& work) {
-  if (!work.ok()) return work.status();
-  return (*work)->Wait();
 }
 
 class TcpWorldTest : public ::testing::TestWithParam<int> {};

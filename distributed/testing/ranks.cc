@@ -143,4 +143,9 @@ std::vector<ProcessResult> RunRankProcesses(int world_size,
   return results;
 }
 
+absl::Status Finish(const absl::StatusOr<std::shared_ptr<Work>>& work) {
+  if (!work.ok()) return work.status();
+  return (*work)->Wait();
+}
+
 }  // namespace ember::distributed::testing

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "distributed/process_group.h"
 #include "distributed/store.h"
@@ -81,6 +82,11 @@ std::vector<ProcessResult> RunRankProcesses(int world_size,
                                             const std::function<absl::Status(Rank&)>& body,
                                             const RunRanksOptions& options = {},
                                             absl::Duration wait = absl::Seconds(60));
+
+// Runs an op to its end: the error of the call that issued it, else what
+// its Work's Wait() returns.
+//   EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
+absl::Status Finish(const absl::StatusOr<std::shared_ptr<Work>>& work);
 
 }  // namespace ember::distributed::testing
 
