@@ -3,8 +3,7 @@
 // strategies and 4 KiB / 1 MiB / 64 MiB tensors: the same protocol as
 // PyTorch's peer script (torch.multiprocessing Queue, fork context).
 //
-//   EMBER_TORCH_PEER=/path/to/torch_mp_queue.py \
-//     bazel run //multiprocessing:queue_benchmark
+//   EMBER_TORCH_PEER=/path/to/torch_mp_queue.py bazel run //multiprocessing:queue_benchmark
 //
 // With EMBER_TORCH_PEER set, each case first runs the peer's bench() for the
 // same strategy and size (/usr/bin/python3, or $EMBER_PYTHON), then itself,

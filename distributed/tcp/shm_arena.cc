@@ -212,7 +212,8 @@ absl::Status ShmArena::CheckAnnouncements(const Op& op, size_t nbytes, Dtype dty
     if (!c.here.load(std::memory_order_relaxed)) {
       return Fail(absl::AbortedError(absl::StrCat(
           op.what, ": rank ", p,
-          " runs it over the rings because a shared-memory all_reduce failed there earlier")));
+          " runs it over the rings because a shared-memory all_reduce failed there earlier;"
+          " this one fails, and the group's later all_reduces run over the rings on every rank")));
     }
     if (c.base.load(std::memory_order_relaxed) != me.base.load(std::memory_order_relaxed)) {
       return Fail(absl::InternalError(absl::StrCat(
