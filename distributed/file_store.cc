@@ -49,7 +49,8 @@ constexpr int64_t kHeaderBytes = 8;
 constexpr int64_t kRecordHeaderBytes = 9;
 
 absl::Status ErrnoError(std::string_view what, const std::string& path, int err) {
-  return absl::UnavailableError(absl::StrCat("FileStore ", path, ": ", std::string(what), " failed: ", strerror(err)));
+  return absl::UnavailableError(
+      absl::StrCat("FileStore ", path, ": ", std::string(what), " failed: ", strerror(err)));
 }
 
 uint32_t ReadLe32(const char* p) {
@@ -121,9 +122,9 @@ absl::StatusOr<FileStore::Locked> FileStore::Lock(bool exclusive, absl::Duration
       return ErrnoError("locking", path_, errno);
     }
     if (absl::Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat("FileStore ", path_, ": could not lock the file within ",
-                                                 absl::FormatDuration(timeout),
-                                                 "; another process holds its lock (is one stopped?)"));
+      return absl::UnavailableError(absl::StrCat(
+          "FileStore ", path_, ": could not lock the file within ", absl::FormatDuration(timeout),
+          "; another process holds its lock (is one stopped?)"));
     }
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(10));
@@ -153,9 +154,10 @@ absl::Status FileStore::Refresh(bool may_truncate) {
       return absl::OkStatus();
     }
     if (std::memcmp(bytes.data(), kMagic, kHeaderBytes) != 0) {
-      return absl::DataLossError(absl::StrCat("FileStore ", path_,
-                                              ": the file is not a FileStore log (bad magic); pass a path "
-                                              "that does not exist yet or that a FileStore created"));
+      return absl::DataLossError(
+          absl::StrCat("FileStore ", path_,
+                       ": the file is not a FileStore log (bad magic); pass a path "
+                       "that does not exist yet or that a FileStore created"));
     }
     pos = kHeaderBytes;
   }
@@ -167,8 +169,12 @@ absl::Status FileStore::Refresh(bool may_truncate) {
     std::string key = bytes.substr(pos + kRecordHeaderBytes, key_len);
     std::string_view value(bytes.data() + pos + kRecordHeaderBytes + key_len, value_len);
     switch (kind) {
-      case 'S': data_.insert_or_assign(std::move(key), std::string(value)); break;
-      case 'D': data_.erase(key); break;
+      case 'S':
+        data_.insert_or_assign(std::move(key), std::string(value));
+        break;
+      case 'D':
+        data_.erase(key);
+        break;
       case 'U': {
         EMBER_ASSIGN_OR_RETURN(int64_t delta, internal::ParseCounter("<users>", value));
         users_ += delta;
@@ -176,7 +182,8 @@ absl::Status FileStore::Refresh(bool may_truncate) {
       }
       default:
         return absl::DataLossError(absl::StrCat("FileStore ", path_, ": corrupt record kind ",
-                                                static_cast<int>(kind), " at offset ", read_offset_ + pos));
+                                                static_cast<int>(kind), " at offset ",
+                                                read_offset_ + pos));
     }
     pos += kRecordHeaderBytes + key_len + value_len;
   }
@@ -205,8 +212,10 @@ absl::Status FileStore::Append(char kind, std::string_view key, std::string_view
 
 FileStore::FileStore(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
 
-absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(const std::string& path, absl::Duration timeout) {
-  if (path.empty()) return absl::InvalidArgumentError("FileStore: empty path; pass the file every rank can reach");
+absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(const std::string& path,
+                                                           absl::Duration timeout) {
+  if (path.empty())
+    return absl::InvalidArgumentError("FileStore: empty path; pass the file every rank can reach");
   absl::Time deadline = absl::Now() + timeout;
   while (true) {
     int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -214,13 +223,16 @@ absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(const std::string& pa
     std::unique_ptr<FileStore> store(new FileStore(path, fd));
     absl::MutexLock lock(&store->mu_);
     store->set_timeout(timeout);
-    EMBER_ASSIGN_OR_RETURN(Locked locked, store->Lock(true, std::max(deadline - absl::Now(), absl::ZeroDuration())));
+    EMBER_ASSIGN_OR_RETURN(
+        Locked locked, store->Lock(true, std::max(deadline - absl::Now(), absl::ZeroDuration())));
     // The last user of an earlier job may have removed the file between our
     // open and our lock; then open the new one.
     struct stat by_fd, by_path;
     if (fstat(fd, &by_fd) != 0) return ErrnoError("stat", path, errno);
-    if (stat(path.c_str(), &by_path) != 0 || by_fd.st_ino != by_path.st_ino || by_fd.st_dev != by_path.st_dev) {
-      if (absl::Now() >= deadline) return ErrnoError("open (the file keeps being replaced)", path, ESTALE);
+    if (stat(path.c_str(), &by_path) != 0 || by_fd.st_ino != by_path.st_ino ||
+        by_fd.st_dev != by_path.st_dev) {
+      if (absl::Now() >= deadline)
+        return ErrnoError("open (the file keeps being replaced)", path, ESTALE);
       continue;
     }
     EMBER_RETURN_IF_ERROR(store->Refresh(/*may_truncate=*/true));
@@ -263,7 +275,7 @@ absl::StatusOr<int64_t> FileStore::Add(std::string_view key, int64_t delta) {
     if (auto it = data_.find(key); it != data_.end()) {
       EMBER_ASSIGN_OR_RETURN(value, internal::ParseCounter(key, it->second));
     }
-    value += delta;
+    EMBER_ASSIGN_OR_RETURN(value, internal::AddToCounter(key, value, delta));
     EMBER_RETURN_IF_ERROR(Append('S', key, std::to_string(value)));
     return value;
   });
@@ -305,14 +317,16 @@ absl::Status FileStore::Wait(absl::Span<const std::string> keys, absl::Duration 
     std::vector<std::string> missing;
     {
       absl::MutexLock lock(&mu_);
-      EMBER_ASSIGN_OR_RETURN(Locked locked, Lock(false, std::max(deadline - absl::Now(), absl::Milliseconds(1))));
+      EMBER_ASSIGN_OR_RETURN(Locked locked,
+                             Lock(false, std::max(deadline - absl::Now(), absl::Milliseconds(1))));
       EMBER_RETURN_IF_ERROR(Refresh(false));
       for (const std::string& key : keys) {
         if (!data_.contains(key)) missing.push_back(key);
       }
     }
     if (missing.empty()) return absl::OkStatus();
-    if (absl::Now() >= deadline) return internal::MissingKeysError("FileStore " + path_, missing, timeout);
+    if (absl::Now() >= deadline)
+      return internal::MissingKeysError("FileStore " + path_, missing, timeout);
     absl::SleepFor(std::min(pause, std::max(deadline - absl::Now(), absl::ZeroDuration())));
     pause = std::min(pause * 2, absl::Milliseconds(50));
   }

@@ -32,7 +32,7 @@ absl::StatusOr<int64_t> HashStore::Add(std::string_view key, int64_t delta) {
   if (it != data_.end()) {
     EMBER_ASSIGN_OR_RETURN(value, internal::ParseCounter(key, it->second));
   }
-  value += delta;
+  EMBER_ASSIGN_OR_RETURN(value, internal::AddToCounter(key, value, delta));
   data_.insert_or_assign(std::string(key), std::to_string(value));
   return value;
 }
@@ -66,6 +66,14 @@ absl::Status HashStore::Wait(absl::Span<const std::string> keys, absl::Duration 
     if (!data_.contains(key)) missing.push_back(key);
   }
   return internal::MissingKeysError("HashStore", missing, timeout);
+}
+
+bool HashStore::check(absl::Span<const std::string_view> keys) {
+  absl::MutexLock lock(&mu_);
+  for (std::string_view key : keys) {
+    if (!data_.contains(key)) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<bool> HashStore::DeleteKey(std::string_view key) {

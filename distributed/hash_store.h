@@ -7,8 +7,9 @@
 //
 // Get and Wait block (on a condition variable, not by polling) until the keys
 // are set or the timeout passes; the kDeadlineExceeded error names the missing
-// keys. No call fails otherwise, except kInvalidArgument for an empty key and
-// kDataLoss for Add on a value that is not a decimal integer.
+// keys. No call fails otherwise, except kInvalidArgument for an empty key,
+// kDataLoss for Add on a value that is not a decimal integer and kOutOfRange
+// for an Add that would leave int64 (the value is then unchanged).
 //
 // Thread-safety: thread-safe; share one HashStore between the threads of a
 // process (usually through std::shared_ptr<Store>).
@@ -41,6 +42,10 @@ class HashStore : public Store {
 
   using Store::Get;
   using Store::Wait;
+
+  // Whether every key in `keys` is set, without waiting (torch's
+  // Store.check). Used by TcpStoreServer, which tracks its waits itself.
+  bool check(absl::Span<const std::string_view> keys);
 
  private:
   absl::Mutex mu_;

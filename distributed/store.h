@@ -14,11 +14,14 @@
 //
 // Errors (absl::Status):
 //   kDeadlineExceeded  - Get/Wait: a key did not appear in time; the message
-//                        names the missing keys and the timeout.
+//                        names the missing keys (beyond 8, the first 8 and
+//                        the count; long keys cut short) and the timeout.
 //   kInvalidArgument   - an empty key.
 //   kUnavailable       - the store's server or file cannot be reached.
 //   kDataLoss          - a malformed reply, or a value of the wrong kind (Add
 //                        on a key that does not hold a decimal integer).
+//   kOutOfRange        - Add: the sum would leave int64; the message names the
+//                        key, its value and the amount, and the value is kept.
 //
 // Thread-safety: implementations are thread-safe; one Store may be shared by
 // the threads of a process.
@@ -57,8 +60,7 @@ class Store {
   // Atomically: if the value of `key` equals `expected` (or the key is absent
   // and `expected` is empty), sets it to `desired`. Returns the value now
   // stored (`desired` on success, the current value otherwise).
-  virtual absl::StatusOr<std::string> CompareSet(std::string_view key,
-                                                 std::string_view expected,
+  virtual absl::StatusOr<std::string> CompareSet(std::string_view key, std::string_view expected,
                                                  std::string_view desired) = 0;
 
   // Waits until every key in `keys` is set, up to `timeout`.

@@ -2,6 +2,8 @@
 #include "distributed/store_testing.h"
 
 #include <atomic>
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 #include <thread>
@@ -65,9 +67,63 @@ TEST_P(StoreConformanceTest, WaitNamesOnlyTheMissingKeys) {
   ASSERT_TRUE(store->Set("present", "1").ok());
   absl::Status status = store->Wait({"present", "absent1", "absent2"}, kShort);
   ASSERT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(status.message(), AllOf(HasSubstr("absent1"), HasSubstr("absent2"), Not(HasSubstr("present"))));
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("absent1"), HasSubstr("absent2"), Not(HasSubstr("present"))));
   EXPECT_TRUE(store->Wait({"present"}, kShort).ok());
   EXPECT_TRUE(store->Wait({}, kShort).ok());
+}
+
+// Waits for `count` keys of which none is set: the error is the documented
+// one, on time, and names the first few keys and how many there are, however
+// many keys there are.
+void ExpectManyMissingKeysReported(Store& store, int count) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < count; ++i) keys.push_back("missing/" + std::to_string(i));
+  absl::Time start = absl::Now();
+  absl::Status status = store.Wait(keys, kShort);
+  absl::Duration took = absl::Now() - start;
+  ASSERT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << count << " keys: " << status;
+  EXPECT_GE(took, kShort - absl::Milliseconds(20));
+  EXPECT_LT(took, kShort + absl::Seconds(3)) << count << " keys";
+  EXPECT_THAT(status.message(),
+              AllOf(HasSubstr("missing/0"), HasSubstr("missing/1"), HasSubstr("missing/2")));
+  if (count > 8) {
+    EXPECT_THAT(status.message(), HasSubstr(std::to_string(count) + " keys"));
+    EXPECT_THAT(status.message(), HasSubstr(std::to_string(count - 8) + " more"));
+    EXPECT_THAT(status.message(), Not(HasSubstr("missing/" + std::to_string(count - 1))));
+  } else {
+    EXPECT_THAT(status.message(), HasSubstr("missing/" + std::to_string(count - 1)));
+  }
+  EXPECT_LT(status.message().size(), 2048u) << "the error must stay short";
+}
+
+TEST_P(StoreConformanceTest, WaitForTenMissingKeys) {
+  ExpectManyMissingKeysReported(*NewClient(), 10);
+}
+
+TEST_P(StoreConformanceTest, WaitForAThousandMissingKeys) {
+  ExpectManyMissingKeysReported(*NewClient(), 1000);
+}
+
+TEST_P(StoreConformanceTest, WaitForAHundredThousandMissingKeys) {
+  ExpectManyMissingKeysReported(*NewClient(), 100000);
+}
+
+TEST_P(StoreConformanceTest, GetOfOneVeryLongMissingKey) {
+  std::shared_ptr<Store> store = NewClient();
+  const std::string key = "long/" + std::string(1 << 20, 'k');
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::string> value = store->Get(key, kShort);
+  EXPECT_LT(absl::Now() - start, kShort + absl::Seconds(3));
+  ASSERT_EQ(value.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << value.status().message().substr(0, 500);
+  // Its beginning and its length (a PrefixStore's key is a little longer).
+  EXPECT_THAT(value.status().message(),
+              AllOf(HasSubstr("long/kkkk"), HasSubstr("(10485"), HasSubstr(" bytes)")));
+  EXPECT_LT(value.status().message().size(), 2048u) << "the error must stay short";
+  // The store still serves.
+  ASSERT_TRUE(store->Set(key, "v").ok());
+  EXPECT_EQ(store->Get(key, kShort).value(), "v");
 }
 
 TEST_P(StoreConformanceTest, GetAndWaitWakeWhenAnotherClientSets) {
@@ -97,6 +153,31 @@ TEST_P(StoreConformanceTest, AddCountsFromZeroAndGetReadsDecimal) {
   EXPECT_EQ(store->Add("counter", -7).value(), -2);
   EXPECT_EQ(store->Get("counter", kShort).value(), "-2");
   EXPECT_EQ(store->Add("counter", 0).value(), -2);
+}
+
+TEST_P(StoreConformanceTest, AddThatWouldOverflowFailsAndKeepsTheValue) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  std::shared_ptr<Store> store = NewClient();
+  ASSERT_EQ(store->Add("high", kMax).value(), kMax);
+  absl::StatusOr<int64_t> over = store->Add("high", 1);
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kOutOfRange) << over.status();
+  EXPECT_THAT(over.status().message(),
+              AllOf(HasSubstr("high'"), HasSubstr(std::to_string(kMax)), HasSubstr("+ 1")));
+  EXPECT_EQ(store->Get("high", kShort).value(), std::to_string(kMax));
+  EXPECT_EQ(store->Add("high", 0).value(), kMax);
+  EXPECT_EQ(store->Add("high", -1).value(), kMax - 1);
+
+  ASSERT_EQ(store->Add("low", kMin).value(), kMin);
+  absl::StatusOr<int64_t> under = store->Add("low", -2);
+  ASSERT_EQ(under.status().code(), absl::StatusCode::kOutOfRange) << under.status();
+  EXPECT_THAT(under.status().message(),
+              AllOf(HasSubstr("low'"), HasSubstr(std::to_string(kMin)), HasSubstr("- 2")));
+  EXPECT_EQ(store->Get("low", kShort).value(), std::to_string(kMin));
+  absl::StatusOr<int64_t> far = store->Add("low", kMin);
+  EXPECT_EQ(far.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(far.status().message(), HasSubstr("- " + std::to_string(kMin).substr(1)));
+  EXPECT_EQ(store->Get("low", kShort).value(), std::to_string(kMin));
 }
 
 TEST_P(StoreConformanceTest, AddOnTextIsDataLoss) {
@@ -133,7 +214,8 @@ TEST_P(StoreConformanceTest, DeleteKeyAndNumKeys) {
   EXPECT_TRUE(store->DeleteKey("a").value());
   EXPECT_FALSE(store->DeleteKey("a").value());
   EXPECT_EQ(store->NumKeys().value(), 2);
-  EXPECT_EQ(store->Get("a", absl::Milliseconds(50)).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(store->Get("a", absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(store->Get("b", kShort).value(), "2");
 }
 
@@ -157,8 +239,12 @@ TEST_P(StoreConformanceTest, ConcurrentClientsAddAndElectOneLeader) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
-      absl::StatusOr<std::string> seen = clients[i]->CompareSet("leader", "", "client" + std::to_string(i));
-      if (seen.ok()) leaders[i] = *seen; else ++failures;
+      absl::StatusOr<std::string> seen =
+          clients[i]->CompareSet("leader", "", "client" + std::to_string(i));
+      if (seen.ok())
+        leaders[i] = *seen;
+      else
+        ++failures;
       for (int n = 0; n < kAddsEach; ++n) {
         if (!clients[i]->Add("total", 1).ok()) ++failures;
       }
@@ -168,7 +254,8 @@ TEST_P(StoreConformanceTest, ConcurrentClientsAddAndElectOneLeader) {
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(clients[0]->Get("total", kShort).value(), std::to_string(kClients * kAddsEach));
-  EXPECT_EQ(std::set<std::string>(leaders.begin(), leaders.end()).size(), 1u) << "two clients won CompareSet";
+  EXPECT_EQ(std::set<std::string>(leaders.begin(), leaders.end()).size(), 1u)
+      << "two clients won CompareSet";
   EXPECT_EQ(clients[1]->Get("leader", kShort).value(), leaders[0]);
   EXPECT_TRUE(clients[2]->Wait({"done/0", "done/1", "done/2", "done/3"}, kShort).ok());
 }

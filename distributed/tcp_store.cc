@@ -9,9 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "distributed/hash_store.h"
@@ -36,12 +40,37 @@
 // second server on a port in use fails instead of sharing it.
 //
 // Waits happen on the server (Get and Wait send their timeout), so a wake-up
-// costs one reply, not a poll. The server waits in slices of 100 ms and
-// gives up early when the call is cancelled or the server is shutting down,
-// which keeps destruction prompt. The client's own deadline is the wait's
-// timeout plus a grace for the reply; if that passes, the server is deemed
-// gone (kUnavailable), which is different from keys that did not appear
-// (kDeadlineExceeded, from the server).
+// costs one reply, not a poll. The server indexes each pending wait by the
+// keys it still misses; a Set, Add or CompareSet completes the waits whose
+// last missing key it sets, and one timer thread ends the waits whose timeout
+// passed. A timeout's error names the first few missing keys and their count
+// (internal::MissingKeysError), so it fits in gRPC's status metadata however
+// many and however long the keys are. A wait whose call is cancelled (the
+// client gave up or its connection closed) is dropped at once; destroying the
+// server ends the pending ones with kUnavailable. The client's own deadline
+// is the wait's timeout plus a grace for the reply; if that passes, the
+// server is deemed gone (kUnavailable), which is different from keys that did
+// not appear (kDeadlineExceeded, from the server).
+
+// Note [TcpStore server limits]
+// Whatever clients send, what the server keeps is bounded:
+// - Pending Get/Wait calls run on gRPC's callback API, so a wait holds a small
+//   reactor and an index entry, not a thread. Their number is capped
+//   server-wide (max_pending_waits), per connection
+//   (max_pending_waits_per_connection, the connection being gRPC's peer
+//   address) and by the bytes of the keys they hold (max_pending_wait_bytes).
+//   A wait over a limit fails at once with kResourceExhausted naming the
+//   limit; it never queues.
+// - HTTP/2 caps the calls in flight on one connection
+//   (max_streams_per_connection). It is kept above the per-connection wait
+//   limit, so a client whose waits hit their limit still has streams for the
+//   Set that would wake them.
+// - Messages are capped at max_message_bytes both ways, request headers at
+//   16 KiB, and gRPC's transport buffers draw from a resource quota of
+//   max_buffer_bytes.
+// - A connection that does not finish its handshake within 20 s is closed;
+//   keepalive pings (every 30 s, 10 s to answer) find peers that vanished
+//   without closing, whose waits are then cancelled.
 
 namespace ember::distributed {
 namespace {
@@ -51,6 +80,11 @@ constexpr uint32_t kProtocolVersion = 1;
 constexpr absl::Duration kReplyGrace = absl::Seconds(5);
 constexpr absl::Duration kWaitSlice = absl::Milliseconds(100);
 constexpr absl::Duration kLongestWait = absl::Hours(24 * 100);
+// Server channel arguments; see Note [TcpStore server limits].
+constexpr int kMaxMetadataBytes = 16 << 10;
+constexpr int kHandshakeTimeoutMs = 20'000;
+constexpr int kKeepaliveMs = 30'000;
+constexpr int kKeepaliveTimeoutMs = 10'000;
 
 absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
@@ -61,6 +95,11 @@ grpc::Status ToGrpc(const absl::Status& status) {
 }
 
 std::string_view View(const std::string& bytes) { return std::string_view(bytes); }
+
+// Abseil's containers hash absl::string_view, which is not std::string_view here.
+absl::string_view AbslView(std::string_view bytes) {
+  return absl::string_view(bytes.data(), bytes.size());
+}
 
 // The result of binding `port` on every interface, to name the cause when
 // gRPC cannot listen (gRPC itself reports only that it failed).
@@ -93,99 +132,346 @@ std::string BindProblem(int port) {
   return absl::StrCat("gRPC could not listen on port ", port);
 }
 
-class StoreService final : public wire::TcpStoreService::Service {
- public:
-  void Stop() { stopping_ = true; }
+class StoreService;
 
-  grpc::Status Hello(grpc::ServerContext*, const wire::HelloRequest* request, wire::HelloReply* reply) override {
+// One Get or Wait that is waiting on the server: the reactor of its call,
+// owned by gRPC until OnDone. The keys point into the request, which lives as
+// long as the call.
+class PendingWait final : public grpc::ServerUnaryReactor {
+ public:
+  PendingWait(StoreService* service, std::vector<std::string_view> keys, absl::Duration timeout,
+              std::string peer, wire::GetReply* get_reply)
+      : service_(service),
+        keys_(std::move(keys)),
+        timeout_(timeout),
+        peer_(std::move(peer)),
+        get_reply_(get_reply) {}
+
+  void OnCancel() override;
+  void OnDone() override { delete this; }
+
+ private:
+  friend class StoreService;
+  StoreService* const service_;
+  const std::vector<std::string_view> keys_;
+  const absl::Duration timeout_;
+  const std::string peer_;
+  wire::GetReply* const get_reply_;  // Get: the value goes here; Wait: null
+  // Guarded by the service's mutex:
+  size_t missing_ = 0;  // distinct keys not set yet
+  absl::Time deadline_;
+  int64_t bytes_ = 0;      // what this wait counts against max_pending_wait_bytes
+  bool finished_ = false;  // Finish was called, or is about to be
+};
+
+// The service, on gRPC's callback API: a Get or Wait whose keys are missing
+// holds no thread while it waits (Note [TcpStore server limits]).
+class StoreService final : public wire::TcpStoreService::CallbackService {
+ public:
+  explicit StoreService(const TcpStoreServerOptions& options)
+      : options_(options), timer_([this] { ExpireWaits(); }) {}
+  ~StoreService() override { Stop(); }
+
+  // Ends every pending wait with kUnavailable and refuses new ones.
+  void Stop() {
+    std::vector<std::pair<PendingWait*, grpc::Status>> done;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      timer_changed_.Signal();
+      std::vector<PendingWait*> all;
+      for (const auto& [deadline, wait] : deadlines_) all.push_back(wait);
+      for (PendingWait* wait : all) {
+        done.emplace_back(wait, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                             "the store's server is shutting down"));
+        Forget(wait);
+      }
+    }
+    FinishAll(done);
+    if (timer_.joinable()) timer_.join();
+  }
+
+  int64_t num_pending_waits() const {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int64_t>(deadlines_.size());
+  }
+
+  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* context,
+                                  const wire::HelloRequest* request,
+                                  wire::HelloReply* reply) override {
     reply->set_magic(kMagic);
     reply->set_version(kProtocolVersion);
     if (request->magic() != kMagic || request->version() != kProtocolVersion) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("this TcpStore server speaks protocol ", kProtocolVersion,
-                                       "; the client sent magic '", request->magic().substr(0, 32), "' version ",
-                                       request->version(), ". Build every rank from the same Ember"));
+      return Done(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                        absl::StrCat("this TcpStore server speaks protocol ",
+                                                     kProtocolVersion, "; the client sent magic '",
+                                                     request->magic().substr(0, 32), "' version ",
+                                                     request->version(),
+                                                     ". Build every rank from the same Ember")));
     }
-    return grpc::Status::OK;
+    return Done(context, grpc::Status::OK);
   }
 
-  grpc::Status Set(grpc::ServerContext*, const wire::SetRequest* request, wire::SetReply*) override {
-    return ToGrpc(store_.Set(View(request->key()), View(request->value())));
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
+                                const wire::SetRequest* request, wire::SetReply*) override {
+    return Mutate(context, request->key(),
+                  [&] { return store_.Set(View(request->key()), View(request->value())); });
   }
 
-  grpc::Status Get(grpc::ServerContext* context, const wire::GetRequest* request, wire::GetReply* reply) override {
-    std::vector<std::string> keys = {request->key()};
-    if (absl::Status s = WaitFor(context, keys, absl::Microseconds(request->timeout_us())); !s.ok()) {
-      return ToGrpc(s);
-    }
-    absl::StatusOr<std::string> value = store_.Get(View(request->key()), absl::ZeroDuration());
-    if (!value.ok()) return ToGrpc(value.status());
-    reply->set_value(std::move(*value));
-    return grpc::Status::OK;
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context,
+                                const wire::AddRequest* request, wire::AddReply* reply) override {
+    return Mutate(context, request->key(), [&]() -> absl::Status {
+      EMBER_ASSIGN_OR_RETURN(int64_t value, store_.Add(View(request->key()), request->delta()));
+      reply->set_value(value);
+      return absl::OkStatus();
+    });
   }
 
-  grpc::Status Add(grpc::ServerContext*, const wire::AddRequest* request, wire::AddReply* reply) override {
-    absl::StatusOr<int64_t> value = store_.Add(View(request->key()), request->delta());
-    if (!value.ok()) return ToGrpc(value.status());
-    reply->set_value(*value);
-    return grpc::Status::OK;
+  grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext* context,
+                                       const wire::CompareSetRequest* request,
+                                       wire::CompareSetReply* reply) override {
+    return Mutate(context, request->key(), [&]() -> absl::Status {
+      EMBER_ASSIGN_OR_RETURN(*reply->mutable_value(),
+                             store_.CompareSet(View(request->key()), View(request->expected()),
+                                               View(request->desired())));
+      return absl::OkStatus();
+    });
   }
 
-  grpc::Status CompareSet(grpc::ServerContext*, const wire::CompareSetRequest* request,
-                          wire::CompareSetReply* reply) override {
-    absl::StatusOr<std::string> value =
-        store_.CompareSet(View(request->key()), View(request->expected()), View(request->desired()));
-    if (!value.ok()) return ToGrpc(value.status());
-    reply->set_value(std::move(*value));
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Wait(grpc::ServerContext* context, const wire::WaitRequest* request, wire::WaitReply*) override {
-    std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-    return ToGrpc(WaitFor(context, keys, absl::Microseconds(request->timeout_us())));
-  }
-
-  grpc::Status DeleteKey(grpc::ServerContext*, const wire::DeleteKeyRequest* request,
-                         wire::DeleteKeyReply* reply) override {
+  grpc::ServerUnaryReactor* DeleteKey(grpc::CallbackServerContext* context,
+                                      const wire::DeleteKeyRequest* request,
+                                      wire::DeleteKeyReply* reply) override {
+    absl::MutexLock lock(&mu_);
     absl::StatusOr<bool> deleted = store_.DeleteKey(View(request->key()));
-    if (!deleted.ok()) return ToGrpc(deleted.status());
-    reply->set_deleted(*deleted);
-    return grpc::Status::OK;
+    if (deleted.ok()) reply->set_deleted(*deleted);
+    return Done(context, ToGrpc(deleted.status()));
   }
 
-  grpc::Status NumKeys(grpc::ServerContext*, const wire::NumKeysRequest*, wire::NumKeysReply* reply) override {
+  grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* context,
+                                    const wire::NumKeysRequest*,
+                                    wire::NumKeysReply* reply) override {
+    absl::MutexLock lock(&mu_);
     reply->set_num_keys(store_.NumKeys().value());
-    return grpc::Status::OK;
+    return Done(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
+                                const wire::GetRequest* request, wire::GetReply* reply) override {
+    return StartWait(context, {View(request->key())}, request->timeout_us(), reply);
+  }
+
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* context,
+                                 const wire::WaitRequest* request, wire::WaitReply*) override {
+    std::vector<std::string_view> keys(request->keys().begin(), request->keys().end());
+    return StartWait(context, std::move(keys), request->timeout_us(), nullptr);
+  }
+
+  // PendingWait::OnCancel: the client gave up or went away.
+  void Cancel(PendingWait* wait) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (wait->finished_) return;
+      Forget(wait);
+    }
+    wait->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the wait"));
   }
 
  private:
-  // Waits for `keys` in slices; see Note [TcpStore protocol].
-  absl::Status WaitFor(grpc::ServerContext* context, const std::vector<std::string>& keys, absl::Duration timeout) {
-    timeout = std::clamp(timeout, absl::ZeroDuration(), kLongestWait);
-    absl::Time deadline = std::min(absl::Now() + timeout, absl::FromChrono(context->deadline()));
-    while (true) {
-      absl::Duration slice = std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kWaitSlice);
-      absl::Status status = store_.Wait(keys, slice);
-      if (status.code() != absl::StatusCode::kDeadlineExceeded) return status;
-      if (stopping_) return absl::UnavailableError("the store's server is shutting down");
-      if (context->IsCancelled()) return absl::CancelledError("the client cancelled the wait");
-      if (absl::Now() >= deadline) {
-        std::vector<std::string> missing;
-        for (const std::string& key : keys) {
-          if (!store_.Get(key, absl::ZeroDuration()).ok()) missing.push_back(key);
-        }
-        return internal::MissingKeysError("", missing, timeout);
+  using Finished = std::vector<std::pair<PendingWait*, grpc::Status>>;
+
+  static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
+                                        const grpc::Status& status) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(status);
+    return reactor;
+  }
+
+  // Runs `op` (which may set `key`) and wakes the waits it completes.
+  template <typename Op>
+  grpc::ServerUnaryReactor* Mutate(grpc::CallbackServerContext* context, const std::string& key,
+                                   Op op) {
+    Finished done;
+    absl::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      status = op();
+      if (status.ok()) KeySet(key, done);
+    }
+    FinishAll(done);
+    return Done(context, ToGrpc(status));
+  }
+
+  static void FinishAll(const Finished& done) {
+    for (const auto& [wait, status] : done) wait->Finish(status);
+  }
+
+  bool IsSet(std::string_view key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return store_.check(absl::MakeConstSpan(&key, 1));
+  }
+
+  grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
+                                      std::vector<std::string_view> keys, int64_t timeout_us,
+                                      wire::GetReply* get_reply) {
+    for (std::string_view key : keys) {
+      if (absl::Status s = internal::CheckKey(key); !s.ok()) return Done(context, ToGrpc(s));
+    }
+    const absl::Duration timeout =
+        std::clamp(absl::Microseconds(timeout_us), absl::ZeroDuration(), kLongestWait);
+    auto* wait = new PendingWait(this, std::move(keys), timeout, context->peer(), get_reply);
+    absl::ReleasableMutexLock lock(&mu_);
+    std::vector<std::string_view> missing;
+    {
+      absl::flat_hash_set<absl::string_view> seen;
+      for (std::string_view key : wait->keys_) {
+        if (!IsSet(key) && seen.insert(AbslView(key)).second) missing.push_back(key);
       }
+    }
+    grpc::Status refused;
+    if (missing.empty()) {
+      wait->finished_ = true;
+      if (get_reply != nullptr)
+        get_reply->set_value(*store_.Get(wait->keys_[0], absl::ZeroDuration()));
+    } else if (stopping_) {
+      refused = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the store's server is shutting down");
+    } else if (timeout == absl::ZeroDuration()) {
+      refused = ToGrpc(MissingError(*wait));
+    } else {
+      refused = Admit(*wait);
+    }
+    if (!wait->finished_ && refused.ok()) {
+      wait->missing_ = missing.size();
+      wait->deadline_ = absl::Now() + timeout;
+      for (std::string_view key : missing) waiting_[AbslView(key)].insert(wait);
+      deadlines_.emplace(wait->deadline_, wait);
+      pending_per_peer_[wait->peer_]++;
+      pending_bytes_ += wait->bytes_;
+      if (deadlines_.begin()->second == wait) timer_changed_.Signal();
+      // OnCancel may run once the reactor is returned; it takes the lock.
+      lock.Release();
+      return wait;
+    }
+    wait->finished_ = true;
+    lock.Release();
+    wait->Finish(refused);
+    return wait;
+  }
+
+  // Whether one more wait fits the limits; see Note [TcpStore server limits].
+  grpc::Status Admit(PendingWait& wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    wait.bytes_ = static_cast<int64_t>(sizeof(PendingWait));
+    for (std::string_view key : wait.keys_)
+      wait.bytes_ += static_cast<int64_t>(key.size() + sizeof(key));
+    auto refuse = [&](std::string_view what) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("the store's server refuses this wait: ", std::string(what),
+                                       "; finish or cancel earlier waits, or raise the limit in "
+                                       "TcpStoreServerOptions (see distributed/README.md)"));
+    };
+    if (static_cast<int64_t>(deadlines_.size()) >= options_.max_pending_waits) {
+      return refuse(absl::StrCat(
+          deadlines_.size(), " waits are pending, max_pending_waits=", options_.max_pending_waits));
+    }
+    auto it = pending_per_peer_.find(wait.peer_);
+    int64_t mine = it == pending_per_peer_.end() ? 0 : it->second;
+    if (mine >= options_.max_pending_waits_per_connection) {
+      return refuse(absl::StrCat("this connection (", wait.peer_, ") has ", mine,
+                                 " waits pending, max_pending_waits_per_connection=",
+                                 options_.max_pending_waits_per_connection));
+    }
+    if (pending_bytes_ + wait.bytes_ > options_.max_pending_wait_bytes) {
+      return refuse(absl::StrCat("pending waits hold ", pending_bytes_, " bytes and this one ",
+                                 wait.bytes_,
+                                 ", max_pending_wait_bytes=", options_.max_pending_wait_bytes));
+    }
+    return grpc::Status::OK;
+  }
+
+  // kDeadlineExceeded naming the keys of `wait` that are still missing.
+  absl::Status MissingError(const PendingWait& wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::string> missing;
+    absl::flat_hash_set<absl::string_view> seen;
+    for (std::string_view key : wait.keys_) {
+      if (!IsSet(key) && seen.insert(AbslView(key)).second) missing.emplace_back(key);
+    }
+    return internal::MissingKeysError("", missing, wait.timeout_);
+  }
+
+  // `key` was set: completes the waits that were missing only it.
+  void KeySet(const std::string& key, Finished& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = waiting_.find(AbslView(key));
+    if (it == waiting_.end()) return;
+    absl::flat_hash_set<PendingWait*> waits = std::move(it->second);
+    waiting_.erase(it);
+    for (PendingWait* wait : waits) {
+      if (--wait->missing_ > 0) continue;
+      if (wait->get_reply_ != nullptr) {
+        wait->get_reply_->set_value(*store_.Get(wait->keys_[0], absl::ZeroDuration()));
+      }
+      Forget(wait);
+      done.emplace_back(wait, grpc::Status::OK);
     }
   }
 
-  HashStore store_;
-  std::atomic<bool> stopping_{false};
+  // Drops `wait` from every index; the caller finishes it.
+  void Forget(PendingWait* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    wait->finished_ = true;
+    if (wait->missing_ > 0) {
+      for (std::string_view key : wait->keys_) {
+        auto it = waiting_.find(AbslView(key));
+        if (it == waiting_.end()) continue;
+        it->second.erase(wait);
+        if (it->second.empty()) waiting_.erase(it);
+      }
+    }
+    deadlines_.erase({wait->deadline_, wait});
+    auto peer = pending_per_peer_.find(wait->peer_);
+    if (peer != pending_per_peer_.end() && --peer->second == 0) pending_per_peer_.erase(peer);
+    pending_bytes_ -= wait->bytes_;
+  }
+
+  // The timer thread: ends waits whose timeout passed.
+  void ExpireWaits() {
+    while (true) {
+      Finished done;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return;
+        if (deadlines_.empty()) {
+          timer_changed_.Wait(&mu_);
+        } else {
+          timer_changed_.WaitWithDeadline(&mu_, deadlines_.begin()->first);
+        }
+        const absl::Time now = absl::Now();
+        while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+          PendingWait* wait = deadlines_.begin()->second;
+          done.emplace_back(wait, ToGrpc(MissingError(*wait)));
+          Forget(wait);
+        }
+      }
+      FinishAll(done);
+    }
+  }
+
+  const TcpStoreServerOptions options_;
+  mutable absl::Mutex mu_;
+  HashStore store_ ABSL_GUARDED_BY(mu_);  // its own lock is taken inside mu_
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The pending waits: by missing key, by deadline, per connection, and the
+  // bytes they hold.
+  absl::flat_hash_map<std::string, absl::flat_hash_set<PendingWait*>> waiting_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, PendingWait*>> deadlines_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> pending_per_peer_ ABSL_GUARDED_BY(mu_);
+  int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::CondVar timer_changed_;
+  std::thread timer_;  // last: starts after the members it uses
 };
+
+void PendingWait::OnCancel() { service_->Cancel(this); }
 
 }  // namespace
 
 struct TcpStoreServer::Impl {
+  explicit Impl(const TcpStoreServerOptions& options) : service(options) {}
   StoreService service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -201,25 +487,56 @@ TcpStoreServer::~TcpStoreServer() {
 
 int TcpStoreServer::port() const { return impl_->port; }
 
-absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const TcpStoreServerOptions& options) {
+int64_t TcpStoreServer::num_pending_waits() const { return impl_->service.num_pending_waits(); }
+
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
+    const TcpStoreServerOptions& options) {
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("TcpStoreServer: port ", options.port, " is not in [0, 65535]"));
   }
-  auto impl = std::make_unique<Impl>();
+  for (auto [name, value] :
+       {std::pair<const char*, int64_t>{"max_message_bytes", options.max_message_bytes},
+        {"max_pending_waits", options.max_pending_waits},
+        {"max_pending_waits_per_connection", options.max_pending_waits_per_connection},
+        {"max_pending_wait_bytes", options.max_pending_wait_bytes},
+        {"max_streams_per_connection", options.max_streams_per_connection},
+        {"max_buffer_bytes", options.max_buffer_bytes}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TcpStoreServer: ", name, "=", value, " must be at least 1"));
+    }
+  }
+  auto impl = std::make_unique<Impl>(options);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(options.bind_address, ":", options.port), grpc::InsecureServerCredentials(),
-                           &impl->port);
+  builder.AddListeningPort(absl::StrCat(options.bind_address, ":", options.port),
+                           grpc::InsecureServerCredentials(), &impl->port);
   builder.RegisterService(&impl->service);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
-  builder.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
+  // Note [TcpStore server limits].
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
+  builder.SetMaxSendMessageSize(
+      static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(
+      GRPC_ARG_MAX_CONCURRENT_STREAMS,
+      static_cast<int>(std::min<int64_t>(options.max_streams_per_connection, INT32_MAX)));
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, kMaxMetadataBytes);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  grpc::ResourceQuota quota("ember-tcp-store");
+  quota.Resize(static_cast<size_t>(options.max_buffer_bytes));
+  builder.SetResourceQuota(quota);
   impl->server = builder.BuildAndStart();
   if (impl->server == nullptr || impl->port == 0) {
     if (impl->server != nullptr) impl->server->Shutdown();
-    return absl::UnavailableError(absl::StrCat("TcpStore: cannot serve on ", options.bind_address, ":",
-                                               options.port, ": ", BindProblem(options.port),
-                                               "; pick another port (MASTER_PORT) or stop the process using it"));
+    return absl::UnavailableError(
+        absl::StrCat("TcpStore: cannot serve on ", options.bind_address, ":", options.port, ": ",
+                     BindProblem(options.port),
+                     "; pick another port (MASTER_PORT) or stop the process using it"));
   }
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
 }
@@ -243,12 +560,14 @@ struct TcpStore::Impl {
     grpc::Status status = call(&context);
     if (status.ok()) return absl::OkStatus();
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && absl::Now() >= end) {
-      return absl::UnavailableError(absl::StrCat(name, ": the server did not answer ", std::string(op), " within ",
-                                                 absl::FormatDuration(deadline), " (is rank 0 alive?)"));
+      return absl::UnavailableError(
+          absl::StrCat(name, ": the server did not answer ", std::string(op), " within ",
+                       absl::FormatDuration(deadline), " (is rank 0 alive?)"));
     }
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
       return absl::UnavailableError(
-          absl::StrCat(name, ": ", std::string(op), " failed, the server is unreachable: ", status.error_message()));
+          absl::StrCat(name, ": ", std::string(op),
+                       " failed, the server is unreachable: ", status.error_message()));
     }
     return absl::Status(FromGrpc(status).code(), absl::StrCat(name, ": ", status.error_message()));
   }
@@ -257,9 +576,9 @@ struct TcpStore::Impl {
     EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
     // Leave room for the message's own framing.
     if (static_cast<int64_t>(key.size() + value_bytes) + 1024 > max_message_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": key '", std::string(key.substr(0, 64)), "' with ",
-                                                     key.size() + value_bytes, " bytes of key and value exceeds ",
-                                                     "max_message_bytes (", max_message_bytes, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": key '", std::string(key.substr(0, 64)), "' with ", key.size() + value_bytes,
+          " bytes of key and value exceeds ", "max_message_bytes (", max_message_bytes, ")"));
     }
     return absl::OkStatus();
   }
@@ -272,7 +591,8 @@ int TcpStore::port() const { return impl_->port; }
 const std::string& TcpStore::host() const { return impl_->host; }
 
 absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions& options) {
-  if (options.host.empty()) return absl::InvalidArgumentError("TcpStore: empty host; pass the server's address");
+  if (options.host.empty())
+    return absl::InvalidArgumentError("TcpStore: empty host; pass the server's address");
   if (options.port < 0 || options.port > 65535 || (options.port == 0 && !options.is_server)) {
     return absl::InvalidArgumentError(
         absl::StrCat("TcpStore: port ", options.port, " is not a server port in [1, 65535]"));
@@ -315,17 +635,18 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions
   grpc::Status status = impl->stub->Hello(&context, hello, &reply);
   if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
       status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return absl::UnavailableError(absl::StrCat(impl->name, ": no store server answered within ",
-                                               absl::FormatDuration(options.timeout), " (",
-                                               status.error_message(), "); is rank 0 up, and is the address right?"));
+    return absl::UnavailableError(absl::StrCat(
+        impl->name, ": no store server answered within ", absl::FormatDuration(options.timeout),
+        " (", status.error_message(), "); is rank 0 up, and is the address right?"));
   }
   if (!status.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(impl->name, ": handshake failed: ", status.error_message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat(impl->name, ": handshake failed: ", status.error_message()));
   }
   if (reply.magic() != kMagic || reply.version() != kProtocolVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(impl->name, ": the server is not a TcpStore of protocol ",
-                                                      kProtocolVersion, " (it answered version ", reply.version(),
-                                                      ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(impl->name, ": the server is not a TcpStore of protocol ", kProtocolVersion,
+                     " (it answered version ", reply.version(), ")"));
   }
   auto store = std::unique_ptr<TcpStore>(new TcpStore(std::move(impl)));
   store->set_timeout(options.timeout);
@@ -338,7 +659,8 @@ absl::Status TcpStore::Set(std::string_view key, std::string_view value) {
   request.set_key(std::string(key));
   request.set_value(std::string(value));
   wire::SetReply reply;
-  return impl_->Run("Set", timeout(), [&](grpc::ClientContext* c) { return impl_->stub->Set(c, request, &reply); });
+  return impl_->Run("Set", timeout(),
+                    [&](grpc::ClientContext* c) { return impl_->stub->Set(c, request, &reply); });
 }
 
 absl::StatusOr<std::string> TcpStore::Get(std::string_view key, absl::Duration timeout) {
@@ -360,8 +682,9 @@ absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta) {
   request.set_key(std::string(key));
   request.set_delta(delta);
   wire::AddReply reply;
-  EMBER_RETURN_IF_ERROR(
-      impl_->Run("Add", timeout(), [&](grpc::ClientContext* c) { return impl_->stub->Add(c, request, &reply); }));
+  EMBER_RETURN_IF_ERROR(impl_->Run("Add", timeout(), [&](grpc::ClientContext* c) {
+    return impl_->stub->Add(c, request, &reply);
+  }));
   return reply.value();
 }
 

@@ -47,6 +47,14 @@ struct TcpStoreServerOptions {
   std::string bind_address = "[::]";  // every interface (IPv4 too)
   int port = 0;                       // 0: a free port, see port()
   int64_t max_message_bytes = kDefaultMaxStoreMessageBytes;
+  // What clients can make the server hold (Note [TcpStore server limits] in
+  // tcp_store.cc). A Get or Wait beyond a limit fails at once with
+  // kResourceExhausted naming the limit; other calls are not affected.
+  int64_t max_pending_waits = 16384;                    // Get/Wait calls waiting, server-wide
+  int64_t max_pending_waits_per_connection = 256;       // ... from one client connection
+  int64_t max_pending_wait_bytes = int64_t{256} << 20;  // keys those waits hold
+  int64_t max_streams_per_connection = 512;       // concurrent calls of one connection (HTTP/2)
+  int64_t max_buffer_bytes = int64_t{256} << 20;  // gRPC's transport buffers (resource quota)
 };
 
 // Serves one store until destroyed. Destruction ends waits in progress with
@@ -55,12 +63,16 @@ class TcpStoreServer {
  public:
   // Fails with kUnavailable naming the port if it cannot be listened on (in
   // use, or not permitted).
-  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(const TcpStoreServerOptions& options);
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
+      const TcpStoreServerOptions& options);
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
 
   int port() const;
+
+  // The Get and Wait calls waiting for keys now (for monitoring and tests).
+  int64_t num_pending_waits() const;
 
  private:
   struct Impl;
@@ -69,9 +81,9 @@ class TcpStoreServer {
 };
 
 struct TcpStoreOptions {
-  std::string host = "127.0.0.1";  // the server's host name or address
-  int port = 0;                    // the server's port (server: 0 picks one)
-  bool is_server = false;          // also serve the store (torch's is_master)
+  std::string host = "127.0.0.1";                 // the server's host name or address
+  int port = 0;                                   // the server's port (server: 0 picks one)
+  bool is_server = false;                         // also serve the store (torch's is_master)
   absl::Duration timeout = kDefaultStoreTimeout;  // connect, and the default timeout()
   int64_t max_message_bytes = kDefaultMaxStoreMessageBytes;
 };
