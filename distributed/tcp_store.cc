@@ -1,6 +1,7 @@
 #include "distributed/tcp_store.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -71,6 +72,11 @@
 // - A connection that does not finish its handshake within 20 s is closed;
 //   keepalive pings (every 30 s, 10 s to answer) find peers that vanished
 //   without closing, whose waits are then cancelled.
+// - glibc's malloc keeps freed memory for reuse, so a burst of waits would
+//   leave the process that much larger for good. Once waits that held at
+//   least 4 MiB (by the estimate above) have fallen to a quarter of that
+//   peak, the timer thread calls malloc_trim a second later, which hands the
+//   free pages back; the flood test checks that resident memory returns.
 
 namespace ember::distributed {
 namespace {
@@ -85,6 +91,13 @@ constexpr int kMaxMetadataBytes = 16 << 10;
 constexpr int kHandshakeTimeoutMs = 20'000;
 constexpr int kKeepaliveMs = 30'000;
 constexpr int kKeepaliveTimeoutMs = 10'000;
+// What a waited-for key costs beyond twice its bytes (its string in the
+// request, its view, the allocator's overhead).
+constexpr int64_t kBytesPerKey = 64;
+// After waits holding this much have mostly ended, the server returns freed
+// memory to the system, kTrimDelay later (connections close after their calls).
+constexpr int64_t kTrimAfterBytes = int64_t{4} << 20;
+constexpr absl::Duration kTrimDelay = absl::Seconds(1);
 
 absl::Status FromGrpc(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
@@ -345,6 +358,7 @@ class StoreService final : public wire::TcpStoreService::CallbackService {
       deadlines_.emplace(wait->deadline_, wait);
       pending_per_peer_[wait->peer_]++;
       pending_bytes_ += wait->bytes_;
+      held_bytes_high_ = std::max(held_bytes_high_, pending_bytes_);
       if (deadlines_.begin()->second == wait) timer_changed_.Signal();
       // OnCancel may run once the reactor is returned; it takes the lock.
       lock.Release();
@@ -427,28 +441,39 @@ class StoreService final : public wire::TcpStoreService::CallbackService {
     auto peer = pending_per_peer_.find(wait->peer_);
     if (peer != pending_per_peer_.end() && --peer->second == 0) pending_per_peer_.erase(peer);
     pending_bytes_ -= wait->bytes_;
+    if (held_bytes_high_ >= kTrimAfterBytes && pending_bytes_ <= held_bytes_high_ / 4 &&
+        trim_at_ == absl::InfiniteFuture()) {
+      trim_at_ = absl::Now() + kTrimDelay;
+      timer_changed_.Signal();
+    }
   }
 
-  // The timer thread: ends waits whose timeout passed.
+  // The timer thread: ends waits whose timeout passed, and hands the memory
+  // of a burst of waits back to the system (Note [TcpStore server limits]).
   void ExpireWaits() {
     while (true) {
       Finished done;
+      bool trim = false;
       {
         absl::MutexLock lock(&mu_);
         if (stopping_) return;
-        if (deadlines_.empty()) {
-          timer_changed_.Wait(&mu_);
-        } else {
-          timer_changed_.WaitWithDeadline(&mu_, deadlines_.begin()->first);
-        }
+        absl::Time wake = trim_at_;
+        if (!deadlines_.empty()) wake = std::min(wake, deadlines_.begin()->first);
+        timer_changed_.WaitWithDeadline(&mu_, wake);
         const absl::Time now = absl::Now();
         while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
           PendingWait* wait = deadlines_.begin()->second;
           done.emplace_back(wait, ToGrpc(MissingError(*wait)));
           Forget(wait);
         }
+        if (now >= trim_at_) {
+          trim = true;
+          trim_at_ = absl::InfiniteFuture();
+          held_bytes_high_ = pending_bytes_;
+        }
       }
       FinishAll(done);
+      if (trim) malloc_trim(0);
     }
   }
 
@@ -462,6 +487,8 @@ class StoreService final : public wire::TcpStoreService::CallbackService {
   std::set<std::pair<absl::Time, PendingWait*>> deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> pending_per_peer_ ABSL_GUARDED_BY(mu_);
   int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t held_bytes_high_ ABSL_GUARDED_BY(mu_) = 0;  // pending_bytes_' peak since the last trim
+  absl::Time trim_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::CondVar timer_changed_;
   std::thread timer_;  // last: starts after the members it uses
 };

@@ -14,19 +14,22 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "distributed/store_testing.h"
+#include "distributed/tcp_store.grpc.pb.h"
+#include "distributed/testing/free_port.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "distributed/testing/free_port.h"
 
 namespace ember::distributed {
 namespace {
@@ -57,9 +60,9 @@ class TcpStoreHarness : public StoreHarness {
 };
 
 INSTANTIATE_TEST_SUITE_P(All, StoreConformanceTest,
-                         ::testing::Values(StoreImpl{"TcpStore", [] {
-                           return std::unique_ptr<StoreHarness>(new TcpStoreHarness);
-                         }}),
+                         ::testing::Values(StoreImpl{
+                             "TcpStore",
+                             [] { return std::unique_ptr<StoreHarness>(new TcpStoreHarness); }}),
                          testing::StoreImplName);
 
 // A connected TCP socket to 127.0.0.1:port, or -1.
@@ -117,14 +120,16 @@ TEST(TcpStoreTest, NoServerIsUnavailableWithinTheTimeoutNamingTheAddress) {
 
 TEST(TcpStoreTest, PortInUseNamesThePort) {
   std::unique_ptr<TcpStoreServer> first = TcpStoreServer::Start({}).value();
-  absl::StatusOr<std::unique_ptr<TcpStoreServer>> second = TcpStoreServer::Start({.port = first->port()});
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> second =
+      TcpStoreServer::Start({.port = first->port()});
   ASSERT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(second.status().message(),
               HasSubstr("port " + std::to_string(first->port()) + " is already in use"));
 }
 
 TEST(TcpStoreTest, BadPortsAreInvalidArguments) {
-  EXPECT_EQ(TcpStoreServer::Start({.port = 70000}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TcpStoreServer::Start({.port = 70000}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   TcpStoreOptions options;
   options.port = 0;  // a client needs the server's port
   EXPECT_EQ(TcpStore::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
@@ -143,7 +148,10 @@ TEST(TcpStoreTest, ServerSurvivesGarbageAndAHugeFrameLength) {
     std::string junk(4096, '\0');
     for (char& c : junk) c = static_cast<char>(random());
     (void)!write(fd, junk.data(), junk.size());
-    if (i % 2 == 0) close(fd); else idle.push_back(fd);  // some stay open, silent
+    if (i % 2 == 0)
+      close(fd);
+    else
+      idle.push_back(fd);  // some stay open, silent
   }
   {
     // A valid HTTP/2 preface and empty SETTINGS, then a DATA frame header
@@ -176,7 +184,8 @@ std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::strin
 
 // An HPACK "literal header field without indexing, new name" (short strings).
 std::string Header(const std::string& name, const std::string& value) {
-  return std::string(1, '\0') + static_cast<char>(name.size()) + name + static_cast<char>(value.size()) + value;
+  return std::string(1, '\0') + static_cast<char>(name.size()) + name +
+         static_cast<char>(value.size()) + value;
 }
 
 // Resident memory of this process, in bytes.
@@ -204,7 +213,9 @@ std::pair<std::vector<std::pair<int, uint32_t>>, bool> ReadFrames(int fd, absl::
     received.append(chunk, n);
   }
   for (size_t pos = 0; pos + 9 <= received.size();) {
-    auto byte = [&](size_t i) { return static_cast<uint32_t>(static_cast<unsigned char>(received[pos + i])); };
+    auto byte = [&](size_t i) {
+      return static_cast<uint32_t>(static_cast<unsigned char>(received[pos + i]));
+    };
     uint32_t length = byte(0) << 16 | byte(1) << 8 | byte(2);
     frames.emplace_back(byte(3), (byte(5) & 0x7f) << 24 | byte(6) << 16 | byte(7) << 8 | byte(8));
     pos += 9 + length;
@@ -213,7 +224,8 @@ std::pair<std::vector<std::pair<int, uint32_t>>, bool> ReadFrames(int fd, absl::
 }
 
 TEST(TcpStoreTest, ServerSurvivesAGrpcLengthPrefixOfFourGigabytes) {
-  std::unique_ptr<TcpStoreServer> server = TcpStoreServer::Start({.max_message_bytes = 1 << 20}).value();
+  std::unique_ptr<TcpStoreServer> server =
+      TcpStoreServer::Start({.max_message_bytes = 1 << 20}).value();
   const int64_t resident_before = ResidentBytes();
   int fd = Connect(server->port());
   ASSERT_GE(fd, 0);
@@ -242,7 +254,8 @@ TEST(TcpStoreTest, ServerSurvivesAGrpcLengthPrefixOfFourGigabytes) {
   // connection closed: never a 4 GiB wait.
   auto [frames, closed] = ReadFrames(fd, absl::Seconds(3));
   bool refused = closed;
-  for (auto [type, stream] : frames) refused |= (stream == 1 && (type == 0x1 || type == 0x3)) || type == 0x7;
+  for (auto [type, stream] : frames)
+    refused |= (stream == 1 && (type == 0x1 || type == 0x3)) || type == 0x7;
   EXPECT_TRUE(refused) << frames.size() << " frames, none refusing stream 1";
   close(fd);
   EXPECT_LT(ResidentBytes() - resident_before, int64_t{256} << 20);
@@ -254,8 +267,8 @@ TEST(TcpStoreTest, ServerSurvivesAGrpcLengthPrefixOfFourGigabytes) {
 grpc::Status RawCall(int port, const std::string& method, const std::string& payload) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(-1);
-  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(),
-                                           args);
+  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                           grpc::InsecureChannelCredentials(), args);
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -283,8 +296,8 @@ TEST(TcpStoreTest, ServerRefusesOversizedAndMalformedMessages) {
   grpc::Status big = RawCall(server->port(), "/ember.distributed.wire.TcpStoreService/Set",
                              std::string((1 << 20) + 4096, 'x'));
   EXPECT_EQ(big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << big.error_message();
-  grpc::Status malformed =
-      RawCall(server->port(), "/ember.distributed.wire.TcpStoreService/Set", "\xff\xff\xff\xff garbage");
+  grpc::Status malformed = RawCall(server->port(), "/ember.distributed.wire.TcpStoreService/Set",
+                                   "\xff\xff\xff\xff garbage");
   EXPECT_FALSE(malformed.ok());
   grpc::Status unknown = RawCall(server->port(), "/no.Such/Method", "x");
   EXPECT_EQ(unknown.error_code(), grpc::StatusCode::UNIMPLEMENTED);
@@ -356,13 +369,31 @@ TEST(TcpStoreTest, TimeoutErrorNamesTheServerAndTheKey) {
   EXPECT_THAT(status.message(), HasSubstr("rank/3"));
 }
 
-// Ranks as processes: the test re-runs this binary as clients (a forked copy
-// of a process that already runs gRPC threads must not use gRPC).
+// Child processes: the test re-runs this binary with one test selected and
+// an environment variable set (a forked copy of a process that already runs
+// gRPC threads must not use gRPC). Returns the child's pid.
+pid_t StartChild(const std::string& gtest_filter, const char* env_name,
+                 const std::string& env_value) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    // The child is a test run of its own: keep it off this run's outputs.
+    for (const char* name : {"XML_OUTPUT_FILE", "TEST_PREMATURE_EXIT_FILE", "GTEST_OUTPUT"})
+      unsetenv(name);
+    setenv(env_name, env_value.c_str(), 1);
+    std::string filter = "--gtest_filter=" + gtest_filter;
+    execl("/proc/self/exe", "tcp_store_test", filter.c_str(), nullptr);
+    _exit(127);
+  }
+  return pid;
+}
+
+// Ranks as processes.
 constexpr char kChildPortEnv[] = "EMBER_TCP_STORE_TEST_CHILD_PORT";
 
 TEST(TcpStoreChildTest, Client) {
   const char* port = std::getenv(kChildPortEnv);
-  if (port == nullptr) GTEST_SKIP() << "runs only as a child of TcpStoreTest.ProcessesShareTheServer";
+  if (port == nullptr)
+    GTEST_SKIP() << "runs only as a child of TcpStoreTest.ProcessesShareTheServer";
   std::unique_ptr<TcpStore> store = Client(std::atoi(port));
   ASSERT_NE(store, nullptr);
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(store->Add("sum", 1).ok());
@@ -375,20 +406,15 @@ TEST(TcpStoreTest, ProcessesShareTheServer) {
   constexpr int kChildren = 3;
   std::vector<pid_t> children;
   for (int c = 0; c < kChildren; ++c) {
-    pid_t pid = fork();
+    pid_t pid =
+        StartChild("TcpStoreChildTest.Client", kChildPortEnv, std::to_string(server->port()));
     ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      // The child is a test run of its own: keep it off this run's outputs.
-      for (const char* name : {"XML_OUTPUT_FILE", "TEST_PREMATURE_EXIT_FILE", "GTEST_OUTPUT"}) unsetenv(name);
-      setenv(kChildPortEnv, std::to_string(server->port()).c_str(), 1);
-      execl("/proc/self/exe", "tcp_store_test", "--gtest_filter=TcpStoreChildTest.Client", nullptr);
-      _exit(127);
-    }
     children.push_back(pid);
   }
   std::unique_ptr<TcpStore> parent = Client(server->port());
   absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (parent->Get("children_done", absl::Seconds(1)).value_or("0") != std::to_string(kChildren) &&
+  while (parent->Get("children_done", absl::Seconds(1)).value_or("0") !=
+             std::to_string(kChildren) &&
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -399,6 +425,195 @@ TEST(TcpStoreTest, ProcessesShareTheServer) {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
   }
+}
+
+// Polls `condition` every 10 ms until it holds or `timeout` passes.
+bool Eventually(const std::function<bool()>& condition, absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (!condition()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+TEST(TcpStoreTest, WaitsBeyondTheLimitsAreRefusedNamingTheLimit) {
+  TcpStoreServerOptions options;
+  options.max_pending_waits_per_connection = 3;
+  options.max_pending_waits = 5;
+  options.max_pending_wait_bytes = 64 << 10;
+  auto server = TcpStoreServer::Start(options).value();
+  std::unique_ptr<TcpStore> a = Client(server->port());
+  std::unique_ptr<TcpStore> b = Client(server->port());
+  std::vector<std::thread> waiters;
+  std::atomic<int> woken{0};
+  auto wait_on = [&](TcpStore* store) {
+    waiters.emplace_back([&woken, store] { woken += store->Wait({"go"}, absl::Seconds(30)).ok(); });
+  };
+  for (int i = 0; i < 3; ++i) wait_on(a.get());
+  ASSERT_TRUE(Eventually([&] { return server->num_pending_waits() == 3; }, absl::Seconds(10)));
+  absl::Status per_connection = a->Wait({"go"}, absl::Seconds(30));
+  EXPECT_EQ(per_connection.code(), absl::StatusCode::kResourceExhausted) << per_connection;
+  EXPECT_THAT(per_connection.message(), HasSubstr("max_pending_waits_per_connection=3"));
+  for (int i = 0; i < 2; ++i) wait_on(b.get());
+  ASSERT_TRUE(Eventually([&] { return server->num_pending_waits() == 5; }, absl::Seconds(10)));
+  absl::StatusOr<std::string> server_wide = b->Get("go", absl::Seconds(30));
+  EXPECT_EQ(server_wide.status().code(), absl::StatusCode::kResourceExhausted)
+      << server_wide.status();
+  EXPECT_THAT(server_wide.status().message(), HasSubstr("max_pending_waits=5"));
+  // Calls that need not wait still work, and the Set wakes every admitted wait.
+  EXPECT_TRUE(a->Set("present", "1").ok());
+  EXPECT_TRUE(a->Wait({"present"}, absl::Seconds(30)).ok());
+  ASSERT_TRUE(b->Set("go", "1").ok());
+  for (std::thread& t : waiters) t.join();
+  EXPECT_EQ(woken.load(), 5);
+  EXPECT_EQ(server->num_pending_waits(), 0);
+
+  std::vector<std::string> many;
+  for (int i = 0; i < 10000; ++i) many.push_back("many/" + std::to_string(i));
+  absl::Status bytes = a->Wait(many, absl::Seconds(30));
+  EXPECT_EQ(bytes.code(), absl::StatusCode::kResourceExhausted) << bytes;
+  EXPECT_THAT(bytes.message(), HasSubstr("max_pending_wait_bytes=65536"));
+}
+
+TEST(TcpStoreTest, BadLimitsAreInvalidArguments) {
+  TcpStoreServerOptions options;
+  options.max_pending_waits = 0;
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(), HasSubstr("max_pending_waits=0"));
+}
+
+TEST(TcpStoreTest, CancelledWaitsAreDropped) {
+  auto server = TcpStoreServer::Start({}).value();
+  std::unique_ptr<TcpStore> client = Client(server->port());
+  // A raw call whose deadline ends long before the wait's own timeout.
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server->port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = wire::TcpStoreService::NewStub(channel);
+  wire::WaitRequest request;
+  request.add_keys("never");
+  request.set_timeout_us(absl::ToInt64Microseconds(absl::Hours(1)));
+  wire::WaitReply reply;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  grpc::Status status = stub->Wait(&context, request, &reply);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(Eventually([&] { return server->num_pending_waits() == 0; }, absl::Seconds(10)));
+}
+
+// A flood: many connections, each with as many waits as the server lets it
+// hold, from a child process (so this process's memory is the server's).
+constexpr char kFloodPortEnv[] = "EMBER_TCP_STORE_TEST_FLOOD_PORT";
+constexpr int kFloodConnections = 64;
+constexpr int kFloodWaitsPerConnection = 32;
+constexpr int kFloodLimitPerConnection = 16;
+
+TEST(TcpStoreChildTest, Flood) {
+  const char* port = std::getenv(kFloodPortEnv);
+  if (port == nullptr)
+    GTEST_SKIP() << "runs only as a child of TcpStoreTest.ConnectionFloodIsBounded";
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  struct Call {
+    grpc::ClientContext context;
+    wire::WaitReply reply;
+  };
+  wire::WaitRequest request;
+  for (int i = 0; i < 500; ++i)
+    request.add_keys(absl::StrCat("flood/never/", i, "/", std::string(20, 'x')));
+  request.set_timeout_us(absl::ToInt64Microseconds(absl::Minutes(10)));
+  std::vector<std::unique_ptr<wire::TcpStoreService::Stub>> stubs;
+  std::vector<std::unique_ptr<Call>> calls;
+  std::atomic<int> refused{0}, other{0};
+  for (int c = 0; c < kFloodConnections; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+    stubs.push_back(wire::TcpStoreService::NewStub(
+        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args)));
+    for (int w = 0; w < kFloodWaitsPerConnection; ++w) {
+      calls.push_back(std::make_unique<Call>());
+      Call& call = *calls.back();
+      call.context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+      stubs.back()->async()->Wait(&call.context, &request, &call.reply, [&](grpc::Status status) {
+        (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ? refused : other)++;
+      });
+    }
+  }
+  // Tell the parent how many were refused once every refusal is in, then
+  // hold the rest until killed.
+  const int expected_refusals =
+      kFloodConnections * (kFloodWaitsPerConnection - kFloodLimitPerConnection);
+  ASSERT_TRUE(Eventually([&] { return refused.load() >= expected_refusals; }, absl::Seconds(60)));
+  std::unique_ptr<TcpStore> store = Client(std::atoi(port), absl::Seconds(30));
+  ASSERT_TRUE(store->Set("flood/refused", std::to_string(refused.load())).ok());
+  ASSERT_TRUE(store->Set("flood/other", std::to_string(other.load())).ok());
+  pause();
+}
+
+// VmRSS of this process, in bytes.
+int64_t VmRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  }
+  return -1;
+}
+
+TEST(TcpStoreTest, ConnectionFloodIsBoundedAndLeavesNothingBehind) {
+  TcpStoreServerOptions options;
+  options.max_pending_waits_per_connection = kFloodLimitPerConnection;
+  auto server = TcpStoreServer::Start(options).value();
+  std::unique_ptr<TcpStore> client = Client(server->port());
+  // Warm up this process's side (client, server threads) before the baseline.
+  ASSERT_TRUE(client->Set("warm", "1").ok());
+  ASSERT_EQ(client->Wait({"nothing"}, absl::Milliseconds(10)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  const int64_t before = VmRssBytes();
+
+  pid_t flood =
+      StartChild("TcpStoreChildTest.Flood", kFloodPortEnv, std::to_string(server->port()));
+  ASSERT_GT(flood, 0);
+  absl::StatusOr<std::string> refused = client->Get("flood/refused", absl::Seconds(60));
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  // Each connection holds its limit; the rest were refused at once.
+  EXPECT_EQ(server->num_pending_waits(), kFloodConnections * kFloodLimitPerConnection);
+  EXPECT_EQ(*refused, std::to_string(kFloodConnections *
+                                     (kFloodWaitsPerConnection - kFloodLimitPerConnection)));
+  EXPECT_EQ(client->Get("flood/other", absl::Seconds(5)).value_or(""), "0");
+  const int64_t during = VmRssBytes();
+
+  // A well-behaved client is served during the flood: its own waits too.
+  std::unique_ptr<TcpStore> other = Client(server->port());
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_TRUE(other->Set("during", "yes").ok());
+  });
+  EXPECT_EQ(client->Get("during", absl::Seconds(10)).value_or(""), "yes");
+  setter.join();
+  EXPECT_EQ(other->Add("counter", 2).value_or(-1), 2);
+
+  // The flood's connections close with its process: the server lets go of
+  // every wait they held, and of the memory.
+  kill(flood, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(flood, &status, 0), flood);
+  EXPECT_TRUE(Eventually([&] { return server->num_pending_waits() == 0; }, absl::Seconds(20)))
+      << server->num_pending_waits() << " waits still pending";
+  int64_t after = VmRssBytes();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        after = VmRssBytes();
+        return after - before < (int64_t{16} << 20);
+      },
+      absl::Seconds(10)))
+      << "resident memory: " << (before >> 20) << " MiB before the flood, " << (during >> 20)
+      << " MiB during, " << (after >> 20) << " MiB after";
+  std::printf("resident memory: %lld MiB before the flood, %lld MiB during, %lld MiB after\n",
+              static_cast<long long>(before >> 20), static_cast<long long>(during >> 20),
+              static_cast<long long>(after >> 20));
+  EXPECT_EQ(client->Get("during", absl::Seconds(5)).value_or(""), "yes");
+  EXPECT_TRUE(client->Set("after", "ok").ok());
 }
 
 }  // namespace
