@@ -204,6 +204,17 @@ TEST_P(StoreConformanceTest, CompareSet) {
   EXPECT_EQ(store->Get("cas", kShort).value(), "second");
 }
 
+TEST_P(StoreConformanceTest, CompareSetThatSetsNothingWakesNoWaiter) {
+  std::shared_ptr<Store> waiter = NewClient();
+  std::shared_ptr<Store> other = NewClient();
+  absl::StatusOr<std::string> got;
+  std::thread waiting([&] { got = waiter->Get("cas/waited", absl::Milliseconds(500)); });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(other->CompareSet("cas/waited", "not-there", "v").value(), "not-there");
+  waiting.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+}
+
 TEST_P(StoreConformanceTest, DeleteKeyAndNumKeys) {
   std::shared_ptr<Store> store = NewClient();
   EXPECT_EQ(store->NumKeys().value(), 0);

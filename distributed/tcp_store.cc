@@ -410,8 +410,9 @@ class StoreService final : public wire::TcpStoreService::CallbackService {
     return internal::MissingKeysError("", missing, wait.timeout_);
   }
 
-  // `key` was set: completes the waits that were missing only it.
+  // `key` may have been set: completes the waits that were missing only it.
   void KeySet(const std::string& key, Finished& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!IsSet(key)) return;  // a CompareSet that did not match sets nothing
     auto it = waiting_.find(AbslView(key));
     if (it == waiting_.end()) return;
     absl::flat_hash_set<PendingWait*> waits = std::move(it->second);
