@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -76,25 +77,44 @@ absl::Status Invalid(const RendezvousOptions& options, std::string_view problem)
 }
 
 // An integer value named `name` (an environment variable or query field).
-absl::StatusOr<int> ParseInt(const RendezvousOptions& options, std::string_view name, std::string_view text) {
+absl::StatusOr<int> ParseInt(const RendezvousOptions& options, std::string_view name,
+                             std::string_view text) {
+  const absl::string_view digits(text.data(), text.size());
   int value = 0;
-  if (!absl::SimpleAtoi(absl::string_view(text.data(), text.size()), &value)) {
-    return Invalid(options, absl::StrCat(std::string(name), "='", std::string(text), "' is not an integer"));
+  if (absl::SimpleAtoi(digits, &value)) return value;
+  int64_t wide = 0;
+  if (absl::SimpleAtoi(digits, &wide)) {
+    return Invalid(options, absl::StrCat(std::string(name), "=", wide, " is out of range (at most ",
+                                         std::numeric_limits<int>::max(), ")"));
   }
-  return value;
+  return Invalid(options,
+                 absl::StrCat(std::string(name), "='", std::string(text), "' is not an integer"));
 }
 
-// Combines a value given in the options (-1: none) with one found in the URL
-// or the environment under `source_name`; disagreeing values are an error.
-absl::StatusOr<int> Merge(const RendezvousOptions& options, std::string_view option_name, int from_options,
-                          std::string_view source_name, std::optional<int> from_source) {
-  if (from_options >= 0 && from_source.has_value() && *from_source != from_options) {
-    return Invalid(options, absl::StrCat(std::string(source_name), "=", *from_source, " contradicts ",
-                                         std::string(option_name), "=", from_options,
+// A rank or world size, if one was given, and the name it was given under
+// (an option, a query field or an environment variable), for messages.
+struct Given {
+  std::optional<int> value;
+  std::string name;
+};
+
+// What the options say: -1 (the default) is "not given"; any other value is
+// given, and checked later like a value from the URL or the environment.
+Given FromOptions(int value, std::string_view name) {
+  return Given{value == -1 ? std::nullopt : std::optional<int>(value), std::string(name)};
+}
+
+// Combines `first` with a value found in the URL or the environment under
+// `source_name`; disagreeing values are an error.
+absl::StatusOr<Given> Merge(const RendezvousOptions& options, const Given& first,
+                            std::string_view source_name, std::optional<int> from_source) {
+  if (first.value.has_value() && from_source.has_value() && *from_source != *first.value) {
+    return Invalid(options, absl::StrCat(std::string(source_name), "=", *from_source,
+                                         " contradicts ", first.name, "=", *first.value,
                                          "; give one value, or the same in both places"));
   }
-  if (from_options >= 0) return from_options;
-  return from_source.value_or(-1);
+  if (first.value.has_value()) return first;
+  return Given{from_source, std::string(source_name)};
 }
 
 // What the URL and environment say, checked, before any I/O.
@@ -103,35 +123,44 @@ struct Plan {
   std::string host;  // kTcp, kMulticast
   int port = 0;      // kTcp, kMulticast
   std::string path;  // kFile
-  int rank = -1;
+  int rank = -1;     // -1: to be assigned (multicast)
   int world_size = -1;
-  std::string where;  // for messages: "tcp://host:port", "file:///path"
+  std::string where;              // for messages: "tcp://host:port", "file:///path"
   bool served_elsewhere = false;  // env:// under `launch --serve_store`
 };
 
-absl::Status CheckRankAndWorldSize(const RendezvousOptions& options, const Plan& plan, bool rank_may_be_assigned,
-                                   std::string_view rank_name, std::string_view world_size_name) {
-  if (plan.world_size < 0) {
-    return Invalid(options, absl::StrCat("the world size is missing; set ", std::string(world_size_name)));
+// Checks the rank and world size and puts them in `plan`. `rank_name` and
+// `world_size_name` are what to set when a value is missing.
+absl::Status CheckRankAndWorldSize(const RendezvousOptions& options, const Given& rank,
+                                   const Given& world_size, bool rank_may_be_assigned,
+                                   std::string_view rank_name, std::string_view world_size_name,
+                                   Plan& plan) {
+  if (!world_size.value.has_value()) {
+    return Invalid(options,
+                   absl::StrCat("the world size is missing; set ", std::string(world_size_name)));
   }
-  if (plan.world_size < 1) {
-    return Invalid(options, absl::StrCat(std::string(world_size_name), "=", plan.world_size,
+  if (*world_size.value < 1) {
+    return Invalid(options, absl::StrCat(world_size.name, "=", *world_size.value,
                                          ": the world size must be at least 1"));
   }
-  if (plan.rank < 0 && !rank_may_be_assigned) {
+  if (!rank.value.has_value() && !rank_may_be_assigned) {
     return Invalid(options, absl::StrCat("the rank is missing; set ", std::string(rank_name)));
   }
-  if (plan.rank >= plan.world_size) {
-    return Invalid(options, absl::StrCat(std::string(rank_name), "=", plan.rank, " is not in [0, ",
-                                         std::string(world_size_name), "=", plan.world_size, ")"));
+  if (rank.value.has_value() && (*rank.value < 0 || *rank.value >= *world_size.value)) {
+    return Invalid(options, absl::StrCat(rank.name, "=", *rank.value, " is not in [0, ",
+                                         world_size.name, "=", *world_size.value, ")"));
   }
+  plan.world_size = *world_size.value;
+  plan.rank = rank.value.value_or(-1);
   return absl::OkStatus();
 }
 
-absl::StatusOr<int> ParsePort(const RendezvousOptions& options, std::string_view name, std::string_view text) {
+absl::StatusOr<int> ParsePort(const RendezvousOptions& options, std::string_view name,
+                              std::string_view text) {
   EMBER_ASSIGN_OR_RETURN(int port, ParseInt(options, name, text));
   if (port < 1 || port > 65535) {
-    return Invalid(options, absl::StrCat(std::string(name), "=", port, " is not a port in [1, 65535]"));
+    return Invalid(options,
+                   absl::StrCat(std::string(name), "=", port, " is not a port in [1, 65535]"));
   }
   return port;
 }
@@ -142,13 +171,15 @@ bool IsMulticast(const std::string& host) {
 }
 
 // "host:port" or "[v6]:port" into its parts.
-absl::Status SplitHostPort(const RendezvousOptions& options, std::string_view authority, Plan& plan) {
+absl::Status SplitHostPort(const RendezvousOptions& options, std::string_view authority,
+                           Plan& plan) {
   size_t colon = authority.rfind(':');
   if (colon == std::string_view::npos || colon == 0) {
     return Invalid(options, "expected tcp://host:port (for example tcp://10.0.0.1:29500)");
   }
   std::string_view host = authority.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   if (host.empty()) return Invalid(options, "the host is empty; expected tcp://host:port");
   plan.host = std::string(host);
   EMBER_ASSIGN_OR_RETURN(plan.port, ParsePort(options, "port", authority.substr(colon + 1)));
@@ -163,29 +194,40 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
   }
   std::string scheme = url.substr(0, scheme_end);
   std::string_view rest = std::string_view(url).substr(scheme_end + 3);
-  // Query fields rank= and world_size= (as torch.distributed accepts them).
+  // Query fields rank= and world_size= (as torch.distributed accepts them),
+  // each at most once.
   std::optional<int> query_rank, query_world_size;
   if (size_t q = rest.find('?'); q != std::string_view::npos) {
-    for (absl::string_view field : absl::StrSplit(absl::string_view(rest.data() + q + 1, rest.size() - q - 1), '&',
-                                                  absl::SkipEmpty())) {
+    std::map<std::string, std::string> seen;
+    for (absl::string_view field : absl::StrSplit(
+             absl::string_view(rest.data() + q + 1, rest.size() - q - 1), '&', absl::SkipEmpty())) {
       std::pair<std::string, std::string> kv = absl::StrSplit(field, absl::MaxSplits('=', 1));
+      if (auto [it, fresh] = seen.emplace(kv.first, kv.second); !fresh) {
+        return Invalid(options, absl::StrCat("query field '", kv.first, "' is given twice (",
+                                             kv.first, "=", it->second, ", then ", kv.first, "=",
+                                             kv.second, "); give it once"));
+      }
       if (kv.first == "rank") {
         EMBER_ASSIGN_OR_RETURN(query_rank, ParseInt(options, "rank", kv.second));
       } else if (kv.first == "world_size") {
         EMBER_ASSIGN_OR_RETURN(query_world_size, ParseInt(options, "world_size", kv.second));
       } else {
-        return Invalid(options, absl::StrCat("unknown query field '", kv.first, "'; only rank and world_size"));
+        return Invalid(options, absl::StrCat("unknown query field '", kv.first,
+                                             "'; only rank and world_size"));
       }
     }
     rest = rest.substr(0, q);
   }
   // The options and the URL's query together; they must agree.
-  EMBER_ASSIGN_OR_RETURN(const int given_world_size,
-                         Merge(options, "world_size", options.world_size, "world_size", query_world_size));
-  EMBER_ASSIGN_OR_RETURN(const int given_rank, Merge(options, "rank", options.rank, "rank", query_rank));
+  EMBER_ASSIGN_OR_RETURN(Given given_world_size,
+                         Merge(options, FromOptions(options.world_size, "world_size"), "world_size",
+                               query_world_size));
+  EMBER_ASSIGN_OR_RETURN(Given given_rank,
+                         Merge(options, FromOptions(options.rank, "rank"), "rank", query_rank));
   Plan plan;
   if (scheme == "env") {
-    if (!rest.empty()) return Invalid(options, "env:// takes nothing after the scheme but ?rank=&world_size=");
+    if (!rest.empty())
+      return Invalid(options, "env:// takes nothing after the scheme but ?rank=&world_size=");
     auto env = [](const char* name) -> std::optional<std::string> {
       const char* value = std::getenv(name);
       if (value == nullptr || *value == '\0') return std::nullopt;
@@ -193,8 +235,12 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
     };
     std::optional<std::string> addr = env("MASTER_ADDR"), port = env("MASTER_PORT");
     std::optional<std::string> world = env("WORLD_SIZE"), rank = env("RANK");
-    if (!addr) return Invalid(options, "environment variable MASTER_ADDR is not set (the address of rank 0)");
-    if (!port) return Invalid(options, "environment variable MASTER_PORT is not set (a free port on rank 0)");
+    if (!addr)
+      return Invalid(options,
+                     "environment variable MASTER_ADDR is not set (the address of rank 0)");
+    if (!port)
+      return Invalid(options,
+                     "environment variable MASTER_PORT is not set (a free port on rank 0)");
     std::optional<int> env_world, env_rank;
     if (world) {
       EMBER_ASSIGN_OR_RETURN(env_world, ParseInt(options, "WORLD_SIZE", *world));
@@ -202,46 +248,51 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
     if (rank) {
       EMBER_ASSIGN_OR_RETURN(env_rank, ParseInt(options, "RANK", *rank));
     }
-    if (!world && given_world_size < 0) {
-      return Invalid(options, "environment variable WORLD_SIZE is not set (and no world_size was given)");
+    if (!world && !given_world_size.value) {
+      return Invalid(options,
+                     "environment variable WORLD_SIZE is not set (and no world_size was given)");
     }
-    if (!rank && given_rank < 0) {
+    if (!rank && !given_rank.value) {
       return Invalid(options, "environment variable RANK is not set (and no rank was given)");
     }
     plan.kind = Plan::Kind::kTcp;
     plan.host = *addr;
     EMBER_ASSIGN_OR_RETURN(plan.port, ParsePort(options, "MASTER_PORT", *port));
-    EMBER_ASSIGN_OR_RETURN(plan.world_size, Merge(options, "world_size", given_world_size, "WORLD_SIZE", env_world));
-    EMBER_ASSIGN_OR_RETURN(plan.rank, Merge(options, "rank", given_rank, "RANK", env_rank));
+    EMBER_ASSIGN_OR_RETURN(Given world_size,
+                           Merge(options, given_world_size, "WORLD_SIZE", env_world));
+    EMBER_ASSIGN_OR_RETURN(Given rank_given, Merge(options, given_rank, "RANK", env_rank));
     plan.where = absl::StrCat("env:// (MASTER_ADDR=", plan.host, " MASTER_PORT=", plan.port, ")");
     plan.served_elsewhere = env(kServedByLauncherEnv).value_or("0") == "1";
-    EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, plan, false, "RANK", "WORLD_SIZE"));
+    EMBER_RETURN_IF_ERROR(
+        CheckRankAndWorldSize(options, rank_given, world_size, false, "RANK", "WORLD_SIZE", plan));
     return plan;
   }
   if (scheme == "tcp") {
     EMBER_RETURN_IF_ERROR(SplitHostPort(options, rest, plan));
     plan.kind = IsMulticast(plan.host) ? Plan::Kind::kMulticast : Plan::Kind::kTcp;
-    plan.world_size = given_world_size;
-    plan.rank = given_rank;
     plan.where = absl::StrCat("tcp://", std::string(rest));
-    EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, plan, plan.kind == Plan::Kind::kMulticast, "rank",
-                                                "world_size"));
+    EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, given_rank, given_world_size,
+                                                plan.kind == Plan::Kind::kMulticast, "rank",
+                                                "world_size", plan));
     return plan;
   }
   if (scheme == "file") {
-    if (rest.empty()) return Invalid(options, "the path is empty; expected file:///path/to/shared/file");
+    if (rest.empty())
+      return Invalid(options, "the path is empty; expected file:///path/to/shared/file");
     plan.kind = Plan::Kind::kFile;
     plan.path = std::string(rest);
-    plan.world_size = given_world_size;
-    plan.rank = given_rank;
     plan.where = "file://" + plan.path;
-    EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, plan, false, "rank", "world_size"));
+    EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, given_rank, given_world_size, false,
+                                                "rank", "world_size", plan));
     return plan;
   }
-  return Invalid(options, absl::StrCat("unknown scheme '", scheme, "'; use env://, tcp://host:port or file:///path"));
+  return Invalid(options, absl::StrCat("unknown scheme '", scheme,
+                                       "'; use env://, tcp://host:port or file:///path"));
 }
 
-absl::Duration Remaining(absl::Time deadline) { return std::max(deadline - absl::Now(), absl::ZeroDuration()); }
+absl::Duration Remaining(absl::Time deadline) {
+  return std::max(deadline - absl::Now(), absl::ZeroDuration());
+}
 
 // How long the serving rank keeps its store up after its join timed out (Note
 // [Rendezvous protocol]): at most a second, and never longer than the timeout.
@@ -253,21 +304,25 @@ absl::Status LingerIfServing(absl::Status join, bool serving, absl::Duration tim
 }
 
 // See Note [Rendezvous protocol].
-absl::Status Join(Store& store, const Plan& plan, const RendezvousOptions& options, absl::Time deadline) {
+absl::Status Join(Store& store, const Plan& plan, const RendezvousOptions& options,
+                  absl::Time deadline) {
   const std::string token = RandomToken();
   const std::string rank_key = absl::StrCat("rendezvous/rank/", plan.rank);
   EMBER_ASSIGN_OR_RETURN(std::string holder, store.CompareSet(rank_key, "", token));
   if (holder != token) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rendezvous at ", plan.where, ": rank ", plan.rank, " joined twice; give every process its own rank",
-        plan.kind == Plan::Kind::kFile ? " (or, if an earlier job crashed, delete " + plan.path + ")" : ""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous at ", plan.where, ": rank ", plan.rank,
+                     " joined twice; give every process its own rank",
+                     plan.kind == Plan::Kind::kFile
+                         ? " (or, if an earlier job crashed, delete " + plan.path + ")"
+                         : ""));
   }
   std::string world = std::to_string(plan.world_size);
   EMBER_ASSIGN_OR_RETURN(std::string agreed, store.CompareSet("rendezvous/world_size", "", world));
   if (agreed != world) {
-    return absl::InvalidArgumentError(absl::StrCat("rendezvous at ", plan.where, ": rank ", plan.rank,
-                                                   " has world_size ", plan.world_size,
-                                                   " but another rank joined with world_size ", agreed));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous at ", plan.where, ": rank ", plan.rank, " has world_size ",
+                     plan.world_size, " but another rank joined with world_size ", agreed));
   }
   EMBER_ASSIGN_OR_RETURN(int64_t joined, store.Add("rendezvous/joined", 1));
   if (joined == plan.world_size) EMBER_RETURN_IF_ERROR(store.Set("rendezvous/complete", "1"));
@@ -276,12 +331,12 @@ absl::Status Join(Store& store, const Plan& plan, const RendezvousOptions& optio
   int64_t count = store.Add("rendezvous/joined", 0).value_or(-1);
   std::vector<int> missing;
   for (int r = 0; r < plan.world_size && r < 256; ++r) {
-    if (!store.Get(absl::StrCat("rendezvous/rank/", r), absl::ZeroDuration()).ok()) missing.push_back(r);
+    if (!store.Get(absl::StrCat("rendezvous/rank/", r), absl::ZeroDuration()).ok())
+      missing.push_back(r);
   }
-  return absl::DeadlineExceededError(absl::StrCat("rendezvous at ", plan.where, ": ", count, " of ",
-                                                  plan.world_size, " ranks joined within ",
-                                                  absl::FormatDuration(options.timeout), "; missing ranks: ",
-                                                  absl::StrJoin(missing, ", ")));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "rendezvous at ", plan.where, ": ", count, " of ", plan.world_size, " ranks joined within ",
+      absl::FormatDuration(options.timeout), "; missing ranks: ", absl::StrJoin(missing, ", ")));
 }
 
 // A UDP socket on a multicast group; see Note [Rendezvous protocol].
@@ -289,8 +344,8 @@ class MulticastChannel {
  public:
   static absl::StatusOr<std::unique_ptr<MulticastChannel>> Open(const Plan& plan) {
     auto fail = [&](std::string_view what) {
-      return absl::UnavailableError(absl::StrCat("multicast rendezvous on ", plan.where, ": ", std::string(what),
-                                                 " failed: ", strerror(errno),
+      return absl::UnavailableError(absl::StrCat("multicast rendezvous on ", plan.where, ": ",
+                                                 std::string(what), " failed: ", strerror(errno),
                                                  " (does this host have a multicast route?)"));
     };
     int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
@@ -303,7 +358,8 @@ class MulticastChannel {
     bind_addr.sin_family = AF_INET;
     bind_addr.sin_port = htons(plan.port);
     bind_addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&bind_addr), sizeof(bind_addr)) != 0) return fail("bind");
+    if (bind(fd, reinterpret_cast<sockaddr*>(&bind_addr), sizeof(bind_addr)) != 0)
+      return fail("bind");
     ip_mreq membership = {};
     inet_pton(AF_INET, plan.host.c_str(), &membership.imr_multiaddr);
     membership.imr_interface.s_addr = htonl(INADDR_ANY);
@@ -323,8 +379,9 @@ class MulticastChannel {
   absl::Status Send(const std::string& message) {
     if (sendto(fd_, message.data(), message.size(), 0, reinterpret_cast<const sockaddr*>(&group_),
                sizeof(group_)) < 0) {
-      return absl::UnavailableError(absl::StrCat("multicast rendezvous on ", where_, ": sending failed: ",
-                                                 strerror(errno), " (does this host have a multicast route?)"));
+      return absl::UnavailableError(absl::StrCat("multicast rendezvous on ", where_,
+                                                 ": sending failed: ", strerror(errno),
+                                                 " (does this host have a multicast route?)"));
     }
     return absl::OkStatus();
   }
@@ -360,15 +417,16 @@ struct Announcement {
 };
 
 std::string Encode(const Announcement& a) {
-  return absl::StrCat(kAnnounceMagic, "\n", a.token, "\n", a.world_size, "\n", a.requested_rank, "\n",
-                      a.store_port, "\n", a.group_name);
+  return absl::StrCat(kAnnounceMagic, "\n", a.token, "\n", a.world_size, "\n", a.requested_rank,
+                      "\n", a.store_port, "\n", a.group_name);
 }
 
 std::optional<Announcement> Decode(const std::string& bytes, const std::string& sender_ip) {
   std::vector<std::string> parts = absl::StrSplit(bytes, absl::MaxSplits('\n', 5));
   Announcement a;
   if (parts.size() != 6 || parts[0] != kAnnounceMagic || parts[1].empty() ||
-      !absl::SimpleAtoi(parts[2], &a.world_size) || !absl::SimpleAtoi(parts[3], &a.requested_rank) ||
+      !absl::SimpleAtoi(parts[2], &a.world_size) ||
+      !absl::SimpleAtoi(parts[3], &a.requested_rank) ||
       !absl::SimpleAtoi(parts[4], &a.store_port)) {
     return std::nullopt;
   }
@@ -379,15 +437,16 @@ std::optional<Announcement> Decode(const std::string& bytes, const std::string& 
 }
 
 // Ranks for every token heard: requested ranks first, the rest in token order.
-absl::StatusOr<std::map<std::string, int>> AssignRanks(const std::map<std::string, Announcement>& heard,
-                                                       const Plan& plan) {
+absl::StatusOr<std::map<std::string, int>> AssignRanks(
+    const std::map<std::string, Announcement>& heard, const Plan& plan) {
   std::map<std::string, int> ranks;
   std::set<int> taken;
   for (const auto& [token, a] : heard) {
     if (a.requested_rank < 0) continue;
     if (!taken.insert(a.requested_rank).second) {
       return absl::InvalidArgumentError(absl::StrCat("multicast rendezvous on ", plan.where,
-                                                     ": two processes asked for rank ", a.requested_rank));
+                                                     ": two processes asked for rank ",
+                                                     a.requested_rank));
     }
     ranks[token] = a.requested_rank;
   }
@@ -424,10 +483,10 @@ absl::StatusOr<RendezvousResult> MulticastRendezvous(const RendezvousOptions& op
       // Announce once more: the other process is listening (it has sent),
       // and may not have heard us yet; it then fails the same way.
       (void)channel->Send(Encode(me));
-      return absl::InvalidArgumentError(absl::StrCat("multicast rendezvous on ", plan.where, " (group_name '",
-                                                     options.group_name, "'): world_size ", plan.world_size,
-                                                     " here but ", a->world_size, " at ", a->sender_ip,
-                                                     "; use one world_size, or a different group_name per job"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("multicast rendezvous on ", plan.where, " (group_name '", options.group_name,
+                       "'): world_size ", plan.world_size, " here but ", a->world_size, " at ",
+                       a->sender_ip, "; use one world_size, or a different group_name per job"));
     }
     heard[a->token] = *a;
     return absl::OkStatus();
@@ -440,16 +499,17 @@ absl::StatusOr<RendezvousResult> MulticastRendezvous(const RendezvousOptions& op
     if (static_cast<int>(heard.size()) > plan.world_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "multicast rendezvous on ", plan.where, ": more than world_size=", plan.world_size,
-          " processes announced group_name '", options.group_name, "'; give each job its own group_name"));
+          " processes announced group_name '", options.group_name,
+          "'; give each job its own group_name"));
     }
     if (static_cast<int>(heard.size()) == plan.world_size && heard.contains(me.token)) {
       EMBER_ASSIGN_OR_RETURN(ranks, AssignRanks(heard, plan));
       break;
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("multicast rendezvous on ", plan.where, ": ", heard.size(),
-                                                      " of ", plan.world_size, " ranks joined within ",
-                                                      absl::FormatDuration(options.timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "multicast rendezvous on ", plan.where, ": ", heard.size(), " of ", plan.world_size,
+          " ranks joined within ", absl::FormatDuration(options.timeout)));
     }
   }
   plan.rank = ranks[me.token];
@@ -480,7 +540,8 @@ absl::StatusOr<RendezvousResult> MulticastRendezvous(const RendezvousOptions& op
   }
   // Keep announcing while the others join.
   std::shared_ptr<Store> shared = std::move(store);
-  if (!options.group_name.empty()) shared = std::make_shared<PrefixStore>(options.group_name, shared);
+  if (!options.group_name.empty())
+    shared = std::make_shared<PrefixStore>(options.group_name, shared);
   std::atomic<bool> joined{false};
   std::thread announcer([&] {
     while (!joined) {
@@ -499,10 +560,12 @@ absl::StatusOr<RendezvousResult> MulticastRendezvous(const RendezvousOptions& op
 absl::StatusOr<RendezvousResult> Rendezvous(const RendezvousOptions& options) {
   EMBER_ASSIGN_OR_RETURN(Plan plan, MakePlan(options));
   if (options.timeout <= absl::ZeroDuration()) {
-    return Invalid(options, absl::StrCat("timeout ", absl::FormatDuration(options.timeout), " must be positive"));
+    return Invalid(options, absl::StrCat("timeout ", absl::FormatDuration(options.timeout),
+                                         " must be positive"));
   }
   absl::Time deadline = absl::Now() + options.timeout;
-  if (plan.kind == Plan::Kind::kMulticast) return MulticastRendezvous(options, std::move(plan), deadline);
+  if (plan.kind == Plan::Kind::kMulticast)
+    return MulticastRendezvous(options, std::move(plan), deadline);
 
   std::shared_ptr<Store> store;
   const bool serving = plan.kind != Plan::Kind::kFile && plan.rank == 0 && !plan.served_elsewhere;
@@ -518,7 +581,8 @@ absl::StatusOr<RendezvousResult> Rendezvous(const RendezvousOptions& options) {
   }
   store->set_timeout(options.timeout);
   if (!options.group_name.empty()) store = std::make_shared<PrefixStore>(options.group_name, store);
-  EMBER_RETURN_IF_ERROR(LingerIfServing(Join(*store, plan, options, deadline), serving, options.timeout));
+  EMBER_RETURN_IF_ERROR(
+      LingerIfServing(Join(*store, plan, options, deadline), serving, options.timeout));
   return RendezvousResult{store, plan.rank, plan.world_size};
 }
 

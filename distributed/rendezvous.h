@@ -25,10 +25,13 @@
 //
 // Errors (absl::Status), all reported before any network I/O where the
 // mistake is in the arguments:
-//   kInvalidArgument    - an unknown scheme, a malformed URL, a missing or
-//                         contradictory value (names the variable: WORLD_SIZE,
-//                         RANK, MASTER_ADDR, MASTER_PORT, world_size, rank),
-//                         world_size < 1, rank outside [0, world_size).
+//   kInvalidArgument    - an unknown scheme, a malformed URL, a query field
+//                         given twice, a missing or contradictory value
+//                         (names the variable: WORLD_SIZE, RANK, MASTER_ADDR,
+//                         MASTER_PORT, world_size, rank), world_size < 1,
+//                         rank outside [0, world_size) (a negative one too,
+//                         from the URL, the environment or the options), a
+//                         number that does not fit an int.
 //   kUnavailable        - rank 0 cannot serve (the message names the port in
 //                         use), or the store cannot be reached.
 //   kDeadlineExceeded   - not every rank joined in time: "k of N ranks joined".
@@ -49,7 +52,7 @@ namespace ember::distributed {
 
 struct RendezvousOptions {
   std::string init_method = "env://";  // tcp://host:port, tcp://<multicast>:port, file:///path, env://
-  int world_size = -1;                 // -1: from the URL/env
+  int world_size = -1;                 // -1: from the URL/env; other values are checked
   int rank = -1;                       // -1: from the URL/env (or assigned, multicast)
   std::string group_name;
   absl::Duration timeout = kDefaultStoreTimeout;

@@ -23,9 +23,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "distributed/testing/free_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "distributed/testing/free_port.h"
 
 namespace ember::distributed {
 namespace {
@@ -42,12 +42,13 @@ std::string TempPath(const std::string& name) {
 
 // A multicast group address unlikely to be shared with another test run.
 std::string MulticastUrl() {
-  return absl::StrCat("tcp://239.255.", getpid() % 250, ".", 1 + getpid() / 250 % 250, ":", FreePort());
+  return absl::StrCat("tcp://239.255.", getpid() % 250, ".", 1 + getpid() / 250 % 250, ":",
+                      FreePort());
 }
 
 // Runs `world_size` ranks as threads; each gets options from `make(rank)`.
-std::vector<absl::StatusOr<RendezvousResult>> RunThreads(int world_size,
-                                                         std::function<RendezvousOptions(int)> make) {
+std::vector<absl::StatusOr<RendezvousResult>> RunThreads(
+    int world_size, std::function<RendezvousOptions(int)> make) {
   std::vector<absl::StatusOr<RendezvousResult>> results(world_size, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
@@ -71,18 +72,21 @@ void ExpectOneJob(std::vector<absl::StatusOr<RendezvousResult>>& results) {
   EXPECT_EQ(*ranks.begin(), 0);
   EXPECT_EQ(*ranks.rbegin(), n - 1);
   for (auto& result : results) {
-    for (int r = 0; r < n; ++r) EXPECT_EQ(result->store->Get(absl::StrCat("hello/", r), absl::Seconds(5)).value(), "hi");
+    for (int r = 0; r < n; ++r)
+      EXPECT_EQ(result->store->Get(absl::StrCat("hello/", r), absl::Seconds(5)).value(), "hi");
   }
 }
 
 bool MulticastUnavailable(const absl::Status& status) {
-  return status.code() == absl::StatusCode::kUnavailable && absl::StrContains(status.message(), "multicast route");
+  return status.code() == absl::StatusCode::kUnavailable &&
+         absl::StrContains(status.message(), "multicast route");
 }
 
 TEST(RendezvousThreadsTest, Tcp) {
   const std::string url = absl::StrCat("tcp://127.0.0.1:", FreePort());
   auto results = RunThreads(3, [&](int r) {
-    return RendezvousOptions{.init_method = url, .world_size = 3, .rank = r, .timeout = absl::Seconds(20)};
+    return RendezvousOptions{
+        .init_method = url, .world_size = 3, .rank = r, .timeout = absl::Seconds(20)};
   });
   ExpectOneJob(results);
 }
@@ -90,7 +94,8 @@ TEST(RendezvousThreadsTest, Tcp) {
 TEST(RendezvousThreadsTest, TcpQueryFields) {
   const std::string url = absl::StrCat("tcp://localhost:", FreePort(), "?world_size=2");
   auto results = RunThreads(2, [&](int r) {
-    return RendezvousOptions{.init_method = absl::StrCat(url, "&rank=", r), .timeout = absl::Seconds(20)};
+    return RendezvousOptions{.init_method = absl::StrCat(url, "&rank=", r),
+                             .timeout = absl::Seconds(20)};
   });
   ExpectOneJob(results);
 }
@@ -98,7 +103,8 @@ TEST(RendezvousThreadsTest, TcpQueryFields) {
 TEST(RendezvousThreadsTest, File) {
   const std::string url = "file://" + TempPath("rdzv");
   auto results = RunThreads(3, [&](int r) {
-    return RendezvousOptions{.init_method = url, .world_size = 3, .rank = r, .timeout = absl::Seconds(20)};
+    return RendezvousOptions{
+        .init_method = url, .world_size = 3, .rank = r, .timeout = absl::Seconds(20)};
   });
   ExpectOneJob(results);
 }
@@ -106,7 +112,8 @@ TEST(RendezvousThreadsTest, File) {
 TEST(RendezvousThreadsTest, FileQueryFields) {
   const std::string url = "file://" + TempPath("query") + "?world_size=2";
   auto results = RunThreads(2, [&](int r) {
-    return RendezvousOptions{.init_method = absl::StrCat(url, "&rank=", r), .timeout = absl::Seconds(20)};
+    return RendezvousOptions{.init_method = absl::StrCat(url, "&rank=", r),
+                             .timeout = absl::Seconds(20)};
   });
   ExpectOneJob(results);
 }
@@ -114,8 +121,11 @@ TEST(RendezvousThreadsTest, FileQueryFields) {
 TEST(RendezvousThreadsTest, FileGroupNamesKeepJobsApart) {
   const std::string url = "file://" + TempPath("shared");
   auto results = RunThreads(4, [&](int i) {
-    return RendezvousOptions{.init_method = url, .world_size = 2, .rank = i % 2,
-                             .group_name = i < 2 ? "jobA" : "jobB", .timeout = absl::Seconds(20)};
+    return RendezvousOptions{.init_method = url,
+                             .world_size = 2,
+                             .rank = i % 2,
+                             .group_name = i < 2 ? "jobA" : "jobB",
+                             .timeout = absl::Seconds(20)};
   });
   for (auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(results[0]->store->Set("owner", "A").ok());
@@ -143,7 +153,9 @@ TEST(RendezvousThreadsTest, MulticastAssignsRanksAndGroupNamesShareTheAddress) {
   auto results = RunThreads(5, [&](int i) {
     // Job A has 3 ranks, job B 2; they share the address.
     bool a = i < 3;
-    return RendezvousOptions{.init_method = url, .world_size = a ? 3 : 2, .group_name = a ? "A" : "B",
+    return RendezvousOptions{.init_method = url,
+                             .world_size = a ? 3 : 2,
+                             .group_name = a ? "A" : "B",
                              .timeout = absl::Seconds(20)};
   });
   if (MulticastUnavailable(results[0].status())) GTEST_SKIP() << results[0].status();
@@ -161,7 +173,8 @@ TEST(RendezvousErrorsTest, MulticastProcessesDisagreeingOnWorldSize) {
   if (MulticastUnavailable(results[0].status())) GTEST_SKIP() << results[0].status();
   for (auto& result : results) {
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(result.status().message(), HasSubstr("use one world_size, or a different group_name per job"));
+    EXPECT_THAT(result.status().message(),
+                HasSubstr("use one world_size, or a different group_name per job"));
   }
 }
 
@@ -212,6 +225,70 @@ TEST(RendezvousErrorsTest, WorldSizeAndRankAreCheckedBeforeAnyIo) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
 }
 
+// Negative and out-of-range numbers and repeated query fields are refused,
+// naming the value, before any I/O.
+TEST(RendezvousErrorsTest, NegativeValuesAndRepeatedFieldsNameTheValue) {
+  struct Case {
+    RendezvousOptions options;
+    std::string expected;
+  };
+  const std::string tcp = "tcp://192.0.2.1:29500";  // TEST-NET-1: never answers
+  std::vector<Case> cases = {
+      {{.init_method = tcp + "?rank=-5&world_size=4"}, "rank=-5 is not in [0, world_size=4)"},
+      {{.init_method = tcp + "?rank=-1&world_size=4"}, "rank=-1 is not in [0, world_size=4)"},
+      {{.init_method = "file:///tmp/x?rank=-5&world_size=4"},
+       "rank=-5 is not in [0, world_size=4)"},
+      {{.init_method = tcp, .world_size = 4, .rank = -5}, "rank=-5 is not in [0, world_size=4)"},
+      {{.init_method = tcp + "?rank=0&world_size=-3"},
+       "world_size=-3: the world size must be at least 1"},
+      {{.init_method = tcp + "?rank=0", .world_size = -2},
+       "world_size=-2: the world size must be at least 1"},
+      {{.init_method = tcp + "?rank=0&rank=1&world_size=4"},
+       "query field 'rank' is given twice (rank=0, then rank=1); give it once"},
+      {{.init_method = tcp + "?rank=0&rank=0&world_size=4"}, "query field 'rank' is given twice"},
+      {{.init_method = tcp + "?world_size=4&rank=0&world_size=2"},
+       "query field 'world_size' is given twice (world_size=4, then world_size=2)"},
+      {{.init_method = tcp + "?rank=0&world_size=99999999999"},
+       "world_size=99999999999 is out of range"},
+      {{.init_method = "tcp://192.0.2.1:-1?rank=0&world_size=1"},
+       "port=-1 is not a port in [1, 65535]"},
+  };
+  absl::Time start = absl::Now();
+  for (const Case& c : cases) {
+    RendezvousOptions options = c.options;
+    options.timeout = absl::Seconds(1);
+    absl::StatusOr<RendezvousResult> result = Rendezvous(options);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << c.options.init_method;
+    EXPECT_THAT(result.status().message(), HasSubstr(c.expected)) << c.options.init_method;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+
+  // The same from the environment (env://).
+  setenv("MASTER_ADDR", "192.0.2.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("RANK", "-5", 1);
+  auto message = [](RendezvousOptions options) {
+    options.timeout = absl::Seconds(1);
+    absl::StatusOr<RendezvousResult> result = Rendezvous(options);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(result.status().message());
+  };
+  EXPECT_THAT(message({}), HasSubstr("RANK=-5 is not in [0, WORLD_SIZE=4)"));
+  setenv("RANK", "-1", 1);
+  EXPECT_THAT(message({}), HasSubstr("RANK=-1 is not in [0, WORLD_SIZE=4)"));
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "-2", 1);
+  EXPECT_THAT(message({}), HasSubstr("WORLD_SIZE=-2: the world size must be at least 1"));
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("MASTER_PORT", "-29500", 1);
+  EXPECT_THAT(message({}), HasSubstr("MASTER_PORT=-29500 is not a port in [1, 65535]"));
+  setenv("MASTER_PORT", "29500", 1);
+  EXPECT_THAT(message({.init_method = "env://?rank=1&rank=2"}),
+              HasSubstr("query field 'rank' is given twice"));
+  for (const char* name : {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(name);
+}
+
 TEST(RendezvousErrorsTest, EnvNamesMissingAndContradictoryVariables) {
   unsetenv("MASTER_ADDR");
   unsetenv("MASTER_PORT");
@@ -257,17 +334,21 @@ TEST(RendezvousErrorsTest, PortInUseNamesThePort) {
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   int port = ntohs(addr.sin_port);
-  auto result = Rendezvous({.init_method = absl::StrCat("tcp://127.0.0.1:", port), .world_size = 2, .rank = 0,
+  auto result = Rendezvous({.init_method = absl::StrCat("tcp://127.0.0.1:", port),
+                            .world_size = 2,
+                            .rank = 0,
                             .timeout = absl::Seconds(2)});
   close(fd);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat("port ", port, " is already in use")));
+  EXPECT_THAT(result.status().message(),
+              HasSubstr(absl::StrCat("port ", port, " is already in use")));
 }
 
 TEST(RendezvousErrorsTest, MissingRanksAreCountedAtTheTimeout) {
   const std::string url = absl::StrCat("tcp://127.0.0.1:", FreePort());
   auto results = RunThreads(2, [&](int r) {
-    return RendezvousOptions{.init_method = url, .world_size = 4, .rank = r, .timeout = absl::Milliseconds(700)};
+    return RendezvousOptions{
+        .init_method = url, .world_size = 4, .rank = r, .timeout = absl::Milliseconds(700)};
   });
   for (auto& result : results) {
     EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -279,18 +360,23 @@ TEST(RendezvousErrorsTest, MissingRanksAreCountedAtTheTimeout) {
 TEST(RendezvousErrorsTest, SameRankTwiceAndDisagreeingWorldSizes) {
   const std::string url = "file://" + TempPath("twice");
   auto results = RunThreads(2, [&](int) {
-    return RendezvousOptions{.init_method = url, .world_size = 3, .rank = 1, .timeout = absl::Milliseconds(500)};
+    return RendezvousOptions{
+        .init_method = url, .world_size = 3, .rank = 1, .timeout = absl::Milliseconds(500)};
   });
   int twice = 0;
-  for (auto& result : results) twice += absl::StrContains(result.status().message(), "rank 1 joined twice");
+  for (auto& result : results)
+    twice += absl::StrContains(result.status().message(), "rank 1 joined twice");
   EXPECT_EQ(twice, 1);
 
   const std::string url2 = "file://" + TempPath("sizes");
   auto sizes = RunThreads(2, [&](int r) {
-    return RendezvousOptions{.init_method = url2, .world_size = 2 + r, .rank = r, .timeout = absl::Milliseconds(500)};
+    return RendezvousOptions{
+        .init_method = url2, .world_size = 2 + r, .rank = r, .timeout = absl::Milliseconds(500)};
   });
   int disagree = 0;
-  for (auto& result : sizes) disagree += absl::StrContains(result.status().message(), "but another rank joined with world_size");
+  for (auto& result : sizes)
+    disagree +=
+        absl::StrContains(result.status().message(), "but another rank joined with world_size");
   EXPECT_EQ(disagree, 1);
 }
 
@@ -304,7 +390,8 @@ TEST(RendezvousChildTest, Rank) {
   absl::StatusOr<RendezvousResult> result = Rendezvous(options);
   if (MulticastUnavailable(result.status())) GTEST_SKIP() << result.status();
   ASSERT_TRUE(result.ok()) << result.status();
-  ASSERT_TRUE(result->store->Set(absl::StrCat("pid/", result->rank), std::to_string(getpid())).ok());
+  ASSERT_TRUE(
+      result->store->Set(absl::StrCat("pid/", result->rank), std::to_string(getpid())).ok());
   std::vector<std::string> keys;
   for (int r = 0; r < result->world_size; ++r) keys.push_back(absl::StrCat("pid/", r));
   ASSERT_TRUE(result->store->Wait(keys, absl::Seconds(20)).ok());
@@ -312,7 +399,8 @@ TEST(RendezvousChildTest, Rank) {
   ASSERT_TRUE(result->store->Add("left", 1).ok());
   if (result->rank == 0) {
     absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (result->store->Add("left", 0).value_or(0) < result->world_size && absl::Now() < deadline) {
+    while (result->store->Add("left", 0).value_or(0) < result->world_size &&
+           absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(10));
     }
   }
@@ -327,9 +415,11 @@ void RunProcesses(int world_size, std::function<std::vector<std::string>(int)> e
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       // The child is a test run of its own: keep it off this run's outputs.
-      for (const char* name : {"XML_OUTPUT_FILE", "TEST_PREMATURE_EXIT_FILE", "GTEST_OUTPUT"}) unsetenv(name);
+      for (const char* name : {"XML_OUTPUT_FILE", "TEST_PREMATURE_EXIT_FILE", "GTEST_OUTPUT"})
+        unsetenv(name);
       for (const std::string& kv : env) putenv(strdup(kv.c_str()));
-      execl("/proc/self/exe", "rendezvous_test", "--gtest_filter=RendezvousChildTest.Rank", nullptr);
+      execl("/proc/self/exe", "rendezvous_test", "--gtest_filter=RendezvousChildTest.Rank",
+            nullptr);
       _exit(127);
     }
     children.push_back(pid);
@@ -345,7 +435,8 @@ TEST(RendezvousProcessesTest, Env) {
   int port = FreePort();
   RunProcesses(3, [&](int r) {
     return std::vector<std::string>{"RDZV_CHILD_INIT=env://", "MASTER_ADDR=127.0.0.1",
-                                    absl::StrCat("MASTER_PORT=", port), "WORLD_SIZE=3", absl::StrCat("RANK=", r)};
+                                    absl::StrCat("MASTER_PORT=", port), "WORLD_SIZE=3",
+                                    absl::StrCat("RANK=", r)};
   });
 }
 
@@ -367,8 +458,8 @@ TEST(RendezvousProcessesTest, File) {
 
 TEST(RendezvousProcessesTest, Multicast) {
   std::string url = MulticastUrl();
-  absl::StatusOr<RendezvousResult> alone =
-      Rendezvous({.init_method = url, .world_size = 1, .group_name = "probe", .timeout = absl::Seconds(5)});
+  absl::StatusOr<RendezvousResult> alone = Rendezvous(
+      {.init_method = url, .world_size = 1, .group_name = "probe", .timeout = absl::Seconds(5)});
   if (MulticastUnavailable(alone.status())) GTEST_SKIP() << alone.status();
   ASSERT_TRUE(alone.ok()) << alone.status();
   RunProcesses(3, [&](int) {
