@@ -6,16 +6,26 @@
 // - The launcher waits on a signalfd for SIGCHLD, SIGINT, SIGTERM and SIGHUP;
 //   it runs no other threads, so a worker's PR_SET_PDEATHSIG (SIGKILL) fires
 //   exactly when the launcher dies, however it dies.
+// - Each worker leads a process group of its own, and every signal the
+//   launcher sends goes to the whole group, so the processes a worker starts
+//   (data loaders, compilers, shells) stop with it, as under PyTorch's
+//   elastic agent. The launcher is also a child subreaper: what a dying
+//   worker leaves behind is re-parented to it and reaped, so "the group is
+//   empty" is something it can wait for. A process that leaves its group
+//   (setsid, setpgid) is on its own.
 // - The first worker to fail (non-zero exit code, or killed by a signal)
-//   stops the others: SIGTERM, then SIGKILL after --stop_grace. The launcher
+//   stops the others: SIGTERM to every worker's group (the failed one's too),
+//   then SIGKILL to the groups not yet empty after --stop_grace. The launcher
 //   then exits with that worker's exit code (128 + signal for a signal) after
 //   a message naming its rank, local rank, pid and code or signal.
-// - With --max_restarts=R, a failed attempt stops every worker and starts
-//   them all again, up to R times; TORCHELASTIC_RESTART_COUNT tells workers
-//   which attempt they are.
-// - SIGINT, SIGTERM and SIGHUP are forwarded to every worker; the launcher
-//   then waits for them (SIGKILL after the grace, or on a second signal) and
-//   exits with 128 + the signal.
+// - With --max_restarts=R, a failed attempt stops every worker group and
+//   starts them all again, up to R times; TORCHELASTIC_RESTART_COUNT tells
+//   workers which attempt they are.
+// - SIGINT, SIGTERM and SIGHUP are forwarded to every worker group; the
+//   launcher then waits for them (SIGKILL after the grace, or on a second
+//   signal) and exits with 128 + the signal.
+// - When every worker succeeded, processes still left in their groups get the
+//   same SIGTERM and grace before the launcher exits.
 // - With --serve_store, node 0's launcher serves the job's TcpStore on
 //   master_port, a fresh one for every attempt so that a restarted job does
 //   not meet the keys of the failed one.
@@ -65,7 +75,8 @@ std::optional<std::string> Resolve(const std::string& program) {
     return std::nullopt;
   }
   const char* path = std::getenv("PATH");
-  for (absl::string_view dir : absl::StrSplit(path ? path : "/usr/bin:/bin", ':', absl::SkipEmpty())) {
+  for (absl::string_view dir :
+       absl::StrSplit(path ? path : "/usr/bin:/bin", ':', absl::SkipEmpty())) {
     std::string candidate = absl::StrCat(dir, "/", program);
     if (executable(candidate)) return candidate;
   }
@@ -74,9 +85,16 @@ std::optional<std::string> Resolve(const std::string& program) {
 
 struct Worker {
   WorkerSpec spec;
-  pid_t pid = -1;
+  pid_t pid = -1;  // also its process group's id
   bool running = false;
 };
+
+// Whether the process group `pgid` still has a member.
+bool GroupAlive(pid_t pgid) { return kill(-pgid, 0) == 0 || errno == EPERM; }
+
+// How long to wait for groups to empty after SIGKILL before giving up on them
+// (a process in uninterruptible sleep dies only when it wakes).
+constexpr absl::Duration kAfterKill = absl::Seconds(5);
 
 class Supervisor {
  public:
@@ -88,7 +106,8 @@ class Supervisor {
     bool omp_set = std::getenv("OMP_NUM_THREADS") != nullptr;
     if (!omp_set && options_.nproc_per_node > 1) {
       Say("OMP_NUM_THREADS is unset; each worker gets OMP_NUM_THREADS=1 so that " +
-          std::to_string(options_.nproc_per_node) + " workers do not oversubscribe the cores. Set it to tune.");
+          std::to_string(options_.nproc_per_node) +
+          " workers do not oversubscribe the cores. Set it to tune.");
     }
     for (int attempt = 0;; ++attempt) {
       workers_.clear();
@@ -112,19 +131,24 @@ class Supervisor {
         workers_.push_back(std::move(worker));
       }
       Outcome outcome = Supervise();
-      if (outcome.kind == Outcome::kAllSucceeded) return 0;
+      if (outcome.kind == Outcome::kAllSucceeded) {
+        StopAll();  // what the workers left in their groups
+        return 0;
+      }
       if (outcome.kind == Outcome::kSignalled) {
-        Say(absl::StrCat("received ", SignalName(outcome.code), "; forwarded it to the workers and stopped them"));
+        Say(absl::StrCat("received ", SignalName(outcome.code),
+                         "; forwarded it to the workers and stopped them"));
         return 128 + outcome.code;
       }
       if (attempt < options_.max_restarts) {
-        Say(absl::StrCat(outcome.description, "; restarting all workers (restart ", attempt + 1, " of ",
-                         options_.max_restarts, ")"));
+        Say(absl::StrCat(outcome.description, "; restarting all workers (restart ", attempt + 1,
+                         " of ", options_.max_restarts, ")"));
         continue;
       }
       Say(absl::StrCat(outcome.description, "; stopped the other workers",
-                       options_.max_restarts > 0 ? absl::StrCat(" (no restarts left of ", options_.max_restarts, ")")
-                                                 : ""));
+                       options_.max_restarts > 0
+                           ? absl::StrCat(" (no restarts left of ", options_.max_restarts, ")")
+                           : ""));
       return outcome.code;
     }
   }
@@ -164,6 +188,8 @@ class Supervisor {
       return false;
     }
     if (pid == 0) {
+      // A process group of its own, which the launcher signals as a whole.
+      setpgid(0, 0);
       // Die with the launcher; close the race with a launcher that died
       // before the prctl.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -173,20 +199,26 @@ class Supervisor {
       (void)!write(2, exec_failed.data(), exec_failed.size());
       _exit(127);
     }
+    // Also here, so that the group exists before any signal is sent to it
+    // (whichever of the two calls runs first wins; the other is a no-op or
+    // fails harmlessly after the exec).
+    setpgid(pid, pid);
     worker.pid = pid;
     worker.running = true;
     return true;
   }
 
   std::string Describe(const Worker& worker, int status) const {
-    std::string who = absl::StrCat("worker rank ", worker.spec.rank, " (local_rank ", worker.spec.local_rank,
-                                   ", pid ", worker.pid, ")");
-    if (WIFSIGNALED(status)) return absl::StrCat(who, " was killed by signal ", WTERMSIG(status), " (",
-                                                 SignalName(WTERMSIG(status)), ")");
+    std::string who = absl::StrCat("worker rank ", worker.spec.rank, " (local_rank ",
+                                   worker.spec.local_rank, ", pid ", worker.pid, ")");
+    if (WIFSIGNALED(status))
+      return absl::StrCat(who, " was killed by signal ", WTERMSIG(status), " (",
+                          SignalName(WTERMSIG(status)), ")");
     return absl::StrCat(who, " exited with code ", WEXITSTATUS(status));
   }
 
-  // Reaps exited workers; returns the first failure among them, if any.
+  // Reaps exited workers (and whatever else was re-parented to the launcher);
+  // returns the first failure among the workers, if any.
   std::optional<Outcome> Reap() {
     std::optional<Outcome> failure;
     while (true) {
@@ -216,32 +248,55 @@ class Supervisor {
   // The next signal, or nullopt after `wait`.
   std::optional<int> NextSignal(absl::Duration wait) {
     pollfd p = {signal_fd_, POLLIN, 0};
-    int ms = wait == absl::InfiniteDuration() ? -1 : static_cast<int>(absl::ToInt64Milliseconds(wait));
+    int ms =
+        wait == absl::InfiniteDuration() ? -1 : static_cast<int>(absl::ToInt64Milliseconds(wait));
     if (poll(&p, 1, ms) <= 0) return std::nullopt;
     signalfd_siginfo info;
     if (read(signal_fd_, &info, sizeof(info)) != sizeof(info)) return std::nullopt;
     return static_cast<int>(info.ssi_signo);
   }
 
+  // Whether a worker runs or its group still has a member.
+  bool AnyAlive() const {
+    for (const Worker& worker : workers_) {
+      if (worker.running || GroupAlive(worker.pid)) return true;
+    }
+    return false;
+  }
+
+  // Sends `sig` to every worker's process group that still has a member.
   void SendAll(int sig) {
     for (const Worker& worker : workers_) {
-      if (worker.running) kill(worker.pid, sig);
+      if (worker.running || GroupAlive(worker.pid)) kill(-worker.pid, sig);
     }
   }
 
-  // SIGTERM (or `first`), then SIGKILL after the grace or on a further signal.
+  // SIGTERM (or `first`) to every worker group, then SIGKILL after the grace
+  // or on a further signal; returns once every group is empty (or
+  // kAfterKill after the SIGKILL).
   void StopAll(int first = SIGTERM) {
+    if (!AnyAlive()) return;
     SendAll(first);
     absl::Time deadline = absl::Now() + options_.stop_grace;
-    while (Running() > 0) {
+    bool killed = false;
+    while (true) {
       Reap();
-      if (Running() == 0) break;
+      if (!AnyAlive()) return;
       if (absl::Now() >= deadline) {
+        if (killed) {
+          Say("some processes of the workers' groups survived SIGKILL; leaving them");
+          return;
+        }
         SendAll(SIGKILL);
-        deadline = absl::InfiniteFuture();
+        killed = true;
+        deadline = absl::Now() + kAfterKill;
       }
       std::optional<int> sig = NextSignal(absl::Milliseconds(20));
-      if (sig && *sig != SIGCHLD) SendAll(SIGKILL);
+      if (sig && *sig != SIGCHLD && !killed) {
+        SendAll(SIGKILL);
+        killed = true;
+        deadline = absl::Now() + kAfterKill;
+      }
     }
   }
 
@@ -288,6 +343,9 @@ int Main(int argc, char** argv) {
   sigemptyset(&handled);
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, sig);
   sigprocmask(SIG_BLOCK, &handled, nullptr);
+  // Orphans of the workers come to the launcher, which reaps them (Note
+  // [Launcher supervision]).
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
   int signal_fd = signalfd(-1, &handled, SFD_CLOEXEC);
   if (signal_fd < 0) {
     Say(absl::StrCat("signalfd failed: ", strerror(errno)));

@@ -3,11 +3,12 @@
 // failing rank named, exit codes and signals, SIGTERM forwarding, workers
 // dying with a SIGKILLed launcher, --max_restarts, usage errors, and a real
 // env:// rendezvous between the workers.
+#include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,9 +21,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "distributed/testing/free_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "distributed/testing/free_port.h"
 
 namespace ember::launch {
 namespace {
@@ -110,8 +111,9 @@ bool WaitForFiles(const std::vector<std::string>& paths, absl::Duration timeout)
 
 TEST(LaunchTest, EnvironmentMatchesPyTorchsLauncher) {
   std::string out = FreshDir("env");
-  Launched launched = Start({"--nproc_per_node=3", "--nnodes=2", "--node_rank=1", "--master_addr=10.1.2.3",
-                             "--master_port", "1234", Worker(), "--mode=env", "--out=" + out});
+  Launched launched =
+      Start({"--nproc_per_node=3", "--nnodes=2", "--node_rank=1", "--master_addr=10.1.2.3",
+             "--master_port", "1234", Worker(), "--mode=env", "--out=" + out});
   ASSERT_EQ(Finish(launched), 0) << ReadFile(launched.stderr_path);
   for (int local = 0; local < 3; ++local) {
     std::string seen = ReadFile(absl::StrCat(out, "/rank", 3 + local));
@@ -125,14 +127,16 @@ TEST(LaunchTest, EnvironmentMatchesPyTorchsLauncher) {
     EXPECT_THAT(seen, HasSubstr("OMP_NUM_THREADS=1\n"));
     EXPECT_THAT(seen, HasSubstr("TORCHELASTIC_RESTART_COUNT=0\n"));
     // --local_rank comes first, then the program's own arguments.
-    EXPECT_THAT(seen, HasSubstr(absl::StrCat("args=--local_rank=", local, " --mode=env --out=", out, "\n")));
+    EXPECT_THAT(seen, HasSubstr(absl::StrCat("args=--local_rank=", local, " --mode=env --out=", out,
+                                             "\n")));
   }
   EXPECT_FALSE(Exists(out + "/rank0")) << "node 1 must not start ranks 0..2";
 }
 
 TEST(LaunchTest, UseEnvPassesNoLocalRankArgument) {
   std::string out = FreshDir("use_env");
-  Launched launched = Start({"--nproc_per_node=2", "--use_env", "--", Worker(), "--mode=env", "--out=" + out});
+  Launched launched =
+      Start({"--nproc_per_node=2", "--use_env", "--", Worker(), "--mode=env", "--out=" + out});
   ASSERT_EQ(Finish(launched), 0) << ReadFile(launched.stderr_path);
   for (int rank = 0; rank < 2; ++rank) {
     std::string seen = ReadFile(absl::StrCat(out, "/rank", rank));
@@ -143,7 +147,8 @@ TEST(LaunchTest, UseEnvPassesNoLocalRankArgument) {
 
 TEST(LaunchTest, FailingWorkerStopsTheOthersAndIsNamed) {
   absl::Time start = absl::Now();
-  Launched launched = Start({"--nproc_per_node=3", Worker(), "--mode=fail", "--fail_rank=1", "--code=7"});
+  Launched launched =
+      Start({"--nproc_per_node=3", Worker(), "--mode=fail", "--fail_rank=1", "--code=7"});
   EXPECT_EQ(Finish(launched), 7);
   // The others sleep for a minute unless stopped.
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
@@ -153,7 +158,8 @@ TEST(LaunchTest, FailingWorkerStopsTheOthersAndIsNamed) {
 }
 
 TEST(LaunchTest, WorkerKilledBySignalIsNamed) {
-  Launched launched = Start({"--nproc_per_node=2", Worker(), "--mode=fail", "--fail_rank=0", "--code=kill"});
+  Launched launched =
+      Start({"--nproc_per_node=2", Worker(), "--mode=fail", "--fail_rank=0", "--code=kill"});
   EXPECT_EQ(Finish(launched), 128 + SIGKILL);
   EXPECT_THAT(ReadFile(launched.stderr_path), HasSubstr("worker rank 0 (local_rank 0, pid "));
   EXPECT_THAT(ReadFile(launched.stderr_path), HasSubstr("was killed by signal 9 (SIGKILL)"));
@@ -168,6 +174,66 @@ TEST(LaunchTest, SigtermIsForwardedToEveryWorker) {
   EXPECT_TRUE(Exists(out + "/sigterm0"));
   EXPECT_TRUE(Exists(out + "/sigterm1"));
   EXPECT_THAT(ReadFile(launched.stderr_path), HasSubstr("received SIGTERM"));
+}
+
+// Whether `pid` is gone (or a zombie nobody has reaped yet).
+bool Gone(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+// The pids the "grandchild" workers wrote for `attempt`, for ranks 0..n-1.
+std::vector<pid_t> Grandchildren(const std::string& out, int n, int attempt) {
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < n; ++rank) {
+    pid_t pid = std::atoi(ReadFile(absl::StrCat(out, "/grandchild", rank, "_", attempt)).c_str());
+    if (pid > 0) pids.push_back(pid);
+  }
+  return pids;
+}
+
+// Expects every pid in `pids` to be gone within a few seconds; kills the
+// survivors so that a failing test leaves nothing behind.
+void ExpectAllGone(const std::vector<pid_t>& pids) {
+  for (pid_t pid : pids) {
+    absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (!Gone(pid) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    EXPECT_TRUE(Gone(pid)) << "grandchild " << pid << " outlived its worker";
+    if (!Gone(pid)) kill(pid, SIGKILL);
+  }
+}
+
+TEST(LaunchTest, SigtermStopsTheWorkersChildrenToo) {
+  std::string out = FreshDir("grandchild_sigterm");
+  Launched launched = Start({"--nproc_per_node=2", Worker(), "--mode=grandchild", "--out=" + out});
+  ASSERT_TRUE(WaitForFiles({out + "/grandchild0_0", out + "/grandchild1_0"}, absl::Seconds(20)));
+  kill(launched.pid, SIGTERM);
+  EXPECT_EQ(Finish(launched), 128 + SIGTERM);
+  std::vector<pid_t> grandchildren = Grandchildren(out, 2, 0);
+  ASSERT_EQ(grandchildren.size(), 2u);
+  ExpectAllGone(grandchildren);
+}
+
+TEST(LaunchTest, AFailingWorkerStopsEveryWorkersChildren) {
+  std::string out = FreshDir("grandchild_fail");
+  Launched launched = Start({"--nproc_per_node=3", Worker(), "--mode=grandchild", "--fail_rank=1",
+                             "--code=7", "--out=" + out});
+  EXPECT_EQ(Finish(launched), 7) << ReadFile(launched.stderr_path);
+  std::vector<pid_t> grandchildren = Grandchildren(out, 3, 0);
+  ASSERT_EQ(grandchildren.size(), 3u);
+  ExpectAllGone(grandchildren);  // the failed worker's own child too
+}
+
+TEST(LaunchTest, ARestartStartsAfterTheFailedAttemptsChildrenAreGone) {
+  std::string out = FreshDir("grandchild_restart");
+  Launched launched = Start({"--nproc_per_node=2", "--max_restarts=1", Worker(),
+                             "--mode=grandchild", "--fail_rank=0", "--code=5", "--out=" + out});
+  EXPECT_EQ(Finish(launched), 0) << ReadFile(launched.stderr_path);
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_EQ(ReadFile(absl::StrCat(out, "/check", rank)), "gone");
+  ExpectAllGone(Grandchildren(out, 2, 0));
 }
 
 TEST(LaunchTest, WorkersDieWithTheLauncher) {
@@ -197,7 +263,8 @@ TEST(LaunchTest, WorkersDieWithTheLauncher) {
 TEST(LaunchTest, MaxRestartsRestartsAFailedAttempt) {
   Launched restarted = Start({"--nproc_per_node=2", "--max_restarts=1", Worker(), "--mode=flaky"});
   EXPECT_EQ(Finish(restarted), 0) << ReadFile(restarted.stderr_path);
-  EXPECT_THAT(ReadFile(restarted.stderr_path), HasSubstr("restarting all workers (restart 1 of 1)"));
+  EXPECT_THAT(ReadFile(restarted.stderr_path),
+              HasSubstr("restarting all workers (restart 1 of 1)"));
 
   Launched no_restarts = Start({"--nproc_per_node=2", Worker(), "--mode=flaky"});
   EXPECT_EQ(Finish(no_restarts), 5);
@@ -227,26 +294,26 @@ TEST(LaunchTest, UsageErrorsNameTheProblem) {
 
 TEST(LaunchTest, WorkersRendezvousThroughEnv) {
   std::string out = FreshDir("rendezvous");
-  Launched launched = Start({"--nproc_per_node=3", absl::StrCat("--master_port=", FreePort()), "--use_env",
-                             Worker(), "--mode=rendezvous", "--out=" + out});
+  Launched launched = Start({"--nproc_per_node=3", absl::StrCat("--master_port=", FreePort()),
+                             "--use_env", Worker(), "--mode=rendezvous", "--out=" + out});
   ASSERT_EQ(Finish(launched), 0) << ReadFile(launched.stderr_path);
   for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(ReadFile(absl::StrCat(out, "/joined", rank)), "3");
 }
 
 TEST(LaunchTest, ServeStoreOutlivesRankZero) {
   std::string out = FreshDir("serve_store");
-  Launched launched = Start({"--nproc_per_node=3", absl::StrCat("--master_port=", FreePort()), "--use_env",
-                             "--serve_store", Worker(), "--mode=rendezvous", "--rank0_leaves_early=1",
-                             "--out=" + out});
+  Launched launched = Start({"--nproc_per_node=3", absl::StrCat("--master_port=", FreePort()),
+                             "--use_env", "--serve_store", Worker(), "--mode=rendezvous",
+                             "--rank0_leaves_early=1", "--out=" + out});
   ASSERT_EQ(Finish(launched), 0) << ReadFile(launched.stderr_path);
   for (int rank = 1; rank < 3; ++rank) EXPECT_EQ(ReadFile(absl::StrCat(out, "/joined", rank)), "3");
 }
 
 TEST(LaunchTest, ServeStoreGivesEachAttemptAFreshStore) {
   std::string out = FreshDir("serve_store_restart");
-  Launched launched = Start({"--nproc_per_node=2", absl::StrCat("--master_port=", FreePort()), "--use_env",
-                             "--serve_store", "--max_restarts=1", Worker(), "--mode=flaky_rendezvous",
-                             "--out=" + out});
+  Launched launched = Start({"--nproc_per_node=2", absl::StrCat("--master_port=", FreePort()),
+                             "--use_env", "--serve_store", "--max_restarts=1", Worker(),
+                             "--mode=flaky_rendezvous", "--out=" + out});
   // The second attempt's ranks would find the first's rank claims in a kept store.
   ASSERT_EQ(Finish(launched), 0) << ReadFile(launched.stderr_path);
   EXPECT_EQ(ReadFile(out + "/joined0"), "1");
@@ -264,7 +331,8 @@ TEST(LaunchTest, ServeStoreOnAPortInUseNamesThePort) {
   int port = ntohs(addr.sin_port);
   Launched launched = Start({absl::StrCat("--master_port=", port), "--serve_store", "true"});
   EXPECT_EQ(Finish(launched), 1);
-  EXPECT_THAT(ReadFile(launched.stderr_path), HasSubstr(absl::StrCat("port ", port, " is already in use")));
+  EXPECT_THAT(ReadFile(launched.stderr_path),
+              HasSubstr(absl::StrCat("port ", port, " is already in use")));
   close(fd);
 }
 
