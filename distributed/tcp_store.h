@@ -25,6 +25,9 @@
 //                          to serve on is in use (the message names the port).
 //   kFailedPrecondition  - the other end is not a TcpStore of this version.
 //   kInvalidArgument     - a key or value larger than max_message_bytes.
+//   kResourceExhausted   - Get/Wait: the server holds as many waits as its
+//                          limits allow (TcpStoreServerOptions); the message
+//                          names the limit. Nothing was waited for.
 //
 // Thread-safety: TcpStore and TcpStoreServer are thread-safe.
 #ifndef EMBER_DISTRIBUTED_TCP_STORE_H_
