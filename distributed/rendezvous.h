@@ -51,9 +51,10 @@
 namespace ember::distributed {
 
 struct RendezvousOptions {
-  std::string init_method = "env://";  // tcp://host:port, tcp://<multicast>:port, file:///path, env://
-  int world_size = -1;                 // -1: from the URL/env; other values are checked
-  int rank = -1;                       // -1: from the URL/env (or assigned, multicast)
+  std::string init_method =
+      "env://";         // tcp://host:port, tcp://<multicast>:port, file:///path, env://
+  int world_size = -1;  // -1: from the URL/env; other values are checked
+  int rank = -1;        // -1: from the URL/env (or assigned, multicast)
   std::string group_name;
   absl::Duration timeout = kDefaultStoreTimeout;
 };
