@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -297,6 +298,71 @@ TEST(CheckpointTest, RefusesHostileSafetensors) {
   bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header +
           std::string(4, '\0');
   EXPECT_THAT(ReadSafetensors(bytes, "f").status().message(), HasSubstr("invalid JSON"));
+}
+
+// A safetensors file of `header` followed by `data_bytes` zero bytes.
+std::string Safetensors(const std::string& header, size_t data_bytes) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  return out + header + std::string(data_bytes, '\0');
+}
+
+TEST(CheckpointTest, SafetensorsNamesMustBeText) {
+  const std::string tensor = R"(:{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  struct Case {
+    std::string name;  // as written in the JSON header
+    std::string error;
+  };
+  const Case cases[] = {
+      {"w\xff", "not valid UTF-8 (byte 11 of the file)"},
+      {"w\xed\xa0\x80", "not valid UTF-8"},  // an encoded surrogate
+      {"w\\u0000x", "tensor 'w\\x00x': its name holds a NUL character"},
+      {"w\\ud800", "lone high surrogate"},
+      {"w\\udc00", "lone low surrogate"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::Status s = ReadSafetensors(Safetensors("{\"" + c.name + "\"" + tensor, 4), "n").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.error));
+  }
+  // A surrogate pair is one code point, and fine.
+  EXPECT_TRUE(ReadSafetensors(Safetensors("{\"w\\ud83d\\ude00\"" + tensor, 4), "n").ok());
+}
+
+TEST(CheckpointTest, SafetensorsDimensionsAreCapped) {
+  std::string ones = "1";
+  for (int i = 1; i < 100000; ++i) ones += ",1";
+  absl::Status s =
+      ReadSafetensors(
+          Safetensors(R"({"w":{"dtype":"F32","shape":[)" + ones + R"(],"data_offsets":[0,4]}})", 4),
+          "dims")
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("shape has 100000 dimensions; checkpoints may have at most 64"));
+  ones = "1";
+  for (int i = 1; i < kMaxCheckpointDims; ++i) ones += ",1";
+  EXPECT_TRUE(
+      ReadSafetensors(
+          Safetensors(R"({"w":{"dtype":"F32","shape":[)" + ones + R"(],"data_offsets":[0,4]}})", 4),
+          "dims")
+          .ok());
+}
+
+TEST(CheckpointTest, SafetensorsDtypesEmberLacksAreUnsupported) {
+  absl::Status s =
+      ReadSafetensors(Safetensors(R"({"z":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8),
+                      "c.safetensors")
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("tensor 'z' has dtype C64, which Ember does not support"));
+  s = ReadSafetensors(Safetensors(R"({"z":{"dtype":"Q99","shape":[1],"data_offsets":[0,8]}})", 8),
+                      "c")
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("dtype Q99 is not a safetensors dtype Ember knows"));
 }
 
 TEST(CheckpointTest, WritersRefuseDuplicates) {

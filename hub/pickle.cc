@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "hub/printable.h"
 #include "tensor/error.h"
 
 // Note [Restricted unpickler]
@@ -299,9 +300,10 @@ absl::Status Unpickler::Global(std::string module, std::string name) {
   if (full != kOrderedDict && full != kRebuildTensor && full != kRebuildParameter &&
       !StorageTypes().count(full)) {
     if (module == "torch" && absl::EndsWith(name, "Storage") && name != "Storage") {
-      return Unsupported(absl::StrCat("tensors stored as ", full, ", a dtype Ember does not know"));
+      return Unsupported(absl::StrCat("tensors stored as ", escape_for_terminal(full),
+                                      ", a dtype Ember does not know"));
     }
-    return Refused(absl::StrCat("global '", full, "' is not allowed"));
+    return Refused(absl::StrCat("global '", escape_for_terminal(full), "' is not allowed"));
   }
   Value* v = Make(Value::kGlobal);
   v->s = full;
@@ -330,12 +332,13 @@ absl::Status Unpickler::PersistentLoad(const Value& pid) {
   }
   if (layout_ == Layout::kLegacy && pid.items[5]->kind != Value::kNone) {
     return absl::UnimplementedError(absl::StrCat(
-        source_, ": storage '", key.s,
+        source_, ": storage '", escape_for_terminal(key.s),
         "' is a view of another storage (written by PyTorch before 0.4), which Ember does not "
         "read; load and save the file again with a recent PyTorch"));
   }
   if (location.s.rfind("cpu", 0) != 0 && location.s.rfind("cuda", 0) != 0) {
-    return Error(absl::StrCat("storage location '", location.s, "' is not cpu or cuda"));
+    return Error(absl::StrCat("storage location '", escape_for_terminal(location.s),
+                              "' is not cpu or cuda"));
   }
   StorageRef ref{key.s, StorageTypes().at(type.s), numel.i};
   auto it = storages_.find(ref.key);
@@ -344,8 +347,8 @@ absl::Status Unpickler::PersistentLoad(const Value& pid) {
     if (!s.ok()) return s.status();
     it = storages_.emplace(ref.key, std::make_pair(*s, ref)).first;
   } else if (it->second.second.dtype != ref.dtype || it->second.second.numel != ref.numel) {
-    return Error(
-        absl::StrCat("storage '", ref.key, "' is described twice with different types or sizes"));
+    return Error(absl::StrCat("storage '", escape_for_terminal(ref.key),
+                              "' is described twice with different types or sizes"));
   }
   Value* v = Make(Value::kStorage);
   v->storage = it->second.first;
@@ -723,12 +726,12 @@ absl::StatusOr<StateDict> ToStateDict(const Value& root, absl::string_view sourc
     }
     if (value->kind != Value::kTensor) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": entry '", key->s, "' is a ", KindName(value->kind),
-                       ", not a tensor; save model.state_dict() itself"));
+          absl::StrCat(source, ": entry '", escape_for_terminal(key->s), "' is a ",
+                       KindName(value->kind), ", not a tensor; save model.state_dict() itself"));
     }
     if (!seen.insert(key->s).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": entry '", key->s, "' appears twice"));
+          absl::StrCat(source, ": entry '", escape_for_terminal(key->s), "' appears twice"));
     }
     sd.emplace_back(key->s, value->tensor);
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "hub/pickle.h"
+#include "hub/printable.h"
 #include "hub/zip.h"
 #include "tensor/status_macros.h"
 
@@ -32,9 +33,9 @@ absl::StatusOr<StateDict> ReadLegacyCheckpoint(absl::string_view bytes, absl::st
     uint64_t nbytes;
     if (__builtin_mul_overflow(static_cast<uint64_t>(ref.numel), ElementSize(ref.dtype), &nbytes) ||
         __builtin_add_overflow(claimed, nbytes, &claimed) || claimed > bytes.size()) {
-      return bad(absl::StrCat("storage '", ref.key, "' claims ", ref.numel, " ",
-                              std::string(DtypeName(ref.dtype)), " elements, more than the file's ",
-                              bytes.size(), " bytes hold"));
+      return bad(absl::StrCat("storage '", escape_for_terminal(ref.key), "' claims ", ref.numel,
+                              " ", std::string(DtypeName(ref.dtype)),
+                              " elements, more than the file's ", bytes.size(), " bytes hold"));
     }
     Storage storage = Storage::Allocate(nbytes, GetCpuAllocator());
     storages.emplace(ref.key, Pending{ref, storage});
@@ -45,28 +46,32 @@ absl::StatusOr<StateDict> ReadLegacyCheckpoint(absl::string_view bytes, absl::st
   for (const std::string& key : pickles.storage_keys) {
     auto it = storages.find(key);
     if (it == storages.end()) {
-      return bad(absl::StrCat("storage '", key, "' is listed but no tensor uses it"));
+      return bad(
+          absl::StrCat("storage '", escape_for_terminal(key), "' is listed but no tensor uses it"));
     }
     Pending& p = it->second;
-    if (p.filled) return bad(absl::StrCat("storage '", key, "' is listed twice"));
+    if (p.filled)
+      return bad(absl::StrCat("storage '", escape_for_terminal(key), "' is listed twice"));
     int64_t numel;
     if (bytes.size() - pos < sizeof(numel)) return bad("truncated in its storage records");
     std::memcpy(&numel, bytes.data() + pos, sizeof(numel));
     pos += sizeof(numel);
     if (numel != p.ref.numel) {
-      return bad(absl::StrCat("storage '", key, "' should hold ", p.ref.numel,
+      return bad(absl::StrCat("storage '", escape_for_terminal(key), "' should hold ", p.ref.numel,
                               " elements but its record says ", numel));
     }
     const size_t nbytes = p.storage.nbytes();
     if (bytes.size() - pos < nbytes) {
-      return bad(absl::StrCat("truncated in the bytes of storage '", key, "'"));
+      return bad(
+          absl::StrCat("truncated in the bytes of storage '", escape_for_terminal(key), "'"));
     }
     if (nbytes > 0) std::memcpy(p.storage.data(), bytes.data() + pos, nbytes);
     pos += nbytes;
     p.filled = true;
   }
   for (const auto& [key, p] : storages) {
-    if (!p.filled) return bad(absl::StrCat("storage '", key, "' has no record"));
+    if (!p.filled)
+      return bad(absl::StrCat("storage '", escape_for_terminal(key), "' has no record"));
   }
   if (pos != bytes.size()) {
     return bad(absl::StrCat(bytes.size() - pos, " bytes follow the last storage record"));
