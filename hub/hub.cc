@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "hub/printable.h"
 #include "hub/repo_ref.h"
 #include "tensor/status_macros.h"
 
