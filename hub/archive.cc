@@ -4,13 +4,18 @@
 #include <archive_entry.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "hub/hub_dir.h"
+#include "hub/printable.h"
+#include "tensor/status_macros.h"
 
 namespace ember::hub {
 namespace {
@@ -27,10 +32,9 @@ absl::StatusOr<Reader> Open(const std::string& path) {
   Reader r(archive_read_new());
   archive_read_support_format_all(r.get());
   archive_read_support_filter_all(r.get());
-  if (archive_read_open_filename(r.get(), path.c_str(), 1 << 16) !=
-      ARCHIVE_OK) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot open archive ", path, ": ", archive_error_string(r.get())));
+  if (archive_read_open_filename(r.get(), path.c_str(), 1 << 16) != ARCHIVE_OK) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot open archive ", path, ": ", archive_error_string(r.get())));
   }
   return r;
 }
@@ -58,31 +62,24 @@ std::string Offence(struct archive_entry* entry) {
   std::string path = PathOf(entry);
   if (path.empty()) return "an entry has an empty path";
   if (path.front() == '/') return "absolute path";
-  if (ResolvedDepth(0, path) < 0)
-    return "path climbs out of the archive with '..'";
+  if (ResolvedDepth(0, path) < 0) return "path climbs out of the archive with '..'";
   for (absl::string_view part : absl::StrSplit(path, '/')) {
     if (part == "..") return "path contains '..'";
   }
   if (const char* link = archive_entry_hardlink(entry); link != nullptr) {
     std::string target = link;
-    if (target.empty() || target.front() == '/' ||
-        ResolvedDepth(0, target) < 0) {
+    if (target.empty() || target.front() == '/' || ResolvedDepth(0, target) < 0) {
       return absl::StrCat("hard link to '", target, "' outside the archive");
     }
   }
   mode_t type = archive_entry_filetype(entry);
   if (type == AE_IFLNK) {
-    std::string target =
-        archive_entry_symlink(entry) ? archive_entry_symlink(entry) : "";
+    std::string target = archive_entry_symlink(entry) ? archive_entry_symlink(entry) : "";
     // The target is relative to the folder holding the link.
     size_t slash = path.find_last_of('/');
-    int dir_depth = slash == std::string::npos
-                        ? 0
-                        : ResolvedDepth(0, path.substr(0, slash));
-    if (target.empty() || target.front() == '/' ||
-        ResolvedDepth(dir_depth, target) < 0) {
-      return absl::StrCat("symbolic link to '", target,
-                          "' points outside the archive");
+    int dir_depth = slash == std::string::npos ? 0 : ResolvedDepth(0, path.substr(0, slash));
+    if (target.empty() || target.front() == '/' || ResolvedDepth(dir_depth, target) < 0) {
+      return absl::StrCat("symbolic link to '", target, "' points outside the archive");
     }
   } else if (type != AE_IFREG && type != AE_IFDIR) {
     return "special file (device, FIFO or socket)";
@@ -90,36 +87,83 @@ std::string Offence(struct archive_entry* entry) {
   return "";
 }
 
+absl::StatusOr<uint64_t> FromEnv(const char* name, uint64_t fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  uint64_t v;
+  if (!absl::SimpleAtoi(env, &v) || v == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, "='", escape_for_terminal(env), "' is not a positive number; unset it or give one"));
+  }
+  return v;
+}
+
 }  // namespace
 
-absl::Status ExtractArchive(const std::string& archive_path,
-                            const std::string& dest_dir) {
-  // Pass 1: check every entry; nothing is written.
+absl::StatusOr<ExtractLimits> ResolveExtractLimits(const ExtractLimits& limits) {
+  ExtractLimits out = limits;
+  if (out.max_bytes == 0) {
+    EMBER_ASSIGN_OR_RETURN(out.max_bytes, FromEnv(kMaxUnpackedBytesEnv, kDefaultMaxUnpackedBytes));
+  }
+  if (out.max_entries == 0) {
+    EMBER_ASSIGN_OR_RETURN(out.max_entries,
+                           FromEnv(kMaxUnpackedEntriesEnv, kDefaultMaxUnpackedEntries));
+  }
+  return out;
+}
+
+absl::Status ExtractArchive(const std::string& archive_path, const std::string& dest_dir,
+                            const ExtractLimits& requested) {
+  EMBER_ASSIGN_OR_RETURN(const ExtractLimits limits, ResolveExtractLimits(requested));
+  auto too_big = [&](absl::string_view what) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("refusing archive ", archive_path, ": it unpacks to more than ", what,
+                     "; nothing was kept (raise the limit with ExtractLimits / FetchOptions, or ",
+                     kMaxUnpackedBytesEnv, " and ", kMaxUnpackedEntriesEnv, ")"));
+  };
+  const std::string bytes_limit = absl::StrCat(limits.max_bytes, " bytes");
+  const std::string entries_limit = absl::StrCat(limits.max_entries, " entries");
+  // Pass 1: check every entry and the sizes headers declare; nothing is
+  // written.
   {
     absl::StatusOr<Reader> r = Open(archive_path);
     if (!r.ok()) return r.status();
     struct archive_entry* entry;
     int rc;
+    uint64_t entries = 0, files = 0, declared = 0;
     while ((rc = archive_read_next_header(r->get(), &entry)) == ARCHIVE_OK) {
       if (std::string why = Offence(entry); !why.empty()) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("refusing archive ", archive_path, ": entry '",
-                         PathOf(entry), "': ", why, "; nothing was extracted"));
+        return absl::PermissionDeniedError(absl::StrCat(
+            "refusing archive ", archive_path, ": entry '", escape_for_terminal(PathOf(entry)),
+            "': ", why, "; nothing was extracted"));
+      }
+      if (++entries > limits.max_entries) return too_big(entries_limit);
+      if (archive_entry_filetype(entry) == AE_IFREG) {
+        ++files;
+        if (archive_entry_size_is_set(entry) &&
+            (archive_entry_size(entry) < 0 ||
+             __builtin_add_overflow(declared, static_cast<uint64_t>(archive_entry_size(entry)),
+                                    &declared) ||
+             declared > limits.max_bytes)) {
+          return too_big(bytes_limit);
+        }
       }
     }
     if (rc != ARCHIVE_EOF) {
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot read archive ", archive_path, ": ",
-                       archive_error_string(r->get())));
+          absl::StrCat("cannot read archive ", archive_path, ": ", archive_error_string(r->get())));
+    }
+    if (files == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("archive ", archive_path, " holds no files (", entries,
+                       " entries; an empty or cut download?); nothing was extracted"));
     }
   }
   // Pass 2: extract below dest_dir with libarchive's guards on.
   if (absl::Status s = MakeDirs(dest_dir); !s.ok()) return s;
   std::error_code ec;
   const std::string root = std::filesystem::canonical(dest_dir, ec).string();
-  if (ec)
-    return absl::InternalError(
-        absl::StrCat("cannot resolve ", dest_dir, ": ", ec.message()));
+  if (ec) return absl::InternalError(absl::StrCat("cannot resolve ", dest_dir, ": ", ec.message()));
   absl::StatusOr<Reader> r = Open(archive_path);
   if (!r.ok()) return r.status();
   std::unique_ptr<struct archive, WriterDeleter> w(archive_write_disk_new());
@@ -131,42 +175,48 @@ absl::Status ExtractArchive(const std::string& archive_path,
                                               ARCHIVE_EXTRACT_TIME);
   struct archive_entry* entry;
   int rc;
+  uint64_t written = 0;  // bytes of the entries done so far
   while ((rc = archive_read_next_header(r->get(), &entry)) == ARCHIVE_OK) {
     std::string name = PathOf(entry);
     auto failed = [&](struct archive* a) {
-      return absl::InternalError(
-          absl::StrCat("cannot extract '", name, "' from ", archive_path,
-                       " into ", dest_dir, ": ", archive_error_string(a)));
+      return absl::InternalError(absl::StrCat("cannot extract '", escape_for_terminal(name),
+                                              "' from ", archive_path, " into ", dest_dir, ": ",
+                                              archive_error_string(a)));
     };
     archive_entry_set_pathname(entry, absl::StrCat(root, "/", name).c_str());
     if (const char* link = archive_entry_hardlink(entry); link != nullptr) {
       archive_entry_set_hardlink(entry, absl::StrCat(root, "/", link).c_str());
     }
-    archive_entry_set_perm(entry, archive_entry_perm(entry) &
-                                      0755);  // no setuid/setgid/world-write
-    if (archive_write_header(w.get(), entry) != ARCHIVE_OK)
-      return failed(w.get());
+    archive_entry_set_perm(entry,
+                           archive_entry_perm(entry) & 0755);  // no setuid/setgid/world-write
+    if (archive_write_header(w.get(), entry) != ARCHIVE_OK) return failed(w.get());
     const void* block;
     size_t size;
     la_int64_t offset;
     int data_rc;
-    while ((data_rc = archive_read_data_block(r->get(), &block, &size,
-                                              &offset)) == ARCHIVE_OK) {
+    uint64_t end = 0;  // the entry's size so far (holes included)
+    while ((data_rc = archive_read_data_block(r->get(), &block, &size, &offset)) == ARCHIVE_OK) {
+      // Headers may understate sizes (or leave them out): count what is
+      // written.
+      uint64_t block_end;
+      if (offset < 0 || __builtin_add_overflow(static_cast<uint64_t>(offset), size, &block_end) ||
+          std::max(end, block_end) > limits.max_bytes - written) {
+        return too_big(bytes_limit);
+      }
+      end = std::max(end, block_end);
       if (archive_write_data_block(w.get(), block, size, offset) != ARCHIVE_OK)
         return failed(w.get());
     }
+    written += end;
     if (data_rc != ARCHIVE_EOF) return failed(r->get());
-    if (archive_write_finish_entry(w.get()) != ARCHIVE_OK)
-      return failed(w.get());
+    if (archive_write_finish_entry(w.get()) != ARCHIVE_OK) return failed(w.get());
   }
   if (rc != ARCHIVE_EOF) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot read archive ", archive_path, ": ",
-                     archive_error_string(r->get())));
+        absl::StrCat("cannot read archive ", archive_path, ": ", archive_error_string(r->get())));
   }
   if (archive_write_close(w.get()) != ARCHIVE_OK) {
-    return absl::InternalError(absl::StrCat("cannot finish extracting ",
-                                            archive_path, ": ",
+    return absl::InternalError(absl::StrCat("cannot finish extracting ", archive_path, ": ",
                                             archive_error_string(w.get())));
   }
   return absl::OkStatus();

@@ -11,24 +11,53 @@
 // libarchive's own guards on too (no "..", no writing through symlinks), so
 // nothing is ever written outside `dest_dir`.
 //
+// An archive must hold at least one file, and may unpack to at most
+// ExtractLimits' bytes and entries (a few MiB of compressed zeros unpack to
+// gigabytes): the sizes its headers declare are checked before anything is
+// written, and the bytes actually written are counted while extracting.
+//
 // Thread-safety: safe from any thread; concurrent extractions into the same
 // directory are the caller's to prevent (repo_cache.h holds a FileLock).
 #ifndef EMBER_HUB_ARCHIVE_H_
 #define EMBER_HUB_ARCHIVE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace ember::hub {
 
+// Environment variables overriding the default limits (decimal numbers).
+inline constexpr char kMaxUnpackedBytesEnv[] = "EMBER_HUB_MAX_UNPACKED_BYTES";
+inline constexpr char kMaxUnpackedEntriesEnv[] = "EMBER_HUB_MAX_UNPACKED_ENTRIES";
+inline constexpr uint64_t kDefaultMaxUnpackedBytes = uint64_t{2} << 30;  // 2 GiB
+inline constexpr uint64_t kDefaultMaxUnpackedEntries = 100000;
+
+struct ExtractLimits {
+  // Total size of the files written; 0: $EMBER_HUB_MAX_UNPACKED_BYTES, else
+  // kDefaultMaxUnpackedBytes.
+  uint64_t max_bytes = 0;
+  // Entries (files, folders, links); 0: $EMBER_HUB_MAX_UNPACKED_ENTRIES, else
+  // kDefaultMaxUnpackedEntries.
+  uint64_t max_entries = 0;
+};
+
+// `limits` with its zeros replaced by the environment's values or the
+// defaults. Errors: InvalidArgument naming an environment variable that is
+// not a positive number.
+absl::StatusOr<ExtractLimits> ResolveExtractLimits(const ExtractLimits& limits);
+
 // Extracts `archive_path` into `dest_dir` (created if missing). Errors:
 // PermissionDenied naming the first offending entry and why (nothing is
-// written then); InvalidArgument for an unreadable or unsupported archive;
-// Internal for local file errors. After an error during the writing pass,
-// `dest_dir` may hold part of the archive; the caller removes it.
-absl::Status ExtractArchive(const std::string& archive_path,
-                            const std::string& dest_dir);
+// written then); InvalidArgument for an unreadable or unsupported archive,
+// or one that holds no file; ResourceExhausted when it unpacks past
+// `limits` (naming the limit and how to raise it); Internal for local file
+// errors. After an error during the writing pass, `dest_dir` may hold part
+// of the archive; the caller removes it.
+absl::Status ExtractArchive(const std::string& archive_path, const std::string& dest_dir,
+                            const ExtractLimits& limits = {});
 
 }  // namespace ember::hub
 

@@ -38,8 +38,7 @@ class ArchiveTest : public ::testing::Test {
     }
     return out;
   }
-  absl::Status Refused(const std::string& format,
-                       const std::vector<ArchiveEntry>& entries) {
+  absl::Status Refused(const std::string& format, const std::vector<ArchiveEntry>& entries) {
     std::string archive = base_ + "/a." + format;
     EXPECT_TRUE(WriteArchive(archive, format, entries).ok());
     absl::Status s = ExtractArchive(archive, dest_);
@@ -71,24 +70,20 @@ TEST_F(ArchiveTest, ExtractsZipAndTarGz) {
 }
 
 TEST_F(ArchiveTest, RefusesDotDotTraversal) {
-  absl::Status s = Refused(
-      "zip", {{"top/ok.txt", "fine"}, {"top/../../escape.txt", "pwned"}});
+  absl::Status s = Refused("zip", {{"top/ok.txt", "fine"}, {"top/../../escape.txt", "pwned"}});
   EXPECT_THAT(s.message(), HasSubstr("'top/../../escape.txt'"));
   EXPECT_THAT(s.message(), HasSubstr("nothing was extracted"));
-  Refused("tar.gz",
-          {{"top/ok.txt", "fine"}, {"top/sub/../../../escape.txt", "pwned"}});
+  Refused("tar.gz", {{"top/ok.txt", "fine"}, {"top/sub/../../../escape.txt", "pwned"}});
 }
 
 TEST_F(ArchiveTest, RefusesAbsolutePaths) {
-  absl::Status s = Refused(
-      "tar.gz", {{"top/ok.txt", "fine"}, {base_ + "/abs.txt", "pwned"}});
+  absl::Status s = Refused("tar.gz", {{"top/ok.txt", "fine"}, {base_ + "/abs.txt", "pwned"}});
   EXPECT_THAT(s.message(), HasSubstr("absolute path"));
 }
 
 TEST_F(ArchiveTest, RefusesSymlinksPointingOut) {
-  absl::Status s = Refused(
-      "tar.gz",
-      {{"top/"}, {"top/out", "", "../.."}, {"top/out/escape.txt", "pwned"}});
+  absl::Status s =
+      Refused("tar.gz", {{"top/"}, {"top/out", "", "../.."}, {"top/out/escape.txt", "pwned"}});
   EXPECT_THAT(s.message(), HasSubstr("symbolic link to '../..'"));
   Refused("tar.gz", {{"top/etc", "", "/etc"}});
   Refused("zip", {{"top/a/b", "", "../../../x"}});
@@ -98,20 +93,89 @@ TEST_F(ArchiveTest, RefusesSymlinksPointingOut) {
 }
 
 TEST_F(ArchiveTest, RefusesHardlinksPointingOut) {
-  absl::Status s = Refused("tar.gz", {{"top/ok.txt", "fine"},
-                                      {"top/passwd", "", "", "/etc/passwd"}});
+  absl::Status s =
+      Refused("tar.gz", {{"top/ok.txt", "fine"}, {"top/passwd", "", "", "/etc/passwd"}});
   EXPECT_THAT(s.message(), HasSubstr("hard link"));
   Refused("tar.gz", {{"top/ok.txt", "fine"}, {"top/x", "", "", "../outside"}});
 }
 
 TEST_F(ArchiveTest, CorruptArchiveIsAnError) {
   std::string archive = base_ + "/a.zip";
-  ASSERT_TRUE(
-      ::ember::hub::testing::WriteFile(archive, "PK\x03\x04 this is not a zip")
-          .ok());
+  ASSERT_TRUE(::ember::hub::testing::WriteFile(archive, "PK\x03\x04 this is not a zip").ok());
   absl::Status s = ExtractArchive(archive, dest_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr(archive));
+}
+
+TEST_F(ArchiveTest, AnArchiveWithoutFilesIsAnError) {
+  // An empty download, and archives holding only folders.
+  std::string empty = base_ + "/a.zip";
+  ASSERT_TRUE(::ember::hub::testing::WriteFile(empty, "").ok());
+  absl::Status s = ExtractArchive(empty, dest_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("holds no files"));
+  EXPECT_THAT(Written(), ::testing::IsEmpty());
+  for (std::string format : {"zip", "tar.gz"}) {
+    std::string archive = base_ + "/a." + format;
+    ASSERT_TRUE(WriteArchive(archive, format, {{"top/"}, {"top/sub/"}}).ok());
+    s = ExtractArchive(archive, dest_);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << format << ": " << s;
+    EXPECT_THAT(s.message(), HasSubstr("holds no files (2 entries"));
+    EXPECT_THAT(Written(), ::testing::IsEmpty());
+  }
+}
+
+TEST_F(ArchiveTest, UnpackedSizeAndEntriesAreCapped) {
+  // 24 MiB of zeros compress to a few KiB; the cap here is 8 MiB.
+  const std::string zeros(24 << 20, '\0');
+  for (std::string format : {"zip", "tar.gz"}) {
+    SCOPED_TRACE(format);
+    std::string archive = base_ + "/a." + format;
+    ASSERT_TRUE(
+        WriteArchive(archive, format, {{"top/small.txt", "x"}, {"top/zeros.bin", zeros}}).ok());
+    EXPECT_LT(fs::file_size(archive), 1u << 20);
+    absl::Status s = ExtractArchive(archive, dest_, ExtractLimits{8 << 20, 0});
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_THAT(s.message(), HasSubstr("unpacks to more than 8388608 bytes"));
+    EXPECT_THAT(s.message(), HasSubstr(kMaxUnpackedBytesEnv));
+    fs::remove_all(dest_);  // what the caller does after an error
+    EXPECT_TRUE(ExtractArchive(archive, dest_, ExtractLimits{32 << 20, 0}).ok());
+    EXPECT_EQ(fs::file_size(dest_ + "/top/zeros.bin"), zeros.size());
+    fs::remove_all(dest_);
+  }
+  fs::remove_all(base_ + "/cache");
+  std::vector<ArchiveEntry> many;
+  for (int i = 0; i < 20; ++i) many.push_back({"top/f" + std::to_string(i), "x"});
+  std::string archive = base_ + "/a.tar.gz";
+  ASSERT_TRUE(WriteArchive(archive, "tar.gz", many).ok());
+  absl::Status s = ExtractArchive(archive, dest_, ExtractLimits{0, 10});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("more than 10 entries"));
+  EXPECT_THAT(Written(), ::testing::IsEmpty());
+}
+
+TEST_F(ArchiveTest, LimitsFromTheEnvironment) {
+  std::string archive = base_ + "/a.tar.gz";
+  ASSERT_TRUE(WriteArchive(archive, "tar.gz", {{"top/w.bin", std::string(5000, 'w')}}).ok());
+  setenv(kMaxUnpackedBytesEnv, "4096", 1);
+  absl::Status s = ExtractArchive(archive, dest_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("more than 4096 bytes"));
+  // The option wins over the environment.
+  EXPECT_TRUE(ExtractArchive(archive, dest_, ExtractLimits{8192, 0}).ok());
+  setenv(kMaxUnpackedBytesEnv, "lots", 1);
+  s = ExtractArchive(archive, dest_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("EMBER_HUB_MAX_UNPACKED_BYTES='lots' is not a positive number"));
+  unsetenv(kMaxUnpackedBytesEnv);
+  setenv(kMaxUnpackedEntriesEnv, "0", 1);
+  EXPECT_EQ(ExtractArchive(archive, dest_).code(), absl::StatusCode::kInvalidArgument);
+  unsetenv(kMaxUnpackedEntriesEnv);
+  absl::StatusOr<ExtractLimits> defaults = ResolveExtractLimits({});
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->max_bytes, kDefaultMaxUnpackedBytes);
+  EXPECT_EQ(defaults->max_entries, kDefaultMaxUnpackedEntries);
 }
 
 }  // namespace

@@ -18,27 +18,20 @@ absl::StatusOr<StateDict> LoadCheckpoint(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     int err = errno;
-    std::string msg =
-        absl::StrCat("cannot open checkpoint ", path, ": ", std::strerror(err));
+    std::string msg = absl::StrCat("cannot open checkpoint ", path, ": ", std::strerror(err));
     return err == ENOENT ? absl::NotFoundError(msg) : absl::InternalError(msg);
   }
   std::stringstream buffer;
   buffer << in.rdbuf();
-  if (in.bad())
-    return absl::InternalError(absl::StrCat("error reading ", path));
+  if (in.bad()) return absl::InternalError(absl::StrCat("error reading ", path));
   std::string bytes = std::move(buffer).str();
-  if (absl::StartsWith(bytes, "PK\x03\x04"))
-    return ReadTorchCheckpoint(std::move(bytes), path);
+  if (IsTorchCheckpoint(bytes)) return ReadTorchCheckpoint(std::move(bytes), path);
   if (bytes.size() >= 9 && bytes[8] == '{') return ReadSafetensors(bytes, path);
-  return absl::InvalidArgumentError(
-      absl::StrCat(path,
-                   " is neither a torch.save zip checkpoint nor a safetensors "
-                   "file (legacy pre-1.6 torch.save files "
-                   "are not supported: re-save them with a recent PyTorch)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, " is neither a torch.save checkpoint (zip or legacy) nor a safetensors file"));
 }
 
-absl::Status SaveCheckpoint(const StateDict& state_dict,
-                            const std::string& path) {
+absl::Status SaveCheckpoint(const StateDict& state_dict, const std::string& path) {
   absl::StatusOr<std::string> bytes = absl::EndsWith(path, ".safetensors")
                                           ? WriteSafetensors(state_dict)
                                           : WriteTorchCheckpoint(state_dict);
@@ -50,15 +43,13 @@ absl::Status SaveCheckpoint(const StateDict& state_dict,
     out.close();
     if (!out) {
       std::remove(tmp.c_str());
-      return absl::InternalError(
-          absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     std::remove(tmp.c_str());
-    return absl::InternalError(
-        absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(err)));
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -24,6 +25,7 @@ namespace ember::hub {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kTestdata[] = "hub/testdata/";
 
@@ -68,8 +70,7 @@ void ExpectMatchesFixture(const StateDict& sd) {
     SCOPED_TRACE(expected[i].name);
     EXPECT_EQ(sd[i].first, expected[i].name);
     EXPECT_EQ(std::string(DtypeName(sd[i].second.dtype())), expected[i].dtype);
-    EXPECT_EQ(std::vector<int64_t>(sd[i].second.sizes().begin(),
-                                   sd[i].second.sizes().end()),
+    EXPECT_EQ(std::vector<int64_t>(sd[i].second.sizes().begin(), sd[i].second.sizes().end()),
               expected[i].sizes);
     EXPECT_EQ(Values(sd[i].second), expected[i].values);
   }
@@ -95,8 +96,7 @@ std::string TmpPath(const std::string& name) {
 }
 
 TEST(CheckpointTest, ReadsTorchSave) {
-  absl::StatusOr<StateDict> sd =
-      LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
   ASSERT_TRUE(sd.ok()) << sd.status();
   ExpectMatchesFixture(*sd);
   // Views keep their geometry and share their storage, as in PyTorch.
@@ -107,24 +107,90 @@ TEST(CheckpointTest, ReadsTorchSave) {
   EXPECT_TRUE(rows.storage().is_alias_of(transposed.storage()));
 }
 
+TEST(CheckpointTest, ReadsLegacyTorchSave) {
+  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors_legacy.pt");
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  ExpectMatchesFixture(*sd);
+  const Tensor& rows = Find(*sd, "view.rows");
+  const Tensor& transposed = Find(*sd, "view.transposed");
+  EXPECT_EQ(rows.storage_offset(), 4);
+  EXPECT_EQ(transposed.strides(), (IntArrayRef{1, 4}));
+  EXPECT_TRUE(rows.storage().is_alias_of(transposed.storage()));
+}
+
+TEST(CheckpointTest, ReadsLegacyFilesThatPyTorchWrites) {
+  // The fixture's tensors saved now by the installed PyTorch, legacy format.
+  const std::string path = TmpPath("legacy_now.pt");
+  const std::string cmd =
+      "/usr/bin/python3 -c \"import sys\n"
+      "try:\n import torch\nexcept ImportError:\n sys.exit(77)\n"
+      "sys.path.insert(0, 'hub/testdata')\nimport make_fixtures\n"
+      "torch.save(make_fixtures.tensors(), sys.argv[1], _use_new_zipfile_serialization=False)\" " +
+      path;
+  int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "python3-torch is not installed";
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  absl::StatusOr<StateDict> sd = LoadCheckpoint(path);
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  ExpectMatchesFixture(*sd);
+}
+
+TEST(CheckpointTest, RefusesBrokenLegacyFiles) {
+  const std::string good = Slurp(std::string(kTestdata) + "tensors_legacy.pt");
+  ASSERT_TRUE(ReadTorchCheckpoint(good, "l.pt").ok());
+  // Cut anywhere: an error, never a crash.
+  for (size_t n = 14; n < good.size(); n += 7) {
+    absl::Status s = ReadTorchCheckpoint(good.substr(0, n), "l.pt").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << n << ": " << s;
+    EXPECT_THAT(s.message(), HasSubstr("truncated")) << n;
+  }
+  // Trailing bytes after the last storage.
+  absl::Status s = ReadTorchCheckpoint(good + "x", "l.pt").status();
+  EXPECT_THAT(s.message(), HasSubstr("1 bytes follow the last storage record"));
+  // A storage record whose element count disagrees with the pickle: the
+  // first record follows the key list, whose pickle ends with "e.".
+  std::string bad = good;
+  size_t first = bad.find("e.", bad.find("\x80\x02]")) + 2;
+  ASSERT_NE(first, std::string::npos);
+  bad[first] ^= 0x01;
+  s = ReadTorchCheckpoint(bad, "l.pt").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("elements but its record says"));
+  // The same restricted unpickler as the zip format.
+  bad = good;
+  size_t global = bad.find("ccollections\nOrderedDict\n");
+  ASSERT_NE(global, std::string::npos);
+  bad.replace(global, 25, "cposix\nsystem\n__________");
+  s = ReadTorchCheckpoint(bad, "l.pt").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(s.message(), HasSubstr("global 'posix.system' is not allowed"));
+}
+
+TEST(CheckpointTest, NamesDtypesEmberLacks) {
+  absl::Status s = LoadCheckpoint(std::string(kTestdata) + "complex.pt").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(s.message(), HasSubstr("complex64"));
+  EXPECT_THAT(s.message(), HasSubstr("torch.ComplexFloatStorage"));
+  EXPECT_THAT(s.message(), Not(HasSubstr("malicious")));
+}
+
 TEST(CheckpointTest, ReadsSafetensors) {
-  absl::StatusOr<StateDict> sd =
-      LoadCheckpoint(std::string(kTestdata) + "tensors.safetensors");
+  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.safetensors");
   ASSERT_TRUE(sd.ok()) << sd.status();
   ExpectMatchesFixture(*sd);
 }
 
 // Runs check_torch_load.py on `path`; its exit status (77: no python3-torch).
 int TorchLoadCheck(const std::string& path) {
-  std::string cmd = "/usr/bin/python3 hub/testdata/check_torch_load.py " +
-                    path + " " + kTestdata + "tensors.expected.txt";
+  std::string cmd = "/usr/bin/python3 hub/testdata/check_torch_load.py " + path + " " + kTestdata +
+                    "tensors.expected.txt";
   int status = std::system(cmd.c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 TEST(CheckpointTest, RoundTripThroughPyTorchFormat) {
-  absl::StatusOr<StateDict> sd =
-      LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
   ASSERT_TRUE(sd.ok()) << sd.status();
   std::string path = TmpPath("ember.pt");
   ASSERT_TRUE(SaveCheckpoint(*sd, path).ok());
@@ -141,8 +207,7 @@ TEST(CheckpointTest, RoundTripThroughPyTorchFormat) {
 }
 
 TEST(CheckpointTest, RoundTripThroughSafetensors) {
-  absl::StatusOr<StateDict> sd =
-      LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
   ASSERT_TRUE(sd.ok()) << sd.status();
   std::string path = TmpPath("ember.safetensors");
   ASSERT_TRUE(SaveCheckpoint(*sd, path).ok());
@@ -165,8 +230,7 @@ TEST(CheckpointTest, RefusesUnknownGlobals) {
 TEST(CheckpointTest, RefusesReduceOnDisallowedCallable) {
   absl::Status s = LoadFixture("evil_reduce.pt");
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(s.message(),
-              HasSubstr("REDUCE on 'torch.FloatStorage' is not allowed"));
+  EXPECT_THAT(s.message(), HasSubstr("REDUCE on 'torch.FloatStorage' is not allowed"));
 }
 
 TEST(CheckpointTest, RefusesUnknownOpcodes) {
@@ -178,9 +242,8 @@ TEST(CheckpointTest, RefusesUnknownOpcodes) {
 TEST(CheckpointTest, ChecksStorageSizesAndGeometry) {
   absl::Status s = LoadFixture("evil_storage_size.pt");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(),
-              HasSubstr("storage '0' should hold 6 float32 elements (24 bytes) "
-                        "but its record has 8"));
+  EXPECT_THAT(s.message(), HasSubstr("storage '0' should hold 6 float32 elements (24 bytes) "
+                                     "but its record has 8"));
   s = LoadFixture("evil_view.pt");
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("size [2, 3], stride [3, 1] at offset 2 "
@@ -200,8 +263,7 @@ TEST(CheckpointTest, RefusesTruncatedAndCorruptZips) {
   ASSERT_NE(at, std::string::npos);
   // Flip a byte of the first storage record (its data follows its local
   // header).
-  size_t data =
-      bytes.find("tensors/data/0", at) + std::string("tensors/data/0").size();
+  size_t data = bytes.find("tensors/data/0", at) + std::string("tensors/data/0").size();
   absl::StatusOr<StateDict> sd = ReadTorchCheckpoint(bytes, "x.pt");
   ASSERT_TRUE(sd.ok());
   bytes[data + 70] ^= 0x5a;
@@ -214,42 +276,99 @@ TEST(CheckpointTest, RefusesHostileSafetensors) {
   std::string good = Slurp(std::string(kTestdata) + "tensors.safetensors");
   std::string bytes = good;
   bytes[7] = 0x7f;  // a header length far past the file
-  EXPECT_THAT(ReadSafetensors(bytes, "a").status().message(),
-              HasSubstr("exceeds the file"));
+  EXPECT_THAT(ReadSafetensors(bytes, "a").status().message(), HasSubstr("exceeds the file"));
   bytes = good.substr(0, good.size() - 1);
-  EXPECT_THAT(ReadSafetensors(bytes, "b").status().message(),
-              HasSubstr("truncated"));
+  EXPECT_THAT(ReadSafetensors(bytes, "b").status().message(), HasSubstr("truncated"));
   // A header claiming more bytes than the shape needs.
-  std::string header =
-      R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,12]}})";
-  bytes = std::string(1, static_cast<char>(header.size())) +
-          std::string(7, '\0') + header + std::string(12, '\0');
+  std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,12]}})";
+  bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header +
+          std::string(12, '\0');
   EXPECT_THAT(ReadSafetensors(bytes, "c").status().message(),
               HasSubstr("hold 12 bytes but shape [2] of F32 needs 8"));
   header =
       R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"v":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})";
-  bytes = std::string(1, static_cast<char>(header.size())) +
-          std::string(7, '\0') + header + std::string(6, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "d").status().message(),
-              HasSubstr("overlap or hole"));
+  bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header +
+          std::string(6, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "d").status().message(), HasSubstr("overlap or hole"));
   header = R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})";
-  bytes = std::string(1, static_cast<char>(header.size())) +
-          std::string(7, '\0') + header + std::string(8, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "e").status().message(),
-              HasSubstr("dtype C64"));
+  bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header +
+          std::string(8, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "e").status().message(), HasSubstr("dtype C64"));
   header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
-  bytes = std::string(1, static_cast<char>(header.size())) +
-          std::string(7, '\0') + header + std::string(4, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "f").status().message(),
-              HasSubstr("invalid JSON"));
+  bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header +
+          std::string(4, '\0');
+  EXPECT_THAT(ReadSafetensors(bytes, "f").status().message(), HasSubstr("invalid JSON"));
+}
+
+// A safetensors file of `header` followed by `data_bytes` zero bytes.
+std::string Safetensors(const std::string& header, size_t data_bytes) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  return out + header + std::string(data_bytes, '\0');
+}
+
+TEST(CheckpointTest, SafetensorsNamesMustBeText) {
+  const std::string tensor = R"(:{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  struct Case {
+    std::string name;  // as written in the JSON header
+    std::string error;
+  };
+  const Case cases[] = {
+      {"w\xff", "not valid UTF-8 (byte 11 of the file)"},
+      {"w\xed\xa0\x80", "not valid UTF-8"},  // an encoded surrogate
+      {"w\\u0000x", "tensor 'w\\x00x': its name holds a NUL character"},
+      {"w\\ud800", "lone high surrogate"},
+      {"w\\udc00", "lone low surrogate"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    absl::Status s = ReadSafetensors(Safetensors("{\"" + c.name + "\"" + tensor, 4), "n").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.error));
+  }
+  // A surrogate pair is one code point, and fine.
+  EXPECT_TRUE(ReadSafetensors(Safetensors("{\"w\\ud83d\\ude00\"" + tensor, 4), "n").ok());
+}
+
+TEST(CheckpointTest, SafetensorsDimensionsAreCapped) {
+  std::string ones = "1";
+  for (int i = 1; i < 100000; ++i) ones += ",1";
+  absl::Status s =
+      ReadSafetensors(
+          Safetensors(R"({"w":{"dtype":"F32","shape":[)" + ones + R"(],"data_offsets":[0,4]}})", 4),
+          "dims")
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("shape has 100000 dimensions; checkpoints may have at most 64"));
+  ones = "1";
+  for (int i = 1; i < kMaxCheckpointDims; ++i) ones += ",1";
+  EXPECT_TRUE(
+      ReadSafetensors(
+          Safetensors(R"({"w":{"dtype":"F32","shape":[)" + ones + R"(],"data_offsets":[0,4]}})", 4),
+          "dims")
+          .ok());
+}
+
+TEST(CheckpointTest, SafetensorsDtypesEmberLacksAreUnsupported) {
+  absl::Status s =
+      ReadSafetensors(Safetensors(R"({"z":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8),
+                      "c.safetensors")
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("tensor 'z' has dtype C64, which Ember does not support"));
+  s = ReadSafetensors(Safetensors(R"({"z":{"dtype":"Q99","shape":[1],"data_offsets":[0,8]}})", 8),
+                      "c")
+          .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("dtype Q99 is not a safetensors dtype Ember knows"));
 }
 
 TEST(CheckpointTest, WritersRefuseDuplicates) {
   StateDict sd = {{"a", zeros({2})}, {"a", zeros({2})}};
-  EXPECT_THAT(WriteTorchCheckpoint(sd).status().message(),
-              HasSubstr("'a' appears twice"));
-  EXPECT_THAT(WriteSafetensors(sd).status().message(),
-              HasSubstr("'a' appears twice"));
+  EXPECT_THAT(WriteTorchCheckpoint(sd).status().message(), HasSubstr("'a' appears twice"));
+  EXPECT_THAT(WriteSafetensors(sd).status().message(), HasSubstr("'a' appears twice"));
 }
 
 TEST(CheckpointTest, UnknownFileIsAnError) {
@@ -257,11 +376,9 @@ TEST(CheckpointTest, UnknownFileIsAnError) {
   std::ofstream(path) << "\x80\x02legacy";
   absl::Status s = LoadCheckpoint(path).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(
-      s.message(),
-      HasSubstr("neither a torch.save zip checkpoint nor a safetensors"));
-  EXPECT_EQ(LoadCheckpoint(TmpPath("missing.pt")).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(),
+              HasSubstr("neither a torch.save checkpoint (zip or legacy) nor a safetensors"));
+  EXPECT_EQ(LoadCheckpoint(TmpPath("missing.pt")).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

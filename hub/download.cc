@@ -12,9 +12,11 @@
 #include <mutex>
 
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "hub/printable.h"
 #include "hub/sha256.h"
 
 // Note [Download safety]
@@ -157,6 +159,15 @@ Attempt TryOnce(const std::string& url, const std::string& tmp, const std::strin
   FinishProgress(progress, rc == CURLE_OK);
   bool flushed = std::fflush(out.get()) == 0;
   std::string what = absl::StrCat("downloading ", url, ": ");
+  long redirects = 0;
+  curl_easy_getinfo(c, CURLINFO_REDIRECT_COUNT, &redirects);
+  char* redirect_url = nullptr;
+  curl_easy_getinfo(c, CURLINFO_REDIRECT_URL, &redirect_url);
+  if (rc == CURLE_UNSUPPORTED_PROTOCOL && redirects == 0 && redirect_url == nullptr) {
+    return {absl::InvalidArgumentError(
+                absl::StrCat(what, "unsupported protocol (", error, "); use an https:// URL")),
+            false};
+  }
   if (rc == CURLE_UNSUPPORTED_PROTOCOL) {
     return {
         absl::PermissionDeniedError(absl::StrCat(what, "refused a redirect to a non-https URL (",
@@ -190,8 +201,24 @@ Attempt TryOnce(const std::string& url, const std::string& tmp, const std::strin
 
 }  // namespace
 
+absl::Status check_url_scheme(absl::string_view url) {
+  const size_t colon = url.find("://");
+  const std::string scheme =
+      colon == absl::string_view::npos ? "" : absl::AsciiStrToLower(url.substr(0, colon));
+  if (scheme == "https" || scheme == "http") return absl::OkStatus();
+  if (scheme.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("URL '", escape_for_terminal(url), "' has no scheme; give it as https://..."));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unsupported URL scheme '", escape_for_terminal(scheme), "' in ", escape_for_terminal(url),
+      ": downloads use https:// (or http:// when given "
+      "explicitly)"));
+}
+
 absl::Status DownloadUrlToFile(const std::string& url, const std::string& dest,
                                const DownloadOptions& options) {
+  if (absl::Status s = check_url_scheme(url); !s.ok()) return s;
   GlobalInitOnce();
   std::string ca_bundle = options.ca_bundle;
   if (const char* env = std::getenv(kCaBundleEnv); ca_bundle.empty() && env != nullptr)

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace ember::hub {
@@ -50,10 +51,16 @@ struct DownloadOptions {
   std::string hash_prefix;
 };
 
+// OK when `url` is one DownloadUrlToFile accepts: an https:// or http://
+// URL (the scheme in any case). Errors: InvalidArgument naming the scheme
+// (ftp, file ...) or saying the URL has none.
+absl::Status check_url_scheme(absl::string_view url);
+
 // Downloads `url` to `dest` (whose directory must exist), replacing any file
 // there only once the new one is complete and verified. Blocks for at most
-// about max_attempts * total_timeout. Errors: NotFound for HTTP 404;
-// PermissionDenied for a redirect to plain http; Unavailable for network and
+// about max_attempts * total_timeout. Errors: InvalidArgument for a URL
+// check_url_scheme refuses; NotFound for HTTP 404; PermissionDenied for a
+// redirect to anything but https; Unavailable for network and
 // TLS failures after the retries; DataLoss when the hash does not match (the
 // message gives expected and actual); Internal for local file errors. On any
 // error `dest` is untouched and no temporary file is left.

@@ -8,7 +8,10 @@
 //   ...   // exclusive until `lock` is destroyed
 //
 // The kernel drops the lock when its holder exits, so a crashed loader never
-// leaves a stale lock behind; the file itself stays (it is empty).
+// leaves a stale lock behind. A holder deletes the lock file as it lets go,
+// so none is left after the work is done (Note [Removing lock files] in
+// file_lock.cc says why that stays safe for waiters); only a holder that died
+// leaves its empty file, which the next loader reuses.
 //
 // Thread-safety: a FileLock is move-only; distinct FileLock objects on the
 // same path exclude each other across threads and processes.
@@ -27,18 +30,20 @@ class FileLock {
   // Blocks until the lock on `path` (created if missing) is held, polling,
   // for at most `timeout`. Errors: DeadlineExceeded naming the path after
   // `timeout`; Internal when the file cannot be opened.
-  static absl::StatusOr<FileLock> Acquire(const std::string& path,
-                                          absl::Duration timeout);
+  static absl::StatusOr<FileLock> Acquire(const std::string& path, absl::Duration timeout);
 
   FileLock(FileLock&& other) noexcept;
   FileLock& operator=(FileLock&& other) noexcept;
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
-  ~FileLock();  // releases the lock
+  ~FileLock();  // deletes the lock file, then releases the lock
 
  private:
-  explicit FileLock(int fd) : fd_(fd) {}
+  FileLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  void Release();
   int fd_ = -1;
+  std::string path_;
+  bool held_ = false;  // the flock is held on the file linked at path_
 };
 
 }  // namespace ember::hub

@@ -4,19 +4,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "hub/printable.h"
 #include "hub/repo_ref.h"
 #include "tensor/status_macros.h"
 
 namespace ember::hub {
 
-absl::StatusOr<Repository> OpenRepository(const std::string& repo,
-                                          const HubOptions& options) {
+absl::StatusOr<Repository> OpenRepository(const std::string& repo, const HubOptions& options) {
   Repository r;
   if (options.source == Source::kLocal) {
     struct stat st;
     if (stat(repo.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      return absl::NotFoundError(
-          absl::StrCat("local repository ", repo, " is not a directory"));
+      return absl::NotFoundError(absl::StrCat("local repository ", repo, " is not a directory"));
     }
     r.dir = repo;
   } else {
@@ -25,6 +24,8 @@ absl::StatusOr<Repository> OpenRepository(const std::string& repo,
     fetch.force_reload = options.force_reload;
     fetch.base_url = options.base_url;
     fetch.download = options.download;
+    fetch.max_unpacked_bytes = options.max_unpacked_bytes;
+    fetch.max_unpacked_entries = options.max_unpacked_entries;
     EMBER_ASSIGN_OR_RETURN(FetchedRepo fetched, FetchRepo(ref, fetch));
     r.dir = fetched.dir;
   }
@@ -32,27 +33,23 @@ absl::StatusOr<Repository> OpenRepository(const std::string& repo,
   return r;
 }
 
-absl::StatusOr<const EntryPoint*> GetEntryPoint(const Repository& repo,
-                                                const std::string& entry) {
+absl::StatusOr<const EntryPoint*> GetEntryPoint(const Repository& repo, const std::string& entry) {
   if (const EntryPoint* e = FindEntryPoint(repo.conf, entry)) return e;
   std::vector<std::string> names;
-  for (const EntryPoint& e : repo.conf.entry_points())
-    names.push_back(e.name());
-  return absl::NotFoundError(
-      absl::StrCat("cannot find callable ", entry, " in hubconf of ", repo.dir,
-                   " (entry points: ", absl::StrJoin(names, ", "), ")"));
+  for (const EntryPoint& e : repo.conf.entry_points()) names.push_back(e.name());
+  return absl::NotFoundError(absl::StrCat("cannot find callable ", entry, " in hubconf of ",
+                                          repo.dir, " (entry points: ", absl::StrJoin(names, ", "),
+                                          ")"));
 }
 
-absl::StatusOr<std::vector<std::string>> List(const std::string& repo,
-                                              const HubOptions& options) {
+absl::StatusOr<std::vector<std::string>> List(const std::string& repo, const HubOptions& options) {
   EMBER_ASSIGN_OR_RETURN(Repository r, OpenRepository(repo, options));
   std::vector<std::string> names;
   for (const EntryPoint& e : r.conf.entry_points()) names.push_back(e.name());
   return names;
 }
 
-absl::StatusOr<std::string> Help(const std::string& repo,
-                                 const std::string& entry,
+absl::StatusOr<std::string> Help(const std::string& repo, const std::string& entry,
                                  const HubOptions& options) {
   EMBER_ASSIGN_OR_RETURN(Repository r, OpenRepository(repo, options));
   EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, GetEntryPoint(r, entry));

@@ -40,6 +40,10 @@ struct HubOptions {
   std::string base_url;
   // Timeouts, retries, CA bundle and progress bar for every download.
   DownloadOptions download;
+  // Caps on what a fetched repository's archive may unpack to (see
+  // FetchOptions); 0: the environment's value or the default.
+  uint64_t max_unpacked_bytes = 0;
+  uint64_t max_unpacked_entries = 0;
 };
 
 // A repository resolved to a folder on disk, with its parsed hubconf.
@@ -51,8 +55,7 @@ struct Repository {
 // Fetches (or finds) `repo` and reads its hubconf. Blocks on the network when
 // the repository is not cached. Errors: those of ParseRepoRef, FetchRepo and
 // ReadHubConf; NotFound for a kLocal directory that does not exist.
-absl::StatusOr<Repository> OpenRepository(const std::string& repo,
-                                          const HubOptions& options = {});
+absl::StatusOr<Repository> OpenRepository(const std::string& repo, const HubOptions& options = {});
 
 // The names of the entry points `repo` publishes, in file order.
 absl::StatusOr<std::vector<std::string>> List(const std::string& repo,
@@ -60,13 +63,11 @@ absl::StatusOr<std::vector<std::string>> List(const std::string& repo,
 
 // The doc of entry point `entry`. Errors: NotFound listing the entry points
 // that exist.
-absl::StatusOr<std::string> Help(const std::string& repo,
-                                 const std::string& entry,
+absl::StatusOr<std::string> Help(const std::string& repo, const std::string& entry,
                                  const HubOptions& options = {});
 
 // The entry point `entry` of `conf`; NotFound listing those that exist.
-absl::StatusOr<const EntryPoint*> GetEntryPoint(const Repository& repo,
-                                                const std::string& entry);
+absl::StatusOr<const EntryPoint*> GetEntryPoint(const Repository& repo, const std::string& entry);
 
 }  // namespace ember::hub
 

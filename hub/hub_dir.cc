@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
@@ -17,6 +18,12 @@ absl::Mutex dir_mu;
 std::string& DirSetByUser() ABSL_EXCLUSIVE_LOCKS_REQUIRED(dir_mu) {
   static auto* dir = new std::string();
   return *dir;
+}
+
+// The value of environment variable `name`, "" when unset.
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
 }
 
 }  // namespace
@@ -31,14 +38,13 @@ absl::Status MakeDirs(const std::string& dir) {
     if (pos != dir.size() && dir[pos] != '/') continue;
     std::string prefix = dir.substr(0, pos);
     if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::InternalError(absl::StrCat(
-          "cannot create directory ", prefix, ": ", std::strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("cannot create directory ", prefix, ": ", std::strerror(errno)));
     }
   }
   struct stat st;
   if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::InternalError(
-        absl::StrCat(dir, " exists but is not a directory"));
+    return absl::InternalError(absl::StrCat(dir, " exists but is not a directory"));
   }
   return absl::OkStatus();
 }
@@ -49,18 +55,28 @@ absl::StatusOr<std::string> GetDir() {
     absl::MutexLock lock(&dir_mu);
     dir = DirSetByUser();
   }
-  if (dir.empty()) {
-    if (const char* env = std::getenv(kHubDirEnv);
-        env != nullptr && *env != '\0')
-      dir = env;
+  const std::string home = Env("HOME");
+  auto expand = [&](std::string path) {
+    if (!home.empty() && (path == "~" || absl::StartsWith(path, "~/"))) path.replace(0, 1, home);
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    return path;
+  };
+  if (dir.empty()) dir = expand(Env(kHubDirEnv));
+  if (dir.empty() && !Env(kTorchHomeEnv).empty()) dir = expand(Env(kTorchHomeEnv)) + "/hub";
+  if (dir.empty() && !Env(kXdgCacheHomeEnv).empty()) {
+    dir = expand(Env(kXdgCacheHomeEnv)) + "/torch/hub";
   }
   if (dir.empty()) {
-    const char* home = std::getenv("HOME");
-    if (home == nullptr || *home == '\0') {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "no hub directory: call SetDir(), set ", kHubDirEnv, " or set HOME"));
+    if (home.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("no hub directory: call SetDir(), or set ",
+                                                        kHubDirEnv, ", ", kTorchHomeEnv, ", ",
+                                                        kXdgCacheHomeEnv, " or HOME"));
     }
-    dir = absl::StrCat(home, "/.torch/hub");
+    const std::string legacy = absl::StrCat(home, "/.torch/hub");
+    struct stat st;
+    dir = stat(legacy.c_str(), &st) == 0 && S_ISDIR(st.st_mode)
+              ? legacy
+              : absl::StrCat(home, "/.cache/torch/hub");
   }
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   if (absl::Status s = MakeDirs(dir); !s.ok()) return s;

@@ -3,8 +3,17 @@
 //   ember::hub::SetDir("/data/hub");                     // highest precedence
 //   EMBER_ASSIGN_OR_RETURN(std::string dir, ember::hub::GetDir());
 //
-// GetDir() answers, in this order: the directory given to SetDir(); the
-// TORCH_HUB_DIR environment variable; ~/.torch/hub (home from $HOME). It
+// GetDir() answers, in this order (PyTorch's torch.hub.get_dir, plus two
+// places earlier versions of Ember used):
+//   1. the directory given to SetDir();
+//   2. $TORCH_HUB_DIR (Ember's own variable, where PyTorch's deprecated
+//      $TORCH_HUB used to sit);
+//   3. $TORCH_HOME/hub;
+//   4. $XDG_CACHE_HOME/torch/hub;
+//   5. ~/.torch/hub, only when that directory already exists (PyTorch 1.0's
+//      default and Ember's before this order, so existing caches stay in use);
+//   6. ~/.cache/torch/hub.
+// Empty variables count as unset; a leading "~/" in them means $HOME. It
 // creates the directory (and its parents) when missing.
 //
 // Layout inside it:
@@ -22,15 +31,17 @@
 
 namespace ember::hub {
 
-// Environment variable naming the hub directory when SetDir() was not called.
+// Environment variables read by GetDir(), in its order.
 inline constexpr char kHubDirEnv[] = "TORCH_HUB_DIR";
+inline constexpr char kTorchHomeEnv[] = "TORCH_HOME";
+inline constexpr char kXdgCacheHomeEnv[] = "XDG_CACHE_HOME";
 
 // Makes `dir` the hub directory for this process; an empty string undoes it.
 void SetDir(std::string dir);
 
 // The hub directory (see above), created if missing. Errors: Internal naming
-// the directory when it cannot be created; FailedPrecondition when no
-// directory is set and $HOME is unset.
+// the directory when it cannot be created; FailedPrecondition when nothing
+// above is set and $HOME is unset.
 absl::StatusOr<std::string> GetDir();
 
 // Creates `dir` and its missing parents (mkdir -p). Errors name the path.

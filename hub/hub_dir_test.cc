@@ -1,4 +1,5 @@
-// Hub directory precedence: SetDir, then TORCH_HUB_DIR, then ~/.torch/hub.
+// Hub directory precedence: SetDir, TORCH_HUB_DIR, TORCH_HOME/hub,
+// XDG_CACHE_HOME/torch/hub, an existing ~/.torch/hub, ~/.cache/torch/hub.
 #include "hub/hub_dir.h"
 
 #include <sys/stat.h>
@@ -23,6 +24,8 @@ class HubDirTest : public ::testing::Test {
     root_ = std::string(std::getenv("TEST_TMPDIR")) + "/hub_dir_test";
     SetDir("");
     unsetenv(kHubDirEnv);
+    unsetenv(kTorchHomeEnv);
+    unsetenv(kXdgCacheHomeEnv);
     setenv("HOME", (root_ + "/home").c_str(), 1);
   }
   void TearDown() override { SetDir(""); }
@@ -30,31 +33,46 @@ class HubDirTest : public ::testing::Test {
 };
 
 TEST_F(HubDirTest, Precedence) {
-  // Nothing set: ~/.torch/hub, created.
+  // Nothing set: ~/.cache/torch/hub, created.
   absl::StatusOr<std::string> dir = GetDir();
   ASSERT_TRUE(dir.ok()) << dir.status();
-  EXPECT_EQ(*dir, root_ + "/home/.torch/hub");
+  EXPECT_EQ(*dir, root_ + "/home/.cache/torch/hub");
   EXPECT_TRUE(IsDir(*dir));
 
-  // The environment variable beats the default.
+  // An existing ~/.torch/hub (PyTorch 1.0, older Ember) stays in use.
+  ASSERT_TRUE(MakeDirs(root_ + "/home/.torch/hub").ok());
+  EXPECT_EQ(*GetDir(), root_ + "/home/.torch/hub");
+
+  // Then, each beating the ones before: XDG_CACHE_HOME, TORCH_HOME,
+  // TORCH_HUB_DIR, SetDir.
+  setenv(kXdgCacheHomeEnv, (root_ + "/xdg").c_str(), 1);
+  EXPECT_EQ(*GetDir(), root_ + "/xdg/torch/hub");
+  setenv(kTorchHomeEnv, "~/th/", 1);  // "~/" means $HOME, as PyTorch expands it
+  EXPECT_EQ(*GetDir(), root_ + "/home/th/hub");
+  EXPECT_TRUE(IsDir(root_ + "/home/th/hub"));
   setenv(kHubDirEnv, (root_ + "/env/hub/").c_str(), 1);
   dir = GetDir();
   ASSERT_TRUE(dir.ok()) << dir.status();
   EXPECT_EQ(*dir, root_ + "/env/hub");
   EXPECT_TRUE(IsDir(*dir));
-
-  // SetDir beats both; undoing it falls back to the environment.
   SetDir(root_ + "/set");
   EXPECT_EQ(*GetDir(), root_ + "/set");
+
+  // Undoing them falls back in order; empty variables count as unset.
   SetDir("");
   EXPECT_EQ(*GetDir(), root_ + "/env/hub");
+  setenv(kHubDirEnv, "", 1);
+  EXPECT_EQ(*GetDir(), root_ + "/home/th/hub");
+  unsetenv(kTorchHomeEnv);
+  EXPECT_EQ(*GetDir(), root_ + "/xdg/torch/hub");
 }
 
 TEST_F(HubDirTest, ErrorsNameTheProblem) {
   unsetenv("HOME");
   absl::Status s = GetDir().status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), ::testing::HasSubstr("TORCH_HUB_DIR"));
+  EXPECT_THAT(s.message(),
+              ::testing::HasSubstr("TORCH_HUB_DIR, TORCH_HOME, XDG_CACHE_HOME or HOME"));
 
   ASSERT_TRUE(MakeDirs(root_).ok());
   std::string file = root_ + "/a_file";

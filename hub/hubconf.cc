@@ -6,10 +6,14 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "hub/hubconf_py.h"
+#include "hub/printable.h"
+#include "tensor/status_macros.h"
 
 namespace ember::hub {
 namespace {
@@ -20,8 +24,7 @@ class FirstError : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, int column, const std::string& message) override {
     if (message_.empty())
-      message_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ",
-                              message);
+      message_ = absl::StrCat("line ", line + 1, ", column ", column + 1, ": ", message);
   }
   void AddWarning(int, int, const std::string&) override {}
   const std::string& message() const { return message_; }
@@ -31,8 +34,7 @@ class FirstError : public google::protobuf::io::ErrorCollector {
 };
 
 bool IsHex(absl::string_view s) {
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return absl::ascii_isxdigit(c); });
+  return std::all_of(s.begin(), s.end(), [](char c) { return absl::ascii_isxdigit(c); });
 }
 
 absl::Status CheckWeights(const EntryPoint& e, absl::string_view source) {
@@ -43,54 +45,94 @@ absl::Status CheckWeights(const EntryPoint& e, absl::string_view source) {
         absl::StrCat(source, ": entry point '", e.name(), "': weights ", why));
   };
   if (w.file().empty() == w.url().empty()) {
-    return bad(
-        "need exactly one of `file` (a path in the repository) or `url`");
+    return bad("need exactly one of `file` (a path in the repository) or `url`");
   }
   if (!w.sha256().empty() &&
       (w.sha256().size() < 8 || w.sha256().size() > 64 || !IsHex(w.sha256()))) {
     return bad(
-        absl::StrCat("sha256 '", w.sha256(), "' is not 8 to 64 hex digits"));
+        absl::StrCat("sha256 '", escape_for_terminal(w.sha256()), "' is not 8 to 64 hex digits"));
+  }
+  if (const std::string origin = url_origin(w.url()); !w.url().empty() &&
+                                                      !absl::StartsWith(origin, "https://") &&
+                                                      !absl::StartsWith(origin, "http://")) {
+    return bad(absl::StrCat("url '", escape_for_terminal(w.url()),
+                            "' is not an https:// URL; publish weights over https (or as a `file` "
+                            "in the repository)"));
   }
   if (!w.url().empty() && w.sha256().empty()) {
-    return bad(
-        absl::StrCat("url '", w.url(),
-                     "' has no sha256; give the file's SHA-256 (sha256sum)"));
+    return bad(absl::StrCat("url '", escape_for_terminal(w.url()),
+                            "' has no sha256; give the file's SHA-256 (sha256sum)"));
   }
-  if (!w.file().empty() &&
-      (w.file().front() == '/' || w.file().find("..") != std::string::npos)) {
-    return bad(absl::StrCat("file '", w.file(),
+  if (!w.file().empty() && (w.file().front() == '/' || w.file().find("..") != std::string::npos)) {
+    return bad(absl::StrCat("file '", escape_for_terminal(w.file()),
                             "' must be a relative path inside the repository"));
   }
   return absl::OkStatus();
 }
 
+bool IsKeyword(absl::string_view name) {
+  static const char* const kKeywords[] = {
+      "False", "None",     "True",  "and",    "as",   "assert", "async",  "await",    "break",
+      "class", "continue", "def",   "del",    "elif", "else",   "except", "finally",  "for",
+      "from",  "global",   "if",    "import", "in",   "is",     "lambda", "nonlocal", "not",
+      "or",    "pass",     "raise", "return", "try",  "while",  "with",   "yield"};
+  return std::find(std::begin(kKeywords), std::end(kKeywords), name) != std::end(kKeywords);
+}
+
 }  // namespace
 
-absl::StatusOr<HubConf> ParseHubConf(absl::string_view text,
-                                     absl::string_view source) {
+absl::Status check_entry_point_name(absl::string_view name, absl::string_view where) {
+  const bool identifier = !name.empty() && !absl::ascii_isdigit(name.front()) &&
+                          std::all_of(name.begin(), name.end(),
+                                      [](char c) { return absl::ascii_isalnum(c) || c == '_'; }) &&
+                          !IsKeyword(name);
+  if (identifier) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      where, ": entry point name '", escape_for_terminal(name),
+      "' is not an identifier; name entry points as Python functions are named (ASCII letters, "
+      "digits and '_', not starting with a digit, not a keyword)"));
+}
+
+std::string url_origin(absl::string_view url) {
+  const size_t scheme_end = url.find("://");
+  if (scheme_end == absl::string_view::npos) return "";
+  const size_t host_end = url.find_first_of("/?#", scheme_end + 3);
+  return absl::AsciiStrToLower(url.substr(0, host_end));
+}
+
+absl::StatusOr<HubConf> ParseHubConf(absl::string_view text, absl::string_view source) {
   HubConf conf;
   FirstError errors;
   google::protobuf::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(std::string(text), &conf)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": not a valid hubconf (schema hub/hubconf.proto): ",
-        errors.message()));
+        source, ": not a valid hubconf (schema hub/hubconf.proto): ", errors.message()));
+  }
+  if (conf.python_dependencies_size() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source,
+                     ": `python_dependencies` is set only by the hubconf.py reader; list "
+                     "builders in `dependencies`"));
   }
   std::set<std::string> names;
   for (const EntryPoint& e : conf.entry_points()) {
     if (e.name().empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": an entry point has no name"));
+      return absl::InvalidArgumentError(absl::StrCat(source, ": an entry point has no name"));
     }
+    EMBER_RETURN_IF_ERROR(check_entry_point_name(e.name(), source));
     if (!names.insert(e.name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": entry point '", e.name(), "' is defined twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": entry point '", e.name(), "' is defined twice"));
     }
-    if (e.builder().empty()) {
+    if (e.python()) {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": entry point '", e.name(),
-                       "' names no builder; set builder: \"<name>\""));
+                       "' sets `python`, which only the hubconf.py reader sets; remove it"));
+    }
+    if (e.builder().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": entry point '", e.name(), "' names no builder; set builder: \"<name>\""));
     }
     if (e.kwargs().contains("pretrained")) {
       return absl::InvalidArgumentError(
@@ -104,16 +146,17 @@ absl::StatusOr<HubConf> ParseHubConf(absl::string_view text,
 }
 
 absl::StatusOr<HubConf> ReadHubConf(const std::string& repo_dir) {
-  std::string path = absl::StrCat(repo_dir, "/", kHubConfFile);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("no ", kHubConfFile, " in ", repo_dir,
-                     ": the repository publishes no entry points"));
+  for (const char* file : {kHubConfFile, kHubConfPyFile}) {
+    const std::string path = absl::StrCat(repo_dir, "/", file);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) continue;
+    std::stringstream text;
+    text << in.rdbuf();
+    if (file == kHubConfFile) return ParseHubConf(text.str(), path);
+    return parse_hubconf_py(text.str(), path);
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseHubConf(text.str(), path);
+  return absl::NotFoundError(absl::StrCat("no ", kHubConfFile, " or ", kHubConfPyFile, " in ",
+                                          repo_dir, ": the repository publishes no entry points"));
 }
 
 const EntryPoint* FindEntryPoint(const HubConf& conf, absl::string_view name) {
@@ -123,17 +166,15 @@ const EntryPoint* FindEntryPoint(const HubConf& conf, absl::string_view name) {
   return nullptr;
 }
 
-absl::Status CheckDependencies(const HubConf& conf,
-                               const std::vector<std::string>& available) {
+absl::Status CheckDependencies(const HubConf& conf, const std::vector<std::string>& available) {
   std::vector<std::string> missing;
   for (const std::string& d : conf.dependencies()) {
-    if (std::find(available.begin(), available.end(), d) == available.end())
-      missing.push_back(d);
+    if (std::find(available.begin(), available.end(), d) == available.end()) missing.push_back(d);
   }
   if (missing.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "missing dependencies: ", absl::StrJoin(missing, ", "),
-      " (this loader provides: ", absl::StrJoin(available, ", "), ")"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("missing dependencies: ", absl::StrJoin(missing, ", "),
+                   " (this loader provides: ", absl::StrJoin(available, ", "), ")"));
 }
 
 }  // namespace ember::hub

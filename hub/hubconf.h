@@ -6,9 +6,11 @@
 //   const ember::hub::EntryPoint* e = ember::hub::FindEntryPoint(conf, "mlp");
 //
 // The schema is hub/hubconf.proto. Parsing checks the file's own consistency
-// (unique entry names, a builder per entry, weights given as a file or as a
-// URL with its SHA-256); whether the builders exist is the loader's check
-// (CheckDependencies).
+// (unique entry names that are identifiers, a builder per entry, weights
+// given as a file or as an https URL with its SHA-256); whether the builders
+// exist is the loader's check (CheckDependencies). A repository may publish a
+// PyTorch-hub hubconf.py instead, read without running it (hubconf_py.h);
+// when both files exist, hubconf.textproto wins.
 //
 // Thread-safety: free functions on values; safe from any thread.
 #ifndef EMBER_HUB_HUBCONF_H_
@@ -30,20 +32,29 @@ inline constexpr char kHubConfFile[] = "hubconf.textproto";
 // Parses and validates hubconf text. `source` names the file in messages.
 // Errors: InvalidArgument naming the source, the line/column or the entry
 // and what to fix.
-absl::StatusOr<HubConf> ParseHubConf(absl::string_view text,
-                                     absl::string_view source);
+absl::StatusOr<HubConf> ParseHubConf(absl::string_view text, absl::string_view source);
 
-// Reads and parses <repo_dir>/hubconf.textproto. NotFound when the repository
-// publishes none.
+// Reads and parses <repo_dir>/hubconf.textproto, or, when there is none,
+// <repo_dir>/hubconf.py (hubconf_py.h). NotFound when the repository
+// publishes neither.
 absl::StatusOr<HubConf> ReadHubConf(const std::string& repo_dir);
+
+// OK when `name` may name an entry point: an ASCII identifier as a Python
+// def name is ([A-Za-z_][A-Za-z0-9_]*, not a keyword). Names go to
+// terminals and file names, so nothing else is accepted. Errors:
+// InvalidArgument naming `where` and the (escaped) name.
+absl::Status check_entry_point_name(absl::string_view name, absl::string_view where);
+
+// Scheme and host[:port] of `url` ("https://a.org:8443/x" ->
+// "https://a.org:8443"), lower-cased; "" when it has no "://".
+std::string url_origin(absl::string_view url);
 
 // The entry point called `name`, or null.
 const EntryPoint* FindEntryPoint(const HubConf& conf, absl::string_view name);
 
 // FailedPrecondition listing every dependency of `conf` missing from
 // `available` (and what is available); OK when none is missing.
-absl::Status CheckDependencies(const HubConf& conf,
-                               const std::vector<std::string>& available);
+absl::Status CheckDependencies(const HubConf& conf, const std::vector<std::string>& available);
 
 }  // namespace ember::hub
 

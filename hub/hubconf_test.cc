@@ -1,8 +1,17 @@
-// hubconf.textproto parsing and validation.
+// hubconf.textproto parsing and validation, and hubconf.py read statically.
 #include "hub/hubconf.h"
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hub/hubconf_py.h"
 
 namespace ember::hub {
 namespace {
@@ -37,8 +46,7 @@ TEST(HubConfTest, ParsesEntryPoints) {
 }
 
 TEST(HubConfTest, SyntaxErrorNamesSourceAndLine) {
-  absl::StatusOr<HubConf> conf =
-      ParseHubConf("entry_points {\n name: 3 }", "r/hubconf.textproto");
+  absl::StatusOr<HubConf> conf = ParseHubConf("entry_points {\n name: 3 }", "r/hubconf.textproto");
   ASSERT_FALSE(conf.ok());
   EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(conf.status().message(), HasSubstr("r/hubconf.textproto"));
@@ -46,8 +54,7 @@ TEST(HubConfTest, SyntaxErrorNamesSourceAndLine) {
 }
 
 TEST(HubConfTest, UnknownFieldIsAnError) {
-  absl::StatusOr<HubConf> conf =
-      ParseHubConf("entrypoints { name: \"a\" }", "f");
+  absl::StatusOr<HubConf> conf = ParseHubConf("entrypoints { name: \"a\" }", "f");
   ASSERT_FALSE(conf.ok());
   EXPECT_THAT(conf.status().message(), HasSubstr("entrypoints"));
 }
@@ -59,8 +66,7 @@ TEST(HubConfTest, RejectsInconsistentEntries) {
   EXPECT_THAT(error("entry_points { name: \"a\" builder: \"mlp\" } "
                     "entry_points { name: \"a\" builder: \"mlp\" }"),
               HasSubstr("'a' is defined twice"));
-  EXPECT_THAT(error("entry_points { name: \"a\" }"),
-              HasSubstr("names no builder"));
+  EXPECT_THAT(error("entry_points { name: \"a\" }"), HasSubstr("names no builder"));
   EXPECT_THAT(error("entry_points { name: \"a\" builder: \"b\" weights { url: "
                     "\"https://x/w.pt\" } }"),
               HasSubstr("has no sha256"));
@@ -79,15 +85,158 @@ TEST(HubConfTest, RejectsInconsistentEntries) {
 }
 
 TEST(HubConfTest, MissingDependenciesAreListed) {
-  absl::StatusOr<HubConf> conf = ParseHubConf(
-      "dependencies: \"mlp\" dependencies: \"vit\" dependencies: \"bert\"",
-      "f");
+  absl::StatusOr<HubConf> conf =
+      ParseHubConf("dependencies: \"mlp\" dependencies: \"vit\" dependencies: \"bert\"", "f");
   ASSERT_TRUE(conf.ok()) << conf.status();
   EXPECT_TRUE(CheckDependencies(*conf, {"mlp", "vit", "bert"}).ok());
   absl::Status s = CheckDependencies(*conf, {"mlp", "resnet18"});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("missing dependencies: vit, bert"));
   EXPECT_THAT(s.message(), HasSubstr("mlp, resnet18"));
+}
+
+}  // namespace
+}  // namespace ember::hub
+
+namespace ember::hub {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(HubConfNamesTest, EntryPointNamesAreIdentifiers) {
+  for (const char* bad :
+       {"../evil", "two\\nlines", "esc\\x1b[31m", "9lives", "class", "a-b", "caf\\xc3\\xa9"}) {
+    SCOPED_TRACE(bad);
+    absl::StatusOr<HubConf> conf =
+        ParseHubConf(absl::StrCat("entry_points { name: \"", bad, "\" builder: \"mlp\" }"),
+                     "r/hubconf.textproto");
+    EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(conf.status().message(), HasSubstr("is not an identifier"));
+    EXPECT_THAT(conf.status().message(), Not(HasSubstr("\x1b")));
+    EXPECT_THAT(conf.status().message(), Not(HasSubstr("\n")));
+  }
+  EXPECT_TRUE(check_entry_point_name("_private2", "x").ok());
+}
+
+TEST(HubConfNamesTest, WeightUrlsMustBeHttps) {
+  for (const char* url :
+       {"file:///etc/passwd", "ftp://example.org/w.pt", "weights.pt", "javascript:alert(1)"}) {
+    SCOPED_TRACE(url);
+    absl::StatusOr<HubConf> conf =
+        ParseHubConf(absl::StrCat("entry_points { name: \"m\" builder: \"mlp\" weights { url: \"",
+                                  url, "\" sha256: \"0123abcd\" } }"),
+                     "r/hubconf.textproto");
+    EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(conf.status().message(), HasSubstr("is not an https:// URL"));
+  }
+  // https always; http passes parsing (Load allows it only from the host of
+  // a plain-http base URL the caller set).
+  for (const char* url : {"https://example.org/w-0123abcd.pt", "HTTP://127.0.0.1:8/w.pt"}) {
+    EXPECT_TRUE(ParseHubConf(absl::StrCat("entry_points { name: \"m\" builder: \"mlp\" weights { "
+                                          "url: \"",
+                                          url, "\" sha256: \"0123abcd\" } }"),
+                             "r/hubconf.textproto")
+                    .ok())
+        << url;
+  }
+  EXPECT_EQ(url_origin("HTTPS://Example.org:8443/a/b?c"), "https://example.org:8443");
+  EXPECT_EQ(url_origin("no-scheme"), "");
+}
+
+TEST(HubConfPyTest, ReadsAVisionRepositoryWithoutRunningIt) {
+  const std::string path = "hub/testdata/hubconf_vision/hubconf.py";
+  absl::StatusOr<HubConf> conf = parse_hubconf_py(ReadText(path), path);
+  ASSERT_TRUE(conf.ok()) << conf.status();
+  std::vector<std::string> names;
+  for (const EntryPoint& e : conf->entry_points()) {
+    names.push_back(e.name());
+    EXPECT_TRUE(e.python());
+    EXPECT_EQ(e.builder(), e.name());
+  }
+  // Sorted, as torch.hub.list; no imports, private helpers, nested defs,
+  // methods or defs inside strings.
+  EXPECT_THAT(names,
+              ElementsAre("entry_with_r_string", "mlp", "mobilenet_v2", "resnet18", "small_cnn"));
+  EXPECT_THAT(conf->python_dependencies(), ElementsAre("torch", "torchvision"));
+  EXPECT_EQ(FindEntryPoint(*conf, "resnet18")->doc(),
+            "ResNet-18 model from\n"
+            "`\"Deep Residual Learning for Image Recognition\" "
+            "<https://arxiv.org/pdf/1512.03385.pdf>`_\n"
+            "\n"
+            "Args:\n"
+            "    pretrained (bool): If True, returns a model pre-trained on ImageNet\n"
+            "    progress (bool): If True, displays a progress bar of the download to stderr");
+  EXPECT_EQ(FindEntryPoint(*conf, "mobilenet_v2")->doc(),
+            "MobileNetV2: \"Inverted Residuals and Linear Bottlenecks\".\n"
+            "\n"
+            "Triple-single-quoted, with a 'quoted' word and a tab        escape.\n"
+            "    Indented more: kept relative.");
+  EXPECT_EQ(FindEntryPoint(*conf, "small_cnn")->doc(),
+            "A decorated def with its docstring on the same line.");
+  EXPECT_EQ(FindEntryPoint(*conf, "mlp")->doc(), "");
+  EXPECT_EQ(FindEntryPoint(*conf, "entry_with_r_string")->doc(), "Raw: \\d+ stays as written.");
+}
+
+TEST(HubConfPyTest, AgreesWithPythonsOwnParser) {
+  // Python's ast (top-level defs not starting with '_') and inspect.cleandoc
+  // on the same file, one "name\0doc\0" record each, sorted.
+  const std::string path = "hub/testdata/hubconf_vision/hubconf.py";
+  const std::string out = std::string(std::getenv("TEST_TMPDIR")) + "/py_entries";
+  const std::string cmd =
+      "/usr/bin/python3 -c \"import ast, inspect, sys\n"
+      "tree = ast.parse(open(sys.argv[1], encoding='utf-8').read())\n"
+      "defs = {n.name: inspect.cleandoc(ast.get_docstring(n, clean=False) or '') for n in "
+      "tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and not "
+      "n.name.startswith('_')}\n"
+      "open(sys.argv[2], 'w').write(''.join(k + chr(0) + defs[k] + chr(0) for k in "
+      "sorted(defs)))\" " +
+      path + " " + out;
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "/usr/bin/python3 is not available";
+  absl::StatusOr<HubConf> conf = parse_hubconf_py(ReadText(path), path);
+  ASSERT_TRUE(conf.ok()) << conf.status();
+  std::string ours;
+  for (const EntryPoint& e : conf->entry_points()) {
+    ours += e.name() + '\0' + e.doc() + '\0';
+  }
+  EXPECT_EQ(ours, ReadText(out));
+}
+
+TEST(HubConfPyTest, TextprotoWinsWhenBothExist) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/both";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/hubconf.py") << "def from_python():\n    'py'\n";
+  absl::StatusOr<HubConf> conf = ReadHubConf(dir);
+  ASSERT_TRUE(conf.ok()) << conf.status();
+  EXPECT_EQ(conf->entry_points(0).name(), "from_python");
+  std::ofstream(dir + "/hubconf.textproto")
+      << "entry_points { name: \"from_proto\" builder: \"mlp\" }";
+  conf = ReadHubConf(dir);
+  ASSERT_TRUE(conf.ok()) << conf.status();
+  EXPECT_EQ(conf->entry_points(0).name(), "from_proto");
+  EXPECT_EQ(ReadHubConf(dir + "/missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(HubConfPyTest, BrokenSourcesAreErrorsNamingTheLine) {
+  absl::StatusOr<HubConf> conf = parse_hubconf_py("x = 1\ndef f():\n    '''never ends\n", "h.py");
+  EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(conf.status().message(), HasSubstr("h.py:3: a string starting here never ends"));
+  conf = parse_hubconf_py("deps = [\n 'a',\n", "h.py");
+  EXPECT_THAT(conf.status().message(), HasSubstr("h.py:1: a bracket opened here is never closed"));
+  conf = parse_hubconf_py("def caf\xc3\xa9():\n  pass\n", "h.py");
+  EXPECT_THAT(conf.status().message(), HasSubstr("h.py:1: entry point name 'caf\xc3\xa9'"));
+  // Not Python at all: nothing to list, no crash.
+  conf = parse_hubconf_py(std::string("\0\xff\x01", 3), "h.py");
+  ASSERT_TRUE(conf.ok());
+  EXPECT_EQ(conf->entry_points_size(), 0);
 }
 
 }  // namespace

@@ -1,9 +1,14 @@
 #include "hub/load.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "hub/checkpoint.h"
 #include "hub/load_state_dict_from_url.h"
+#include "hub/printable.h"
+#include "hub/repo_cache.h"
 #include "hub/sha256.h"
 #include "tensor/status_macros.h"
 
@@ -23,10 +28,23 @@ Arg FromProto(const ArgValue& v) {
   }
 }
 
-absl::StatusOr<StateDict> PublishedWeights(const Repository& repo,
-                                           const EntryPoint& e,
+absl::StatusOr<StateDict> PublishedWeights(const Repository& repo, const EntryPoint& e,
                                            const LoadOptions& options) {
   const Weights& w = e.weights();
+  if (const std::string origin = url_origin(w.url()); absl::StartsWith(origin, "http://")) {
+    // Plain http only from the host of a plain-http base URL the user chose
+    // (a local mirror or test server), never on the repository's word alone.
+    FetchOptions fetch;
+    fetch.base_url = options.base_url;
+    if (url_origin(BaseUrl(fetch)) != origin) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "entry point ", e.name(), " publishes its weights over plain http (",
+          escape_for_terminal(w.url()),
+          "); Ember fetches published weights over https, or over http only from the host of an "
+          "http base URL you set (base_url / ",
+          kBaseUrlEnv, ")"));
+    }
+  }
   if (!w.url().empty()) {
     LoadFromUrlOptions from_url;
     from_url.sha256 = w.sha256();
@@ -38,9 +56,9 @@ absl::StatusOr<StateDict> PublishedWeights(const Repository& repo,
   if (!w.sha256().empty()) {
     EMBER_ASSIGN_OR_RETURN(std::string digest, Sha256OfFile(path));
     if (!absl::StartsWith(digest, w.sha256())) {
-      return absl::DataLossError(absl::StrCat(
-          "weights ", path, " have SHA-256 ", digest, ", not the published '",
-          w.sha256(), "'; reload the repository with force_reload"));
+      return absl::DataLossError(absl::StrCat("weights ", path, " have SHA-256 ", digest,
+                                              ", not the published '", w.sha256(),
+                                              "'; reload the repository with force_reload"));
     }
   }
   return LoadCheckpoint(path);
@@ -48,17 +66,34 @@ absl::StatusOr<StateDict> PublishedWeights(const Repository& repo,
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<nn::Module>> Load(const std::string& repo,
-                                                 const std::string& entry,
+absl::StatusOr<std::shared_ptr<nn::Module>> Load(const std::string& repo, const std::string& entry,
                                                  const LoadOptions& options) {
   EMBER_ASSIGN_OR_RETURN(Repository r, OpenRepository(repo, options));
   EMBER_RETURN_IF_ERROR(CheckDependencies(r.conf, BuilderNames()));
   EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, GetEntryPoint(r, entry));
+  if (e->python()) {
+    const std::vector<std::string> builders = BuilderNames();
+    if (std::find(builders.begin(), builders.end(), e->builder()) == builders.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "entry point ", entry, " of ", repo,
+          " is a Python function in its hubconf.py, which Ember does not run; it loads a "
+          "hubconf.py entry point only through a C++ builder of the same name, and none is "
+          "registered (builders: ",
+          absl::StrJoin(builders, ", "),
+          "). Register one with RegisterBuilder, or publish a hubconf.textproto"));
+    }
+    if (options.pretrained) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "entry point ", entry, " of ", repo,
+          " is a hubconf.py function: its pretrained weights are fetched by Python code Ember does "
+          "not run. Load it with pretrained = false and load the weights with "
+          "LoadStateDictFromUrl, or publish them in a hubconf.textproto"));
+    }
+  }
   Kwargs kwargs;
   for (const auto& [name, value] : e->kwargs()) kwargs[name] = FromProto(value);
   for (const auto& [name, value] : options.kwargs) kwargs[name] = value;
-  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> module,
-                         Build(e->builder(), kwargs));
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> module, Build(e->builder(), kwargs));
   if (!options.pretrained) return module;
   if (!e->has_weights()) {
     return absl::FailedPreconditionError(
@@ -68,9 +103,8 @@ absl::StatusOr<std::shared_ptr<nn::Module>> Load(const std::string& repo,
   EMBER_ASSIGN_OR_RETURN(StateDict weights, PublishedWeights(r, *e, options));
   absl::Status loaded = module->load_state_dict(weights);
   if (!loaded.ok()) {
-    return absl::Status(loaded.code(),
-                        absl::StrCat("pretrained weights of ", repo, " ", entry,
-                                     ": ", loaded.message()));
+    return absl::Status(loaded.code(), absl::StrCat("pretrained weights of ", repo, " ", entry,
+                                                    ": ", loaded.message()));
   }
   return module;
 }

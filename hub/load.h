@@ -14,8 +14,10 @@
 // kwargs overridden by `kwargs` (builders.h), and with pretrained = true
 // loads the entry's weights: a repository file (its sha256 checked when
 // given) or a URL fetched with load_state_dict_from_url (its sha256 checked
-// on download and before each load). The module is returned in training
-// mode, as torch.hub.load does; call eval() for inference.
+// on download and before each load; an http:// URL only when it is on the
+// host of a plain-http base URL the caller set). An entry point read from a
+// hubconf.py is built by the registered builder of the same name. The module is returned in
+// training mode, as torch.hub.load does; call eval() for inference.
 //
 // Thread-safety: safe from any thread and any process.
 #ifndef EMBER_HUB_LOAD_H_
@@ -41,13 +43,14 @@ struct LoadOptions : HubOptions {
 
 // See above. Blocks on the network unless the repository and its weights are
 // cached. Errors: OpenRepository's; FailedPrecondition listing missing
-// dependencies, or for pretrained = true on an entry without weights;
-// NotFound for an unknown entry point or builder; InvalidArgument for bad
+// dependencies, or for pretrained = true on an entry without weights (every
+// hubconf.py entry); NotFound for an unknown entry point or builder (for a
+// hubconf.py entry: naming it and the registered builders);
+// PermissionDenied for weights over plain http from another host; InvalidArgument for bad
 // kwargs or weights that do not fit the module (load_state_dict's message);
 // DataLoss for a weights hash mismatch; download errors (download.h).
-absl::StatusOr<std::shared_ptr<nn::Module>> Load(
-    const std::string& repo, const std::string& entry,
-    const LoadOptions& options = {});
+absl::StatusOr<std::shared_ptr<nn::Module>> Load(const std::string& repo, const std::string& entry,
+                                                 const LoadOptions& options = {});
 
 }  // namespace ember::hub
 

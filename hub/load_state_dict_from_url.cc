@@ -21,9 +21,7 @@ bool IsFile(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-bool IsLowerHex(char c) {
-  return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
-}
+bool IsLowerHex(char c) { return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f'); }
 
 }  // namespace
 
@@ -39,8 +37,9 @@ std::string HashPrefixFromFileName(const std::string& file_name) {
   return "";
 }
 
-absl::StatusOr<std::string> DownloadCheckpoint(
-    const std::string& url, const LoadFromUrlOptions& options) {
+absl::StatusOr<std::string> DownloadCheckpoint(const std::string& url,
+                                               const LoadFromUrlOptions& options) {
+  EMBER_RETURN_IF_ERROR(check_url_scheme(url));
   std::string model_dir = options.model_dir;
   if (model_dir.empty()) {
     EMBER_ASSIGN_OR_RETURN(std::string hub_dir, GetDir());
@@ -52,25 +51,23 @@ absl::StatusOr<std::string> DownloadCheckpoint(
     std::string path = url.substr(0, url.find_first_of("?#"));
     name = path.substr(path.find_last_of('/') + 1);
   }
-  if (name.empty() || name == "." || name == ".." ||
-      name.find('/') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "no file name in URL ", url, "; pass LoadFromUrlOptions::file_name"));
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no file name in URL ", url, "; pass LoadFromUrlOptions::file_name"));
   }
   std::string prefix;
   if (options.check_hash) {
     prefix = HashPrefixFromFileName(name);
     if (prefix.size() < 8) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "check_hash needs the file name to carry its SHA-256 as name-<first "
-          "8+ hex digits>.ext; '",
-          name, "' does not (rename the file, or load without check_hash)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("check_hash needs the file name to carry its SHA-256 as name-<first "
+                       "8+ hex digits>.ext; '",
+                       name, "' does not (rename the file, or load without check_hash)"));
     }
   }
   std::vector<std::string> prefixes = {prefix, options.sha256};
   const std::string cached = absl::StrCat(model_dir, "/", name);
-  EMBER_ASSIGN_OR_RETURN(
-      FileLock lock, FileLock::Acquire(cached + ".lock", options.lock_timeout));
+  EMBER_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(cached + ".lock", options.lock_timeout));
   if (IsFile(cached)) {
     if (prefix.empty() && options.sha256.empty()) return cached;
     EMBER_ASSIGN_OR_RETURN(std::string digest, Sha256OfFile(cached));
@@ -89,8 +86,7 @@ absl::StatusOr<std::string> DownloadCheckpoint(
   download.progress = options.progress;
   // The longer of the two prefixes covers the other once both are checked
   // below.
-  download.hash_prefix =
-      prefix.size() >= options.sha256.size() ? prefix : options.sha256;
+  download.hash_prefix = prefix.size() >= options.sha256.size() ? prefix : options.sha256;
   EMBER_RETURN_IF_ERROR(DownloadUrlToFile(url, cached, download));
   if (!prefix.empty() && !options.sha256.empty()) {
     EMBER_ASSIGN_OR_RETURN(std::string digest, Sha256OfFile(cached));
@@ -98,17 +94,16 @@ absl::StatusOr<std::string> DownloadCheckpoint(
       if (!absl::StartsWith(digest, p)) {
         std::remove(cached.c_str());
         return absl::DataLossError(
-            absl::StrCat("invalid hash value for ", url,
-                         ": expected the SHA-256 to start with '", p,
-                         "', got '", digest, "'; the download was discarded"));
+            absl::StrCat("invalid hash value for ", url, ": expected the SHA-256 to start with '",
+                         p, "', got '", digest, "'; the download was discarded"));
       }
     }
   }
   return cached;
 }
 
-absl::StatusOr<StateDict> LoadStateDictFromUrl(
-    const std::string& url, const LoadFromUrlOptions& options) {
+absl::StatusOr<StateDict> LoadStateDictFromUrl(const std::string& url,
+                                               const LoadFromUrlOptions& options) {
   EMBER_ASSIGN_OR_RETURN(std::string path, DownloadCheckpoint(url, options));
   return LoadCheckpoint(path);
 }

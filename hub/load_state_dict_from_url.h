@@ -38,8 +38,7 @@ struct LoadFromUrlOptions {
   std::string file_name;
   // When set, the file's SHA-256 must also start with this (hubconf weights).
   std::string sha256;
-  DownloadOptions
-      download;  // its progress and hash_prefix are set from the above
+  DownloadOptions download;  // its progress and hash_prefix are set from the above
   absl::Duration lock_timeout = absl::Minutes(10);
 };
 
@@ -50,14 +49,15 @@ std::string HashPrefixFromFileName(const std::string& file_name);
 // Downloads `url` into the cache unless already there and returns the cached
 // file's path. Blocks on the network and on other loaders' locks. Errors:
 // InvalidArgument (check_hash without a hash in the name, a URL with no file
-// name); DataLoss (hash mismatch, on download or of the cached file); the
+// name, a scheme other than https/http, checked before the cache is looked
+// at); DataLoss (hash mismatch, on download or of the cached file); the
 // download's errors (download.h).
-absl::StatusOr<std::string> DownloadCheckpoint(
-    const std::string& url, const LoadFromUrlOptions& options = {});
+absl::StatusOr<std::string> DownloadCheckpoint(const std::string& url,
+                                               const LoadFromUrlOptions& options = {});
 
 // DownloadCheckpoint, then LoadCheckpoint (checkpoint.h) on the file.
-absl::StatusOr<StateDict> LoadStateDictFromUrl(
-    const std::string& url, const LoadFromUrlOptions& options = {});
+absl::StatusOr<StateDict> LoadStateDictFromUrl(const std::string& url,
+                                               const LoadFromUrlOptions& options = {});
 
 }  // namespace ember::hub
 

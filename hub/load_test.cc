@@ -37,22 +37,18 @@ std::pair<Tensor, Tensor> ReadIo(const std::string& path) {
   std::string line;
   Tensor io[2];
   for (int i = 0; i < 2 && std::getline(in, line); ++i) {
-    std::vector<std::string> parts =
-        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
     SizeVector sizes;
     for (absl::string_view s : absl::StrSplit(parts[1], ','))
       sizes.push_back(std::stoll(std::string(s)));
     std::vector<float> values;
-    for (size_t k = 2; k < parts.size(); ++k)
-      values.push_back(std::stof(parts[k]));
+    for (size_t k = 2; k < parts.size(); ++k) values.push_back(std::stof(parts[k]));
     io[i] = tensor(values, sizes);
   }
   return {io[0], io[1]};
 }
 
-double MaxAbsDiff(const Tensor& a, const Tensor& b) {
-  return (a - b).abs().max().item<double>();
-}
+double MaxAbsDiff(const Tensor& a, const Tensor& b) { return (a - b).abs().max().item<double>(); }
 
 class LoadTest : public ::testing::Test {
  protected:
@@ -63,8 +59,7 @@ class LoadTest : public ::testing::Test {
     std::string cnn = *ReadFile("hub/testdata/small_cnn_torch.pt");
     std::string cnn_name = "small_cnn-" + Sha256Hex(cnn).substr(0, 8) + ".pt";
     ASSERT_TRUE(WriteFile(tmp + "/www/w/" + cnn_name, cnn).ok());
-    absl::StatusOr<TestServer> s =
-        TestServer::Start(tmp + "/www", tmp + "/server");
+    absl::StatusOr<TestServer> s = TestServer::Start(tmp + "/www", tmp + "/server");
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = new TestServer(std::move(*s));
 
@@ -92,8 +87,7 @@ class LoadTest : public ::testing::Test {
         name: "small_cnn"
         builder: "small_cnn"
         weights { url: ")conf" +
-                          server_->url("/w/" + cnn_name) +
-                          R"conf(" sha256: ")conf" +
+                          server_->url("/w/" + cnn_name) + R"conf(" sha256: ")conf" +
                           Sha256Hex(cnn).substr(0, 16) + R"conf(" }
       }
       entry_points {
@@ -105,17 +99,22 @@ class LoadTest : public ::testing::Test {
       }
       entry_points { name: "fresh" builder: "mlp" }
     )conf";
-    ASSERT_TRUE(
-        WriteArchive(tmp + "/www/alice/models/zipball/master", "tar.gz",
-                     {{"alice-models-1234abc/hubconf.textproto", hubconf},
-                      {"alice-models-1234abc/weights/mlp_torch.pt", mlp},
-                      {"alice-models-1234abc/weights/resnet_tiny.safetensors",
-                       *ReadFile(resnet_file)}})
-            .ok());
-    ASSERT_TRUE(WriteArchive(tmp + "/www/alice/needs-vit/zipball/master", "zip",
-                             {{"r/hubconf.textproto",
-                               "dependencies: \"mlp\" dependencies: \"vit\""}})
+    ASSERT_TRUE(WriteArchive(tmp + "/www/alice/models/zipball/master", "tar.gz",
+                             {{"alice-models-1234abc/hubconf.textproto", hubconf},
+                              {"alice-models-1234abc/weights/mlp_torch.pt", mlp},
+                              {"alice-models-1234abc/weights/resnet_tiny.safetensors",
+                               *ReadFile(resnet_file)}})
                     .ok());
+    // A PyTorch-hub repository: only a hubconf.py (and Python code).
+    ASSERT_TRUE(WriteArchive(tmp + "/www/alice/vision/zipball/master", "zip",
+                             {{"alice-vision-5678def/hubconf.py",
+                               *ReadFile("hub/testdata/hubconf_vision/hubconf.py")},
+                              {"alice-vision-5678def/_helpers.py", "def load_weights(): pass\n"}})
+                    .ok());
+    ASSERT_TRUE(
+        WriteArchive(tmp + "/www/alice/needs-vit/zipball/master", "zip",
+                     {{"r/hubconf.textproto", "dependencies: \"mlp\" dependencies: \"vit\""}})
+            .ok());
   }
   static void TearDownTestSuite() {
     delete server_;
@@ -140,11 +139,9 @@ TEST_F(LoadTest, PyTorchWeightsGivePyTorchOutputs) {
   options_.pretrained = true;
   for (const char* entry : {"mlp", "small_cnn"}) {
     SCOPED_TRACE(entry);
-    absl::StatusOr<std::shared_ptr<nn::Module>> model =
-        Load("alice/models", entry, options_);
+    absl::StatusOr<std::shared_ptr<nn::Module>> model = Load("alice/models", entry, options_);
     ASSERT_TRUE(model.ok()) << model.status();
-    auto [x, y] =
-        ReadIo(std::string("hub/testdata/") + entry + "_torch.io.txt");
+    auto [x, y] = ReadIo(std::string("hub/testdata/") + entry + "_torch.io.txt");
     Tensor out = (**model)(x);
     ASSERT_EQ(out.sizes(), y.sizes());
     EXPECT_LT(MaxAbsDiff(out, y), 1e-5);
@@ -154,8 +151,7 @@ TEST_F(LoadTest, PyTorchWeightsGivePyTorchOutputs) {
 // torchvision's own resnet18: its state_dict loads into the "resnet18" builder
 // (names, shapes and the BN buffers match) and gives torchvision's outputs.
 TEST_F(LoadTest, TorchvisionResNet18WeightsGiveTorchvisionOutputs) {
-  std::string cmd =
-      "/usr/bin/python3 hub/testdata/torchvision_resnet18.py " + *base_;
+  std::string cmd = "/usr/bin/python3 hub/testdata/torchvision_resnet18.py " + *base_;
   int status = std::system(cmd.c_str());
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
     GTEST_SKIP() << "python3-torchvision is not installed; the torchvision "
@@ -183,8 +179,7 @@ TEST_F(LoadTest, HubLoadedModelMatchesTheSameWeightsLoadedDirectly) {
   absl::StatusOr<std::shared_ptr<nn::Module>> direct =
       Build("resnet18", {{"num_classes", int64_t{5}}, {"width", int64_t{4}}});
   ASSERT_TRUE(direct.ok());
-  absl::StatusOr<StateDict> weights =
-      LoadCheckpoint(*base_ + "/resnet_tiny.safetensors");
+  absl::StatusOr<StateDict> weights = LoadCheckpoint(*base_ + "/resnet_tiny.safetensors");
   ASSERT_TRUE(weights.ok()) << weights.status();
   ASSERT_TRUE((*direct)->load_state_dict(*weights).ok());
   (*hub_model)->eval();
@@ -207,8 +202,7 @@ TEST_F(LoadTest, HubLoadedModelMatchesTheSameWeightsLoadedDirectly) {
 
 TEST_F(LoadTest, KwargsOverrideEntryDefaults) {
   options_.kwargs = {{"hidden", int64_t{16}}, {"depth", int64_t{3}}};
-  absl::StatusOr<std::shared_ptr<nn::Module>> model =
-      Load("alice/models", "fresh", options_);
+  absl::StatusOr<std::shared_ptr<nn::Module>> model = Load("alice/models", "fresh", options_);
   ASSERT_TRUE(model.ok()) << model.status();
   StateDict sd = (*model)->state_dict();
   ASSERT_EQ(sd.size(), 6u);
@@ -219,8 +213,7 @@ TEST_F(LoadTest, KwargsOverrideEntryDefaults) {
   options_.kwargs = {{"hidden", std::string("wide")}};
   absl::Status s = Load("alice/models", "fresh", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(),
-              HasSubstr("'hidden' must be a positive int, got a string"));
+  EXPECT_THAT(s.message(), HasSubstr("'hidden' must be a positive int, got a string"));
   options_.kwargs = {{"dropout", 0.5}};
   s = Load("alice/models", "fresh", options_).status();
   EXPECT_THAT(s.message(), HasSubstr("unexpected argument 'dropout'"));
@@ -245,6 +238,60 @@ TEST_F(LoadTest, Failures) {
   s = Load("alice/models", "mlp", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("pretrained weights of alice/models mlp"));
+}
+
+TEST_F(LoadTest, HubconfPyRepositoryListsHelpsAndLoads) {
+  absl::StatusOr<std::vector<std::string>> names = List("alice/vision", options_);
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_THAT(*names, ::testing::ElementsAre("entry_with_r_string", "mlp", "mobilenet_v2",
+                                             "resnet18", "small_cnn"));
+  absl::StatusOr<std::string> doc = Help("alice/vision", "resnet18", options_);
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  EXPECT_THAT(*doc, ::testing::StartsWith("ResNet-18 model from\n"));
+  EXPECT_THAT(*doc, HasSubstr("\nArgs:\n    pretrained (bool):"));
+
+  // Entry points with a registered C++ builder of the same name load.
+  options_.kwargs = {{"num_classes", int64_t{10}}, {"width", int64_t{8}}};
+  absl::StatusOr<std::shared_ptr<nn::Module>> model = Load("alice/vision", "resnet18", options_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  (*model)->eval();
+  EXPECT_EQ((**model)(randn({1, 3, 32, 32})).sizes(), (IntArrayRef{1, 10}));
+  options_.kwargs = {};
+  EXPECT_TRUE(Load("alice/vision", "small_cnn", options_).ok());
+
+  // Others are an error naming the entry point.
+  absl::Status s = Load("alice/vision", "mobilenet_v2", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("entry point mobilenet_v2 of alice/vision is a Python "
+                                     "function in its hubconf.py"));
+  EXPECT_THAT(s.message(), HasSubstr("resnet18"));
+  // Their weights come from Python code, which is not run.
+  options_.pretrained = true;
+  s = Load("alice/vision", "resnet18", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("pretrained = false"));
+}
+
+TEST_F(LoadTest, PlainHttpWeightsOnlyFromAnHttpBaseUrlsHost) {
+  const std::string dir = *base_ + "/http_repo";
+  ASSERT_TRUE(WriteFile(dir + "/hubconf.textproto",
+                        "entry_points { name: \"m\" builder: \"mlp\" weights { url: "
+                        "\"http://127.0.0.1:1/w-0123abcd.pt\" sha256: \"0123abcd\" } }")
+                  .ok());
+  LoadOptions local;
+  local.source = Source::kLocal;
+  local.pretrained = true;
+  local.download = options_.download;
+  local.download.max_attempts = 1;
+  local.base_url = "https://127.0.0.1:1";
+  absl::Status s = Load(dir, "m", local).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(s.message(), HasSubstr("plain http"));
+  // The caller chose a plain-http base URL on that host: allowed (and the
+  // download then fails to connect).
+  local.base_url = "http://127.0.0.1:1";
+  s = Load(dir, "m", local).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
 TEST_F(LoadTest, TamperedWeightsAreCaughtAndForceReloadRepairs) {

@@ -1,14 +1,17 @@
 #include "hub/pickle.h"
 
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "hub/printable.h"
 #include "tensor/error.h"
 
 // Note [Restricted unpickler]
@@ -32,17 +35,28 @@
 // StorageLoader), so a hostile file cannot make a view read out of bounds.
 // PyTorch's torch.load(weights_only=True) follows the same idea.
 
+// Note [Pickle values without recursion]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A few bytes of pickle nest containers one level deeper (TUPLE1 over and
+// over), so a small file can describe a value a million levels deep. Nothing
+// here walks values recursively: every Value lives in the Unpickler's arena
+// (a deque) and containers hold plain pointers into it, so freeing is one
+// pass over the arena whatever the shape, on any thread's stack. Nesting is
+// still capped at kMaxPickleNesting, checked as values are placed in
+// containers; that count is exact because a list or dict may only grow
+// while it is not yet inside another value (Python's pickler never does
+// otherwise, except for self-referencing objects, which a state_dict never
+// holds) and never into itself, which rules out cycles.
+
 namespace ember::hub {
 namespace {
-
-struct Value;
-using ValuePtr = std::shared_ptr<Value>;
 
 struct Value {
   enum Kind {
     kNone,
     kBool,
     kInt,
+    kBigInt,
     kFloat,
     kString,
     kTuple,
@@ -53,22 +67,23 @@ struct Value {
     kTensor
   };
   Kind kind = kNone;
-  bool ordered = false;  // kDict: an OrderedDict
-  int64_t i = 0;         // kBool, kInt
+  bool ordered = false;    // kDict: an OrderedDict
+  bool contained = false;  // placed inside a tuple, list or dict
+  int depth = 0;           // levels of containers, this one included
+  int64_t i = 0;           // kBool, kInt
   double f = 0;
-  std::string s;                // kString; kGlobal: "module.name"
-  std::vector<ValuePtr> items;  // kTuple, kList
-  std::vector<std::pair<ValuePtr, ValuePtr>> pairs;  // kDict
-  Storage storage;                                   // kStorage
+  std::string s;                                 // kString; kGlobal: "module.name"; kBigInt: bytes
+  std::vector<Value*> items;                     // kTuple, kList
+  std::vector<std::pair<Value*, Value*>> pairs;  // kDict
+  Storage storage;                               // kStorage
   Dtype dtype = kFloat32;
   int64_t numel = 0;
   Tensor tensor;  // kTensor
 };
 
 const char* KindName(Value::Kind k) {
-  static const char* names[] = {"None",   "bool",    "int",   "float",
-                                "str",    "tuple",   "list",  "dict",
-                                "global", "storage", "tensor"};
+  static const char* names[] = {"None",  "bool", "int",  "int",    "float",   "str",
+                                "tuple", "list", "dict", "global", "storage", "tensor"};
   return names[k];
 }
 
@@ -82,46 +97,85 @@ const std::map<std::string, Dtype>& StorageTypes() {
   return *types;
 }
 
+// PyTorch's storage types for dtypes Ember lacks, and their dtypes' names.
+const std::map<std::string, std::string>& UnsupportedStorageTypes() {
+  static const auto* types =
+      new std::map<std::string, std::string>{{"torch.ComplexFloatStorage", "complex64"},
+                                             {"torch.ComplexDoubleStorage", "complex128"},
+                                             {"torch.QInt8Storage", "qint8"},
+                                             {"torch.QUInt8Storage", "quint8"},
+                                             {"torch.QInt32Storage", "qint32"},
+                                             {"torch.QUInt4x2Storage", "quint4x2"},
+                                             {"torch.QUInt2x4Storage", "quint2x4"}};
+  return *types;
+}
+
+// PyTorch's rebuild functions for tensor layouts Ember lacks.
+const std::map<std::string, std::string>& UnsupportedRebuilds() {
+  static const auto* rebuilds = new std::map<std::string, std::string>{
+      {"torch._utils._rebuild_qtensor", "quantized tensors"},
+      {"torch._utils._rebuild_sparse_tensor", "sparse tensors"},
+      {"torch._utils._rebuild_sparse_csr_tensor", "sparse CSR tensors"},
+      {"torch._utils._rebuild_nested_tensor", "nested tensors"}};
+  return *rebuilds;
+}
+
 constexpr char kOrderedDict[] = "collections.OrderedDict";
 constexpr char kRebuildTensor[] = "torch._utils._rebuild_tensor_v2";
 constexpr char kRebuildParameter[] = "torch._utils._rebuild_parameter";
 
+// The magic number a legacy torch.save file starts with,
+// 0x1950a86a20f9469cfc6c, as the little-endian bytes LONG1 carries.
+constexpr char kLegacyMagic[] = "\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19";
+constexpr size_t kLegacyMagicSize = sizeof(kLegacyMagic) - 1;
+constexpr int64_t kLegacyProtocolVersion = 1001;
+
 // Names of the pickle opcodes this reader refuses, for error messages.
 std::string OpcodeName(unsigned char op) {
-  static const auto* names = new std::map<unsigned char, const char*>{
-      {'i', "INST"},         {'o', "OBJ"},
-      {0x81, "NEWOBJ"},      {0x92, "NEWOBJ_EX"},
-      {'P', "PERSID"},       {'S', "STRING"},
-      {'T', "BINSTRING"},    {'U', "SHORT_BINSTRING"},
-      {'V', "UNICODE"},      {'I', "INT"},
-      {'L', "LONG"},         {'F', "FLOAT"},
-      {'g', "GET"},          {'p', "PUT"},
-      {'l', "LIST"},         {'d', "DICT"},
-      {'0', "POP"},          {'1', "POP_MARK"},
-      {'2', "DUP"},          {0x82, "EXT1"},
-      {0x83, "EXT2"},        {0x84, "EXT4"},
-      {0x8b, "LONG4"},       {0x8e, "BINBYTES8"},
-      {'B', "BINBYTES"},     {'C', "SHORT_BINBYTES"},
-      {0x90, "ADDITEMS"},    {0x8f, "EMPTY_SET"},
-      {0x91, "FROZENSET"},   {0x96, "BYTEARRAY8"},
-      {0x97, "NEXT_BUFFER"}, {0x98, "READONLY_BUFFER"}};
+  static const auto* names =
+      new std::map<unsigned char, const char*>{{'i', "INST"},         {'o', "OBJ"},
+                                               {0x81, "NEWOBJ"},      {0x92, "NEWOBJ_EX"},
+                                               {'P', "PERSID"},       {'S', "STRING"},
+                                               {'T', "BINSTRING"},    {'U', "SHORT_BINSTRING"},
+                                               {'V', "UNICODE"},      {'I', "INT"},
+                                               {'L', "LONG"},         {'F', "FLOAT"},
+                                               {'g', "GET"},          {'p', "PUT"},
+                                               {'l', "LIST"},         {'d', "DICT"},
+                                               {'0', "POP"},          {'1', "POP_MARK"},
+                                               {'2', "DUP"},          {0x82, "EXT1"},
+                                               {0x83, "EXT2"},        {0x84, "EXT4"},
+                                               {0x8b, "LONG4"},       {0x8e, "BINBYTES8"},
+                                               {'B', "BINBYTES"},     {'C', "SHORT_BINBYTES"},
+                                               {0x90, "ADDITEMS"},    {0x8f, "EMPTY_SET"},
+                                               {0x91, "FROZENSET"},   {0x96, "BYTEARRAY8"},
+                                               {0x97, "NEXT_BUFFER"}, {0x98, "READONLY_BUFFER"}};
   auto it = names->find(op);
   return it != names->end() ? absl::StrFormat("%s (0x%02x)", it->second, op)
                             : absl::StrFormat("0x%02x", op);
 }
 
+// Which torch.save layout a program belongs to: its persistent ids differ.
+enum class Layout {
+  kZip,     // ('storage', type, key, location, numel)
+  kLegacy,  // ('storage', type, key, location, numel, view_metadata)
+};
+
+// Runs one pickle program, from `start` in `data` to its STOP.
 class Unpickler {
  public:
-  Unpickler(absl::string_view data, const StorageLoader& load,
-            absl::string_view source)
-      : data_(data), load_(load), source_(source) {}
+  Unpickler(absl::string_view data, size_t start, const StorageLoader* load, Layout layout,
+            absl::string_view source, absl::string_view what)
+      : data_(data), load_(load), layout_(layout), source_(source), what_(what), pos_(start) {}
 
-  absl::StatusOr<ValuePtr> Run();
+  // The program's result; it lives as long as the Unpickler.
+  absl::StatusOr<const Value*> Run();
+  // Where the program ended (just past STOP), after a successful Run.
+  size_t end() const { return pos_; }
 
  private:
   absl::Status Error(absl::string_view why) const {
     return absl::InvalidArgumentError(
-        absl::StrCat(source_, ": data.pkl at byte ", op_at_, ": ", why));
+        absl::StrCat(source_, ": ", what_, " at byte ", op_at_, ": ", why));
   }
   absl::Status Refused(absl::string_view why) const {
     return absl::PermissionDeniedError(
@@ -131,8 +185,14 @@ class Unpickler {
                      "torch._utils._rebuild_parameter and torch.*Storage; this "
                      "file may be malicious"));
   }
+  absl::Status Unsupported(absl::string_view what) const {
+    return absl::UnimplementedError(absl::StrCat(
+        source_, ": the checkpoint holds ", what,
+        ", which Ember does not support; convert them to a supported dtype in PyTorch and save "
+        "again (Ember reads float32/64, float16, bfloat16, int8/16/32/64, uint8 and bool)"));
+  }
   bool Take(size_t n, absl::string_view* out) {
-    if (pos_ + n > data_.size()) return false;
+    if (n > data_.size() - pos_) return false;
     *out = data_.substr(pos_, n);
     pos_ += n;
     return true;
@@ -151,133 +211,182 @@ class Unpickler {
     pos_ = nl + 1;
     return true;
   }
-  absl::StatusOr<ValuePtr> Pop() {
+  absl::StatusOr<Value*> Pop() {
     if (stack_.empty() || (!marks_.empty() && stack_.size() == marks_.back())) {
       return Error("stack underflow");
     }
-    ValuePtr v = stack_.back();
+    Value* v = stack_.back();
     stack_.pop_back();
     return v;
   }
-  absl::StatusOr<std::vector<ValuePtr>> PopToMark() {
+  absl::StatusOr<std::vector<Value*>> PopToMark() {
     if (marks_.empty()) return Error("no MARK on the stack");
-    std::vector<ValuePtr> items(stack_.begin() + marks_.back(), stack_.end());
+    std::vector<Value*> items(stack_.begin() + marks_.back(), stack_.end());
     stack_.resize(marks_.back());
     marks_.pop_back();
     return items;
   }
-  absl::Status Push(ValuePtr v) {
+  absl::Status Push(Value* v) {
     if (stack_.size() > (1u << 20)) return Error("stack too deep");
-    stack_.push_back(std::move(v));
+    stack_.push_back(v);
     return absl::OkStatus();
   }
-  static ValuePtr Make(Value::Kind kind) {
-    auto v = std::make_shared<Value>();
-    v->kind = kind;
-    return v;
+  Value* Make(Value::Kind kind) {
+    Value& v = arena_.emplace_back();
+    v.kind = kind;
+    if (kind == Value::kTuple || kind == Value::kList || kind == Value::kDict) v.depth = 1;
+    return &v;
   }
-  static ValuePtr Int(int64_t i) {
-    ValuePtr v = Make(Value::kInt);
+  Value* Int(int64_t i) {
+    Value* v = Make(Value::kInt);
     v->i = i;
     return v;
   }
+  // Places `child` in `container`, keeping its depth within the limit.
+  absl::Status Nest(Value* container, Value* child) {
+    if (child == container)
+      return Error(absl::StrCat("a ", KindName(child->kind), " inside itself"));
+    if (child->depth >= container->depth) {
+      container->depth = child->depth + 1;
+      if (container->depth > kMaxPickleNesting) {
+        return Error(absl::StrCat("values nested more than ", kMaxPickleNesting,
+                                  " deep; a state_dict nests a few levels (the limit is "
+                                  "kMaxPickleNesting)"));
+      }
+    }
+    child->contained = true;
+    return absl::OkStatus();
+  }
+  // The list or dict on top of the stack, which `op` is about to grow.
+  absl::StatusOr<Value*> Growable(Value::Kind kind, absl::string_view op) {
+    if (stack_.empty() || stack_.back()->kind != kind)
+      return Error(absl::StrCat(op, " without a ", KindName(kind)));
+    Value* v = stack_.back();
+    if (v->contained) {
+      return Error(absl::StrCat(op, " on a ", KindName(kind),
+                                " that is already inside another value (self-referencing values "
+                                "are not read)"));
+    }
+    return v;
+  }
   absl::Status Global(std::string module, std::string name);
-  absl::Status PersistentLoad(const ValuePtr& pid);
-  absl::Status Reduce(const ValuePtr& callable, const ValuePtr& args);
-  absl::StatusOr<ValuePtr> RebuildTensor(const std::vector<ValuePtr>& args);
-  absl::Status SetItems(const ValuePtr& dict, const std::vector<ValuePtr>& kv);
+  absl::Status PersistentLoad(const Value& pid);
+  absl::Status Reduce(const Value& callable, const Value& args);
+  absl::StatusOr<Value*> RebuildTensor(const std::vector<Value*>& args);
+  absl::Status SetItems(const std::vector<Value*>& kv, absl::string_view op);
 
   absl::string_view data_;
-  const StorageLoader& load_;
+  const StorageLoader* load_;  // null: the program may hold no persistent ids
+  Layout layout_;
   std::string source_;
-  size_t pos_ = 0;
+  std::string what_;  // what the program is, for messages ("data.pkl")
+  size_t pos_;
   size_t op_at_ = 0;
-  std::vector<ValuePtr> stack_;
+  std::deque<Value> arena_;  // every value; see Note [Pickle values without recursion]
+  std::vector<Value*> stack_;
   std::vector<size_t> marks_;
-  std::map<uint64_t, ValuePtr> memo_;
+  std::map<uint64_t, Value*> memo_;
   std::map<std::string, std::pair<Storage, StorageRef>> storages_;
 };
 
 absl::Status Unpickler::Global(std::string module, std::string name) {
   std::string full = absl::StrCat(module, ".", name);
-  if (full != kOrderedDict && full != kRebuildTensor &&
-      full != kRebuildParameter && !StorageTypes().count(full)) {
-    return Refused(absl::StrCat("global '", full, "' is not allowed"));
+  if (auto it = UnsupportedStorageTypes().find(full); it != UnsupportedStorageTypes().end()) {
+    return Unsupported(absl::StrCat("tensors of dtype ", it->second, " (", full, ")"));
   }
-  ValuePtr v = Make(Value::kGlobal);
+  if (auto it = UnsupportedRebuilds().find(full); it != UnsupportedRebuilds().end()) {
+    return Unsupported(absl::StrCat(it->second, " (", full, ")"));
+  }
+  if (full != kOrderedDict && full != kRebuildTensor && full != kRebuildParameter &&
+      !StorageTypes().count(full)) {
+    if (module == "torch" && absl::EndsWith(name, "Storage") && name != "Storage") {
+      return Unsupported(absl::StrCat("tensors stored as ", escape_for_terminal(full),
+                                      ", a dtype Ember does not know"));
+    }
+    return Refused(absl::StrCat("global '", escape_for_terminal(full), "' is not allowed"));
+  }
+  Value* v = Make(Value::kGlobal);
   v->s = full;
   return Push(v);
 }
 
-absl::Status Unpickler::PersistentLoad(const ValuePtr& pid) {
-  // ('storage', <storage type>, key, location, numel)
-  if (pid->kind != Value::kTuple || pid->items.size() != 5 ||
-      pid->items[0]->kind != Value::kString || pid->items[0]->s != "storage") {
-    return Error(
-        "persistent id is not ('storage', type, key, location, numel)");
+absl::Status Unpickler::PersistentLoad(const Value& pid) {
+  const size_t fields = layout_ == Layout::kLegacy ? 6 : 5;
+  if (load_ == nullptr) return Error("unexpected persistent id");
+  if (pid.kind != Value::kTuple || pid.items.size() != fields ||
+      pid.items[0]->kind != Value::kString || pid.items[0]->s != "storage") {
+    return Error(layout_ == Layout::kLegacy
+                     ? "persistent id is not ('storage', type, key, location, numel, view)"
+                     : "persistent id is not ('storage', type, key, location, numel)");
   }
-  const ValuePtr& type = pid->items[1];
-  const ValuePtr& key = pid->items[2];
-  const ValuePtr& location = pid->items[3];
-  const ValuePtr& numel = pid->items[4];
-  if (type->kind != Value::kGlobal || !StorageTypes().count(type->s)) {
+  const Value& type = *pid.items[1];
+  const Value& key = *pid.items[2];
+  const Value& location = *pid.items[3];
+  const Value& numel = *pid.items[4];
+  if (type.kind != Value::kGlobal || !StorageTypes().count(type.s)) {
     return Error("persistent id does not name a storage type");
   }
-  if (key->kind != Value::kString || location->kind != Value::kString ||
-      numel->kind != Value::kInt || numel->i < 0) {
+  if (key.kind != Value::kString || location.kind != Value::kString || numel.kind != Value::kInt ||
+      numel.i < 0) {
     return Error("persistent id has a malformed key, location or size");
   }
-  if (location->s.rfind("cpu", 0) != 0 && location->s.rfind("cuda", 0) != 0) {
-    return Error(absl::StrCat("storage location '", location->s,
+  if (layout_ == Layout::kLegacy && pid.items[5]->kind != Value::kNone) {
+    return absl::UnimplementedError(absl::StrCat(
+        source_, ": storage '", escape_for_terminal(key.s),
+        "' is a view of another storage (written by PyTorch before 0.4), which Ember does not "
+        "read; load and save the file again with a recent PyTorch"));
+  }
+  if (location.s.rfind("cpu", 0) != 0 && location.s.rfind("cuda", 0) != 0) {
+    return Error(absl::StrCat("storage location '", escape_for_terminal(location.s),
                               "' is not cpu or cuda"));
   }
-  StorageRef ref{key->s, StorageTypes().at(type->s), numel->i};
+  StorageRef ref{key.s, StorageTypes().at(type.s), numel.i};
   auto it = storages_.find(ref.key);
   if (it == storages_.end()) {
-    absl::StatusOr<Storage> s = load_(ref);
+    absl::StatusOr<Storage> s = (*load_)(ref);
     if (!s.ok()) return s.status();
     it = storages_.emplace(ref.key, std::make_pair(*s, ref)).first;
-  } else if (it->second.second.dtype != ref.dtype ||
-             it->second.second.numel != ref.numel) {
-    return Error(
-        absl::StrCat("storage '", ref.key,
-                     "' is described twice with different types or sizes"));
+  } else if (it->second.second.dtype != ref.dtype || it->second.second.numel != ref.numel) {
+    return Error(absl::StrCat("storage '", escape_for_terminal(ref.key),
+                              "' is described twice with different types or sizes"));
   }
-  ValuePtr v = Make(Value::kStorage);
+  Value* v = Make(Value::kStorage);
   v->storage = it->second.first;
   v->dtype = ref.dtype;
   v->numel = ref.numel;
   return Push(v);
 }
 
-absl::StatusOr<ValuePtr> Unpickler::RebuildTensor(
-    const std::vector<ValuePtr>& args) {
+absl::StatusOr<Value*> Unpickler::RebuildTensor(const std::vector<Value*>& args) {
   // (storage, storage_offset, size, stride, requires_grad, backward_hooks[,
   // metadata])
   if (args.size() < 6 || args.size() > 7)
     return Error("_rebuild_tensor_v2 expects 6 or 7 arguments");
-  const ValuePtr& storage = args[0];
-  if (storage->kind != Value::kStorage)
+  const Value& storage = *args[0];
+  if (storage.kind != Value::kStorage)
     return Error("_rebuild_tensor_v2: first argument is not a storage");
   if (args[1]->kind != Value::kInt || args[2]->kind != Value::kTuple ||
       args[3]->kind != Value::kTuple) {
     return Error("_rebuild_tensor_v2: malformed offset, size or stride");
   }
   if (args[5]->kind != Value::kDict || !args[5]->pairs.empty()) {
-    return Error(
-        "_rebuild_tensor_v2: backward hooks are not supported in a checkpoint");
+    return Error("_rebuild_tensor_v2: backward hooks are not supported in a checkpoint");
   }
   const int64_t offset = args[1]->i;
-  const std::vector<ValuePtr>& size = args[2]->items;
-  const std::vector<ValuePtr>& stride = args[3]->items;
+  const std::vector<Value*>& size = args[2]->items;
+  const std::vector<Value*>& stride = args[3]->items;
   if (size.size() != stride.size())
     return Error("_rebuild_tensor_v2: size and stride differ in length");
+  if (size.size() > static_cast<size_t>(kMaxCheckpointDims)) {
+    return Error(absl::StrCat("_rebuild_tensor_v2: a tensor with ", size.size(),
+                              " dimensions; checkpoints may have at most ", kMaxCheckpointDims));
+  }
   SizeVector sizes, strides;
   int64_t extent = 0;  // largest element index the view touches
   bool empty = false;
   for (size_t d = 0; d < size.size(); ++d) {
-    if (size[d]->kind != Value::kInt || stride[d]->kind != Value::kInt ||
-        size[d]->i < 0 || stride[d]->i < 0) {
+    if (size[d]->kind != Value::kInt || stride[d]->kind != Value::kInt || size[d]->i < 0 ||
+        stride[d]->i < 0) {
       return Error(
           "_rebuild_tensor_v2: sizes and strides must be non-negative "
           "integers");
@@ -286,86 +395,79 @@ absl::StatusOr<ValuePtr> Unpickler::RebuildTensor(
     strides.push_back(stride[d]->i);
     empty |= size[d]->i == 0;
     int64_t span;
-    if (size[d]->i > 0 &&
-        (__builtin_mul_overflow(size[d]->i - 1, stride[d]->i, &span) ||
-         __builtin_add_overflow(extent, span, &extent))) {
+    if (size[d]->i > 0 && (__builtin_mul_overflow(size[d]->i - 1, stride[d]->i, &span) ||
+                           __builtin_add_overflow(extent, span, &extent))) {
       return Error("_rebuild_tensor_v2: size times stride overflows");
     }
   }
   if (offset < 0)
-    return Error(
-        absl::StrCat("_rebuild_tensor_v2: negative storage offset ", offset));
+    return Error(absl::StrCat("_rebuild_tensor_v2: negative storage offset ", offset));
   int64_t last;
-  if (!empty && (__builtin_add_overflow(offset, extent, &last) ||
-                 last >= storage->numel)) {
-    return Error(absl::StrCat(
-        "tensor of size [", absl::StrJoin(sizes, ", "), "], stride [",
-        absl::StrJoin(strides, ", "), "] at offset ", offset,
-        " reaches past its storage of ", storage->numel, " elements"));
+  if (!empty && (__builtin_add_overflow(offset, extent, &last) || last >= storage.numel)) {
+    return Error(absl::StrCat("tensor of size [", absl::StrJoin(sizes, ", "), "], stride [",
+                              absl::StrJoin(strides, ", "), "] at offset ", offset,
+                              " reaches past its storage of ", storage.numel, " elements"));
   }
-  if (empty && offset > storage->numel) {
-    return Error(absl::StrCat("storage offset ", offset,
-                              " is past its storage of ", storage->numel,
+  if (empty && offset > storage.numel) {
+    return Error(absl::StrCat("storage offset ", offset, " is past its storage of ", storage.numel,
                               " elements"));
   }
-  ValuePtr v = Make(Value::kTensor);
-  v->tensor = Tensor(std::make_shared<TensorImpl>(
-      storage->storage, storage->dtype, sizes, strides, offset));
+  Value* v = Make(Value::kTensor);
+  v->tensor =
+      Tensor(std::make_shared<TensorImpl>(storage.storage, storage.dtype, sizes, strides, offset));
   return v;
 }
 
-absl::Status Unpickler::Reduce(const ValuePtr& callable, const ValuePtr& args) {
-  if (callable->kind != Value::kGlobal) {
-    return Refused(
-        absl::StrCat("REDUCE on a ", KindName(callable->kind), " value"));
+absl::Status Unpickler::Reduce(const Value& callable, const Value& args) {
+  if (callable.kind != Value::kGlobal) {
+    return Refused(absl::StrCat("REDUCE on a ", KindName(callable.kind), " value"));
   }
-  if (args->kind != Value::kTuple)
-    return Error("REDUCE arguments are not a tuple");
-  if (callable->s == kOrderedDict) {
-    if (!args->items.empty())
-      return Error("OrderedDict() takes no arguments here");
-    ValuePtr d = Make(Value::kDict);
+  if (args.kind != Value::kTuple) return Error("REDUCE arguments are not a tuple");
+  if (callable.s == kOrderedDict) {
+    if (!args.items.empty()) return Error("OrderedDict() takes no arguments here");
+    Value* d = Make(Value::kDict);
     d->ordered = true;
     return Push(d);
   }
-  if (callable->s == kRebuildTensor) {
-    absl::StatusOr<ValuePtr> t = RebuildTensor(args->items);
+  if (callable.s == kRebuildTensor) {
+    absl::StatusOr<Value*> t = RebuildTensor(args.items);
     if (!t.ok()) return t.status();
     return Push(*t);
   }
-  if (callable->s == kRebuildParameter) {
-    if (args->items.size() != 3 || args->items[0]->kind != Value::kTensor) {
+  if (callable.s == kRebuildParameter) {
+    if (args.items.size() != 3 || args.items[0]->kind != Value::kTensor) {
       return Error("_rebuild_parameter expects (tensor, requires_grad, hooks)");
     }
-    return Push(args->items[0]);
+    return Push(args.items[0]);
   }
-  return Refused(absl::StrCat(
-      "REDUCE on '", callable->s,
-      "' is not allowed (it is not a callable a state_dict uses)"));
+  return Refused(absl::StrCat("REDUCE on '", callable.s,
+                              "' is not allowed (it is not a callable a state_dict uses)"));
 }
 
-absl::Status Unpickler::SetItems(const ValuePtr& dict,
-                                 const std::vector<ValuePtr>& kv) {
-  if (dict->kind != Value::kDict)
-    return Error(absl::StrCat("SETITEM on a ", KindName(dict->kind)));
-  if (kv.size() % 2 != 0) return Error("SETITEMS with an odd number of items");
-  for (size_t i = 0; i < kv.size(); i += 2)
-    dict->pairs.emplace_back(kv[i], kv[i + 1]);
+absl::Status Unpickler::SetItems(const std::vector<Value*>& kv, absl::string_view op) {
+  if (kv.size() % 2 != 0) return Error(absl::StrCat(op, " with an odd number of items"));
+  absl::StatusOr<Value*> dict = Growable(Value::kDict, op);
+  if (!dict.ok()) return dict.status();
+  for (size_t i = 0; i < kv.size(); i += 2) {
+    if (absl::Status s = Nest(*dict, kv[i]); !s.ok()) return s;
+    if (absl::Status s = Nest(*dict, kv[i + 1]); !s.ok()) return s;
+    (*dict)->pairs.emplace_back(kv[i], kv[i + 1]);
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<ValuePtr> Unpickler::Run() {
+absl::StatusOr<const Value*> Unpickler::Run() {
 #define EMBER_PICKLE_TRY(expr) \
   do {                         \
     absl::Status s_ = (expr);  \
     if (!s_.ok()) return s_;   \
   } while (0)
 #define EMBER_PICKLE_POP(var)                   \
-  absl::StatusOr<ValuePtr> var##_or = Pop();    \
+  absl::StatusOr<Value*> var##_or = Pop();      \
   if (!var##_or.ok()) return var##_or.status(); \
-  ValuePtr var = *var##_or
-  const absl::Status truncated = absl::InvalidArgumentError(
-      absl::StrCat(source_, ": data.pkl is truncated"));
+  Value* var = *var##_or
+  const absl::Status truncated =
+      absl::InvalidArgumentError(absl::StrCat(source_, ": ", what_, " is truncated"));
   while (true) {
     op_at_ = pos_;
     absl::string_view opb;
@@ -375,8 +477,7 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
       case 0x80: {  // PROTO
         uint8_t proto;
         if (!TakeLe(&proto)) return truncated;
-        if (proto > 5)
-          return Error(absl::StrCat("unknown pickle protocol ", proto));
+        if (proto > 5) return Error(absl::StrCat("unknown pickle protocol ", proto));
         break;
       }
       case 0x95: {  // FRAME
@@ -389,6 +490,7 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
         return result;
       }
       case '(':
+        if (marks_.size() > (1u << 20)) return Error("too many MARKs");
         marks_.push_back(stack_.size());
         break;
       case ')':
@@ -405,15 +507,16 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
         break;
       case 0x88:
       case 0x89: {
-        ValuePtr b = Make(Value::kBool);
+        Value* b = Make(Value::kBool);
         b->i = op == 0x88;
         EMBER_PICKLE_TRY(Push(b));
         break;
       }
       case 't': {
-        absl::StatusOr<std::vector<ValuePtr>> items = PopToMark();
+        absl::StatusOr<std::vector<Value*>> items = PopToMark();
         if (!items.ok()) return items.status();
-        ValuePtr t = Make(Value::kTuple);
+        Value* t = Make(Value::kTuple);
+        for (Value* item : *items) EMBER_PICKLE_TRY(Nest(t, item));
         t->items = std::move(*items);
         EMBER_PICKLE_TRY(Push(t));
         break;
@@ -421,10 +524,11 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
       case 0x85:
       case 0x86:
       case 0x87: {  // TUPLE1..3
-        ValuePtr t = Make(Value::kTuple);
+        Value* t = Make(Value::kTuple);
         t->items.resize(op - 0x84);
         for (size_t i = t->items.size(); i-- > 0;) {
           EMBER_PICKLE_POP(item);
+          EMBER_PICKLE_TRY(Nest(t, item));
           t->items[i] = item;
         }
         EMBER_PICKLE_TRY(Push(t));
@@ -452,10 +556,14 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
         uint8_t n;
         absl::string_view b;
         if (!TakeLe(&n) || !Take(n, &b)) return truncated;
-        if (n > 8) return Error("integer does not fit in 64 bits");
+        if (n > 8) {  // kept as bytes: only compared (the legacy magic number)
+          Value* big = Make(Value::kBigInt);
+          big->s = std::string(b);
+          EMBER_PICKLE_TRY(Push(big));
+          break;
+        }
         uint64_t u = 0;
-        for (size_t i = 0; i < n; ++i)
-          u |= uint64_t{static_cast<unsigned char>(b[i])} << (8 * i);
+        for (size_t i = 0; i < n; ++i) u |= uint64_t{static_cast<unsigned char>(b[i])} << (8 * i);
         if (n > 0 && n < 8 && (static_cast<unsigned char>(b[n - 1]) & 0x80))
           u |= ~uint64_t{0} << (8 * n);
         EMBER_PICKLE_TRY(Push(Int(static_cast<int64_t>(u))));
@@ -466,7 +574,7 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
         if (!Take(8, &b)) return truncated;
         uint64_t u = 0;
         for (char c : b) u = (u << 8) | static_cast<unsigned char>(c);
-        ValuePtr f = Make(Value::kFloat);
+        Value* f = Make(Value::kFloat);
         std::memcpy(&f->f, &u, 8);
         EMBER_PICKLE_TRY(Push(f));
         break;
@@ -488,7 +596,7 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
         }
         absl::string_view b;
         if (n > data_.size() || !Take(n, &b)) return truncated;
-        ValuePtr s = Make(Value::kString);
+        Value* s = Make(Value::kString);
         s->s = std::string(b);
         EMBER_PICKLE_TRY(Push(s));
         break;
@@ -545,20 +653,19 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
       }
       case 'Q': {  // BINPERSID
         EMBER_PICKLE_POP(pid);
-        EMBER_PICKLE_TRY(PersistentLoad(pid));
+        EMBER_PICKLE_TRY(PersistentLoad(*pid));
         break;
       }
       case 'R': {
         EMBER_PICKLE_POP(args);
         EMBER_PICKLE_POP(callable);
-        EMBER_PICKLE_TRY(Reduce(callable, args));
+        EMBER_PICKLE_TRY(Reduce(*callable, *args));
         break;
       }
       case 'b': {  // BUILD: only an OrderedDict's __dict__ (its _metadata),
                    // which is dropped
         EMBER_PICKLE_POP(state);
-        if (stack_.empty() || stack_.back()->kind != Value::kDict ||
-            state->kind != Value::kDict) {
+        if (stack_.empty() || stack_.back()->kind != Value::kDict || state->kind != Value::kDict) {
           return Refused("BUILD on anything but an OrderedDict");
         }
         break;
@@ -566,39 +673,69 @@ absl::StatusOr<ValuePtr> Unpickler::Run() {
       case 's': {
         EMBER_PICKLE_POP(value);
         EMBER_PICKLE_POP(key);
-        if (stack_.empty()) return Error("SETITEM without a dict");
-        EMBER_PICKLE_TRY(SetItems(stack_.back(), {key, value}));
+        EMBER_PICKLE_TRY(SetItems({key, value}, "SETITEM"));
         break;
       }
       case 'u': {
-        absl::StatusOr<std::vector<ValuePtr>> kv = PopToMark();
+        absl::StatusOr<std::vector<Value*>> kv = PopToMark();
         if (!kv.ok()) return kv.status();
-        if (stack_.empty()) return Error("SETITEMS without a dict");
-        EMBER_PICKLE_TRY(SetItems(stack_.back(), *kv));
+        EMBER_PICKLE_TRY(SetItems(*kv, "SETITEMS"));
         break;
       }
       case 'a': {
         EMBER_PICKLE_POP(item);
-        if (stack_.empty() || stack_.back()->kind != Value::kList)
-          return Error("APPEND without a list");
-        stack_.back()->items.push_back(item);
+        absl::StatusOr<Value*> list = Growable(Value::kList, "APPEND");
+        if (!list.ok()) return list.status();
+        EMBER_PICKLE_TRY(Nest(*list, item));
+        (*list)->items.push_back(item);
         break;
       }
       case 'e': {
-        absl::StatusOr<std::vector<ValuePtr>> items = PopToMark();
+        absl::StatusOr<std::vector<Value*>> items = PopToMark();
         if (!items.ok()) return items.status();
-        if (stack_.empty() || stack_.back()->kind != Value::kList)
-          return Error("APPENDS without a list");
-        for (ValuePtr& v : *items) stack_.back()->items.push_back(std::move(v));
+        absl::StatusOr<Value*> list = Growable(Value::kList, "APPENDS");
+        if (!list.ok()) return list.status();
+        for (Value* v : *items) {
+          EMBER_PICKLE_TRY(Nest(*list, v));
+          (*list)->items.push_back(v);
+        }
         break;
       }
       default:
-        return Refused(absl::StrCat("opcode ", OpcodeName(op), " at byte ",
-                                    op_at_, " is not allowed"));
+        return Refused(
+            absl::StrCat("opcode ", OpcodeName(op), " at byte ", op_at_, " is not allowed"));
     }
   }
 #undef EMBER_PICKLE_TRY
 #undef EMBER_PICKLE_POP
+}
+
+// The state dict a program's result holds.
+absl::StatusOr<StateDict> ToStateDict(const Value& root, absl::string_view source) {
+  if (root.kind != Value::kDict) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": the checkpoint holds a ", KindName(root.kind),
+                     ", not a state_dict (a mapping of names to tensors)"));
+  }
+  StateDict sd;
+  std::set<std::string> seen;
+  for (const auto& [key, value] : root.pairs) {
+    if (key->kind != Value::kString) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": a state_dict key is a ", KindName(key->kind), ", not a str"));
+    }
+    if (value->kind != Value::kTensor) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": entry '", escape_for_terminal(key->s), "' is a ",
+                       KindName(value->kind), ", not a tensor; save model.state_dict() itself"));
+    }
+    if (!seen.insert(key->s).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": entry '", escape_for_terminal(key->s), "' appears twice"));
+    }
+    sd.emplace_back(key->s, value->tensor);
+  }
+  return sd;
 }
 
 // Appends pickle opcodes.
@@ -649,38 +786,82 @@ std::string StorageTypeName(Dtype dtype) {
 
 }  // namespace
 
-absl::StatusOr<StateDict> UnpickleStateDict(absl::string_view pickle,
-                                            const StorageLoader& load,
+absl::StatusOr<StateDict> UnpickleStateDict(absl::string_view pickle, const StorageLoader& load,
                                             absl::string_view source) {
-  Unpickler unpickler(pickle, load, source);
-  absl::StatusOr<ValuePtr> result = unpickler.Run();
+  Unpickler unpickler(pickle, 0, &load, Layout::kZip, source, "data.pkl");
+  absl::StatusOr<const Value*> result = unpickler.Run();
   if (!result.ok()) return result.status();
-  const Value& root = **result;
-  if (root.kind != Value::kDict) {
+  return ToStateDict(**result, source);
+}
+
+bool IsLegacyTorchCheckpoint(absl::string_view bytes) {
+  // PROTO n, LONG1 of 10 bytes, the magic number.
+  return bytes.size() >= 4 + kLegacyMagicSize && bytes[0] == '\x80' &&
+         bytes.substr(2, 2) == "\x8a\x0a" &&
+         bytes.substr(4, kLegacyMagicSize) == absl::string_view(kLegacyMagic, kLegacyMagicSize);
+}
+
+absl::StatusOr<LegacyPickles> UnpickleLegacyCheckpoint(absl::string_view bytes,
+                                                       const StorageLoader& load,
+                                                       absl::string_view source) {
+  auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": the checkpoint holds a ", KindName(root.kind),
-                     ", not a state_dict (a mapping of names to tensors)"));
+        absl::StrCat(source, ": not a readable legacy torch.save file: ", why));
+  };
+  size_t pos = 0;
+  // The magic number, the protocol version and sys_info: plain values.
+  const char* const kHeader[] = {"its magic number", "its protocol version", "its sys_info"};
+  for (const char* what : kHeader) {
+    Unpickler u(bytes, pos, nullptr, Layout::kLegacy, source, what);
+    absl::StatusOr<const Value*> v = u.Run();
+    if (!v.ok()) return v.status();
+    pos = u.end();
+    const Value& value = **v;
+    if (what == kHeader[0] && (value.kind != Value::kBigInt ||
+                               value.s != absl::string_view(kLegacyMagic, kLegacyMagicSize))) {
+      return bad("it does not start with torch.save's magic number");
+    }
+    if (what == kHeader[1] && (value.kind != Value::kInt || value.i != kLegacyProtocolVersion)) {
+      return bad(absl::StrCat("protocol version ",
+                              value.kind == Value::kInt ? std::to_string(value.i) : "(not an int)",
+                              "; Ember reads version ", kLegacyProtocolVersion));
+    }
+    if (what == kHeader[2]) {
+      if (value.kind != Value::kDict) return bad("sys_info is not a dict");
+      for (const auto& [k, v] : value.pairs) {
+        if (k->kind == Value::kString && k->s == "little_endian" &&
+            !(v->kind == Value::kBool && v->i == 1)) {
+          return absl::UnimplementedError(absl::StrCat(
+              source,
+              ": the checkpoint was saved on a big-endian machine, which Ember does not "
+              "read; save it again on a little-endian one"));
+        }
+      }
+    }
   }
-  StateDict sd;
-  std::set<std::string> seen;
-  for (const auto& [key, value] : root.pairs) {
-    if (key->kind != Value::kString) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": a state_dict key is a ", KindName(key->kind),
-                       ", not a str"));
-    }
-    if (value->kind != Value::kTensor) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": entry '", key->s, "' is a ", KindName(value->kind),
-          ", not a tensor; save model.state_dict() itself"));
-    }
-    if (!seen.insert(key->s).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": entry '", key->s, "' appears twice"));
-    }
-    sd.emplace_back(key->s, value->tensor);
+  LegacyPickles out;
+  {
+    Unpickler u(bytes, pos, &load, Layout::kLegacy, source, "the object's pickle");
+    absl::StatusOr<const Value*> v = u.Run();
+    if (!v.ok()) return v.status();
+    pos = u.end();
+    absl::StatusOr<StateDict> sd = ToStateDict(**v, source);
+    if (!sd.ok()) return sd.status();
+    out.state_dict = std::move(*sd);
   }
-  return sd;
+  {
+    Unpickler u(bytes, pos, nullptr, Layout::kLegacy, source, "the storage key list");
+    absl::StatusOr<const Value*> v = u.Run();
+    if (!v.ok()) return v.status();
+    pos = u.end();
+    if ((*v)->kind != Value::kList) return bad("the storage keys are not a list");
+    for (const Value* key : (*v)->items) {
+      if (key->kind != Value::kString) return bad("a storage key is not a str");
+      out.storage_keys.push_back(key->s);
+    }
+  }
+  out.data_offset = pos;
+  return out;
 }
 
 std::string PickleStateDict(const std::vector<PickledTensor>& tensors) {

@@ -13,7 +13,9 @@
 // ref the default branch is "master", or "main" when master does not exist.
 //
 // A repository already in the cache is used as is, without touching the
-// network, so loading works offline once fetched. force_reload fetches again
+// network, so loading works offline once fetched (an empty folder there, left
+// by an older version, is fetched again). An archive that holds no file, or
+// unpacks past the limits, is an error and leaves no cache entry. force_reload fetches again
 // and, once the new copy is extracted, replaces the old folder and deletes the
 // weights its hubconf downloaded (checkpoints/<file name of each weights url>).
 // Fetches hold "<hub_dir>/<owner>_<repo>.lock", so concurrent loaders (DDP
@@ -23,6 +25,7 @@
 #ifndef EMBER_HUB_REPO_CACHE_H_
 #define EMBER_HUB_REPO_CACHE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -45,6 +48,11 @@ struct FetchOptions {
   DownloadOptions download;
   // How long to wait for another loader fetching the same repository.
   absl::Duration lock_timeout = absl::Minutes(10);
+  // Caps on what the repository's archive may unpack to (archive.h); 0:
+  // $EMBER_HUB_MAX_UNPACKED_BYTES / $EMBER_HUB_MAX_UNPACKED_ENTRIES, else 2 GiB
+  // and 100,000 entries.
+  uint64_t max_unpacked_bytes = 0;
+  uint64_t max_unpacked_entries = 0;
 };
 
 struct FetchedRepo {
@@ -58,10 +66,12 @@ std::string BaseUrl(const FetchOptions& options);
 // The repository's folder in the cache, fetching it if needed (see above).
 // Blocks on the network and on other loaders' locks. Errors: NotFound when the
 // ref (or neither default branch) exists; the download's errors
-// (download.h); the archive's (archive.h); Internal for cache file errors.
+// (download.h); the archive's (archive.h: PermissionDenied for refused
+// entries, InvalidArgument for an empty or unreadable archive,
+// ResourceExhausted past the unpacking limits); Internal for cache file
+// errors.
 // On error the cache holds what it held before.
-absl::StatusOr<FetchedRepo> FetchRepo(const RepoRef& repo,
-                                      const FetchOptions& options = {});
+absl::StatusOr<FetchedRepo> FetchRepo(const RepoRef& repo, const FetchOptions& options = {});
 
 }  // namespace ember::hub
 

@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "hub/archive.h"
 #include "hub/hub_dir.h"
 #include "hub/testing/test_server.h"
 
@@ -44,15 +45,14 @@ class RepoCacheTest : public ::testing::Test {
   void TearDown() override { SetDir(""); }
 
   // Publishes owner/repo at `ref` with a hubconf whose doc is `doc`.
-  void Publish(const std::string& owner_repo, const std::string& ref,
-               const std::string& doc, const std::string& format = "zip") {
+  void Publish(const std::string& owner_repo, const std::string& ref, const std::string& doc,
+               const std::string& format = "zip") {
     std::string top = "x-" + ref + "-0123abc/";
     ASSERT_TRUE(
         WriteArchive(www_ + "/" + owner_repo + "/zipball/" + ref, format,
                      {{top},
                       {top + "hubconf.textproto",
-                       "entry_points { name: \"m\" builder: \"mlp\" doc: \"" +
-                           doc + "\" }"},
+                       "entry_points { name: \"m\" builder: \"mlp\" doc: \"" + doc + "\" }"},
                       {top + "weights/w.bin", "weights of " + doc}})
             .ok());
   }
@@ -90,29 +90,22 @@ TEST_F(RepoCacheTest, FetchesIntoOwnerRepoRefAndReusesTheCache) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT(*ReadFile(r->dir + "/hubconf.textproto"), HasSubstr("second"));
   EXPECT_EQ(Requests("/alice/models/zipball/v1"), 2);
-  // Nothing but the repository and its lock is left in the hub directory.
+  // Nothing but the repository is left in the hub directory (no lock file).
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(hub_dir_))
-    names.push_back(e.path().filename());
-  EXPECT_THAT(names, ::testing::UnorderedElementsAre("alice_models_v1",
-                                                     "alice_models.lock"));
+  for (const auto& e : fs::directory_iterator(hub_dir_)) names.push_back(e.path().filename());
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("alice_models_v1"));
 }
 
 TEST_F(RepoCacheTest, ForceReloadDeletesDownloadedWeights) {
   std::string top = "t/";
-  ASSERT_TRUE(
-      WriteArchive(
-          www_ + "/alice/models/zipball/v1", "zip",
-          {{top + "hubconf.textproto",
-            "entry_points { name: \"m\" builder: \"mlp\" weights { url: "
-            "\"https://example.org/m-0123abcd.pt\" sha256: \"0123abcd\" } }"}})
-          .ok());
+  ASSERT_TRUE(WriteArchive(www_ + "/alice/models/zipball/v1", "zip",
+                           {{top + "hubconf.textproto",
+                             "entry_points { name: \"m\" builder: \"mlp\" weights { url: "
+                             "\"https://example.org/m-0123abcd.pt\" sha256: \"0123abcd\" } }"}})
+                  .ok());
   ASSERT_TRUE(Fetch("alice/models:v1").ok());
-  ASSERT_TRUE(
-      WriteFile(hub_dir_ + "/checkpoints/m-0123abcd.pt", "downloaded").ok());
-  ASSERT_TRUE(
-      WriteFile(hub_dir_ + "/checkpoints/other-01234567.pt", "someone else's")
-          .ok());
+  ASSERT_TRUE(WriteFile(hub_dir_ + "/checkpoints/m-0123abcd.pt", "downloaded").ok());
+  ASSERT_TRUE(WriteFile(hub_dir_ + "/checkpoints/other-01234567.pt", "someone else's").ok());
   options_.force_reload = true;
   ASSERT_TRUE(Fetch("alice/models:v1").ok());
   EXPECT_FALSE(fs::exists(hub_dir_ + "/checkpoints/m-0123abcd.pt"));
@@ -136,8 +129,7 @@ TEST_F(RepoCacheTest, DefaultBranchIsMasterThenMain) {
 
   r = Fetch("carol/nothing");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(r.status().message(),
-              HasSubstr("neither a master nor a main branch"));
+  EXPECT_THAT(r.status().message(), HasSubstr("neither a master nor a main branch"));
   r = Fetch("alice/models:v9");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(r.status().message(), HasSubstr("'v9'"));
@@ -156,28 +148,73 @@ TEST_F(RepoCacheTest, WorksOfflineFromTheCache) {
   options_.download.max_attempts = 1;
   r = Fetch("alice/models:main");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(*ReadFile(hub_dir_ + "/alice_models_main/hubconf.textproto"),
-              HasSubstr("cached"));
+  EXPECT_THAT(*ReadFile(hub_dir_ + "/alice_models_main/hubconf.textproto"), HasSubstr("cached"));
 }
 
 TEST_F(RepoCacheTest, MaliciousArchiveLeavesNoCacheEntry) {
-  ASSERT_TRUE(WriteArchive(www_ + "/evil/repo/zipball/master", "tar.gz",
-                           {{"t/hubconf.textproto", "entry_points {}"},
-                            {"t/../../../pwned.txt", "x"}})
-                  .ok());
+  ASSERT_TRUE(
+      WriteArchive(www_ + "/evil/repo/zipball/master", "tar.gz",
+                   {{"t/hubconf.textproto", "entry_points {}"}, {"t/../../../pwned.txt", "x"}})
+          .ok());
   absl::StatusOr<FetchedRepo> r = Fetch("evil/repo");
   EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied);
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(hub_dir_))
-    names.push_back(e.path().filename());
-  EXPECT_THAT(names, ::testing::ElementsAre("evil_repo.lock"));
+  for (const auto& e : fs::directory_iterator(hub_dir_)) names.push_back(e.path().filename());
+  EXPECT_THAT(names, ::testing::IsEmpty());
   EXPECT_FALSE(fs::exists(base_ + "/pwned.txt"));
+}
+
+std::vector<std::string> Listing(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename());
+  return names;
+}
+
+TEST_F(RepoCacheTest, EmptyDownloadLeavesNoCacheEntry) {
+  ASSERT_TRUE(WriteFile(www_ + "/alice/models/zipball/master", "").ok());
+  absl::StatusOr<FetchedRepo> r = Fetch("alice/models");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("holds no files"));
+  EXPECT_THAT(Listing(hub_dir_), ::testing::IsEmpty());
+  // Once the repository is published, a plain fetch (no force_reload) works.
+  Publish("alice/models", "master", "published");
+  r = Fetch("alice/models");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(*ReadFile(r->dir + "/hubconf.textproto"), HasSubstr("published"));
+}
+
+TEST_F(RepoCacheTest, EmptyCachedFolderIsFetchedAgain) {
+  // What an older version left after an empty download.
+  fs::create_directories(hub_dir_ + "/alice_models_master");
+  Publish("alice/models", "master", "fresh");
+  absl::StatusOr<FetchedRepo> r = Fetch("alice/models");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(*ReadFile(r->dir + "/hubconf.textproto"), HasSubstr("fresh"));
+}
+
+TEST_F(RepoCacheTest, ArchiveUnpackingPastTheLimitLeavesNoCacheEntry) {
+  const std::string top = "x-master-0123abc/";
+  ASSERT_TRUE(WriteArchive(www_ + "/alice/models/zipball/master", "zip",
+                           {{top + "hubconf.textproto", "entry_points {}"},
+                            {top + "zeros.bin", std::string(8 << 20, '\0')}})
+                  .ok());
+  options_.max_unpacked_bytes = 1 << 20;
+  absl::StatusOr<FetchedRepo> r = Fetch("alice/models");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("unpacks to more than 1048576 bytes"));
+  EXPECT_THAT(Listing(hub_dir_), ::testing::IsEmpty());
+  options_.max_unpacked_bytes = 0;
+  setenv(kMaxUnpackedBytesEnv, "1048576", 1);
+  r = Fetch("alice/models");
+  unsetenv(kMaxUnpackedBytesEnv);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(Listing(hub_dir_), ::testing::IsEmpty());
+  EXPECT_TRUE(Fetch("alice/models").ok());  // the default allows 8 MiB
 }
 
 TEST_F(RepoCacheTest, ConcurrentLoadersDownloadOnce) {
   Publish("alice/models", "v2", "shared");
-  std::vector<absl::StatusOr<FetchedRepo>> results(
-      4, absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<FetchedRepo>> results(4, absl::UnknownError("not run"));
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < 4; ++rank) {
     ranks.emplace_back([&, rank] { results[rank] = Fetch("alice/models:v2"); });
@@ -188,8 +225,7 @@ TEST_F(RepoCacheTest, ConcurrentLoadersDownloadOnce) {
     EXPECT_EQ(r->dir, hub_dir_ + "/alice_models_v2");
   }
   EXPECT_EQ(Requests("/alice/models/zipball/v2"), 1);
-  EXPECT_THAT(*ReadFile(hub_dir_ + "/alice_models_v2/hubconf.textproto"),
-              HasSubstr("shared"));
+  EXPECT_THAT(*ReadFile(hub_dir_ + "/alice_models_v2/hubconf.textproto"), HasSubstr("shared"));
 }
 
 TEST_F(RepoCacheTest, BaseUrlFromEnvironment) {

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "hub/printable.h"
 #include "tensor/factories.h"
 
 namespace ember::hub {
@@ -17,12 +18,18 @@ namespace {
 
 constexpr uint64_t kMaxHeader = 100 << 20;  // the specification's limit
 
+// Dtypes of the safetensors specification that Ember has no dtype for.
+const std::vector<std::string>& UnsupportedDtypeNames() {
+  static const auto* names = new std::vector<std::string>{
+      "C64", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "U16", "U32", "U64"};
+  return *names;
+}
+
 const std::vector<std::pair<std::string, Dtype>>& DtypeNames() {
   static const auto* names = new std::vector<std::pair<std::string, Dtype>>{
-      {"F32", kFloat32},   {"F64", kFloat64}, {"F16", kFloat16},
-      {"BF16", kBFloat16}, {"I64", kInt64},   {"I32", kInt32},
-      {"I16", kInt16},     {"I8", kInt8},     {"U8", kUInt8},
-      {"BOOL", kBool}};
+      {"F32", kFloat32}, {"F64", kFloat64}, {"F16", kFloat16}, {"BF16", kBFloat16},
+      {"I64", kInt64},   {"I32", kInt32},   {"I16", kInt16},   {"I8", kInt8},
+      {"U8", kUInt8},    {"BOOL", kBool}};
   return *names;
 }
 
@@ -44,12 +51,10 @@ class JsonParser {
   absl::StatusOr<Json> ParseDocument() {
     Json v;
     if (!Value(&v, 0))
-      return absl::InvalidArgumentError(
-          absl::StrCat("invalid JSON at byte ", pos_, ": ", error_));
+      return absl::InvalidArgumentError(absl::StrCat("invalid JSON at byte ", pos_, ": ", error_));
     Space();
     if (pos_ != text_.size())
-      return absl::InvalidArgumentError(
-          absl::StrCat("trailing data at byte ", pos_));
+      return absl::InvalidArgumentError(absl::StrCat("trailing data at byte ", pos_));
     return v;
   }
 
@@ -62,19 +67,16 @@ class JsonParser {
     while (pos_ < text_.size() && absl::ascii_isspace(text_[pos_])) ++pos_;
   }
   bool Literal(absl::string_view word) {
-    if (text_.substr(pos_, word.size()) != word)
-      return Fail("unexpected token");
+    if (text_.substr(pos_, word.size()) != word) return Fail("unexpected token");
     pos_ += word.size();
     return true;
   }
   bool String(std::string* out) {
-    if (pos_ >= text_.size() || text_[pos_] != '"')
-      return Fail("expected a string");
+    if (pos_ >= text_.size() || text_[pos_] != '"') return Fail("expected a string");
     ++pos_;
     while (pos_ < text_.size() && text_[pos_] != '"') {
       char c = text_[pos_++];
-      if (static_cast<unsigned char>(c) < 0x20)
-        return Fail("control character in a string");
+      if (static_cast<unsigned char>(c) < 0x20) return Fail("control character in a string");
       if (c != '\\') {
         out->push_back(c);
         continue;
@@ -108,21 +110,20 @@ class JsonParser {
           for (int i = 0; i < 4; ++i) {
             char h = text_[pos_++];
             if (!absl::ascii_isxdigit(h)) return Fail("bad \\u escape");
-            cp = cp * 16 + (absl::ascii_isdigit(h)
-                                ? h - '0'
-                                : absl::ascii_tolower(h) - 'a' + 10);
+            cp = cp * 16 + (absl::ascii_isdigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10);
           }
-          if (cp >= 0xD800 && cp < 0xDC00 &&
-              text_.substr(pos_, 2) == "\\u") {  // surrogate pair
+          if (cp >= 0xDC00 && cp < 0xE000) return Fail("lone low surrogate in a \\u escape");
+          if (cp >= 0xD800 && cp < 0xDC00) {  // must be followed by its low half
+            if (text_.substr(pos_, 2) != "\\u" || pos_ + 6 > text_.size())
+              return Fail("lone high surrogate in a \\u escape");
             pos_ += 2;
             uint32_t lo = 0;
-            for (int i = 0; i < 4 && pos_ < text_.size(); ++i) {
+            for (int i = 0; i < 4; ++i) {
               char h = text_[pos_++];
               if (!absl::ascii_isxdigit(h)) return Fail("bad \\u escape");
-              lo = lo * 16 + (absl::ascii_isdigit(h)
-                                  ? h - '0'
-                                  : absl::ascii_tolower(h) - 'a' + 10);
+              lo = lo * 16 + (absl::ascii_isdigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10);
             }
+            if (lo < 0xDC00 || lo >= 0xE000) return Fail("lone high surrogate in a \\u escape");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
           }
           if (cp < 0x80) {
@@ -154,9 +155,8 @@ class JsonParser {
     size_t start = pos_;
     if (pos_ < text_.size() && text_[pos_] == '-') ++pos_;
     while (pos_ < text_.size() &&
-           (absl::ascii_isdigit(text_[pos_]) || text_[pos_] == '.' ||
-            text_[pos_] == 'e' || text_[pos_] == 'E' || text_[pos_] == '+' ||
-            text_[pos_] == '-')) {
+           (absl::ascii_isdigit(text_[pos_]) || text_[pos_] == '.' || text_[pos_] == 'e' ||
+            text_[pos_] == 'E' || text_[pos_] == '+' || text_[pos_] == '-')) {
       ++pos_;
     }
     std::string token(text_.substr(start, pos_ - start));
@@ -186,8 +186,7 @@ class JsonParser {
         std::string key;
         if (!String(&key)) return false;
         Space();
-        if (pos_ >= text_.size() || text_[pos_++] != ':')
-          return Fail("expected ':'");
+        if (pos_ >= text_.size() || text_[pos_++] != ':') return Fail("expected ':'");
         Json member;
         if (!Value(&member, depth + 1)) return false;
         v->object.emplace_back(std::move(key), std::move(member));
@@ -240,8 +239,7 @@ void AppendJsonString(std::string* out, absl::string_view s) {
       out->push_back('\\');
       out->push_back(static_cast<char>(c));
     } else if (c < 0x20) {
-      absl::StrAppend(out, "\\u00",
-                      absl::string_view("0123456789abcdef" + (c >> 4), 1),
+      absl::StrAppend(out, "\\u00", absl::string_view("0123456789abcdef" + (c >> 4), 1),
                       absl::string_view("0123456789abcdef" + (c & 15), 1));
     } else {
       out->push_back(static_cast<char>(c));
@@ -252,8 +250,7 @@ void AppendJsonString(std::string* out, absl::string_view s) {
 
 }  // namespace
 
-absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes,
-                                          absl::string_view source) {
+absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes, absl::string_view source) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": not a valid safetensors file: ", why));
@@ -262,14 +259,16 @@ absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes,
   uint64_t header_len;
   std::memcpy(&header_len, bytes.data(), 8);
   if (header_len > kMaxHeader || header_len > bytes.size() - 8) {
-    return bad(absl::StrCat("header length ", header_len, " exceeds the file (",
-                            bytes.size(), " bytes; truncated?)"));
+    return bad(absl::StrCat("header length ", header_len, " exceeds the file (", bytes.size(),
+                            " bytes; truncated?)"));
   }
-  absl::StatusOr<Json> header =
-      JsonParser(bytes.substr(8, header_len)).ParseDocument();
+  // JSON text is UTF-8 (RFC 8259), and tensor names are looked up as text.
+  if (size_t bad_at; !is_valid_utf8(bytes.substr(8, header_len), &bad_at)) {
+    return bad(absl::StrCat("the header is not valid UTF-8 (byte ", 8 + bad_at, " of the file)"));
+  }
+  absl::StatusOr<Json> header = JsonParser(bytes.substr(8, header_len)).ParseDocument();
   if (!header.ok()) return bad(header.status().message());
-  if (header->kind != Json::kObject)
-    return bad("the header is not a JSON object");
+  if (header->kind != Json::kObject) return bad("the header is not a JSON object");
   const absl::string_view data = bytes.substr(8 + header_len);
 
   struct Entry {
@@ -283,8 +282,9 @@ absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes,
   for (const auto& [name, info] : header->object) {
     if (name == "__metadata__") continue;
     auto fail = [&](absl::string_view why) {
-      return bad(absl::StrCat("tensor '", name, "': ", why));
+      return bad(absl::StrCat("tensor '", escape_for_terminal(name), "': ", why));
     };
+    if (name.find('\0') != std::string::npos) return fail("its name holds a NUL character");
     if (!names.insert(name).second) return fail("appears twice");
     if (info.kind != Json::kObject) return fail("is not an object");
     const Json* dtype = nullptr;
@@ -295,48 +295,53 @@ absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes,
       if (k == "shape") shape = &v;
       if (k == "data_offsets") offsets = &v;
     }
-    if (!dtype || !shape || !offsets)
-      return fail("needs dtype, shape and data_offsets");
+    if (!dtype || !shape || !offsets) return fail("needs dtype, shape and data_offsets");
     Entry e;
     e.name = name;
-    auto d = std::find_if(
-        DtypeNames().begin(), DtypeNames().end(), [&](const auto& p) {
-          return dtype->kind == Json::kString && p.first == dtype->s;
-        });
+    auto d = std::find_if(DtypeNames().begin(), DtypeNames().end(), [&](const auto& p) {
+      return dtype->kind == Json::kString && p.first == dtype->s;
+    });
     if (d == DtypeNames().end()) {
-      return fail(absl::StrCat(
-          "dtype ", dtype->kind == Json::kString ? dtype->s : "(not a string)",
-          " is not one Ember has (F32, F64, F16, BF16, I64, I32, I16, I8, U8, "
-          "BOOL)"));
+      const std::string given =
+          dtype->kind == Json::kString ? escape_for_terminal(dtype->s) : "(not a string)";
+      const std::string have = "F32, F64, F16, BF16, I64, I32, I16, I8, U8 and BOOL";
+      if (dtype->kind == Json::kString &&
+          std::count(UnsupportedDtypeNames().begin(), UnsupportedDtypeNames().end(), dtype->s)) {
+        return absl::UnimplementedError(
+            absl::StrCat(source, ": tensor '", escape_for_terminal(name), "' has dtype ", given,
+                         ", which Ember does not support (it reads ", have,
+                         "); convert the tensor to one of those before saving"));
+      }
+      return fail(
+          absl::StrCat("dtype ", given, " is not a safetensors dtype Ember knows (", have, ")"));
     }
     e.dtype = d->second;
     if (shape->kind != Json::kArray) return fail("shape is not an array");
+    if (shape->array.size() > static_cast<size_t>(kMaxCheckpointDims)) {
+      return fail(absl::StrCat("shape has ", shape->array.size(),
+                               " dimensions; checkpoints may have at most ", kMaxCheckpointDims));
+    }
     uint64_t numel = 1;
     for (const Json& s : shape->array) {
       if (s.kind != Json::kNumber || !s.is_integer || s.integer < 0)
         return fail("shape holds a non-integer or negative size");
       e.shape.push_back(s.integer);
-      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(s.integer),
-                                 &numel))
+      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(s.integer), &numel))
         return fail("shape overflows");
     }
     if (offsets->kind != Json::kArray || offsets->array.size() != 2 ||
-        offsets->array[0].kind != Json::kNumber ||
-        offsets->array[1].kind != Json::kNumber ||
+        offsets->array[0].kind != Json::kNumber || offsets->array[1].kind != Json::kNumber ||
         !offsets->array[0].is_integer || !offsets->array[1].is_integer ||
-        offsets->array[0].integer < 0 ||
-        offsets->array[1].integer < offsets->array[0].integer) {
+        offsets->array[0].integer < 0 || offsets->array[1].integer < offsets->array[0].integer) {
       return fail("data_offsets is not [begin, end]");
     }
     e.begin = offsets->array[0].integer;
     e.end = offsets->array[1].integer;
     uint64_t nbytes;
-    if (__builtin_mul_overflow(numel, ElementSize(e.dtype), &nbytes) ||
-        nbytes != e.end - e.begin) {
-      return fail(absl::StrCat("data_offsets [", e.begin, ", ", e.end,
-                               "] hold ", e.end - e.begin, " bytes but shape [",
-                               absl::StrJoin(e.shape, ", "), "] of ", dtype->s,
-                               " needs ", nbytes));
+    if (__builtin_mul_overflow(numel, ElementSize(e.dtype), &nbytes) || nbytes != e.end - e.begin) {
+      return fail(absl::StrCat("data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin,
+                               " bytes but shape [", absl::StrJoin(e.shape, ", "), "] of ",
+                               dtype->s, " needs ", nbytes));
     }
     entries.push_back(std::move(e));
   }
@@ -346,22 +351,19 @@ absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes,
   uint64_t covered = 0;
   for (const Entry& e : entries) {
     if (e.begin != covered) {
-      return bad(absl::StrCat("tensor '", e.name, "' starts at byte ", e.begin,
-                              " but the previous data ends at ", covered,
-                              " (overlap or hole)"));
+      return bad(absl::StrCat("tensor '", escape_for_terminal(e.name), "' starts at byte ", e.begin,
+                              " but the previous data ends at ", covered, " (overlap or hole)"));
     }
     covered = e.end;
   }
   if (covered != data.size()) {
-    return bad(absl::StrCat("the tensors cover ", covered,
-                            " bytes of data but the file holds ", data.size(),
-                            covered > data.size() ? " (truncated?)" : ""));
+    return bad(absl::StrCat("the tensors cover ", covered, " bytes of data but the file holds ",
+                            data.size(), covered > data.size() ? " (truncated?)" : ""));
   }
   StateDict sd;
   for (const Entry& e : entries) {
     Tensor t = empty(e.shape, TensorOptions(e.dtype));
-    if (e.end > e.begin)
-      std::memcpy(t.raw_data(), data.data() + e.begin, e.end - e.begin);
+    if (e.end > e.begin) std::memcpy(t.raw_data(), data.data() + e.begin, e.end - e.begin);
     sd.emplace_back(e.name, std::move(t));
   }
   return sd;
@@ -374,13 +376,12 @@ absl::StatusOr<std::string> WriteSafetensors(const StateDict& state_dict) {
   uint64_t offset = 0;
   for (const auto& [name, tensor] : state_dict) {
     if (!names.insert(name).second || name == "__metadata__") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state_dict entry '", name, "' appears twice or is reserved"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("state_dict entry '", name, "' appears twice or is reserved"));
     }
     if (!tensor.defined() || !tensor.is_cpu()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("state_dict entry '", name,
-                       "' is not a CPU tensor; move it with .to(ember::kCPU)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state_dict entry '", name, "' is not a CPU tensor; move it with .to(ember::kCPU)"));
     }
     Tensor c = tensor.contiguous();
     auto d = std::find_if(DtypeNames().begin(), DtypeNames().end(),
@@ -388,8 +389,8 @@ absl::StatusOr<std::string> WriteSafetensors(const StateDict& state_dict) {
     if (contiguous.size() > 0) header += ",";
     AppendJsonString(&header, name);
     absl::StrAppend(&header, ":{\"dtype\":\"", d->first, "\",\"shape\":[",
-                    absl::StrJoin(c.sizes(), ","), "],\"data_offsets\":[",
-                    offset, ",", offset + c.nbytes(), "]}");
+                    absl::StrJoin(c.sizes(), ","), "],\"data_offsets\":[", offset, ",",
+                    offset + c.nbytes(), "]}");
     offset += c.nbytes();
     contiguous.push_back(std::move(c));
   }
@@ -402,8 +403,7 @@ absl::StatusOr<std::string> WriteSafetensors(const StateDict& state_dict) {
   out += header;
   out.reserve(out.size() + offset);
   for (const Tensor& c : contiguous) {
-    if (c.nbytes() > 0)
-      out.append(static_cast<const char*>(c.raw_data()), c.nbytes());
+    if (c.nbytes() > 0) out.append(static_cast<const char*>(c.raw_data()), c.nbytes());
   }
   return out;
 }

@@ -8,7 +8,7 @@
 //   EMBER_ASSIGN_OR_RETURN(std::string file, ember::hub::WriteSafetensors(sd));
 //
 // Reading checks what the format's specification requires: the header is
-// valid JSON within the file, each byte range matches its dtype and shape,
+// valid JSON (and UTF-8) within the file, each byte range matches its dtype and shape,
 // and the ranges cover the data exactly, without overlap or holes. Tensors
 // come back in file order (their data offsets).
 //
@@ -25,9 +25,11 @@
 namespace ember::hub {
 
 // Parses safetensors `bytes`; `source` names the file in errors. Errors:
-// InvalidArgument naming the tensor or header problem.
-absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes,
-                                          absl::string_view source);
+// InvalidArgument naming the tensor or header problem (including a header
+// that is not UTF-8, a name holding NUL, more than kMaxCheckpointDims
+// dimensions); Unimplemented for a dtype of the specification Ember lacks
+// (C64, F8_*, U16/32/64 ...).
+absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes, absl::string_view source);
 
 // The safetensors bytes of `state_dict`, in its order. Errors:
 // InvalidArgument for a tensor not on the CPU or a duplicate name.

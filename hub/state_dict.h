@@ -20,6 +20,10 @@ namespace ember::hub {
 
 using StateDict = std::vector<std::pair<std::string, Tensor>>;
 
+// The most dimensions a tensor read from a checkpoint may have (model weights
+// use a handful); a file claiming more is refused as malformed.
+inline constexpr int kMaxCheckpointDims = 64;
+
 }  // namespace ember::hub
 
 #endif  // EMBER_HUB_STATE_DICT_H_

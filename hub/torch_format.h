@@ -1,6 +1,10 @@
 // PyTorch's torch.save format for state_dicts: a zip holding
 // <archive>/data.pkl (the pickled OrderedDict), <archive>/data/<key> (one
 // record of raw little-endian bytes per storage) and <archive>/version.
+// The legacy format (before PyTorch 1.6, or _use_new_zipfile_serialization=
+// False) is read too: a sequence of pickles (magic number, protocol version,
+// sys_info, the OrderedDict, its storage keys), then each storage's int64
+// element count and bytes.
 //
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
 //                          ember::hub::ReadTorchCheckpoint(bytes,
@@ -27,13 +31,16 @@
 
 namespace ember::hub {
 
-// Parses a torch.save file held in `bytes`; `source` names it in errors.
-// Errors: InvalidArgument (not a checkpoint zip, truncated, malformed pickle,
-// geometry outside its storage, storage record of the wrong size);
-// PermissionDenied (a global, callable or opcode a state_dict does not need);
-// DataLoss (a record's CRC does not match).
-absl::StatusOr<StateDict> ReadTorchCheckpoint(std::string bytes,
-                                              absl::string_view source);
+// Whether `bytes` starts as a torch.save file (zip or legacy).
+bool IsTorchCheckpoint(absl::string_view bytes);
+
+// Parses a torch.save file (zip or legacy) held in `bytes`; `source` names
+// it in errors. Errors: InvalidArgument (not a checkpoint, truncated,
+// malformed pickle, geometry outside its storage, storage record of the
+// wrong size); PermissionDenied (a global, callable or opcode a state_dict
+// does not need); Unimplemented (a dtype or layout Ember lacks, such as
+// complex64); DataLoss (a zip record's CRC does not match).
+absl::StatusOr<StateDict> ReadTorchCheckpoint(std::string bytes, absl::string_view source);
 
 // The torch.save bytes of `state_dict`, each tensor saved contiguous in its
 // own storage. Errors: InvalidArgument for a tensor that is not on the CPU or

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "hub/printable.h"
 
 // Note [Record alignment]
 // PyTorch's writer pads each record's local header with an "FB" extra field
@@ -45,8 +46,7 @@ la_ssize_t AppendTo(struct archive*, void* out, const void* data, size_t n) {
 
 }  // namespace
 
-absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes,
-                                          std::string source) {
+absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes, std::string source) {
   ZipReader r;
   r.bytes_ = std::move(bytes);
   r.source_ = std::move(source);
@@ -59,8 +59,7 @@ absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes,
   // Only the reader that starts from the central directory: the streaming one
   // would accept a file cut off inside its directory.
   if (archive_read_support_format_zip_seekable(a.get()) != ARCHIVE_OK ||
-      archive_read_open_memory(a.get(), r.bytes_.data(), r.bytes_.size()) !=
-          ARCHIVE_OK) {
+      archive_read_open_memory(a.get(), r.bytes_.data(), r.bytes_.size()) != ARCHIVE_OK) {
     return bad(
         absl::StrCat("no complete zip directory (truncated or not a "
                      "zip?): ",
@@ -78,19 +77,19 @@ absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes,
     if (rc == ARCHIVE_EOF) break;
     if (rc != ARCHIVE_OK) {
       return bad(absl::StrCat("corrupt entry after '",
-                              r.names_.empty() ? "" : r.names_.back(),
+                              r.names_.empty() ? "" : escape_for_terminal(r.names_.back()),
                               "': ", ErrorOf(a.get())));
     }
     const char* path = archive_entry_pathname(header);
     std::string name = path != nullptr ? path : "";
     if (name.empty()) return bad("an entry has no name");
     if (archive_entry_is_encrypted(header))
-      return bad(absl::StrCat("entry '", name, "' is encrypted"));
+      return bad(absl::StrCat("entry '", escape_for_terminal(name), "' is encrypted"));
     if (archive_entry_size_is_set(header) &&
         static_cast<uint64_t>(archive_entry_size(header)) > file_size) {
-      return bad(absl::StrCat("entry '", name, "' claims ",
-                              archive_entry_size(header),
-                              " bytes, more than the file's ", file_size,
+      return bad(absl::StrCat("entry '", escape_for_terminal(name), "' claims ",
+                              archive_entry_size(header), " bytes, more than the file's ",
+                              file_size,
                               "; checkpoints store their records "
                               "uncompressed"));
     }
@@ -98,16 +97,14 @@ absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes,
     const void* block = nullptr;
     size_t n = 0;
     la_int64_t offset = 0;
-    while ((rc = archive_read_data_block(a.get(), &block, &n, &offset)) ==
-           ARCHIVE_OK) {
+    while ((rc = archive_read_data_block(a.get(), &block, &n, &offset)) == ARCHIVE_OK) {
       if (n == 0) continue;
       if (offset < 0 || static_cast<uint64_t>(offset) != e.size)
-        return bad(absl::StrCat("entry '", name, "' has a hole"));
+        return bad(absl::StrCat("entry '", escape_for_terminal(name), "' has a hole"));
       const uintptr_t at = reinterpret_cast<uintptr_t>(block);
-      const bool continues_view =
-          e.in_file && at >= base && at - base <= file_size &&
-          n <= file_size - (at - base) &&
-          (e.size == 0 || at - base == e.offset + e.size);
+      const bool continues_view = e.in_file && at >= base && at - base <= file_size &&
+                                  n <= file_size - (at - base) &&
+                                  (e.size == 0 || at - base == e.offset + e.size);
       if (continues_view) {
         if (e.size == 0) e.offset = at - base;
       } else {
@@ -117,10 +114,10 @@ absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes,
         }
         decoded_total += n;
         if (decoded_total > file_size) {
-          return bad(absl::StrCat(
-              "entry '", name, "' expands past ", file_size,
-              " bytes, the file's size; checkpoints store their records "
-              "uncompressed"));
+          return bad(absl::StrCat("entry '", escape_for_terminal(name), "' expands past ",
+                                  file_size,
+                                  " bytes, the file's size; checkpoints store their records "
+                                  "uncompressed"));
         }
         e.decoded.append(static_cast<const char*>(block), n);
       }
@@ -131,34 +128,29 @@ absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes,
       // libarchive reports a CRC mismatch as a warning whose text says so;
       // there is no separate code for it.
       if (absl::StrContains(why, "CRC")) {
-        return absl::DataLossError(
-            absl::StrCat(r.source_, ": record '", name,
-                         "' is corrupt (CRC mismatch): ", why));
+        return absl::DataLossError(absl::StrCat(r.source_, ": record '", escape_for_terminal(name),
+                                                "' is corrupt (CRC mismatch): ", why));
       }
-      return bad(absl::StrCat("entry '", name, "': ", why));
+      return bad(absl::StrCat("entry '", escape_for_terminal(name), "': ", why));
     }
     if (!r.entries_.emplace(name, std::move(e)).second)
-      return bad(absl::StrCat("entry '", name, "' appears twice"));
+      return bad(absl::StrCat("entry '", escape_for_terminal(name), "' appears twice"));
     r.names_.push_back(std::move(name));
   }
   return r;
 }
 
-absl::StatusOr<absl::string_view> ZipReader::Read(
-    absl::string_view name) const {
+absl::StatusOr<absl::string_view> ZipReader::Read(absl::string_view name) const {
   auto it = entries_.find(std::string(name));
   if (it == entries_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat(source_, ": no record '", name, "' in the checkpoint"));
+    return absl::NotFoundError(absl::StrCat(source_, ": no record '", name, "' in the checkpoint"));
   }
   const Entry& e = it->second;
   if (!e.in_file) return absl::string_view(e.decoded);
   return absl::string_view(bytes_.data() + e.offset, e.size);
 }
 
-void ZipWriter::WriterDeleter::operator()(struct archive* a) const {
-  archive_write_free(a);
-}
+void ZipWriter::WriterDeleter::operator()(struct archive* a) const { archive_write_free(a); }
 
 ZipWriter::ZipWriter() : archive_(archive_write_new()) {
   struct archive* a = archive_.get();
@@ -170,10 +162,8 @@ ZipWriter::ZipWriter() : archive_(archive_write_new()) {
   if (archive_write_set_format_zip(a) != ARCHIVE_OK ||
       archive_write_zip_set_compression_store(a) != ARCHIVE_OK ||
       archive_write_set_bytes_per_block(a, 0) != ARCHIVE_OK ||
-      archive_write_open2(a, &out_, nullptr, &AppendTo, nullptr, nullptr) !=
-          ARCHIVE_OK) {
-    status_ = absl::InternalError(
-        absl::StrCat("cannot start a zip archive: ", ErrorOf(a)));
+      archive_write_open2(a, &out_, nullptr, &AppendTo, nullptr, nullptr) != ARCHIVE_OK) {
+    status_ = absl::InternalError(absl::StrCat("cannot start a zip archive: ", ErrorOf(a)));
   }
 }
 
@@ -184,9 +174,8 @@ void ZipWriter::Add(const std::string& name, absl::string_view data) {
   struct archive* a = archive_.get();
   const size_t size = data.size();
   auto fail = [&] {
-    status_ =
-        absl::InternalError(absl::StrCat("cannot write zip entry '", name,
-                                         "' (", size, " bytes): ", ErrorOf(a)));
+    status_ = absl::InternalError(
+        absl::StrCat("cannot write zip entry '", name, "' (", size, " bytes): ", ErrorOf(a)));
   };
   EntryHandle entry(archive_entry_new());
   if (entry == nullptr) {
@@ -208,8 +197,8 @@ void ZipWriter::Add(const std::string& name, absl::string_view data) {
 
 absl::StatusOr<std::string> ZipWriter::Finish() && {
   if (status_.ok() && archive_write_close(archive_.get()) != ARCHIVE_OK) {
-    status_ = absl::InternalError(absl::StrCat(
-        "cannot write the zip directory: ", ErrorOf(archive_.get())));
+    status_ = absl::InternalError(
+        absl::StrCat("cannot write the zip directory: ", ErrorOf(archive_.get())));
   }
   if (!status_.ok()) return status_;
   return std::move(out_);

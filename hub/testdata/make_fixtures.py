@@ -11,6 +11,10 @@ The outputs are committed; the tests only read them.
                         safetensors spec by hand (the safetensors package is
                         not in Debian)
   tensors.expected.txt  one line per tensor: name dtype sizes values
+  tensors_legacy.pt     the same OrderedDict in the legacy (pre-1.6, non-zip)
+                        torch.save format
+  complex.pt            a state_dict holding a complex64 tensor (a dtype
+                        Ember lacks)
   evil_*.pt, truncated.pt  hostile checkpoints (see each writer below)
   mlp_torch.pt, small_cnn_torch.pt   state_dicts of the hub's "mlp" and
                         "small_cnn" architectures built with torch.nn, and
@@ -131,6 +135,12 @@ def hostile():
     open(os.path.join(HERE, "truncated.pt"), "wb").write(data[: len(data) // 2])
 
 
+def legacy_and_unsupported(sd):
+    torch.save(sd, os.path.join(HERE, "tensors_legacy.pt"), _use_new_zipfile_serialization=False)
+    torch.save(collections.OrderedDict(z=torch.tensor([1 + 2j], dtype=torch.complex64)),
+               os.path.join(HERE, "complex.pt"))
+
+
 def write_io(path, x, y):
     with open(path, "w") as f:
         for tag, t in (("input", x), ("output", y)):
@@ -160,6 +170,7 @@ def main():
     write_safetensors(sd, os.path.join(HERE, "tensors.safetensors"))
     write_expected(sd)
     hostile()
+    legacy_and_unsupported(sd)
     models()
     # Sanity: PyTorch's own restricted loader reads the good file back.
     back = torch.load(os.path.join(HERE, "tensors.pt"), weights_only=True)

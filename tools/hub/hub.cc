@@ -11,7 +11,9 @@
 // of $EMBER_HUB_BASE_URL / https://github.com), --no-progress.
 // Exit status: 0 on success, 1 when the operation fails (the reason on
 // stderr), 2 for a usage error. Output goes to stdout; errors and the
-// progress bar (on a terminal only) to stderr.
+// progress bar (on a terminal only) to stderr. Everything printed that comes
+// from a repository or a checkpoint (names, docs, messages quoting them) has
+// control characters and non-UTF-8 bytes escaped (\x1b ...).
 #include "hub/hub.h"
 
 #include <cstdio>
@@ -24,6 +26,7 @@
 #include "hub/checkpoint.h"
 #include "hub/hub_dir.h"
 #include "hub/load_state_dict_from_url.h"
+#include "hub/printable.h"
 
 namespace {
 
@@ -44,8 +47,10 @@ int Usage(const std::string& why) {
   return 2;
 }
 
+// Names, docs and messages come from repositories and checkpoints: printed
+// escaped, so that they cannot drive the terminal (printable.h).
 int Failed(const absl::Status& status) {
-  std::cerr << "hub: " << status.message() << "\n";
+  std::cerr << "hub: " << ember::hub::escape_for_terminal(status.message()) << "\n";
   return 1;
 }
 
@@ -79,8 +84,7 @@ int Main(std::vector<std::string> args) {
       if (!value(&dir)) return Usage("--hub-dir needs a directory");
       ember::hub::SetDir(dir);
     } else if (a == "--model-dir") {
-      if (!value(&weights.model_dir))
-        return Usage("--model-dir needs a directory");
+      if (!value(&weights.model_dir)) return Usage("--model-dir needs a directory");
     } else if (a == "--base-url") {
       if (!value(&options.base_url)) return Usage("--base-url needs a URL");
     } else if (a.rfind("--", 0) == 0) {
@@ -95,36 +99,31 @@ int Main(std::vector<std::string> args) {
       absl::StatusOr<ember::hub::Repository> repo =
           ember::hub::OpenRepository(positional[0], options);
       if (!repo.ok()) return Failed(repo.status());
-      std::cout << repo->dir << "\n";
+      std::cout << ember::hub::escape_for_terminal(repo->dir) << "\n";
       return 0;
     }
-    absl::StatusOr<std::vector<std::string>> names =
-        ember::hub::List(positional[0], options);
+    absl::StatusOr<std::vector<std::string>> names = ember::hub::List(positional[0], options);
     if (!names.ok()) return Failed(names.status());
-    for (const std::string& n : *names) std::cout << n << "\n";
+    for (const std::string& n : *names) std::cout << ember::hub::escape_for_terminal(n) << "\n";
     return 0;
   }
   if (command == "help") {
-    if (positional.size() != 2)
-      return Usage("help takes a repository and an entry point");
-    absl::StatusOr<std::string> doc =
-        ember::hub::Help(positional[0], positional[1], options);
+    if (positional.size() != 2) return Usage("help takes a repository and an entry point");
+    absl::StatusOr<std::string> doc = ember::hub::Help(positional[0], positional[1], options);
     if (!doc.ok()) return Failed(doc.status());
-    std::cout << *doc << "\n";
+    std::cout << ember::hub::escape_for_terminal(*doc, /*keep_newlines=*/true) << "\n";
     return 0;
   }
   if (command == "weights") {
     if (positional.size() != 1) return Usage("weights takes one URL");
     weights.download = options.download;
-    absl::StatusOr<std::string> path =
-        ember::hub::DownloadCheckpoint(positional[0], weights);
+    absl::StatusOr<std::string> path = ember::hub::DownloadCheckpoint(positional[0], weights);
     if (!path.ok()) return Failed(path.status());
-    absl::StatusOr<ember::hub::StateDict> sd =
-        ember::hub::LoadCheckpoint(*path);
+    absl::StatusOr<ember::hub::StateDict> sd = ember::hub::LoadCheckpoint(*path);
     if (!sd.ok()) return Failed(sd.status());
-    std::cout << *path << "\n";
+    std::cout << ember::hub::escape_for_terminal(*path) << "\n";
     for (const auto& [name, t] : *sd) {
-      std::cout << name << " " << t.dtype() << " ["
+      std::cout << ember::hub::escape_for_terminal(name) << " " << t.dtype() << " ["
                 << absl::StrJoin(t.sizes(), ", ") << "]\n";
     }
     return 0;
@@ -134,6 +133,4 @@ int Main(std::vector<std::string> args) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  return Main(std::vector<std::string>(argv + 1, argv + argc));
-}
+int main(int argc, char** argv) { return Main(std::vector<std::string>(argv + 1, argv + argc)); }

@@ -34,6 +34,7 @@ using ::ember::hub::testing::TestServer;
 using ::ember::hub::testing::WriteArchive;
 using ::ember::hub::testing::WriteFile;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Result {
   int code;
@@ -53,6 +54,25 @@ class HubBinaryTest : public ::testing::Test {
                                "entry_points { name: \"cnn\" builder: "
                                "\"small_cnn\" doc: \"A small CNN.\" }"}})
                     .ok());
+    // Repository text that would drive a terminal: an OSC title sequence and
+    // a carriage return in a doc; a name that is a path.
+    ASSERT_TRUE(WriteArchive(tmp + "/www/mallory/docs/zipball/main", "zip",
+                             {{"top/hubconf.textproto",
+                               "entry_points { name: \"m\" builder: \"mlp\" "
+                               "doc: \"line one\\x1b]0;pwned\\x07\\nline two\\rhidden\" }"}})
+                    .ok());
+    ASSERT_TRUE(WriteArchive(tmp + "/www/mallory/names/zipball/main", "zip",
+                             {{"top/hubconf.textproto",
+                               "entry_points { name: \"../../x\\x1b[2J\" builder: \"mlp\" }"}})
+                    .ok());
+    std::string escapes_path = tmp + "/escapes.safetensors";
+    ASSERT_TRUE(SaveCheckpoint({{"w\x1b[2J", ::ember::zeros({2})}}, escapes_path).ok());
+    std::string escapes = *ReadFile(escapes_path);
+    ASSERT_TRUE(
+        WriteFile(tmp + "/www/w/escapes-" + Sha256Hex(escapes).substr(0, 8) + ".safetensors",
+                  escapes)
+            .ok());
+    escapes_name_ = new std::string("escapes-" + Sha256Hex(escapes).substr(0, 8) + ".safetensors");
     std::string weights = *ReadFile("hub/testdata/tensors.pt");
     name_ = new std::string("tensors-" + Sha256Hex(weights).substr(0, 8) + ".pt");
     ASSERT_TRUE(WriteFile(tmp + "/www/w/" + *name_, weights).ok());
@@ -134,12 +154,14 @@ class HubBinaryTest : public ::testing::Test {
   static std::string* base_;
   static std::string* name_;
   static std::string* big_name_;
+  static std::string* escapes_name_;
   static size_t big_size_;
   static TestServer* server_;
 };
 std::string* HubBinaryTest::base_ = nullptr;
 std::string* HubBinaryTest::name_ = nullptr;
 std::string* HubBinaryTest::big_name_ = nullptr;
+std::string* HubBinaryTest::escapes_name_ = nullptr;
 size_t HubBinaryTest::big_size_ = 0;
 TestServer* HubBinaryTest::server_ = nullptr;
 
@@ -192,6 +214,37 @@ TEST_F(HubBinaryTest, Weights) {
   r = Run("weights " + server_->url("/w/missing-01234567.pt"));
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("HTTP 404"));
+}
+
+TEST_F(HubBinaryTest, RepositoryTextIsPrintedEscaped) {
+  Result r = Run("help mallory/docs m");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "line one\\x1b]0;pwned\\x07\nline two\\x0dhidden\n");
+  r = Run("list mallory/names");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, HasSubstr("entry point name '../../x\\x1b[2J' is not an identifier"));
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos);
+  r = Run("weights " + server_->url("/w/" + *escapes_name_) + " --check-hash");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("w\\x1b[2J float32 [2]\n"));
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
+}
+
+TEST_F(HubBinaryTest, WeightsNamesUnsupportedSchemesAndLeavesNoLockFiles) {
+  const std::string dir = *base_ + "/schemes";
+  Result r = Run("weights ftp://127.0.0.1/x-01234567.pt --model-dir " + dir);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("unsupported URL scheme 'ftp'"));
+  EXPECT_THAT(r.err, Not(HasSubstr("redirect")));
+  r = Run("weights " + server_->url("/w/" + *name_) + " --model-dir " + dir);
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = Run("weights " + server_->url("/w/missing-01234567.pt") + " --model-dir " + dir);
+  EXPECT_EQ(r.code, 1);
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    left.push_back(e.path().filename());
+  EXPECT_THAT(left, ::testing::ElementsAre(*name_));  // the checkpoint, no .lock files
 }
 
 // What a user watching a long download sees: one line, rewritten with '\r',

@@ -1,0 +1,45 @@
+// Reading a PyTorch-hub hubconf.py without running it: the entry points a
+// repository publishes are its top-level functions, and their docs are their
+// docstrings, both visible in the source text.
+//
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::HubConf conf,
+//                          ember::hub::parse_hubconf_py(text, "vision/hubconf.py"));
+//
+// What is read, as torch.hub.list / help see it:
+//   - every `def name(...)` (or `async def`) at column 0 whose name does not
+//     start with '_', decorated or not, becomes an entry point named after
+//     it, listed in sorted order (torch.hub.list sorts too); a later def of
+//     the same name replaces an earlier one, as in Python;
+//   - its docstring (the first statement of the body, when that is a string
+//     literal, in any quoting: ' " ''' """, with r/u prefixes), cleaned the
+//     way inspect.cleandoc does (common indentation and blank edges
+//     removed), becomes the entry's doc;
+//   - `dependencies = [...]` (strings) becomes python_dependencies.
+// Everything else (imports, `from x import y as z`, assignments, classes,
+// defs nested in `if` blocks or classes, private helpers) is skipped, and
+// strings and comments never count as code. Each entry point's builder is
+// its own name and `python` is set: Load builds it only when a C++ builder of
+// that name is registered (builders.h). Names imported from other modules
+// are not listed: what they are cannot be known without running Python.
+//
+// Thread-safety: a free function on values; safe from any thread.
+#ifndef EMBER_HUB_HUBCONF_PY_H_
+#define EMBER_HUB_HUBCONF_PY_H_
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "hub/hubconf.pb.h"
+
+namespace ember::hub {
+
+// The file PyTorch-hub repositories publish at their root.
+inline constexpr char kHubConfPyFile[] = "hubconf.py";
+
+// Reads `text` (a hubconf.py) as above; `source` names it in messages.
+// Errors: InvalidArgument naming the line for an unterminated string or
+// bracket, or an entry point name that is not an ASCII identifier.
+absl::StatusOr<HubConf> parse_hubconf_py(absl::string_view text, absl::string_view source);
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_HUBCONF_PY_H_

@@ -1,0 +1,86 @@
+#include "hub/printable.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_format.h"
+
+namespace ember::hub {
+namespace {
+
+// Decodes the UTF-8 sequence at `text[i]`: its code point and length, or
+// length 0 when the bytes there are not well-formed UTF-8.
+struct Decoded {
+  uint32_t code_point = 0;
+  size_t length = 0;
+};
+
+Decoded DecodeAt(absl::string_view text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char b0 = byte(i);
+  if (b0 < 0x80) return {b0, 1};
+  size_t n;
+  uint32_t cp, min;
+  if ((b0 & 0xE0) == 0xC0) {
+    n = 2, cp = b0 & 0x1F, min = 0x80;
+  } else if ((b0 & 0xF0) == 0xE0) {
+    n = 3, cp = b0 & 0x0F, min = 0x800;
+  } else if ((b0 & 0xF8) == 0xF0) {
+    n = 4, cp = b0 & 0x07, min = 0x10000;
+  } else {
+    return {};
+  }
+  if (text.size() - i < n) return {};
+  for (size_t k = 1; k < n; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) return {};
+    cp = (cp << 6) | (byte(i + k) & 0x3F);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return {};
+  return {cp, n};
+}
+
+// Code points that reorder or break the lines around them.
+bool IsLayoutControl(uint32_t cp) {
+  return cp == 0x061C || cp == 0x200E || cp == 0x200F || (cp >= 0x202A && cp <= 0x202E) ||
+         (cp >= 0x2066 && cp <= 0x2069) || cp == 0x2028 || cp == 0x2029;
+}
+
+}  // namespace
+
+std::string escape_for_terminal(absl::string_view text, bool keep_newlines) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const Decoded d = DecodeAt(text, i);
+    if (d.length == 0) {
+      absl::StrAppendFormat(&out, "\\x%02x", static_cast<unsigned char>(text[i]));
+      ++i;
+      continue;
+    }
+    const uint32_t cp = d.code_point;
+    if (keep_newlines && (cp == '\n' || cp == '\t')) {
+      out.push_back(static_cast<char>(cp));
+    } else if (cp < 0x20 || cp == 0x7F) {
+      absl::StrAppendFormat(&out, "\\x%02x", cp);
+    } else if ((cp >= 0x80 && cp <= 0x9F) || IsLayoutControl(cp)) {
+      absl::StrAppendFormat(&out, "\\u%04x", cp);
+    } else {
+      out.append(text.data() + i, d.length);
+    }
+    i += d.length;
+  }
+  return out;
+}
+
+bool is_valid_utf8(absl::string_view text, size_t* bad_at) {
+  for (size_t i = 0; i < text.size();) {
+    const Decoded d = DecodeAt(text, i);
+    if (d.length == 0) {
+      if (bad_at != nullptr) *bad_at = i;
+      return false;
+    }
+    i += d.length;
+  }
+  return true;
+}
+
+}  // namespace ember::hub

@@ -1,0 +1,33 @@
+// Text from repositories and checkpoints made safe to print: hub names, docs
+// and file contents are chosen by whoever publishes them, and a terminal
+// obeys escape sequences, carriage returns and bidirectional overrides in
+// what it is sent.
+//
+//   std::cout << ember::hub::escape_for_terminal(doc, /*keep_newlines=*/true);
+//
+// Thread-safety: free functions; safe from any thread.
+#ifndef EMBER_HUB_PRINTABLE_H_
+#define EMBER_HUB_PRINTABLE_H_
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace ember::hub {
+
+// `text` with everything a terminal would act on written as an escape:
+// control characters (C0, DEL, C1) and bytes that are not UTF-8 as \xNN,
+// bidirectional controls and line/paragraph separators as \uNNNN. Printable
+// UTF-8 (any script) and backslashes stay as they are. With
+// `keep_newlines`, '\n' and '\t' stay too (docs); otherwise they are escaped
+// as well (names, one-line messages).
+std::string escape_for_terminal(absl::string_view text, bool keep_newlines = false);
+
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code
+// points past U+10FFFF). On false, `*bad_at` (when given) is the offset of
+// the first byte that is not.
+bool is_valid_utf8(absl::string_view text, size_t* bad_at = nullptr);
+
+}  // namespace ember::hub
+
+#endif  // EMBER_HUB_PRINTABLE_H_
