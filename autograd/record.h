@@ -50,12 +50,9 @@ class FormulaNode final : public Node {
   std::vector<SavedVariable> saved_;
 };
 
-// Whether `t` is defined and requires grad.
-inline bool RequiresGrad(const Tensor& t) {
-  if (!t.defined()) return false;
-  const AutogradMetaInterface* meta = t.impl()->autograd_meta();
-  return meta != nullptr && meta->requires_grad();
-}
+// Whether `t` is defined and requires grad (its own flag or history, or its
+// base's for a view: Note [View tracking] in tensor/tensor.h).
+inline bool RequiresGrad(const Tensor& t) { return t.defined() && t.impl()->requires_grad(); }
 
 // Sets `out` as the next output of `node`; in anomaly mode records `op` as
 // the node's forward op. Outputs of non-floating dtypes are left out of the

@@ -64,8 +64,7 @@ class StridedScatterBackward final : public Node {
 
 Tensor StridedScatter(const Tensor& grad, const StridedGeometry& to, const StridedGeometry& from) {
   Tensor result = AsStridedBackward(grad, to, from);
-  const AutogradMeta* meta = GetMeta(grad);
-  if (!GradMode::is_enabled() || meta == nullptr || !meta->requires_grad()) return result;
+  if (!GradMode::is_enabled() || !grad.requires_grad()) return result;
   auto node = MakeNode<StridedScatterBackward>(to, from);
   node->add_next_edge(GradientEdge(grad));
   SetHistory(result, node);

@@ -41,8 +41,9 @@ Tensor Filled(IntArrayRef sizes, const TensorOptions& options, const Scalar& val
 
 // The options of a *_like factory: the input's dtype and device, overridden
 // by what `options` sets.
-TensorOptions LikeOptions(const Tensor& t, const TensorOptions& options) {
-  EMBER_CHECK(t.defined(), "*_like factory: the input tensor is undefined");
+TensorOptions LikeOptions(const Tensor& t, const TensorOptions& options, const char* op) {
+  EMBER_CHECK(t.defined(), op, ": the input tensor is undefined");
+  CheckPlacement(options, op);
   return t.options().merge_in(options);
 }
 
@@ -59,18 +60,18 @@ Tensor empty(IntArrayRef sizes, TensorOptions options) {
   return Finish(EmptyTensor(sizes, options.dtype(), options.device()), options);
 }
 Tensor empty_like(const Tensor& t, TensorOptions options) {
-  return empty(t.sizes(), LikeOptions(t, options));
+  return empty(t.sizes(), LikeOptions(t, options, "empty_like"));
 }
 
 Tensor zeros(IntArrayRef sizes, TensorOptions options) {
   return Filled(sizes, options, 0, "zeros");
 }
 Tensor zeros_like(const Tensor& t, TensorOptions options) {
-  return zeros(t.sizes(), LikeOptions(t, options));
+  return zeros(t.sizes(), LikeOptions(t, options, "zeros_like"));
 }
 Tensor ones(IntArrayRef sizes, TensorOptions options) { return Filled(sizes, options, 1, "ones"); }
 Tensor ones_like(const Tensor& t, TensorOptions options) {
-  return ones(t.sizes(), LikeOptions(t, options));
+  return ones(t.sizes(), LikeOptions(t, options, "ones_like"));
 }
 
 Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options) {
@@ -78,7 +79,7 @@ Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options) {
   return Filled(sizes, options, value, "full");
 }
 Tensor full_like(const Tensor& t, const Scalar& value, TensorOptions options) {
-  return full(t.sizes(), value, LikeOptions(t, options));
+  return full(t.sizes(), value, LikeOptions(t, options, "full_like"));
 }
 
 Tensor arange(const Scalar& end, TensorOptions options) { return arange(0, end, 1, options); }
@@ -133,6 +134,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
 Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
   int64_t cols = m.value_or(n);
   EMBER_CHECK(n >= 0 && cols >= 0, "eye: n and m must be non-negative, got ", n, " and ", cols);
+  CheckPlacement(options, "eye");
   Tensor out = zeros({n, cols}, options.requires_grad(false));
   int64_t k = std::min(n, cols);
   // The kernel directly: a fresh tensor reads version 0 (Note [Fresh tensors
@@ -231,7 +233,7 @@ Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen) {
   return Finish(std::move(t), options);
 }
 Tensor rand_like(const Tensor& t, TensorOptions options, Generator* gen) {
-  return rand(t.sizes(), LikeOptions(t, options), gen);
+  return rand(t.sizes(), LikeOptions(t, options, "rand_like"), gen);
 }
 
 Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen) {
@@ -242,7 +244,7 @@ Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen) {
   return Finish(std::move(t), options);
 }
 Tensor randn_like(const Tensor& t, TensorOptions options, Generator* gen) {
-  return randn(t.sizes(), LikeOptions(t, options), gen);
+  return randn(t.sizes(), LikeOptions(t, options, "randn_like"), gen);
 }
 
 Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options,
