@@ -337,7 +337,10 @@ namespace {
 // of the same category, the number is wrapped in that dtype directly: type
 // promotion only looks at a wrapped number's category, and the kernel would
 // convert it to this dtype anyway, so the result is the same without the
-// conversion (which dominates ops on tiny tensors).
+// conversion (which dominates ops on tiny tensors). The backward of mul/div
+// applies the number the same way, so it may read the rounded one; pow,
+// whose backward computes with its exponent, wraps it exactly instead
+// (Note [Number operands] in autograd/derivatives.cc).
 Tensor WrapOperand(const Tensor& self, const Scalar& value) {
   const Dtype d = self.dtype();
   const bool same_category = (value.is_floating_point() && (d == kFloat32 || d == kFloat64)) ||
