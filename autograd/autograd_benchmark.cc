@@ -8,8 +8,13 @@
 //   BM_ChainForwardRecorded  the same chain, recorded, without backward
 //   BM_ChainNoGrad           the baseline: the same chain on a tensor that
 //                            does not require grad (plain tensor ops)
+//   BM_ViewChainNoGrad       10,000 steps `y = y.unsqueeze(0).squeeze(0)`
+//                            (20,000 view ops) on a tensor that does not
+//                            require grad: what a view op costs, base
+//                            tracking included (Note [View tracking])
+//   BM_ViewChainRecorded     the same views, recorded (x requires grad)
 // The autograd overhead per op is BM_ChainForwardBackward - BM_ChainNoGrad;
-// the target is BM_ChainForwardBackward <= 1 us per op.
+// the target is BM_ChainForwardBackward <= 1 us per op.
 //
 //   bazel run //autograd:autograd_benchmark -- --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
@@ -71,6 +76,34 @@ void BM_ChainNoGrad(benchmark::State& state) {
   Report(state);
 }
 BENCHMARK(BM_ChainNoGrad)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+Tensor ViewChain(const Tensor& x) {
+  Tensor y = x;
+  for (int i = 0; i < kSteps; ++i) y = y.unsqueeze(0).squeeze(0);
+  return y;
+}
+
+void BM_ViewChainNoGrad(benchmark::State& state) {
+  SetNumThreads(1);
+  for (auto _ : state) {
+    Tensor x = ones({1});
+    Tensor y = ViewChain(x);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  Report(state);
+}
+BENCHMARK(BM_ViewChainNoGrad)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_ViewChainRecorded(benchmark::State& state) {
+  SetNumThreads(1);
+  for (auto _ : state) {
+    Tensor x = ones({1}).requires_grad_();
+    Tensor y = ViewChain(x);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  Report(state);
+}
+BENCHMARK(BM_ViewChainRecorded)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace ember::autograd

@@ -1,5 +1,8 @@
 // The Tensor autograd methods, grad mode, the engine and the graph.
+#include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -223,6 +226,83 @@ TEST(AutogradTest, SetGradChecksShape) {
               HasSubstr("assigned grad has data of a different size"));
   x.set_grad(Tensor());
   EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(AutogradTest, EveryFactoryTakesRequiresGrad) {
+  const TensorOptions rg = TensorOptions().requires_grad(true);
+  const TensorOptions rg64 = rg.dtype(kFloat64);
+  float blob[3] = {1, 2, 3};
+  Tensor like = ones({3}, kFloat64);
+  std::vector<std::pair<std::string, Tensor>> made = {
+      {"empty", empty({3}, rg)},
+      {"zeros", zeros({3}, rg)},
+      {"ones", ones({3}, rg64)},
+      {"full", full({3}, 2.5, rg)},
+      {"arange", arange(0.0, 3.0, 1.0, rg)},
+      {"linspace", linspace(0, 1, 3, rg)},
+      {"eye", eye(3, std::nullopt, rg)},
+      {"rand", rand({3}, rg)},
+      {"randn", randn({3}, rg64)},
+      {"randint", randint(0, 5, {3}, rg.dtype(kFloat32))},
+      {"tensor", tensor({1.0f, 2.0f, 3.0f}, rg)},
+      {"tensor(vector)", tensor(std::vector<double>{1, 2, 3}, rg)},
+      {"scalar_tensor", scalar_tensor(1.5, rg)},
+      {"from_blob", from_blob(blob, {3}, rg)},
+      {"empty_like", empty_like(like, rg)},
+      {"zeros_like", zeros_like(like, rg)},
+      {"ones_like", ones_like(like, rg.dtype(kFloat32))},
+      {"full_like", full_like(like, 4, rg)},
+      {"rand_like", rand_like(like, rg)},
+      {"randn_like", randn_like(like, rg)},
+  };
+  for (const auto& [name, t] : made) {
+    EXPECT_TRUE(t.requires_grad()) << name;
+    EXPECT_TRUE(t.is_leaf()) << name;
+    EXPECT_EQ(t.version(), 0u) << name;
+  }
+  EXPECT_EQ(made[2].second.dtype(), kFloat64);   // ones, dtype kept
+  EXPECT_EQ(made[14].second.dtype(), kFloat64);  // empty_like: the input's dtype
+  EXPECT_EQ(made[16].second.dtype(), kFloat32);  // ones_like: told otherwise
+  // Gradients reach a leaf made this way.
+  Tensor w = randn({2, 2}, rg);
+  (w * 3).sum().backward();
+  EXPECT_THAT(Values(w.grad()), ElementsAre(3, 3, 3, 3));
+  // *_like never copies the input's requires_grad.
+  EXPECT_FALSE(zeros_like(w).requires_grad());
+  // Not without a floating dtype, as torch.
+  EXPECT_THAT(ErrorOf([&] { zeros({2}, rg.dtype(kInt64)); }),
+              HasSubstr("only Tensors of floating point and complex dtype can require gradients "
+                        "(got int64)"));
+  EXPECT_THAT(ErrorOf([&] { arange(3, rg); }), HasSubstr("(got int64)"));
+  EXPECT_THAT(ErrorOf([&] { randint(0, 3, {2}, rg); }), HasSubstr("(got int64)"));
+}
+
+TEST(AutogradTest, GradFnNamesTheNodeAndItsNextFunctions) {
+  Tensor x = ones({2, 3}).requires_grad_();
+  Tensor c = ones({2, 3});
+  EXPECT_EQ(x.grad_fn(), nullptr);  // A leaf.
+  EXPECT_EQ(c.grad_fn(), nullptr);  // Outside the graph.
+  Tensor y = (x * c).sum();
+  std::shared_ptr<AutogradNodeInterface> sum = y.grad_fn();
+  ASSERT_NE(sum, nullptr);
+  EXPECT_EQ(sum->name(), "SumBackward");
+  auto sum_next = sum->next_functions();
+  ASSERT_EQ(sum_next.size(), 1u);
+  EXPECT_EQ(sum_next[0].first->name(), "MulBackward");
+  EXPECT_EQ(sum_next[0].second, 0u);
+  auto mul_next = sum_next[0].first->next_functions();
+  ASSERT_EQ(mul_next.size(), 2u);
+  EXPECT_EQ(mul_next[0].first->name(), "AccumulateGrad");
+  EXPECT_EQ(mul_next[1].first, nullptr);  // c needs no gradient.
+  // The same node as the graph holds; the full Node is one cast away.
+  EXPECT_EQ(std::static_pointer_cast<Node>(sum)->next_edge(0).function, sum_next[0].first);
+  // Through views and a node with several inputs.
+  std::vector<Tensor> parts = (x * 2).unbind(0);
+  Tensor z = cat({parts[1], parts[0]});
+  auto cat_next = z.grad_fn()->next_functions();
+  ASSERT_EQ(cat_next.size(), 2u);
+  EXPECT_EQ(cat_next[0].first->name(), "SelectBackward");
+  EXPECT_EQ(cat_next[0].first->next_functions()[0].first->name(), "MulBackward");
 }
 
 }  // namespace

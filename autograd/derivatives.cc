@@ -8,13 +8,15 @@
 //
 // Note [Derivative coverage]
 // - Recorded here: every view op, copy_/fill_, unary, binary, where, clamp,
-//   masked_fill_, masked_select, index_select, cat, reduce, max_dim/min_dim,
-//   softmax/log_softmax, mm, bmm, addmm, dot, and the in-place forms (through
-//   Note [In-place rules]).
+//   masked_fill_, masked_select, index_select, cat, reduce, std, norm,
+//   max_dim/min_dim, softmax/log_softmax, mm, bmm, addmm, dot, and the
+//   in-place forms (through Note [In-place rules]).
 // - var has no autograd kernel: its composite kernel is written in recorded
 //   ops (mean, sub, mul, sum), so it is differentiated through them. The same
-//   holds for the Tensor methods composed in tensor.cc (matmul, outer, norm,
-//   std, reshape, flatten, split, stack, ...).
+//   holds for the Tensor methods composed in tensor.cc (matmul, outer,
+//   reshape, flatten, split, stack, ...). std and norm have their own
+//   formulas because torch's take a subgradient (0) at a zero std or norm,
+//   where the chain through sqrt or pow gives NaN.
 // - Comparisons, logical ops, argmax/argmin and the indices of max/min give
 //   bool or integer results, which never require grad.
 // - The scatters that undo gathers (as_strided, stepped slice, index_select,
@@ -107,10 +109,10 @@ Tensor PadAlong(const Tensor& g, IntArrayRef sizes, int64_t dim, int64_t start, 
 Tensor RecordedIndexAdd(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& grad) {
   Tensor result = IndexAdd(sizes, dim, index, grad);
   if (!ShouldRecord(grad)) return result;
-  auto node = Formula("IndexAddBackward", [dim](const variable_list& saved,
-                                                const variable_list& grads) {
-    return variable_list{grads[0].index_select(dim, saved[0])};
-  });
+  auto node =
+      Formula("IndexAddBackward", [dim](const variable_list& saved, const variable_list& grads) {
+        return variable_list{grads[0].index_select(dim, saved[0])};
+      });
   node->add_next_edge(GradientEdge(grad));
   node->Save(index);
   FinishHistory(node, result, "index_add");
@@ -128,7 +130,6 @@ Tensor RecordView(const Tensor& self, Tensor out, const char* name, const char* 
   });
   node->add_next_edge(GradientEdge(self));
   FinishHistory(node, out, op);
-  MarkAsView(out, self);
   return out;
 }
 
@@ -468,6 +469,18 @@ class AddSubBackward final : public Node {
   bool sub_;
 };
 
+// Note [Number operands]
+// An op with a plain number operand (t * 0.5, t.pow(1.7), t.add(u, alpha),
+// clamp(min, max)) keeps the number as a Scalar for its backward formula, as
+// torch's formulas take `Scalar other`, and never does arithmetic on it as a
+// tensor: two wrapped numbers promote to the default dtype (float32), which
+// would round a double (pow's exponent - 1 would become float32). Where the
+// number reaches a tensor op it is applied once, in the gradient's dtype, as
+// the forward kernel applied it (a float32 tensor times 0.1 multiplies by
+// float(0.1) both ways). Tensor::pow(Scalar) wraps its exponent exactly and
+// alpha is wrapped exactly (tensor.cc); mul/div read the number back from
+// its wrapped tensor.
+
 // mul or div by a plain number (a wrapped scalar that needs no gradient):
 // the number is kept instead of its tensor, as torch's MulBackward1.
 class ScaleBackward final : public Node {
@@ -485,6 +498,32 @@ class ScaleBackward final : public Node {
  private:
   bool div_;
   Scalar number_;
+};
+
+// pow by a plain number (Note [Number operands]): torch's PowBackward0,
+// d/dx x^e = e * x^(e - 1) with e - 1 computed on the Scalar (in double for
+// a floating exponent), and a zero gradient for e == 0.
+class PowScalarBackward final : public Node {
+ public:
+  explicit PowScalarBackward(Scalar exponent) : exponent_(exponent) {}
+  std::string name() const override { return "PowBackward"; }
+  void release_variables() override { self_.Release(); }
+  SavedVariable self_;
+
+ protected:
+  variable_list apply(variable_list&& grads) override {
+    const Tensor& g = grads[0];
+    if (!g.defined()) return {Tensor(), Tensor()};
+    if (exponent_.to_double() == 0.0) {
+      return {zeros(g.sizes(), TensorOptions(g.dtype()).device(g.device())), Tensor()};
+    }
+    const Scalar minus_one = exponent_.is_floating_point() ? Scalar(exponent_.to_double() - 1.0)
+                                                           : Scalar(exponent_.to_int() - 1);
+    return {g * (self_.Unpack().pow(minus_one) * exponent_), Tensor()};
+  }
+
+ private:
+  Scalar exponent_;
 };
 
 class BinaryBackward final : public Node {
@@ -536,7 +575,8 @@ class BinaryBackward final : public Node {
       }
       case BinaryOp::kPow: {
         Tensor a = self_.Unpack(), b = other_.Unpack();
-        if (need_a) ga = where(b.eq(0), ZeroLike(), g * b * a.pow(b - 1));
+        // torch's pow_backward_self, in its order of operations.
+        if (need_a) ga = where(b.eq(0), ZeroLike(), g * (b * a.pow(b - 1)));
         if (need_b) {
           Tensor y = result_.Unpack();
           // d/db a^b = a^b log a; zero where a == 0 and b >= 0 (torch's rule).
@@ -586,6 +626,14 @@ Tensor BinaryAutograd(BinaryOp op, const Tensor& a, const Tensor& b) {
     auto node = MakeNode<ScaleBackward>(op == BinaryOp::kDiv, b.ItemScalar());
     node->add_next_edge(GradientEdge(a));
     node->add_next_edge(Edge());
+    FinishHistory(node, out, BinaryOpName(op));
+    return out;
+  }
+  if (b_is_number && op == BinaryOp::kPow) {
+    auto node = MakeNode<PowScalarBackward>(b.ItemScalar());
+    node->add_next_edge(GradientEdge(a));
+    node->add_next_edge(Edge());
+    node->self_ = SavedVariable(a, false);
     FinishHistory(node, out, BinaryOpName(op));
     return out;
   }
@@ -842,6 +890,82 @@ Tensor ReduceAutograd(ReduceOp op, const Tensor& self, IntArrayRef dims, bool ke
   return out;
 }
 
+// torch's var_backward: the gradient of var over `reduced` (kept dims), given
+// `g` in the kept shape.
+Tensor VarFormula(const Tensor& g, const Tensor& x, IntArrayRef reduced, int64_t n,
+                  int64_t correction) {
+  const double scale = 2.0 / static_cast<double>(n - correction);
+  return g * scale * (x - x.mean(reduced, /*keepdim=*/true));
+}
+
+// std = sqrt(var). Where a slice has no spread (std == 0), sqrt's derivative
+// is infinite and var's is zero; torch takes 0 there, a subgradient, instead
+// of the NaN their product gives.
+Tensor StdAutograd(const Tensor& self, IntArrayRef dims, int64_t correction, bool keepdim) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::std(self, dims, correction, keepdim);
+  }
+  if (!ShouldRecord(self)) return out;
+  SizeVector reduced = ReducedDims(self, dims);
+  int64_t n = 1;
+  for (int64_t d : reduced) n *= self.sizes()[d];
+  auto node = Formula("StdBackward", [=](const variable_list& saved, const variable_list& grads) {
+    Tensor y = KeepDims(saved[1], reduced, keepdim);
+    Tensor g = KeepDims(grads[0], reduced, keepdim);
+    Tensor g_var = where(y.eq(0), Num(0.0), g / (y * 2));
+    return variable_list{VarFormula(g_var, saved[0], reduced, n, correction)};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->Save(self);
+  FinishHistory(node, out, "std");
+  node->Save(out, /*is_output=*/true);
+  return out;
+}
+
+// torch's norm_backward: the p-norm's gradient, taking 0 where the norm (or,
+// for p < 1, the element) is zero instead of the NaN or infinity of the
+// formula, and splitting the gradient evenly among ties for p = +-inf. p = 0
+// (a count) gives no gradient.
+Tensor NormFormula(double p, const Tensor& g, const Tensor& x, const Tensor& norm,
+                   IntArrayRef reduced) {
+  if (p == 0) return Tensor();
+  if (p == 1) return x.sign() * g;
+  if (p == 2) return g * where(norm.eq(0), Num(0.0), x / norm);
+  if (std::isinf(p)) {
+    Tensor ax = x.abs();
+    Tensor mask = ax.eq(norm).logical_or(ax.ne(ax)).to(g.dtype());
+    return x.sign() * ((g / mask.sum(reduced, /*keepdim=*/true)) * mask);
+  }
+  if (p < 1) {
+    Tensor scaled = x.sign() * where(x.eq(0), Num(0.0), x.abs().pow(p - 1));
+    return scaled * g * norm.pow(1 - p);
+  }
+  Tensor scaled = p < 2 ? x.sign() * x.abs().pow(p - 1) : x * x.abs().pow(p - 2);
+  return scaled * where(norm.eq(0), Num(0.0), g / norm.pow(p - 1));
+}
+
+Tensor NormAutograd(const Tensor& self, const Scalar& p, IntArrayRef dims, bool keepdim) {
+  Tensor out;
+  {
+    BelowAutogradGuard below;
+    out = ops::norm(self, p, dims, keepdim);
+  }
+  if (!ShouldRecord(self)) return out;
+  SizeVector reduced = ReducedDims(self, dims);
+  const double pv = p.to_double();
+  auto node = Formula("NormBackward", [=](const variable_list& saved, const variable_list& grads) {
+    return variable_list{NormFormula(pv, KeepDims(grads[0], reduced, keepdim), saved[0],
+                                     KeepDims(saved[1], reduced, keepdim), reduced)};
+  });
+  node->add_next_edge(GradientEdge(self));
+  node->Save(self);
+  FinishHistory(node, out, "norm");
+  node->Save(out, /*is_output=*/true);
+  return out;
+}
+
 MinMaxResult MaxMinDimAutograd(bool is_max, const Tensor& self, int64_t dim, bool keepdim) {
   MinMaxResult out;
   {
@@ -1017,6 +1141,8 @@ EMBER_REGISTER_KERNEL(masked_select, kAutograd, &MaskedSelectAutograd);
 EMBER_REGISTER_KERNEL(index_select, kAutograd, &IndexSelectAutograd);
 EMBER_REGISTER_KERNEL(cat, kAutograd, &CatAutograd);
 EMBER_REGISTER_KERNEL(reduce, kAutograd, &ReduceAutograd);
+EMBER_REGISTER_KERNEL(std, kAutograd, &StdAutograd);
+EMBER_REGISTER_KERNEL(norm, kAutograd, &NormAutograd);
 EMBER_REGISTER_KERNEL(max_dim, kAutograd, &MaxDimAutograd);
 EMBER_REGISTER_KERNEL(min_dim, kAutograd, &MinDimAutograd);
 EMBER_REGISTER_KERNEL(softmax, kAutograd, &SoftmaxAutograd);

@@ -13,11 +13,13 @@
 // (most recent forward op first). Before a gradient is handed to a node it is
 // made to match the node's input metadata: broadcast dims are summed away and
 // the dtype converted (Note [Gradient layout]).
-// Threads: ready nodes go to a queue per device, each meant to be served by one
-// worker thread for its device. CPU work runs on the thread that called
-// backward, which blocks until the graph is done; with only CPU devices today,
-// that thread is the only worker. Calls from different threads run
-// independently (each has its own graph task).
+// Threads: a backward call runs every node on the thread that called it,
+// which blocks until the graph is done. Its ready nodes wait in one priority
+// queue, local to the call (its graph task); there are no worker threads and
+// no per-device queues. Those arrive with CUDA: nodes whose gradients live on
+// a device will then go to a queue per device served by a worker thread of
+// that device, as in torch, while CPU nodes stay on the calling thread. Calls
+// from different threads run independently (each has its own graph task).
 // Grad mode during backward is `create_graph`: when true, the backward
 // formulas record their own graph, giving higher-order gradients.
 // Callbacks queued during backward (QueueCallback) run on the calling thread

@@ -50,7 +50,7 @@ TEST(FunctionTest, ForwardAndBackward) {
   Tensor y = ScaleBy::apply(x, 2.5);
   EXPECT_THAT(Values(y), ElementsAre(2.5, 5, 7.5));
   EXPECT_TRUE(y.requires_grad());
-  EXPECT_THAT(GradFn(y)->name(), HasSubstr("ScaleByBackward"));
+  EXPECT_THAT(y.grad_fn()->name(), HasSubstr("ScaleByBackward"));
   y.sum().backward();
   EXPECT_THAT(Values(x.grad()), ElementsAre(2.5, 2.5, 2.5));
 }

@@ -13,16 +13,14 @@
 #ifndef EMBER_AUTOGRAD_GRAD_MODE_H_
 #define EMBER_AUTOGRAD_GRAD_MODE_H_
 
-namespace ember::autograd {
+#include "tensor/dispatch.h"
 
-namespace internal {
-inline thread_local constinit bool tls_grad_enabled = true;
-}  // namespace internal
+namespace ember::autograd {
 
 class GradMode {
  public:
-  static bool is_enabled() { return internal::tls_grad_enabled; }
-  static void set_enabled(bool enabled) { internal::tls_grad_enabled = enabled; }
+  static bool is_enabled() { return ::ember::internal::tls_grad_mode; }
+  static void set_enabled(bool enabled) { ::ember::internal::tls_grad_mode = enabled; }
 };
 
 // Sets grad mode to `enabled` for its lifetime.

@@ -51,7 +51,7 @@ TEST(HooksTest, LeafHookRunsBeforeAccumulation) {
 TEST(HooksTest, NodePreAndPostHooks) {
   Tensor x = Make({1, 2}).requires_grad_();
   Tensor y = x * 2;
-  std::shared_ptr<Node> fn = GradFn(y);
+  std::shared_ptr<Node> fn = std::static_pointer_cast<Node>(y.grad_fn());
   std::vector<double> pre, post_in, post_out;
   fn->register_pre_hook([&](const variable_list& grads) {
     pre = Values(grads[0]);

@@ -128,5 +128,67 @@ TEST(InPlaceTest, NoGradAllowsUpdatingParameters) {
   EXPECT_TRUE(w.requires_grad());
 }
 
+TEST(InPlaceTest, WriteIntoViewOfPlainTensorGivesTheBaseAHistory) {
+  // The base requires no grad and the view was taken before anything did:
+  // the write still makes the base depend on x (torch's CopySlices).
+  Tensor x = Make({1, 2}).requires_grad_();
+  Tensor base = zeros({3});
+  base.slice(0, 0, 2).copy_(x);
+  EXPECT_TRUE(base.requires_grad());
+  EXPECT_FALSE(base.is_leaf());
+  EXPECT_EQ(base.grad_fn()->name(), "CopySlices");
+  EXPECT_THAT(Values(base), ElementsAre(1, 2, 0));
+  (base * Make({10, 20, 30})).sum().backward();
+  EXPECT_THAT(Values(x.grad()), ElementsAre(10, 20));
+}
+
+TEST(InPlaceTest, ViewsTakenBeforeTheWriteSeeIt) {
+  Tensor x = Make({1, 2}).requires_grad_();
+  Tensor base = zeros({3});
+  Tensor head = base.slice(0, 0, 2);
+  Tensor tail = base.slice(0, 1, 3);
+  EXPECT_FALSE(tail.requires_grad());
+  head.copy_(x);
+  EXPECT_TRUE(tail.requires_grad());
+  EXPECT_FALSE(tail.is_leaf());
+  (base.sum() + tail.sum() * 10).backward();
+  EXPECT_THAT(Values(x.grad()), ElementsAre(1, 11));
+}
+
+TEST(InPlaceTest, ViewsTakenWithGradModeOffKnowTheirBase) {
+  Tensor x = Make({1, 2}).requires_grad_();
+  Tensor base = zeros({3});
+  Tensor head;
+  {
+    NoGradGuard no_grad;
+    head = base.slice(0, 0, 2);
+    head.add_(1);  // Not recorded: fine.
+  }
+  EXPECT_TRUE(head.is_view());
+  EXPECT_TRUE(head._base().is_same(base));
+  head.add_(1);  // Nothing requires grad: not recorded either.
+  EXPECT_THAT(Values(base), ElementsAre(2, 2, 0));
+  // Recording a write through it is ambiguous; torch refuses, before writing.
+  EXPECT_THAT(ErrorOf([&] { head.copy_(x); }),
+              HasSubstr("A view was created in no_grad mode and is being modified inplace with "
+                        "grad mode enabled."));
+  EXPECT_THAT(Values(base), ElementsAre(2, 2, 0));
+  EXPECT_FALSE(base.requires_grad());
+}
+
+TEST(InPlaceTest, ViewOfLeafTakenWithGradModeOffIsStillRefused) {
+  Tensor w = Make({1, 2, 3}).requires_grad_();
+  Tensor v;
+  {
+    NoGradGuard no_grad;
+    v = w.slice(0, 0, 2);
+    v.mul_(2);  // An update under no_grad is allowed.
+  }
+  EXPECT_THAT(Values(w), ElementsAre(2, 4, 3));
+  EXPECT_TRUE(v.requires_grad());  // Through its base, as torch.
+  EXPECT_THAT(ErrorOf([&] { v.mul_(2); }), HasSubstr("modified inplace with grad mode enabled"));
+  EXPECT_THAT(Values(w), ElementsAre(2, 4, 3));
+}
+
 }  // namespace
 }  // namespace ember::autograd

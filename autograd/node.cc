@@ -11,6 +11,14 @@ Node::Node() : sequence_nr_(t_next_sequence_nr++) {}
 
 uint64_t PeekSequenceNr() { return t_next_sequence_nr; }
 
+std::vector<std::pair<std::shared_ptr<AutogradNodeInterface>, uint32_t>> Node::next_functions()
+    const {
+  std::vector<std::pair<std::shared_ptr<AutogradNodeInterface>, uint32_t>> out;
+  out.reserve(next_edges_.size());
+  for (const Edge& e : next_edges_) out.emplace_back(e.function, e.input_nr);
+  return out;
+}
+
 uint32_t Node::add_input_metadata(const Tensor& t) {
   input_metadata_.push_back(
       InputMetadata{SizeVector(t.sizes().begin(), t.sizes().end()), t.dtype(), t.device()});

@@ -16,6 +16,12 @@
 //   auto node = ember::autograd::MakeNode<MyBackward>();
 //   node->add_next_edge(ember::autograd::GradientEdge(input));
 //
+// Users meet nodes as Tensor::grad_fn(), which hands them out through
+// AutogradNodeInterface (tensor/tensor.h; name() and next_functions()), so
+// that the tensor layer does not depend on this one. Every such node is a
+// Node: std::static_pointer_cast<Node>(t.grad_fn()) gives the full class
+// (hooks, sequence number, next edges).
+//
 // Thread-safety: a node is built on one thread; the engine runs it on one
 // thread at a time. Hooks must be registered before backward runs.
 #ifndef EMBER_AUTOGRAD_NODE_H_
@@ -71,7 +77,7 @@ struct NodeTask {
   variable_list buffer;
 };
 
-class Node {
+class Node : public AutogradNodeInterface {
  public:
   // Gradients in, possibly modified gradients out.
   using PreHook = std::function<variable_list(const variable_list& grad_outputs)>;
@@ -81,7 +87,7 @@ class Node {
                                                const variable_list& grad_outputs)>;
 
   Node();
-  virtual ~Node() = default;
+  ~Node() override = default;
   // Nodes come from the object pool (Note [Object pool] in
   // tensor/allocator.h): graphs of small ops allocate one per op.
   static void* operator new(size_t n) {
@@ -102,7 +108,11 @@ class Node {
   variable_list Run(variable_list&& grads);
 
   // "MulBackward", "AccumulateGrad", ...
-  virtual std::string name() const = 0;
+  std::string name() const override = 0;
+  // (next_edge(i).function, next_edge(i).input_nr) for each next edge, as
+  // torch's grad_fn.next_functions; a null node for invalid edges.
+  std::vector<std::pair<std::shared_ptr<AutogradNodeInterface>, uint32_t>> next_functions()
+      const override;
   // Frees saved tensors once the graph will not be run again (retain_graph
   // false). Later use of them raises PyTorch's "backward through the graph a
   // second time" error.

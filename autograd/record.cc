@@ -58,28 +58,37 @@ void FinishHistory(const std::shared_ptr<Node>& node, const Tensor& out, std::st
 }
 
 void CheckInPlace(const Tensor& self) {
-  const AutogradMeta* meta = GetMeta(self);
-  if (meta == nullptr) return;
-  if (meta->is_view_) {
-    const AutogradMeta* base = GetMeta(meta->base_);
+  const TensorImpl* impl = self.impl();
+  if (impl->is_view()) {
+    EMBER_CHECK(!impl->is_view_made_without_grad_mode(),
+                "A view was created in no_grad mode and is being modified inplace with grad "
+                "mode enabled. Given that this use case is ambiguous and error-prone, it is "
+                "forbidden. You can clarify your code by moving both the view and the inplace "
+                "either both inside the no_grad block (if you don't want the inplace to be "
+                "tracked) or both outside (if you want the inplace to be tracked). (The view "
+                "has shape ",
+                ShapeToString(self.sizes()), ".)");
+    const AutogradMeta* base = static_cast<const AutogradMeta*>(impl->view_base()->autograd_meta());
     EMBER_CHECK(!(base != nullptr && base->grad_fn_ == nullptr && base->requires_grad_),
                 "a view of a leaf Variable that requires grad is being used in an in-place "
                 "operation.");
     return;
   }
+  const AutogradMeta* meta = GetMeta(self);
+  if (meta == nullptr) return;
   EMBER_CHECK(!(meta->grad_fn_ == nullptr && meta->requires_grad_),
               "a leaf Variable that requires grad is being used in an in-place operation.");
 }
 
 void RebaseHistory(const Tensor& self, const Edge& edge) {
   AutogradMeta* meta = MaterializeMeta(self);
-  if (!meta->is_view_) {
+  if (!self.is_view()) {
     meta->grad_fn_ = edge.function;
     meta->output_nr_ = edge.input_nr;
     meta->attr_version_ = self.version();
     return;
   }
-  const Tensor& base = meta->base_;
+  Tensor base = self._base();
   EMBER_CHECK(base.is_contiguous(),
               "in-place operation on a view of a non-contiguous tensor of shape ",
               ShapeToString(base.sizes()),

@@ -50,12 +50,9 @@ class FormulaNode final : public Node {
   std::vector<SavedVariable> saved_;
 };
 
-// Whether `t` is defined and requires grad.
-inline bool RequiresGrad(const Tensor& t) {
-  if (!t.defined()) return false;
-  const AutogradMetaInterface* meta = t.impl()->autograd_meta();
-  return meta != nullptr && meta->requires_grad();
-}
+// Whether `t` is defined and requires grad (its own flag or history, or its
+// base's for a view: Note [View tracking] in tensor/tensor.h).
+inline bool RequiresGrad(const Tensor& t) { return t.defined() && t.impl()->requires_grad(); }
 
 // Sets `out` as the next output of `node`; in anomaly mode records `op` as
 // the node's forward op. Outputs of non-floating dtypes are left out of the
@@ -63,14 +60,21 @@ inline bool RequiresGrad(const Tensor& t) {
 void FinishHistory(const std::shared_ptr<Node>& node, const Tensor& out, std::string_view op);
 
 // Note [In-place rules]
-// With grad mode on, an in-place op on
+// With grad mode on, an in-place op that records (its destination or another
+// input requires grad) on
 //   - a leaf that requires grad, or a view of one, is refused before anything
-//     is modified (CheckInPlace), as PyTorch refuses;
+//     is modified (CheckInPlace), as PyTorch refuses; so is one on a view
+//     taken with grad mode off (torch's "A view was created in no_grad mode"
+//     error);
 //   - any other tensor rewrites its history (RebaseHistory): the tensor now
-//     comes from the in-place op's node; for a view of a non-leaf, the base's
-//     history is rewritten by a CopySlices node, which sends the gradient of
-//     the written region through the op's node and the rest to the base's old
-//     history (and the views are regenerated, Note [Views and in-place]).
+//     comes from the in-place op's node; for a view, of a non-leaf or of a
+//     tensor that does not require grad, the base's history is rewritten by
+//     a CopySlices node, which sends the gradient of the written region
+//     through the op's node and the rest to the base's old history, if any
+//     (and the views are regenerated, Note [Views and in-place]). Views know
+//     their base whatever the grad mode (Note [View tracking] in
+//     tensor/tensor.h), so writing a tensor that requires grad into a slice
+//     of a plain tensor makes the whole tensor depend on it, as in torch.
 // The version counter (bumped by the op itself) makes saved copies of the old
 // value fail loudly on unpack (Note [Saved tensors]).
 void CheckInPlace(const Tensor& self);

@@ -52,9 +52,6 @@ class TensorMethods final : public AutogradHooksInterface {
   void DetachInPlace(const Tensor& self) const override {
     AutogradMeta* meta = GetMeta(self);
     if (meta == nullptr) return;
-    EMBER_CHECK(!meta->is_view_,
-                "Can't detach views in-place. Use detach() instead. The tensor of shape ",
-                ShapeToString(self.sizes()), " is a view created by a recorded op.");
     meta->grad_fn_.reset();
     meta->output_nr_ = 0;
     meta->requires_grad_ = false;
@@ -77,6 +74,10 @@ class TensorMethods final : public AutogradHooksInterface {
       }
       return Tensor();
     });
+  }
+
+  std::shared_ptr<AutogradNodeInterface> GradFn(const Tensor& self) const override {
+    return internal::GradFnOf(self);
   }
 
   void Backward(const Tensor& self, const Tensor& gradient, bool retain_graph,

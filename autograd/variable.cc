@@ -8,13 +8,18 @@ namespace ember::autograd {
 namespace {
 
 // Note [Views and in-place]
-// A recorded view op marks its output as a view of the input's base (the
-// tensor that owns the memory). An in-place op on a view of a non-leaf
-// rewrites the base's history (CopySlices, derivatives.cc), which bumps the
-// version counter shared by base and views. Each view remembers the version at
-// which its grad_fn was set; when the version has moved on, its grad_fn is
+// Every view knows its base, the tensor that owns the memory (Note [View
+// tracking] in tensor/tensor.h), whether or not it was recorded. A recorded
+// in-place op on a view rewrites the base's history (CopySlices, record.cc)
+// and bumps the version counter shared by base and views; the base then
+// requires grad even if it did not before (base = zeros(3);
+// base.slice(0, 0, 2).copy_(x) makes base depend on x). Each view remembers
+// the version at which its grad_fn was set; when the version has moved on, or
+// the view has no history while its base now has one, its grad_fn is
 // regenerated as an as_strided view of the base's current history. So every
 // view, not only the one written through, sees the write, as in PyTorch.
+// Views taken with grad mode off keep the history they have: torch refuses
+// to record an in-place write through them (CheckInPlace, record.cc).
 class ViewOfBaseBackward final : public Node {
  public:
   ViewOfBaseBackward(StridedGeometry base, StridedGeometry view)
@@ -57,17 +62,14 @@ class StridedScatterBackward final : public Node {
 
 }  // namespace
 
-Tensor StridedScatter(const Tensor& grad, const StridedGeometry& to,
-                      const StridedGeometry& from) {
+Tensor StridedScatter(const Tensor& grad, const StridedGeometry& to, const StridedGeometry& from) {
   Tensor result = AsStridedBackward(grad, to, from);
-  const AutogradMeta* meta = GetMeta(grad);
-  if (!GradMode::is_enabled() || meta == nullptr || !meta->requires_grad()) return result;
+  if (!GradMode::is_enabled() || !grad.requires_grad()) return result;
   auto node = MakeNode<StridedScatterBackward>(to, from);
   node->add_next_edge(GradientEdge(grad));
   SetHistory(result, node);
   return result;
 }
-
 
 AutogradMeta* MaterializeMeta(const Tensor& t) {
   EMBER_CHECK(t.defined(), "autograd: the tensor is undefined");
@@ -80,22 +82,22 @@ AutogradMeta* MaterializeMeta(const Tensor& t) {
   return meta;
 }
 
-std::shared_ptr<Node> GradFn(const Tensor& t) {
+namespace internal {
+std::shared_ptr<Node> GradFnOf(const Tensor& t) {
   AutogradMeta* meta = GetMeta(t);
-  if (meta == nullptr) return nullptr;
-  if (meta->is_view_ && meta->attr_version_ != t.version()) {
-    const Tensor& base = meta->base_;
-    Edge base_edge = GradientEdge(base);
-    if (base_edge.is_valid()) {
-      auto node = MakeNode<ViewOfBaseBackward>(StridedGeometry::Of(base), StridedGeometry::Of(t));
-      node->add_next_edge(std::move(base_edge));
-      meta->grad_fn_ = node;
-      meta->output_nr_ = node->add_input_metadata(t);
-    }
-    meta->attr_version_ = t.version();
-  }
-  return meta->grad_fn_;
+  std::shared_ptr<Node> own = meta != nullptr ? meta->grad_fn_ : nullptr;
+  const TensorImpl* impl = t.impl();
+  if (!impl->is_view() || impl->is_view_made_without_grad_mode()) return own;
+  if (own != nullptr && meta->attr_version_ == t.version()) return own;
+  Tensor base(impl->view_base());
+  Edge base_edge = GradientEdge(base);  // A base is never a view: no recursion.
+  if (!base_edge.is_valid()) return own;
+  auto node = MakeNode<ViewOfBaseBackward>(StridedGeometry::Of(base), StridedGeometry::Of(t));
+  node->add_next_edge(std::move(base_edge));
+  SetHistory(t, node);
+  return node;
 }
+}  // namespace internal
 
 std::shared_ptr<Node> GradAccumulator(const Tensor& leaf) {
   AutogradMeta* meta = MaterializeMeta(leaf);
@@ -109,11 +111,14 @@ std::shared_ptr<Node> GradAccumulator(const Tensor& leaf) {
 
 Edge GradientEdge(const Tensor& t) {
   if (!t.defined()) return Edge();
-  AutogradMeta* meta = GetMeta(t);
-  if (meta == nullptr) return Edge();
-  std::shared_ptr<Node> fn = meta->is_view_ ? GradFn(t) : meta->grad_fn_;
-  if (fn != nullptr) return Edge(std::move(fn), meta->output_nr_);
-  if (meta->requires_grad_) return Edge(GradAccumulator(t), 0);
+  if (t.impl()->is_view()) {
+    std::shared_ptr<Node> fn = internal::GradFnOf(t);
+    if (fn != nullptr) return Edge(std::move(fn), GetMeta(t)->output_nr_);
+  } else if (const AutogradMeta* meta = GetMeta(t); meta != nullptr && meta->grad_fn_ != nullptr) {
+    return Edge(meta->grad_fn_, meta->output_nr_);
+  }
+  const AutogradMeta* meta = GetMeta(t);
+  if (meta != nullptr && meta->requires_grad_) return Edge(GradAccumulator(t), 0);
   return Edge();
 }
 
@@ -124,19 +129,11 @@ void SetHistory(const Tensor& t, const std::shared_ptr<Node>& node) {
   meta->attr_version_ = t.version();
 }
 
-void MarkAsView(const Tensor& view, const Tensor& input) {
-  AutogradMeta* meta = MaterializeMeta(view);
-  AutogradMeta* in_meta = GetMeta(input);
-  meta->is_view_ = true;
-  meta->base_ = (in_meta != nullptr && in_meta->is_view_) ? in_meta->base_ : input;
-  meta->attr_version_ = view.version();
-}
-
 void RegisterHook(const Tensor& t, TensorHook hook) {
   EMBER_CHECK(t.requires_grad(),
               "cannot register a hook on a tensor that doesn't require gradient");
+  std::shared_ptr<Node> fn = internal::GradFnOf(t);
   AutogradMeta* meta = MaterializeMeta(t);
-  std::shared_ptr<Node> fn = GradFn(t);
   if (fn == nullptr) {
     meta->leaf_hooks_.push_back(std::move(hook));
   } else {

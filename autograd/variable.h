@@ -11,9 +11,10 @@
 //   grad           - the accumulated gradient (leaves; retain_grad non-leaves);
 //   grad_accumulator - the AccumulateGrad node of a leaf, held weakly: the
 //                    graph owns it, and a new one is made when none is alive;
-//   view data      - for outputs of recorded view ops: the base tensor that
-//                    owns the memory and the version at which grad_fn was
-//                    last set (Note [Views and in-place]).
+//   attr_version   - for views: the version at which grad_fn was last set
+//                    (Note [Views and in-place]); which tensor a view looks
+//                    at is kept by the tensor layer, for every view (Note
+//                    [View tracking] in tensor/tensor.h).
 //
 //   Tensor x = ember::ones({3}).requires_grad_();
 //   ember::autograd::Edge e = ember::autograd::GradientEdge(x);  // AccumulateGrad
@@ -55,8 +56,6 @@ class AutogradMeta final : public AutogradMetaInterface {
   // Hooks of a leaf, run by its AccumulateGrad before accumulating.
   std::vector<TensorHook> leaf_hooks_;
   // Note [Views and in-place].
-  bool is_view_ = false;
-  Tensor base_;
   uint32_t attr_version_ = 0;
 };
 
@@ -67,10 +66,13 @@ inline AutogradMeta* GetMeta(const Tensor& t) {
 // The tensor's meta, created when missing.
 AutogradMeta* MaterializeMeta(const Tensor& t);
 
-// The node that produced `t` (null for leaves and tensors outside the graph).
-// For views whose base was modified in place since, this is regenerated from
-// the base's current history (Note [Views and in-place]).
-std::shared_ptr<Node> GradFn(const Tensor& t);
+namespace internal {
+// What Tensor::grad_fn() returns (use that): the node that produced `t`, null
+// for leaves and tensors outside the graph. For a view whose base was given a
+// new history since (an in-place write through it or another view), this is
+// regenerated from the base's current history (Note [Views and in-place]).
+std::shared_ptr<Node> GradFnOf(const Tensor& t);
+}  // namespace internal
 
 // Where the gradient of `t` goes: (grad_fn, output_nr), the leaf's
 // AccumulateGrad, or an invalid edge when `t` does not require grad.
@@ -82,10 +84,6 @@ std::shared_ptr<Node> GradAccumulator(const Tensor& leaf);
 // Makes `t` output `node->num_inputs()` of `node`: sets grad_fn and records
 // the input metadata.
 void SetHistory(const Tensor& t, const std::shared_ptr<Node>& node);
-
-// Marks `view` (just produced by a recorded view op of `input`) as a view of
-// input's base.
-void MarkAsView(const Tensor& view, const Tensor& input);
 
 // AsStridedBackward(grad, to, from) (scatter.h), recorded when grad mode is
 // on and `grad` requires grad (Note [Double backward of strided scatters]).

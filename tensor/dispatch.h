@@ -89,6 +89,12 @@ DispatchKeySet KeysOf(const T&) {
 // True inside a BelowAutogradGuard on this thread (Note [Below autograd]).
 extern thread_local constinit bool tls_below_autograd;
 
+// Grad mode of this thread (autograd/grad_mode.h reads and sets it: GradMode,
+// NoGradGuard). It lives in the tensor layer, as torch keeps it in its core,
+// because the view ops record it in their outputs (Note [View tracking] in
+// tensor/tensor.h).
+inline thread_local constinit bool tls_grad_mode = true;
+
 }  // namespace internal
 
 // While alive, ops called on this thread skip their autograd kernels (Note
@@ -174,10 +180,9 @@ struct KernelRegistrar {
 #define EMBER_REGISTER_CONCAT_(a, b) EMBER_REGISTER_CONCAT_INNER_(a, b)
 
 // Registers `fn` as the `key` kernel of ops::`op` (see Note [Dispatch]).
-#define EMBER_REGISTER_KERNEL(op, key, fn)                                   \
-  static ::ember::internal::KernelRegistrar EMBER_REGISTER_CONCAT_(          \
-      ember_registrar_##op##_, __COUNTER__)(::ember::ops::op,                \
-                                            ::ember::DispatchKey::key, fn)
+#define EMBER_REGISTER_KERNEL(op, key, fn)                          \
+  static ::ember::internal::KernelRegistrar EMBER_REGISTER_CONCAT_( \
+      ember_registrar_##op##_, __COUNTER__)(::ember::ops::op, ::ember::DispatchKey::key, fn)
 
 }  // namespace ember
 

@@ -7,59 +7,99 @@
 
 namespace ember {
 
-Tensor empty(IntArrayRef sizes, TensorOptions options) {
-  return EmptyTensor(sizes, options.dtype(), options.device());
-}
-Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.options()); }
-
 namespace {
+
+// What every factory checks before allocating: pinned memory needs CUDA,
+// which Ember does not have yet, so it is refused (as torch refuses it
+// without CUDA) rather than silently giving pageable memory.
+void CheckPlacement(const TensorOptions& options, const char* op) {
+  if (!options.pinned_memory()) return;
+  EMBER_CHECK(options.device().is_cpu(), op, ": only CPU tensors can be pinned, but the device is ",
+              options.device().ToString(), "; drop pinned_memory(true)");
+  EMBER_FAIL(op,
+             ": pinned_memory(true) needs CUDA (pinned host memory is page-locked by the CUDA "
+             "runtime), which this build of Ember does not have; drop pinned_memory(true)");
+}
+
+// The factory's last step: a leaf that requires grad when the options say
+// so (throws for non-floating dtypes, and when //autograd is not linked).
+Tensor Finish(Tensor t, const TensorOptions& options) {
+  if (options.requires_grad()) t.requires_grad_(true);
+  return t;
+}
+
 // A fresh tensor filled with `value`. It calls the device kernel directly, so
 // the new tensor starts at version 0 (its fill is not an in-place
 // modification anyone could have saved a tensor before), as in torch.
-Tensor Filled(IntArrayRef sizes, TensorOptions options, const Scalar& value) {
-  Tensor t = empty(sizes, options);
+Tensor Filled(IntArrayRef sizes, const TensorOptions& options, const Scalar& value,
+              const char* op) {
+  CheckPlacement(options, op);
+  Tensor t = EmptyTensor(sizes, options.dtype(), options.device());
   if (t.numel() > 0) ops::fill_out(t, value);
-  return t;
+  return Finish(std::move(t), options);
 }
-}  // namespace
 
-Tensor zeros(IntArrayRef sizes, TensorOptions options) { return Filled(sizes, options, 0); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.options()); }
-Tensor ones(IntArrayRef sizes, TensorOptions options) { return Filled(sizes, options, 1); }
-Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.options()); }
+// The options of a *_like factory: the input's dtype and device, overridden
+// by what `options` sets.
+TensorOptions LikeOptions(const Tensor& t, const TensorOptions& options, const char* op) {
+  EMBER_CHECK(t.defined(), op, ": the input tensor is undefined");
+  CheckPlacement(options, op);
+  return t.options().merge_in(options);
+}
 
-namespace {
 Dtype DefaultDtypeFor(const Scalar& v) {
   if (v.is_bool()) return kBool;
   if (v.is_integral()) return kInt64;
   return kDefaultFloatDtype;
 }
+
 }  // namespace
 
-Tensor full(IntArrayRef sizes, const Scalar& value, std::optional<TensorOptions> options) {
-  TensorOptions o = options ? *options : TensorOptions(DefaultDtypeFor(value));
-  return Filled(sizes, o, value);
+Tensor empty(IntArrayRef sizes, TensorOptions options) {
+  CheckPlacement(options, "empty");
+  return Finish(EmptyTensor(sizes, options.dtype(), options.device()), options);
 }
-Tensor full_like(const Tensor& t, const Scalar& value) { return full(t.sizes(), value, t.options()); }
-
-Tensor arange(const Scalar& end, std::optional<TensorOptions> options) {
-  return arange(0, end, 1, options);
+Tensor empty_like(const Tensor& t, TensorOptions options) {
+  return empty(t.sizes(), LikeOptions(t, options, "empty_like"));
 }
 
-Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step,
-              std::optional<TensorOptions> options) {
-  bool all_int = !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
-  TensorOptions o = options ? *options : TensorOptions(all_int ? kInt64 : kDefaultFloatDtype);
+Tensor zeros(IntArrayRef sizes, TensorOptions options) {
+  return Filled(sizes, options, 0, "zeros");
+}
+Tensor zeros_like(const Tensor& t, TensorOptions options) {
+  return zeros(t.sizes(), LikeOptions(t, options, "zeros_like"));
+}
+Tensor ones(IntArrayRef sizes, TensorOptions options) { return Filled(sizes, options, 1, "ones"); }
+Tensor ones_like(const Tensor& t, TensorOptions options) {
+  return ones(t.sizes(), LikeOptions(t, options, "ones_like"));
+}
+
+Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options) {
+  if (!options.has_dtype()) options = options.dtype(DefaultDtypeFor(value));
+  return Filled(sizes, options, value, "full");
+}
+Tensor full_like(const Tensor& t, const Scalar& value, TensorOptions options) {
+  return full(t.sizes(), value, LikeOptions(t, options, "full_like"));
+}
+
+Tensor arange(const Scalar& end, TensorOptions options) { return arange(0, end, 1, options); }
+
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, TensorOptions options) {
+  CheckPlacement(options, "arange");
+  bool all_int =
+      !start.is_floating_point() && !end.is_floating_point() && !step.is_floating_point();
+  TensorOptions o =
+      options.has_dtype() ? options : options.dtype(all_int ? kInt64 : kDefaultFloatDtype);
   double s = start.to_double(), e = end.to_double(), st = step.to_double();
   EMBER_CHECK(st != 0, "arange: step must be nonzero");
   EMBER_CHECK(std::isfinite(s) && std::isfinite(e), "arange: unsupported range: ", s, " -> ", e);
   EMBER_CHECK((st > 0 && e >= s) || (st < 0 && e <= s),
               "arange: upper bound and larger bound inconsistent with step sign (start ", s,
               ", end ", e, ", step ", st, ")");
-  int64_t n = all_int ? (end.to_int() - start.to_int() + step.to_int() - (st > 0 ? 1 : -1)) /
-                            step.to_int()
-                      : static_cast<int64_t>(std::ceil((e - s) / st));
-  Tensor out = empty({n}, o.device(kCPU));
+  int64_t n =
+      all_int ? (end.to_int() - start.to_int() + step.to_int() - (st > 0 ? 1 : -1)) / step.to_int()
+              : static_cast<int64_t>(std::ceil((e - s) / st));
+  Tensor out = EmptyTensor({n}, o.dtype(), kCPU);
   VisitDtype(o.dtype(), [&]<typename T>() {
     T* p = out.data_ptr<T>();
     for (int64_t i = 0; i < n; ++i) {
@@ -70,12 +110,13 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step,
       }
     }
   });
-  return out.to(o.device());
+  return Finish(out.to(o.device()), o);
 }
 
 Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
+  CheckPlacement(options, "linspace");
   EMBER_CHECK(steps >= 0, "linspace: number of steps must be non-negative, got ", steps);
-  Tensor out = empty({steps}, options.device(kCPU));
+  Tensor out = EmptyTensor({steps}, options.dtype(), kCPU);
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
   VisitDtype(options.dtype(), [&]<typename T>() {
     T* p = out.data_ptr<T>();
@@ -87,18 +128,19 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
       p[i] = CastTo<T>(v);
     }
   });
-  return out.to(options.device());
+  return Finish(out.to(options.device()), options);
 }
 
 Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
   int64_t cols = m.value_or(n);
   EMBER_CHECK(n >= 0 && cols >= 0, "eye: n and m must be non-negative, got ", n, " and ", cols);
-  Tensor out = zeros({n, cols}, options);
+  CheckPlacement(options, "eye");
+  Tensor out = zeros({n, cols}, options.requires_grad(false));
   int64_t k = std::min(n, cols);
   // The kernel directly: a fresh tensor reads version 0 (Note [Fresh tensors
   // start at version 0] in ops.h).
   if (k > 0) ops::fill_out(out.as_strided({k}, {cols + 1}, 0), 1);
-  return out;
+  return Finish(std::move(out), options);
 }
 
 // --- Random ---------------------------------------------------------------------
@@ -155,7 +197,7 @@ namespace {
 template <typename Source>
 Tensor FillRandom(const Tensor& t, Generator* gen, Source source) {
   Generator& g = gen ? *gen : DefaultGenerator();
-  Tensor host = empty(t.sizes(), TensorOptions(t.dtype()));
+  Tensor host = EmptyTensor(t.sizes(), t.dtype(), kCPU);
   VisitDtype(t.dtype(), [&]<typename T>() {
     T* p = host.data_ptr<T>();
     std::lock_guard<std::mutex> lock(g.mutex());
@@ -185,25 +227,35 @@ Tensor normal_(const Tensor& t, double mean, double std, Generator* gen) {
 
 Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen) {
   CheckFloating(options.dtype(), "rand");
-  Tensor t = uniform_(empty(sizes, options), 0.0, 1.0, gen);
+  CheckPlacement(options, "rand");
+  Tensor t = uniform_(EmptyTensor(sizes, options.dtype(), options.device()), 0.0, 1.0, gen);
   ResetFreshVersion(t);
-  return t;
+  return Finish(std::move(t), options);
+}
+Tensor rand_like(const Tensor& t, TensorOptions options, Generator* gen) {
+  return rand(t.sizes(), LikeOptions(t, options, "rand_like"), gen);
 }
 
 Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen) {
   CheckFloating(options.dtype(), "randn");
-  Tensor t = normal_(empty(sizes, options), 0.0, 1.0, gen);
+  CheckPlacement(options, "randn");
+  Tensor t = normal_(EmptyTensor(sizes, options.dtype(), options.device()), 0.0, 1.0, gen);
   ResetFreshVersion(t);
-  return t;
+  return Finish(std::move(t), options);
+}
+Tensor randn_like(const Tensor& t, TensorOptions options, Generator* gen) {
+  return randn(t.sizes(), LikeOptions(t, options, "randn_like"), gen);
 }
 
 Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options,
                Generator* gen) {
   EMBER_CHECK(low < high, "randint: expects low < high, but got low=", low, ", high=", high);
-  Tensor t = FillRandom(empty(sizes, options), gen,
+  CheckPlacement(options, "randint");
+  if (!options.has_dtype()) options = options.dtype(kInt64);
+  Tensor t = FillRandom(EmptyTensor(sizes, options.dtype(), options.device()), gen,
                         [&](Generator& g) { return g.NextInt(low, high); });
   ResetFreshVersion(t);
-  return t;
+  return Finish(std::move(t), options);
 }
 
 // --- Caller memory ----------------------------------------------------------------
@@ -217,6 +269,9 @@ Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptio
                  std::function<void(void*)> deleter) {
   EMBER_CHECK(sizes.size() == strides.size(), "from_blob: got ", sizes.size(), " sizes but ",
               strides.size(), " strides");
+  EMBER_CHECK(!options.pinned_memory(),
+              "from_blob: pinned_memory(true) does not apply: the memory is the caller's, and "
+              "from_blob neither copies nor pins it; drop pinned_memory(true)");
   int64_t extent = 0;
   for (size_t d = 0; d < sizes.size(); ++d) {
     EMBER_CHECK(sizes[d] >= 0 && strides[d] >= 0, "from_blob: sizes ", ShapeToString(sizes),
@@ -232,38 +287,51 @@ Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptio
       std::function<void(void*)> deleter;
     };
     auto* ctx = new Context{data, std::move(deleter)};
-    ptr = DataPtr(data, ctx, [](void* c) {
-      auto* context = static_cast<Context*>(c);
-      context->deleter(context->data);
-      delete context;
-    }, options.device());
+    ptr = DataPtr(
+        data, ctx,
+        [](void* c) {
+          auto* context = static_cast<Context*>(c);
+          context->deleter(context->data);
+          delete context;
+        },
+        options.device());
   } else {
     ptr = DataPtr(data, nullptr, nullptr, options.device());
   }
-  return Tensor(MakeTensorImpl(Storage(std::move(ptr), nbytes), options.dtype(),
-                                             sizes, strides, 0));
+  Tensor t(MakeTensorImpl(Storage(std::move(ptr), nbytes), options.dtype(), sizes, strides, 0));
+  return Finish(std::move(t), options);
 }
 
 namespace internal {
-Tensor CopyFromHost(const void* data, size_t count, Dtype dtype, IntArrayRef sizes) {
+Tensor CopyFromHost(const void* data, size_t count, Dtype dtype, IntArrayRef sizes,
+                    const TensorOptions& options) {
   EMBER_CHECK(Numel(sizes) == static_cast<int64_t>(count), "tensor: ", count,
-              " values do not fill shape ", ShapeToString(sizes), " (", Numel(sizes),
-              " elements)");
-  Tensor out = empty(sizes, TensorOptions(dtype));
+              " values do not fill shape ", ShapeToString(sizes), " (", Numel(sizes), " elements)");
+  CheckPlacement(options, "tensor");
+  Tensor out = EmptyTensor(sizes, dtype, kCPU);
   if (count > 0) std::memcpy(out.raw_data(), data, count * ElementSize(dtype));
-  return out;
+  out = out.to(options.dtype_opt().value_or(dtype)).to(options.device());
+  return Finish(std::move(out), options);
 }
 }  // namespace internal
 
-Tensor tensor(std::initializer_list<float> v) { return tensor(std::vector<float>(v)); }
-Tensor tensor(std::initializer_list<double> v) { return tensor(std::vector<double>(v)); }
-Tensor tensor(std::initializer_list<int64_t> v) { return tensor(std::vector<int64_t>(v)); }
-Tensor tensor(std::initializer_list<int> v) {
-  return tensor(std::vector<int64_t>(v.begin(), v.end()));
+Tensor tensor(std::initializer_list<float> v, TensorOptions options) {
+  return tensor(std::vector<float>(v), options);
 }
-Tensor tensor(std::initializer_list<bool> v) { return tensor(std::vector<bool>(v)); }
+Tensor tensor(std::initializer_list<double> v, TensorOptions options) {
+  return tensor(std::vector<double>(v), options);
+}
+Tensor tensor(std::initializer_list<int64_t> v, TensorOptions options) {
+  return tensor(std::vector<int64_t>(v), options);
+}
+Tensor tensor(std::initializer_list<int> v, TensorOptions options) {
+  return tensor(std::vector<int64_t>(v.begin(), v.end()), options);
+}
+Tensor tensor(std::initializer_list<bool> v, TensorOptions options) {
+  return tensor(std::vector<bool>(v), options);
+}
 
-Tensor scalar_tensor(const Scalar& value, std::optional<TensorOptions> options) {
+Tensor scalar_tensor(const Scalar& value, TensorOptions options) {
   return full({}, value, options);
 }
 

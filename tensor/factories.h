@@ -6,9 +6,17 @@
 //   ember::Tensor n = ember::randn({4, 4});                    // same every run
 //   ember::Tensor v = ember::tensor(std::vector<float>{1, 2, 3});
 //   ember::Tensor b = ember::from_blob(ptr, {2, 2}, ember::kFloat64);  // no copy
+//   ember::Tensor w = ember::randn({3}, ember::TensorOptions().requires_grad(true));
 //
-// Defaults follow torch: float32 unless the values say otherwise (arange of
-// integers gives int64, full of a bool gives bool). Random numbers come from
+// Every factory takes TensorOptions (tensor.h): dtype, device, requires_grad
+// and pinned_memory, as torch's factories. Defaults follow torch: float32
+// unless the values say otherwise (arange of integers gives int64, full of a
+// bool gives bool, randint gives int64); the *_like factories take the
+// input's dtype and device unless the options set them (never its
+// requires_grad). requires_grad(true) is applied to the filled tensor, which
+// is then a leaf; it needs //autograd and a floating dtype. pinned_memory(true)
+// throws: pinned host memory needs CUDA, which Ember does not have yet (torch
+// throws the same way without CUDA). Random numbers come from
 // a seedable generator: manual_seed(s) makes every later rand/randn/randint
 // sequence reproducible across runs and machines (a 64-bit Mersenne Twister
 // with Ember's own, platform-independent distributions; the values differ
@@ -30,19 +38,19 @@
 namespace ember {
 
 Tensor empty(IntArrayRef sizes, TensorOptions options = {});
-Tensor empty_like(const Tensor& t);
+Tensor empty_like(const Tensor& t, TensorOptions options = {});
 Tensor zeros(IntArrayRef sizes, TensorOptions options = {});
-Tensor zeros_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t, TensorOptions options = {});
 Tensor ones(IntArrayRef sizes, TensorOptions options = {});
-Tensor ones_like(const Tensor& t);
+Tensor ones_like(const Tensor& t, TensorOptions options = {});
 // dtype from the value when not given: bool, int64 or float32.
-Tensor full(IntArrayRef sizes, const Scalar& value, std::optional<TensorOptions> options = std::nullopt);
-Tensor full_like(const Tensor& t, const Scalar& value);
+Tensor full(IntArrayRef sizes, const Scalar& value, TensorOptions options = {});
+Tensor full_like(const Tensor& t, const Scalar& value, TensorOptions options = {});
 
 // [start, end) with `step`; int64 when all three are integers, else float32.
-Tensor arange(const Scalar& end, std::optional<TensorOptions> options = std::nullopt);
+Tensor arange(const Scalar& end, TensorOptions options = {});
 Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step = 1,
-              std::optional<TensorOptions> options = std::nullopt);
+              TensorOptions options = {});
 // `steps` evenly spaced values from start to end inclusive.
 Tensor linspace(double start, double end, int64_t steps, TensorOptions options = {});
 // Identity matrix n x m (m defaults to n).
@@ -76,11 +84,13 @@ void manual_seed(uint64_t seed);
 
 // Uniform in [0, 1) (floating dtypes only).
 Tensor rand(IntArrayRef sizes, TensorOptions options = {}, Generator* gen = nullptr);
+Tensor rand_like(const Tensor& t, TensorOptions options = {}, Generator* gen = nullptr);
 // Standard normal (floating dtypes only).
 Tensor randn(IntArrayRef sizes, TensorOptions options = {}, Generator* gen = nullptr);
+Tensor randn_like(const Tensor& t, TensorOptions options = {}, Generator* gen = nullptr);
 // Uniform integers in [low, high); int64 unless told.
-Tensor randint(int64_t low, int64_t high, IntArrayRef sizes,
-               TensorOptions options = TensorOptions(kInt64), Generator* gen = nullptr);
+Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options = {},
+               Generator* gen = nullptr);
 // In place: uniform in [from, to) and normal(mean, std).
 Tensor uniform_(const Tensor& t, double from = 0.0, double to = 1.0, Generator* gen = nullptr);
 Tensor normal_(const Tensor& t, double mean = 0.0, double std = 1.0, Generator* gen = nullptr);
@@ -95,33 +105,42 @@ Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptio
                  std::function<void(void*)> deleter = {});
 
 // A copy of `values`, 1-D unless `sizes` is given (numel must match); the
-// dtype is that of T.
+// dtype is that of T unless the options set one (the values are converted).
 template <typename T>
-Tensor tensor(const std::vector<T>& values, std::optional<SizeVector> sizes = std::nullopt);
-Tensor tensor(std::initializer_list<float> values);
-Tensor tensor(std::initializer_list<double> values);
-Tensor tensor(std::initializer_list<int64_t> values);
-Tensor tensor(std::initializer_list<int> values);
-Tensor tensor(std::initializer_list<bool> values);
+Tensor tensor(const std::vector<T>& values, std::optional<SizeVector> sizes = std::nullopt,
+              TensorOptions options = {});
+template <typename T>
+Tensor tensor(const std::vector<T>& values, TensorOptions options) {
+  return tensor(values, std::nullopt, options);
+}
+Tensor tensor(std::initializer_list<float> values, TensorOptions options = {});
+Tensor tensor(std::initializer_list<double> values, TensorOptions options = {});
+Tensor tensor(std::initializer_list<int64_t> values, TensorOptions options = {});
+Tensor tensor(std::initializer_list<int> values, TensorOptions options = {});
+Tensor tensor(std::initializer_list<bool> values, TensorOptions options = {});
 
 // A 0-dim tensor holding `value` in `dtype` (default: from the value).
-Tensor scalar_tensor(const Scalar& value, std::optional<TensorOptions> options = std::nullopt);
+Tensor scalar_tensor(const Scalar& value, TensorOptions options = {});
 
 // --- Implementation ----------------------------------------------------------------
 
 namespace internal {
-Tensor CopyFromHost(const void* data, size_t count, Dtype dtype, IntArrayRef sizes);
-}
+// A tensor of `sizes` filled from `count` host values of `dtype`, then
+// converted and placed as `options` say (see tensor() above).
+Tensor CopyFromHost(const void* data, size_t count, Dtype dtype, IntArrayRef sizes,
+                    const TensorOptions& options);
+}  // namespace internal
 
 template <typename T>
-Tensor tensor(const std::vector<T>& values, std::optional<SizeVector> sizes) {
+Tensor tensor(const std::vector<T>& values, std::optional<SizeVector> sizes,
+              TensorOptions options) {
   using Stored = std::conditional_t<std::is_same_v<T, bool>, bool, T>;
   SizeVector shape = sizes ? *sizes : SizeVector{static_cast<int64_t>(values.size())};
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<uint8_t> bytes(values.begin(), values.end());
-    return internal::CopyFromHost(bytes.data(), bytes.size(), kBool, shape);
+    return internal::CopyFromHost(bytes.data(), bytes.size(), kBool, shape, options);
   } else {
-    return internal::CopyFromHost(values.data(), values.size(), kDtypeOf<Stored>, shape);
+    return internal::CopyFromHost(values.data(), values.size(), kDtypeOf<Stored>, shape, options);
   }
 }
 

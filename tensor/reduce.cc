@@ -1,7 +1,7 @@
 // Composite kernels of the reductions (tensor/ops.inc): reduce (sum, prod,
-// mean, amax, amin), max_dim / min_dim, var, softmax and log_softmax. They
-// validate dims and dtypes, work out the result dtype, allocate the result in
-// its keepdim shape and call the device kernels (tensor/cpu/
+// mean, amax, amin), max_dim / min_dim, var, std, norm, softmax and
+// log_softmax. They validate dims and dtypes, work out the result dtype,
+// allocate the result in its keepdim shape and call the device kernels (tensor/cpu/
 // reduce_kernels.cc), then drop the reduced dims unless keepdim.
 //
 // Note [Reduction dtypes]
@@ -84,10 +84,11 @@ Tensor Reduce(ReduceOp op, const Tensor& self_in, IntArrayRef dims, bool keepdim
     case ReduceOp::kAmax:
     case ReduceOp::kAmin:
       EMBER_CHECK(!dtype.has_value() || *dtype == self.dtype(), name,
-                  ": a dtype argument is not supported (got ", DtypeName(*dtype),
-                  " for a ", DtypeName(self.dtype()), " input); convert the input instead");
+                  ": a dtype argument is not supported (got ", DtypeName(*dtype), " for a ",
+                  DtypeName(self.dtype()), " input); convert the input instead");
       break;
-    default: break;
+    default:
+      break;
   }
   // An explicit dtype converts the input first, as torch does.
   if (dtype && *dtype != self.dtype()) self = self.to(*dtype);
@@ -159,10 +160,30 @@ Tensor Var(const Tensor& self, IntArrayRef dims, int64_t correction, bool keepdi
   // No degrees of freedom left (n <= correction): nan, where torch warns and
   // returns nan or inf.
   const int64_t dof = n - correction;
-  double scale = dof > 0 ? 1.0 / static_cast<double>(dof)
-                         : std::numeric_limits<double>::quiet_NaN();
+  double scale =
+      dof > 0 ? 1.0 / static_cast<double>(dof) : std::numeric_limits<double>::quiet_NaN();
   Tensor result = sum_sq.mul(scale);
   return half ? result.to(self.dtype()) : result;
+}
+
+Tensor Std(const Tensor& self, IntArrayRef dims, int64_t correction, bool keepdim) {
+  return ops::var(self, dims, correction, keepdim).sqrt();
+}
+
+// The p-norm over `dims` (all when empty): max |x| for p = inf, min |x| for
+// -inf, the count of non-zeros for 0, (sum |x|^p)^(1/p) otherwise.
+Tensor Norm(const Tensor& self, const Scalar& p, IntArrayRef dims, bool keepdim) {
+  EMBER_CHECK(self.defined(), "norm: the input tensor is undefined");
+  EMBER_CHECK(self.is_floating_point(), "norm: expected a floating point tensor, got ",
+              DtypeName(self.dtype()), "; convert the input with .to(ember::kFloat32) first");
+  const double pv = p.to_double();
+  if (std::isinf(pv)) {
+    return pv > 0 ? self.abs().amax(dims, keepdim) : self.abs().amin(dims, keepdim);
+  }
+  if (pv == 0) return self.ne(0).to(self.dtype()).sum(dims, keepdim);
+  if (pv == 1) return self.abs().sum(dims, keepdim);
+  if (pv == 2) return self.square().sum(dims, keepdim).sqrt();
+  return self.abs().pow(p).sum(dims, keepdim).pow(1.0 / pv);
 }
 
 Tensor Softmax(const Tensor& self, int64_t dim, bool log) {
@@ -188,6 +209,8 @@ EMBER_REGISTER_KERNEL(reduce, kComposite, &Reduce);
 EMBER_REGISTER_KERNEL(max_dim, kComposite, &MaxDim);
 EMBER_REGISTER_KERNEL(min_dim, kComposite, &MinDim);
 EMBER_REGISTER_KERNEL(var, kComposite, &Var);
+EMBER_REGISTER_KERNEL(std, kComposite, &Std);
+EMBER_REGISTER_KERNEL(norm, kComposite, &Norm);
 EMBER_REGISTER_KERNEL(softmax, kComposite, &SoftmaxOp);
 EMBER_REGISTER_KERNEL(log_softmax, kComposite, &LogSoftmaxOp);
 

@@ -9,8 +9,8 @@ namespace ember {
 
 // --- TensorImpl ------------------------------------------------------------------
 
-TensorImpl::TensorImpl(Storage storage, Dtype dtype, IntArrayRef sizes,
-                       IntArrayRef strides, int64_t storage_offset)
+TensorImpl::TensorImpl(Storage storage, Dtype dtype, IntArrayRef sizes, IntArrayRef strides,
+                       int64_t storage_offset)
     : storage_(std::move(storage)),
       sizes_(sizes.begin(), sizes.end()),
       strides_(strides.begin(), strides.end()),
@@ -21,8 +21,7 @@ TensorImpl::TensorImpl(Storage storage, Dtype dtype, IntArrayRef sizes,
   Recompute();
 }
 
-void TensorImpl::SetGeometry(IntArrayRef sizes, IntArrayRef strides,
-                             int64_t storage_offset) {
+void TensorImpl::SetGeometry(IntArrayRef sizes, IntArrayRef strides, int64_t storage_offset) {
   EMBER_INTERNAL_ASSERT(sizes.size() == strides.size());
   sizes_.assign(sizes.begin(), sizes.end());
   strides_.assign(strides.begin(), strides.end());
@@ -59,8 +58,7 @@ thread_local constinit bool tls_below_autograd = false;
 DispatchKeySet KeysOf(const Tensor& t) {
   if (!t.defined()) return {};
   DispatchKeySet keys(DeviceDispatchKey(t.device().type()));
-  const AutogradMetaInterface* meta = t.impl()->autograd_meta();
-  if (meta != nullptr && meta->requires_grad()) keys = keys | DispatchKeySet(DispatchKey::kAutograd);
+  if (t.impl()->requires_grad()) keys = keys | DispatchKeySet(DispatchKey::kAutograd);
   return keys;
 }
 
@@ -146,8 +144,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   if (start < 0) start += n;
   EMBER_CHECK(start >= 0 && start <= n, "narrow: start (", start,
               ") is out of bounds for dimension ", wd, " of size ", n);
-  EMBER_CHECK(length >= 0 && start + length <= n, "narrow: start (", start, ") + length (",
-              length, ") exceeds dimension size (", n, ")");
+  EMBER_CHECK(length >= 0 && start + length <= n, "narrow: start (", start, ") + length (", length,
+              ") exceeds dimension size (", n, ")");
   return ops::slice(*this, wd, start, start + length, 1);
 }
 
@@ -177,8 +175,8 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   if (dim() == 0) return reshape({1});
   int64_t s = WrapDim(start_dim, dim(), "flatten");
   int64_t e = WrapDim(end_dim, dim(), "flatten");
-  EMBER_CHECK(s <= e, "flatten: start_dim (", start_dim, ") cannot come after end_dim (",
-              end_dim, ")");
+  EMBER_CHECK(s <= e, "flatten: start_dim (", start_dim, ") cannot come after end_dim (", end_dim,
+              ")");
   SizeVector shape(sizes().begin(), sizes().begin() + s);
   int64_t n = 1;
   for (int64_t i = s; i <= e; ++i) n *= sizes()[i];
@@ -255,30 +253,28 @@ Tensor CopyIntoFresh(const Tensor& fresh, const Tensor& src) {
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
-  Tensor out(MakeTensorImpl(
-      Storage::Allocate(nbytes(), GetAllocator(device().type())), dtype(), sizes(),
-      ContiguousStrides(sizes()), 0));
+  Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), GetAllocator(device().type())), dtype(),
+                            sizes(), ContiguousStrides(sizes()), 0));
   return CopyIntoFresh(out, *this);
 }
 
 Tensor Tensor::to(Dtype d) const {
   if (d == dtype()) return *this;
-  Tensor out(MakeTensorImpl(
-      Storage::Allocate(numel() * ElementSize(d), GetAllocator(device().type())), d, sizes(),
-      ContiguousStrides(sizes()), 0));
+  Tensor out(
+      MakeTensorImpl(Storage::Allocate(numel() * ElementSize(d), GetAllocator(device().type())), d,
+                     sizes(), ContiguousStrides(sizes()), 0));
   return CopyIntoFresh(out, *this);
 }
 
 Tensor Tensor::to(Device dev) const {
-  if (dev.type() == device().type() &&
-      (!dev.has_index() || dev.index() == device().index())) {
+  if (dev.type() == device().type() && (!dev.has_index() || dev.index() == device().index())) {
     return *this;
   }
   Allocator* allocator = GetAllocator(dev.type());
   EMBER_CHECK(allocator != nullptr, "to: no allocator is registered for device ", dev.ToString(),
               "; link //cuda to use CUDA devices");
-  Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), allocator), dtype(),
-                                          sizes(), ContiguousStrides(sizes()), 0));
+  Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), allocator), dtype(), sizes(),
+                            ContiguousStrides(sizes()), 0));
   return CopyIntoFresh(out, *this);
 }
 
@@ -287,9 +283,9 @@ Tensor Tensor::fill_(const Scalar& value) const { return ops::fill_(*this, value
 
 // --- Elementwise ------------------------------------------------------------------
 
-#define EMBER_UNARY_METHOD(method, kind)                                          \
+#define EMBER_UNARY_METHOD(method, kind) \
   Tensor Tensor::method() const { return ops::unary(UnaryOp::kind, *this); }
-#define EMBER_UNARY_INPLACE_METHOD(method, kind)                                  \
+#define EMBER_UNARY_INPLACE_METHOD(method, kind) \
   Tensor Tensor::method() const { return ops::unary_(UnaryOp::kind, *this); }
 EMBER_UNARY_METHOD(neg, kNeg)
 EMBER_UNARY_METHOD(abs, kAbs)
@@ -327,9 +323,8 @@ EMBER_UNARY_INPLACE_METHOD(relu_, kRelu)
 #undef EMBER_UNARY_INPLACE_METHOD
 
 Tensor WrapScalar(const Scalar& value, Device device) {
-  Tensor t(MakeTensorImpl(
-      Storage::Allocate(ElementSize(value.dtype()), GetCpuAllocator()), value.dtype(),
-      IntArrayRef{}, IntArrayRef{}, 0));
+  Tensor t(MakeTensorImpl(Storage::Allocate(ElementSize(value.dtype()), GetCpuAllocator()),
+                          value.dtype(), IntArrayRef{}, IntArrayRef{}, 0));
   VisitDtype(value.dtype(), [&]<typename T>() { *static_cast<T*>(t.raw_data()) = value.to<T>(); });
   if (!device.is_cpu()) t = t.to(device);
   t.impl()->set_wrapped_number(true);
@@ -342,14 +337,17 @@ namespace {
 // of the same category, the number is wrapped in that dtype directly: type
 // promotion only looks at a wrapped number's category, and the kernel would
 // convert it to this dtype anyway, so the result is the same without the
-// conversion (which dominates ops on tiny tensors).
+// conversion (which dominates ops on tiny tensors). The backward of mul/div
+// applies the number the same way, so it may read the rounded one; pow,
+// whose backward computes with its exponent, wraps it exactly instead
+// (Note [Number operands] in autograd/derivatives.cc).
 Tensor WrapOperand(const Tensor& self, const Scalar& value) {
   const Dtype d = self.dtype();
   const bool same_category = (value.is_floating_point() && (d == kFloat32 || d == kFloat64)) ||
                              (value.is_integral() && d == kInt64);
   if (!same_category || !self.is_cpu()) return WrapScalar(value, self.device());
-  Tensor t(MakeTensorImpl(
-      Storage::Allocate(ElementSize(d), GetCpuAllocator()), d, IntArrayRef{}, IntArrayRef{}, 0));
+  Tensor t(MakeTensorImpl(Storage::Allocate(ElementSize(d), GetCpuAllocator()), d, IntArrayRef{},
+                          IntArrayRef{}, 0));
   VisitDtype(d, [&]<typename T>() { *static_cast<T*>(t.raw_data()) = value.to<T>(); });
   t.impl()->set_wrapped_number(true);
   return t;
@@ -373,10 +371,10 @@ Tensor WithAlpha(BinaryOp op, const Tensor& self, const Tensor& other, const Sca
   const bool records = RecordsGraph(self, other);
   if (IsOne(alpha) && (alpha.is_integral() || records)) return ops::binary(op, self, other);
   if (!records) return ops::binary_alpha(op, self, other, alpha);
-  return ops::binary(op, self, ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device())));
+  return ops::binary(op, self,
+                     ops::binary(BinaryOp::kMul, other, WrapScalar(alpha, other.device())));
 }
-Tensor WithAlphaInPlace(BinaryOp op, const Tensor& self, const Tensor& other,
-                        const Scalar& alpha) {
+Tensor WithAlphaInPlace(BinaryOp op, const Tensor& self, const Tensor& other, const Scalar& alpha) {
   const bool records = RecordsGraph(self, other);
   if (IsOne(alpha) && (alpha.is_integral() || records)) return ops::binary_(op, self, other);
   if (!records) return ops::binary_alpha_(op, self, other, alpha);
@@ -385,18 +383,18 @@ Tensor WithAlphaInPlace(BinaryOp op, const Tensor& self, const Tensor& other,
 }
 }  // namespace
 
-#define EMBER_BINARY_METHODS(method, kind)                                        \
-  Tensor Tensor::method(const Tensor& other) const {                              \
-    return ops::binary(BinaryOp::kind, *this, other);                             \
+#define EMBER_BINARY_METHODS(method, kind)            \
+  Tensor Tensor::method(const Tensor& other) const {  \
+    return ops::binary(BinaryOp::kind, *this, other); \
   }
-#define EMBER_BINARY_SCALAR_METHODS(method, kind)                                 \
-  EMBER_BINARY_METHODS(method, kind)                                              \
-  Tensor Tensor::method(const Scalar& other) const {                              \
-    return ops::binary(BinaryOp::kind, *this, WrapOperand(*this, other));         \
+#define EMBER_BINARY_SCALAR_METHODS(method, kind)                         \
+  EMBER_BINARY_METHODS(method, kind)                                      \
+  Tensor Tensor::method(const Scalar& other) const {                      \
+    return ops::binary(BinaryOp::kind, *this, WrapOperand(*this, other)); \
   }
 EMBER_BINARY_SCALAR_METHODS(mul, kMul)
 EMBER_BINARY_SCALAR_METHODS(div, kDiv)
-EMBER_BINARY_SCALAR_METHODS(pow, kPow)
+EMBER_BINARY_METHODS(pow, kPow)
 EMBER_BINARY_METHODS(maximum, kMaximum)
 EMBER_BINARY_METHODS(minimum, kMinimum)
 EMBER_BINARY_SCALAR_METHODS(eq, kEq)
@@ -435,12 +433,23 @@ Tensor Tensor::sub_(const Tensor& other, const Scalar& alpha) const {
 Tensor Tensor::sub_(const Scalar& other, const Scalar& alpha) const {
   return sub_(WrapOperand(*this, other), alpha);
 }
-Tensor Tensor::mul_(const Tensor& other) const { return ops::binary_(BinaryOp::kMul, *this, other); }
+Tensor Tensor::mul_(const Tensor& other) const {
+  return ops::binary_(BinaryOp::kMul, *this, other);
+}
 Tensor Tensor::mul_(const Scalar& other) const { return mul_(WrapOperand(*this, other)); }
-Tensor Tensor::div_(const Tensor& other) const { return ops::binary_(BinaryOp::kDiv, *this, other); }
+Tensor Tensor::div_(const Tensor& other) const {
+  return ops::binary_(BinaryOp::kDiv, *this, other);
+}
 Tensor Tensor::div_(const Scalar& other) const { return div_(WrapOperand(*this, other)); }
+// The exponent is wrapped exactly (a double stays double) and on the CPU:
+// the kernel rounds it to the compute dtype as it reads it, and autograd
+// keeps the exact number for the backward formula, which computes
+// exponent - 1 in double as torch does.
+Tensor Tensor::pow(const Scalar& exponent) const {
+  return ops::binary(BinaryOp::kPow, *this, WrapScalar(exponent));
+}
 Tensor Tensor::pow_(const Scalar& exponent) const {
-  return ops::binary_(BinaryOp::kPow, *this, WrapScalar(exponent, device()));
+  return ops::binary_(BinaryOp::kPow, *this, WrapScalar(exponent));
 }
 
 Tensor Tensor::clamp(std::optional<Scalar> min, std::optional<Scalar> max) const {
@@ -503,17 +512,10 @@ Tensor Tensor::var(IntArrayRef dims, int64_t correction, bool keepdim) const {
   return ops::var(*this, dims, correction, keepdim);
 }
 Tensor Tensor::std(IntArrayRef dims, int64_t correction, bool keepdim) const {
-  return var(dims, correction, keepdim).sqrt();
+  return ops::std(*this, dims, correction, keepdim);
 }
 Tensor Tensor::norm(const Scalar& p, IntArrayRef dims, bool keepdim) const {
-  EMBER_CHECK(is_floating_point(), "norm: expected a floating point tensor, got ",
-              DtypeName(dtype()));
-  double pv = p.to_double();
-  if (std::isinf(pv)) return pv > 0 ? abs().amax(dims, keepdim) : abs().amin(dims, keepdim);
-  if (pv == 0) return ne(0).to(dtype()).sum(dims, keepdim);
-  if (pv == 1) return abs().sum(dims, keepdim);
-  if (pv == 2) return square().sum(dims, keepdim).sqrt();
-  return abs().pow(p).sum(dims, keepdim).pow(1.0 / pv);
+  return ops::norm(*this, p, dims, keepdim);
 }
 Tensor Tensor::softmax(int64_t d) const { return ops::softmax(*this, d); }
 Tensor Tensor::log_softmax(int64_t d) const { return ops::log_softmax(*this, d); }
@@ -546,7 +548,8 @@ Tensor Tensor::matmul(const Tensor& other) const {
   SizeVector batch = BroadcastShapes(a_batch, b_batch, "matmul");
   int64_t n = a2.size(-2), k = a2.size(-1), k2 = b2.size(-2), m = b2.size(-1);
   EMBER_CHECK(k == k2, "matmul: shapes ", ShapeToString(a.sizes()), " and ",
-              ShapeToString(b.sizes()), " cannot be multiplied (", n, "x", k, " and ", k2, "x", m, ")");
+              ShapeToString(b.sizes()), " cannot be multiplied (", n, "x", k, " and ", k2, "x", m,
+              ")");
   SizeVector a_shape = batch, b_shape = batch;
   a_shape.insert(a_shape.end(), {n, k});
   b_shape.insert(b_shape.end(), {k, m});
@@ -596,10 +599,7 @@ const AutogradHooksInterface& RequireAutogradHooks(const char* method) {
 void SetAutogradHooks(const AutogradHooksInterface* hooks) { g_autograd_hooks = hooks; }
 const AutogradHooksInterface* GetAutogradHooks() { return g_autograd_hooks; }
 
-bool Tensor::requires_grad() const {
-  const AutogradMetaInterface* meta = impl_->autograd_meta();
-  return meta != nullptr && meta->requires_grad();
-}
+bool Tensor::requires_grad() const { return impl_->requires_grad(); }
 
 const Tensor& Tensor::requires_grad_(bool requires_grad) const {
   RequireAutogradHooks("requires_grad_").SetRequiresGrad(*this, requires_grad);
@@ -616,19 +616,27 @@ void Tensor::set_grad(const Tensor& grad) const {
 }
 
 bool Tensor::is_leaf() const {
-  const AutogradMetaInterface* meta = impl_->autograd_meta();
-  return meta == nullptr || meta->is_leaf();
+  if (!impl_->requires_grad()) return true;
+  // A view's history may be regenerated from its base's (Note [View tracking]).
+  if (impl_->is_view()) return grad_fn() == nullptr;
+  return impl_->autograd_meta()->is_leaf();
+}
+
+std::shared_ptr<AutogradNodeInterface> Tensor::grad_fn() const {
+  if (!impl_->requires_grad()) return nullptr;
+  return RequireAutogradHooks("grad_fn").GradFn(*this);
 }
 
 Tensor Tensor::detach() const {
-  auto impl = MakeTensorImpl(storage(), dtype(), sizes(), strides(),
-                                           storage_offset());
+  auto impl = MakeTensorImpl(storage(), dtype(), sizes(), strides(), storage_offset());
   impl->set_version_counter(impl_->version_counter());
   impl->set_wrapped_number(impl_->is_wrapped_number());
   return Tensor(std::move(impl));
 }
 
 const Tensor& Tensor::detach_() const {
+  EMBER_CHECK(!is_view(), "Can't detach views in-place. Use detach() instead. The tensor of shape ",
+              ShapeToString(sizes()), " is a view of another tensor.");
   if (impl_->autograd_meta() != nullptr) RequireAutogradHooks("detach_").DetachInPlace(*this);
   return *this;
 }
@@ -663,14 +671,38 @@ Tensor operator>=(const Tensor& a, const Tensor& b) { return a.ge(b); }
 Tensor operator&&(const Tensor& a, const Tensor& b) { return a.logical_and(b); }
 Tensor operator||(const Tensor& a, const Tensor& b) { return a.logical_or(b); }
 Tensor operator!(const Tensor& a) { return a.logical_not(); }
-Tensor& operator+=(Tensor& a, const Tensor& b) { a.add_(b); return a; }
-Tensor& operator-=(Tensor& a, const Tensor& b) { a.sub_(b); return a; }
-Tensor& operator*=(Tensor& a, const Tensor& b) { a.mul_(b); return a; }
-Tensor& operator/=(Tensor& a, const Tensor& b) { a.div_(b); return a; }
-Tensor& operator+=(Tensor& a, const Scalar& b) { a.add_(b); return a; }
-Tensor& operator-=(Tensor& a, const Scalar& b) { a.sub_(b); return a; }
-Tensor& operator*=(Tensor& a, const Scalar& b) { a.mul_(b); return a; }
-Tensor& operator/=(Tensor& a, const Scalar& b) { a.div_(b); return a; }
+Tensor& operator+=(Tensor& a, const Tensor& b) {
+  a.add_(b);
+  return a;
+}
+Tensor& operator-=(Tensor& a, const Tensor& b) {
+  a.sub_(b);
+  return a;
+}
+Tensor& operator*=(Tensor& a, const Tensor& b) {
+  a.mul_(b);
+  return a;
+}
+Tensor& operator/=(Tensor& a, const Tensor& b) {
+  a.div_(b);
+  return a;
+}
+Tensor& operator+=(Tensor& a, const Scalar& b) {
+  a.add_(b);
+  return a;
+}
+Tensor& operator-=(Tensor& a, const Scalar& b) {
+  a.sub_(b);
+  return a;
+}
+Tensor& operator*=(Tensor& a, const Scalar& b) {
+  a.mul_(b);
+  return a;
+}
+Tensor& operator/=(Tensor& a, const Scalar& b) {
+  a.div_(b);
+  return a;
+}
 
 Tensor where(const Tensor& condition, const Tensor& self, const Tensor& other) {
   return ops::where(condition, self, other);
@@ -682,9 +714,10 @@ Tensor stack(absl::Span<const Tensor> tensors, int64_t dim) {
   std::vector<Tensor> expanded;
   expanded.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    EMBER_CHECK(tensors[i].sizes() == tensors[0].sizes(), "stack: expects each tensor to be equal size, but got ",
-                ShapeToString(tensors[0].sizes()), " at entry 0 and ", ShapeToString(tensors[i].sizes()),
-                " at entry ", i);
+    EMBER_CHECK(tensors[i].sizes() == tensors[0].sizes(),
+                "stack: expects each tensor to be equal size, but got ",
+                ShapeToString(tensors[0].sizes()), " at entry 0 and ",
+                ShapeToString(tensors[i].sizes()), " at entry ", i);
     expanded.push_back(tensors[i].unsqueeze(wd));
   }
   return cat(expanded, wd);

@@ -63,6 +63,22 @@ class AutogradMetaInterface {
   virtual bool is_leaf() const { return true; }
 };
 
+// A node of the autograd graph as the tensor layer shows it
+// (Tensor::grad_fn()); autograd::Node implements it.
+class AutogradNodeInterface {
+ public:
+  virtual ~AutogradNodeInterface() = default;
+  // "MulBackward", "AccumulateGrad", ...
+  virtual std::string name() const = 0;
+  // One (node, input number) pair per input of the recorded op, in order, as
+  // torch's grad_fn.next_functions: the node that receives that input's
+  // gradient (its grad_fn, or the AccumulateGrad of a leaf) and which of its
+  // inputs the gradient arrives at. The node is null for inputs that need no
+  // gradient.
+  virtual std::vector<std::pair<std::shared_ptr<AutogradNodeInterface>, uint32_t>> next_functions()
+      const = 0;
+};
+
 // The Tensor methods that autograd implements (Note [Autograd hooks]).
 // Registered once, during static initialisation, by //autograd.
 class AutogradHooksInterface {
@@ -75,6 +91,10 @@ class AutogradHooksInterface {
   virtual void RetainGrad(const Tensor& self) const = 0;
   virtual void Backward(const Tensor& self, const Tensor& gradient, bool retain_graph,
                         bool create_graph) const = 0;
+  // The node that produced `self` (null for leaves); for views, regenerated
+  // from the base's history when the base was written in place since (Note
+  // [View tracking]).
+  virtual std::shared_ptr<AutogradNodeInterface> GradFn(const Tensor& self) const = 0;
 };
 
 // Installs the autograd layer's hooks; `hooks` must outlive the program.
@@ -89,16 +109,36 @@ struct VersionCounter {
   std::atomic<uint32_t> version{0};
 };
 
-// What a factory creates: dtype and device.
-//   ember::zeros({2}, ember::TensorOptions().dtype(ember::kInt64));
+// What a factory creates, as torch::TensorOptions: the dtype, the device,
+// whether the result requires grad, and whether it lives in pinned
+// (page-locked) host memory. Each setter returns a copy with that field set;
+// a field left unset takes the factory's default (float32, or the dtype the
+// values imply for full/arange/tensor; cpu; false; false), or, for the
+// *_like factories, the input's dtype and device.
+//
+//   ember::Tensor w = ember::randn({3, 2}, ember::TensorOptions().requires_grad(true));
+//   ember::Tensor i = ember::zeros({2}, ember::TensorOptions().dtype(ember::kInt64));
+//   ember::Tensor d = ember::ones({2}, ember::kFloat64);  // a Dtype or Device converts
+//
+// requires_grad(true) needs //autograd and a floating dtype (the factory
+// throws otherwise, as torch). pinned_memory(true) needs CUDA, which Ember
+// does not have yet: the factories throw, as torch does without CUDA.
 class TensorOptions {
  public:
   TensorOptions() = default;
-  TensorOptions(Dtype dtype) : dtype_(dtype) {}     // NOLINT: implicit by design
+  TensorOptions(Dtype dtype) : dtype_(dtype) {}      // NOLINT: implicit by design
   TensorOptions(Device device) : device_(device) {}  // NOLINT
 
-  Dtype dtype() const { return dtype_; }
-  Device device() const { return device_; }
+  Dtype dtype() const { return dtype_.value_or(kDefaultFloatDtype); }
+  Device device() const { return device_.value_or(kCPU); }
+  bool requires_grad() const { return requires_grad_.value_or(false); }
+  bool pinned_memory() const { return pinned_memory_.value_or(false); }
+  bool has_dtype() const { return dtype_.has_value(); }
+  bool has_device() const { return device_.has_value(); }
+  bool has_requires_grad() const { return requires_grad_.has_value(); }
+  bool has_pinned_memory() const { return pinned_memory_.has_value(); }
+  std::optional<Dtype> dtype_opt() const { return dtype_; }
+
   TensorOptions dtype(Dtype d) const {
     TensorOptions o = *this;
     o.dtype_ = d;
@@ -109,10 +149,32 @@ class TensorOptions {
     o.device_ = d;
     return o;
   }
+  TensorOptions requires_grad(bool r) const {
+    TensorOptions o = *this;
+    o.requires_grad_ = r;
+    return o;
+  }
+  TensorOptions pinned_memory(bool p) const {
+    TensorOptions o = *this;
+    o.pinned_memory_ = p;
+    return o;
+  }
+  // These options with the fields that `other` sets taken from `other`
+  // (torch's merge_in).
+  TensorOptions merge_in(const TensorOptions& other) const {
+    TensorOptions o = *this;
+    if (other.dtype_) o.dtype_ = other.dtype_;
+    if (other.device_) o.device_ = other.device_;
+    if (other.requires_grad_) o.requires_grad_ = other.requires_grad_;
+    if (other.pinned_memory_) o.pinned_memory_ = other.pinned_memory_;
+    return o;
+  }
 
  private:
-  Dtype dtype_ = kDefaultFloatDtype;
-  Device device_ = kCPU;
+  std::optional<Dtype> dtype_;
+  std::optional<Device> device_;
+  std::optional<bool> requires_grad_;
+  std::optional<bool> pinned_memory_;
 };
 
 class TensorImpl {
@@ -146,6 +208,35 @@ class TensorImpl {
   void set_autograd_meta(std::unique_ptr<AutogradMetaInterface> meta) {
     autograd_meta_ = std::move(meta);
   }
+  // Whether ops on this tensor are recorded: its autograd data says so, or it
+  // is a view of a tensor whose data does (Note [View tracking]).
+  bool requires_grad() const {
+    if (autograd_meta_ != nullptr && autograd_meta_->requires_grad()) return true;
+    return view_base_ != nullptr && view_base_->autograd_meta_ != nullptr &&
+           view_base_->autograd_meta_->requires_grad();
+  }
+
+  // Note [View tracking]
+  // The output of a view op (view, as_strided, transpose, permute, slice,
+  // select, expand, squeeze, unsqueeze, and what is built on them) records
+  // the tensor whose memory it looks at: its base, the first tensor of a
+  // chain of views. This happens whatever the grad mode and whether or not
+  // anything requires grad, as in torch, because autograd's in-place rule
+  // needs it later: writing a tensor that requires grad into a view gives
+  // the base a new history (Note [In-place rules] in autograd/record.h), even
+  // when the view was taken before anything required grad. A view also
+  // records whether grad mode was off when it was made: torch refuses to
+  // record an in-place write through such a view. A view requires grad when
+  // its base does. Holding the base keeps its TensorImpl (not more memory:
+  // the storage is shared anyway) alive as long as the view.
+  const std::shared_ptr<TensorImpl>& view_base() const { return view_base_; }
+  bool is_view() const { return view_base_ != nullptr; }
+  bool is_view_made_without_grad_mode() const { return view_without_grad_mode_; }
+  // Makes this a view of `of` (or of its base, when `of` is a view itself).
+  void set_view_of(const std::shared_ptr<TensorImpl>& of, bool grad_mode) {
+    view_base_ = of->view_base_ != nullptr ? of->view_base_ : of;
+    view_without_grad_mode_ = !grad_mode;
+  }
 
   // A 0-dim tensor made from a plain number (Tensor::add(Scalar)); it takes
   // part in type promotion as a number, not as a tensor.
@@ -163,16 +254,17 @@ class TensorImpl {
   Dtype dtype_;
   bool is_contiguous_ = true;
   bool wrapped_number_ = false;
+  bool view_without_grad_mode_ = false;
   std::shared_ptr<VersionCounter> version_;
   std::unique_ptr<AutogradMetaInterface> autograd_meta_;
+  std::shared_ptr<TensorImpl> view_base_;
 };
 
 // A new TensorImpl from the object pool (Note [Object pool]); every
 // TensorImpl is made this way.
 template <typename... Args>
 std::shared_ptr<TensorImpl> MakeTensorImpl(Args&&... args) {
-  return std::allocate_shared<TensorImpl>(PoolAllocator<TensorImpl>(),
-                                          std::forward<Args>(args)...);
+  return std::allocate_shared<TensorImpl>(PoolAllocator<TensorImpl>(), std::forward<Args>(args)...);
 }
 
 struct MinMaxResult;
@@ -393,6 +485,15 @@ class Tensor {
   void set_grad(const Tensor& grad) const;
   // True unless the tensor is the output of a recorded op.
   bool is_leaf() const;
+  // The recorded op that produced this tensor (torch's grad_fn): a handle
+  // with name() and next_functions(); null for leaves and tensors outside
+  // the graph.
+  std::shared_ptr<AutogradNodeInterface> grad_fn() const;
+  // Whether this tensor is the output of a view op, and the tensor whose
+  // memory it shares (undefined when not a view), as torch's is_view() and
+  // _base (Note [View tracking]).
+  bool is_view() const { return impl_->is_view(); }
+  Tensor _base() const { return Tensor(impl_->view_base()); }
   // A tensor sharing data and version counter, outside any graph.
   Tensor detach() const;
   // Takes this tensor out of the graph (it becomes a leaf that does not
@@ -458,8 +559,8 @@ Tensor stack(absl::Span<const Tensor> tensors, int64_t dim = 0);
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor mm(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);
-Tensor addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2,
-             const Scalar& beta = 1, const Scalar& alpha = 1);
+Tensor addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const Scalar& beta = 1,
+             const Scalar& alpha = 1);
 Tensor dot(const Tensor& a, const Tensor& b);
 Tensor outer(const Tensor& a, const Tensor& b);
 Tensor maximum(const Tensor& a, const Tensor& b);

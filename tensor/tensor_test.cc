@@ -5,7 +5,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <numeric>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -17,10 +20,10 @@
 namespace ember {
 namespace {
 
-using ::testing::HasSubstr;
 using ::ember::testing::ErrorOf;
 using ::ember::testing::Make;
 using ::ember::testing::Values;
+using ::testing::HasSubstr;
 
 // Reads element `idx` of any tensor as double through sizes/strides only.
 double At(const Tensor& t, std::initializer_list<int64_t> idx) {
@@ -29,7 +32,8 @@ double At(const Tensor& t, std::initializer_list<int64_t> idx) {
   for (int64_t i : idx) off += i * t.strides()[d++];
   const char* base = static_cast<const char*>(t.storage().data());
   return VisitDtype(t.dtype(), [&]<typename T>() {
-    return static_cast<double>(static_cast<OpMath<T>>(*reinterpret_cast<const T*>(base + off * sizeof(T))));
+    return static_cast<double>(
+        static_cast<OpMath<T>>(*reinterpret_cast<const T*>(base + off * sizeof(T))));
   });
 }
 
@@ -123,7 +127,9 @@ TEST(TensorTest, FromBlobSharesCallerMemoryAndRunsDeleter) {
   EXPECT_EQ(Values(from_vec), (std::vector<double>{5, 6, 7, 8}));
   EXPECT_EQ(tensor({true, false}).dtype(), kBool);
   EXPECT_EQ(tensor({1, 2}).dtype(), kInt64);
-  EXPECT_THAT(ErrorOf([] { tensor(std::vector<float>{1, 2, 3}, SizeVector{2, 2}); }),
+  EXPECT_THAT(ErrorOf([] {
+                tensor(std::vector<float>{1, 2, 3}, SizeVector{2, 2});
+              }),
               HasSubstr("3 values do not fill shape [2, 2]"));
 }
 
@@ -175,9 +181,12 @@ TEST(TensorTest, ExpandSqueezeUnsqueezeFlatten) {
   EXPECT_EQ(e.strides(), (IntArrayRef{0, 1, 0}));
   EXPECT_EQ(At(e, {1, 2, 3}), 2);
   EXPECT_EQ(col.expand({-1, 5}).sizes(), (IntArrayRef{3, 5}));
-  EXPECT_THAT(ErrorOf([&] { col.expand({4, 1}); }),
+  EXPECT_THAT(ErrorOf([&] {
+                col.expand({4, 1});
+              }),
               HasSubstr("expanded size of the tensor (4) must match the existing size (3)"));
-  EXPECT_THAT(ErrorOf([&] { e.fill_(1); }), HasSubstr("more than one element of the written-to tensor"));
+  EXPECT_THAT(ErrorOf([&] { e.fill_(1); }),
+              HasSubstr("more than one element of the written-to tensor"));
   Tensor q = zeros({1, 3, 1, 2});
   EXPECT_EQ(q.squeeze().sizes(), (IntArrayRef{3, 2}));
   EXPECT_EQ(q.squeeze(2).sizes(), (IntArrayRef{1, 3, 2}));
@@ -204,9 +213,13 @@ TEST(TensorTest, ViewReshapeAndErrors) {
   EXPECT_THAT(ErrorOf([&] { a.t().t().t().view({3, 2}).view({6}); }), HasSubstr("reshape"));
   EXPECT_THAT(ErrorOf([&] { zeros({2, 2, 2}).t(); }), HasSubstr("<= 2 dimensions"));
   EXPECT_THAT(ErrorOf([&] { a.permute({0, 0}); }), HasSubstr("repeated dim"));
-  EXPECT_THAT(ErrorOf([&] { a.select(1, 3); }), HasSubstr("index 3 is out of bounds for dimension 1 with size 3"));
+  EXPECT_THAT(ErrorOf([&] { a.select(1, 3); }),
+              HasSubstr("index 3 is out of bounds for dimension 1 with size 3"));
   EXPECT_THAT(ErrorOf([&] { a.narrow(0, 1, 2); }), HasSubstr("exceeds dimension size"));
-  EXPECT_THAT(ErrorOf([&] { a.as_strided({3, 3}, {3, 1}); }), HasSubstr("bytes but the storage holds"));
+  EXPECT_THAT(ErrorOf([&] {
+                a.as_strided({3, 3}, {3, 1});
+              }),
+              HasSubstr("bytes but the storage holds"));
 }
 
 TEST(TensorTest, ChunkSplitUnbind) {
@@ -248,7 +261,7 @@ TEST(TensorTest, CopyAcrossEveryDtypePair) {
 
 TEST(TensorTest, CopyBroadcastsNonContiguousAndOverlapping) {
   Tensor dst = zeros({3, 4}).t();  // Non-contiguous destination [4, 3].
-  dst.copy_(arange(3));             // Broadcast source.
+  dst.copy_(arange(3));            // Broadcast source.
   EXPECT_EQ(Values(dst), (std::vector<double>{0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2}));
   EXPECT_THAT(ErrorOf([&] { zeros({2}).copy_(zeros({3})); }),
               HasSubstr("cannot be broadcast to the destination shape [2]"));
@@ -284,7 +297,8 @@ TEST(TensorTest, ItemAndDataPtr) {
   EXPECT_EQ(scalar_tensor(2.5).item<double>(), 2.5);
   EXPECT_EQ(full({1, 1}, 7, kInt16).item<int64_t>(), 7);
   EXPECT_EQ(full({}, true).item<bool>(), true);
-  EXPECT_THAT(ErrorOf([] { zeros({2}).item<float>(); }), HasSubstr("2 elements cannot be converted"));
+  EXPECT_THAT(ErrorOf([] { zeros({2}).item<float>(); }),
+              HasSubstr("2 elements cannot be converted"));
   EXPECT_THAT(ErrorOf([] { zeros({2}).data_ptr<double>(); }),
               HasSubstr("expected a float64 pointer type for a float32 tensor"));
   EXPECT_EQ(zeros({3}, kFloat16).nbytes(), 6u);
@@ -309,7 +323,7 @@ TEST(TensorTest, EqualAndAllclose) {
   EXPECT_TRUE(a.equal(tensor({1.0f, 2.0f, 3.0f})));
   EXPECT_FALSE(a.equal(tensor({1.0f, 2.0f, 3.5f})));
   EXPECT_FALSE(a.equal(a.view({3, 1})));  // Shapes differ.
-  EXPECT_TRUE(a.equal(a.to(kInt64)));      // Values compare after promotion.
+  EXPECT_TRUE(a.equal(a.to(kInt64)));     // Values compare after promotion.
   EXPECT_TRUE(zeros({0, 2}).equal(zeros({0, 2})));
   // |a - b| <= atol + rtol * |b|, elementwise.
   EXPECT_TRUE(a.allclose(tensor({1.0f, 2.0f, 3.0f + 2e-5f}), 1e-5, 1e-8));
@@ -357,6 +371,106 @@ TEST(TensorTest, FreshTensorsStartAtVersionZero) {
   Tensor u = zeros({3});
   uniform_(u, 0, 1);
   EXPECT_EQ(u.version(), 1u);
+}
+
+TEST(TensorTest, ViewsKnowTheirBase) {
+  Tensor x = zeros({2, 3});
+  EXPECT_FALSE(x.is_view());
+  EXPECT_FALSE(x._base().defined());
+  Tensor v = x.t().slice(0, 0, 2).unsqueeze(0);
+  EXPECT_TRUE(v.is_view());
+  EXPECT_TRUE(v._base().is_same(x));  // The first tensor of the chain.
+  EXPECT_TRUE(x[1].is_view());
+  EXPECT_TRUE(x.view({6})._base().is_same(x));
+  EXPECT_FALSE(x.detach().is_view());
+  EXPECT_FALSE(v.clone().is_view());
+  EXPECT_FALSE(x.contiguous().is_view());  // x itself.
+  EXPECT_THAT(ErrorOf([&] { v.detach_(); }), HasSubstr("Can't detach views in-place"));
+}
+
+TEST(TensorTest, TensorOptionsSetAndMerge) {
+  TensorOptions o;
+  EXPECT_FALSE(o.has_dtype() || o.has_device() || o.has_requires_grad() || o.has_pinned_memory());
+  EXPECT_EQ(o.dtype(), kFloat32);
+  EXPECT_EQ(o.device(), kCPU);
+  EXPECT_FALSE(o.requires_grad());
+  EXPECT_FALSE(o.pinned_memory());
+  TensorOptions r = o.dtype(kFloat64).requires_grad(true);
+  EXPECT_EQ(r.dtype(), kFloat64);
+  EXPECT_TRUE(r.requires_grad());
+  EXPECT_FALSE(o.has_dtype());  // Setters return copies.
+  TensorOptions m =
+      TensorOptions(kInt64).device(kCPU).merge_in(TensorOptions().requires_grad(true));
+  EXPECT_EQ(m.dtype(), kInt64);
+  EXPECT_TRUE(m.has_device());
+  EXPECT_TRUE(m.requires_grad());
+}
+
+TEST(TensorTest, FactoriesInferTheDtypeWhenOptionsLeaveItOut) {
+  TensorOptions cpu = TensorOptions().device(kCPU);
+  EXPECT_EQ(full({2}, 3, cpu).dtype(), kInt64);
+  EXPECT_EQ(full({2}, true, cpu).dtype(), kBool);
+  EXPECT_EQ(full({2}, 0.5, cpu).dtype(), kFloat32);
+  EXPECT_EQ(arange(4, cpu).dtype(), kInt64);
+  EXPECT_EQ(arange(0, 1, 0.25, cpu).dtype(), kFloat32);
+  EXPECT_EQ(randint(0, 5, {3}, cpu).dtype(), kInt64);
+  EXPECT_EQ(randint(0, 5, {3}, kInt32).dtype(), kInt32);
+  EXPECT_EQ(tensor({1, 2}, cpu).dtype(), kInt64);
+  Tensor t = tensor({1, 2}, kFloat64);
+  EXPECT_EQ(t.dtype(), kFloat64);
+  EXPECT_EQ(Values(t), (std::vector<double>{1, 2}));
+  EXPECT_EQ(tensor(std::vector<float>{1.5f}, kFloat64).dtype(), kFloat64);
+  EXPECT_EQ(scalar_tensor(2, cpu).dtype(), kInt64);
+}
+
+TEST(TensorTest, LikeFactoriesTakeTheInputsDtypeUnlessTold) {
+  Tensor x = ones({2, 3}, kFloat64);
+  EXPECT_EQ(zeros_like(x).dtype(), kFloat64);
+  EXPECT_EQ(zeros_like(x, kInt32).dtype(), kInt32);
+  EXPECT_EQ(ones_like(x, TensorOptions().device(kCPU)).dtype(), kFloat64);
+  EXPECT_EQ(empty_like(x, kFloat16).sizes(), x.sizes());
+  Tensor f = full_like(x, 7, kInt64);
+  EXPECT_EQ(f.dtype(), kInt64);
+  EXPECT_EQ(Values(f), std::vector<double>(6, 7));
+  EXPECT_EQ(rand_like(x).dtype(), kFloat64);
+  EXPECT_EQ(randn_like(x, kFloat32).sizes(), x.sizes());
+}
+
+TEST(TensorTest, PinnedMemoryIsRefusedWithoutCuda) {
+  TensorOptions pinned = TensorOptions().pinned_memory(true);
+  for (auto& [name, make] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"empty", [&] { empty({2}, pinned); }},
+           {"zeros", [&] { zeros({2}, pinned); }},
+           {"ones", [&] { ones({2}, pinned); }},
+           {"full", [&] { full({2}, 1, pinned); }},
+           {"arange", [&] { arange(3, pinned); }},
+           {"linspace", [&] { linspace(0, 1, 3, pinned); }},
+           {"eye", [&] { eye(2, std::nullopt, pinned); }},
+           {"rand", [&] { rand({2}, pinned); }},
+           {"randn", [&] { randn({2}, pinned); }},
+           {"randint", [&] { randint(0, 3, {2}, pinned); }},
+           {"tensor", [&] { tensor({1.0f}, pinned); }},
+           {"zeros_like", [&] { zeros_like(ones({2}), pinned); }},
+       }) {
+    EXPECT_THAT(ErrorOf(make), HasSubstr(name + ": pinned_memory(true) needs CUDA")) << name;
+  }
+  float data[2] = {1, 2};
+  EXPECT_THAT(ErrorOf([&] { from_blob(data, {2}, pinned); }),
+              HasSubstr("from_blob: pinned_memory(true) does not apply"));
+  EXPECT_THAT(ErrorOf([&] { zeros({2}, pinned.device(Device(DeviceType::kCUDA, 0))); }),
+              HasSubstr("only CPU tensors can be pinned"));
+  // pinned_memory(false) is the default and fine.
+  EXPECT_EQ(zeros({2}, TensorOptions().pinned_memory(false)).numel(), 2);
+}
+
+TEST(TensorTest, AutogradOptionsNeedTheAutogradLibrary) {
+  // //autograd is not linked into this test.
+  EXPECT_THAT(ErrorOf([] { zeros({2}, TensorOptions().requires_grad(true)); }),
+              HasSubstr("requires_grad_: autograd is not linked into this program"));
+  EXPECT_EQ(zeros({2}).grad_fn(), nullptr);
+  EXPECT_TRUE(zeros({2}).is_leaf());
+  // requires_grad(false) needs nothing.
+  EXPECT_FALSE(zeros({2}, TensorOptions().requires_grad(false)).requires_grad());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Composite kernels of the view ops (tensor/ops.inc): each returns a new
 // TensorImpl over the same storage, sharing the version counter, so in-place
-// writes through any view are seen by all and counted once.
+// writes through any view are seen by all and counted once, and naming its
+// base (Note [View tracking] in tensor.h).
 #include <algorithm>
 #include <numeric>
 
@@ -9,9 +10,12 @@
 namespace ember {
 namespace {
 
+// Every view op's output: shares storage and version counter, and knows its
+// base (Note [View tracking] in tensor.h).
 Tensor MakeView(const Tensor& self, IntArrayRef sizes, IntArrayRef strides, int64_t offset) {
   auto impl = MakeTensorImpl(self.storage(), self.dtype(), sizes, strides, offset);
   impl->set_version_counter(self.impl()->version_counter());
+  impl->set_view_of(self.impl_ptr(), internal::tls_grad_mode);
   return Tensor(std::move(impl));
 }
 
@@ -40,9 +44,8 @@ Tensor AsStrided(const Tensor& self, IntArrayRef sizes, IntArrayRef strides, int
   if (max_index >= 0) {
     int64_t needed = (offset + max_index + 1) * static_cast<int64_t>(self.element_size());
     EMBER_CHECK(needed <= static_cast<int64_t>(self.storage().nbytes()), "as_strided: sizes ",
-                ShapeToString(sizes), ", strides ", ShapeToString(strides), " and offset ",
-                offset, " need ", needed, " bytes but the storage holds ",
-                self.storage().nbytes());
+                ShapeToString(sizes), ", strides ", ShapeToString(strides), " and offset ", offset,
+                " need ", needed, " bytes but the storage holds ", self.storage().nbytes());
   }
   return MakeView(self, sizes, strides, offset);
 }
@@ -89,8 +92,8 @@ Tensor Select(const Tensor& self, int64_t dim, int64_t index) {
   EMBER_CHECK(self.dim() > 0, "select: cannot be applied to a 0-dim tensor");
   int64_t d = WrapDim(dim, self.dim(), "select");
   int64_t n = self.sizes()[d];
-  EMBER_CHECK(index >= -n && index < n, "select: index ", index,
-              " is out of bounds for dimension ", d, " with size ", n);
+  EMBER_CHECK(index >= -n && index < n, "select: index ", index, " is out of bounds for dimension ",
+              d, " with size ", n);
   if (index < 0) index += n;
   SizeVector sizes(self.sizes().begin(), self.sizes().end());
   SizeVector strides(self.strides().begin(), self.strides().end());
@@ -103,8 +106,8 @@ Tensor Select(const Tensor& self, int64_t dim, int64_t index) {
 Tensor Expand(const Tensor& self, IntArrayRef sizes) {
   int64_t nd = static_cast<int64_t>(sizes.size());
   EMBER_CHECK(nd >= self.dim(), "expand: the number of sizes provided (", nd,
-              ") must be greater or equal to the number of dimensions in the tensor (",
-              self.dim(), ")");
+              ") must be greater or equal to the number of dimensions in the tensor (", self.dim(),
+              ")");
   SizeVector out_sizes(nd), out_strides(nd);
   for (int64_t i = nd - 1; i >= 0; --i) {
     int64_t j = i - (nd - self.dim());
@@ -120,8 +123,8 @@ Tensor Expand(const Tensor& self, IntArrayRef sizes) {
     if (want == -1) want = have;
     EMBER_CHECK(have == want || have == 1, "expand: the expanded size of the tensor (", want,
                 ") must match the existing size (", have, ") at non-singleton dimension ", i,
-                ".  Target sizes: ", ShapeToString(sizes), ".  Tensor sizes: ",
-                ShapeToString(self.sizes()));
+                ".  Target sizes: ", ShapeToString(sizes),
+                ".  Tensor sizes: ", ShapeToString(self.sizes()));
     out_sizes[i] = want;
     out_strides[i] = (have == want) ? self.strides()[j] : 0;
   }

@@ -1,0 +1,218 @@
+// Gradients of single ops against the values PyTorch 1.13 computes (printed
+// by /usr/bin/python3 with torch on the development machine): number
+// operands that stay double through the backward formula (Note [Number
+// operands] in derivatives.cc), and torch's subgradients where an op has a
+// kink or a zero denominator.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tensor/factories.h"
+#include "tensor/tensor.h"
+#include "tensor/testing.h"
+
+namespace ember::autograd {
+namespace {
+
+using ::ember::testing::Make;
+using ::ember::testing::Values;
+using ::testing::DoubleEq;
+using ::testing::DoubleNear;
+using ::testing::ElementsAre;
+using ::testing::ElementsAreArray;
+using ::testing::Pointwise;
+
+// d f(x).sum() / dx for x = `values` in `dtype`.
+std::vector<double> GradOf(const std::function<Tensor(const Tensor&)>& f,
+                           const std::vector<double>& values, SizeVector shape = {},
+                           Dtype dtype = kFloat64) {
+  if (shape.empty()) shape = {static_cast<int64_t>(values.size())};
+  Tensor x = Make(values, shape, dtype).requires_grad_();
+  f(x).sum().backward();
+  if (!x.grad().defined()) return {};
+  return Values(x.grad());
+}
+
+// Within a few units in the last place of a double: a number rounded to
+// float32 on the way (the bug this guards against) is ~1e-8 off.
+auto NearDouble(double v) { return DoubleNear(v, std::abs(v) * 1e-14); }
+// Within a few units in the last place of a float.
+auto NearFloat(double v) { return DoubleNear(v, std::abs(v) * 5e-7); }
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// --- Number operands -------------------------------------------------------------------
+
+TEST(NumberOperandTest, PowByADoubleUsesTheDoubleExponent) {
+  // torch: 1.7 * 2^0.7. With the exponent rounded to float32 on the way to
+  // exponent - 1 the result was 2.7616582388890665.
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.pow(1.7); }, {2.0}),
+              ElementsAre(DoubleEq(2.7616581476112003)));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.pow(1.7); }, {2.0, 3.0}),
+              ElementsAre(NearDouble(2.7616581476112003), NearDouble(3.668037775956808)));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.pow(-0.3); }, {2.0, 3.0}),
+              ElementsAre(NearDouble(-0.12183785945343531), NearDouble(-0.07192230933248643)));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.pow(3); }, {2.0, 3.0}), ElementsAre(12, 27));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.pow(1.7).pow(1.3); }, {2.0, 3.0}),
+              ElementsAre(NearDouble(5.112561772861369), NearDouble(8.350432924949446)));
+  // x^0: a zero gradient, as torch.
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.pow(0.0); }, {0.0, 2.0}), ElementsAre(0, 0));
+}
+
+TEST(NumberOperandTest, InPlacePowUsesTheDoubleExponent) {
+  Tensor x = Make({2.0, 3.0}, kFloat64).requires_grad_();
+  Tensor y = x * 1;
+  y.pow_(1.7);
+  y.sum().backward();
+  EXPECT_THAT(Values(x.grad()),
+              ElementsAre(NearDouble(2.7616581476112003), NearDouble(3.668037775956808)));
+}
+
+TEST(NumberOperandTest, SecondDerivativeOfPowByADouble) {
+  // d2/dx2 x^1.7 = 1.7 * 0.7 * x^-0.3, at x = 2: 1.19 * 2^-0.3.
+  Tensor x = Make({2.0}, kFloat64).requires_grad_();
+  Tensor g = Grad({x.pow(1.7)}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor gg = Grad({g}, {x})[0];
+  EXPECT_THAT(Values(gg), ElementsAre(NearDouble(1.7 * 0.7 * std::pow(2.0, -0.3))));
+}
+
+TEST(NumberOperandTest, Float32GradientsMatchTorch) {
+  auto f32 = [](const std::function<Tensor(const Tensor&)>& f) {
+    return GradOf(f, {2.0, 3.0}, {}, kFloat32);
+  };
+  EXPECT_THAT(f32([](const Tensor& x) { return x.pow(1.7); }),
+              ElementsAre(NearFloat(2.761658191680908), NearFloat(3.6680378913879395)));
+  EXPECT_THAT(f32([](const Tensor& x) { return x.pow(-0.3); }),
+              ElementsAre(NearFloat(-0.12183786183595657), NearFloat(-0.07192230969667435)));
+  EXPECT_THAT(f32([](const Tensor& x) { return ones_like(x).add(x, 0.1); }),
+              ElementsAre(0.10000000149011612, 0.10000000149011612));
+  EXPECT_THAT(f32([](const Tensor& x) { return x * 0.1; }),
+              ElementsAre(0.10000000149011612, 0.10000000149011612));
+  EXPECT_THAT(f32([](const Tensor& x) { return x / 0.3; }),
+              ElementsAre(3.3333332538604736, 3.3333332538604736));
+  EXPECT_THAT(f32([](const Tensor& x) { return x.norm(3); }),
+              ElementsAre(NearFloat(0.37383610010147095), NearFloat(0.8411312103271484)));
+}
+
+TEST(NumberOperandTest, Float64AlphaMulDivAndNorm) {
+  EXPECT_THAT(GradOf([](const Tensor& x) { return ones_like(x).add(x, 0.1); }, {2.0, 3.0}),
+              ElementsAre(0.1, 0.1));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return ones_like(x).sub(x, 0.3); }, {2.0, 3.0}),
+              ElementsAre(-0.3, -0.3));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x * 0.1; }, {2.0, 3.0}), ElementsAre(0.1, 0.1));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x / 0.3; }, {2.0, 3.0}),
+              ElementsAre(3.3333333333333335, 3.3333333333333335));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return 0.3 / x; }, {2.0, 3.0}),
+              ElementsAre(-0.075, NearDouble(-0.03333333333333333)));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.norm(3); }, {2.0, 3.0}),
+              ElementsAre(NearDouble(0.37383614973583884), NearDouble(0.8411313369056374)));
+  // torch 1.13's forward norm for p = 1.7 is 1e-8 off (3.8109492824239193
+  // for 3.810949322484545); the gradient here is the exact formula's,
+  // |x|^(p-1) / norm^(p-1).
+  const double n = std::pow(std::pow(2.0, 1.7) + std::pow(3.0, 1.7), 1 / 1.7);
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.norm(1.7); }, {2.0, 3.0}),
+              ElementsAre(NearDouble(std::pow(2.0 / n, 0.7)), NearDouble(std::pow(3.0 / n, 0.7))));
+}
+
+// --- Subgradients ---------------------------------------------------------------------------
+
+TEST(SubgradientTest, StdOfASliceWithNoSpreadIsZeroNotNan) {
+  const std::vector<double> z = {1, 1, 1, 1, 2, 4};
+  EXPECT_THAT(
+      GradOf([](const Tensor& x) { return x.std({1}); }, z, {2, 3}),
+      Pointwise(DoubleNear(1e-15), std::vector<double>{0.0, 0.0, 0.0, -0.43643578047198484,
+                                                       -0.10910894511799625, 0.5455447255899809}));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.std(); }, {3, 3, 3}), ElementsAre(0, 0, 0));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.std({}, 0, /*keepdim=*/true); }, {2, 2}),
+              ElementsAre(0, 0));
+  // var needs no mask: its gradient at zero spread is zero already.
+  EXPECT_THAT(
+      GradOf([](const Tensor& x) { return x.var({1}); }, z, {2, 3}),
+      Pointwise(DoubleNear(1e-15), std::vector<double>{0.0, 0.0, 0.0, -1.3333333333333335,
+                                                       -0.3333333333333335, 1.6666666666666665}));
+}
+
+TEST(SubgradientTest, NormOfAZeroVectorIsZeroNotNan) {
+  for (double p : {0.5, 1.0, 1.5, 2.0, 3.0, kInf, -kInf}) {
+    EXPECT_THAT(GradOf([p](const Tensor& x) { return x.norm(p); }, {0, 0, 0}), ElementsAre(0, 0, 0))
+        << "p = " << p;
+  }
+  // p = 0 counts non-zeros: no gradient at all, as torch (grad stays undefined).
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.norm(0); }, {0, 1, 2}), ElementsAre());
+}
+
+TEST(SubgradientTest, NormGradientsMatchTorch) {
+  const std::vector<double> v = {0, -2, 2};
+  const double r = 0.7071067811865475;
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.norm(); }, v),
+              ElementsAre(0, NearDouble(-r), NearDouble(r)));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.norm(0.5); }, v),
+              ElementsAre(0, NearDouble(-2), NearDouble(2)));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.norm(1); }, v), ElementsAre(0, -1, 1));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.norm(1.5); }, v),
+              ElementsAre(0, NearDouble(-0.7937005259840998), NearDouble(0.7937005259840998)));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.norm(3); }, v),
+              ElementsAre(0, NearDouble(-0.6299605249474365), NearDouble(0.6299605249474365)));
+  // Ties share the gradient of an infinity norm.
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.norm(kInf); }, v), ElementsAre(0, -0.5, 0.5));
+  // Over a dim, with one all-equal row.
+  const std::vector<double> z = {1, 1, 1, 1, 2, 4};
+  EXPECT_THAT(
+      GradOf([](const Tensor& x) { return x.norm(2, {1}); }, z, {2, 3}),
+      Pointwise(DoubleNear(1e-15),
+                std::vector<double>{0.5773502691896258, 0.5773502691896258, 0.5773502691896258,
+                                    0.2182178902359924, 0.4364357804719848, 0.8728715609439696}));
+  EXPECT_THAT(
+      GradOf([](const Tensor& x) { return x.norm(0.5, {1}, /*keepdim=*/true); }, z, {2, 3}),
+      Pointwise(DoubleNear(1e-14), std::vector<double>{3.0, 3.0, 3.0, 4.414213562373095,
+                                                       3.1213203435596424, 2.2071067811865475}));
+  EXPECT_THAT(
+      GradOf([](const Tensor& x) { return x.norm(kInf, {1}); }, z, {2, 3}),
+      Pointwise(DoubleNear(1e-15), std::vector<double>{1.0 / 3, 1.0 / 3, 1.0 / 3, 0, 0, 1}));
+  EXPECT_THAT(
+      GradOf([](const Tensor& x) { return x.norm(-kInf, {1}); }, z, {2, 3}),
+      Pointwise(DoubleNear(1e-15), std::vector<double>{1.0 / 3, 1.0 / 3, 1.0 / 3, 1, 0, 0}));
+}
+
+TEST(SubgradientTest, KinksTakeTorchsConventions) {
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.abs(); }, {0, -1, 1}), ElementsAre(0, -1, 1));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.relu(); }, {0, -1, 1}), ElementsAre(0, 0, 1));
+  // The bounds belong to the pass-through region.
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.clamp(0, 1); }, {0, -1, 1, 0.5, 2}),
+              ElementsAre(1, 0, 1, 1, 0));
+  // Full max/min and amax split among ties; max(dim) picks its index.
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.max(); }, {1, 3, 3}), ElementsAre(0, 0.5, 0.5));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.amax({0}); }, {1, 3, 3}),
+              ElementsAre(0, 0.5, 0.5));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.max(0).values; }, {1, 3, 3}),
+              ElementsAre(0, 1, 0));
+  EXPECT_THAT(GradOf(
+                  [](const Tensor& x) {
+                    return maximum(x, Make({1, 0, 3}, kFloat64));
+                  },
+                  {1, 3, 3}),
+              ElementsAre(0.5, 1, 0.5));
+  // No subgradient where torch has none: sqrt and pow below 1 at 0 are infinite.
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.sqrt(); }, {0, 1}), ElementsAre(kInf, 0.5));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.pow(0.5); }, {0, 1}), ElementsAre(kInf, 0.5));
+  EXPECT_THAT(GradOf([](const Tensor& x) { return x.prod(); }, {0, 2, 3}), ElementsAre(6, 0, 0));
+}
+
+TEST(SubgradientTest, StdAndNormRecordTheirOwnNode) {
+  Tensor x = Make({1, 2, 3}).requires_grad_();
+  EXPECT_EQ(x.std().grad_fn()->name(), "StdBackward");
+  EXPECT_EQ(x.norm().grad_fn()->name(), "NormBackward");
+  // Second derivatives through the formulas.
+  Tensor g = Grad({x.norm()}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
+  EXPECT_TRUE(g.requires_grad());
+  NoGradGuard no_grad;
+  EXPECT_FALSE(x.std().requires_grad());
+}
+
+}  // namespace
+}  // namespace ember::autograd
