@@ -1,14 +1,18 @@
 // Value: what queues and pipes carry: None, a bool, an integer, a double, a
-// string, a tensor, or a list of values (nested freely).
+// string, a tensor, a list of values, or a dict from strings to values
+// (nested freely), as PyTorch's pickled messages carry Python objects.
 //
 //   Value msg = Value::List{Value(3), Value("loss"), Value(ember::ones({4}))};
 //   absl::StatusOr<ember::Tensor> t = msg.list()[2].as<ember::Tensor>();
+//   Value state = Value::Dict{{"step", Value(10)}, {"w", Value(w)}};
+//   const Value* step = state.find("step");   // null when absent
 //
 // Copying a Value copies tensor handles, not their bytes. Thread-compatible.
 #ifndef EMBER_MULTIPROCESSING_VALUE_H_
 #define EMBER_MULTIPROCESSING_VALUE_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -26,8 +30,11 @@ namespace ember::multiprocessing {
 class Value {
  public:
   using List = std::vector<Value>;
-  using Variant = std::variant<std::monostate, bool, int64_t, double,
-                               std::string, Tensor, List>;
+  // Keys in sorted order (a Python dict keeps insertion order; nothing here
+  // depends on it).
+  using Dict = std::map<std::string, Value>;
+  using Variant =
+      std::variant<std::monostate, bool, int64_t, double, std::string, Tensor, List, Dict>;
 
   Value() = default;                             // None
   Value(bool v) : v_(v) {}                       // NOLINT: implicit by design
@@ -38,6 +45,7 @@ class Value {
   Value(std::string v) : v_(std::move(v)) {}     // NOLINT
   Value(Tensor v) : v_(std::move(v)) {}          // NOLINT
   Value(List v) : v_(std::move(v)) {}            // NOLINT
+  Value(Dict v) : v_(std::move(v)) {}            // NOLINT
 
   bool is_none() const { return std::holds_alternative<std::monostate>(v_); }
   template <typename T>
@@ -53,9 +61,8 @@ class Value {
   template <typename T>
   absl::StatusOr<T> as() const {
     if (const T* p = std::get_if<T>(&v_)) return *p;
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected a ", KindName(Variant(T{}).index()),
-                     " value, got ", KindName(v_.index())));
+    return absl::InvalidArgumentError(absl::StrCat("expected a ", KindName(Variant(T{}).index()),
+                                                   " value, got ", KindName(v_.index())));
   }
   // The elements of a list (empty for anything else).
   const List& list() const {
@@ -63,14 +70,26 @@ class Value {
     const List* l = std::get_if<List>(&v_);
     return l != nullptr ? *l : kEmpty;
   }
+  // The entries of a dict (empty for anything else).
+  const Dict& dict() const {
+    static const Dict kEmpty;
+    const Dict* d = std::get_if<Dict>(&v_);
+    return d != nullptr ? *d : kEmpty;
+  }
+  // The value under `key` of a dict, or null (absent, or not a dict).
+  const Value* find(const std::string& key) const {
+    const Dict& d = dict();
+    auto it = d.find(key);
+    return it == d.end() ? nullptr : &it->second;
+  }
   const Variant& variant() const { return v_; }
-  // "none", "bool", "int", "double", "string", "tensor" or "list".
+  // "none", "bool", "int", "double", "string", "tensor", "list" or "dict".
   std::string_view kind() const { return KindName(v_.index()); }
 
  private:
   static const char* KindName(size_t index) {
-    constexpr const char* kNames[] = {"none",   "bool",   "int", "double",
-                                      "string", "tensor", "list"};
+    constexpr const char* kNames[] = {"none",   "bool",   "int",  "double",
+                                      "string", "tensor", "list", "dict"};
     return kNames[index];
   }
   Variant v_;
