@@ -1,5 +1,6 @@
 #include "multiprocessing/message.h"
 
+#include <array>
 #include <cstring>
 #include <memory>
 #include <unordered_map>
@@ -8,17 +9,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "tensor/dtype.h"
+#include "tensor/error.h"
 #include "tensor/status_macros.h"
 
 namespace ember::multiprocessing {
 namespace {
 
 constexpr uint32_t kMagic = 0x51424D45;  // "EMBQ" in memory order
-constexpr uint16_t kVersion = 2;
+constexpr uint16_t kVersion = 3;
 constexpr int kMaxDepth = 64;
 constexpr int kMaxDims = 64;
 
-enum Tag : uint8_t { kNone = 0, kBool, kInt, kDouble, kString, kTensor, kList, kDict };
+enum Tag : uint8_t { kNone = 0, kBool, kInt, kDouble, kString, kTensor, kList, kDict, kChannel };
 // A tensor node's flags.
 constexpr uint8_t kRequiresGrad = 1;
 
@@ -73,10 +75,25 @@ absl::Status Malformed(const std::string& what) {
   return absl::InvalidArgumentError("malformed message: " + what);
 }
 
+std::array<ChannelCodec, kNumChannelKinds>& Codecs() {
+  static std::array<ChannelCodec, kNumChannelKinds> codecs;
+  return codecs;
+}
+
+template <typename T>
+constexpr ChannelKind KindOf() {
+  if constexpr (std::is_same_v<T, Connection>) return ChannelKind::kConnection;
+  if constexpr (std::is_same_v<T, SimpleQueue>) return ChannelKind::kSimpleQueue;
+  return ChannelKind::kQueue;
+}
+
+constexpr const char* kChannelNames[] = {"connection", "simple_queue", "queue"};
+
 struct Encoder {
   Writer body;
   EncodedMessage* message;
   std::unordered_map<const void*, uint32_t> storage_index;  // by Storage::id()
+  std::vector<int> channel_fds;                             // sent after the storages'
 
   absl::Status Encode(const Value& v) {
     return std::visit(
@@ -98,6 +115,20 @@ struct Encoder {
             body.PutBytes(x);
           } else if constexpr (std::is_same_v<T, Tensor>) {
             return EncodeTensor(x);
+          } else if constexpr (std::is_same_v<T, std::shared_ptr<const Connection>> ||
+                               std::is_same_v<T, std::shared_ptr<const SimpleQueue>> ||
+                               std::is_same_v<T, std::shared_ptr<const Queue>>) {
+            constexpr ChannelKind kind = KindOf<std::remove_const_t<typename T::element_type>>();
+            const ChannelCodec& codec = Codecs()[static_cast<int>(kind)];
+            const size_t before = channel_fds.size();
+            EMBER_ASSIGN_OR_RETURN(std::string state, codec.encode(v, channel_fds));
+            EMBER_CHECK(channel_fds.size() - before == codec.fds, "a ",
+                        kChannelNames[static_cast<int>(kind)],
+                        " codec gave the wrong number of descriptors");
+            body.Put<uint8_t>(kChannel);
+            body.Put<uint8_t>(static_cast<uint8_t>(kind));
+            body.Put<uint8_t>(codec.fds);
+            body.PutBytes(state);
           } else if constexpr (std::is_same_v<T, Value::List>) {
             body.Put<uint8_t>(kList);
             body.Put<uint32_t>(static_cast<uint32_t>(x.size()));
@@ -144,6 +175,8 @@ struct Encoder {
 struct Decoder {
   Reader in;
   std::vector<Storage> storages;
+  std::vector<UniqueFd> channel_fds;  // those after the storages', in order
+  size_t next_channel_fd = 0;
 
   absl::StatusOr<Value> Decode(int depth) {
     if (depth > kMaxDepth) return Malformed(absl::StrCat("nesting deeper than ", kMaxDepth));
@@ -175,6 +208,8 @@ struct Decoder {
       }
       case kTensor:
         return DecodeTensor();
+      case kChannel:
+        return DecodeChannel();
       case kList: {
         uint32_t n = 0;
         EMBER_RETURN_IF_ERROR(in.Get(n));
@@ -202,6 +237,29 @@ struct Decoder {
       default:
         return Malformed(absl::StrCat("unknown value tag ", tag, " at byte ", in.pos() - 1));
     }
+  }
+
+  absl::StatusOr<Value> DecodeChannel() {
+    uint8_t kind = 0, nfds = 0;
+    std::string state;
+    EMBER_RETURN_IF_ERROR(in.Get(kind));
+    EMBER_RETURN_IF_ERROR(in.Get(nfds));
+    EMBER_RETURN_IF_ERROR(in.GetBytes(state));
+    if (kind >= kNumChannelKinds) return Malformed(absl::StrCat("channel kind ", kind));
+    const ChannelCodec& codec = Codecs()[kind];
+    if (codec.decode == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a ", kChannelNames[kind],
+                       " arrived, but this binary cannot rebuild one; link "
+                       "//multiprocessing:queue (or :connection) into it"));
+    }
+    if (nfds != codec.fds || nfds > channel_fds.size() - next_channel_fd) {
+      return Malformed(absl::StrCat("a ", kChannelNames[kind], " with ", nfds, " descriptors (",
+                                    channel_fds.size() - next_channel_fd, " left)"));
+    }
+    std::vector<UniqueFd> fds;
+    for (uint8_t k = 0; k < nfds; ++k) fds.push_back(std::move(channel_fds[next_channel_fd++]));
+    return codec.decode(std::move(fds), state);
   }
 
   absl::StatusOr<Value> DecodeTensor() {
@@ -292,8 +350,13 @@ absl::StatusOr<EncodedMessage> EncodeMessage(const Value& value) {
     head.Put<uint8_t>(static_cast<uint8_t>(e.fds.size()));
     message.fds.insert(message.fds.end(), e.fds.begin(), e.fds.end());
   }
+  message.fds.insert(message.fds.end(), enc.channel_fds.begin(), enc.channel_fds.end());
   message.bytes = std::move(head.out()) + enc.body.out();
   return message;
+}
+
+void RegisterChannelCodec(ChannelKind kind, ChannelCodec codec) {
+  Codecs()[static_cast<int>(kind)] = codec;
 }
 
 void AbandonMessage(EncodedMessage& message) {
@@ -339,11 +402,14 @@ absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<UniqueFd
     EMBER_ASSIGN_OR_RETURN(Storage s, h->Import(std::move(r)));
     dec.storages.push_back(std::move(s));
   }
-  if (next_fd != fds.size()) {
-    return Malformed(absl::StrCat(fds.size(), " descriptors arrived but ", next_fd, " were used"));
-  }
+  dec.channel_fds.assign(std::make_move_iterator(fds.begin() + next_fd),
+                         std::make_move_iterator(fds.end()));
   EMBER_ASSIGN_OR_RETURN(Value v, dec.Decode(0));
   if (!dec.in.done()) return Malformed(absl::StrCat("trailing bytes after byte ", dec.in.pos()));
+  if (dec.next_channel_fd != dec.channel_fds.size()) {
+    return Malformed(absl::StrCat(fds.size(), " descriptors arrived but ",
+                                  next_fd + dec.next_channel_fd, " were used"));
+  }
   return v;
 }
 

@@ -23,9 +23,7 @@
 namespace ember::multiprocessing {
 namespace {
 
-const char* StrategyOf(int64_t code) {
-  return code == 0 ? "file_descriptor" : "file_system";
-}
+const char* StrategyOf(int64_t code) { return code == 0 ? "file_descriptor" : "file_system"; }
 
 // PyTorch's messages per second for one case, measured now by the peer's
 // own bench() with the peer's own message counts; 0 without a peer.
@@ -38,11 +36,10 @@ double TorchRate(const std::string& strategy, int64_t nbytes) {
   module = module.substr(0, module.rfind('.'));
   const int n = nbytes <= (4 << 10) ? 2000 : nbytes <= (1 << 20) ? 500 : 30;
   const char* python = std::getenv("EMBER_PYTHON");
-  std::string cmd =
-      std::string(python != nullptr ? python : "/usr/bin/python3") +
-      " -c \"import sys; sys.path.insert(0, '" + dir + "'); import " + module +
-      " as peer; print(peer.bench('" + strategy + "', " +
-      std::to_string(nbytes) + ", " + std::to_string(n) + "))\"";
+  std::string cmd = std::string(python != nullptr ? python : "/usr/bin/python3") +
+                    " -c \"import sys; sys.path.insert(0, '" + dir + "'); import " + module +
+                    " as peer; print(peer.bench('" + strategy + "', " + std::to_string(nbytes) +
+                    ", " + std::to_string(n) + "))\"";
   FILE* f = ::popen(cmd.c_str(), "r");
   if (f == nullptr) return 0;
   double rate = 0;
@@ -56,8 +53,7 @@ void BM_QueueRoundTrip(benchmark::State& state) {
   const int64_t nbytes = state.range(1);
   // The peer runs first, alone, under the same conditions as what follows.
   const double torch = TorchRate(strategy, nbytes);
-  if (!set_sharing_strategy(strategy).ok())
-    return state.SkipWithError("strategy");
+  if (!set_sharing_strategy(strategy).ok()) return state.SkipWithError("strategy");
   absl::StatusOr<Queue> in = Queue::Create(), out = Queue::Create();
   if (!in.ok() || !out.ok()) return state.SkipWithError("queue");
   absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
@@ -85,8 +81,7 @@ void BM_QueueRoundTrip(benchmark::State& state) {
       break;
     }
   }
-  const double rate =
-      state.iterations() / absl::ToDoubleSeconds(absl::Now() - start);
+  const double rate = state.iterations() / absl::ToDoubleSeconds(absl::Now() - start);
   (void)in->Put(Value());
   (void)child->Join(absl::Seconds(60));
   state.counters["msgs_per_s"] = rate;
@@ -103,30 +98,12 @@ void BM_QueueRoundTrip(benchmark::State& state) {
 void Cases(benchmark::internal::Benchmark* b) {
   b->ArgNames({"fs", "bytes"})->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({0, 4 << 10})
-    ->Iterations(10000);
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({1, 4 << 10})
-    ->Iterations(10000);
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({0, 1 << 20})
-    ->Iterations(2500);
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({1, 1 << 20})
-    ->Iterations(2500);
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({0, 64 << 20})
-    ->Iterations(150);
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({1, 64 << 20})
-    ->Iterations(150);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({0, 4 << 10})->Iterations(10000);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({1, 4 << 10})->Iterations(10000);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({0, 1 << 20})->Iterations(2500);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({1, 1 << 20})->Iterations(2500);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({0, 64 << 20})->Iterations(150);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({1, 64 << 20})->Iterations(150);
 
 }  // namespace
 }  // namespace ember::multiprocessing

@@ -223,9 +223,13 @@ struct SegmentTables {
     return *t;
   }
 
+  // Set around the fork() of ForkToExec on the forking thread.
+  static inline thread_local bool fork_to_exec = false;
+
   static void PrepareFork() {
     SegmentTables& t = Get();
     t.mu.lock();
+    if (fork_to_exec) return;
     for (SharedSegment* s : t.live) {
       if (!s->released_) s->header()->refcount.fetch_add(1, std::memory_order_relaxed);
     }
@@ -242,6 +246,14 @@ struct SegmentTables {
     cache.clear();
   }
 };
+
+pid_t SharedSegment::ForkToExec() {
+  SegmentTables::Get();  // the fork handlers are installed
+  SegmentTables::fork_to_exec = true;
+  const pid_t pid = ::fork();
+  SegmentTables::fork_to_exec = false;
+  return pid;
+}
 
 SharedSegment::SharedSegment(SharingStrategy strategy, void* base, size_t capacity, UniqueFd fd,
                              std::string name, std::string key, bool created_here)
