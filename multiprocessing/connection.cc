@@ -138,11 +138,16 @@ absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
   thread_local std::unique_ptr<char[]> buffer(new char[kMaxMessageBytes + 1]);
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMessageFds)];
   const absl::Time deadline = DeadlineOf(timeout);
+  // Without a timeout the wait is the receive itself: one system call and
+  // one wake-up per message instead of poll() then recvmsg().
+  const bool block = timeout == absl::InfiniteDuration();
   while (true) {
-    EMBER_ASSIGN_OR_RETURN(bool ready, WaitFor(fd(), POLLIN, deadline));
-    if (!ready) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("Receive: no message within ", DescribeTimeout(timeout)));
+    if (!block) {
+      EMBER_ASSIGN_OR_RETURN(bool ready, WaitFor(fd(), POLLIN, deadline));
+      if (!ready) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("Receive: no message within ", DescribeTimeout(timeout)));
+      }
     }
     iovec iov{buffer.get(), kMaxMessageBytes + 1};
     msghdr msg{};
@@ -150,7 +155,7 @@ absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(fd(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    ssize_t n = ::recvmsg(fd(), &msg, (block ? 0 : MSG_DONTWAIT) | MSG_CMSG_CLOEXEC);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
         continue;  // another reader won

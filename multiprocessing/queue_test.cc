@@ -269,7 +269,24 @@ TEST(ConnectionTest, AClosedPeerIsUnavailable) {
   pipe->second.Close();
   absl::StatusOr<Value> v = pipe->first.Receive(absl::Seconds(5));
   EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  // Without a timeout too (that wait is the receive itself).
+  EXPECT_EQ(pipe->first.Receive().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(pipe->first.Send(Value(1)).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(ConnectionTest, AReceiveWithoutTimeoutWaitsForTheMessageAndItsDescriptors) {
+  auto pipe = Pipe();
+  ASSERT_TRUE(pipe.ok());
+  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+    absl::SleepFor(absl::Milliseconds(50));
+    return pipe->second.Send(Value(Value::List{Value(7), Value(ones({4}))}));
+  });
+  ASSERT_TRUE(child.ok());
+  absl::StatusOr<Value> v = pipe->first.Receive();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->list()[0].as<int64_t>().value(), 7);
+  EXPECT_EQ(v->list()[1].get_if<Tensor>()->sum().item<double>(), 4);
+  ASSERT_TRUE(child->Join(absl::Seconds(20)).ok());
 }
 
 TEST_F(QueueBadInputTest, DescriptorsWithGarbageAreClosed) {

@@ -544,6 +544,9 @@ void SharedSegment::Recycle(std::shared_ptr<SharedSegment> segment) {
   {
     std::lock_guard lock(t.mu);
     const size_t cap = segment->capacity_;
+    // Another storage of this process still maps it (Note [Dedup]): the
+    // last one to die recycles it, so that the cache holds each region once.
+    if (segment.use_count() > 1) return;
     if (t.exiting || segment->released_ || segment->creator_pid_ != t.pid || cap > t.cache_limit) {
       // Freed below, outside the lock.
     } else {

@@ -244,6 +244,30 @@ TEST(SharingCacheTest, ReceiversDropMappingsOfRegionsNobodyHolds) {
   EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
 }
 
+// A region that comes back to its creator gets another storage over the
+// same bytes (Note [Dedup]); when all of them die it enters the reuse cache
+// once, and the next tensor of its size reuses it.
+TEST_P(SharingTest, ARegionReceivedBackIsReusedOnceAllItsStoragesDie) {
+  EmptySharedMemoryCache();
+  auto pipe = Pipe();
+  ASSERT_TRUE(pipe.ok());
+  const void* first = nullptr;
+  {
+    Tensor t = zeros({1000});
+    ASSERT_TRUE(share_memory_(t).ok());
+    first = t.storage().data();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(pipe->first.Send(Value(t)).ok());
+      absl::StatusOr<Value> back = pipe->second.Receive(absl::Seconds(20));
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(back->get_if<Tensor>()->storage().data(), first);
+    }
+  }
+  Tensor u = zeros({1000});
+  ASSERT_TRUE(share_memory_(u).ok());
+  EXPECT_EQ(u.storage().data(), first);
+}
+
 INSTANTIATE_TEST_SUITE_P(BothStrategies, SharingTest,
                          ::testing::Values("file_descriptor", "file_system"),
                          [](const auto& info) { return info.param; });
