@@ -56,7 +56,8 @@ class Connection {
   // with too many file_descriptor storages, Unavailable when the peer is gone.
   // Nothing is sent when it fails.
   absl::Status Send(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
-  // Waits up to `timeout` for a message (DeadlineExceeded). Errors:
+  // Waits up to `timeout` for a message (DeadlineExceeded); without a
+  // timeout the wait is the receive call itself (no poll). Errors:
   // Unavailable when the peer closed its end, InvalidArgument for a malformed
   // message (its descriptors are closed), ResourceExhausted when descriptors
   // could not be accepted (the limit is named).
