@@ -24,8 +24,7 @@ absl::StatusOr<bool> WaitFor(int fd, short events, absl::Time deadline) {
       absl::Duration left = deadline - absl::Now();
       if (left < absl::ZeroDuration()) left = absl::ZeroDuration();
       ms = static_cast<int>(std::min<int64_t>(
-          absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))),
-          1 << 30));
+          absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 1 << 30));
     }
     pollfd p{fd, events, 0};
     int r = ::poll(&p, 1, ms);
@@ -38,27 +37,38 @@ absl::StatusOr<bool> WaitFor(int fd, short events, absl::Time deadline) {
 }
 
 absl::Time DeadlineOf(absl::Duration timeout) {
-  return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture()
-                                             : absl::Now() + timeout;
+  return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
 }
 
-std::string DescribeTimeout(absl::Duration timeout) {
-  return absl::FormatDuration(timeout);
-}
+std::string DescribeTimeout(absl::Duration timeout) { return absl::FormatDuration(timeout); }
+
+// A Connection crosses a message as its socket.
+const bool kCodecRegistered = [] {
+  RegisterChannelCodec(
+      ChannelKind::kConnection,
+      {.encode = [](const Value& v, std::vector<int>& fds) -> absl::StatusOr<std::string> {
+         const Connection& c = *v.get_if<Connection>();
+         if (!c.valid()) return absl::FailedPreconditionError("cannot send a closed Connection");
+         fds.push_back(c.fd());
+         return std::string();
+       },
+       .decode = [](std::vector<UniqueFd> fds, std::string_view) -> absl::StatusOr<Value> {
+         return Value(Connection(std::move(fds[0])));
+       },
+       .fds = 1});
+  return true;
+}();
 
 }  // namespace
 
-absl::Status Connection::SendBytes(std::string_view bytes,
-                                   absl::Span<const int> fds,
+absl::Status Connection::SendBytes(std::string_view bytes, absl::Span<const int> fds,
                                    absl::Duration timeout) {
-  if (!fd_.valid())
-    return absl::FailedPreconditionError("Send on a closed connection");
+  if (!valid()) return absl::FailedPreconditionError("Send on a closed connection");
   if (bytes.size() > kMaxMessageBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a message of ", bytes.size(),
-                     " bytes exceeds the limit of ", kMaxMessageBytes,
-                     " bytes; put large data in a tensor, which travels "
-                     "through shared memory"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a message of ", bytes.size(), " bytes exceeds the limit of ", kMaxMessageBytes,
+        " bytes; put large data in a tensor, which travels "
+        "through shared memory"));
   }
   if (fds.size() > kMaxMessageFds) {
     return absl::InvalidArgumentError(
@@ -85,15 +95,14 @@ absl::Status Connection::SendBytes(std::string_view bytes,
   }
   const absl::Time deadline = DeadlineOf(timeout);
   while (true) {
-    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = ::sendmsg(fd(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n >= 0) return absl::OkStatus();
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      EMBER_ASSIGN_OR_RETURN(bool ready, WaitFor(fd_.get(), POLLOUT, deadline));
+      EMBER_ASSIGN_OR_RETURN(bool ready, WaitFor(fd(), POLLOUT, deadline));
       if (!ready) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("Send: the receiving side did not make room within ",
-                         DescribeTimeout(timeout)));
+        return absl::DeadlineExceededError(absl::StrCat(
+            "Send: the receiving side did not make room within ", DescribeTimeout(timeout)));
       }
       continue;
     }
@@ -104,8 +113,7 @@ absl::Status Connection::SendBytes(std::string_view bytes,
                        "data in a tensor"));
     }
     if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) {
-      return absl::UnavailableError(
-          "Send: the other end of the connection is closed");
+      return absl::UnavailableError("Send: the other end of the connection is closed");
     }
     if (errno == ETOOMANYREFS) {
       return absl::ResourceExhaustedError(
@@ -126,16 +134,20 @@ absl::Status Connection::Send(const Value& value, absl::Duration timeout) {
 }
 
 absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
-  if (!fd_.valid())
-    return absl::FailedPreconditionError("Receive on a closed connection");
+  if (!valid()) return absl::FailedPreconditionError("Receive on a closed connection");
   thread_local std::unique_ptr<char[]> buffer(new char[kMaxMessageBytes + 1]);
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMessageFds)];
   const absl::Time deadline = DeadlineOf(timeout);
+  // Without a timeout the wait is the receive itself: one system call and
+  // one wake-up per message instead of poll() then recvmsg().
+  const bool block = timeout == absl::InfiniteDuration();
   while (true) {
-    EMBER_ASSIGN_OR_RETURN(bool ready, WaitFor(fd_.get(), POLLIN, deadline));
-    if (!ready) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "Receive: no message within ", DescribeTimeout(timeout)));
+    if (!block) {
+      EMBER_ASSIGN_OR_RETURN(bool ready, WaitFor(fd(), POLLIN, deadline));
+      if (!ready) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("Receive: no message within ", DescribeTimeout(timeout)));
+      }
     }
     iovec iov{buffer.get(), kMaxMessageBytes + 1};
     msghdr msg{};
@@ -143,19 +155,16 @@ absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    ssize_t n = ::recvmsg(fd(), &msg, (block ? 0 : MSG_DONTWAIT) | MSG_CMSG_CLOEXEC);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
         continue;  // another reader won
-      if (errno == ECONNRESET)
-        return absl::UnavailableError("Receive: the connection was reset");
-      return absl::InternalError(
-          absl::StrCat("recvmsg: ", std::strerror(errno)));
+      if (errno == ECONNRESET) return absl::UnavailableError("Receive: the connection was reset");
+      return absl::InternalError(absl::StrCat("recvmsg: ", std::strerror(errno)));
     }
     // Take ownership of every descriptor first, so that no path leaks one.
     std::vector<UniqueFd> fds;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr;
-         c = CMSG_NXTHDR(&msg, c)) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
       for (size_t i = 0; i < count; ++i) {
@@ -167,10 +176,9 @@ absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
     if (n == 0 && fds.empty()) {
       // A closed peer and an empty message both read as 0 bytes; only the
       // former leaves the socket hung up.
-      pollfd p{fd_.get(), POLLRDHUP, 0};
+      pollfd p{fd(), POLLRDHUP, 0};
       if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP))) {
-        return absl::UnavailableError(
-            "Receive: the other end of the connection is closed");
+        return absl::UnavailableError("Receive: the other end of the connection is closed");
       }
       return absl::InvalidArgumentError("malformed message: empty");
     }
@@ -184,19 +192,17 @@ absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
                        "set_sharing_strategy(\"file_system\") "
                        "in every process"));
     }
-    if (msg.msg_flags & MSG_TRUNC ||
-        static_cast<size_t>(n) > kMaxMessageBytes) {
+    if (msg.msg_flags & MSG_TRUNC || static_cast<size_t>(n) > kMaxMessageBytes) {
       return absl::InvalidArgumentError(
-          absl::StrCat("Receive: a message exceeded the limit of ",
-                       kMaxMessageBytes, " bytes"));
+          absl::StrCat("Receive: a message exceeded the limit of ", kMaxMessageBytes, " bytes"));
     }
     return DecodeMessage(std::string_view(buffer.get(), n), std::move(fds));
   }
 }
 
 bool Connection::Poll(absl::Duration timeout) const {
-  if (!fd_.valid()) return false;
-  absl::StatusOr<bool> r = WaitFor(fd_.get(), POLLIN, DeadlineOf(timeout));
+  if (!valid()) return false;
+  absl::StatusOr<bool> r = WaitFor(fd(), POLLIN, DeadlineOf(timeout));
   return r.ok() && *r;
 }
 
@@ -209,15 +215,13 @@ absl::StatusOr<std::pair<Connection, Connection>> Pipe(bool duplex) {
           "the limit "
           "(ulimit -n)");
     }
-    return absl::InternalError(
-        absl::StrCat("socketpair: ", std::strerror(errno)));
+    return absl::InternalError(absl::StrCat("socketpair: ", std::strerror(errno)));
   }
   if (!duplex) {
     ::shutdown(sv[0], SHUT_WR);
     ::shutdown(sv[1], SHUT_RD);
   }
-  return std::make_pair(Connection(UniqueFd(sv[0])),
-                        Connection(UniqueFd(sv[1])));
+  return std::make_pair(Connection(UniqueFd(sv[0])), Connection(UniqueFd(sv[1])));
 }
 
 }  // namespace ember::multiprocessing

@@ -14,8 +14,11 @@
 // same bytes. Messages are at most kMaxMessageBytes: large data belongs in
 // tensors, which travel by reference.
 //
-// Descriptors are close-on-exec: connections reach children by fork (Process
-// with StartMethod::kFork), not across exec.
+// A Connection is a handle: copies share the socket (Close closes it for all
+// of them). Connections reach children by fork, as arguments of a spawned
+// child (process.h), or inside a message on another connection or queue (the
+// descriptor travels with SCM_RIGHTS); the descriptors themselves are
+// close-on-exec.
 //
 // Thread-safety: Send and Receive may be called from several threads and
 // processes at once; each message goes to exactly one receiver.
@@ -23,6 +26,7 @@
 #define EMBER_MULTIPROCESSING_CONNECTION_H_
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -44,23 +48,20 @@ inline constexpr size_t kMaxMessageFds = 253;
 class Connection {
  public:
   Connection() = default;
-  explicit Connection(UniqueFd fd) : fd_(std::move(fd)) {}
-  Connection(Connection&&) = default;
-  Connection& operator=(Connection&&) = default;
+  explicit Connection(UniqueFd fd) : fd_(std::make_shared<UniqueFd>(std::move(fd))) {}
 
   // Sends `value`, moving its tensors to shared memory. Blocks while the
   // socket is full, up to `timeout` (DeadlineExceeded). Errors: those of
   // share_memory_, InvalidArgument for a message over kMaxMessageBytes or
   // with too many file_descriptor storages, Unavailable when the peer is gone.
   // Nothing is sent when it fails.
-  absl::Status Send(const Value& value,
-                    absl::Duration timeout = absl::InfiniteDuration());
-  // Waits up to `timeout` for a message (DeadlineExceeded). Errors:
+  absl::Status Send(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
+  // Waits up to `timeout` for a message (DeadlineExceeded); without a
+  // timeout the wait is the receive call itself (no poll). Errors:
   // Unavailable when the peer closed its end, InvalidArgument for a malformed
   // message (its descriptors are closed), ResourceExhausted when descriptors
   // could not be accepted (the limit is named).
-  absl::StatusOr<Value> Receive(
-      absl::Duration timeout = absl::InfiniteDuration());
+  absl::StatusOr<Value> Receive(absl::Duration timeout = absl::InfiniteDuration());
   // True when a message is ready within `timeout`.
   bool Poll(absl::Duration timeout = absl::ZeroDuration()) const;
 
@@ -69,12 +70,15 @@ class Connection {
   absl::Status SendBytes(std::string_view bytes, absl::Span<const int> fds,
                          absl::Duration timeout = absl::InfiniteDuration());
 
-  bool valid() const { return fd_.valid(); }
-  int fd() const { return fd_.get(); }
-  void Close() { fd_.reset(); }
+  bool valid() const { return fd_ != nullptr && fd_->valid(); }
+  int fd() const { return fd_ != nullptr ? fd_->get() : -1; }
+  // Closes the socket for every copy of this handle.
+  void Close() {
+    if (fd_ != nullptr) fd_->reset();
+  }
 
  private:
-  UniqueFd fd_;
+  std::shared_ptr<UniqueFd> fd_;
 };
 
 // A connected pair. Duplex: both ends send and receive; otherwise the first

@@ -42,8 +42,7 @@ TEST(LeakTest, KilledChildrenLeaveNoRegions) {
       // Two regions sent to the parent, one kept to itself.
       Tensor kept = ones({1000});
       EMBER_RETURN_IF_ERROR(share_memory_(kept));
-      EMBER_RETURN_IF_ERROR(
-          q->Put(Value(Value::List{ones({100}), zeros({5000})})));
+      EMBER_RETURN_IF_ERROR(q->Put(Value(Value::List{ones({100}), zeros({5000})})));
       absl::SleepFor(absl::Seconds(60));
       return absl::OkStatus();
     });
@@ -64,10 +63,8 @@ TEST(LeakTest, KilledChildrenLeaveNoRegions) {
   // The parent still maps what it received: the data stays readable.
   EXPECT_EQ(received[0].list()[0].get_if<Tensor>()->sum().item<double>(), 100);
   received.clear();
-  EXPECT_TRUE(
-      WaitUntil([&] { return ShmEntries(prefix).empty(); }, absl::Seconds(10)))
-      << ShmEntries(prefix).size() << " regions left, e.g. "
-      << ShmEntries(prefix)[0];
+  EXPECT_TRUE(WaitUntil([&] { return ShmEntries(prefix).empty(); }, absl::Seconds(10)))
+      << ShmEntries(prefix).size() << " regions left, e.g. " << ShmEntries(prefix)[0];
   ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok());
 }
 
@@ -92,8 +89,7 @@ TEST(LeakTest, ThirtyNormalRunsLeakNoDescriptorsOrRegions) {
     ASSERT_TRUE(s.ok()) << s;
     absl::StatusOr<Value> back = to_parent->Get(absl::Seconds(20));
     ASSERT_TRUE(back.ok()) << back.status();
-    EXPECT_EQ(back->list()[0].get_if<Tensor>()->sum().item<double>(),
-              999 * 1000);
+    EXPECT_EQ(back->list()[0].get_if<Tensor>()->sum().item<double>(), 999 * 1000);
     EXPECT_EQ(t.sum().item<double>(), 999 * 1000);
   };
   for (const std::string strategy : {"file_descriptor", "file_system"}) {
@@ -103,18 +99,15 @@ TEST(LeakTest, ThirtyNormalRunsLeakNoDescriptorsOrRegions) {
     for (int rep = 0; rep < 30; ++rep) {
       run_once(strategy);
       EmptySharedMemoryCache();
-      ASSERT_EQ(testing::OpenFdCount(), fds)
-          << strategy << " repetition " << rep;
-      ASSERT_EQ(ShmEntries(prefix).size(), 0u)
-          << strategy << " repetition " << rep;
+      ASSERT_EQ(testing::OpenFdCount(), fds) << strategy << " repetition " << rep;
+      ASSERT_EQ(ShmEntries(prefix).size(), 0u) << strategy << " repetition " << rep;
     }
   }
   ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok());
 }
 
 // Runs `fn` in a child and returns its status; kSkipExitCode means skipped.
-absl::StatusOr<ExitStatus> InChild(std::function<absl::Status()> fn,
-                                   std::string* message) {
+absl::StatusOr<ExitStatus> InChild(std::function<absl::Status()> fn, std::string* message) {
   EMBER_ASSIGN_OR_RETURN(Process p, Process::Start(std::move(fn)));
   EMBER_ASSIGN_OR_RETURN(ExitStatus e, p.Join(absl::Seconds(30)));
   *message = p.error_message();
@@ -135,8 +128,7 @@ TEST(LimitTest, TooFewDescriptorsToShareGivesAClearError) {
           absl::Status s = share_memory_(kept.back());
           if (!s.ok()) return s;  // the error under test
         }
-        return absl::InternalError(
-            "50 storages shared with a limit of a few descriptors");
+        return absl::InternalError("50 storages shared with a limit of a few descriptors");
       },
       &message);
   ASSERT_TRUE(e.ok());
@@ -158,16 +150,14 @@ TEST(LimitTest, TooFewDescriptorsToReceiveGivesAClearError) {
     ::setrlimit(RLIMIT_NOFILE, &rl);
     EMBER_RETURN_IF_ERROR(pipe->second.Send(Value("limit lowered")));
     absl::StatusOr<Value> v = pipe->second.Receive(absl::Seconds(20));
-    return v.ok() ? absl::InternalError(
-                        "16 descriptors arrived under a limit of a few")
+    return v.ok() ? absl::InternalError("16 descriptors arrived under a limit of a few")
                   : v.status();
   });
   ASSERT_TRUE(child.ok());
   ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok());
   ASSERT_TRUE(pipe->first.Send(Value(list)).ok());
   ASSERT_TRUE(child->Join(absl::Seconds(20)).ok());
-  EXPECT_THAT(child->error_message(),
-              HasSubstr("descriptor limit (RLIMIT_NOFILE"));
+  EXPECT_THAT(child->error_message(), HasSubstr("descriptor limit (RLIMIT_NOFILE"));
 }
 
 TEST(LimitTest, FullDevShmIsAnAllocationErrorNamingTheSize) {
@@ -188,8 +178,7 @@ TEST(LimitTest, FullDevShmIsAnAllocationErrorNamingTheSize) {
         Tensor big = ones({1 << 20});                 // 4 MiB does not
         absl::Status s = share_memory_(big);
         if (s.ok()) return absl::InternalError("4 MiB fit in a 1 MiB /dev/shm");
-        if (big.sum().item<double>() != (1 << 20))
-          return absl::InternalError("data lost");
+        if (big.sum().item<double>() != (1 << 20)) return absl::InternalError("data lost");
         return s;
       },
       &message);
@@ -200,8 +189,7 @@ TEST(LimitTest, FullDevShmIsAnAllocationErrorNamingTheSize) {
                     "private mount namespace)";
   }
   EXPECT_EQ(e->exit_code, 1);
-  EXPECT_THAT(message,
-              HasSubstr("cannot reserve 4194368 bytes of shared memory"));
+  EXPECT_THAT(message, HasSubstr("cannot reserve 4194368 bytes of shared memory"));
   EXPECT_THAT(message, HasSubstr("No space left on device"));
 }
 

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -26,17 +27,14 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline) {
   while (true) {
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(
-          "shm manager: timed out waiting for the socket");
+      return absl::DeadlineExceededError("shm manager: timed out waiting for the socket");
     }
     pollfd p{fd, events, 0};
-    int ms = static_cast<int>(
-        std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 60000));
+    int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 60000));
     int r = ::poll(&p, 1, ms);
     if (r > 0) return absl::OkStatus();
     if (r < 0 && errno != EINTR) {
-      return absl::InternalError(
-          absl::StrCat("shm manager: poll: ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("shm manager: poll: ", std::strerror(errno)));
     }
   }
 }
@@ -63,9 +61,8 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
   }
   if (h.version != kManagerProtocolVersion) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "shm manager protocol: version ", h.version,
-        " is not supported (this build speaks ", kManagerProtocolVersion,
-        "); use client and shm_manager from the same build"));
+        "shm manager protocol: version ", h.version, " is not supported (this build speaks ",
+        kManagerProtocolVersion, "); use client and shm_manager from the same build"));
   }
   if (h.type < static_cast<uint16_t>(FrameType::kHello) ||
       h.type > static_cast<uint16_t>(FrameType::kError)) {
@@ -73,14 +70,12 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
         absl::StrCat("shm manager protocol: unknown frame type ", h.type));
   }
   if (h.length > kMaxFramePayload) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shm manager protocol: payload of ", h.length,
-                     " bytes exceeds the limit of ", kMaxFramePayload));
+    return absl::InvalidArgumentError(absl::StrCat("shm manager protocol: payload of ", h.length,
+                                                   " bytes exceeds the limit of ",
+                                                   kMaxFramePayload));
   }
-  if (buffer_.size() < kFrameHeaderBytes + h.length)
-    return std::optional<Frame>();
-  Frame f{static_cast<FrameType>(h.type),
-          buffer_.substr(kFrameHeaderBytes, h.length)};
+  if (buffer_.size() < kFrameHeaderBytes + h.length) return std::optional<Frame>();
+  Frame f{static_cast<FrameType>(h.type), buffer_.substr(kFrameHeaderBytes, h.length)};
   buffer_.erase(0, kFrameHeaderBytes + h.length);
   return std::optional<Frame>(std::move(f));
 }
@@ -88,16 +83,45 @@ absl::StatusOr<std::optional<Frame>> FrameReader::Next() {
 bool IsValidRegionName(std::string_view name) {
   if (name.size() < 2 || name.size() > 251 || name[0] != '/') return false;
   return std::all_of(name.begin() + 1, name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-           (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-';
   });
+}
+
+std::string FormatRegionName(const RegionName& parts) {
+  return absl::StrFormat("%s_%d_%d_%08x", parts.prefix, parts.pid, parts.counter, parts.random);
+}
+
+std::optional<RegionName> ParseRegionName(std::string_view name) {
+  if (!IsValidRegionName(name)) return std::nullopt;
+  // From the right: "_<random>", "_<counter>", "_<pid>"; the rest is the prefix.
+  std::string_view fields[3];
+  std::string_view rest = name;
+  for (std::string_view& field : fields) {
+    size_t cut = rest.rfind('_');
+    if (cut == std::string_view::npos) return std::nullopt;
+    field = rest.substr(cut + 1);
+    rest = rest.substr(0, cut);
+  }
+  RegionName parts;
+  parts.prefix = std::string(rest);
+  const std::string_view random = fields[0];
+  if (parts.prefix.size() < 2 || random.size() != 8 ||
+      !std::all_of(random.begin(), random.end(),
+                   [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }) ||
+      !absl::SimpleHexAtoi(std::string(random), &parts.random) ||
+      !absl::SimpleAtoi(std::string(fields[1]), &parts.counter) ||
+      !absl::SimpleAtoi(std::string(fields[2]), &parts.pid) || parts.pid <= 0 ||
+      FormatRegionName(parts) != name) {  // no signs, spaces or leading zeros
+    return std::nullopt;
+  }
+  return parts;
 }
 
 absl::Status WriteAll(int fd, std::string_view bytes, absl::Time deadline) {
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done,
-                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       done += n;
       continue;
@@ -107,14 +131,13 @@ absl::Status WriteAll(int fd, std::string_view bytes, absl::Time deadline) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    return absl::UnavailableError(absl::StrCat(
-        "shm manager: connection lost while writing: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("shm manager: connection lost while writing: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Frame> ReadFrame(int fd, FrameReader& reader,
-                                absl::Time deadline) {
+absl::StatusOr<Frame> ReadFrame(int fd, FrameReader& reader, absl::Time deadline) {
   char buf[512];
   while (true) {
     absl::StatusOr<std::optional<Frame>> next = reader.Next();
@@ -125,16 +148,14 @@ absl::StatusOr<Frame> ReadFrame(int fd, FrameReader& reader,
       reader.Append(buf, n);
       continue;
     }
-    if (n == 0)
-      return absl::UnavailableError(
-          "shm manager: connection closed by the daemon");
+    if (n == 0) return absl::UnavailableError("shm manager: connection closed by the daemon");
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (absl::Status s = WaitFor(fd, POLLIN, deadline); !s.ok()) return s;
       continue;
     }
     if (errno == EINTR) continue;
-    return absl::UnavailableError(absl::StrCat(
-        "shm manager: connection lost while reading: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("shm manager: connection lost while reading: ", std::strerror(errno)));
   }
 }
 

@@ -4,12 +4,20 @@
 //
 // Every message is one frame: a 12-byte header (magic "EMSM", version, type,
 // payload length, all in host byte order, since both ends share the machine)
-// then the payload. A client sends kHello once, then kRegister for each region
-// it creates (answered by kAck once the daemon has recorded it), kUnregister
-// when it unlinks one, and kGoodbye when it exits normally. The daemon answers
-// a malformed or foreign frame with kError and closes that connection.
+// then the payload. A client sends kHello once (its pid, which the daemon
+// checks against the socket's SO_PEERCRED), then kRegister for each region
+// it is about to create (answered by kAck once the daemon has recorded it),
+// kUnregister when it unlinks one, and kGoodbye when it exits normally. The
+// daemon answers a malformed, foreign or disallowed frame with kError and
+// closes that connection.
 //
-//   std::string frame = EncodeFrame(FrameType::kRegister, "/ember_12_0_ab");
+// Only regions a client creates itself may be registered: the name follows
+// RegionName's scheme with the client's own pid in it, and no such region
+// exists yet (the client creates it with O_EXCL after the ack). A client may
+// unregister its own regions, and another's only once the region is gone.
+//
+//   std::string frame =
+//       EncodeFrame(FrameType::kRegister, FormatRegionName({"/ember", 12, 0, 0xab}));
 //   FrameReader reader;
 //   reader.Append(bytes.data(), bytes.size());
 //   absl::StatusOr<std::optional<Frame>> next = reader.Next();
@@ -31,7 +39,7 @@
 namespace ember::multiprocessing {
 
 inline constexpr uint32_t kManagerMagic = 0x4D534D45;  // "EMSM" in memory order
-inline constexpr uint16_t kManagerProtocolVersion = 1;
+inline constexpr uint16_t kManagerProtocolVersion = 2;
 inline constexpr size_t kFrameHeaderBytes = 12;
 // Payloads are a pid or a region name; anything longer is malformed.
 inline constexpr size_t kMaxFramePayload = 1024;
@@ -70,13 +78,24 @@ class FrameReader {
 // of [A-Za-z0-9_.-].
 bool IsValidRegionName(std::string_view name);
 
+// The parts of a file_system region name, "<prefix>_<pid>_<counter>_<random>"
+// with `random` as 8 lower-case hex digits.
+struct RegionName {
+  std::string prefix;  // "/" then [A-Za-z0-9_.-]
+  int64_t pid = 0;
+  uint64_t counter = 0;
+  uint32_t random = 0;
+};
+std::string FormatRegionName(const RegionName& parts);
+// The parts of `name`, or std::nullopt when it does not follow the scheme.
+std::optional<RegionName> ParseRegionName(std::string_view name);
+
 // Blocking reads and writes over a stream socket, retrying partial transfers
 // and EINTR.
 // Each fails with DeadlineExceeded once `deadline` passes, Unavailable when
 // the peer closed the connection.
 absl::Status WriteAll(int fd, std::string_view bytes, absl::Time deadline);
-absl::StatusOr<Frame> ReadFrame(int fd, FrameReader& reader,
-                                absl::Time deadline);
+absl::StatusOr<Frame> ReadFrame(int fd, FrameReader& reader, absl::Time deadline);
 
 }  // namespace ember::multiprocessing
 

@@ -11,6 +11,10 @@
 //   ... send m.bytes with m.fds ...; on failure AbandonMessage(m);
 //   EMBER_ASSIGN_OR_RETURN(Value v, DecodeMessage(bytes, std::move(fds)));
 //
+// Channels (Connection, SimpleQueue, Queue) travel as their descriptors,
+// which follow the storages' in the message, and a few bytes of state; each
+// kind's codec is registered by the file that defines it.
+//
 // Layout: magic "EMBQ", version, the storage table (device type, byte size,
 // handle, descriptor count), then the value tree (a tag byte per node).
 // Every length and index is checked on decode: a malformed message is an
@@ -33,9 +37,23 @@ namespace ember::multiprocessing {
 
 struct EncodedMessage {
   std::string bytes;
-  std::vector<int> fds;  // borrowed from `storages`
+  std::vector<int> fds;  // borrowed from `storages` and the value's channels
   std::vector<ExportedStorage> storages;
 };
+
+// How one kind of channel crosses a message.
+enum class ChannelKind : uint8_t { kConnection = 0, kSimpleQueue, kQueue };
+inline constexpr int kNumChannelKinds = 3;
+struct ChannelCodec {
+  // Appends the channel's descriptors (borrowed: valid while `value` lives)
+  // and returns its state bytes; FailedPrecondition for a closed channel.
+  absl::StatusOr<std::string> (*encode)(const Value& value, std::vector<int>& fds) = nullptr;
+  // Rebuilds the channel from its descriptors (now this process's) and state.
+  absl::StatusOr<Value> (*decode)(std::vector<UniqueFd> fds, std::string_view state) = nullptr;
+  uint8_t fds = 0;  // descriptors per channel of this kind
+};
+// Called at start-up by connection.cc and queue.cc.
+void RegisterChannelCodec(ChannelKind kind, ChannelCodec codec);
 
 // Whether `t` may be sent: PyTorch refuses a non-leaf tensor that requires
 // grad (its graph cannot cross processes). InvalidArgument saying to detach()
@@ -48,8 +66,7 @@ absl::StatusOr<EncodedMessage> EncodeMessage(const Value& value);
 // Drops the references an encoded message took, for one never delivered.
 void AbandonMessage(EncodedMessage& message);
 // Rebuilds a value; `fds` are the descriptors that arrived with `bytes`.
-absl::StatusOr<Value> DecodeMessage(std::string_view bytes,
-                                    std::vector<UniqueFd> fds);
+absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<UniqueFd> fds);
 
 }  // namespace ember::multiprocessing
 

@@ -18,8 +18,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "multiprocessing/connection.h"
 #include "multiprocessing/manager_client.h"
 #include "multiprocessing/shared_segment.h"
 #include "tensor/status_macros.h"
@@ -31,7 +31,9 @@ namespace ember::multiprocessing {
 namespace {
 
 constexpr size_t kMaxErrorMessage = 4096;
-constexpr char kArgSeparator = '\x1f';
+// How long a spawned child waits for its arguments, and the parent for room
+// to send them (they exceed the socket buffer only when large).
+constexpr absl::Duration kArgumentsTimeout = absl::Seconds(60);
 
 std::map<std::string, EntryPoint>& EntryPoints() {
   static auto* m = new std::map<std::string, EntryPoint>;
@@ -40,6 +42,55 @@ std::map<std::string, EntryPoint>& EntryPoints() {
 std::mutex& EntryPointsMu() {
   static auto* mu = new std::mutex;
   return *mu;
+}
+
+// The registered entry point `name`, or NotFound naming it.
+absl::StatusOr<EntryPoint> FindEntryPoint(const std::string& name) {
+  std::lock_guard lock(EntryPointsMu());
+  auto it = EntryPoints().find(name);
+  if (it == EntryPoints().end()) {
+    return absl::NotFoundError(absl::StrCat("no entry point '", name,
+                                            "' is registered in this binary; register it with "
+                                            "EMBER_REGISTER_ENTRY_POINT"));
+  }
+  return it->second;
+}
+
+// The process-wide start method; unset until set or first asked for.
+std::mutex g_start_method_mu;
+std::optional<StartMethod> g_start_method;
+
+const char* StartMethodName(StartMethod m) { return m == StartMethod::kFork ? "fork" : "spawn"; }
+
+absl::StatusOr<StartMethod> ParseStartMethod(std::string_view name) {
+  if (name == "fork") return StartMethod::kFork;
+  if (name == "spawn") return StartMethod::kSpawn;
+  return absl::InvalidArgumentError(absl::StrCat("cannot find context for '", std::string(name),
+                                                 "'; valid start methods: fork, spawn"));
+}
+
+// The arguments a spawned child was started with, from the socket its parent
+// sends them on.
+absl::StatusOr<std::vector<Value>> ReceiveArguments() {
+  const char* var = std::getenv("EMBER_MP_ARGS_FD");
+  int fd = -1;
+  if (var == nullptr || !absl::SimpleAtoi(var, &fd) || fd < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a spawned child needs $EMBER_MP_ARGS_FD, got '",
+                                                   var == nullptr ? "" : var, "'"));
+  }
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  Connection from_parent{UniqueFd(fd)};
+  absl::StatusOr<Value> args = from_parent.Receive(kArgumentsTimeout);
+  if (!args.ok()) {
+    return absl::Status(
+        args.status().code(),
+        absl::StrCat("receiving the arguments from the parent: ", args.status().message()));
+  }
+  if (!args->is<Value::List>()) {
+    return absl::InvalidArgumentError(absl::StrCat("the arguments from the parent are a ",
+                                                   std::string(args->kind()), ", not a list"));
+  }
+  return args->list();
 }
 
 // Runs in the child: reports a failure on `error_fd`, drops this process's
@@ -86,8 +137,7 @@ std::string SelfExe() {
 std::string ExitStatus::ToString() const {
   if (signal != 0) {
     const char* abbrev = ::sigabbrev_np(signal);
-    return abbrev != nullptr ? absl::StrCat("signal SIG", abbrev)
-                             : absl::StrCat("signal ", signal);
+    return abbrev != nullptr ? absl::StrCat("signal SIG", abbrev) : absl::StrCat("signal ", signal);
   }
   return absl::StrCat("exit code ", exit_code);
 }
@@ -102,40 +152,26 @@ void MaybeRunSpawnedChild() {
   if (name == nullptr) return;
   std::string entry = name;
   int rank = 0, error_fd = -1;
-  (void)absl::SimpleAtoi(
-      std::getenv("EMBER_MP_RANK") ? std::getenv("EMBER_MP_RANK") : "0", &rank);
-  (void)absl::SimpleAtoi(
-      std::getenv("EMBER_MP_ERROR_FD") ? std::getenv("EMBER_MP_ERROR_FD") : "",
-      &error_fd);
-  std::vector<std::string> args;
-  if (const char* a = std::getenv("EMBER_MP_ARGS");
-      a != nullptr && *a != '\0') {
-    args = absl::StrSplit(a, kArgSeparator);
-  }
-  for (const char* var : {"EMBER_MP_ENTRY_POINT", "EMBER_MP_RANK",
-                          "EMBER_MP_ERROR_FD", "EMBER_MP_ARGS"}) {
+  (void)absl::SimpleAtoi(std::getenv("EMBER_MP_RANK") ? std::getenv("EMBER_MP_RANK") : "0", &rank);
+  (void)absl::SimpleAtoi(std::getenv("EMBER_MP_ERROR_FD") ? std::getenv("EMBER_MP_ERROR_FD") : "",
+                         &error_fd);
+  if (error_fd >= 0) ::fcntl(error_fd, F_SETFD, FD_CLOEXEC);
+  absl::StatusOr<std::vector<Value>> args = ReceiveArguments();
+  for (const char* var :
+       {"EMBER_MP_ENTRY_POINT", "EMBER_MP_RANK", "EMBER_MP_ERROR_FD", "EMBER_MP_ARGS_FD"}) {
     ::unsetenv(var);  // not for this child's own children
   }
-  if (error_fd >= 0) ::fcntl(error_fd, F_SETFD, FD_CLOEXEC);
-  EntryPoint fn = nullptr;
-  {
-    std::lock_guard lock(EntryPointsMu());
-    if (auto it = EntryPoints().find(entry); it != EntryPoints().end())
-      fn = it->second;
-  }
-  absl::Status status =
-      fn == nullptr
-          ? absl::NotFoundError(absl::StrCat(
-                "entry point '", entry, "' is not registered in this binary"))
-          : RunGuarded([&] { return fn(rank, args); });
+  if (!args.ok()) FinishChild(args.status(), error_fd);
+  absl::StatusOr<EntryPoint> fn = FindEntryPoint(entry);
+  absl::Status status = fn.ok() ? RunGuarded([&] { return (*fn)(rank, *args); }) : fn.status();
+  args->clear();  // drops the shared tensors before the exit accounting
   FinishChild(status, error_fd);
 }
 
 absl::StatusOr<Process> Process::Start(std::function<absl::Status()> fn) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("Process: pipe: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("Process: pipe: ", std::strerror(errno)));
   }
   UniqueFd read_end(p[0]), write_end(p[1]);
   std::fflush(stdout);
@@ -143,8 +179,7 @@ absl::StatusOr<Process> Process::Start(std::function<absl::Status()> fn) {
   const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("Process: fork: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("Process: fork: ", std::strerror(errno)));
   }
   if (pid == 0) {
     TieToParent(parent);
@@ -160,39 +195,30 @@ absl::StatusOr<Process> Process::Start(std::function<absl::Status()> fn) {
   return proc;
 }
 
-absl::StatusOr<Process> Process::StartSpawn(const std::string& entry_point,
-                                            int rank,
-                                            std::vector<std::string> args) {
-  {
-    std::lock_guard lock(EntryPointsMu());
-    if (!EntryPoints().contains(entry_point)) {
-      return absl::NotFoundError(
-          absl::StrCat("StartSpawn: no entry point '", entry_point,
-                       "' is registered in this binary; register it with "
-                       "EMBER_REGISTER_ENTRY_POINT"));
-    }
+absl::StatusOr<Process> Process::StartSpawn(const std::string& entry_point, int rank,
+                                            std::vector<Value> args) {
+  if (absl::StatusOr<EntryPoint> fn = FindEntryPoint(entry_point); !fn.ok()) {
+    return absl::NotFoundError(absl::StrCat("StartSpawn: ", fn.status().message()));
   }
   std::string exe = SelfExe();
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("Process: pipe: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("Process: pipe: ", std::strerror(errno)));
   }
   UniqueFd read_end(p[0]), write_end(p[1]);
+  // The arguments travel on a socket the child inherits.
+  EMBER_ASSIGN_OR_RETURN(auto arguments, Pipe(/*duplex=*/true));
   // Everything the child needs is built before fork (only exec follows).
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     std::string_view kv = *e;
-    if (kv.starts_with("EMBER_MP_") ||
-        kv.starts_with("EMBER_SHM_MANAGER_SOCKET="))
-      continue;
+    if (kv.starts_with("EMBER_MP_") || kv.starts_with("EMBER_SHM_MANAGER_SOCKET=")) continue;
     env.emplace_back(kv);
   }
   env.push_back("EMBER_MP_ENTRY_POINT=" + entry_point);
   env.push_back(absl::StrCat("EMBER_MP_RANK=", rank));
   env.push_back(absl::StrCat("EMBER_MP_ERROR_FD=", write_end.get()));
-  env.push_back("EMBER_MP_ARGS=" +
-                absl::StrJoin(args, std::string(1, kArgSeparator)));
+  env.push_back(absl::StrCat("EMBER_MP_ARGS_FD=", arguments.second.fd()));
   if (std::string socket = ManagerSocketPath(); !socket.empty()) {
     env.push_back("EMBER_SHM_MANAGER_SOCKET=" + socket);
   }
@@ -204,14 +230,17 @@ absl::StatusOr<Process> Process::StartSpawn(const std::string& entry_point,
   std::fflush(stderr);
   const pid_t parent = ::getpid();
   const int error_fd = write_end.get();
-  pid_t pid = ::fork();
+  const int arguments_fd = arguments.second.fd();
+  // The child execs at once: it takes no references on this process's
+  // shared regions (it maps none of them after exec).
+  pid_t pid = SharedSegment::ForkToExec();
   if (pid < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("Process: fork: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("Process: fork: ", std::strerror(errno)));
   }
   if (pid == 0) {
     TieToParent(parent);
     ::fcntl(error_fd, F_SETFD, 0);
+    ::fcntl(arguments_fd, F_SETFD, 0);
     ::execve(argv[0], argv, envp.data());
     static const char kMsg[] = "exec of the current binary failed";
     (void)!::write(error_fd, kMsg, sizeof(kMsg) - 1);
@@ -220,6 +249,14 @@ absl::StatusOr<Process> Process::StartSpawn(const std::string& entry_point,
   Process proc;
   proc.pid_ = pid;
   proc.error_pipe_ = std::move(read_end);
+  arguments.second.Close();  // the child's now: a child gone early makes Send fail
+  absl::Status sent = arguments.first.Send(Value(Value::List(std::move(args))), kArgumentsTimeout);
+  if (!sent.ok()) {
+    proc.Kill();
+    (void)proc.Join();
+    return absl::Status(sent.code(), absl::StrCat("StartSpawn: sending the arguments to process ",
+                                                  rank, ": ", sent.message()));
+  }
   return proc;
 }
 
@@ -267,9 +304,8 @@ void Process::Reap(int wait_status) {
 absl::StatusOr<ExitStatus> Process::Join(absl::Duration timeout) {
   if (exit_) return *exit_;
   if (pid_ <= 0) return absl::FailedPreconditionError("Join: no process");
-  const absl::Time deadline = timeout == absl::InfiniteDuration()
-                                  ? absl::InfiniteFuture()
-                                  : absl::Now() + timeout;
+  const absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   absl::Duration nap = absl::Microseconds(20);
   while (true) {
     int ws = 0;
@@ -279,16 +315,13 @@ absl::StatusOr<ExitStatus> Process::Join(absl::Duration timeout) {
       return *exit_;
     }
     if (r < 0 && errno != EINTR) {
-      return absl::InternalError(
-          absl::StrCat("waitpid(", pid_, "): ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("waitpid(", pid_, "): ", std::strerror(errno)));
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("Join: process ", pid_, " still running after ",
-                       absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "Join: process ", pid_, " still running after ", absl::FormatDuration(timeout)));
     }
-    absl::SleepFor(
-        std::min(nap, std::max(deadline - absl::Now(), absl::ZeroDuration())));
+    absl::SleepFor(std::min(nap, std::max(deadline - absl::Now(), absl::ZeroDuration())));
     nap = std::min(nap * 2, absl::Milliseconds(5));
   }
 }
@@ -309,36 +342,33 @@ void Process::Kill() {
 absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
                    const SpawnOptions& options) {
   if (nprocs < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Spawn: nprocs must be >= 1, got ", nprocs));
+    return absl::InvalidArgumentError(absl::StrCat("Spawn: nprocs must be >= 1, got ", nprocs));
   }
-  if (options.start_method == StartMethod::kFork && !fn) {
+  if (options.start_method == StartMethod::kFork && !fn && options.entry_point.empty()) {
     return absl::InvalidArgumentError(
-        "Spawn: no function to run (kFork needs one; kSpawn takes "
+        "Spawn: nothing to run (kFork needs a function or options.entry_point; kSpawn takes "
         "options.entry_point)");
   }
+  const Context context(options.start_method);
   std::vector<Process> procs;
   auto stop_all = [&] {
     for (Process& p : procs) p.Terminate();
     absl::Time deadline = absl::Now() + options.terminate_grace;
     for (Process& p : procs) {
-      if (!p.Join(std::max(deadline - absl::Now(), absl::ZeroDuration()))
-               .ok()) {
+      if (!p.Join(std::max(deadline - absl::Now(), absl::ZeroDuration())).ok()) {
         p.Kill();
         (void)p.Join();
       }
     }
   };
   for (int rank = 0; rank < nprocs; ++rank) {
-    absl::StatusOr<Process> p =
-        options.start_method == StartMethod::kFork
-            ? Process::Start([&fn, rank] { return fn(rank); })
-            : Process::StartSpawn(options.entry_point, rank, options.args);
+    absl::StatusOr<Process> p = options.start_method == StartMethod::kFork && fn
+                                    ? Process::Start([&fn, rank] { return fn(rank); })
+                                    : context.process(options.entry_point, options.args, rank);
     if (!p.ok()) {
       stop_all();
-      return absl::Status(p.status().code(),
-                          absl::StrCat("Spawn: starting process ", rank, ": ",
-                                       p.status().message()));
+      return absl::Status(p.status().code(), absl::StrCat("Spawn: starting process ", rank, ": ",
+                                                          p.status().message()));
     }
     procs.push_back(*std::move(p));
   }
@@ -357,9 +387,9 @@ absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
       if (!e->ok()) {
         std::string message = procs[rank].error_message();
         stop_all();
-        return absl::InternalError(
-            absl::StrCat("process ", rank, " terminated with ", e->ToString(),
-                         message.empty() ? "" : ": " + message));
+        return absl::InternalError(absl::StrCat("process ", rank, " terminated with ",
+                                                e->ToString(),
+                                                message.empty() ? "" : ": " + message));
       }
     }
     if (all_done) return absl::OkStatus();
@@ -369,14 +399,64 @@ absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
         if (procs[rank].is_alive()) running.push_back(rank);
       }
       stop_all();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "Spawn: process(es) ", absl::StrJoin(running, ", "),
-          " still running after ", absl::FormatDuration(options.timeout),
-          "; all were terminated"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("Spawn: process(es) ", absl::StrJoin(running, ", "), " still running after ",
+                       absl::FormatDuration(options.timeout), "; all were terminated"));
     }
     absl::SleepFor(nap);
     nap = std::min(nap * 2, absl::Milliseconds(5));
   }
+}
+
+std::vector<std::string> get_all_start_methods() { return {"fork", "spawn"}; }
+
+absl::Status set_start_method(std::string_view method, bool force) {
+  EMBER_ASSIGN_OR_RETURN(StartMethod m, ParseStartMethod(method));
+  std::lock_guard lock(g_start_method_mu);
+  if (g_start_method.has_value() && !force) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "set_start_method('", std::string(method), "'): context has already been set (to '",
+        StartMethodName(*g_start_method), "'); pass force=true to change it"));
+  }
+  g_start_method = m;
+  return absl::OkStatus();
+}
+
+std::string get_start_method(bool allow_none) {
+  std::lock_guard lock(g_start_method_mu);
+  if (!g_start_method.has_value()) {
+    if (allow_none) return "";
+    g_start_method = StartMethod::kFork;
+  }
+  return StartMethodName(*g_start_method);
+}
+
+absl::StatusOr<Context> get_context(std::string_view method) {
+  if (method.empty()) {
+    EMBER_ASSIGN_OR_RETURN(StartMethod m, ParseStartMethod(get_start_method()));
+    return Context(m);
+  }
+  EMBER_ASSIGN_OR_RETURN(StartMethod m, ParseStartMethod(method));
+  return Context(m);
+}
+
+std::string Context::get_start_method() const { return StartMethodName(method_); }
+
+absl::StatusOr<Process> Context::process(const std::string& target, std::vector<Value> args,
+                                         int rank) const {
+  if (method_ == StartMethod::kSpawn) return Process::StartSpawn(target, rank, std::move(args));
+  absl::StatusOr<EntryPoint> fn = FindEntryPoint(target);
+  if (!fn.ok()) return absl::NotFoundError(absl::StrCat("process: ", fn.status().message()));
+  return Process::Start(
+      [fn = *fn, rank, args = std::move(args)]() -> absl::Status { return fn(rank, args); });
+}
+
+absl::Status Context::spawn(const std::string& entry_point, std::vector<Value> args, int nprocs,
+                            SpawnOptions options) const {
+  options.start_method = method_;
+  options.entry_point = entry_point;
+  options.args = std::move(args);
+  return Spawn(nullptr, nprocs, options);
 }
 
 }  // namespace ember::multiprocessing

@@ -1,5 +1,5 @@
 // Process and Spawn: run functions in child processes
-// (torch.multiprocessing.Process / spawn).
+// (torch.multiprocessing.Process / spawn), with PyTorch's start methods.
 //
 //   absl::Status s = Spawn([&](int rank) -> absl::Status {
 //     return Train(rank, shared_weights);   // runs in child `rank`
@@ -7,23 +7,38 @@
 //   // s names the first failing rank and its message, e.g.
 //   // "process 2 terminated with exit code 1: loss is NaN"
 //
-// Start methods:
-//   kFork: the child is a fork() of the caller and runs the function; it
-//     inherits everything, queues and shared tensors included, and runs
-//     tensor ops on one thread (the intra-op pool's threads do not survive
-//     fork; call SetNumThreads to change that in the child). As with
-//     Python's fork, forking a process with other threads running is only
-//     safe when the function avoids locks those threads may hold.
-//   kSpawn: the child re-executes the current binary, whose main() must call
-//     MaybeRunSpawnedChild() first; that runs the entry point registered
-//     under the given name (EMBER_REGISTER_ENTRY_POINT) with the child's rank
-//     and arguments, then exits. It inherits nothing but the environment.
+//   // The spawn method: a registered entry point, handed values.
+//   absl::Status Worker(int rank, absl::Span<const Value> args);  // args[0] a Queue, ...
+//   EMBER_REGISTER_ENTRY_POINT("worker", Worker);
+//   EMBER_ASSIGN_OR_RETURN(Context ctx, get_context("spawn"));
+//   EMBER_RETURN_IF_ERROR(ctx.spawn("worker", {Value(queue), Value(weights)}, 4));
+//
+// Start methods ("fork" and "spawn"; set_start_method picks the process-wide
+// one, get_context one per call):
+//   fork (StartMethod::kFork): the child is a fork() of the caller and runs
+//     the function; it inherits everything, queues and shared tensors
+//     included, and runs tensor ops on one thread (the intra-op pool's
+//     threads do not survive fork; call SetNumThreads to change that in the
+//     child). As with Python's fork, forking a process with other threads
+//     running is only safe when the function avoids locks those threads may
+//     hold.
+//   spawn (StartMethod::kSpawn): the child re-executes the current binary,
+//     whose main() must call MaybeRunSpawnedChild() first; that runs the entry
+//     point registered under the given name (EMBER_REGISTER_ENTRY_POINT) with
+//     the child's rank and arguments, then exits. The arguments are Values
+//     (value.h: plain values, shared tensors, Queues, Pipes' Connections),
+//     sent to the child at start over an inherited socket in the message
+//     encoding of queues (message.h), as Python's spawn pickles the process
+//     object: tensors arrive in the same shared memory, channels as the same
+//     sockets. Nothing else is inherited but the environment. A module is
+//     passed as its shared state (module_state.h).
 // Children die with their parent (PR_SET_PDEATHSIG: SIGKILL, delivered when
 // the thread that started them exits), so nothing is left orphaned.
 // A child's failure (a non-OK Status or an exception) is reported to the
 // parent with its message and exit code 1.
 //
-// Thread-safety: a Process handle is thread-compatible; Spawn is thread-safe.
+// Thread-safety: a Process handle is thread-compatible; Spawn, the start
+// method functions and Context are thread-safe.
 #ifndef EMBER_MULTIPROCESSING_PROCESS_H_
 #define EMBER_MULTIPROCESSING_PROCESS_H_
 
@@ -32,6 +47,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,6 +55,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "multiprocessing/unique_fd.h"
+#include "multiprocessing/value.h"
 
 namespace ember::multiprocessing {
 
@@ -53,9 +70,9 @@ struct ExitStatus {
   std::string ToString() const;
 };
 
-// What a kSpawn child runs: its rank and the arguments it was given.
-using EntryPoint = absl::Status (*)(int rank,
-                                    absl::Span<const std::string> args);
+// What a registered entry point runs: its rank and the arguments it was given
+// (under the spawn method, rebuilt in the child from what the parent passed).
+using EntryPoint = absl::Status (*)(int rank, absl::Span<const Value> args);
 // Registers `fn` under `name` (at start-up, e.g. via the macro below).
 void RegisterEntryPoint(const std::string& name, EntryPoint fn);
 #define EMBER_REGISTER_ENTRY_POINT(name, fn)                \
@@ -72,10 +89,12 @@ class Process {
   // Forks a child running `fn` (kFork). Errors: Unavailable when fork fails.
   static absl::StatusOr<Process> Start(std::function<absl::Status()> fn);
   // Re-executes this binary running entry point `entry_point` with `rank`
-  // and `args` (kSpawn). NotFound when `entry_point` is not registered here.
-  static absl::StatusOr<Process> StartSpawn(const std::string& entry_point,
-                                            int rank,
-                                            std::vector<std::string> args = {});
+  // and `args` (kSpawn), which are sent to the child as a message; their
+  // tensors are moved to shared memory first. NotFound when `entry_point` is
+  // not registered here; the errors of Connection::Send when `args` cannot
+  // be sent (the child is killed then).
+  static absl::StatusOr<Process> StartSpawn(const std::string& entry_point, int rank,
+                                            std::vector<Value> args = {});
 
   Process(Process&& other) noexcept;
   Process& operator=(Process&& other) noexcept;
@@ -85,8 +104,7 @@ class Process {
   pid_t pid() const { return pid_; }
   // Waits up to `timeout` for the child to end (DeadlineExceeded while it
   // runs). Returns the same status on every later call.
-  absl::StatusOr<ExitStatus> Join(
-      absl::Duration timeout = absl::InfiniteDuration());
+  absl::StatusOr<ExitStatus> Join(absl::Duration timeout = absl::InfiniteDuration());
   bool is_alive();
   // The failure message the child reported ("" when none), once joined.
   const std::string& error_message() const { return error_message_; }
@@ -105,9 +123,10 @@ class Process {
 
 struct SpawnOptions {
   StartMethod start_method = StartMethod::kFork;
-  // kSpawn: the registered entry point each child runs, and its arguments.
+  // The registered entry point each child runs (kSpawn; under kFork, when
+  // no function is given), and its arguments.
   std::string entry_point;
-  std::vector<std::string> args;
+  std::vector<Value> args;
   // How long all children may run (then all are killed: DeadlineExceeded).
   absl::Duration timeout = absl::InfiniteDuration();
   // How long a terminated child has between SIGTERM and SIGKILL.
@@ -117,9 +136,47 @@ struct SpawnOptions {
 // Starts `nprocs` children (rank 0..nprocs-1) running `fn(rank)` (kFork) or
 // the entry point (kSpawn), and joins them all. When one fails, the others
 // are terminated and the error names the failing rank, how it ended and its
-// message. InvalidArgument for nprocs < 1.
+// message ("process 1 terminated with signal SIGKILL", "process 2 terminated
+// with exit code 1: <message>"). InvalidArgument for nprocs < 1.
 absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
                    const SpawnOptions& options = {});
+
+// Start methods, as Python's multiprocessing names them.
+// "fork" and "spawn" ("forkserver" is not offered).
+std::vector<std::string> get_all_start_methods();
+// Sets the process-wide start method, once: FailedPrecondition ("context has
+// already been set") when it is already set, by an earlier call or by
+// get_start_method / get_context fixing the default, unless `force`.
+// InvalidArgument naming the valid methods for any other name.
+absl::Status set_start_method(std::string_view method, bool force = false);
+// The process-wide start method. When none was set: "" with `allow_none`,
+// otherwise the default, "fork", which is then fixed (as Python does).
+std::string get_start_method(bool allow_none = false);
+
+// A start method to start children with (Python's multiprocessing context).
+class Context {
+ public:
+  explicit Context(StartMethod method) : method_(method) {}
+  StartMethod start_method() const { return method_; }
+  std::string get_start_method() const;  // "fork" or "spawn"
+  // One child running the registered `target` with `args` and `rank`
+  // (Python's ctx.Process(target, args).start()). Under fork the values are
+  // handed over as they are; under spawn they are sent (Process::StartSpawn).
+  absl::StatusOr<Process> process(const std::string& target, std::vector<Value> args = {},
+                                  int rank = 0) const;
+  // Spawn(entry_point, nprocs) with this start method: every rank gets
+  // `args` (torch.multiprocessing.spawn(fn, args, nprocs, start_method)).
+  // `options.start_method`, `entry_point` and `args` are replaced.
+  absl::Status spawn(const std::string& entry_point, std::vector<Value> args, int nprocs,
+                     SpawnOptions options = {}) const;
+
+ private:
+  StartMethod method_;
+};
+// The context of `method` ("fork" or "spawn"; InvalidArgument naming the
+// valid ones otherwise), or with "" the process-wide one (fixing the default
+// as get_start_method does).
+absl::StatusOr<Context> get_context(std::string_view method = "");
 
 }  // namespace ember::multiprocessing
 

@@ -29,11 +29,11 @@ class SpawnedChildEnvironment : public ::testing::Environment {
  public:
   void SetUp() override { MaybeRunSpawnedChild(); }
 };
-const auto* const kEnv =
-    ::testing::AddGlobalTestEnvironment(new SpawnedChildEnvironment);
+const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new SpawnedChildEnvironment);
 
-absl::Status EchoArgsEntry(int rank, absl::Span<const std::string> args) {
-  if (args.size() != 2 || args[0] != "alpha" || args[1] != "beta gamma") {
+absl::Status EchoArgsEntry(int rank, absl::Span<const Value> args) {
+  if (args.size() != 2 || args[0].as<std::string>().value_or("") != "alpha" ||
+      args[1].as<std::string>().value_or("") != "beta gamma") {
     return absl::InvalidArgumentError("arguments did not arrive intact");
   }
   if (rank == 1) return absl::FailedPreconditionError("rank 1 refuses");
@@ -42,7 +42,7 @@ absl::Status EchoArgsEntry(int rank, absl::Span<const std::string> args) {
 EMBER_REGISTER_ENTRY_POINT("echo_args", EchoArgsEntry);
 
 // A fresh process whose $EMBER_SHM_MANAGER points nowhere.
-absl::Status ShareWithoutManagerEntry(int, absl::Span<const std::string>) {
+absl::Status ShareWithoutManagerEntry(int, absl::Span<const Value>) {
   EMBER_RETURN_IF_ERROR(set_sharing_strategy("file_system"));
   return share_memory_(ones({16}));
 }
@@ -54,12 +54,10 @@ bool IsDead(pid_t pid) {
   std::string line;
   if (!std::getline(stat, line)) return true;
   size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() &&
-         line[paren + 2] == 'Z';
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
 }
 
-SpawnOptions Options(absl::Duration timeout,
-                     absl::Duration grace = absl::Seconds(1)) {
+SpawnOptions Options(absl::Duration timeout, absl::Duration grace = absl::Seconds(1)) {
   SpawnOptions o;
   o.timeout = timeout;
   o.terminate_grace = grace;
@@ -73,8 +71,8 @@ TEST(ProcessTest, ReportsExitCodeAndFailureMessage) {
   ASSERT_TRUE(e.ok());
   EXPECT_TRUE(e->ok());
 
-  absl::StatusOr<Process> bad = Process::Start(
-      [] { return absl::InvalidArgumentError("bad batch size 0"); });
+  absl::StatusOr<Process> bad =
+      Process::Start([] { return absl::InvalidArgumentError("bad batch size 0"); });
   ASSERT_TRUE(bad.ok());
   e = bad->Join(absl::Seconds(10));
   ASSERT_TRUE(e.ok());
@@ -82,8 +80,8 @@ TEST(ProcessTest, ReportsExitCodeAndFailureMessage) {
   EXPECT_EQ(e->ToString(), "exit code 1");
   EXPECT_EQ(bad->error_message(), "bad batch size 0");
 
-  absl::StatusOr<Process> thrower = Process::Start(
-      []() -> absl::Status { throw std::runtime_error("shape mismatch"); });
+  absl::StatusOr<Process> thrower =
+      Process::Start([]() -> absl::Status { throw std::runtime_error("shape mismatch"); });
   ASSERT_TRUE(thrower.ok());
   ASSERT_TRUE(thrower->Join(absl::Seconds(10)).ok());
   EXPECT_THAT(thrower->error_message(), HasSubstr("shape mismatch"));
@@ -125,8 +123,7 @@ TEST(ProcessTest, ChildrenDieWithTheirParent) {
                              absl::SleepFor(absl::Seconds(60));
                              return absl::OkStatus();
                            }));
-    EMBER_RETURN_IF_ERROR(
-        pipe->second.Send(Value(static_cast<int64_t>(grandchild.pid()))));
+    EMBER_RETURN_IF_ERROR(pipe->second.Send(Value(static_cast<int64_t>(grandchild.pid()))));
     absl::SleepFor(absl::Seconds(60));
     return absl::OkStatus();
   });
@@ -137,8 +134,7 @@ TEST(ProcessTest, ChildrenDieWithTheirParent) {
   EXPECT_FALSE(IsDead(grandchild));
   parent->Kill();
   ASSERT_TRUE(parent->Join(absl::Seconds(10)).ok());
-  EXPECT_TRUE(testing::WaitUntil([&] { return IsDead(grandchild); },
-                                 absl::Seconds(10)));
+  EXPECT_TRUE(testing::WaitUntil([&] { return IsDead(grandchild); }, absl::Seconds(10)));
 }
 
 TEST(SpawnTest, AllRanksRunAndWriteSharedMemory) {
@@ -163,8 +159,7 @@ TEST(SpawnTest, AFailingRankStopsTheOthersAndIsNamed) {
         return absl::OkStatus();
       },
       4, Options(absl::Seconds(120), absl::Milliseconds(200)));
-  EXPECT_EQ(s.message(),
-            "process 2 terminated with exit code 1: loss is NaN at step 7");
+  EXPECT_EQ(s.message(), "process 2 terminated with exit code 1: loss is NaN at step 7");
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
 }
 
@@ -191,8 +186,7 @@ TEST(SpawnTest, ReExecRunsTheRegisteredEntryPoint) {
   options.entry_point = "echo_args";
   options.args = {"alpha", "beta gamma"};
   absl::Status s = Spawn(nullptr, 2, options);
-  EXPECT_EQ(s.message(),
-            "process 1 terminated with exit code 1: rank 1 refuses");
+  EXPECT_EQ(s.message(), "process 1 terminated with exit code 1: rank 1 refuses");
 }
 
 TEST(SpawnTest, AMissingManagerBinaryIsNamed) {
@@ -201,10 +195,9 @@ TEST(SpawnTest, AMissingManagerBinaryIsNamed) {
   ::unsetenv("EMBER_SHM_MANAGER");
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_TRUE(p->Join(absl::Seconds(20)).ok());
-  EXPECT_THAT(
-      p->error_message(),
-      HasSubstr("$EMBER_SHM_MANAGER='/nonexistent/shm_manager' is not an "
-                "executable file"));
+  EXPECT_THAT(p->error_message(),
+              HasSubstr("$EMBER_SHM_MANAGER='/nonexistent/shm_manager' is not an "
+                        "executable file"));
 }
 
 TEST(SpawnTest, UnknownEntryPointIsNotFound) {

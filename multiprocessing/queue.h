@@ -18,17 +18,23 @@
 // only blocks when the socket buffer is full.
 //
 // Handles are cheap to copy and share the same queue; copies made before
-// fork() work in the child. Thread-safe and process-safe.
+// fork() work in the child, and a queue passed to a spawned child (or put in
+// a message) arrives as a handle on the same sockets and shared page.
+// Thread-safe and process-safe.
 #ifndef EMBER_MULTIPROCESSING_QUEUE_H_
 #define EMBER_MULTIPROCESSING_QUEUE_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "multiprocessing/connection.h"
+#include "multiprocessing/unique_fd.h"
 #include "multiprocessing/value.h"
 
 namespace ember::multiprocessing {
@@ -40,8 +46,7 @@ class SimpleQueue {
 
   // Blocks while the socket buffer is full, up to `timeout`. Errors: see
   // Connection::Send.
-  absl::Status Put(const Value& value,
-                   absl::Duration timeout = absl::InfiniteDuration());
+  absl::Status Put(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
   // Blocks up to `timeout` for a message (DeadlineExceeded). Errors: see
   // Connection::Receive.
   absl::StatusOr<Value> Get(absl::Duration timeout = absl::InfiniteDuration());
@@ -52,6 +57,12 @@ class SimpleQueue {
   Connection& put_end() { return ends_->put; }
 
  private:
+  friend class Queue;
+  // How a SimpleQueue crosses a message (message.h): its two sockets.
+  static absl::StatusOr<std::string> Encode(const Value& value, std::vector<int>& fds);
+  static absl::StatusOr<Value> Decode(std::vector<UniqueFd> fds, std::string_view state);
+  static const bool kCodecRegistered;
+
   struct Ends {
     Connection put;
     Connection get;
@@ -68,8 +79,7 @@ class Queue {
   // Waits up to `timeout` for room when the queue holds `maxsize` messages
   // (DeadlineExceeded, naming maxsize), then sends. Errors: see
   // Connection::Send.
-  absl::Status Put(const Value& value,
-                   absl::Duration timeout = absl::InfiniteDuration());
+  absl::Status Put(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
   absl::StatusOr<Value> Get(absl::Duration timeout = absl::InfiniteDuration());
   // Messages put and not yet got, across all processes (a snapshot).
   int64_t qsize() const;
@@ -77,6 +87,11 @@ class Queue {
   int64_t maxsize() const { return maxsize_; }
 
  private:
+  // How a Queue crosses a message: its sockets, its page's memfd, maxsize.
+  static absl::StatusOr<std::string> Encode(const Value& value, std::vector<int>& fds);
+  static absl::StatusOr<Value> Decode(std::vector<UniqueFd> fds, std::string_view state);
+  static const bool kCodecRegistered;
+
   struct Shared;
   SimpleQueue queue_;
   std::shared_ptr<Shared> shared_;  // the shared page

@@ -9,12 +9,26 @@
 // same strategy and size (/usr/bin/python3, or $EMBER_PYTHON), then itself,
 // and reports PyTorch's rate (torch_msgs_per_s) and the ratio (x_torch); use
 // --benchmark_repetitions to pair several runs on a noisy machine.
+//
+// The parts of a 4 KiB round trip, each alone: BM_SocketPingPong (the floor:
+// one small message each way on a bare socket between the same two
+// processes, blocking send/recv), BM_ConnectionPingPong (the same through
+// Connection: message encoding, poll wake-ups), BM_ShareFresh (a fresh
+// tensor moved to shared memory: segment creation or reuse) and
+// BM_EncodeImport (a shared tensor's message encoded and decoded in one
+// process: the storage table, fstat/dedup or the name lookup, no mapping).
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
+#include "multiprocessing/connection.h"
+#include "multiprocessing/message.h"
 #include "multiprocessing/process.h"
 #include "multiprocessing/queue.h"
 #include "multiprocessing/sharing.h"
@@ -23,9 +37,7 @@
 namespace ember::multiprocessing {
 namespace {
 
-const char* StrategyOf(int64_t code) {
-  return code == 0 ? "file_descriptor" : "file_system";
-}
+const char* StrategyOf(int64_t code) { return code == 0 ? "file_descriptor" : "file_system"; }
 
 // PyTorch's messages per second for one case, measured now by the peer's
 // own bench() with the peer's own message counts; 0 without a peer.
@@ -38,11 +50,10 @@ double TorchRate(const std::string& strategy, int64_t nbytes) {
   module = module.substr(0, module.rfind('.'));
   const int n = nbytes <= (4 << 10) ? 2000 : nbytes <= (1 << 20) ? 500 : 30;
   const char* python = std::getenv("EMBER_PYTHON");
-  std::string cmd =
-      std::string(python != nullptr ? python : "/usr/bin/python3") +
-      " -c \"import sys; sys.path.insert(0, '" + dir + "'); import " + module +
-      " as peer; print(peer.bench('" + strategy + "', " +
-      std::to_string(nbytes) + ", " + std::to_string(n) + "))\"";
+  std::string cmd = std::string(python != nullptr ? python : "/usr/bin/python3") +
+                    " -c \"import sys; sys.path.insert(0, '" + dir + "'); import " + module +
+                    " as peer; print(peer.bench('" + strategy + "', " + std::to_string(nbytes) +
+                    ", " + std::to_string(n) + "))\"";
   FILE* f = ::popen(cmd.c_str(), "r");
   if (f == nullptr) return 0;
   double rate = 0;
@@ -56,13 +67,12 @@ void BM_QueueRoundTrip(benchmark::State& state) {
   const int64_t nbytes = state.range(1);
   // The peer runs first, alone, under the same conditions as what follows.
   const double torch = TorchRate(strategy, nbytes);
-  if (!set_sharing_strategy(strategy).ok())
-    return state.SkipWithError("strategy");
+  if (!set_sharing_strategy(strategy).ok()) return state.SkipWithError("strategy");
   absl::StatusOr<Queue> in = Queue::Create(), out = Queue::Create();
   if (!in.ok() || !out.ok()) return state.SkipWithError("queue");
   absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
     while (true) {
-      absl::StatusOr<Value> v = in->Get(absl::Seconds(60));
+      absl::StatusOr<Value> v = in->Get();
       if (!v.ok()) return v.status();
       const Tensor* t = v->get_if<Tensor>();
       if (t == nullptr) return absl::OkStatus();  // None: stop
@@ -74,7 +84,7 @@ void BM_QueueRoundTrip(benchmark::State& state) {
   auto round_trip = [&] {
     Tensor t = zeros({nbytes / 4});
     if (!in->Put(Value(t), absl::Seconds(60)).ok()) return false;
-    absl::StatusOr<Value> ack = out->Get(absl::Seconds(60));
+    absl::StatusOr<Value> ack = out->Get();
     return ack.ok() && *ack->get_if<int64_t>() == nbytes / 4;
   };
   for (int i = 0; i < 5; ++i) round_trip();  // warm-up, as the peer does
@@ -85,8 +95,7 @@ void BM_QueueRoundTrip(benchmark::State& state) {
       break;
     }
   }
-  const double rate =
-      state.iterations() / absl::ToDoubleSeconds(absl::Now() - start);
+  const double rate = state.iterations() / absl::ToDoubleSeconds(absl::Now() - start);
   (void)in->Put(Value());
   (void)child->Join(absl::Seconds(60));
   state.counters["msgs_per_s"] = rate;
@@ -98,35 +107,100 @@ void BM_QueueRoundTrip(benchmark::State& state) {
   state.SetLabel(strategy);
 }
 
+void BM_SocketPingPong(benchmark::State& state) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    return state.SkipWithError("socketpair");
+  }
+  UniqueFd parent_end(sv[0]), child_end(sv[1]);
+  char buf[64] = {};
+  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+    while (true) {
+      ssize_t n = ::recv(child_end.get(), buf, sizeof(buf), 0);
+      if (n <= 0 || buf[0] == 'q') return absl::OkStatus();
+      if (::send(child_end.get(), buf, n, MSG_NOSIGNAL) != n) return absl::InternalError("send");
+    }
+  });
+  if (!child.ok()) return state.SkipWithError("fork");
+  for (auto _ : state) {
+    if (::send(parent_end.get(), buf, 16, MSG_NOSIGNAL) != 16 ||
+        ::recv(parent_end.get(), buf, sizeof(buf), 0) != 16) {
+      state.SkipWithError("ping-pong failed");
+      break;
+    }
+  }
+  buf[0] = 'q';
+  (void)::send(parent_end.get(), buf, 1, MSG_NOSIGNAL);
+  (void)child->Join(absl::Seconds(60));
+  state.counters["msgs_per_s"] =
+      benchmark::Counter(state.iterations(), benchmark::Counter::kIsRate);
+}
+
+void BM_ConnectionPingPong(benchmark::State& state) {
+  absl::StatusOr<std::pair<Connection, Connection>> pipe = Pipe();
+  if (!pipe.ok()) return state.SkipWithError("pipe");
+  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+    while (true) {
+      absl::StatusOr<Value> v = pipe->second.Receive();
+      if (!v.ok()) return v.status();
+      if (v->is_none()) return absl::OkStatus();
+      absl::Status s = pipe->second.Send(*v, absl::Seconds(60));
+      if (!s.ok()) return s;
+    }
+  });
+  if (!child.ok()) return state.SkipWithError("fork");
+  for (auto _ : state) {
+    if (!pipe->first.Send(Value(1024), absl::Seconds(60)).ok() || !pipe->first.Receive().ok()) {
+      state.SkipWithError("ping-pong failed");
+      break;
+    }
+  }
+  (void)pipe->first.Send(Value());
+  (void)child->Join(absl::Seconds(60));
+  state.counters["msgs_per_s"] =
+      benchmark::Counter(state.iterations(), benchmark::Counter::kIsRate);
+}
+
+void BM_ShareFresh(benchmark::State& state) {
+  if (!set_sharing_strategy(StrategyOf(state.range(0))).ok())
+    return state.SkipWithError("strategy");
+  for (auto _ : state) {
+    Tensor t = zeros({state.range(1) / 4});
+    if (!share_memory_(t).ok()) return state.SkipWithError("share_memory_");
+  }
+  state.SetLabel(StrategyOf(state.range(0)));
+}
+
+void BM_EncodeImport(benchmark::State& state) {
+  if (!set_sharing_strategy(StrategyOf(state.range(0))).ok())
+    return state.SkipWithError("strategy");
+  Tensor t = zeros({state.range(1) / 4});
+  for (auto _ : state) {
+    absl::StatusOr<EncodedMessage> m = EncodeMessage(Value(t));
+    if (!m.ok()) return state.SkipWithError("encode");
+    std::vector<UniqueFd> fds;
+    for (int fd : m->fds) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    absl::StatusOr<Value> v = DecodeMessage(m->bytes, std::move(fds));
+    if (!v.ok()) return state.SkipWithError("decode");
+  }
+  state.SetLabel(StrategyOf(state.range(0)));
+}
+
 // Fixed message counts (5x the peer's), so that each repetition runs the
 // case once, right after its peer measurement.
 void Cases(benchmark::internal::Benchmark* b) {
   b->ArgNames({"fs", "bytes"})->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({0, 4 << 10})
-    ->Iterations(10000);
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({1, 4 << 10})
-    ->Iterations(10000);
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({0, 1 << 20})
-    ->Iterations(2500);
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({1, 1 << 20})
-    ->Iterations(2500);
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({0, 64 << 20})
-    ->Iterations(150);
-BENCHMARK(BM_QueueRoundTrip)
-    ->Apply(Cases)
-    ->Args({1, 64 << 20})
-    ->Iterations(150);
+BENCHMARK(BM_SocketPingPong)->UseRealTime()->Unit(benchmark::kMicrosecond)->Iterations(10000);
+BENCHMARK(BM_ConnectionPingPong)->UseRealTime()->Unit(benchmark::kMicrosecond)->Iterations(10000);
+BENCHMARK(BM_ShareFresh)->Apply(Cases)->Args({0, 4 << 10})->Args({1, 4 << 10});
+BENCHMARK(BM_EncodeImport)->Apply(Cases)->Args({0, 4 << 10})->Args({1, 4 << 10});
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({0, 4 << 10})->Iterations(10000);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({1, 4 << 10})->Iterations(10000);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({0, 1 << 20})->Iterations(2500);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({1, 1 << 20})->Iterations(2500);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({0, 64 << 20})->Iterations(150);
+BENCHMARK(BM_QueueRoundTrip)->Apply(Cases)->Args({1, 64 << 20})->Iterations(150);
 
 }  // namespace
 }  // namespace ember::multiprocessing

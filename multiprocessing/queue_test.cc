@@ -29,8 +29,7 @@ TEST(QueueTest, ManyProducersOneConsumerKeepsPerProducerOrder) {
     absl::StatusOr<Process> proc = Process::Start([&, p]() -> absl::Status {
       for (int i = 0; i < kEach; ++i) {
         EMBER_RETURN_IF_ERROR(
-            q->Put(Value(Value::List{p, i, full({3}, p * 1000 + i, kInt32)}),
-                   absl::Seconds(20)));
+            q->Put(Value(Value::List{p, i, full({3}, p * 1000 + i, kInt32)}), absl::Seconds(20)));
       }
       return absl::OkStatus();
     });
@@ -41,8 +40,7 @@ TEST(QueueTest, ManyProducersOneConsumerKeepsPerProducerOrder) {
   for (int n = 0; n < kProducers * kEach; ++n) {
     absl::StatusOr<Value> v = q->Get(absl::Seconds(20));
     ASSERT_TRUE(v.ok()) << v.status();
-    int64_t p = *v->list()[0].get_if<int64_t>(),
-            i = *v->list()[1].get_if<int64_t>();
+    int64_t p = *v->list()[0].get_if<int64_t>(), i = *v->list()[1].get_if<int64_t>();
     EXPECT_EQ(i, next[p]++);
     Tensor t = *v->list()[2].get_if<Tensor>();
     EXPECT_EQ(t[2].item<int64_t>(), p * 1000 + i);
@@ -111,6 +109,88 @@ TEST(QueueTest, LeafTensorsThatRequireGradMaySend) {
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->get_if<Tensor>()->raw_data(),
             param.raw_data());  // same process: same mapping
+  EXPECT_TRUE(v->get_if<Tensor>()->requires_grad());
+  EXPECT_TRUE(v->get_if<Tensor>()->is_leaf());
+}
+
+// A parameter crosses a queue as PyTorch rebuilds it: a leaf that requires
+// grad, viewing the same bytes, with a .grad of its own in each process.
+class RequiresGradTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(set_sharing_strategy(GetParam()).ok());
+    ASSERT_TRUE(set_shared_memory_prefix(testing::UniquePrefix("grad")).ok());
+  }
+  void TearDown() override { ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok()); }
+};
+
+TEST_P(RequiresGradTest, ParametersArriveAsLeavesThatRequireGradAcrossFork) {
+  Tensor w = full({4}, 2.0);
+  w.requires_grad_();
+  Tensor frozen = ones({2});
+  absl::StatusOr<Queue> to_child = Queue::Create();
+  absl::StatusOr<Queue> to_parent = Queue::Create();
+  ASSERT_TRUE(to_child.ok() && to_parent.ok());
+  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+    EMBER_ASSIGN_OR_RETURN(Value v, to_child->Get(absl::Seconds(20)));
+    const Value* got_w = v.find("w");
+    const Value* got_frozen = v.find("frozen");
+    if (got_w == nullptr || got_frozen == nullptr) return absl::InternalError("keys missing");
+    Tensor cw = *got_w->get_if<Tensor>();
+    Tensor cf = *got_frozen->get_if<Tensor>();
+    Value::List report{cw.requires_grad(), cw.is_leaf(), cw.grad().defined(), cf.requires_grad()};
+    (cw * cw).sum().backward();  // d/dw = 2w = 4
+    report.push_back(cw.grad().sum().item<double>());
+    cw.grad().zero_();
+    return to_parent->Put(Value(std::move(report)), absl::Seconds(20));
+  });
+  ASSERT_TRUE(child.ok());
+  ASSERT_TRUE(to_child->Put(Value(Value::Dict{{"w", Value(w)}, {"frozen", Value(frozen)}})).ok());
+  absl::StatusOr<Value> report = to_parent->Get(absl::Seconds(20));
+  ASSERT_TRUE(report.ok()) << report.status();
+  const Value::List& r = report->list();
+  ASSERT_EQ(r.size(), 5u);
+  EXPECT_TRUE(*r[0].get_if<bool>()) << "requires_grad lost";
+  EXPECT_TRUE(*r[1].get_if<bool>()) << "not a leaf";
+  EXPECT_FALSE(*r[2].get_if<bool>()) << "arrived with a .grad";
+  EXPECT_FALSE(*r[3].get_if<bool>()) << "requires_grad invented";
+  EXPECT_DOUBLE_EQ(*r[4].get_if<double>(), 16.0);
+  // The child's gradient is its own.
+  EXPECT_FALSE(w.grad().defined());
+  absl::StatusOr<ExitStatus> e = child->Join(absl::Seconds(20));
+  ASSERT_TRUE(e.ok());
+  EXPECT_TRUE(e->ok()) << child->error_message();
+}
+
+TEST_P(RequiresGradTest, NonLeavesAreStillRefused) {
+  Tensor w = ones({3});
+  w.requires_grad_();
+  absl::StatusOr<Queue> q = Queue::Create();
+  ASSERT_TRUE(q.ok());
+  absl::Status put = q->Put(Value(Value::Dict{{"y", Value(w * 3)}}));
+  EXPECT_EQ(put.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(put.message(), HasSubstr("non-leaf tensor that requires grad"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, RequiresGradTest,
+                         ::testing::Values("file_descriptor", "file_system"));
+
+TEST(QueueTest, DictsOfStringKeysRoundTrip) {
+  absl::StatusOr<SimpleQueue> q = SimpleQueue::Create();
+  ASSERT_TRUE(q.ok());
+  Value sent = Value::Dict{{"epoch", Value(3)},
+                           {"lr", Value(0.01)},
+                           {"state", Value::Dict{{"w", Value(arange(4))}}},
+                           {"tags", Value::List{Value("a"), Value()}}};
+  ASSERT_TRUE(q->Put(sent).ok());
+  absl::StatusOr<Value> got = q->Get(absl::Seconds(5));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->kind(), "dict");
+  EXPECT_EQ(*got->find("epoch")->get_if<int64_t>(), 3);
+  EXPECT_EQ(*got->find("lr")->get_if<double>(), 0.01);
+  EXPECT_TRUE(got->find("state")->find("w")->get_if<Tensor>()->equal(arange(4)));
+  EXPECT_EQ(got->find("tags")->list().size(), 2u);
+  EXPECT_EQ(got->find("missing"), nullptr);
 }
 
 TEST(QueueTest, NonLeafTensorsThatRequireGradAreRefused) {
@@ -158,20 +238,28 @@ TEST_F(QueueBadInputTest, GarbageIsRejected) {
 }
 
 TEST_F(QueueBadInputTest, EveryTruncationIsRejected) {
-  Value value(
-      Value::List{Value(1), Value("two"), Value(3.0), Value(arange(4))});
+  Value value(Value::List{Value(1), Value("two"), Value(3.0), Value(arange(4))});
   absl::StatusOr<EncodedMessage> m = EncodeMessage(value);
   ASSERT_TRUE(m.ok());
   for (size_t cut = 0; cut < m->bytes.size(); ++cut) {
     // Only the full message carries the descriptors it describes.
-    ASSERT_TRUE(q_.put_end()
-                    .SendBytes(std::string_view(m->bytes).substr(0, cut), {})
-                    .ok());
+    ASSERT_TRUE(q_.put_end().SendBytes(std::string_view(m->bytes).substr(0, cut), {}).ok());
     absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
-    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument)
-        << "cut at " << cut;
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << "cut at " << cut;
   }
   AbandonMessage(*m);
+  ExpectStillWorks();
+}
+
+TEST_F(QueueBadInputTest, ADictWithARepeatedKeyIsRejected) {
+  absl::StatusOr<EncodedMessage> m = EncodeMessage(Value(Value::Dict{{"ka", 1}, {"kb", 2}}));
+  ASSERT_TRUE(m.ok());
+  std::string bytes = m->bytes;
+  bytes[bytes.rfind("kb") + 1] = 'a';
+  ASSERT_TRUE(q_.put_end().SendBytes(bytes, {}).ok());
+  absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(v.status().message(), HasSubstr("'ka' appears twice"));
   ExpectStillWorks();
 }
 
@@ -181,7 +269,24 @@ TEST(ConnectionTest, AClosedPeerIsUnavailable) {
   pipe->second.Close();
   absl::StatusOr<Value> v = pipe->first.Receive(absl::Seconds(5));
   EXPECT_EQ(v.status().code(), absl::StatusCode::kUnavailable);
+  // Without a timeout too (that wait is the receive itself).
+  EXPECT_EQ(pipe->first.Receive().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(pipe->first.Send(Value(1)).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(ConnectionTest, AReceiveWithoutTimeoutWaitsForTheMessageAndItsDescriptors) {
+  auto pipe = Pipe();
+  ASSERT_TRUE(pipe.ok());
+  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+    absl::SleepFor(absl::Milliseconds(50));
+    return pipe->second.Send(Value(Value::List{Value(7), Value(ones({4}))}));
+  });
+  ASSERT_TRUE(child.ok());
+  absl::StatusOr<Value> v = pipe->first.Receive();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->list()[0].as<int64_t>().value(), 7);
+  EXPECT_EQ(v->list()[1].get_if<Tensor>()->sum().item<double>(), 4);
+  ASSERT_TRUE(child->Join(absl::Seconds(20)).ok());
 }
 
 TEST_F(QueueBadInputTest, DescriptorsWithGarbageAreClosed) {
@@ -206,8 +311,7 @@ TEST_F(QueueBadInputTest, AForeignDescriptorInPlaceOfASegmentIsRejected) {
   ::close(devnull);
   absl::StatusOr<Value> v = q_.Get(absl::Seconds(5));
   EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(v.status().message(),
-              HasSubstr("not an Ember shared-memory segment"));
+  EXPECT_THAT(v.status().message(), HasSubstr("not an Ember shared-memory segment"));
   AbandonMessage(*m);
   ExpectStillWorks();
 }

@@ -90,8 +90,7 @@ std::string ErrnoText(int err) { return std::strerror(err); }
 std::pair<long, long> DescriptorUsage() {
   rlimit rl{};
   ::getrlimit(RLIMIT_NOFILE, &rl);
-  long limit = rl.rlim_cur == RLIM_INFINITY ? (1L << 20)
-                                            : static_cast<long>(rl.rlim_cur);
+  long limit = rl.rlim_cur == RLIM_INFINITY ? (1L << 20) : static_cast<long>(rl.rlim_cur);
   long open = 0;
   for (long fd = 0; fd < std::min(limit, 1L << 20); ++fd) {
     if (::fcntl(static_cast<int>(fd), F_GETFD) != -1) ++open;
@@ -101,13 +100,13 @@ std::pair<long, long> DescriptorUsage() {
 
 absl::Status DescriptorLimitError(const std::string& what) {
   auto [open, limit] = DescriptorUsage();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      what, ": this process has ", open,
-      " file descriptors open and its limit (RLIMIT_NOFILE) is ", limit,
-      ". The file_descriptor sharing strategy keeps one descriptor per shared "
-      "storage; raise "
-      "the limit (ulimit -n, setrlimit) or call "
-      "set_sharing_strategy(\"file_system\")"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat(what, ": this process has ", open,
+                   " file descriptors open and its limit (RLIMIT_NOFILE) is ", limit,
+                   ". The file_descriptor sharing strategy keeps one descriptor per shared "
+                   "storage; raise "
+                   "the limit (ulimit -n, setrlimit) or call "
+                   "set_sharing_strategy(\"file_system\")"));
 }
 
 struct PrefixState {
@@ -119,8 +118,7 @@ PrefixState& Prefix() {
     auto* s = new PrefixState;
     const char* env = std::getenv("EMBER_SHM_PREFIX");
     s->prefix = "/ember";
-    if (env != nullptr &&
-        IsValidRegionName(absl::StrCat(env, "_0_0_00000000")) &&
+    if (env != nullptr && IsValidRegionName(absl::StrCat(env, "_0_0_00000000")) &&
         std::strlen(env) <= 201) {
       s->prefix = env;
     }
@@ -155,8 +153,7 @@ struct SegmentTables {
   std::mutex mu;
   std::unordered_set<SharedSegment*> live;
   std::unordered_map<std::string, std::weak_ptr<SharedSegment>> by_key;
-  std::map<std::pair<int, size_t>, std::vector<std::shared_ptr<SharedSegment>>>
-      cache;
+  std::map<std::pair<int, size_t>, std::vector<std::shared_ptr<SharedSegment>>> cache;
   size_t cached_bytes = 0;
   size_t cache_limit = CacheLimitFromEnv();
   // Mappings of received regions whose storages died, kept so that a region
@@ -171,8 +168,7 @@ struct SegmentTables {
   size_t spare_bytes = 0;
   bool exiting = false;
   uint64_t counter = 0;
-  pid_t pid =
-      ::getpid();  // getpid() is a system call; this is refreshed on fork
+  pid_t pid = ::getpid();  // getpid() is a system call; this is refreshed on fork
 
   // Keeps a dying mapping (holds mu). Returns the mappings to unmap.
   std::vector<Spare> AddSpare(Spare s) {
@@ -186,8 +182,8 @@ struct SegmentTables {
     // A region nobody holds any more (count 0) can never arrive again: unmap
     // it rather than keep its memory alive.
     for (auto it = spare.begin(); it != spare.end();) {
-      auto* h = reinterpret_cast<SharedSegment::Header*>(
-          static_cast<char*>(it->base) + it->mapped - 64);
+      auto* h =
+          reinterpret_cast<SharedSegment::Header*>(static_cast<char*>(it->base) + it->mapped - 64);
       if (h->refcount.load(std::memory_order_acquire) <= 0) {
         spare_bytes -= it->mapped;
         out.push_back(std::move(*it));
@@ -227,12 +223,15 @@ struct SegmentTables {
     return *t;
   }
 
+  // Set around the fork() of ForkToExec on the forking thread.
+  static inline thread_local bool fork_to_exec = false;
+
   static void PrepareFork() {
     SegmentTables& t = Get();
     t.mu.lock();
+    if (fork_to_exec) return;
     for (SharedSegment* s : t.live) {
-      if (!s->released_)
-        s->header()->refcount.fetch_add(1, std::memory_order_relaxed);
+      if (!s->released_) s->header()->refcount.fetch_add(1, std::memory_order_relaxed);
     }
   }
   static void AfterForkInParent() { Get().mu.unlock(); }
@@ -248,9 +247,16 @@ struct SegmentTables {
   }
 };
 
-SharedSegment::SharedSegment(SharingStrategy strategy, void* base,
-                             size_t capacity, UniqueFd fd, std::string name,
-                             std::string key, bool created_here)
+pid_t SharedSegment::ForkToExec() {
+  SegmentTables::Get();  // the fork handlers are installed
+  SegmentTables::fork_to_exec = true;
+  const pid_t pid = ::fork();
+  SegmentTables::fork_to_exec = false;
+  return pid;
+}
+
+SharedSegment::SharedSegment(SharingStrategy strategy, void* base, size_t capacity, UniqueFd fd,
+                             std::string name, std::string key, bool created_here)
     : strategy_(strategy),
       base_(base),
       capacity_(capacity),
@@ -261,8 +267,7 @@ SharedSegment::SharedSegment(SharingStrategy strategy, void* base,
 
 SharedSegment::Header* SharedSegment::header() const {
   static_assert(sizeof(Header) == 64);
-  return reinterpret_cast<Header*>(static_cast<char*>(base_) +
-                                   HeaderOffset(capacity_));
+  return reinterpret_cast<Header*>(static_cast<char*>(base_) + HeaderOffset(capacity_));
 }
 
 int64_t SharedSegment::refcount() const {
@@ -281,8 +286,7 @@ void SharedSegment::DropMessageReference() {
 bool SharedSegment::Release() {
   if (released_) return false;
   released_ = true;
-  return header()->refcount.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
-         !name_.empty();
+  return header()->refcount.fetch_sub(1, std::memory_order_acq_rel) == 1 && !name_.empty();
 }
 
 namespace {
@@ -300,8 +304,7 @@ SharedSegment::~SharedSegment() {
   {
     std::lock_guard lock(t.mu);
     t.live.erase(this);
-    if (auto it = t.by_key.find(key_);
-        it != t.by_key.end() && it->second.expired()) {
+    if (auto it = t.by_key.find(key_); it != t.by_key.end() && it->second.expired()) {
       t.by_key.erase(it);
     }
     unlink = Release();
@@ -316,14 +319,14 @@ SharedSegment::~SharedSegment() {
   if (unlink) UnlinkRegion(name_);
 }
 
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(
-    SharingStrategy strategy, UniqueFd fd, std::string name, std::string key,
-    off_t size) {
-  const std::string what = name.empty() ? std::string("received descriptor")
-                                        : "region '" + name + "'";
+absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(SharingStrategy strategy,
+                                                                  UniqueFd fd, std::string name,
+                                                                  std::string key, off_t size) {
+  const std::string what =
+      name.empty() ? std::string("received descriptor") : "region '" + name + "'";
   if (size < 64 || (size - 64) % kHeaderAlign != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " (", size, " bytes) is not an Ember shared-memory segment"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " (", size, " bytes) is not an Ember shared-memory segment"));
   }
   const size_t mapped = static_cast<size_t>(size);
   void* base;
@@ -333,32 +336,29 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(
     base = t.TakeSpare(key, mapped);
   }
   if (base == nullptr) {
-    base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
-                  0);
+    base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (base == MAP_FAILED) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "mmap of ", mapped, " bytes of ", what, ": ", ErrnoText(errno)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("mmap of ", mapped, " bytes of ", what, ": ", ErrnoText(errno)));
     }
   }
-  return Adopt(strategy, base, mapped, std::move(fd), std::move(name),
-               std::move(key));
+  return Adopt(strategy, base, mapped, std::move(fd), std::move(name), std::move(key));
 }
 
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Adopt(
-    SharingStrategy strategy, void* base, size_t mapped, UniqueFd fd,
-    std::string name, std::string key) {
+absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Adopt(SharingStrategy strategy,
+                                                                    void* base, size_t mapped,
+                                                                    UniqueFd fd, std::string name,
+                                                                    std::string key) {
   auto* h = reinterpret_cast<Header*>(static_cast<char*>(base) + mapped - 64);
   if (h->magic != kSegmentMagic || HeaderOffset(h->capacity) + 64 != mapped) {
     ::munmap(base, mapped);
     return absl::InvalidArgumentError(
-        absl::StrCat(name.empty() ? std::string("received descriptor")
-                                  : "region '" + name + "'",
+        absl::StrCat(name.empty() ? std::string("received descriptor") : "region '" + name + "'",
                      " has no valid Ember segment header"));
   }
-  if (strategy == SharingStrategy::kFileSystem)
-    fd.reset();  // the mapping is enough
-  std::shared_ptr<SharedSegment> seg(new SharedSegment(
-      strategy, base, h->capacity, std::move(fd), std::move(name), key, false));
+  if (strategy == SharingStrategy::kFileSystem) fd.reset();  // the mapping is enough
+  std::shared_ptr<SharedSegment> seg(
+      new SharedSegment(strategy, base, h->capacity, std::move(fd), std::move(name), key, false));
   SegmentTables& t = SegmentTables::Get();
   std::lock_guard lock(t.mu);
   t.live.insert(seg.get());
@@ -366,8 +366,8 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Adopt(
   return seg;
 }
 
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(
-    SharingStrategy strategy, size_t capacity) {
+absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(SharingStrategy strategy,
+                                                                     size_t capacity) {
   SegmentTables& t = SegmentTables::Get();
   const size_t mapped = MappedBytes(capacity);
   UniqueFd fd;
@@ -378,8 +378,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(
       if (errno == EMFILE || errno == ENFILE) {
         return DescriptorLimitError("cannot create a shared-memory descriptor");
       }
-      return absl::ResourceExhaustedError(
-          absl::StrCat("memfd_create: ", ErrnoText(errno)));
+      return absl::ResourceExhaustedError(absl::StrCat("memfd_create: ", ErrnoText(errno)));
     }
   } else {
     uint32_t random = 0;
@@ -389,18 +388,15 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(
       std::lock_guard lock(t.mu);
       n = t.counter++;
     }
-    name = absl::StrFormat("%s_%d_%d_%08x", RegionNamePrefix(), ::getpid(), n,
-                           random);
+    name = FormatRegionName({RegionNamePrefix(), ::getpid(), n, random});
     // Registered before it exists, so that no crash can leave it unrecorded.
     EMBER_RETURN_IF_ERROR(RegisterRegion(name));
-    fd.reset(
-        ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
+    fd.reset(::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
     if (!fd.valid()) {
       int err = errno;
       UnregisterRegion(name);
       if (err == EMFILE || err == ENFILE) {
-        return DescriptorLimitError(
-            absl::StrCat("cannot open shared-memory region '", name, "'"));
+        return DescriptorLimitError(absl::StrCat("cannot open shared-memory region '", name, "'"));
       }
       return absl::UnavailableError(
           absl::StrCat("shm_open('", name, "') in /dev/shm: ", ErrnoText(err)));
@@ -414,27 +410,22 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(
     return s;
   };
   if (::ftruncate(fd.get(), static_cast<off_t>(mapped)) != 0) {
-    return fail(absl::ResourceExhaustedError(
-        absl::StrCat("cannot size a shared-memory region to ", mapped,
-                     " bytes: ", ErrnoText(errno))));
+    return fail(absl::ResourceExhaustedError(absl::StrCat("cannot size a shared-memory region to ",
+                                                          mapped, " bytes: ", ErrnoText(errno))));
   }
   // Reserve every page now: a full /dev/shm fails here, not as SIGBUS later.
-  if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(mapped));
-      err != 0) {
+  if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(mapped)); err != 0) {
     return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "cannot reserve ", mapped, " bytes of shared memory for a storage of ",
-        capacity, " bytes (", name.empty() ? "memfd" : "/dev/shm" + name,
-        "): ", ErrnoText(err),
+        "cannot reserve ", mapped, " bytes of shared memory for a storage of ", capacity,
+        " bytes (", name.empty() ? "memfd" : "/dev/shm" + name, "): ", ErrnoText(err),
         err == ENOSPC ? "; free space in /dev/shm or raise its size" : "")));
   }
-  void* base =
-      ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "mmap of ", mapped, " bytes of shared memory: ", ErrnoText(errno))));
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat("mmap of ", mapped, " bytes of shared memory: ", ErrnoText(errno))));
   }
-  auto* h = reinterpret_cast<Header*>(static_cast<char*>(base) +
-                                      HeaderOffset(capacity));
+  auto* h = reinterpret_cast<Header*>(static_cast<char*>(base) + HeaderOffset(capacity));
   h->capacity = capacity;
   h->refcount.store(1, std::memory_order_relaxed);
   h->magic = kSegmentMagic;
@@ -447,16 +438,16 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(
     key = "name:" + name;
     fd.reset();
   }
-  std::shared_ptr<SharedSegment> seg(new SharedSegment(
-      strategy, base, capacity, std::move(fd), std::move(name), key, true));
+  std::shared_ptr<SharedSegment> seg(
+      new SharedSegment(strategy, base, capacity, std::move(fd), std::move(name), key, true));
   std::lock_guard lock(t.mu);
   t.live.insert(seg.get());
   t.by_key[key] = seg;
   return seg;
 }
 
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Acquire(
-    SharingStrategy strategy, size_t nbytes) {
+absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Acquire(SharingStrategy strategy,
+                                                                      size_t nbytes) {
   const size_t capacity = (nbytes + kPage - 1) / kPage * kPage;
   SegmentTables& t = SegmentTables::Get();
   {
@@ -479,8 +470,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Acquire(
   return Create(strategy, capacity);
 }
 
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportFd(
-    UniqueFd fd) {
+absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportFd(UniqueFd fd) {
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
     return absl::InvalidArgumentError(
@@ -497,15 +487,12 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportFd(
       }
     }
   }
-  return Map(SharingStrategy::kFileDescriptor, std::move(fd), "", key,
-             st.st_size);
+  return Map(SharingStrategy::kFileDescriptor, std::move(fd), "", key, st.st_size);
 }
 
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportName(
-    const std::string& name) {
+absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportName(const std::string& name) {
   if (!IsValidRegionName(name)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", name, "' is not a region name"));
+    return absl::InvalidArgumentError(absl::StrCat("'", name, "' is not a region name"));
   }
   std::string key = "name:" + name;
   SegmentTables& t = SegmentTables::Get();
@@ -530,30 +517,25 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportName(
     }
   }
   if (kept.base != nullptr) {
-    return Adopt(SharingStrategy::kFileSystem, kept.base, kept.mapped,
-                 UniqueFd(), name, key);
+    return Adopt(SharingStrategy::kFileSystem, kept.base, kept.mapped, UniqueFd(), name, key);
   }
   // Keep the daemon alive while this process maps regions.
   EMBER_RETURN_IF_ERROR(ConnectToManager());
   UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
   if (!fd.valid()) {
     if (errno == EMFILE || errno == ENFILE) {
-      return DescriptorLimitError(
-          absl::StrCat("cannot open shared-memory region '", name, "'"));
+      return DescriptorLimitError(absl::StrCat("cannot open shared-memory region '", name, "'"));
     }
     return absl::NotFoundError(
-        absl::StrCat("shared-memory region '", name, "' cannot be opened (",
-                     ErrnoText(errno),
+        absl::StrCat("shared-memory region '", name, "' cannot be opened (", ErrnoText(errno),
                      "): it was released, or its creator was killed before the "
                      "message was received"));
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
-    return absl::InternalError(
-        absl::StrCat("fstat of region '", name, "': ", ErrnoText(errno)));
+    return absl::InternalError(absl::StrCat("fstat of region '", name, "': ", ErrnoText(errno)));
   }
-  return Map(SharingStrategy::kFileSystem, std::move(fd), name, key,
-             st.st_size);
+  return Map(SharingStrategy::kFileSystem, std::move(fd), name, key, st.st_size);
 }
 
 void SharedSegment::Recycle(std::shared_ptr<SharedSegment> segment) {
@@ -562,16 +544,17 @@ void SharedSegment::Recycle(std::shared_ptr<SharedSegment> segment) {
   {
     std::lock_guard lock(t.mu);
     const size_t cap = segment->capacity_;
-    if (t.exiting || segment->released_ || segment->creator_pid_ != t.pid ||
-        cap > t.cache_limit) {
+    // Another storage of this process still maps it (Note [Dedup]): the
+    // last one to die recycles it, so that the cache holds each region once.
+    if (segment.use_count() > 1) return;
+    if (t.exiting || segment->released_ || segment->creator_pid_ != t.pid || cap > t.cache_limit) {
       // Freed below, outside the lock.
     } else {
       // Make room by evicting regions no other process holds.
-      for (auto it = t.cache.begin();
-           it != t.cache.end() && t.cached_bytes + cap > t.cache_limit; ++it) {
+      for (auto it = t.cache.begin(); it != t.cache.end() && t.cached_bytes + cap > t.cache_limit;
+           ++it) {
         auto& list = it->second;
-        for (size_t i = list.size();
-             i-- > 0 && t.cached_bytes + cap > t.cache_limit;) {
+        for (size_t i = list.size(); i-- > 0 && t.cached_bytes + cap > t.cache_limit;) {
           if (list[i].use_count() == 1 && list[i]->refcount() == 1) {
             t.cached_bytes -= list[i]->capacity_;
             evicted.push_back(std::move(list[i]));
@@ -581,8 +564,7 @@ void SharedSegment::Recycle(std::shared_ptr<SharedSegment> segment) {
       }
       if (t.cached_bytes + cap <= t.cache_limit) {
         t.cached_bytes += cap;
-        t.cache[{static_cast<int>(segment->strategy_), cap}].push_back(
-            std::move(segment));
+        t.cache[{static_cast<int>(segment->strategy_), cap}].push_back(std::move(segment));
       }
     }
   }
@@ -591,8 +573,7 @@ void SharedSegment::Recycle(std::shared_ptr<SharedSegment> segment) {
 
 void SharedSegment::EmptyCache() {
   SegmentTables& t = SegmentTables::Get();
-  std::map<std::pair<int, size_t>, std::vector<std::shared_ptr<SharedSegment>>>
-      cache;
+  std::map<std::pair<int, size_t>, std::vector<std::shared_ptr<SharedSegment>>> cache;
   std::deque<SegmentTables::Spare> spare;
   {
     std::lock_guard lock(t.mu);

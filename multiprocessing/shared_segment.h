@@ -50,16 +50,15 @@ class SharedSegment {
   // Errors: ResourceExhausted when the descriptor limit or /dev/shm is
   // exhausted (the message names the limit or the size), Unavailable when the
   // shm manager cannot be reached (file_system).
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> Acquire(
-      SharingStrategy strategy, size_t nbytes);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Acquire(SharingStrategy strategy,
+                                                                size_t nbytes);
   // Maps a region received as a descriptor or by name, adopting the one
   // reference its message carried. A region this process already maps is
   // mapped once: the existing segment is returned (Note [Dedup]).
   // Errors: InvalidArgument for a descriptor or region that is not an Ember
   // segment, NotFound for a name that no longer exists.
   static absl::StatusOr<std::shared_ptr<SharedSegment>> ImportFd(UniqueFd fd);
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> ImportName(
-      const std::string& name);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> ImportName(const std::string& name);
 
   SharedSegment(const SharedSegment&) = delete;
   SharedSegment& operator=(const SharedSegment&) = delete;
@@ -91,23 +90,25 @@ class SharedSegment {
   // exit would; called on normal exit and by forked children before _exit.
   // Later destruction only unmaps.
   static void ReleaseAllAtExit();
+  // fork() for a child that only execs (the spawn start method): the child
+  // keeps no mapping past exec, so no reference is taken on its behalf.
+  static pid_t ForkToExec();
 
  private:
   struct Header;
-  SharedSegment(SharingStrategy strategy, void* base, size_t capacity,
-                UniqueFd fd, std::string name, std::string key,
-                bool created_here);
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> Create(
-      SharingStrategy strategy, size_t capacity);
+  SharedSegment(SharingStrategy strategy, void* base, size_t capacity, UniqueFd fd,
+                std::string name, std::string key, bool created_here);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Create(SharingStrategy strategy,
+                                                               size_t capacity);
   // Maps a received region of `size` bytes (or reuses a kept mapping).
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> Map(
-      SharingStrategy strategy, UniqueFd fd, std::string name, std::string key,
-      off_t size);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Map(SharingStrategy strategy, UniqueFd fd,
+                                                            std::string name, std::string key,
+                                                            off_t size);
   // Wraps a mapping of a received region, checking its header, and records
   // it in the process-wide tables.
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> Adopt(
-      SharingStrategy strategy, void* base, size_t mapped, UniqueFd fd,
-      std::string name, std::string key);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Adopt(SharingStrategy strategy, void* base,
+                                                              size_t mapped, UniqueFd fd,
+                                                              std::string name, std::string key);
   Header* header() const;
   // Drops this mapping's reference (once); true when that was the last
   // reference to a named region, which the caller then unlinks.

@@ -20,8 +20,7 @@ namespace {
 std::atomic<SharingStrategy> g_strategy{SharingStrategy::kFileDescriptor};
 
 const char* StrategyName(SharingStrategy s) {
-  return s == SharingStrategy::kFileDescriptor ? "file_descriptor"
-                                               : "file_system";
+  return s == SharingStrategy::kFileDescriptor ? "file_descriptor" : "file_system";
 }
 
 // memcpy, split over the intra-op pool for large storages (one thread
@@ -35,8 +34,7 @@ void CopyBytes(void* dst, const void* src, size_t n) {
   const int64_t chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
   ParallelFor(0, chunks, 1, [&](int64_t begin, int64_t end) {
     const size_t from = begin * kChunk, to = std::min<size_t>(n, end * kChunk);
-    std::memcpy(static_cast<char*>(dst) + from,
-                static_cast<const char*>(src) + from, to - from);
+    std::memcpy(static_cast<char*>(dst) + from, static_cast<const char*>(src) + from, to - from);
   });
 }
 
@@ -53,15 +51,13 @@ void DeleteSegmentRef(void* context) {
 }
 
 SharedSegment* SegmentOf(const Storage& storage) {
-  if (!storage.defined() || storage.data_ptr().deleter() != &DeleteSegmentRef)
-    return nullptr;
+  if (!storage.defined() || storage.data_ptr().deleter() != &DeleteSegmentRef) return nullptr;
   return static_cast<SegmentRef*>(storage.data_ptr().context())->segment.get();
 }
 
 DataPtr MakeDataPtr(std::shared_ptr<SharedSegment> segment) {
   void* data = segment->data();
-  return DataPtr(data, new SegmentRef{std::move(segment)}, &DeleteSegmentRef,
-                 kCPU);
+  return DataPtr(data, new SegmentRef{std::move(segment)}, &DeleteSegmentRef, kCPU);
 }
 
 // Lets `empty()`-style code allocate straight into shared memory.
@@ -69,14 +65,12 @@ class ShmAllocator : public Allocator {
  public:
   explicit ShmAllocator(SharingStrategy strategy) : strategy_(strategy) {}
   DataPtr Allocate(size_t nbytes) override {
-    absl::StatusOr<std::shared_ptr<SharedSegment>> seg =
-        SharedSegment::Acquire(strategy_, nbytes);
+    absl::StatusOr<std::shared_ptr<SharedSegment>> seg = SharedSegment::Acquire(strategy_, nbytes);
     EMBER_CHECK(seg.ok(), seg.status().message());
     return MakeDataPtr(*std::move(seg));
   }
   std::string_view name() const override {
-    return strategy_ == SharingStrategy::kFileDescriptor ? "shm_fd"
-                                                         : "shm_file";
+    return strategy_ == SharingStrategy::kFileDescriptor ? "shm_fd" : "shm_file";
   }
 
  private:
@@ -86,17 +80,15 @@ class ShmAllocator : public Allocator {
 Allocator* AllocatorFor(SharingStrategy s) {
   static ShmAllocator fd(SharingStrategy::kFileDescriptor);
   static ShmAllocator file(SharingStrategy::kFileSystem);
-  return s == SharingStrategy::kFileDescriptor ? static_cast<Allocator*>(&fd)
-                                               : &file;
+  return s == SharingStrategy::kFileDescriptor ? static_cast<Allocator*>(&fd) : &file;
 }
 
 class CpuSharingHandler : public SharingHandler {
  public:
   absl::Status Share(const Storage& storage) override {
     if (IsShared(storage)) return absl::OkStatus();
-    EMBER_ASSIGN_OR_RETURN(
-        std::shared_ptr<SharedSegment> seg,
-        SharedSegment::Acquire(g_strategy.load(), storage.nbytes()));
+    EMBER_ASSIGN_OR_RETURN(std::shared_ptr<SharedSegment> seg,
+                           SharedSegment::Acquire(g_strategy.load(), storage.nbytes()));
     CopyBytes(seg->data(), storage.data(), storage.nbytes());
     SharingStrategy strategy = seg->strategy();
     Storage handle = storage;  // shares the storage's state
@@ -104,15 +96,12 @@ class CpuSharingHandler : public SharingHandler {
     return absl::OkStatus();
   }
 
-  bool IsShared(const Storage& storage) const override {
-    return SegmentOf(storage) != nullptr;
-  }
+  bool IsShared(const Storage& storage) const override { return SegmentOf(storage) != nullptr; }
 
   absl::StatusOr<ExportedStorage> Export(const Storage& storage) override {
     SharedSegment* seg = SegmentOf(storage);
     if (seg == nullptr) {
-      return absl::FailedPreconditionError(
-          "Export: the storage is not in shared memory");
+      return absl::FailedPreconditionError("Export: the storage is not in shared memory");
     }
     ExportedStorage out;
     out.nbytes = storage.nbytes();
@@ -128,31 +117,28 @@ class CpuSharingHandler : public SharingHandler {
   }
 
   void Abandon(const ExportedStorage& exported) override {
-    if (SharedSegment* seg = SegmentOf(exported.source))
-      seg->DropMessageReference();
+    if (SharedSegment* seg = SegmentOf(exported.source)) seg->DropMessageReference();
   }
 
   absl::StatusOr<Storage> Import(ReceivedStorage received) override {
     absl::StatusOr<std::shared_ptr<SharedSegment>> seg;
     if (received.handle == "d" && received.fds.size() == 1) {
       seg = SharedSegment::ImportFd(std::move(received.fds[0]));
-    } else if (received.handle.size() > 1 && received.handle[0] == 'n' &&
-               received.fds.empty()) {
+    } else if (received.handle.size() > 1 && received.handle[0] == 'n' && received.fds.empty()) {
       seg = SharedSegment::ImportName(received.handle.substr(1));
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "malformed CPU storage handle ('", received.handle.substr(0, 64),
-          "' with ", received.fds.size(), " descriptors)"));
+      return absl::InvalidArgumentError(absl::StrCat("malformed CPU storage handle ('",
+                                                     received.handle.substr(0, 64), "' with ",
+                                                     received.fds.size(), " descriptors)"));
     }
     if (!seg.ok()) return seg.status();
     if (received.nbytes > (*seg)->capacity()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a storage of ", received.nbytes,
-          " bytes does not fit its region of ", (*seg)->capacity(), " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("a storage of ", received.nbytes,
+                                                     " bytes does not fit its region of ",
+                                                     (*seg)->capacity(), " bytes"));
     }
     SharingStrategy strategy = (*seg)->strategy();
-    return Storage(MakeDataPtr(*std::move(seg)), received.nbytes,
-                   AllocatorFor(strategy));
+    return Storage(MakeDataPtr(*std::move(seg)), received.nbytes, AllocatorFor(strategy));
   }
 };
 
@@ -173,9 +159,7 @@ Registry& GetRegistry() {
 
 }  // namespace
 
-std::vector<std::string> get_all_sharing_strategies() {
-  return {"file_descriptor", "file_system"};
-}
+std::vector<std::string> get_all_sharing_strategies() { return {"file_descriptor", "file_system"}; }
 
 std::string get_sharing_strategy() { return StrategyName(g_strategy.load()); }
 
@@ -187,8 +171,7 @@ absl::Status set_sharing_strategy(std::string_view name) {
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown sharing strategy '", std::string(name),
-                     "'; valid strategies: ",
-                     absl::StrJoin(get_all_sharing_strategies(), ", ")));
+                     "'; valid strategies: ", absl::StrJoin(get_all_sharing_strategies(), ", ")));
   }
   return absl::OkStatus();
 }
@@ -208,18 +191,16 @@ absl::StatusOr<SharingHandler*> GetSharingHandler(DeviceType type) {
   std::lock_guard lock(r.mu);
   SharingHandler* h = r.handlers[static_cast<int>(type)];
   if (h == nullptr) {
-    return absl::UnimplementedError(
-        absl::StrCat("sharing ", std::string(DeviceTypeName(type)),
-                     " storages between processes is not supported "
-                     "yet; copy the tensor to the CPU first"));
+    return absl::UnimplementedError(absl::StrCat("sharing ", std::string(DeviceTypeName(type)),
+                                                 " storages between processes is not supported "
+                                                 "yet; copy the tensor to the CPU first"));
   }
   return h;
 }
 
 absl::Status share_memory_(const Storage& storage) {
   if (!storage.defined()) return absl::OkStatus();
-  EMBER_ASSIGN_OR_RETURN(SharingHandler * h,
-                         GetSharingHandler(storage.device().type()));
+  EMBER_ASSIGN_OR_RETURN(SharingHandler * h, GetSharingHandler(storage.device().type()));
   return h->Share(storage);
 }
 
@@ -232,13 +213,37 @@ absl::Status share_memory_(const Tensor& t) {
 
 bool is_shared(const Storage& storage) {
   if (!storage.defined()) return false;
-  absl::StatusOr<SharingHandler*> h =
-      GetSharingHandler(storage.device().type());
+  absl::StatusOr<SharingHandler*> h = GetSharingHandler(storage.device().type());
   return h.ok() && (*h)->IsShared(storage);
 }
 
-bool is_shared(const Tensor& t) {
-  return t.defined() && is_shared(t.storage());
+bool is_shared(const Tensor& t) { return t.defined() && is_shared(t.storage()); }
+
+absl::Status alias_shared_storage(const Storage& storage, const Storage& shared) {
+  if (!storage.defined() || !shared.defined()) {
+    return absl::InvalidArgumentError("alias_shared_storage: a storage is undefined");
+  }
+  if (storage.device().type() != DeviceType::kCPU || shared.device().type() != DeviceType::kCPU) {
+    return absl::UnimplementedError(
+        "alias_shared_storage: only CPU storages can alias shared memory so far");
+  }
+  SharedSegment* seg = SegmentOf(shared);
+  if (seg == nullptr) {
+    return absl::InvalidArgumentError(
+        "alias_shared_storage: the source storage is not in shared memory; share_memory_ it "
+        "first");
+  }
+  if (storage.nbytes() != shared.nbytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("alias_shared_storage: the storage holds ",
+                                                   storage.nbytes(), " bytes but the shared one ",
+                                                   shared.nbytes()));
+  }
+  if (storage.is_alias_of(shared) || storage.data() == shared.data()) return absl::OkStatus();
+  const SharingStrategy strategy = seg->strategy();
+  auto* ref = static_cast<SegmentRef*>(shared.data_ptr().context());
+  Storage handle = storage;  // shares the storage's state
+  handle.set_data_ptr(MakeDataPtr(ref->segment), AllocatorFor(strategy));
+  return absl::OkStatus();
 }
 
 void EmptySharedMemoryCache() { SharedSegment::EmptyCache(); }

@@ -62,6 +62,14 @@ absl::Status share_memory_(const Storage& storage);
 bool is_shared(const Tensor& t);
 bool is_shared(const Storage& storage);
 
+// Makes `storage` use the bytes of the shared storage `shared` in place (its
+// own bytes are freed): every tensor viewing `storage` then reads and writes
+// the same shared memory as `shared`, in this process and in every other
+// holder. This is how a child rebuilds its own module onto the parameters a
+// parent shared (module_state.h). InvalidArgument when `shared` is not in
+// shared memory or the byte sizes differ; Unimplemented off the CPU.
+absl::Status alias_shared_storage(const Storage& storage, const Storage& shared);
+
 // Frees the shared regions this process keeps for reuse (Note [Segment
 // reuse] in shared_segment.cc).
 void EmptySharedMemoryCache();

@@ -20,12 +20,11 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // Inside a child: fail with the location and condition.
-#define CHILD_CHECK(cond)                                                   \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      return absl::InternalError(                                           \
-          absl::StrCat(__FILE__, ":", __LINE__, ": check failed: " #cond)); \
-    }                                                                       \
+#define CHILD_CHECK(cond)                                                                          \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      return absl::InternalError(absl::StrCat(__FILE__, ":", __LINE__, ": check failed: " #cond)); \
+    }                                                                                              \
   } while (0)
 
 std::vector<double> Values(const Tensor& t) {
@@ -41,8 +40,7 @@ Tensor Sample(Dtype dtype) {
 }
 
 TEST(SharingStrategyTest, ListsAndSetsStrategies) {
-  EXPECT_THAT(get_all_sharing_strategies(),
-              ElementsAre("file_descriptor", "file_system"));
+  EXPECT_THAT(get_all_sharing_strategies(), ElementsAre("file_descriptor", "file_system"));
   ASSERT_TRUE(set_sharing_strategy("file_system").ok());
   EXPECT_EQ(get_sharing_strategy(), "file_system");
   ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok());
@@ -67,12 +65,9 @@ class SharingTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     ASSERT_TRUE(set_sharing_strategy(GetParam()).ok());
-    ASSERT_TRUE(
-        set_shared_memory_prefix(testing::UniquePrefix("sharing")).ok());
+    ASSERT_TRUE(set_shared_memory_prefix(testing::UniquePrefix("sharing")).ok());
   }
-  void TearDown() override {
-    ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok());
-  }
+  void TearDown() override { ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok()); }
 };
 
 TEST_P(SharingTest, ShareMemoryMovesInPlaceAndViewsFollow) {
@@ -89,8 +84,7 @@ TEST_P(SharingTest, ShareMemoryMovesInPlaceAndViewsFollow) {
   EXPECT_EQ(Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
 }
 
-TEST_P(SharingTest,
-       EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays) {
+TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays) {
   std::vector<Tensor> sent;
   Value::List message;
   for (Dtype d : kAllDtypes) {
@@ -101,8 +95,7 @@ TEST_P(SharingTest,
   Tensor strided = base.t().slice(1, 1, 4);  // non-contiguous view, offset 1
   message.push_back(strided);
   message.push_back(empty({0, 3}));
-  message.push_back(
-      Value::List{Value(7), Value("label"), Value(2.5), Value(true), Value()});
+  message.push_back(Value::List{Value(7), Value("label"), Value(2.5), Value(true), Value()});
   auto pipe = Pipe();
   ASSERT_TRUE(pipe.ok()) << pipe.status();
   absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
@@ -121,9 +114,7 @@ TEST_P(SharingTest,
     CHILD_CHECK(s.sizes() == IntArrayRef({6, 3}));
     CHILD_CHECK(s.strides() == IntArrayRef({1, 6}));
     CHILD_CHECK(s.storage_offset() == 6);
-    CHILD_CHECK(
-        Values(s) ==
-        Values(arange(24).view({4, 6}).t().slice(1, 1, 4).to(kFloat64)));
+    CHILD_CHECK(Values(s) == Values(arange(24).view({4, 6}).t().slice(1, 1, 4).to(kFloat64)));
     s.fill_(-5);
     EMBER_ASSIGN_OR_RETURN(Tensor e, got[kNumDtypes + 1].as<Tensor>());
     CHILD_CHECK(e.numel() == 0 && e.sizes() == IntArrayRef({0, 3}));
@@ -144,16 +135,14 @@ TEST_P(SharingTest,
   ASSERT_TRUE(child.ok()) << child.status();
   ASSERT_TRUE(pipe->first.Send(Value(message), absl::Seconds(20)).ok());
   absl::StatusOr<Value> ack = pipe->first.Receive(absl::Seconds(20));
-  ASSERT_TRUE(ack.ok()) << ack.status() << " / "
-                        << child->Join(absl::Seconds(5)).status()
+  ASSERT_TRUE(ack.ok()) << ack.status() << " / " << child->Join(absl::Seconds(5)).status()
                         << child->error_message();
   for (const Tensor& t : sent) {
     EXPECT_TRUE(is_shared(t));  // moved in place when sent
     EXPECT_EQ(Values(t), std::vector<double>(6, 1)) << t.dtype();
   }
   EXPECT_EQ(Values(strided), std::vector<double>(18, -5));
-  EXPECT_EQ(Values(base.select(0, 0)),
-            (std::vector<double>{0, 1, 2, 3, 4, 5}));  // untouched
+  EXPECT_EQ(Values(base.select(0, 0)), (std::vector<double>{0, 1, 2, 3, 4, 5}));  // untouched
   sent[0].fill_(42);
   ASSERT_TRUE(pipe->first.Send(Value("go")).ok());
   absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
@@ -172,15 +161,13 @@ TEST_P(SharingTest, AStorageSentTwiceIsMappedOnce) {
     EMBER_ASSIGN_OR_RETURN(Tensor tb, b.list()[0].as<Tensor>());
     EMBER_ASSIGN_OR_RETURN(Tensor tc, b.list()[1].as<Tensor>());
     CHILD_CHECK(ta.storage().data() == tb.storage().data());
-    CHILD_CHECK(tb.storage().is_alias_of(
-        tc.storage()));  // one storage per message entry
+    CHILD_CHECK(tb.storage().is_alias_of(tc.storage()));  // one storage per message entry
     CHILD_CHECK(tc.storage_offset() == 128);
     return absl::OkStatus();
   });
   ASSERT_TRUE(child.ok());
   ASSERT_TRUE(pipe->first.Send(Value(t)).ok());
-  ASSERT_TRUE(
-      pipe->first.Send(Value(Value::List{t, t.narrow(0, 128, 128)})).ok());
+  ASSERT_TRUE(pipe->first.Send(Value(Value::List{t, t.narrow(0, 128, 128)})).ok());
   absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
   ASSERT_TRUE(exit.ok());
   EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
@@ -209,8 +196,7 @@ TEST_P(SharingTest, ReusedRegionsCarryFreshValues) {
   ASSERT_TRUE(child.ok());
   for (int i = 0; i < kMessages; ++i) {
     ASSERT_TRUE(pipe->first.Send(Value(full({1024}, i, kFloat32))).ok());
-    ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok())
-        << child->error_message();
+    ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok()) << child->error_message();
   }
   absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
   ASSERT_TRUE(exit.ok());
@@ -237,13 +223,9 @@ TEST(SharingCacheTest, ReceiversDropMappingsOfRegionsNobodyHolds) {
     for (int i = 0; i < 10; ++i) {  // ten regions, held at once, then dropped
       EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.Receive(absl::Seconds(20)));
     }
-    CHILD_CHECK(MemfdMappings() >=
-                10);  // kept for reuse: the sender caches them
+    CHILD_CHECK(MemfdMappings() >= 10);  // kept for reuse: the sender caches them
     EMBER_RETURN_IF_ERROR(pipe->second.Send(Value("dropped")));
-    {
-      EMBER_ASSIGN_OR_RETURN(Value last,
-                             pipe->second.Receive(absl::Seconds(20)));
-    }
+    { EMBER_ASSIGN_OR_RETURN(Value last, pipe->second.Receive(absl::Seconds(20))); }
     CHILD_CHECK(MemfdMappings() <= 1);
     return absl::OkStatus();
   });
@@ -253,14 +235,37 @@ TEST(SharingCacheTest, ReceiversDropMappingsOfRegionsNobodyHolds) {
     held.push_back(full({1000 + i}, i, kFloat32));  // distinct sizes: no reuse
     ASSERT_TRUE(pipe->first.Send(held.back()).ok());
   }
-  ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok())
-      << child->error_message();
+  ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok()) << child->error_message();
   held.clear();
   EmptySharedMemoryCache();  // the sender frees all ten
   ASSERT_TRUE(pipe->first.Send(Value(ones({3}))).ok());
   absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
   ASSERT_TRUE(exit.ok());
   EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
+}
+
+// A region that comes back to its creator gets another storage over the
+// same bytes (Note [Dedup]); when all of them die it enters the reuse cache
+// once, and the next tensor of its size reuses it.
+TEST_P(SharingTest, ARegionReceivedBackIsReusedOnceAllItsStoragesDie) {
+  EmptySharedMemoryCache();
+  auto pipe = Pipe();
+  ASSERT_TRUE(pipe.ok());
+  const void* first = nullptr;
+  {
+    Tensor t = zeros({1000});
+    ASSERT_TRUE(share_memory_(t).ok());
+    first = t.storage().data();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(pipe->first.Send(Value(t)).ok());
+      absl::StatusOr<Value> back = pipe->second.Receive(absl::Seconds(20));
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(back->get_if<Tensor>()->storage().data(), first);
+    }
+  }
+  Tensor u = zeros({1000});
+  ASSERT_TRUE(share_memory_(u).ok());
+  EXPECT_EQ(u.storage().data(), first);
 }
 
 INSTANTIATE_TEST_SUITE_P(BothStrategies, SharingTest,

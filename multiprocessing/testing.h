@@ -1,6 +1,7 @@
 // Test utilities for multiprocessing/ (testonly): counting this process's
-// descriptors, listing /dev/shm, unique region prefixes, and waiting for a
-// condition with a deadline.
+// descriptors, listing /dev/shm, unique region prefixes, waiting for a
+// condition with a deadline, and (for every test binary that links this) a
+// last step that lets the shm manager the tests started exit cleanly.
 //
 //   std::string prefix = UniquePrefix("leak");
 //   ASSERT_TRUE(WaitUntil([&] { return ShmEntries(prefix).empty(); },
@@ -10,6 +11,7 @@
 
 #include <dirent.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -20,19 +22,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "multiprocessing/manager_client.h"
 
 namespace ember::multiprocessing::testing {
 
 // Entries of `dir` (e.g. "/proc/self/fd", "/dev/shm") whose names start with
 // `prefix`.
-inline std::vector<std::string> DirEntries(const std::string& dir,
-                                           const std::string& prefix = "") {
+inline std::vector<std::string> DirEntries(const std::string& dir, const std::string& prefix = "") {
   std::vector<std::string> out;
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
       std::string name = e->d_name;
-      if (name != "." && name != ".." && name.starts_with(prefix))
-        out.push_back(name);
+      if (name != "." && name != ".." && name.starts_with(prefix)) out.push_back(name);
     }
     ::closedir(d);
   }
@@ -40,9 +42,7 @@ inline std::vector<std::string> DirEntries(const std::string& dir,
 }
 
 // Open descriptors of this process (minus the one used to count them).
-inline int OpenFdCount() {
-  return static_cast<int>(DirEntries("/proc/self/fd").size()) - 1;
-}
+inline int OpenFdCount() { return static_cast<int>(DirEntries("/proc/self/fd").size()) - 1; }
 
 // /dev/shm entries of regions named with `prefix` (given with its "/").
 inline std::vector<std::string> ShmEntries(const std::string& prefix) {
@@ -58,13 +58,11 @@ inline std::string UniquePrefix(const std::string& tag) {
     (void)!::getrandom(&r, sizeof(r), 0);
     return r;
   }();
-  return absl::StrCat("/embertest_", tag, "_", ::getpid(), "_",
-                      absl::Hex(random));
+  return absl::StrCat("/embertest_", tag, "_", ::getpid(), "_", absl::Hex(random));
 }
 
 // Polls `cond` until it holds (true) or `timeout` passes (false).
-inline bool WaitUntil(const std::function<bool()>& cond,
-                      absl::Duration timeout) {
+inline bool WaitUntil(const std::function<bool()>& cond, absl::Duration timeout) {
   absl::Time deadline = absl::Now() + timeout;
   while (!cond()) {
     if (absl::Now() > deadline) return false;
@@ -72,6 +70,25 @@ inline bool WaitUntil(const std::function<bool()>& cond,
   }
   return true;
 }
+
+// Once all tests have run, says goodbye to the shm manager this process used
+// and waits for it to go idle, unlink what is left and exit. Test sandboxes
+// kill what remains of a test's process tree when it ends; a daemon killed
+// mid-way leaves its directory in /tmp. Waits at most the daemon's grace
+// period ($EMBER_SHM_MANAGER_GRACE_MS) plus 10 s.
+class ManagerExitEnvironment : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    const std::string socket = ManagerSocketPath();
+    DisconnectFromManager();
+    if (socket.empty()) return;
+    struct stat st;
+    EXPECT_TRUE(WaitUntil([&] { return ::stat(socket.c_str(), &st) != 0; }, absl::Seconds(15)))
+        << "the shm manager at " << socket << " did not exit";
+  }
+};
+inline ::testing::Environment* const kManagerExitEnvironment =
+    ::testing::AddGlobalTestEnvironment(new ManagerExitEnvironment);
 
 }  // namespace ember::multiprocessing::testing
 

@@ -1,14 +1,25 @@
 // Value: what queues and pipes carry: None, a bool, an integer, a double, a
-// string, a tensor, or a list of values (nested freely).
+// string, a tensor, a list of values, a dict from strings to values (nested
+// freely), or a channel (a Connection, SimpleQueue or Queue), as PyTorch's
+// pickled messages carry Python objects.
 //
 //   Value msg = Value::List{Value(3), Value("loss"), Value(ember::ones({4}))};
 //   absl::StatusOr<ember::Tensor> t = msg.list()[2].as<ember::Tensor>();
+//   Value state = Value::Dict{{"step", Value(10)}, {"w", Value(w)}, {"q", Value(queue)}};
+//   const Value* step = state.find("step");   // null when absent
+//   absl::StatusOr<Queue> q = state.find("q")->as<Queue>();   // needs queue.h
 //
-// Copying a Value copies tensor handles, not their bytes. Thread-compatible.
+// Channels travel as their descriptors (message.h), so a child started with
+// the spawn method can be handed the queues and pipes of its parent.
+//
+// Copying a Value copies tensor and channel handles, not their bytes or
+// sockets. Thread-compatible.
 #ifndef EMBER_MULTIPROCESSING_VALUE_H_
 #define EMBER_MULTIPROCESSING_VALUE_H_
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -23,11 +34,26 @@
 
 namespace ember::multiprocessing {
 
+// Defined in connection.h and queue.h; a Value holds them by handle.
+class Connection;
+class SimpleQueue;
+class Queue;
+
+namespace internal {
+template <typename T>
+inline constexpr bool kIsChannel =
+    std::is_same_v<T, Connection> || std::is_same_v<T, SimpleQueue> || std::is_same_v<T, Queue>;
+}  // namespace internal
+
 class Value {
  public:
   using List = std::vector<Value>;
-  using Variant = std::variant<std::monostate, bool, int64_t, double,
-                               std::string, Tensor, List>;
+  // Keys in sorted order (a Python dict keeps insertion order; nothing here
+  // depends on it).
+  using Dict = std::map<std::string, Value>;
+  using Variant = std::variant<std::monostate, bool, int64_t, double, std::string, Tensor, List,
+                               Dict, std::shared_ptr<const Connection>,
+                               std::shared_ptr<const SimpleQueue>, std::shared_ptr<const Queue>>;
 
   Value() = default;                             // None
   Value(bool v) : v_(v) {}                       // NOLINT: implicit by design
@@ -38,24 +64,36 @@ class Value {
   Value(std::string v) : v_(std::move(v)) {}     // NOLINT
   Value(Tensor v) : v_(std::move(v)) {}          // NOLINT
   Value(List v) : v_(std::move(v)) {}            // NOLINT
+  Value(Dict v) : v_(std::move(v)) {}            // NOLINT
+  // A channel (Connection, SimpleQueue or Queue): the Value holds a handle
+  // to the same socket(s), as copying the channel would.
+  template <typename T, typename = std::enable_if_t<internal::kIsChannel<T>>>
+  Value(T channel)  // NOLINT
+      : v_(std::shared_ptr<const T>(std::make_shared<T>(std::move(channel)))) {}
 
   bool is_none() const { return std::holds_alternative<std::monostate>(v_); }
   template <typename T>
   bool is() const {
-    return std::holds_alternative<T>(v_);
+    return get_if<T>() != nullptr;
   }
   // The held T, or null.
   template <typename T>
   const T* get_if() const {
-    return std::get_if<T>(&v_);
+    if constexpr (internal::kIsChannel<T>) {
+      const auto* p = std::get_if<std::shared_ptr<const T>>(&v_);
+      return p != nullptr ? p->get() : nullptr;
+    } else {
+      return std::get_if<T>(&v_);
+    }
   }
-  // The held T, or InvalidArgument naming what is held instead.
+  // The held T (a channel: a handle to the same channel), or InvalidArgument
+  // naming what is held instead.
   template <typename T>
   absl::StatusOr<T> as() const {
-    if (const T* p = std::get_if<T>(&v_)) return *p;
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected a ", KindName(Variant(T{}).index()),
-                     " value, got ", KindName(v_.index())));
+    if (const T* p = get_if<T>()) return *p;
+    using Held = std::conditional_t<internal::kIsChannel<T>, std::shared_ptr<const T>, T>;
+    return absl::InvalidArgumentError(absl::StrCat("expected a ", KindName(Variant(Held{}).index()),
+                                                   " value, got ", KindName(v_.index())));
   }
   // The elements of a list (empty for anything else).
   const List& list() const {
@@ -63,14 +101,28 @@ class Value {
     const List* l = std::get_if<List>(&v_);
     return l != nullptr ? *l : kEmpty;
   }
+  // The entries of a dict (empty for anything else).
+  const Dict& dict() const {
+    static const Dict kEmpty;
+    const Dict* d = std::get_if<Dict>(&v_);
+    return d != nullptr ? *d : kEmpty;
+  }
+  // The value under `key` of a dict, or null (absent, or not a dict).
+  const Value* find(const std::string& key) const {
+    const Dict& d = dict();
+    auto it = d.find(key);
+    return it == d.end() ? nullptr : &it->second;
+  }
   const Variant& variant() const { return v_; }
-  // "none", "bool", "int", "double", "string", "tensor" or "list".
+  // "none", "bool", "int", "double", "string", "tensor", "list", "dict",
+  // "connection", "simple_queue" or "queue".
   std::string_view kind() const { return KindName(v_.index()); }
 
  private:
   static const char* KindName(size_t index) {
-    constexpr const char* kNames[] = {"none",   "bool",   "int", "double",
-                                      "string", "tensor", "list"};
+    constexpr const char* kNames[] = {"none",       "bool",         "int",  "double",
+                                      "string",     "tensor",       "list", "dict",
+                                      "connection", "simple_queue", "queue"};
     return kNames[index];
   }
   Variant v_;

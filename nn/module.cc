@@ -12,7 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "autograd/grad_mode.h"
+#include "multiprocessing/sharing.h"
 #include "tensor/error.h"
+#include "tensor/status_macros.h"
 
 namespace ember::nn {
 
@@ -142,8 +144,8 @@ void Module::ReplaceChild(std::string_view name, std::shared_ptr<Module> module)
                names.empty() ? std::string("it has no child modules")
                              : absl::StrCat("its children are ", absl::StrJoin(names, ", ")));
   }
-  EMBER_CHECK(children_replaceable(), this->name(), ".replace_module(\"", name, "\"): ",
-              this->name(),
+  EMBER_CHECK(children_replaceable(), this->name(), ".replace_module(\"", name,
+              "\"): ", this->name(),
               " does not allow replacing its children, as it may keep its own pointers to them "
               "and go on calling the old one; a module whose forward() reads its children "
               "through child() allows it by overriding children_replaceable()");
@@ -201,7 +203,7 @@ void Module::ForEachModule(const std::string& prefix, const Fn& fn) const {
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::NamedEntries(std::vector<Entry> Module::*list,
-                                                                bool recurse) const {
+                                                                 bool recurse) const {
   std::vector<std::pair<std::string, Tensor>> out;
   std::unordered_set<const TensorImpl*> seen;  // a tensor registered twice is listed once
   auto visit = [&](const std::string& prefix, const Module& m) {
@@ -340,6 +342,12 @@ void Module::to(Dtype dtype) {
 }
 
 // --- Serialisation --------------------------------------------------------------
+
+absl::Status Module::share_memory() {
+  for (const Tensor& t : parameters()) EMBER_RETURN_IF_ERROR(multiprocessing::share_memory_(t));
+  for (const Tensor& t : buffers()) EMBER_RETURN_IF_ERROR(multiprocessing::share_memory_(t));
+  return absl::OkStatus();
+}
 
 StateDict Module::state_dict() const {
   StateDict out;

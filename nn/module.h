@@ -190,6 +190,16 @@ class Module : public std::enable_shared_from_this<Module> {
   void to(Device device);
   void to(Dtype dtype);
 
+  // Moves every parameter and buffer's storage (and those of descendants)
+  // into shared memory in place, as nn.Module.share_memory: the same tensors,
+  // now visible to processes this one forks or sends them to
+  // (multiprocessing/), so that workers train one model (Hogwild). Gradients
+  // stay per process and are not moved. Errors come from
+  // multiprocessing::share_memory_ (ResourceExhausted naming the descriptor
+  // limit or the /dev/shm size, Unavailable for the shm manager); storages
+  // moved before a failure stay shared.
+  absl::Status share_memory();
+
   // --- Serialisation --------------------------------------------------------
   // Parameters and persistent buffers, detached, sharing storage with the
   // module, under dotted names.

@@ -11,12 +11,15 @@
 #include "autograd/grad_mode.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "multiprocessing/process.h"
+#include "multiprocessing/sharing.h"
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/conv.h"
 #include "nn/linear.h"
 #include "nn/normalization.h"
 #include "tensor/factories.h"
+#include "tensor/status_macros.h"
 
 namespace ember::nn {
 namespace {
@@ -164,6 +167,38 @@ TEST(ModuleTest, ToKeepsSharedParametersSharedAndFailsAtomically) {
   // No CUDA allocator in this build: nothing may change.
   EXPECT_THAT(ErrorOf([&] { net.to(Device(DeviceType::kCUDA, 0)); }), HasSubstr("cuda"));
   EXPECT_TRUE(net.fc1->weight().is_same(before));
+}
+
+TEST(ModuleTest, ShareMemoryMovesParametersAndBuffersInPlace) {
+  namespace mp = multiprocessing;
+  Net net;
+  Tensor weight = net.fc1->weight();
+  Tensor before = weight.clone();
+  net(randn({2, 4})).sum().backward();  // a gradient, which stays private
+  ASSERT_TRUE(net.share_memory().ok());
+  for (const Tensor& t : net.parameters()) EXPECT_TRUE(mp::is_shared(t));
+  for (const Tensor& t : net.buffers()) EXPECT_TRUE(mp::is_shared(t));
+  EXPECT_FALSE(mp::is_shared(weight.grad()));
+  // The same tensors, same values, still leaves that require grad.
+  EXPECT_TRUE(net.fc1->weight().is_same(weight));
+  EXPECT_TRUE(weight.equal(before));
+  EXPECT_TRUE(weight.requires_grad());
+  EXPECT_TRUE(weight.is_leaf());
+  // A forked child's in-place SGD step is seen here; its gradient is its own.
+  net.zero_grad();
+  absl::StatusOr<mp::Process> child = mp::Process::Start([&]() -> absl::Status {
+    net(ones({1, 4})).sum().backward();
+    autograd::NoGradGuard no_grad;
+    for (const Tensor& p : net.parameters()) p.sub_(p.grad(), 0.5);
+    net.buffer("steps").add_(1);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(child.ok());
+  absl::StatusOr<mp::ExitStatus> e = child->Join(absl::Seconds(20));
+  ASSERT_TRUE(e.ok() && e->ok()) << child->error_message();
+  EXPECT_FALSE(weight.equal(before));
+  EXPECT_EQ(net.buffer("steps").item<int64_t>(), 1);
+  EXPECT_FALSE(weight.grad().defined());
 }
 
 TEST(ModuleTest, StateDictHoldsParametersAndPersistentBuffers) {

@@ -23,11 +23,10 @@
 namespace {
 
 int Usage(std::string_view bad) {
-  std::fprintf(
-      stderr,
-      "shm_manager: bad argument '%.*s'\n"
-      "usage: shm_manager --socket=PATH [--grace_ms=N] [--ready_fd=FD]\n",
-      static_cast<int>(bad.size()), bad.data());
+  std::fprintf(stderr,
+               "shm_manager: bad argument '%.*s'\n"
+               "usage: shm_manager --socket=PATH [--grace_ms=N] [--ready_fd=FD]\n",
+               static_cast<int>(bad.size()), bad.data());
   return 2;
 }
 
@@ -56,8 +55,7 @@ int main(int argc, char** argv) {
   // the ready pipe from the daemon proper.
   if (pid_t pid = ::fork(); pid != 0) return pid < 0 ? 1 : 0;
   ::setsid();
-  for (int sig :
-       {SIGINT, SIGQUIT, SIGHUP, SIGTSTP, SIGTTIN, SIGTTOU, SIGPIPE}) {
+  for (int sig : {SIGINT, SIGQUIT, SIGHUP, SIGTSTP, SIGTTIN, SIGTTOU, SIGPIPE}) {
     ::signal(sig, SIG_IGN);
   }
   (void)!::chdir("/");
@@ -67,8 +65,8 @@ int main(int argc, char** argv) {
     int self = ::dirfd(d);
     while (dirent* e = ::readdir(d)) {
       int fd = 0;
-      if (absl::SimpleAtoi(e->d_name, &fd) && fd > STDERR_FILENO &&
-          fd != self && fd != options.ready_fd) {
+      if (absl::SimpleAtoi(e->d_name, &fd) && fd > STDERR_FILENO && fd != self &&
+          fd != options.ready_fd) {
         ::close(fd);
       }
     }
@@ -83,8 +81,7 @@ int main(int argc, char** argv) {
 
   absl::Status status = ember::shm_manager::RunServer(options);
   if (!status.ok()) {
-    std::fprintf(stderr, "shm_manager: %s\n",
-                 std::string(status.message()).c_str());
+    std::fprintf(stderr, "shm_manager: %s\n", std::string(status.message()).c_str());
     return 1;
   }
   return 0;
