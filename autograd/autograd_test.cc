@@ -129,17 +129,17 @@ TEST(AutogradTest, GradWithAllowUnused) {
   Tensor x = Make({2}).requires_grad_();
   Tensor unused = Make({3}).requires_grad_();
   Tensor y = (x * x * x).sum();
-  variable_list g = Grad({y}, {x, unused}, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+  variable_list g = grad({y}, {x, unused}, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
   EXPECT_THAT(Values(g[0]), ElementsAre(12));
   EXPECT_FALSE(g[1].defined());
   EXPECT_FALSE(x.grad().defined());  // grad() leaves .grad alone.
-  EXPECT_THAT(ErrorOf([&] { Grad({y}, {unused}, {}, true); }),
+  EXPECT_THAT(ErrorOf([&] { grad({y}, {unused}, {}, true); }),
               HasSubstr("appears to not have been used in the graph"));
 }
 
 TEST(AutogradTest, PiecewiseConstantOpsGiveZeroGradients) {
   Tensor x = Make({-1.5, 0.5, 2.5}).requires_grad_();
-  variable_list g = Grad({(x.sign() + x.floor() + x.round()).sum()}, {x});
+  variable_list g = grad({(x.sign() + x.floor() + x.round()).sum()}, {x});
   ASSERT_TRUE(g[0].defined());
   EXPECT_THAT(Values(g[0]), ElementsAre(0, 0, 0));
 }
@@ -203,7 +203,7 @@ TEST(AutogradTest, ThreadsDifferentiateOneGraphAtOnce) {
   for (int t = 0; t < 2; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 200; ++i) {
-        results[t] = Values(Grad({y}, {x}, {}, /*retain_graph=*/true)[0]);
+        results[t] = Values(grad({y}, {x}, {}, /*retain_graph=*/true)[0]);
         Tensor own = Make({2}, kFloat64).requires_grad_();
         (own * own).sum().backward();  // An independent graph on this thread.
         EXPECT_THAT(Values(own.grad()), ElementsAre(4));

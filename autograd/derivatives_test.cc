@@ -76,8 +76,8 @@ TEST(NumberOperandTest, InPlacePowUsesTheDoubleExponent) {
 TEST(NumberOperandTest, SecondDerivativeOfPowByADouble) {
   // d2/dx2 x^1.7 = 1.7 * 0.7 * x^-0.3, at x = 2: 1.19 * 2^-0.3.
   Tensor x = Make({2.0}, kFloat64).requires_grad_();
-  Tensor g = Grad({x.pow(1.7)}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
-  Tensor gg = Grad({g}, {x})[0];
+  Tensor g = grad({x.pow(1.7)}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor gg = grad({g}, {x})[0];
   EXPECT_THAT(Values(gg), ElementsAre(NearDouble(1.7 * 0.7 * std::pow(2.0, -0.3))));
 }
 
@@ -208,7 +208,7 @@ TEST(SubgradientTest, StdAndNormRecordTheirOwnNode) {
   EXPECT_EQ(x.std().grad_fn()->name(), "StdBackward");
   EXPECT_EQ(x.norm().grad_fn()->name(), "NormBackward");
   // Second derivatives through the formulas.
-  Tensor g = Grad({x.norm()}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor g = grad({x.norm()}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
   EXPECT_TRUE(g.requires_grad());
   NoGradGuard no_grad;
   EXPECT_FALSE(x.std().requires_grad());

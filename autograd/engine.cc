@@ -286,14 +286,14 @@ variable_list RunBackward(const edge_list& roots, variable_list inputs, bool kee
   return std::move(task.captured);
 }
 
-void Backward(const variable_list& tensors, const variable_list& grad_tensors,
+void backward(const variable_list& tensors, const variable_list& grad_tensors,
               std::optional<bool> retain_graph, bool create_graph) {
   edge_list roots;
   variable_list grads = RootGrads(tensors, grad_tensors, roots);
   RunBackward(roots, std::move(grads), retain_graph.value_or(create_graph), create_graph, {});
 }
 
-variable_list Grad(const variable_list& outputs, const variable_list& inputs,
+variable_list grad(const variable_list& outputs, const variable_list& inputs,
                    const variable_list& grad_outputs, std::optional<bool> retain_graph,
                    bool create_graph, bool allow_unused) {
   edge_list roots;
@@ -314,7 +314,7 @@ variable_list Grad(const variable_list& outputs, const variable_list& inputs,
   return result;
 }
 
-void QueueCallback(std::function<void()> callback) {
+void queue_callback(std::function<void()> callback) {
   EMBER_CHECK(!t_running_tasks.empty(),
               "Final callbacks can only be installed during backward pass.");
   t_running_tasks.back()->callbacks.push_back(std::move(callback));

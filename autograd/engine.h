@@ -2,8 +2,8 @@
 //
 //   Tensor x = ember::ones({3}).requires_grad_();
 //   Tensor y = (x * x).sum();
-//   ember::autograd::Backward({y});                       // x.grad() == 2 * x
-//   auto g = ember::autograd::Grad({y}, {x}, {}, /*retain_graph=*/true);
+//   ember::autograd::backward({y});                       // x.grad() == 2 * x
+//   auto g = ember::autograd::grad({y}, {x}, {}, /*retain_graph=*/true);
 //
 // Note [Engine]
 // Execution: the engine walks the graph from the roots once to count, for
@@ -44,13 +44,13 @@ namespace ember::autograd {
 // empty or hold undefined entries for one-element tensors, meaning 1) into
 // the grad() of the leaves. `retain_graph` defaults to `create_graph`.
 // Blocks until done.
-void Backward(const variable_list& tensors, const variable_list& grad_tensors = {},
+void backward(const variable_list& tensors, const variable_list& grad_tensors = {},
               std::optional<bool> retain_graph = std::nullopt, bool create_graph = false);
 
 // The gradients of `outputs` with respect to `inputs`, without touching any
 // grad(). An input the outputs do not depend on gives an error unless
 // `allow_unused`, when its entry is undefined.
-variable_list Grad(const variable_list& outputs, const variable_list& inputs,
+variable_list grad(const variable_list& outputs, const variable_list& inputs,
                    const variable_list& grad_outputs = {},
                    std::optional<bool> retain_graph = std::nullopt, bool create_graph = false,
                    bool allow_unused = false);
@@ -58,7 +58,7 @@ variable_list Grad(const variable_list& outputs, const variable_list& inputs,
 // Queues `callback` to run when the backward pass running on this thread
 // finishes (as Variable._execution_engine.queue_callback). Throws when no
 // backward pass is running on this thread.
-void QueueCallback(std::function<void()> callback);
+void queue_callback(std::function<void()> callback);
 
 // Note [Gradient layout]
 // A gradient must have the shape and dtype of the forward tensor it belongs

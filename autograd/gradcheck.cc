@@ -43,7 +43,7 @@ std::vector<std::vector<double>> Evaluate(
 
 }  // namespace
 
-absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>& fn,
+absl::Status gradcheck(const std::function<variable_list(const variable_list&)>& fn,
                        const variable_list& inputs, const GradcheckOptions& options) {
   std::vector<size_t> checked;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -51,7 +51,7 @@ absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>&
     if (!t.defined() || !t.requires_grad()) continue;
     if (t.dtype() != kFloat64) {
       return absl::InvalidArgumentError(
-          absl::StrCat("gradcheck: input ", i, " is ", std::string(DtypeName(t.dtype())),
+          absl::StrCat("gradcheck: input ", i, " is ", std::string(dtype_name(t.dtype())),
                        "; finite differences need float64 inputs (use .to(ember::kFloat64))"));
     }
     if (SelfOverlapping(t)) {
@@ -80,13 +80,13 @@ absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>&
     }
     if (out.numel() == 0) {
       // Nothing to compare; backward must still run.
-      Grad({out}, wrt, {zeros_like(out)}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+      grad({out}, wrt, {zeros_like(out)}, /*retain_graph=*/true, false, /*allow_unused=*/true);
       continue;
     }
     for (int64_t k = 0; k < out.numel(); ++k) {
       Tensor seed = zeros(out.sizes(), TensorOptions(out.dtype()));
       seed.view({-1}).narrow(0, k, 1).fill_(1);
-      variable_list grads = Grad({out}, wrt, {seed}, /*retain_graph=*/true, false,
+      variable_list grads = grad({out}, wrt, {seed}, /*retain_graph=*/true, false,
                                  /*allow_unused=*/true);
       std::vector<std::vector<double>> row;
       for (size_t c = 0; c < wrt.size(); ++c) {
@@ -131,7 +131,7 @@ absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>&
   return absl::OkStatus();
 }
 
-absl::Status Gradgradcheck(const std::function<variable_list(const variable_list&)>& fn,
+absl::Status gradgradcheck(const std::function<variable_list(const variable_list&)>& fn,
                            const variable_list& inputs, const GradcheckOptions& options) {
   const size_t n = inputs.size();
   variable_list all = inputs;
@@ -156,14 +156,14 @@ absl::Status Gradgradcheck(const std::function<variable_list(const variable_list
     for (const Tensor& t : in) {
       if (t.defined() && t.requires_grad()) wrt.push_back(t);
     }
-    variable_list grads = Grad(outs, wrt, seeds, /*retain_graph=*/true, /*create_graph=*/true,
+    variable_list grads = grad(outs, wrt, seeds, /*retain_graph=*/true, /*create_graph=*/true,
                                /*allow_unused=*/true);
     for (size_t c = 0; c < grads.size(); ++c) {
       if (!grads[c].defined()) grads[c] = zeros_like(wrt[c]);
     }
     return grads;
   };
-  return Gradcheck(first_derivatives, all, options);
+  return gradcheck(first_derivatives, all, options);
 }
 
 }  // namespace ember::autograd

@@ -3,7 +3,7 @@
 // torch.autograd.gradcheck does.
 //
 //   Tensor x = ember::randn({3, 4}, ember::kFloat64).requires_grad_();
-//   absl::Status s = ember::autograd::Gradcheck(
+//   absl::Status s = ember::autograd::gradcheck(
 //       [](const variable_list& in) { return variable_list{in[0].tanh()}; }, {x});
 //   EXPECT_TRUE(s.ok()) << s;
 //
@@ -37,7 +37,7 @@ struct GradcheckOptions {
   double rtol = 1e-3;
 };
 
-absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>& fn,
+absl::Status gradcheck(const std::function<variable_list(const variable_list&)>& fn,
                        const variable_list& inputs, const GradcheckOptions& options = {});
 
 // Second derivatives, as torch.autograd.gradgradcheck: fixed random float64
@@ -46,7 +46,7 @@ absl::Status Gradcheck(const std::function<variable_list(const variable_list&)>&
 // computed with create_graph. So the backward of every backward formula is
 // checked, with respect to the inputs and to the incoming gradients. Same
 // input rules and errors as Gradcheck.
-absl::Status Gradgradcheck(const std::function<variable_list(const variable_list&)>& fn,
+absl::Status gradgradcheck(const std::function<variable_list(const variable_list&)>& fn,
                            const variable_list& inputs, const GradcheckOptions& options = {});
 
 }  // namespace ember::autograd

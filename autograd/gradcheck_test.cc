@@ -43,7 +43,7 @@ Tensor Strided(SizeVector shape) {
 void Check(const std::string& name, const Fn& fn, const variable_list& inputs,
            const GradcheckOptions& options = {}) {
   SCOPED_TRACE(name);
-  absl::Status s = Gradcheck(fn, inputs, options);
+  absl::Status s = gradcheck(fn, inputs, options);
   EXPECT_TRUE(s.ok()) << name << ": " << s;
 }
 
@@ -326,7 +326,7 @@ struct WrongCube : Function<WrongCube> {
 TEST(GradcheckTest, CatchesAWrongBackward) {
   manual_seed(8);
   absl::Status s =
-      Gradcheck([](const variable_list& in) { return variable_list{WrongCube::apply(in[0])}; },
+      gradcheck([](const variable_list& in) { return variable_list{WrongCube::apply(in[0])}; },
                 {Leaf({3}, 2.0)});
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()), HasSubstr("Jacobian mismatch for output 0"));
@@ -334,7 +334,7 @@ TEST(GradcheckTest, CatchesAWrongBackward) {
 
 void CheckTwice(const std::string& name, const Fn& fn, const variable_list& inputs) {
   SCOPED_TRACE(name);
-  absl::Status s = Gradgradcheck(fn, inputs);
+  absl::Status s = gradgradcheck(fn, inputs);
   EXPECT_TRUE(s.ok()) << name << ": " << s;
 }
 
@@ -433,8 +433,8 @@ TEST(GradgradcheckTest, CatchesAWrongSecondDerivative) {
   manual_seed(16);
   Fn fn = [](const variable_list& in) { return variable_list{DetachedSquare::apply(in[0])}; };
   Tensor x = Leaf({3}, 2.0);
-  EXPECT_TRUE(Gradcheck(fn, {x}).ok());
-  absl::Status s = Gradgradcheck(fn, {x});
+  EXPECT_TRUE(gradcheck(fn, {x}).ok());
+  absl::Status s = gradgradcheck(fn, {x});
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("Jacobian mismatch for output 0 element 0 with respect to input 0"));
@@ -444,10 +444,10 @@ TEST(GradgradcheckTest, CatchesAWrongSecondDerivative) {
 
 TEST(GradcheckTest, RefusesFloat32AndOverlappingInputs) {
   absl::Status s =
-      Gradcheck([](const variable_list& in) { return in; }, {ones({2}).requires_grad_()});
+      gradcheck([](const variable_list& in) { return in; }, {ones({2}).requires_grad_()});
   EXPECT_THAT(std::string(s.message()), HasSubstr("need float64 inputs"));
   Tensor expanded = ones({1}, kFloat64).expand({3}).detach().requires_grad_();
-  s = Gradcheck([](const variable_list& in) { return in; }, {expanded});
+  s = gradcheck([](const variable_list& in) { return in; }, {expanded});
   EXPECT_THAT(std::string(s.message()), HasSubstr("overlaps itself"));
 }
 

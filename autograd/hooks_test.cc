@@ -75,7 +75,7 @@ TEST(HooksTest, CallbacksRunWhenBackwardFinishes) {
   std::vector<std::string> order;
   RegisterHook(y, [&](const Tensor& g) {
     order.push_back("hook");
-    QueueCallback([&] {
+    queue_callback([&] {
       order.push_back("callback");
       // Gradients are accumulated by the time callbacks run (DDP relies on it).
       EXPECT_TRUE(x.grad().defined());
@@ -84,7 +84,7 @@ TEST(HooksTest, CallbacksRunWhenBackwardFinishes) {
   });
   y.sum().backward();
   EXPECT_THAT(order, ElementsAre("hook", "callback"));
-  EXPECT_THAT(ErrorOf([] { QueueCallback([] {}); }),
+  EXPECT_THAT(ErrorOf([] { queue_callback([] {}); }),
               HasSubstr("Final callbacks can only be installed during backward pass."));
 }
 
@@ -100,7 +100,7 @@ TEST(HooksTest, BackwardInsideAHookOverTheSameGraph) {
     // y's node belongs to the running backward: this nested run keeps its
     // own bookkeeping (Note [Engine]). Backward runs with grad mode off.
     EnableGradGuard enable_grad;
-    inner = Values(Grad({(y * y).sum()}, {x}, {}, /*retain_graph=*/true)[0]);
+    inner = Values(grad({(y * y).sum()}, {x}, {}, /*retain_graph=*/true)[0]);
     nested = false;
     return Tensor();
   });
@@ -152,26 +152,26 @@ TEST(AnomalyTest, FailingBackwardNamesTheForwardOp) {
 TEST(HigherOrderTest, SecondDerivativeOfCube) {
   Tensor x = Make({2, 3}, kFloat64).requires_grad_();
   Tensor y = (x * x * x).sum();
-  variable_list g = Grad({y}, {x}, {}, std::nullopt, /*create_graph=*/true);
+  variable_list g = grad({y}, {x}, {}, std::nullopt, /*create_graph=*/true);
   EXPECT_THAT(Values(g[0]), ElementsAre(12, 27));
   EXPECT_TRUE(g[0].requires_grad());
-  variable_list gg = Grad({g[0].sum()}, {x});
+  variable_list gg = grad({g[0].sum()}, {x});
   EXPECT_THAT(Values(gg[0]), ElementsAre(12, 18));  // 6x
 }
 
 TEST(HigherOrderTest, ThroughSavedOutputsAndMatmul) {
   Tensor x = Make({0.5, -1}, kFloat64).requires_grad_();
   Tensor y = x.tanh().sum();
-  variable_list g = Grad({y}, {x}, {}, std::nullopt, true);
-  variable_list gg = Grad({g[0].sum()}, {x});
+  variable_list g = grad({y}, {x}, {}, std::nullopt, true);
+  variable_list gg = grad({g[0].sum()}, {x});
   for (int i = 0; i < 2; ++i) {
     double v = Values(x)[i], t = std::tanh(v);
     EXPECT_NEAR(Values(gg[0])[i], -2 * t * (1 - t * t), 1e-12);
   }
   Tensor a = Make({1, 2, 3, 4}, {2, 2}, kFloat64).requires_grad_();
   Tensor l = a.mm(a).sum();  // d/da = 1 a^T + a^T 1 (ones matrices).
-  variable_list ga = Grad({l}, {a}, {}, std::nullopt, true);
-  variable_list gga = Grad({ga[0].sum()}, {a});
+  variable_list ga = grad({l}, {a}, {}, std::nullopt, true);
+  variable_list gga = grad({ga[0].sum()}, {a});
   // sum(d/da) = sum_ij (sum_k a_jk + sum_k a_ki): each element counted 4 times.
   EXPECT_THAT(Values(gga[0]), ElementsAre(4, 4, 4, 4));
 }
@@ -180,7 +180,7 @@ TEST(HigherOrderTest, BackwardWithCreateGraphAccumulatesDifferentiableGrad) {
   Tensor x = Make({3}, kFloat64).requires_grad_();
   (x * x).sum().backward(Tensor(), false, /*create_graph=*/true);
   EXPECT_TRUE(x.grad().requires_grad());
-  variable_list gg = Grad({x.grad().sum()}, {x});
+  variable_list gg = grad({x.grad().sum()}, {x});
   EXPECT_THAT(Values(gg[0]), ElementsAre(2));
   // x.grad()'s graph holds x: reset it to break the cycle (as torch advises).
   x.set_grad(Tensor());

@@ -43,7 +43,7 @@ std::pair<int64_t, int64_t> Extent(const StridedGeometry& g) {
 Tensor AsStridedBackward(const Tensor& grad, const StridedGeometry& input,
                          const StridedGeometry& output) {
   EMBER_CHECK(grad.is_cpu(), "as_strided backward: only CPU gradients are supported, got ",
-              grad.device().ToString());
+              grad.device().str());
   Tensor result = zeros(input.sizes, TensorOptions(grad.dtype()));
   if (result.numel() == 0 || grad.numel() == 0) return result;
   auto [in_lo, in_hi] = Extent(input);

@@ -22,7 +22,7 @@ class TensorMethods final : public AutogradHooksInterface {
     }
     EMBER_CHECK(!requires_grad || self.is_floating_point(),
                 "only Tensors of floating point and complex dtype can require gradients (got ",
-                DtypeName(self.dtype()), ")");
+                dtype_name(self.dtype()), ")");
     if (meta == nullptr && !requires_grad) return;
     MaterializeMeta(self)->requires_grad_ = requires_grad;
   }
@@ -38,12 +38,12 @@ class TensorMethods final : public AutogradHooksInterface {
                   "assigned grad has data of a different size: ", ShapeToString(grad.sizes()),
                   " for a tensor of shape ", ShapeToString(self.sizes()));
       EMBER_CHECK(grad.dtype() == self.dtype(),
-                  "assigned grad has data of a different type: ", DtypeName(grad.dtype()),
-                  " for a ", DtypeName(self.dtype()), " tensor");
+                  "assigned grad has data of a different type: ", dtype_name(grad.dtype()),
+                  " for a ", dtype_name(self.dtype()), " tensor");
       EMBER_CHECK(grad.device() == self.device(),
                   "assigned grad has data located on a different "
                   "device: ",
-                  grad.device().ToString(), " for a tensor on ", self.device().ToString());
+                  grad.device().str(), " for a tensor on ", self.device().str());
     }
     AutogradMeta* meta = grad.defined() ? MaterializeMeta(self) : GetMeta(self);
     if (meta != nullptr) meta->grad_ = grad;
@@ -82,7 +82,7 @@ class TensorMethods final : public AutogradHooksInterface {
 
   void Backward(const Tensor& self, const Tensor& gradient, bool retain_graph,
                 bool create_graph) const override {
-    autograd::Backward({self}, {gradient}, retain_graph || create_graph, create_graph);
+    autograd::backward({self}, {gradient}, retain_graph || create_graph, create_graph);
   }
 };
 

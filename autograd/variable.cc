@@ -200,7 +200,7 @@ std::string DescribeTensor(const Tensor& t) {
       type = "bool";
       break;
     default:
-      type = DtypeName(t.dtype());
+      type = dtype_name(t.dtype());
       break;
   }
   return ::ember::internal::Concat("[", type, " ", ShapeToString(t.sizes()), "]");

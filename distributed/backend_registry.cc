@@ -25,7 +25,7 @@ Registry& GetRegistry() {
 
 }  // namespace
 
-absl::Status RegisterBackend(BackendInfo info) {
+absl::Status register_backend(BackendInfo info) {
   Registry& r = GetRegistry();
   std::string key = absl::AsciiStrToLower(info.name);
   absl::MutexLock lock(&r.mu);
@@ -36,7 +36,7 @@ absl::Status RegisterBackend(BackendInfo info) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const BackendInfo*> FindBackend(const std::string& name) {
+absl::StatusOr<const BackendInfo*> find_backend(const std::string& name) {
   Registry& r = GetRegistry();
   std::string key = absl::AsciiStrToLower(name);
   absl::MutexLock lock(&r.mu);
@@ -49,7 +49,7 @@ absl::StatusOr<const BackendInfo*> FindBackend(const std::string& name) {
       names.empty() ? "(none: link //distributed/tcp)" : absl::StrJoin(names, ", ")));
 }
 
-std::vector<std::string> RegisteredBackends() {
+std::vector<std::string> registered_backends() {
   Registry& r = GetRegistry();
   absl::MutexLock lock(&r.mu);
   std::vector<std::string> names;

@@ -6,7 +6,7 @@
 //   EMBER_REGISTER_BACKEND(tcp, ember::distributed::BackendInfo{
 //       .name = "tcp", .support = TcpSupportTable(), .create = &CreateTcpGroup});
 //
-//   EMBER_ASSIGN_OR_RETURN(const BackendInfo* info, FindBackend("tcp"));
+//   EMBER_ASSIGN_OR_RETURN(const BackendInfo* info, find_backend("tcp"));
 //   EMBER_ASSIGN_OR_RETURN(auto pg, info->create(options));
 //
 // Names are case-insensitive, as torch's Backend("GLOO") == "gloo".
@@ -53,17 +53,17 @@ struct BackendInfo {
   std::function<absl::StatusOr<std::shared_ptr<ProcessGroup>>(const BackendOptions&)> create;
 };
 
-absl::Status RegisterBackend(BackendInfo info);
+absl::Status register_backend(BackendInfo info);
 // The backend called `name`; the pointer stays valid for the process's life.
-absl::StatusOr<const BackendInfo*> FindBackend(const std::string& name);
-std::vector<std::string> RegisteredBackends();
+absl::StatusOr<const BackendInfo*> find_backend(const std::string& name);
+std::vector<std::string> registered_backends();
 
 }  // namespace ember::distributed
 
 // Registers a backend while the program starts (use in an alwayslink library).
 #define EMBER_REGISTER_BACKEND(id, ...)                                             \
   static const bool ember_backend_registered_##id = [] {                            \
-    ::absl::Status s = ::ember::distributed::RegisterBackend(__VA_ARGS__);          \
+    ::absl::Status s = ::ember::distributed::register_backend(__VA_ARGS__);          \
     return s.ok();                                                                  \
   }()
 

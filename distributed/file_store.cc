@@ -212,13 +212,13 @@ absl::Status FileStore::Append(char kind, std::string_view key, std::string_view
 
 FileStore::FileStore(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
 
-absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Open(const std::string& path,
+absl::StatusOr<std::unique_ptr<FileStore>> FileStore::open(const std::string& path,
                                                            absl::Duration timeout) {
   if (path.empty())
     return absl::InvalidArgumentError("FileStore: empty path; pass the file every rank can reach");
   absl::Time deadline = absl::Now() + timeout;
   while (true) {
-    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return ErrnoError("open", path, errno);
     std::unique_ptr<FileStore> store(new FileStore(path, fd));
     absl::MutexLock lock(&store->mu_);
@@ -263,12 +263,12 @@ auto FileStore::Update(F update) {
   return update();
 }
 
-absl::Status FileStore::Set(std::string_view key, std::string_view value) {
+absl::Status FileStore::set(std::string_view key, std::string_view value) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   return Update([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return Append('S', key, value); });
 }
 
-absl::StatusOr<int64_t> FileStore::Add(std::string_view key, int64_t delta) {
+absl::StatusOr<int64_t> FileStore::add(std::string_view key, int64_t delta) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   return Update([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::StatusOr<int64_t> {
     int64_t value = 0;
@@ -281,7 +281,7 @@ absl::StatusOr<int64_t> FileStore::Add(std::string_view key, int64_t delta) {
   });
 }
 
-absl::StatusOr<std::string> FileStore::CompareSet(std::string_view key, std::string_view expected,
+absl::StatusOr<std::string> FileStore::compare_set(std::string_view key, std::string_view expected,
                                                   std::string_view desired) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   return Update([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::StatusOr<std::string> {
@@ -293,7 +293,7 @@ absl::StatusOr<std::string> FileStore::CompareSet(std::string_view key, std::str
   });
 }
 
-absl::StatusOr<bool> FileStore::DeleteKey(std::string_view key) {
+absl::StatusOr<bool> FileStore::delete_key(std::string_view key) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   return Update([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::StatusOr<bool> {
     if (!data_.contains(key)) return false;
@@ -302,14 +302,14 @@ absl::StatusOr<bool> FileStore::DeleteKey(std::string_view key) {
   });
 }
 
-absl::StatusOr<int64_t> FileStore::NumKeys() {
+absl::StatusOr<int64_t> FileStore::num_keys() {
   absl::MutexLock lock(&mu_);
   EMBER_ASSIGN_OR_RETURN(Locked locked, Lock(false, timeout()));
   EMBER_RETURN_IF_ERROR(Refresh(false));
   return static_cast<int64_t>(data_.size());
 }
 
-absl::Status FileStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
+absl::Status FileStore::wait(absl::Span<const std::string> keys, absl::Duration timeout) {
   for (const std::string& key : keys) EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   absl::Time deadline = absl::Now() + timeout;
   absl::Duration pause = absl::Milliseconds(1);
@@ -332,10 +332,10 @@ absl::Status FileStore::Wait(absl::Span<const std::string> keys, absl::Duration 
   }
 }
 
-absl::StatusOr<std::string> FileStore::Get(std::string_view key, absl::Duration timeout) {
+absl::StatusOr<std::string> FileStore::get(std::string_view key, absl::Duration timeout) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   std::string owned(key);
-  EMBER_RETURN_IF_ERROR(Wait(absl::MakeConstSpan(&owned, 1), timeout));
+  EMBER_RETURN_IF_ERROR(wait(absl::MakeConstSpan(&owned, 1), timeout));
   absl::MutexLock lock(&mu_);
   auto it = data_.find(key);
   if (it == data_.end()) return internal::MissingKeysError("FileStore " + path_, {owned}, timeout);

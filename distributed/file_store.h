@@ -2,7 +2,7 @@
 // disk or a shared file system such as NFS (torch.distributed's FileStore).
 //
 //   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<ember::distributed::FileStore> store,
-//                          ember::distributed::FileStore::Open("/nfs/job42/store"));
+//                          ember::distributed::FileStore::open("/nfs/job42/store"));
 //   EMBER_RETURN_IF_ERROR(store->Set("rank1/ready", "1"));
 //
 // The file is created if missing and removed when the last FileStore that
@@ -40,24 +40,24 @@ class FileStore : public Store {
   // Opens (creating if needed) the store kept at `path`. Fails with
   // kUnavailable naming the path if it cannot be opened or locked within
   // `timeout`, kDataLoss if it holds something other than a FileStore log.
-  static absl::StatusOr<std::unique_ptr<FileStore>> Open(const std::string& path,
+  static absl::StatusOr<std::unique_ptr<FileStore>> open(const std::string& path,
                                                          absl::Duration timeout = kDefaultStoreTimeout);
 
   ~FileStore() override;
   FileStore(const FileStore&) = delete;
   FileStore& operator=(const FileStore&) = delete;
 
-  absl::Status Set(std::string_view key, std::string_view value) override;
-  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
-  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override;
-  absl::StatusOr<std::string> CompareSet(std::string_view key, std::string_view expected,
+  absl::Status set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
                                          std::string_view desired) override;
-  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
-  absl::StatusOr<bool> DeleteKey(std::string_view key) override;
-  absl::StatusOr<int64_t> NumKeys() override;
+  absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> delete_key(std::string_view key) override;
+  absl::StatusOr<int64_t> num_keys() override;
 
-  using Store::Get;
-  using Store::Wait;
+  using Store::get;
+  using Store::wait;
 
   const std::string& path() const { return path_; }
 

@@ -7,14 +7,14 @@
 
 namespace ember::distributed {
 
-absl::Status HashStore::Set(std::string_view key, std::string_view value) {
+absl::Status HashStore::set(std::string_view key, std::string_view value) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   absl::MutexLock lock(&mu_);
   data_.insert_or_assign(std::string(key), std::string(value));
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> HashStore::Get(std::string_view key, absl::Duration timeout) {
+absl::StatusOr<std::string> HashStore::get(std::string_view key, absl::Duration timeout) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   absl::MutexLock lock(&mu_);
   auto is_set = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return data_.contains(key); };
@@ -24,7 +24,7 @@ absl::StatusOr<std::string> HashStore::Get(std::string_view key, absl::Duration 
   return data_.find(key)->second;
 }
 
-absl::StatusOr<int64_t> HashStore::Add(std::string_view key, int64_t delta) {
+absl::StatusOr<int64_t> HashStore::add(std::string_view key, int64_t delta) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   absl::MutexLock lock(&mu_);
   int64_t value = 0;
@@ -37,7 +37,7 @@ absl::StatusOr<int64_t> HashStore::Add(std::string_view key, int64_t delta) {
   return value;
 }
 
-absl::StatusOr<std::string> HashStore::CompareSet(std::string_view key, std::string_view expected,
+absl::StatusOr<std::string> HashStore::compare_set(std::string_view key, std::string_view expected,
                                                   std::string_view desired) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   absl::MutexLock lock(&mu_);
@@ -51,7 +51,7 @@ absl::StatusOr<std::string> HashStore::CompareSet(std::string_view key, std::str
   return it->second;
 }
 
-absl::Status HashStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
+absl::Status HashStore::wait(absl::Span<const std::string> keys, absl::Duration timeout) {
   for (const std::string& key : keys) EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   auto all_set = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     for (const std::string& key : keys) {
@@ -76,7 +76,7 @@ bool HashStore::check(absl::Span<const std::string_view> keys) {
   return true;
 }
 
-absl::StatusOr<bool> HashStore::DeleteKey(std::string_view key) {
+absl::StatusOr<bool> HashStore::delete_key(std::string_view key) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   absl::MutexLock lock(&mu_);
   auto it = data_.find(key);
@@ -85,7 +85,7 @@ absl::StatusOr<bool> HashStore::DeleteKey(std::string_view key) {
   return true;
 }
 
-absl::StatusOr<int64_t> HashStore::NumKeys() {
+absl::StatusOr<int64_t> HashStore::num_keys() {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(data_.size());
 }

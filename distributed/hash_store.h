@@ -31,17 +31,17 @@ class HashStore : public Store {
  public:
   HashStore() = default;
 
-  absl::Status Set(std::string_view key, std::string_view value) override;
-  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
-  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override;
-  absl::StatusOr<std::string> CompareSet(std::string_view key, std::string_view expected,
+  absl::Status set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
                                          std::string_view desired) override;
-  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
-  absl::StatusOr<bool> DeleteKey(std::string_view key) override;
-  absl::StatusOr<int64_t> NumKeys() override;
+  absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> delete_key(std::string_view key) override;
+  absl::StatusOr<int64_t> num_keys() override;
 
-  using Store::Get;
-  using Store::Wait;
+  using Store::get;
+  using Store::wait;
 
   // Whether every key in `keys` is set, without waiting (torch's
   // Store.check). Used by TcpStoreServer, which tracks its waits itself.

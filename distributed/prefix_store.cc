@@ -23,42 +23,42 @@ std::string PrefixStore::Full(std::string_view key) const {
 
 // Keys are checked here so that an empty key is an error rather than "<prefix>/".
 
-absl::Status PrefixStore::Set(std::string_view key, std::string_view value) {
+absl::Status PrefixStore::set(std::string_view key, std::string_view value) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
-  return store_->Set(Full(key), value);
+  return store_->set(Full(key), value);
 }
 
-absl::StatusOr<std::string> PrefixStore::Get(std::string_view key, absl::Duration timeout) {
+absl::StatusOr<std::string> PrefixStore::get(std::string_view key, absl::Duration timeout) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
-  return store_->Get(Full(key), timeout);
+  return store_->get(Full(key), timeout);
 }
 
-absl::StatusOr<int64_t> PrefixStore::Add(std::string_view key, int64_t delta) {
+absl::StatusOr<int64_t> PrefixStore::add(std::string_view key, int64_t delta) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
-  return store_->Add(Full(key), delta);
+  return store_->add(Full(key), delta);
 }
 
-absl::StatusOr<std::string> PrefixStore::CompareSet(std::string_view key, std::string_view expected,
+absl::StatusOr<std::string> PrefixStore::compare_set(std::string_view key, std::string_view expected,
                                                     std::string_view desired) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
-  return store_->CompareSet(Full(key), expected, desired);
+  return store_->compare_set(Full(key), expected, desired);
 }
 
-absl::Status PrefixStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
+absl::Status PrefixStore::wait(absl::Span<const std::string> keys, absl::Duration timeout) {
   std::vector<std::string> full;
   full.reserve(keys.size());
   for (const std::string& key : keys) {
     EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
     full.push_back(Full(key));
   }
-  return store_->Wait(full, timeout);
+  return store_->wait(full, timeout);
 }
 
-absl::StatusOr<bool> PrefixStore::DeleteKey(std::string_view key) {
+absl::StatusOr<bool> PrefixStore::delete_key(std::string_view key) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
-  return store_->DeleteKey(Full(key));
+  return store_->delete_key(Full(key));
 }
 
-absl::StatusOr<int64_t> PrefixStore::NumKeys() { return store_->NumKeys(); }
+absl::StatusOr<int64_t> PrefixStore::num_keys() { return store_->num_keys(); }
 
 }  // namespace ember::distributed

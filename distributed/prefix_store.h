@@ -28,17 +28,17 @@ class PrefixStore : public Store {
   // store's default timeout is inherited.
   PrefixStore(std::string prefix, std::shared_ptr<Store> store);
 
-  absl::Status Set(std::string_view key, std::string_view value) override;
-  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
-  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override;
-  absl::StatusOr<std::string> CompareSet(std::string_view key, std::string_view expected,
+  absl::Status set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
                                          std::string_view desired) override;
-  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
-  absl::StatusOr<bool> DeleteKey(std::string_view key) override;
-  absl::StatusOr<int64_t> NumKeys() override;
+  absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> delete_key(std::string_view key) override;
+  absl::StatusOr<int64_t> num_keys() override;
 
-  using Store::Get;
-  using Store::Wait;
+  using Store::get;
+  using Store::wait;
 
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<Store>& underlying() const { return store_; }

@@ -37,22 +37,22 @@ TEST(PrefixStoreTest, PrefixesIsolateAndNest) {
   PrefixStore b("b", base);
   auto a_inner = std::make_shared<PrefixStore>("a", base);
   PrefixStore nested("x", a_inner);
-  ASSERT_TRUE(a.Set("k", "from a").ok());
-  ASSERT_TRUE(b.Set("k", "from b").ok());
-  ASSERT_TRUE(nested.Set("k", "from a/x").ok());
-  EXPECT_EQ(base->Get("a/k", absl::Seconds(1)).value(), "from a");
-  EXPECT_EQ(base->Get("b/k", absl::Seconds(1)).value(), "from b");
-  EXPECT_EQ(base->Get("a/x/k", absl::Seconds(1)).value(), "from a/x");
-  EXPECT_EQ(a.Add("n", 2).value(), 2);
-  EXPECT_EQ(b.Add("n", 5).value(), 5);
-  EXPECT_TRUE(a.DeleteKey("k").value());
-  EXPECT_EQ(b.Get("k", absl::Seconds(1)).value(), "from b");
-  EXPECT_EQ(a.NumKeys().value(), base->NumKeys().value());
+  ASSERT_TRUE(a.set("k", "from a").ok());
+  ASSERT_TRUE(b.set("k", "from b").ok());
+  ASSERT_TRUE(nested.set("k", "from a/x").ok());
+  EXPECT_EQ(base->get("a/k", absl::Seconds(1)).value(), "from a");
+  EXPECT_EQ(base->get("b/k", absl::Seconds(1)).value(), "from b");
+  EXPECT_EQ(base->get("a/x/k", absl::Seconds(1)).value(), "from a/x");
+  EXPECT_EQ(a.add("n", 2).value(), 2);
+  EXPECT_EQ(b.add("n", 5).value(), 5);
+  EXPECT_TRUE(a.delete_key("k").value());
+  EXPECT_EQ(b.get("k", absl::Seconds(1)).value(), "from b");
+  EXPECT_EQ(a.num_keys().value(), base->num_keys().value());
 }
 
 TEST(PrefixStoreTest, TimeoutNamesThePrefixedKey) {
   PrefixStore group("group7", std::make_shared<HashStore>());
-  absl::Status status = group.Wait({"rank3"}, absl::Milliseconds(50));
+  absl::Status status = group.wait({"rank3"}, absl::Milliseconds(50));
   ASSERT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(status.message(), HasSubstr("group7/rank3"));
 }

@@ -7,7 +7,7 @@
 
 namespace ember::distributed {
 namespace {
-std::string DtypeText(Dtype dtype) { return std::string(DtypeName(dtype)); }
+std::string DtypeText(Dtype dtype) { return std::string(dtype_name(dtype)); }
 constexpr absl::Duration kDeadlineGrace = absl::Milliseconds(250);
 }  // namespace
 
@@ -27,7 +27,7 @@ constexpr absl::Duration kDeadlineGrace = absl::Milliseconds(250);
 // a call outside it fails before any communication with kUnimplemented naming
 // the op, the backend and the device, instead of failing deep in a transport.
 
-const char* ReduceOpName(ReduceOp op) {
+const char* reduce_op_name(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return "SUM";
     case ReduceOp::kProduct: return "PRODUCT";
@@ -38,7 +38,7 @@ const char* ReduceOpName(ReduceOp op) {
   return "?";
 }
 
-const char* OpTypeName(OpType op) {
+const char* op_type_name(OpType op) {
   switch (op) {
     case OpType::kBroadcast: return "broadcast";
     case OpType::kAllReduce: return "all_reduce";
@@ -57,17 +57,17 @@ const char* OpTypeName(OpType op) {
   return "?";
 }
 
-SupportTable& SupportTable::Allow(OpType op, DeviceType device) {
+SupportTable& SupportTable::allow(OpType op, DeviceType device) {
   mask_[static_cast<int>(device)] |= 1u << static_cast<int>(op);
   return *this;
 }
 
-SupportTable& SupportTable::AllowAll(DeviceType device) {
-  for (int op = 0; op < kNumOpTypes; ++op) Allow(static_cast<OpType>(op), device);
+SupportTable& SupportTable::allow_all(DeviceType device) {
+  for (int op = 0; op < kNumOpTypes; ++op) allow(static_cast<OpType>(op), device);
   return *this;
 }
 
-bool SupportTable::Supports(OpType op, DeviceType device) const {
+bool SupportTable::supports(OpType op, DeviceType device) const {
   return (mask_[static_cast<int>(device)] >> static_cast<int>(op)) & 1u;
 }
 
@@ -75,7 +75,7 @@ bool SupportTable::Supports(OpType op, DeviceType device) const {
 
 Work::Work(OpType op, absl::Time deadline) : op_(op), deadline_(deadline) {}
 
-absl::Status Work::Wait(absl::Duration timeout) {
+absl::Status Work::wait(absl::Duration timeout) {
   const absl::Time until = absl::Now() + timeout;
   // A short grace after the deadline lets the backend report the failure
   // itself, naming the peer it was waiting for.
@@ -87,24 +87,24 @@ absl::Status Work::Wait(absl::Duration timeout) {
     if (done_) return status_;
     if (until < cancel_at) {
       return absl::DeadlineExceededError(
-          absl::StrCat(OpTypeName(op_), ": Work::Wait timed out after ",
+          absl::StrCat(op_type_name(op_), ": Work::Wait timed out after ",
                        absl::FormatDuration(timeout), "; the op is still running"));
     }
   }
   OnDeadline();
-  Finish(absl::DeadlineExceededError(absl::StrCat(OpTypeName(op_),
+  Finish(absl::DeadlineExceededError(absl::StrCat(op_type_name(op_),
                                                   ": timed out (the op's deadline passed)")));
   absl::MutexLock lock(&mu_);
   return status_;
 }
 
-bool Work::IsCompleted() {
+bool Work::is_completed() {
   {
     absl::MutexLock lock(&mu_);
     if (done_ || absl::Now() < deadline_ + kDeadlineGrace) return done_;
   }
   // Past its deadline: a poller learns of the timeout as a waiter would.
-  (void)Wait(absl::ZeroDuration());
+  (void)wait(absl::ZeroDuration());
   return true;
 }
 
@@ -143,9 +143,9 @@ absl::Time ProcessGroup::DeadlineFor(const std::optional<absl::Duration>& timeou
 }
 
 absl::Status ProcessGroup::CheckSupported(OpType op, DeviceType device) const {
-  if (support_.Supports(op, device)) return absl::OkStatus();
+  if (support_.supports(op, device)) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat(
-      OpTypeName(op), " is not supported by the '", backend_, "' backend for ",
+      op_type_name(op), " is not supported by the '", backend_, "' backend for ",
       std::string(DeviceTypeName(device)),
       " tensors (see the backend support table in distributed/README.md); use a backend "
       "that supports it or move the tensor"));
@@ -155,14 +155,14 @@ absl::Status ProcessGroup::CheckTensor(OpType op, const Tensor& tensor,
                                        const std::string& what) const {
   if (!tensor.defined()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(OpTypeName(op), ": ", what, " is an undefined tensor"));
+        absl::StrCat(op_type_name(op), ": ", what, " is an undefined tensor"));
   }
   return CheckSupported(op, tensor.device().type());
 }
 
 absl::Status ProcessGroup::CheckRank(OpType op, int rank, const std::string& what) const {
   if (rank >= 0 && rank < size_) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(OpTypeName(op), ": ", what, " ", rank,
+  return absl::InvalidArgumentError(absl::StrCat(op_type_name(op), ": ", what, " ", rank,
                                                  " is out of range for a group of size ",
                                                  size_, " (valid: 0..", size_ - 1, ")"));
 }
@@ -171,7 +171,7 @@ absl::Status ProcessGroup::CheckList(OpType op, absl::Span<const Tensor> list,
                                      const std::string& what, const Tensor& like,
                                      bool same_numel) const {
   if (static_cast<int>(list.size()) != size_) {
-    return absl::InvalidArgumentError(absl::StrCat(OpTypeName(op), ": ", what, " has ",
+    return absl::InvalidArgumentError(absl::StrCat(op_type_name(op), ": ", what, " has ",
                                                    list.size(), " tensors; expected one per rank (",
                                                    size_, ")"));
   }
@@ -179,12 +179,12 @@ absl::Status ProcessGroup::CheckList(OpType op, absl::Span<const Tensor> list,
     EMBER_RETURN_IF_ERROR(CheckTensor(op, list[i], absl::StrCat(what, "[", i, "]")));
     if (list[i].dtype() != like.dtype()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          OpTypeName(op), ": ", what, "[", i, "] is ", DtypeText(list[i].dtype()),
+          op_type_name(op), ": ", what, "[", i, "] is ", DtypeText(list[i].dtype()),
           " but the other tensor is ", DtypeText(like.dtype()), "; use one dtype"));
     }
     if (same_numel && list[i].numel() != like.numel()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          OpTypeName(op), ": ", what, "[", i, "] has ", list[i].numel(),
+          op_type_name(op), ": ", what, "[", i, "] has ", list[i].numel(),
           " elements but the other tensor has ", like.numel(), "; sizes must match"));
     }
   }
@@ -192,29 +192,29 @@ absl::Status ProcessGroup::CheckList(OpType op, absl::Span<const Tensor> list,
 }
 
 absl::Status ProcessGroup::CheckReduceOp(OpType op, ReduceOp reduce, Dtype dtype) const {
-  if (reduce == ReduceOp::kAvg && !IsFloatingPoint(dtype)) {
+  if (reduce == ReduceOp::kAvg && !is_floating_point(dtype)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(OpTypeName(op), ": ReduceOp.AVG needs a floating point tensor, got ",
+        absl::StrCat(op_type_name(op), ": ReduceOp.AVG needs a floating point tensor, got ",
                      DtypeText(dtype), "; use SUM and divide, or convert the tensor"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Broadcast(const Tensor& tensor,
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::broadcast(const Tensor& tensor,
                                                               const BroadcastOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kBroadcast, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckRank(OpType::kBroadcast, options.root, "root"));
   return DoBroadcast(tensor, options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllReduce(const Tensor& tensor,
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allreduce(const Tensor& tensor,
                                                               const AllReduceOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kAllReduce, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kAllReduce, options.op, tensor.dtype()));
   return DoAllReduce(tensor, options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Reduce(const Tensor& tensor,
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce(const Tensor& tensor,
                                                            const ReduceOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kReduce, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckRank(OpType::kReduce, options.root, "root"));
@@ -222,7 +222,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Reduce(const Tensor& tensor,
   return DoReduce(tensor, options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllGather(absl::Span<const Tensor> outputs,
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather(absl::Span<const Tensor> outputs,
                                                               const Tensor& input,
                                                               const AllGatherOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kAllGather, input, "input"));
@@ -230,25 +230,25 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllGather(absl::Span<const T
   return DoAllGather(outputs, input, options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllGatherIntoTensor(
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather_into_tensor(
     const Tensor& output, const Tensor& input, const AllGatherOptions& options) {
   const OpType op = OpType::kAllGatherIntoTensor;
   EMBER_RETURN_IF_ERROR(CheckTensor(op, input, "input"));
   EMBER_RETURN_IF_ERROR(CheckTensor(op, output, "output"));
   if (output.dtype() != input.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat(OpTypeName(op), ": output is ",
+    return absl::InvalidArgumentError(absl::StrCat(op_type_name(op), ": output is ",
                                                    DtypeText(output.dtype()), " but input is ",
                                                    DtypeText(input.dtype())));
   }
   if (output.numel() != input.numel() * size_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        OpTypeName(op), ": output has ", output.numel(), " elements; expected world size (",
+        op_type_name(op), ": output has ", output.numel(), " elements; expected world size (",
         size_, ") x input (", input.numel(), ") = ", input.numel() * size_));
   }
   return DoAllGatherIntoTensor(output, input, options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Gather(absl::Span<const Tensor> outputs,
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::gather(absl::Span<const Tensor> outputs,
                                                            const Tensor& input,
                                                            const GatherOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kGather, input, "input"));
@@ -263,7 +263,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Gather(absl::Span<const Tens
   return DoGather(outputs, input, options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Scatter(const Tensor& output,
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::scatter(const Tensor& output,
                                                             absl::Span<const Tensor> inputs,
                                                             const ScatterOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kScatter, output, "output"));
@@ -278,7 +278,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Scatter(const Tensor& output
   return DoScatter(output, inputs, options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::ReduceScatter(
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(
     const Tensor& output, absl::Span<const Tensor> inputs, const ReduceScatterOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kReduceScatter, output, "output"));
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kReduceScatter, inputs, "inputs", output, true));
@@ -286,7 +286,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::ReduceScatter(
   return DoReduceScatter(output, inputs, options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllToAll(absl::Span<const Tensor> outputs,
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::alltoall(absl::Span<const Tensor> outputs,
                                                              absl::Span<const Tensor> inputs,
                                                              const AllToAllOptions& options) {
   if (inputs.empty()) {
@@ -297,18 +297,18 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllToAll(absl::Span<const Te
   return DoAllToAll(outputs, inputs, options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Barrier(const BarrierOptions& options) {
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::barrier(const BarrierOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckSupported(OpType::kBarrier, DeviceType::kCPU));
   return DoBarrier(options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::MonitoredBarrier(
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::monitored_barrier(
     const MonitoredBarrierOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckSupported(OpType::kMonitoredBarrier, DeviceType::kCPU));
   return DoMonitoredBarrier(options);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Send(const Tensor& tensor, int dst,
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::send(const Tensor& tensor, int dst,
                                                          const P2POptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kSend, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckRank(OpType::kSend, dst, "dst"));
@@ -319,7 +319,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::Send(const Tensor& tensor, i
   return DoSend(tensor, dst, options);
 }
 
-absl::StatusOr<std::shared_ptr<RecvWork>> ProcessGroup::Recv(const Tensor& tensor, int src,
+absl::StatusOr<std::shared_ptr<RecvWork>> ProcessGroup::recv(const Tensor& tensor, int src,
                                                              const P2POptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kRecv, tensor, "tensor"));
   if (src != kAnySource) {

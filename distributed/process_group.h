@@ -59,7 +59,7 @@ namespace ember::distributed {
 // needs a floating dtype. On bool tensors SUM and MAX are "or", PRODUCT and
 // MIN are "and", as in PyTorch.
 enum class ReduceOp : int8_t { kSum, kProduct, kMin, kMax, kAvg };
-const char* ReduceOpName(ReduceOp op);  // "SUM", "PRODUCT", ...
+const char* reduce_op_name(ReduceOp op);  // "SUM", "PRODUCT", ...
 
 // Every operation a ProcessGroup offers; the rows of the support table.
 enum class OpType : int8_t {
@@ -79,16 +79,16 @@ enum class OpType : int8_t {
 };
 inline constexpr int kNumOpTypes = 13;
 // The torch.distributed name: "broadcast", "all_reduce", ...
-const char* OpTypeName(OpType op);
+const char* op_type_name(OpType op);
 
 // The ops a backend implements, per device type (Note [Backend support
 // table]). Value type.
 class SupportTable {
  public:
-  SupportTable& Allow(OpType op, DeviceType device);
+  SupportTable& allow(OpType op, DeviceType device);
   // Allows every op on `device`.
-  SupportTable& AllowAll(DeviceType device);
-  bool Supports(OpType op, DeviceType device) const;
+  SupportTable& allow_all(DeviceType device);
+  bool supports(OpType op, DeviceType device) const;
 
  private:
   uint32_t mask_[kNumDeviceTypes] = {};
@@ -111,12 +111,12 @@ class Work {
   // fails with kDeadlineExceeded. With a timeout shorter than that it
   // returns kDeadlineExceeded when the timeout passes and leaves the op
   // running (call Wait again).
-  absl::Status Wait(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Wait() { return Wait(absl::InfiniteDuration()); }
+  absl::Status wait(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status wait() { return wait(absl::InfiniteDuration()); }
 
   // Whether the op has finished (successfully or not). Never blocks; past
   // the deadline it fails the op as Wait would, so polling also times out.
-  bool IsCompleted() ABSL_LOCKS_EXCLUDED(mu_);
+  bool is_completed() ABSL_LOCKS_EXCLUDED(mu_);
   // OK while running or after success; the error after a failure.
   absl::Status status() ABSL_LOCKS_EXCLUDED(mu_);
   OpType op() const { return op_; }
@@ -220,43 +220,43 @@ class ProcessGroup {
   //   AllToAll        outputs[i] <- rank i's inputs[rank]
   //   Barrier         returns when every rank has entered
   //   MonitoredBarrier  as Barrier; rank 0's error names the missing ranks
-  absl::StatusOr<std::shared_ptr<Work>> Broadcast(const Tensor& tensor,
+  absl::StatusOr<std::shared_ptr<Work>> broadcast(const Tensor& tensor,
                                                   const BroadcastOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> AllReduce(const Tensor& tensor,
+  absl::StatusOr<std::shared_ptr<Work>> allreduce(const Tensor& tensor,
                                                   const AllReduceOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> Reduce(const Tensor& tensor,
+  absl::StatusOr<std::shared_ptr<Work>> reduce(const Tensor& tensor,
                                                const ReduceOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> AllGather(absl::Span<const Tensor> outputs,
+  absl::StatusOr<std::shared_ptr<Work>> allgather(absl::Span<const Tensor> outputs,
                                                   const Tensor& input,
                                                   const AllGatherOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> AllGatherIntoTensor(
+  absl::StatusOr<std::shared_ptr<Work>> allgather_into_tensor(
       const Tensor& output, const Tensor& input, const AllGatherOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> Gather(absl::Span<const Tensor> outputs,
+  absl::StatusOr<std::shared_ptr<Work>> gather(absl::Span<const Tensor> outputs,
                                                const Tensor& input,
                                                const GatherOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> Scatter(const Tensor& output,
+  absl::StatusOr<std::shared_ptr<Work>> scatter(const Tensor& output,
                                                 absl::Span<const Tensor> inputs,
                                                 const ScatterOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
+  absl::StatusOr<std::shared_ptr<Work>> reduce_scatter(
       const Tensor& output, absl::Span<const Tensor> inputs,
       const ReduceScatterOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> AllToAll(absl::Span<const Tensor> outputs,
+  absl::StatusOr<std::shared_ptr<Work>> alltoall(absl::Span<const Tensor> outputs,
                                                  absl::Span<const Tensor> inputs,
                                                  const AllToAllOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> Barrier(const BarrierOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> MonitoredBarrier(
+  absl::StatusOr<std::shared_ptr<Work>> barrier(const BarrierOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> monitored_barrier(
       const MonitoredBarrierOptions& options = {});
 
   // Point-to-point (torch's isend / irecv). Messages between two ranks with
   // the same tag arrive in the order sent. `src` may be kAnySource.
-  absl::StatusOr<std::shared_ptr<Work>> Send(const Tensor& tensor, int dst,
+  absl::StatusOr<std::shared_ptr<Work>> send(const Tensor& tensor, int dst,
                                              const P2POptions& options = {});
-  absl::StatusOr<std::shared_ptr<RecvWork>> Recv(const Tensor& tensor, int src,
+  absl::StatusOr<std::shared_ptr<RecvWork>> recv(const Tensor& tensor, int src,
                                                  const P2POptions& options = {});
 
   // Fails every pending and future op of this group with kAborted and wakes
   // every waiter. Never blocks for long.
-  virtual void Abort() = 0;
+  virtual void abort() = 0;
 
  protected:
   // Called only with validated arguments (Note [ProcessGroup layers]).

@@ -308,7 +308,7 @@ absl::Status Join(Store& store, const Plan& plan, const RendezvousOptions& optio
                   absl::Time deadline) {
   const std::string token = RandomToken();
   const std::string rank_key = absl::StrCat("rendezvous/rank/", plan.rank);
-  EMBER_ASSIGN_OR_RETURN(std::string holder, store.CompareSet(rank_key, "", token));
+  EMBER_ASSIGN_OR_RETURN(std::string holder, store.compare_set(rank_key, "", token));
   if (holder != token) {
     return absl::InvalidArgumentError(
         absl::StrCat("rendezvous at ", plan.where, ": rank ", plan.rank,
@@ -318,20 +318,20 @@ absl::Status Join(Store& store, const Plan& plan, const RendezvousOptions& optio
                          : ""));
   }
   std::string world = std::to_string(plan.world_size);
-  EMBER_ASSIGN_OR_RETURN(std::string agreed, store.CompareSet("rendezvous/world_size", "", world));
+  EMBER_ASSIGN_OR_RETURN(std::string agreed, store.compare_set("rendezvous/world_size", "", world));
   if (agreed != world) {
     return absl::InvalidArgumentError(
         absl::StrCat("rendezvous at ", plan.where, ": rank ", plan.rank, " has world_size ",
                      plan.world_size, " but another rank joined with world_size ", agreed));
   }
-  EMBER_ASSIGN_OR_RETURN(int64_t joined, store.Add("rendezvous/joined", 1));
-  if (joined == plan.world_size) EMBER_RETURN_IF_ERROR(store.Set("rendezvous/complete", "1"));
-  absl::Status done = store.Wait({"rendezvous/complete"}, Remaining(deadline));
+  EMBER_ASSIGN_OR_RETURN(int64_t joined, store.add("rendezvous/joined", 1));
+  if (joined == plan.world_size) EMBER_RETURN_IF_ERROR(store.set("rendezvous/complete", "1"));
+  absl::Status done = store.wait({"rendezvous/complete"}, Remaining(deadline));
   if (done.code() != absl::StatusCode::kDeadlineExceeded) return done;
-  int64_t count = store.Add("rendezvous/joined", 0).value_or(-1);
+  int64_t count = store.add("rendezvous/joined", 0).value_or(-1);
   std::vector<int> missing;
   for (int r = 0; r < plan.world_size && r < 256; ++r) {
-    if (!store.Get(absl::StrCat("rendezvous/rank/", r), absl::ZeroDuration()).ok())
+    if (!store.get(absl::StrCat("rendezvous/rank/", r), absl::ZeroDuration()).ok())
       missing.push_back(r);
   }
   return absl::DeadlineExceededError(absl::StrCat(
@@ -522,7 +522,7 @@ absl::StatusOr<RendezvousResult> MulticastRendezvous(const RendezvousOptions& op
   if (plan.rank == 0) {
     store_options.is_server = true;
     store_options.port = 0;
-    EMBER_ASSIGN_OR_RETURN(store, TcpStore::Create(store_options));
+    EMBER_ASSIGN_OR_RETURN(store, TcpStore::create(store_options));
     me.store_port = store->port();
   } else {
     while (heard[leader].store_port == 0) {
@@ -535,7 +535,7 @@ absl::StatusOr<RendezvousResult> MulticastRendezvous(const RendezvousOptions& op
     store_options.host = heard[leader].sender_ip;
     store_options.port = heard[leader].store_port;
     store_options.timeout = Remaining(deadline);
-    EMBER_ASSIGN_OR_RETURN(store, TcpStore::Create(store_options));
+    EMBER_ASSIGN_OR_RETURN(store, TcpStore::create(store_options));
     store->set_timeout(options.timeout);
   }
   // Keep announcing while the others join.
@@ -557,7 +557,7 @@ absl::StatusOr<RendezvousResult> MulticastRendezvous(const RendezvousOptions& op
 
 }  // namespace
 
-absl::StatusOr<RendezvousResult> Rendezvous(const RendezvousOptions& options) {
+absl::StatusOr<RendezvousResult> rendezvous(const RendezvousOptions& options) {
   EMBER_ASSIGN_OR_RETURN(Plan plan, MakePlan(options));
   if (options.timeout <= absl::ZeroDuration()) {
     return Invalid(options, absl::StrCat("timeout ", absl::FormatDuration(options.timeout),
@@ -570,14 +570,14 @@ absl::StatusOr<RendezvousResult> Rendezvous(const RendezvousOptions& options) {
   std::shared_ptr<Store> store;
   const bool serving = plan.kind != Plan::Kind::kFile && plan.rank == 0 && !plan.served_elsewhere;
   if (plan.kind == Plan::Kind::kFile) {
-    EMBER_ASSIGN_OR_RETURN(store, FileStore::Open(plan.path, options.timeout));
+    EMBER_ASSIGN_OR_RETURN(store, FileStore::open(plan.path, options.timeout));
   } else {
     TcpStoreOptions store_options;
     store_options.host = plan.host;
     store_options.port = plan.port;
     store_options.is_server = serving;
     store_options.timeout = options.timeout;
-    EMBER_ASSIGN_OR_RETURN(store, TcpStore::Create(store_options));
+    EMBER_ASSIGN_OR_RETURN(store, TcpStore::create(store_options));
   }
   store->set_timeout(options.timeout);
   if (!options.group_name.empty()) store = std::make_shared<PrefixStore>(options.group_name, store);

@@ -6,7 +6,7 @@
 //   options.world_size = 4;
 //   options.rank = my_rank;
 //   EMBER_ASSIGN_OR_RETURN(ember::distributed::RendezvousResult r,
-//                          ember::distributed::Rendezvous(options));
+//                          ember::distributed::rendezvous(options));
 //   // r.store is shared by all ranks of the job; r.rank, r.world_size.
 //
 // Init methods (as torch.distributed documents them):
@@ -66,7 +66,7 @@ struct RendezvousResult {
 };
 
 // Joins the job described by `options`; see the file comment.
-absl::StatusOr<RendezvousResult> Rendezvous(const RendezvousOptions& options);
+absl::StatusOr<RendezvousResult> rendezvous(const RendezvousOptions& options);
 
 }  // namespace ember::distributed
 

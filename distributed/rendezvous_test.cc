@@ -52,7 +52,7 @@ std::vector<absl::StatusOr<RendezvousResult>> RunThreads(
   std::vector<absl::StatusOr<RendezvousResult>> results(world_size, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] { results[r] = Rendezvous(make(r)); });
+    threads.emplace_back([&, r] { results[r] = rendezvous(make(r)); });
   }
   for (std::thread& t : threads) t.join();
   return results;
@@ -66,14 +66,14 @@ void ExpectOneJob(std::vector<absl::StatusOr<RendezvousResult>>& results) {
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_EQ(result->world_size, n);
     ranks.insert(result->rank);
-    ASSERT_TRUE(result->store->Set(absl::StrCat("hello/", result->rank), "hi").ok());
+    ASSERT_TRUE(result->store->set(absl::StrCat("hello/", result->rank), "hi").ok());
   }
   EXPECT_EQ(ranks.size(), static_cast<size_t>(n));
   EXPECT_EQ(*ranks.begin(), 0);
   EXPECT_EQ(*ranks.rbegin(), n - 1);
   for (auto& result : results) {
     for (int r = 0; r < n; ++r)
-      EXPECT_EQ(result->store->Get(absl::StrCat("hello/", r), absl::Seconds(5)).value(), "hi");
+      EXPECT_EQ(result->store->get(absl::StrCat("hello/", r), absl::Seconds(5)).value(), "hi");
   }
 }
 
@@ -128,10 +128,10 @@ TEST(RendezvousThreadsTest, FileGroupNamesKeepJobsApart) {
                              .timeout = absl::Seconds(20)};
   });
   for (auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
-  ASSERT_TRUE(results[0]->store->Set("owner", "A").ok());
-  ASSERT_TRUE(results[2]->store->Set("owner", "B").ok());
-  EXPECT_EQ(results[1]->store->Get("owner", absl::Seconds(1)).value(), "A");
-  EXPECT_EQ(results[3]->store->Get("owner", absl::Seconds(1)).value(), "B");
+  ASSERT_TRUE(results[0]->store->set("owner", "A").ok());
+  ASSERT_TRUE(results[2]->store->set("owner", "B").ok());
+  EXPECT_EQ(results[1]->store->get("owner", absl::Seconds(1)).value(), "A");
+  EXPECT_EQ(results[3]->store->get("owner", absl::Seconds(1)).value(), "B");
 }
 
 TEST(RendezvousThreadsTest, EnvWithRanksFromOptions) {
@@ -197,7 +197,7 @@ TEST(RendezvousErrorsTest, BadUrlsNameTheProblem) {
   };
   for (const Case& c : cases) {
     absl::StatusOr<RendezvousResult> result =
-        Rendezvous({.init_method = c.url, .world_size = 2, .rank = 0, .timeout = absl::Seconds(1)});
+        rendezvous({.init_method = c.url, .world_size = 2, .rank = 0, .timeout = absl::Seconds(1)});
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << c.url;
     EXPECT_THAT(result.status().message(), HasSubstr(c.expected)) << c.url;
     EXPECT_THAT(result.status().message(), HasSubstr(c.url)) << c.url;
@@ -207,20 +207,20 @@ TEST(RendezvousErrorsTest, BadUrlsNameTheProblem) {
 TEST(RendezvousErrorsTest, WorldSizeAndRankAreCheckedBeforeAnyIo) {
   // 192.0.2.1 (TEST-NET-1) never answers: only a check before I/O is fast.
   absl::Time start = absl::Now();
-  auto zero = Rendezvous({.init_method = "tcp://192.0.2.1:29500", .world_size = 0, .rank = 0});
+  auto zero = rendezvous({.init_method = "tcp://192.0.2.1:29500", .world_size = 0, .rank = 0});
   EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(zero.status().message(), HasSubstr("world_size=0"));
-  auto too_big = Rendezvous({.init_method = "tcp://192.0.2.1:29500", .world_size = 4, .rank = 4});
+  auto too_big = rendezvous({.init_method = "tcp://192.0.2.1:29500", .world_size = 4, .rank = 4});
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_big.status().message(), HasSubstr("rank=4 is not in [0, world_size=4)"));
-  auto missing_rank = Rendezvous({.init_method = "tcp://192.0.2.1:29500", .world_size = 4});
+  auto missing_rank = rendezvous({.init_method = "tcp://192.0.2.1:29500", .world_size = 4});
   EXPECT_THAT(missing_rank.status().message(), HasSubstr("the rank is missing"));
-  auto missing_world = Rendezvous({.init_method = "file:///tmp/x", .rank = 0});
+  auto missing_world = rendezvous({.init_method = "file:///tmp/x", .rank = 0});
   EXPECT_THAT(missing_world.status().message(), HasSubstr("world size is missing"));
-  auto file_rank = Rendezvous({.init_method = "file:///tmp/x", .world_size = 2, .rank = 2});
+  auto file_rank = rendezvous({.init_method = "file:///tmp/x", .world_size = 2, .rank = 2});
   EXPECT_THAT(file_rank.status().message(), HasSubstr("rank=2 is not in [0, world_size=2)"));
   auto contradiction =
-      Rendezvous({.init_method = "tcp://192.0.2.1:29500?world_size=3", .world_size = 2, .rank = 0});
+      rendezvous({.init_method = "tcp://192.0.2.1:29500?world_size=3", .world_size = 2, .rank = 0});
   EXPECT_THAT(contradiction.status().message(), HasSubstr("world_size=3 contradicts world_size=2"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
 }
@@ -257,7 +257,7 @@ TEST(RendezvousErrorsTest, NegativeValuesAndRepeatedFieldsNameTheValue) {
   for (const Case& c : cases) {
     RendezvousOptions options = c.options;
     options.timeout = absl::Seconds(1);
-    absl::StatusOr<RendezvousResult> result = Rendezvous(options);
+    absl::StatusOr<RendezvousResult> result = rendezvous(options);
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << c.options.init_method;
     EXPECT_THAT(result.status().message(), HasSubstr(c.expected)) << c.options.init_method;
   }
@@ -270,7 +270,7 @@ TEST(RendezvousErrorsTest, NegativeValuesAndRepeatedFieldsNameTheValue) {
   setenv("RANK", "-5", 1);
   auto message = [](RendezvousOptions options) {
     options.timeout = absl::Seconds(1);
-    absl::StatusOr<RendezvousResult> result = Rendezvous(options);
+    absl::StatusOr<RendezvousResult> result = rendezvous(options);
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
     return std::string(result.status().message());
   };
@@ -296,7 +296,7 @@ TEST(RendezvousErrorsTest, EnvNamesMissingAndContradictoryVariables) {
   unsetenv("RANK");
   auto message = [](RendezvousOptions options) {
     options.timeout = absl::Seconds(1);
-    absl::StatusOr<RendezvousResult> result = Rendezvous(options);
+    absl::StatusOr<RendezvousResult> result = rendezvous(options);
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
     return std::string(result.status().message());
   };
@@ -334,7 +334,7 @@ TEST(RendezvousErrorsTest, PortInUseNamesThePort) {
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   int port = ntohs(addr.sin_port);
-  auto result = Rendezvous({.init_method = absl::StrCat("tcp://127.0.0.1:", port),
+  auto result = rendezvous({.init_method = absl::StrCat("tcp://127.0.0.1:", port),
                             .world_size = 2,
                             .rank = 0,
                             .timeout = absl::Seconds(2)});
@@ -387,19 +387,19 @@ TEST(RendezvousChildTest, Rank) {
   RendezvousOptions options{.init_method = init, .timeout = absl::Seconds(30)};
   if (const char* ws = std::getenv("RDZV_CHILD_WORLD_SIZE")) options.world_size = std::atoi(ws);
   if (const char* r = std::getenv("RDZV_CHILD_RANK")) options.rank = std::atoi(r);
-  absl::StatusOr<RendezvousResult> result = Rendezvous(options);
+  absl::StatusOr<RendezvousResult> result = rendezvous(options);
   if (MulticastUnavailable(result.status())) GTEST_SKIP() << result.status();
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_TRUE(
-      result->store->Set(absl::StrCat("pid/", result->rank), std::to_string(getpid())).ok());
+      result->store->set(absl::StrCat("pid/", result->rank), std::to_string(getpid())).ok());
   std::vector<std::string> keys;
   for (int r = 0; r < result->world_size; ++r) keys.push_back(absl::StrCat("pid/", r));
-  ASSERT_TRUE(result->store->Wait(keys, absl::Seconds(20)).ok());
+  ASSERT_TRUE(result->store->wait(keys, absl::Seconds(20)).ok());
   // Rank 0 serves the store: it leaves last.
-  ASSERT_TRUE(result->store->Add("left", 1).ok());
+  ASSERT_TRUE(result->store->add("left", 1).ok());
   if (result->rank == 0) {
     absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (result->store->Add("left", 0).value_or(0) < result->world_size &&
+    while (result->store->add("left", 0).value_or(0) < result->world_size &&
            absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(10));
     }
@@ -458,7 +458,7 @@ TEST(RendezvousProcessesTest, File) {
 
 TEST(RendezvousProcessesTest, Multicast) {
   std::string url = MulticastUrl();
-  absl::StatusOr<RendezvousResult> alone = Rendezvous(
+  absl::StatusOr<RendezvousResult> alone = rendezvous(
       {.init_method = url, .world_size = 1, .group_name = "probe", .timeout = absl::Seconds(5)});
   if (MulticastUnavailable(alone.status())) GTEST_SKIP() << alone.status();
   ASSERT_TRUE(alone.ok()) << alone.status();

@@ -46,32 +46,32 @@ class Store {
   virtual ~Store() = default;
 
   // Sets `key` to `value`, replacing any earlier value; wakes waiters.
-  virtual absl::Status Set(std::string_view key, std::string_view value) = 0;
+  virtual absl::Status set(std::string_view key, std::string_view value) = 0;
 
   // The value of `key`, waiting up to `timeout` for it to be set.
-  virtual absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) = 0;
-  absl::StatusOr<std::string> Get(std::string_view key) { return Get(key, timeout()); }
+  virtual absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) = 0;
+  absl::StatusOr<std::string> get(std::string_view key) { return get(key, timeout()); }
 
   // Adds `delta` to the integer stored at `key` (a missing key counts as 0)
   // and returns the new value. Values written by Add are decimal strings, so
   // Get returns them as text, as in torch.
-  virtual absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) = 0;
+  virtual absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) = 0;
 
   // Atomically: if the value of `key` equals `expected` (or the key is absent
   // and `expected` is empty), sets it to `desired`. Returns the value now
   // stored (`desired` on success, the current value otherwise).
-  virtual absl::StatusOr<std::string> CompareSet(std::string_view key, std::string_view expected,
+  virtual absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
                                                  std::string_view desired) = 0;
 
   // Waits until every key in `keys` is set, up to `timeout`.
-  virtual absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) = 0;
-  absl::Status Wait(absl::Span<const std::string> keys) { return Wait(keys, timeout()); }
+  virtual absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) = 0;
+  absl::Status wait(absl::Span<const std::string> keys) { return wait(keys, timeout()); }
 
   // Deletes `key`; returns whether it existed.
-  virtual absl::StatusOr<bool> DeleteKey(std::string_view key) = 0;
+  virtual absl::StatusOr<bool> delete_key(std::string_view key) = 0;
 
   // The number of keys stored.
-  virtual absl::StatusOr<int64_t> NumKeys() = 0;
+  virtual absl::StatusOr<int64_t> num_keys() = 0;
 
   // The default timeout of the calls above that take none.
   absl::Duration timeout() const { return timeout_; }

@@ -62,12 +62,12 @@ BENCHMARK(BM_LoopbackRoundTrip)->UseRealTime();
 
 // op: 0 Set, 1 Get, 2 Add.
 void RunOp(benchmark::State& state, Store& store) {
-  if (!store.Set("key", kValue).ok()) state.SkipWithError("Set failed");
+  if (!store.set("key", kValue).ok()) state.SkipWithError("Set failed");
   const int op = state.range(0);
   for (auto _ : state) {
-    bool ok = op == 0 ? store.Set("key", kValue).ok()
-              : op == 1 ? store.Get("key", absl::Seconds(10)).ok()
-                        : store.Add("counter", 1).ok();
+    bool ok = op == 0 ? store.set("key", kValue).ok()
+              : op == 1 ? store.get("key", absl::Seconds(10)).ok()
+                        : store.add("counter", 1).ok();
     if (!ok) {
       state.SkipWithError("store operation failed");
       break;
@@ -77,10 +77,10 @@ void RunOp(benchmark::State& state, Store& store) {
 }
 
 void BM_TcpStore(benchmark::State& state) {
-  auto server = TcpStoreServer::Start({}).value();
+  auto server = TcpStoreServer::start({}).value();
   TcpStoreOptions options;
   options.port = server->port();
-  auto store = TcpStore::Create(options).value();
+  auto store = TcpStore::create(options).value();
   RunOp(state, *store);
 }
 BENCHMARK(BM_TcpStore)->Arg(0)->Arg(1)->Arg(2)->UseRealTime();
@@ -88,7 +88,7 @@ BENCHMARK(BM_TcpStore)->Arg(0)->Arg(1)->Arg(2)->UseRealTime();
 void BM_FileStore(benchmark::State& state) {
   const char* dir = std::getenv("TEST_TMPDIR");
   std::string path = std::string(dir ? dir : "/tmp") + "/store_benchmark." + std::to_string(getpid());
-  auto store = FileStore::Open(path).value();
+  auto store = FileStore::open(path).value();
   RunOp(state, *store);
 }
 BENCHMARK(BM_FileStore)->Arg(0)->Arg(1)->Arg(2)->UseRealTime();

@@ -24,10 +24,10 @@ constexpr absl::Duration kLong = absl::Seconds(20);
 
 TEST_P(StoreConformanceTest, SetThenGetAndOverwrite) {
   std::shared_ptr<Store> store = NewClient();
-  ASSERT_TRUE(store->Set("k", "v1").ok());
-  EXPECT_EQ(store->Get("k", kShort).value(), "v1");
-  ASSERT_TRUE(store->Set("k", "v2").ok());
-  EXPECT_EQ(store->Get("k", kShort).value(), "v2");
+  ASSERT_TRUE(store->set("k", "v1").ok());
+  EXPECT_EQ(store->get("k", kShort).value(), "v1");
+  ASSERT_TRUE(store->set("k", "v2").ok());
+  EXPECT_EQ(store->get("k", kShort).value(), "v2");
 }
 
 TEST_P(StoreConformanceTest, ValuesAreArbitraryBytes) {
@@ -35,28 +35,28 @@ TEST_P(StoreConformanceTest, ValuesAreArbitraryBytes) {
   std::string binary("a\0b\xff\n\r", 6);
   std::string large(1 << 20, '\0');
   for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<char>(i * 31 + 7);
-  ASSERT_TRUE(store->Set("binary", binary).ok());
-  ASSERT_TRUE(store->Set("large", large).ok());
-  ASSERT_TRUE(store->Set("empty", "").ok());
-  EXPECT_EQ(store->Get("binary", kShort).value(), binary);
-  EXPECT_EQ(store->Get("large", kShort).value(), large);
-  EXPECT_EQ(store->Get("empty", kShort).value(), "");
+  ASSERT_TRUE(store->set("binary", binary).ok());
+  ASSERT_TRUE(store->set("large", large).ok());
+  ASSERT_TRUE(store->set("empty", "").ok());
+  EXPECT_EQ(store->get("binary", kShort).value(), binary);
+  EXPECT_EQ(store->get("large", kShort).value(), large);
+  EXPECT_EQ(store->get("empty", kShort).value(), "");
 }
 
 TEST_P(StoreConformanceTest, KeysWithSeparatorsStayDistinct) {
   std::shared_ptr<Store> store = NewClient();
-  ASSERT_TRUE(store->Set("a/b", "1").ok());
-  ASSERT_TRUE(store->Set("a", "2").ok());
-  ASSERT_TRUE(store->Set("a b\n", "3").ok());
-  EXPECT_EQ(store->Get("a/b", kShort).value(), "1");
-  EXPECT_EQ(store->Get("a", kShort).value(), "2");
-  EXPECT_EQ(store->Get("a b\n", kShort).value(), "3");
+  ASSERT_TRUE(store->set("a/b", "1").ok());
+  ASSERT_TRUE(store->set("a", "2").ok());
+  ASSERT_TRUE(store->set("a b\n", "3").ok());
+  EXPECT_EQ(store->get("a/b", kShort).value(), "1");
+  EXPECT_EQ(store->get("a", kShort).value(), "2");
+  EXPECT_EQ(store->get("a b\n", kShort).value(), "3");
 }
 
 TEST_P(StoreConformanceTest, GetTimesOutNamingTheKey) {
   std::shared_ptr<Store> store = NewClient();
   absl::Time start = absl::Now();
-  absl::StatusOr<std::string> value = store->Get("never/set", kShort);
+  absl::StatusOr<std::string> value = store->get("never/set", kShort);
   EXPECT_GE(absl::Now() - start, kShort - absl::Milliseconds(20));
   ASSERT_EQ(value.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(value.status().message(), HasSubstr("never/set"));
@@ -64,13 +64,13 @@ TEST_P(StoreConformanceTest, GetTimesOutNamingTheKey) {
 
 TEST_P(StoreConformanceTest, WaitNamesOnlyTheMissingKeys) {
   std::shared_ptr<Store> store = NewClient();
-  ASSERT_TRUE(store->Set("present", "1").ok());
-  absl::Status status = store->Wait({"present", "absent1", "absent2"}, kShort);
+  ASSERT_TRUE(store->set("present", "1").ok());
+  absl::Status status = store->wait({"present", "absent1", "absent2"}, kShort);
   ASSERT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(status.message(),
               AllOf(HasSubstr("absent1"), HasSubstr("absent2"), Not(HasSubstr("present"))));
-  EXPECT_TRUE(store->Wait({"present"}, kShort).ok());
-  EXPECT_TRUE(store->Wait({}, kShort).ok());
+  EXPECT_TRUE(store->wait({"present"}, kShort).ok());
+  EXPECT_TRUE(store->wait({}, kShort).ok());
 }
 
 // Waits for `count` keys of which none is set: the error is the documented
@@ -80,7 +80,7 @@ void ExpectManyMissingKeysReported(Store& store, int count) {
   std::vector<std::string> keys;
   for (int i = 0; i < count; ++i) keys.push_back("missing/" + std::to_string(i));
   absl::Time start = absl::Now();
-  absl::Status status = store.Wait(keys, kShort);
+  absl::Status status = store.wait(keys, kShort);
   absl::Duration took = absl::Now() - start;
   ASSERT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << count << " keys: " << status;
   EXPECT_GE(took, kShort - absl::Milliseconds(20));
@@ -113,7 +113,7 @@ TEST_P(StoreConformanceTest, GetOfOneVeryLongMissingKey) {
   std::shared_ptr<Store> store = NewClient();
   const std::string key = "long/" + std::string(1 << 20, 'k');
   absl::Time start = absl::Now();
-  absl::StatusOr<std::string> value = store->Get(key, kShort);
+  absl::StatusOr<std::string> value = store->get(key, kShort);
   EXPECT_LT(absl::Now() - start, kShort + absl::Seconds(3));
   ASSERT_EQ(value.status().code(), absl::StatusCode::kDeadlineExceeded)
       << value.status().message().substr(0, 500);
@@ -122,8 +122,8 @@ TEST_P(StoreConformanceTest, GetOfOneVeryLongMissingKey) {
               AllOf(HasSubstr("long/kkkk"), HasSubstr("(10485"), HasSubstr(" bytes)")));
   EXPECT_LT(value.status().message().size(), 2048u) << "the error must stay short";
   // The store still serves.
-  ASSERT_TRUE(store->Set(key, "v").ok());
-  EXPECT_EQ(store->Get(key, kShort).value(), "v");
+  ASSERT_TRUE(store->set(key, "v").ok());
+  EXPECT_EQ(store->get(key, kShort).value(), "v");
 }
 
 TEST_P(StoreConformanceTest, GetAndWaitWakeWhenAnotherClientSets) {
@@ -131,113 +131,113 @@ TEST_P(StoreConformanceTest, GetAndWaitWakeWhenAnotherClientSets) {
   std::shared_ptr<Store> setter = NewClient();
   std::thread later([&] {
     absl::SleepFor(absl::Milliseconds(100));
-    EXPECT_TRUE(setter->Set("late1", "x").ok());
+    EXPECT_TRUE(setter->set("late1", "x").ok());
     absl::SleepFor(absl::Milliseconds(50));
-    EXPECT_TRUE(setter->Set("late2", "y").ok());
+    EXPECT_TRUE(setter->set("late2", "y").ok());
   });
-  EXPECT_TRUE(waiter->Wait({"late1", "late2"}, kLong).ok());
-  EXPECT_EQ(waiter->Get("late1", kLong).value(), "x");
+  EXPECT_TRUE(waiter->wait({"late1", "late2"}, kLong).ok());
+  EXPECT_EQ(waiter->get("late1", kLong).value(), "x");
   later.join();
 }
 
 TEST_P(StoreConformanceTest, DefaultTimeoutApplies) {
   std::shared_ptr<Store> store = NewClient();
   store->set_timeout(absl::Milliseconds(100));
-  EXPECT_EQ(store->Get("missing").status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(store->Wait({"missing"}).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(store->get("missing").status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(store->wait({"missing"}).code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST_P(StoreConformanceTest, AddCountsFromZeroAndGetReadsDecimal) {
   std::shared_ptr<Store> store = NewClient();
-  EXPECT_EQ(store->Add("counter", 5).value(), 5);
-  EXPECT_EQ(store->Add("counter", -7).value(), -2);
-  EXPECT_EQ(store->Get("counter", kShort).value(), "-2");
-  EXPECT_EQ(store->Add("counter", 0).value(), -2);
+  EXPECT_EQ(store->add("counter", 5).value(), 5);
+  EXPECT_EQ(store->add("counter", -7).value(), -2);
+  EXPECT_EQ(store->get("counter", kShort).value(), "-2");
+  EXPECT_EQ(store->add("counter", 0).value(), -2);
 }
 
 TEST_P(StoreConformanceTest, AddThatWouldOverflowFailsAndKeepsTheValue) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
   std::shared_ptr<Store> store = NewClient();
-  ASSERT_EQ(store->Add("high", kMax).value(), kMax);
-  absl::StatusOr<int64_t> over = store->Add("high", 1);
+  ASSERT_EQ(store->add("high", kMax).value(), kMax);
+  absl::StatusOr<int64_t> over = store->add("high", 1);
   ASSERT_EQ(over.status().code(), absl::StatusCode::kOutOfRange) << over.status();
   EXPECT_THAT(over.status().message(),
               AllOf(HasSubstr("high'"), HasSubstr(std::to_string(kMax)), HasSubstr("+ 1")));
-  EXPECT_EQ(store->Get("high", kShort).value(), std::to_string(kMax));
-  EXPECT_EQ(store->Add("high", 0).value(), kMax);
-  EXPECT_EQ(store->Add("high", -1).value(), kMax - 1);
+  EXPECT_EQ(store->get("high", kShort).value(), std::to_string(kMax));
+  EXPECT_EQ(store->add("high", 0).value(), kMax);
+  EXPECT_EQ(store->add("high", -1).value(), kMax - 1);
 
-  ASSERT_EQ(store->Add("low", kMin).value(), kMin);
-  absl::StatusOr<int64_t> under = store->Add("low", -2);
+  ASSERT_EQ(store->add("low", kMin).value(), kMin);
+  absl::StatusOr<int64_t> under = store->add("low", -2);
   ASSERT_EQ(under.status().code(), absl::StatusCode::kOutOfRange) << under.status();
   EXPECT_THAT(under.status().message(),
               AllOf(HasSubstr("low'"), HasSubstr(std::to_string(kMin)), HasSubstr("- 2")));
-  EXPECT_EQ(store->Get("low", kShort).value(), std::to_string(kMin));
-  absl::StatusOr<int64_t> far = store->Add("low", kMin);
+  EXPECT_EQ(store->get("low", kShort).value(), std::to_string(kMin));
+  absl::StatusOr<int64_t> far = store->add("low", kMin);
   EXPECT_EQ(far.status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(far.status().message(), HasSubstr("- " + std::to_string(kMin).substr(1)));
-  EXPECT_EQ(store->Get("low", kShort).value(), std::to_string(kMin));
+  EXPECT_EQ(store->get("low", kShort).value(), std::to_string(kMin));
 }
 
 TEST_P(StoreConformanceTest, AddOnTextIsDataLoss) {
   std::shared_ptr<Store> store = NewClient();
-  ASSERT_TRUE(store->Set("text", "hello").ok());
-  absl::StatusOr<int64_t> sum = store->Add("text", 1);
+  ASSERT_TRUE(store->set("text", "hello").ok());
+  absl::StatusOr<int64_t> sum = store->add("text", 1);
   ASSERT_EQ(sum.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(sum.status().message(), HasSubstr("text"));
-  EXPECT_EQ(store->Get("text", kShort).value(), "hello");
+  EXPECT_EQ(store->get("text", kShort).value(), "hello");
 }
 
 TEST_P(StoreConformanceTest, CompareSet) {
   std::shared_ptr<Store> store = NewClient();
   // Absent key, non-empty expected: nothing is set; the expected value comes back.
-  EXPECT_EQ(store->CompareSet("cas", "x", "y").value(), "x");
-  EXPECT_EQ(store->NumKeys().value(), 0);
+  EXPECT_EQ(store->compare_set("cas", "x", "y").value(), "x");
+  EXPECT_EQ(store->num_keys().value(), 0);
   // Absent key, empty expected: set.
-  EXPECT_EQ(store->CompareSet("cas", "", "first").value(), "first");
+  EXPECT_EQ(store->compare_set("cas", "", "first").value(), "first");
   // Mismatch: unchanged, the current value comes back.
-  EXPECT_EQ(store->CompareSet("cas", "wrong", "second").value(), "first");
-  EXPECT_EQ(store->Get("cas", kShort).value(), "first");
+  EXPECT_EQ(store->compare_set("cas", "wrong", "second").value(), "first");
+  EXPECT_EQ(store->get("cas", kShort).value(), "first");
   // Match: replaced.
-  EXPECT_EQ(store->CompareSet("cas", "first", "second").value(), "second");
-  EXPECT_EQ(store->Get("cas", kShort).value(), "second");
+  EXPECT_EQ(store->compare_set("cas", "first", "second").value(), "second");
+  EXPECT_EQ(store->get("cas", kShort).value(), "second");
 }
 
 TEST_P(StoreConformanceTest, CompareSetThatSetsNothingWakesNoWaiter) {
   std::shared_ptr<Store> waiter = NewClient();
   std::shared_ptr<Store> other = NewClient();
   absl::StatusOr<std::string> got;
-  std::thread waiting([&] { got = waiter->Get("cas/waited", absl::Milliseconds(500)); });
+  std::thread waiting([&] { got = waiter->get("cas/waited", absl::Milliseconds(500)); });
   absl::SleepFor(absl::Milliseconds(100));
-  EXPECT_EQ(other->CompareSet("cas/waited", "not-there", "v").value(), "not-there");
+  EXPECT_EQ(other->compare_set("cas/waited", "not-there", "v").value(), "not-there");
   waiting.join();
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
 }
 
 TEST_P(StoreConformanceTest, DeleteKeyAndNumKeys) {
   std::shared_ptr<Store> store = NewClient();
-  EXPECT_EQ(store->NumKeys().value(), 0);
-  ASSERT_TRUE(store->Set("a", "1").ok());
-  ASSERT_TRUE(store->Set("b", "2").ok());
-  ASSERT_TRUE(store->Add("c", 1).ok());
-  EXPECT_EQ(store->NumKeys().value(), 3);
-  EXPECT_TRUE(store->DeleteKey("a").value());
-  EXPECT_FALSE(store->DeleteKey("a").value());
-  EXPECT_EQ(store->NumKeys().value(), 2);
-  EXPECT_EQ(store->Get("a", absl::Milliseconds(50)).status().code(),
+  EXPECT_EQ(store->num_keys().value(), 0);
+  ASSERT_TRUE(store->set("a", "1").ok());
+  ASSERT_TRUE(store->set("b", "2").ok());
+  ASSERT_TRUE(store->add("c", 1).ok());
+  EXPECT_EQ(store->num_keys().value(), 3);
+  EXPECT_TRUE(store->delete_key("a").value());
+  EXPECT_FALSE(store->delete_key("a").value());
+  EXPECT_EQ(store->num_keys().value(), 2);
+  EXPECT_EQ(store->get("a", absl::Milliseconds(50)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(store->Get("b", kShort).value(), "2");
+  EXPECT_EQ(store->get("b", kShort).value(), "2");
 }
 
 TEST_P(StoreConformanceTest, EmptyKeyIsInvalid) {
   std::shared_ptr<Store> store = NewClient();
-  EXPECT_EQ(store->Set("", "v").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store->Get("", kShort).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store->Add("", 1).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store->CompareSet("", "", "v").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store->Wait({"ok", ""}, kShort).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store->DeleteKey("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->set("", "v").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->get("", kShort).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->add("", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->compare_set("", "", "v").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->wait({"ok", ""}, kShort).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->delete_key("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(StoreConformanceTest, ConcurrentClientsAddAndElectOneLeader) {
@@ -251,24 +251,24 @@ TEST_P(StoreConformanceTest, ConcurrentClientsAddAndElectOneLeader) {
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
       absl::StatusOr<std::string> seen =
-          clients[i]->CompareSet("leader", "", "client" + std::to_string(i));
+          clients[i]->compare_set("leader", "", "client" + std::to_string(i));
       if (seen.ok())
         leaders[i] = *seen;
       else
         ++failures;
       for (int n = 0; n < kAddsEach; ++n) {
-        if (!clients[i]->Add("total", 1).ok()) ++failures;
+        if (!clients[i]->add("total", 1).ok()) ++failures;
       }
-      if (!clients[i]->Set("done/" + std::to_string(i), "1").ok()) ++failures;
+      if (!clients[i]->set("done/" + std::to_string(i), "1").ok()) ++failures;
     });
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(clients[0]->Get("total", kShort).value(), std::to_string(kClients * kAddsEach));
+  EXPECT_EQ(clients[0]->get("total", kShort).value(), std::to_string(kClients * kAddsEach));
   EXPECT_EQ(std::set<std::string>(leaders.begin(), leaders.end()).size(), 1u)
       << "two clients won CompareSet";
-  EXPECT_EQ(clients[1]->Get("leader", kShort).value(), leaders[0]);
-  EXPECT_TRUE(clients[2]->Wait({"done/0", "done/1", "done/2", "done/3"}, kShort).ok());
+  EXPECT_EQ(clients[1]->get("leader", kShort).value(), leaders[0]);
+  EXPECT_TRUE(clients[2]->wait({"done/0", "done/1", "done/2", "done/3"}, kShort).ok());
 }
 
 }  // namespace

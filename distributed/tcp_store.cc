@@ -228,13 +228,13 @@ class StoreService final : public wire::TcpStoreService::CallbackService {
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
                                 const wire::SetRequest* request, wire::SetReply*) override {
     return Mutate(context, request->key(),
-                  [&] { return store_.Set(View(request->key()), View(request->value())); });
+                  [&] { return store_.set(View(request->key()), View(request->value())); });
   }
 
   grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context,
                                 const wire::AddRequest* request, wire::AddReply* reply) override {
     return Mutate(context, request->key(), [&]() -> absl::Status {
-      EMBER_ASSIGN_OR_RETURN(int64_t value, store_.Add(View(request->key()), request->delta()));
+      EMBER_ASSIGN_OR_RETURN(int64_t value, store_.add(View(request->key()), request->delta()));
       reply->set_value(value);
       return absl::OkStatus();
     });
@@ -245,7 +245,7 @@ class StoreService final : public wire::TcpStoreService::CallbackService {
                                        wire::CompareSetReply* reply) override {
     return Mutate(context, request->key(), [&]() -> absl::Status {
       EMBER_ASSIGN_OR_RETURN(*reply->mutable_value(),
-                             store_.CompareSet(View(request->key()), View(request->expected()),
+                             store_.compare_set(View(request->key()), View(request->expected()),
                                                View(request->desired())));
       return absl::OkStatus();
     });
@@ -255,7 +255,7 @@ class StoreService final : public wire::TcpStoreService::CallbackService {
                                       const wire::DeleteKeyRequest* request,
                                       wire::DeleteKeyReply* reply) override {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<bool> deleted = store_.DeleteKey(View(request->key()));
+    absl::StatusOr<bool> deleted = store_.delete_key(View(request->key()));
     if (deleted.ok()) reply->set_deleted(*deleted);
     return Done(context, ToGrpc(deleted.status()));
   }
@@ -264,7 +264,7 @@ class StoreService final : public wire::TcpStoreService::CallbackService {
                                     const wire::NumKeysRequest*,
                                     wire::NumKeysReply* reply) override {
     absl::MutexLock lock(&mu_);
-    reply->set_num_keys(store_.NumKeys().value());
+    reply->set_num_keys(store_.num_keys().value());
     return Done(context, grpc::Status::OK);
   }
 
@@ -343,7 +343,7 @@ class StoreService final : public wire::TcpStoreService::CallbackService {
     if (missing.empty()) {
       wait->finished_ = true;
       if (get_reply != nullptr)
-        get_reply->set_value(*store_.Get(wait->keys_[0], absl::ZeroDuration()));
+        get_reply->set_value(*store_.get(wait->keys_[0], absl::ZeroDuration()));
     } else if (stopping_) {
       refused = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the store's server is shutting down");
     } else if (timeout == absl::ZeroDuration()) {
@@ -420,7 +420,7 @@ class StoreService final : public wire::TcpStoreService::CallbackService {
     for (PendingWait* wait : waits) {
       if (--wait->missing_ > 0) continue;
       if (wait->get_reply_ != nullptr) {
-        wait->get_reply_->set_value(*store_.Get(wait->keys_[0], absl::ZeroDuration()));
+        wait->get_reply_->set_value(*store_.get(wait->keys_[0], absl::ZeroDuration()));
       }
       Forget(wait);
       done.emplace_back(wait, grpc::Status::OK);
@@ -517,7 +517,7 @@ int TcpStoreServer::port() const { return impl_->port; }
 
 int64_t TcpStoreServer::num_pending_waits() const { return impl_->service.num_pending_waits(); }
 
-absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(
     const TcpStoreServerOptions& options) {
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(
@@ -618,7 +618,7 @@ TcpStore::~TcpStore() = default;
 int TcpStore::port() const { return impl_->port; }
 const std::string& TcpStore::host() const { return impl_->host; }
 
-absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions& options) {
+absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions& options) {
   if (options.host.empty())
     return absl::InvalidArgumentError("TcpStore: empty host; pass the server's address");
   if (options.port < 0 || options.port > 65535 || (options.port == 0 && !options.is_server)) {
@@ -633,7 +633,7 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions
     TcpStoreServerOptions server_options;
     server_options.port = options.port;
     server_options.max_message_bytes = options.max_message_bytes;
-    EMBER_ASSIGN_OR_RETURN(impl->server, TcpStoreServer::Start(server_options));
+    EMBER_ASSIGN_OR_RETURN(impl->server, TcpStoreServer::start(server_options));
     impl->port = impl->server->port();
   }
   bool ipv6_literal = impl->host.find(':') != std::string::npos && impl->host.front() != '[';
@@ -681,7 +681,7 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(const TcpStoreOptions
   return store;
 }
 
-absl::Status TcpStore::Set(std::string_view key, std::string_view value) {
+absl::Status TcpStore::set(std::string_view key, std::string_view value) {
   EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, value.size()));
   wire::SetRequest request;
   request.set_key(std::string(key));
@@ -691,7 +691,7 @@ absl::Status TcpStore::Set(std::string_view key, std::string_view value) {
                     [&](grpc::ClientContext* c) { return impl_->stub->Set(c, request, &reply); });
 }
 
-absl::StatusOr<std::string> TcpStore::Get(std::string_view key, absl::Duration timeout) {
+absl::StatusOr<std::string> TcpStore::get(std::string_view key, absl::Duration timeout) {
   EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, 0));
   timeout = std::clamp(timeout, absl::ZeroDuration(), kLongestWait);
   wire::GetRequest request;
@@ -704,7 +704,7 @@ absl::StatusOr<std::string> TcpStore::Get(std::string_view key, absl::Duration t
   return std::move(*reply.mutable_value());
 }
 
-absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta) {
+absl::StatusOr<int64_t> TcpStore::add(std::string_view key, int64_t delta) {
   EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, 0));
   wire::AddRequest request;
   request.set_key(std::string(key));
@@ -716,7 +716,7 @@ absl::StatusOr<int64_t> TcpStore::Add(std::string_view key, int64_t delta) {
   return reply.value();
 }
 
-absl::StatusOr<std::string> TcpStore::CompareSet(std::string_view key, std::string_view expected,
+absl::StatusOr<std::string> TcpStore::compare_set(std::string_view key, std::string_view expected,
                                                  std::string_view desired) {
   EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, expected.size() + desired.size()));
   wire::CompareSetRequest request;
@@ -730,7 +730,7 @@ absl::StatusOr<std::string> TcpStore::CompareSet(std::string_view key, std::stri
   return std::move(*reply.mutable_value());
 }
 
-absl::Status TcpStore::Wait(absl::Span<const std::string> keys, absl::Duration timeout) {
+absl::Status TcpStore::wait(absl::Span<const std::string> keys, absl::Duration timeout) {
   wire::WaitRequest request;
   size_t bytes = 0;
   for (const std::string& key : keys) {
@@ -746,7 +746,7 @@ absl::Status TcpStore::Wait(absl::Span<const std::string> keys, absl::Duration t
                     [&](grpc::ClientContext* c) { return impl_->stub->Wait(c, request, &reply); });
 }
 
-absl::StatusOr<bool> TcpStore::DeleteKey(std::string_view key) {
+absl::StatusOr<bool> TcpStore::delete_key(std::string_view key) {
   EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, 0));
   wire::DeleteKeyRequest request;
   request.set_key(std::string(key));
@@ -757,7 +757,7 @@ absl::StatusOr<bool> TcpStore::DeleteKey(std::string_view key) {
   return reply.deleted();
 }
 
-absl::StatusOr<int64_t> TcpStore::NumKeys() {
+absl::StatusOr<int64_t> TcpStore::num_keys() {
   wire::NumKeysRequest request;
   wire::NumKeysReply reply;
   EMBER_RETURN_IF_ERROR(impl_->Run("NumKeys", timeout(), [&](grpc::ClientContext* c) {

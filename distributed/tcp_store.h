@@ -7,11 +7,11 @@
 //   options.host = "10.0.0.1";
 //   options.port = 29500;
 //   options.is_server = (rank == 0);
-//   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Create(options));
+//   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::create(options));
 //
 //   // A process that only serves (a launcher):
 //   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreServer> server,
-//                          TcpStoreServer::Start({.port = 0}));  // server->port()
+//                          TcpStoreServer::start({.port = 0}));  // server->port()
 //
 // See Note [TcpStore protocol] in tcp_store.cc for the handshake, message
 // bounds and how waits end.
@@ -66,7 +66,7 @@ class TcpStoreServer {
  public:
   // Fails with kUnavailable naming the port if it cannot be listened on (in
   // use, or not permitted).
-  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> start(
       const TcpStoreServerOptions& options);
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -94,22 +94,22 @@ struct TcpStoreOptions {
 class TcpStore : public Store {
  public:
   // Connects to (and, with is_server, first starts) the server; see above.
-  static absl::StatusOr<std::unique_ptr<TcpStore>> Create(const TcpStoreOptions& options);
+  static absl::StatusOr<std::unique_ptr<TcpStore>> create(const TcpStoreOptions& options);
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;
   TcpStore& operator=(const TcpStore&) = delete;
 
-  absl::Status Set(std::string_view key, std::string_view value) override;
-  absl::StatusOr<std::string> Get(std::string_view key, absl::Duration timeout) override;
-  absl::StatusOr<int64_t> Add(std::string_view key, int64_t delta) override;
-  absl::StatusOr<std::string> CompareSet(std::string_view key, std::string_view expected,
+  absl::Status set(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
                                          std::string_view desired) override;
-  absl::Status Wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
-  absl::StatusOr<bool> DeleteKey(std::string_view key) override;
-  absl::StatusOr<int64_t> NumKeys() override;
+  absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> delete_key(std::string_view key) override;
+  absl::StatusOr<int64_t> num_keys() override;
 
-  using Store::Get;
-  using Store::Wait;
+  using Store::get;
+  using Store::wait;
 
   // The server's port (the chosen one when is_server and port 0).
   int port() const;

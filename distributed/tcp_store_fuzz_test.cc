@@ -199,13 +199,13 @@ struct Outcome {
 
 TEST(TcpStoreFuzzTest, ServerAnswersRandomAndMutatedRequestsAndStaysCorrect) {
   std::unique_ptr<TcpStoreServer> server =
-      TcpStoreServer::Start({.max_message_bytes = 4 << 20}).value();
+      TcpStoreServer::start({.max_message_bytes = 4 << 20}).value();
   TcpStoreOptions options;
   options.port = server->port();
   options.timeout = absl::Seconds(10);
-  std::unique_ptr<TcpStore> normal = TcpStore::Create(options).value();
-  ASSERT_TRUE(normal->Set("sentinel/text", "kept").ok());
-  ASSERT_EQ(normal->Add("sentinel/counter", 41).value(), 41);
+  std::unique_ptr<TcpStore> normal = TcpStore::create(options).value();
+  ASSERT_TRUE(normal->set("sentinel/text", "kept").ok());
+  ASSERT_EQ(normal->add("sentinel/counter", 41).value(), 41);
 
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(-1);
@@ -285,16 +285,16 @@ TEST(TcpStoreFuzzTest, ServerAnswersRandomAndMutatedRequestsAndStaysCorrect) {
   while (server->num_pending_waits() > 0 && absl::Now() < deadline)
     absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(server->num_pending_waits(), 0);
-  std::unique_ptr<TcpStore> after = TcpStore::Create(options).value();
-  EXPECT_EQ(after->Get("sentinel/text", absl::Seconds(5)).value_or(""), "kept");
-  EXPECT_EQ(after->Add("sentinel/counter", 1).value_or(0), 42);
-  ASSERT_TRUE(normal->Set("after/a", "1").ok());
-  EXPECT_TRUE(after->Wait({"after/a"}, absl::Seconds(5)).ok());
-  EXPECT_EQ(after->CompareSet("after/a", "1", "2").value_or(""), "2");
-  EXPECT_TRUE(after->DeleteKey("after/a").value_or(false));
-  EXPECT_EQ(after->Get("after/a", absl::Milliseconds(50)).status().code(),
+  std::unique_ptr<TcpStore> after = TcpStore::create(options).value();
+  EXPECT_EQ(after->get("sentinel/text", absl::Seconds(5)).value_or(""), "kept");
+  EXPECT_EQ(after->add("sentinel/counter", 1).value_or(0), 42);
+  ASSERT_TRUE(normal->set("after/a", "1").ok());
+  EXPECT_TRUE(after->wait({"after/a"}, absl::Seconds(5)).ok());
+  EXPECT_EQ(after->compare_set("after/a", "1", "2").value_or(""), "2");
+  EXPECT_TRUE(after->delete_key("after/a").value_or(false));
+  EXPECT_EQ(after->get("after/a", absl::Milliseconds(50)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
-  EXPECT_GE(after->NumKeys().value_or(0), 2);
+  EXPECT_GE(after->num_keys().value_or(0), 2);
 }
 
 }  // namespace

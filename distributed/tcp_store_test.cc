@@ -45,14 +45,14 @@ std::unique_ptr<TcpStore> Client(int port, absl::Duration timeout = absl::Second
   TcpStoreOptions options;
   options.port = port;
   options.timeout = timeout;
-  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Create(options);
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::create(options);
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? std::move(*store) : nullptr;
 }
 
 class TcpStoreHarness : public StoreHarness {
  public:
-  TcpStoreHarness() : server_(TcpStoreServer::Start({}).value()) {}
+  TcpStoreHarness() : server_(TcpStoreServer::start({}).value()) {}
   std::shared_ptr<Store> NewClient() override { return Client(server_->port()); }
 
  private:
@@ -83,11 +83,11 @@ TEST(TcpStoreTest, ServerOwnerIsAClientOfItsOwnServer) {
   TcpStoreOptions options;
   options.is_server = true;
   options.timeout = absl::Seconds(10);
-  std::unique_ptr<TcpStore> rank0 = TcpStore::Create(options).value();
+  std::unique_ptr<TcpStore> rank0 = TcpStore::create(options).value();
   ASSERT_GT(rank0->port(), 0);
   std::unique_ptr<TcpStore> rank1 = Client(rank0->port());
-  ASSERT_TRUE(rank0->Set("from0", "a").ok());
-  EXPECT_EQ(rank1->Get("from0", absl::Seconds(5)).value(), "a");
+  ASSERT_TRUE(rank0->set("from0", "a").ok());
+  EXPECT_EQ(rank1->get("from0", absl::Seconds(5)).value(), "a");
 }
 
 TEST(TcpStoreTest, ClientMayStartBeforeTheServer) {
@@ -97,13 +97,13 @@ TEST(TcpStoreTest, ClientMayStartBeforeTheServer) {
     TcpStoreOptions options;
     options.port = port;
     options.timeout = absl::Seconds(20);
-    early = TcpStore::Create(options);
+    early = TcpStore::create(options);
   });
   absl::SleepFor(absl::Milliseconds(300));
-  std::unique_ptr<TcpStoreServer> server = TcpStoreServer::Start({.port = port}).value();
+  std::unique_ptr<TcpStoreServer> server = TcpStoreServer::start({.port = port}).value();
   client.join();
   ASSERT_TRUE(early.ok()) << early.status();
-  EXPECT_TRUE((*early)->Set("k", "v").ok());
+  EXPECT_TRUE((*early)->set("k", "v").ok());
 }
 
 TEST(TcpStoreTest, NoServerIsUnavailableWithinTheTimeoutNamingTheAddress) {
@@ -112,33 +112,33 @@ TEST(TcpStoreTest, NoServerIsUnavailableWithinTheTimeoutNamingTheAddress) {
   options.port = port;
   options.timeout = absl::Milliseconds(300);
   absl::Time start = absl::Now();
-  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Create(options);
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::create(options);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   ASSERT_EQ(store.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(store.status().message(), HasSubstr("127.0.0.1:" + std::to_string(port)));
 }
 
 TEST(TcpStoreTest, PortInUseNamesThePort) {
-  std::unique_ptr<TcpStoreServer> first = TcpStoreServer::Start({}).value();
+  std::unique_ptr<TcpStoreServer> first = TcpStoreServer::start({}).value();
   absl::StatusOr<std::unique_ptr<TcpStoreServer>> second =
-      TcpStoreServer::Start({.port = first->port()});
+      TcpStoreServer::start({.port = first->port()});
   ASSERT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(second.status().message(),
               HasSubstr("port " + std::to_string(first->port()) + " is already in use"));
 }
 
 TEST(TcpStoreTest, BadPortsAreInvalidArguments) {
-  EXPECT_EQ(TcpStoreServer::Start({.port = 70000}).status().code(),
+  EXPECT_EQ(TcpStoreServer::start({.port = 70000}).status().code(),
             absl::StatusCode::kInvalidArgument);
   TcpStoreOptions options;
   options.port = 0;  // a client needs the server's port
-  EXPECT_EQ(TcpStore::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TcpStore::create(options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TcpStoreTest, ServerSurvivesGarbageAndAHugeFrameLength) {
-  std::unique_ptr<TcpStoreServer> server = TcpStoreServer::Start({}).value();
+  std::unique_ptr<TcpStoreServer> server = TcpStoreServer::start({}).value();
   std::unique_ptr<TcpStore> before = Client(server->port());
-  ASSERT_TRUE(before->Set("k", "v").ok());
+  ASSERT_TRUE(before->set("k", "v").ok());
 
   std::mt19937 random(42);
   std::vector<int> idle;
@@ -165,8 +165,8 @@ TEST(TcpStoreTest, ServerSurvivesGarbageAndAHugeFrameLength) {
     idle.push_back(fd);
   }
   std::unique_ptr<TcpStore> after = Client(server->port());
-  EXPECT_EQ(after->Get("k", absl::Seconds(5)).value(), "v");
-  EXPECT_TRUE(before->Set("k2", "v2").ok());
+  EXPECT_EQ(after->get("k", absl::Seconds(5)).value(), "v");
+  EXPECT_TRUE(before->set("k2", "v2").ok());
   for (int fd : idle) close(fd);
 }
 
@@ -229,7 +229,7 @@ std::pair<std::vector<std::pair<int, uint32_t>>, bool> ReadFrames(int fd, absl::
 
 TEST(TcpStoreTest, ServerSurvivesAGrpcLengthPrefixOfFourGigabytes) {
   std::unique_ptr<TcpStoreServer> server =
-      TcpStoreServer::Start({.max_message_bytes = 1 << 20}).value();
+      TcpStoreServer::start({.max_message_bytes = 1 << 20}).value();
   const int64_t resident_before = ResidentBytes();
   int fd = Connect(server->port());
   ASSERT_GE(fd, 0);
@@ -245,7 +245,7 @@ TEST(TcpStoreTest, ServerSurvivesAGrpcLengthPrefixOfFourGigabytes) {
   ASSERT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
   // While that stream is open, the server holds no 4 GiB buffer and serves others.
   std::unique_ptr<TcpStore> client = Client(server->port());
-  EXPECT_TRUE(client->Set("still", "serving").ok());
+  EXPECT_TRUE(client->set("still", "serving").ok());
   EXPECT_LT(ResidentBytes() - resident_before, int64_t{256} << 20);
   // The stream is refused (trailers or RST_STREAM on stream 1) or the
   // connection closed: never a 4 GiB wait. Up to 2 MiB more (twice
@@ -275,8 +275,8 @@ TEST(TcpStoreTest, ServerSurvivesAGrpcLengthPrefixOfFourGigabytes) {
   EXPECT_TRUE(refused) << frames << " frames in 30 s, none refusing stream 1";
   close(fd);
   EXPECT_LT(ResidentBytes() - resident_before, int64_t{256} << 20);
-  EXPECT_EQ(client->Get("still", absl::Seconds(5)).value(), "serving");
-  EXPECT_EQ(client->NumKeys().value(), 1) << "the refused Set must not have stored anything";
+  EXPECT_EQ(client->get("still", absl::Seconds(5)).value(), "serving");
+  EXPECT_EQ(client->num_keys().value(), 1) << "the refused Set must not have stored anything";
 }
 
 // Sends `payload` as the raw body of `method`, bypassing the typed stub.
@@ -308,7 +308,7 @@ grpc::Status RawCall(int port, const std::string& method, const std::string& pay
 
 TEST(TcpStoreTest, ServerRefusesOversizedAndMalformedMessages) {
   std::unique_ptr<TcpStoreServer> server =
-      TcpStoreServer::Start({.max_message_bytes = 1 << 20}).value();
+      TcpStoreServer::start({.max_message_bytes = 1 << 20}).value();
   grpc::Status big = RawCall(server->port(), "/ember.distributed.wire.TcpStoreService/Set",
                              std::string((1 << 20) + 4096, 'x'));
   EXPECT_EQ(big.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << big.error_message();
@@ -321,12 +321,12 @@ TEST(TcpStoreTest, ServerRefusesOversizedAndMalformedMessages) {
   TcpStoreOptions options;
   options.port = server->port();
   options.max_message_bytes = 1 << 20;
-  std::unique_ptr<TcpStore> client = TcpStore::Create(options).value();
-  absl::Status too_big = client->Set("big", std::string(2 << 20, 'x'));
+  std::unique_ptr<TcpStore> client = TcpStore::create(options).value();
+  absl::Status too_big = client->set("big", std::string(2 << 20, 'x'));
   EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(too_big.message(), HasSubstr("max_message_bytes"));
-  EXPECT_TRUE(client->Set("small", "ok").ok());
-  EXPECT_EQ(client->Get("small", absl::Seconds(5)).value(), "ok");
+  EXPECT_TRUE(client->set("small", "ok").ok());
+  EXPECT_EQ(client->get("small", absl::Seconds(5)).value(), "ok");
 }
 
 TEST(TcpStoreTest, HandshakeWithSomethingElseFailsInTime) {
@@ -352,7 +352,7 @@ TEST(TcpStoreTest, HandshakeWithSomethingElseFailsInTime) {
   options.port = ntohs(addr.sin_port);
   options.timeout = absl::Seconds(1);
   absl::Time start = absl::Now();
-  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Create(options);
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::create(options);
   EXPECT_LT(absl::Now() - start, absl::Seconds(6));
   EXPECT_FALSE(store.ok());
   stop = true;
@@ -362,10 +362,10 @@ TEST(TcpStoreTest, HandshakeWithSomethingElseFailsInTime) {
 }
 
 TEST(TcpStoreTest, ServerShutdownEndsWaitsAndLaterCallsAreUnavailable) {
-  auto server = TcpStoreServer::Start({}).value();
+  auto server = TcpStoreServer::start({}).value();
   std::unique_ptr<TcpStore> client = Client(server->port());
   absl::Status waited;
-  std::thread waiter([&] { waited = client->Wait({"never"}, absl::Seconds(60)); });
+  std::thread waiter([&] { waited = client->wait({"never"}, absl::Seconds(60)); });
   absl::SleepFor(absl::Milliseconds(200));
   absl::Time start = absl::Now();
   server.reset();
@@ -373,13 +373,13 @@ TEST(TcpStoreTest, ServerShutdownEndsWaitsAndLaterCallsAreUnavailable) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
   client->set_timeout(absl::Seconds(2));
-  EXPECT_EQ(client->Set("k", "v").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client->set("k", "v").code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(TcpStoreTest, TimeoutErrorNamesTheServerAndTheKey) {
-  auto server = TcpStoreServer::Start({}).value();
+  auto server = TcpStoreServer::start({}).value();
   std::unique_ptr<TcpStore> client = Client(server->port());
-  absl::Status status = client->Wait({"rank/3"}, absl::Milliseconds(100));
+  absl::Status status = client->wait({"rank/3"}, absl::Milliseconds(100));
   ASSERT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(status.message(), HasSubstr("TcpStore 127.0.0.1:" + std::to_string(server->port())));
   EXPECT_THAT(status.message(), HasSubstr("rank/3"));
@@ -412,13 +412,13 @@ TEST(TcpStoreChildTest, Client) {
     GTEST_SKIP() << "runs only as a child of TcpStoreTest.ProcessesShareTheServer";
   std::unique_ptr<TcpStore> store = Client(std::atoi(port));
   ASSERT_NE(store, nullptr);
-  for (int i = 0; i < 20; ++i) ASSERT_TRUE(store->Add("sum", 1).ok());
-  ASSERT_TRUE(store->Add("children_done", 1).ok());
-  ASSERT_TRUE(store->Wait({"parent_saw_all"}, absl::Seconds(20)).ok());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(store->add("sum", 1).ok());
+  ASSERT_TRUE(store->add("children_done", 1).ok());
+  ASSERT_TRUE(store->wait({"parent_saw_all"}, absl::Seconds(20)).ok());
 }
 
 TEST(TcpStoreTest, ProcessesShareTheServer) {
-  auto server = TcpStoreServer::Start({}).value();
+  auto server = TcpStoreServer::start({}).value();
   constexpr int kChildren = 3;
   std::vector<pid_t> children;
   for (int c = 0; c < kChildren; ++c) {
@@ -429,13 +429,13 @@ TEST(TcpStoreTest, ProcessesShareTheServer) {
   }
   std::unique_ptr<TcpStore> parent = Client(server->port());
   absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (parent->Get("children_done", absl::Seconds(1)).value_or("0") !=
+  while (parent->get("children_done", absl::Seconds(1)).value_or("0") !=
              std::to_string(kChildren) &&
          absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
-  EXPECT_EQ(parent->Get("sum", absl::Seconds(1)).value_or(""), std::to_string(20 * kChildren));
-  ASSERT_TRUE(parent->Set("parent_saw_all", "1").ok());
+  EXPECT_EQ(parent->get("sum", absl::Seconds(1)).value_or(""), std::to_string(20 * kChildren));
+  ASSERT_TRUE(parent->set("parent_saw_all", "1").ok());
   for (pid_t pid : children) {
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
@@ -458,36 +458,36 @@ TEST(TcpStoreTest, WaitsBeyondTheLimitsAreRefusedNamingTheLimit) {
   options.max_pending_waits_per_connection = 3;
   options.max_pending_waits = 5;
   options.max_pending_wait_bytes = 64 << 10;
-  auto server = TcpStoreServer::Start(options).value();
+  auto server = TcpStoreServer::start(options).value();
   std::unique_ptr<TcpStore> a = Client(server->port());
   std::unique_ptr<TcpStore> b = Client(server->port());
   std::vector<std::thread> waiters;
   std::atomic<int> woken{0};
   auto wait_on = [&](TcpStore* store) {
-    waiters.emplace_back([&woken, store] { woken += store->Wait({"go"}, absl::Seconds(30)).ok(); });
+    waiters.emplace_back([&woken, store] { woken += store->wait({"go"}, absl::Seconds(30)).ok(); });
   };
   for (int i = 0; i < 3; ++i) wait_on(a.get());
   ASSERT_TRUE(Eventually([&] { return server->num_pending_waits() == 3; }, absl::Seconds(10)));
-  absl::Status per_connection = a->Wait({"go"}, absl::Seconds(30));
+  absl::Status per_connection = a->wait({"go"}, absl::Seconds(30));
   EXPECT_EQ(per_connection.code(), absl::StatusCode::kResourceExhausted) << per_connection;
   EXPECT_THAT(per_connection.message(), HasSubstr("max_pending_waits_per_connection=3"));
   for (int i = 0; i < 2; ++i) wait_on(b.get());
   ASSERT_TRUE(Eventually([&] { return server->num_pending_waits() == 5; }, absl::Seconds(10)));
-  absl::StatusOr<std::string> server_wide = b->Get("go", absl::Seconds(30));
+  absl::StatusOr<std::string> server_wide = b->get("go", absl::Seconds(30));
   EXPECT_EQ(server_wide.status().code(), absl::StatusCode::kResourceExhausted)
       << server_wide.status();
   EXPECT_THAT(server_wide.status().message(), HasSubstr("max_pending_waits=5"));
   // Calls that need not wait still work, and the Set wakes every admitted wait.
-  EXPECT_TRUE(a->Set("present", "1").ok());
-  EXPECT_TRUE(a->Wait({"present"}, absl::Seconds(30)).ok());
-  ASSERT_TRUE(b->Set("go", "1").ok());
+  EXPECT_TRUE(a->set("present", "1").ok());
+  EXPECT_TRUE(a->wait({"present"}, absl::Seconds(30)).ok());
+  ASSERT_TRUE(b->set("go", "1").ok());
   for (std::thread& t : waiters) t.join();
   EXPECT_EQ(woken.load(), 5);
   EXPECT_EQ(server->num_pending_waits(), 0);
 
   std::vector<std::string> many;
   for (int i = 0; i < 10000; ++i) many.push_back("many/" + std::to_string(i));
-  absl::Status bytes = a->Wait(many, absl::Seconds(30));
+  absl::Status bytes = a->wait(many, absl::Seconds(30));
   EXPECT_EQ(bytes.code(), absl::StatusCode::kResourceExhausted) << bytes;
   EXPECT_THAT(bytes.message(), HasSubstr("max_pending_wait_bytes=65536"));
 }
@@ -495,13 +495,13 @@ TEST(TcpStoreTest, WaitsBeyondTheLimitsAreRefusedNamingTheLimit) {
 TEST(TcpStoreTest, BadLimitsAreInvalidArguments) {
   TcpStoreServerOptions options;
   options.max_pending_waits = 0;
-  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::start(options);
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(server.status().message(), HasSubstr("max_pending_waits=0"));
 }
 
 TEST(TcpStoreTest, CancelledWaitsAreDropped) {
-  auto server = TcpStoreServer::Start({}).value();
+  auto server = TcpStoreServer::start({}).value();
   std::unique_ptr<TcpStore> client = Client(server->port());
   // A raw call whose deadline ends long before the wait's own timeout.
   auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server->port()),
@@ -561,8 +561,8 @@ TEST(TcpStoreChildTest, Flood) {
       kFloodConnections * (kFloodWaitsPerConnection - kFloodLimitPerConnection);
   ASSERT_TRUE(Eventually([&] { return refused.load() >= expected_refusals; }, absl::Seconds(60)));
   std::unique_ptr<TcpStore> store = Client(std::atoi(port), absl::Seconds(30));
-  ASSERT_TRUE(store->Set("flood/refused", std::to_string(refused.load())).ok());
-  ASSERT_TRUE(store->Set("flood/other", std::to_string(other.load())).ok());
+  ASSERT_TRUE(store->set("flood/refused", std::to_string(refused.load())).ok());
+  ASSERT_TRUE(store->set("flood/other", std::to_string(other.load())).ok());
   pause();
 }
 
@@ -579,35 +579,35 @@ int64_t VmRssBytes() {
 TEST(TcpStoreTest, ConnectionFloodIsBoundedAndLeavesNothingBehind) {
   TcpStoreServerOptions options;
   options.max_pending_waits_per_connection = kFloodLimitPerConnection;
-  auto server = TcpStoreServer::Start(options).value();
+  auto server = TcpStoreServer::start(options).value();
   std::unique_ptr<TcpStore> client = Client(server->port());
   // Warm up this process's side (client, server threads) before the baseline.
-  ASSERT_TRUE(client->Set("warm", "1").ok());
-  ASSERT_EQ(client->Wait({"nothing"}, absl::Milliseconds(10)).code(),
+  ASSERT_TRUE(client->set("warm", "1").ok());
+  ASSERT_EQ(client->wait({"nothing"}, absl::Milliseconds(10)).code(),
             absl::StatusCode::kDeadlineExceeded);
   const int64_t before = VmRssBytes();
 
   pid_t flood =
       StartChild("TcpStoreChildTest.Flood", kFloodPortEnv, std::to_string(server->port()));
   ASSERT_GT(flood, 0);
-  absl::StatusOr<std::string> refused = client->Get("flood/refused", absl::Seconds(60));
+  absl::StatusOr<std::string> refused = client->get("flood/refused", absl::Seconds(60));
   ASSERT_TRUE(refused.ok()) << refused.status();
   // Each connection holds its limit; the rest were refused at once.
   EXPECT_EQ(server->num_pending_waits(), kFloodConnections * kFloodLimitPerConnection);
   EXPECT_EQ(*refused, std::to_string(kFloodConnections *
                                      (kFloodWaitsPerConnection - kFloodLimitPerConnection)));
-  EXPECT_EQ(client->Get("flood/other", absl::Seconds(5)).value_or(""), "0");
+  EXPECT_EQ(client->get("flood/other", absl::Seconds(5)).value_or(""), "0");
   const int64_t during = VmRssBytes();
 
   // A well-behaved client is served during the flood: its own waits too.
   std::unique_ptr<TcpStore> other = Client(server->port());
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(50));
-    EXPECT_TRUE(other->Set("during", "yes").ok());
+    EXPECT_TRUE(other->set("during", "yes").ok());
   });
-  EXPECT_EQ(client->Get("during", absl::Seconds(10)).value_or(""), "yes");
+  EXPECT_EQ(client->get("during", absl::Seconds(10)).value_or(""), "yes");
   setter.join();
-  EXPECT_EQ(other->Add("counter", 2).value_or(-1), 2);
+  EXPECT_EQ(other->add("counter", 2).value_or(-1), 2);
 
   // The flood's connections close with its process: the server lets go of
   // every wait they held, and of the memory.
@@ -628,8 +628,8 @@ TEST(TcpStoreTest, ConnectionFloodIsBoundedAndLeavesNothingBehind) {
   std::printf("resident memory: %lld MiB before the flood, %lld MiB during, %lld MiB after\n",
               static_cast<long long>(before >> 20), static_cast<long long>(during >> 20),
               static_cast<long long>(after >> 20));
-  EXPECT_EQ(client->Get("during", absl::Seconds(5)).value_or(""), "yes");
-  EXPECT_TRUE(client->Set("after", "ok").ok());
+  EXPECT_EQ(client->get("during", absl::Seconds(5)).value_or(""), "yes");
+  EXPECT_TRUE(client->set("after", "ok").ok());
 }
 
 }  // namespace

@@ -42,9 +42,9 @@ absl::Status PublishRepository(const std::string& dir) {
   std::filesystem::create_directories(dir + "/weights");
   ember::manual_seed(0);
   absl::StatusOr<std::shared_ptr<ember::nn::Module>> pretrained =
-      ember::hub::Build("resnet18", {});
+      ember::hub::build("resnet18", {});
   if (!pretrained.ok()) return pretrained.status();
-  absl::Status saved = ember::hub::SaveCheckpoint((*pretrained)->state_dict(),
+  absl::Status saved = ember::hub::save_checkpoint((*pretrained)->state_dict(),
                                                   dir + "/weights/resnet18.pt");
   if (!saved.ok()) return saved;
   std::ofstream(dir + "/hubconf.textproto") << R"pb(
@@ -74,7 +74,7 @@ int main() {
   options.source = ember::hub::Source::kLocal;
   options.pretrained = true;
   absl::StatusOr<std::shared_ptr<ember::nn::Module>> loaded =
-      ember::hub::Load(repo, "resnet18", options);
+      ember::hub::load(repo, "resnet18", options);
   if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
   std::shared_ptr<ember::nn::Module> model = *loaded;
 

@@ -97,7 +97,7 @@ absl::Status Run(int64_t steps, const std::vector<int>& procs) {
     options.timeout = absl::Minutes(10);
     const absl::Time start = absl::Now();
     EMBER_RETURN_IF_ERROR(
-        mp::Spawn([&](int rank) { return Train(rank, *model, steps); }, n, options));
+        mp::spawn([&](int rank) { return Train(rank, *model, steps); }, n, options));
     const double wall = absl::ToDoubleSeconds(absl::Now() - start);
     const double accuracy = Accuracy(*model);
     std::printf("ember_hogwild procs=%d steps=%lld wall_s=%.3f samples_per_s=%.0f accuracy=%.3f\n",

@@ -78,7 +78,7 @@ int main() {
       std::make_shared<nn::Linear>(2, 64), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(64, 64), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(64, kClasses)});
-  std::printf("%s\n", model->ToString().c_str());
+  std::printf("%s\n", model->str().c_str());
 
   const int epochs = 60;
   const int64_t batch = 32;

@@ -160,7 +160,7 @@ absl::Status ExtractArchive(const std::string& archive_path, const std::string& 
     }
   }
   // Pass 2: extract below dest_dir with libarchive's guards on.
-  if (absl::Status s = MakeDirs(dest_dir); !s.ok()) return s;
+  if (absl::Status s = make_dirs(dest_dir); !s.ok()) return s;
   std::error_code ec;
   const std::string root = std::filesystem::canonical(dest_dir, ec).string();
   if (ec) return absl::InternalError(absl::StrCat("cannot resolve ", dest_dir, ": ", ec.message()));

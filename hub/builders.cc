@@ -111,7 +111,7 @@ absl::Status KwargsReader::Finish() const {
   return absl::OkStatus();
 }
 
-absl::Status RegisterBuilder(const std::string& name, Builder builder) {
+absl::Status register_builder(const std::string& name, Builder builder) {
   Registry& r = GetRegistry();
   absl::MutexLock lock(&r.mu);
   if (!r.builders.emplace(name, std::move(builder)).second) {
@@ -121,7 +121,7 @@ absl::Status RegisterBuilder(const std::string& name, Builder builder) {
   return absl::OkStatus();
 }
 
-std::vector<std::string> BuilderNames() {
+std::vector<std::string> builder_names() {
   Registry& r = GetRegistry();
   absl::MutexLock lock(&r.mu);
   std::vector<std::string> names;
@@ -129,7 +129,7 @@ std::vector<std::string> BuilderNames() {
   return names;
 }
 
-absl::StatusOr<std::shared_ptr<nn::Module>> Build(const std::string& name,
+absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name,
                                                   const Kwargs& kwargs) {
   Builder builder;
   {
@@ -141,7 +141,7 @@ absl::StatusOr<std::shared_ptr<nn::Module>> Build(const std::string& name,
   if (!builder) {
     return absl::NotFoundError(absl::StrCat(
         "no builder named '", name, "' is registered (registered: ",
-        absl::StrJoin(BuilderNames(), ", "), ")"));
+        absl::StrJoin(builder_names(), ", "), ")"));
   }
   try {
     return builder(kwargs);

@@ -3,10 +3,10 @@
 //
 //   ember::hub::Kwargs args = {{"num_classes", int64_t{10}}};
 //   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<ember::nn::Module> m,
-//                          ember::hub::Build("resnet18", args));
+//                          ember::hub::build("resnet18", args));
 //
 //   // A library adds its own family once, before loading:
-//   EMBER_RETURN_IF_ERROR(ember::hub::RegisterBuilder("my_net", [](const
+//   EMBER_RETURN_IF_ERROR(ember::hub::register_builder("my_net", [](const
 //   ember::hub::Kwargs& kw)
 //       -> absl::StatusOr<std::shared_ptr<ember::nn::Module>> { ... }));
 //
@@ -46,15 +46,15 @@ using Builder = std::function<absl::StatusOr<std::shared_ptr<nn::Module>>(
     const Kwargs& kwargs)>;
 
 // Adds `builder` under `name`. Errors: AlreadyExists.
-absl::Status RegisterBuilder(const std::string& name, Builder builder);
+absl::Status register_builder(const std::string& name, Builder builder);
 
 // Every registered name, sorted.
-std::vector<std::string> BuilderNames();
+std::vector<std::string> builder_names();
 
 // Calls the builder `name` with `kwargs`. Errors: NotFound listing the
 // builders; InvalidArgument for an unknown argument, a wrong type or a bad
 // value (naming the builder and the argument).
-absl::StatusOr<std::shared_ptr<nn::Module>> Build(const std::string& name,
+absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name,
                                                   const Kwargs& kwargs);
 
 // Reads a builder's arguments with defaults, then rejects any it did not read.

@@ -14,7 +14,7 @@
 
 namespace ember::hub {
 
-absl::StatusOr<StateDict> LoadCheckpoint(const std::string& path) {
+absl::StatusOr<StateDict> load_checkpoint(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     int err = errno;
@@ -26,14 +26,14 @@ absl::StatusOr<StateDict> LoadCheckpoint(const std::string& path) {
   if (in.bad()) return absl::InternalError(absl::StrCat("error reading ", path));
   std::string bytes = std::move(buffer).str();
   if (IsTorchCheckpoint(bytes)) return ReadTorchCheckpoint(std::move(bytes), path);
-  if (bytes.size() >= 9 && bytes[8] == '{') return ReadSafetensors(bytes, path);
+  if (bytes.size() >= 9 && bytes[8] == '{') return read_safetensors(bytes, path);
   return absl::InvalidArgumentError(absl::StrCat(
       path, " is neither a torch.save checkpoint (zip or legacy) nor a safetensors file"));
 }
 
-absl::Status SaveCheckpoint(const StateDict& state_dict, const std::string& path) {
+absl::Status save_checkpoint(const StateDict& state_dict, const std::string& path) {
   absl::StatusOr<std::string> bytes = absl::EndsWith(path, ".safetensors")
-                                          ? WriteSafetensors(state_dict)
+                                          ? write_safetensors(state_dict)
                                           : WriteTorchCheckpoint(state_dict);
   if (!bytes.ok()) return bytes.status();
   std::string tmp = absl::StrCat(path, ".partial");

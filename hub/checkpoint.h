@@ -2,8 +2,8 @@
 // torch.save format or safetensors.
 //
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
-//   ember::hub::LoadCheckpoint("resnet18.pth"));
-//   EMBER_RETURN_IF_ERROR(ember::hub::SaveCheckpoint(sd,
+//   ember::hub::load_checkpoint("resnet18.pth"));
+//   EMBER_RETURN_IF_ERROR(ember::hub::save_checkpoint(sd,
 //   "/tmp/copy.safetensors"));
 //
 // LoadCheckpoint tells the formats apart by content (a torch.save file is a
@@ -25,11 +25,11 @@ namespace ember::hub {
 
 // Reads the checkpoint at `path`. Errors: NotFound / Internal naming the path;
 // the format readers' errors (torch_format.h, safetensors.h).
-absl::StatusOr<StateDict> LoadCheckpoint(const std::string& path);
+absl::StatusOr<StateDict> load_checkpoint(const std::string& path);
 
 // Writes `state_dict` to `path` (see above). Errors: the writers' errors;
 // Internal naming the path for file errors.
-absl::Status SaveCheckpoint(const StateDict& state_dict,
+absl::Status save_checkpoint(const StateDict& state_dict,
                             const std::string& path);
 
 }  // namespace ember::hub

@@ -75,9 +75,9 @@ void BM_WriteTorchCheckpoint(benchmark::State& state) {
 BENCHMARK(BM_WriteTorchCheckpoint)->Unit(benchmark::kMillisecond);
 
 void BM_ReadSafetensors(benchmark::State& state) {
-  std::string bytes = *WriteSafetensors(Fixture());
+  std::string bytes = *write_safetensors(Fixture());
   for (auto _ : state) {
-    absl::StatusOr<StateDict> sd = ReadSafetensors(bytes, "bench.safetensors");
+    absl::StatusOr<StateDict> sd = read_safetensors(bytes, "bench.safetensors");
     benchmark::DoNotOptimize(sd->data());
   }
   SetBytes(state);
@@ -85,7 +85,7 @@ void BM_ReadSafetensors(benchmark::State& state) {
 BENCHMARK(BM_ReadSafetensors)->Unit(benchmark::kMillisecond);
 
 void BM_Sha256(benchmark::State& state) {
-  std::string bytes = *WriteSafetensors(Fixture());
+  std::string bytes = *write_safetensors(Fixture());
   for (auto _ : state) benchmark::DoNotOptimize(Sha256Hex(bytes));
   SetBytes(state);
 }

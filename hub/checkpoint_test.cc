@@ -69,7 +69,7 @@ void ExpectMatchesFixture(const StateDict& sd) {
   for (size_t i = 0; i < sd.size(); ++i) {
     SCOPED_TRACE(expected[i].name);
     EXPECT_EQ(sd[i].first, expected[i].name);
-    EXPECT_EQ(std::string(DtypeName(sd[i].second.dtype())), expected[i].dtype);
+    EXPECT_EQ(std::string(dtype_name(sd[i].second.dtype())), expected[i].dtype);
     EXPECT_EQ(std::vector<int64_t>(sd[i].second.sizes().begin(), sd[i].second.sizes().end()),
               expected[i].sizes);
     EXPECT_EQ(Values(sd[i].second), expected[i].values);
@@ -96,7 +96,7 @@ std::string TmpPath(const std::string& name) {
 }
 
 TEST(CheckpointTest, ReadsTorchSave) {
-  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  absl::StatusOr<StateDict> sd = load_checkpoint(std::string(kTestdata) + "tensors.pt");
   ASSERT_TRUE(sd.ok()) << sd.status();
   ExpectMatchesFixture(*sd);
   // Views keep their geometry and share their storage, as in PyTorch.
@@ -108,7 +108,7 @@ TEST(CheckpointTest, ReadsTorchSave) {
 }
 
 TEST(CheckpointTest, ReadsLegacyTorchSave) {
-  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors_legacy.pt");
+  absl::StatusOr<StateDict> sd = load_checkpoint(std::string(kTestdata) + "tensors_legacy.pt");
   ASSERT_TRUE(sd.ok()) << sd.status();
   ExpectMatchesFixture(*sd);
   const Tensor& rows = Find(*sd, "view.rows");
@@ -131,7 +131,7 @@ TEST(CheckpointTest, ReadsLegacyFilesThatPyTorchWrites) {
   ASSERT_TRUE(WIFEXITED(status));
   if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "python3-torch is not installed";
   ASSERT_EQ(WEXITSTATUS(status), 0);
-  absl::StatusOr<StateDict> sd = LoadCheckpoint(path);
+  absl::StatusOr<StateDict> sd = load_checkpoint(path);
   ASSERT_TRUE(sd.ok()) << sd.status();
   ExpectMatchesFixture(*sd);
 }
@@ -168,7 +168,7 @@ TEST(CheckpointTest, RefusesBrokenLegacyFiles) {
 }
 
 TEST(CheckpointTest, NamesDtypesEmberLacks) {
-  absl::Status s = LoadCheckpoint(std::string(kTestdata) + "complex.pt").status();
+  absl::Status s = load_checkpoint(std::string(kTestdata) + "complex.pt").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
   EXPECT_THAT(s.message(), HasSubstr("complex64"));
   EXPECT_THAT(s.message(), HasSubstr("torch.ComplexFloatStorage"));
@@ -176,7 +176,7 @@ TEST(CheckpointTest, NamesDtypesEmberLacks) {
 }
 
 TEST(CheckpointTest, ReadsSafetensors) {
-  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.safetensors");
+  absl::StatusOr<StateDict> sd = load_checkpoint(std::string(kTestdata) + "tensors.safetensors");
   ASSERT_TRUE(sd.ok()) << sd.status();
   ExpectMatchesFixture(*sd);
 }
@@ -190,11 +190,11 @@ int TorchLoadCheck(const std::string& path) {
 }
 
 TEST(CheckpointTest, RoundTripThroughPyTorchFormat) {
-  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  absl::StatusOr<StateDict> sd = load_checkpoint(std::string(kTestdata) + "tensors.pt");
   ASSERT_TRUE(sd.ok()) << sd.status();
   std::string path = TmpPath("ember.pt");
-  ASSERT_TRUE(SaveCheckpoint(*sd, path).ok());
-  absl::StatusOr<StateDict> back = LoadCheckpoint(path);
+  ASSERT_TRUE(save_checkpoint(*sd, path).ok());
+  absl::StatusOr<StateDict> back = load_checkpoint(path);
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectMatchesFixture(*back);
 
@@ -207,17 +207,17 @@ TEST(CheckpointTest, RoundTripThroughPyTorchFormat) {
 }
 
 TEST(CheckpointTest, RoundTripThroughSafetensors) {
-  absl::StatusOr<StateDict> sd = LoadCheckpoint(std::string(kTestdata) + "tensors.pt");
+  absl::StatusOr<StateDict> sd = load_checkpoint(std::string(kTestdata) + "tensors.pt");
   ASSERT_TRUE(sd.ok()) << sd.status();
   std::string path = TmpPath("ember.safetensors");
-  ASSERT_TRUE(SaveCheckpoint(*sd, path).ok());
-  absl::StatusOr<StateDict> back = LoadCheckpoint(path);
+  ASSERT_TRUE(save_checkpoint(*sd, path).ok());
+  absl::StatusOr<StateDict> back = load_checkpoint(path);
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectMatchesFixture(*back);
 }
 
 absl::Status LoadFixture(const std::string& name) {
-  return LoadCheckpoint(std::string(kTestdata) + name).status();
+  return load_checkpoint(std::string(kTestdata) + name).status();
 }
 
 TEST(CheckpointTest, RefusesUnknownGlobals) {
@@ -276,28 +276,28 @@ TEST(CheckpointTest, RefusesHostileSafetensors) {
   std::string good = Slurp(std::string(kTestdata) + "tensors.safetensors");
   std::string bytes = good;
   bytes[7] = 0x7f;  // a header length far past the file
-  EXPECT_THAT(ReadSafetensors(bytes, "a").status().message(), HasSubstr("exceeds the file"));
+  EXPECT_THAT(read_safetensors(bytes, "a").status().message(), HasSubstr("exceeds the file"));
   bytes = good.substr(0, good.size() - 1);
-  EXPECT_THAT(ReadSafetensors(bytes, "b").status().message(), HasSubstr("truncated"));
+  EXPECT_THAT(read_safetensors(bytes, "b").status().message(), HasSubstr("truncated"));
   // A header claiming more bytes than the shape needs.
   std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,12]}})";
   bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header +
           std::string(12, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "c").status().message(),
+  EXPECT_THAT(read_safetensors(bytes, "c").status().message(),
               HasSubstr("hold 12 bytes but shape [2] of F32 needs 8"));
   header =
       R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"v":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})";
   bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header +
           std::string(6, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "d").status().message(), HasSubstr("overlap or hole"));
+  EXPECT_THAT(read_safetensors(bytes, "d").status().message(), HasSubstr("overlap or hole"));
   header = R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})";
   bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header +
           std::string(8, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "e").status().message(), HasSubstr("dtype C64"));
+  EXPECT_THAT(read_safetensors(bytes, "e").status().message(), HasSubstr("dtype C64"));
   header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
   bytes = std::string(1, static_cast<char>(header.size())) + std::string(7, '\0') + header +
           std::string(4, '\0');
-  EXPECT_THAT(ReadSafetensors(bytes, "f").status().message(), HasSubstr("invalid JSON"));
+  EXPECT_THAT(read_safetensors(bytes, "f").status().message(), HasSubstr("invalid JSON"));
 }
 
 // A safetensors file of `header` followed by `data_bytes` zero bytes.
@@ -323,19 +323,19 @@ TEST(CheckpointTest, SafetensorsNamesMustBeText) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    absl::Status s = ReadSafetensors(Safetensors("{\"" + c.name + "\"" + tensor, 4), "n").status();
+    absl::Status s = read_safetensors(Safetensors("{\"" + c.name + "\"" + tensor, 4), "n").status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_THAT(s.message(), HasSubstr(c.error));
   }
   // A surrogate pair is one code point, and fine.
-  EXPECT_TRUE(ReadSafetensors(Safetensors("{\"w\\ud83d\\ude00\"" + tensor, 4), "n").ok());
+  EXPECT_TRUE(read_safetensors(Safetensors("{\"w\\ud83d\\ude00\"" + tensor, 4), "n").ok());
 }
 
 TEST(CheckpointTest, SafetensorsDimensionsAreCapped) {
   std::string ones = "1";
   for (int i = 1; i < 100000; ++i) ones += ",1";
   absl::Status s =
-      ReadSafetensors(
+      read_safetensors(
           Safetensors(R"({"w":{"dtype":"F32","shape":[)" + ones + R"(],"data_offsets":[0,4]}})", 4),
           "dims")
           .status();
@@ -345,7 +345,7 @@ TEST(CheckpointTest, SafetensorsDimensionsAreCapped) {
   ones = "1";
   for (int i = 1; i < kMaxCheckpointDims; ++i) ones += ",1";
   EXPECT_TRUE(
-      ReadSafetensors(
+      read_safetensors(
           Safetensors(R"({"w":{"dtype":"F32","shape":[)" + ones + R"(],"data_offsets":[0,4]}})", 4),
           "dims")
           .ok());
@@ -353,12 +353,12 @@ TEST(CheckpointTest, SafetensorsDimensionsAreCapped) {
 
 TEST(CheckpointTest, SafetensorsDtypesEmberLacksAreUnsupported) {
   absl::Status s =
-      ReadSafetensors(Safetensors(R"({"z":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8),
+      read_safetensors(Safetensors(R"({"z":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8),
                       "c.safetensors")
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(s.message(), HasSubstr("tensor 'z' has dtype C64, which Ember does not support"));
-  s = ReadSafetensors(Safetensors(R"({"z":{"dtype":"Q99","shape":[1],"data_offsets":[0,8]}})", 8),
+  s = read_safetensors(Safetensors(R"({"z":{"dtype":"Q99","shape":[1],"data_offsets":[0,8]}})", 8),
                       "c")
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -368,17 +368,17 @@ TEST(CheckpointTest, SafetensorsDtypesEmberLacksAreUnsupported) {
 TEST(CheckpointTest, WritersRefuseDuplicates) {
   StateDict sd = {{"a", zeros({2})}, {"a", zeros({2})}};
   EXPECT_THAT(WriteTorchCheckpoint(sd).status().message(), HasSubstr("'a' appears twice"));
-  EXPECT_THAT(WriteSafetensors(sd).status().message(), HasSubstr("'a' appears twice"));
+  EXPECT_THAT(write_safetensors(sd).status().message(), HasSubstr("'a' appears twice"));
 }
 
 TEST(CheckpointTest, UnknownFileIsAnError) {
   std::string path = TmpPath("junk.bin");
   std::ofstream(path) << "\x80\x02legacy";
-  absl::Status s = LoadCheckpoint(path).status();
+  absl::Status s = load_checkpoint(path).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(),
               HasSubstr("neither a torch.save checkpoint (zip or legacy) nor a safetensors"));
-  EXPECT_EQ(LoadCheckpoint(TmpPath("missing.pt")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(load_checkpoint(TmpPath("missing.pt")).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

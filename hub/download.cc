@@ -216,7 +216,7 @@ absl::Status check_url_scheme(absl::string_view url) {
       "explicitly)"));
 }
 
-absl::Status DownloadUrlToFile(const std::string& url, const std::string& dest,
+absl::Status download_url_to_file(const std::string& url, const std::string& dest,
                                const DownloadOptions& options) {
   if (absl::Status s = check_url_scheme(url); !s.ok()) return s;
   GlobalInitOnce();

@@ -5,7 +5,7 @@
 //
 //   ember::hub::DownloadOptions opts;
 //   opts.hash_prefix = "a1b2c3d4";
-//   EMBER_RETURN_IF_ERROR(ember::hub::DownloadUrlToFile(
+//   EMBER_RETURN_IF_ERROR(ember::hub::download_url_to_file(
 //       "https://example.org/resnet18-a1b2c3d4.pt",
 //       "/data/hub/checkpoints/resnet18-a1b2c3d4.pt", opts));
 //
@@ -64,7 +64,7 @@ absl::Status check_url_scheme(absl::string_view url);
 // TLS failures after the retries; DataLoss when the hash does not match (the
 // message gives expected and actual); Internal for local file errors. On any
 // error `dest` is untouched and no temporary file is left.
-absl::Status DownloadUrlToFile(const std::string& url, const std::string& dest,
+absl::Status download_url_to_file(const std::string& url, const std::string& dest,
                                const DownloadOptions& options = {});
 
 }  // namespace ember::hub

@@ -67,7 +67,7 @@ TestServer* DownloadTest::server_ = nullptr;
 TEST_F(DownloadTest, DownloadsAndChecksHashPrefix) {
   std::string dest = out_dir_ + "/blob.bin";
   options_.hash_prefix = Sha256Hex(Blob()).substr(0, 10);
-  ASSERT_TRUE(DownloadUrlToFile(server_->url("/files/blob.bin"), dest, options_).ok());
+  ASSERT_TRUE(download_url_to_file(server_->url("/files/blob.bin"), dest, options_).ok());
   EXPECT_EQ(*ReadFile(dest), Blob());
   EXPECT_THAT(Listing(), ::testing::ElementsAre("blob.bin"));
 }
@@ -76,7 +76,7 @@ TEST_F(DownloadTest, HashMismatchKeepsTheOldFile) {
   std::string dest = out_dir_ + "/blob.bin";
   ASSERT_TRUE(WriteFile(dest, "old contents").ok());
   options_.hash_prefix = "00000000";
-  absl::Status s = DownloadUrlToFile(server_->url("/files/blob.bin"), dest, options_);
+  absl::Status s = download_url_to_file(server_->url("/files/blob.bin"), dest, options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("expected the SHA-256 to start with '00000000'"));
   EXPECT_THAT(s.message(), HasSubstr(Sha256Hex(Blob())));
@@ -85,7 +85,7 @@ TEST_F(DownloadTest, HashMismatchKeepsTheOldFile) {
 }
 
 TEST_F(DownloadTest, NotFound) {
-  absl::Status s = DownloadUrlToFile(server_->url("/files/missing.bin"), out_dir_ + "/m", options_);
+  absl::Status s = download_url_to_file(server_->url("/files/missing.bin"), out_dir_ + "/m", options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr("/files/missing.bin"));
   EXPECT_TRUE(Listing().empty());
@@ -94,7 +94,7 @@ TEST_F(DownloadTest, NotFound) {
 TEST_F(DownloadTest, InterruptedTransferIsRetriedThenLeavesNothing) {
   options_.max_attempts = 2;
   absl::Status s =
-      DownloadUrlToFile(server_->url("/cut/files/blob.bin"), out_dir_ + "/blob.bin", options_);
+      download_url_to_file(server_->url("/cut/files/blob.bin"), out_dir_ + "/blob.bin", options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(s.message(), HasSubstr("after 2 attempts"));
   EXPECT_TRUE(Listing().empty());
@@ -103,7 +103,7 @@ TEST_F(DownloadTest, InterruptedTransferIsRetriedThenLeavesNothing) {
 
 TEST_F(DownloadTest, ServerErrorIsRetried) {
   std::string dest = out_dir_ + "/blob.bin";
-  ASSERT_TRUE(DownloadUrlToFile(server_->url("/flaky/files/blob.bin"), dest, options_).ok());
+  ASSERT_TRUE(download_url_to_file(server_->url("/flaky/files/blob.bin"), dest, options_).ok());
   EXPECT_EQ(*ReadFile(dest), Blob());
   EXPECT_EQ(*server_->RequestCount("/flaky/files/blob.bin"), 2);
 }
@@ -111,10 +111,10 @@ TEST_F(DownloadTest, ServerErrorIsRetried) {
 TEST_F(DownloadTest, RedirectsOnlyToHttps) {
   std::string dest = out_dir_ + "/blob.bin";
   ASSERT_TRUE(
-      DownloadUrlToFile(server_->url("/redirect-https/files/blob.bin"), dest, options_).ok());
+      download_url_to_file(server_->url("/redirect-https/files/blob.bin"), dest, options_).ok());
   EXPECT_EQ(*ReadFile(dest), Blob());
   fs::remove(dest);
-  absl::Status s = DownloadUrlToFile(server_->url("/redirect-http/files/blob.bin"), dest, options_);
+  absl::Status s = download_url_to_file(server_->url("/redirect-http/files/blob.bin"), dest, options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(s.message(), HasSubstr("redirect"));
   EXPECT_TRUE(Listing().empty());
@@ -124,34 +124,34 @@ TEST_F(DownloadTest, OtherSchemesAreUnsupportedNotRedirects) {
   for (const std::string url :
        {"ftp://127.0.0.1/x-01234567.pt", "file:///etc/passwd", "gopher://127.0.0.1/x"}) {
     SCOPED_TRACE(url);
-    absl::Status s = DownloadUrlToFile(url, out_dir_ + "/x", options_);
+    absl::Status s = download_url_to_file(url, out_dir_ + "/x", options_);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(s.message(), HasSubstr("unsupported URL scheme '" + url.substr(0, url.find(':'))));
     EXPECT_THAT(s.message(), Not(HasSubstr("redirect")));
   }
-  absl::Status s = DownloadUrlToFile("127.0.0.1/x", out_dir_ + "/x", options_);
+  absl::Status s = download_url_to_file("127.0.0.1/x", out_dir_ + "/x", options_);
   EXPECT_THAT(s.message(), HasSubstr("has no scheme"));
   EXPECT_TRUE(Listing().empty());
   // The scheme is case-insensitive, as in curl.
   std::string upper = server_->url("/files/blob.bin");
   upper.replace(0, 5, "HTTPS");
-  EXPECT_TRUE(DownloadUrlToFile(upper, out_dir_ + "/b", options_).ok());
+  EXPECT_TRUE(download_url_to_file(upper, out_dir_ + "/b", options_).ok());
 }
 
 TEST_F(DownloadTest, VerifiesTheServerCertificate) {
   options_.ca_bundle.clear();  // the system's CAs do not trust the test certificate
-  absl::Status s = DownloadUrlToFile(server_->url("/files/blob.bin"), out_dir_ + "/b", options_);
+  absl::Status s = download_url_to_file(server_->url("/files/blob.bin"), out_dir_ + "/b", options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(s.message(), HasSubstr(kCaBundleEnv));
   EXPECT_TRUE(Listing().empty());
   // The environment variable names the bundle too.
   setenv(kCaBundleEnv, server_->ca_bundle().c_str(), 1);
-  EXPECT_TRUE(DownloadUrlToFile(server_->url("/files/blob.bin"), out_dir_ + "/b", options_).ok());
+  EXPECT_TRUE(download_url_to_file(server_->url("/files/blob.bin"), out_dir_ + "/b", options_).ok());
 }
 
 TEST_F(DownloadTest, ConnectionRefusedFailsAfterRetries) {
   options_.max_attempts = 2;
-  absl::Status s = DownloadUrlToFile("https://127.0.0.1:1/x", out_dir_ + "/x", options_);
+  absl::Status s = download_url_to_file("https://127.0.0.1:1/x", out_dir_ + "/x", options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(s.message(), HasSubstr("127.0.0.1:1"));
 }

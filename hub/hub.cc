@@ -10,7 +10,7 @@
 
 namespace ember::hub {
 
-absl::StatusOr<Repository> OpenRepository(const std::string& repo, const HubOptions& options) {
+absl::StatusOr<Repository> open_repository(const std::string& repo, const HubOptions& options) {
   Repository r;
   if (options.source == Source::kLocal) {
     struct stat st;
@@ -33,7 +33,7 @@ absl::StatusOr<Repository> OpenRepository(const std::string& repo, const HubOpti
   return r;
 }
 
-absl::StatusOr<const EntryPoint*> GetEntryPoint(const Repository& repo, const std::string& entry) {
+absl::StatusOr<const EntryPoint*> get_entry_point(const Repository& repo, const std::string& entry) {
   if (const EntryPoint* e = FindEntryPoint(repo.conf, entry)) return e;
   std::vector<std::string> names;
   for (const EntryPoint& e : repo.conf.entry_points()) names.push_back(e.name());
@@ -42,17 +42,17 @@ absl::StatusOr<const EntryPoint*> GetEntryPoint(const Repository& repo, const st
                                           ")"));
 }
 
-absl::StatusOr<std::vector<std::string>> List(const std::string& repo, const HubOptions& options) {
-  EMBER_ASSIGN_OR_RETURN(Repository r, OpenRepository(repo, options));
+absl::StatusOr<std::vector<std::string>> list(const std::string& repo, const HubOptions& options) {
+  EMBER_ASSIGN_OR_RETURN(Repository r, open_repository(repo, options));
   std::vector<std::string> names;
   for (const EntryPoint& e : r.conf.entry_points()) names.push_back(e.name());
   return names;
 }
 
-absl::StatusOr<std::string> Help(const std::string& repo, const std::string& entry,
+absl::StatusOr<std::string> help(const std::string& repo, const std::string& entry,
                                  const HubOptions& options) {
-  EMBER_ASSIGN_OR_RETURN(Repository r, OpenRepository(repo, options));
-  EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, GetEntryPoint(r, entry));
+  EMBER_ASSIGN_OR_RETURN(Repository r, open_repository(repo, options));
+  EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, get_entry_point(r, entry));
   return e->doc();
 }
 

@@ -3,8 +3,8 @@
 //
 //   ember::hub::HubOptions opts;                       // GitHub, cached,
 //   offline once fetched EMBER_ASSIGN_OR_RETURN(std::vector<std::string> names,
-//   ember::hub::List("alice/models", opts)); EMBER_ASSIGN_OR_RETURN(std::string
-//   doc, ember::hub::Help("alice/models", "resnet18", opts));
+//   ember::hub::list("alice/models", opts)); EMBER_ASSIGN_OR_RETURN(std::string
+//   doc, ember::hub::help("alice/models", "resnet18", opts));
 //
 // A repository is "owner/repo[:ref]" fetched into the hub directory
 // (repo_cache.h), or, with source = kLocal, a directory on disk used as is
@@ -55,19 +55,19 @@ struct Repository {
 // Fetches (or finds) `repo` and reads its hubconf. Blocks on the network when
 // the repository is not cached. Errors: those of ParseRepoRef, FetchRepo and
 // ReadHubConf; NotFound for a kLocal directory that does not exist.
-absl::StatusOr<Repository> OpenRepository(const std::string& repo, const HubOptions& options = {});
+absl::StatusOr<Repository> open_repository(const std::string& repo, const HubOptions& options = {});
 
 // The names of the entry points `repo` publishes, in file order.
-absl::StatusOr<std::vector<std::string>> List(const std::string& repo,
+absl::StatusOr<std::vector<std::string>> list(const std::string& repo,
                                               const HubOptions& options = {});
 
 // The doc of entry point `entry`. Errors: NotFound listing the entry points
 // that exist.
-absl::StatusOr<std::string> Help(const std::string& repo, const std::string& entry,
+absl::StatusOr<std::string> help(const std::string& repo, const std::string& entry,
                                  const HubOptions& options = {});
 
 // The entry point `entry` of `conf`; NotFound listing those that exist.
-absl::StatusOr<const EntryPoint*> GetEntryPoint(const Repository& repo, const std::string& entry);
+absl::StatusOr<const EntryPoint*> get_entry_point(const Repository& repo, const std::string& entry);
 
 }  // namespace ember::hub
 

@@ -28,12 +28,12 @@ std::string Env(const char* name) {
 
 }  // namespace
 
-void SetDir(std::string dir) {
+void set_dir(std::string dir) {
   absl::MutexLock lock(&dir_mu);
   DirSetByUser() = std::move(dir);
 }
 
-absl::Status MakeDirs(const std::string& dir) {
+absl::Status make_dirs(const std::string& dir) {
   for (size_t pos = 1; pos <= dir.size(); ++pos) {
     if (pos != dir.size() && dir[pos] != '/') continue;
     std::string prefix = dir.substr(0, pos);
@@ -49,7 +49,7 @@ absl::Status MakeDirs(const std::string& dir) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> GetDir() {
+absl::StatusOr<std::string> get_dir() {
   std::string dir;
   {
     absl::MutexLock lock(&dir_mu);
@@ -79,7 +79,7 @@ absl::StatusOr<std::string> GetDir() {
               : absl::StrCat(home, "/.cache/torch/hub");
   }
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  if (absl::Status s = MakeDirs(dir); !s.ok()) return s;
+  if (absl::Status s = make_dirs(dir); !s.ok()) return s;
   return dir;
 }
 

@@ -1,11 +1,11 @@
 // The hub directory: where fetched repositories and downloaded weights live.
 //
-//   ember::hub::SetDir("/data/hub");                     // highest precedence
-//   EMBER_ASSIGN_OR_RETURN(std::string dir, ember::hub::GetDir());
+//   ember::hub::set_dir("/data/hub");                     // highest precedence
+//   EMBER_ASSIGN_OR_RETURN(std::string dir, ember::hub::get_dir());
 //
-// GetDir() answers, in this order (PyTorch's torch.hub.get_dir, plus two
+// get_dir() answers, in this order (PyTorch's torch.hub.get_dir, plus two
 // places earlier versions of Ember used):
-//   1. the directory given to SetDir();
+//   1. the directory given to set_dir();
 //   2. $TORCH_HUB_DIR (Ember's own variable, where PyTorch's deprecated
 //      $TORCH_HUB used to sit);
 //   3. $TORCH_HOME/hub;
@@ -31,21 +31,21 @@
 
 namespace ember::hub {
 
-// Environment variables read by GetDir(), in its order.
+// Environment variables read by get_dir(), in its order.
 inline constexpr char kHubDirEnv[] = "TORCH_HUB_DIR";
 inline constexpr char kTorchHomeEnv[] = "TORCH_HOME";
 inline constexpr char kXdgCacheHomeEnv[] = "XDG_CACHE_HOME";
 
 // Makes `dir` the hub directory for this process; an empty string undoes it.
-void SetDir(std::string dir);
+void set_dir(std::string dir);
 
 // The hub directory (see above), created if missing. Errors: Internal naming
 // the directory when it cannot be created; FailedPrecondition when nothing
 // above is set and $HOME is unset.
-absl::StatusOr<std::string> GetDir();
+absl::StatusOr<std::string> get_dir();
 
 // Creates `dir` and its missing parents (mkdir -p). Errors name the path.
-absl::Status MakeDirs(const std::string& dir);
+absl::Status make_dirs(const std::string& dir);
 
 }  // namespace ember::hub
 

@@ -22,65 +22,65 @@ class HubDirTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = std::string(std::getenv("TEST_TMPDIR")) + "/hub_dir_test";
-    SetDir("");
+    set_dir("");
     unsetenv(kHubDirEnv);
     unsetenv(kTorchHomeEnv);
     unsetenv(kXdgCacheHomeEnv);
     setenv("HOME", (root_ + "/home").c_str(), 1);
   }
-  void TearDown() override { SetDir(""); }
+  void TearDown() override { set_dir(""); }
   std::string root_;
 };
 
 TEST_F(HubDirTest, Precedence) {
   // Nothing set: ~/.cache/torch/hub, created.
-  absl::StatusOr<std::string> dir = GetDir();
+  absl::StatusOr<std::string> dir = get_dir();
   ASSERT_TRUE(dir.ok()) << dir.status();
   EXPECT_EQ(*dir, root_ + "/home/.cache/torch/hub");
   EXPECT_TRUE(IsDir(*dir));
 
   // An existing ~/.torch/hub (PyTorch 1.0, older Ember) stays in use.
-  ASSERT_TRUE(MakeDirs(root_ + "/home/.torch/hub").ok());
-  EXPECT_EQ(*GetDir(), root_ + "/home/.torch/hub");
+  ASSERT_TRUE(make_dirs(root_ + "/home/.torch/hub").ok());
+  EXPECT_EQ(*get_dir(), root_ + "/home/.torch/hub");
 
   // Then, each beating the ones before: XDG_CACHE_HOME, TORCH_HOME,
   // TORCH_HUB_DIR, SetDir.
   setenv(kXdgCacheHomeEnv, (root_ + "/xdg").c_str(), 1);
-  EXPECT_EQ(*GetDir(), root_ + "/xdg/torch/hub");
+  EXPECT_EQ(*get_dir(), root_ + "/xdg/torch/hub");
   setenv(kTorchHomeEnv, "~/th/", 1);  // "~/" means $HOME, as PyTorch expands it
-  EXPECT_EQ(*GetDir(), root_ + "/home/th/hub");
+  EXPECT_EQ(*get_dir(), root_ + "/home/th/hub");
   EXPECT_TRUE(IsDir(root_ + "/home/th/hub"));
   setenv(kHubDirEnv, (root_ + "/env/hub/").c_str(), 1);
-  dir = GetDir();
+  dir = get_dir();
   ASSERT_TRUE(dir.ok()) << dir.status();
   EXPECT_EQ(*dir, root_ + "/env/hub");
   EXPECT_TRUE(IsDir(*dir));
-  SetDir(root_ + "/set");
-  EXPECT_EQ(*GetDir(), root_ + "/set");
+  set_dir(root_ + "/set");
+  EXPECT_EQ(*get_dir(), root_ + "/set");
 
   // Undoing them falls back in order; empty variables count as unset.
-  SetDir("");
-  EXPECT_EQ(*GetDir(), root_ + "/env/hub");
+  set_dir("");
+  EXPECT_EQ(*get_dir(), root_ + "/env/hub");
   setenv(kHubDirEnv, "", 1);
-  EXPECT_EQ(*GetDir(), root_ + "/home/th/hub");
+  EXPECT_EQ(*get_dir(), root_ + "/home/th/hub");
   unsetenv(kTorchHomeEnv);
-  EXPECT_EQ(*GetDir(), root_ + "/xdg/torch/hub");
+  EXPECT_EQ(*get_dir(), root_ + "/xdg/torch/hub");
 }
 
 TEST_F(HubDirTest, ErrorsNameTheProblem) {
   unsetenv("HOME");
-  absl::Status s = GetDir().status();
+  absl::Status s = get_dir().status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(),
               ::testing::HasSubstr("TORCH_HUB_DIR, TORCH_HOME, XDG_CACHE_HOME or HOME"));
 
-  ASSERT_TRUE(MakeDirs(root_).ok());
+  ASSERT_TRUE(make_dirs(root_).ok());
   std::string file = root_ + "/a_file";
   FILE* f = fopen(file.c_str(), "w");
   ASSERT_NE(f, nullptr);
   fclose(f);
-  SetDir(file + "/sub");
-  s = GetDir().status();
+  set_dir(file + "/sub");
+  s = get_dir().status();
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(s.message(), ::testing::HasSubstr(file));
 }

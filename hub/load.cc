@@ -50,7 +50,7 @@ absl::StatusOr<StateDict> PublishedWeights(const Repository& repo, const EntryPo
     from_url.sha256 = w.sha256();
     from_url.progress = options.download.progress;
     from_url.download = options.download;
-    return LoadStateDictFromUrl(w.url(), from_url);
+    return load_state_dict_from_url(w.url(), from_url);
   }
   const std::string path = absl::StrCat(repo.dir, "/", w.file());
   if (!w.sha256().empty()) {
@@ -61,18 +61,18 @@ absl::StatusOr<StateDict> PublishedWeights(const Repository& repo, const EntryPo
                                               "'; reload the repository with force_reload"));
     }
   }
-  return LoadCheckpoint(path);
+  return load_checkpoint(path);
 }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<nn::Module>> Load(const std::string& repo, const std::string& entry,
+absl::StatusOr<std::shared_ptr<nn::Module>> load(const std::string& repo, const std::string& entry,
                                                  const LoadOptions& options) {
-  EMBER_ASSIGN_OR_RETURN(Repository r, OpenRepository(repo, options));
-  EMBER_RETURN_IF_ERROR(CheckDependencies(r.conf, BuilderNames()));
-  EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, GetEntryPoint(r, entry));
+  EMBER_ASSIGN_OR_RETURN(Repository r, open_repository(repo, options));
+  EMBER_RETURN_IF_ERROR(CheckDependencies(r.conf, builder_names()));
+  EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, get_entry_point(r, entry));
   if (e->python()) {
-    const std::vector<std::string> builders = BuilderNames();
+    const std::vector<std::string> builders = builder_names();
     if (std::find(builders.begin(), builders.end(), e->builder()) == builders.end()) {
       return absl::NotFoundError(absl::StrCat(
           "entry point ", entry, " of ", repo,
@@ -93,7 +93,7 @@ absl::StatusOr<std::shared_ptr<nn::Module>> Load(const std::string& repo, const 
   Kwargs kwargs;
   for (const auto& [name, value] : e->kwargs()) kwargs[name] = FromProto(value);
   for (const auto& [name, value] : options.kwargs) kwargs[name] = value;
-  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> module, Build(e->builder(), kwargs));
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> module, build(e->builder(), kwargs));
   if (!options.pretrained) return module;
   if (!e->has_weights()) {
     return absl::FailedPreconditionError(

@@ -5,7 +5,7 @@
 //   weights opts.kwargs = {{"num_classes", int64_t{10}}};            // passed
 //   on to the builder EMBER_ASSIGN_OR_RETURN(std::shared_ptr<ember::nn::Module>
 //   model,
-//                          ember::hub::Load("alice/models:v1", "resnet18",
+//                          ember::hub::load("alice/models:v1", "resnet18",
 //                          opts));
 //
 // Load opens the repository (hub.h: fetched and cached, or a local folder),
@@ -49,7 +49,7 @@ struct LoadOptions : HubOptions {
 // PermissionDenied for weights over plain http from another host; InvalidArgument for bad
 // kwargs or weights that do not fit the module (load_state_dict's message);
 // DataLoss for a weights hash mismatch; download errors (download.h).
-absl::StatusOr<std::shared_ptr<nn::Module>> Load(const std::string& repo, const std::string& entry,
+absl::StatusOr<std::shared_ptr<nn::Module>> load(const std::string& repo, const std::string& entry,
                                                  const LoadOptions& options = {});
 
 }  // namespace ember::hub

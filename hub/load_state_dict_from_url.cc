@@ -25,7 +25,7 @@ bool IsLowerHex(char c) { return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f'
 
 }  // namespace
 
-std::string HashPrefixFromFileName(const std::string& file_name) {
+std::string hash_prefix_from_file_name(const std::string& file_name) {
   // torch.hub's HASH_REGEX, r'-([a-f0-9]*)\.', searched from the left.
   for (size_t dash = file_name.find('-'); dash != std::string::npos;
        dash = file_name.find('-', dash + 1)) {
@@ -37,15 +37,15 @@ std::string HashPrefixFromFileName(const std::string& file_name) {
   return "";
 }
 
-absl::StatusOr<std::string> DownloadCheckpoint(const std::string& url,
+absl::StatusOr<std::string> download_checkpoint(const std::string& url,
                                                const LoadFromUrlOptions& options) {
   EMBER_RETURN_IF_ERROR(check_url_scheme(url));
   std::string model_dir = options.model_dir;
   if (model_dir.empty()) {
-    EMBER_ASSIGN_OR_RETURN(std::string hub_dir, GetDir());
+    EMBER_ASSIGN_OR_RETURN(std::string hub_dir, get_dir());
     model_dir = absl::StrCat(hub_dir, "/checkpoints");
   }
-  EMBER_RETURN_IF_ERROR(MakeDirs(model_dir));
+  EMBER_RETURN_IF_ERROR(make_dirs(model_dir));
   std::string name = options.file_name;
   if (name.empty()) {
     std::string path = url.substr(0, url.find_first_of("?#"));
@@ -57,7 +57,7 @@ absl::StatusOr<std::string> DownloadCheckpoint(const std::string& url,
   }
   std::string prefix;
   if (options.check_hash) {
-    prefix = HashPrefixFromFileName(name);
+    prefix = hash_prefix_from_file_name(name);
     if (prefix.size() < 8) {
       return absl::InvalidArgumentError(
           absl::StrCat("check_hash needs the file name to carry its SHA-256 as name-<first "
@@ -87,7 +87,7 @@ absl::StatusOr<std::string> DownloadCheckpoint(const std::string& url,
   // The longer of the two prefixes covers the other once both are checked
   // below.
   download.hash_prefix = prefix.size() >= options.sha256.size() ? prefix : options.sha256;
-  EMBER_RETURN_IF_ERROR(DownloadUrlToFile(url, cached, download));
+  EMBER_RETURN_IF_ERROR(download_url_to_file(url, cached, download));
   if (!prefix.empty() && !options.sha256.empty()) {
     EMBER_ASSIGN_OR_RETURN(std::string digest, Sha256OfFile(cached));
     for (const std::string& p : prefixes) {
@@ -102,10 +102,10 @@ absl::StatusOr<std::string> DownloadCheckpoint(const std::string& url,
   return cached;
 }
 
-absl::StatusOr<StateDict> LoadStateDictFromUrl(const std::string& url,
+absl::StatusOr<StateDict> load_state_dict_from_url(const std::string& url,
                                                const LoadFromUrlOptions& options) {
-  EMBER_ASSIGN_OR_RETURN(std::string path, DownloadCheckpoint(url, options));
-  return LoadCheckpoint(path);
+  EMBER_ASSIGN_OR_RETURN(std::string path, download_checkpoint(url, options));
+  return load_checkpoint(path);
 }
 
 }  // namespace ember::hub

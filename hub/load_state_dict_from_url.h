@@ -3,7 +3,7 @@
 //   ember::hub::LoadFromUrlOptions opts;
 //   opts.check_hash = true;   // "resnet18-f37072fd.pth": SHA-256 starts
 //   f37072fd EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
-//   ember::hub::LoadStateDictFromUrl(
+//   ember::hub::load_state_dict_from_url(
 //       "https://download.pytorch.org/models/resnet18-f37072fd.pth", opts));
 //
 // The file is cached as <model_dir>/<file name> (model_dir defaults to
@@ -44,7 +44,7 @@ struct LoadFromUrlOptions {
 
 // The hash prefix torch.hub reads from a file name ("name-<hex>.ext"), or ""
 // when the name carries none.
-std::string HashPrefixFromFileName(const std::string& file_name);
+std::string hash_prefix_from_file_name(const std::string& file_name);
 
 // Downloads `url` into the cache unless already there and returns the cached
 // file's path. Blocks on the network and on other loaders' locks. Errors:
@@ -52,11 +52,11 @@ std::string HashPrefixFromFileName(const std::string& file_name);
 // name, a scheme other than https/http, checked before the cache is looked
 // at); DataLoss (hash mismatch, on download or of the cached file); the
 // download's errors (download.h).
-absl::StatusOr<std::string> DownloadCheckpoint(const std::string& url,
+absl::StatusOr<std::string> download_checkpoint(const std::string& url,
                                                const LoadFromUrlOptions& options = {});
 
 // DownloadCheckpoint, then LoadCheckpoint (checkpoint.h) on the file.
-absl::StatusOr<StateDict> LoadStateDictFromUrl(const std::string& url,
+absl::StatusOr<StateDict> load_state_dict_from_url(const std::string& url,
                                                const LoadFromUrlOptions& options = {});
 
 }  // namespace ember::hub

@@ -24,10 +24,10 @@ using ::ember::hub::testing::WriteFile;
 using ::testing::HasSubstr;
 
 TEST(HashPrefixTest, FollowsTorchHubsRegex) {
-  EXPECT_EQ(HashPrefixFromFileName("resnet18-f37072fd.pth"), "f37072fd");
-  EXPECT_EQ(HashPrefixFromFileName("my-model-0123abcd.tar.gz"), "0123abcd");
-  EXPECT_EQ(HashPrefixFromFileName("model.pt"), "");
-  EXPECT_EQ(HashPrefixFromFileName("model-v2.pt"), "");
+  EXPECT_EQ(hash_prefix_from_file_name("resnet18-f37072fd.pth"), "f37072fd");
+  EXPECT_EQ(hash_prefix_from_file_name("my-model-0123abcd.tar.gz"), "0123abcd");
+  EXPECT_EQ(hash_prefix_from_file_name("model.pt"), "");
+  EXPECT_EQ(hash_prefix_from_file_name("model-v2.pt"), "");
 }
 
 class LoadFromUrlTest : public ::testing::Test {
@@ -36,7 +36,7 @@ class LoadFromUrlTest : public ::testing::Test {
     base_ = std::string(std::getenv("TEST_TMPDIR")) + "/" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name();
     hub_dir_ = base_ + "/hub";
-    SetDir(hub_dir_);
+    set_dir(hub_dir_);
     fixture_ = *ReadFile("hub/testdata/tensors.pt");
     digest_ = Sha256Hex(fixture_);
     good_name_ = "tensors-" + digest_.substr(0, 10) + ".pt";
@@ -52,7 +52,7 @@ class LoadFromUrlTest : public ::testing::Test {
     options_.progress = false;
     options_.check_hash = true;
   }
-  void TearDown() override { SetDir(""); }
+  void TearDown() override { set_dir(""); }
   std::vector<std::string> Cache() {
     std::vector<std::string> names;
     for (const auto& e : fs::directory_iterator(hub_dir_ + "/checkpoints")) {
@@ -68,25 +68,25 @@ class LoadFromUrlTest : public ::testing::Test {
 
 TEST_F(LoadFromUrlTest, DownloadsIntoCheckpointsAndReusesTheFile) {
   absl::StatusOr<StateDict> sd =
-      LoadStateDictFromUrl(server_->url("/w/" + good_name_), options_);
+      load_state_dict_from_url(server_->url("/w/" + good_name_), options_);
   ASSERT_TRUE(sd.ok()) << sd.status();
   ASSERT_EQ(sd->size(), 13u);
   EXPECT_EQ((*sd)[2].first, "bn.num_batches_tracked");
   EXPECT_EQ((*sd)[2].second.item<int64_t>(), 7);
   EXPECT_EQ(*ReadFile(hub_dir_ + "/checkpoints/" + good_name_), fixture_);
 
-  sd = LoadStateDictFromUrl(server_->url("/w/" + good_name_), options_);
+  sd = load_state_dict_from_url(server_->url("/w/" + good_name_), options_);
   ASSERT_TRUE(sd.ok()) << sd.status();
   EXPECT_EQ(*server_->RequestCount("/w/" + good_name_), 1);
   server_.reset();  // offline: the cached file still loads
   EXPECT_TRUE(
-      LoadStateDictFromUrl("https://127.0.0.1:1/w/" + good_name_, options_)
+      load_state_dict_from_url("https://127.0.0.1:1/w/" + good_name_, options_)
           .ok());
 }
 
 TEST_F(LoadFromUrlTest, HashMismatchOnDownloadLeavesNoCacheEntry) {
   absl::Status s =
-      LoadStateDictFromUrl(server_->url("/w/tensors-00000000.pt"), options_)
+      load_state_dict_from_url(server_->url("/w/tensors-00000000.pt"), options_)
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("'00000000'"));
@@ -98,7 +98,7 @@ TEST_F(LoadFromUrlTest, CachedFileIsCheckedBeforeLoading) {
   std::string cached = hub_dir_ + "/checkpoints/" + good_name_;
   ASSERT_TRUE(WriteFile(cached, "tampered").ok());
   absl::Status s =
-      LoadStateDictFromUrl(server_->url("/w/" + good_name_), options_).status();
+      load_state_dict_from_url(server_->url("/w/" + good_name_), options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("delete it to download it again"));
   EXPECT_EQ(*ReadFile(cached), "tampered");  // left for inspection
@@ -109,27 +109,27 @@ TEST_F(LoadFromUrlTest, HubconfSha256IsCheckedToo) {
   options_.check_hash = false;
   options_.sha256 = "ffffffff";
   absl::Status s =
-      LoadStateDictFromUrl(server_->url("/w/plain.pt"), options_).status();
+      load_state_dict_from_url(server_->url("/w/plain.pt"), options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(Cache(), ::testing::IsEmpty());
   options_.sha256 = digest_.substr(0, 16);
-  EXPECT_TRUE(LoadStateDictFromUrl(server_->url("/w/plain.pt"), options_).ok());
+  EXPECT_TRUE(load_state_dict_from_url(server_->url("/w/plain.pt"), options_).ok());
 }
 
 TEST_F(LoadFromUrlTest, CheckHashNeedsAHashInTheName) {
   absl::Status s =
-      LoadStateDictFromUrl(server_->url("/w/plain.pt"), options_).status();
+      load_state_dict_from_url(server_->url("/w/plain.pt"), options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("'plain.pt'"));
   options_.check_hash = false;
-  EXPECT_TRUE(LoadStateDictFromUrl(server_->url("/w/plain.pt"), options_).ok());
+  EXPECT_TRUE(load_state_dict_from_url(server_->url("/w/plain.pt"), options_).ok());
 }
 
 TEST_F(LoadFromUrlTest, InterruptedDownloadLeavesNothing) {
   options_.download.max_attempts = 2;
   options_.model_dir = base_ + "/models";
   absl::Status s =
-      LoadStateDictFromUrl(server_->url("/cut/w/" + good_name_), options_)
+      load_state_dict_from_url(server_->url("/cut/w/" + good_name_), options_)
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   std::vector<std::string> left;

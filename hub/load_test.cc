@@ -66,10 +66,10 @@ class LoadTest : public ::testing::Test {
     // Weights for a narrow ResNet-18, made with Ember and saved once.
     manual_seed(7);
     absl::StatusOr<std::shared_ptr<nn::Module>> resnet =
-        Build("resnet18", {{"num_classes", int64_t{5}}, {"width", int64_t{4}}});
+        build("resnet18", {{"num_classes", int64_t{5}}, {"width", int64_t{4}}});
     ASSERT_TRUE(resnet.ok()) << resnet.status();
     std::string resnet_file = tmp + "/resnet_tiny.safetensors";
-    ASSERT_TRUE(SaveCheckpoint((*resnet)->state_dict(), resnet_file).ok());
+    ASSERT_TRUE(save_checkpoint((*resnet)->state_dict(), resnet_file).ok());
 
     std::string hubconf = R"conf(
       dependencies: "mlp"
@@ -121,12 +121,12 @@ class LoadTest : public ::testing::Test {
     delete base_;
   }
   void SetUp() override {
-    SetDir(*base_ + "/hub");
+    set_dir(*base_ + "/hub");
     options_.download.ca_bundle = server_->ca_bundle();
     options_.download.progress = false;
     options_.base_url = server_->base_url();
   }
-  void TearDown() override { SetDir(""); }
+  void TearDown() override { set_dir(""); }
 
   static std::string* base_;
   static TestServer* server_;
@@ -139,7 +139,7 @@ TEST_F(LoadTest, PyTorchWeightsGivePyTorchOutputs) {
   options_.pretrained = true;
   for (const char* entry : {"mlp", "small_cnn"}) {
     SCOPED_TRACE(entry);
-    absl::StatusOr<std::shared_ptr<nn::Module>> model = Load("alice/models", entry, options_);
+    absl::StatusOr<std::shared_ptr<nn::Module>> model = load("alice/models", entry, options_);
     ASSERT_TRUE(model.ok()) << model.status();
     auto [x, y] = ReadIo(std::string("hub/testdata/") + entry + "_torch.io.txt");
     Tensor out = (**model)(x);
@@ -159,9 +159,9 @@ TEST_F(LoadTest, TorchvisionResNet18WeightsGiveTorchvisionOutputs) {
   }
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
   absl::StatusOr<std::shared_ptr<nn::Module>> model =
-      Build("resnet18", {{"num_classes", int64_t{10}}});
+      build("resnet18", {{"num_classes", int64_t{10}}});
   ASSERT_TRUE(model.ok()) << model.status();
-  absl::StatusOr<StateDict> weights = LoadCheckpoint(*base_ + "/resnet18.pt");
+  absl::StatusOr<StateDict> weights = load_checkpoint(*base_ + "/resnet18.pt");
   ASSERT_TRUE(weights.ok()) << weights.status();
   ASSERT_TRUE((*model)->load_state_dict(*weights).ok());
   (*model)->eval();
@@ -174,12 +174,12 @@ TEST_F(LoadTest, TorchvisionResNet18WeightsGiveTorchvisionOutputs) {
 TEST_F(LoadTest, HubLoadedModelMatchesTheSameWeightsLoadedDirectly) {
   options_.pretrained = true;
   absl::StatusOr<std::shared_ptr<nn::Module>> hub_model =
-      Load("alice/models", "resnet18_tiny", options_);
+      load("alice/models", "resnet18_tiny", options_);
   ASSERT_TRUE(hub_model.ok()) << hub_model.status();
   absl::StatusOr<std::shared_ptr<nn::Module>> direct =
-      Build("resnet18", {{"num_classes", int64_t{5}}, {"width", int64_t{4}}});
+      build("resnet18", {{"num_classes", int64_t{5}}, {"width", int64_t{4}}});
   ASSERT_TRUE(direct.ok());
-  absl::StatusOr<StateDict> weights = LoadCheckpoint(*base_ + "/resnet_tiny.safetensors");
+  absl::StatusOr<StateDict> weights = load_checkpoint(*base_ + "/resnet_tiny.safetensors");
   ASSERT_TRUE(weights.ok()) << weights.status();
   ASSERT_TRUE((*direct)->load_state_dict(*weights).ok());
   (*hub_model)->eval();
@@ -194,7 +194,7 @@ TEST_F(LoadTest, HubLoadedModelMatchesTheSameWeightsLoadedDirectly) {
   // Without pretrained weights the same entry point is freshly initialised.
   options_.pretrained = false;
   absl::StatusOr<std::shared_ptr<nn::Module>> fresh =
-      Load("alice/models", "resnet18_tiny", options_);
+      load("alice/models", "resnet18_tiny", options_);
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   (*fresh)->eval();
   EXPECT_GT(MaxAbsDiff((**fresh)(x), a), 1e-4);
@@ -202,7 +202,7 @@ TEST_F(LoadTest, HubLoadedModelMatchesTheSameWeightsLoadedDirectly) {
 
 TEST_F(LoadTest, KwargsOverrideEntryDefaults) {
   options_.kwargs = {{"hidden", int64_t{16}}, {"depth", int64_t{3}}};
-  absl::StatusOr<std::shared_ptr<nn::Module>> model = Load("alice/models", "fresh", options_);
+  absl::StatusOr<std::shared_ptr<nn::Module>> model = load("alice/models", "fresh", options_);
   ASSERT_TRUE(model.ok()) << model.status();
   StateDict sd = (*model)->state_dict();
   ASSERT_EQ(sd.size(), 6u);
@@ -211,63 +211,63 @@ TEST_F(LoadTest, KwargsOverrideEntryDefaults) {
   EXPECT_EQ(sd[4].first, "4.weight");
 
   options_.kwargs = {{"hidden", std::string("wide")}};
-  absl::Status s = Load("alice/models", "fresh", options_).status();
+  absl::Status s = load("alice/models", "fresh", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("'hidden' must be a positive int, got a string"));
   options_.kwargs = {{"dropout", 0.5}};
-  s = Load("alice/models", "fresh", options_).status();
+  s = load("alice/models", "fresh", options_).status();
   EXPECT_THAT(s.message(), HasSubstr("unexpected argument 'dropout'"));
 }
 
 TEST_F(LoadTest, Failures) {
-  absl::Status s = Load("alice/needs-vit", "x", options_).status();
+  absl::Status s = load("alice/needs-vit", "x", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("missing dependencies: vit"));
 
-  s = Load("alice/models", "resnet50", options_).status();
+  s = load("alice/models", "resnet50", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr("mlp, small_cnn, resnet18_tiny, fresh"));
 
   options_.pretrained = true;
-  s = Load("alice/models", "fresh", options_).status();
+  s = load("alice/models", "fresh", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("publishes no weights"));
 
   // Published weights that do not fit the module: load_state_dict's message.
   options_.kwargs = {{"out_features", int64_t{7}}};
-  s = Load("alice/models", "mlp", options_).status();
+  s = load("alice/models", "mlp", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("pretrained weights of alice/models mlp"));
 }
 
 TEST_F(LoadTest, HubconfPyRepositoryListsHelpsAndLoads) {
-  absl::StatusOr<std::vector<std::string>> names = List("alice/vision", options_);
+  absl::StatusOr<std::vector<std::string>> names = list("alice/vision", options_);
   ASSERT_TRUE(names.ok()) << names.status();
   EXPECT_THAT(*names, ::testing::ElementsAre("entry_with_r_string", "mlp", "mobilenet_v2",
                                              "resnet18", "small_cnn"));
-  absl::StatusOr<std::string> doc = Help("alice/vision", "resnet18", options_);
+  absl::StatusOr<std::string> doc = help("alice/vision", "resnet18", options_);
   ASSERT_TRUE(doc.ok()) << doc.status();
   EXPECT_THAT(*doc, ::testing::StartsWith("ResNet-18 model from\n"));
   EXPECT_THAT(*doc, HasSubstr("\nArgs:\n    pretrained (bool):"));
 
   // Entry points with a registered C++ builder of the same name load.
   options_.kwargs = {{"num_classes", int64_t{10}}, {"width", int64_t{8}}};
-  absl::StatusOr<std::shared_ptr<nn::Module>> model = Load("alice/vision", "resnet18", options_);
+  absl::StatusOr<std::shared_ptr<nn::Module>> model = load("alice/vision", "resnet18", options_);
   ASSERT_TRUE(model.ok()) << model.status();
   (*model)->eval();
   EXPECT_EQ((**model)(randn({1, 3, 32, 32})).sizes(), (IntArrayRef{1, 10}));
   options_.kwargs = {};
-  EXPECT_TRUE(Load("alice/vision", "small_cnn", options_).ok());
+  EXPECT_TRUE(load("alice/vision", "small_cnn", options_).ok());
 
   // Others are an error naming the entry point.
-  absl::Status s = Load("alice/vision", "mobilenet_v2", options_).status();
+  absl::Status s = load("alice/vision", "mobilenet_v2", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr("entry point mobilenet_v2 of alice/vision is a Python "
                                      "function in its hubconf.py"));
   EXPECT_THAT(s.message(), HasSubstr("resnet18"));
   // Their weights come from Python code, which is not run.
   options_.pretrained = true;
-  s = Load("alice/vision", "resnet18", options_).status();
+  s = load("alice/vision", "resnet18", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("pretrained = false"));
 }
@@ -284,42 +284,42 @@ TEST_F(LoadTest, PlainHttpWeightsOnlyFromAnHttpBaseUrlsHost) {
   local.download = options_.download;
   local.download.max_attempts = 1;
   local.base_url = "https://127.0.0.1:1";
-  absl::Status s = Load(dir, "m", local).status();
+  absl::Status s = load(dir, "m", local).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_THAT(s.message(), HasSubstr("plain http"));
   // The caller chose a plain-http base URL on that host: allowed (and the
   // download then fails to connect).
   local.base_url = "http://127.0.0.1:1";
-  s = Load(dir, "m", local).status();
+  s = load(dir, "m", local).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
 TEST_F(LoadTest, TamperedWeightsAreCaughtAndForceReloadRepairs) {
   options_.pretrained = true;
-  ASSERT_TRUE(Load("alice/models", "mlp", options_).ok());
+  ASSERT_TRUE(load("alice/models", "mlp", options_).ok());
   std::string cached = *base_ + "/hub/alice_models_master/weights/mlp_torch.pt";
   std::string good = *ReadFile(cached);
   ASSERT_TRUE(WriteFile(cached, good.substr(0, good.size() - 1) + "!").ok());
-  absl::Status s = Load("alice/models", "mlp", options_).status();
+  absl::Status s = load("alice/models", "mlp", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("force_reload"));
   options_.force_reload = true;
-  EXPECT_TRUE(Load("alice/models", "mlp", options_).ok());
+  EXPECT_TRUE(load("alice/models", "mlp", options_).ok());
   EXPECT_EQ(*ReadFile(cached), good);
 }
 
 TEST_F(LoadTest, LocalSourceAndOffline) {
-  ASSERT_TRUE(Load("alice/models", "fresh", options_).ok());
+  ASSERT_TRUE(load("alice/models", "fresh", options_).ok());
   LoadOptions local;
   local.source = Source::kLocal;
   local.pretrained = true;
   absl::StatusOr<std::shared_ptr<nn::Module>> model =
-      Load(*base_ + "/hub/alice_models_master", "mlp", local);
+      load(*base_ + "/hub/alice_models_master", "mlp", local);
   ASSERT_TRUE(model.ok()) << model.status();
   // Offline (an unreachable base URL): the cached repository still loads.
   options_.base_url = "https://127.0.0.1:1";
   options_.pretrained = true;
-  EXPECT_TRUE(Load("alice/models", "mlp", options_).ok());
+  EXPECT_TRUE(load("alice/models", "mlp", options_).ok());
 }
 
 }  // namespace

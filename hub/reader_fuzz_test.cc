@@ -123,7 +123,7 @@ TEST(ReaderFuzzTest, Unpickler) {
   const std::string seed(*pkl);
   // Storages of whatever size the pickle asks for, up to 1 MiB.
   StorageLoader load = [](const StorageRef& ref) -> absl::StatusOr<Storage> {
-    const uint64_t n = static_cast<uint64_t>(ref.numel) * ElementSize(ref.dtype);
+    const uint64_t n = static_cast<uint64_t>(ref.numel) * element_size(ref.dtype);
     if (ref.numel > (1 << 20) || n > (1 << 20)) return absl::InvalidArgumentError("too big");
     return Storage::Allocate(n, GetCpuAllocator());
   };
@@ -157,11 +157,11 @@ TEST(ReaderFuzzTest, LegacyTorchSave) {
 
 TEST(ReaderFuzzTest, Safetensors) {
   const std::string seed = Slurp("hub/testdata/tensors.safetensors");
-  ASSERT_TRUE(ReadSafetensors(seed, "seed").ok());
+  ASSERT_TRUE(read_safetensors(seed, "seed").ok());
   Mutator m(kSeed + 2);
   Outcomes outcomes;
-  for (int i = 0; i < 20000; ++i) outcomes.Record(ReadSafetensors(m.Mutate(seed), "fuzz"));
-  for (int i = 0; i < 5000; ++i) outcomes.Record(ReadSafetensors(m.Random(256), "random"));
+  for (int i = 0; i < 20000; ++i) outcomes.Record(read_safetensors(m.Mutate(seed), "fuzz"));
+  for (int i = 0; i < 5000; ++i) outcomes.Record(read_safetensors(m.Random(256), "random"));
   std::cout << "safetensors: " << outcomes.ok << " read, " << outcomes.errors << " refused\n";
 }
 

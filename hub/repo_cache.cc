@@ -72,7 +72,7 @@ std::string BaseUrl(const FetchOptions& options) {
 }
 
 absl::StatusOr<FetchedRepo> FetchRepo(const RepoRef& repo, const FetchOptions& options) {
-  EMBER_ASSIGN_OR_RETURN(std::string hub_dir, GetDir());
+  EMBER_ASSIGN_OR_RETURN(std::string hub_dir, get_dir());
   std::vector<std::string> refs =
       repo.ref ? std::vector<std::string>{*repo.ref} : std::vector<std::string>{"master", "main"};
   auto cached = [&](const std::string& ref) {
@@ -98,7 +98,7 @@ absl::StatusOr<FetchedRepo> FetchRepo(const RepoRef& repo, const FetchOptions& o
     const std::string name = CacheDirName(repo.owner, repo.repo, ref);
     const std::string url = absl::StrCat(base, "/", repo.owner, "/", repo.repo, "/zipball/", ref);
     const std::string archive = absl::StrCat(hub_dir, "/", name, ".archive");
-    absl::Status got = DownloadUrlToFile(url, archive, options.download);
+    absl::Status got = download_url_to_file(url, archive, options.download);
     if (absl::IsNotFound(got)) {
       tried.push_back(url);
       continue;

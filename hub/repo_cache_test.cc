@@ -33,7 +33,7 @@ class RepoCacheTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name();
     www_ = base_ + "/www";
     hub_dir_ = base_ + "/hub";
-    SetDir(hub_dir_);
+    set_dir(hub_dir_);
     absl::StatusOr<TestServer> s = TestServer::Start(www_, base_ + "/server");
     ASSERT_TRUE(s.ok()) << s.status();
     server_.emplace(std::move(*s));
@@ -42,7 +42,7 @@ class RepoCacheTest : public ::testing::Test {
     options_.download.progress = false;
     options_.download.initial_backoff = absl::Milliseconds(10);
   }
-  void TearDown() override { SetDir(""); }
+  void TearDown() override { set_dir(""); }
 
   // Publishes owner/repo at `ref` with a hubconf whose doc is `doc`.
   void Publish(const std::string& owner_repo, const std::string& ref, const std::string& doc,

@@ -250,7 +250,7 @@ void AppendJsonString(std::string* out, absl::string_view s) {
 
 }  // namespace
 
-absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes, absl::string_view source) {
+absl::StatusOr<StateDict> read_safetensors(absl::string_view bytes, absl::string_view source) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": not a valid safetensors file: ", why));
@@ -338,7 +338,7 @@ absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes, absl::string_
     e.begin = offsets->array[0].integer;
     e.end = offsets->array[1].integer;
     uint64_t nbytes;
-    if (__builtin_mul_overflow(numel, ElementSize(e.dtype), &nbytes) || nbytes != e.end - e.begin) {
+    if (__builtin_mul_overflow(numel, element_size(e.dtype), &nbytes) || nbytes != e.end - e.begin) {
       return fail(absl::StrCat("data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin,
                                " bytes but shape [", absl::StrJoin(e.shape, ", "), "] of ",
                                dtype->s, " needs ", nbytes));
@@ -369,7 +369,7 @@ absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes, absl::string_
   return sd;
 }
 
-absl::StatusOr<std::string> WriteSafetensors(const StateDict& state_dict) {
+absl::StatusOr<std::string> write_safetensors(const StateDict& state_dict) {
   std::string header = "{";
   std::vector<Tensor> contiguous;
   std::set<std::string> names;

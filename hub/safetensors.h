@@ -3,9 +3,9 @@
 // an optional "__metadata__" of strings), then the tensors' bytes.
 //
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
-//                          ember::hub::ReadSafetensors(bytes,
+//                          ember::hub::read_safetensors(bytes,
 //                          "model.safetensors"));
-//   EMBER_ASSIGN_OR_RETURN(std::string file, ember::hub::WriteSafetensors(sd));
+//   EMBER_ASSIGN_OR_RETURN(std::string file, ember::hub::write_safetensors(sd));
 //
 // Reading checks what the format's specification requires: the header is
 // valid JSON (and UTF-8) within the file, each byte range matches its dtype and shape,
@@ -29,11 +29,11 @@ namespace ember::hub {
 // that is not UTF-8, a name holding NUL, more than kMaxCheckpointDims
 // dimensions); Unimplemented for a dtype of the specification Ember lacks
 // (C64, F8_*, U16/32/64 ...).
-absl::StatusOr<StateDict> ReadSafetensors(absl::string_view bytes, absl::string_view source);
+absl::StatusOr<StateDict> read_safetensors(absl::string_view bytes, absl::string_view source);
 
 // The safetensors bytes of `state_dict`, in its order. Errors:
 // InvalidArgument for a tensor not on the CPU or a duplicate name.
-absl::StatusOr<std::string> WriteSafetensors(const StateDict& state_dict);
+absl::StatusOr<std::string> write_safetensors(const StateDict& state_dict);
 
 }  // namespace ember::hub
 

@@ -31,10 +31,10 @@ absl::StatusOr<StateDict> ReadLegacyCheckpoint(absl::string_view bytes, absl::st
   uint64_t claimed = 0;  // bytes all storages need; the file must hold them
   StorageLoader load = [&](const StorageRef& ref) -> absl::StatusOr<Storage> {
     uint64_t nbytes;
-    if (__builtin_mul_overflow(static_cast<uint64_t>(ref.numel), ElementSize(ref.dtype), &nbytes) ||
+    if (__builtin_mul_overflow(static_cast<uint64_t>(ref.numel), element_size(ref.dtype), &nbytes) ||
         __builtin_add_overflow(claimed, nbytes, &claimed) || claimed > bytes.size()) {
       return bad(absl::StrCat("storage '", escape_for_terminal(ref.key), "' claims ", ref.numel,
-                              " ", std::string(DtypeName(ref.dtype)),
+                              " ", std::string(dtype_name(ref.dtype)),
                               " elements, more than the file's ", bytes.size(), " bytes hold"));
     }
     Storage storage = Storage::Allocate(nbytes, GetCpuAllocator());
@@ -108,11 +108,11 @@ absl::StatusOr<StateDict> ReadTorchCheckpoint(std::string bytes, absl::string_vi
     std::string record = absl::StrCat(prefix, "data/", ref.key);
     EMBER_ASSIGN_OR_RETURN(absl::string_view data, zip.Read(record));
     uint64_t want;
-    if (__builtin_mul_overflow(static_cast<uint64_t>(ref.numel), ElementSize(ref.dtype), &want) ||
+    if (__builtin_mul_overflow(static_cast<uint64_t>(ref.numel), element_size(ref.dtype), &want) ||
         want != data.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           source, ": storage '", ref.key, "' should hold ", ref.numel, " ",
-          std::string(DtypeName(ref.dtype)), " elements (", ref.numel * ElementSize(ref.dtype),
+          std::string(dtype_name(ref.dtype)), " elements (", ref.numel * element_size(ref.dtype),
           " bytes) but its record has ", data.size(), " bytes"));
     }
     Storage storage = Storage::Allocate(data.size(), GetCpuAllocator());

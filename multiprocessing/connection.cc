@@ -61,7 +61,7 @@ const bool kCodecRegistered = [] {
 
 }  // namespace
 
-absl::Status Connection::SendBytes(std::string_view bytes, absl::Span<const int> fds,
+absl::Status Connection::send_bytes(std::string_view bytes, absl::Span<const int> fds,
                                    absl::Duration timeout) {
   if (!valid()) return absl::FailedPreconditionError("Send on a closed connection");
   if (bytes.size() > kMaxMessageBytes) {
@@ -126,14 +126,14 @@ absl::Status Connection::SendBytes(std::string_view bytes, absl::Span<const int>
   }
 }
 
-absl::Status Connection::Send(const Value& value, absl::Duration timeout) {
+absl::Status Connection::send(const Value& value, absl::Duration timeout) {
   EMBER_ASSIGN_OR_RETURN(EncodedMessage m, EncodeMessage(value));
-  absl::Status s = SendBytes(m.bytes, m.fds, timeout);
+  absl::Status s = send_bytes(m.bytes, m.fds, timeout);
   if (!s.ok()) AbandonMessage(m);
   return s;
 }
 
-absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
+absl::StatusOr<Value> Connection::recv(absl::Duration timeout) {
   if (!valid()) return absl::FailedPreconditionError("Receive on a closed connection");
   thread_local std::unique_ptr<char[]> buffer(new char[kMaxMessageBytes + 1]);
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxMessageFds)];
@@ -200,7 +200,7 @@ absl::StatusOr<Value> Connection::Receive(absl::Duration timeout) {
   }
 }
 
-bool Connection::Poll(absl::Duration timeout) const {
+bool Connection::poll(absl::Duration timeout) const {
   if (!valid()) return false;
   absl::StatusOr<bool> r = WaitFor(fd(), POLLIN, DeadlineOf(timeout));
   return r.ok() && *r;

@@ -55,25 +55,25 @@ class Connection {
   // share_memory_, InvalidArgument for a message over kMaxMessageBytes or
   // with too many file_descriptor storages, Unavailable when the peer is gone.
   // Nothing is sent when it fails.
-  absl::Status Send(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
+  absl::Status send(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
   // Waits up to `timeout` for a message (DeadlineExceeded); without a
   // timeout the wait is the receive call itself (no poll). Errors:
   // Unavailable when the peer closed its end, InvalidArgument for a malformed
   // message (its descriptors are closed), ResourceExhausted when descriptors
   // could not be accepted (the limit is named).
-  absl::StatusOr<Value> Receive(absl::Duration timeout = absl::InfiniteDuration());
+  absl::StatusOr<Value> recv(absl::Duration timeout = absl::InfiniteDuration());
   // True when a message is ready within `timeout`.
-  bool Poll(absl::Duration timeout = absl::ZeroDuration()) const;
+  bool poll(absl::Duration timeout = absl::ZeroDuration()) const;
 
   // Sends raw bytes and descriptors as one message (what Send does after
   // encoding; tests use it to inject malformed input).
-  absl::Status SendBytes(std::string_view bytes, absl::Span<const int> fds,
+  absl::Status send_bytes(std::string_view bytes, absl::Span<const int> fds,
                          absl::Duration timeout = absl::InfiniteDuration());
 
   bool valid() const { return fd_ != nullptr && fd_->valid(); }
   int fd() const { return fd_ != nullptr ? fd_->get() : -1; }
   // Closes the socket for every copy of this handle.
-  void Close() {
+  void close() {
     if (fd_ != nullptr) fd_->reset();
   }
 

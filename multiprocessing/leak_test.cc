@@ -34,15 +34,15 @@ TEST(LeakTest, KilledChildrenLeaveNoRegions) {
   const std::string prefix = UniquePrefix("killed");
   ASSERT_TRUE(set_shared_memory_prefix(prefix).ok());
   ASSERT_TRUE(set_sharing_strategy("file_system").ok());
-  absl::StatusOr<Queue> q = Queue::Create();
+  absl::StatusOr<Queue> q = Queue::create();
   ASSERT_TRUE(q.ok());
   std::vector<Process> children;
   for (int c = 0; c < 3; ++c) {
-    absl::StatusOr<Process> p = Process::Start([&]() -> absl::Status {
+    absl::StatusOr<Process> p = Process::start([&]() -> absl::Status {
       // Two regions sent to the parent, one kept to itself.
       Tensor kept = ones({1000});
       EMBER_RETURN_IF_ERROR(share_memory_(kept));
-      EMBER_RETURN_IF_ERROR(q->Put(Value(Value::List{ones({100}), zeros({5000})})));
+      EMBER_RETURN_IF_ERROR(q->put(Value(Value::List{ones({100}), zeros({5000})})));
       absl::SleepFor(absl::Seconds(60));
       return absl::OkStatus();
     });
@@ -51,14 +51,14 @@ TEST(LeakTest, KilledChildrenLeaveNoRegions) {
   }
   std::vector<Value> received;
   for (int c = 0; c < 3; ++c) {
-    absl::StatusOr<Value> v = q->Get(absl::Seconds(20));
+    absl::StatusOr<Value> v = q->get(absl::Seconds(20));
     ASSERT_TRUE(v.ok()) << v.status();
     received.push_back(*v);
   }
   EXPECT_GE(ShmEntries(prefix).size(), 9u);
   for (Process& p : children) {
-    p.Kill();
-    ASSERT_TRUE(p.Join(absl::Seconds(10)).ok());
+    p.kill();
+    ASSERT_TRUE(p.join(absl::Seconds(10)).ok());
   }
   // The parent still maps what it received: the data stays readable.
   EXPECT_EQ(received[0].list()[0].get_if<Tensor>()->sum().item<double>(), 100);
@@ -73,32 +73,32 @@ TEST(LeakTest, ThirtyNormalRunsLeakNoDescriptorsOrRegions) {
   ASSERT_TRUE(set_shared_memory_prefix(prefix).ok());
   auto run_once = [&](const std::string& strategy) {
     ASSERT_TRUE(set_sharing_strategy(strategy).ok());
-    absl::StatusOr<Queue> to_child = Queue::Create();
-    absl::StatusOr<Queue> to_parent = Queue::Create();
+    absl::StatusOr<Queue> to_child = Queue::create();
+    absl::StatusOr<Queue> to_parent = Queue::create();
     ASSERT_TRUE(to_child.ok() && to_parent.ok());
     Tensor t = arange(1000).to(kFloat32);
-    ASSERT_TRUE(to_child->Put(Value(t)).ok());
-    absl::Status s = Spawn(
+    ASSERT_TRUE(to_child->put(Value(t)).ok());
+    absl::Status s = spawn(
         [&](int) -> absl::Status {
-          EMBER_ASSIGN_OR_RETURN(Value v, to_child->Get(absl::Seconds(20)));
+          EMBER_ASSIGN_OR_RETURN(Value v, to_child->get(absl::Seconds(20)));
           EMBER_ASSIGN_OR_RETURN(Tensor got, v.as<Tensor>());
           got.mul_(2);
-          return to_parent->Put(Value(Value::List{got, ones({300})}));
+          return to_parent->put(Value(Value::List{got, ones({300})}));
         },
         1);
     ASSERT_TRUE(s.ok()) << s;
-    absl::StatusOr<Value> back = to_parent->Get(absl::Seconds(20));
+    absl::StatusOr<Value> back = to_parent->get(absl::Seconds(20));
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(back->list()[0].get_if<Tensor>()->sum().item<double>(), 999 * 1000);
     EXPECT_EQ(t.sum().item<double>(), 999 * 1000);
   };
   for (const std::string strategy : {"file_descriptor", "file_system"}) {
     run_once(strategy);  // warms up: the manager connection, thread-locals
-    EmptySharedMemoryCache();
+    empty_shared_memory_cache();
     const int fds = testing::OpenFdCount();
     for (int rep = 0; rep < 30; ++rep) {
       run_once(strategy);
-      EmptySharedMemoryCache();
+      empty_shared_memory_cache();
       ASSERT_EQ(testing::OpenFdCount(), fds) << strategy << " repetition " << rep;
       ASSERT_EQ(ShmEntries(prefix).size(), 0u) << strategy << " repetition " << rep;
     }
@@ -108,8 +108,8 @@ TEST(LeakTest, ThirtyNormalRunsLeakNoDescriptorsOrRegions) {
 
 // Runs `fn` in a child and returns its status; kSkipExitCode means skipped.
 absl::StatusOr<ExitStatus> InChild(std::function<absl::Status()> fn, std::string* message) {
-  EMBER_ASSIGN_OR_RETURN(Process p, Process::Start(std::move(fn)));
-  EMBER_ASSIGN_OR_RETURN(ExitStatus e, p.Join(absl::Seconds(30)));
+  EMBER_ASSIGN_OR_RETURN(Process p, Process::start(std::move(fn)));
+  EMBER_ASSIGN_OR_RETURN(ExitStatus e, p.join(absl::Seconds(30)));
   *message = p.error_message();
   return e;
 }
@@ -143,20 +143,20 @@ TEST(LimitTest, TooFewDescriptorsToReceiveGivesAClearError) {
   std::vector<Tensor> many;
   Value::List list;
   for (int i = 0; i < 16; ++i) list.push_back(ones({4}));
-  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+  absl::StatusOr<Process> child = Process::start([&]() -> absl::Status {
     rlimit rl;
     ::getrlimit(RLIMIT_NOFILE, &rl);
     rl.rlim_cur = testing::OpenFdCount() + 4;
     ::setrlimit(RLIMIT_NOFILE, &rl);
-    EMBER_RETURN_IF_ERROR(pipe->second.Send(Value("limit lowered")));
-    absl::StatusOr<Value> v = pipe->second.Receive(absl::Seconds(20));
+    EMBER_RETURN_IF_ERROR(pipe->second.send(Value("limit lowered")));
+    absl::StatusOr<Value> v = pipe->second.recv(absl::Seconds(20));
     return v.ok() ? absl::InternalError("16 descriptors arrived under a limit of a few")
                   : v.status();
   });
   ASSERT_TRUE(child.ok());
-  ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok());
-  ASSERT_TRUE(pipe->first.Send(Value(list)).ok());
-  ASSERT_TRUE(child->Join(absl::Seconds(20)).ok());
+  ASSERT_TRUE(pipe->first.recv(absl::Seconds(20)).ok());
+  ASSERT_TRUE(pipe->first.send(Value(list)).ok());
+  ASSERT_TRUE(child->join(absl::Seconds(20)).ok());
   EXPECT_THAT(child->error_message(), HasSubstr("descriptor limit (RLIMIT_NOFILE"));
 }
 

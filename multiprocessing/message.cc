@@ -153,7 +153,7 @@ struct Encoder {
     auto [it, fresh] =
         storage_index.try_emplace(storage.id(), static_cast<uint32_t>(message->storages.size()));
     if (fresh) {
-      EMBER_ASSIGN_OR_RETURN(SharingHandler * h, GetSharingHandler(storage.device().type()));
+      EMBER_ASSIGN_OR_RETURN(SharingHandler * h, get_sharing_handler(storage.device().type()));
       EMBER_RETURN_IF_ERROR(h->Share(storage));
       EMBER_ASSIGN_OR_RETURN(ExportedStorage e, h->Export(storage));
       message->storages.push_back(std::move(e));
@@ -272,7 +272,7 @@ struct Decoder {
     EMBER_RETURN_IF_ERROR(in.Get(ndim));
     if (dtype < 0 || dtype >= kNumDtypes) return Malformed(absl::StrCat("dtype code ", dtype));
     if (ndim > kMaxDims) return Malformed(absl::StrCat(ndim, " dimensions"));
-    if ((flags & kRequiresGrad) && !IsFloatingPoint(static_cast<Dtype>(dtype))) {
+    if ((flags & kRequiresGrad) && !is_floating_point(static_cast<Dtype>(dtype))) {
       return Malformed(absl::StrCat("requires_grad on a tensor of dtype code ", dtype));
     }
     SizeVector sizes(ndim), strides(ndim);
@@ -288,7 +288,7 @@ struct Decoder {
     const Storage& storage = storages[index];
     const Dtype dt = static_cast<Dtype>(dtype);
     // The furthest element must lie inside the storage (128-bit: no overflow).
-    const int64_t limit = static_cast<int64_t>(storage.nbytes() / ElementSize(dt));
+    const int64_t limit = static_cast<int64_t>(storage.nbytes() / element_size(dt));
     bool empty = false;
     for (int64_t n : sizes) empty |= (n == 0);
     if (offset < 0) return Malformed(absl::StrCat("storage offset ", offset));
@@ -361,7 +361,7 @@ void RegisterChannelCodec(ChannelKind kind, ChannelCodec codec) {
 
 void AbandonMessage(EncodedMessage& message) {
   for (ExportedStorage& e : message.storages) {
-    if (absl::StatusOr<SharingHandler*> h = GetSharingHandler(e.source.device().type()); h.ok()) {
+    if (absl::StatusOr<SharingHandler*> h = get_sharing_handler(e.source.device().type()); h.ok()) {
       (*h)->Abandon(e);
     }
   }
@@ -398,7 +398,7 @@ absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<UniqueFd
                                     fds.size() - next_fd, " arrived"));
     }
     for (uint8_t k = 0; k < nfds; ++k) r.fds.push_back(std::move(fds[next_fd++]));
-    EMBER_ASSIGN_OR_RETURN(SharingHandler * h, GetSharingHandler(static_cast<DeviceType>(device)));
+    EMBER_ASSIGN_OR_RETURN(SharingHandler * h, get_sharing_handler(static_cast<DeviceType>(device)));
     EMBER_ASSIGN_OR_RETURN(Storage s, h->Import(std::move(r)));
     dec.storages.push_back(std::move(s));
   }

@@ -43,9 +43,9 @@ absl::Status load_shared_state(const NamedTensors& state, const Value& shared) {
     if (s->dtype() != t.dtype() || s->sizes() != t.sizes() || s->strides() != t.strides() ||
         s->storage_offset() != t.storage_offset() ||
         s->storage().nbytes() != t.storage().nbytes()) {
-      errors.push_back(absl::StrCat("'", name, "' is ", std::string(DtypeName(s->dtype())), " [",
+      errors.push_back(absl::StrCat("'", name, "' is ", std::string(dtype_name(s->dtype())), " [",
                                     absl::StrJoin(s->sizes(), ", "), "] in the shared state but ",
-                                    std::string(DtypeName(t.dtype())), " [",
+                                    std::string(dtype_name(t.dtype())), " [",
                                     absl::StrJoin(t.sizes(), ", "),
                                     "] here (or its layout differs)"));
       continue;

@@ -80,7 +80,7 @@ absl::StatusOr<std::vector<Value>> ReceiveArguments() {
   }
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   Connection from_parent{UniqueFd(fd)};
-  absl::StatusOr<Value> args = from_parent.Receive(kArgumentsTimeout);
+  absl::StatusOr<Value> args = from_parent.recv(kArgumentsTimeout);
   if (!args.ok()) {
     return absl::Status(
         args.status().code(),
@@ -134,7 +134,7 @@ std::string SelfExe() {
 
 }  // namespace
 
-std::string ExitStatus::ToString() const {
+std::string ExitStatus::str() const {
   if (signal != 0) {
     const char* abbrev = ::sigabbrev_np(signal);
     return abbrev != nullptr ? absl::StrCat("signal SIG", abbrev) : absl::StrCat("signal ", signal);
@@ -142,12 +142,12 @@ std::string ExitStatus::ToString() const {
   return absl::StrCat("exit code ", exit_code);
 }
 
-void RegisterEntryPoint(const std::string& name, EntryPoint fn) {
+void register_entry_point(const std::string& name, EntryPoint fn) {
   std::lock_guard lock(EntryPointsMu());
   EntryPoints()[name] = fn;
 }
 
-void MaybeRunSpawnedChild() {
+void maybe_run_spawned_child() {
   const char* name = std::getenv("EMBER_MP_ENTRY_POINT");
   if (name == nullptr) return;
   std::string entry = name;
@@ -168,7 +168,7 @@ void MaybeRunSpawnedChild() {
   FinishChild(status, error_fd);
 }
 
-absl::StatusOr<Process> Process::Start(std::function<absl::Status()> fn) {
+absl::StatusOr<Process> Process::start(std::function<absl::Status()> fn) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
     return absl::UnavailableError(absl::StrCat("Process: pipe: ", std::strerror(errno)));
@@ -195,7 +195,7 @@ absl::StatusOr<Process> Process::Start(std::function<absl::Status()> fn) {
   return proc;
 }
 
-absl::StatusOr<Process> Process::StartSpawn(const std::string& entry_point, int rank,
+absl::StatusOr<Process> Process::start_spawn(const std::string& entry_point, int rank,
                                             std::vector<Value> args) {
   if (absl::StatusOr<EntryPoint> fn = FindEntryPoint(entry_point); !fn.ok()) {
     return absl::NotFoundError(absl::StrCat("StartSpawn: ", fn.status().message()));
@@ -249,11 +249,11 @@ absl::StatusOr<Process> Process::StartSpawn(const std::string& entry_point, int 
   Process proc;
   proc.pid_ = pid;
   proc.error_pipe_ = std::move(read_end);
-  arguments.second.Close();  // the child's now: a child gone early makes Send fail
-  absl::Status sent = arguments.first.Send(Value(Value::List(std::move(args))), kArgumentsTimeout);
+  arguments.second.close();  // the child's now: a child gone early makes Send fail
+  absl::Status sent = arguments.first.send(Value(Value::List(std::move(args))), kArgumentsTimeout);
   if (!sent.ok()) {
-    proc.Kill();
-    (void)proc.Join();
+    proc.kill();
+    (void)proc.join();
     return absl::Status(sent.code(), absl::StrCat("StartSpawn: sending the arguments to process ",
                                                   rank, ": ", sent.message()));
   }
@@ -265,8 +265,8 @@ Process::Process(Process&& other) noexcept { *this = std::move(other); }
 Process& Process::operator=(Process&& other) noexcept {
   if (this != &other) {
     if (pid_ > 0 && !exit_) {
-      Kill();
-      (void)Join();
+      kill();
+      (void)join();
     }
     pid_ = std::exchange(other.pid_, -1);
     error_pipe_ = std::move(other.error_pipe_);
@@ -278,8 +278,8 @@ Process& Process::operator=(Process&& other) noexcept {
 
 Process::~Process() {
   if (pid_ > 0 && !exit_) {
-    Kill();
-    (void)Join();
+    kill();
+    (void)join();
   }
 }
 
@@ -301,7 +301,7 @@ void Process::Reap(int wait_status) {
   error_pipe_.reset();
 }
 
-absl::StatusOr<ExitStatus> Process::Join(absl::Duration timeout) {
+absl::StatusOr<ExitStatus> Process::join(absl::Duration timeout) {
   if (exit_) return *exit_;
   if (pid_ <= 0) return absl::FailedPreconditionError("Join: no process");
   const absl::Time deadline =
@@ -328,18 +328,18 @@ absl::StatusOr<ExitStatus> Process::Join(absl::Duration timeout) {
 
 bool Process::is_alive() {
   if (exit_ || pid_ <= 0) return false;
-  return !Join(absl::ZeroDuration()).ok();
+  return !join(absl::ZeroDuration()).ok();
 }
 
-void Process::Terminate() {
+void Process::terminate() {
   if (pid_ > 0 && !exit_) ::kill(pid_, SIGTERM);
 }
 
-void Process::Kill() {
+void Process::kill() {
   if (pid_ > 0 && !exit_) ::kill(pid_, SIGKILL);
 }
 
-absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
+absl::Status spawn(std::function<absl::Status(int rank)> fn, int nprocs,
                    const SpawnOptions& options) {
   if (nprocs < 1) {
     return absl::InvalidArgumentError(absl::StrCat("Spawn: nprocs must be >= 1, got ", nprocs));
@@ -352,18 +352,18 @@ absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
   const Context context(options.start_method);
   std::vector<Process> procs;
   auto stop_all = [&] {
-    for (Process& p : procs) p.Terminate();
+    for (Process& p : procs) p.terminate();
     absl::Time deadline = absl::Now() + options.terminate_grace;
     for (Process& p : procs) {
-      if (!p.Join(std::max(deadline - absl::Now(), absl::ZeroDuration())).ok()) {
-        p.Kill();
-        (void)p.Join();
+      if (!p.join(std::max(deadline - absl::Now(), absl::ZeroDuration())).ok()) {
+        p.kill();
+        (void)p.join();
       }
     }
   };
   for (int rank = 0; rank < nprocs; ++rank) {
     absl::StatusOr<Process> p = options.start_method == StartMethod::kFork && fn
-                                    ? Process::Start([&fn, rank] { return fn(rank); })
+                                    ? Process::start([&fn, rank] { return fn(rank); })
                                     : context.process(options.entry_point, options.args, rank);
     if (!p.ok()) {
       stop_all();
@@ -379,7 +379,7 @@ absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
   while (true) {
     bool all_done = true;
     for (int rank = 0; rank < nprocs; ++rank) {
-      absl::StatusOr<ExitStatus> e = procs[rank].Join(absl::ZeroDuration());
+      absl::StatusOr<ExitStatus> e = procs[rank].join(absl::ZeroDuration());
       if (!e.ok()) {
         all_done = false;
         continue;
@@ -388,7 +388,7 @@ absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
         std::string message = procs[rank].error_message();
         stop_all();
         return absl::InternalError(absl::StrCat("process ", rank, " terminated with ",
-                                                e->ToString(),
+                                                e->str(),
                                                 message.empty() ? "" : ": " + message));
       }
     }
@@ -444,10 +444,10 @@ std::string Context::get_start_method() const { return StartMethodName(method_);
 
 absl::StatusOr<Process> Context::process(const std::string& target, std::vector<Value> args,
                                          int rank) const {
-  if (method_ == StartMethod::kSpawn) return Process::StartSpawn(target, rank, std::move(args));
+  if (method_ == StartMethod::kSpawn) return Process::start_spawn(target, rank, std::move(args));
   absl::StatusOr<EntryPoint> fn = FindEntryPoint(target);
   if (!fn.ok()) return absl::NotFoundError(absl::StrCat("process: ", fn.status().message()));
-  return Process::Start(
+  return Process::start(
       [fn = *fn, rank, args = std::move(args)]() -> absl::Status { return fn(rank, args); });
 }
 
@@ -456,7 +456,7 @@ absl::Status Context::spawn(const std::string& entry_point, std::vector<Value> a
   options.start_method = method_;
   options.entry_point = entry_point;
   options.args = std::move(args);
-  return Spawn(nullptr, nprocs, options);
+  return multiprocessing::spawn(nullptr, nprocs, options);
 }
 
 }  // namespace ember::multiprocessing

@@ -1,7 +1,7 @@
 // Process and Spawn: run functions in child processes
 // (torch.multiprocessing.Process / spawn), with PyTorch's start methods.
 //
-//   absl::Status s = Spawn([&](int rank) -> absl::Status {
+//   absl::Status s = spawn([&](int rank) -> absl::Status {
 //     return Train(rank, shared_weights);   // runs in child `rank`
 //   }, /*nprocs=*/4);
 //   // s names the first failing rank and its message, e.g.
@@ -23,7 +23,7 @@
 //     running is only safe when the function avoids locks those threads may
 //     hold.
 //   spawn (StartMethod::kSpawn): the child re-executes the current binary,
-//     whose main() must call MaybeRunSpawnedChild() first; that runs the entry
+//     whose main() must call maybe_run_spawned_child() first; that runs the entry
 //     point registered under the given name (EMBER_REGISTER_ENTRY_POINT) with
 //     the child's rank and arguments, then exits. The arguments are Values
 //     (value.h: plain values, shared tensors, Queues, Pipes' Connections),
@@ -67,33 +67,33 @@ struct ExitStatus {
   int signal = 0;
   bool ok() const { return signal == 0 && exit_code == 0; }
   // "exit code 3" or "signal SIGKILL".
-  std::string ToString() const;
+  std::string str() const;
 };
 
 // What a registered entry point runs: its rank and the arguments it was given
 // (under the spawn method, rebuilt in the child from what the parent passed).
 using EntryPoint = absl::Status (*)(int rank, absl::Span<const Value> args);
 // Registers `fn` under `name` (at start-up, e.g. via the macro below).
-void RegisterEntryPoint(const std::string& name, EntryPoint fn);
+void register_entry_point(const std::string& name, EntryPoint fn);
 #define EMBER_REGISTER_ENTRY_POINT(name, fn)                \
   static const bool ember_entry_point_##fn = [] {           \
-    ::ember::multiprocessing::RegisterEntryPoint(name, fn); \
+    ::ember::multiprocessing::register_entry_point(name, fn); \
     return true;                                            \
   }()
 // Call first in main(): in a process started with kSpawn, runs its entry
 // point and exits (never returns); otherwise returns at once.
-void MaybeRunSpawnedChild();
+void maybe_run_spawned_child();
 
 class Process {
  public:
   // Forks a child running `fn` (kFork). Errors: Unavailable when fork fails.
-  static absl::StatusOr<Process> Start(std::function<absl::Status()> fn);
+  static absl::StatusOr<Process> start(std::function<absl::Status()> fn);
   // Re-executes this binary running entry point `entry_point` with `rank`
   // and `args` (kSpawn), which are sent to the child as a message; their
   // tensors are moved to shared memory first. NotFound when `entry_point` is
   // not registered here; the errors of Connection::Send when `args` cannot
   // be sent (the child is killed then).
-  static absl::StatusOr<Process> StartSpawn(const std::string& entry_point, int rank,
+  static absl::StatusOr<Process> start_spawn(const std::string& entry_point, int rank,
                                             std::vector<Value> args = {});
 
   Process(Process&& other) noexcept;
@@ -104,12 +104,12 @@ class Process {
   pid_t pid() const { return pid_; }
   // Waits up to `timeout` for the child to end (DeadlineExceeded while it
   // runs). Returns the same status on every later call.
-  absl::StatusOr<ExitStatus> Join(absl::Duration timeout = absl::InfiniteDuration());
+  absl::StatusOr<ExitStatus> join(absl::Duration timeout = absl::InfiniteDuration());
   bool is_alive();
   // The failure message the child reported ("" when none), once joined.
   const std::string& error_message() const { return error_message_; }
-  void Terminate();  // SIGTERM
-  void Kill();       // SIGKILL
+  void terminate();  // SIGTERM
+  void kill();       // SIGKILL
 
  private:
   Process() = default;
@@ -138,7 +138,7 @@ struct SpawnOptions {
 // are terminated and the error names the failing rank, how it ended and its
 // message ("process 1 terminated with signal SIGKILL", "process 2 terminated
 // with exit code 1: <message>"). InvalidArgument for nprocs < 1.
-absl::Status Spawn(std::function<absl::Status(int rank)> fn, int nprocs,
+absl::Status spawn(std::function<absl::Status(int rank)> fn, int nprocs,
                    const SpawnOptions& options = {});
 
 // Start methods, as Python's multiprocessing names them.
@@ -164,7 +164,7 @@ class Context {
   // handed over as they are; under spawn they are sent (Process::StartSpawn).
   absl::StatusOr<Process> process(const std::string& target, std::vector<Value> args = {},
                                   int rank = 0) const;
-  // Spawn(entry_point, nprocs) with this start method: every rank gets
+  // spawn(entry_point, nprocs) with this start method: every rank gets
   // `args` (torch.multiprocessing.spawn(fn, args, nprocs, start_method)).
   // `options.start_method`, `entry_point` and `args` are replaced.
   absl::Status spawn(const std::string& entry_point, std::vector<Value> args, int nprocs,

@@ -27,7 +27,7 @@ using ::testing::HasSubstr;
 // test (gtest_main owns main()).
 class SpawnedChildEnvironment : public ::testing::Environment {
  public:
-  void SetUp() override { MaybeRunSpawnedChild(); }
+  void SetUp() override { maybe_run_spawned_child(); }
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new SpawnedChildEnvironment);
 
@@ -65,51 +65,51 @@ SpawnOptions Options(absl::Duration timeout, absl::Duration grace = absl::Second
 }
 
 TEST(ProcessTest, ReportsExitCodeAndFailureMessage) {
-  absl::StatusOr<Process> ok = Process::Start([] { return absl::OkStatus(); });
+  absl::StatusOr<Process> ok = Process::start([] { return absl::OkStatus(); });
   ASSERT_TRUE(ok.ok());
-  absl::StatusOr<ExitStatus> e = ok->Join(absl::Seconds(10));
+  absl::StatusOr<ExitStatus> e = ok->join(absl::Seconds(10));
   ASSERT_TRUE(e.ok());
   EXPECT_TRUE(e->ok());
 
   absl::StatusOr<Process> bad =
-      Process::Start([] { return absl::InvalidArgumentError("bad batch size 0"); });
+      Process::start([] { return absl::InvalidArgumentError("bad batch size 0"); });
   ASSERT_TRUE(bad.ok());
-  e = bad->Join(absl::Seconds(10));
+  e = bad->join(absl::Seconds(10));
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->exit_code, 1);
-  EXPECT_EQ(e->ToString(), "exit code 1");
+  EXPECT_EQ(e->str(), "exit code 1");
   EXPECT_EQ(bad->error_message(), "bad batch size 0");
 
   absl::StatusOr<Process> thrower =
-      Process::Start([]() -> absl::Status { throw std::runtime_error("shape mismatch"); });
+      Process::start([]() -> absl::Status { throw std::runtime_error("shape mismatch"); });
   ASSERT_TRUE(thrower.ok());
-  ASSERT_TRUE(thrower->Join(absl::Seconds(10)).ok());
+  ASSERT_TRUE(thrower->join(absl::Seconds(10)).ok());
   EXPECT_THAT(thrower->error_message(), HasSubstr("shape mismatch"));
 }
 
 TEST(ProcessTest, ReportsTheKillingSignal) {
-  absl::StatusOr<Process> p = Process::Start([] {
+  absl::StatusOr<Process> p = Process::start([] {
     ::raise(SIGSEGV);
     return absl::OkStatus();
   });
   ASSERT_TRUE(p.ok());
-  absl::StatusOr<ExitStatus> e = p->Join(absl::Seconds(10));
+  absl::StatusOr<ExitStatus> e = p->join(absl::Seconds(10));
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->signal, SIGSEGV);
-  EXPECT_EQ(e->ToString(), "signal SIGSEGV");
+  EXPECT_EQ(e->str(), "signal SIGSEGV");
 }
 
 TEST(ProcessTest, JoinTimesOutThenKillWorks) {
-  absl::StatusOr<Process> p = Process::Start([] {
+  absl::StatusOr<Process> p = Process::start([] {
     absl::SleepFor(absl::Seconds(30));
     return absl::OkStatus();
   });
   ASSERT_TRUE(p.ok());
-  absl::StatusOr<ExitStatus> e = p->Join(absl::Milliseconds(50));
+  absl::StatusOr<ExitStatus> e = p->join(absl::Milliseconds(50));
   EXPECT_EQ(e.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(p->is_alive());
-  p->Kill();
-  e = p->Join(absl::Seconds(10));
+  p->kill();
+  e = p->join(absl::Seconds(10));
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->signal, SIGKILL);
   EXPECT_FALSE(p->is_alive());
@@ -118,29 +118,29 @@ TEST(ProcessTest, JoinTimesOutThenKillWorks) {
 TEST(ProcessTest, ChildrenDieWithTheirParent) {
   auto pipe = Pipe();
   ASSERT_TRUE(pipe.ok());
-  absl::StatusOr<Process> parent = Process::Start([&]() -> absl::Status {
-    EMBER_ASSIGN_OR_RETURN(Process grandchild, Process::Start([] {
+  absl::StatusOr<Process> parent = Process::start([&]() -> absl::Status {
+    EMBER_ASSIGN_OR_RETURN(Process grandchild, Process::start([] {
                              absl::SleepFor(absl::Seconds(60));
                              return absl::OkStatus();
                            }));
-    EMBER_RETURN_IF_ERROR(pipe->second.Send(Value(static_cast<int64_t>(grandchild.pid()))));
+    EMBER_RETURN_IF_ERROR(pipe->second.send(Value(static_cast<int64_t>(grandchild.pid()))));
     absl::SleepFor(absl::Seconds(60));
     return absl::OkStatus();
   });
   ASSERT_TRUE(parent.ok());
-  absl::StatusOr<Value> v = pipe->first.Receive(absl::Seconds(10));
+  absl::StatusOr<Value> v = pipe->first.recv(absl::Seconds(10));
   ASSERT_TRUE(v.ok()) << v.status();
   pid_t grandchild = static_cast<pid_t>(*v->get_if<int64_t>());
   EXPECT_FALSE(IsDead(grandchild));
-  parent->Kill();
-  ASSERT_TRUE(parent->Join(absl::Seconds(10)).ok());
+  parent->kill();
+  ASSERT_TRUE(parent->join(absl::Seconds(10)).ok());
   EXPECT_TRUE(testing::WaitUntil([&] { return IsDead(grandchild); }, absl::Seconds(10)));
 }
 
 TEST(SpawnTest, AllRanksRunAndWriteSharedMemory) {
   Tensor seen = zeros({4}, kInt64);
   ASSERT_TRUE(share_memory_(seen).ok());
-  absl::Status s = Spawn(
+  absl::Status s = spawn(
       [&](int rank) {
         seen[rank].fill_(rank + 10);
         return absl::OkStatus();
@@ -152,7 +152,7 @@ TEST(SpawnTest, AllRanksRunAndWriteSharedMemory) {
 
 TEST(SpawnTest, AFailingRankStopsTheOthersAndIsNamed) {
   absl::Time start = absl::Now();
-  absl::Status s = Spawn(
+  absl::Status s = spawn(
       [](int rank) -> absl::Status {
         if (rank == 2) return absl::InternalError("loss is NaN at step 7");
         absl::SleepFor(absl::Seconds(60));
@@ -164,7 +164,7 @@ TEST(SpawnTest, AFailingRankStopsTheOthersAndIsNamed) {
 }
 
 TEST(SpawnTest, TimeoutTerminatesEveryone) {
-  absl::Status s = Spawn(
+  absl::Status s = spawn(
       [](int) {
         absl::SleepFor(absl::Seconds(60));
         return absl::OkStatus();
@@ -175,9 +175,9 @@ TEST(SpawnTest, TimeoutTerminatesEveryone) {
 }
 
 TEST(SpawnTest, RejectsNoProcesses) {
-  EXPECT_EQ(Spawn([](int) { return absl::OkStatus(); }, 0).code(),
+  EXPECT_EQ(spawn([](int) { return absl::OkStatus(); }, 0).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Spawn(nullptr, 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spawn(nullptr, 2).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SpawnTest, ReExecRunsTheRegisteredEntryPoint) {
@@ -185,23 +185,23 @@ TEST(SpawnTest, ReExecRunsTheRegisteredEntryPoint) {
   options.start_method = StartMethod::kSpawn;
   options.entry_point = "echo_args";
   options.args = {"alpha", "beta gamma"};
-  absl::Status s = Spawn(nullptr, 2, options);
+  absl::Status s = spawn(nullptr, 2, options);
   EXPECT_EQ(s.message(), "process 1 terminated with exit code 1: rank 1 refuses");
 }
 
 TEST(SpawnTest, AMissingManagerBinaryIsNamed) {
   ::setenv("EMBER_SHM_MANAGER", "/nonexistent/shm_manager", 1);
-  absl::StatusOr<Process> p = Process::StartSpawn("share_without_manager", 0);
+  absl::StatusOr<Process> p = Process::start_spawn("share_without_manager", 0);
   ::unsetenv("EMBER_SHM_MANAGER");
   ASSERT_TRUE(p.ok()) << p.status();
-  ASSERT_TRUE(p->Join(absl::Seconds(20)).ok());
+  ASSERT_TRUE(p->join(absl::Seconds(20)).ok());
   EXPECT_THAT(p->error_message(),
               HasSubstr("$EMBER_SHM_MANAGER='/nonexistent/shm_manager' is not an "
                         "executable file"));
 }
 
 TEST(SpawnTest, UnknownEntryPointIsNotFound) {
-  absl::StatusOr<Process> p = Process::StartSpawn("no_such_entry", 0);
+  absl::StatusOr<Process> p = Process::start_spawn("no_such_entry", 0);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(p.status().message(), HasSubstr("'no_such_entry'"));
 }

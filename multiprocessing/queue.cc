@@ -16,22 +16,22 @@
 
 namespace ember::multiprocessing {
 
-absl::StatusOr<SimpleQueue> SimpleQueue::Create() {
+absl::StatusOr<SimpleQueue> SimpleQueue::create() {
   EMBER_ASSIGN_OR_RETURN(auto pair, Pipe(/*duplex=*/true));
   SimpleQueue q;
   q.ends_ = std::make_shared<Ends>(Ends{std::move(pair.first), std::move(pair.second)});
   return q;
 }
 
-absl::Status SimpleQueue::Put(const Value& value, absl::Duration timeout) {
-  return ends_->put.Send(value, timeout);
+absl::Status SimpleQueue::put(const Value& value, absl::Duration timeout) {
+  return ends_->put.send(value, timeout);
 }
 
-absl::StatusOr<Value> SimpleQueue::Get(absl::Duration timeout) {
-  return ends_->get.Receive(timeout);
+absl::StatusOr<Value> SimpleQueue::get(absl::Duration timeout) {
+  return ends_->get.recv(timeout);
 }
 
-bool SimpleQueue::empty() const { return !ends_->get.Poll(); }
+bool SimpleQueue::empty() const { return !ends_->get.poll(); }
 
 absl::StatusOr<std::string> SimpleQueue::Encode(const Value& value, std::vector<int>& fds) {
   const SimpleQueue& q = *value.get_if<SimpleQueue>();
@@ -80,9 +80,9 @@ struct Queue::Shared {
   }
 };
 
-absl::StatusOr<Queue> Queue::Create(int64_t maxsize) {
+absl::StatusOr<Queue> Queue::create(int64_t maxsize) {
   Queue q;
-  EMBER_ASSIGN_OR_RETURN(q.queue_, SimpleQueue::Create());
+  EMBER_ASSIGN_OR_RETURN(q.queue_, SimpleQueue::create());
   q.maxsize_ = maxsize > 0 ? maxsize : 0;
   UniqueFd fd(::memfd_create("ember_queue", MFD_CLOEXEC));
   if (!fd.valid() || ::ftruncate(fd.get(), sizeof(Shared::Page)) != 0) {
@@ -102,7 +102,7 @@ absl::StatusOr<Queue> Queue::Create(int64_t maxsize) {
   return q;
 }
 
-absl::Status Queue::Put(const Value& value, absl::Duration timeout) {
+absl::Status Queue::put(const Value& value, absl::Duration timeout) {
   const absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   if (maxsize_ > 0) {
@@ -128,7 +128,7 @@ absl::Status Queue::Put(const Value& value, absl::Duration timeout) {
                             ? absl::InfiniteDuration()
                             : std::max(deadline - absl::Now(), absl::ZeroDuration());
   shared_->page->size.fetch_add(1);
-  absl::Status s = queue_.Put(value, left);
+  absl::Status s = queue_.put(value, left);
   if (!s.ok()) {
     shared_->page->size.fetch_sub(1);
     if (maxsize_ > 0) ::sem_post(&shared_->page->free_slots);
@@ -136,8 +136,8 @@ absl::Status Queue::Put(const Value& value, absl::Duration timeout) {
   return s;
 }
 
-absl::StatusOr<Value> Queue::Get(absl::Duration timeout) {
-  absl::StatusOr<Value> v = queue_.Get(timeout);
+absl::StatusOr<Value> Queue::get(absl::Duration timeout) {
+  absl::StatusOr<Value> v = queue_.get(timeout);
   // A malformed message still left the queue.
   if (v.ok() || absl::IsInvalidArgument(v.status()) || absl::IsResourceExhausted(v.status())) {
     shared_->page->size.fetch_sub(1);

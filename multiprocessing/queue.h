@@ -1,7 +1,7 @@
 // Queue and SimpleQueue: multi-producer, multi-consumer queues of Values
 // between processes (torch.multiprocessing.Queue / SimpleQueue).
 //
-//   absl::StatusOr<Queue> q = Queue::Create();
+//   absl::StatusOr<Queue> q = Queue::create();
 //   // ... Process::Start a child that calls q->Get(absl::Seconds(10)) ...
 //   EMBER_RETURN_IF_ERROR(q->Put(Value(weights)));   // weights now in shared
 //   memory
@@ -42,14 +42,14 @@ namespace ember::multiprocessing {
 class SimpleQueue {
  public:
   // Errors: ResourceExhausted when no descriptors are left.
-  static absl::StatusOr<SimpleQueue> Create();
+  static absl::StatusOr<SimpleQueue> create();
 
   // Blocks while the socket buffer is full, up to `timeout`. Errors: see
   // Connection::Send.
-  absl::Status Put(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
+  absl::Status put(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
   // Blocks up to `timeout` for a message (DeadlineExceeded). Errors: see
   // Connection::Receive.
-  absl::StatusOr<Value> Get(absl::Duration timeout = absl::InfiniteDuration());
+  absl::StatusOr<Value> get(absl::Duration timeout = absl::InfiniteDuration());
   // True when no message is waiting (a snapshot).
   bool empty() const;
 
@@ -74,13 +74,13 @@ class Queue {
  public:
   // `maxsize` <= 0: unbounded. Errors: ResourceExhausted (descriptors,
   // memory).
-  static absl::StatusOr<Queue> Create(int64_t maxsize = 0);
+  static absl::StatusOr<Queue> create(int64_t maxsize = 0);
 
   // Waits up to `timeout` for room when the queue holds `maxsize` messages
   // (DeadlineExceeded, naming maxsize), then sends. Errors: see
   // Connection::Send.
-  absl::Status Put(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
-  absl::StatusOr<Value> Get(absl::Duration timeout = absl::InfiniteDuration());
+  absl::Status put(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
+  absl::StatusOr<Value> get(absl::Duration timeout = absl::InfiniteDuration());
   // Messages put and not yet got, across all processes (a snapshot).
   int64_t qsize() const;
   bool empty() const { return qsize() == 0; }

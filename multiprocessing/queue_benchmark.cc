@@ -68,23 +68,23 @@ void BM_QueueRoundTrip(benchmark::State& state) {
   // The peer runs first, alone, under the same conditions as what follows.
   const double torch = TorchRate(strategy, nbytes);
   if (!set_sharing_strategy(strategy).ok()) return state.SkipWithError("strategy");
-  absl::StatusOr<Queue> in = Queue::Create(), out = Queue::Create();
+  absl::StatusOr<Queue> in = Queue::create(), out = Queue::create();
   if (!in.ok() || !out.ok()) return state.SkipWithError("queue");
-  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+  absl::StatusOr<Process> child = Process::start([&]() -> absl::Status {
     while (true) {
-      absl::StatusOr<Value> v = in->Get();
+      absl::StatusOr<Value> v = in->get();
       if (!v.ok()) return v.status();
       const Tensor* t = v->get_if<Tensor>();
       if (t == nullptr) return absl::OkStatus();  // None: stop
-      absl::Status s = out->Put(Value(t->numel()), absl::Seconds(60));
+      absl::Status s = out->put(Value(t->numel()), absl::Seconds(60));
       if (!s.ok()) return s;
     }
   });
   if (!child.ok()) return state.SkipWithError("fork");
   auto round_trip = [&] {
     Tensor t = zeros({nbytes / 4});
-    if (!in->Put(Value(t), absl::Seconds(60)).ok()) return false;
-    absl::StatusOr<Value> ack = out->Get();
+    if (!in->put(Value(t), absl::Seconds(60)).ok()) return false;
+    absl::StatusOr<Value> ack = out->get();
     return ack.ok() && *ack->get_if<int64_t>() == nbytes / 4;
   };
   for (int i = 0; i < 5; ++i) round_trip();  // warm-up, as the peer does
@@ -96,8 +96,8 @@ void BM_QueueRoundTrip(benchmark::State& state) {
     }
   }
   const double rate = state.iterations() / absl::ToDoubleSeconds(absl::Now() - start);
-  (void)in->Put(Value());
-  (void)child->Join(absl::Seconds(60));
+  (void)in->put(Value());
+  (void)child->join(absl::Seconds(60));
   state.counters["msgs_per_s"] = rate;
   state.SetBytesProcessed(state.iterations() * nbytes);
   if (torch > 0) {
@@ -114,7 +114,7 @@ void BM_SocketPingPong(benchmark::State& state) {
   }
   UniqueFd parent_end(sv[0]), child_end(sv[1]);
   char buf[64] = {};
-  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+  absl::StatusOr<Process> child = Process::start([&]() -> absl::Status {
     while (true) {
       ssize_t n = ::recv(child_end.get(), buf, sizeof(buf), 0);
       if (n <= 0 || buf[0] == 'q') return absl::OkStatus();
@@ -131,7 +131,7 @@ void BM_SocketPingPong(benchmark::State& state) {
   }
   buf[0] = 'q';
   (void)::send(parent_end.get(), buf, 1, MSG_NOSIGNAL);
-  (void)child->Join(absl::Seconds(60));
+  (void)child->join(absl::Seconds(60));
   state.counters["msgs_per_s"] =
       benchmark::Counter(state.iterations(), benchmark::Counter::kIsRate);
 }
@@ -139,24 +139,24 @@ void BM_SocketPingPong(benchmark::State& state) {
 void BM_ConnectionPingPong(benchmark::State& state) {
   absl::StatusOr<std::pair<Connection, Connection>> pipe = Pipe();
   if (!pipe.ok()) return state.SkipWithError("pipe");
-  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+  absl::StatusOr<Process> child = Process::start([&]() -> absl::Status {
     while (true) {
-      absl::StatusOr<Value> v = pipe->second.Receive();
+      absl::StatusOr<Value> v = pipe->second.recv();
       if (!v.ok()) return v.status();
       if (v->is_none()) return absl::OkStatus();
-      absl::Status s = pipe->second.Send(*v, absl::Seconds(60));
+      absl::Status s = pipe->second.send(*v, absl::Seconds(60));
       if (!s.ok()) return s;
     }
   });
   if (!child.ok()) return state.SkipWithError("fork");
   for (auto _ : state) {
-    if (!pipe->first.Send(Value(1024), absl::Seconds(60)).ok() || !pipe->first.Receive().ok()) {
+    if (!pipe->first.send(Value(1024), absl::Seconds(60)).ok() || !pipe->first.recv().ok()) {
       state.SkipWithError("ping-pong failed");
       break;
     }
   }
-  (void)pipe->first.Send(Value());
-  (void)child->Join(absl::Seconds(60));
+  (void)pipe->first.send(Value());
+  (void)child->join(absl::Seconds(60));
   state.counters["msgs_per_s"] =
       benchmark::Counter(state.iterations(), benchmark::Counter::kIsRate);
 }

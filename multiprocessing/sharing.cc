@@ -180,13 +180,13 @@ absl::Status set_shared_memory_prefix(std::string_view prefix) {
   return SetRegionNamePrefix(prefix);
 }
 
-void RegisterSharingHandler(DeviceType type, SharingHandler* handler) {
+void register_sharing_handler(DeviceType type, SharingHandler* handler) {
   Registry& r = GetRegistry();
   std::lock_guard lock(r.mu);
   r.handlers[static_cast<int>(type)] = handler;
 }
 
-absl::StatusOr<SharingHandler*> GetSharingHandler(DeviceType type) {
+absl::StatusOr<SharingHandler*> get_sharing_handler(DeviceType type) {
   Registry& r = GetRegistry();
   std::lock_guard lock(r.mu);
   SharingHandler* h = r.handlers[static_cast<int>(type)];
@@ -200,7 +200,7 @@ absl::StatusOr<SharingHandler*> GetSharingHandler(DeviceType type) {
 
 absl::Status share_memory_(const Storage& storage) {
   if (!storage.defined()) return absl::OkStatus();
-  EMBER_ASSIGN_OR_RETURN(SharingHandler * h, GetSharingHandler(storage.device().type()));
+  EMBER_ASSIGN_OR_RETURN(SharingHandler * h, get_sharing_handler(storage.device().type()));
   return h->Share(storage);
 }
 
@@ -213,7 +213,7 @@ absl::Status share_memory_(const Tensor& t) {
 
 bool is_shared(const Storage& storage) {
   if (!storage.defined()) return false;
-  absl::StatusOr<SharingHandler*> h = GetSharingHandler(storage.device().type());
+  absl::StatusOr<SharingHandler*> h = get_sharing_handler(storage.device().type());
   return h.ok() && (*h)->IsShared(storage);
 }
 
@@ -246,6 +246,6 @@ absl::Status alias_shared_storage(const Storage& storage, const Storage& shared)
   return absl::OkStatus();
 }
 
-void EmptySharedMemoryCache() { SharedSegment::EmptyCache(); }
+void empty_shared_memory_cache() { SharedSegment::EmptyCache(); }
 
 }  // namespace ember::multiprocessing

@@ -72,7 +72,7 @@ absl::Status alias_shared_storage(const Storage& storage, const Storage& shared)
 
 // Frees the shared regions this process keeps for reuse (Note [Segment
 // reuse] in shared_segment.cc).
-void EmptySharedMemoryCache();
+void empty_shared_memory_cache();
 
 // What a message carries for one shared storage.
 struct ExportedStorage {
@@ -105,9 +105,9 @@ class SharingHandler {
 
 // Makes `handler` (not owned; must outlive its use) share `type`'s storages.
 // CPU's handler is built in.
-void RegisterSharingHandler(DeviceType type, SharingHandler* handler);
+void register_sharing_handler(DeviceType type, SharingHandler* handler);
 // The handler for `type`, or Unimplemented naming the device type.
-absl::StatusOr<SharingHandler*> GetSharingHandler(DeviceType type);
+absl::StatusOr<SharingHandler*> get_sharing_handler(DeviceType type);
 
 }  // namespace ember::multiprocessing
 

@@ -98,8 +98,8 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
   message.push_back(Value::List{Value(7), Value("label"), Value(2.5), Value(true), Value()});
   auto pipe = Pipe();
   ASSERT_TRUE(pipe.ok()) << pipe.status();
-  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
-    EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.Receive(absl::Seconds(20)));
+  absl::StatusOr<Process> child = Process::start([&]() -> absl::Status {
+    EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.recv(absl::Seconds(20)));
     const Value::List& got = v.list();
     CHILD_CHECK(got.size() == kNumDtypes + 3);
     for (int i = 0; i < kNumDtypes; ++i) {
@@ -125,17 +125,17 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
     CHILD_CHECK(*plain[2].get_if<double>() == 2.5);
     CHILD_CHECK(*plain[3].get_if<bool>());
     CHILD_CHECK(plain[4].is_none());
-    EMBER_RETURN_IF_ERROR(pipe->second.Send(Value("written")));
+    EMBER_RETURN_IF_ERROR(pipe->second.send(Value("written")));
     // Now wait for the parent's write to arrive in our view.
-    EMBER_ASSIGN_OR_RETURN(Value go, pipe->second.Receive(absl::Seconds(20)));
+    EMBER_ASSIGN_OR_RETURN(Value go, pipe->second.recv(absl::Seconds(20)));
     EMBER_ASSIGN_OR_RETURN(Tensor f, got[0].as<Tensor>());
     CHILD_CHECK(Values(f) == std::vector<double>(6, 42));
     return absl::OkStatus();
   });
   ASSERT_TRUE(child.ok()) << child.status();
-  ASSERT_TRUE(pipe->first.Send(Value(message), absl::Seconds(20)).ok());
-  absl::StatusOr<Value> ack = pipe->first.Receive(absl::Seconds(20));
-  ASSERT_TRUE(ack.ok()) << ack.status() << " / " << child->Join(absl::Seconds(5)).status()
+  ASSERT_TRUE(pipe->first.send(Value(message), absl::Seconds(20)).ok());
+  absl::StatusOr<Value> ack = pipe->first.recv(absl::Seconds(20));
+  ASSERT_TRUE(ack.ok()) << ack.status() << " / " << child->join(absl::Seconds(5)).status()
                         << child->error_message();
   for (const Tensor& t : sent) {
     EXPECT_TRUE(is_shared(t));  // moved in place when sent
@@ -144,19 +144,19 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
   EXPECT_EQ(Values(strided), std::vector<double>(18, -5));
   EXPECT_EQ(Values(base.select(0, 0)), (std::vector<double>{0, 1, 2, 3, 4, 5}));  // untouched
   sent[0].fill_(42);
-  ASSERT_TRUE(pipe->first.Send(Value("go")).ok());
-  absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
+  ASSERT_TRUE(pipe->first.send(Value("go")).ok());
+  absl::StatusOr<ExitStatus> exit = child->join(absl::Seconds(20));
   ASSERT_TRUE(exit.ok()) << exit.status();
-  EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
+  EXPECT_TRUE(exit->ok()) << exit->str() << ": " << child->error_message();
 }
 
 TEST_P(SharingTest, AStorageSentTwiceIsMappedOnce) {
   Tensor t = ones({256}, kFloat32);
   auto pipe = Pipe();
   ASSERT_TRUE(pipe.ok());
-  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
-    EMBER_ASSIGN_OR_RETURN(Value a, pipe->second.Receive(absl::Seconds(20)));
-    EMBER_ASSIGN_OR_RETURN(Value b, pipe->second.Receive(absl::Seconds(20)));
+  absl::StatusOr<Process> child = Process::start([&]() -> absl::Status {
+    EMBER_ASSIGN_OR_RETURN(Value a, pipe->second.recv(absl::Seconds(20)));
+    EMBER_ASSIGN_OR_RETURN(Value b, pipe->second.recv(absl::Seconds(20)));
     EMBER_ASSIGN_OR_RETURN(Tensor ta, a.as<Tensor>());
     EMBER_ASSIGN_OR_RETURN(Tensor tb, b.list()[0].as<Tensor>());
     EMBER_ASSIGN_OR_RETURN(Tensor tc, b.list()[1].as<Tensor>());
@@ -166,11 +166,11 @@ TEST_P(SharingTest, AStorageSentTwiceIsMappedOnce) {
     return absl::OkStatus();
   });
   ASSERT_TRUE(child.ok());
-  ASSERT_TRUE(pipe->first.Send(Value(t)).ok());
-  ASSERT_TRUE(pipe->first.Send(Value(Value::List{t, t.narrow(0, 128, 128)})).ok());
-  absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
+  ASSERT_TRUE(pipe->first.send(Value(t)).ok());
+  ASSERT_TRUE(pipe->first.send(Value(Value::List{t, t.narrow(0, 128, 128)})).ok());
+  absl::StatusOr<ExitStatus> exit = child->join(absl::Seconds(20));
   ASSERT_TRUE(exit.ok());
-  EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
+  EXPECT_TRUE(exit->ok()) << exit->str() << ": " << child->error_message();
 }
 
 // Regions are reused once released (Note [Segment reuse]); every message must
@@ -179,14 +179,14 @@ TEST_P(SharingTest, ReusedRegionsCarryFreshValues) {
   auto pipe = Pipe();
   ASSERT_TRUE(pipe.ok());
   constexpr int kMessages = 60;
-  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+  absl::StatusOr<Process> child = Process::start([&]() -> absl::Status {
     std::vector<Tensor> held;  // every third one is kept alive
     for (int i = 0; i < kMessages; ++i) {
-      EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.Receive(absl::Seconds(20)));
+      EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.recv(absl::Seconds(20)));
       EMBER_ASSIGN_OR_RETURN(Tensor t, v.as<Tensor>());
       CHILD_CHECK(Values(t) == std::vector<double>(1024, i));
       if (i % 3 == 0) held.push_back(t);
-      EMBER_RETURN_IF_ERROR(pipe->second.Send(Value(i)));
+      EMBER_RETURN_IF_ERROR(pipe->second.send(Value(i)));
     }
     for (size_t k = 0; k < held.size(); ++k) {
       CHILD_CHECK(Values(held[k]) == std::vector<double>(1024, 3 * k));
@@ -195,12 +195,12 @@ TEST_P(SharingTest, ReusedRegionsCarryFreshValues) {
   });
   ASSERT_TRUE(child.ok());
   for (int i = 0; i < kMessages; ++i) {
-    ASSERT_TRUE(pipe->first.Send(Value(full({1024}, i, kFloat32))).ok());
-    ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok()) << child->error_message();
+    ASSERT_TRUE(pipe->first.send(Value(full({1024}, i, kFloat32))).ok());
+    ASSERT_TRUE(pipe->first.recv(absl::Seconds(20)).ok()) << child->error_message();
   }
-  absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
+  absl::StatusOr<ExitStatus> exit = child->join(absl::Seconds(20));
   ASSERT_TRUE(exit.ok());
-  EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
+  EXPECT_TRUE(exit->ok()) << exit->str() << ": " << child->error_message();
 }
 
 int MemfdMappings() {
@@ -219,13 +219,13 @@ TEST(SharingCacheTest, ReceiversDropMappingsOfRegionsNobodyHolds) {
   ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok());
   auto pipe = Pipe();
   ASSERT_TRUE(pipe.ok());
-  absl::StatusOr<Process> child = Process::Start([&]() -> absl::Status {
+  absl::StatusOr<Process> child = Process::start([&]() -> absl::Status {
     for (int i = 0; i < 10; ++i) {  // ten regions, held at once, then dropped
-      EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.Receive(absl::Seconds(20)));
+      EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.recv(absl::Seconds(20)));
     }
     CHILD_CHECK(MemfdMappings() >= 10);  // kept for reuse: the sender caches them
-    EMBER_RETURN_IF_ERROR(pipe->second.Send(Value("dropped")));
-    { EMBER_ASSIGN_OR_RETURN(Value last, pipe->second.Receive(absl::Seconds(20))); }
+    EMBER_RETURN_IF_ERROR(pipe->second.send(Value("dropped")));
+    { EMBER_ASSIGN_OR_RETURN(Value last, pipe->second.recv(absl::Seconds(20))); }
     CHILD_CHECK(MemfdMappings() <= 1);
     return absl::OkStatus();
   });
@@ -233,22 +233,22 @@ TEST(SharingCacheTest, ReceiversDropMappingsOfRegionsNobodyHolds) {
   Value::List held;
   for (int i = 0; i < 10; ++i) {
     held.push_back(full({1000 + i}, i, kFloat32));  // distinct sizes: no reuse
-    ASSERT_TRUE(pipe->first.Send(held.back()).ok());
+    ASSERT_TRUE(pipe->first.send(held.back()).ok());
   }
-  ASSERT_TRUE(pipe->first.Receive(absl::Seconds(20)).ok()) << child->error_message();
+  ASSERT_TRUE(pipe->first.recv(absl::Seconds(20)).ok()) << child->error_message();
   held.clear();
-  EmptySharedMemoryCache();  // the sender frees all ten
-  ASSERT_TRUE(pipe->first.Send(Value(ones({3}))).ok());
-  absl::StatusOr<ExitStatus> exit = child->Join(absl::Seconds(20));
+  empty_shared_memory_cache();  // the sender frees all ten
+  ASSERT_TRUE(pipe->first.send(Value(ones({3}))).ok());
+  absl::StatusOr<ExitStatus> exit = child->join(absl::Seconds(20));
   ASSERT_TRUE(exit.ok());
-  EXPECT_TRUE(exit->ok()) << exit->ToString() << ": " << child->error_message();
+  EXPECT_TRUE(exit->ok()) << exit->str() << ": " << child->error_message();
 }
 
 // A region that comes back to its creator gets another storage over the
 // same bytes (Note [Dedup]); when all of them die it enters the reuse cache
 // once, and the next tensor of its size reuses it.
 TEST_P(SharingTest, ARegionReceivedBackIsReusedOnceAllItsStoragesDie) {
-  EmptySharedMemoryCache();
+  empty_shared_memory_cache();
   auto pipe = Pipe();
   ASSERT_TRUE(pipe.ok());
   const void* first = nullptr;
@@ -257,8 +257,8 @@ TEST_P(SharingTest, ARegionReceivedBackIsReusedOnceAllItsStoragesDie) {
     ASSERT_TRUE(share_memory_(t).ok());
     first = t.storage().data();
     for (int i = 0; i < 3; ++i) {
-      ASSERT_TRUE(pipe->first.Send(Value(t)).ok());
-      absl::StatusOr<Value> back = pipe->second.Receive(absl::Seconds(20));
+      ASSERT_TRUE(pipe->first.send(Value(t)).ok());
+      absl::StatusOr<Value> back = pipe->second.recv(absl::Seconds(20));
       ASSERT_TRUE(back.ok()) << back.status();
       EXPECT_EQ(back->get_if<Tensor>()->storage().data(), first);
     }

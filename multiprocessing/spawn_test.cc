@@ -34,7 +34,7 @@ using ::testing::HasSubstr;
 
 class SpawnedChildEnvironment : public ::testing::Environment {
  public:
-  void SetUp() override { MaybeRunSpawnedChild(); }
+  void SetUp() override { maybe_run_spawned_child(); }
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new SpawnedChildEnvironment);
 
@@ -81,7 +81,7 @@ absl::Status UseEverythingEntry(int rank, absl::Span<const Value> args) {
   CHILD_CHECK(is_shared(board));
   board.select(0, rank).fill_(rank + 1);
   // A pipe: one message per rank is waiting.
-  EMBER_ASSIGN_OR_RETURN(Value hello, pipe.Receive(absl::Seconds(20)));
+  EMBER_ASSIGN_OR_RETURN(Value hello, pipe.recv(absl::Seconds(20)));
   CHILD_CHECK(hello.as<std::string>().value_or("") == "hello through a pipe");
   // requires_grad and leaf-ness survive; the gradient is this process's.
   CHILD_CHECK(w.requires_grad() && w.is_leaf() && !w.grad().defined());
@@ -95,7 +95,7 @@ absl::Status UseEverythingEntry(int rank, absl::Span<const Value> args) {
   CHILD_CHECK(model->weight().requires_grad() && model->weight().is_leaf());
   if (rank == 0) TrainStep(*model);
   // A queue: the answer.
-  return answers.Put(Value(Value::List{rank, grad_sum}), absl::Seconds(20));
+  return answers.put(Value(Value::List{rank, grad_sum}), absl::Seconds(20));
 }
 EMBER_REGISTER_ENTRY_POINT("use_everything", UseEverythingEntry);
 
@@ -109,7 +109,7 @@ class SpawnCarriesTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(SpawnCarriesTest, QueuesPipesTensorsModulesAndValuesReachSpawnedChildren) {
-  absl::StatusOr<Queue> answers = Queue::Create();
+  absl::StatusOr<Queue> answers = Queue::create();
   ASSERT_TRUE(answers.ok()) << answers.status();
   auto pipe = Pipe();
   ASSERT_TRUE(pipe.ok()) << pipe.status();
@@ -124,7 +124,7 @@ TEST_P(SpawnCarriesTest, QueuesPipesTensorsModulesAndValuesReachSpawnedChildren)
   manual_seed(1);
   nn::Linear expected(3, 1);
   TrainStep(expected);
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(pipe->first.Send(Value("hello through a pipe")).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(pipe->first.send(Value("hello through a pipe")).ok());
 
   absl::StatusOr<Context> ctx = get_context("spawn");
   ASSERT_TRUE(ctx.ok()) << ctx.status();
@@ -139,7 +139,7 @@ TEST_P(SpawnCarriesTest, QueuesPipesTensorsModulesAndValuesReachSpawnedChildren)
   ASSERT_TRUE(s.ok()) << s;
   std::vector<double> grads(2, -1);
   for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<Value> a = answers->Get(absl::Seconds(20));
+    absl::StatusOr<Value> a = answers->get(absl::Seconds(20));
     ASSERT_TRUE(a.ok()) << a.status();
     grads[a->list()[0].as<int64_t>().value()] = a->list()[1].as<double>().value();
   }
@@ -191,7 +191,7 @@ TEST(SpawnErrorsTest, ChildFailuresNameTheRankAndMessage) {
 // Puts (rank, pid) on args[0], then waits.
 absl::Status ReportPidEntry(int rank, absl::Span<const Value> args) {
   EMBER_ASSIGN_OR_RETURN(Queue q, args[0].as<Queue>());
-  EMBER_RETURN_IF_ERROR(q.Put(Value(Value::List{rank, static_cast<int64_t>(::getpid())})));
+  EMBER_RETURN_IF_ERROR(q.put(Value(Value::List{rank, static_cast<int64_t>(::getpid())})));
   absl::SleepFor(absl::Seconds(60));
   return absl::OkStatus();
 }
@@ -206,12 +206,12 @@ bool IsGone(int64_t pid) {
 }
 
 TEST(SpawnErrorsTest, ASigkilledChildIsReportedAndTheOthersStopped) {
-  absl::StatusOr<Queue> pids = Queue::Create();
+  absl::StatusOr<Queue> pids = Queue::create();
   ASSERT_TRUE(pids.ok());
   std::vector<int64_t> by_rank(3, -1);
   std::thread killer([&] {
     for (int i = 0; i < 3; ++i) {
-      absl::StatusOr<Value> v = pids->Get(absl::Seconds(30));
+      absl::StatusOr<Value> v = pids->get(absl::Seconds(30));
       if (!v.ok()) return;
       by_rank[v->list()[0].as<int64_t>().value()] = v->list()[1].as<int64_t>().value();
     }
@@ -234,7 +234,7 @@ TEST(SpawnErrorsTest, ASigkilledChildIsReportedAndTheOthersStopped) {
 TEST(SpawnErrorsTest, UnsendableArgumentsAreRefusedNamingTheRank) {
   Tensor w = ones({3});
   w.requires_grad_();
-  absl::StatusOr<Process> p = Process::StartSpawn("report_pid", 4, {Value(w * 2)});
+  absl::StatusOr<Process> p = Process::start_spawn("report_pid", 4, {Value(w * 2)});
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(p.status().message(), HasSubstr("sending the arguments to process 4"));
   EXPECT_THAT(p.status().message(), HasSubstr("non-leaf tensor that requires grad"));
@@ -244,7 +244,7 @@ TEST(SpawnErrorsTest, UnsendableArgumentsAreRefusedNamingTheRank) {
 absl::Status DoubleEntry(int rank, absl::Span<const Value> args) {
   EMBER_ASSIGN_OR_RETURN(Queue q, args[0].as<Queue>());
   EMBER_ASSIGN_OR_RETURN(int64_t x, args[1].as<int64_t>());
-  return q.Put(Value(Value::List{rank, 2 * x}));
+  return q.put(Value(Value::List{rank, 2 * x}));
 }
 EMBER_REGISTER_ENTRY_POINT("double", DoubleEntry);
 
@@ -273,21 +273,21 @@ TEST(StartMethodTest, EachContextStartsChildrenWithItsMethod) {
   for (const std::string method : {"fork", "spawn"}) {
     absl::StatusOr<Context> ctx = get_context(method);
     ASSERT_TRUE(ctx.ok());
-    absl::StatusOr<Queue> q = Queue::Create();
+    absl::StatusOr<Queue> q = Queue::create();
     ASSERT_TRUE(q.ok());
     absl::StatusOr<Process> p = ctx->process("double", {Value(*q), Value(21)}, /*rank=*/5);
     ASSERT_TRUE(p.ok()) << method << ": " << p.status();
-    absl::StatusOr<Value> v = q->Get(absl::Seconds(20));
+    absl::StatusOr<Value> v = q->get(absl::Seconds(20));
     ASSERT_TRUE(v.ok()) << method << ": " << v.status();
     EXPECT_EQ(v->list()[0].as<int64_t>().value(), 5);
     EXPECT_EQ(v->list()[1].as<int64_t>().value(), 42);
-    absl::StatusOr<ExitStatus> e = p->Join(absl::Seconds(20));
+    absl::StatusOr<ExitStatus> e = p->join(absl::Seconds(20));
     ASSERT_TRUE(e.ok() && e->ok()) << method << ": " << p->error_message();
     absl::Status s = ctx->spawn("double", {Value(*q), Value(1)}, 3);
     ASSERT_TRUE(s.ok()) << method << ": " << s;
     int64_t ranks = 0;
     for (int i = 0; i < 3; ++i) {
-      absl::StatusOr<Value> r = q->Get(absl::Seconds(20));
+      absl::StatusOr<Value> r = q->get(absl::Seconds(20));
       ASSERT_TRUE(r.ok());
       ranks += r->list()[0].as<int64_t>().value();
     }
@@ -318,7 +318,7 @@ TEST(SpawnLeakTest, RepeatedSpawnsLeakNoDescriptorsOrRegions) {
   const std::string prefix = testing::UniquePrefix("spawnleak");
   ASSERT_TRUE(set_shared_memory_prefix(prefix).ok());
   auto run_once = [&] {
-    absl::StatusOr<Queue> q = Queue::Create();
+    absl::StatusOr<Queue> q = Queue::create();
     ASSERT_TRUE(q.ok());
     auto pipe = Pipe();
     ASSERT_TRUE(pipe.ok());
@@ -329,7 +329,7 @@ TEST(SpawnLeakTest, RepeatedSpawnsLeakNoDescriptorsOrRegions) {
     ASSERT_TRUE(model->share_memory().ok());
     absl::StatusOr<Value> state = share_state(model->state_dict());
     ASSERT_TRUE(state.ok());
-    ASSERT_TRUE(pipe->first.Send(Value("hello through a pipe")).ok());
+    ASSERT_TRUE(pipe->first.send(Value("hello through a pipe")).ok());
     absl::StatusOr<Context> ctx = get_context("spawn");
     ASSERT_TRUE(ctx.ok());
     absl::Status s =
@@ -339,16 +339,16 @@ TEST(SpawnLeakTest, RepeatedSpawnsLeakNoDescriptorsOrRegions) {
                     Value(Value::Dict{{"k", Value(3)}})},
                    1);
     ASSERT_TRUE(s.ok()) << s;
-    ASSERT_TRUE(q->Get(absl::Seconds(20)).ok());
+    ASSERT_TRUE(q->get(absl::Seconds(20)).ok());
   };
   for (const std::string strategy : {"file_descriptor", "file_system"}) {
     ASSERT_TRUE(set_sharing_strategy(strategy).ok());
     run_once();  // warms up: the manager connection, thread-locals
-    EmptySharedMemoryCache();
+    empty_shared_memory_cache();
     const int fds = testing::OpenFdCount();
     for (int rep = 0; rep < 5; ++rep) {
       run_once();
-      EmptySharedMemoryCache();
+      empty_shared_memory_cache();
       ASSERT_EQ(testing::OpenFdCount(), fds) << strategy << " repetition " << rep;
       ASSERT_TRUE(testing::WaitUntil([&] { return testing::ShmEntries(prefix).empty(); },
                                      absl::Seconds(10)))

@@ -18,7 +18,7 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
   CheckP(p);
   if (!training || p == 0.0) return input;
   EMBER_CHECK(input.is_floating_point(), "dropout: expected a floating point input, got ",
-              DtypeName(input.dtype()));
+              dtype_name(input.dtype()));
   if (p == 1.0) return input * 0.0;
   Tensor keep = rand(input.sizes(), input.options(), gen).ge(p).to(input.dtype());
   return input * (keep * (1.0 / (1.0 - p)));

@@ -28,7 +28,7 @@ void VisitNnDtype(Dtype dtype, const char* op, F&& f) {
       f.template operator()<double>();
       return;
     default:
-      EMBER_FAIL(op, ": expected a float32 or float64 tensor, but got ", DtypeName(dtype),
+      EMBER_FAIL(op, ": expected a float32 or float64 tensor, but got ", dtype_name(dtype),
                  "; convert it with .to(ember::kFloat32) first");
   }
 }
@@ -36,7 +36,7 @@ void VisitNnDtype(Dtype dtype, const char* op, F&& f) {
 // Throws unless `t` is defined and on the CPU, naming `op` and the argument.
 inline void CheckCpu(const Tensor& t, const char* op, const char* what) {
   EMBER_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
-  EMBER_CHECK(t.is_cpu(), op, ": ", what, " is on ", t.device().ToString(),
+  EMBER_CHECK(t.is_cpu(), op, ": ", what, " is on ", t.device().str(),
               ", but this kernel runs on the CPU only; move it with .to(ember::kCPU)");
 }
 
@@ -44,8 +44,8 @@ inline void CheckCpu(const Tensor& t, const char* op, const char* what) {
 inline void CheckSameDtype(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
                            const char* what_b) {
   EMBER_CHECK(a.dtype() == b.dtype(), op, ": expected ", what_a, " and ", what_b,
-              " to have the same dtype, but got ", DtypeName(a.dtype()), " and ",
-              DtypeName(b.dtype()));
+              " to have the same dtype, but got ", dtype_name(a.dtype()), " and ",
+              dtype_name(b.dtype()));
 }
 
 }  // namespace ember::nn::internal

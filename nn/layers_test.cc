@@ -97,8 +97,8 @@ TEST(LinearTest, SupportsDoubleBackward) {
   Tensor w = randn({4, 3}, kFloat64).requires_grad_();
   Tensor y = functional::linear(x, w);
   // g = d/dx sum(y^2) = 2 (x W^T) W, recorded; d/dx sum(g) = 2 (W^T W) 1 per row.
-  Tensor g = autograd::Grad({(y * y).sum()}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
-  Tensor second = autograd::Grad({g.sum()}, {x})[0];
+  Tensor g = autograd::grad({(y * y).sum()}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor second = autograd::grad({g.sum()}, {x})[0];
   Tensor want = (w.detach().t().mm(w.detach())).sum({1}) * 2.0;
   for (int i = 0; i < 2; ++i) ExpectNear(Values(second[i]), Values(want), 1e-12);
 }
@@ -311,8 +311,8 @@ TEST(PoolingTest, MaxPoolSecondDerivativesMatchFiniteDifferences) {
   Tensor leaf = x.clone().requires_grad_();
   Tensor y = functional::max_pool2d(leaf, {.kernel_size = {2, 2}});
   Tensor v = randn(y.sizes(), kFloat64).requires_grad_();
-  Tensor g = autograd::Grad({y}, {leaf}, {v}, std::nullopt, /*create_graph=*/true)[0];
-  Tensor gv = autograd::Grad({(g * g).sum()}, {v}, {}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor g = autograd::grad({y}, {leaf}, {v}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor gv = autograd::grad({(g * g).sum()}, {v}, {}, std::nullopt, /*create_graph=*/true)[0];
   ExpectNear(Values(gv), Values(v * 2.0), 1e-12);  // Each window's maximum is picked once.
   EXPECT_TRUE(gv.requires_grad());
 }

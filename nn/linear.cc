@@ -55,14 +55,14 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   EMBER_CHECK(input.dtype() == weight.dtype(),
               "linear: expected input and weight to have the "
               "same dtype, but got ",
-              DtypeName(input.dtype()), " and ", DtypeName(weight.dtype()));
+              dtype_name(input.dtype()), " and ", dtype_name(weight.dtype()));
   if (bias.defined()) {
     EMBER_CHECK(bias.dim() == 1 && bias.size(0) == out, "linear: expected a bias of shape [", out,
                 "], got ", ShapeToString(bias.sizes()));
     EMBER_CHECK(bias.dtype() == weight.dtype(),
                 "linear: expected bias and weight to have the "
                 "same dtype, but got ",
-                DtypeName(bias.dtype()), " and ", DtypeName(weight.dtype()));
+                dtype_name(bias.dtype()), " and ", dtype_name(weight.dtype()));
   }
   if (input.dim() == 2) return LinearFunction::apply(input, weight, bias);
   // [*, in] -> [n, in] -> [n, out] -> [*, out].

@@ -36,7 +36,7 @@ Tensor CheckClassTargets(const char* op, const Tensor& input, const Tensor& targ
   EMBER_CHECK(target.dtype() == kInt64, op,
               ": expected target of dtype int64 (class indices), "
               "but got ",
-              DtypeName(target.dtype()), "; convert it with .to(ember::kInt64)");
+              dtype_name(target.dtype()), "; convert it with .to(ember::kInt64)");
   EMBER_CHECK(input.dim() == 2, op, ": expected input [N, C] or [C], got shape ",
               ShapeToString(input.sizes()));
   EMBER_CHECK(target.dim() == 1, op, ": expected a 1-D target [N] for input [N, C], got shape ",

@@ -123,8 +123,8 @@ TEST(CrossEntropyTest, GradientPenaltyMatchesTheHessianOfSoftmax) {
   Tensor x = tensor({0.3, -1.2, 0.8}).unsqueeze(0).requires_grad_();
   Tensor loss =
       functional::cross_entropy(x, tensor(std::vector<int64_t>{1}), {.reduction = Reduction::kSum});
-  Tensor g = autograd::Grad({loss}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
-  Tensor penalty_grad = autograd::Grad({(g * g).sum()}, {x})[0];
+  Tensor g = autograd::grad({loss}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
+  Tensor penalty_grad = autograd::grad({(g * g).sum()}, {x})[0];
   std::vector<double> v = Values(x), p(3), gv(3), want(3, 0.0);
   double z = 0;
   for (int j = 0; j < 3; ++j) z += std::exp(v[j]);

@@ -110,7 +110,7 @@ const Tensor& Module::register_parameter(std::string name, Tensor tensor, bool r
   CheckNewName(name, "parameter");
   if (tensor.defined()) {
     EMBER_CHECK(!requires_grad || tensor.is_floating_point(), this->name(), ": parameter \"", name,
-                "\" of dtype ", DtypeName(tensor.dtype()),
+                "\" of dtype ", dtype_name(tensor.dtype()),
                 " can't require gradients; only floating point tensors can");
     autograd::NoGradGuard no_grad;
     tensor = AsLeaf(tensor, requires_grad);
@@ -336,8 +336,8 @@ void Module::to(Device device) {
 }
 
 void Module::to(Dtype dtype) {
-  EMBER_CHECK(IsFloatingPoint(dtype), name(),
-              ".to: only floating point dtypes are accepted, but got ", DtypeName(dtype));
+  EMBER_CHECK(is_floating_point(dtype), name(),
+              ".to: only floating point dtypes are accepted, but got ", dtype_name(dtype));
   ConvertTensors([&](const Tensor& t) { return t.is_floating_point() ? t.to(dtype) : t; });
 }
 
@@ -502,12 +502,12 @@ void Module::PrintTo(std::string& out, int indent) const {
   absl::StrAppend(&out, std::string(indent, ' '), ")");
 }
 
-std::string Module::ToString() const {
+std::string Module::str() const {
   std::string out;
   PrintTo(out, 0);
   return out;
 }
 
-std::ostream& operator<<(std::ostream& os, const Module& module) { return os << module.ToString(); }
+std::ostream& operator<<(std::ostream& os, const Module& module) { return os << module.str(); }
 
 }  // namespace ember::nn

@@ -223,7 +223,7 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const;
 
   // Printable tree of the module, as print(module) in PyTorch.
-  std::string ToString() const;
+  std::string str() const;
 
  protected:
   Module(const Module& other);

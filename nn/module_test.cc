@@ -186,7 +186,7 @@ TEST(ModuleTest, ShareMemoryMovesParametersAndBuffersInPlace) {
   EXPECT_TRUE(weight.is_leaf());
   // A forked child's in-place SGD step is seen here; its gradient is its own.
   net.zero_grad();
-  absl::StatusOr<mp::Process> child = mp::Process::Start([&]() -> absl::Status {
+  absl::StatusOr<mp::Process> child = mp::Process::start([&]() -> absl::Status {
     net(ones({1, 4})).sum().backward();
     autograd::NoGradGuard no_grad;
     for (const Tensor& p : net.parameters()) p.sub_(p.grad(), 0.5);
@@ -194,7 +194,7 @@ TEST(ModuleTest, ShareMemoryMovesParametersAndBuffersInPlace) {
     return absl::OkStatus();
   });
   ASSERT_TRUE(child.ok());
-  absl::StatusOr<mp::ExitStatus> e = child->Join(absl::Seconds(20));
+  absl::StatusOr<mp::ExitStatus> e = child->join(absl::Seconds(20));
   ASSERT_TRUE(e.ok() && e->ok()) << child->error_message();
   EXPECT_FALSE(weight.equal(before));
   EXPECT_EQ(net.buffer("steps").item<int64_t>(), 1);
@@ -508,7 +508,7 @@ TEST(ModuleTest, CloneOfAModuleWithAReplacedChildClonesTheReplacement) {
 
 TEST(ModuleTest, PrintsTheTree) {
   Net net;
-  EXPECT_EQ(net.ToString(),
+  EXPECT_EQ(net.str(),
             "Net(\n"
             "  (fc1): Linear(in_features=4, out_features=3, bias=True)\n"
             "  (fc2): Linear(in_features=3, out_features=2, bias=False)\n"

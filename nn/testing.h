@@ -49,7 +49,7 @@ inline void ExpectGradientsMatch(const std::function<Tensor(const std::vector<Te
     t = t.detach().clone();
     t.requires_grad_(true);
   }
-  absl::Status s = autograd::Gradcheck(
+  absl::Status s = autograd::gradcheck(
       [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in)}; }, inputs);
   EXPECT_TRUE(s.ok()) << "gradient check failed: " << s;
 }
@@ -76,7 +76,7 @@ inline void ExpectSecondDerivativesMatch(
     // The checker evaluates without grad; the first derivatives need a graph.
     autograd::EnableGradGuard enable_grad;
     std::vector<Tensor> wrt(in.begin(), in.begin() + n);
-    std::vector<Tensor> grads = autograd::Grad({fn(wrt)}, wrt, {in[n]}, /*retain_graph=*/true,
+    std::vector<Tensor> grads = autograd::grad({fn(wrt)}, wrt, {in[n]}, /*retain_graph=*/true,
                                                /*create_graph=*/true, /*allow_unused=*/true);
     for (Tensor& g : grads) {
       if (!g.defined()) continue;
@@ -85,10 +85,10 @@ inline void ExpectSecondDerivativesMatch(
     return grads;
   };
   const std::vector<Tensor> wrt(inputs.begin(), inputs.begin() + n);
-  absl::Status first = autograd::Gradcheck(
+  absl::Status first = autograd::gradcheck(
       [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in)}; }, wrt);
   EXPECT_TRUE(first.ok()) << "gradient check failed: " << first;
-  const std::vector<Tensor> plain = autograd::Grad({fn(wrt)}, wrt, {inputs[n]}, std::nullopt,
+  const std::vector<Tensor> plain = autograd::grad({fn(wrt)}, wrt, {inputs[n]}, std::nullopt,
                                                    /*create_graph=*/false, /*allow_unused=*/true);
   const std::vector<Tensor> recorded = first_order(inputs);
   for (size_t i = 0; i < n; ++i) {
@@ -111,7 +111,7 @@ inline void ExpectSecondDerivativesMatch(
     ADD_FAILURE() << "a first derivative was not recorded with create_graph=true";
     return;
   }
-  absl::Status s = autograd::Gradcheck(first_order, inputs);
+  absl::Status s = autograd::gradcheck(first_order, inputs);
   EXPECT_TRUE(s.ok()) << "second-derivative check failed: " << s;
 }
 

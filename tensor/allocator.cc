@@ -360,11 +360,11 @@ Allocator* GetCpuAllocator() {
   return &allocator;
 }
 
-void EmptyCpuCache() { LargeCache::Get().Empty(); }
+void empty_cpu_cache() { LargeCache::Get().Empty(); }
 
-void SetCpuCacheLimit(size_t bytes) { LargeCache::Get().SetLimit(bytes); }
+void set_cpu_cache_limit(size_t bytes) { LargeCache::Get().SetLimit(bytes); }
 
-CpuCacheStats GetCpuCacheStats() { return LargeCache::Get().Stats(); }
+CpuCacheStats get_cpu_cache_stats() { return LargeCache::Get().Stats(); }
 
 bool IsCachedCpuBlock(const DataPtr& p) { return p.deleter() == &FreeLarge; }
 

@@ -12,7 +12,7 @@
 // GetCpuAllocator() returns 64-byte aligned memory and keeps freed blocks of
 // at least 64 KiB in a bounded process-wide cache for reuse (Note [Large block
 // cache] in allocator.cc; EMBER_CPU_ALLOC_CACHE_MB sets its limit, 0 turns it
-// off; EmptyCpuCache() hands the cached blocks back to the system, like
+// off; empty_cpu_cache() hands the cached blocks back to the system, like
 // torch.cuda.empty_cache() does for device memory). Registration is meant for
 // program start-up; lookups and the CPU allocator are thread-safe, and the
 // cache stays consistent across fork().
@@ -150,12 +150,12 @@ struct CpuCacheStats {
 
 // Frees every cached CPU block now (blocks in use are untouched). Blocks on
 // the mutex of the cache; thread-safe.
-void EmptyCpuCache();
+void empty_cpu_cache();
 // Sets the most bytes the cache may hold (0 turns it off), freeing the cache
 // when it holds more. Thread-safe.
-void SetCpuCacheLimit(size_t bytes);
+void set_cpu_cache_limit(size_t bytes);
 // A snapshot of the cache's counters. Thread-safe.
-CpuCacheStats GetCpuCacheStats();
+CpuCacheStats get_cpu_cache_stats();
 // Whether `p` was made by the CPU allocator's large block path, i.e. will go
 // back to the cache when freed.
 bool IsCachedCpuBlock(const DataPtr& p);

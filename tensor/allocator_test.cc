@@ -18,10 +18,10 @@ constexpr size_t kMiB = size_t{1} << 20;
 class CpuCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    SetCpuCacheLimit(kCpuCacheDefaultLimitBytes);
-    EmptyCpuCache();
+    set_cpu_cache_limit(kCpuCacheDefaultLimitBytes);
+    empty_cpu_cache();
   }
-  void TearDown() override { SetCpuCacheLimit(kCpuCacheDefaultLimitBytes); }
+  void TearDown() override { set_cpu_cache_limit(kCpuCacheDefaultLimitBytes); }
 };
 
 TEST_F(CpuCacheTest, FreedLargeBlockIsReusedBySameSizeClass) {
@@ -32,14 +32,14 @@ TEST_F(CpuCacheTest, FreedLargeBlockIsReusedBySameSizeClass) {
     std::memset(first, 1, kMiB);
     EXPECT_TRUE(IsCachedCpuBlock(p));
   }
-  CpuCacheStats after_free = GetCpuCacheStats();
+  CpuCacheStats after_free = get_cpu_cache_stats();
   EXPECT_EQ(after_free.cached_blocks, 1u);
   EXPECT_GE(after_free.cached_bytes, kMiB);
 
   // 1 MiB - 1000 bytes falls in the same class as 1 MiB.
   DataPtr again = GetCpuAllocator()->Allocate(kMiB - 1000);
   EXPECT_EQ(again.get(), first);
-  CpuCacheStats after_reuse = GetCpuCacheStats();
+  CpuCacheStats after_reuse = get_cpu_cache_stats();
   EXPECT_EQ(after_reuse.hits, after_free.hits + 1);
   EXPECT_EQ(after_reuse.cached_blocks, 0u);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(again.get()) % kCpuAlignment, 0u);
@@ -48,14 +48,14 @@ TEST_F(CpuCacheTest, FreedLargeBlockIsReusedBySameSizeClass) {
 TEST_F(CpuCacheTest, LargerRequestDoesNotGetSmallerBlock) {
   { DataPtr p = GetCpuAllocator()->Allocate(kMiB); }
   DataPtr bigger = GetCpuAllocator()->Allocate(2 * kMiB);
-  EXPECT_EQ(GetCpuCacheStats().cached_blocks, 1u);  // The 1 MiB block stays cached.
+  EXPECT_EQ(get_cpu_cache_stats().cached_blocks, 1u);  // The 1 MiB block stays cached.
   std::memset(bigger.get(), 2, 2 * kMiB);           // All of it is writable.
 }
 
 TEST_F(CpuCacheTest, SmallAndMediumBlocksBypassTheCache) {
   { DataPtr p = GetCpuAllocator()->Allocate(kCpuCacheMinBytes - 1); }
   { DataPtr p = GetCpuAllocator()->Allocate(512); }
-  EXPECT_EQ(GetCpuCacheStats().cached_blocks, 0u);
+  EXPECT_EQ(get_cpu_cache_stats().cached_blocks, 0u);
 }
 
 TEST_F(CpuCacheTest, HugeBlocksAreHugePageAligned) {
@@ -65,24 +65,24 @@ TEST_F(CpuCacheTest, HugeBlocksAreHugePageAligned) {
 
 TEST_F(CpuCacheTest, EmptyCacheReleasesEverything) {
   { DataPtr a = GetCpuAllocator()->Allocate(kMiB), b = GetCpuAllocator()->Allocate(kMiB); }
-  EXPECT_EQ(GetCpuCacheStats().cached_blocks, 2u);
-  EmptyCpuCache();
-  CpuCacheStats s = GetCpuCacheStats();
+  EXPECT_EQ(get_cpu_cache_stats().cached_blocks, 2u);
+  empty_cpu_cache();
+  CpuCacheStats s = get_cpu_cache_stats();
   EXPECT_EQ(s.cached_blocks, 0u);
   EXPECT_EQ(s.cached_bytes, 0u);
 }
 
 TEST_F(CpuCacheTest, LimitBoundsTheCache) {
-  SetCpuCacheLimit(kMiB + kMiB / 2);
+  set_cpu_cache_limit(kMiB + kMiB / 2);
   { DataPtr a = GetCpuAllocator()->Allocate(kMiB), b = GetCpuAllocator()->Allocate(kMiB); }
-  CpuCacheStats s = GetCpuCacheStats();
+  CpuCacheStats s = get_cpu_cache_stats();
   EXPECT_EQ(s.cached_blocks, 1u);
   EXPECT_LE(s.cached_bytes, s.limit_bytes);
 
-  SetCpuCacheLimit(0);  // Off: the cached block is freed, and none is kept.
-  EXPECT_EQ(GetCpuCacheStats().cached_blocks, 0u);
+  set_cpu_cache_limit(0);  // Off: the cached block is freed, and none is kept.
+  EXPECT_EQ(get_cpu_cache_stats().cached_blocks, 0u);
   { DataPtr a = GetCpuAllocator()->Allocate(kMiB); }
-  EXPECT_EQ(GetCpuCacheStats().cached_blocks, 0u);
+  EXPECT_EQ(get_cpu_cache_stats().cached_blocks, 0u);
 }
 
 void FreeWithStdFree(void* p) { std::free(p); }
@@ -96,9 +96,9 @@ TEST_F(CpuCacheTest, SwappedOutAllocationNeverReachesTheCache) {
   EXPECT_TRUE(IsCachedCpuBlock(old));
   EXPECT_FALSE(IsCachedCpuBlock(s.data_ptr()));
   old.Reset();  // Ours: cached.
-  EXPECT_EQ(GetCpuCacheStats().cached_blocks, 1u);
+  EXPECT_EQ(get_cpu_cache_stats().cached_blocks, 1u);
   s = Storage();  // Foreign: freed by its own deleter, not cached.
-  EXPECT_EQ(GetCpuCacheStats().cached_blocks, 1u);
+  EXPECT_EQ(get_cpu_cache_stats().cached_blocks, 1u);
   DataPtr next = GetCpuAllocator()->Allocate(kMiB);
   EXPECT_NE(next.get(), foreign);
 }
@@ -114,7 +114,7 @@ TEST_F(CpuCacheTest, ConcurrentAllocateAndFreeKeepsCountsConsistent) {
   t1.join();
   t2.join();
   t3.join();
-  CpuCacheStats s = GetCpuCacheStats();
+  CpuCacheStats s = get_cpu_cache_stats();
   EXPECT_LE(s.cached_blocks, 9u);  // At most 3 threads x 3 classes outstanding.
   EXPECT_LE(s.cached_bytes, s.limit_bytes);
 }
@@ -130,7 +130,7 @@ TEST_F(CpuCacheTest, ForkedChildUsesItsOwnConsistentCache) {
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    CpuCacheStats before = GetCpuCacheStats();
+    CpuCacheStats before = get_cpu_cache_stats();
     void* q;
     {
       DataPtr p = GetCpuAllocator()->Allocate(kMiB);
@@ -138,9 +138,9 @@ TEST_F(CpuCacheTest, ForkedChildUsesItsOwnConsistentCache) {
       q = p.get();
     }
     DataPtr again = GetCpuAllocator()->Allocate(kMiB);
-    bool ok = again.get() == q && GetCpuCacheStats().hits >= before.hits + 1;
-    EmptyCpuCache();
-    _exit(ok && GetCpuCacheStats().cached_blocks == 0 ? 0 : 1);
+    bool ok = again.get() == q && get_cpu_cache_stats().hits >= before.hits + 1;
+    empty_cpu_cache();
+    _exit(ok && get_cpu_cache_stats().cached_blocks == 0 ? 0 : 1);
   }
   stop = true;
   churn.join();
@@ -148,7 +148,7 @@ TEST_F(CpuCacheTest, ForkedChildUsesItsOwnConsistentCache) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
-  EXPECT_GE(GetCpuCacheStats().cached_blocks, 1u);  // The parent's cache is intact.
+  EXPECT_GE(get_cpu_cache_stats().cached_blocks, 1u);  // The parent's cache is intact.
 }
 
 }  // namespace

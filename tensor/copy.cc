@@ -43,8 +43,8 @@ Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device) {
   }
   Allocator* allocator = GetAllocator(device.type());
   EMBER_CHECK(allocator != nullptr, "empty: no allocator is registered for device ",
-              device.ToString(), "; link //cuda to use CUDA devices");
-  size_t nbytes = static_cast<size_t>(Numel(sizes)) * ElementSize(dtype);
+              device.str(), "; link //cuda to use CUDA devices");
+  size_t nbytes = static_cast<size_t>(Numel(sizes)) * element_size(dtype);
   return Tensor(MakeTensorImpl(Storage::Allocate(nbytes, allocator), dtype, sizes,
                                              ContiguousStrides(sizes), 0));
 }

@@ -11,7 +11,7 @@ std::string_view DeviceTypeName(DeviceType type) {
   return type == DeviceType::kCUDA ? "cuda" : "cpu";
 }
 
-absl::StatusOr<Device> Device::Parse(std::string_view text) {
+absl::StatusOr<Device> Device::parse(std::string_view text) {
   auto invalid = [&](std::string_view why) {
     return absl::InvalidArgumentError(internal::Concat(
         "invalid device string '", text, "': ", why,
@@ -44,13 +44,13 @@ absl::StatusOr<Device> Device::Parse(std::string_view text) {
   return Device(dt, value);
 }
 
-std::string Device::ToString() const {
+std::string Device::str() const {
   if (!has_index()) return std::string(DeviceTypeName(type_));
   return internal::Concat(DeviceTypeName(type_), ":", index_);
 }
 
 std::ostream& operator<<(std::ostream& os, const Device& device) {
-  return os << device.ToString();
+  return os << device.str();
 }
 
 }  // namespace ember

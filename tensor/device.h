@@ -1,6 +1,6 @@
 // Device: where a tensor's memory lives, "cpu" or "cuda:N".
 //
-//   absl::StatusOr<ember::Device> d = ember::Device::Parse("cuda:1");
+//   absl::StatusOr<ember::Device> d = ember::Device::parse("cuda:1");
 //   // d->is_cuda(), d->index() == 1, d->ToString() == "cuda:1"
 //   ember::Device cpu = ember::kCPU;
 //
@@ -31,14 +31,14 @@ class Device {
   constexpr Device(DeviceType type = DeviceType::kCPU, int index = -1)  // NOLINT
       : type_(type), index_(index) {}
 
-  static absl::StatusOr<Device> Parse(std::string_view text);
+  static absl::StatusOr<Device> parse(std::string_view text);
 
   DeviceType type() const { return type_; }
   int index() const { return index_; }
   bool has_index() const { return index_ >= 0; }
   bool is_cpu() const { return type_ == DeviceType::kCPU; }
   bool is_cuda() const { return type_ == DeviceType::kCUDA; }
-  std::string ToString() const;
+  std::string str() const;
 
   friend bool operator==(const Device& a, const Device& b) = default;
 

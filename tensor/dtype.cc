@@ -27,7 +27,7 @@ constexpr int kPromote[kNumDtypes][kNumDtypes] = {
 
 int Category(Dtype d) {
   if (d == kBool) return 0;
-  if (IsIntegral(d)) return 1;
+  if (is_integral(d)) return 1;
   return 2;
 }
 
@@ -37,13 +37,13 @@ int Combine(int result, int lower) {
   if (lower < 0) return result;
   if (result < 0) return lower;
   Dtype r = static_cast<Dtype>(result), l = static_cast<Dtype>(lower);
-  if (Category(l) > Category(r)) return static_cast<int>(PromoteTypes(r, l));
+  if (Category(l) > Category(r)) return static_cast<int>(promote_types(r, l));
   return result;
 }
 
 }  // namespace
 
-size_t ElementSize(Dtype dtype) {
+size_t element_size(Dtype dtype) {
   switch (dtype) {
     case kFloat64:
     case kInt64: return 8;
@@ -59,7 +59,7 @@ size_t ElementSize(Dtype dtype) {
   internal::ThrowUnsupportedDtype("ElementSize", dtype);
 }
 
-std::string_view DtypeName(Dtype dtype) {
+std::string_view dtype_name(Dtype dtype) {
   switch (dtype) {
     case kFloat32: return "float32";
     case kFloat64: return "float64";
@@ -76,15 +76,15 @@ std::string_view DtypeName(Dtype dtype) {
 }
 
 std::ostream& operator<<(std::ostream& os, Dtype dtype) {
-  return os << DtypeName(dtype);
+  return os << dtype_name(dtype);
 }
 
-bool IsFloatingPoint(Dtype dtype) {
+bool is_floating_point(Dtype dtype) {
   return dtype == kFloat32 || dtype == kFloat64 || dtype == kFloat16 ||
          dtype == kBFloat16;
 }
 
-bool IsIntegral(Dtype dtype, bool include_bool) {
+bool is_integral(Dtype dtype, bool include_bool) {
   switch (dtype) {
     case kInt64:
     case kInt32:
@@ -96,23 +96,23 @@ bool IsIntegral(Dtype dtype, bool include_bool) {
   }
 }
 
-Dtype PromoteTypes(Dtype a, Dtype b) {
+Dtype promote_types(Dtype a, Dtype b) {
   return static_cast<Dtype>(kPromote[static_cast<int>(a)][static_cast<int>(b)]);
 }
 
 void ResultTypeState::AddTensor(Dtype dtype, bool zero_dim) {
   int& slot = zero_dim ? zero_dim_ : dim_;
   slot = slot < 0 ? static_cast<int>(dtype)
-                  : static_cast<int>(PromoteTypes(static_cast<Dtype>(slot), dtype));
+                  : static_cast<int>(promote_types(static_cast<Dtype>(slot), dtype));
 }
 
 void ResultTypeState::AddScalar(Dtype category) {
   // Plain numbers stand for the default type of their category.
-  Dtype d = IsFloatingPoint(category) ? kDefaultFloatDtype
+  Dtype d = is_floating_point(category) ? kDefaultFloatDtype
             : category == kBool       ? kBool
                                       : kInt64;
   wrapped_ = wrapped_ < 0 ? static_cast<int>(d)
-                          : static_cast<int>(PromoteTypes(static_cast<Dtype>(wrapped_), d));
+                          : static_cast<int>(promote_types(static_cast<Dtype>(wrapped_), d));
 }
 
 Dtype ResultTypeState::Result() const {
@@ -123,7 +123,7 @@ Dtype ResultTypeState::Result() const {
 
 namespace internal {
 void ThrowUnsupportedDtype(const char* op, Dtype dtype) {
-  EMBER_FAIL(op, ": unsupported dtype ", DtypeName(dtype));
+  EMBER_FAIL(op, ": unsupported dtype ", dtype_name(dtype));
 }
 }  // namespace internal
 

@@ -1,7 +1,7 @@
 // Element types and PyTorch's type-promotion rules.
 //
-//   ember::Dtype d = ember::PromoteTypes(ember::kInt32, ember::kFloat16);
-//   // d == kFloat16; DtypeName(d) == "float16"
+//   ember::Dtype d = ember::promote_types(ember::kInt32, ember::kFloat16);
+//   // d == kFloat16; dtype_name(d) == "float16"
 //   ember::VisitDtype(d, [&]<typename T>() { ... T is ember::Half ... });
 //
 // Promotion follows torch.promote_types: bool < integral < floating point
@@ -54,17 +54,17 @@ inline constexpr Dtype kAllDtypes[kNumDtypes] = {
     kInt32,   kInt16,   kInt8,    kUInt8,    kBool};
 
 // Bytes per element.
-size_t ElementSize(Dtype dtype);
+size_t element_size(Dtype dtype);
 // "float32", "int64", ... as PyTorch spells them after "torch.".
-std::string_view DtypeName(Dtype dtype);
+std::string_view dtype_name(Dtype dtype);
 std::ostream& operator<<(std::ostream& os, Dtype dtype);
 
-bool IsFloatingPoint(Dtype dtype);
+bool is_floating_point(Dtype dtype);
 // Integral types; bool counts only when `include_bool`.
-bool IsIntegral(Dtype dtype, bool include_bool = false);
+bool is_integral(Dtype dtype, bool include_bool = false);
 
 // torch.promote_types(a, b).
-Dtype PromoteTypes(Dtype a, Dtype b);
+Dtype promote_types(Dtype a, Dtype b);
 
 // The default floating dtype (torch.get_default_dtype()): float32.
 inline constexpr Dtype kDefaultFloatDtype = kFloat32;

@@ -9,46 +9,46 @@ namespace ember {
 namespace {
 
 TEST(DtypeTest, ElementSizesAndNames) {
-  EXPECT_EQ(ElementSize(kFloat32), 4u);
-  EXPECT_EQ(ElementSize(kFloat64), 8u);
-  EXPECT_EQ(ElementSize(kFloat16), 2u);
-  EXPECT_EQ(ElementSize(kBFloat16), 2u);
-  EXPECT_EQ(ElementSize(kInt64), 8u);
-  EXPECT_EQ(ElementSize(kInt32), 4u);
-  EXPECT_EQ(ElementSize(kInt16), 2u);
-  EXPECT_EQ(ElementSize(kInt8), 1u);
-  EXPECT_EQ(ElementSize(kUInt8), 1u);
-  EXPECT_EQ(ElementSize(kBool), 1u);
-  EXPECT_EQ(DtypeName(kBFloat16), "bfloat16");
-  EXPECT_EQ(DtypeName(kUInt8), "uint8");
+  EXPECT_EQ(element_size(kFloat32), 4u);
+  EXPECT_EQ(element_size(kFloat64), 8u);
+  EXPECT_EQ(element_size(kFloat16), 2u);
+  EXPECT_EQ(element_size(kBFloat16), 2u);
+  EXPECT_EQ(element_size(kInt64), 8u);
+  EXPECT_EQ(element_size(kInt32), 4u);
+  EXPECT_EQ(element_size(kInt16), 2u);
+  EXPECT_EQ(element_size(kInt8), 1u);
+  EXPECT_EQ(element_size(kUInt8), 1u);
+  EXPECT_EQ(element_size(kBool), 1u);
+  EXPECT_EQ(dtype_name(kBFloat16), "bfloat16");
+  EXPECT_EQ(dtype_name(kUInt8), "uint8");
   for (Dtype d : kAllDtypes) {
-    EXPECT_EQ(ElementSize(d), VisitDtype(d, []<typename T>() { return sizeof(T); }));
+    EXPECT_EQ(element_size(d), VisitDtype(d, []<typename T>() { return sizeof(T); }));
   }
 }
 
 TEST(DtypeTest, Categories) {
-  EXPECT_TRUE(IsFloatingPoint(kBFloat16));
-  EXPECT_FALSE(IsFloatingPoint(kInt64));
-  EXPECT_TRUE(IsIntegral(kUInt8));
-  EXPECT_FALSE(IsIntegral(kBool));
-  EXPECT_TRUE(IsIntegral(kBool, /*include_bool=*/true));
+  EXPECT_TRUE(is_floating_point(kBFloat16));
+  EXPECT_FALSE(is_floating_point(kInt64));
+  EXPECT_TRUE(is_integral(kUInt8));
+  EXPECT_FALSE(is_integral(kBool));
+  EXPECT_TRUE(is_integral(kBool, /*include_bool=*/true));
 }
 
 TEST(DtypeTest, PromoteTypesMatchesTorch) {
-  EXPECT_EQ(PromoteTypes(kUInt8, kInt8), kInt16);
-  EXPECT_EQ(PromoteTypes(kInt8, kUInt8), kInt16);
-  EXPECT_EQ(PromoteTypes(kUInt8, kInt32), kInt32);
-  EXPECT_EQ(PromoteTypes(kFloat16, kBFloat16), kFloat32);
-  EXPECT_EQ(PromoteTypes(kInt64, kFloat16), kFloat16);
-  EXPECT_EQ(PromoteTypes(kBool, kInt8), kInt8);
-  EXPECT_EQ(PromoteTypes(kBool, kBool), kBool);
-  EXPECT_EQ(PromoteTypes(kInt32, kFloat32), kFloat32);
-  EXPECT_EQ(PromoteTypes(kFloat32, kFloat64), kFloat64);
-  EXPECT_EQ(PromoteTypes(kBFloat16, kInt64), kBFloat16);
+  EXPECT_EQ(promote_types(kUInt8, kInt8), kInt16);
+  EXPECT_EQ(promote_types(kInt8, kUInt8), kInt16);
+  EXPECT_EQ(promote_types(kUInt8, kInt32), kInt32);
+  EXPECT_EQ(promote_types(kFloat16, kBFloat16), kFloat32);
+  EXPECT_EQ(promote_types(kInt64, kFloat16), kFloat16);
+  EXPECT_EQ(promote_types(kBool, kInt8), kInt8);
+  EXPECT_EQ(promote_types(kBool, kBool), kBool);
+  EXPECT_EQ(promote_types(kInt32, kFloat32), kFloat32);
+  EXPECT_EQ(promote_types(kFloat32, kFloat64), kFloat64);
+  EXPECT_EQ(promote_types(kBFloat16, kInt64), kBFloat16);
   // Symmetric and idempotent for every pair.
   for (Dtype a : kAllDtypes) {
-    EXPECT_EQ(PromoteTypes(a, a), a);
-    for (Dtype b : kAllDtypes) EXPECT_EQ(PromoteTypes(a, b), PromoteTypes(b, a));
+    EXPECT_EQ(promote_types(a, a), a);
+    for (Dtype b : kAllDtypes) EXPECT_EQ(promote_types(a, b), promote_types(b, a));
   }
 }
 

@@ -39,14 +39,14 @@ namespace {
 
 // torch.can_cast(from, to): never down a category.
 bool CanCast(Dtype from, Dtype to) {
-  if (IsFloatingPoint(from) && !IsFloatingPoint(to)) return false;
+  if (is_floating_point(from) && !is_floating_point(to)) return false;
   if (from != kBool && to == kBool) return false;
   return true;
 }
 
 void CheckCastable(Dtype result, const Tensor& self, std::string_view op) {
-  EMBER_CHECK(CanCast(result, self.dtype()), op, "_: result type ", DtypeName(result),
-              " can't be cast to the desired output type ", DtypeName(self.dtype()),
+  EMBER_CHECK(CanCast(result, self.dtype()), op, "_: result type ", dtype_name(result),
+              " can't be cast to the desired output type ", dtype_name(self.dtype()),
               " of the in-place destination; use the out-of-place ", op,
               " or convert the tensor first");
 }
@@ -72,7 +72,7 @@ Tensor Prepare(const Tensor& t, Dtype dtype, IntArrayRef shape) {
 Tensor OnDevice(const Tensor& t, Device device, std::string_view op) {
   if (t.device() == device) return t;
   EMBER_CHECK(t.dim() == 0, op, ": expected all tensors to be on the same device, but found ",
-              device.ToString(), " and ", t.device().ToString());
+              device.str(), " and ", t.device().str());
   return t.to(device);
 }
 
@@ -89,7 +89,7 @@ Tensor Unaliased(const Tensor& self, const Tensor& in) {
 Dtype UnaryResultDtype(UnaryOp op, Dtype in) {
   std::string_view name = UnaryOpName(op);
   if (op == UnaryOp::kLogicalNot) return kBool;
-  if (UnaryOpPromotesToFloat(op)) return IsFloatingPoint(in) ? in : kDefaultFloatDtype;
+  if (UnaryOpPromotesToFloat(op)) return is_floating_point(in) ? in : kDefaultFloatDtype;
   if (in == kBool) {
     switch (op) {
       case UnaryOp::kNeg:
@@ -108,7 +108,7 @@ Dtype UnaryResultDtype(UnaryOp op, Dtype in) {
 
 // Integers are their own floor, ceil and round: a copy (or nothing in place).
 bool IsIdentityOnIntegers(UnaryOp op, Dtype dtype) {
-  return IsIntegral(dtype) &&
+  return is_integral(dtype) &&
          (op == UnaryOp::kFloor || op == UnaryOp::kCeil || op == UnaryOp::kRound);
 }
 
@@ -161,7 +161,7 @@ struct BinaryPlan {
 };
 
 bool IsNegativeIntegerScalar(const Tensor& t) {
-  if (!t.impl()->is_wrapped_number() || !IsIntegral(t.dtype())) return false;
+  if (!t.impl()->is_wrapped_number() || !is_integral(t.dtype())) return false;
   return t.item<int64_t>() < 0;
 }
 
@@ -184,13 +184,13 @@ BinaryPlan PlanBinary(BinaryOp op, const Tensor& a, const Tensor& b) {
     case BinaryOp::kPow:
       EMBER_CHECK(common != kBool, "pow: not supported for bool operands (result dtype bool); "
                                    "convert them with to() first");
-      EMBER_CHECK(!(IsIntegral(common) && IsNegativeIntegerScalar(b)),
+      EMBER_CHECK(!(is_integral(common) && IsNegativeIntegerScalar(b)),
                   "pow: Integers to negative integer powers are not allowed. (base dtype ",
-                  DtypeName(a.dtype()), ", exponent ", b.item<int64_t>(), ")");
+                  dtype_name(a.dtype()), ", exponent ", b.item<int64_t>(), ")");
       break;
     default: break;
   }
-  plan.compute = (op == BinaryOp::kDiv && !IsFloatingPoint(common)) ? kDefaultFloatDtype : common;
+  plan.compute = (op == BinaryOp::kDiv && !is_floating_point(common)) ? kDefaultFloatDtype : common;
   plan.result = BinaryOpReturnsBool(op) ? kBool : plan.compute;
   return plan;
 }
@@ -235,12 +235,12 @@ Tensor BinaryInPlace(BinaryOp op, const Tensor& self, const Tensor& other) {
 void CheckAlpha(BinaryOp op, Dtype compute, const Scalar& alpha) {
   std::string_view name = BinaryOpName(op);
   EMBER_CHECK(!alpha.is_bool() || compute == kBool, name,
-              ": Boolean alpha only supported for Boolean results (alpha ", alpha.ToString(),
-              ", result dtype ", DtypeName(compute), ")");
-  EMBER_CHECK(IsFloatingPoint(compute) || !alpha.is_floating_point(), name,
+              ": Boolean alpha only supported for Boolean results (alpha ", alpha.str(),
+              ", result dtype ", dtype_name(compute), ")");
+  EMBER_CHECK(is_floating_point(compute) || !alpha.is_floating_point(), name,
               ": For integral input tensors, argument alpha must not be a floating point "
               "number (alpha ",
-              alpha.ToString(), ", result dtype ", DtypeName(compute),
+              alpha.str(), ", result dtype ", dtype_name(compute),
               "); pass an integer alpha or convert the tensors to a floating dtype");
 }
 
@@ -304,7 +304,7 @@ Tensor Where(const Tensor& condition, const Tensor& self, const Tensor& other) {
   EMBER_CHECK(condition.defined() && self.defined() && other.defined(),
               "where: all three tensors must be defined");
   EMBER_CHECK(condition.dtype() == kBool, "where: expected condition to be a bool tensor, got ",
-              DtypeName(condition.dtype()), "; compare it (e.g. t != 0) to make a mask");
+              dtype_name(condition.dtype()), "; compare it (e.g. t != 0) to make a mask");
   SizeVector shape = BroadcastShapes(condition.sizes(), self.sizes(), "where");
   shape = BroadcastShapes(shape, other.sizes(), "where");
   ResultTypeState state;

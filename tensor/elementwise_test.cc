@@ -100,7 +100,7 @@ const std::vector<UnaryCase>& FloatUnaryCases() {
 TEST(UnaryTest, EveryFloatOpOnEveryFloatDtypeMatchesDoubleReference) {
   for (Dtype dtype : kFloatDtypes) {
     for (const UnaryCase& c : FloatUnaryCases()) {
-      std::string what = std::string(UnaryOpName(c.op)) + " " + std::string(DtypeName(dtype));
+      std::string what = std::string(UnaryOpName(c.op)) + " " + std::string(dtype_name(dtype));
       Tensor x = Make(c.inputs, dtype);
       std::vector<double> exact = Values(x);  // Inputs are exact in every dtype.
       std::vector<double> want;
@@ -135,7 +135,7 @@ TEST(UnaryTest, PromotingOpsOnIntegersAndBoolGiveFloat32) {
 TEST(UnaryTest, IntegerOpsKeepTheDtype) {
   for (Dtype dtype : {kInt64, kInt32, kInt16, kInt8}) {
     Tensor x = Make({-3, -1, 0, 2, 5}, dtype);
-    std::string what(DtypeName(dtype));
+    std::string what(dtype_name(dtype));
     for (Tensor y : {x.neg(), x.abs(), x.relu(), x.sign(), x.square(), x.floor(), x.ceil(),
                      x.round()}) {
       EXPECT_EQ(y.dtype(), dtype) << what;
@@ -196,7 +196,7 @@ TEST(UnaryTest, LogicalNotOfEveryDtypeIsBool) {
     Tensor x = Make({0, 1, 0, 1}, dtype);
     Tensor y = x.logical_not();
     EXPECT_EQ(y.dtype(), kBool) << dtype;
-    ExpectValues(y, {1, 0, 1, 0}, std::string(DtypeName(dtype)));
+    ExpectValues(y, {1, 0, 1, 0}, std::string(dtype_name(dtype)));
     ExpectValues(!x, {1, 0, 1, 0});
   }
   ExpectValues(Make({kNaN, -0.0, 2.5}).logical_not(), {0, 1, 0});  // NaN is true.
@@ -303,7 +303,7 @@ TEST(BinaryTest, EveryOpOnEveryDtypeMatchesDoubleReference) {
   const std::vector<double> ys = {1, 1, 3, 2, 2, 3, 0, 1};
   for (Dtype dtype : kAllDtypes) {
     for (const BinaryCase& c : BinaryCases()) {
-      std::string what = std::string(BinaryOpName(c.op)) + " " + std::string(DtypeName(dtype));
+      std::string what = std::string(BinaryOpName(c.op)) + " " + std::string(dtype_name(dtype));
       Tensor a = Make(xs, {2, 4}, dtype), b = Make(ys, {2, 4}, dtype);
       if (dtype == kBool && (c.op == BinaryOp::kSub || c.op == BinaryOp::kPow)) {
         EXPECT_THAT(ErrorOf([&] { ops::binary(c.op, a, b); }), HasSubstr("bool")) << what;
@@ -311,7 +311,7 @@ TEST(BinaryTest, EveryOpOnEveryDtypeMatchesDoubleReference) {
       }
       Tensor out = ops::binary(c.op, a, b);
       Dtype want_dtype = c.returns_bool                                   ? kBool
-                         : (c.op == BinaryOp::kDiv && !IsFloatingPoint(dtype)) ? kFloat32
+                         : (c.op == BinaryOp::kDiv && !is_floating_point(dtype)) ? kFloat32
                                                                               : dtype;
       EXPECT_EQ(out.dtype(), want_dtype) << what;
       EXPECT_EQ(out.sizes(), (SizeVector{2, 4})) << what;
@@ -535,10 +535,10 @@ TEST(BinaryTest, InPlaceAlphaAllocatesNoTemporary) {
   // which the allocator's counters see.
   Tensor a = zeros({1 << 18});
   Tensor b = ones({1 << 18});
-  CpuCacheStats before = GetCpuCacheStats();
+  CpuCacheStats before = get_cpu_cache_stats();
   a.add_(b, 0.25);
   a.sub_(b, -0.5);
-  CpuCacheStats after = GetCpuCacheStats();
+  CpuCacheStats after = get_cpu_cache_stats();
   EXPECT_EQ(after.hits + after.misses, before.hits + before.misses);
   EXPECT_EQ(a.select(0, 0).item<float>(), 0.75f);
   EXPECT_EQ(a.select(0, (1 << 18) - 1).item<float>(), 0.75f);
@@ -622,7 +622,7 @@ TEST(WhereTest, EveryDtypeBroadcastingAndPromotion) {
     Tensor a = Make({1, 1, 1}, dtype), b = Make({0, 0, 0}, dtype);
     Tensor w = where(cond, a, b);
     EXPECT_EQ(w.dtype(), dtype);
-    ExpectValues(w, {1, 0, 1}, std::string(DtypeName(dtype)));
+    ExpectValues(w, {1, 0, 1}, std::string(dtype_name(dtype)));
   }
   // cond [3], a [2, 1], b 0-dim: [2, 3], promoted to float32.
   Tensor a = Make({1, 2}, {2, 1}, kInt64);
@@ -650,7 +650,7 @@ TEST(WhereTest, EveryDtypeBroadcastingAndPromotion) {
 TEST(ClampTest, BoundsEveryDtypeAndNaN) {
   for (Dtype dtype : kAllDtypes) {
     if (dtype == kBool) continue;
-    std::string what(DtypeName(dtype));
+    std::string what(dtype_name(dtype));
     Tensor x = Make({0, 1, 2, 3, 4, 5}, dtype);
     Tensor both = x.clamp(1, 3);
     EXPECT_EQ(both.dtype(), dtype) << what;

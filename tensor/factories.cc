@@ -15,7 +15,7 @@ namespace {
 void CheckPlacement(const TensorOptions& options, const char* op) {
   if (!options.pinned_memory()) return;
   EMBER_CHECK(options.device().is_cpu(), op, ": only CPU tensors can be pinned, but the device is ",
-              options.device().ToString(), "; drop pinned_memory(true)");
+              options.device().str(), "; drop pinned_memory(true)");
   EMBER_FAIL(op,
              ": pinned_memory(true) needs CUDA (pinned host memory is page-locked by the CUDA "
              "runtime), which this build of Ember does not have; drop pinned_memory(true)");
@@ -179,13 +179,13 @@ int64_t Generator::NextInt(int64_t low, int64_t high) {
   return low + static_cast<int64_t>(x % range);
 }
 
-Generator& DefaultGenerator() {
+Generator& default_generator() {
   static Generator* gen = new Generator();
   return *gen;
 }
 
 void manual_seed(uint64_t seed) {
-  Generator& g = DefaultGenerator();
+  Generator& g = default_generator();
   std::lock_guard<std::mutex> lock(g.mutex());
   g.manual_seed(seed);
 }
@@ -196,7 +196,7 @@ namespace {
 // host in row-major order, so results do not depend on memory layout.
 template <typename Source>
 Tensor FillRandom(const Tensor& t, Generator* gen, Source source) {
-  Generator& g = gen ? *gen : DefaultGenerator();
+  Generator& g = gen ? *gen : default_generator();
   Tensor host = EmptyTensor(t.sizes(), t.dtype(), kCPU);
   VisitDtype(t.dtype(), [&]<typename T>() {
     T* p = host.data_ptr<T>();
@@ -207,8 +207,8 @@ Tensor FillRandom(const Tensor& t, Generator* gen, Source source) {
 }
 
 void CheckFloating(Dtype dtype, const char* op) {
-  EMBER_CHECK(IsFloatingPoint(dtype), op, ": expected a floating point dtype, got ",
-              DtypeName(dtype), "; use randint for integers");
+  EMBER_CHECK(is_floating_point(dtype), op, ": expected a floating point dtype, got ",
+              dtype_name(dtype), "; use randint for integers");
 }
 
 }  // namespace
@@ -278,7 +278,7 @@ Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptio
                 " and strides ", ShapeToString(strides), " must be non-negative");
     extent += sizes[d] == 0 ? 0 : (sizes[d] - 1) * strides[d];
   }
-  size_t nbytes = Numel(sizes) == 0 ? 0 : (extent + 1) * ElementSize(options.dtype());
+  size_t nbytes = Numel(sizes) == 0 ? 0 : (extent + 1) * element_size(options.dtype());
   EMBER_CHECK(data != nullptr || nbytes == 0, "from_blob: null data for a non-empty tensor");
   DataPtr ptr;
   if (deleter) {
@@ -303,13 +303,13 @@ Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptio
 }
 
 namespace internal {
-Tensor CopyFromHost(const void* data, size_t count, Dtype dtype, IntArrayRef sizes,
+Tensor copy_from_host(const void* data, size_t count, Dtype dtype, IntArrayRef sizes,
                     const TensorOptions& options) {
   EMBER_CHECK(Numel(sizes) == static_cast<int64_t>(count), "tensor: ", count,
               " values do not fill shape ", ShapeToString(sizes), " (", Numel(sizes), " elements)");
   CheckPlacement(options, "tensor");
   Tensor out = EmptyTensor(sizes, dtype, kCPU);
-  if (count > 0) std::memcpy(out.raw_data(), data, count * ElementSize(dtype));
+  if (count > 0) std::memcpy(out.raw_data(), data, count * element_size(dtype));
   out = out.to(options.dtype_opt().value_or(dtype)).to(options.device());
   return Finish(std::move(out), options);
 }

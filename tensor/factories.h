@@ -78,7 +78,7 @@ class Generator {
 };
 
 // The process-wide default generator.
-Generator& DefaultGenerator();
+Generator& default_generator();
 // torch.manual_seed: reseeds the default generator.
 void manual_seed(uint64_t seed);
 
@@ -127,7 +127,7 @@ Tensor scalar_tensor(const Scalar& value, TensorOptions options = {});
 namespace internal {
 // A tensor of `sizes` filled from `count` host values of `dtype`, then
 // converted and placed as `options` say (see tensor() above).
-Tensor CopyFromHost(const void* data, size_t count, Dtype dtype, IntArrayRef sizes,
+Tensor copy_from_host(const void* data, size_t count, Dtype dtype, IntArrayRef sizes,
                     const TensorOptions& options);
 }  // namespace internal
 
@@ -138,9 +138,9 @@ Tensor tensor(const std::vector<T>& values, std::optional<SizeVector> sizes,
   SizeVector shape = sizes ? *sizes : SizeVector{static_cast<int64_t>(values.size())};
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<uint8_t> bytes(values.begin(), values.end());
-    return internal::CopyFromHost(bytes.data(), bytes.size(), kBool, shape, options);
+    return internal::copy_from_host(bytes.data(), bytes.size(), kBool, shape, options);
   } else {
-    return internal::CopyFromHost(values.data(), values.size(), kDtypeOf<Stored>, shape, options);
+    return internal::copy_from_host(values.data(), values.size(), kDtypeOf<Stored>, shape, options);
   }
 }
 

@@ -21,14 +21,14 @@ Tensor MaskedFill(const Tensor& self, const Tensor& mask, const Scalar& value) {
   EMBER_CHECK(self.defined() && mask.defined(), "masked_fill_: both tensors must be defined");
   EMBER_CHECK(mask.dtype() == kBool,
               "masked_fill_: only supports boolean masks, but got mask with dtype ",
-              DtypeName(mask.dtype()));
+              dtype_name(mask.dtype()));
   SizeVector shape = BroadcastShapes(self.sizes(), mask.sizes(), "masked_fill_");
   EMBER_CHECK(shape == self.sizes(), "masked_fill_: the mask of shape ",
               ShapeToString(mask.sizes()), " cannot be broadcast to the tensor's shape ",
               ShapeToString(self.sizes()), " (in-place ops can't change the shape)");
   EMBER_CHECK(mask.device() == self.device() || mask.dim() == 0,
               "masked_fill_: expected the mask on the tensor's device ",
-              self.device().ToString(), ", got ", mask.device().ToString());
+              self.device().str(), ", got ", mask.device().str());
   CheckWritable(self, "masked_fill_");
   if (self.numel() > 0) {
     Tensor m = mask.device() == self.device() ? mask : mask.to(self.device());
@@ -50,7 +50,7 @@ Tensor MaskedSelect(const Tensor& self, const Tensor& mask) {
   EMBER_CHECK(self.defined() && mask.defined(), "masked_select: both tensors must be defined");
   EMBER_CHECK(mask.dtype() == kBool,
               "masked_select: expected a bool mask, but got mask with dtype ",
-              DtypeName(mask.dtype()));
+              dtype_name(mask.dtype()));
   SizeVector shape = BroadcastShapes(self.sizes(), mask.sizes(), "masked_select");
   // Flat (row-major) positions of the selected elements.
   Tensor m = mask.expand(shape).to(kCPU).contiguous();
@@ -74,11 +74,11 @@ Tensor IndexSelect(const Tensor& self, int64_t dim, const Tensor& index) {
   EMBER_CHECK(self.defined() && index.defined(), "index_select: both tensors must be defined");
   EMBER_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32,
               "index_select: expected an int64 or int32 index, got dtype ",
-              DtypeName(index.dtype()));
+              dtype_name(index.dtype()));
   EMBER_CHECK(index.dim() <= 1, "index_select: index is supposed to be a vector (1-D or 0-dim), "
                                 "got shape ", ShapeToString(index.sizes()));
   EMBER_CHECK(index.device() == self.device(), "index_select: expected the index on ",
-              self.device().ToString(), ", got ", index.device().ToString());
+              self.device().str(), ", got ", index.device().str());
   int64_t d = WrapDim(dim, self.dim(), "index_select");
   const int64_t n = index.numel();
   SizeVector shape(self.sizes().begin(), self.sizes().end());
@@ -110,9 +110,9 @@ Tensor Cat(absl::Span<const Tensor> tensors, int64_t dim) {
                 ") cannot be concatenated");
     EMBER_CHECK(t.device() == tensors[0].device(),
                 "cat: expected all tensors to be on the same device, but tensor number ", i,
-                " is on ", t.device().ToString(), " and tensor number 0 on ",
-                tensors[0].device().ToString());
-    dtype = PromoteTypes(dtype, t.dtype());
+                " is on ", t.device().str(), " and tensor number 0 on ",
+                tensors[0].device().str());
+    dtype = promote_types(dtype, t.dtype());
     if (ref == nullptr && !skipped(t)) {
       ref = &t;
       ref_index = i;

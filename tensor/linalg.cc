@@ -17,13 +17,13 @@ void CheckDefinedOnOneDevice(const char* op, const Tensor& a, const Tensor& b) {
   EMBER_CHECK(a.defined() && b.defined(), op, ": both arguments must be defined tensors");
   EMBER_CHECK(a.device() == b.device(), op,
               ": expected both arguments to be on the same device, but found ",
-              a.device().ToString(), " and ", b.device().ToString());
+              a.device().str(), " and ", b.device().str());
 }
 
 void CheckSameDtype(const char* op, const char* what, const Tensor& a, const Tensor& b) {
   EMBER_CHECK(a.dtype() == b.dtype(), op, ": expected both ", what,
-              " to have the same dtype, but found ", DtypeName(a.dtype()), " and ",
-              DtypeName(b.dtype()), "; convert one with .to(...)");
+              " to have the same dtype, but found ", dtype_name(a.dtype()), " and ",
+              dtype_name(b.dtype()), "; convert one with .to(...)");
   EMBER_CHECK(a.dtype() != kBool, op, ": not implemented for bool tensors; convert them with "
               ".to(ember::kInt64) or a floating dtype first");
 }
@@ -76,14 +76,14 @@ Tensor Addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const S
   SizeVector shape = CheckMatrixProduct("addmm", mat1, mat2);
   CheckDefinedOnOneDevice("addmm", self, mat1);
   EMBER_CHECK(self.dtype() == mat1.dtype(), "addmm: expected self and the matrices to have the "
-              "same dtype, but found ", DtypeName(self.dtype()), " and ", DtypeName(mat1.dtype()));
+              "same dtype, but found ", dtype_name(self.dtype()), " and ", dtype_name(mat1.dtype()));
   EMBER_CHECK(BroadcastShapes(self.sizes(), shape, "addmm") == shape, "addmm: self of shape ",
               ShapeToString(self.sizes()), " cannot be broadcast to the result shape ",
               ShapeToString(shape));
-  if (!IsFloatingPoint(self.dtype())) {
+  if (!is_floating_point(self.dtype())) {
     EMBER_CHECK(!beta.is_floating_point() && !alpha.is_floating_point(),
                 "addmm: for integer tensors beta and alpha must be integers, got beta=",
-                beta.ToString(), " and alpha=", alpha.ToString());
+                beta.str(), " and alpha=", alpha.str());
   }
   Tensor out = EmptyTensor(shape, self.dtype(), self.device());
   // beta == 0 ignores self entirely (its NaNs included), as torch does.
@@ -104,8 +104,8 @@ Tensor Dot(const Tensor& self, const Tensor& other) {
               " to have the same number of elements, but got ", self.numel(), " and ",
               other.numel(), " elements respectively");
   EMBER_CHECK(self.dtype() == other.dtype(),
-              "dot: expected both vectors to have same dtype, but found ", DtypeName(self.dtype()),
-              " and ", DtypeName(other.dtype()));
+              "dot: expected both vectors to have same dtype, but found ", dtype_name(self.dtype()),
+              " and ", dtype_name(other.dtype()));
   CheckSameDtype("dot", "vectors", self, other);
   Tensor out = EmptyTensor({}, self.dtype(), self.device());
   // [1, 1, k] @ [1, k, 1] -> [1, 1, 1].

@@ -50,7 +50,7 @@ Tensor SmallInts(IntArrayRef sizes, Dtype dtype) {
 TEST(LinalgTest, MmMatchesReferenceFloat) {
   manual_seed(10);
   for (Dtype dt : {kFloat32, kFloat64}) {
-    SCOPED_TRACE(std::string(DtypeName(dt)));
+    SCOPED_TRACE(std::string(dtype_name(dt)));
     Tensor a = randn({37, 53}, dt), b = randn({53, 29}, dt);
     Tensor c = a.mm(b);
     EXPECT_EQ(c.dtype(), dt);
@@ -87,7 +87,7 @@ TEST(LinalgTest, MmMatchesReferenceFloat) {
 TEST(LinalgTest, MmEveryDtype) {
   manual_seed(11);
   for (Dtype dt : kAllDtypes) {
-    SCOPED_TRACE(std::string(DtypeName(dt)));
+    SCOPED_TRACE(std::string(dtype_name(dt)));
     if (dt == kBool) {
       Tensor t = ones({2, 2}, kBool);
       EXPECT_THAT(ErrorOf([&] { t.mm(t); }), HasSubstr("not implemented for bool"));

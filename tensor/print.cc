@@ -104,7 +104,7 @@ std::string Tensor::ToString() const {
   Formatter f;
   if (dtype() == kBool) {
     f.kind = Formatter::kBool;
-  } else if (IsFloatingPoint(dtype())) {
+  } else if (ember::is_floating_point(dtype())) {
     bool whole = true;
     double max_abs = 0, min_abs = INFINITY;
     for (double v : values) {
@@ -134,8 +134,8 @@ std::string Tensor::ToString() const {
   if (numel() == 0 && dim() > 0 && sizes() != IntArrayRef{0}) {
     absl::StrAppend(&s, ", size=(", absl::StrJoin(sizes(), ", "), sizes().size() == 1 ? ",)" : ")");
   }
-  if (!default_dtype) absl::StrAppend(&s, ", dtype=", std::string(DtypeName(dtype())));
-  if (!is_cpu()) absl::StrAppend(&s, ", device='", device().ToString(), "'");
+  if (!default_dtype) absl::StrAppend(&s, ", dtype=", std::string(dtype_name(dtype())));
+  if (!is_cpu()) absl::StrAppend(&s, ", device='", device().str(), "'");
   absl::StrAppend(&s, ")");
   return s;
 }

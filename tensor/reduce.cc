@@ -76,16 +76,16 @@ Tensor Reduce(ReduceOp op, const Tensor& self_in, IntArrayRef dims, bool keepdim
       break;
     case ReduceOp::kMean:
       out_dtype = dtype.value_or(self.dtype());
-      EMBER_CHECK(IsFloatingPoint(out_dtype),
+      EMBER_CHECK(is_floating_point(out_dtype),
                   "mean(): could not infer the output dtype: the input dtype must be floating "
                   "point, got ",
-                  DtypeName(out_dtype), "; convert it with .to(ember::kFloat32) first");
+                  dtype_name(out_dtype), "; convert it with .to(ember::kFloat32) first");
       break;
     case ReduceOp::kAmax:
     case ReduceOp::kAmin:
       EMBER_CHECK(!dtype.has_value() || *dtype == self.dtype(), name,
-                  ": a dtype argument is not supported (got ", DtypeName(*dtype), " for a ",
-                  DtypeName(self.dtype()), " input); convert the input instead");
+                  ": a dtype argument is not supported (got ", dtype_name(*dtype), " for a ",
+                  dtype_name(self.dtype()), " input); convert the input instead");
       break;
     default:
       break;
@@ -148,7 +148,7 @@ MinMaxResult MinDim(const Tensor& self, int64_t dim, bool keepdim) {
 Tensor Var(const Tensor& self, IntArrayRef dims, int64_t correction, bool keepdim) {
   EMBER_CHECK(self.defined(), "var: the input tensor is undefined");
   EMBER_CHECK(self.is_floating_point(), "var: std and var only support floating point dtypes, got ",
-              DtypeName(self.dtype()), "; convert the input with .to(ember::kFloat32) first");
+              dtype_name(self.dtype()), "; convert the input with .to(ember::kFloat32) first");
   SizeVector reduced = ReducedDims(self, dims, "var");
   int64_t n = 1;
   for (int64_t d : reduced) n *= self.sizes()[d];
@@ -175,7 +175,7 @@ Tensor Std(const Tensor& self, IntArrayRef dims, int64_t correction, bool keepdi
 Tensor Norm(const Tensor& self, const Scalar& p, IntArrayRef dims, bool keepdim) {
   EMBER_CHECK(self.defined(), "norm: the input tensor is undefined");
   EMBER_CHECK(self.is_floating_point(), "norm: expected a floating point tensor, got ",
-              DtypeName(self.dtype()), "; convert the input with .to(ember::kFloat32) first");
+              dtype_name(self.dtype()), "; convert the input with .to(ember::kFloat32) first");
   const double pv = p.to_double();
   if (std::isinf(pv)) {
     return pv > 0 ? self.abs().amax(dims, keepdim) : self.abs().amin(dims, keepdim);
@@ -190,7 +190,7 @@ Tensor Softmax(const Tensor& self, int64_t dim, bool log) {
   const char* name = log ? "log_softmax" : "softmax";
   EMBER_CHECK(self.defined(), name, ": the input tensor is undefined");
   EMBER_CHECK(self.is_floating_point(), name, ": expected a floating point tensor, got ",
-              DtypeName(self.dtype()), "; convert the input with .to(ember::kFloat32) first");
+              dtype_name(self.dtype()), "; convert the input with .to(ember::kFloat32) first");
   int64_t d = WrapDim(dim, self.dim(), name);
   Tensor out = EmptyTensor(self.sizes(), self.dtype(), self.device());
   if (out.numel() == 0) return out;

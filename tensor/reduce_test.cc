@@ -110,9 +110,9 @@ TEST(ReduceTest, LargeSumIsAccurateAndDeterministic) {
 TEST(ReduceTest, SumAndProdEveryDtype) {
   std::vector<double> vals = {1, 2, 3, 0, 4, 5};
   for (Dtype dt : kAllDtypes) {
-    SCOPED_TRACE(std::string(DtypeName(dt)));
+    SCOPED_TRACE(std::string(dtype_name(dt)));
     Tensor x = Make(vals, {2, 3}, dt);
-    const bool fp = IsFloatingPoint(dt);
+    const bool fp = is_floating_point(dt);
     Dtype want = fp ? dt : kInt64;
     Tensor s = x.sum();
     EXPECT_EQ(s.dtype(), want);
@@ -137,7 +137,7 @@ TEST(ReduceTest, SumAndProdEveryDtype) {
     } else {
       EXPECT_THAT(ErrorOf([&] { x.mean(); }),
                   HasSubstr("mean(): could not infer the output dtype"));
-      EXPECT_THAT(ErrorOf([&] { x.mean(); }), HasSubstr(std::string(DtypeName(dt))));
+      EXPECT_THAT(ErrorOf([&] { x.mean(); }), HasSubstr(std::string(dtype_name(dt))));
     }
   }
   // int64 sums wrap as in torch; uint8 sums do not overflow (int64 result).
@@ -267,7 +267,7 @@ TEST(ReduceTest, EmptyAndZeroDimTensors) {
 TEST(ReduceTest, AmaxAminEveryDtypeAndNan) {
   std::vector<double> vals = {3, 7, 1, 0, 5, 9, 2, 8};
   for (Dtype dt : kAllDtypes) {
-    SCOPED_TRACE(std::string(DtypeName(dt)));
+    SCOPED_TRACE(std::string(dtype_name(dt)));
     Tensor x = Make(vals, {2, 4}, dt);
     Tensor mx = x.amax({});
     EXPECT_EQ(mx.dtype(), dt);
@@ -326,7 +326,7 @@ TEST(ReduceTest, MaxMinDimValuesIndicesArgmax) {
   // Every dtype, along a strided dim and a contiguous one.
   std::vector<double> vals = {4, 1, 6, 6, 0, 3};
   for (Dtype dt : kAllDtypes) {
-    SCOPED_TRACE(std::string(DtypeName(dt)));
+    SCOPED_TRACE(std::string(dtype_name(dt)));
     Tensor t = Make(vals, {2, 3}, dt);
     MinMaxResult r = t.max(1);
     EXPECT_EQ(r.values.dtype(), dt);

@@ -4,7 +4,7 @@
 
 namespace ember {
 
-std::string Scalar::ToString() const {
+std::string Scalar::str() const {
   if (kind_ == kBool) return i_ ? "True" : "False";
   if (kind_ == kInt64) return absl::StrCat(i_);
   return absl::StrCat(d_);

@@ -55,7 +55,7 @@ class Scalar {
 
   double to_double() const { return to<double>(); }
   int64_t to_int() const { return to<int64_t>(); }
-  std::string ToString() const;
+  std::string str() const;
 
  private:
   Dtype kind_;

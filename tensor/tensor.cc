@@ -89,8 +89,8 @@ int64_t Tensor::stride(int64_t d) const { return strides()[WrapDim(d, dim(), "st
 
 void Tensor::CheckDataPtrType(Dtype requested) const {
   EMBER_CHECK(defined(), "data_ptr: the tensor is undefined");
-  EMBER_CHECK(requested == dtype(), "data_ptr: expected a ", DtypeName(requested),
-              " pointer type for a ", DtypeName(dtype()), " tensor; ask for the tensor's own type");
+  EMBER_CHECK(requested == dtype(), "data_ptr: expected a ", dtype_name(requested),
+              " pointer type for a ", dtype_name(dtype()), " tensor; ask for the tensor's own type");
 }
 
 Scalar Tensor::ItemScalar() const {
@@ -261,7 +261,7 @@ Tensor Tensor::clone() const {
 Tensor Tensor::to(Dtype d) const {
   if (d == dtype()) return *this;
   Tensor out(
-      MakeTensorImpl(Storage::Allocate(numel() * ElementSize(d), GetAllocator(device().type())), d,
+      MakeTensorImpl(Storage::Allocate(numel() * ember::element_size(d), GetAllocator(device().type())), d,
                      sizes(), ContiguousStrides(sizes()), 0));
   return CopyIntoFresh(out, *this);
 }
@@ -271,7 +271,7 @@ Tensor Tensor::to(Device dev) const {
     return *this;
   }
   Allocator* allocator = GetAllocator(dev.type());
-  EMBER_CHECK(allocator != nullptr, "to: no allocator is registered for device ", dev.ToString(),
+  EMBER_CHECK(allocator != nullptr, "to: no allocator is registered for device ", dev.str(),
               "; link //cuda to use CUDA devices");
   Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), allocator), dtype(), sizes(),
                             ContiguousStrides(sizes()), 0));
@@ -323,7 +323,7 @@ EMBER_UNARY_INPLACE_METHOD(relu_, kRelu)
 #undef EMBER_UNARY_INPLACE_METHOD
 
 Tensor WrapScalar(const Scalar& value, Device device) {
-  Tensor t(MakeTensorImpl(Storage::Allocate(ElementSize(value.dtype()), GetCpuAllocator()),
+  Tensor t(MakeTensorImpl(Storage::Allocate(element_size(value.dtype()), GetCpuAllocator()),
                           value.dtype(), IntArrayRef{}, IntArrayRef{}, 0));
   VisitDtype(value.dtype(), [&]<typename T>() { *static_cast<T*>(t.raw_data()) = value.to<T>(); });
   if (!device.is_cpu()) t = t.to(device);
@@ -346,7 +346,7 @@ Tensor WrapOperand(const Tensor& self, const Scalar& value) {
   const bool same_category = (value.is_floating_point() && (d == kFloat32 || d == kFloat64)) ||
                              (value.is_integral() && d == kInt64);
   if (!same_category || !self.is_cpu()) return WrapScalar(value, self.device());
-  Tensor t(MakeTensorImpl(Storage::Allocate(ElementSize(d), GetCpuAllocator()), d, IntArrayRef{},
+  Tensor t(MakeTensorImpl(Storage::Allocate(element_size(d), GetCpuAllocator()), d, IntArrayRef{},
                           IntArrayRef{}, 0));
   VisitDtype(d, [&]<typename T>() { *static_cast<T*>(t.raw_data()) = value.to<T>(); });
   t.impl()->set_wrapped_number(true);
@@ -572,8 +572,8 @@ bool Tensor::equal(const Tensor& other) const {
 bool Tensor::allclose(const Tensor& other, double rtol, double atol, bool equal_nan) const {
   BroadcastShapes(sizes(), other.sizes(), "allclose");
   if (numel() == 0 || other.numel() == 0) return true;
-  Dtype common = PromoteTypes(dtype(), other.dtype());
-  if (!IsFloatingPoint(common)) return eq(other).logical_not().sum().item<int64_t>() == 0;
+  Dtype common = promote_types(dtype(), other.dtype());
+  if (!ember::is_floating_point(common)) return eq(other).logical_not().sum().item<int64_t>() == 0;
   Tensor a = to(kFloat64), b = other.to(kFloat64);
   // x - x == 0 exactly when x is finite. Infinities are close only to an
   // equal infinity (the a == b term), never through the tolerance.

@@ -193,7 +193,7 @@ class TensorImpl {
   bool is_contiguous() const { return is_contiguous_; }
   // Address of element 0 (storage data + offset).
   void* data() const {
-    return static_cast<char*>(storage_.data()) + storage_offset_ * ElementSize(dtype_);
+    return static_cast<char*>(storage_.data()) + storage_offset_ * element_size(dtype_);
   }
 
   // Replaces the geometry (used by ops that rewrite metadata in place).
@@ -296,8 +296,8 @@ class Tensor {
   bool is_contiguous() const { return impl_->is_contiguous(); }
   bool is_cpu() const { return device().is_cpu(); }
   bool is_cuda() const { return device().is_cuda(); }
-  bool is_floating_point() const { return IsFloatingPoint(dtype()); }
-  size_t element_size() const { return ElementSize(dtype()); }
+  bool is_floating_point() const { return ember::is_floating_point(dtype()); }
+  size_t element_size() const { return ember::element_size(dtype()); }
   size_t nbytes() const { return numel() * element_size(); }
   uint32_t version() const { return impl_->version(); }
   // Typed pointer to element 0; T must match dtype().

@@ -253,7 +253,7 @@ TEST(TensorTest, CopyAcrossEveryDtypePair) {
       for (size_t i = 0; i < src_vals.size(); ++i) {
         double expect = src_vals[i];
         if (from == kBool || to == kBool) expect = expect != 0 ? 1 : 0;
-        ASSERT_EQ(got[i], expect) << DtypeName(from) << " -> " << DtypeName(to) << " at " << i;
+        ASSERT_EQ(got[i], expect) << dtype_name(from) << " -> " << dtype_name(to) << " at " << i;
       }
     }
   }

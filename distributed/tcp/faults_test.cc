@@ -35,10 +35,10 @@ TEST(TcpProcessesTest, AllReduceAcrossProcesses) {
     setenv("EMBER_TCP_DIRECT", std::string(shm) == "ring" ? "0" : "1", 1);
     std::vector<ProcessResult> results = RunRankProcesses(3, [](Rank& me) -> absl::Status {
       Tensor t = full({4 << 20}, me.rank + 1, kFloat32);
-      EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
+      EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t)));
       if (!t.equal(full({4 << 20}, 6, kFloat32))) return absl::InternalError("wrong sum");
       std::vector<Tensor> all = {zeros({1 << 18}), zeros({1 << 18}), zeros({1 << 18})};
-      EMBER_RETURN_IF_ERROR(Finish(me.group->AllGather(all, full({1 << 18}, me.rank, kFloat32))));
+      EMBER_RETURN_IF_ERROR(Finish(me.group->allgather(all, full({1 << 18}, me.rank, kFloat32))));
       for (int r = 0; r < 3; ++r) {
         if (!all[r].equal(full({1 << 18}, r, kFloat32))) return absl::InternalError("all_gather");
       }
@@ -64,20 +64,20 @@ void ExpectSurvivorsFail(int fault, const char* shm) {
       3,
       [fault](Rank& me) -> absl::Status {
         Tensor t = ones({4 << 20}, kFloat32);  // 16 MiB: the op takes a while
-        EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));  // everyone is up
+        EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t)));  // everyone is up
         if (me.rank == 2) {
           // Inside its second all_reduce (which waits for the others) when
           // it is killed or stopped; the others join a moment later.
-          EMBER_ASSIGN_OR_RETURN(auto work, me.group->AllReduce(t));
+          EMBER_ASSIGN_OR_RETURN(auto work, me.group->allreduce(t));
           absl::SleepFor(absl::Milliseconds(50));
-          if (work->IsCompleted()) return absl::InternalError("the all_reduce ended too soon");
+          if (work->is_completed()) return absl::InternalError("the all_reduce ended too soon");
           raise(fault);
           absl::SleepFor(absl::Seconds(30));
           return absl::InternalError("rank 2 survived its own signal");
         }
         absl::SleepFor(absl::Milliseconds(100));
         const absl::Time start = absl::Now();
-        absl::Status s = Finish(me.group->AllReduce(t));
+        absl::Status s = Finish(me.group->allreduce(t));
         const absl::Duration took = absl::Now() - start;
         fprintf(stderr, "after %s: %s\n", absl::FormatDuration(took).c_str(),
                 s.ToString().c_str());

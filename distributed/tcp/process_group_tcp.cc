@@ -69,7 +69,7 @@ Sink CopySink(char* dst) {
   return [dst](size_t off, const char* data, size_t n) { std::memcpy(dst + off, data, n); };
 }
 Sink ReduceSink(ReduceOp op, Dtype dtype, char* acc) {
-  const size_t elem = ElementSize(dtype);
+  const size_t elem = element_size(dtype);
   return [=](size_t off, const char* data, size_t n) {
     ReduceInto(op, dtype, acc + off, data, static_cast<int64_t>(n / elem));
   };
@@ -77,7 +77,7 @@ Sink ReduceSink(ReduceOp op, Dtype dtype, char* acc) {
 
 std::string OpCodeName(uint8_t code) {
   if (code == kAnyOp) return "send";
-  if (code < kNumOpTypes) return std::string(OpTypeName(static_cast<OpType>(code)));
+  if (code < kNumOpTypes) return std::string(op_type_name(static_cast<OpType>(code)));
   return absl::StrCat("op #", code);
 }
 
@@ -144,12 +144,12 @@ absl::StatusOr<std::vector<std::string>> PublishAndGather(Store& store, const st
                                                           int rank, int n,
                                                           const std::string& value,
                                                           const char* what, absl::Time deadline) {
-  EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(key, "/", rank), value));
+  EMBER_RETURN_IF_ERROR(store.set(absl::StrCat(key, "/", rank), value));
   std::vector<std::string> values(n);
   values[rank] = value;
   for (int p = 0; p < n; ++p) {
     if (p == rank) continue;
-    auto got = store.Get(absl::StrCat(key, "/", p),
+    auto got = store.get(absl::StrCat(key, "/", p),
                          std::max(deadline - absl::Now(), absl::ZeroDuration()));
     if (!got.ok()) {
       return absl::Status(got.status().code(),
@@ -239,7 +239,7 @@ absl::Status Exchange(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int32_t
 absl::Status RingReduceScatter(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
                                int64_t numel, Dtype dtype, ReduceOp op) {
   const int n = mesh.size(), r = mesh.rank();
-  const size_t elem = ElementSize(dtype);
+  const size_t elem = element_size(dtype);
   const int left = (r - 1 + n) % n, right = (r + 1) % n;
   const uint8_t code = static_cast<uint8_t>(ctx.op);
   std::vector<std::shared_ptr<PendingRecv>> rs(n - 1);
@@ -263,7 +263,7 @@ absl::Status RingReduceScatter(Mesh& mesh, const TcpProcessGroup::OpContext& ctx
 absl::Status DirectAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
                              int64_t numel, Dtype dtype, ReduceOp op) {
   const int n = mesh.size(), r = mesh.rank();
-  const size_t nbytes = static_cast<size_t>(numel) * ElementSize(dtype);
+  const size_t nbytes = static_cast<size_t>(numel) * element_size(dtype);
   std::vector<std::string> inputs(n);
   std::vector<std::optional<absl::Span<const char>>> sends(n, absl::Span<const char>(data, nbytes));
   std::vector<std::optional<Target>> recvs(n);
@@ -285,7 +285,7 @@ absl::Status DirectAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, 
 absl::Status RingAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
                            int64_t numel, Dtype dtype, ReduceOp op) {
   const int n = mesh.size(), r = mesh.rank();
-  const size_t elem = ElementSize(dtype);
+  const size_t elem = element_size(dtype);
   const int left = (r - 1 + n) % n, right = (r + 1) % n;
   const uint8_t code = static_cast<uint8_t>(ctx.op);
   // All-gather receives are posted first too: a segment's final value only
@@ -330,7 +330,7 @@ TcpOptions TcpOptions::FromEnv() {
   return o;
 }
 
-SupportTable TcpSupportTable() { return SupportTable().AllowAll(DeviceType::kCPU); }
+SupportTable TcpSupportTable() { return SupportTable().allow_all(DeviceType::kCPU); }
 
 absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
     const BackendOptions& options, const TcpOptions& tcp) {
@@ -373,16 +373,16 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
     if (!same_host(p)) continue;
     auto ch = ShmChannel::Create({tcp.ring_bytes, p, records[p].pid});
     EMBER_RETURN_IF_ERROR(
-        store.Set(shm_key("shm", rank, p), ch.ok() ? (*ch)->Locator() : std::string("none")));
+        store.set(shm_key("shm", rank, p), ch.ok() ? (*ch)->Locator() : std::string("none")));
     if (ch.ok()) created[p] = std::move(*ch);
   }
   // 2. Open the lower ranks' segments, or connect to them.
   for (int p = 0; p < rank; ++p) {
     if (same_host(p)) {
-      EMBER_ASSIGN_OR_RETURN(std::string locator, store.Get(shm_key("shm", p, rank), left()));
+      EMBER_ASSIGN_OR_RETURN(std::string locator, store.get(shm_key("shm", p, rank), left()));
       if (locator != "none") {
         auto ch = ShmChannel::Open(locator, {tcp.ring_bytes, p, records[p].pid});
-        EMBER_RETURN_IF_ERROR(store.Set(shm_key("shm-ok", p, rank), ch.ok() ? "1" : "0"));
+        EMBER_RETURN_IF_ERROR(store.set(shm_key("shm-ok", p, rank), ch.ok() ? "1" : "0"));
         if (ch.ok()) {
           channels[p] = std::move(*ch);
           continue;
@@ -404,7 +404,7 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
   int expected = 0;
   for (int p = rank + 1; p < n; ++p) {
     if (created[p]) {
-      EMBER_ASSIGN_OR_RETURN(std::string ok, store.Get(shm_key("shm-ok", rank, p), left()));
+      EMBER_ASSIGN_OR_RETURN(std::string ok, store.get(shm_key("shm-ok", rank, p), left()));
       if (ok == "1") {
         channels[p] = std::move(created[p]);
         continue;
@@ -446,11 +446,11 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
       if (p == rank || !same_host(p)) continue;
       peers[p].we_read_peer = CanReadMemoryOf(records[p].pid, records[p].probe);
       EMBER_RETURN_IF_ERROR(
-          store.Set(shm_key("direct", p, rank), peers[p].we_read_peer ? "1" : "0"));
+          store.set(shm_key("direct", p, rank), peers[p].we_read_peer ? "1" : "0"));
     }
     for (int p = 0; p < n; ++p) {
       if (p == rank || !same_host(p)) continue;
-      EMBER_ASSIGN_OR_RETURN(std::string ok, store.Get(shm_key("direct", rank, p), left()));
+      EMBER_ASSIGN_OR_RETURN(std::string ok, store.get(shm_key("direct", rank, p), left()));
       peers[p].peer_reads_us = ok == "1";
       if (peers[p].peer_reads_us) transports[p] += " + direct reads";
     }
@@ -508,7 +508,7 @@ std::string TcpProcessGroup::TransportTo(int peer) const {
   return peer >= 0 && peer < static_cast<int>(transports_.size()) ? transports_[peer] : "none";
 }
 
-void TcpProcessGroup::Abort() {
+void TcpProcessGroup::abort() {
   {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = absl::AbortedError("the process group was aborted");
@@ -526,8 +526,8 @@ std::shared_ptr<Work> TcpProcessGroup::Enqueue(OpType op,
   auto work = std::make_shared<Work>(op, deadline + kBackstop);
   absl::MutexLock lock(&mu_);
   const int64_t seq = collective ? next_seq_++ : -1;
-  std::string what = collective ? absl::StrCat(OpTypeName(op), " (collective #", seq, ")")
-                                : std::string(OpTypeName(op));
+  std::string what = collective ? absl::StrCat(op_type_name(op), " (collective #", seq, ")")
+                                : std::string(op_type_name(op));
   queue_.push_back({work, {op, seq, deadline, std::move(what)}, std::move(job)});
   return work;
 }

@@ -75,7 +75,7 @@ class TcpProcessGroup : public ProcessGroup {
       const BackendOptions& options, const TcpOptions& tcp = TcpOptions::FromEnv());
   ~TcpProcessGroup() override;
 
-  void Abort() override;
+  void abort() override;
   // How bytes reach `peer`: "shared memory" or "tcp <address>".
   std::string TransportTo(int peer) const;
   // How an all_reduce of `nbytes` would run now: "none" (a group of one),

@@ -52,8 +52,8 @@ absl::Status WithWhat(const std::string& what, const absl::Status& status) {
 
 std::string Describe(size_t nbytes, uint32_t dtype, uint32_t op) {
   return absl::StrCat("all_reduce of ", nbytes, " bytes of ",
-                      std::string(DtypeName(static_cast<Dtype>(dtype))), " (",
-                      ReduceOpName(static_cast<ReduceOp>(op)), ")");
+                      std::string(dtype_name(static_cast<Dtype>(dtype))), " (",
+                      reduce_op_name(static_cast<ReduceOp>(op)), ")");
 }
 
 }  // namespace
@@ -235,7 +235,7 @@ absl::Status ShmArena::AllReduce(const Op& op, char* data, int64_t numel, Dtype 
         absl::StrCat(op.what, ": the shared-memory all_reduce needs a non-empty buffer"));
   }
   const int n = size_, r = rank_;
-  const size_t elem = ElementSize(dtype);
+  const size_t elem = element_size(dtype);
   Announce(op.seq, static_cast<size_t>(numel) * elem, dtype, redop, true);
   EMBER_RETURN_IF_ERROR(CheckAnnouncements(op, static_cast<size_t>(numel) * elem, dtype, redop));
 

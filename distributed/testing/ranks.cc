@@ -22,7 +22,7 @@ namespace {
 absl::Status RunOne(int rank, int world_size, std::shared_ptr<Store> store,
                     const std::function<absl::Status(Rank&)>& body,
                     const RunRanksOptions& options, const std::string& dir) {
-  auto backend = FindBackend(options.backend);
+  auto backend = find_backend(options.backend);
   if (!backend.ok()) return backend.status();
   BackendOptions b;
   b.store = store;
@@ -86,7 +86,7 @@ std::vector<ProcessResult> RunRankProcesses(int world_size,
       if (!freopen(log.c_str(), "w", stderr)) _exit(3);
       absl::Status s;
       if (options.make_group) {
-        auto store = FileStore::Open(store_path, options.timeout);
+        auto store = FileStore::open(store_path, options.timeout);
         s = store.ok() ? RunOne(r, world_size, std::shared_ptr<Store>(std::move(*store)), body,
                                 options, dir)
                        : store.status();
@@ -145,7 +145,7 @@ std::vector<ProcessResult> RunRankProcesses(int world_size,
 
 absl::Status Finish(const absl::StatusOr<std::shared_ptr<Work>>& work) {
   if (!work.ok()) return work.status();
-  return (*work)->Wait();
+  return (*work)->wait();
 }
 
 }  // namespace ember::distributed::testing

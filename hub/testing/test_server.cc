@@ -84,7 +84,7 @@ absl::StatusOr<int> TestServer::RequestCount(const std::string& path) const {
   DownloadOptions opts;
   opts.ca_bundle = ca_bundle_;
   opts.progress = false;
-  if (absl::Status s = DownloadUrlToFile(url("/__stats"), tmp, opts); !s.ok())
+  if (absl::Status s = download_url_to_file(url("/__stats"), tmp, opts); !s.ok())
     return s;
   absl::StatusOr<std::string> text = ReadFile(tmp);
   if (!text.ok()) return text.status();

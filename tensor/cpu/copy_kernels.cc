@@ -9,8 +9,8 @@ namespace ember::cpu {
 namespace {
 
 void CopyOut(const Tensor& out, const Tensor& src) {
-  EMBER_CHECK(src.is_cpu() && out.is_cpu(), "copy_: cpu kernel got a ", src.device().ToString(),
-              " source and a ", out.device().ToString(), " destination");
+  EMBER_CHECK(src.is_cpu() && out.is_cpu(), "copy_: cpu kernel got a ", src.device().str(),
+              " source and a ", out.device().str(), " destination");
   if (out.dtype() == src.dtype() && out.is_contiguous() && src.is_contiguous()) {
     std::memcpy(out.raw_data(), src.raw_data(), out.nbytes());
     return;

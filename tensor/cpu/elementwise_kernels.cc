@@ -92,7 +92,7 @@ void MapFloat(const Tensor& out, const Tensor& in, F f) {
 }
 
 [[noreturn]] void Unreachable(std::string_view op, Dtype dtype) {
-  EMBER_FAIL(op, ": cpu kernel got unsupported dtype ", DtypeName(dtype),
+  EMBER_FAIL(op, ": cpu kernel got unsupported dtype ", dtype_name(dtype),
              " (the composite op should have refused it)");
 }
 

@@ -59,7 +59,7 @@ void IndexSelectOut(const Tensor& out, const Tensor& self, int64_t dim, const Te
       }
     } else {
       EMBER_FAIL("index_select: expected an int64 or int32 index, got dtype ",
-                 DtypeName(index_c.dtype()));
+                 dtype_name(index_c.dtype()));
     }
   });
   if (out.numel() == 0) return;

@@ -386,8 +386,8 @@ void ReduceWithOutput(const Tensor& out, const Tensor& self, bool mean) {
     EMBER_INTERNAL_ASSERT(out.dtype() == kInt64, "reduce_out: integer inputs reduce into int64");
     ReduceTyped<R<T>, T, int64_t>(out, self, mean);
   } else {
-    EMBER_INTERNAL_ASSERT(false, "reduce_out: output dtype ", DtypeName(out.dtype()),
-                          " for input dtype ", DtypeName(self.dtype()));
+    EMBER_INTERNAL_ASSERT(false, "reduce_out: output dtype ", dtype_name(out.dtype()),
+                          " for input dtype ", dtype_name(self.dtype()));
   }
 }
 
@@ -401,7 +401,7 @@ void ReduceOut(ReduceOp op, const Tensor& out, const Tensor& self, IntArrayRef d
         if constexpr (std::is_floating_point_v<OpMath<T>>) {
           ReduceWithOutput<SumReducer, T>(out, self, true);
         } else {
-          EMBER_FAIL("mean: unsupported dtype ", DtypeName(self.dtype()));
+          EMBER_FAIL("mean: unsupported dtype ", dtype_name(self.dtype()));
         }
         break;
       case ReduceOp::kProd: ReduceWithOutput<ProdReducer, T>(out, self, false); break;

@@ -82,7 +82,7 @@ int Main(std::vector<std::string> args) {
       weights.check_hash = true;
     } else if (a == "--hub-dir") {
       if (!value(&dir)) return Usage("--hub-dir needs a directory");
-      ember::hub::SetDir(dir);
+      ember::hub::set_dir(dir);
     } else if (a == "--model-dir") {
       if (!value(&weights.model_dir)) return Usage("--model-dir needs a directory");
     } else if (a == "--base-url") {
@@ -97,19 +97,19 @@ int Main(std::vector<std::string> args) {
     if (positional.size() != 1) return Usage(command + " takes one repository");
     if (command == "fetch") {
       absl::StatusOr<ember::hub::Repository> repo =
-          ember::hub::OpenRepository(positional[0], options);
+          ember::hub::open_repository(positional[0], options);
       if (!repo.ok()) return Failed(repo.status());
       std::cout << ember::hub::escape_for_terminal(repo->dir) << "\n";
       return 0;
     }
-    absl::StatusOr<std::vector<std::string>> names = ember::hub::List(positional[0], options);
+    absl::StatusOr<std::vector<std::string>> names = ember::hub::list(positional[0], options);
     if (!names.ok()) return Failed(names.status());
     for (const std::string& n : *names) std::cout << ember::hub::escape_for_terminal(n) << "\n";
     return 0;
   }
   if (command == "help") {
     if (positional.size() != 2) return Usage("help takes a repository and an entry point");
-    absl::StatusOr<std::string> doc = ember::hub::Help(positional[0], positional[1], options);
+    absl::StatusOr<std::string> doc = ember::hub::help(positional[0], positional[1], options);
     if (!doc.ok()) return Failed(doc.status());
     std::cout << ember::hub::escape_for_terminal(*doc, /*keep_newlines=*/true) << "\n";
     return 0;
@@ -117,9 +117,9 @@ int Main(std::vector<std::string> args) {
   if (command == "weights") {
     if (positional.size() != 1) return Usage("weights takes one URL");
     weights.download = options.download;
-    absl::StatusOr<std::string> path = ember::hub::DownloadCheckpoint(positional[0], weights);
+    absl::StatusOr<std::string> path = ember::hub::download_checkpoint(positional[0], weights);
     if (!path.ok()) return Failed(path.status());
-    absl::StatusOr<ember::hub::StateDict> sd = ember::hub::LoadCheckpoint(*path);
+    absl::StatusOr<ember::hub::StateDict> sd = ember::hub::load_checkpoint(*path);
     if (!sd.ok()) return Failed(sd.status());
     std::cout << ember::hub::escape_for_terminal(*path) << "\n";
     for (const auto& [name, t] : *sd) {

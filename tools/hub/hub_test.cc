@@ -66,7 +66,7 @@ class HubBinaryTest : public ::testing::Test {
                                "entry_points { name: \"../../x\\x1b[2J\" builder: \"mlp\" }"}})
                     .ok());
     std::string escapes_path = tmp + "/escapes.safetensors";
-    ASSERT_TRUE(SaveCheckpoint({{"w\x1b[2J", ::ember::zeros({2})}}, escapes_path).ok());
+    ASSERT_TRUE(save_checkpoint({{"w\x1b[2J", ::ember::zeros({2})}}, escapes_path).ok());
     std::string escapes = *ReadFile(escapes_path);
     ASSERT_TRUE(
         WriteFile(tmp + "/www/w/escapes-" + Sha256Hex(escapes).substr(0, 8) + ".safetensors",
@@ -78,7 +78,7 @@ class HubBinaryTest : public ::testing::Test {
     ASSERT_TRUE(WriteFile(tmp + "/www/w/" + *name_, weights).ok());
     // A 1 MB checkpoint for the progress bar (served slowly under /slow/).
     std::string big_path = tmp + "/big.safetensors";
-    ASSERT_TRUE(SaveCheckpoint({{"w", ::ember::zeros({250000})}}, big_path).ok());
+    ASSERT_TRUE(save_checkpoint({{"w", ::ember::zeros({250000})}}, big_path).ok());
     std::string big = *ReadFile(big_path);
     big_name_ = new std::string("big-" + Sha256Hex(big).substr(0, 8) + ".safetensors");
     big_size_ = big.size();

@@ -114,7 +114,7 @@ class Supervisor {
       if (options_.serve_store && options_.node_rank == 0) {
         store_server_.reset();  // the previous attempt's keys go with it
         absl::StatusOr<std::unique_ptr<distributed::TcpStoreServer>> server =
-            distributed::TcpStoreServer::Start({.port = options_.master_port});
+            distributed::TcpStoreServer::start({.port = options_.master_port});
         if (!server.ok()) {
           Say(absl::StrCat("--serve_store: ", std::string(server.status().message())));
           return 1;

@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
     ember::distributed::RendezvousOptions options;  // env://
     options.timeout = absl::Seconds(30);
     absl::StatusOr<ember::distributed::RendezvousResult> joined =
-        ember::distributed::Rendezvous(options);
+        ember::distributed::rendezvous(options);
     if (!joined.ok()) return Fail(std::string(joined.status().message()));
     if (Env("TORCHELASTIC_RESTART_COUNT") == "0") return 5;
     std::ofstream(absl::StrCat(out_dir, "/joined", joined->rank))
@@ -162,29 +162,29 @@ int main(int argc, char** argv) {
     ember::distributed::RendezvousOptions options;  // env://
     options.timeout = absl::Seconds(30);
     absl::StatusOr<ember::distributed::RendezvousResult> joined =
-        ember::distributed::Rendezvous(options);
+        ember::distributed::rendezvous(options);
     if (!joined.ok()) return Fail(std::string(joined.status().message()));
     auto& store = *joined->store;
-    if (!store.Set(absl::StrCat("hello/", joined->rank), "1").ok()) return Fail("Set failed");
+    if (!store.set(absl::StrCat("hello/", joined->rank), "1").ok()) return Fail("Set failed");
     if (!Flag(argc, argv, "rank0_leaves_early").empty()) {
       if (joined->rank == 0) return 0;
       usleep(300 * 1000);
       for (int r = 0; r < joined->world_size; ++r) {
-        if (!store.Get(absl::StrCat("hello/", r), absl::Seconds(20)).ok())
+        if (!store.get(absl::StrCat("hello/", r), absl::Seconds(20)).ok())
           return Fail("a rank's key is missing");
       }
-      if (!store.Add("after_rank0_left", 1).ok()) return Fail("the store went away with rank 0");
+      if (!store.add("after_rank0_left", 1).ok()) return Fail("the store went away with rank 0");
       std::ofstream(absl::StrCat(out_dir, "/joined", joined->rank)) << joined->world_size;
       return 0;
     }
     for (int r = 0; r < joined->world_size; ++r) {
-      if (!store.Get(absl::StrCat("hello/", r), absl::Seconds(20)).ok())
+      if (!store.get(absl::StrCat("hello/", r), absl::Seconds(20)).ok())
         return Fail("a rank's key is missing");
     }
     // Rank 0 serves the store, so it waits for the others to finish.
-    if (!store.Add("finished", 1).ok()) return Fail("Add failed");
+    if (!store.add("finished", 1).ok()) return Fail("Add failed");
     if (joined->rank == 0) {
-      while (store.Add("finished", 0).value_or(0) < joined->world_size) usleep(10 * 1000);
+      while (store.add("finished", 0).value_or(0) < joined->world_size) usleep(10 * 1000);
     }
     std::ofstream(absl::StrCat(out_dir, "/joined", joined->rank)) << joined->world_size;
     return 0;
