@@ -1,7 +1,7 @@
 // Autograd per-op overhead: a chain of 10,000 scalar steps
 // `y = y * 1.0001 + 0.5` (20,000 ops) on a one-element float32 tensor,
 // forward plus backward, as the peer script measures it
-// (/work/shared/peers/libtorch_autograd.cc prints LibTorch's figure).
+// (../shared/peers/libtorch_autograd.cc prints LibTorch's figure).
 //
 // Counter `per_op_us`: wall time of one repetition / 20,000.
 //   BM_ChainForwardBackward  x requires grad; the chain, then y.backward()

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "distributed/backend_registry.h"
 #include "distributed/rendezvous.h"
+#include "tensor/error.h"
 #include "tensor/status_macros.h"
 
 namespace ember::distributed {
@@ -27,19 +28,53 @@ class NonMemberGroup : public ProcessGroup {
   void abort() override {}
 
  protected:
-  absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor&, const BroadcastOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(const Tensor&, const AllReduceOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor&, const ReduceOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllGather(absl::Span<const Tensor>, const Tensor&, const AllGatherOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(const Tensor&, const Tensor&, const AllGatherOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor>, const Tensor&, const GatherOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoScatter(const Tensor&, absl::Span<const Tensor>, const ScatterOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(const Tensor&, absl::Span<const Tensor>, const ReduceScatterOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(absl::Span<const Tensor>, absl::Span<const Tensor>, const AllToAllOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor&,
+                                                    const BroadcastOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(const Tensor&,
+                                                    const AllReduceOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor&, const ReduceOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGather(absl::Span<const Tensor>, const Tensor&,
+                                                    const AllGatherOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(const Tensor&, const Tensor&,
+                                                              const AllGatherOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor>, const Tensor&,
+                                                 const GatherOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoScatter(const Tensor&, absl::Span<const Tensor>,
+                                                  const ScatterOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(const Tensor&, absl::Span<const Tensor>,
+                                                        const ReduceScatterOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(absl::Span<const Tensor>,
+                                                   absl::Span<const Tensor>,
+                                                   const AllToAllOptions&) override {
+    return error_;
+  }
   absl::StatusOr<std::shared_ptr<Work>> DoBarrier(const BarrierOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(const MonitoredBarrierOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoSend(const Tensor&, int, const P2POptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor&, int, const P2POptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(
+      const MonitoredBarrierOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoSend(const Tensor&, int, const P2POptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor&, int, const P2POptions&) override {
+    return error_;
+  }
 
  private:
   absl::Status error_;
@@ -101,9 +136,9 @@ absl::StatusOr<Resolved> Resolve(const Group& group) {
   }
   r.members = it->second;
   if (r.group->rank() < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", s.rank, " is not a member of this group (ranks [", absl::StrJoin(r.members, ", "),
-        "]); only its members may run ops on it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", s.rank, " is not a member of this group (ranks [",
+                     absl::StrJoin(r.members, ", "), "]); only its members may run ops on it"));
   }
   return r;
 }
@@ -170,17 +205,17 @@ bool is_initialized() {
   return s.world != nullptr;
 }
 
-absl::StatusOr<int> get_rank(const Group& group) {
+int get_rank(const Group& group) {
   State& s = GetState();
   absl::MutexLock lock(&s.mu);
-  if (!s.world) return NotInitialized();
+  EMBER_CHECK(s.world, "get_rank: ", NotInitialized().message());
   return group ? group->rank() : s.rank;
 }
 
-absl::StatusOr<int> get_world_size(const Group& group) {
+int get_world_size(const Group& group) {
   State& s = GetState();
   absl::MutexLock lock(&s.mu);
-  if (!s.world) return NotInitialized();
+  EMBER_CHECK(s.world, "get_world_size: ", NotInitialized().message());
   return group ? group->size() : s.size;
 }
 
@@ -226,8 +261,8 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
   std::sort(ranks.begin(), ranks.end());
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= s.size) {
-      return absl::InvalidArgumentError(absl::StrCat("new_group: rank ", ranks[i],
-                                                     " is out of range for world size ", s.size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("new_group: rank ", ranks[i], " is out of range for world size ", s.size));
     }
     if (i > 0 && ranks[i] == ranks[i - 1]) {
       return absl::InvalidArgumentError(
@@ -263,8 +298,8 @@ absl::StatusOr<std::shared_ptr<Work>> isend(const Tensor& tensor, int dst, const
   return r.group->send(tensor, to, {.tag = tag});
 }
 
-absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src,
-                                                const Group& group, int tag) {
+absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src, const Group& group,
+                                                int tag) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int from, r.GroupRank(src, "recv: src"));
   return r.group->recv(tensor, from, {.tag = tag});
@@ -327,8 +362,8 @@ absl::StatusOr<std::shared_ptr<Work>> gather_async(const Tensor& tensor,
 }
 
 absl::StatusOr<std::shared_ptr<Work>> scatter_async(const Tensor& tensor,
-                                                    absl::Span<const Tensor> scatter_list,
-                                                    int src, const Group& group) {
+                                                    absl::Span<const Tensor> scatter_list, int src,
+                                                    const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(src, "scatter: src"));
   return r.group->scatter(tensor, scatter_list, {.root = root});
@@ -366,8 +401,7 @@ absl::Status all_gather(absl::Span<const Tensor> tensor_list, const Tensor& tens
                         const Group& group) {
   return WaitFor(all_gather_async(tensor_list, tensor, group));
 }
-absl::Status all_gather_into_tensor(const Tensor& output, const Tensor& input,
-                                    const Group& group) {
+absl::Status all_gather_into_tensor(const Tensor& output, const Tensor& input, const Group& group) {
   return WaitFor(all_gather_into_tensor_async(output, input, group));
 }
 absl::Status gather(const Tensor& tensor, absl::Span<const Tensor> gather_list, int dst,
@@ -378,12 +412,12 @@ absl::Status scatter(const Tensor& tensor, absl::Span<const Tensor> scatter_list
                      const Group& group) {
   return WaitFor(scatter_async(tensor, scatter_list, src, group));
 }
-absl::Status reduce_scatter(const Tensor& output, absl::Span<const Tensor> input_list,
-                            ReduceOp op, const Group& group) {
+absl::Status reduce_scatter(const Tensor& output, absl::Span<const Tensor> input_list, ReduceOp op,
+                            const Group& group) {
   return WaitFor(reduce_scatter_async(output, input_list, op, group));
 }
-absl::Status all_to_all(absl::Span<const Tensor> output_list,
-                        absl::Span<const Tensor> input_list, const Group& group) {
+absl::Status all_to_all(absl::Span<const Tensor> output_list, absl::Span<const Tensor> input_list,
+                        const Group& group) {
   return WaitFor(all_to_all_async(output_list, input_list, group));
 }
 absl::Status barrier(const Group& group) { return WaitFor(barrier_async(group)); }

@@ -67,9 +67,12 @@ struct InitOptions {
 absl::Status init_process_group(const InitOptions& options = {});
 bool is_initialized();
 // This process's rank in `group` (global rank for the default group), or -1
-// when it is not a member, as torch returns.
-absl::StatusOr<int> get_rank(const Group& group = nullptr);
-absl::StatusOr<int> get_world_size(const Group& group = nullptr);
+// when it is not a member, as torch returns; and the group's size. Queries
+// that cannot fail once the process group is initialised return plain values,
+// as torch's do; calling them before init_process_group is a programming
+// error and throws ember::Error, as torch raises.
+int get_rank(const Group& group = nullptr);
+int get_world_size(const Group& group = nullptr);
 // The default group (for the ProcessGroup methods).
 absl::StatusOr<Group> get_default_group();
 // Destroys `group`, or every group and the default one when null. Ops
@@ -84,14 +87,13 @@ struct NewGroupOptions {
 // must call new_group, with the same ranks, in the same order. Members block
 // until the group's ranks have connected; non-members get a handle whose ops
 // fail clearly.
-absl::StatusOr<Group> new_group(std::vector<int> ranks = {},
-                                const NewGroupOptions& options = {});
+absl::StatusOr<Group> new_group(std::vector<int> ranks = {}, const NewGroupOptions& options = {});
 
 // --- Point-to-point (blocking forms wait for completion) ----------------------
 absl::Status send(const Tensor& tensor, int dst, const Group& group = nullptr, int tag = 0);
 // Returns the sender's global rank (useful with src = kAnySource).
-absl::StatusOr<int> recv(const Tensor& tensor, int src = kAnySource,
-                         const Group& group = nullptr, int tag = 0);
+absl::StatusOr<int> recv(const Tensor& tensor, int src = kAnySource, const Group& group = nullptr,
+                         int tag = 0);
 absl::StatusOr<std::shared_ptr<Work>> isend(const Tensor& tensor, int dst,
                                             const Group& group = nullptr, int tag = 0);
 absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src = kAnySource,
@@ -115,8 +117,8 @@ absl::Status scatter(const Tensor& tensor, absl::Span<const Tensor> scatter_list
                      const Group& group = nullptr);
 absl::Status reduce_scatter(const Tensor& output, absl::Span<const Tensor> input_list,
                             ReduceOp op = ReduceOp::kSum, const Group& group = nullptr);
-absl::Status all_to_all(absl::Span<const Tensor> output_list,
-                        absl::Span<const Tensor> input_list, const Group& group = nullptr);
+absl::Status all_to_all(absl::Span<const Tensor> output_list, absl::Span<const Tensor> input_list,
+                        const Group& group = nullptr);
 absl::Status barrier(const Group& group = nullptr);
 // Rank 0's error names the ranks that did not arrive within `timeout` (the
 // group's timeout when unset).
@@ -136,17 +138,19 @@ absl::StatusOr<std::shared_ptr<Work>> reduce_async(const Tensor& tensor, int dst
 absl::StatusOr<std::shared_ptr<Work>> all_gather_async(absl::Span<const Tensor> tensor_list,
                                                        const Tensor& tensor,
                                                        const Group& group = nullptr);
-absl::StatusOr<std::shared_ptr<Work>> all_gather_into_tensor_async(
-    const Tensor& output, const Tensor& input, const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> all_gather_into_tensor_async(const Tensor& output,
+                                                                   const Tensor& input,
+                                                                   const Group& group = nullptr);
 absl::StatusOr<std::shared_ptr<Work>> gather_async(const Tensor& tensor,
                                                    absl::Span<const Tensor> gather_list, int dst,
                                                    const Group& group = nullptr);
 absl::StatusOr<std::shared_ptr<Work>> scatter_async(const Tensor& tensor,
-                                                    absl::Span<const Tensor> scatter_list,
-                                                    int src, const Group& group = nullptr);
-absl::StatusOr<std::shared_ptr<Work>> reduce_scatter_async(
-    const Tensor& output, absl::Span<const Tensor> input_list, ReduceOp op = ReduceOp::kSum,
-    const Group& group = nullptr);
+                                                    absl::Span<const Tensor> scatter_list, int src,
+                                                    const Group& group = nullptr);
+absl::StatusOr<std::shared_ptr<Work>> reduce_scatter_async(const Tensor& output,
+                                                           absl::Span<const Tensor> input_list,
+                                                           ReduceOp op = ReduceOp::kSum,
+                                                           const Group& group = nullptr);
 absl::StatusOr<std::shared_ptr<Work>> all_to_all_async(absl::Span<const Tensor> output_list,
                                                        absl::Span<const Tensor> input_list,
                                                        const Group& group = nullptr);

@@ -3,7 +3,7 @@
 //
 //   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<ember::distributed::FileStore> store,
 //                          ember::distributed::FileStore::open("/nfs/job42/store"));
-//   EMBER_RETURN_IF_ERROR(store->Set("rank1/ready", "1"));
+//   EMBER_RETURN_IF_ERROR(store->set("rank1/ready", "1"));
 //
 // The file is created if missing and removed when the last FileStore that
 // opened it is destroyed, so a path can be reused by the next job; two jobs
@@ -40,8 +40,8 @@ class FileStore : public Store {
   // Opens (creating if needed) the store kept at `path`. Fails with
   // kUnavailable naming the path if it cannot be opened or locked within
   // `timeout`, kDataLoss if it holds something other than a FileStore log.
-  static absl::StatusOr<std::unique_ptr<FileStore>> open(const std::string& path,
-                                                         absl::Duration timeout = kDefaultStoreTimeout);
+  static absl::StatusOr<std::unique_ptr<FileStore>> open(
+      const std::string& path, absl::Duration timeout = kDefaultStoreTimeout);
 
   ~FileStore() override;
   FileStore(const FileStore&) = delete;
@@ -51,7 +51,7 @@ class FileStore : public Store {
   absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
   absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
-                                         std::string_view desired) override;
+                                          std::string_view desired) override;
   absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> delete_key(std::string_view key) override;
   absl::StatusOr<int64_t> num_keys() override;
@@ -68,8 +68,10 @@ class FileStore : public Store {
 
   // Applies the records appended since the last read to `data_`.
   absl::Status Refresh(bool may_truncate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status Append(char kind, std::string_view key, std::string_view value) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Locked> Lock(bool exclusive, absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Append(char kind, std::string_view key, std::string_view value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Locked> Lock(bool exclusive, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `update` on fresh data under the exclusive file lock.
   template <typename F>
   auto Update(F update);

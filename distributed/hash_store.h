@@ -2,8 +2,8 @@
 // threads (gloo's HashStore, torch's HashStore).
 //
 //   auto store = std::make_shared<ember::distributed::HashStore>();
-//   std::thread peer([&] { store->Set("ready", "1").IgnoreError(); });
-//   EMBER_RETURN_IF_ERROR(store->Wait({"ready"}, absl::Seconds(5)));
+//   std::thread peer([&] { store->set("ready", "1").IgnoreError(); });
+//   EMBER_RETURN_IF_ERROR(store->wait({"ready"}, absl::Seconds(5)));
 //
 // Get and Wait block (on a condition variable, not by polling) until the keys
 // are set or the timeout passes; the kDeadlineExceeded error names the missing
@@ -35,7 +35,7 @@ class HashStore : public Store {
   absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
   absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
-                                         std::string_view desired) override;
+                                          std::string_view desired) override;
   absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> delete_key(std::string_view key) override;
   absl::StatusOr<int64_t> num_keys() override;

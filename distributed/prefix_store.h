@@ -4,7 +4,7 @@
 //
 //   std::shared_ptr<Store> job = ...;
 //   auto group = std::make_shared<ember::distributed::PrefixStore>("group1", job);
-//   EMBER_RETURN_IF_ERROR(group->Set("ready", "1"));  // sets "group1/ready" in `job`
+//   EMBER_RETURN_IF_ERROR(group->set("ready", "1"));  // sets "group1/ready" in `job`
 //
 // Blocking, errors and timeouts are those of the wrapped store; error
 // messages name the full (prefixed) keys. NumKeys counts every key of the
@@ -32,7 +32,7 @@ class PrefixStore : public Store {
   absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
   absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
-                                         std::string_view desired) override;
+                                          std::string_view desired) override;
   absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> delete_key(std::string_view key) override;
   absl::StatusOr<int64_t> num_keys() override;

@@ -5,8 +5,8 @@
 //   std::shared_ptr<ProcessGroup> pg = ...;  // from init_process_group or a backend factory
 //   ember::Tensor t = ember::ones({4});
 //   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-//                          pg->AllReduce(t, {.op = ReduceOp::kSum}));
-//   EMBER_RETURN_IF_ERROR(work->Wait());  // t now holds the sum over ranks
+//                          pg->allreduce(t, {.op = ReduceOp::kSum}));
+//   EMBER_RETURN_IF_ERROR(work->wait());  // t now holds the sum over ranks
 //
 // Layering (Note [ProcessGroup layers]): the public, non-virtual methods
 // check what is the same for every backend (tensors defined, sizes and dtypes
@@ -229,17 +229,18 @@ class ProcessGroup {
   absl::StatusOr<std::shared_ptr<Work>> allgather(absl::Span<const Tensor> outputs,
                                                   const Tensor& input,
                                                   const AllGatherOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> allgather_into_tensor(
-      const Tensor& output, const Tensor& input, const AllGatherOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> allgather_into_tensor(const Tensor& output,
+                                                              const Tensor& input,
+                                                              const AllGatherOptions& options = {});
   absl::StatusOr<std::shared_ptr<Work>> gather(absl::Span<const Tensor> outputs,
                                                const Tensor& input,
                                                const GatherOptions& options = {});
   absl::StatusOr<std::shared_ptr<Work>> scatter(const Tensor& output,
                                                 absl::Span<const Tensor> inputs,
                                                 const ScatterOptions& options = {});
-  absl::StatusOr<std::shared_ptr<Work>> reduce_scatter(
-      const Tensor& output, absl::Span<const Tensor> inputs,
-      const ReduceScatterOptions& options = {});
+  absl::StatusOr<std::shared_ptr<Work>> reduce_scatter(const Tensor& output,
+                                                       absl::Span<const Tensor> inputs,
+                                                       const ReduceScatterOptions& options = {});
   absl::StatusOr<std::shared_ptr<Work>> alltoall(absl::Span<const Tensor> outputs,
                                                  absl::Span<const Tensor> inputs,
                                                  const AllToAllOptions& options = {});
@@ -260,29 +261,29 @@ class ProcessGroup {
 
  protected:
   // Called only with validated arguments (Note [ProcessGroup layers]).
-  virtual absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(
-      const Tensor& tensor, const BroadcastOptions& options) = 0;
-  virtual absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(
-      const Tensor& tensor, const AllReduceOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor& tensor,
+                                                            const BroadcastOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(const Tensor& tensor,
+                                                            const AllReduceOptions& options) = 0;
   virtual absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor& tensor,
                                                          const ReduceOptions& options) = 0;
-  virtual absl::StatusOr<std::shared_ptr<Work>> DoAllGather(
-      absl::Span<const Tensor> outputs, const Tensor& input,
-      const AllGatherOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoAllGather(absl::Span<const Tensor> outputs,
+                                                            const Tensor& input,
+                                                            const AllGatherOptions& options) = 0;
   virtual absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(
       const Tensor& output, const Tensor& input, const AllGatherOptions& options) = 0;
   virtual absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor> outputs,
                                                          const Tensor& input,
                                                          const GatherOptions& options) = 0;
-  virtual absl::StatusOr<std::shared_ptr<Work>> DoScatter(
-      const Tensor& output, absl::Span<const Tensor> inputs,
-      const ScatterOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoScatter(const Tensor& output,
+                                                          absl::Span<const Tensor> inputs,
+                                                          const ScatterOptions& options) = 0;
   virtual absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(
       const Tensor& output, absl::Span<const Tensor> inputs,
       const ReduceScatterOptions& options) = 0;
-  virtual absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(
-      absl::Span<const Tensor> outputs, absl::Span<const Tensor> inputs,
-      const AllToAllOptions& options) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(absl::Span<const Tensor> outputs,
+                                                           absl::Span<const Tensor> inputs,
+                                                           const AllToAllOptions& options) = 0;
   virtual absl::StatusOr<std::shared_ptr<Work>> DoBarrier(const BarrierOptions& options) = 0;
   virtual absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(
       const MonitoredBarrierOptions& options) = 0;

@@ -2,9 +2,9 @@
 // (torch.distributed's Store), as an abstract interface.
 //
 //   std::shared_ptr<ember::distributed::Store> store = ...;  // TcpStore, FileStore, ...
-//   EMBER_RETURN_IF_ERROR(store->Set("rank0/addr", "10.0.0.1:29500"));
-//   EMBER_ASSIGN_OR_RETURN(std::string addr, store->Get("rank0/addr"));
-//   EMBER_ASSIGN_OR_RETURN(int64_t arrived, store->Add("arrived", 1));
+//   EMBER_RETURN_IF_ERROR(store->set("rank0/addr", "10.0.0.1:29500"));
+//   EMBER_ASSIGN_OR_RETURN(std::string addr, store->get("rank0/addr"));
+//   EMBER_ASSIGN_OR_RETURN(int64_t arrived, store->add("arrived", 1));
 //
 // Values are arbitrary bytes held in std::string. Keys are non-empty strings.
 // Every call that can block takes a timeout; calls without one use the
@@ -61,7 +61,7 @@ class Store {
   // and `expected` is empty), sets it to `desired`. Returns the value now
   // stored (`desired` on success, the current value otherwise).
   virtual absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
-                                                 std::string_view desired) = 0;
+                                                  std::string_view desired) = 0;
 
   // Waits until every key in `keys` is set, up to `timeout`.
   virtual absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) = 0;

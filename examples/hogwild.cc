@@ -5,7 +5,7 @@
 //
 //   bazel run //examples:hogwild -- [--steps=1500] [--procs=1,2]
 //
-// The setup is the one of /work/shared/peers/torch_hogwild.py, so the two
+// The setup is the one of ../shared/peers/torch_hogwild.py, so the two
 // can be run side by side: an MLP 64 -> 256 -> 256 -> 10 (ReLU),
 // cross-entropy, batch 32, lr 0.05, one thread per process, synthetic
 // learnable data (labels from a fixed random linear teacher), `steps`

@@ -1,15 +1,18 @@
 // The hub: list, document and load the entry points a repository publishes,
 // as torch.hub.list / help / load.
 //
-//   ember::hub::HubOptions opts;                       // GitHub, cached,
-//   offline once fetched EMBER_ASSIGN_OR_RETURN(std::vector<std::string> names,
-//   ember::hub::list("alice/models", opts)); EMBER_ASSIGN_OR_RETURN(std::string
-//   doc, ember::hub::help("alice/models", "resnet18", opts));
+//   ```cpp compile-only
+//   #include "hub/hub.h"
+//   ember::hub::HubOptions opts;  // GitHub, cached, offline once fetched
+//   EMBER_ASSIGN_OR_RETURN(std::vector<std::string> names,
+//                          ember::hub::list("alice/models", opts));
+//   EMBER_ASSIGN_OR_RETURN(std::string doc, ember::hub::help("alice/models", "resnet18", opts));
+//   ```
 //
 // A repository is "owner/repo[:ref]" fetched into the hub directory
 // (repo_cache.h), or, with source = kLocal, a directory on disk used as is
 // (torch.hub's source='local'). Either way its root holds hubconf.textproto
-// (hubconf.h). Loading models (Load) lives in hub/load.h, which needs nn/.
+// (hubconf.h). Loading models (load) lives in hub/load.h, which needs nn/.
 //
 // Errors: everything here reads the network, files or a published config, so
 // failures are absl::Status (see hub/README.md for the codes).

@@ -1,14 +1,15 @@
 // Loading a model from a published repository, as torch.hub.load.
 //
+//   ```cpp compile-only
+//   #include "hub/load.h"
 //   ember::hub::LoadOptions opts;
-//   opts.pretrained = true;                                  // the published
-//   weights opts.kwargs = {{"num_classes", int64_t{10}}};            // passed
-//   on to the builder EMBER_ASSIGN_OR_RETURN(std::shared_ptr<ember::nn::Module>
-//   model,
-//                          ember::hub::load("alice/models:v1", "resnet18",
-//                          opts));
+//   opts.pretrained = true;                           // the published weights
+//   opts.kwargs = {{"num_classes", int64_t{10}}};     // passed on to the builder
+//   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<ember::nn::Module> model,
+//                          ember::hub::load("alice/models:v1", "resnet18", opts));
+//   ```
 //
-// Load opens the repository (hub.h: fetched and cached, or a local folder),
+// load opens the repository (hub.h: fetched and cached, or a local folder),
 // checks that this program provides every `dependencies` entry of its
 // hubconf, finds the entry point, builds its module with the entry's default
 // kwargs overridden by `kwargs` (builders.h), and with pretrained = true

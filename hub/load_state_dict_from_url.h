@@ -1,10 +1,14 @@
 // load_state_dict_from_url: PyTorch's way of fetching pretrained weights.
 //
+//   ```cpp compile-only
+//   #include "hub/load_state_dict_from_url.h"
 //   ember::hub::LoadFromUrlOptions opts;
-//   opts.check_hash = true;   // "resnet18-f37072fd.pth": SHA-256 starts
-//   f37072fd EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
-//   ember::hub::load_state_dict_from_url(
-//       "https://download.pytorch.org/models/resnet18-f37072fd.pth", opts));
+//   opts.check_hash = true;  // "resnet18-f37072fd.pth": the SHA-256 starts f37072fd
+//   EMBER_ASSIGN_OR_RETURN(
+//       ember::hub::StateDict sd,
+//       ember::hub::load_state_dict_from_url(
+//           "https://download.pytorch.org/models/resnet18-f37072fd.pth", opts));
+//   ```
 //
 // The file is cached as <model_dir>/<file name> (model_dir defaults to
 // <hub_dir>/checkpoints, see hub_dir.h) and reused while present. With
@@ -53,11 +57,11 @@ std::string hash_prefix_from_file_name(const std::string& file_name);
 // at); DataLoss (hash mismatch, on download or of the cached file); the
 // download's errors (download.h).
 absl::StatusOr<std::string> download_checkpoint(const std::string& url,
-                                               const LoadFromUrlOptions& options = {});
+                                                const LoadFromUrlOptions& options = {});
 
 // DownloadCheckpoint, then LoadCheckpoint (checkpoint.h) on the file.
 absl::StatusOr<StateDict> load_state_dict_from_url(const std::string& url,
-                                               const LoadFromUrlOptions& options = {});
+                                                   const LoadFromUrlOptions& options = {});
 
 }  // namespace ember::hub
 

@@ -34,7 +34,7 @@ struct StorageRef {
   int64_t numel;  // elements, as the pickle claims
 };
 
-// Returns the storage `ref` names, with exactly numel * ElementSize(dtype)
+// Returns the storage `ref` names, with exactly numel * element_size(dtype)
 // bytes; called once per distinct key.
 using StorageLoader = std::function<absl::StatusOr<Storage>(const StorageRef& ref)>;
 

@@ -2,7 +2,7 @@
 // returns and what checkpoints hold.
 //
 //   ember::hub::StateDict sd = {{"fc.weight", w}, {"fc.bias", b}};
-//   EMBER_RETURN_IF_ERROR(ember::hub::SaveCheckpoint(sd, "/tmp/fc.pt"));   //
+//   EMBER_RETURN_IF_ERROR(ember::hub::save_checkpoint(sd, "/tmp/fc.pt"));   //
 //   checkpoint.h
 //
 // An ordered list rather than a map: the order is the module's registration

@@ -3,8 +3,8 @@
 //
 //   absl::StatusOr<std::pair<Connection, Connection>> p = Pipe();
 //   // fork a child holding p->second ...
-//   EMBER_RETURN_IF_ERROR(p->first.Send(Value(weights)));          // parent
-//   EMBER_ASSIGN_OR_RETURN(Value v, p->second.Receive(absl::Seconds(5)));  //
+//   EMBER_RETURN_IF_ERROR(p->first.send(Value(weights)));          // parent
+//   EMBER_ASSIGN_OR_RETURN(Value v, p->second.recv(absl::Seconds(5)));  //
 //   child
 //
 // A Connection is one end of a UNIX SOCK_SEQPACKET socket: each Send is one
@@ -68,7 +68,7 @@ class Connection {
   // Sends raw bytes and descriptors as one message (what Send does after
   // encoding; tests use it to inject malformed input).
   absl::Status send_bytes(std::string_view bytes, absl::Span<const int> fds,
-                         absl::Duration timeout = absl::InfiniteDuration());
+                          absl::Duration timeout = absl::InfiniteDuration());
 
   bool valid() const { return fd_ != nullptr && fd_->valid(); }
   int fd() const { return fd_ != nullptr ? fd_->get() : -1; }

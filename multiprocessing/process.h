@@ -75,10 +75,10 @@ struct ExitStatus {
 using EntryPoint = absl::Status (*)(int rank, absl::Span<const Value> args);
 // Registers `fn` under `name` (at start-up, e.g. via the macro below).
 void register_entry_point(const std::string& name, EntryPoint fn);
-#define EMBER_REGISTER_ENTRY_POINT(name, fn)                \
-  static const bool ember_entry_point_##fn = [] {           \
+#define EMBER_REGISTER_ENTRY_POINT(name, fn)                  \
+  static const bool ember_entry_point_##fn = [] {             \
     ::ember::multiprocessing::register_entry_point(name, fn); \
-    return true;                                            \
+    return true;                                              \
   }()
 // Call first in main(): in a process started with kSpawn, runs its entry
 // point and exits (never returns); otherwise returns at once.
@@ -91,10 +91,10 @@ class Process {
   // Re-executes this binary running entry point `entry_point` with `rank`
   // and `args` (kSpawn), which are sent to the child as a message; their
   // tensors are moved to shared memory first. NotFound when `entry_point` is
-  // not registered here; the errors of Connection::Send when `args` cannot
+  // not registered here; the errors of Connection::send when `args` cannot
   // be sent (the child is killed then).
   static absl::StatusOr<Process> start_spawn(const std::string& entry_point, int rank,
-                                            std::vector<Value> args = {});
+                                             std::vector<Value> args = {});
 
   Process(Process&& other) noexcept;
   Process& operator=(Process&& other) noexcept;
@@ -161,7 +161,7 @@ class Context {
   std::string get_start_method() const;  // "fork" or "spawn"
   // One child running the registered `target` with `args` and `rank`
   // (Python's ctx.Process(target, args).start()). Under fork the values are
-  // handed over as they are; under spawn they are sent (Process::StartSpawn).
+  // handed over as they are; under spawn they are sent (Process::start_spawn).
   absl::StatusOr<Process> process(const std::string& target, std::vector<Value> args = {},
                                   int rank = 0) const;
   // spawn(entry_point, nprocs) with this start method: every rank gets

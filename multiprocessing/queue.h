@@ -2,8 +2,8 @@
 // between processes (torch.multiprocessing.Queue / SimpleQueue).
 //
 //   absl::StatusOr<Queue> q = Queue::create();
-//   // ... Process::Start a child that calls q->Get(absl::Seconds(10)) ...
-//   EMBER_RETURN_IF_ERROR(q->Put(Value(weights)));   // weights now in shared
+//   // ... Process::start a child that calls q->get(absl::Seconds(10)) ...
+//   EMBER_RETURN_IF_ERROR(q->put(Value(weights)));   // weights now in shared
 //   memory
 //
 // A queue is a SOCK_SEQPACKET socket pair created before fork(): every put is
@@ -45,10 +45,10 @@ class SimpleQueue {
   static absl::StatusOr<SimpleQueue> create();
 
   // Blocks while the socket buffer is full, up to `timeout`. Errors: see
-  // Connection::Send.
+  // Connection::send.
   absl::Status put(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
   // Blocks up to `timeout` for a message (DeadlineExceeded). Errors: see
-  // Connection::Receive.
+  // Connection::recv.
   absl::StatusOr<Value> get(absl::Duration timeout = absl::InfiniteDuration());
   // True when no message is waiting (a snapshot).
   bool empty() const;
@@ -78,7 +78,7 @@ class Queue {
 
   // Waits up to `timeout` for room when the queue holds `maxsize` messages
   // (DeadlineExceeded, naming maxsize), then sends. Errors: see
-  // Connection::Send.
+  // Connection::send.
   absl::Status put(const Value& value, absl::Duration timeout = absl::InfiniteDuration());
   absl::StatusOr<Value> get(absl::Duration timeout = absl::InfiniteDuration());
   // Messages put and not yet got, across all processes (a snapshot).

@@ -48,7 +48,7 @@ namespace ember::multiprocessing {
 // Receivers likewise keep the mappings of regions whose storages died (without
 // a reference or a descriptor: just the address range), so a region that
 // comes back is not mapped again. Each cache holds at most
-// $EMBER_SHM_CACHE_BYTES (default 256 MiB); EmptySharedMemoryCache() frees
+// $EMBER_SHM_CACHE_BYTES (default 256 MiB); empty_shared_memory_cache() frees
 // both.
 //
 // Note [Dedup]

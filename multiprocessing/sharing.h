@@ -2,11 +2,16 @@
 // share_memory_() / is_shared(), and the per-device-type hook that turns a
 // shared storage into something a message can carry and back.
 //
+//   ```cpp
+//   #include "multiprocessing/sharing.h"
+//   #include "tensor/factories.h"
 //   namespace mp = ember::multiprocessing;
 //   EMBER_RETURN_IF_ERROR(mp::set_sharing_strategy("file_system"));
 //   ember::Tensor w = ember::zeros({1024});
-//   EMBER_RETURN_IF_ERROR(mp::share_memory_(w));   // moved in place; views
-//   follow assert(mp::is_shared(w));
+//   EMBER_RETURN_IF_ERROR(mp::share_memory_(w));  // moved in place; views follow
+//   if (!mp::is_shared(w)) return absl::InternalError("w is not shared");
+//   EMBER_RETURN_IF_ERROR(mp::set_sharing_strategy("file_descriptor"));
+//   ```
 //
 // Strategies, as torch.multiprocessing documents them:
 //   "file_descriptor" (default): each shared storage is an anonymous memfd,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the MLP training-step benchmark (//nn:mlp_benchmark) and the LibTorch
-# peer (/work/shared/peers/libtorch_autograd.cc) alternately, `rounds` times,
+# peer (../shared/peers/libtorch_autograd.cc) alternately, `rounds` times,
 # in two thread settings: OpenBLAS's default (the peer as written: its
 # set_num_threads(1) leaves Debian's OpenBLAS at one thread per core) and one
 # OpenBLAS thread (OPENBLAS_NUM_THREADS=1 for the peer). Prints each round and
@@ -10,7 +10,8 @@
 #   nn/compare_mlp_with_libtorch.sh [rounds]
 set -euo pipefail
 rounds="${1:-7}"
-peer_src=/work/shared/peers/libtorch_autograd.cc
+# The peers live beside the repository, in ../shared/peers.
+peer_src="${EMBER_PEERS_DIR:-$(dirname "$0")/../../shared/peers}/libtorch_autograd.cc"
 peer_bin="${TMPDIR:-/tmp}/ember_libtorch_autograd"
 if [[ ! -x "$peer_bin" || "$peer_src" -nt "$peer_bin" ]]; then
   g++ -O2 -std=c++17 "$peer_src" -I/usr/include/torch/csrc/api/include \

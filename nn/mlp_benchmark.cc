@@ -1,5 +1,5 @@
 // Training step of a 4x512 ReLU MLP with a 10-way head (batch 64,
-// cross-entropy, SGD lr 0.01), the shape of /work/shared/peers'
+// cross-entropy, SGD lr 0.01), the shape of ../shared/peers'
 // libtorch_autograd.cc: Ember's nn + autograd + optim against the same step
 // written directly on cblas (the floor: the GEMMs and three elementwise
 // passes, no allocation, no graph).

@@ -1,7 +1,7 @@
 // Device: where a tensor's memory lives, "cpu" or "cuda:N".
 //
 //   absl::StatusOr<ember::Device> d = ember::Device::parse("cuda:1");
-//   // d->is_cuda(), d->index() == 1, d->ToString() == "cuda:1"
+//   // d->is_cuda(), d->index() == 1, d->str() == "cuda:1"
 //   ember::Device cpu = ember::kCPU;
 //
 // A CUDA device without an index ("cuda") means the current device. Parsing

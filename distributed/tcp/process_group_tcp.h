@@ -5,8 +5,8 @@
 //   BackendOptions options{.store = store, .store_prefix = "job7/", .rank = r, .size = n,
 //                          .timeout = absl::Seconds(30)};
 //   EMBER_ASSIGN_OR_RETURN(auto pg, TcpProcessGroup::Create(options));
-//   EMBER_ASSIGN_OR_RETURN(auto work, pg->AllReduce(t));
-//   EMBER_RETURN_IF_ERROR(work->Wait());
+//   EMBER_ASSIGN_OR_RETURN(auto work, pg->allreduce(t));
+//   EMBER_RETURN_IF_ERROR(work->wait());
 //
 // Setup: each rank publishes "host key|address|port|pid" in the store, reads
 // everyone's, then builds one Channel per peer: a ShmChannel when both share

@@ -3,8 +3,8 @@
 // there (Note [Shared-memory all_reduce]).
 //
 //   EMBER_ASSIGN_OR_RETURN(auto arena, ShmArena::Create(rank, size));
-//   store->Set(key(rank), arena->Locator());
-//   for (int p : peers) EMBER_RETURN_IF_ERROR(arena->Attach(p, store->Get(key(p))));
+//   store->set(key(rank), arena->Locator());
+//   for (int p : peers) EMBER_RETURN_IF_ERROR(arena->Attach(p, store->get(key(p))));
 //   ...
 //   EMBER_RETURN_IF_ERROR(arena->AllReduce(op, data, numel, kFloat32, ReduceOp::kSum));
 //
@@ -108,8 +108,8 @@ class ShmArena {
   void Announce(int64_t seq, size_t nbytes, Dtype dtype, ReduceOp op, bool here);
   absl::Status CheckAnnouncements(const Op& op, size_t nbytes, Dtype dtype, ReduceOp redop);
   // Waits until `counter(peer)` reaches `target` for every peer.
-  absl::Status WaitForPeers(const Op& op, std::atomic<uint64_t> Control::*counter,
-                            uint64_t target, const char* step);
+  absl::Status WaitForPeers(const Op& op, std::atomic<uint64_t> Control::*counter, uint64_t target,
+                            const char* step);
   void Advance(std::atomic<uint64_t> Control::*counter, uint64_t value);
   absl::Status Fail(absl::Status status);
 

@@ -3,7 +3,7 @@
 //
 //   // rank a (creates):                    // rank b (opens, after a publishes):
 //   auto a = ShmChannel::Create(opts);        auto b = ShmChannel::Open(locator, opts);
-//   store->Set(key, a->Locator());            // Locator() = "<pid>:<fd>"
+//   store->set(key, a->Locator());            // Locator() = "<pid>:<fd>"
 //
 // Note [Same-host shared memory]
 // Between ranks on one host the bytes never touch the kernel's loopback: each

@@ -4,9 +4,10 @@
 // per rank for all_reduce).
 //
 //   EMBER_ASSIGN_OR_RETURN(SharedSegment mine, SharedSegment::Create("ember-x", bytes));
-//   store->Set(key, mine.Locator());                   // "<pid>:<fd>"
+//   store->set(key, mine.Locator());                   // "<pid>:<fd>"
 //   // another rank on this host:
-//   EMBER_ASSIGN_OR_RETURN(SharedSegment theirs, SharedSegment::Open(locator, bytes, "rank 0's x"));
+//   EMBER_ASSIGN_OR_RETURN(SharedSegment theirs, SharedSegment::Open(locator, bytes, "rank 0's
+//   x"));
 //
 // A peer opens the memfd through /proc/<pid>/fd/<n>, which needs no fd
 // passing; the creator keeps its fd open for the segment's life. A fresh

@@ -5,8 +5,8 @@
 //   absl::Status s = ember::distributed::testing::RunRanks(
 //       4, [](ember::distributed::testing::Rank& me) -> absl::Status {
 //         ember::Tensor t = ember::full({8}, me.rank);
-//         EMBER_ASSIGN_OR_RETURN(auto work, me.group->AllReduce(t));
-//         return work->Wait();
+//         EMBER_ASSIGN_OR_RETURN(auto work, me.group->allreduce(t));
+//         return work->wait();
 //       });
 //   EXPECT_TRUE(s.ok()) << s;
 //
@@ -69,7 +69,7 @@ struct ProcessResult {
   int exit_code = -1;    // when it exited
   int signal = 0;        // when a signal killed it
   bool stopped = false;  // it was found stopped (and then killed)
-  std::string output;  // what it wrote to stderr (its errors)
+  std::string output;    // what it wrote to stderr (its errors)
 };
 
 // Forks `world_size` processes that rendezvous through a FileStore in a
@@ -84,8 +84,8 @@ std::vector<ProcessResult> RunRankProcesses(int world_size,
                                             absl::Duration wait = absl::Seconds(60));
 
 // Runs an op to its end: the error of the call that issued it, else what
-// its Work's Wait() returns.
-//   EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
+// its Work's wait() returns.
+//   EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t)));
 absl::Status Finish(const absl::StatusOr<std::shared_ptr<Work>>& work);
 
 }  // namespace ember::distributed::testing

@@ -21,21 +21,24 @@ int main(int argc, char** argv) {
   options.timeout = absl::Seconds(60);
   absl::Status init = dist::init_process_group(options);
   if (!init.ok()) {
-    std::fprintf(stderr, "multihost_worker: init_process_group: %s\n", std::string(init.message()).c_str());
+    std::fprintf(stderr, "multihost_worker: init_process_group: %s\n",
+                 std::string(init.message()).c_str());
     return 1;
   }
-  int rank = dist::get_rank().value();
-  int world_size = dist::get_world_size().value();
+  int rank = dist::get_rank();
+  int world_size = dist::get_world_size();
   ember::Tensor t = ember::full({4096}, static_cast<double>(rank + 1));
   if (absl::Status s = dist::all_reduce(t); !s.ok()) {
-    std::fprintf(stderr, "multihost_worker rank %d: all_reduce: %s\n", rank, std::string(s.message()).c_str());
+    std::fprintf(stderr, "multihost_worker rank %d: all_reduce: %s\n", rank,
+                 std::string(s.message()).c_str());
     return 1;
   }
   const float expected = world_size * (world_size + 1) / 2.0f;
   const float* data = t.data_ptr<float>();
   for (int i = 0; i < 4096; ++i) {
     if (data[i] != expected) {
-      std::fprintf(stderr, "multihost_worker rank %d: element %d is %g, expected %g\n", rank, i, data[i], expected);
+      std::fprintf(stderr, "multihost_worker rank %d: element %d is %g, expected %g\n", rank, i,
+                   data[i], expected);
       return 1;
     }
   }
