@@ -27,19 +27,53 @@ class NonMemberGroup : public ProcessGroup {
   void Abort() override {}
 
  protected:
-  absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor&, const BroadcastOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(const Tensor&, const AllReduceOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor&, const ReduceOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllGather(absl::Span<const Tensor>, const Tensor&, const AllGatherOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(const Tensor&, const Tensor&, const AllGatherOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor>, const Tensor&, const GatherOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoScatter(const Tensor&, absl::Span<const Tensor>, const ScatterOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(const Tensor&, absl::Span<const Tensor>, const ReduceScatterOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(absl::Span<const Tensor>, absl::Span<const Tensor>, const AllToAllOptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor&,
+                                                    const BroadcastOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(const Tensor&,
+                                                    const AllReduceOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor&, const ReduceOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGather(absl::Span<const Tensor>, const Tensor&,
+                                                    const AllGatherOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(const Tensor&, const Tensor&,
+                                                              const AllGatherOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor>, const Tensor&,
+                                                 const GatherOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoScatter(const Tensor&, absl::Span<const Tensor>,
+                                                  const ScatterOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(const Tensor&, absl::Span<const Tensor>,
+                                                        const ReduceScatterOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(absl::Span<const Tensor>,
+                                                   absl::Span<const Tensor>,
+                                                   const AllToAllOptions&) override {
+    return error_;
+  }
   absl::StatusOr<std::shared_ptr<Work>> DoBarrier(const BarrierOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(const MonitoredBarrierOptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<Work>> DoSend(const Tensor&, int, const P2POptions&) override { return error_; }
-  absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor&, int, const P2POptions&) override { return error_; }
+  absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(
+      const MonitoredBarrierOptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoSend(const Tensor&, int, const P2POptions&) override {
+    return error_;
+  }
+  absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor&, int, const P2POptions&) override {
+    return error_;
+  }
 
  private:
   absl::Status error_;
@@ -101,9 +135,9 @@ absl::StatusOr<Resolved> Resolve(const Group& group) {
   }
   r.members = it->second;
   if (r.group->rank() < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", s.rank, " is not a member of this group (ranks [", absl::StrJoin(r.members, ", "),
-        "]); only its members may run ops on it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", s.rank, " is not a member of this group (ranks [",
+                     absl::StrJoin(r.members, ", "), "]); only its members may run ops on it"));
   }
   return r;
 }
@@ -218,37 +252,53 @@ absl::Status destroy_process_group(const Group& group) {
 
 absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& options) {
   State& s = GetState();
-  absl::MutexLock lock(&s.mu);
-  if (!s.world) return NotInitialized();
-  if (ranks.empty()) {
-    for (int i = 0; i < s.size; ++i) ranks.push_back(i);
-  }
-  std::sort(ranks.begin(), ranks.end());
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (ranks[i] < 0 || ranks[i] >= s.size) {
-      return absl::InvalidArgumentError(absl::StrCat("new_group: rank ", ranks[i],
-                                                     " is out of range for world size ", s.size));
+  BackendOptions b;
+  const BackendInfo* backend = nullptr;
+  int my_index = -1, my_rank = -1, generation = 0;
+  {
+    absl::MutexLock lock(&s.mu);
+    if (!s.world) return NotInitialized();
+    if (ranks.empty()) {
+      for (int i = 0; i < s.size; ++i) ranks.push_back(i);
     }
-    if (i > 0 && ranks[i] == ranks[i - 1]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("new_group: rank ", ranks[i], " is listed twice"));
+    std::sort(ranks.begin(), ranks.end());
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] < 0 || ranks[i] >= s.size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("new_group: rank ", ranks[i], " is out of range for world size ", s.size));
+      }
+      if (i > 0 && ranks[i] == ranks[i - 1]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("new_group: rank ", ranks[i], " is listed twice"));
+      }
     }
-  }
-  const int id = s.next_group++;
-  const std::string backend_name = options.backend.empty() ? s.backend : options.backend;
-  EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, FindBackend(backend_name));
-  auto me = std::find(ranks.begin(), ranks.end(), s.rank);
-  Group group;
-  if (me == ranks.end()) {
-    group = std::make_shared<NonMemberGroup>(s.rank, ranks, *backend);
-  } else {
-    BackendOptions b;
+    const int id = s.next_group++;
+    const std::string backend_name = options.backend.empty() ? s.backend : options.backend;
+    EMBER_ASSIGN_OR_RETURN(backend, FindBackend(backend_name));
+    auto me = std::find(ranks.begin(), ranks.end(), s.rank);
+    if (me != ranks.end()) my_index = static_cast<int>(me - ranks.begin());
+    my_rank = s.rank;
+    generation = s.generation;
     b.store = s.store;
     b.store_prefix = absl::StrCat(s.prefix, "group", id, "/");
-    b.rank = static_cast<int>(me - ranks.begin());
+    b.rank = my_index;
     b.size = static_cast<int>(ranks.size());
     b.timeout = options.timeout.value_or(s.timeout);
+  }
+  // The group's rendezvous blocks until its members arrive (up to the
+  // timeout), so it runs without the lock: other threads' ops, get_rank and
+  // the like go on meanwhile.
+  Group group;
+  if (my_index < 0) {
+    group = std::make_shared<NonMemberGroup>(my_rank, ranks, *backend);
+  } else {
     EMBER_ASSIGN_OR_RETURN(group, backend->create(b));
+  }
+  absl::MutexLock lock(&s.mu);
+  if (!s.world || s.generation != generation) {
+    return absl::FailedPreconditionError(
+        "new_group: the default process group was destroyed while this group was being "
+        "created; call init_process_group and new_group again");
   }
   s.members[group.get()] = ranks;
   return group;
@@ -263,8 +313,8 @@ absl::StatusOr<std::shared_ptr<Work>> isend(const Tensor& tensor, int dst, const
   return r.group->Send(tensor, to, {.tag = tag});
 }
 
-absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src,
-                                                const Group& group, int tag) {
+absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src, const Group& group,
+                                                int tag) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int from, r.GroupRank(src, "recv: src"));
   return r.group->Recv(tensor, from, {.tag = tag});
@@ -327,8 +377,8 @@ absl::StatusOr<std::shared_ptr<Work>> gather_async(const Tensor& tensor,
 }
 
 absl::StatusOr<std::shared_ptr<Work>> scatter_async(const Tensor& tensor,
-                                                    absl::Span<const Tensor> scatter_list,
-                                                    int src, const Group& group) {
+                                                    absl::Span<const Tensor> scatter_list, int src,
+                                                    const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(src, "scatter: src"));
   return r.group->Scatter(tensor, scatter_list, {.root = root});
@@ -366,8 +416,7 @@ absl::Status all_gather(absl::Span<const Tensor> tensor_list, const Tensor& tens
                         const Group& group) {
   return WaitFor(all_gather_async(tensor_list, tensor, group));
 }
-absl::Status all_gather_into_tensor(const Tensor& output, const Tensor& input,
-                                    const Group& group) {
+absl::Status all_gather_into_tensor(const Tensor& output, const Tensor& input, const Group& group) {
   return WaitFor(all_gather_into_tensor_async(output, input, group));
 }
 absl::Status gather(const Tensor& tensor, absl::Span<const Tensor> gather_list, int dst,
@@ -378,12 +427,12 @@ absl::Status scatter(const Tensor& tensor, absl::Span<const Tensor> scatter_list
                      const Group& group) {
   return WaitFor(scatter_async(tensor, scatter_list, src, group));
 }
-absl::Status reduce_scatter(const Tensor& output, absl::Span<const Tensor> input_list,
-                            ReduceOp op, const Group& group) {
+absl::Status reduce_scatter(const Tensor& output, absl::Span<const Tensor> input_list, ReduceOp op,
+                            const Group& group) {
   return WaitFor(reduce_scatter_async(output, input_list, op, group));
 }
-absl::Status all_to_all(absl::Span<const Tensor> output_list,
-                        absl::Span<const Tensor> input_list, const Group& group) {
+absl::Status all_to_all(absl::Span<const Tensor> output_list, absl::Span<const Tensor> input_list,
+                        const Group& group) {
   return WaitFor(all_to_all_async(output_list, input_list, group));
 }
 absl::Status barrier(const Group& group) { return WaitFor(barrier_async(group)); }
@@ -391,8 +440,7 @@ absl::Status barrier(const Group& group) { return WaitFor(barrier_async(group));
 absl::Status monitored_barrier(const Group& group, std::optional<absl::Duration> timeout,
                                bool wait_all_ranks) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return WaitFor(
-      r.group->MonitoredBarrier({.timeout = timeout, .wait_all_ranks = wait_all_ranks}));
+  return WaitFor(r.group->MonitoredBarrier({.timeout = timeout, .wait_all_ranks = wait_all_ranks}));
 }
 
 }  // namespace ember::distributed

@@ -3,8 +3,11 @@
 // stand in for ranks here).
 #include "distributed/distributed.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -47,8 +50,8 @@ TEST(DistributedTest, BeforeInitEverythingAsksForInit) {
 }
 
 TEST(DistributedTest, UnknownBackendListsTheKnownOnes) {
-  absl::Status s = init_process_group({.backend = "nccl2", .world_size = 1, .rank = 0,
-                                       .store = nullptr});
+  absl::Status s =
+      init_process_group({.backend = "nccl2", .world_size = 1, .rank = 0, .store = nullptr});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("tcp"));
   EXPECT_FALSE(is_initialized());
@@ -66,8 +69,8 @@ TEST(DistributedTest, CollectivesAndPointToPointOnTheDefaultGroup) {
         EMBER_ASSIGN_OR_RETURN(int world, get_world_size());
         EMBER_RETURN_IF_ERROR(Check(rank == me.rank && world == 3, "rank and world size"));
         absl::Status again = init_process_group({.world_size = 3, .rank = me.rank});
-        EMBER_RETURN_IF_ERROR(Check(again.code() == absl::StatusCode::kFailedPrecondition,
-                                    "a second init fails"));
+        EMBER_RETURN_IF_ERROR(
+            Check(again.code() == absl::StatusCode::kFailedPrecondition, "a second init fails"));
 
         Tensor t = full({5}, rank + 1, kFloat32);
         EMBER_RETURN_IF_ERROR(all_reduce(t));
@@ -97,20 +100,23 @@ TEST(DistributedTest, CollectivesAndPointToPointOnTheDefaultGroup) {
         if (rank == 0) EMBER_RETURN_IF_ERROR(Check(gathered[2].item<float>() == 7, "gather"));
 
         std::vector<Tensor> pieces;
-        if (rank == 2) pieces = {full({1}, 100, kFloat32), full({1}, 101, kFloat32), full({1}, 102, kFloat32)};
+        if (rank == 2)
+          pieces = {full({1}, 100, kFloat32), full({1}, 101, kFloat32), full({1}, 102, kFloat32)};
         Tensor mine = zeros({1});
         EMBER_RETURN_IF_ERROR(scatter(mine, pieces, /*src=*/2));
         EMBER_RETURN_IF_ERROR(Check(mine.item<float>() == 100 + rank, "scatter"));
 
         Tensor rs = zeros({2});
+        EMBER_RETURN_IF_ERROR(reduce_scatter(
+            rs, {full({2}, 1, kFloat32), full({2}, 2, kFloat32), full({2}, 3, kFloat32)},
+            ReduceOp::kSum));
         EMBER_RETURN_IF_ERROR(
-            reduce_scatter(rs, {full({2}, 1, kFloat32), full({2}, 2, kFloat32), full({2}, 3, kFloat32)}, ReduceOp::kSum));
-        EMBER_RETURN_IF_ERROR(Check(rs.equal(full({2}, 3 * (rank + 1), kFloat32)), "reduce_scatter"));
+            Check(rs.equal(full({2}, 3 * (rank + 1), kFloat32)), "reduce_scatter"));
 
         std::vector<Tensor> outs = {zeros({1}), zeros({1}), zeros({1})};
-        EMBER_RETURN_IF_ERROR(all_to_all(
-            outs, {full({1}, rank * 10, kFloat32), full({1}, rank * 10 + 1, kFloat32),
-             full({1}, rank * 10 + 2, kFloat32)}));
+        EMBER_RETURN_IF_ERROR(
+            all_to_all(outs, {full({1}, rank * 10, kFloat32), full({1}, rank * 10 + 1, kFloat32),
+                              full({1}, rank * 10 + 2, kFloat32)}));
         for (int i = 0; i < 3; ++i) {
           EMBER_RETURN_IF_ERROR(Check(outs[i].item<float>() == i * 10 + rank, "all_to_all"));
         }
@@ -122,7 +128,8 @@ TEST(DistributedTest, CollectivesAndPointToPointOnTheDefaultGroup) {
           for (int i = 0; i < 2; ++i) {
             Tensor in = zeros({4});
             EMBER_ASSIGN_OR_RETURN(int from, recv(in, kAnySource, nullptr, /*tag=*/3));
-            EMBER_RETURN_IF_ERROR(Check(in.equal(full({4}, from, kFloat32)), "recv from any source"));
+            EMBER_RETURN_IF_ERROR(
+                Check(in.equal(full({4}, from, kFloat32)), "recv from any source"));
           }
         }
         EMBER_ASSIGN_OR_RETURN(auto work, all_reduce_async(t));
@@ -157,8 +164,8 @@ TEST(DistributedTest, NewGroupMembersAndNonMembers) {
           EMBER_RETURN_IF_ERROR(broadcast(b, /*src=*/3, odd));
           EMBER_RETURN_IF_ERROR(Check(b.item<int>() == 3, "broadcast from global rank 3"));
           absl::Status outside = broadcast(b, /*src=*/0, odd);
-          EMBER_RETURN_IF_ERROR(Check(absl::StrContains(outside.message(), "not a member"),
-                                      "src outside the group"));
+          EMBER_RETURN_IF_ERROR(
+              Check(absl::StrContains(outside.message(), "not a member"), "src outside the group"));
         } else {
           EMBER_RETURN_IF_ERROR(Check(group_rank == -1, "non-member rank is -1"));
           absl::Status s = all_reduce(t, ReduceOp::kSum, odd);
@@ -167,16 +174,54 @@ TEST(DistributedTest, NewGroupMembersAndNonMembers) {
                                           absl::StrContains(s.message(), "[1, 3]"),
                                       absl::StrCat("non-member error: ", s.ToString())));
           s = odd->AllReduce(t).status();
-          EMBER_RETURN_IF_ERROR(Check(absl::StrContains(s.message(), "not a member"),
-                                      "the handle itself refuses"));
+          EMBER_RETURN_IF_ERROR(
+              Check(absl::StrContains(s.message(), "not a member"), "the handle itself refuses"));
         }
         Tensor u = ones({2});
         EMBER_RETURN_IF_ERROR(all_reduce(u, ReduceOp::kSum, all));
-        EMBER_RETURN_IF_ERROR(Check(u.equal(full({2}, 4, kFloat32)), "all_reduce over new_group()"));
+        EMBER_RETURN_IF_ERROR(
+            Check(u.equal(full({2}, 4, kFloat32)), "all_reduce over new_group()"));
         return destroy_process_group();
       },
       options);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(results[r].exit_code, 0) << results[r].output;
+}
+
+// While rank 0's new_group waits for rank 1 to join, rank 0's other threads
+// keep using the library: rank 1 only joins once rank 0's main thread has
+// called get_world_size (which takes the library's lock), so a new_group that
+// held the global lock through its rendezvous would time out here.
+TEST(DistributedTest, NewGroupDoesNotBlockOtherThreadsWhileItsRendezvousRuns) {
+  RunRanksOptions options;
+  options.make_group = false;
+  std::vector<ProcessResult> results = RunRankProcesses(
+      2,
+      [](Rank& me) -> absl::Status {
+        EMBER_RETURN_IF_ERROR(Init(me));
+        EMBER_ASSIGN_OR_RETURN(Group first, new_group({0, 1}));
+        const std::string flag = absl::StrCat(me.temp_dir, "/rank0-went-on");
+        if (me.rank == 1) {
+          for (int i = 0; i < 200 && access(flag.c_str(), F_OK) != 0; ++i) {
+            absl::SleepFor(absl::Milliseconds(50));
+          }
+          EMBER_RETURN_IF_ERROR(Check(access(flag.c_str(), F_OK) == 0, "rank 0 went on"));
+          EMBER_ASSIGN_OR_RETURN(Group second, new_group({0, 1}, {.timeout = absl::Seconds(20)}));
+          return barrier(second);
+        }
+        absl::StatusOr<Group> second;
+        std::thread creator([&] { second = new_group({0, 1}, {.timeout = absl::Seconds(20)}); });
+        absl::SleepFor(absl::Milliseconds(200));  // creator is inside the rendezvous
+        EMBER_ASSIGN_OR_RETURN(int world, get_world_size());
+        EMBER_RETURN_IF_ERROR(Check(world == 2, "world size"));
+        if (FILE* f = fopen(flag.c_str(), "w")) fclose(f);
+        creator.join();
+        EMBER_RETURN_IF_ERROR(second.status());
+        return barrier(*second);
+      },
+      options);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+  }
 }
 
 TEST(DistributedTest, InitWithAStore) {

@@ -20,7 +20,8 @@ class BroadcastOnlyGroup : public ProcessGroup {
  public:
   explicit BroadcastOnlyGroup(int size)
       : ProcessGroup(0, size, "broadcast-only",
-                     SupportTable().Allow(OpType::kBroadcast, DeviceType::kCPU)
+                     SupportTable()
+                         .Allow(OpType::kBroadcast, DeviceType::kCPU)
                          .Allow(OpType::kAllReduce, DeviceType::kCPU)
                          .Allow(OpType::kAllGather, DeviceType::kCPU)
                          .Allow(OpType::kGather, DeviceType::kCPU)
@@ -35,18 +36,50 @@ class BroadcastOnlyGroup : public ProcessGroup {
     ++calls;
     return Work::Completed(OpType::kBroadcast, absl::OkStatus());
   }
-  absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor&, const BroadcastOptions&) override { return Done(); }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(const Tensor&, const AllReduceOptions&) override { return Done(); }
-  absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor&, const ReduceOptions&) override { return Done(); }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllGather(absl::Span<const Tensor>, const Tensor&, const AllGatherOptions&) override { return Done(); }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(const Tensor&, const Tensor&, const AllGatherOptions&) override { return Done(); }
-  absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor>, const Tensor&, const GatherOptions&) override { return Done(); }
-  absl::StatusOr<std::shared_ptr<Work>> DoScatter(const Tensor&, absl::Span<const Tensor>, const ScatterOptions&) override { return Done(); }
-  absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(const Tensor&, absl::Span<const Tensor>, const ReduceScatterOptions&) override { return Done(); }
-  absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(absl::Span<const Tensor>, absl::Span<const Tensor>, const AllToAllOptions&) override { return Done(); }
+  absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor&,
+                                                    const BroadcastOptions&) override {
+    return Done();
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(const Tensor&,
+                                                    const AllReduceOptions&) override {
+    return Done();
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor&, const ReduceOptions&) override {
+    return Done();
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGather(absl::Span<const Tensor>, const Tensor&,
+                                                    const AllGatherOptions&) override {
+    return Done();
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(const Tensor&, const Tensor&,
+                                                              const AllGatherOptions&) override {
+    return Done();
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor>, const Tensor&,
+                                                 const GatherOptions&) override {
+    return Done();
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoScatter(const Tensor&, absl::Span<const Tensor>,
+                                                  const ScatterOptions&) override {
+    return Done();
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(const Tensor&, absl::Span<const Tensor>,
+                                                        const ReduceScatterOptions&) override {
+    return Done();
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(absl::Span<const Tensor>,
+                                                   absl::Span<const Tensor>,
+                                                   const AllToAllOptions&) override {
+    return Done();
+  }
   absl::StatusOr<std::shared_ptr<Work>> DoBarrier(const BarrierOptions&) override { return Done(); }
-  absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(const MonitoredBarrierOptions&) override { return Done(); }
-  absl::StatusOr<std::shared_ptr<Work>> DoSend(const Tensor&, int, const P2POptions&) override { return Done(); }
+  absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(
+      const MonitoredBarrierOptions&) override {
+    return Done();
+  }
+  absl::StatusOr<std::shared_ptr<Work>> DoSend(const Tensor&, int, const P2POptions&) override {
+    return Done();
+  }
   absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor&, int, const P2POptions&) override {
     ++calls;
     return std::make_shared<RecvWork>(OpType::kRecv, absl::Now());
@@ -85,7 +118,8 @@ TEST(ProcessGroupTest, MalformedCallsNeverReachTheBackend) {
   EXPECT_THAT(Message(pg.Gather({ones({2}), ones({2})}, ones({2}), {.root = 1})),
               HasSubstr("outputs must be empty on non-root rank 0"));
   EXPECT_THAT(Message(pg.Send(ones({2}), 0)), HasSubstr("cannot send to itself"));
-  EXPECT_THAT(std::string(pg.Recv(ones({2}), 5).status().message()), HasSubstr("src 5 is out of range"));
+  EXPECT_THAT(std::string(pg.Recv(ones({2}), 5).status().message()),
+              HasSubstr("src 5 is out of range"));
   EXPECT_EQ(pg.calls, 0);
 }
 
@@ -122,14 +156,14 @@ TEST(WorkTest, PastItsDeadlineAWorkFails) {
 }
 
 TEST(BackendRegistryTest, FindsByNameAndListsTheKnownOnes) {
-  ASSERT_TRUE(RegisterBackend({.name = "Loopback-Test",
-                               .support = SupportTable().AllowAll(DeviceType::kCPU),
-                               .create = [](const BackendOptions& o)
-                                   -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
-                                 return std::make_shared<BroadcastOnlyGroup>(o.size);
-                               }})
-                  .ok());
-  EXPECT_EQ(RegisterBackend({.name = "loopback-test"}).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(
+      RegisterBackend(
+          {.name = "Loopback-Test",
+           .support = SupportTable().AllowAll(DeviceType::kCPU),
+           .create = [](const BackendOptions& o) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+             return std::make_shared<BroadcastOnlyGroup>(o.size);
+           }})
+          .ok());
   auto found = FindBackend("LOOPBACK-test");
   ASSERT_TRUE(found.ok()) << found.status();
   auto pg = (*found)->create({.size = 3});
@@ -139,6 +173,17 @@ TEST(BackendRegistryTest, FindsByNameAndListsTheKnownOnes) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(missing.status().message()),
               HasSubstr("unknown backend 'mpi'; registered backends: loopback-test"));
+}
+
+TEST(BackendRegistryTest, ADuplicateRegistrationIsAnErrorNamingTheBackend) {
+  ASSERT_TRUE(RegisterBackend({.name = "dup-test"}).ok());
+  absl::Status second = RegisterBackend({.name = "DUP-test"});
+  EXPECT_EQ(second.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(second.message()), HasSubstr("backend 'dup-test' is registered 2 times"));
+  // Neither registration is picked silently: the name is unusable.
+  auto found = FindBackend("dup-test");
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(found.status().message()), HasSubstr("link only one of them"));
 }
 
 }  // namespace
