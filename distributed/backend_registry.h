@@ -12,13 +12,17 @@
 // Names are case-insensitive, as torch's Backend("GLOO") == "gloo".
 //
 // Errors: FindBackend returns kInvalidArgument naming the unknown backend and
-// listing the registered ones; RegisterBackend returns kAlreadyExists for a
-// second registration of a name.
+// listing the registered ones. A second registration of a name is an error,
+// never silently dropped: RegisterBackend returns kAlreadyExists naming the
+// backend, EMBER_REGISTER_BACKEND prints that error to stderr at startup,
+// and from then on FindBackend (so init_process_group and new_group) fails
+// for that name with the same kAlreadyExists error.
 //
 // Thread-safety: all functions are thread-safe.
 #ifndef EMBER_DISTRIBUTED_BACKEND_REGISTRY_H_
 #define EMBER_DISTRIBUTED_BACKEND_REGISTRY_H_
 
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -61,10 +65,11 @@ std::vector<std::string> registered_backends();
 }  // namespace ember::distributed
 
 // Registers a backend while the program starts (use in an alwayslink library).
-#define EMBER_REGISTER_BACKEND(id, ...)                                             \
-  static const bool ember_backend_registered_##id = [] {                            \
-    ::absl::Status s = ::ember::distributed::register_backend(__VA_ARGS__);          \
-    return s.ok();                                                                  \
+#define EMBER_REGISTER_BACKEND(id, ...)                                     \
+  static const bool ember_backend_registered_##id = [] {                    \
+    ::absl::Status s = ::ember::distributed::register_backend(__VA_ARGS__);  \
+    if (!s.ok()) std::fprintf(stderr, "ember: %s\n", s.ToString().c_str()); \
+    return s.ok();                                                          \
   }()
 
 #endif  // EMBER_DISTRIBUTED_BACKEND_REGISTRY_H_

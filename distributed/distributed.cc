@@ -145,7 +145,7 @@ absl::StatusOr<Resolved> Resolve(const Group& group) {
 
 absl::Status WaitFor(absl::StatusOr<std::shared_ptr<Work>> work) {
   if (!work.ok()) return work.status();
-  return (*work)->wait();
+  return (*work)->Wait();
 }
 
 }  // namespace
@@ -157,7 +157,7 @@ absl::Status init_process_group(const InitOptions& options) {
     return absl::FailedPreconditionError(
         "init_process_group was already called; call destroy_process_group first");
   }
-  EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, find_backend(options.backend));
+  EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, FindBackend(options.backend));
   BackendOptions b;
   if (options.store) {
     if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
@@ -176,7 +176,7 @@ absl::Status init_process_group(const InitOptions& options) {
     r.rank = options.rank;
     r.group_name = options.group_name;
     r.timeout = options.timeout;
-    EMBER_ASSIGN_OR_RETURN(RendezvousResult joined, rendezvous(r));
+    EMBER_ASSIGN_OR_RETURN(RendezvousResult joined, Rendezvous(r));
     b.store = joined.store;
     b.rank = joined.rank;
     b.size = joined.world_size;
@@ -253,37 +253,53 @@ absl::Status destroy_process_group(const Group& group) {
 
 absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& options) {
   State& s = GetState();
-  absl::MutexLock lock(&s.mu);
-  if (!s.world) return NotInitialized();
-  if (ranks.empty()) {
-    for (int i = 0; i < s.size; ++i) ranks.push_back(i);
-  }
-  std::sort(ranks.begin(), ranks.end());
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (ranks[i] < 0 || ranks[i] >= s.size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("new_group: rank ", ranks[i], " is out of range for world size ", s.size));
+  BackendOptions b;
+  const BackendInfo* backend = nullptr;
+  int my_index = -1, my_rank = -1, generation = 0;
+  {
+    absl::MutexLock lock(&s.mu);
+    if (!s.world) return NotInitialized();
+    if (ranks.empty()) {
+      for (int i = 0; i < s.size; ++i) ranks.push_back(i);
     }
-    if (i > 0 && ranks[i] == ranks[i - 1]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("new_group: rank ", ranks[i], " is listed twice"));
+    std::sort(ranks.begin(), ranks.end());
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] < 0 || ranks[i] >= s.size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("new_group: rank ", ranks[i], " is out of range for world size ", s.size));
+      }
+      if (i > 0 && ranks[i] == ranks[i - 1]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("new_group: rank ", ranks[i], " is listed twice"));
+      }
     }
-  }
-  const int id = s.next_group++;
-  const std::string backend_name = options.backend.empty() ? s.backend : options.backend;
-  EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, find_backend(backend_name));
-  auto me = std::find(ranks.begin(), ranks.end(), s.rank);
-  Group group;
-  if (me == ranks.end()) {
-    group = std::make_shared<NonMemberGroup>(s.rank, ranks, *backend);
-  } else {
-    BackendOptions b;
+    const int id = s.next_group++;
+    const std::string backend_name = options.backend.empty() ? s.backend : options.backend;
+    EMBER_ASSIGN_OR_RETURN(backend, FindBackend(backend_name));
+    auto me = std::find(ranks.begin(), ranks.end(), s.rank);
+    if (me != ranks.end()) my_index = static_cast<int>(me - ranks.begin());
+    my_rank = s.rank;
+    generation = s.generation;
     b.store = s.store;
     b.store_prefix = absl::StrCat(s.prefix, "group", id, "/");
-    b.rank = static_cast<int>(me - ranks.begin());
+    b.rank = my_index;
     b.size = static_cast<int>(ranks.size());
     b.timeout = options.timeout.value_or(s.timeout);
+  }
+  // The group's rendezvous blocks until its members arrive (up to the
+  // timeout), so it runs without the lock: other threads' ops, get_rank and
+  // the like go on meanwhile.
+  Group group;
+  if (my_index < 0) {
+    group = std::make_shared<NonMemberGroup>(my_rank, ranks, *backend);
+  } else {
     EMBER_ASSIGN_OR_RETURN(group, backend->create(b));
+  }
+  absl::MutexLock lock(&s.mu);
+  if (!s.world || s.generation != generation) {
+    return absl::FailedPreconditionError(
+        "new_group: the default process group was destroyed while this group was being "
+        "created; call init_process_group and new_group again");
   }
   s.members[group.get()] = ranks;
   return group;
@@ -295,14 +311,14 @@ absl::StatusOr<std::shared_ptr<Work>> isend(const Tensor& tensor, int dst, const
                                             int tag) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int to, r.GroupRank(dst, "send: dst"));
-  return r.group->send(tensor, to, {.tag = tag});
+  return r.group->Send(tensor, to, {.tag = tag});
 }
 
 absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src, const Group& group,
                                                 int tag) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int from, r.GroupRank(src, "recv: src"));
-  return r.group->recv(tensor, from, {.tag = tag});
+  return r.group->Recv(tensor, from, {.tag = tag});
 }
 
 absl::Status send(const Tensor& tensor, int dst, const Group& group, int tag) {
@@ -312,8 +328,8 @@ absl::Status send(const Tensor& tensor, int dst, const Group& group, int tag) {
 absl::StatusOr<int> recv(const Tensor& tensor, int src, const Group& group, int tag) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int from, r.GroupRank(src, "recv: src"));
-  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<RecvWork> work, r.group->recv(tensor, from, {.tag = tag}));
-  EMBER_RETURN_IF_ERROR(work->wait());
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<RecvWork> work, r.group->Recv(tensor, from, {.tag = tag}));
+  EMBER_RETURN_IF_ERROR(work->Wait());
   const int source = work->source();
   return source >= 0 && source < static_cast<int>(r.members.size()) ? r.members[source] : source;
 }
@@ -324,33 +340,33 @@ absl::StatusOr<std::shared_ptr<Work>> broadcast_async(const Tensor& tensor, int 
                                                       const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(src, "broadcast: src"));
-  return r.group->broadcast(tensor, {.root = root});
+  return r.group->Broadcast(tensor, {.root = root});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> all_reduce_async(const Tensor& tensor, ReduceOp op,
                                                        const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->allreduce(tensor, {.op = op});
+  return r.group->AllReduce(tensor, {.op = op});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> reduce_async(const Tensor& tensor, int dst, ReduceOp op,
                                                    const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(dst, "reduce: dst"));
-  return r.group->reduce(tensor, {.root = root, .op = op});
+  return r.group->Reduce(tensor, {.root = root, .op = op});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> all_gather_async(absl::Span<const Tensor> tensor_list,
                                                        const Tensor& tensor, const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->allgather(tensor_list, tensor);
+  return r.group->AllGather(tensor_list, tensor);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> all_gather_into_tensor_async(const Tensor& output,
                                                                    const Tensor& input,
                                                                    const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->allgather_into_tensor(output, input);
+  return r.group->AllGatherIntoTensor(output, input);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> gather_async(const Tensor& tensor,
@@ -358,7 +374,7 @@ absl::StatusOr<std::shared_ptr<Work>> gather_async(const Tensor& tensor,
                                                    const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(dst, "gather: dst"));
-  return r.group->gather(gather_list, tensor, {.root = root});
+  return r.group->Gather(gather_list, tensor, {.root = root});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> scatter_async(const Tensor& tensor,
@@ -366,26 +382,26 @@ absl::StatusOr<std::shared_ptr<Work>> scatter_async(const Tensor& tensor,
                                                     const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(src, "scatter: src"));
-  return r.group->scatter(tensor, scatter_list, {.root = root});
+  return r.group->Scatter(tensor, scatter_list, {.root = root});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> reduce_scatter_async(const Tensor& output,
                                                            absl::Span<const Tensor> input_list,
                                                            ReduceOp op, const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->reduce_scatter(output, input_list, {.op = op});
+  return r.group->ReduceScatter(output, input_list, {.op = op});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> all_to_all_async(absl::Span<const Tensor> output_list,
                                                        absl::Span<const Tensor> input_list,
                                                        const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->alltoall(output_list, input_list);
+  return r.group->AllToAll(output_list, input_list);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> barrier_async(const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->barrier();
+  return r.group->Barrier();
 }
 
 absl::Status broadcast(const Tensor& tensor, int src, const Group& group) {
@@ -425,8 +441,7 @@ absl::Status barrier(const Group& group) { return WaitFor(barrier_async(group));
 absl::Status monitored_barrier(const Group& group, std::optional<absl::Duration> timeout,
                                bool wait_all_ranks) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return WaitFor(
-      r.group->monitored_barrier({.timeout = timeout, .wait_all_ranks = wait_all_ranks}));
+  return WaitFor(r.group->MonitoredBarrier({.timeout = timeout, .wait_all_ranks = wait_all_ranks}));
 }
 
 }  // namespace ember::distributed

@@ -3,8 +3,11 @@
 // stand in for ranks here).
 #include "distributed/distributed.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -137,8 +140,8 @@ TEST(DistributedTest, CollectivesAndPointToPointOnTheDefaultGroup) {
           }
         }
         EMBER_ASSIGN_OR_RETURN(auto work, all_reduce_async(t));
-        EMBER_RETURN_IF_ERROR(work->wait());
-        EMBER_RETURN_IF_ERROR(Check(work->is_completed(), "IsCompleted"));
+        EMBER_RETURN_IF_ERROR(work->Wait());
+        EMBER_RETURN_IF_ERROR(Check(work->IsCompleted(), "IsCompleted"));
         EMBER_RETURN_IF_ERROR(barrier());
         EMBER_RETURN_IF_ERROR(monitored_barrier(nullptr, absl::Seconds(10)));
         EMBER_RETURN_IF_ERROR(destroy_process_group());
@@ -177,7 +180,7 @@ TEST(DistributedTest, NewGroupMembersAndNonMembers) {
                                           absl::StrContains(s.message(), "not a member") &&
                                           absl::StrContains(s.message(), "[1, 3]"),
                                       absl::StrCat("non-member error: ", s.ToString())));
-          s = odd->allreduce(t).status();
+          s = odd->AllReduce(t).status();
           EMBER_RETURN_IF_ERROR(
               Check(absl::StrContains(s.message(), "not a member"), "the handle itself refuses"));
         }
@@ -189,6 +192,43 @@ TEST(DistributedTest, NewGroupMembersAndNonMembers) {
       },
       options);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(results[r].exit_code, 0) << results[r].output;
+}
+
+// While rank 0's new_group waits for rank 1 to join, rank 0's other threads
+// keep using the library: rank 1 only joins once rank 0's main thread has
+// called get_world_size (which takes the library's lock), so a new_group that
+// held the global lock through its rendezvous would time out here.
+TEST(DistributedTest, NewGroupDoesNotBlockOtherThreadsWhileItsRendezvousRuns) {
+  RunRanksOptions options;
+  options.make_group = false;
+  std::vector<ProcessResult> results = RunRankProcesses(
+      2,
+      [](Rank& me) -> absl::Status {
+        EMBER_RETURN_IF_ERROR(Init(me));
+        EMBER_ASSIGN_OR_RETURN(Group first, new_group({0, 1}));
+        const std::string flag = absl::StrCat(me.temp_dir, "/rank0-went-on");
+        if (me.rank == 1) {
+          for (int i = 0; i < 200 && access(flag.c_str(), F_OK) != 0; ++i) {
+            absl::SleepFor(absl::Milliseconds(50));
+          }
+          EMBER_RETURN_IF_ERROR(Check(access(flag.c_str(), F_OK) == 0, "rank 0 went on"));
+          EMBER_ASSIGN_OR_RETURN(Group second, new_group({0, 1}, {.timeout = absl::Seconds(20)}));
+          return barrier(second);
+        }
+        absl::StatusOr<Group> second;
+        std::thread creator([&] { second = new_group({0, 1}, {.timeout = absl::Seconds(20)}); });
+        absl::SleepFor(absl::Milliseconds(200));  // creator is inside the rendezvous
+        int world = get_world_size();
+        EMBER_RETURN_IF_ERROR(Check(world == 2, "world size"));
+        if (FILE* f = fopen(flag.c_str(), "w")) fclose(f);
+        creator.join();
+        EMBER_RETURN_IF_ERROR(second.status());
+        return barrier(*second);
+      },
+      options);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].output;
+  }
 }
 
 TEST(DistributedTest, InitWithAStore) {

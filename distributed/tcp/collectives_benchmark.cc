@@ -1,9 +1,11 @@
-// all_reduce, broadcast and all_gather on the tcp backend, ranks as
+// all_reduce, broadcast and all_gather on the tcp backend (or any registered
+// backend with --backend=gloo), ranks as
 // processes on this host, 4 KiB to 64 MiB; a memcpy of the same bytes is the
 // in-binary baseline (the figure every transfer is bounded by).
 //
 //   bazel run //distributed/tcp:collectives_benchmark -- --ranks=2
 //   EMBER_TCP_SHM=0 bazel run ... -- --ranks=2   # sockets instead of shared memory
+//   bazel run ... -- --ranks=2 --backend=gloo     # the gloo backend, same harness
 //
 // The process running the benchmarks is rank 0; it forks ranks 1..N-1, which
 // follow its lead: before every timed op rank 0 broadcasts the op and size
@@ -35,8 +37,8 @@ namespace {
 
 enum Command : int64_t { kStop = 0, kAllReduce = 1, kBroadcast = 2, kAllGather = 3 };
 
-std::shared_ptr<TcpProcessGroup>& Group() {
-  static auto* group = new std::shared_ptr<TcpProcessGroup>;
+std::shared_ptr<ProcessGroup>& Group() {
+  static auto* group = new std::shared_ptr<ProcessGroup>;
   return *group;
 }
 
@@ -48,7 +50,7 @@ void Check(const absl::Status& s, const char* what) {
 }
 
 void Wait(absl::StatusOr<std::shared_ptr<Work>> work, const char* what) {
-  Check(work.ok() ? (*work)->wait() : work.status(), what);
+  Check(work.ok() ? (*work)->Wait() : work.status(), what);
 }
 
 // Runs one op of `command` on `nbytes` (per-rank input) with every rank.
@@ -71,26 +73,32 @@ void RunOp(int64_t command, int64_t nbytes) {
   ProcessGroup& pg = *Group();
   Buffers& b = BuffersFor(nbytes, pg.size());
   switch (command) {
-    case kAllReduce: Wait(pg.allreduce(b.data), "all_reduce"); break;
-    case kBroadcast: Wait(pg.broadcast(b.data), "broadcast"); break;
-    case kAllGather: Wait(pg.allgather(b.gathered, b.data), "all_gather"); break;
+    case kAllReduce:
+      Wait(pg.AllReduce(b.data), "all_reduce");
+      break;
+    case kBroadcast:
+      Wait(pg.Broadcast(b.data), "broadcast");
+      break;
+    case kAllGather:
+      Wait(pg.AllGather(b.gathered, b.data), "all_gather");
+      break;
   }
 }
 
 // Rank 0 tells the others what comes next.
 void Announce(int64_t command, int64_t nbytes) {
   Tensor control = tensor(std::vector<int64_t>{command, nbytes});
-  Wait(Group()->broadcast(control), "control broadcast");
+  Wait(Group()->Broadcast(control), "control broadcast");
 }
 
 void Follow() {
   while (true) {
     Tensor control = zeros({2}, kInt64);
-    Wait(Group()->broadcast(control), "control broadcast");
+    Wait(Group()->Broadcast(control), "control broadcast");
     const int64_t command = control.data_ptr<int64_t>()[0];
     if (command == kStop) return;
     BuffersFor(control.data_ptr<int64_t>()[1], Group()->size());
-    Wait(Group()->barrier(), "barrier");
+    Wait(Group()->Barrier(), "barrier");
     RunOp(command, control.data_ptr<int64_t>()[1]);
   }
 }
@@ -101,13 +109,13 @@ void Collective(benchmark::State& state, int64_t command) {
   BuffersFor(nbytes, world);
   for (int warmup = 0; warmup < 2; ++warmup) {  // first touches of buffers and rings
     Announce(command, nbytes);
-    Wait(Group()->barrier(), "barrier");
+    Wait(Group()->Barrier(), "barrier");
     RunOp(command, nbytes);
   }
   std::vector<double> seconds;
   for (auto _ : state) {
     Announce(command, nbytes);
-    Wait(Group()->barrier(), "barrier");
+    Wait(Group()->Barrier(), "barrier");
     const absl::Time start = absl::Now();
     RunOp(command, nbytes);
     seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
@@ -125,12 +133,11 @@ void Collective(benchmark::State& state, int64_t command) {
   state.counters["p50_us"] = median * 1e6;
   state.counters["algbw_p50_GBps"] = median > 0 ? bytes / median / 1e9 : 0;
   state.counters["busbw_p50_GBps"] = median > 0 ? bytes * factor / median / 1e9 : 0;
-  state.counters["algbw"] = benchmark::Counter(bytes * state.iterations(),
-                                               benchmark::Counter::kIsRate,
-                                               benchmark::Counter::kIs1000);
-  state.counters["busbw"] = benchmark::Counter(bytes * factor * state.iterations(),
-                                               benchmark::Counter::kIsRate,
-                                               benchmark::Counter::kIs1000);
+  state.counters["algbw"] = benchmark::Counter(
+      bytes * state.iterations(), benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  state.counters["busbw"] =
+      benchmark::Counter(bytes * factor * state.iterations(), benchmark::Counter::kIsRate,
+                         benchmark::Counter::kIs1000);
 }
 
 void BM_AllReduce(benchmark::State& state) { Collective(state, kAllReduce); }
@@ -146,9 +153,9 @@ void BM_Memcpy(benchmark::State& state) {
     benchmark::DoNotOptimize(b.data());
     benchmark::ClobberMemory();
   }
-  state.counters["algbw"] = benchmark::Counter(double(nbytes) * state.iterations(),
-                                               benchmark::Counter::kIsRate,
-                                               benchmark::Counter::kIs1000);
+  state.counters["algbw"] =
+      benchmark::Counter(double(nbytes) * state.iterations(), benchmark::Counter::kIsRate,
+                         benchmark::Counter::kIs1000);
 }
 
 void Sizes(benchmark::internal::Benchmark* b) {
@@ -160,16 +167,19 @@ BENCHMARK(BM_AllReduce)->Apply(Sizes)->UseManualTime();
 BENCHMARK(BM_Broadcast)->Apply(Sizes)->UseManualTime();
 BENCHMARK(BM_AllGather)->Apply(Sizes)->UseManualTime();
 
-std::shared_ptr<TcpProcessGroup> Join(const std::string& store_path, int rank, int world) {
-  auto store = FileStore::open(store_path, absl::Seconds(60));
+std::shared_ptr<ProcessGroup> Join(const std::string& backend, const std::string& store_path,
+                                   int rank, int world) {
+  auto store = FileStore::Open(store_path, absl::Seconds(60));
   Check(store.status(), "FileStore");
   BackendOptions options{.store = std::shared_ptr<Store>(std::move(*store)),
                          .store_prefix = "bench/",
                          .rank = rank,
                          .size = world,
                          .timeout = absl::Seconds(120)};
-  auto group = TcpProcessGroup::Create(options);
-  Check(group.status(), "TcpProcessGroup::Create");
+  auto info = FindBackend(backend);
+  Check(info.status(), "--backend");
+  auto group = (*info)->create(options);
+  Check(group.status(), "creating the group");
   return *group;
 }
 
@@ -179,6 +189,7 @@ std::shared_ptr<TcpProcessGroup> Join(const std::string& store_path, int rank, i
 int main(int argc, char** argv) {
   using namespace ember::distributed::tcp;  // NOLINT: a benchmark main
   int world = 2;
+  std::string backend = "tcp";
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
@@ -187,6 +198,10 @@ int main(int argc, char** argv) {
         fprintf(stderr, "--ranks needs a positive integer, got '%s'\n", a.c_str());
         return 2;
       }
+      continue;
+    }
+    if (a.rfind("--backend=", 0) == 0) {
+      backend = a.substr(10);
       continue;
     }
     args.push_back(argv[i]);
@@ -198,14 +213,14 @@ int main(int argc, char** argv) {
   for (int r = 1; r < world; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
-      Group() = Join(store_path, r, world);
+      Group() = Join(backend, store_path, r, world);
       Follow();
       Group().reset();
       _exit(0);
     }
     children.push_back(pid);
   }
-  Group() = Join(store_path, 0, world);
+  Group() = Join(backend, store_path, 0, world);
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
   benchmark::RunSpecifiedBenchmarks();

@@ -1,0 +1,882 @@
+#include "distributed/gloo/process_group_gloo.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "distributed/gloo/device.h"
+#include "distributed/gloo/store_adapter.h"
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/alltoallv.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/gather.h"
+#include "gloo/reduce.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/scatter.h"
+#include "gloo/transport/unbound_buffer.h"
+#include "tensor/factories.h"
+#include "tensor/status_macros.h"
+
+namespace ember::distributed::gloo {
+
+// Note [gloo exceptions]
+// gloo reports every failure by throwing (gloo::IoException for the network
+// and timeouts, gloo::EnforceNotMet for calls it refuses, such as peers
+// whose sizes disagree). Those exceptions are confined to this file: each
+// job runs inside one try block on the worker thread (or a p2p waiter), and
+// Translate turns what it caught into the Work's Status, naming the op and
+// the peers at fault. gloo's messages name neither ranks nor ops, so after a
+// collective fails each rank writes "failed/<seq>/<rank>" to the store and
+// waits a short grace for the others' keys: a rank whose key does not appear
+// never got as far as failing this collective (it is stopped, dead, or busy
+// elsewhere), and is the one named. Ranks on this host are described with
+// their process state, as the tcp backend does. The store round trips happen
+// only after a failure, so successful ops pay nothing for this.
+//
+// One failure cannot be caught: when ranks pass different sizes, gloo's
+// network thread reads a message longer than the posted buffer and its
+// assertion ends the process (PyTorch's gloo backend crashes the same way).
+// So before each collective the ranks all-gather a few words describing
+// their call (op, dtype, bytes, root, reduce op, all_to_all counts;
+// CheckCall), and a disagreement fails the collective on every rank with
+// kFailedPrecondition naming both calls, before gloo sees any data. It costs
+// one small all-gather per collective; EMBER_GLOO_CHECK_COLLECTIVES=0 turns
+// it off for jobs known to be consistent.
+
+namespace {
+
+using ::ember::distributed::gloo::GlooProcessGroup;
+using Clock = std::chrono::milliseconds;
+
+// Slots of Ember's own point-to-point traffic; gloo's collectives use the
+// low prefixes of the top byte (gloo::Slot::build).
+constexpr uint64_t kP2PSlot = uint64_t{0xE1} << 56;
+constexpr uint64_t kArriveSlot = uint64_t{0xE2} << 56;
+constexpr uint64_t kReleaseSlot = uint64_t{0xE3} << 56;
+// How long after an op's deadline its Work gives up on the worker, so that
+// the worker's error (which names the peers) is the one reported.
+constexpr absl::Duration kBackstop = absl::Seconds(3);
+
+char* Data(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
+Tensor Staging(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+void CopyBack(const Tensor& user, const Tensor& staging) {
+  if (!staging.is_same(user)) user.copy_(staging);
+}
+
+std::chrono::milliseconds Left(absl::Time deadline) {
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
+}
+
+template <typename T>
+T Combine(ReduceOp op, T a, T b) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return op == ReduceOp::kSum || op == ReduceOp::kMax ? (a || b) : (a && b);
+  } else {
+    using M = OpMath<T>;
+    const M x = CastTo<M>(a), y = CastTo<M>(b);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        return CastTo<T>(static_cast<M>(x + y));
+      case ReduceOp::kProduct:
+        return CastTo<T>(static_cast<M>(x * y));
+      case ReduceOp::kMin:
+        return CastTo<T>(std::min(x, y));
+      case ReduceOp::kMax:
+        return CastTo<T>(std::max(x, y));
+    }
+    return a;
+  }
+}
+
+// gloo's reduce function: c[i] = a[i] op b[i] for n elements of T.
+template <typename T>
+std::function<void(void*, const void*, const void*, size_t)> ReduceFunction(ReduceOp op) {
+  return [op](void* c, const void* a, const void* b, size_t n) {
+    T* out = static_cast<T*>(c);
+    const T* x = static_cast<const T*>(a);
+    const T* y = static_cast<const T*>(b);
+    for (size_t i = 0; i < n; ++i) out[i] = Combine(op, x[i], y[i]);
+  };
+}
+
+absl::Status RefuseAvg(OpType op, ReduceOp reduce) {
+  if (reduce != ReduceOp::kAvg) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      OpTypeName(op),
+      ": ReduceOp.AVG is not supported by the 'gloo' backend (as in PyTorch); use SUM and "
+      "divide by the group size, or the 'tcp' backend"));
+}
+
+std::string ReadFirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// Ranks with equal keys see each other's pids.
+std::string HostKey() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  struct stat st {};
+  const std::string pid_ns =
+      stat("/proc/self/ns/pid", &st) == 0 ? absl::StrCat(st.st_ino) : std::string("?");
+  return absl::StrCat(ReadFirstLine("/proc/sys/kernel/random/boot_id"), "/", host, "/", pid_ns);
+}
+
+std::string ProcessState(int pid) {
+  const std::string line = ReadFirstLine(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = line.rfind(')');
+  if (line.empty()) return "exited";
+  if (paren == std::string::npos || paren + 2 >= line.size()) return "unknown";
+  switch (line[paren + 2]) {
+    case 'R':
+      return "running";
+    case 'S':
+      return "sleeping";
+    case 'D':
+      return "in uninterruptible I/O";
+    case 'T':
+      return "stopped";
+    case 't':
+      return "stopped by a debugger";
+    case 'Z':
+    case 'X':
+      return "exited";
+    default:
+      return "unknown";
+  }
+}
+
+bool CheckCallsFromEnv() {
+  const char* v = std::getenv("EMBER_GLOO_CHECK_COLLECTIVES");
+  return v == nullptr || std::string(v) != "0";
+}
+
+}  // namespace
+
+SupportTable GlooSupportTable() { return SupportTable().AllowAll(DeviceType::kCPU); }
+
+// --- Creation --------------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
+    const BackendOptions& options) {
+  const int rank = options.rank, n = options.size;
+  if (options.store == nullptr) {
+    return absl::InvalidArgumentError("gloo backend: no store was given");
+  }
+  if (n < 1 || rank < 0 || rank >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("gloo backend: rank ", rank,
+                                                   " is invalid for world size ", n,
+                                                   " (need 0 <= rank < world_size)"));
+  }
+  const std::string prefix = options.store_prefix + "gloo/";
+  const absl::Time deadline = absl::Now() + options.timeout;
+  Store& store = *options.store;
+
+  // Where every rank runs, for error messages.
+  const std::string host_key = HostKey();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, "proc/", rank),
+                                  absl::StrCat(host_key, "|", getpid(), "|", host)));
+  std::vector<Peer> peers(n);
+  for (int p = 0; p < n; ++p) {
+    auto got = store.Get(absl::StrCat(prefix, "proc/", p),
+                         std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    if (!got.ok()) {
+      return absl::Status(got.status().code(),
+                          absl::StrCat("gloo backend: rank ", p,
+                                       " never joined the group: ", got.status().message()));
+    }
+    std::vector<std::string> f = absl::StrSplit(*got, '|');
+    if (f.size() != 3 || !absl::SimpleAtoi(f[1], &peers[p].pid)) {
+      return absl::DataLossError(absl::StrCat("gloo backend: rank ", p, "'s record '", *got,
+                                              "' in the store is malformed"));
+    }
+    peers[p].same_host = f[0] == host_key;
+    peers[p].host = f[2];
+  }
+
+  const DeviceChoice choice = ChooseDevice();
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<::gloo::transport::Device> device, CreateDevice(choice));
+  auto context = std::make_shared<::gloo::rendezvous::Context>(rank, n);
+  context->setTimeout(Left(deadline));
+  GlooStore gloo_store(options.store, prefix + "mesh/", options.timeout);
+  try {
+    context->connectFullMesh(gloo_store, device);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("gloo backend: rank ", rank,
+                                               " could not connect to its peers over ",
+                                               choice.describe, ": ", e.what()));
+  }
+  context->setTimeout(Clock(absl::ToInt64Milliseconds(options.timeout)));
+  return std::shared_ptr<GlooProcessGroup>(
+      new GlooProcessGroup(options, std::move(context), choice.describe, std::move(peers)));
+}
+
+GlooProcessGroup::GlooProcessGroup(const BackendOptions& options,
+                                   std::shared_ptr<::gloo::Context> context,
+                                   std::string device_description, std::vector<Peer> peers)
+    : ProcessGroup(options.rank, options.size, "gloo", GlooSupportTable(), options.timeout),
+      store_(options.store),
+      prefix_(options.store_prefix + "gloo/"),
+      context_(std::move(context)),
+      check_calls_(CheckCallsFromEnv()),
+      device_description_(std::move(device_description)),
+      peers_(std::move(peers)) {
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+GlooProcessGroup::~GlooProcessGroup() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (Queued& q : queue_) {
+      q.work->Finish(absl::AbortedError("the process group was destroyed"));
+    }
+    queue_.clear();
+  }
+  worker_.join();
+  absl::MutexLock lock(&p2p_mu_);
+  for (auto& p : p2p_) {
+    p->buffer->abortWaitRecv();
+    p->buffer->abortWaitSend();
+  }
+  for (auto& p : p2p_) p->waiter.join();
+  p2p_.clear();
+}
+
+void GlooProcessGroup::Abort() {
+  const absl::Status aborted = absl::AbortedError("the process group was aborted");
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.ok()) aborted_ = aborted;
+    for (Queued& q : queue_) q.work->Finish(aborted);
+    queue_.clear();
+    // The running collective cannot be interrupted inside gloo; its Work
+    // fails now (the job holds the tensors, so gloo may finish writing into
+    // them safely) and the worker moves on when gloo returns.
+    if (running_) running_->Finish(aborted);
+  }
+  absl::MutexLock lock(&p2p_mu_);
+  for (auto& p : p2p_) {
+    p->buffer->abortWaitRecv();
+    p->buffer->abortWaitSend();
+  }
+}
+
+// --- Execution ---------------------------------------------------------------------
+
+std::shared_ptr<Work> GlooProcessGroup::Enqueue(OpType op,
+                                                const std::optional<absl::Duration>& timeout,
+                                                std::optional<Call> call, Job job) {
+  const absl::Time deadline = DeadlineFor(timeout);
+  auto work = std::make_shared<Work>(op, deadline + kBackstop);
+  absl::MutexLock lock(&mu_);
+  if (!aborted_.ok()) {
+    work->Finish(aborted_);
+    return work;
+  }
+  const int64_t seq = next_seq_++;
+  const uint32_t tag = static_cast<uint32_t>(2 * seq + 1);
+  queue_.push_back(
+      {work,
+       {op, seq, tag, deadline, absl::StrCat(OpTypeName(op), " (collective #", seq, ")")},
+       std::move(call),
+       std::move(job)});
+  return work;
+}
+
+void GlooProcessGroup::WorkerLoop() {
+  while (true) {
+    Queued item;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = item.work;
+    }
+    absl::Status status;
+    if (absl::Now() >= item.context.deadline) {
+      status = absl::DeadlineExceededError(
+          absl::StrCat(item.context.what, ": its timeout passed before it could start"));
+    } else {
+      try {
+        if (item.call) status = CheckCall(item.context, *item.call);
+        if (status.ok()) status = item.job(item.context);
+      } catch (const ::gloo::IoException& e) {
+        status = Translate(item.context, e.what(), /*io_error=*/true);
+      } catch (const std::exception& e) {
+        status = Translate(item.context, e.what(), /*io_error=*/false);
+      }
+    }
+    item.work->Finish(status);
+    absl::MutexLock lock(&mu_);
+    running_ = nullptr;
+  }
+}
+
+std::string GlooProcessGroup::DescribePeer(int rank) const {
+  if (rank < 0 || rank >= static_cast<int>(peers_.size())) return "any rank";
+  const Peer& p = peers_[rank];
+  if (p.same_host && p.pid != getpid()) {
+    return absl::StrCat("rank ", rank, " (pid ", p.pid, " on this host, ", ProcessState(p.pid),
+                        ")");
+  }
+  if (p.same_host) return absl::StrCat("rank ", rank);
+  return absl::StrCat("rank ", rank, " (on ", p.host, ")");
+}
+
+std::vector<int> GlooProcessGroup::RanksThatDidNotFail(const OpContext& ctx) {
+  const std::string key = absl::StrCat(prefix_, "failed/", ctx.seq, "/");
+  std::vector<int> missing;
+  if (!store_->Set(absl::StrCat(key, rank()), "1").ok()) return missing;
+  // The others fail the same collective at about the same time; a rank
+  // that does not within this grace never reached it.
+  const absl::Duration grace = std::clamp(timeout() / 4, absl::Milliseconds(200), absl::Seconds(1));
+  const absl::Time until = absl::Now() + grace;
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank()) continue;
+    if (!store_->Get(absl::StrCat(key, p), std::max(until - absl::Now(), absl::ZeroDuration()))
+             .ok()) {
+      missing.push_back(p);
+    }
+  }
+  return missing;
+}
+
+absl::Status GlooProcessGroup::Translate(const OpContext& ctx, const std::string& what,
+                                         bool io_error) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok())
+      return absl::Status(aborted_.code(), absl::StrCat(ctx.what, ": ", aborted_.message()));
+    if (stopping_)
+      return absl::AbortedError(absl::StrCat(ctx.what, ": the process group was destroyed"));
+  }
+  const bool timed_out = absl::StrContains(what, "Timed out");
+  absl::StatusCode code = timed_out  ? absl::StatusCode::kDeadlineExceeded
+                          : io_error ? absl::StatusCode::kUnavailable
+                                     : absl::StatusCode::kFailedPrecondition;
+  std::string peers;
+  if (ctx.seq >= 0 && size() > 1) {
+    std::vector<int> missing = RanksThatDidNotFail(ctx);
+    std::vector<std::string> names;
+    bool exited = false;
+    for (int p : missing) {
+      names.push_back(DescribePeer(p));
+      exited |= absl::StrContains(names.back(), "exited");
+    }
+    if (exited) code = absl::StatusCode::kUnavailable;
+    if (!missing.empty()) {
+      peers = timed_out ? absl::StrCat("timed out waiting for ", absl::StrJoin(names, ", "),
+                                       ", which did not join it or did not fail it with the "
+                                       "others")
+                        : absl::StrCat("lost ", absl::StrJoin(names, ", "));
+    } else {
+      peers = absl::StrCat(
+          timed_out ? "timed out" : "failed",
+          "; every rank reached this collective, so they disagree about it: every rank must "
+          "run the same collectives in the same order with tensors of the same size and dtype");
+    }
+  } else {
+    peers = timed_out ? "timed out" : "failed";
+  }
+  return absl::Status(code, absl::StrCat(ctx.what, ": ", peers, " (gloo: ", what, ")"));
+}
+
+absl::Status GlooProcessGroup::CheckCall(const OpContext& ctx, const Call& call) {
+  const int n = size();
+  if (n == 1 || !check_calls_) return absl::OkStatus();
+  // Each rank's call as words: op, dtype, root, reduce op, bytes, then the
+  // element counts it sends to each rank (all_to_all only).
+  const size_t words = 5 + n;
+  std::vector<int64_t> mine(words, 0), all(words * n);
+  mine[0] = static_cast<int64_t>(ctx.op);
+  mine[1] = static_cast<int64_t>(call.dtype);
+  mine[2] = call.root;
+  mine[3] = static_cast<int64_t>(call.reduce);
+  mine[4] = static_cast<int64_t>(call.nbytes);
+  for (size_t p = 0; p < call.sends.size(); ++p) mine[5 + p] = call.sends[p];
+  ::gloo::AllgatherOptions opts(context_);
+  opts.setInput(mine.data(), words);
+  opts.setOutput(all.data(), words * n);
+  opts.setTag(ctx.tag - 1);
+  opts.setTimeout(Left(ctx.deadline));
+  ::gloo::allgather(opts);
+  auto describe = [](const int64_t* w) {
+    const OpType op = static_cast<OpType>(w[0]);
+    std::string text = absl::StrCat(OpTypeName(op));
+    if (op == OpType::kBarrier || op == OpType::kAllToAll) return text;
+    absl::StrAppend(&text, " of ", w[4], " bytes of ",
+                    std::string(DtypeName(static_cast<Dtype>(w[1]))));
+    if (w[2] >= 0) absl::StrAppend(&text, " with root ", w[2]);
+    if (op == OpType::kAllReduce || op == OpType::kReduce || op == OpType::kReduceScatter) {
+      absl::StrAppend(&text, " (", ReduceOpName(static_cast<ReduceOp>(w[3])), ")");
+    }
+    return text;
+  };
+  for (int p = 0; p < n; ++p) {
+    const int64_t* theirs = &all[p * words];
+    bool same = std::equal(theirs, theirs + 5, mine.data());
+    if (same && ctx.op == OpType::kAllToAll) {
+      same = theirs[1] == mine[1] && theirs[5 + rank()] == call.receives[p];
+      if (!same) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            ctx.what, ": rank ", p, " sends ", theirs[5 + rank()], " elements to this rank (",
+            rank(), ") but this rank expects ", call.receives[p], "; outputs[", p,
+            "] here must have as many elements as rank ", p, "'s inputs[", rank(), "]"));
+      }
+    }
+    if (!same) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "mismatched collectives: ", ctx.what, ": rank ", p, " ran ", describe(theirs),
+          " but this rank (", rank(), ") ran ", describe(mine.data()),
+          "; every rank must run the same collectives in the same order with tensors of the "
+          "same size and dtype"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// --- Collectives -------------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoBroadcast(
+    const Tensor& tensor, const BroadcastOptions& options) {
+  const int root = options.root;
+  Tensor staging = Staging(tensor);
+  return Enqueue(OpType::kBroadcast, options.timeout, Call{tensor.dtype(), tensor.nbytes(), root},
+                 [this, tensor, staging, root](const OpContext& ctx) -> absl::Status {
+                   ::gloo::BroadcastOptions opts(context_);
+                   opts.setOutput(reinterpret_cast<uint8_t*>(Data(staging)), staging.nbytes());
+                   opts.setRoot(root);
+                   opts.setTag(ctx.tag);
+                   opts.setTimeout(Left(ctx.deadline));
+                   ::gloo::broadcast(opts);
+                   CopyBack(tensor, staging);
+                   return absl::OkStatus();
+                 });
+}
+
+namespace {
+
+// An in-place all_reduce of `data` with gloo's ring algorithm.
+void GlooAllReduce(const std::shared_ptr<::gloo::Context>& context,
+                   const GlooProcessGroup::OpContext& ctx, const Tensor& data, ReduceOp op) {
+  ::gloo::AllreduceOptions opts(context);
+  VisitDtype(data.dtype(), [&]<typename T>() {
+    opts.setOutput(static_cast<T*>(data.raw_data()), static_cast<size_t>(data.numel()));
+    opts.setReduceFunction(ReduceFunction<T>(op));
+  });
+  opts.setTag(ctx.tag);
+  opts.setTimeout(Left(ctx.deadline));
+  ::gloo::allreduce(opts);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllReduce(
+    const Tensor& tensor, const AllReduceOptions& options) {
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kAllReduce, options.op));
+  const ReduceOp op = options.op;
+  Tensor staging = Staging(tensor);
+  return Enqueue(OpType::kAllReduce, options.timeout, Call{tensor.dtype(), tensor.nbytes(), -1, op},
+                 [this, tensor, staging, op](const OpContext& ctx) -> absl::Status {
+                   if (size() > 1) GlooAllReduce(context_, ctx, staging, op);
+                   CopyBack(tensor, staging);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduce(const Tensor& tensor,
+                                                                 const ReduceOptions& options) {
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduce, options.op));
+  const ReduceOp op = options.op;
+  const int root = options.root;
+  // gloo uses every rank's buffer as scratch; only the root's is the caller's.
+  Tensor staging = rank() == root ? Staging(tensor) : tensor.contiguous().clone();
+  return Enqueue(OpType::kReduce, options.timeout, Call{tensor.dtype(), tensor.nbytes(), root, op},
+                 [this, tensor, staging, op, root](const OpContext& ctx) -> absl::Status {
+                   if (size() == 1) return absl::OkStatus();
+                   ::gloo::ReduceOptions opts(context_);
+                   VisitDtype(staging.dtype(), [&]<typename T>() {
+                     opts.setOutput(static_cast<T*>(staging.raw_data()),
+                                    static_cast<size_t>(staging.numel()));
+                     opts.setReduceFunction(ReduceFunction<T>(op));
+                   });
+                   opts.setRoot(root);
+                   opts.setTag(ctx.tag);
+                   opts.setTimeout(Left(ctx.deadline));
+                   ::gloo::reduce(opts);
+                   if (rank() == root) CopyBack(tensor, staging);
+                   return absl::OkStatus();
+                 });
+}
+
+namespace {
+
+// All ranks' `input` concatenated into `flat` (world x input bytes).
+void GlooAllGather(const std::shared_ptr<::gloo::Context>& context,
+                   const GlooProcessGroup::OpContext& ctx, const Tensor& input,
+                   const Tensor& flat) {
+  ::gloo::AllgatherOptions opts(context);
+  opts.setInput(reinterpret_cast<uint8_t*>(input.raw_data()), input.nbytes());
+  opts.setOutput(reinterpret_cast<uint8_t*>(flat.raw_data()), flat.nbytes());
+  opts.setTag(ctx.tag);
+  opts.setTimeout(Left(ctx.deadline));
+  ::gloo::allgather(opts);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllGather(
+    absl::Span<const Tensor> outputs, const Tensor& input, const AllGatherOptions& options) {
+  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  Tensor in = Staging(input);
+  Tensor flat = empty({size() * input.numel()}, TensorOptions(input.dtype()));
+  return Enqueue(OpType::kAllGather, options.timeout, Call{input.dtype(), input.nbytes()},
+                 [this, outs, in, flat](const OpContext& ctx) -> absl::Status {
+                   GlooAllGather(context_, ctx, in, flat);
+                   const int64_t n = in.numel();
+                   for (int p = 0; p < size(); ++p) {
+                     outs[p].copy_(flat.narrow(0, p * n, n).view(outs[p].sizes()));
+                   }
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllGatherIntoTensor(
+    const Tensor& output, const Tensor& input, const AllGatherOptions& options) {
+  Tensor in = Staging(input);
+  Tensor out = Staging(output);
+  return Enqueue(OpType::kAllGatherIntoTensor, options.timeout, Call{input.dtype(), input.nbytes()},
+                 [this, output, in, out](const OpContext& ctx) -> absl::Status {
+                   GlooAllGather(context_, ctx, in, out);
+                   CopyBack(output, out);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoGather(absl::Span<const Tensor> outputs,
+                                                                 const Tensor& input,
+                                                                 const GatherOptions& options) {
+  const int root = options.root;
+  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  Tensor in = Staging(input);
+  Tensor flat;
+  if (rank() == root) flat = empty({size() * input.numel()}, TensorOptions(input.dtype()));
+  return Enqueue(OpType::kGather, options.timeout, Call{input.dtype(), input.nbytes(), root},
+                 [this, outs, in, flat, root](const OpContext& ctx) -> absl::Status {
+                   ::gloo::GatherOptions opts(context_);
+                   opts.setInput(reinterpret_cast<uint8_t*>(in.raw_data()), in.nbytes());
+                   if (rank() == root) {
+                     opts.setOutput(reinterpret_cast<uint8_t*>(flat.raw_data()), flat.nbytes());
+                   }
+                   opts.setRoot(root);
+                   opts.setTag(ctx.tag);
+                   opts.setTimeout(Left(ctx.deadline));
+                   ::gloo::gather(opts);
+                   const int64_t n = in.numel();
+                   for (size_t p = 0; p < outs.size(); ++p) {
+                     outs[p].copy_(flat.narrow(0, p * n, n).view(outs[p].sizes()));
+                   }
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoScatter(const Tensor& output,
+                                                                  absl::Span<const Tensor> inputs,
+                                                                  const ScatterOptions& options) {
+  const int root = options.root;
+  std::vector<Tensor> ins;
+  for (const Tensor& t : inputs) ins.push_back(Staging(t));
+  Tensor out = Staging(output);
+  return Enqueue(OpType::kScatter, options.timeout, Call{output.dtype(), output.nbytes(), root},
+                 [this, output, ins, out, root](const OpContext& ctx) -> absl::Status {
+                   ::gloo::ScatterOptions opts(context_);
+                   std::vector<uint8_t*> ptrs;
+                   for (const Tensor& t : ins) ptrs.push_back(reinterpret_cast<uint8_t*>(Data(t)));
+                   if (rank() == root) opts.setInputs(ptrs, out.nbytes());
+                   opts.setOutput(reinterpret_cast<uint8_t*>(Data(out)), out.nbytes());
+                   opts.setRoot(root);
+                   opts.setTag(ctx.tag);
+                   opts.setTimeout(Left(ctx.deadline));
+                   ::gloo::scatter(opts);
+                   CopyBack(output, out);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduceScatter(
+    const Tensor& output, absl::Span<const Tensor> inputs, const ReduceScatterOptions& options) {
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduceScatter, options.op));
+  const ReduceOp op = options.op;
+  const int64_t n = output.numel();
+  // gloo has no reduce_scatter for unbound buffers: all_reduce the
+  // concatenated inputs and keep this rank's part (as PyTorch does for gloo).
+  Tensor flat = empty({size() * n}, TensorOptions(output.dtype()));
+  for (int p = 0; p < size(); ++p) {
+    flat.narrow(0, p * n, n).copy_(inputs[p].reshape({n}));
+  }
+  return Enqueue(OpType::kReduceScatter, options.timeout,
+                 Call{output.dtype(), output.nbytes(), -1, op},
+                 [this, output, flat, op, n](const OpContext& ctx) -> absl::Status {
+                   if (size() > 1) GlooAllReduce(context_, ctx, flat, op);
+                   output.copy_(flat.narrow(0, rank() * n, n).view(output.sizes()));
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllToAll(absl::Span<const Tensor> outputs,
+                                                                   absl::Span<const Tensor> inputs,
+                                                                   const AllToAllOptions& options) {
+  std::vector<int64_t> in_counts, out_counts;
+  int64_t in_total = 0, out_total = 0;
+  for (const Tensor& t : inputs) {
+    in_counts.push_back(t.numel());
+    in_total += t.numel();
+  }
+  for (const Tensor& t : outputs) {
+    out_counts.push_back(t.numel());
+    out_total += t.numel();
+  }
+  const Dtype dtype = inputs[0].dtype();
+  Tensor in = empty({in_total}, TensorOptions(dtype));
+  Tensor out = empty({out_total}, TensorOptions(dtype));
+  int64_t off = 0;
+  for (const Tensor& t : inputs) {
+    in.narrow(0, off, t.numel()).copy_(t.reshape({t.numel()}));
+    off += t.numel();
+  }
+  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  Call call{dtype, 0};
+  call.sends = in_counts;
+  call.receives = out_counts;
+  return Enqueue(
+      OpType::kAllToAll, options.timeout, std::move(call),
+      [this, in, out, outs, in_counts, out_counts](const OpContext& ctx) -> absl::Status {
+        ::gloo::AlltoallvOptions opts(context_);
+        VisitDtype(in.dtype(), [&]<typename T>() {
+          opts.setInput(static_cast<T*>(in.raw_data()), in_counts);
+          opts.setOutput(static_cast<T*>(out.raw_data()), out_counts);
+        });
+        opts.setTag(ctx.tag);
+        opts.setTimeout(Left(ctx.deadline));
+        ::gloo::alltoallv(opts);
+        int64_t at = 0;
+        for (const Tensor& t : outs) {
+          t.copy_(out.narrow(0, at, t.numel()).view(t.sizes()));
+          at += t.numel();
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoBarrier(const BarrierOptions& options) {
+  return Enqueue(OpType::kBarrier, options.timeout, Call{},
+                 [this](const OpContext& ctx) -> absl::Status {
+                   ::gloo::BarrierOptions opts(context_);
+                   opts.setTag(ctx.tag);
+                   opts.setTimeout(Left(ctx.deadline));
+                   ::gloo::barrier(opts);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoMonitoredBarrier(
+    const MonitoredBarrierOptions& options) {
+  const bool wait_all = options.wait_all_ranks;
+  const absl::Duration timeout = options.timeout.value_or(this->timeout());
+  return Enqueue(OpType::kMonitoredBarrier, options.timeout, std::nullopt,
+                 [this, wait_all, timeout](const OpContext& ctx) -> absl::Status {
+                   const int n = size(), r = rank();
+                   const uint64_t seq = ctx.tag;
+                   char byte = 0;
+                   if (r != 0) {
+                     auto send = context_->createUnboundBuffer(&byte, 1);
+                     char ack = 0;
+                     auto recv = context_->createUnboundBuffer(&ack, 1);
+                     recv->recv(0, kReleaseSlot | seq);
+                     send->send(0, kArriveSlot | seq);
+                     send->waitSend(Left(ctx.deadline));
+                     // Rank 0 judges who is missing; wait a little longer for it.
+                     recv->waitRecv(Left(ctx.deadline + absl::Seconds(1)));
+                     return absl::OkStatus();
+                   }
+                   std::vector<char> bytes(n);
+                   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> arrivals(n);
+                   for (int p = 1; p < n; ++p) {
+                     arrivals[p] = context_->createUnboundBuffer(&bytes[p], 1);
+                     arrivals[p]->recv(p, kArriveSlot | seq);
+                   }
+                   std::vector<int> missing;
+                   for (int p = 1; p < n; ++p) {
+                     try {
+                       arrivals[p]->waitRecv(Left(ctx.deadline));
+                     } catch (const ::gloo::IoException&) {
+                       missing.push_back(p);
+                       if (!wait_all) break;
+                     }
+                   }
+                   if (!missing.empty()) {
+                     return absl::DeadlineExceededError(absl::StrCat(
+                         "monitored_barrier: rank", missing.size() > 1 ? "s " : " ",
+                         absl::StrJoin(missing, ", "), " failed to pass monitoredBarrier in ",
+                         absl::ToInt64Milliseconds(timeout), " ms"));
+                   }
+                   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> releases(n);
+                   for (int p = 1; p < n; ++p) {
+                     releases[p] = context_->createUnboundBuffer(&byte, 1);
+                     releases[p]->send(p, kReleaseSlot | seq);
+                   }
+                   for (int p = 1; p < n; ++p) releases[p]->waitSend(Left(ctx.deadline));
+                   return absl::OkStatus();
+                 });
+}
+
+// --- Point-to-point ----------------------------------------------------------------
+
+void GlooProcessGroup::ReapP2P() {
+  for (auto it = p2p_.begin(); it != p2p_.end();) {
+    if ((*it)->done) {
+      (*it)->waiter.join();
+      it = p2p_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void GlooProcessGroup::StartP2P(std::unique_ptr<::gloo::transport::UnboundBuffer> buffer,
+                                std::function<void(::gloo::transport::UnboundBuffer&)> wait) {
+  absl::MutexLock lock(&p2p_mu_);
+  ReapP2P();
+  auto pending = std::make_unique<PendingP2P>();
+  pending->buffer = std::move(buffer);
+  PendingP2P* p = pending.get();
+  pending->waiter = std::thread([this, p, wait = std::move(wait)] {
+    wait(*p->buffer);
+    absl::MutexLock lock(&p2p_mu_);
+    p->done = true;
+  });
+  p2p_.push_back(std::move(pending));
+}
+
+namespace {
+
+// Waits for a posted send or receive; the status of its Work.
+absl::Status WaitP2P(const std::function<bool()>& wait, const std::string& what) {
+  try {
+    if (wait()) return absl::OkStatus();
+    return absl::AbortedError(absl::StrCat(what, ": the process group was aborted"));
+  } catch (const std::exception& e) {
+    const bool timed_out = absl::StrContains(e.what(), "Timed out");
+    return absl::Status(
+        timed_out ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
+        absl::StrCat(what, timed_out ? ": timed out" : ": failed", " (gloo: ", e.what(), ")"));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoSend(const Tensor& tensor, int dst,
+                                                               const P2POptions& options) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return Work::Completed(OpType::kSend, aborted_);
+  }
+  const absl::Time deadline = DeadlineFor(options.timeout);
+  auto work = std::make_shared<Work>(OpType::kSend, deadline + kBackstop);
+  Tensor data = Staging(tensor);
+  const std::string what = absl::StrCat("send to ", DescribePeer(dst), " (tag ", options.tag, ")");
+  std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+  try {
+    buffer = context_->createUnboundBuffer(Data(data), data.nbytes());
+    buffer->send(dst, kP2PSlot | static_cast<uint32_t>(options.tag));
+  } catch (const std::exception& e) {
+    return Work::Completed(OpType::kSend,
+                           absl::UnavailableError(absl::StrCat(what, ": ", e.what())));
+  }
+  StartP2P(std::move(buffer), [work, data, deadline, what](::gloo::transport::UnboundBuffer& b) {
+    work->Finish(WaitP2P([&] { return b.waitSend(Left(deadline)); }, what));
+  });
+  return work;
+}
+
+absl::StatusOr<std::shared_ptr<RecvWork>> GlooProcessGroup::DoRecv(const Tensor& tensor, int src,
+                                                                   const P2POptions& options) {
+  const absl::Time deadline = DeadlineFor(options.timeout);
+  auto work = std::make_shared<RecvWork>(OpType::kRecv, deadline + kBackstop);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) {
+      work->Finish(aborted_);
+      return work;
+    }
+  }
+  Tensor staging = Staging(tensor);
+  const std::string what =
+      absl::StrCat("recv from ", DescribePeer(src), " (tag ", options.tag, ")");
+  const uint64_t slot = kP2PSlot | static_cast<uint32_t>(options.tag);
+  std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+  try {
+    buffer = context_->createUnboundBuffer(Data(staging), staging.nbytes());
+    if (src == kAnySource) {
+      std::vector<int> sources;
+      for (int p = 0; p < size(); ++p) {
+        if (p != rank()) sources.push_back(p);
+      }
+      buffer->recv(sources, slot);
+    } else {
+      buffer->recv(src, slot);
+    }
+  } catch (const std::exception& e) {
+    work->Finish(absl::UnavailableError(absl::StrCat(what, ": ", e.what())));
+    return work;
+  }
+  StartP2P(std::move(buffer),
+           [work, tensor, staging, deadline, what](::gloo::transport::UnboundBuffer& b) {
+             int from = -1;
+             absl::Status s = WaitP2P([&] { return b.waitRecv(&from, Left(deadline)); }, what);
+             if (s.ok()) {
+               CopyBack(tensor, staging);
+               work->set_source(from);
+             }
+             work->Finish(s);
+           });
+  return work;
+}
+
+EMBER_REGISTER_BACKEND(gloo, BackendInfo{.name = "gloo",
+                                         .support = GlooSupportTable(),
+                                         .create = [](const BackendOptions& options)
+                                             -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+                                           EMBER_ASSIGN_OR_RETURN(
+                                               auto pg, GlooProcessGroup::Create(options));
+                                           return std::shared_ptr<ProcessGroup>(std::move(pg));
+                                         }});
+
+}  // namespace ember::distributed::gloo

@@ -1,0 +1,193 @@
+// GlooProcessGroup: the "gloo" backend: every op of ProcessGroup on CPU
+// tensors through Facebook's gloo library (Debian's libgloo, tcp transport),
+// as PyTorch's ProcessGroupGloo.
+//
+//   EMBER_RETURN_IF_ERROR(ember::distributed::init_process_group({.backend = "gloo"}));
+//
+// Rendezvous: gloo's full mesh is connected through the group's Ember Store
+// (GlooStore in store_adapter.h), with the group's timeout. Network: as
+// PyTorch, GLOO_SOCKET_IFNAME, else the address the host name resolves to,
+// else loopback (device.h).
+//
+// Ops: broadcast, all_reduce and reduce (SUM, PRODUCT, MIN, MAX; on bool "or"
+// and "and"), all_gather, all_gather_into_tensor, gather, scatter, all_to_all
+// (uneven sizes through gloo's alltoallv), barrier, send and recv (with tags
+// and from any source) are gloo's own algorithms; reduce_scatter is an
+// all_reduce of the concatenated inputs of which each rank keeps its part,
+// and monitored_barrier uses gloo's point-to-point buffers, both as PyTorch
+// does. Every dtype Ember has. ReduceOp::kAvg is refused with
+// kUnimplemented, as PyTorch refuses it for gloo ("use SUM and divide").
+//
+// Execution: collectives run in call order on one worker thread per group,
+// each with its own gloo tag (the collective's sequence number); a send or
+// receive is posted at once and completes on a thread of its own. gloo's
+// results are deterministic for a given world size, so every rank gets the
+// same bits.
+//
+// Environment: GLOO_SOCKET_IFNAME (device.h); EMBER_GLOO_CHECK_COLLECTIVES=0
+// skips comparing the ranks' calls before each collective (then ranks that
+// pass different sizes crash inside gloo, as in PyTorch).
+//
+// Errors: gloo throws; its exceptions never leave this backend (Note [gloo
+// exceptions] in process_group_gloo.cc). A failed op's Work has
+// kDeadlineExceeded (its timeout), kUnavailable (a peer died or hung up),
+// kFailedPrecondition (gloo refused the call, e.g. mismatched sizes) or
+// kAborted, and the message names the op and the ranks at fault when they
+// can be found.
+//
+// Thread-safety: as ProcessGroup.
+#ifndef EMBER_DISTRIBUTED_GLOO_PROCESS_GROUP_GLOO_H_
+#define EMBER_DISTRIBUTED_GLOO_PROCESS_GROUP_GLOO_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "distributed/backend_registry.h"
+#include "distributed/process_group.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class Device;
+class UnboundBuffer;
+}  // namespace transport
+}  // namespace gloo
+
+namespace ember::distributed::gloo {
+
+// The gloo row of the backend support table: every op, CPU tensors only.
+SupportTable GlooSupportTable();
+
+class GlooProcessGroup : public ProcessGroup {
+ public:
+  // Connects to every rank of the group; blocks until all are connected or
+  // the options' timeout passes.
+  static absl::StatusOr<std::shared_ptr<GlooProcessGroup>> Create(const BackendOptions& options);
+  // Fails what is still queued with kAborted and waits for the op running
+  // now (at most its timeout).
+  ~GlooProcessGroup() override;
+
+  void abort() override;
+  // Which address gloo uses, e.g. "hostname node7" (device.h).
+  const std::string& device_description() const { return device_description_; }
+
+  struct OpContext {
+    OpType op;
+    int64_t seq;   // the collective's sequence number
+    uint32_t tag;  // gloo's tag for the op (CheckCall uses tag - 1)
+    absl::Time deadline;
+    std::string what;  // "all_reduce (collective #3)"
+  };
+
+ protected:
+  absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor& tensor,
+                                                    const BroadcastOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoAllReduce(const Tensor& tensor,
+                                                    const AllReduceOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoReduce(const Tensor& tensor,
+                                                 const ReduceOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGather(absl::Span<const Tensor> outputs,
+                                                    const Tensor& input,
+                                                    const AllGatherOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoAllGatherIntoTensor(
+      const Tensor& output, const Tensor& input, const AllGatherOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoGather(absl::Span<const Tensor> outputs,
+                                                 const Tensor& input,
+                                                 const GatherOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoScatter(const Tensor& output,
+                                                  absl::Span<const Tensor> inputs,
+                                                  const ScatterOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoReduceScatter(
+      const Tensor& output, absl::Span<const Tensor> inputs,
+      const ReduceScatterOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoAllToAll(absl::Span<const Tensor> outputs,
+                                                   absl::Span<const Tensor> inputs,
+                                                   const AllToAllOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoBarrier(const BarrierOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoMonitoredBarrier(
+      const MonitoredBarrierOptions& options) override;
+  absl::StatusOr<std::shared_ptr<Work>> DoSend(const Tensor& tensor, int dst,
+                                               const P2POptions& options) override;
+  absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor& tensor, int src,
+                                                   const P2POptions& options) override;
+
+ private:
+  // A job may throw gloo's exceptions; the worker translates them.
+  using Job = std::function<absl::Status(const OpContext&)>;
+  // What a rank passed to a collective, compared across ranks before it runs
+  // (Note [gloo exceptions]).
+  struct Call {
+    Dtype dtype = Dtype::kFloat32;
+    size_t nbytes = 0;
+    int root = -1;
+    ReduceOp reduce = ReduceOp::kSum;
+    std::vector<int64_t> sends;     // all_to_all: elements to each rank
+    std::vector<int64_t> receives;  // all_to_all: elements from each rank
+  };
+  struct Queued {
+    std::shared_ptr<Work> work;
+    OpContext context;
+    std::optional<Call> call;
+    Job job;
+  };
+  // Where each rank runs, for naming peers in errors.
+  struct Peer {
+    bool same_host = false;
+    int pid = 0;
+    std::string host;
+  };
+  // A posted send or receive and the thread that waits for it.
+  struct PendingP2P {
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+    std::thread waiter;
+    bool done = false;  // guarded by p2p_mu_
+  };
+
+  GlooProcessGroup(const BackendOptions& options, std::shared_ptr<::gloo::Context> context,
+                   std::string device_description, std::vector<Peer> peers);
+  // Queues `job`; `call`, when given, is checked against the other ranks'
+  // first.
+  std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout,
+                                std::optional<Call> call, Job job);
+  absl::Status CheckCall(const OpContext& ctx, const Call& call);
+  void WorkerLoop();
+  // The status of a job that threw `what` (Note [gloo exceptions]).
+  absl::Status Translate(const OpContext& ctx, const std::string& what, bool io_error);
+  // "rank 2 (pid 4711 on this host, stopped)".
+  std::string DescribePeer(int rank) const;
+  // After a collective failed: the ranks that did not report failing it
+  // too within a short grace (so probably never reached it).
+  std::vector<int> RanksThatDidNotFail(const OpContext& ctx);
+  // Starts a send or receive on `buffer` and its waiter thread.
+  void StartP2P(std::unique_ptr<::gloo::transport::UnboundBuffer> buffer,
+                std::function<void(::gloo::transport::UnboundBuffer&)> wait);
+  void ReapP2P() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p2p_mu_);
+
+  const std::shared_ptr<Store> store_;
+  const std::string prefix_;
+  const std::shared_ptr<::gloo::Context> context_;
+  const bool check_calls_;  // EMBER_GLOO_CHECK_COLLECTIVES (default on)
+  const std::string device_description_;
+  const std::vector<Peer> peers_;
+
+  absl::Mutex mu_;
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Work> running_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  std::thread worker_;
+
+  absl::Mutex p2p_mu_;
+  std::vector<std::unique_ptr<PendingP2P>> p2p_ ABSL_GUARDED_BY(p2p_mu_);
+};
+
+}  // namespace ember::distributed::gloo
+
+#endif  // EMBER_DISTRIBUTED_GLOO_PROCESS_GROUP_GLOO_H_

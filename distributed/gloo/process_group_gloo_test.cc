@@ -1,0 +1,192 @@
+// The gloo backend: the shared backend suite (every op, world sizes 1-4,
+// failures, rank processes killed or stopped) and gloo's own cases.
+#include "distributed/gloo/process_group_gloo.h"
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "distributed/backend_registry.h"
+#include "distributed/gloo/device.h"
+#include "distributed/gloo/store_adapter.h"
+#include "distributed/hash_store.h"
+#include "distributed/testing/process_group_suite.h"
+#include "distributed/testing/ranks.h"
+#include "gloo/common/error.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tensor/factories.h"
+#include "tensor/status_macros.h"
+#include "tensor/testing.h"
+
+namespace ember::distributed::gloo {
+namespace {
+
+using ::ember::distributed::testing::Finish;
+using ::ember::distributed::testing::Input;
+using ::ember::distributed::testing::ProcessGroupFailureSuite;
+using ::ember::distributed::testing::ProcessGroupSuite;
+using ::ember::distributed::testing::Rank;
+using ::ember::distributed::testing::RunRanks;
+using ::ember::distributed::testing::RunRanksEach;
+using ::ember::distributed::testing::RunRanksOptions;
+using ::ember::testing::Values;
+using ::testing::HasSubstr;
+
+INSTANTIATE_TEST_SUITE_P(Gloo, ProcessGroupSuite,
+                         ::testing::ValuesIn(testing::WorldSizes({.backend = "gloo",
+                                                                  .avg = false})),
+                         testing::SuiteParamName);
+INSTANTIATE_TEST_SUITE_P(Gloo, ProcessGroupFailureSuite, ::testing::Values("gloo"));
+
+RunRanksOptions Gloo() {
+  RunRanksOptions options;
+  options.backend = "gloo";
+  return options;
+}
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(GlooBackendTest, IsRegisteredWithEveryOpOnCpuOnly) {
+  absl::StatusOr<const BackendInfo*> info = FindBackend("GLOO");
+  ASSERT_TRUE(info.ok()) << info.status();
+  for (int op = 0; op < kNumOpTypes; ++op) {
+    EXPECT_TRUE((*info)->support.Supports(static_cast<OpType>(op), DeviceType::kCPU))
+        << OpTypeName(static_cast<OpType>(op));
+    EXPECT_FALSE((*info)->support.Supports(static_cast<OpType>(op), DeviceType::kCUDA));
+  }
+}
+
+TEST(GlooBackendTest, AvgIsRefusedAsInPyTorch) {
+  absl::Status s = RunRanks(
+      2,
+      [](Rank& me) -> absl::Status {
+        Tensor t = ones({4}, kFloat32);
+        auto work = me.group->AllReduce(t, {.op = ReduceOp::kAvg});
+        EXPECT_EQ(work.status().code(), absl::StatusCode::kUnimplemented);
+        EXPECT_THAT(std::string(work.status().message()), HasSubstr("use SUM and divide"));
+        auto rs = me.group->ReduceScatter(t, {ones({4}), ones({4})}, {.op = ReduceOp::kAvg});
+        EXPECT_EQ(rs.status().code(), absl::StatusCode::kUnimplemented);
+        // The group is unharmed.
+        return Finish(me.group->AllReduce(t));
+      },
+      Gloo());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(GlooBackendTest, AllToAllWithUnevenSizes) {
+  absl::Status s = RunRanks(
+      3,
+      [](Rank& me) -> absl::Status {
+        // Rank r sends j + 1 elements of value 10 r + j to rank j.
+        std::vector<Tensor> inputs, outputs;
+        for (int j = 0; j < 3; ++j) {
+          inputs.push_back(full({j + 1}, 10 * me.rank + j, kInt64));
+          outputs.push_back(zeros({me.rank + 1}, kInt64));
+        }
+        EMBER_RETURN_IF_ERROR(Finish(me.group->AllToAll(outputs, inputs)));
+        for (int j = 0; j < 3; ++j) {
+          EXPECT_EQ(Values(outputs[j]), std::vector<double>(me.rank + 1, 10 * j + me.rank));
+        }
+        return absl::OkStatus();
+      },
+      Gloo());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(GlooBackendTest, MismatchedSizesFailInsteadOfHanging) {
+  RunRanksOptions options = Gloo();
+  options.timeout = absl::Seconds(2);
+  const absl::Time start = absl::Now();
+  std::vector<absl::Status> results = RunRanksEach(
+      3,
+      [](Rank& me) -> absl::Status {
+        Tensor t = ones({me.rank == 1 ? 8 : 4}, kFloat32);
+        return Finish(me.group->AllReduce(t));
+      },
+      options);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(results[r].ok()) << "rank " << r;
+    EXPECT_THAT(std::string(results[r].message()), HasSubstr("all_reduce")) << results[r];
+  }
+}
+
+TEST(GlooBackendTest, ProcessesAllReduceAndGather) {
+  testing::ExpectAllReduceAcrossProcesses("gloo");
+}
+TEST(GlooFaultTest, SigkillMidAllReduce) { testing::ExpectSurvivorsFail("gloo", SIGKILL); }
+TEST(GlooFaultTest, SigstopMidAllReduce) { testing::ExpectSurvivorsFail("gloo", SIGSTOP); }
+
+TEST(GlooDeviceTest, SocketIfnameWinsAndAnUnknownOneIsNamed) {
+  {
+    ScopedEnv env("GLOO_SOCKET_IFNAME", "lo,eth0");
+    DeviceChoice choice = ChooseDevice();
+    EXPECT_EQ(choice.interface, "lo");
+    EXPECT_THAT(choice.describe, HasSubstr("GLOO_SOCKET_IFNAME"));
+    EXPECT_TRUE(CreateDevice(choice).ok());
+  }
+  ScopedEnv env("GLOO_SOCKET_IFNAME", "no-such-if0");
+  auto device = CreateDevice(ChooseDevice());
+  EXPECT_EQ(device.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(device.status().message()), HasSubstr("'no-such-if0'"));
+  // And a group over it fails with that error instead of hanging.
+  std::vector<absl::Status> results = RunRanksEach(
+      1, [](Rank&) { return absl::OkStatus(); }, Gloo());
+  EXPECT_THAT(results[0].ToString(), HasSubstr("no-such-if0"));
+}
+
+TEST(GlooDeviceTest, WithoutIfnameTheHostnameOrLoopback) {
+  ScopedEnv env("GLOO_SOCKET_IFNAME", "");
+  DeviceChoice choice = ChooseDevice();
+  EXPECT_TRUE(choice.interface.empty());
+  EXPECT_FALSE(choice.hostname.empty());
+  EXPECT_TRUE(CreateDevice(choice).ok()) << choice.describe;
+}
+
+TEST(GlooStoreTest, GetTimesOutWithTheGroupTimeoutNamingTheKey) {
+  auto store = std::make_shared<HashStore>();
+  GlooStore adapter(store, "pg/", absl::Milliseconds(100));
+  adapter.set("a", {'x', 'y'});
+  EXPECT_EQ(adapter.get("a"), (std::vector<char>{'x', 'y'}));
+  EXPECT_EQ(*store->Get("pg/a", absl::Seconds(1)), "xy");
+  const absl::Time start = absl::Now();
+  try {
+    adapter.get("missing");
+    ADD_FAILURE() << "get of a missing key returned";
+  } catch (const ::gloo::IoException& e) {
+    EXPECT_THAT(e.what(), HasSubstr("pg/missing"));
+  }
+  try {
+    adapter.wait({"a", "other"}, std::chrono::seconds(30));
+    ADD_FAILURE() << "wait for a missing key returned";
+  } catch (const ::gloo::IoException& e) {
+    EXPECT_THAT(e.what(), HasSubstr("pg/other"));
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace ember::distributed::gloo
