@@ -1,0 +1,241 @@
+#include "parallel/distributed_data_parallel.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "autograd/grad_mode.h"
+#include "distributed/distributed.h"
+#include "tensor/error.h"
+#include "tensor/factories.h"
+#include "tensor/shape.h"
+#include "tensor/status_macros.h"
+
+namespace ember::parallel {
+namespace {
+
+// What must agree across ranks about one parameter or buffer.
+struct TensorSpec {
+  bool buffer = false;
+  int64_t dtype = 0;
+  bool requires_grad = false;
+  std::vector<int64_t> shape;
+
+  bool operator==(const TensorSpec& o) const {
+    return buffer == o.buffer && dtype == o.dtype && requires_grad == o.requires_grad &&
+           shape == o.shape;
+  }
+  std::string Describe() const {
+    return absl::StrCat(std::string(DtypeName(static_cast<Dtype>(dtype))), " ",
+                        ShapeToString(shape),
+                        buffer ? "" : (requires_grad ? "" : " (requires_grad off)"));
+  }
+};
+
+// Encoded as int64s: count, then per tensor buffer, dtype, requires_grad,
+// ndim, sizes.
+std::vector<int64_t> Encode(const std::vector<TensorSpec>& specs) {
+  std::vector<int64_t> out = {static_cast<int64_t>(specs.size())};
+  for (const TensorSpec& s : specs) {
+    out.insert(out.end(), {s.buffer ? 1 : 0, s.dtype, s.requires_grad ? 1 : 0,
+                           static_cast<int64_t>(s.shape.size())});
+    out.insert(out.end(), s.shape.begin(), s.shape.end());
+  }
+  return out;
+}
+
+std::vector<TensorSpec> Decode(const int64_t* data, int64_t length) {
+  std::vector<TensorSpec> specs;
+  int64_t at = 0;
+  auto next = [&]() { return at < length ? data[at++] : int64_t{-1}; };
+  const int64_t count = next();
+  for (int64_t i = 0; i < count && at < length; ++i) {
+    TensorSpec s;
+    s.buffer = next() == 1;
+    s.dtype = next();
+    s.requires_grad = next() == 1;
+    const int64_t ndim = next();
+    for (int64_t d = 0; d < ndim; ++d) s.shape.push_back(next());
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+absl::Status Wait(const absl::StatusOr<std::shared_ptr<distributed::Work>>& work) {
+  if (!work.ok()) return work.status();
+  return (*work)->Wait();
+}
+
+// Every rank learns every rank's specs; the first difference from rank 0
+// is an error on every rank (Note [Gradient buckets] needs equal shapes).
+absl::Status VerifyAcrossRanks(distributed::ProcessGroup& group,
+                               const std::vector<TensorSpec>& mine,
+                               const std::vector<std::string>& names) {
+  const int world = group.size();
+  const std::vector<int64_t> encoded = Encode(mine);
+  Tensor length = full({1}, static_cast<int64_t>(encoded.size()), TensorOptions().dtype(kInt64));
+  std::vector<Tensor> lengths;
+  for (int r = 0; r < world; ++r) lengths.push_back(zeros({1}, TensorOptions().dtype(kInt64)));
+  EMBER_RETURN_IF_ERROR(Wait(group.AllGather(lengths, length)));
+  int64_t longest = 0;
+  for (const Tensor& l : lengths) longest = std::max(longest, l.item<int64_t>());
+  Tensor padded = full({longest}, int64_t{-1}, TensorOptions().dtype(kInt64));
+  std::copy(encoded.begin(), encoded.end(), padded.data_ptr<int64_t>());
+  std::vector<Tensor> all;
+  for (int r = 0; r < world; ++r) all.push_back(zeros({longest}, TensorOptions().dtype(kInt64)));
+  EMBER_RETURN_IF_ERROR(Wait(group.AllGather(all, padded)));
+  const std::vector<TensorSpec> reference = Decode(all[0].data_ptr<int64_t>(), longest);
+  auto count = [](const std::vector<TensorSpec>& specs, bool buffer) {
+    return std::count_if(specs.begin(), specs.end(),
+                         [&](const TensorSpec& s) { return s.buffer == buffer; });
+  };
+  for (int r = 1; r < world; ++r) {
+    const std::vector<TensorSpec> theirs = Decode(all[r].data_ptr<int64_t>(), longest);
+    const size_t n = std::min(theirs.size(), reference.size());
+    for (size_t i = 0; i < n; ++i) {
+      if (theirs[i] == reference[i]) continue;
+      const bool buffer = reference[i].buffer;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DistributedDataParallel: the model differs across ranks: ",
+          buffer ? "buffer '" : "parameter '", i < names.size() ? names[i] : "?", "' (",
+          buffer ? "buffer" : "parameter", " ", buffer ? i - count(reference, false) : i, ") is ",
+          theirs[i].buffer == buffer ? theirs[i].Describe() : "of another kind", " on rank ", r,
+          " but ", reference[i].Describe(),
+          " on rank 0; build the same model on every rank before wrapping it"));
+    }
+    if (theirs.size() != reference.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DistributedDataParallel: the model differs across ranks: rank ", r, " has ",
+          count(theirs, false), " parameters and ", count(theirs, true), " buffers but rank 0 has ",
+          count(reference, false), " and ", count(reference, true),
+          "; build the same model on every rank before wrapping it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Copies rank 0's values into `tensors` on every rank: one broadcast per
+// dtype, through a flat staging tensor.
+absl::Status BroadcastFromRank0(distributed::ProcessGroup& group,
+                                const std::vector<Tensor>& tensors) {
+  std::map<Dtype, std::vector<Tensor>> by_dtype;
+  for (const Tensor& t : tensors) by_dtype[t.dtype()].push_back(t.detach());
+  for (auto& [dtype, list] : by_dtype) {
+    Tensor flat;
+    if (group.rank() == 0) {
+      std::vector<Tensor> pieces;
+      for (const Tensor& t : list) pieces.push_back(t.flatten());
+      flat = cat(pieces);
+    } else {
+      int64_t total = 0;
+      for (const Tensor& t : list) total += t.numel();
+      flat = empty({total}, TensorOptions().dtype(dtype));
+    }
+    EMBER_RETURN_IF_ERROR(Wait(group.Broadcast(flat, {.root = 0})));
+    if (group.rank() == 0) continue;
+    int64_t offset = 0;
+    for (const Tensor& t : list) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                                                 std::shared_ptr<distributed::ProcessGroup> group,
+                                                 DistributedDataParallelOptions options)
+    : group_(std::move(group)), options_(std::move(options)) {
+  module_ = register_module("module", std::move(module));
+}
+
+absl::StatusOr<std::shared_ptr<DistributedDataParallel>> DistributedDataParallel::create(
+    std::shared_ptr<nn::Module> module, DistributedDataParallelOptions options) {
+  if (module == nullptr) {
+    return absl::InvalidArgumentError("DistributedDataParallel: the module is null");
+  }
+  if (!(options.bucket_cap_mb > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DistributedDataParallel: bucket_cap_mb must be positive, got ", options.bucket_cap_mb));
+  }
+  std::shared_ptr<distributed::ProcessGroup> group = options.process_group;
+  if (group == nullptr) {
+    absl::StatusOr<distributed::Group> found = distributed::get_default_group();
+    if (!found.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "DistributedDataParallel: no process group was given and there is no default group; "
+          "call init_process_group first or pass options.process_group (",
+          found.status().message(), ")"));
+    }
+    group = *std::move(found);
+  }
+  const auto params = module->named_parameters();
+  const auto buffers = module->named_buffers();
+  if (std::none_of(params.begin(), params.end(),
+                   [](const auto& p) { return p.second.requires_grad(); })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DistributedDataParallel is not needed when a module doesn't have any parameter that "
+        "requires a gradient (",
+        module->name(), " has ", params.size(),
+        " parameters, none "
+        "requiring grad)"));
+  }
+  std::vector<TensorSpec> specs;
+  std::vector<std::string> names;
+  std::vector<Tensor> state;
+  for (const auto& [name, p] : params) {
+    specs.push_back({false, static_cast<int64_t>(p.dtype()), p.requires_grad(),
+                     std::vector<int64_t>(p.sizes().begin(), p.sizes().end())});
+    names.push_back(name);
+    state.push_back(p);
+  }
+  for (const auto& [name, b] : buffers) {
+    specs.push_back({true, static_cast<int64_t>(b.dtype()), false,
+                     std::vector<int64_t>(b.sizes().begin(), b.sizes().end())});
+    names.push_back(name);
+    state.push_back(b);
+  }
+  EMBER_RETURN_IF_ERROR(VerifyAcrossRanks(*group, specs, names));
+  EMBER_RETURN_IF_ERROR(BroadcastFromRank0(*group, state));
+
+  std::shared_ptr<DistributedDataParallel> ddp(
+      new DistributedDataParallel(std::move(module), group, options));
+  const auto cap = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
+  ddp->reducer_ = Reducer::Create(ddp->module_->named_parameters(), group,
+                                  {.bucket_cap_bytes = std::max<int64_t>(cap, 1),
+                                   .find_unused_parameters = options.find_unused_parameters,
+                                   .gradient_as_bucket_view = options.gradient_as_bucket_view});
+  return ddp;
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  if (options_.broadcast_buffers && group_->size() > 1) {
+    const std::vector<Tensor> buffers = module_->buffers();
+    if (!buffers.empty()) {
+      const absl::Status status = BroadcastFromRank0(*group_, buffers);
+      if (!status.ok()) {
+        EMBER_FAIL("DistributedDataParallel: broadcasting the buffers from rank 0 failed: ",
+                   status.ToString());
+      }
+    }
+  }
+  Tensor output = (*module_)(input);
+  if (autograd::GradMode::is_enabled() && require_backward_grad_sync_) {
+    reducer_->PrepareForBackward(output);
+  } else {
+    reducer_->DisarmHooks();
+  }
+  return output;
+}
+
+DdpLoggingData DistributedDataParallel::get_ddp_logging_data() const {
+  return {.world_size = group_->size(),
+          .bucket_bytes = reducer_->bucket_bytes(),
+          .stats = reducer_->stats()};
+}
+
+}  // namespace ember::parallel

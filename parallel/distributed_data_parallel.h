@@ -1,0 +1,157 @@
+// DistributedDataParallel: data-parallel training across processes
+// (torch.nn.parallel.DistributedDataParallel). Every rank wraps its own copy
+// of the model; each trains on its own part of the batch, and backward
+// averages the gradients over the ranks of a process group, so that after
+// optimizer.step() every rank holds the same parameters as one process that
+// trained on the whole batch.
+//
+//   // Every process, started by `launch --nproc_per_node=2 prog`:
+//   EMBER_RETURN_IF_ERROR(ember::distributed::init_process_group({.backend = "tcp"}));
+//   auto model = std::make_shared<Net>();
+//   EMBER_ASSIGN_OR_RETURN(auto ddp, ember::parallel::DistributedDataParallel::create(model));
+//   ember::nn::optim::SGD opt(ddp->parameters(), {.lr = 0.1});
+//   for (...) {
+//     opt.zero_grad();
+//     ember::nn::functional::cross_entropy((*ddp)(x), y).backward();  // gradients averaged
+//     opt.step();
+//   }
+//   if (rank == 0) ember::hub::SaveCheckpoint(ddp->module()->state_dict(), "model.pt");
+//
+// What create() does: checks that every rank holds parameters and buffers of
+// the same names' count, shapes and dtypes (an error naming the first
+// difference otherwise), then broadcasts every parameter and buffer from
+// rank 0, so all ranks start equal. It then arms the gradient buckets (Note
+// [Gradient buckets] in parallel/reducer.h): during backward each bucket's
+// asynchronous all_reduce starts as soon as its last gradient is
+// accumulated, overlapping communication with the rest of backward, and a
+// callback at the end of backward waits for them and writes the averaged
+// gradients into grad().
+//
+// forward() broadcasts the buffers from rank 0 first (broadcast_buffers),
+// runs the module, and arms the hooks for the backward pass of its output
+// (unless grad mode is off or no_sync() is active). Under no_sync() the
+// gradients only accumulate locally; the first backward after it averages
+// the accumulated sum, as torch's no_sync does.
+//
+// Checkpoints: module() is the wrapped module, so
+// `ddp->module()->state_dict()` is an ordinary state_dict that a plain
+// module (or PyTorch, through hub::SaveCheckpoint) loads. The DDP module's
+// own state_dict() has the keys prefixed "module.", as torch's.
+//
+// Limits: one device per process (CPU tensors here; the tensors of the
+// module must be on a device the group's backend supports), a module with
+// one input and one output tensor (Module's interface), buckets fixed at
+// construction (torch rebuilds them after the first iteration from the
+// order gradients arrived in). Parameters must not be replaced (to(),
+// set_parameter) after wrapping: the hooks watch the tensors present then.
+//
+// Errors: create() returns absl::Status (kInvalidArgument for a null module,
+// no parameter that requires grad, or bucket_cap_mb <= 0;
+// kFailedPrecondition without a process group; kInvalidArgument naming the
+// first parameter or buffer that differs across ranks; the group's error
+// when a collective fails). forward() and backward() run behind
+// Module::operator() and Tensor::backward(), so they throw ember::Error:
+// parameters without gradients (naming them), ranks that disagree on
+// which parameters got gradients, and a failed or timed-out collective (a
+// dead peer makes backward throw, naming it, within the group's timeout).
+//
+// Thread-safety: thread-compatible, as Module: one iteration (forward and
+// its backward) at a time.
+#ifndef EMBER_PARALLEL_DISTRIBUTED_DATA_PARALLEL_H_
+#define EMBER_PARALLEL_DISTRIBUTED_DATA_PARALLEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "distributed/process_group.h"
+#include "nn/module.h"
+#include "parallel/reducer.h"
+#include "tensor/tensor.h"
+
+namespace ember::parallel {
+
+struct DistributedDataParallelOptions {
+  // The group to average over; null: the default group
+  // (distributed::init_process_group).
+  std::shared_ptr<distributed::ProcessGroup> process_group;
+  // Broadcast the buffers from rank 0 at the start of every forward().
+  bool broadcast_buffers = true;
+  // The largest bucket, in MiB (the first bucket holds at most 1 MiB, or
+  // bucket_cap_mb when smaller).
+  double bucket_cap_mb = 25;
+  // Walk the autograd graph of every forward's output and treat the
+  // parameters it does not reach as ready with a zero gradient. Without it,
+  // a parameter that gets no gradient is an error at the end of backward.
+  bool find_unused_parameters = false;
+  // Make every parameter's grad() a view of its bucket, saving one copy of
+  // the gradients each way (torch's gradient_as_bucket_view).
+  bool gradient_as_bucket_view = false;
+};
+
+// What torch's _get_ddp_logging_data reports that is useful here.
+struct DdpLoggingData {
+  int64_t world_size = 0;
+  std::vector<int64_t> bucket_bytes;  // gradient bytes per bucket, in launch order
+  ReducerStats stats;                 // summed over synchronised iterations
+};
+
+class DistributedDataParallel : public nn::Module {
+ public:
+  // Wraps `module` (see above; blocks for the shape check and the initial
+  // broadcast, up to the group's timeout).
+  static absl::StatusOr<std::shared_ptr<DistributedDataParallel>> create(
+      std::shared_ptr<nn::Module> module, DistributedDataParallelOptions options = {});
+
+  Tensor forward(const Tensor& input) override;
+  std::string name() const override { return "DistributedDataParallel"; }
+
+  // The wrapped module (torch's ddp.module).
+  const std::shared_ptr<nn::Module>& module() const { return module_; }
+  const std::shared_ptr<distributed::ProcessGroup>& process_group() const { return group_; }
+
+  // torch's no_sync(): while the returned guard lives, forward() does not
+  // arm gradient synchronisation, so backward only accumulates locally.
+  class NoSyncGuard {
+   public:
+    ~NoSyncGuard() {
+      if (ddp_ != nullptr) ddp_->require_backward_grad_sync_ = previous_;
+    }
+    NoSyncGuard(NoSyncGuard&& other) noexcept : ddp_(other.ddp_), previous_(other.previous_) {
+      other.ddp_ = nullptr;
+    }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    friend class DistributedDataParallel;
+    explicit NoSyncGuard(DistributedDataParallel* ddp)
+        : ddp_(ddp), previous_(ddp->require_backward_grad_sync_) {
+      ddp_->require_backward_grad_sync_ = false;
+    }
+    DistributedDataParallel* ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+
+  DdpLoggingData get_ddp_logging_data() const;
+
+ private:
+  DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                          std::shared_ptr<distributed::ProcessGroup> group,
+                          DistributedDataParallelOptions options);
+
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<distributed::ProcessGroup> group_;
+  DistributedDataParallelOptions options_;
+  std::shared_ptr<Reducer> reducer_;
+  bool require_backward_grad_sync_ = true;
+};
+
+}  // namespace ember::parallel
+
+#endif  // EMBER_PARALLEL_DISTRIBUTED_DATA_PARALLEL_H_

@@ -1,0 +1,301 @@
+#include "parallel/reducer.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/variable.h"
+#include "tensor/error.h"
+#include "tensor/factories.h"
+
+namespace ember::parallel {
+
+std::shared_ptr<Reducer> Reducer::Create(std::vector<std::pair<std::string, Tensor>> params,
+                                         std::shared_ptr<distributed::ProcessGroup> group,
+                                         ReducerOptions options) {
+  std::shared_ptr<Reducer> reducer(new Reducer(std::move(group), options));
+  reducer->Build(std::move(params));
+  reducer->RegisterHooks();
+  return reducer;
+}
+
+// Note [Gradient buckets] in reducer.h.
+void Reducer::Build(std::vector<std::pair<std::string, Tensor>> params) {
+  for (auto& [name, param] : params) {
+    if (param.requires_grad()) slots_.push_back({std::move(name), std::move(param)});
+  }
+  // Reverse order; one open bucket per dtype.
+  struct Open {
+    std::vector<size_t> slots;
+    int64_t bytes = 0;
+    size_t first_position = 0;
+  };
+  std::map<Dtype, Open> open;
+  std::vector<Open> closed;
+  auto close = [&](Dtype dtype) {
+    closed.push_back(std::move(open[dtype]));
+    open.erase(dtype);
+  };
+  for (size_t position = 0; position < slots_.size(); ++position) {
+    const size_t index = slots_.size() - 1 - position;
+    const Tensor& p = slots_[index].param;
+    Open& bucket = open[p.dtype()];
+    if (bucket.slots.empty()) bucket.first_position = position;
+    bucket.slots.push_back(index);
+    bucket.bytes += static_cast<int64_t>(p.nbytes());
+    const int64_t cap = closed.empty()
+                            ? std::min(options_.first_bucket_cap_bytes, options_.bucket_cap_bytes)
+                            : options_.bucket_cap_bytes;
+    if (bucket.bytes >= cap) close(p.dtype());
+  }
+  while (!open.empty()) close(open.begin()->first);
+  // Buckets start in the order their first gradient is expected.
+  std::stable_sort(closed.begin(), closed.end(), [](const Open& a, const Open& b) {
+    return a.first_position < b.first_position;
+  });
+  control_elements_ =
+      1 + (options_.find_unused_parameters ? static_cast<int64_t>(slots_.size()) : 0);
+  for (size_t b = 0; b < closed.size(); ++b) {
+    Bucket bucket;
+    bucket.slots = closed[b].slots;
+    const Dtype dtype = slots_[bucket.slots.front()].param.dtype();
+    for (size_t index : bucket.slots) bucket.grad_elements += slots_[index].param.numel();
+    const bool last = b + 1 == closed.size();
+    bucket.flat = zeros({bucket.grad_elements + (last ? control_elements_ : 0)},
+                        TensorOptions().dtype(dtype));
+    int64_t offset = 0;
+    for (size_t index : bucket.slots) {
+      Slot& slot = slots_[index];
+      slot.bucket = b;
+      slot.view = bucket.flat.narrow(0, offset, slot.param.numel()).view(slot.param.sizes());
+      offset += slot.param.numel();
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+  ready_.assign(slots_.size(), false);
+  used_.assign(slots_.size(), false);
+}
+
+void Reducer::RegisterHooks() {
+  std::weak_ptr<Reducer> weak = weak_from_this();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    std::shared_ptr<autograd::Node> accumulator = autograd::GradAccumulator(slots_[i].param);
+    accumulator->register_post_hook(
+        [weak, i](const autograd::variable_list&, const autograd::variable_list&) {
+          if (std::shared_ptr<Reducer> reducer = weak.lock()) reducer->OnGradReady(i);
+          return autograd::variable_list();
+        });
+    accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+void Reducer::PrepareForBackward(const Tensor& output) {
+  if (!failure_.ok()) {
+    EMBER_FAIL(
+        "DistributedDataParallel cannot run another iteration: an earlier gradient "
+        "all_reduce failed (",
+        failure_.ToString(),
+        "), so the ranks no longer agree on their collectives; destroy the process group "
+        "and restart the job");
+  }
+  // A backward pass that stopped early (an exception) may have left buckets
+  // in flight; their buffers are about to be reused.
+  if (absl::Status waited = WaitAll(); !waited.ok()) Fail(waited);
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = bucket.slots.size();
+    bucket.work.reset();
+  }
+  std::fill(ready_.begin(), ready_.end(), false);
+  std::fill(used_.begin(), used_.end(), false);
+  unused_.clear();
+  next_bucket_ = 0;
+  local_missing_ = false;
+  finalize_queued_ = false;
+  expect_hooks_ = true;
+  if (!options_.find_unused_parameters) return;
+  // Walk the graph of `output`: the AccumulateGrad nodes it reaches.
+  std::unordered_set<const autograd::Node*> seen;
+  std::vector<const autograd::Node*> stack;
+  if (output.defined() && output.requires_grad()) {
+    if (auto root = std::static_pointer_cast<autograd::Node>(output.grad_fn())) {
+      stack.push_back(root.get());
+      seen.insert(root.get());
+    } else {
+      // The output is itself a leaf parameter.
+      const autograd::Edge edge = autograd::GradientEdge(output);
+      if (edge.is_valid()) seen.insert(edge.function.get());
+    }
+  }
+  while (!stack.empty()) {
+    const autograd::Node* node = stack.back();
+    stack.pop_back();
+    for (const autograd::Edge& edge : node->next_edges()) {
+      if (!edge.is_valid() || !seen.insert(edge.function.get()).second) continue;
+      stack.push_back(edge.function.get());
+    }
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!seen.contains(accumulators_[i].get())) unused_.push_back(i);
+  }
+}
+
+void Reducer::OnGradReady(size_t index) {
+  if (!expect_hooks_) return;
+  if (!finalize_queued_) {
+    finalize_queued_ = true;
+    first_hook_time_ = absl::Now();
+    std::weak_ptr<Reducer> weak = weak_from_this();
+    autograd::QueueCallback([weak] {
+      if (std::shared_ptr<Reducer> reducer = weak.lock()) reducer->Finalize();
+    });
+    for (size_t i : unused_) MarkReady(i);
+  }
+  if (ready_[index]) {
+    EMBER_FAIL("DistributedDataParallel: parameter '", slots_[index].name,
+               "' got a gradient twice in one iteration. A parameter must be reduced once per "
+               "iteration: this happens when a parameter is used outside forward(), when "
+               "backward runs more than once on one forward's graph (retain_graph), or when one "
+               "of the unused parameters that find_unused_parameters found before backward "
+               "gets a gradient after all");
+  }
+  used_[index] = true;
+  MarkReady(index);
+}
+
+void Reducer::MarkReady(size_t index) {
+  Slot& slot = slots_[index];
+  ready_[index] = true;
+  const Tensor grad = slot.param.grad();
+  if (!grad.defined()) {
+    slot.view.zero_();
+  } else if (!options_.gradient_as_bucket_view || grad.raw_data() != slot.view.raw_data()) {
+    slot.view.copy_(grad);
+    if (options_.gradient_as_bucket_view) slot.param.set_grad(slot.view);
+  }
+  if (--buckets_[slot.bucket].pending == 0) LaunchReadyBuckets();
+}
+
+void Reducer::LaunchReadyBuckets() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_];
+    if (next_bucket_ + 1 == buckets_.size()) {
+      // The control values (Note [Gradient buckets]).
+      Tensor marks = zeros({control_elements_});
+      float* m = marks.data_ptr<float>();
+      m[0] = local_missing_ ? 1.0f : 0.0f;
+      if (options_.find_unused_parameters) {
+        for (size_t i = 0; i < used_.size(); ++i) m[1 + i] = used_[i] ? 1.0f : 0.0f;
+      }
+      bucket.flat.narrow(0, bucket.grad_elements, control_elements_).copy_(marks);
+    }
+    absl::StatusOr<std::shared_ptr<distributed::Work>> work =
+        group_->AllReduce(bucket.flat, {.op = distributed::ReduceOp::kAvg});
+    bucket.work =
+        work.ok() ? *std::move(work)
+                  : distributed::Work::Completed(distributed::OpType::kAllReduce, work.status());
+    ++next_bucket_;
+  }
+}
+
+absl::Status Reducer::WaitAll() {
+  absl::Status first;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (buckets_[b].work == nullptr) continue;
+    absl::Status status = buckets_[b].work->Wait();
+    if (!status.ok() && first.ok()) {
+      first = absl::Status(
+          status.code(), absl::StrCat("DistributedDataParallel: the gradient all_reduce of bucket ",
+                                      b, " of ", buckets_.size(), " failed on rank ",
+                                      group_->rank(), ": ", status.message()));
+    }
+  }
+  return first;
+}
+
+void Reducer::Fail(absl::Status status) {
+  failure_ = status;
+  for (Bucket& bucket : buckets_) bucket.work.reset();
+  EMBER_FAIL(status.message(), " [", absl::StatusCodeToString(status.code()), "]");
+}
+
+void Reducer::Finalize() {
+  expect_hooks_ = false;
+  finalize_queued_ = false;
+  const absl::Time graph_done = absl::Now();
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!ready_[i]) missing.push_back(slots_[i].name);
+  }
+  if (!missing.empty()) {
+    // Launch what this rank owes anyway, flagged, so that no rank waits for
+    // a collective that never comes (Note [Gradient buckets]).
+    local_missing_ = true;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!ready_[i]) MarkReady(i);
+    }
+  }
+  absl::Status waited = WaitAll();
+  stats_.iterations += 1;
+  stats_.backward_compute_time += graph_done - first_hook_time_;
+  stats_.backward_comm_wait_time += absl::Now() - graph_done;
+  if (!waited.ok()) Fail(waited);
+  for (Bucket& bucket : buckets_) bucket.work.reset();
+
+  const Bucket& last = buckets_.back();
+  Tensor marks =
+      last.flat.narrow(0, last.grad_elements, control_elements_).to(kFloat32).contiguous();
+  const float* m = marks.data_ptr<float>();
+  if (!missing.empty()) {
+    EMBER_FAIL(
+        "DistributedDataParallel: parameters that got no gradient in this backward pass on "
+        "rank ",
+        group_->rank(), ": ", absl::StrJoin(missing, ", "),
+        ". Every parameter must get a gradient in every iteration unless the module is "
+        "wrapped with find_unused_parameters = true; also make sure every output of "
+        "forward() contributes to the loss");
+  }
+  if (m[0] > 0) {
+    const int ranks = static_cast<int>(m[0] * static_cast<float>(group_->size()) + 0.5f);
+    EMBER_FAIL("DistributedDataParallel: ", ranks, " of ", group_->size(),
+               " ranks got no gradient for some parameters in this backward pass (their errors "
+               "name them), while rank ",
+               group_->rank(),
+               " got all of them; ranks must agree on which parameters get gradients, or the "
+               "module must be wrapped with find_unused_parameters = true");
+  }
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    // find_unused_parameters: no rank produced a gradient; leave grad() as it is.
+    if (options_.find_unused_parameters && !(m[1 + i] > 0)) continue;
+    Slot& slot = slots_[i];
+    const Tensor grad = slot.param.grad();
+    if (options_.gradient_as_bucket_view) {
+      if (!grad.defined() || grad.raw_data() != slot.view.raw_data())
+        slot.param.set_grad(slot.view);
+    } else if (grad.defined()) {
+      grad.copy_(slot.view);
+    } else {
+      slot.param.set_grad(slot.view.clone());
+    }
+  }
+}
+
+std::vector<std::vector<size_t>> Reducer::bucket_indices() const {
+  std::vector<std::vector<size_t>> result;
+  for (const Bucket& bucket : buckets_) result.push_back(bucket.slots);
+  return result;
+}
+
+std::vector<int64_t> Reducer::bucket_bytes() const {
+  std::vector<int64_t> result;
+  for (const Bucket& bucket : buckets_) {
+    result.push_back(bucket.grad_elements * static_cast<int64_t>(bucket.flat.element_size()));
+  }
+  return result;
+}
+
+}  // namespace ember::parallel

@@ -1,0 +1,170 @@
+// Reducer: the gradient synchronisation behind DistributedDataParallel
+// (torch's c10d::Reducer). It groups the parameters into buckets, watches
+// their gradient accumulation during backward, all_reduces each bucket as
+// soon as its last gradient is ready and writes the averaged gradients back
+// when backward ends. DistributedDataParallel is its only user; it is a
+// separate target so that the mechanism can be read and tested on its own.
+//
+//   auto reducer = Reducer::Create(module->named_parameters(), group, {});
+//   Tensor loss = ...(*module)(x)...;
+//   reducer->PrepareForBackward(output);   // before backward, every iteration
+//   loss.backward();                       // gradients are averaged over ranks
+//
+// Note [Gradient buckets]
+// Buckets: the parameters that require grad, in reverse registration order
+// (the order backward usually produces their gradients), are cut into
+// buckets of at most `bucket_cap_bytes` (the first one: at most
+// `first_bucket_cap_bytes`, so that communication starts early); parameters
+// of different dtypes go to different buckets. Each bucket owns one flat,
+// contiguous tensor; every parameter has a view of it in its own shape. The
+// assignment depends only on the parameters' shapes and dtypes, so every rank
+// computes the same buckets (DistributedDataParallel checks the shapes first).
+//
+// Readiness: a post hook on each parameter's AccumulateGrad node (held alive
+// by the reducer, so it is the node every backward reaches) fires once the
+// gradient has been accumulated into grad(). The hook copies the gradient
+// into the parameter's view (or, with gradient_as_bucket_view, makes grad()
+// that view) and, when it was the bucket's last one, starts the bucket's
+// asynchronous all_reduce (AVG). Buckets start in index order, so every rank
+// issues the same collectives in the same order whatever order its
+// gradients arrive in. The first hook of a backward pass queues a callback
+// (autograd::QueueCallback) that runs when the engine is done: it waits for
+// every bucket and writes the averaged gradients back into grad().
+//
+// Disagreement without hangs: the last bucket carries a few control values
+// after the gradients: an error flag and, with find_unused_parameters, one
+// "used" mark per parameter. A rank that reaches the end of backward with
+// parameters that got no gradient (find_unused_parameters off) still
+// launches every bucket it owes, with zeros in the missing slots and its
+// error flag set; so the collectives stay matched, every rank learns from the
+// reduced flag that some rank failed, and each raises an error (the failing
+// rank names its parameters) instead of waiting for a collective that never
+// comes. With find_unused_parameters, the parameters that the forward output
+// does not reach (found by walking its autograd graph) are marked ready at
+// the first hook with zeros, and the reduced "used" marks tell which
+// parameters got a gradient on no rank at all: their grad() is left alone,
+// as in torch.
+//
+// Errors: Reducer runs inside autograd's backward and Module::forward, which
+// report through exceptions, so its failures throw ember::Error: a failed or
+// timed-out all_reduce (the process group's status, naming the peer), a
+// parameter marked ready twice, parameters without gradients. A failed
+// collective also makes the reducer unusable (every later
+// PrepareForBackward throws), because ranks no longer agree on the
+// collective sequence.
+//
+// Thread-safety: thread-compatible. PrepareForBackward and the backward pass
+// it prepares must run on one thread at a time (the hooks run on the thread
+// that runs backward).
+#ifndef EMBER_PARALLEL_REDUCER_H_
+#define EMBER_PARALLEL_REDUCER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "autograd/node.h"
+#include "distributed/process_group.h"
+#include "tensor/tensor.h"
+
+namespace ember::parallel {
+
+struct ReducerOptions {
+  int64_t bucket_cap_bytes = int64_t{25} << 20;
+  int64_t first_bucket_cap_bytes = int64_t{1} << 20;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+};
+
+// Timings summed over the iterations that synchronised gradients.
+struct ReducerStats {
+  int64_t iterations = 0;
+  // From the first gradient hook to the end of the autograd graph.
+  absl::Duration backward_compute_time;
+  // Spent after the graph waiting for the buckets' all_reduce: the
+  // communication that backward did not hide.
+  absl::Duration backward_comm_wait_time;
+};
+
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  // `params`: the named parameters to synchronise (those that do not
+  // require grad are skipped). Registers the gradient hooks.
+  static std::shared_ptr<Reducer> Create(std::vector<std::pair<std::string, Tensor>> params,
+                                         std::shared_ptr<distributed::ProcessGroup> group,
+                                         ReducerOptions options);
+
+  // Arms the hooks for the backward pass of `output` (forward with
+  // gradient sync on). Waits for any bucket still in flight from an
+  // iteration whose backward did not finish. With find_unused_parameters,
+  // walks the graph of `output` to find the parameters it does not reach.
+  // Throws ember::Error after an earlier communication failure.
+  void PrepareForBackward(const Tensor& output);
+  // The hooks ignore the next backward pass (forward under no_sync, or
+  // without grad mode): gradients accumulate locally.
+  void DisarmHooks() { expect_hooks_ = false; }
+
+  // Per bucket, the indices (into the synchronised parameters) it holds,
+  // in the order they sit in its flat tensor.
+  std::vector<std::vector<size_t>> bucket_indices() const;
+  // Per bucket, the bytes of gradients it holds.
+  std::vector<int64_t> bucket_bytes() const;
+  const ReducerStats& stats() const { return stats_; }
+
+ private:
+  struct Slot {
+    std::string name;
+    Tensor param;
+    size_t bucket = 0;
+    Tensor view;  // the parameter's piece of its bucket, in its shape
+  };
+  struct Bucket {
+    std::vector<size_t> slots;
+    Tensor flat;
+    int64_t grad_elements = 0;  // before the control values (last bucket)
+    size_t pending = 0;
+    std::shared_ptr<distributed::Work> work;
+  };
+
+  Reducer(std::shared_ptr<distributed::ProcessGroup> group, ReducerOptions options)
+      : group_(std::move(group)), options_(options) {}
+  void Build(std::vector<std::pair<std::string, Tensor>> params);
+  void RegisterHooks();
+  void OnGradReady(size_t index);
+  void MarkReady(size_t index);
+  void LaunchReadyBuckets();
+  void Finalize();
+  // Waits for every launched bucket; the first failure, annotated.
+  absl::Status WaitAll();
+  [[noreturn]] void Fail(absl::Status status);
+
+  const std::shared_ptr<distributed::ProcessGroup> group_;
+  const ReducerOptions options_;
+  std::vector<Slot> slots_;
+  std::vector<Bucket> buckets_;
+  // The AccumulateGrad node of every slot, kept alive so that the hooks on
+  // them stay the ones backward reaches.
+  std::vector<std::shared_ptr<autograd::Node>> accumulators_;
+  int64_t control_elements_ = 0;  // after the gradients in the last bucket
+
+  // Per iteration.
+  bool expect_hooks_ = false;
+  bool finalize_queued_ = false;
+  std::vector<bool> ready_;
+  std::vector<bool> used_;
+  std::vector<size_t> unused_;  // find_unused_parameters: not reached by forward
+  size_t next_bucket_ = 0;
+  bool local_missing_ = false;
+  absl::Time first_hook_time_;
+
+  absl::Status failure_;  // sticky: a communication failure
+  ReducerStats stats_;
+};
+
+}  // namespace ember::parallel
+
+#endif  // EMBER_PARALLEL_REDUCER_H_
