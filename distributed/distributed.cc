@@ -145,7 +145,7 @@ absl::StatusOr<Resolved> Resolve(const Group& group) {
 
 absl::Status WaitFor(absl::StatusOr<std::shared_ptr<Work>> work) {
   if (!work.ok()) return work.status();
-  return (*work)->Wait();
+  return (*work)->wait();
 }
 
 }  // namespace
@@ -157,7 +157,7 @@ absl::Status init_process_group(const InitOptions& options) {
     return absl::FailedPreconditionError(
         "init_process_group was already called; call destroy_process_group first");
   }
-  EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, FindBackend(options.backend));
+  EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, find_backend(options.backend));
   BackendOptions b;
   if (options.store) {
     if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
@@ -176,7 +176,7 @@ absl::Status init_process_group(const InitOptions& options) {
     r.rank = options.rank;
     r.group_name = options.group_name;
     r.timeout = options.timeout;
-    EMBER_ASSIGN_OR_RETURN(RendezvousResult joined, Rendezvous(r));
+    EMBER_ASSIGN_OR_RETURN(RendezvousResult joined, rendezvous(r));
     b.store = joined.store;
     b.rank = joined.rank;
     b.size = joined.world_size;
@@ -275,7 +275,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
     }
     const int id = s.next_group++;
     const std::string backend_name = options.backend.empty() ? s.backend : options.backend;
-    EMBER_ASSIGN_OR_RETURN(backend, FindBackend(backend_name));
+    EMBER_ASSIGN_OR_RETURN(backend, find_backend(backend_name));
     auto me = std::find(ranks.begin(), ranks.end(), s.rank);
     if (me != ranks.end()) my_index = static_cast<int>(me - ranks.begin());
     my_rank = s.rank;
@@ -311,14 +311,14 @@ absl::StatusOr<std::shared_ptr<Work>> isend(const Tensor& tensor, int dst, const
                                             int tag) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int to, r.GroupRank(dst, "send: dst"));
-  return r.group->Send(tensor, to, {.tag = tag});
+  return r.group->send(tensor, to, {.tag = tag});
 }
 
 absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src, const Group& group,
                                                 int tag) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int from, r.GroupRank(src, "recv: src"));
-  return r.group->Recv(tensor, from, {.tag = tag});
+  return r.group->recv(tensor, from, {.tag = tag});
 }
 
 absl::Status send(const Tensor& tensor, int dst, const Group& group, int tag) {
@@ -328,8 +328,8 @@ absl::Status send(const Tensor& tensor, int dst, const Group& group, int tag) {
 absl::StatusOr<int> recv(const Tensor& tensor, int src, const Group& group, int tag) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int from, r.GroupRank(src, "recv: src"));
-  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<RecvWork> work, r.group->Recv(tensor, from, {.tag = tag}));
-  EMBER_RETURN_IF_ERROR(work->Wait());
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<RecvWork> work, r.group->recv(tensor, from, {.tag = tag}));
+  EMBER_RETURN_IF_ERROR(work->wait());
   const int source = work->source();
   return source >= 0 && source < static_cast<int>(r.members.size()) ? r.members[source] : source;
 }
@@ -340,33 +340,33 @@ absl::StatusOr<std::shared_ptr<Work>> broadcast_async(const Tensor& tensor, int 
                                                       const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(src, "broadcast: src"));
-  return r.group->Broadcast(tensor, {.root = root});
+  return r.group->broadcast(tensor, {.root = root});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> all_reduce_async(const Tensor& tensor, ReduceOp op,
                                                        const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->AllReduce(tensor, {.op = op});
+  return r.group->allreduce(tensor, {.op = op});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> reduce_async(const Tensor& tensor, int dst, ReduceOp op,
                                                    const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(dst, "reduce: dst"));
-  return r.group->Reduce(tensor, {.root = root, .op = op});
+  return r.group->reduce(tensor, {.root = root, .op = op});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> all_gather_async(absl::Span<const Tensor> tensor_list,
                                                        const Tensor& tensor, const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->AllGather(tensor_list, tensor);
+  return r.group->allgather(tensor_list, tensor);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> all_gather_into_tensor_async(const Tensor& output,
                                                                    const Tensor& input,
                                                                    const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->AllGatherIntoTensor(output, input);
+  return r.group->allgather_into_tensor(output, input);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> gather_async(const Tensor& tensor,
@@ -374,7 +374,7 @@ absl::StatusOr<std::shared_ptr<Work>> gather_async(const Tensor& tensor,
                                                    const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(dst, "gather: dst"));
-  return r.group->Gather(gather_list, tensor, {.root = root});
+  return r.group->gather(gather_list, tensor, {.root = root});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> scatter_async(const Tensor& tensor,
@@ -382,26 +382,26 @@ absl::StatusOr<std::shared_ptr<Work>> scatter_async(const Tensor& tensor,
                                                     const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
   EMBER_ASSIGN_OR_RETURN(int root, r.GroupRank(src, "scatter: src"));
-  return r.group->Scatter(tensor, scatter_list, {.root = root});
+  return r.group->scatter(tensor, scatter_list, {.root = root});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> reduce_scatter_async(const Tensor& output,
                                                            absl::Span<const Tensor> input_list,
                                                            ReduceOp op, const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->ReduceScatter(output, input_list, {.op = op});
+  return r.group->reduce_scatter(output, input_list, {.op = op});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> all_to_all_async(absl::Span<const Tensor> output_list,
                                                        absl::Span<const Tensor> input_list,
                                                        const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->AllToAll(output_list, input_list);
+  return r.group->alltoall(output_list, input_list);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> barrier_async(const Group& group) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return r.group->Barrier();
+  return r.group->barrier();
 }
 
 absl::Status broadcast(const Tensor& tensor, int src, const Group& group) {
@@ -441,7 +441,7 @@ absl::Status barrier(const Group& group) { return WaitFor(barrier_async(group));
 absl::Status monitored_barrier(const Group& group, std::optional<absl::Duration> timeout,
                                bool wait_all_ranks) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return WaitFor(r.group->MonitoredBarrier({.timeout = timeout, .wait_all_ranks = wait_all_ranks}));
+  return WaitFor(r.group->monitored_barrier({.timeout = timeout, .wait_all_ranks = wait_all_ranks}));
 }
 
 }  // namespace ember::distributed

@@ -140,8 +140,8 @@ TEST(DistributedTest, CollectivesAndPointToPointOnTheDefaultGroup) {
           }
         }
         EMBER_ASSIGN_OR_RETURN(auto work, all_reduce_async(t));
-        EMBER_RETURN_IF_ERROR(work->Wait());
-        EMBER_RETURN_IF_ERROR(Check(work->IsCompleted(), "IsCompleted"));
+        EMBER_RETURN_IF_ERROR(work->wait());
+        EMBER_RETURN_IF_ERROR(Check(work->is_completed(), "IsCompleted"));
         EMBER_RETURN_IF_ERROR(barrier());
         EMBER_RETURN_IF_ERROR(monitored_barrier(nullptr, absl::Seconds(10)));
         EMBER_RETURN_IF_ERROR(destroy_process_group());
@@ -180,7 +180,7 @@ TEST(DistributedTest, NewGroupMembersAndNonMembers) {
                                           absl::StrContains(s.message(), "not a member") &&
                                           absl::StrContains(s.message(), "[1, 3]"),
                                       absl::StrCat("non-member error: ", s.ToString())));
-          s = odd->AllReduce(t).status();
+          s = odd->allreduce(t).status();
           EMBER_RETURN_IF_ERROR(
               Check(absl::StrContains(s.message(), "not a member"), "the handle itself refuses"));
         }

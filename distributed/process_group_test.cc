@@ -21,12 +21,12 @@ class BroadcastOnlyGroup : public ProcessGroup {
   explicit BroadcastOnlyGroup(int size)
       : ProcessGroup(0, size, "broadcast-only",
                      SupportTable()
-                         .Allow(OpType::kBroadcast, DeviceType::kCPU)
-                         .Allow(OpType::kAllReduce, DeviceType::kCPU)
-                         .Allow(OpType::kAllGather, DeviceType::kCPU)
-                         .Allow(OpType::kGather, DeviceType::kCPU)
-                         .Allow(OpType::kSend, DeviceType::kCPU)
-                         .Allow(OpType::kRecv, DeviceType::kCPU),
+                         .allow(OpType::kBroadcast, DeviceType::kCPU)
+                         .allow(OpType::kAllReduce, DeviceType::kCPU)
+                         .allow(OpType::kAllGather, DeviceType::kCPU)
+                         .allow(OpType::kGather, DeviceType::kCPU)
+                         .allow(OpType::kSend, DeviceType::kCPU)
+                         .allow(OpType::kRecv, DeviceType::kCPU),
                      absl::Seconds(1)) {}
   int calls = 0;
   void abort() override {}
@@ -92,96 +92,96 @@ std::string Message(const absl::StatusOr<std::shared_ptr<Work>>& s) {
 
 TEST(ProcessGroupTest, UnsupportedOpsNameTheOpBackendAndDevice) {
   BroadcastOnlyGroup pg(2);
-  auto s = pg.AllToAll({ones({1}), ones({1})}, {ones({1}), ones({1})});
+  auto s = pg.alltoall({ones({1}), ones({1})}, {ones({1}), ones({1})});
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(Message(s), HasSubstr("all_to_all is not supported by the 'broadcast-only' backend "
                                     "for cpu tensors"));
-  EXPECT_THAT(Message(pg.Barrier()), HasSubstr("barrier is not supported"));
+  EXPECT_THAT(Message(pg.barrier()), HasSubstr("barrier is not supported"));
   EXPECT_EQ(pg.calls, 0);
-  EXPECT_TRUE(pg.Broadcast(ones({2})).ok());
+  EXPECT_TRUE(pg.broadcast(ones({2})).ok());
   EXPECT_EQ(pg.calls, 1);
 }
 
 TEST(ProcessGroupTest, MalformedCallsNeverReachTheBackend) {
   BroadcastOnlyGroup pg(2);
-  EXPECT_THAT(Message(pg.Broadcast(Tensor())), HasSubstr("undefined tensor"));
-  EXPECT_THAT(Message(pg.Broadcast(ones({2}), {.root = 2})),
+  EXPECT_THAT(Message(pg.broadcast(Tensor())), HasSubstr("undefined tensor"));
+  EXPECT_THAT(Message(pg.broadcast(ones({2}), {.root = 2})),
               HasSubstr("root 2 is out of range for a group of size 2"));
-  EXPECT_THAT(Message(pg.AllReduce(ones({2}, kInt32), {.op = ReduceOp::kAvg})),
+  EXPECT_THAT(Message(pg.allreduce(ones({2}, kInt32), {.op = ReduceOp::kAvg})),
               HasSubstr("AVG needs a floating point tensor, got int32"));
-  EXPECT_THAT(Message(pg.AllGather({ones({2})}, ones({2}))),
+  EXPECT_THAT(Message(pg.allgather({ones({2})}, ones({2}))),
               HasSubstr("outputs has 1 tensors; expected one per rank (2)"));
-  EXPECT_THAT(Message(pg.AllGather({ones({2}), ones({3})}, ones({2}))),
+  EXPECT_THAT(Message(pg.allgather({ones({2}), ones({3})}, ones({2}))),
               HasSubstr("outputs[1] has 3 elements"));
-  EXPECT_THAT(Message(pg.AllGather({ones({2}), ones({2}, kFloat64)}, ones({2}))),
+  EXPECT_THAT(Message(pg.allgather({ones({2}), ones({2}, kFloat64)}, ones({2}))),
               HasSubstr("outputs[1] is float64"));
-  EXPECT_THAT(Message(pg.Gather({ones({2}), ones({2})}, ones({2}), {.root = 1})),
+  EXPECT_THAT(Message(pg.gather({ones({2}), ones({2})}, ones({2}), {.root = 1})),
               HasSubstr("outputs must be empty on non-root rank 0"));
-  EXPECT_THAT(Message(pg.Send(ones({2}), 0)), HasSubstr("cannot send to itself"));
-  EXPECT_THAT(std::string(pg.Recv(ones({2}), 5).status().message()),
+  EXPECT_THAT(Message(pg.send(ones({2}), 0)), HasSubstr("cannot send to itself"));
+  EXPECT_THAT(std::string(pg.recv(ones({2}), 5).status().message()),
               HasSubstr("src 5 is out of range"));
   EXPECT_EQ(pg.calls, 0);
 }
 
 TEST(WorkTest, WaitReturnsTheStatusOrTimesOut) {
   Work work(OpType::kAllReduce, absl::Now() + absl::Seconds(30));
-  EXPECT_FALSE(work.IsCompleted());
-  absl::Status early = work.Wait(absl::Milliseconds(20));
+  EXPECT_FALSE(work.is_completed());
+  absl::Status early = work.wait(absl::Milliseconds(20));
   EXPECT_EQ(early.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(early.message()), HasSubstr("still running"));
-  EXPECT_FALSE(work.IsCompleted());
+  EXPECT_FALSE(work.is_completed());
   work.Finish(absl::UnavailableError("rank 1 died"));
   work.Finish(absl::OkStatus());  // the first result wins
-  EXPECT_TRUE(work.IsCompleted());
-  EXPECT_EQ(work.Wait().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(work.is_completed());
+  EXPECT_EQ(work.wait().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(work.status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(WorkTest, PollingPastTheDeadlineFailsTheWork) {
   Work work(OpType::kRecv, absl::Now() + absl::Milliseconds(5));
-  EXPECT_FALSE(work.IsCompleted());
+  EXPECT_FALSE(work.is_completed());
   absl::SleepFor(absl::Milliseconds(300));
-  EXPECT_TRUE(work.IsCompleted());
+  EXPECT_TRUE(work.is_completed());
   EXPECT_EQ(work.status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
 TEST(WorkTest, PastItsDeadlineAWorkFails) {
   Work work(OpType::kBarrier, absl::Now() + absl::Milliseconds(10));
   const absl::Time start = absl::Now();
-  absl::Status s = work.Wait();
+  absl::Status s = work.wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(s.message()), HasSubstr("barrier"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_TRUE(work.IsCompleted());
+  EXPECT_TRUE(work.is_completed());
 }
 
 TEST(BackendRegistryTest, FindsByNameAndListsTheKnownOnes) {
   ASSERT_TRUE(
-      RegisterBackend(
+      register_backend(
           {.name = "Loopback-Test",
-           .support = SupportTable().AllowAll(DeviceType::kCPU),
+           .support = SupportTable().allow_all(DeviceType::kCPU),
            .create = [](const BackendOptions& o) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
              return std::make_shared<BroadcastOnlyGroup>(o.size);
            }})
           .ok());
-  auto found = FindBackend("LOOPBACK-test");
+  auto found = find_backend("LOOPBACK-test");
   ASSERT_TRUE(found.ok()) << found.status();
   auto pg = (*found)->create({.size = 3});
   ASSERT_TRUE(pg.ok());
   EXPECT_EQ((*pg)->size(), 3);
-  auto missing = FindBackend("mpi");
+  auto missing = find_backend("mpi");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(missing.status().message()),
               HasSubstr("unknown backend 'mpi'; registered backends: loopback-test"));
 }
 
 TEST(BackendRegistryTest, ADuplicateRegistrationIsAnErrorNamingTheBackend) {
-  ASSERT_TRUE(RegisterBackend({.name = "dup-test"}).ok());
-  absl::Status second = RegisterBackend({.name = "DUP-test"});
+  ASSERT_TRUE(register_backend({.name = "dup-test"}).ok());
+  absl::Status second = register_backend({.name = "DUP-test"});
   EXPECT_EQ(second.code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(std::string(second.message()), HasSubstr("backend 'dup-test' is registered 2 times"));
   // Neither registration is picked silently: the name is unusable.
-  auto found = FindBackend("dup-test");
+  auto found = find_backend("dup-test");
   EXPECT_EQ(found.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(std::string(found.status().message()), HasSubstr("link only one of them"));
 }

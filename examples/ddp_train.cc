@@ -91,8 +91,8 @@ struct Task {
 
 absl::Status Train(const Options& options) {
   EMBER_RETURN_IF_ERROR(dist::init_process_group({.backend = "tcp"}));
-  EMBER_ASSIGN_OR_RETURN(const int rank, dist::get_rank());
-  EMBER_ASSIGN_OR_RETURN(const int world, dist::get_world_size());
+  const int rank = dist::get_rank();
+  const int world = dist::get_world_size();
 
   ember::manual_seed(rank);  // DDP starts every rank from rank 0's parameters
   auto model =
@@ -141,7 +141,7 @@ absl::Status Train(const Options& options) {
     const double accuracy = (*model)(x).argmax(1).eq(y).to(ember::kFloat32).mean().item<double>();
     std::printf("held-out accuracy: %.4f\n", accuracy);
     EMBER_RETURN_IF_ERROR(
-        ember::hub::SaveCheckpoint(ddp->module()->state_dict(), options.checkpoint));
+        ember::hub::save_checkpoint(ddp->module()->state_dict(), options.checkpoint));
     std::printf("saved checkpoint to %s\n", options.checkpoint.c_str());
   }
   return dist::destroy_process_group();

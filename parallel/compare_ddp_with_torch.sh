@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the DDP benchmark (//parallel:ddp_benchmark) and the PyTorch peer
-# (/work/shared/peers/torch_ddp.py: DDP over gloo, 2 ranks x batch 32, one
+# (../shared/peers/torch_ddp.py: DDP over gloo, 2 ranks x batch 32, one
 # thread each, and one process on batch 64) alternately, `rounds` times, one
 # OpenBLAS thread on both sides. Both follow the peer's protocol: a fresh
 # process, 30 steps, the median of the last 25. Prints each round and the
@@ -22,7 +22,7 @@ median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
 results=()
 for ((r = 1; r <= rounds; ++r)); do
-  peer="$(/usr/bin/python3 /work/shared/peers/torch_ddp.py 2>/dev/null)"
+  peer="$(/usr/bin/python3 "${EMBER_PEERS_DIR:-$(dirname "$0")/../../shared/peers}/torch_ddp.py" 2>/dev/null)"
   torch_one="$(echo "$peer" | sed -n 's/^single_process_step_b64_1thread \([0-9.]*\)ms$/\1/p')"
   torch_ddp="$(echo "$peer" | sed -n 's/^ddp_gloo_2rank_step_b32each \([0-9.]*\)ms$/\1/p')"
   out="$("$ember_bin" 2>/dev/null)"

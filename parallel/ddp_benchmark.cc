@@ -123,11 +123,11 @@ class AllReduceRunner {
     const absl::Time start = absl::Now();
     std::vector<std::shared_ptr<dist::Work>> works;
     for (const Tensor& b : buckets_) {
-      auto work = group->AllReduce(b, {.op = dist::ReduceOp::kAvg});
+      auto work = group->allreduce(b, {.op = dist::ReduceOp::kAvg});
       Check(work.status(), "all_reduce");
       works.push_back(*work);
     }
-    for (auto& w : works) Check(w->Wait(), "all_reduce");
+    for (auto& w : works) Check(w->wait(), "all_reduce");
     return absl::ToDoubleMilliseconds(absl::Now() - start);
   }
 

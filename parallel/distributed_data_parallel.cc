@@ -28,7 +28,7 @@ struct TensorSpec {
            shape == o.shape;
   }
   std::string Describe() const {
-    return absl::StrCat(std::string(DtypeName(static_cast<Dtype>(dtype))), " ",
+    return absl::StrCat(std::string(dtype_name(static_cast<Dtype>(dtype))), " ",
                         ShapeToString(shape),
                         buffer ? "" : (requires_grad ? "" : " (requires_grad off)"));
   }
@@ -65,7 +65,7 @@ std::vector<TensorSpec> Decode(const int64_t* data, int64_t length) {
 
 absl::Status Wait(const absl::StatusOr<std::shared_ptr<distributed::Work>>& work) {
   if (!work.ok()) return work.status();
-  return (*work)->Wait();
+  return (*work)->wait();
 }
 
 // Every rank learns every rank's specs; the first difference from rank 0
@@ -78,14 +78,14 @@ absl::Status VerifyAcrossRanks(distributed::ProcessGroup& group,
   Tensor length = full({1}, static_cast<int64_t>(encoded.size()), TensorOptions().dtype(kInt64));
   std::vector<Tensor> lengths;
   for (int r = 0; r < world; ++r) lengths.push_back(zeros({1}, TensorOptions().dtype(kInt64)));
-  EMBER_RETURN_IF_ERROR(Wait(group.AllGather(lengths, length)));
+  EMBER_RETURN_IF_ERROR(Wait(group.allgather(lengths, length)));
   int64_t longest = 0;
   for (const Tensor& l : lengths) longest = std::max(longest, l.item<int64_t>());
   Tensor padded = full({longest}, int64_t{-1}, TensorOptions().dtype(kInt64));
   std::copy(encoded.begin(), encoded.end(), padded.data_ptr<int64_t>());
   std::vector<Tensor> all;
   for (int r = 0; r < world; ++r) all.push_back(zeros({longest}, TensorOptions().dtype(kInt64)));
-  EMBER_RETURN_IF_ERROR(Wait(group.AllGather(all, padded)));
+  EMBER_RETURN_IF_ERROR(Wait(group.allgather(all, padded)));
   const std::vector<TensorSpec> reference = Decode(all[0].data_ptr<int64_t>(), longest);
   auto count = [](const std::vector<TensorSpec>& specs, bool buffer) {
     return std::count_if(specs.begin(), specs.end(),
@@ -133,7 +133,7 @@ absl::Status BroadcastFromRank0(distributed::ProcessGroup& group,
       for (const Tensor& t : list) total += t.numel();
       flat = empty({total}, TensorOptions().dtype(dtype));
     }
-    EMBER_RETURN_IF_ERROR(Wait(group.Broadcast(flat, {.root = 0})));
+    EMBER_RETURN_IF_ERROR(Wait(group.broadcast(flat, {.root = 0})));
     if (group.rank() == 0) continue;
     int64_t offset = 0;
     for (const Tensor& t : list) {

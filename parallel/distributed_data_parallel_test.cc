@@ -34,7 +34,7 @@ using ::testing::HasSubstr;
 
 // The backends DDP is tested on; a backend that registers itself joins by
 // name (and by its target in BUILD.bazel).
-const std::vector<std::string> kBackends = {"tcp"};
+const std::vector<std::string> kBackends = {"tcp", "gloo"};
 
 constexpr int64_t kInputs = 4;
 constexpr int64_t kClasses = 3;
@@ -138,8 +138,8 @@ absl::Status ExpectEqualAcrossRanks(distributed::ProcessGroup& group, const nn::
   Tensor mine = cat(pieces);
   Tensor high = mine.clone(), low = mine.clone();
   EMBER_RETURN_IF_ERROR(
-      testing::Finish(group.AllReduce(high, {.op = distributed::ReduceOp::kMax})));
-  EMBER_RETURN_IF_ERROR(testing::Finish(group.AllReduce(low, {.op = distributed::ReduceOp::kMin})));
+      testing::Finish(group.allreduce(high, {.op = distributed::ReduceOp::kMax})));
+  EMBER_RETURN_IF_ERROR(testing::Finish(group.allreduce(low, {.op = distributed::ReduceOp::kMin})));
   const double spread = (high - low).abs().max().item<double>();
   if (spread != 0) return absl::InternalError(absl::StrCat("ranks differ by ", spread));
   return absl::OkStatus();

@@ -150,7 +150,7 @@ void Reducer::OnGradReady(size_t index) {
     finalize_queued_ = true;
     first_hook_time_ = absl::Now();
     std::weak_ptr<Reducer> weak = weak_from_this();
-    autograd::QueueCallback([weak] {
+    autograd::queue_callback([weak] {
       if (std::shared_ptr<Reducer> reducer = weak.lock()) reducer->Finalize();
     });
     for (size_t i : unused_) MarkReady(i);
@@ -194,7 +194,7 @@ void Reducer::LaunchReadyBuckets() {
       bucket.flat.narrow(0, bucket.grad_elements, control_elements_).copy_(marks);
     }
     absl::StatusOr<std::shared_ptr<distributed::Work>> work =
-        group_->AllReduce(bucket.flat, {.op = distributed::ReduceOp::kAvg});
+        group_->allreduce(bucket.flat, {.op = distributed::ReduceOp::kAvg});
     bucket.work =
         work.ok() ? *std::move(work)
                   : distributed::Work::Completed(distributed::OpType::kAllReduce, work.status());
@@ -206,7 +206,7 @@ absl::Status Reducer::WaitAll() {
   absl::Status first;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (buckets_[b].work == nullptr) continue;
-    absl::Status status = buckets_[b].work->Wait();
+    absl::Status status = buckets_[b].work->wait();
     if (!status.ok() && first.ok()) {
       first = absl::Status(
           status.code(), absl::StrCat("DistributedDataParallel: the gradient all_reduce of bucket ",

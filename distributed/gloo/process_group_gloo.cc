@@ -120,7 +120,7 @@ std::function<void(void*, const void*, const void*, size_t)> ReduceFunction(Redu
 absl::Status RefuseAvg(OpType op, ReduceOp reduce) {
   if (reduce != ReduceOp::kAvg) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat(
-      OpTypeName(op),
+      op_type_name(op),
       ": ReduceOp.AVG is not supported by the 'gloo' backend (as in PyTorch); use SUM and "
       "divide by the group size, or the 'tcp' backend"));
 }
@@ -173,7 +173,7 @@ bool CheckCallsFromEnv() {
 
 }  // namespace
 
-SupportTable GlooSupportTable() { return SupportTable().AllowAll(DeviceType::kCPU); }
+SupportTable GlooSupportTable() { return SupportTable().allow_all(DeviceType::kCPU); }
 
 // --- Creation --------------------------------------------------------------------
 
@@ -196,11 +196,11 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
   const std::string host_key = HostKey();
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  EMBER_RETURN_IF_ERROR(store.Set(absl::StrCat(prefix, "proc/", rank),
+  EMBER_RETURN_IF_ERROR(store.set(absl::StrCat(prefix, "proc/", rank),
                                   absl::StrCat(host_key, "|", getpid(), "|", host)));
   std::vector<Peer> peers(n);
   for (int p = 0; p < n; ++p) {
-    auto got = store.Get(absl::StrCat(prefix, "proc/", p),
+    auto got = store.get(absl::StrCat(prefix, "proc/", p),
                          std::max(deadline - absl::Now(), absl::ZeroDuration()));
     if (!got.ok()) {
       return absl::Status(got.status().code(),
@@ -265,7 +265,7 @@ GlooProcessGroup::~GlooProcessGroup() {
   p2p_.clear();
 }
 
-void GlooProcessGroup::Abort() {
+void GlooProcessGroup::abort() {
   const absl::Status aborted = absl::AbortedError("the process group was aborted");
   {
     absl::MutexLock lock(&mu_);
@@ -300,7 +300,7 @@ std::shared_ptr<Work> GlooProcessGroup::Enqueue(OpType op,
   const uint32_t tag = static_cast<uint32_t>(2 * seq + 1);
   queue_.push_back(
       {work,
-       {op, seq, tag, deadline, absl::StrCat(OpTypeName(op), " (collective #", seq, ")")},
+       {op, seq, tag, deadline, absl::StrCat(op_type_name(op), " (collective #", seq, ")")},
        std::move(call),
        std::move(job)});
   return work;
@@ -353,14 +353,14 @@ std::string GlooProcessGroup::DescribePeer(int rank) const {
 std::vector<int> GlooProcessGroup::RanksThatDidNotFail(const OpContext& ctx) {
   const std::string key = absl::StrCat(prefix_, "failed/", ctx.seq, "/");
   std::vector<int> missing;
-  if (!store_->Set(absl::StrCat(key, rank()), "1").ok()) return missing;
+  if (!store_->set(absl::StrCat(key, rank()), "1").ok()) return missing;
   // The others fail the same collective at about the same time; a rank
   // that does not within this grace never reached it.
   const absl::Duration grace = std::clamp(timeout() / 4, absl::Milliseconds(200), absl::Seconds(1));
   const absl::Time until = absl::Now() + grace;
   for (int p = 0; p < size(); ++p) {
     if (p == rank()) continue;
-    if (!store_->Get(absl::StrCat(key, p), std::max(until - absl::Now(), absl::ZeroDuration()))
+    if (!store_->get(absl::StrCat(key, p), std::max(until - absl::Now(), absl::ZeroDuration()))
              .ok()) {
       missing.push_back(p);
     }
@@ -429,13 +429,13 @@ absl::Status GlooProcessGroup::CheckCall(const OpContext& ctx, const Call& call)
   ::gloo::allgather(opts);
   auto describe = [](const int64_t* w) {
     const OpType op = static_cast<OpType>(w[0]);
-    std::string text = absl::StrCat(OpTypeName(op));
+    std::string text = absl::StrCat(op_type_name(op));
     if (op == OpType::kBarrier || op == OpType::kAllToAll) return text;
     absl::StrAppend(&text, " of ", w[4], " bytes of ",
-                    std::string(DtypeName(static_cast<Dtype>(w[1]))));
+                    std::string(dtype_name(static_cast<Dtype>(w[1]))));
     if (w[2] >= 0) absl::StrAppend(&text, " with root ", w[2]);
     if (op == OpType::kAllReduce || op == OpType::kReduce || op == OpType::kReduceScatter) {
-      absl::StrAppend(&text, " (", ReduceOpName(static_cast<ReduceOp>(w[3])), ")");
+      absl::StrAppend(&text, " (", reduce_op_name(static_cast<ReduceOp>(w[3])), ")");
     }
     return text;
   };

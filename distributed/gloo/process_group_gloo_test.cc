@@ -70,12 +70,12 @@ class ScopedEnv {
 };
 
 TEST(GlooBackendTest, IsRegisteredWithEveryOpOnCpuOnly) {
-  absl::StatusOr<const BackendInfo*> info = FindBackend("GLOO");
+  absl::StatusOr<const BackendInfo*> info = find_backend("GLOO");
   ASSERT_TRUE(info.ok()) << info.status();
   for (int op = 0; op < kNumOpTypes; ++op) {
-    EXPECT_TRUE((*info)->support.Supports(static_cast<OpType>(op), DeviceType::kCPU))
-        << OpTypeName(static_cast<OpType>(op));
-    EXPECT_FALSE((*info)->support.Supports(static_cast<OpType>(op), DeviceType::kCUDA));
+    EXPECT_TRUE((*info)->support.supports(static_cast<OpType>(op), DeviceType::kCPU))
+        << op_type_name(static_cast<OpType>(op));
+    EXPECT_FALSE((*info)->support.supports(static_cast<OpType>(op), DeviceType::kCUDA));
   }
 }
 
@@ -84,13 +84,13 @@ TEST(GlooBackendTest, AvgIsRefusedAsInPyTorch) {
       2,
       [](Rank& me) -> absl::Status {
         Tensor t = ones({4}, kFloat32);
-        auto work = me.group->AllReduce(t, {.op = ReduceOp::kAvg});
+        auto work = me.group->allreduce(t, {.op = ReduceOp::kAvg});
         EXPECT_EQ(work.status().code(), absl::StatusCode::kUnimplemented);
         EXPECT_THAT(std::string(work.status().message()), HasSubstr("use SUM and divide"));
-        auto rs = me.group->ReduceScatter(t, {ones({4}), ones({4})}, {.op = ReduceOp::kAvg});
+        auto rs = me.group->reduce_scatter(t, {ones({4}), ones({4})}, {.op = ReduceOp::kAvg});
         EXPECT_EQ(rs.status().code(), absl::StatusCode::kUnimplemented);
         // The group is unharmed.
-        return Finish(me.group->AllReduce(t));
+        return Finish(me.group->allreduce(t));
       },
       Gloo());
   EXPECT_TRUE(s.ok()) << s;
@@ -106,7 +106,7 @@ TEST(GlooBackendTest, AllToAllWithUnevenSizes) {
           inputs.push_back(full({j + 1}, 10 * me.rank + j, kInt64));
           outputs.push_back(zeros({me.rank + 1}, kInt64));
         }
-        EMBER_RETURN_IF_ERROR(Finish(me.group->AllToAll(outputs, inputs)));
+        EMBER_RETURN_IF_ERROR(Finish(me.group->alltoall(outputs, inputs)));
         for (int j = 0; j < 3; ++j) {
           EXPECT_EQ(Values(outputs[j]), std::vector<double>(me.rank + 1, 10 * j + me.rank));
         }
@@ -124,7 +124,7 @@ TEST(GlooBackendTest, MismatchedSizesFailInsteadOfHanging) {
       3,
       [](Rank& me) -> absl::Status {
         Tensor t = ones({me.rank == 1 ? 8 : 4}, kFloat32);
-        return Finish(me.group->AllReduce(t));
+        return Finish(me.group->allreduce(t));
       },
       options);
   EXPECT_LT(absl::Now() - start, absl::Seconds(8));
@@ -171,7 +171,7 @@ TEST(GlooStoreTest, GetTimesOutWithTheGroupTimeoutNamingTheKey) {
   GlooStore adapter(store, "pg/", absl::Milliseconds(100));
   adapter.set("a", {'x', 'y'});
   EXPECT_EQ(adapter.get("a"), (std::vector<char>{'x', 'y'}));
-  EXPECT_EQ(*store->Get("pg/a", absl::Seconds(1)), "xy");
+  EXPECT_EQ(*store->get("pg/a", absl::Seconds(1)), "xy");
   const absl::Time start = absl::Now();
   try {
     adapter.get("missing");

@@ -19,12 +19,12 @@ GlooStore::GlooStore(std::shared_ptr<distributed::Store> store, std::string pref
     : store_(std::move(store)), prefix_(std::move(prefix)), timeout_(timeout) {}
 
 void GlooStore::set(const std::string& key, const std::vector<char>& data) {
-  absl::Status s = store_->Set(prefix_ + key, std::string(data.begin(), data.end()));
+  absl::Status s = store_->set(prefix_ + key, std::string(data.begin(), data.end()));
   if (!s.ok()) Throw(s);
 }
 
 std::vector<char> GlooStore::get(const std::string& key) {
-  absl::StatusOr<std::string> value = store_->Get(prefix_ + key, timeout_);
+  absl::StatusOr<std::string> value = store_->get(prefix_ + key, timeout_);
   if (!value.ok()) Throw(value.status());
   return std::vector<char>(value->begin(), value->end());
 }
@@ -40,7 +40,7 @@ void GlooStore::wait(const std::vector<std::string>& keys,
   for (const std::string& key : keys) full.push_back(prefix_ + key);
   // gloo passes its context's timeout; never wait beyond the group's.
   const absl::Duration limit = std::min(absl::Milliseconds(timeout.count()), timeout_);
-  absl::Status s = store_->Wait(full, limit > absl::ZeroDuration() ? limit : timeout_);
+  absl::Status s = store_->wait(full, limit > absl::ZeroDuration() ? limit : timeout_);
   if (!s.ok()) Throw(s);
 }
 

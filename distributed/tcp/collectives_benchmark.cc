@@ -50,7 +50,7 @@ void Check(const absl::Status& s, const char* what) {
 }
 
 void Wait(absl::StatusOr<std::shared_ptr<Work>> work, const char* what) {
-  Check(work.ok() ? (*work)->Wait() : work.status(), what);
+  Check(work.ok() ? (*work)->wait() : work.status(), what);
 }
 
 // Runs one op of `command` on `nbytes` (per-rank input) with every rank.
@@ -74,13 +74,13 @@ void RunOp(int64_t command, int64_t nbytes) {
   Buffers& b = BuffersFor(nbytes, pg.size());
   switch (command) {
     case kAllReduce:
-      Wait(pg.AllReduce(b.data), "all_reduce");
+      Wait(pg.allreduce(b.data), "all_reduce");
       break;
     case kBroadcast:
-      Wait(pg.Broadcast(b.data), "broadcast");
+      Wait(pg.broadcast(b.data), "broadcast");
       break;
     case kAllGather:
-      Wait(pg.AllGather(b.gathered, b.data), "all_gather");
+      Wait(pg.allgather(b.gathered, b.data), "all_gather");
       break;
   }
 }
@@ -88,17 +88,17 @@ void RunOp(int64_t command, int64_t nbytes) {
 // Rank 0 tells the others what comes next.
 void Announce(int64_t command, int64_t nbytes) {
   Tensor control = tensor(std::vector<int64_t>{command, nbytes});
-  Wait(Group()->Broadcast(control), "control broadcast");
+  Wait(Group()->broadcast(control), "control broadcast");
 }
 
 void Follow() {
   while (true) {
     Tensor control = zeros({2}, kInt64);
-    Wait(Group()->Broadcast(control), "control broadcast");
+    Wait(Group()->broadcast(control), "control broadcast");
     const int64_t command = control.data_ptr<int64_t>()[0];
     if (command == kStop) return;
     BuffersFor(control.data_ptr<int64_t>()[1], Group()->size());
-    Wait(Group()->Barrier(), "barrier");
+    Wait(Group()->barrier(), "barrier");
     RunOp(command, control.data_ptr<int64_t>()[1]);
   }
 }
@@ -109,13 +109,13 @@ void Collective(benchmark::State& state, int64_t command) {
   BuffersFor(nbytes, world);
   for (int warmup = 0; warmup < 2; ++warmup) {  // first touches of buffers and rings
     Announce(command, nbytes);
-    Wait(Group()->Barrier(), "barrier");
+    Wait(Group()->barrier(), "barrier");
     RunOp(command, nbytes);
   }
   std::vector<double> seconds;
   for (auto _ : state) {
     Announce(command, nbytes);
-    Wait(Group()->Barrier(), "barrier");
+    Wait(Group()->barrier(), "barrier");
     const absl::Time start = absl::Now();
     RunOp(command, nbytes);
     seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
@@ -169,14 +169,14 @@ BENCHMARK(BM_AllGather)->Apply(Sizes)->UseManualTime();
 
 std::shared_ptr<ProcessGroup> Join(const std::string& backend, const std::string& store_path,
                                    int rank, int world) {
-  auto store = FileStore::Open(store_path, absl::Seconds(60));
+  auto store = FileStore::open(store_path, absl::Seconds(60));
   Check(store.status(), "FileStore");
   BackendOptions options{.store = std::shared_ptr<Store>(std::move(*store)),
                          .store_prefix = "bench/",
                          .rank = rank,
                          .size = world,
                          .timeout = absl::Seconds(120)};
-  auto info = FindBackend(backend);
+  auto info = find_backend(backend);
   Check(info.status(), "--backend");
   auto group = (*info)->create(options);
   Check(group.status(), "creating the group");

@@ -71,9 +71,9 @@ TEST_P(TcpWorldTest, LargeAllReduceEveryDtypeAndOpInBothAlgorithms) {
       for (Dtype dtype : kAllDtypes) {
         for (ReduceOp op :
              {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kAvg}) {
-          if (op == ReduceOp::kAvg && !IsFloatingPoint(dtype)) continue;
+          if (op == ReduceOp::kAvg && !is_floating_point(dtype)) continue;
           Tensor t = Input(me.rank, n, dtype);
-          EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t, {.op = op})));
+          EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t, {.op = op})));
           std::vector<double> got = Values(t);
           int64_t wrong = 0, first = -1;
           for (int64_t i = 0; i < n; ++i) {
@@ -81,7 +81,7 @@ TEST_P(TcpWorldTest, LargeAllReduceEveryDtypeAndOpInBothAlgorithms) {
             double tol = op == ReduceOp::kAvg ? 1e-2 * std::abs(want) : 0;
             if (std::abs(got[i] - want) > tol && wrong++ == 0) first = i;
           }
-          EXPECT_EQ(wrong, 0) << algorithm << " " << DtypeName(dtype) << " " << ReduceOpName(op)
+          EXPECT_EQ(wrong, 0) << algorithm << " " << dtype_name(dtype) << " " << reduce_op_name(op)
                               << " rank " << me.rank << ", first wrong element " << first;
         }
       }
@@ -106,11 +106,11 @@ void ExpectTheSameBitsOnEveryRank(int world, const char* arena) {
     Generator gen(100 + me.rank);
     Tensor t = randn({n}, kFloat32, &gen);
     Tensor copy = t.clone();
-    EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
+    EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t)));
     const float* p = t.data_ptr<float>();
     results[me.rank].assign(p, p + n);
     // Again, on the same input: the same bits.
-    EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(copy)));
+    EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(copy)));
     EXPECT_EQ(std::memcmp(copy.raw_data(), t.raw_data(), t.nbytes()), 0);
     return absl::OkStatus();
   });
@@ -133,7 +133,7 @@ TEST(TcpProcessGroupTest, MismatchedSizesFailInsteadOfHanging) {
   const absl::Time start = absl::Now();
   std::vector<absl::Status> results = RunRanksEach(3, [](Rank& me) -> absl::Status {
     Tensor t = ones({me.rank == 1 ? 8 : 4}, kFloat32);
-    return Finish(me.group->AllReduce(t));
+    return Finish(me.group->allreduce(t));
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the group timeout is 20 s";
   for (int r = 0; r < 3; ++r) {
@@ -147,8 +147,8 @@ TEST(TcpProcessGroupTest, MismatchedSizesFailInsteadOfHanging) {
 TEST(TcpProcessGroupTest, MismatchedOpsFail) {
   std::vector<absl::Status> results = RunRanksEach(2, [](Rank& me) -> absl::Status {
     Tensor t = ones({4}, kFloat32);
-    if (me.rank == 0) return Finish(me.group->AllReduce(t));
-    return Finish(me.group->Broadcast(t, {.root = 1}));
+    if (me.rank == 0) return Finish(me.group->allreduce(t));
+    return Finish(me.group->broadcast(t, {.root = 1}));
   });
   EXPECT_EQ(results[0].code(), absl::StatusCode::kFailedPrecondition) << results[0];
   EXPECT_THAT(std::string(results[0].message()), HasSubstr("broadcast"));
@@ -166,12 +166,12 @@ TEST(TcpProcessGroupTest, SocketsWhenSharedMemoryIsOff) {
     }
     EXPECT_EQ(tcp->AllReduceAlgorithm(400000), "ring");
     Tensor t = Input(me.rank, 100000, kFloat32);
-    EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
+    EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t)));
     std::vector<double> got = Values(t);
     for (int64_t i = 0; i < 100000; i += 101)
       EXPECT_EQ(got[i], Expected(ReduceOp::kSum, 3, i, kFloat32));
     Tensor b = me.rank == 2 ? arange(1 << 20, kInt32) : zeros({1 << 20}, kInt32);
-    EMBER_RETURN_IF_ERROR(Finish(me.group->Broadcast(b, {.root = 2})));
+    EMBER_RETURN_IF_ERROR(Finish(me.group->broadcast(b, {.root = 2})));
     EXPECT_TRUE(b.equal(arange(1 << 20, kInt32)));
     return absl::OkStatus();
   });
@@ -196,13 +196,13 @@ TEST(TcpProcessGroupTest, LargeMessagesThroughTheRingsWhenDirectReadsAreOff) {
     EXPECT_EQ(tcp->TransportTo((me.rank + 1) % 3), "shared memory");
     EXPECT_EQ(tcp->AllReduceAlgorithm(12 << 20), "ring");
     Tensor t = Input(me.rank, 3 << 20, kFloat32);  // 12 MiB: several times the ring
-    EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
+    EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t)));
     std::vector<double> got = Values(t);
     for (int64_t i = 0; i < (3 << 20); i += 4099) {
       EXPECT_EQ(got[i], Expected(ReduceOp::kSum, 3, i, kFloat32));
     }
     Tensor b = me.rank == 0 ? arange(1 << 22, kInt32) : zeros({1 << 22}, kInt32);
-    EMBER_RETURN_IF_ERROR(Finish(me.group->Broadcast(b, {.root = 0})));
+    EMBER_RETURN_IF_ERROR(Finish(me.group->broadcast(b, {.root = 0})));
     EXPECT_TRUE(b.equal(arange(1 << 22, kInt32)));
     return absl::OkStatus();
   });
@@ -219,11 +219,11 @@ TEST(TcpArenaTest, MismatchedSizesFailAtOnceAndTheGroupGoesOn) {
     auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
     EXPECT_EQ(tcp->AllReduceAlgorithm(4 << 20), "arena");
     Tensor t = ones({me.rank == 1 ? 2 << 20 : 1 << 20}, kFloat32);
-    absl::Status s = Finish(me.group->AllReduce(t));
+    absl::Status s = Finish(me.group->allreduce(t));
     // Afterwards the same all_reduce everywhere works, as a ring.
     later[me.rank] = [&]() -> absl::Status {
       Tensor u = Input(me.rank, 1 << 20, kFloat32);
-      EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(u)));
+      EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(u)));
       EXPECT_EQ(tcp->AllReduceAlgorithm(4 << 20), "ring");
       std::vector<double> got = Values(u);
       for (int64_t i = 0; i < (1 << 20); i += 1009) {
@@ -247,7 +247,7 @@ TEST(TcpArenaTest, MismatchedSizesFailAtOnceAndTheGroupGoesOn) {
 TEST(TcpArenaTest, ALargeAllReduceAgainstASmallOneFails) {
   std::vector<absl::Status> results = RunRanksEach(2, [](Rank& me) -> absl::Status {
     Tensor t = ones({me.rank == 0 ? 1 << 20 : 4}, kFloat32);
-    return Finish(me.group->AllReduce(t));
+    return Finish(me.group->allreduce(t));
   });
   EXPECT_EQ(results[0].code(), absl::StatusCode::kFailedPrecondition) << results[0];
   EXPECT_THAT(std::string(results[0].message()), HasSubstr("16 bytes of float32"));
@@ -269,13 +269,13 @@ TEST(TcpArenaTest, AbortWakesALargeAllReduce) {
       return absl::OkStatus();
     }
     Tensor t = ones({1 << 20}, kFloat32);
-    EMBER_ASSIGN_OR_RETURN(auto coll, me.group->AllReduce(t));
+    EMBER_ASSIGN_OR_RETURN(auto coll, me.group->allreduce(t));
     std::thread aborter([&] {
       absl::SleepFor(absl::Milliseconds(100));
-      me.group->Abort();
+      me.group->abort();
     });
     const absl::Time start = absl::Now();
-    absl::Status s = coll->Wait();
+    absl::Status s = coll->wait();
     aborter.join();
     EXPECT_LT(absl::Now() - start, absl::Seconds(2));
     return s;
@@ -285,8 +285,8 @@ TEST(TcpArenaTest, AbortWakesALargeAllReduce) {
 
 TEST(TcpProcessGroupTest, CudaTensorsAreRejectedByTheSupportTable) {
   SupportTable table = TcpSupportTable();
-  EXPECT_TRUE(table.Supports(OpType::kAllToAll, DeviceType::kCPU));
-  EXPECT_FALSE(table.Supports(OpType::kAllReduce, DeviceType::kCUDA));
+  EXPECT_TRUE(table.supports(OpType::kAllToAll, DeviceType::kCPU));
+  EXPECT_FALSE(table.supports(OpType::kAllReduce, DeviceType::kCUDA));
 }
 
 }  // namespace

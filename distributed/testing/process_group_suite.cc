@@ -110,7 +110,7 @@ absl::Status AllReduceWithoutRank1(const std::string& backend, int64_t numel) {
         }
         const absl::Time start = absl::Now();
         Tensor t = ones({numel}, kFloat32);
-        absl::Status s = Finish(me.group->AllReduce(t));
+        absl::Status s = Finish(me.group->allreduce(t));
         EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
         return s;
       },
@@ -127,14 +127,14 @@ TEST_P(ProcessGroupSuite, AllReduceEveryDtypeAndOp) {
         for (Dtype dtype : kAllDtypes) {
           for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
                               ReduceOp::kAvg}) {
-            if (op == ReduceOp::kAvg && (!IsFloatingPoint(dtype) || !GetParam().avg)) continue;
+            if (op == ReduceOp::kAvg && (!is_floating_point(dtype) || !GetParam().avg)) continue;
             Tensor t = Input(me.rank, n, dtype);
-            EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t, {.op = op})));
+            EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t, {.op = op})));
             std::vector<double> got = Values(t);
             for (int64_t i = 0; i < n; ++i) {
               double want = Expected(op, world, i, dtype);
               double tol = op == ReduceOp::kAvg ? 1e-2 * std::abs(want) : 0;
-              EXPECT_NEAR(got[i], want, tol) << DtypeName(dtype) << " " << ReduceOpName(op)
+              EXPECT_NEAR(got[i], want, tol) << dtype_name(dtype) << " " << reduce_op_name(op)
                                              << " element " << i << " rank " << me.rank;
             }
           }
@@ -153,8 +153,8 @@ TEST_P(ProcessGroupSuite, BroadcastEveryDtype) {
       [&](Rank& me) -> absl::Status {
         for (Dtype dtype : kAllDtypes) {
           Tensor t = me.rank == root ? Input(root, 19, dtype) : zeros({19}, dtype);
-          EMBER_RETURN_IF_ERROR(Finish(me.group->Broadcast(t, {.root = root})));
-          EXPECT_EQ(Values(t), Values(Input(root, 19, dtype))) << DtypeName(dtype);
+          EMBER_RETURN_IF_ERROR(Finish(me.group->broadcast(t, {.root = root})));
+          EXPECT_EQ(Values(t), Values(Input(root, 19, dtype))) << dtype_name(dtype);
         }
         return absl::OkStatus();
       },
@@ -170,12 +170,12 @@ TEST_P(ProcessGroupSuite, ReduceLandsOnTheRootOnly) {
       [&](Rank& me) -> absl::Status {
         for (Dtype dtype : {kFloat32, kInt64, kFloat16, kUInt8}) {
           Tensor t = Input(me.rank, 23, dtype);
-          EMBER_RETURN_IF_ERROR(Finish(me.group->Reduce(t, {.root = root, .op = ReduceOp::kSum})));
+          EMBER_RETURN_IF_ERROR(Finish(me.group->reduce(t, {.root = root, .op = ReduceOp::kSum})));
           std::vector<double> got = Values(t);
           for (int64_t i = 0; i < 23; ++i) {
             double want = me.rank == root ? Expected(ReduceOp::kSum, world, i, dtype)
                                           : Value(me.rank, i, dtype);
-            EXPECT_EQ(got[i], want) << DtypeName(dtype) << " rank " << me.rank;
+            EXPECT_EQ(got[i], want) << dtype_name(dtype) << " rank " << me.rank;
           }
         }
         return absl::OkStatus();
@@ -193,11 +193,11 @@ TEST_P(ProcessGroupSuite, AllGatherGatherAndScatter) {
           Tensor in = Input(me.rank, 5, dtype);
           std::vector<Tensor> outs;
           for (int r = 0; r < world; ++r) outs.push_back(zeros({5}, dtype));
-          EMBER_RETURN_IF_ERROR(Finish(me.group->AllGather(outs, in)));
+          EMBER_RETURN_IF_ERROR(Finish(me.group->allgather(outs, in)));
           for (int r = 0; r < world; ++r) EXPECT_EQ(Values(outs[r]), Values(Input(r, 5, dtype)));
 
           Tensor flat = zeros({world * 5}, dtype);
-          EMBER_RETURN_IF_ERROR(Finish(me.group->AllGatherIntoTensor(flat, in)));
+          EMBER_RETURN_IF_ERROR(Finish(me.group->allgather_into_tensor(flat, in)));
           for (int r = 0; r < world; ++r) {
             EXPECT_EQ(Values(flat.narrow(0, r * 5, 5)), Values(Input(r, 5, dtype)));
           }
@@ -207,7 +207,7 @@ TEST_P(ProcessGroupSuite, AllGatherGatherAndScatter) {
           if (me.rank == root) {
             for (int r = 0; r < world; ++r) gathered.push_back(zeros({5}, dtype));
           }
-          EMBER_RETURN_IF_ERROR(Finish(me.group->Gather(gathered, in, {.root = root})));
+          EMBER_RETURN_IF_ERROR(Finish(me.group->gather(gathered, in, {.root = root})));
           for (size_t r = 0; r < gathered.size(); ++r) {
             EXPECT_EQ(Values(gathered[r]), Values(Input(r, 5, dtype)));
           }
@@ -217,7 +217,7 @@ TEST_P(ProcessGroupSuite, AllGatherGatherAndScatter) {
             for (int r = 0; r < world; ++r) pieces.push_back(Input(r + 10, 5, dtype));
           }
           Tensor mine = zeros({5}, dtype);
-          EMBER_RETURN_IF_ERROR(Finish(me.group->Scatter(mine, pieces, {.root = root})));
+          EMBER_RETURN_IF_ERROR(Finish(me.group->scatter(mine, pieces, {.root = root})));
           EXPECT_EQ(Values(mine), Values(Input(me.rank + 10, 5, dtype)));
         }
         return absl::OkStatus();
@@ -237,17 +237,17 @@ TEST_P(ProcessGroupSuite, ReduceScatterAndAllToAll) {
           for (int j = 0; j < world; ++j) inputs.push_back(Input(me.rank + j, 7, dtype));
           Tensor out = zeros({7}, dtype);
           EMBER_RETURN_IF_ERROR(
-              Finish(me.group->ReduceScatter(out, inputs, {.op = ReduceOp::kMax})));
+              Finish(me.group->reduce_scatter(out, inputs, {.op = ReduceOp::kMax})));
           std::vector<double> got = Values(out);
           for (int64_t i = 0; i < 7; ++i) {
             double want = 0;
             for (int r = 0; r < world; ++r) want = std::max(want, Value(r + me.rank, i, dtype));
-            EXPECT_EQ(got[i], want) << DtypeName(dtype);
+            EXPECT_EQ(got[i], want) << dtype_name(dtype);
           }
 
           std::vector<Tensor> outputs;
           for (int j = 0; j < world; ++j) outputs.push_back(zeros({7}, dtype));
-          EMBER_RETURN_IF_ERROR(Finish(me.group->AllToAll(outputs, inputs)));
+          EMBER_RETURN_IF_ERROR(Finish(me.group->alltoall(outputs, inputs)));
           // outputs[j] <- rank j's inputs[me] = Input(j + me).
           for (int j = 0; j < world; ++j) {
             EXPECT_EQ(Values(outputs[j]), Values(Input(j + me.rank, 7, dtype)));
@@ -268,9 +268,9 @@ TEST_P(ProcessGroupSuite, BarrierWaitsForEveryRank) {
         for (int round = 1; round <= 3; ++round) {
           absl::SleepFor(absl::Milliseconds(me.rank * 20));
           arrived.fetch_add(1);
-          EMBER_RETURN_IF_ERROR(Finish(me.group->Barrier()));
+          EMBER_RETURN_IF_ERROR(Finish(me.group->barrier()));
           EXPECT_GE(arrived.load(), world * round);
-          EMBER_RETURN_IF_ERROR(Finish(me.group->MonitoredBarrier()));
+          EMBER_RETURN_IF_ERROR(Finish(me.group->monitored_barrier()));
         }
         return absl::OkStatus();
       },
@@ -287,7 +287,7 @@ TEST_P(ProcessGroupSuite, NonContiguousTensors) {
         Tensor base = Input(me.rank, 12, kFloat64).view({3, 4});
         Tensor view = base.t();
         EXPECT_FALSE(view.is_contiguous());
-        EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(view)));
+        EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(view)));
         std::vector<double> got = Values(base);
         for (int64_t i = 0; i < 12; ++i)
           EXPECT_EQ(got[i], Expected(ReduceOp::kSum, world, i, kFloat64));
@@ -296,7 +296,7 @@ TEST_P(ProcessGroupSuite, NonContiguousTensors) {
         Tensor buf = zeros({10}, kInt32);
         Tensor strided = buf.slice(0, 0, 10, 2);
         if (me.rank == 0) strided.copy_(Input(0, 5, kInt32));
-        EMBER_RETURN_IF_ERROR(Finish(me.group->Broadcast(strided, {.root = 0})));
+        EMBER_RETURN_IF_ERROR(Finish(me.group->broadcast(strided, {.root = 0})));
         EXPECT_EQ(Values(strided), Values(Input(0, 5, kInt32)));
         EXPECT_EQ(Values(buf.slice(0, 1, 10, 2)), std::vector<double>(5, 0.0));
 
@@ -304,7 +304,7 @@ TEST_P(ProcessGroupSuite, NonContiguousTensors) {
         std::vector<Tensor> outs;
         Tensor grid = zeros({2, world}, kInt16);
         for (int r = 0; r < world; ++r) outs.push_back(grid.select(1, r));
-        EMBER_RETURN_IF_ERROR(Finish(me.group->AllGather(outs, Input(me.rank, 2, kInt16))));
+        EMBER_RETURN_IF_ERROR(Finish(me.group->allgather(outs, Input(me.rank, 2, kInt16))));
         for (int r = 0; r < world; ++r)
           EXPECT_EQ(Values(grid.select(1, r)), Values(Input(r, 2, kInt16)));
         return absl::OkStatus();
@@ -322,16 +322,16 @@ TEST_P(ProcessGroupSuite, SendRecvWithTagsAndAnySource) {
         const int next = (me.rank + 1) % world, prev = (me.rank - 1 + world) % world;
         // Two messages to the next rank; it receives them in the opposite tag order.
         EMBER_ASSIGN_OR_RETURN(auto a,
-                               me.group->Send(full({3}, 100 + me.rank, kInt64), next, {.tag = 1}));
+                               me.group->send(full({3}, 100 + me.rank, kInt64), next, {.tag = 1}));
         EMBER_ASSIGN_OR_RETURN(auto b,
-                               me.group->Send(full({3}, 200 + me.rank, kInt64), next, {.tag = 2}));
+                               me.group->send(full({3}, 200 + me.rank, kInt64), next, {.tag = 2}));
         Tensor second = zeros({3}, kInt64), first = zeros({3}, kInt64);
-        EMBER_ASSIGN_OR_RETURN(auto r2, me.group->Recv(second, prev, {.tag = 2}));
-        EMBER_ASSIGN_OR_RETURN(auto r1, me.group->Recv(first, prev, {.tag = 1}));
-        EMBER_RETURN_IF_ERROR(r2->Wait());
-        EMBER_RETURN_IF_ERROR(r1->Wait());
-        EMBER_RETURN_IF_ERROR(a->Wait());
-        EMBER_RETURN_IF_ERROR(b->Wait());
+        EMBER_ASSIGN_OR_RETURN(auto r2, me.group->recv(second, prev, {.tag = 2}));
+        EMBER_ASSIGN_OR_RETURN(auto r1, me.group->recv(first, prev, {.tag = 1}));
+        EMBER_RETURN_IF_ERROR(r2->wait());
+        EMBER_RETURN_IF_ERROR(r1->wait());
+        EMBER_RETURN_IF_ERROR(a->wait());
+        EMBER_RETURN_IF_ERROR(b->wait());
         EXPECT_EQ(Values(first), std::vector<double>(3, 100 + prev));
         EXPECT_EQ(Values(second), std::vector<double>(3, 200 + prev));
         EXPECT_EQ(r1->source(), prev);
@@ -339,13 +339,13 @@ TEST_P(ProcessGroupSuite, SendRecvWithTagsAndAnySource) {
         // Everyone sends to rank 0, which receives from any source.
         if (me.rank != 0) {
           EMBER_RETURN_IF_ERROR(
-              Finish(me.group->Send(full({2}, me.rank, kFloat32), 0, {.tag = 7})));
+              Finish(me.group->send(full({2}, me.rank, kFloat32), 0, {.tag = 7})));
         } else {
           std::set<int> sources;
           for (int i = 1; i < world; ++i) {
             Tensor t = zeros({2}, kFloat32);
-            EMBER_ASSIGN_OR_RETURN(auto w, me.group->Recv(t, kAnySource, {.tag = 7}));
-            EMBER_RETURN_IF_ERROR(w->Wait());
+            EMBER_ASSIGN_OR_RETURN(auto w, me.group->recv(t, kAnySource, {.tag = 7}));
+            EMBER_RETURN_IF_ERROR(w->wait());
             EXPECT_EQ(Values(t), std::vector<double>(2, w->source()));
             sources.insert(w->source());
           }
@@ -354,12 +354,12 @@ TEST_P(ProcessGroupSuite, SendRecvWithTagsAndAnySource) {
         // A large message, into a non-contiguous receiver.
         Tensor big = arange(3 << 20, kFloat32);
         if (me.rank == 0) {
-          EMBER_RETURN_IF_ERROR(Finish(me.group->Send(big, world - 1, {.tag = 9})));
+          EMBER_RETURN_IF_ERROR(Finish(me.group->send(big, world - 1, {.tag = 9})));
         } else if (me.rank == world - 1) {
           Tensor grid = zeros({3 << 10, 1 << 10}, kFloat32);
           Tensor into = grid.t();
-          EMBER_ASSIGN_OR_RETURN(auto w, me.group->Recv(into, 0, {.tag = 9}));
-          EMBER_RETURN_IF_ERROR(w->Wait());
+          EMBER_ASSIGN_OR_RETURN(auto w, me.group->recv(into, 0, {.tag = 9}));
+          EMBER_RETURN_IF_ERROR(w->wait());
           EXPECT_TRUE(into.equal(big.view({1 << 10, 3 << 10})));
         }
         return absl::OkStatus();
@@ -383,7 +383,7 @@ TEST_P(ProcessGroupFailureSuite, MonitoredBarrierNamesTheRanksThatDidNotArrive) 
           absl::SleepFor(absl::Seconds(1));
           return absl::OkStatus();
         }
-        return Finish(me.group->MonitoredBarrier(
+        return Finish(me.group->monitored_barrier(
             {.timeout = absl::Milliseconds(300), .wait_all_ranks = true}));
       },
       Options());
@@ -402,21 +402,21 @@ TEST_P(ProcessGroupFailureSuite, AbortWakesWaiters) {
           return absl::OkStatus();
         }
         Tensor t = zeros({4}, kFloat32);
-        EMBER_ASSIGN_OR_RETURN(auto recv, me.group->Recv(t, 0));
-        EMBER_ASSIGN_OR_RETURN(auto coll, me.group->AllReduce(t));
+        EMBER_ASSIGN_OR_RETURN(auto recv, me.group->recv(t, 0));
+        EMBER_ASSIGN_OR_RETURN(auto coll, me.group->allreduce(t));
         std::thread aborter([&] {
           absl::SleepFor(absl::Milliseconds(100));
-          me.group->Abort();
+          me.group->abort();
         });
         const absl::Time start = absl::Now();
-        absl::Status a = recv->Wait();
-        absl::Status b = coll->Wait();
+        absl::Status a = recv->wait();
+        absl::Status b = coll->wait();
         aborter.join();
         EXPECT_LT(absl::Now() - start, absl::Seconds(2));
         EXPECT_EQ(a.code(), absl::StatusCode::kAborted) << a;
         EXPECT_EQ(b.code(), absl::StatusCode::kAborted) << b;
         // Later ops fail at once too.
-        return Finish(me.group->Barrier());
+        return Finish(me.group->barrier());
       },
       Options());
   EXPECT_EQ(results[1].code(), absl::StatusCode::kAborted) << results[1];
@@ -429,10 +429,10 @@ void ExpectAllReduceAcrossProcesses(const std::string& backend) {
       3,
       [](Rank& me) -> absl::Status {
         Tensor t = full({4 << 20}, me.rank + 1, kFloat32);
-        EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));
+        EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t)));
         if (!t.equal(full({4 << 20}, 6, kFloat32))) return absl::InternalError("wrong sum");
         std::vector<Tensor> all = {zeros({1 << 18}), zeros({1 << 18}), zeros({1 << 18})};
-        EMBER_RETURN_IF_ERROR(Finish(me.group->AllGather(all, full({1 << 18}, me.rank, kFloat32))));
+        EMBER_RETURN_IF_ERROR(Finish(me.group->allgather(all, full({1 << 18}, me.rank, kFloat32))));
         for (int r = 0; r < 3; ++r) {
           if (!all[r].equal(full({1 << 18}, r, kFloat32))) return absl::InternalError("all_gather");
         }
@@ -452,20 +452,20 @@ void ExpectSurvivorsFail(const std::string& backend, int fault) {
       3,
       [fault](Rank& me) -> absl::Status {
         Tensor t = ones({4 << 20}, kFloat32);                   // 16 MiB: the op takes a while
-        EMBER_RETURN_IF_ERROR(Finish(me.group->AllReduce(t)));  // everyone is up
+        EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t)));  // everyone is up
         if (me.rank == 2) {
           // Inside its second all_reduce (which waits for the others) when
           // it is killed or stopped; the others join a moment later.
-          EMBER_ASSIGN_OR_RETURN(auto work, me.group->AllReduce(t));
+          EMBER_ASSIGN_OR_RETURN(auto work, me.group->allreduce(t));
           absl::SleepFor(absl::Milliseconds(50));
-          if (work->IsCompleted()) return absl::InternalError("the all_reduce ended too soon");
+          if (work->is_completed()) return absl::InternalError("the all_reduce ended too soon");
           raise(fault);
           absl::SleepFor(absl::Seconds(30));
           return absl::InternalError("rank 2 survived its own signal");
         }
         absl::SleepFor(absl::Milliseconds(100));
         const absl::Time start = absl::Now();
-        absl::Status s = Finish(me.group->AllReduce(t));
+        absl::Status s = Finish(me.group->allreduce(t));
         const absl::Duration took = absl::Now() - start;
         fprintf(stderr, "after %s: %s\n", absl::FormatDuration(took).c_str(), s.ToString().c_str());
         if (s.ok()) return absl::InternalError("all_reduce succeeded without rank 2");
