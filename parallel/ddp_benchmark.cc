@@ -123,7 +123,7 @@ class AllReduceRunner {
     const absl::Time start = absl::Now();
     std::vector<std::shared_ptr<dist::Work>> works;
     for (const Tensor& b : buckets_) {
-      auto work = group->allreduce(b, {.op = dist::ReduceOp::kAvg});
+      auto work = group->allreduce(b, {.op = dist::ReduceOp::kSum});
       Check(work.status(), "all_reduce");
       works.push_back(*work);
     }

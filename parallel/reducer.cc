@@ -193,8 +193,12 @@ void Reducer::LaunchReadyBuckets() {
       }
       bucket.flat.narrow(0, bucket.grad_elements, control_elements_).copy_(marks);
     }
+    // Divided by the world size, then summed, as PyTorch's reducer does: every
+    // backend reduces with SUM (gloo and NCCL before 2.10 have no AVG), and
+    // the division before the sum keeps large gradients from overflowing.
+    bucket.flat.div_(group_->size());
     absl::StatusOr<std::shared_ptr<distributed::Work>> work =
-        group_->allreduce(bucket.flat, {.op = distributed::ReduceOp::kAvg});
+        group_->allreduce(bucket.flat, {.op = distributed::ReduceOp::kSum});
     bucket.work =
         work.ok() ? *std::move(work)
                   : distributed::Work::Completed(distributed::OpType::kAllReduce, work.status());

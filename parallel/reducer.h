@@ -25,11 +25,11 @@
 // gradient has been accumulated into grad(). The hook copies the gradient
 // into the parameter's view (or, with gradient_as_bucket_view, makes grad()
 // that view) and, when it was the bucket's last one, starts the bucket's
-// asynchronous all_reduce (AVG). Buckets start in index order, so every rank
-// issues the same collectives in the same order whatever order its
-// gradients arrive in. The first hook of a backward pass queues a callback
-// (autograd::QueueCallback) that runs when the engine is done: it waits for
-// every bucket and writes the averaged gradients back into grad().
+// asynchronous all_reduce (SUM of gradients divided by the world size). Buckets start in index
+// order, so every rank issues the same collectives in the same order whatever order its gradients
+// arrive in. The first hook of a backward pass queues a callback (autograd::queue_callback) that
+// runs when the engine is done: it waits for every bucket and writes the averaged gradients back
+// into grad().
 //
 // Disagreement without hangs: the last bucket carries a few control values
 // after the gradients: an error flag and, with find_unused_parameters, one
