@@ -27,24 +27,6 @@ struct Token {
 };
 using LogicalLine = std::vector<Token>;
 
-void AppendUtf8(std::string* out, uint32_t cp) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | ((cp >> 18) & 0x07)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 bool IsNameStart(char c) {
   return absl::ascii_isalpha(c) || c == '_' || static_cast<unsigned char>(c) >= 0x80;
 }
@@ -234,7 +216,7 @@ class Tokenizer {
                                              : e == 'u' ? 4
                                                         : 8);
             cp && *cp <= 0x10FFFF) {
-          AppendUtf8(out, *cp);
+          append_utf8(out, *cp);
           return;
         }
         pos_ = start;
@@ -247,7 +229,7 @@ class Tokenizer {
                ++k) {
             v = v * 8 + (text_[pos_++] - '0');
           }
-          AppendUtf8(out, v);
+          append_utf8(out, v);
           return;
         }
         break;

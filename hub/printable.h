@@ -9,6 +9,7 @@
 #ifndef EMBER_HUB_PRINTABLE_H_
 #define EMBER_HUB_PRINTABLE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -27,6 +28,10 @@ std::string escape_for_terminal(absl::string_view text, bool keep_newlines = fal
 // points past U+10FFFF). On false, `*bad_at` (when given) is the offset of
 // the first byte that is not.
 bool is_valid_utf8(absl::string_view text, size_t* bad_at = nullptr);
+
+// Appends the UTF-8 form of `code_point` (at most U+10FFFF; callers that
+// decode escapes have rejected surrogates and larger values) to `*out`.
+void append_utf8(std::string* out, uint32_t code_point);
 
 }  // namespace ember::hub
 

@@ -29,5 +29,12 @@ TEST(PrintableTest, ValidatesUtf8) {
   EXPECT_FALSE(is_valid_utf8("\xe2\x82"));          // cut short
 }
 
+TEST(PrintableTest, AppendsUtf8AtEveryLength) {
+  std::string out;
+  for (uint32_t cp : {0x41u, 0x7Fu, 0x80u, 0x20ACu, 0xFFFFu, 0x1F600u, 0x10FFFFu})
+    append_utf8(&out, cp);
+  EXPECT_EQ(out, "A\x7f\xc2\x80\xe2\x82\xac\xef\xbf\xbf\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf");
+}
+
 }  // namespace
 }  // namespace ember::hub

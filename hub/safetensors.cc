@@ -126,21 +126,7 @@ class JsonParser {
             if (lo < 0xDC00 || lo >= 0xE000) return Fail("lone high surrogate in a \\u escape");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
           }
-          if (cp < 0x80) {
-            out->push_back(static_cast<char>(cp));
-          } else if (cp < 0x800) {
-            out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-            out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-          } else if (cp < 0x10000) {
-            out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-            out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-            out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-          } else {
-            out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-            out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-            out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-            out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-          }
+          append_utf8(out, cp);
           break;
         }
         default:
@@ -338,7 +324,8 @@ absl::StatusOr<StateDict> read_safetensors(absl::string_view bytes, absl::string
     e.begin = offsets->array[0].integer;
     e.end = offsets->array[1].integer;
     uint64_t nbytes;
-    if (__builtin_mul_overflow(numel, element_size(e.dtype), &nbytes) || nbytes != e.end - e.begin) {
+    if (__builtin_mul_overflow(numel, element_size(e.dtype), &nbytes) ||
+        nbytes != e.end - e.begin) {
       return fail(absl::StrCat("data_offsets [", e.begin, ", ", e.end, "] hold ", e.end - e.begin,
                                " bytes but shape [", absl::StrJoin(e.shape, ", "), "] of ",
                                dtype->s, " needs ", nbytes));

@@ -19,20 +19,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// Inside a child: fail with the location and condition.
-#define CHILD_CHECK(cond)                                                                          \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      return absl::InternalError(absl::StrCat(__FILE__, ":", __LINE__, ": check failed: " #cond)); \
-    }                                                                                              \
-  } while (0)
-
-std::vector<double> Values(const Tensor& t) {
-  Tensor d = t.to(kFloat64).contiguous();
-  const double* p = d.data_ptr<double>();
-  return std::vector<double>(p, p + d.numel());
-}
-
 // 0..5 (for bool: 0, 0, 0, 1, 1, 1) in `dtype`, shape {2, 3}.
 Tensor Sample(Dtype dtype) {
   Tensor t = arange(6).view({2, 3});
@@ -77,11 +63,11 @@ TEST_P(SharingTest, ShareMemoryMovesInPlaceAndViewsFollow) {
   ASSERT_TRUE(share_memory_(t).ok());
   EXPECT_TRUE(is_shared(t));
   EXPECT_TRUE(is_shared(view));
-  EXPECT_EQ(Values(t), Values(arange(12).to(kFloat32)));
+  EXPECT_EQ(testing::Values(t), testing::Values(arange(12).to(kFloat32)));
   view.select(0, 1).fill_(-1);  // column 1 of t
-  EXPECT_EQ(Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
+  EXPECT_EQ(testing::Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
   ASSERT_TRUE(share_memory_(t).ok());  // already shared: nothing changes
-  EXPECT_EQ(Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
+  EXPECT_EQ(testing::Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
 }
 
 TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays) {
@@ -106,7 +92,7 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
       EMBER_ASSIGN_OR_RETURN(Tensor t, got[i].as<Tensor>());
       CHILD_CHECK(t.dtype() == kAllDtypes[i]);
       CHILD_CHECK(t.sizes() == IntArrayRef({2, 3}));
-      CHILD_CHECK(Values(t) == Values(Sample(kAllDtypes[i])));
+      CHILD_CHECK(testing::Values(t) == testing::Values(Sample(kAllDtypes[i])));
       CHILD_CHECK(is_shared(t));
       t.fill_(1);  // the parent must see this
     }
@@ -114,7 +100,8 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
     CHILD_CHECK(s.sizes() == IntArrayRef({6, 3}));
     CHILD_CHECK(s.strides() == IntArrayRef({1, 6}));
     CHILD_CHECK(s.storage_offset() == 6);
-    CHILD_CHECK(Values(s) == Values(arange(24).view({4, 6}).t().slice(1, 1, 4).to(kFloat64)));
+    CHILD_CHECK(testing::Values(s) ==
+                testing::Values(arange(24).view({4, 6}).t().slice(1, 1, 4).to(kFloat64)));
     s.fill_(-5);
     EMBER_ASSIGN_OR_RETURN(Tensor e, got[kNumDtypes + 1].as<Tensor>());
     CHILD_CHECK(e.numel() == 0 && e.sizes() == IntArrayRef({0, 3}));
@@ -129,7 +116,7 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
     // Now wait for the parent's write to arrive in our view.
     EMBER_ASSIGN_OR_RETURN(Value go, pipe->second.recv(absl::Seconds(20)));
     EMBER_ASSIGN_OR_RETURN(Tensor f, got[0].as<Tensor>());
-    CHILD_CHECK(Values(f) == std::vector<double>(6, 42));
+    CHILD_CHECK(testing::Values(f) == std::vector<double>(6, 42));
     return absl::OkStatus();
   });
   ASSERT_TRUE(child.ok()) << child.status();
@@ -139,10 +126,11 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
                         << child->error_message();
   for (const Tensor& t : sent) {
     EXPECT_TRUE(is_shared(t));  // moved in place when sent
-    EXPECT_EQ(Values(t), std::vector<double>(6, 1)) << t.dtype();
+    EXPECT_EQ(testing::Values(t), std::vector<double>(6, 1)) << t.dtype();
   }
-  EXPECT_EQ(Values(strided), std::vector<double>(18, -5));
-  EXPECT_EQ(Values(base.select(0, 0)), (std::vector<double>{0, 1, 2, 3, 4, 5}));  // untouched
+  EXPECT_EQ(testing::Values(strided), std::vector<double>(18, -5));
+  EXPECT_EQ(testing::Values(base.select(0, 0)),
+            (std::vector<double>{0, 1, 2, 3, 4, 5}));  // untouched
   sent[0].fill_(42);
   ASSERT_TRUE(pipe->first.send(Value("go")).ok());
   absl::StatusOr<ExitStatus> exit = child->join(absl::Seconds(20));
@@ -184,12 +172,12 @@ TEST_P(SharingTest, ReusedRegionsCarryFreshValues) {
     for (int i = 0; i < kMessages; ++i) {
       EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.recv(absl::Seconds(20)));
       EMBER_ASSIGN_OR_RETURN(Tensor t, v.as<Tensor>());
-      CHILD_CHECK(Values(t) == std::vector<double>(1024, i));
+      CHILD_CHECK(testing::Values(t) == std::vector<double>(1024, i));
       if (i % 3 == 0) held.push_back(t);
       EMBER_RETURN_IF_ERROR(pipe->second.send(Value(i)));
     }
     for (size_t k = 0; k < held.size(); ++k) {
-      CHILD_CHECK(Values(held[k]) == std::vector<double>(1024, 3 * k));
+      CHILD_CHECK(testing::Values(held[k]) == std::vector<double>(1024, 3 * k));
     }
     return absl::OkStatus();
   });

@@ -38,20 +38,6 @@ class SpawnedChildEnvironment : public ::testing::Environment {
 };
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new SpawnedChildEnvironment);
 
-// Inside a child: fail with the location and condition.
-#define CHILD_CHECK(cond)                                                                          \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      return absl::InternalError(absl::StrCat(__FILE__, ":", __LINE__, ": check failed: " #cond)); \
-    }                                                                                              \
-  } while (0)
-
-std::vector<double> Values(const Tensor& t) {
-  Tensor d = t.to(kFloat64).contiguous();
-  const double* p = d.data_ptr<double>();
-  return std::vector<double>(p, p + d.numel());
-}
-
 Tensor Inputs() { return arange(6).view({2, 3}).to(kFloat32); }
 
 // One SGD step of `model` on a fixed batch.
@@ -145,9 +131,9 @@ TEST_P(SpawnCarriesTest, QueuesPipesTensorsModulesAndValuesReachSpawnedChildren)
   }
   EXPECT_EQ(grads, (std::vector<double>{12, 12}));  // d/dw sum(w*w) = 2w = 4 each
   EXPECT_FALSE(w.grad().defined());
-  EXPECT_EQ(Values(board), (std::vector<double>{1, 2, 0, 0}));
-  EXPECT_EQ(Values(model->weight()), Values(expected.weight()));
-  EXPECT_EQ(Values(model->bias()), Values(expected.bias()));
+  EXPECT_EQ(testing::Values(board), (std::vector<double>{1, 2, 0, 0}));
+  EXPECT_EQ(testing::Values(model->weight()), testing::Values(expected.weight()));
+  EXPECT_EQ(testing::Values(model->bias()), testing::Values(expected.bias()));
 }
 
 INSTANTIATE_TEST_SUITE_P(BothStrategies, SpawnCarriesTest,
@@ -302,13 +288,13 @@ TEST(ModuleStateTest, AMismatchedArchitectureIsNamedAndNothingChanges) {
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_TRUE(is_shared(parent->weight()));
   nn::Linear wider(4, 1);
-  const std::vector<double> before = Values(wider.weight());
+  const std::vector<double> before = testing::Values(wider.weight());
   absl::Status s = load_shared_state(wider.state_dict(), *state);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("'weight' is float32 [1, 3] in the shared state but float32 "
                                      "[1, 4] here"));
   EXPECT_FALSE(is_shared(wider.weight()));
-  EXPECT_EQ(Values(wider.weight()), before);
+  EXPECT_EQ(testing::Values(wider.weight()), before);
   nn::Linear no_bias(3, 1, /*bias=*/false);
   EXPECT_THAT(load_shared_state(no_bias.state_dict(), *state).message(),
               HasSubstr("unexpected key 'bias'"));
