@@ -1,6 +1,5 @@
 #include "distributed/gloo/process_group_gloo.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <type_traits>
 #include <utility>
 
@@ -19,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "distributed/gloo/device.h"
 #include "distributed/gloo/store_adapter.h"
+#include "distributed/peer_process.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/alltoallv.h"
@@ -125,47 +124,6 @@ absl::Status RefuseAvg(OpType op, ReduceOp reduce) {
       "divide by the group size, or the 'tcp' backend"));
 }
 
-std::string ReadFirstLine(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-// Ranks with equal keys see each other's pids.
-std::string HostKey() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  struct stat st {};
-  const std::string pid_ns =
-      stat("/proc/self/ns/pid", &st) == 0 ? absl::StrCat(st.st_ino) : std::string("?");
-  return absl::StrCat(ReadFirstLine("/proc/sys/kernel/random/boot_id"), "/", host, "/", pid_ns);
-}
-
-std::string ProcessState(int pid) {
-  const std::string line = ReadFirstLine(absl::StrCat("/proc/", pid, "/stat"));
-  const size_t paren = line.rfind(')');
-  if (line.empty()) return "exited";
-  if (paren == std::string::npos || paren + 2 >= line.size()) return "unknown";
-  switch (line[paren + 2]) {
-    case 'R':
-      return "running";
-    case 'S':
-      return "sleeping";
-    case 'D':
-      return "in uninterruptible I/O";
-    case 'T':
-      return "stopped";
-    case 't':
-      return "stopped by a debugger";
-    case 'Z':
-    case 'X':
-      return "exited";
-    default:
-      return "unknown";
-  }
-}
-
 bool CheckCallsFromEnv() {
   const char* v = std::getenv("EMBER_GLOO_CHECK_COLLECTIVES");
   return v == nullptr || std::string(v) != "0";
@@ -193,7 +151,7 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
   Store& store = *options.store;
 
   // Where every rank runs, for error messages.
-  const std::string host_key = HostKey();
+  const std::string host_key = HostKey({"pid"});  // ranks that see each other's pids
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   EMBER_RETURN_IF_ERROR(store.set(absl::StrCat(prefix, "proc/", rank),

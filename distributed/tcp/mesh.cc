@@ -4,14 +4,14 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "distributed/peer_process.h"
 #include "distributed/tcp/shm_segment.h"
 #include "tensor/status_macros.h"
 
@@ -48,11 +48,16 @@ size_t Padding(size_t nbytes) { return (kAlign - nbytes % kAlign) % kAlign; }
 
 std::string KeyText(const MessageKey& key) {
   switch (key.kind) {
-    case MessageKind::kP2P: return absl::StrCat("tag ", key.tag);
-    case MessageKind::kCollective: return absl::StrCat("collective #", key.tag, " step ", key.step);
-    case MessageKind::kPoison: return "poison";
-    case MessageKind::kGoodbye: return "goodbye";
-    case MessageKind::kAck: return "ack";
+    case MessageKind::kP2P:
+      return absl::StrCat("tag ", key.tag);
+    case MessageKind::kCollective:
+      return absl::StrCat("collective #", key.tag, " step ", key.step);
+    case MessageKind::kPoison:
+      return "poison";
+    case MessageKind::kGoodbye:
+      return "goodbye";
+    case MessageKind::kAck:
+      return "ack";
   }
   return "?";
 }
@@ -69,7 +74,7 @@ struct Mesh::Unexpected {
   bool direct = false;
   DirectDescriptor descriptor{};
   size_t nbytes = 0;
-  bool complete = false;                  // guarded by Mesh::mu_
+  bool complete = false;                 // guarded by Mesh::mu_
   std::shared_ptr<PendingRecv> claimer;  // guarded by Mesh::mu_
 };
 
@@ -148,8 +153,7 @@ absl::Status Mesh::Send(int dst, MessageKey key, uint8_t op, absl::Span<const ch
   if (payload.size() >= kDirectBytes && peers_[dst].peer_reads_us) {
     return SendDirect(dst, key, op, payload, deadline);
   }
-  WireHeader h{kMagic, static_cast<uint8_t>(key.kind), op, 0, key.step, 0, key.tag,
-               payload.size()};
+  WireHeader h{kMagic, static_cast<uint8_t>(key.kind), op, 0, key.step, 0, key.tag, payload.size()};
   const size_t pad = Padding(payload.size());
   Channel& channel = *channels_[dst];
   absl::MutexLock lock(send_mu_[dst].get());
@@ -167,8 +171,8 @@ absl::Status Mesh::Send(int dst, MessageKey key, uint8_t op, absl::Span<const ch
   return s;
 }
 
-absl::Status Mesh::SendDirect(int dst, MessageKey key, uint8_t op,
-                              absl::Span<const char> payload, absl::Time deadline) {
+absl::Status Mesh::SendDirect(int dst, MessageKey key, uint8_t op, absl::Span<const char> payload,
+                              absl::Time deadline) {
   const int64_t id = next_direct_id_[dst].fetch_add(1);
   struct {
     WireHeader h;
@@ -214,8 +218,7 @@ absl::Status Mesh::ReadDirect(int peer, uint64_t address, size_t nbytes, const S
   return absl::OkStatus();
 }
 
-absl::Status Mesh::ReadDirectInto(int peer, uint64_t address, size_t offset, size_t n,
-                                  char* dst) {
+absl::Status Mesh::ReadDirectInto(int peer, uint64_t address, size_t offset, size_t n, char* dst) {
   const PeerInfo& p = peers_[peer];
   iovec local{dst + offset, n};
   iovec remote{reinterpret_cast<void*>(address + offset), n};
@@ -242,8 +245,8 @@ absl::Status Mesh::PostError(int src, const MessageKey& key) const {
 
 std::shared_ptr<PendingRecv> Mesh::Post(int src, MessageKey key, uint8_t op, size_t nbytes,
                                         Sink sink, RecvDone done, char* copy_to) {
-  auto recv = std::make_shared<PendingRecv>(src, key, op, nbytes, std::move(sink),
-                                            std::move(done), copy_to);
+  auto recv = std::make_shared<PendingRecv>(src, key, op, nbytes, std::move(sink), std::move(done),
+                                            copy_to);
   std::shared_ptr<Unexpected> ready;
   absl::Status error;
   int wake = -1;
@@ -280,20 +283,20 @@ std::shared_ptr<PendingRecv> Mesh::Post(int src, MessageKey key, uint8_t op, siz
     RecordMismatch(key, match);
     if (match.ok()) {
       absl::MutexLock lock(&recv->mu_);
-      if (!recv->claimed_ && !ready->data.empty()) recv->sink_(0, ready->data.data(), ready->data.size());
+      if (!recv->claimed_ && !ready->data.empty())
+        recv->sink_(0, ready->data.data(), ready->data.size());
     }
     Finish(recv, match, ready->src);
   }
   return recv;
 }
 
-absl::Status Mesh::CheckMatch(const PendingRecv& recv, int peer, uint8_t op,
-                              size_t nbytes) const {
+absl::Status Mesh::CheckMatch(const PendingRecv& recv, int peer, uint8_t op, size_t nbytes) const {
   if (recv.op_ != kAnyOp && op != recv.op_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "mismatched collectives: rank ", peer, " ran ", op_names_(op), " as ", KeyText(recv.key_),
-        " while this rank (", rank_, ") ran ", op_names_(recv.op_),
-        "; every rank must call the same collectives in the same order"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("mismatched collectives: rank ", peer, " ran ", op_names_(op), " as ",
+                     KeyText(recv.key_), " while this rank (", rank_, ") ran ", op_names_(recv.op_),
+                     "; every rank must call the same collectives in the same order"));
   }
   if (nbytes != recv.nbytes_) {
     if (recv.key_.kind == MessageKind::kP2P) {
@@ -315,8 +318,7 @@ void Mesh::RecordMismatch(const MessageKey& key, const absl::Status& match) {
   mismatched_.emplace(key.tag, match);
 }
 
-void Mesh::Finish(const std::shared_ptr<PendingRecv>& recv, const absl::Status& status,
-                  int src) {
+void Mesh::Finish(const std::shared_ptr<PendingRecv>& recv, const absl::Status& status, int src) {
   {
     absl::MutexLock lock(&recv->mu_);
     if (recv->claimed_) return;
@@ -370,8 +372,8 @@ absl::Status Mesh::Wait(const std::shared_ptr<PendingRecv>& recv, absl::Time dea
   }
   Cancel(recv, !cause.ok() ? WithContext(cause, what)
                            : absl::DeadlineExceededError(absl::StrCat(
-                                 what, ": timed out waiting for ", DescribePeer(recv->src_),
-                                 " (", KeyText(recv->key_), ")")));
+                                 what, ": timed out waiting for ", DescribePeer(recv->src_), " (",
+                                 KeyText(recv->key_), ")")));
   absl::MutexLock lock(&recv->mu_);
   auto signalled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv->mu_) { return recv->signalled_; };
   recv->mu_.Await(absl::Condition(&signalled));
@@ -389,8 +391,8 @@ void Mesh::Poison(int64_t seq, const absl::Status& reason) {
     if (!aborted_.ok() || poisoned_.count(seq)) return;  // nothing to tell, or told already
     poisoned_.emplace(seq, reason);
   }
-  const std::string text = absl::StrCat("rank ", rank_, " failed this collective: ",
-                                        reason.message());
+  const std::string text =
+      absl::StrCat("rank ", rank_, " failed this collective: ", reason.message());
   const absl::Time deadline = absl::Now() + absl::Milliseconds(200);
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank_) continue;
@@ -564,10 +566,10 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
   const bool direct = (h.flags & kDirectFlag) != 0;
   DirectDescriptor descriptor{};
   if (direct) {
-    absl::Status s = StreamPayload(channel, sizeof(descriptor), [&](size_t off, const char* d,
-                                                                     size_t n) {
-      std::memcpy(reinterpret_cast<char*>(&descriptor) + off, d, n);
-    });
+    absl::Status s =
+        StreamPayload(channel, sizeof(descriptor), [&](size_t off, const char* d, size_t n) {
+          std::memcpy(reinterpret_cast<char*>(&descriptor) + off, d, n);
+        });
     if (!s.ok()) return s;
   }
   auto payload = [&](const Sink& sink) -> absl::Status {
@@ -679,8 +681,8 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
       });
     }
     if (!stream.ok()) {
-      Finish(target, absl::Status(stream.code(), absl::StrCat(DescribePeer(peer), ": ",
-                                                              stream.message())),
+      Finish(target,
+             absl::Status(stream.code(), absl::StrCat(DescribePeer(peer), ": ", stream.message())),
              peer);
       return stream;
     }
@@ -703,8 +705,8 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
   if (!stream.ok()) {
     if (claimer) {
       Finish(claimer,
-             absl::Status(stream.code(), absl::StrCat("lost ", DescribePeer(peer), ": ",
-                                                      stream.message())),
+             absl::Status(stream.code(),
+                          absl::StrCat("lost ", DescribePeer(peer), ": ", stream.message())),
              peer);
     }
     return stream;

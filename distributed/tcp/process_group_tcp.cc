@@ -1,13 +1,11 @@
 #include "distributed/tcp/process_group_tcp.h"
 
-#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -15,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "distributed/peer_process.h"
 #include "distributed/tcp/reduce.h"
 #include "distributed/tcp/shm_channel.h"
 #include "distributed/tcp/socket_channel.h"
@@ -81,27 +80,6 @@ std::string OpCodeName(uint8_t code) {
   return absl::StrCat("op #", code);
 }
 
-std::string ReadFirstLine(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string NamespaceId(const char* ns) {
-  struct stat st {};
-  if (stat(absl::StrCat("/proc/self/ns/", ns).c_str(), &st) != 0) return "?";
-  return absl::StrCat(st.st_ino);
-}
-
-// Ranks with equal keys can share memory and see each other's pids.
-std::string HostKey() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  return absl::StrCat(ReadFirstLine("/proc/sys/kernel/random/boot_id"), "/", host, "/",
-                      NamespaceId("pid"), "/", NamespaceId("net"));
-}
-
 // A word at a known address that peers on this host try to read, to learn
 // whether Cross Memory Attach works between us (Note [Direct reads]).
 const uint64_t kProbeWord = 0x454d4245522d4d41;
@@ -141,8 +119,7 @@ absl::StatusOr<PeerRecord> ParseRecord(const std::string& text, int rank) {
 // rank's; returns all N values in rank order. `what` names the value in
 // errors ("its address").
 absl::StatusOr<std::vector<std::string>> PublishAndGather(Store& store, const std::string& key,
-                                                          int rank, int n,
-                                                          const std::string& value,
+                                                          int rank, int n, const std::string& value,
                                                           const char* what, absl::Time deadline) {
   EMBER_RETURN_IF_ERROR(store.set(absl::StrCat(key, "/", rank), value));
   std::vector<std::string> values(n);
@@ -174,8 +151,8 @@ absl::Status SendTo(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int dst, 
       return absl::Status(cause.code(), absl::StrCat(ctx.what, ": ", cause.message()));
     }
   }
-  return absl::Status(s.code(), absl::StrCat(ctx.what, ": sending to ", mesh.DescribePeer(dst),
-                                             ": ", s.message()));
+  return absl::Status(
+      s.code(), absl::StrCat(ctx.what, ": sending to ", mesh.DescribePeer(dst), ": ", s.message()));
 }
 
 // Holds an op's posted receives; any still pending when the op returns
@@ -232,7 +209,6 @@ absl::Status Exchange(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int32_t
   }
   return absl::OkStatus();
 }
-
 
 // The reduce-scatter half of the ring (Note [tcp algorithms]): afterwards
 // segment r+1 of `data` holds the full reduction on rank r.
@@ -350,7 +326,8 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
 
   EMBER_ASSIGN_OR_RETURN(Listener listener, Listener::Create());
   EMBER_ASSIGN_OR_RETURN(std::string address, LocalAddress());
-  const std::string host_key = HostKey();
+  // Ranks with equal keys can share memory and see each other's pids.
+  const std::string host_key = HostKey({"pid", "net"});
   EMBER_ASSIGN_OR_RETURN(
       std::vector<std::string> texts,
       PublishAndGather(store, prefix + "peer", rank, n,
@@ -391,9 +368,9 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
     }
     auto fd = ConnectTo(records[p].address, records[p].port, deadline);
     if (!fd.ok()) {
-      return absl::Status(fd.status().code(), absl::StrCat("tcp backend: rank ", rank,
-                                                           " cannot reach rank ", p, ": ",
-                                                           fd.status().message()));
+      return absl::Status(fd.status().code(),
+                          absl::StrCat("tcp backend: rank ", rank, " cannot reach rank ", p, ": ",
+                                       fd.status().message()));
     }
     const int32_t hello[2] = {static_cast<int32_t>(kHelloMagic), rank};
     EMBER_RETURN_IF_ERROR(WriteFully(fd->get(), hello, sizeof(hello), deadline));
@@ -415,10 +392,10 @@ absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
   for (int i = 0; i < expected; ++i) {
     auto fd = listener.Accept(deadline);
     if (!fd.ok()) {
-      return absl::Status(fd.status().code(),
-                          absl::StrCat("tcp backend: rank ", rank, ": ", expected - i, " of ",
-                                       expected, " higher ranks never connected: ",
-                                       fd.status().message()));
+      return absl::Status(
+          fd.status().code(),
+          absl::StrCat("tcp backend: rank ", rank, ": ", expected - i, " of ", expected,
+                       " higher ranks never connected: ", fd.status().message()));
     }
     int32_t hello[2] = {0, -1};
     EMBER_RETURN_IF_ERROR(ReadFully(fd->get(), hello, sizeof(hello), deadline));
@@ -537,9 +514,8 @@ void TcpProcessGroup::WorkerLoop() {
     Queued item;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping, and nothing left
       item = std::move(queue_.front());
@@ -593,10 +569,14 @@ TcpProcessGroup::AllReduceKind TcpProcessGroup::ChooseAllReduce(size_t nbytes) c
 
 std::string TcpProcessGroup::AllReduceAlgorithm(size_t nbytes) const {
   switch (ChooseAllReduce(nbytes)) {
-    case AllReduceKind::kNone: return "none";
-    case AllReduceKind::kDirect: return "direct";
-    case AllReduceKind::kArena: return "arena";
-    case AllReduceKind::kRing: return "ring";
+    case AllReduceKind::kNone:
+      return "none";
+    case AllReduceKind::kDirect:
+      return "direct";
+    case AllReduceKind::kArena:
+      return "arena";
+    case AllReduceKind::kRing:
+      return "ring";
   }
   return "unknown";
 }
@@ -614,70 +594,68 @@ ShmArena::Op TcpProcessGroup::ArenaOp(const OpContext& ctx) const {
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllReduce(
     const Tensor& tensor, const AllReduceOptions& options) {
   const ReduceOp op = options.op;
-  return Enqueue(OpType::kAllReduce, options.timeout, true,
-                 [this, tensor, op](const OpContext& ctx) -> absl::Status {
-                   Tensor data = Staging(tensor);
-                   const AllReduceKind kind = ChooseAllReduce(data.nbytes());
-                   if (arena_ && kind != AllReduceKind::kArena) {
-                     arena_->AnnounceElsewhere(ctx.seq, data.nbytes(), data.dtype(), op);
-                   }
-                   absl::Status status;
-                   switch (kind) {
-                     case AllReduceKind::kNone: break;
-                     case AllReduceKind::kDirect:
-                       status = DirectAllReduce(*mesh_, ctx, Data(data), data.numel(),
-                                                data.dtype(), op);
-                       break;
-                     case AllReduceKind::kArena:
-                       status = arena_->AllReduce(ArenaOp(ctx), Data(data), data.numel(),
-                                                  data.dtype(), op);
-                       break;
-                     case AllReduceKind::kRing:
-                       status = RingAllReduce(*mesh_, ctx, Data(data), data.numel(),
-                                              data.dtype(), op);
-                       break;
-                   }
-                   EMBER_RETURN_IF_ERROR(status);
-                   CopyBack(tensor, data);
-                   return absl::OkStatus();
-                 });
+  return Enqueue(
+      OpType::kAllReduce, options.timeout, true,
+      [this, tensor, op](const OpContext& ctx) -> absl::Status {
+        Tensor data = Staging(tensor);
+        const AllReduceKind kind = ChooseAllReduce(data.nbytes());
+        if (arena_ && kind != AllReduceKind::kArena) {
+          arena_->AnnounceElsewhere(ctx.seq, data.nbytes(), data.dtype(), op);
+        }
+        absl::Status status;
+        switch (kind) {
+          case AllReduceKind::kNone:
+            break;
+          case AllReduceKind::kDirect:
+            status = DirectAllReduce(*mesh_, ctx, Data(data), data.numel(), data.dtype(), op);
+            break;
+          case AllReduceKind::kArena:
+            status = arena_->AllReduce(ArenaOp(ctx), Data(data), data.numel(), data.dtype(), op);
+            break;
+          case AllReduceKind::kRing:
+            status = RingAllReduce(*mesh_, ctx, Data(data), data.numel(), data.dtype(), op);
+            break;
+        }
+        EMBER_RETURN_IF_ERROR(status);
+        CopyBack(tensor, data);
+        return absl::OkStatus();
+      });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoReduce(const Tensor& tensor,
                                                                 const ReduceOptions& options) {
   const ReduceOp op = options.op;
   const int root = options.root;
-  return Enqueue(
-      OpType::kReduce, options.timeout, true,
-      [this, tensor, op, root](const OpContext& ctx) -> absl::Status {
-        Mesh& m = *mesh_;
-        const int n = size(), r = rank();
-        // Non-roots reduce in a scratch copy: their tensor is left as it was.
-        Tensor data = r == root ? Staging(tensor) : tensor.clone();
-        if (!data.is_contiguous()) data = data.contiguous();
-        if (n == 1) return absl::OkStatus();
-        const size_t elem = data.element_size();
-        EMBER_RETURN_IF_ERROR(
-            RingReduceScatter(m, ctx, Data(data), data.numel(), data.dtype(), op));
-        Segment own = SegmentOf(r + 1, n, data.numel(), elem);
-        if (op == ReduceOp::kAvg) {
-          DivideBy(data.dtype(), Data(data) + own.offset, static_cast<int64_t>(own.nbytes / elem),
-                   n);
-        }
-        std::vector<std::optional<absl::Span<const char>>> sends(n);
-        std::vector<std::optional<Target>> recvs(n);
-        if (r == root) {
-          for (int p = 0; p < n; ++p) {
-            Segment s = SegmentOf(p + 1, n, data.numel(), elem);
-            recvs[p] = Target{Data(data) + s.offset, s.nbytes};
-          }
-        } else {
-          sends[root] = absl::Span<const char>(Data(data) + own.offset, own.nbytes);
-        }
-        EMBER_RETURN_IF_ERROR(Exchange(m, ctx, n - 1, sends, recvs));
-        if (r == root) CopyBack(tensor, data);
-        return absl::OkStatus();
-      });
+  return Enqueue(OpType::kReduce, options.timeout, true,
+                 [this, tensor, op, root](const OpContext& ctx) -> absl::Status {
+                   Mesh& m = *mesh_;
+                   const int n = size(), r = rank();
+                   // Non-roots reduce in a scratch copy: their tensor is left as it was.
+                   Tensor data = r == root ? Staging(tensor) : tensor.clone();
+                   if (!data.is_contiguous()) data = data.contiguous();
+                   if (n == 1) return absl::OkStatus();
+                   const size_t elem = data.element_size();
+                   EMBER_RETURN_IF_ERROR(
+                       RingReduceScatter(m, ctx, Data(data), data.numel(), data.dtype(), op));
+                   Segment own = SegmentOf(r + 1, n, data.numel(), elem);
+                   if (op == ReduceOp::kAvg) {
+                     DivideBy(data.dtype(), Data(data) + own.offset,
+                              static_cast<int64_t>(own.nbytes / elem), n);
+                   }
+                   std::vector<std::optional<absl::Span<const char>>> sends(n);
+                   std::vector<std::optional<Target>> recvs(n);
+                   if (r == root) {
+                     for (int p = 0; p < n; ++p) {
+                       Segment s = SegmentOf(p + 1, n, data.numel(), elem);
+                       recvs[p] = Target{Data(data) + s.offset, s.nbytes};
+                     }
+                   } else {
+                     sends[root] = absl::Span<const char>(Data(data) + own.offset, own.nbytes);
+                   }
+                   EMBER_RETURN_IF_ERROR(Exchange(m, ctx, n - 1, sends, recvs));
+                   if (r == root) CopyBack(tensor, data);
+                   return absl::OkStatus();
+                 });
 }
 
 namespace {
@@ -751,8 +729,9 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoGather(absl::Span<const
                  });
 }
 
-absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoScatter(
-    const Tensor& output, absl::Span<const Tensor> inputs, const ScatterOptions& options) {
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoScatter(const Tensor& output,
+                                                                 absl::Span<const Tensor> inputs,
+                                                                 const ScatterOptions& options) {
   std::vector<Tensor> ins(inputs.begin(), inputs.end());
   const int root = options.root;
   return Enqueue(OpType::kScatter, options.timeout, true,
@@ -813,9 +792,9 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoReduceScatter(
                  });
 }
 
-absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllToAll(
-    absl::Span<const Tensor> outputs, absl::Span<const Tensor> inputs,
-    const AllToAllOptions& options) {
+absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllToAll(absl::Span<const Tensor> outputs,
+                                                                  absl::Span<const Tensor> inputs,
+                                                                  const AllToAllOptions& options) {
   std::vector<Tensor> outs(outputs.begin(), outputs.end());
   std::vector<Tensor> ins(inputs.begin(), inputs.end());
   return Enqueue(OpType::kAllToAll, options.timeout, true,
@@ -835,8 +814,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllToAll(
                          ctx.what, ": inputs[", r, "] has ", in_staged[r].numel(),
                          " elements but outputs[", r, "] has ", out_staged[r].numel()));
                    }
-                   std::memcpy(Data(out_staged[r]), in_staged[r].raw_data(),
-                               in_staged[r].nbytes());
+                   std::memcpy(Data(out_staged[r]), in_staged[r].raw_data(), in_staged[r].nbytes());
                    EMBER_RETURN_IF_ERROR(Exchange(*mesh_, ctx, 0, sends, recvs));
                    for (int p = 0; p < n; ++p) CopyBack(outs[p], out_staged[p]);
                    return absl::OkStatus();
@@ -844,55 +822,54 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllToAll(
 }
 
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoBarrier(const BarrierOptions& options) {
-  return Enqueue(OpType::kBarrier, options.timeout, true,
-                 [this](const OpContext& ctx) -> absl::Status {
-                   const int n = size();
-                   std::vector<std::optional<absl::Span<const char>>> sends(
-                       n, absl::Span<const char>());
-                   std::vector<std::optional<Target>> recvs(n, Target{nullptr, 0});
-                   return Exchange(*mesh_, ctx, 0, sends, recvs);
-                 });
+  return Enqueue(
+      OpType::kBarrier, options.timeout, true, [this](const OpContext& ctx) -> absl::Status {
+        const int n = size();
+        std::vector<std::optional<absl::Span<const char>>> sends(n, absl::Span<const char>());
+        std::vector<std::optional<Target>> recvs(n, Target{nullptr, 0});
+        return Exchange(*mesh_, ctx, 0, sends, recvs);
+      });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoMonitoredBarrier(
     const MonitoredBarrierOptions& options) {
   const bool wait_all = options.wait_all_ranks;
   const absl::Duration timeout = options.timeout.value_or(this->timeout());
-  return Enqueue(
-      OpType::kMonitoredBarrier, options.timeout, true,
-      [this, wait_all, timeout](const OpContext& ctx) -> absl::Status {
-        Mesh& m = *mesh_;
-        const int n = size(), r = rank();
-        const uint8_t code = static_cast<uint8_t>(ctx.op);
-        const MessageKey arrive{MessageKind::kCollective, ctx.seq, 0};
-        const MessageKey release{MessageKind::kCollective, ctx.seq, 1};
-        if (r != 0) {
-          // Rank 0 judges who is missing; its verdict (poison) arrives after
-          // the timeout, so the others wait a little longer for it.
-          auto ack = m.Post(0, release, code, 0, CopySink(nullptr));
-          EMBER_RETURN_IF_ERROR(SendTo(m, ctx, 0, 0, {}));
-          return m.Wait(ack, ctx.deadline + absl::Seconds(1), ctx.what);
-        }
-        std::vector<std::shared_ptr<PendingRecv>> arrivals(n);
-        for (int p = 1; p < n; ++p) arrivals[p] = m.Post(p, arrive, code, 0, CopySink(nullptr));
-        std::vector<int> missing;
-        for (int p = 1; p < n; ++p) {
-          // A rank that timed out, left or died did not pass the barrier.
-          absl::Status s = m.Wait(arrivals[p], ctx.deadline, ctx.what, /*settle=*/false);
-          if (s.ok()) continue;
-          if (absl::IsAborted(s)) return s;
-          missing.push_back(p);
-          if (!wait_all) break;
-        }
-        if (!missing.empty()) {
-          return absl::DeadlineExceededError(absl::StrCat(
-              "monitored_barrier: rank", missing.size() > 1 ? "s " : " ",
-              absl::StrJoin(missing, ", "), " failed to pass monitoredBarrier in ",
-              absl::ToInt64Milliseconds(timeout), " ms"));
-        }
-        for (int p = 1; p < n; ++p) EMBER_RETURN_IF_ERROR(SendTo(m, ctx, p, 1, {}));
-        return absl::OkStatus();
-      });
+  return Enqueue(OpType::kMonitoredBarrier, options.timeout, true,
+                 [this, wait_all, timeout](const OpContext& ctx) -> absl::Status {
+                   Mesh& m = *mesh_;
+                   const int n = size(), r = rank();
+                   const uint8_t code = static_cast<uint8_t>(ctx.op);
+                   const MessageKey arrive{MessageKind::kCollective, ctx.seq, 0};
+                   const MessageKey release{MessageKind::kCollective, ctx.seq, 1};
+                   if (r != 0) {
+                     // Rank 0 judges who is missing; its verdict (poison) arrives after
+                     // the timeout, so the others wait a little longer for it.
+                     auto ack = m.Post(0, release, code, 0, CopySink(nullptr));
+                     EMBER_RETURN_IF_ERROR(SendTo(m, ctx, 0, 0, {}));
+                     return m.Wait(ack, ctx.deadline + absl::Seconds(1), ctx.what);
+                   }
+                   std::vector<std::shared_ptr<PendingRecv>> arrivals(n);
+                   for (int p = 1; p < n; ++p)
+                     arrivals[p] = m.Post(p, arrive, code, 0, CopySink(nullptr));
+                   std::vector<int> missing;
+                   for (int p = 1; p < n; ++p) {
+                     // A rank that timed out, left or died did not pass the barrier.
+                     absl::Status s = m.Wait(arrivals[p], ctx.deadline, ctx.what, /*settle=*/false);
+                     if (s.ok()) continue;
+                     if (absl::IsAborted(s)) return s;
+                     missing.push_back(p);
+                     if (!wait_all) break;
+                   }
+                   if (!missing.empty()) {
+                     return absl::DeadlineExceededError(absl::StrCat(
+                         "monitored_barrier: rank", missing.size() > 1 ? "s " : " ",
+                         absl::StrJoin(missing, ", "), " failed to pass monitoredBarrier in ",
+                         absl::ToInt64Milliseconds(timeout), " ms"));
+                   }
+                   for (int p = 1; p < n; ++p) EMBER_RETURN_IF_ERROR(SendTo(m, ctx, p, 1, {}));
+                   return absl::OkStatus();
+                 });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoSend(const Tensor& tensor, int dst,
@@ -904,9 +881,8 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoSend(const Tensor& tens
                    absl::Status s = mesh_->Send(dst, {MessageKind::kP2P, tag, 0}, kAnyOp,
                                                 Bytes(data), ctx.deadline);
                    if (s.ok()) return s;
-                   return absl::Status(s.code(),
-                                       absl::StrCat("send to ", mesh_->DescribePeer(dst), " (tag ",
-                                                    tag, "): ", s.message()));
+                   return absl::Status(s.code(), absl::StrCat("send to ", mesh_->DescribePeer(dst),
+                                                              " (tag ", tag, "): ", s.message()));
                  });
 }
 
@@ -922,9 +898,9 @@ class TcpRecvWork : public RecvWork {
  protected:
   void OnDeadline() override {
     if (recv_) {
-      mesh_->Cancel(recv_, absl::DeadlineExceededError(absl::StrCat(
-                               "recv from ", mesh_->DescribePeer(src_), " (tag ", tag_,
-                               "): timed out")));
+      mesh_->Cancel(
+          recv_, absl::DeadlineExceededError(absl::StrCat("recv from ", mesh_->DescribePeer(src_),
+                                                          " (tag ", tag_, "): timed out")));
     }
   }
 
@@ -939,8 +915,7 @@ class TcpRecvWork : public RecvWork {
 
 absl::StatusOr<std::shared_ptr<RecvWork>> TcpProcessGroup::DoRecv(const Tensor& tensor, int src,
                                                                   const P2POptions& options) {
-  auto work = std::make_shared<TcpRecvWork>(DeadlineFor(options.timeout), mesh_, src,
-                                            options.tag);
+  auto work = std::make_shared<TcpRecvWork>(DeadlineFor(options.timeout), mesh_, src, options.tag);
   Tensor staging = Staging(tensor);
   std::weak_ptr<TcpRecvWork> weak = work;
   RecvDone done = [weak, tensor, staging](const absl::Status& status, int from) {
@@ -957,13 +932,13 @@ absl::StatusOr<std::shared_ptr<RecvWork>> TcpProcessGroup::DoRecv(const Tensor& 
   return std::shared_ptr<RecvWork>(work);
 }
 
-EMBER_REGISTER_BACKEND(tcp, BackendInfo{
-    .name = "tcp",
-    .support = TcpSupportTable(),
-    .create = [](const BackendOptions& options)
-        -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
-      EMBER_ASSIGN_OR_RETURN(auto pg, TcpProcessGroup::Create(options));
-      return std::shared_ptr<ProcessGroup>(std::move(pg));
-    }});
+EMBER_REGISTER_BACKEND(tcp, BackendInfo{.name = "tcp",
+                                        .support = TcpSupportTable(),
+                                        .create = [](const BackendOptions& options)
+                                            -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+                                          EMBER_ASSIGN_OR_RETURN(auto pg,
+                                                                 TcpProcessGroup::Create(options));
+                                          return std::shared_ptr<ProcessGroup>(std::move(pg));
+                                        }});
 
 }  // namespace ember::distributed::tcp

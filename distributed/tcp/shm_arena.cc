@@ -78,8 +78,8 @@ std::string ShmArena::Locator() const { return segments_[rank_].Locator(); }
 
 absl::Status ShmArena::Attach(int peer, const std::string& locator) {
   if (peer < 0 || peer >= size_ || peer == rank_) {
-    return absl::InvalidArgumentError(absl::StrCat("shared-memory arena: cannot attach rank ",
-                                                   peer, " (group of ", size_, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory arena: cannot attach rank ", peer, " (group of ", size_, ")"));
   }
   auto segment = SharedSegment::Open(locator, SegmentBytes(size_, portion_bytes_),
                                      absl::StrCat("rank ", peer, "'s all_reduce arena"));
@@ -175,9 +175,9 @@ absl::Status ShmArena::WaitForPeers(const Op& op, std::atomic<uint64_t> Control:
         WaitUntil(ready, c.sleeping, c.bell, op.deadline, interrupted_, on_slice, /*spins=*/0);
     if (!done.ok()) return Fail(WithWhat(op.what, done.status()));
     if (!*done) {
-      return Fail(absl::DeadlineExceededError(absl::StrCat(
-          op.what, ": timed out waiting for ", op.describe(p), " to ", step,
-          " in the shared-memory all_reduce")));
+      return Fail(absl::DeadlineExceededError(absl::StrCat(op.what, ": timed out waiting for ",
+                                                           op.describe(p), " to ", step,
+                                                           " in the shared-memory all_reduce")));
     }
   }
   return absl::OkStatus();
@@ -188,26 +188,26 @@ absl::Status ShmArena::CheckAnnouncements(const Op& op, size_t nbytes, Dtype dty
   const uint64_t expected = static_cast<uint64_t>(op.seq) + 1;
   EMBER_RETURN_IF_ERROR(WaitForPeers(op, &Control::announced, expected, "join"));
   const Control& me = control(rank_);
-  const std::string mine = Describe(nbytes, static_cast<uint32_t>(dtype),
-                                    static_cast<uint32_t>(redop));
+  const std::string mine =
+      Describe(nbytes, static_cast<uint32_t>(dtype), static_cast<uint32_t>(redop));
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     const Control& c = control(p);
     const uint64_t seen = c.announced.load(std::memory_order_acquire);
     if (seen != expected) {
-      return Fail(absl::InternalError(absl::StrCat(
-          op.what, ": rank ", p, " announced collective #", seen - 1,
-          " in shared memory while this rank runs #", op.seq,
-          "; the group's collectives are out of order")));
+      return Fail(
+          absl::InternalError(absl::StrCat(op.what, ": rank ", p, " announced collective #",
+                                           seen - 1, " in shared memory while this rank runs #",
+                                           op.seq, "; the group's collectives are out of order")));
     }
-    const std::string theirs = Describe(c.nbytes.load(std::memory_order_relaxed),
-                                        c.dtype.load(std::memory_order_relaxed),
-                                        c.op.load(std::memory_order_relaxed));
+    const std::string theirs =
+        Describe(c.nbytes.load(std::memory_order_relaxed), c.dtype.load(std::memory_order_relaxed),
+                 c.op.load(std::memory_order_relaxed));
     if (theirs != mine) {
-      return Fail(absl::FailedPreconditionError(absl::StrCat(
-          op.what, ": mismatched collectives: rank ", p, " ran ", theirs, " as collective #",
-          op.seq, " while this rank (", rank_, ") ran ", mine,
-          "; every rank must call the same collectives in the same order")));
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat(op.what, ": mismatched collectives: rank ", p, " ran ", theirs,
+                       " as collective #", op.seq, " while this rank (", rank_, ") ran ", mine,
+                       "; every rank must call the same collectives in the same order")));
     }
     if (!c.here.load(std::memory_order_relaxed)) {
       return Fail(absl::AbortedError(absl::StrCat(

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "distributed/peer_process.h"
 
 namespace ember::distributed::tcp {
 
@@ -13,10 +14,10 @@ namespace ember::distributed::tcp {
 // separate cache lines so that writer and reader do not share one.
 struct ShmChannel::Ring {
   alignas(64) std::atomic<uint64_t> head;
-  std::atomic<uint32_t> space_seq;       // futex word: bumped when the reader frees room
+  std::atomic<uint32_t> space_seq;  // futex word: bumped when the reader frees room
   std::atomic<uint32_t> writer_sleeping;
   alignas(64) std::atomic<uint64_t> tail;
-  std::atomic<uint32_t> data_seq;        // futex word: bumped when the writer publishes
+  std::atomic<uint32_t> data_seq;  // futex word: bumped when the writer publishes
   std::atomic<uint32_t> reader_sleeping;
   char pad[64 - 16];
 };
@@ -24,16 +25,15 @@ static_assert(sizeof(ShmChannel::Ring) == 128);
 
 namespace {
 
-constexpr size_t kControlBytes = 4096;  // both Ring blocks, page aligned
+constexpr size_t kControlBytes = 4096;      // both Ring blocks, page aligned
 constexpr size_t kPublishBytes = 64 << 10;  // writer publishes its head this often
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(
-    const ShmChannelOptions& options) {
+absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(const ShmChannelOptions& options) {
   if (options.ring_bytes == 0 || options.ring_bytes % 4096 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shared-memory ring size ", options.ring_bytes, " is not a positive multiple of 4096"));
+    return absl::InvalidArgumentError(absl::StrCat("shared-memory ring size ", options.ring_bytes,
+                                                   " is not a positive multiple of 4096"));
   }
   // A fresh segment is zero-filled: both rings start empty.
   auto segment = SharedSegment::Create("ember-tcp-ring", kControlBytes + 2 * options.ring_bytes);
@@ -84,17 +84,15 @@ absl::Status ShmChannel::Write(const void* data, size_t n, absl::Time deadline) 
                     [this] { return CheckPeerAlive(); });
       if (!ready.ok()) return ready.status();
       if (!*ready) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("timed out writing to rank ", options_.peer_rank,
-                         ", which stopped reading (process ",
-                         options_.peer_pid > 0 ? ProcessState(options_.peer_pid) : "unknown",
-                         ")"));
+        return absl::DeadlineExceededError(absl::StrCat(
+            "timed out writing to rank ", options_.peer_rank, ", which stopped reading (process ",
+            options_.peer_pid > 0 ? ProcessState(options_.peer_pid) : "unknown", ")"));
       }
       continue;
     }
     const size_t offset = head % capacity_;
-    const size_t k = std::min({n, static_cast<size_t>(capacity_ - (head - tail)),
-                               capacity_ - offset, kPublishBytes});
+    const size_t k = std::min(
+        {n, static_cast<size_t>(capacity_ - (head - tail)), capacity_ - offset, kPublishBytes});
     std::memcpy(out_data_ + offset, p, k);
     head += k;
     p += k;
@@ -109,12 +107,10 @@ absl::StatusOr<absl::Span<const char>> ShmChannel::Peek(size_t min_bytes, absl::
   const uint64_t tail = in_->tail.load(std::memory_order_relaxed);
   auto available = [&] { return in_->head.load(std::memory_order_acquire) - tail; };
   if (available() < min_bytes) {
-    auto ready = [&] {
-      return available() >= min_bytes || woken_.load(std::memory_order_relaxed);
-    };
-    absl::StatusOr<bool> ok = WaitUntil(ready, in_->reader_sleeping, in_->data_seq,
-                                        absl::Now() + wait, interrupted_,
-                                        [this] { return CheckPeerAlive(); });
+    auto ready = [&] { return available() >= min_bytes || woken_.load(std::memory_order_relaxed); };
+    absl::StatusOr<bool> ok =
+        WaitUntil(ready, in_->reader_sleeping, in_->data_seq, absl::Now() + wait, interrupted_,
+                  [this] { return CheckPeerAlive(); });
     if (!ok.ok()) return ok.status();
     if (woken_.exchange(false) && available() < min_bytes) return absl::Span<const char>();
     if (!*ok) {

@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -53,13 +52,13 @@ absl::StatusOr<SharedSegment> SharedSegment::Open(const std::string& locator, si
   }
   struct stat st {};
   if (fstat(fd.get(), &st) != 0 || static_cast<size_t>(st.st_size) < bytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " ", path, " holds ", st.st_size, " bytes where ", bytes, " were expected"));
+    return absl::FailedPreconditionError(absl::StrCat(what, " ", path, " holds ", st.st_size,
+                                                      " bytes where ", bytes, " were expected"));
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (base == MAP_FAILED) {
-    return absl::UnavailableError(absl::StrCat("mmap of ", what, " ", path, " failed: ",
-                                               strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("mmap of ", what, " ", path, " failed: ", strerror(errno)));
   }
   return SharedSegment(std::move(fd), base, bytes);
 }
@@ -86,26 +85,7 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration ti
 }
 
 void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
-          0);
-}
-
-std::string ProcessState(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(in, line)) return "exited";
-  size_t paren = line.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= line.size()) return "unknown";
-  switch (line[paren + 2]) {
-    case 'R': return "running";
-    case 'S': return "sleeping";
-    case 'D': return "in uninterruptible I/O";
-    case 'T': return "stopped";
-    case 't': return "stopped by a debugger";
-    case 'Z':
-    case 'X': return "exited";
-    default: return "unknown";
-  }
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 }  // namespace ember::distributed::tcp

@@ -64,10 +64,6 @@ class SharedSegment {
   size_t bytes_ = 0;
 };
 
-// "running", "stopped", "exited", ... for the process `pid` (read from
-// /proc/<pid>/stat); for messages naming a peer.
-std::string ProcessState(pid_t pid);
-
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout);
 void FutexWakeAll(std::atomic<uint32_t>* word);
 

@@ -80,8 +80,7 @@ absl::StatusOr<Fd> ConnectTo(const std::string& host, int port, absl::Time deadl
   addrinfo* result = nullptr;
   int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &result);
   if (rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+    return absl::UnavailableError(absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
   }
   sockaddr_in addr = *reinterpret_cast<sockaddr_in*>(result->ai_addr);
   freeaddrinfo(result);
@@ -116,8 +115,7 @@ absl::StatusOr<std::string> LocalAddress() {
       continue;
     }
     char text[INET_ADDRSTRLEN];
-    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text,
-              sizeof(text));
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(it->ifa_addr)->sin_addr, text, sizeof(text));
     found = text;
     break;
   }
@@ -190,8 +188,9 @@ absl::Status SocketChannel::Write(const void* data, size_t n, absl::Time deadlin
                                                  peer_address_, ") failed: ", strerror(errno)));
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "timed out writing to rank ", peer_rank_, " (", peer_address_, "), which stopped reading"));
+      return absl::DeadlineExceededError(absl::StrCat("timed out writing to rank ", peer_rank_,
+                                                      " (", peer_address_,
+                                                      "), which stopped reading"));
     }
     pollfd pfd{fd_.get(), POLLOUT, 0};
     poll(&pfd, 1, PollMs(deadline));
@@ -199,8 +198,7 @@ absl::Status SocketChannel::Write(const void* data, size_t n, absl::Time deadlin
   return absl::OkStatus();
 }
 
-absl::StatusOr<absl::Span<const char>> SocketChannel::Peek(size_t min_bytes,
-                                                           absl::Duration wait) {
+absl::StatusOr<absl::Span<const char>> SocketChannel::Peek(size_t min_bytes, absl::Duration wait) {
   const absl::Time until = absl::Now() + wait;
   while (end_ - begin_ < min_bytes) {
     if (interrupted_.load()) return absl::AbortedError("the process group was aborted");
@@ -215,8 +213,8 @@ absl::StatusOr<absl::Span<const char>> SocketChannel::Peek(size_t min_bytes,
       continue;
     }
     if (k == 0) {
-      return absl::UnavailableError(absl::StrCat("rank ", peer_rank_, " (", peer_address_,
-                                                 ") closed the connection"));
+      return absl::UnavailableError(
+          absl::StrCat("rank ", peer_rank_, " (", peer_address_, ") closed the connection"));
     }
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
       return absl::UnavailableError(absl::StrCat("connection to rank ", peer_rank_, " (",
