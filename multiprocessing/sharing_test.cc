@@ -12,10 +12,12 @@
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
 #include "tensor/tensor.h"
+#include "tensor/testing.h"
 
 namespace ember::multiprocessing {
 namespace {
 
+using ::ember::testing::Values;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -63,11 +65,11 @@ TEST_P(SharingTest, ShareMemoryMovesInPlaceAndViewsFollow) {
   ASSERT_TRUE(share_memory_(t).ok());
   EXPECT_TRUE(is_shared(t));
   EXPECT_TRUE(is_shared(view));
-  EXPECT_EQ(testing::Values(t), testing::Values(arange(12).to(kFloat32)));
+  EXPECT_EQ(Values(t), Values(arange(12).to(kFloat32)));
   view.select(0, 1).fill_(-1);  // column 1 of t
-  EXPECT_EQ(testing::Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
+  EXPECT_EQ(Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
   ASSERT_TRUE(share_memory_(t).ok());  // already shared: nothing changes
-  EXPECT_EQ(testing::Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
+  EXPECT_EQ(Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
 }
 
 TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays) {
@@ -92,7 +94,7 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
       EMBER_ASSIGN_OR_RETURN(Tensor t, got[i].as<Tensor>());
       CHILD_CHECK(t.dtype() == kAllDtypes[i]);
       CHILD_CHECK(t.sizes() == IntArrayRef({2, 3}));
-      CHILD_CHECK(testing::Values(t) == testing::Values(Sample(kAllDtypes[i])));
+      CHILD_CHECK(Values(t) == Values(Sample(kAllDtypes[i])));
       CHILD_CHECK(is_shared(t));
       t.fill_(1);  // the parent must see this
     }
@@ -100,8 +102,7 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
     CHILD_CHECK(s.sizes() == IntArrayRef({6, 3}));
     CHILD_CHECK(s.strides() == IntArrayRef({1, 6}));
     CHILD_CHECK(s.storage_offset() == 6);
-    CHILD_CHECK(testing::Values(s) ==
-                testing::Values(arange(24).view({4, 6}).t().slice(1, 1, 4).to(kFloat64)));
+    CHILD_CHECK(Values(s) == Values(arange(24).view({4, 6}).t().slice(1, 1, 4).to(kFloat64)));
     s.fill_(-5);
     EMBER_ASSIGN_OR_RETURN(Tensor e, got[kNumDtypes + 1].as<Tensor>());
     CHILD_CHECK(e.numel() == 0 && e.sizes() == IntArrayRef({0, 3}));
@@ -116,7 +117,7 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
     // Now wait for the parent's write to arrive in our view.
     EMBER_ASSIGN_OR_RETURN(Value go, pipe->second.recv(absl::Seconds(20)));
     EMBER_ASSIGN_OR_RETURN(Tensor f, got[0].as<Tensor>());
-    CHILD_CHECK(testing::Values(f) == std::vector<double>(6, 42));
+    CHILD_CHECK(Values(f) == std::vector<double>(6, 42));
     return absl::OkStatus();
   });
   ASSERT_TRUE(child.ok()) << child.status();
@@ -126,11 +127,10 @@ TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays)
                         << child->error_message();
   for (const Tensor& t : sent) {
     EXPECT_TRUE(is_shared(t));  // moved in place when sent
-    EXPECT_EQ(testing::Values(t), std::vector<double>(6, 1)) << t.dtype();
+    EXPECT_EQ(Values(t), std::vector<double>(6, 1)) << t.dtype();
   }
-  EXPECT_EQ(testing::Values(strided), std::vector<double>(18, -5));
-  EXPECT_EQ(testing::Values(base.select(0, 0)),
-            (std::vector<double>{0, 1, 2, 3, 4, 5}));  // untouched
+  EXPECT_EQ(Values(strided), std::vector<double>(18, -5));
+  EXPECT_EQ(Values(base.select(0, 0)), (std::vector<double>{0, 1, 2, 3, 4, 5}));  // untouched
   sent[0].fill_(42);
   ASSERT_TRUE(pipe->first.send(Value("go")).ok());
   absl::StatusOr<ExitStatus> exit = child->join(absl::Seconds(20));
@@ -172,12 +172,12 @@ TEST_P(SharingTest, ReusedRegionsCarryFreshValues) {
     for (int i = 0; i < kMessages; ++i) {
       EMBER_ASSIGN_OR_RETURN(Value v, pipe->second.recv(absl::Seconds(20)));
       EMBER_ASSIGN_OR_RETURN(Tensor t, v.as<Tensor>());
-      CHILD_CHECK(testing::Values(t) == std::vector<double>(1024, i));
+      CHILD_CHECK(Values(t) == std::vector<double>(1024, i));
       if (i % 3 == 0) held.push_back(t);
       EMBER_RETURN_IF_ERROR(pipe->second.send(Value(i)));
     }
     for (size_t k = 0; k < held.size(); ++k) {
-      CHILD_CHECK(testing::Values(held[k]) == std::vector<double>(1024, 3 * k));
+      CHILD_CHECK(Values(held[k]) == std::vector<double>(1024, 3 * k));
     }
     return absl::OkStatus();
   });

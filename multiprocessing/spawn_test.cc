@@ -26,10 +26,12 @@
 #include "nn/optim/sgd.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
+#include "tensor/testing.h"
 
 namespace ember::multiprocessing {
 namespace {
 
+using ::ember::testing::Values;
 using ::testing::HasSubstr;
 
 class SpawnedChildEnvironment : public ::testing::Environment {
@@ -131,9 +133,9 @@ TEST_P(SpawnCarriesTest, QueuesPipesTensorsModulesAndValuesReachSpawnedChildren)
   }
   EXPECT_EQ(grads, (std::vector<double>{12, 12}));  // d/dw sum(w*w) = 2w = 4 each
   EXPECT_FALSE(w.grad().defined());
-  EXPECT_EQ(testing::Values(board), (std::vector<double>{1, 2, 0, 0}));
-  EXPECT_EQ(testing::Values(model->weight()), testing::Values(expected.weight()));
-  EXPECT_EQ(testing::Values(model->bias()), testing::Values(expected.bias()));
+  EXPECT_EQ(Values(board), (std::vector<double>{1, 2, 0, 0}));
+  EXPECT_EQ(Values(model->weight()), Values(expected.weight()));
+  EXPECT_EQ(Values(model->bias()), Values(expected.bias()));
 }
 
 INSTANTIATE_TEST_SUITE_P(BothStrategies, SpawnCarriesTest,
@@ -288,13 +290,13 @@ TEST(ModuleStateTest, AMismatchedArchitectureIsNamedAndNothingChanges) {
   ASSERT_TRUE(state.ok()) << state.status();
   EXPECT_TRUE(is_shared(parent->weight()));
   nn::Linear wider(4, 1);
-  const std::vector<double> before = testing::Values(wider.weight());
+  const std::vector<double> before = Values(wider.weight());
   absl::Status s = load_shared_state(wider.state_dict(), *state);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("'weight' is float32 [1, 3] in the shared state but float32 "
                                      "[1, 4] here"));
   EXPECT_FALSE(is_shared(wider.weight()));
-  EXPECT_EQ(testing::Values(wider.weight()), before);
+  EXPECT_EQ(Values(wider.weight()), before);
   nn::Linear no_bias(3, 1, /*bias=*/false);
   EXPECT_THAT(load_shared_state(no_bias.state_dict(), *state).message(),
               HasSubstr("unexpected key 'bias'"));

@@ -1,7 +1,7 @@
 // Test utilities for multiprocessing/ (testonly): counting this process's
 // descriptors, listing /dev/shm, unique region prefixes, waiting for a
-// condition with a deadline, a tensor's elements, CHILD_CHECK for code that
-// runs in a child process, and (for every test binary that links this) a
+// condition with a deadline, CHILD_CHECK for code that runs in a child
+// process, and (for every test binary that links this) a
 // last step that lets the shm manager the tests started exit cleanly.
 //
 //   std::string prefix = UniquePrefix("leak");
@@ -26,7 +26,6 @@
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "multiprocessing/manager_client.h"
-#include "tensor/tensor.h"
 
 // Inside a child: fail with the location and condition.
 #define CHILD_CHECK(cond)                                                                          \
@@ -73,13 +72,6 @@ inline std::string UniquePrefix(const std::string& tag) {
 }
 
 // Polls `cond` until it holds (true) or `timeout` passes (false).
-// The elements of `t`, as doubles, in row-major order.
-inline std::vector<double> Values(const Tensor& t) {
-  Tensor d = t.to(kFloat64).contiguous();
-  const double* p = d.data_ptr<double>();
-  return std::vector<double>(p, p + d.numel());
-}
-
 inline bool WaitUntil(const std::function<bool()>& cond, absl::Duration timeout) {
   absl::Time deadline = absl::Now() + timeout;
   while (!cond()) {
