@@ -60,11 +60,15 @@ void AddToResultType(ResultTypeState& state, const Tensor& t) {
 }
 
 // Converts `t` to `dtype` (a copy only when needed) and broadcasts it to
-// `shape` (a view).
+// `shape`. The broadcast operand is the kernel's alone: it never reaches the
+// caller or autograd, so it is built directly over the same storage, without
+// the dispatch, version counter and base of a user-visible expand view
+// (which would cost every op on a number or a smaller operand).
 Tensor Prepare(const Tensor& t, Dtype dtype, IntArrayRef shape) {
   Tensor r = t.dtype() == dtype ? t : t.to(dtype);
-  if (r.sizes() != shape) r = r.expand(shape);
-  return r;
+  if (r.sizes() == shape) return r;
+  ExpandedGeometry g = ExpandGeometry(r.sizes(), r.strides(), shape);
+  return Tensor(MakeTensorImpl(r.storage(), r.dtype(), g.sizes, g.strides, r.storage_offset()));
 }
 
 // Moves a 0-dim operand to the other operand's device (as torch lets CPU
@@ -96,11 +100,14 @@ Dtype UnaryResultDtype(UnaryOp op, Dtype in) {
         EMBER_FAIL(
             "neg: negation, the `-` operator, on a bool tensor is not supported. If you are "
             "trying to invert a mask, use logical_not() instead.");
-      case UnaryOp::kSign: return kBool;
-      case UnaryOp::kSquare: return kInt64;  // torch.pow(bool, 2) is int64.
+      case UnaryOp::kSign:
+        return kBool;
+      case UnaryOp::kSquare:
+        return kInt64;  // torch.pow(bool, 2) is int64.
       default:
-        EMBER_FAIL(name, ": not supported for bool tensors (dtype bool); convert with "
-                         "to() first");
+        EMBER_FAIL(name,
+                   ": not supported for bool tensors (dtype bool); convert with "
+                   "to() first");
     }
   }
   return in;
@@ -182,13 +189,15 @@ BinaryPlan PlanBinary(BinaryOp op, const Tensor& a, const Tensor& b) {
                   "Use the `^` or `logical_xor()` operator instead.");
       break;
     case BinaryOp::kPow:
-      EMBER_CHECK(common != kBool, "pow: not supported for bool operands (result dtype bool); "
-                                   "convert them with to() first");
+      EMBER_CHECK(common != kBool,
+                  "pow: not supported for bool operands (result dtype bool); "
+                  "convert them with to() first");
       EMBER_CHECK(!(is_integral(common) && IsNegativeIntegerScalar(b)),
                   "pow: Integers to negative integer powers are not allowed. (base dtype ",
                   dtype_name(a.dtype()), ", exponent ", b.item<int64_t>(), ")");
       break;
-    default: break;
+    default:
+      break;
   }
   plan.compute = (op == BinaryOp::kDiv && !is_floating_point(common)) ? kDefaultFloatDtype : common;
   plan.result = BinaryOpReturnsBool(op) ? kBool : plan.compute;
@@ -319,8 +328,7 @@ Tensor Where(const Tensor& condition, const Tensor& self, const Tensor& other) {
   Tensor b = OnDevice(other, device, "where");
   Tensor out = EmptyTensor(shape, dtype, device);
   if (out.numel() == 0) return out;
-  ops::where_out(out, Prepare(c, kBool, shape), Prepare(a, dtype, shape),
-                 Prepare(b, dtype, shape));
+  ops::where_out(out, Prepare(c, kBool, shape), Prepare(a, dtype, shape), Prepare(b, dtype, shape));
   return out;
 }
 
@@ -329,8 +337,8 @@ Tensor Where(const Tensor& condition, const Tensor& self, const Tensor& other) {
 Dtype ClampDtype(const Tensor& self, const std::optional<Scalar>& min,
                  const std::optional<Scalar>& max, const char* op) {
   EMBER_CHECK(self.defined(), op, ": the tensor is undefined");
-  EMBER_CHECK(min.has_value() || max.has_value(),
-              op, ": At least one of 'min' or 'max' must not be None");
+  EMBER_CHECK(min.has_value() || max.has_value(), op,
+              ": At least one of 'min' or 'max' must not be None");
   ResultTypeState state;
   state.AddTensor(self.dtype(), self.dim() == 0);
   if (min) state.AddScalar(min->dtype());

@@ -23,15 +23,12 @@ SizeVector ContiguousStrides(IntArrayRef sizes) {
   return strides;
 }
 
-std::string ShapeToString(IntArrayRef sizes) {
-  return "[" + absl::StrJoin(sizes, ", ") + "]";
-}
+std::string ShapeToString(IntArrayRef sizes) { return "[" + absl::StrJoin(sizes, ", ") + "]"; }
 
 int64_t WrapDim(int64_t dim, int64_t ndim, const char* op) {
   int64_t n = std::max<int64_t>(ndim, 1);
-  EMBER_CHECK(dim >= -n && dim < n, op,
-              ": dimension out of range (expected to be in range of [", -n,
-              ", ", n - 1, "], but got ", dim, ")");
+  EMBER_CHECK(dim >= -n && dim < n, op, ": dimension out of range (expected to be in range of [",
+              -n, ", ", n - 1, "], but got ", dim, ")");
   return dim < 0 ? dim + n : dim;
 }
 
@@ -53,10 +50,39 @@ SizeVector BroadcastShapes(IntArrayRef a, IntArrayRef b, const char* op) {
   for (size_t i = 0; i < n; ++i) {
     int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
-    EMBER_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", ShapeToString(a),
-                " and ", ShapeToString(b), " are not broadcastable (size ", da,
-                " vs ", db, " at dim ", i, ")");
+    EMBER_CHECK(da == db || da == 1 || db == 1, op, ": shapes ", ShapeToString(a), " and ",
+                ShapeToString(b), " are not broadcastable (size ", da, " vs ", db, " at dim ", i,
+                ")");
     out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+ExpandedGeometry ExpandGeometry(IntArrayRef sizes, IntArrayRef strides, IntArrayRef target) {
+  const int64_t nd = static_cast<int64_t>(target.size());
+  const int64_t have_nd = static_cast<int64_t>(sizes.size());
+  EMBER_CHECK(nd >= have_nd, "expand: the number of sizes provided (", nd,
+              ") must be greater or equal to the number of dimensions in the tensor (", have_nd,
+              ")");
+  ExpandedGeometry out{SizeVector(nd), SizeVector(nd)};
+  for (int64_t i = nd - 1; i >= 0; --i) {
+    const int64_t j = i - (nd - have_nd);
+    int64_t want = target[i];
+    if (j < 0) {
+      EMBER_CHECK(want >= 0, "expand: the expanded size ", want,
+                  " is not allowed in a leading, non-existing dimension ", i);
+      out.sizes[i] = want;
+      out.strides[i] = 0;
+      continue;
+    }
+    const int64_t have = sizes[j];
+    if (want == -1) want = have;
+    EMBER_CHECK(have == want || have == 1, "expand: the expanded size of the tensor (", want,
+                ") must match the existing size (", have, ") at non-singleton dimension ", i,
+                ".  Target sizes: ", ShapeToString(target),
+                ".  Tensor sizes: ", ShapeToString(sizes));
+    out.sizes[i] = want;
+    out.strides[i] = have == want ? strides[j] : 0;
   }
   return out;
 }
@@ -77,9 +103,7 @@ SizeVector InferSize(IntArrayRef shape, int64_t numel, const char* op) {
     }
   }
   bool ok = infer >= 0 ? (known != 0 && numel % known == 0) : known == numel;
-  EMBER_CHECK(ok, op,
-              ": shape '", ShapeToString(shape), "' is invalid for input of size ",
-              numel);
+  EMBER_CHECK(ok, op, ": shape '", ShapeToString(shape), "' is invalid for input of size ", numel);
   if (infer >= 0) out[infer] = numel / known;
   return out;
 }
@@ -105,8 +129,7 @@ std::optional<SizeVector> ComputeViewStrides(IntArrayRef sizes, IntArrayRef stri
   for (int64_t tensor_d = static_cast<int64_t>(sizes.size()) - 1; tensor_d >= 0; --tensor_d) {
     tensor_numel *= sizes[tensor_d];
     if (tensor_d == 0 ||
-        (sizes[tensor_d - 1] != 1 &&
-         strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+        (sizes[tensor_d - 1] != 1 && strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
       while (view_d >= 0 && (view_numel < tensor_numel || new_sizes[view_d] == 1)) {
         new_strides[view_d] = view_numel * chunk_base_stride;
         view_numel *= new_sizes[view_d];

@@ -41,6 +41,15 @@ SizeVector WrapDims(IntArrayRef dims, int64_t ndim, const char* op);
 // broadcastable".
 SizeVector BroadcastShapes(IntArrayRef a, IntArrayRef b, const char* op);
 
+// The geometry of `sizes`/`strides` read as `target` (torch's expand rule:
+// new leading dims and size-1 dims get stride 0, -1 keeps a size). Throws
+// "expand: ..." naming the first dim that cannot be expanded.
+struct ExpandedGeometry {
+  SizeVector sizes;
+  SizeVector strides;
+};
+ExpandedGeometry ExpandGeometry(IntArrayRef sizes, IntArrayRef strides, IntArrayRef target);
+
 // Resolves one -1 in `shape` for `numel` elements (view/reshape); throws
 // "<op>: shape '[2, -1]' is invalid for input of size 7".
 SizeVector InferSize(IntArrayRef shape, int64_t numel, const char* op);

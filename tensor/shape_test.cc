@@ -38,8 +38,9 @@ TEST(ShapeTest, WrapDimAndErrors) {
     WrapDim(5, 2, "sum");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(),
-                HasSubstr("sum: dimension out of range (expected to be in range of [-2, 1], but got 5)"));
+    EXPECT_THAT(
+        e.what(),
+        HasSubstr("sum: dimension out of range (expected to be in range of [-2, 1], but got 5)"));
   }
   EXPECT_EQ(WrapDims({-1, 0}, 3, "sum"), (SizeVector{0, 2}));
   EXPECT_THROW(WrapDims({1, -2}, 3, "sum"), Error);
@@ -55,6 +56,29 @@ TEST(ShapeTest, InferSize) {
     EXPECT_THAT(e.what(), HasSubstr("shape '[4, -1]' is invalid for input of size 6"));
   }
   EXPECT_THROW(InferSize({-1, 0}, 0, "view"), Error);
+}
+
+TEST(ShapeTest, ExpandGeometryGivesBroadcastDimsStrideZero) {
+  // A [3, 1] tensor with strides [1, 1] read as [2, 3, 4]: a new leading dim
+  // and the size-1 dim repeat (stride 0), the matching dim keeps its stride.
+  ExpandedGeometry g = ExpandGeometry({3, 1}, {1, 1}, {2, 3, 4});
+  EXPECT_EQ(g.sizes, (SizeVector{2, 3, 4}));
+  EXPECT_EQ(g.strides, (SizeVector{0, 1, 0}));
+  // -1 keeps the existing size; a 0-dim tensor expands to anything.
+  g = ExpandGeometry({5, 1}, {1, 1}, {-1, 2});
+  EXPECT_EQ(g.sizes, (SizeVector{5, 2}));
+  EXPECT_EQ(g.strides, (SizeVector{1, 0}));
+  g = ExpandGeometry({}, {}, {2, 2});
+  EXPECT_EQ(g.strides, (SizeVector{0, 0}));
+  try {
+    ExpandGeometry({3}, {1}, {4});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("expanded size of the tensor (4) must match the existing "
+                                    "size (3) at non-singleton dimension 0"));
+  }
+  EXPECT_THROW(ExpandGeometry({2, 3}, {3, 1}, {3}), Error);
+  EXPECT_THROW(ExpandGeometry({3}, {1}, {-1, 3}), Error);
 }
 
 TEST(ShapeTest, ViewStrides) {

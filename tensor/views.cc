@@ -104,31 +104,8 @@ Tensor Select(const Tensor& self, int64_t dim, int64_t index) {
 }
 
 Tensor Expand(const Tensor& self, IntArrayRef sizes) {
-  int64_t nd = static_cast<int64_t>(sizes.size());
-  EMBER_CHECK(nd >= self.dim(), "expand: the number of sizes provided (", nd,
-              ") must be greater or equal to the number of dimensions in the tensor (", self.dim(),
-              ")");
-  SizeVector out_sizes(nd), out_strides(nd);
-  for (int64_t i = nd - 1; i >= 0; --i) {
-    int64_t j = i - (nd - self.dim());
-    int64_t want = sizes[i];
-    if (j < 0) {
-      EMBER_CHECK(want >= 0, "expand: the expanded size ", want,
-                  " is not allowed in a leading, non-existing dimension ", i);
-      out_sizes[i] = want;
-      out_strides[i] = 0;
-      continue;
-    }
-    int64_t have = self.sizes()[j];
-    if (want == -1) want = have;
-    EMBER_CHECK(have == want || have == 1, "expand: the expanded size of the tensor (", want,
-                ") must match the existing size (", have, ") at non-singleton dimension ", i,
-                ".  Target sizes: ", ShapeToString(sizes),
-                ".  Tensor sizes: ", ShapeToString(self.sizes()));
-    out_sizes[i] = want;
-    out_strides[i] = (have == want) ? self.strides()[j] : 0;
-  }
-  return MakeView(self, out_sizes, out_strides, self.storage_offset());
+  ExpandedGeometry g = ExpandGeometry(self.sizes(), self.strides(), sizes);
+  return MakeView(self, g.sizes, g.strides, self.storage_offset());
 }
 
 Tensor Squeeze(const Tensor& self, std::optional<int64_t> dim) {
