@@ -172,13 +172,8 @@ class Tokenizer {
   void Escape(char e, std::string* out) {
     auto hex = [&](size_t digits) -> std::optional<uint32_t> {
       if (text_.size() - pos_ < digits) return std::nullopt;
-      uint32_t v = 0;
-      for (size_t k = 0; k < digits; ++k) {
-        const char h = text_[pos_ + k];
-        if (!absl::ascii_isxdigit(h)) return std::nullopt;
-        v = v * 16 + (absl::ascii_isdigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10);
-      }
-      pos_ += digits;
+      std::optional<uint32_t> v = parse_hex_digits(text_.substr(pos_, digits));
+      if (v) pos_ += digits;
       return v;
     };
     switch (e) {

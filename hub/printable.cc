@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 
 namespace ember::hub {
@@ -100,6 +101,16 @@ void append_utf8(std::string* out, uint32_t code_point) {
     out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
     out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
+}
+
+std::optional<uint32_t> parse_hex_digits(absl::string_view digits) {
+  if (digits.empty() || digits.size() > 8) return std::nullopt;
+  uint32_t v = 0;
+  for (char h : digits) {
+    if (!absl::ascii_isxdigit(h)) return std::nullopt;
+    v = v * 16 + (absl::ascii_isdigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10);
+  }
+  return v;
 }
 
 }  // namespace ember::hub

@@ -10,6 +10,7 @@
 #define EMBER_HUB_PRINTABLE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -32,6 +33,11 @@ bool is_valid_utf8(absl::string_view text, size_t* bad_at = nullptr);
 // Appends the UTF-8 form of `code_point` (at most U+10FFFF; callers that
 // decode escapes have rejected surrogates and larger values) to `*out`.
 void append_utf8(std::string* out, uint32_t code_point);
+
+// The value of `digits` read as hexadecimal (escape decoders: \uXXXX,
+// \xXX), or nullopt when it is empty, longer than 8 digits or holds anything
+// but 0-9, a-f, A-F (no sign, prefix or spaces).
+std::optional<uint32_t> parse_hex_digits(absl::string_view digits);
 
 }  // namespace ember::hub
 

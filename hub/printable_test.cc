@@ -36,5 +36,13 @@ TEST(PrintableTest, AppendsUtf8AtEveryLength) {
   EXPECT_EQ(out, "A\x7f\xc2\x80\xe2\x82\xac\xef\xbf\xbf\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf");
 }
 
+TEST(PrintableTest, ParsesOnlyPlainHexDigits) {
+  EXPECT_EQ(parse_hex_digits("00e9"), 0xE9u);
+  EXPECT_EQ(parse_hex_digits("D83D"), 0xD83Du);
+  EXPECT_EQ(parse_hex_digits("fFfFfFfF"), 0xFFFFFFFFu);
+  for (absl::string_view bad : {"", "12g4", "+1a2", "0x12", " 12", "123456789"})
+    EXPECT_EQ(parse_hex_digits(bad), std::nullopt) << bad;
+}
+
 }  // namespace
 }  // namespace ember::hub

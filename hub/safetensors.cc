@@ -106,23 +106,19 @@ class JsonParser {
           break;
         case 'u': {
           if (pos_ + 4 > text_.size()) return Fail("short \\u escape");
-          uint32_t cp = 0;
-          for (int i = 0; i < 4; ++i) {
-            char h = text_[pos_++];
-            if (!absl::ascii_isxdigit(h)) return Fail("bad \\u escape");
-            cp = cp * 16 + (absl::ascii_isdigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10);
-          }
+          std::optional<uint32_t> hi = parse_hex_digits(text_.substr(pos_, 4));
+          if (!hi) return Fail("bad \\u escape");
+          pos_ += 4;
+          uint32_t cp = *hi;
           if (cp >= 0xDC00 && cp < 0xE000) return Fail("lone low surrogate in a \\u escape");
           if (cp >= 0xD800 && cp < 0xDC00) {  // must be followed by its low half
             if (text_.substr(pos_, 2) != "\\u" || pos_ + 6 > text_.size())
               return Fail("lone high surrogate in a \\u escape");
             pos_ += 2;
-            uint32_t lo = 0;
-            for (int i = 0; i < 4; ++i) {
-              char h = text_[pos_++];
-              if (!absl::ascii_isxdigit(h)) return Fail("bad \\u escape");
-              lo = lo * 16 + (absl::ascii_isdigit(h) ? h - '0' : absl::ascii_tolower(h) - 'a' + 10);
-            }
+            std::optional<uint32_t> low = parse_hex_digits(text_.substr(pos_, 4));
+            if (!low) return Fail("bad \\u escape");
+            pos_ += 4;
+            const uint32_t lo = *low;
             if (lo < 0xDC00 || lo >= 0xE000) return Fail("lone high surrogate in a \\u escape");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
           }
