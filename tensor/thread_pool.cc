@@ -1,5 +1,7 @@
 #include "tensor/thread_pool.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -7,11 +9,11 @@
 #include <deque>
 #include <exception>
 #include <mutex>
-#include <pthread.h>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "cblas.h"
 #include "tensor/error.h"
 
 namespace ember {
@@ -95,6 +97,7 @@ int GetNumThreads() { return NumThreads().load(std::memory_order_relaxed); }
 void SetNumThreads(int n) {
   EMBER_CHECK(n >= 1, "set_num_threads: expected a positive number of threads, got ", n);
   NumThreads().store(n, std::memory_order_relaxed);
+  openblas_set_num_threads(n);
 }
 
 bool InParallelRegion() { return t_in_parallel; }

@@ -6,8 +6,10 @@
 //
 // The pool size defaults to OMP_NUM_THREADS when set (as PyTorch's intra-op
 // pool does), else to the number of cores; SetNumThreads changes it, as
-// torch.set_num_threads. Work smaller than `grain` elements, and calls made
-// from inside a ParallelFor body, run inline on the calling thread. An
+// torch.set_num_threads. The same call bounds the BLAS library's own threads
+// (OpenBLAS keeps a pool of its own for matmul), so that set_num_threads(1)
+// means one thread for every op, as the Hogwild and DDP recipes expect. Work smaller than `grain`
+// elements, and calls made from inside a ParallelFor body, run inline on the calling thread. An
 // exception thrown by a body is rethrown on the calling thread after all
 // chunks finish. ParallelFor blocks until every chunk is done; it may be
 // called from several threads at once.
@@ -23,7 +25,7 @@ namespace ember {
 inline constexpr int64_t kDefaultGrainSize = 32768;
 
 int GetNumThreads();
-// Sets the number of threads used by ParallelFor (>= 1).
+// Sets the number of threads used by ParallelFor and by BLAS (>= 1).
 void SetNumThreads(int n);
 // True inside a ParallelFor body.
 bool InParallelRegion();

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cblas.h"
 #include "gtest/gtest.h"
 
 namespace ember {
@@ -19,6 +20,18 @@ TEST(ThreadPoolTest, CoversRangeExactlyOnce) {
     for (int64_t i = b; i < e; ++i) hits[i]++;
   });
   for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+}
+
+// set_num_threads bounds OpenBLAS's own pool too (torch.set_num_threads
+// does the same for its BLAS), so one thread per process means one thread.
+TEST(ThreadPoolTest, SetNumThreadsBoundsBlasThreads) {
+  SetNumThreads(1);
+  EXPECT_EQ(openblas_get_num_threads(), 1);
+  SetNumThreads(2);
+  EXPECT_EQ(GetNumThreads(), 2);
+  EXPECT_EQ(openblas_get_num_threads(), 2);
+  SetNumThreads(1);
+  EXPECT_EQ(openblas_get_num_threads(), 1);
 }
 
 // A forked child inherits none of its parent's workers; its ParallelFor must
