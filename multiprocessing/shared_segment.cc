@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "multiprocessing/manager_client.h"
 #include "multiprocessing/manager_protocol.h"
+#include "multiprocessing/shared_mapping.h"
 #include "tensor/status_macros.h"
 
 namespace ember::multiprocessing {
@@ -409,22 +410,12 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(SharingStra
     }
     return s;
   };
-  if (::ftruncate(fd.get(), static_cast<off_t>(mapped)) != 0) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat("cannot size a shared-memory region to ",
-                                                          mapped, " bytes: ", ErrnoText(errno))));
-  }
-  // Reserve every page now: a full /dev/shm fails here, not as SIGBUS later.
-  if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(mapped)); err != 0) {
-    return fail(absl::ResourceExhaustedError(absl::StrCat(
-        "cannot reserve ", mapped, " bytes of shared memory for a storage of ", capacity,
-        " bytes (", name.empty() ? "memfd" : "/dev/shm" + name, "): ", ErrnoText(err),
-        err == ENOSPC ? "; free space in /dev/shm or raise its size" : "")));
-  }
-  void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (base == MAP_FAILED) {
-    return fail(absl::ResourceExhaustedError(
-        absl::StrCat("mmap of ", mapped, " bytes of shared memory: ", ErrnoText(errno))));
-  }
+  const std::string what = absl::StrCat("a storage of ", capacity, " bytes (",
+                                        name.empty() ? "memfd" : "/dev/shm" + name, ")");
+  if (absl::Status s = reserve_pages(fd.get(), mapped, what); !s.ok()) return fail(s);
+  absl::StatusOr<void*> mapping = map_shared(fd.get(), mapped, what);
+  if (!mapping.ok()) return fail(mapping.status());
+  void* base = *mapping;
   auto* h = reinterpret_cast<Header*>(static_cast<char*>(base) + HeaderOffset(capacity));
   h->capacity = capacity;
   h->refcount.store(1, std::memory_order_relaxed);

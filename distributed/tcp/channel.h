@@ -37,8 +37,7 @@ class Channel {
   // and returns every byte readable in one contiguous piece (at least
   // `min_bytes` of them), or an empty span when the wait passed first.
   // kUnavailable when the peer is gone, kAborted after Interrupt().
-  virtual absl::StatusOr<absl::Span<const char>> Peek(size_t min_bytes,
-                                                       absl::Duration wait) = 0;
+  virtual absl::StatusOr<absl::Span<const char>> Peek(size_t min_bytes, absl::Duration wait) = 0;
   // Releases the first `n` bytes of the last Peek.
   virtual void Consume(size_t n) = 0;
 

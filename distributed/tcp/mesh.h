@@ -38,12 +38,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -90,8 +90,13 @@ class PendingRecv {
  public:
   PendingRecv(int src, MessageKey key, uint8_t op, size_t nbytes, Sink sink, RecvDone done,
               char* copy_to)
-      : src_(src), key_(key), op_(op), nbytes_(nbytes), sink_(std::move(sink)),
-        done_(std::move(done)), copy_to_(copy_to) {}
+      : src_(src),
+        key_(key),
+        op_(op),
+        nbytes_(nbytes),
+        sink_(std::move(sink)),
+        done_(std::move(done)),
+        copy_to_(copy_to) {}
   bool finished() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status status() ABSL_LOCKS_EXCLUDED(mu_);
   // The sender, once finished; for kFromAnyRank receives.
@@ -109,7 +114,7 @@ class PendingRecv {
   absl::Mutex mu_;
   bool claimed_ ABSL_GUARDED_BY(mu_) = false;    // finishing has begun
   bool signalled_ ABSL_GUARDED_BY(mu_) = false;  // finished; waiters may go
-  std::atomic<bool> signalled_flag_{false};       // the same, for spinning waiters
+  std::atomic<bool> signalled_flag_{false};      // the same, for spinning waiters
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int source_ ABSL_GUARDED_BY(mu_) = -1;
 };
@@ -143,8 +148,9 @@ struct PeerInfo {
 // address space must never touch. (Between processes such a late read
 // gets whatever the sender's memory then holds; the sender's failure
 // poisons the collective, so the receiver's op fails too, unless it had
-// already finished.) Whether a peer may be read is probed once at setup (a known word at a published address); when
-// the kernel refuses (ptrace restrictions, containers), messages use the ring.
+// already finished.) Whether a peer may be read is probed once at setup (a known word at a
+// published address); when the kernel refuses (ptrace restrictions, containers), messages use the
+// ring.
 inline constexpr size_t kDirectBytes = 256 << 10;
 
 class Mesh {
@@ -167,8 +173,8 @@ class Mesh {
   // Posts a receive of exactly `nbytes` from `src` (or kFromAnyRank).
   // `copy_to`: when the sink only copies into one buffer, that buffer;
   // large same-host messages are then read straight into it.
-  std::shared_ptr<PendingRecv> Post(int src, MessageKey key, uint8_t op, size_t nbytes,
-                                    Sink sink, RecvDone done = nullptr, char* copy_to = nullptr);
+  std::shared_ptr<PendingRecv> Post(int src, MessageKey key, uint8_t op, size_t nbytes, Sink sink,
+                                    RecvDone done = nullptr, char* copy_to = nullptr);
   // Waits for `recv` until `deadline`; then cancels it with kDeadlineExceeded
   // naming `what` and the peer. Returns the receive's status.
   // Collective receives first give a failure elsewhere a moment to explain

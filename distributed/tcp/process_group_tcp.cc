@@ -14,33 +14,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "distributed/peer_process.h"
+#include "distributed/tcp/algorithms.h"
 #include "distributed/tcp/reduce.h"
 #include "distributed/tcp/shm_channel.h"
 #include "distributed/tcp/socket_channel.h"
 #include "tensor/status_macros.h"
 
 namespace ember::distributed::tcp {
-
-// Note [tcp algorithms]
-// Small all_reduce (under kDirectAllReduceBytes received per rank) is one
-// hop: every rank sends its buffer to every other and reduces the N inputs
-// in rank order. Larger all_reduce, when every rank of the group is on this
-// host, runs in the shared-memory arena (Note [Shared-memory all_reduce] in
-// shm_arena.h); otherwise (or with EMBER_TCP_ARENA=0, or after an arena op
-// failed) it is a ring: N-1 reduce-scatter steps, then N-1 all-gather
-// steps, over N segments of the buffer. Every receive of the op is posted before the
-// first send, so each incoming segment streams from the channel straight
-// into the destination (reduce-scatter: acc = op(acc, incoming); all-gather:
-// a copy) on the reader thread while the worker thread sends the next
-// segment. Each segment is reduced exactly once, on a path fixed by its
-// index, and then copied to everyone: every rank ends with the same bits,
-// run after run (AVG divides the finished segment before it is copied).
-// reduce runs the reduce-scatter half and gathers the segments to the root.
-// The other collectives move whole tensors directly between the ranks that
-// need them (Exchange), with sends staggered (rank r sends to r+1 first) so
-// that no rank is everyone's first target; reduce_scatter reduces what it
-// received in rank order 0..N-1. Non-contiguous tensors go through
-// contiguous staging copies.
 
 namespace {
 
@@ -57,21 +37,16 @@ absl::Span<const char> Bytes(const Tensor& t) {
   return {static_cast<const char*>(t.raw_data()), t.nbytes()};
 }
 char* Data(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
+std::vector<Target> Targets(const std::vector<Tensor>& tensors) {
+  std::vector<Target> targets;
+  for (const Tensor& t : tensors) targets.push_back({Data(t), t.nbytes()});
+  return targets;
+}
 
 // A contiguous tensor to work on (t itself when already contiguous).
 Tensor Staging(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 void CopyBack(const Tensor& user, const Tensor& staging) {
   if (!staging.is_same(user)) user.copy_(staging);
-}
-
-Sink CopySink(char* dst) {
-  return [dst](size_t off, const char* data, size_t n) { std::memcpy(dst + off, data, n); };
-}
-Sink ReduceSink(ReduceOp op, Dtype dtype, char* acc) {
-  const size_t elem = element_size(dtype);
-  return [=](size_t off, const char* data, size_t n) {
-    ReduceInto(op, dtype, acc + off, data, static_cast<int64_t>(n / elem));
-  };
 }
 
 std::string OpCodeName(uint8_t code) {
@@ -136,154 +111,6 @@ absl::StatusOr<std::vector<std::string>> PublishAndGather(Store& store, const st
     values[p] = std::move(*got);
   }
   return values;
-}
-
-absl::Status SendTo(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int dst, int32_t step,
-                    absl::Span<const char> bytes) {
-  absl::Status s = mesh.Send(dst, {MessageKind::kCollective, ctx.seq, step},
-                             static_cast<uint8_t>(ctx.op), bytes, ctx.deadline);
-  if (s.ok()) return s;
-  // A peer that hung up may only be echoing a failure elsewhere (it gave up
-  // on this collective and exited): report the cause when it is known.
-  if (absl::IsUnavailable(s)) {
-    absl::Status cause = mesh.CollectiveFailure(ctx.seq, absl::Milliseconds(200));
-    if (!cause.ok() && !absl::StrContains(cause.message(), absl::StrCat("lost rank ", dst))) {
-      return absl::Status(cause.code(), absl::StrCat(ctx.what, ": ", cause.message()));
-    }
-  }
-  return absl::Status(
-      s.code(), absl::StrCat(ctx.what, ": sending to ", mesh.DescribePeer(dst), ": ", s.message()));
-}
-
-// Holds an op's posted receives; any still pending when the op returns
-// (it failed part way) are cancelled, so that no late message is written
-// into buffers the op is about to free.
-class OpRecvs {
- public:
-  explicit OpRecvs(Mesh& mesh) : mesh_(mesh) {}
-  ~OpRecvs() {
-    for (auto& recv : recvs_) {
-      if (recv && !recv->finished()) {
-        mesh_.Cancel(recv, absl::CancelledError("the collective ended before this message"));
-      }
-    }
-  }
-  std::shared_ptr<PendingRecv> Add(std::shared_ptr<PendingRecv> recv) {
-    recvs_.push_back(recv);
-    return recv;
-  }
-
- private:
-  Mesh& mesh_;
-  std::vector<std::shared_ptr<PendingRecv>> recvs_;
-};
-
-// Moves whole buffers between ranks: sends[p] to rank p and recvs[p] from
-// rank p (empty optionals skip a peer), all under one collective step.
-struct Target {
-  char* data;
-  size_t nbytes;
-};
-absl::Status Exchange(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, int32_t step,
-                      const std::vector<std::optional<absl::Span<const char>>>& sends,
-                      const std::vector<std::optional<Target>>& recvs) {
-  const int n = mesh.size(), r = mesh.rank();
-  const uint8_t code = static_cast<uint8_t>(ctx.op);
-  const MessageKey key{MessageKind::kCollective, ctx.seq, step};
-  std::vector<std::shared_ptr<PendingRecv>> posted(n);
-  OpRecvs guard(mesh);
-  for (int p = 0; p < n; ++p) {
-    if (p != r && recvs[p]) {
-      posted[p] = guard.Add(mesh.Post(p, key, code, recvs[p]->nbytes, CopySink(recvs[p]->data),
-                                      nullptr, recvs[p]->data));
-    }
-  }
-  for (int i = 1; i < n; ++i) {
-    const int p = (r + i) % n;
-    if (!sends[p]) continue;
-    EMBER_RETURN_IF_ERROR(SendTo(mesh, ctx, p, step, *sends[p]));
-  }
-  for (int i = 1; i < n; ++i) {
-    const int p = (r - i + n) % n;
-    if (posted[p]) EMBER_RETURN_IF_ERROR(mesh.Wait(posted[p], ctx.deadline, ctx.what));
-  }
-  return absl::OkStatus();
-}
-
-// The reduce-scatter half of the ring (Note [tcp algorithms]): afterwards
-// segment r+1 of `data` holds the full reduction on rank r.
-absl::Status RingReduceScatter(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
-                               int64_t numel, Dtype dtype, ReduceOp op) {
-  const int n = mesh.size(), r = mesh.rank();
-  const size_t elem = element_size(dtype);
-  const int left = (r - 1 + n) % n, right = (r + 1) % n;
-  const uint8_t code = static_cast<uint8_t>(ctx.op);
-  std::vector<std::shared_ptr<PendingRecv>> rs(n - 1);
-  OpRecvs guard(mesh);
-  for (int k = 0; k < n - 1; ++k) {
-    Segment s = SegmentOf(r - k - 1, n, numel, elem);
-    rs[k] = guard.Add(mesh.Post(left, {MessageKind::kCollective, ctx.seq, k}, code, s.nbytes,
-                                ReduceSink(op, dtype, data + s.offset)));
-  }
-  for (int k = 0; k < n - 1; ++k) {
-    Segment s = SegmentOf(r - k, n, numel, elem);
-    EMBER_RETURN_IF_ERROR(SendTo(mesh, ctx, right, k, {data + s.offset, s.nbytes}));
-    EMBER_RETURN_IF_ERROR(mesh.Wait(rs[k], ctx.deadline, ctx.what));
-  }
-  return absl::OkStatus();
-}
-
-// Small all_reduce in one hop: everyone sends its whole buffer to everyone,
-// and every rank reduces the N inputs in rank order 0..N-1 (the same bits
-// everywhere, as the ring gives).
-absl::Status DirectAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
-                             int64_t numel, Dtype dtype, ReduceOp op) {
-  const int n = mesh.size(), r = mesh.rank();
-  const size_t nbytes = static_cast<size_t>(numel) * element_size(dtype);
-  std::vector<std::string> inputs(n);
-  std::vector<std::optional<absl::Span<const char>>> sends(n, absl::Span<const char>(data, nbytes));
-  std::vector<std::optional<Target>> recvs(n);
-  for (int p = 0; p < n; ++p) {
-    if (p == r) {
-      inputs[p].assign(data, nbytes);
-    } else {
-      inputs[p].resize(nbytes);
-      recvs[p] = Target{inputs[p].data(), nbytes};
-    }
-  }
-  EMBER_RETURN_IF_ERROR(Exchange(mesh, ctx, 0, sends, recvs));
-  std::memcpy(data, inputs[0].data(), nbytes);
-  for (int p = 1; p < n; ++p) ReduceInto(op, dtype, data, inputs[p].data(), numel);
-  if (op == ReduceOp::kAvg) DivideBy(dtype, data, numel, n);
-  return absl::OkStatus();
-}
-
-absl::Status RingAllReduce(Mesh& mesh, const TcpProcessGroup::OpContext& ctx, char* data,
-                           int64_t numel, Dtype dtype, ReduceOp op) {
-  const int n = mesh.size(), r = mesh.rank();
-  const size_t elem = element_size(dtype);
-  const int left = (r - 1 + n) % n, right = (r + 1) % n;
-  const uint8_t code = static_cast<uint8_t>(ctx.op);
-  // All-gather receives are posted first too: a segment's final value only
-  // arrives after this rank has sent its own part of it (Note [tcp algorithms]).
-  std::vector<std::shared_ptr<PendingRecv>> ag(n - 1);
-  OpRecvs guard(mesh);
-  for (int k = 0; k < n - 1; ++k) {
-    Segment s = SegmentOf(r - k, n, numel, elem);
-    ag[k] = guard.Add(mesh.Post(left, {MessageKind::kCollective, ctx.seq, n - 1 + k}, code,
-                                s.nbytes, CopySink(data + s.offset), nullptr, data + s.offset));
-  }
-  EMBER_RETURN_IF_ERROR(RingReduceScatter(mesh, ctx, data, numel, dtype, op));
-  Segment own = SegmentOf(r + 1, n, numel, elem);
-  if (op == ReduceOp::kAvg) {
-    DivideBy(dtype, data + own.offset, static_cast<int64_t>(own.nbytes / elem), n);
-  }
-  for (int k = 0; k < n - 1; ++k) {
-    Segment s = SegmentOf(r + 1 - k, n, numel, elem);
-    EMBER_RETURN_IF_ERROR(SendTo(mesh, ctx, right, n - 1 + k, {data + s.offset, s.nbytes}));
-    EMBER_RETURN_IF_ERROR(mesh.Wait(ag[k], ctx.deadline, ctx.what));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -658,48 +485,35 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoReduce(const Tensor& te
                  });
 }
 
-namespace {
-
-// all_gather into `outputs` (already staged, contiguous).
-absl::Status AllGatherInto(Mesh& m, const TcpProcessGroup::OpContext& ctx,
-                           const std::vector<Tensor>& outputs, const Tensor& input) {
-  const int n = m.size(), r = m.rank();
-  std::vector<std::optional<absl::Span<const char>>> sends(n, Bytes(input));
-  std::vector<std::optional<Target>> recvs(n);
-  for (int p = 0; p < n; ++p) recvs[p] = Target{Data(outputs[p]), outputs[p].nbytes()};
-  std::memcpy(Data(outputs[r]), input.raw_data(), input.nbytes());
-  return Exchange(m, ctx, 0, sends, recvs);
-}
-
-}  // namespace
-
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllGather(
     absl::Span<const Tensor> outputs, const Tensor& input, const AllGatherOptions& options) {
   std::vector<Tensor> outs(outputs.begin(), outputs.end());
-  return Enqueue(OpType::kAllGather, options.timeout, true,
-                 [this, outs, input](const OpContext& ctx) -> absl::Status {
-                   std::vector<Tensor> staged;
-                   for (const Tensor& t : outs) staged.push_back(Staging(t));
-                   EMBER_RETURN_IF_ERROR(AllGatherInto(*mesh_, ctx, staged, Staging(input)));
-                   for (size_t i = 0; i < outs.size(); ++i) CopyBack(outs[i], staged[i]);
-                   return absl::OkStatus();
-                 });
+  return Enqueue(
+      OpType::kAllGather, options.timeout, true,
+      [this, outs, input](const OpContext& ctx) -> absl::Status {
+        std::vector<Tensor> staged;
+        for (const Tensor& t : outs) staged.push_back(Staging(t));
+        EMBER_RETURN_IF_ERROR(AllGatherInto(*mesh_, ctx, Targets(staged), Bytes(Staging(input))));
+        for (size_t i = 0; i < outs.size(); ++i) CopyBack(outs[i], staged[i]);
+        return absl::OkStatus();
+      });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllGatherIntoTensor(
     const Tensor& output, const Tensor& input, const AllGatherOptions& options) {
-  return Enqueue(OpType::kAllGatherIntoTensor, options.timeout, true,
-                 [this, output, input](const OpContext& ctx) -> absl::Status {
-                   const int n = size();
-                   Tensor out = Staging(output);
-                   Tensor flat = out.reshape({out.numel()});
-                   const int64_t m = input.numel();
-                   std::vector<Tensor> parts;
-                   for (int p = 0; p < n; ++p) parts.push_back(flat.narrow(0, p * m, m));
-                   EMBER_RETURN_IF_ERROR(AllGatherInto(*mesh_, ctx, parts, Staging(input)));
-                   CopyBack(output, out);
-                   return absl::OkStatus();
-                 });
+  return Enqueue(
+      OpType::kAllGatherIntoTensor, options.timeout, true,
+      [this, output, input](const OpContext& ctx) -> absl::Status {
+        const int n = size();
+        Tensor out = Staging(output);
+        Tensor flat = out.reshape({out.numel()});
+        const int64_t m = input.numel();
+        std::vector<Tensor> parts;
+        for (int p = 0; p < n; ++p) parts.push_back(flat.narrow(0, p * m, m));
+        EMBER_RETURN_IF_ERROR(AllGatherInto(*mesh_, ctx, Targets(parts), Bytes(Staging(input))));
+        CopyBack(output, out);
+        return absl::OkStatus();
+      });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoGather(absl::Span<const Tensor> outputs,

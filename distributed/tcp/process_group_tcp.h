@@ -16,7 +16,7 @@
 //
 // Execution: ops run in call order on one worker thread per group; a
 // receive (Recv / irecv) is posted at once and completes on a reader
-// thread. Algorithms (Note [tcp algorithms] in process_group_tcp.cc): large
+// thread. Algorithms (Note [tcp algorithms] in algorithms.h): large
 // all_reduce in shared staging segments when the whole group shares a host
 // (ShmArena), else ring reduce-scatter + all-gather, as for reduce; direct
 // exchange for the others. Every reduction happens once per element in a fixed order, so
@@ -44,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "distributed/backend_registry.h"
 #include "distributed/process_group.h"
+#include "distributed/tcp/algorithms.h"
 #include "distributed/tcp/mesh.h"
 #include "distributed/tcp/shm_arena.h"
 
@@ -82,12 +83,7 @@ class TcpProcessGroup : public ProcessGroup {
   // "direct" (small: one hop), "arena" (ShmArena) or "ring".
   std::string AllReduceAlgorithm(size_t nbytes) const;
 
-  struct OpContext {
-    OpType op;
-    int64_t seq;  // the collective's sequence number in this group
-    absl::Time deadline;
-    std::string what;  // "all_reduce (collective #3)"
-  };
+  using OpContext = ::ember::distributed::tcp::OpContext;
 
  protected:
   absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor& tensor,

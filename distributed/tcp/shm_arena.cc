@@ -64,25 +64,25 @@ absl::StatusOr<std::unique_ptr<ShmArena>> ShmArena::Create(int rank, int size) {
         absl::StrCat("shared-memory arena: rank ", rank, " of ", size, " is invalid"));
   }
   const size_t portion = PortionBytesFor(size);
-  auto segment = SharedSegment::Create("ember-tcp-arena", SegmentBytes(size, portion));
+  auto segment = SharedMapping::create_memfd("ember-tcp-arena", SegmentBytes(size, portion));
   if (!segment.ok()) return segment.status();
   return std::unique_ptr<ShmArena>(new ShmArena(rank, size, portion, std::move(*segment)));
 }
 
-ShmArena::ShmArena(int rank, int size, size_t portion_bytes, SharedSegment segment)
+ShmArena::ShmArena(int rank, int size, size_t portion_bytes, SharedMapping segment)
     : rank_(rank), size_(size), portion_bytes_(portion_bytes), segments_(size) {
   segments_[rank] = std::move(segment);
 }
 
-std::string ShmArena::Locator() const { return segments_[rank_].Locator(); }
+std::string ShmArena::Locator() const { return LocatorOf(segments_[rank_]); }
 
 absl::Status ShmArena::Attach(int peer, const std::string& locator) {
   if (peer < 0 || peer >= size_ || peer == rank_) {
     return absl::InvalidArgumentError(
         absl::StrCat("shared-memory arena: cannot attach rank ", peer, " (group of ", size_, ")"));
   }
-  auto segment = SharedSegment::Open(locator, SegmentBytes(size_, portion_bytes_),
-                                     absl::StrCat("rank ", peer, "'s all_reduce arena"));
+  auto segment = OpenLocator(locator, SegmentBytes(size_, portion_bytes_),
+                             absl::StrCat("rank ", peer, "'s all_reduce arena"));
   if (!segment.ok()) return segment.status();
   segments_[peer] = std::move(*segment);
   return absl::OkStatus();

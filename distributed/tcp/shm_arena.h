@@ -104,7 +104,7 @@ class ShmArena {
   struct Control;  // one rank's counters and announcement, in its segment
 
  private:
-  ShmArena(int rank, int size, size_t portion_bytes, SharedSegment segment);
+  ShmArena(int rank, int size, size_t portion_bytes, SharedMapping segment);
   void Announce(int64_t seq, size_t nbytes, Dtype dtype, ReduceOp op, bool here);
   absl::Status CheckAnnouncements(const Op& op, size_t nbytes, Dtype dtype, ReduceOp redop);
   // Waits until `counter(peer)` reaches `target` for every peer.
@@ -120,7 +120,7 @@ class ShmArena {
   const int rank_;
   const int size_;
   const size_t portion_bytes_;
-  std::vector<SharedSegment> segments_;  // [rank_] is ours
+  std::vector<SharedMapping> segments_;  // [rank_] is ours
   std::atomic<bool> interrupted_{false};
   // CpuRelax() rounds a wait spins before yielding (worker thread only).
   static constexpr int kMinSpins = 8;

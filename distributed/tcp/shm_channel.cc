@@ -36,20 +36,21 @@ absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Create(const ShmChannelO
                                                    " is not a positive multiple of 4096"));
   }
   // A fresh segment is zero-filled: both rings start empty.
-  auto segment = SharedSegment::Create("ember-tcp-ring", kControlBytes + 2 * options.ring_bytes);
+  auto segment =
+      SharedMapping::create_memfd("ember-tcp-ring", kControlBytes + 2 * options.ring_bytes);
   if (!segment.ok()) return segment.status();
   return std::unique_ptr<ShmChannel>(new ShmChannel(std::move(*segment), true, options));
 }
 
 absl::StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Open(const std::string& locator,
                                                              const ShmChannelOptions& options) {
-  auto segment = SharedSegment::Open(locator, kControlBytes + 2 * options.ring_bytes,
-                                     absl::StrCat("rank ", options.peer_rank, "'s ring"));
+  auto segment = OpenLocator(locator, kControlBytes + 2 * options.ring_bytes,
+                             absl::StrCat("rank ", options.peer_rank, "'s ring"));
   if (!segment.ok()) return segment.status();
   return std::unique_ptr<ShmChannel>(new ShmChannel(std::move(*segment), false, options));
 }
 
-ShmChannel::ShmChannel(SharedSegment segment, bool creator, const ShmChannelOptions& options)
+ShmChannel::ShmChannel(SharedMapping segment, bool creator, const ShmChannelOptions& options)
     : segment_(std::move(segment)), capacity_(options.ring_bytes), options_(options) {
   Ring* rings = reinterpret_cast<Ring*>(segment_.data());
   char* data = segment_.data() + kControlBytes;
@@ -61,7 +62,7 @@ ShmChannel::ShmChannel(SharedSegment segment, bool creator, const ShmChannelOpti
 
 ShmChannel::~ShmChannel() = default;
 
-std::string ShmChannel::Locator() const { return segment_.Locator(); }
+std::string ShmChannel::Locator() const { return LocatorOf(segment_); }
 
 absl::Status ShmChannel::CheckPeerAlive() const {
   if (options_.peer_pid <= 0 || options_.peer_pid == getpid()) return absl::OkStatus();

@@ -64,11 +64,11 @@ class ShmChannel : public Channel {
   struct Ring;  // the control block of one direction, in the segment
 
  private:
-  ShmChannel(SharedSegment segment, bool creator, const ShmChannelOptions& options);
+  ShmChannel(SharedMapping segment, bool creator, const ShmChannelOptions& options);
   // kUnavailable when the peer process has exited.
   absl::Status CheckPeerAlive() const;
 
-  SharedSegment segment_;
+  SharedMapping segment_;
   size_t capacity_;
   Ring* out_;
   Ring* in_;

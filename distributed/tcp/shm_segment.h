@@ -1,13 +1,13 @@
-// SharedSegment: a memfd that ranks on one host map together, and the way
-// threads of those ranks wait on words inside it. The building block of
-// ShmChannel (two rings per pair of ranks) and ShmArena (one staging area
-// per rank for all_reduce).
+// The tcp backend's shared segments: memfds (multiprocessing's
+// SharedMapping, pages reserved up front) that ranks on one host map
+// together, named by a locator, and the way threads of those ranks wait on
+// words inside them. The building block of ShmChannel (two rings per pair of
+// ranks) and ShmArena (one staging area per rank for all_reduce).
 //
-//   EMBER_ASSIGN_OR_RETURN(SharedSegment mine, SharedSegment::Create("ember-x", bytes));
-//   store->set(key, mine.Locator());                   // "<pid>:<fd>"
+//   EMBER_ASSIGN_OR_RETURN(SharedMapping mine, SharedMapping::create_memfd("ember-x", bytes));
+//   store->set(key, LocatorOf(mine));                      // "<pid>:<fd>"
 //   // another rank on this host:
-//   EMBER_ASSIGN_OR_RETURN(SharedSegment theirs, SharedSegment::Open(locator, bytes, "rank 0's
-//   x"));
+//   EMBER_ASSIGN_OR_RETURN(SharedMapping theirs, OpenLocator(locator, bytes, "rank 0's x"));
 //
 // A peer opens the memfd through /proc/<pid>/fd/<n>, which needs no fd
 // passing; the creator keeps its fd open for the segment's life. A fresh
@@ -17,8 +17,7 @@
 // word in the segment; the side that makes progress wakes sleepers only when
 // one said it sleeps, so a busy pair never makes a system call.
 //
-// Thread-safety: SharedSegment is move-only and thread-compatible; the
-// waiting functions are thread-safe.
+// Thread-safety: the functions are thread-safe.
 #ifndef EMBER_DISTRIBUTED_TCP_SHM_SEGMENT_H_
 #define EMBER_DISTRIBUTED_TCP_SHM_SEGMENT_H_
 
@@ -30,39 +29,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "distributed/tcp/fd.h"
+#include "multiprocessing/shared_mapping.h"
 
 namespace ember::distributed::tcp {
 
-class SharedSegment {
- public:
-  // A new zero-filled segment of `bytes` (`name` shows in /proc/<pid>/fd).
-  static absl::StatusOr<SharedSegment> Create(const char* name, size_t bytes);
-  // Maps the `bytes`-byte segment that `locator` ("<pid>:<fd>") names;
-  // `what` ("rank 0's ring") names it in errors.
-  static absl::StatusOr<SharedSegment> Open(const std::string& locator, size_t bytes,
-                                            const std::string& what);
-  SharedSegment() = default;
-  ~SharedSegment();
-  SharedSegment(SharedSegment&& other) noexcept { *this = std::move(other); }
-  SharedSegment& operator=(SharedSegment&& other) noexcept;
+using multiprocessing::SharedMapping;
 
-  std::string Locator() const;
-  char* data() const { return static_cast<char*>(base_); }
-  size_t size() const { return bytes_; }
-
- private:
-  SharedSegment(Fd fd, void* base, size_t bytes) : fd_(std::move(fd)), base_(base), bytes_(bytes) {}
-  Fd fd_;
-  void* base_ = nullptr;
-  size_t bytes_ = 0;
-};
+// "<pid>:<fd>": how peers on this host find `mapping`.
+std::string LocatorOf(const SharedMapping& mapping);
+// Maps the `bytes`-byte segment that `locator` names; `what` ("rank 0's
+// ring") names it in errors.
+absl::StatusOr<SharedMapping> OpenLocator(const std::string& locator, size_t bytes,
+                                          const std::string& what);
 
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout);
 void FutexWakeAll(std::atomic<uint32_t>* word);

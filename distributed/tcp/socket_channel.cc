@@ -37,7 +37,7 @@ void Tune(int fd) {
 }  // namespace
 
 absl::StatusOr<Listener> Listener::Create() {
-  Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return absl::UnavailableError(absl::StrCat("socket: ", strerror(errno)));
   int one = 1;
   setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -55,9 +55,9 @@ absl::StatusOr<Listener> Listener::Create() {
   return Listener(std::move(fd), ntohs(addr.sin_port));
 }
 
-absl::StatusOr<Fd> Listener::Accept(absl::Time deadline) {
+absl::StatusOr<UniqueFd> Listener::Accept(absl::Time deadline) {
   while (true) {
-    Fd conn(accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    UniqueFd conn(accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (conn.valid()) {
       Tune(conn.get());
       return conn;
@@ -73,7 +73,7 @@ absl::StatusOr<Fd> Listener::Accept(absl::Time deadline) {
   }
 }
 
-absl::StatusOr<Fd> ConnectTo(const std::string& host, int port, absl::Time deadline) {
+absl::StatusOr<UniqueFd> ConnectTo(const std::string& host, int port, absl::Time deadline) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
@@ -86,7 +86,7 @@ absl::StatusOr<Fd> ConnectTo(const std::string& host, int port, absl::Time deadl
   freeaddrinfo(result);
   std::string last_error;
   while (true) {
-    Fd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!fd.valid()) return absl::UnavailableError(absl::StrCat("socket: ", strerror(errno)));
     if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
       Tune(fd.get());
@@ -167,7 +167,7 @@ absl::Status ReadFully(int fd, void* data, size_t n, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-SocketChannel::SocketChannel(Fd fd, int peer_rank, std::string peer_address)
+SocketChannel::SocketChannel(UniqueFd fd, int peer_rank, std::string peer_address)
     : fd_(std::move(fd)),
       peer_rank_(peer_rank),
       peer_address_(std::move(peer_address)),

@@ -3,7 +3,7 @@
 //
 //   EMBER_ASSIGN_OR_RETURN(Listener listener, Listener::Create());
 //   // publish LocalAddress() + ":" + listener.port() through the store ...
-//   EMBER_ASSIGN_OR_RETURN(Fd fd, ConnectTo("10.0.0.2", 41234, deadline));
+//   EMBER_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTo("10.0.0.2", 41234, deadline));
 //   SocketChannel channel(std::move(fd), /*peer_rank=*/1);
 //
 // Sockets are non-blocking with TCP_NODELAY; every wait polls in slices so
@@ -20,9 +20,11 @@
 
 #include "absl/status/statusor.h"
 #include "distributed/tcp/channel.h"
-#include "distributed/tcp/fd.h"
+#include "multiprocessing/unique_fd.h"
 
 namespace ember::distributed::tcp {
+
+using multiprocessing::UniqueFd;
 
 // A listening TCP socket on every interface and a kernel-chosen port.
 class Listener {
@@ -30,16 +32,16 @@ class Listener {
   static absl::StatusOr<Listener> Create();
   int port() const { return port_; }
   // The next connection, waiting until `deadline`.
-  absl::StatusOr<Fd> Accept(absl::Time deadline);
+  absl::StatusOr<UniqueFd> Accept(absl::Time deadline);
 
  private:
-  Listener(Fd fd, int port) : fd_(std::move(fd)), port_(port) {}
-  Fd fd_;
+  Listener(UniqueFd fd, int port) : fd_(std::move(fd)), port_(port) {}
+  UniqueFd fd_;
   int port_;
 };
 
 // Connects to host:port, retrying refused connections until `deadline`.
-absl::StatusOr<Fd> ConnectTo(const std::string& host, int port, absl::Time deadline);
+absl::StatusOr<UniqueFd> ConnectTo(const std::string& host, int port, absl::Time deadline);
 
 // The IPv4 address other hosts reach this one at: the interface named by
 // EMBER_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME, as torch reads it), else the
@@ -53,7 +55,7 @@ absl::Status ReadFully(int fd, void* data, size_t n, absl::Time deadline);
 
 class SocketChannel : public Channel {
  public:
-  SocketChannel(Fd fd, int peer_rank, std::string peer_address);
+  SocketChannel(UniqueFd fd, int peer_rank, std::string peer_address);
 
   absl::Status Write(const void* data, size_t n, absl::Time deadline) override;
   absl::StatusOr<absl::Span<const char>> Peek(size_t min_bytes, absl::Duration wait) override;
@@ -62,7 +64,7 @@ class SocketChannel : public Channel {
   std::string Describe() const override { return "tcp " + peer_address_; }
 
  private:
-  Fd fd_;
+  UniqueFd fd_;
   int peer_rank_;
   std::string peer_address_;
   std::unique_ptr<char[]> buffer_;
