@@ -8,6 +8,7 @@
 #include <sstream>
 #include <typeinfo>
 #include <unordered_set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -34,6 +35,9 @@ void HookHandle::remove() {
 namespace {
 
 thread_local bool in_clone = false;
+// True while replicate_for_data_parallel runs clone(): CopyStateFrom then
+// keeps the original's tensors, which FillReplica replaces right after.
+thread_local bool in_replicate = false;
 
 std::string Join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : absl::StrCat(prefix, ".", name);
@@ -446,8 +450,8 @@ void Module::CopyStateFrom(const Module& source, std::optional<Device> device) {
       EMBER_CHECK(to[i].name == from[i].name, where, ".clone: reset() registered \"", to[i].name,
                   "\" where the original has \"", from[i].name, "\"");
       to[i].persistent = from[i].persistent;
-      if (!src.defined()) {
-        to[i].tensor = Tensor();
+      if (!src.defined() || in_replicate) {
+        to[i].tensor = src;
         continue;
       }
       Tensor value = (device ? src.to(*device) : src);
@@ -481,6 +485,46 @@ void Module::CopyStateFrom(const Module& source, std::optional<Device> device) {
     }
     *children_[i].second->hooks_ = *source.children_[i].second->hooks_;
     children_[i].second->CopyStateFrom(*source.children_[i].second, device);
+  }
+}
+
+std::shared_ptr<Module> Module::replicate_for_data_parallel(
+    absl::Span<const Tensor> parameters, absl::Span<const Tensor> buffers) const {
+  const std::vector<Tensor> own_parameters = this->parameters();
+  const std::vector<Tensor> own_buffers = this->buffers();
+  EMBER_CHECK(parameters.size() == own_parameters.size() && buffers.size() == own_buffers.size(),
+              name(), ".replicate_for_data_parallel: got ", parameters.size(), " parameters and ",
+              buffers.size(), " buffers for a module with ", own_parameters.size(),
+              " parameters and ", own_buffers.size(), " buffers");
+  std::unordered_map<const TensorImpl*, Tensor> replacement;
+  for (size_t i = 0; i < own_parameters.size(); ++i) {
+    replacement[own_parameters[i].impl()] = parameters[i];
+  }
+  for (size_t i = 0; i < own_buffers.size(); ++i) replacement[own_buffers[i].impl()] = buffers[i];
+  struct ReplicateScope {
+    bool previous = std::exchange(in_replicate, true);
+    ~ReplicateScope() { in_replicate = previous; }
+  };
+  std::shared_ptr<Module> replica;
+  {
+    ReplicateScope scope;
+    replica = clone();
+  }
+  replica->FillReplica(*this, replacement);
+  return replica;
+}
+
+void Module::FillReplica(const Module& source,
+                         const std::unordered_map<const TensorImpl*, Tensor>& replacement) {
+  auto fill = [&](std::vector<Entry>& to, const std::vector<Entry>& from) {
+    for (size_t i = 0; i < to.size(); ++i) {
+      if (from[i].tensor.defined()) to[i].tensor = replacement.at(from[i].tensor.impl());
+    }
+  };
+  fill(parameters_, source.parameters_);
+  fill(buffers_, source.buffers_);
+  for (size_t i = 0; i < children_.size(); ++i) {
+    children_[i].second->FillReplica(*source.children_[i].second, replacement);
   }
 }
 

@@ -79,10 +79,12 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "tensor/tensor.h"
 
 namespace ember::nn {
@@ -222,6 +224,21 @@ class Module : public std::enable_shared_from_this<Module> {
   // Cloneable throws.
   virtual std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const;
 
+  // --- Replicas (parallel/replicate.h) -----------------------------------------
+  // A module of this structure (made by clone(): the same types, options,
+  // train/eval flags and hooks) whose parameter and buffer slots hold
+  // `parameters[i]` where this module holds parameters()[i], and `buffers[i]`
+  // where it holds buffers()[i] (a tensor registered in several slots fills
+  // all of them), stored as given, as torch's _replicate_for_data_parallel:
+  // unlike register_parameter, a slot may hold a non-leaf tensor (the output
+  // of an autograd op such as parallel's Broadcast), so that gradients flow
+  // through the replica back to where its tensors came from. No parameter or
+  // buffer value is copied. Throws ember::Error when the counts differ from
+  // parameters().size() and buffers().size(), or when the module can't be
+  // cloned.
+  std::shared_ptr<Module> replicate_for_data_parallel(absl::Span<const Tensor> parameters,
+                                                      absl::Span<const Tensor> buffers) const;
+
   // Printable tree of the module, as print(module) in PyTorch.
   std::string str() const;
 
@@ -269,6 +286,10 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<std::pair<std::string, Tensor>> NamedEntries(std::vector<Entry> Module::*list,
                                                            bool recurse) const;
   void ConvertTensors(const std::function<Tensor(const Tensor&)>& convert);
+  // replicate_for_data_parallel's second half: puts replacement[t] wherever
+  // `source` (of the same structure) holds t.
+  void FillReplica(const Module& source,
+                   const std::unordered_map<const TensorImpl*, Tensor>& replacement);
   void PrintTo(std::string& out, int indent) const;
 
   bool training_ = true;

@@ -336,6 +336,48 @@ TEST(ModuleTest, CloneOfSequentialClonesChildrenAndHooks) {
   EXPECT_EQ(seq->buffers()[2].item<int64_t>(), 0);
 }
 
+TEST(ModuleTest, ReplicaForDataParallelHoldsTheGivenTensorsAndPassesGradientsBack) {
+  auto net = std::make_shared<Net>();
+  auto shared = std::make_shared<Linear>(4, 4);  // fills both of its slots in the replica
+  auto seq =
+      std::make_shared<Sequential>(std::vector<std::shared_ptr<Module>>{shared, shared, net});
+  std::vector<Tensor> params = seq->parameters(), buffers = seq->buffers();
+  std::vector<Tensor> copies, buffer_copies;
+  for (const Tensor& p : params) copies.push_back(p * 2);  // non-leaf, recorded
+  for (const Tensor& b : buffers) buffer_copies.push_back(b.clone());
+  auto replica =
+      std::static_pointer_cast<Sequential>(seq->replicate_for_data_parallel(copies, buffer_copies));
+  EXPECT_TRUE((*replica)[0]->parameter("weight").is_same(copies[0]));
+  EXPECT_TRUE((*replica)[1]->parameter("weight").is_same(copies[0]));
+  auto net_replica = std::static_pointer_cast<Net>((*replica)[2]);
+  EXPECT_TRUE(net_replica->fc1->weight().is_same(copies[3]));
+  EXPECT_EQ(net_replica->fc1.get(), net_replica->child("fc1").get());
+  EXPECT_TRUE(net_replica->buffer("scratch").is_same(buffer_copies[1]));
+  EXPECT_FALSE(net_replica->fc1->weight().is_leaf());
+  // The original is untouched, and backward through the replica reaches it.
+  EXPECT_TRUE(net->fc1->weight().is_leaf());
+  Tensor x = randn({5, 4});
+  (*replica)(x).sum().backward();
+  // The same computation on leaves holding 2p (clone() would unshare `shared`).
+  auto shared2 = shared->clone();
+  auto plain = std::make_shared<Sequential>(
+      std::vector<std::shared_ptr<Module>>{shared2, shared2, net->clone()});
+  {
+    autograd::NoGradGuard no_grad;
+    for (const Tensor& p : plain->parameters()) p.mul_(2);
+  }
+  plain->zero_grad();  // clone() copied the gradients just computed
+  (*plain)(x).sum().backward();
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined()) << i;
+    // d/dp of f(2p) = 2 f'(2p)
+    EXPECT_TRUE(params[i].grad().allclose(plain->parameters()[i].grad() * 2, 1e-5, 1e-6)) << i;
+  }
+  EXPECT_THAT(ErrorOf([&] { seq->replicate_for_data_parallel(copies, {}); }),
+              HasSubstr("got 6 parameters and 0 buffers for a module with 6 parameters and 2 "
+                        "buffers"));
+}
+
 // The residual block of nn/README.md.
 class Block : public Cloneable<Block> {
  public:
