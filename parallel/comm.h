@@ -2,12 +2,18 @@
 // torch.cuda.comm: broadcast one tensor to several devices, sum copies back
 // onto one, split a tensor across devices and concatenate pieces onto one.
 //
+//   ```cpp
+//   #include "parallel/comm.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor w = ember::randn({6, 2});
+//   ember::Tensor x = ember::randn({6, 2});
 //   std::vector<ember::Device> devices(3, ember::kCPU);   // three CPU replicas
 //   std::vector<ember::Tensor> copies = ember::parallel::comm::broadcast(w, devices);
 //   // copies[0] shares w's storage; copies[1] and copies[2] are copies.
-//   ember::Tensor sum = ember::parallel::comm::reduce_add(copies, ember::kCPU);
-//   std::vector<ember::Tensor> parts = ember::parallel::comm::scatter(x, devices);
-//   ember::Tensor whole = ember::parallel::comm::gather(parts, 0, ember::kCPU);
+//   ember::Tensor sum = ember::parallel::comm::reduce_add(copies, ember::kCPU);   // 3 * w
+//   std::vector<ember::Tensor> parts = ember::parallel::comm::scatter(x, devices);  // 2 rows each
+//   ember::Tensor whole = ember::parallel::comm::gather(parts, 0, ember::kCPU);    // x again
+//   ```
 //
 // A device list names one replica per entry (Note [Device lists] in
 // parallel/README.md): on the CPU, kCPU repeated. Nothing here is recorded

@@ -4,15 +4,34 @@
 // the output device; backward sums every replica's gradients into the
 // wrapped module's parameters.
 //
-//   // Three CPU replicas (Note [Device lists] in parallel/README.md).
+//   ```cpp
+//   #include "nn/activation.h"
+//   #include "nn/container.h"
+//   #include "nn/linear.h"
+//   #include "nn/loss.h"
+//   #include "parallel/data_parallel.h"
+//   #include "tensor/factories.h"
+//   auto model =
+//   std::make_shared<ember::nn::Sequential>(std::vector<std::shared_ptr<ember::nn::Module>>{
+//       std::make_shared<ember::nn::Linear>(8, 16), std::make_shared<ember::nn::ReLU>(),
+//       std::make_shared<ember::nn::Linear>(16, 4)});
+//   ember::Tensor x = ember::randn({12, 8}), y = ember::randn({12, 4});
+//   // Three CPU replicas (Note [Device lists] in parallel/README.md), 4 rows each.
+//   std::vector<ember::Device> devices(3, ember::kCPU);
 //   auto dp = std::make_shared<ember::parallel::DataParallel>(
-//       model, ember::parallel::DataParallelOptions{
-//                  .device_ids = std::vector<ember::Device>(3, ember::kCPU)});
+//       model, ember::parallel::DataParallelOptions{.device_ids = devices});
 //   ember::nn::functional::mse_loss((*dp)(x), y).backward();   // model's grads: whole batch
 //
-//   // The functional form, with several arguments and a module that takes them:
-//   Value out = ember::parallel::data_parallel(model, Value(Value::List{Value(x), Value(m)}),
-//                                              devices, std::nullopt, 0, {}, forward);
+//   // The functional form, here with a module call that takes two arguments.
+//   using ember::parallel::Value;
+//   ember::parallel::ReplicaForward scaled = [](ember::nn::Module& m, const Value::List& args,
+//                                               const Value::Dict&) -> Value {
+//     return m(args[0].as<ember::Tensor>().value()) * args[1].as<double>().value();
+//   };
+//   Value out = ember::parallel::data_parallel(model, Value(Value::List{Value(x), Value(0.5)}),
+//                                              devices, std::nullopt, 0, {}, scaled);
+//   if (out.as<ember::Tensor>()->size(0) != 12) return absl::InternalError("rows lost");
+//   ```
 //
 // The building blocks are usable alone: scatter_gather.h, replicate.h,
 // parallel_apply.h, functions.h and comm.h.

@@ -5,17 +5,34 @@
 // optimizer.step() every rank holds the same parameters as one process that
 // trained on the whole batch.
 //
+//   ```cpp compile-only
+//   #include "distributed/distributed.h"
+//   #include "hub/checkpoint.h"
+//   #include "nn/activation.h"
+//   #include "nn/container.h"
+//   #include "nn/linear.h"
+//   #include "nn/loss.h"
+//   #include "nn/optim/sgd.h"
+//   #include "parallel/distributed_data_parallel.h"
+//   #include "tensor/factories.h"
 //   // Every process, started by `launch --nproc_per_node=2 prog`:
 //   EMBER_RETURN_IF_ERROR(ember::distributed::init_process_group({.backend = "tcp"}));
-//   auto model = std::make_shared<Net>();
+//   auto model =
+//   std::make_shared<ember::nn::Sequential>(std::vector<std::shared_ptr<ember::nn::Module>>{
+//       std::make_shared<ember::nn::Linear>(8, 16), std::make_shared<ember::nn::ReLU>(),
+//       std::make_shared<ember::nn::Linear>(16, 4)});
 //   EMBER_ASSIGN_OR_RETURN(auto ddp, ember::parallel::DistributedDataParallel::create(model));
 //   ember::nn::optim::SGD opt(ddp->parameters(), {.lr = 0.1});
-//   for (...) {
+//   for (int step = 0; step < 100; ++step) {
+//     ember::Tensor x = ember::randn({32, 8}), y = ember::randint(0, 4, {32});
 //     opt.zero_grad();
 //     ember::nn::functional::cross_entropy((*ddp)(x), y).backward();  // gradients averaged
 //     opt.step();
 //   }
-//   if (rank == 0) ember::hub::SaveCheckpoint(ddp->module()->state_dict(), "model.pt");
+//   if (ember::distributed::get_rank() == 0) {
+//     EMBER_RETURN_IF_ERROR(ember::hub::save_checkpoint(ddp->module()->state_dict(), "model.pt"));
+//   }
+//   ```
 //
 // What create() does: checks that every rank holds parameters and buffers of
 // the same names' count, shapes and dtypes (an error naming the first

@@ -2,11 +2,18 @@
 // comm.h's copies recorded in the autograd graph, so that a loss computed
 // from several replicas sends its gradients back through them.
 //
+//   ```cpp
+//   #include "parallel/functions.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor w = ember::ones({3}, ember::TensorOptions().requires_grad(true));
 //   std::vector<ember::Device> devices(2, ember::kCPU);
-//   // copies[d][i]: params[i] on devices[d], non-leaf outputs of one node.
-//   auto copies = ember::parallel::Broadcast::apply(devices, params);
-//   ... loss built from copies[0] and copies[1] ...
-//   loss.backward();   // params[i].grad() == sum over d of d loss / d copies[d][i]
+//   // copies[d][0]: w on devices[d], non-leaf outputs of one node.
+//   std::vector<std::vector<ember::Tensor>> copies =
+//       ember::parallel::Broadcast::apply(devices, {w});
+//   ember::Tensor loss = copies[0][0].sum() + (copies[1][0] * 2.0).sum();
+//   loss.backward();   // w.grad() is the sum over copies: 1 + 2 = 3 everywhere
+//   if (w.grad().sum().item<double>() != 9) return absl::InternalError("gradients not summed");
+//   ```
 //
 // | function | forward | backward |
 // | --- | --- | --- |

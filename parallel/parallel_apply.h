@@ -1,11 +1,27 @@
 // parallel_apply: runs each replica on its share of the inputs, one thread
 // per replica, as torch.nn.parallel.parallel_apply.
 //
+//   ```cpp
+//   #include "nn/activation.h"
+//   #include "nn/container.h"
+//   #include "nn/linear.h"
+//   #include "parallel/parallel_apply.h"
+//   #include "parallel/replicate.h"
+//   #include "parallel/scatter_gather.h"
+//   #include "tensor/factories.h"
+//   auto model =
+//   std::make_shared<ember::nn::Sequential>(std::vector<std::shared_ptr<ember::nn::Module>>{
+//       std::make_shared<ember::nn::Linear>(8, 16), std::make_shared<ember::nn::ReLU>(),
+//       std::make_shared<ember::nn::Linear>(16, 4)});
+//   ember::Tensor x = ember::randn({10, 8});
+//   using ember::parallel::Value;
 //   std::vector<ember::Device> devices(2, ember::kCPU);
 //   auto replicas = ember::parallel::replicate(model, devices);
 //   std::vector<Value> shares = ember::parallel::scatter(Value(x), devices);
 //   std::vector<Value> outputs = ember::parallel::parallel_apply(replicas, shares, {}, devices);
 //   ember::Tensor y = ember::parallel::gather(outputs, ember::kCPU).as<ember::Tensor>().value();
+//   if (y.size(0) != 10) return absl::InternalError("rows lost");
+//   ```
 //
 // Replica i runs on a thread of its own (on the calling thread when there is
 // one replica) under a DeviceGuard for devices[i] (tensor/device_guard.h: a

@@ -1,10 +1,23 @@
 // replicate: one copy of a module per device, as torch.nn.parallel.replicate,
 // such that gradients of every copy flow back into the original.
 //
+//   ```cpp
+//   #include "nn/activation.h"
+//   #include "nn/container.h"
+//   #include "nn/linear.h"
+//   #include "parallel/replicate.h"
+//   #include "tensor/factories.h"
+//   auto model =
+//   std::make_shared<ember::nn::Sequential>(std::vector<std::shared_ptr<ember::nn::Module>>{
+//       std::make_shared<ember::nn::Linear>(8, 16), std::make_shared<ember::nn::ReLU>(),
+//       std::make_shared<ember::nn::Linear>(16, 4)});
+//   ember::Tensor x0 = ember::randn({4, 8}), x1 = ember::randn({4, 8});
 //   std::vector<ember::Device> devices(2, ember::kCPU);   // two CPU replicas
 //   auto replicas = ember::parallel::replicate(model, devices);
 //   ember::Tensor loss = (*replicas[0])(x0).sum() + (*replicas[1])(x1).sum();
 //   loss.backward();   // model's parameters get the sum of both replicas' gradients
+//   if (!model->parameters()[0].grad().defined()) return absl::InternalError("no gradient");
+//   ```
 //
 // Every replica is a new module of the original's structure
 // (Module::replicate_for_data_parallel; the original must be clonable, as

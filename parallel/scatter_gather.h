@@ -2,14 +2,23 @@
 // how DataParallel splits a batch across its replicas and joins their
 // outputs again.
 //
+//   ```cpp
+//   #include "parallel/scatter_gather.h"
+//   #include "tensor/factories.h"
 //   using ember::multiprocessing::Value;
+//   ember::Tensor x = ember::randn({8, 3}), mask = ember::ones({8});
 //   std::vector<ember::Device> devices(2, ember::kCPU);
 //   // A batch of 8 and a dict of extras: each replica gets 4 rows of every tensor.
 //   std::vector<Value> shares = ember::parallel::scatter(
 //       Value(Value::List{Value(x), Value(Value::Dict{{"mask", Value(mask)}, {"k", Value(3)}})}),
 //       devices);
 //   // shares[1].list()[0] is rows 4..7 of x; shares[1].list()[1].find("k") is 3.
-//   Value out = ember::parallel::gather({Value(y0), Value(y1)}, ember::kCPU);   // cat on dim 0
+//   if (shares[1].list()[1].find("k")->as<int64_t>().value() != 3) {
+//     return absl::InternalError("k not shared");
+//   }
+//   Value out = ember::parallel::gather({shares[0].list()[0], shares[1].list()[0]}, ember::kCPU);
+//   if (!out.as<ember::Tensor>()->equal(x)) return absl::InternalError("not x again");
+//   ```
 //
 // Arguments are multiprocessing::Value trees (multiprocessing/value.h): a
 // tensor is split along `dim` with the recorded Scatter (functions.h), so
