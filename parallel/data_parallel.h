@@ -11,10 +11,10 @@
 //   #include "nn/loss.h"
 //   #include "parallel/data_parallel.h"
 //   #include "tensor/factories.h"
-//   auto model =
-//   std::make_shared<ember::nn::Sequential>(std::vector<std::shared_ptr<ember::nn::Module>>{
-//       std::make_shared<ember::nn::Linear>(8, 16), std::make_shared<ember::nn::ReLU>(),
-//       std::make_shared<ember::nn::Linear>(16, 4)});
+//   auto model = std::make_shared<ember::nn::Sequential>();
+//   model->push_back(std::make_shared<ember::nn::Linear>(8, 16));
+//   model->push_back(std::make_shared<ember::nn::ReLU>());
+//   model->push_back(std::make_shared<ember::nn::Linear>(16, 4));
 //   ember::Tensor x = ember::randn({12, 8}), y = ember::randn({12, 4});
 //   // Three CPU replicas (Note [Device lists] in parallel/README.md), 4 rows each.
 //   std::vector<ember::Device> devices(3, ember::kCPU);

@@ -17,10 +17,10 @@
 //   #include "tensor/factories.h"
 //   // Every process, started by `launch --nproc_per_node=2 prog`:
 //   EMBER_RETURN_IF_ERROR(ember::distributed::init_process_group({.backend = "tcp"}));
-//   auto model =
-//   std::make_shared<ember::nn::Sequential>(std::vector<std::shared_ptr<ember::nn::Module>>{
-//       std::make_shared<ember::nn::Linear>(8, 16), std::make_shared<ember::nn::ReLU>(),
-//       std::make_shared<ember::nn::Linear>(16, 4)});
+//   auto model = std::make_shared<ember::nn::Sequential>();
+//   model->push_back(std::make_shared<ember::nn::Linear>(8, 16));
+//   model->push_back(std::make_shared<ember::nn::ReLU>());
+//   model->push_back(std::make_shared<ember::nn::Linear>(16, 4));
 //   EMBER_ASSIGN_OR_RETURN(auto ddp, ember::parallel::DistributedDataParallel::create(model));
 //   ember::nn::optim::SGD opt(ddp->parameters(), {.lr = 0.1});
 //   for (int step = 0; step < 100; ++step) {

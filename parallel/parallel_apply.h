@@ -9,10 +9,10 @@
 //   #include "parallel/replicate.h"
 //   #include "parallel/scatter_gather.h"
 //   #include "tensor/factories.h"
-//   auto model =
-//   std::make_shared<ember::nn::Sequential>(std::vector<std::shared_ptr<ember::nn::Module>>{
-//       std::make_shared<ember::nn::Linear>(8, 16), std::make_shared<ember::nn::ReLU>(),
-//       std::make_shared<ember::nn::Linear>(16, 4)});
+//   auto model = std::make_shared<ember::nn::Sequential>();
+//   model->push_back(std::make_shared<ember::nn::Linear>(8, 16));
+//   model->push_back(std::make_shared<ember::nn::ReLU>());
+//   model->push_back(std::make_shared<ember::nn::Linear>(16, 4));
 //   ember::Tensor x = ember::randn({10, 8});
 //   using ember::parallel::Value;
 //   std::vector<ember::Device> devices(2, ember::kCPU);

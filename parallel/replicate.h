@@ -7,10 +7,10 @@
 //   #include "nn/linear.h"
 //   #include "parallel/replicate.h"
 //   #include "tensor/factories.h"
-//   auto model =
-//   std::make_shared<ember::nn::Sequential>(std::vector<std::shared_ptr<ember::nn::Module>>{
-//       std::make_shared<ember::nn::Linear>(8, 16), std::make_shared<ember::nn::ReLU>(),
-//       std::make_shared<ember::nn::Linear>(16, 4)});
+//   auto model = std::make_shared<ember::nn::Sequential>();
+//   model->push_back(std::make_shared<ember::nn::Linear>(8, 16));
+//   model->push_back(std::make_shared<ember::nn::ReLU>());
+//   model->push_back(std::make_shared<ember::nn::Linear>(16, 4));
 //   ember::Tensor x0 = ember::randn({4, 8}), x1 = ember::randn({4, 8});
 //   std::vector<ember::Device> devices(2, ember::kCPU);   // two CPU replicas
 //   auto replicas = ember::parallel::replicate(model, devices);
