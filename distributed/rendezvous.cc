@@ -235,9 +235,13 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
     };
     std::optional<std::string> addr = env("MASTER_ADDR"), port = env("MASTER_PORT");
     std::optional<std::string> world = env("WORLD_SIZE"), rank = env("RANK");
-    if (!addr)
+    // Rank 0 serves the store itself, so it may leave MASTER_ADDR unset (as
+    // torch documents) and reaches its own store over loopback.
+    const bool rank_zero = rank ? *rank == "0" : given_rank.value == 0;
+    if (!addr && !rank_zero)
       return Invalid(options,
-                     "environment variable MASTER_ADDR is not set (the address of rank 0)");
+                     "environment variable MASTER_ADDR is not set (the address of rank 0; only "
+                     "rank 0 may leave it unset)");
     if (!port)
       return Invalid(options,
                      "environment variable MASTER_PORT is not set (a free port on rank 0)");
@@ -256,12 +260,13 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
       return Invalid(options, "environment variable RANK is not set (and no rank was given)");
     }
     plan.kind = Plan::Kind::kTcp;
-    plan.host = *addr;
+    plan.host = addr.value_or("127.0.0.1");
     EMBER_ASSIGN_OR_RETURN(plan.port, ParsePort(options, "MASTER_PORT", *port));
     EMBER_ASSIGN_OR_RETURN(Given world_size,
                            Merge(options, given_world_size, "WORLD_SIZE", env_world));
     EMBER_ASSIGN_OR_RETURN(Given rank_given, Merge(options, given_rank, "RANK", env_rank));
-    plan.where = absl::StrCat("env:// (MASTER_ADDR=", plan.host, " MASTER_PORT=", plan.port, ")");
+    plan.where = absl::StrCat("env:// (MASTER_ADDR=", addr.value_or("unset, rank 0"),
+                              " MASTER_PORT=", plan.port, ")");
     plan.served_elsewhere = env(kServedByLauncherEnv).value_or("0") == "1";
     EMBER_RETURN_IF_ERROR(
         CheckRankAndWorldSize(options, rank_given, world_size, false, "RANK", "WORLD_SIZE", plan));

@@ -148,6 +148,34 @@ TEST(RendezvousThreadsTest, EnvWithRanksFromOptions) {
   unsetenv("WORLD_SIZE");
 }
 
+// torch documents MASTER_ADDR as required "except for rank 0": rank 0 serves
+// the store on MASTER_PORT and needs no address for it. Here rank 1 finds it
+// at the same port through tcp://.
+TEST(RendezvousThreadsTest, EnvRankZeroNeedsNoMasterAddr) {
+  unsetenv("MASTER_ADDR");
+  unsetenv("RANK");
+  const int port = FreePort();
+  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  setenv("WORLD_SIZE", "2", 1);
+  auto results = RunThreads(2, [&](int r) {
+    return RendezvousOptions{
+        .init_method = r == 0 ? "env://" : "tcp://127.0.0.1:" + std::to_string(port),
+        .world_size = 2,
+        .rank = r,
+        .timeout = absl::Seconds(20)};
+  });
+  ExpectOneJob(results);
+  // Any other rank still needs it.
+  setenv("RANK", "1", 1);
+  absl::StatusOr<RendezvousResult> other =
+      rendezvous({.init_method = "env://", .timeout = absl::Seconds(1)});
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(other.status().message(),
+              HasSubstr("MASTER_ADDR is not set (the address of rank 0; only rank 0 may leave "
+                        "it unset)"));
+  for (const char* name : {"MASTER_PORT", "WORLD_SIZE", "RANK"}) unsetenv(name);
+}
+
 TEST(RendezvousThreadsTest, MulticastAssignsRanksAndGroupNamesShareTheAddress) {
   const std::string url = MulticastUrl();
   auto results = RunThreads(5, [&](int i) {
