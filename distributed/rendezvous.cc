@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
@@ -165,9 +166,12 @@ absl::StatusOr<int> ParsePort(const RendezvousOptions& options, std::string_view
   return port;
 }
 
+// An IPv4 (224.0.0.0/4) or IPv6 (ff00::/8) multicast group address.
 bool IsMulticast(const std::string& host) {
-  in_addr addr;
-  return inet_pton(AF_INET, host.c_str(), &addr) == 1 && IN_MULTICAST(ntohl(addr.s_addr));
+  in_addr v4;
+  in6_addr v6;
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) return IN_MULTICAST(ntohl(v4.s_addr));
+  return inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_MULTICAST(&v6);
 }
 
 // "host:port" or "[v6]:port" into its parts.
@@ -344,7 +348,8 @@ absl::Status Join(Store& store, const Plan& plan, const RendezvousOptions& optio
       absl::FormatDuration(options.timeout), "; missing ranks: ", absl::StrJoin(missing, ", ")));
 }
 
-// A UDP socket on a multicast group; see Note [Rendezvous protocol].
+// A UDP socket on a multicast group, IPv4 or IPv6 (the group's address
+// says which); see Note [Rendezvous protocol].
 class MulticastChannel {
  public:
   static absl::StatusOr<std::unique_ptr<MulticastChannel>> Open(const Plan& plan) {
@@ -353,12 +358,36 @@ class MulticastChannel {
                                                  std::string(what), " failed: ", strerror(errno),
                                                  " (does this host have a multicast route?)"));
     };
-    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    in6_addr v6 = {};
+    const bool ipv6 = inet_pton(AF_INET6, plan.host.c_str(), &v6) == 1;
+    int fd = socket(ipv6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return fail("socket");
     auto channel = std::unique_ptr<MulticastChannel>(new MulticastChannel(fd));
+    channel->where_ = plan.where;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one));
+    if (ipv6) {
+      sockaddr_in6 bind_addr = {};
+      bind_addr.sin6_family = AF_INET6;
+      bind_addr.sin6_port = htons(plan.port);
+      bind_addr.sin6_addr = in6addr_any;
+      if (bind(fd, reinterpret_cast<sockaddr*>(&bind_addr), sizeof(bind_addr)) != 0)
+        return fail("bind");
+      ipv6_mreq membership = {};
+      membership.ipv6mr_multiaddr = v6;
+      membership.ipv6mr_interface = 0;  // the interface of the default route
+      if (setsockopt(fd, IPPROTO_IPV6, IPV6_JOIN_GROUP, &membership, sizeof(membership)) != 0) {
+        return fail("joining the group");
+      }
+      int loop = 1, hops = 1;
+      setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_LOOP, &loop, sizeof(loop));
+      setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_HOPS, &hops, sizeof(hops));
+      bind_addr.sin6_addr = v6;
+      std::memcpy(&channel->group_, &bind_addr, sizeof(bind_addr));
+      channel->group_len_ = sizeof(bind_addr);
+      return channel;
+    }
     sockaddr_in bind_addr = {};
     bind_addr.sin_family = AF_INET;
     bind_addr.sin_port = htons(plan.port);
@@ -374,16 +403,16 @@ class MulticastChannel {
     unsigned char loop = 1, ttl = 1;
     setsockopt(fd, IPPROTO_IP, IP_MULTICAST_LOOP, &loop, sizeof(loop));
     setsockopt(fd, IPPROTO_IP, IP_MULTICAST_TTL, &ttl, sizeof(ttl));
-    channel->group_ = bind_addr;
-    channel->group_.sin_addr = membership.imr_multiaddr;
-    channel->where_ = plan.where;
+    bind_addr.sin_addr = membership.imr_multiaddr;
+    std::memcpy(&channel->group_, &bind_addr, sizeof(bind_addr));
+    channel->group_len_ = sizeof(bind_addr);
     return channel;
   }
   ~MulticastChannel() { close(fd_); }
 
   absl::Status Send(const std::string& message) {
     if (sendto(fd_, message.data(), message.size(), 0, reinterpret_cast<const sockaddr*>(&group_),
-               sizeof(group_)) < 0) {
+               group_len_) < 0) {
       return absl::UnavailableError(absl::StrCat("multicast rendezvous on ", where_,
                                                  ": sending failed: ", strerror(errno),
                                                  " (does this host have a multicast route?)"));
@@ -391,24 +420,30 @@ class MulticastChannel {
     return absl::OkStatus();
   }
 
-  // One datagram and its sender's address, or nullopt after `wait`.
+  // One datagram and its sender's address (the numeric IPv4 or IPv6
+  // address the others connect to), or nullopt after `wait`.
   std::optional<std::pair<std::string, std::string>> Receive(absl::Duration wait) {
     pollfd p = {fd_, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) <= 0) return std::nullopt;
     char buffer[2048];
-    sockaddr_in from = {};
+    sockaddr_storage from = {};
     socklen_t len = sizeof(from);
     ssize_t n = recvfrom(fd_, buffer, sizeof(buffer), 0, reinterpret_cast<sockaddr*>(&from), &len);
     if (n <= 0) return std::nullopt;
-    char ip[INET_ADDRSTRLEN] = {};
-    inet_ntop(AF_INET, &from.sin_addr, ip, sizeof(ip));
+    char ip[INET6_ADDRSTRLEN] = {};
+    if (from.ss_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&from)->sin6_addr, ip, sizeof(ip));
+    } else {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&from)->sin_addr, ip, sizeof(ip));
+    }
     return std::make_pair(std::string(buffer, n), std::string(ip));
   }
 
  private:
   explicit MulticastChannel(int fd) : fd_(fd) {}
   int fd_;
-  sockaddr_in group_ = {};
+  sockaddr_storage group_ = {};
+  socklen_t group_len_ = 0;
   std::string where_;
 };
 

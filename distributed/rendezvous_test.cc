@@ -46,6 +46,13 @@ std::string MulticastUrl() {
                       FreePort());
 }
 
+// The same in IPv6 (an ff15::/16 transient, site-local group), in the form
+// torch's docs show: tcp://[ff15:1e18:5d4c:4cf0:d02d:b659:53ba:b0a7]:23456.
+std::string Ipv6MulticastUrl() {
+  return absl::StrCat("tcp://[ff15:1e18:5d4c:4cf0:d02d:", absl::Hex(getpid() % 65536),
+                      ":53ba:b0a7]:", FreePort());
+}
+
 // Runs `world_size` ranks as threads; each gets options from `make(rank)`.
 std::vector<absl::StatusOr<RendezvousResult>> RunThreads(
     int world_size, std::function<RendezvousOptions(int)> make) {
@@ -191,6 +198,15 @@ TEST(RendezvousThreadsTest, MulticastAssignsRanksAndGroupNamesShareTheAddress) {
   std::vector<absl::StatusOr<RendezvousResult>> job_b(results.begin() + 3, results.end());
   ExpectOneJob(job_a);
   ExpectOneJob(job_b);
+}
+
+TEST(RendezvousThreadsTest, Ipv6MulticastAssignsRanks) {
+  const std::string url = Ipv6MulticastUrl();
+  auto results = RunThreads(3, [&](int) {
+    return RendezvousOptions{.init_method = url, .world_size = 3, .timeout = absl::Seconds(20)};
+  });
+  if (MulticastUnavailable(results[0].status())) GTEST_SKIP() << results[0].status();
+  ExpectOneJob(results);
 }
 
 TEST(RendezvousErrorsTest, MulticastProcessesDisagreeingOnWorldSize) {
