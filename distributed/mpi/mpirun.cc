@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "distributed/mpi/runtime.h"
 
 extern char** environ;
 
@@ -25,9 +27,24 @@ namespace {
 // Variables of the Bazel test that the ranks must not inherit: each would
 // write its own report over the test's.
 constexpr const char* kDropped[] = {
-    "XML_OUTPUT_FILE=",    "GTEST_OUTPUT=",      "TEST_PREMATURE_EXIT_FILE=",
-    "TEST_TOTAL_SHARDS=",  "TEST_SHARD_INDEX=",  "TEST_SHARD_STATUS_FILE=",
-    "GTEST_TOTAL_SHARDS=", "GTEST_SHARD_INDEX=", "TMPDIR="};
+    "XML_OUTPUT_FILE=",          "GTEST_OUTPUT=",      "TEST_PREMATURE_EXIT_FILE=",
+    "TEST_TOTAL_SHARDS=",        "TEST_SHARD_INDEX=",  "TEST_SHARD_STATUS_FILE=",
+    "GTEST_TOTAL_SHARDS=",       "GTEST_SHARD_INDEX=", "TMPDIR=",
+    "EMBER_TEST_JOB_START_MPI=",
+};
+
+// Inside a job this helper started, every process starts MPI as the
+// program starts: MPI_Init is collective over the whole job, and a process
+// beyond a test's world size would otherwise never call it.
+const bool kStartedMpi = [] {
+  const char* job = std::getenv("EMBER_TEST_JOB_STORE");
+  const char* start = std::getenv("EMBER_TEST_JOB_START_MPI");
+  if (job == nullptr || std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr) return false;
+  if (start != nullptr && std::string(start) == "0") return false;
+  const absl::Status s = EnsureMpi();
+  if (!s.ok()) fprintf(stderr, "%s\n", s.ToString().c_str());
+  return s.ok();
+}();
 
 std::string SelfPath() {
   char path[4096] = {};
@@ -38,7 +55,8 @@ std::string SelfPath() {
 }  // namespace
 
 MpirunResult RunThisTestUnderMpirun(int ranks, const std::string& gtest_filter,
-                                    absl::Duration timeout) {
+                                    const MpirunOptions& options) {
+  const absl::Duration timeout = options.timeout;
   MpirunResult result;
   // A short directory: Open MPI keeps its session sockets under TMPDIR, and
   // Unix socket paths are short.
@@ -68,6 +86,7 @@ MpirunResult RunThisTestUnderMpirun(int ranks, const std::string& gtest_filter,
   }
   env.push_back(absl::StrCat("TMPDIR=", dir));
   env.push_back(absl::StrCat("EMBER_TEST_JOB_STORE=", store));
+  env.push_back(absl::StrCat("EMBER_TEST_JOB_START_MPI=", options.start_mpi ? 1 : 0));
   env.push_back("OMPI_ALLOW_RUN_AS_ROOT=1");
   env.push_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
   std::vector<char*> argv, envp;

@@ -14,7 +14,7 @@
 // ranks meet through a FileStore in a fresh directory (EMBER_TEST_JOB_STORE,
 // see distributed/testing/ranks.h), so RunRanks and RunRankProcesses run one
 // rank per process there. mpirun is stopped (and with it the job) at
-// `timeout`: a hang fails instead of blocking the test.
+// the timeout: a hang fails instead of blocking the test.
 //
 // Thread-safety: call from one thread at a time; it forks.
 #ifndef EMBER_DISTRIBUTED_MPI_MPIRUN_H_
@@ -32,8 +32,16 @@ struct MpirunResult {
   std::string output;      // what mpirun and the ranks printed
 };
 
+struct MpirunOptions {
+  absl::Duration timeout = absl::Minutes(4);
+  // Every process of the job starts MPI as it starts (MPI_Init is collective
+  // over the job, so a rank outside a test's world size must call it too).
+  // Off for a test that starts MPI itself.
+  bool start_mpi = true;
+};
+
 MpirunResult RunThisTestUnderMpirun(int ranks, const std::string& gtest_filter,
-                                    absl::Duration timeout = absl::Minutes(4));
+                                    const MpirunOptions& options = {});
 
 }  // namespace ember::distributed::mpi
 
