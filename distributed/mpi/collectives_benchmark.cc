@@ -89,8 +89,7 @@ void Announce(int64_t command, int64_t nbytes) {
                 [&] { return MPI_Bcast(message, 2, MPI_INT64_T, 0, MPI_COMM_WORLD); }),
         "announce");
   if (command == kStop) return;
-  Check(CallMpi("barrier", "MPI_Barrier", [&] { return MPI_Barrier(MPI_COMM_WORLD); }),
-        "barrier");
+  Check(CallMpi("barrier", "MPI_Barrier", [&] { return MPI_Barrier(MPI_COMM_WORLD); }), "barrier");
 }
 
 void Follow() {
@@ -131,7 +130,8 @@ void BM_Collective(benchmark::State& state, int64_t command) {
 }
 
 void Sizes(benchmark::internal::Benchmark* b) {
-  for (int64_t bytes : {int64_t{4} << 10, int64_t{256} << 10, int64_t{4} << 20, int64_t{64} << 20}) {
+  for (int64_t bytes :
+       {int64_t{4} << 10, int64_t{256} << 10, int64_t{4} << 20, int64_t{64} << 20}) {
     b->Arg(bytes);
   }
   b->UseManualTime();
