@@ -47,6 +47,17 @@ struct BackendOptions {
   int rank = 0;
   int size = 1;
   absl::Duration timeout = kDefaultStoreTimeout;
+  // The members as ranks of the default group, in group-rank order (what
+  // new_group was given); empty for the default group itself. Backends that
+  // address peers by a launcher's rank (mpi) build sub-groups from it.
+  std::vector<int> ranks;
+};
+
+// This process's place in a job whose processes a backend's own launcher
+// started (mpirun for mpi).
+struct LauncherWorld {
+  int rank = 0;
+  int size = 1;
 };
 
 struct BackendInfo {
@@ -55,6 +66,13 @@ struct BackendInfo {
   SupportTable support;
   // Builds the group; blocks until every rank has connected or the timeout.
   std::function<absl::StatusOr<std::shared_ptr<ProcessGroup>>(const BackendOptions&)> create;
+  // Set by backends whose processes are started by their own launcher (mpi,
+  // under mpirun): starts the backend's runtime and returns this process's
+  // rank and the world size. init_process_group then runs no rendezvous, so
+  // it needs no init_method (as in PyTorch); `rank` and `world_size` are
+  // what the caller passed (-1: not given) and must agree with the
+  // launcher's, else kInvalidArgument naming both.
+  std::function<absl::StatusOr<LauncherWorld>(int rank, int world_size)> world_from_launcher;
 };
 
 absl::Status register_backend(BackendInfo info);
@@ -67,7 +85,7 @@ std::vector<std::string> registered_backends();
 // Registers a backend while the program starts (use in an alwayslink library).
 #define EMBER_REGISTER_BACKEND(id, ...)                                     \
   static const bool ember_backend_registered_##id = [] {                    \
-    ::absl::Status s = ::ember::distributed::register_backend(__VA_ARGS__);  \
+    ::absl::Status s = ::ember::distributed::register_backend(__VA_ARGS__); \
     if (!s.ok()) std::fprintf(stderr, "ember: %s\n", s.ToString().c_str()); \
     return s.ok();                                                          \
   }()

@@ -159,7 +159,15 @@ absl::Status init_process_group(const InitOptions& options) {
   }
   EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, find_backend(options.backend));
   BackendOptions b;
-  if (options.store) {
+  if (backend->world_from_launcher) {
+    // The launcher (mpirun) placed this process; init_method is not used,
+    // and a store, when given, serves only new_group with other backends.
+    EMBER_ASSIGN_OR_RETURN(LauncherWorld placed,
+                           backend->world_from_launcher(options.rank, options.world_size));
+    b.store = options.store;
+    b.rank = placed.rank;
+    b.size = placed.size;
+  } else if (options.store) {
     if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "init_process_group with a store needs world_size >= 1 and 0 <= rank < world_size; got "
@@ -284,7 +292,15 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
     b.store_prefix = absl::StrCat(s.prefix, "group", id, "/");
     b.rank = my_index;
     b.size = static_cast<int>(ranks.size());
+    b.ranks = ranks;
     b.timeout = options.timeout.value_or(s.timeout);
+    if (!b.store && !backend->world_from_launcher) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("new_group: the '", backend->name,
+                       "' backend meets its ranks through a store, and the '", s.backend,
+                       "' default group was started without one; pass InitOptions.store to "
+                       "init_process_group"));
+    }
   }
   // The group's rendezvous blocks until its members arrive (up to the
   // timeout), so it runs without the lock: other threads' ops, get_rank and
@@ -441,7 +457,8 @@ absl::Status barrier(const Group& group) { return WaitFor(barrier_async(group));
 absl::Status monitored_barrier(const Group& group, std::optional<absl::Duration> timeout,
                                bool wait_all_ranks) {
   EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(group));
-  return WaitFor(r.group->monitored_barrier({.timeout = timeout, .wait_all_ranks = wait_all_ranks}));
+  return WaitFor(
+      r.group->monitored_barrier({.timeout = timeout, .wait_all_ranks = wait_all_ranks}));
 }
 
 }  // namespace ember::distributed

@@ -51,6 +51,9 @@ using Group = std::shared_ptr<ProcessGroup>;
 struct InitOptions {
   std::string backend = "tcp";
   // env://, tcp://host:port, tcp://<multicast address>:port, file:///path.
+  // Not used by "mpi": mpirun has placed the processes, and rank and
+  // world_size come from MPI_COMM_WORLD (given ones must agree), as in
+  // PyTorch.
   std::string init_method = "env://";
   int world_size = -1;  // -1: from the init method / environment
   int rank = -1;        // -1: from the init method / environment

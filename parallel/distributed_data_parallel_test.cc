@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "distributed/mpi/mpirun.h"
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -34,7 +35,8 @@ using ::testing::HasSubstr;
 
 // The backends DDP is tested on; a backend that registers itself joins by
 // name (and by its target in BUILD.bazel).
-const std::vector<std::string> kBackends = {"tcp", "gloo"};
+// mpi's ranks are the processes of an mpirun job: DdpOverMpi starts one.
+const std::vector<std::string> kBackends = {"tcp", "gloo", "mpi"};
 
 constexpr int64_t kInputs = 4;
 constexpr int64_t kClasses = 3;
@@ -162,6 +164,11 @@ void ExpectAllSucceeded(const std::vector<testing::ProcessResult>& results) {
 
 class DdpTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
  protected:
+  void SetUp() override {
+    if (backend() == "mpi" && !testing::launched_job()) {
+      GTEST_SKIP() << "runs inside the mpirun job that DdpOverMpi starts";
+    }
+  }
   std::string backend() const { return std::get<0>(GetParam()); }
   int world() const { return std::get<1>(GetParam()); }
   testing::RunRanksOptions RankOptions() const {
@@ -372,6 +379,7 @@ TEST_P(DdpTest, MismatchedModelsFailNamingTheFirstDifference) {
 }
 
 TEST_P(DdpTest, AKilledRankMakesTheOthersFailWithinTheTimeout) {
+  if (backend() == "mpi") GTEST_SKIP() << "mpirun ends the whole job when a rank dies";
   testing::RunRanksOptions options = RankOptions();
   options.timeout = absl::Seconds(10);
   const auto results = testing::RunRankProcesses(
@@ -502,6 +510,17 @@ TEST(DdpCreateTest, RefusesBadArguments) {
                         "parameter that requires a gradient (Net has 4 parameters"));
   EXPECT_THAT(results[0].output,
               HasSubstr("call init_process_group first or pass options.process_group"));
+}
+
+// Runs the mpi cases of DdpTest as the 3 processes of an mpirun job (the
+// 2-rank cases over its first two).
+TEST(DdpOverMpi, PassesUnderMpirun) {
+  if (testing::launched_job()) GTEST_SKIP() << "already inside the mpirun job";
+  distributed::mpi::MpirunResult job =
+      distributed::mpi::RunThisTestUnderMpirun(3, "Backends/DdpTest.*/mpi_*");
+  EXPECT_EQ(job.exit_code, 0) << job.output;
+  EXPECT_FALSE(job.timed_out) << job.output;
+  EXPECT_THAT(job.output, HasSubstr("[  PASSED  ]")) << job.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -14,6 +14,16 @@
 // options (the tcp backend by default), so the code under test is the real
 // backend over real shared memory and sockets.
 //
+// A backend whose processes only its own launcher can start (mpi) runs the
+// same tests inside a launched job (distributed/mpi/mpirun.h starts one):
+// each test process is one rank, and RunRanks, RunRanksEach and
+// RunRankProcesses run `body` only for this process's rank, over the job's
+// ranks 0..world_size-1 (a process beyond them runs nothing), then exchange
+// every rank's result through the job's FileStore, so that every process
+// returns every rank's result, as the in-process forms do. Rank::store is then
+// that FileStore (a fresh prefix per run), so ranks that count or signal
+// through it work in both forms.
+//
 // Thread-safety: RunRanks may be called from any one thread at a time per
 // test; the rank functions run concurrently.
 #ifndef EMBER_DISTRIBUTED_TESTING_RANKS_H_
@@ -23,6 +33,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +93,17 @@ std::vector<ProcessResult> RunRankProcesses(int world_size,
                                             const std::function<absl::Status(Rank&)>& body,
                                             const RunRanksOptions& options = {},
                                             absl::Duration wait = absl::Seconds(60));
+
+// This process's place in a launched job: set when the launcher's rank
+// variables (Open MPI's OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE) and
+// EMBER_TEST_JOB_STORE (the path of the job's FileStore) are in the
+// environment.
+struct LaunchedJob {
+  int rank = 0;
+  int world_size = 1;
+  std::string store_path;
+};
+std::optional<LaunchedJob> launched_job();
 
 // Runs an op to its end: the error of the call that issued it, else what
 // its Work's wait() returns.

@@ -1,0 +1,687 @@
+#include "distributed/mpi/process_group_mpi.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "distributed/mpi/runtime.h"
+#include "tensor/factories.h"
+#include "tensor/status_macros.h"
+
+namespace ember::distributed::mpi {
+
+// Note [MPI timeouts]
+// MPI has no timeout for a collective and no way to cancel one that has
+// started, and a rank cannot leave a collective the others are in without
+// breaking every later one. So:
+//  - Work's deadline is the op's timeout, and Work::wait returns
+//    kDeadlineExceeded then (TimedWork below says why the op is still
+//    running), rather than hanging;
+//  - the worker runs every collective it was given, even one whose Work has
+//    already timed out, since skipping it on one rank would pair this rank's
+//    next collective with the others' current one (wrong data, not an
+//    error);
+//  - a receive is cancelled at its deadline (MPI_Cancel works on receives);
+//    a send cannot be, and stays posted with its buffer kept alive;
+//  - abort() fails every Work at once but cannot pull the worker out of MPI;
+//    if the group is destroyed while a collective is still inside MPI, the
+//    rank can neither finish it nor finalize MPI, so the destructor calls
+//    MPI_Abort and the job ends (PyTorch's abort() calls MPI_Abort at once).
+
+namespace {
+
+// Polling of posted sends and receives: quick at first, backing off while
+// nothing completes.
+constexpr absl::Duration kFirstPoll = absl::Microseconds(20);
+constexpr absl::Duration kLongestPoll = absl::Milliseconds(1);
+// How long a destructor waits for a worker that an aborted group left inside
+// MPI before ending the job.
+constexpr absl::Duration kAbortGrace = absl::Seconds(2);
+
+// A Work whose timeout explains what MPI does with the op.
+template <typename Base>
+class TimedWork : public Base {
+ public:
+  TimedWork(OpType op, absl::Time deadline, std::string timeout_message)
+      : Base(op, deadline), timeout_message_(std::move(timeout_message)) {}
+
+ protected:
+  void OnDeadline() override { this->Finish(absl::DeadlineExceededError(timeout_message_)); }
+
+ private:
+  const std::string timeout_message_;
+};
+
+Tensor Staging(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+void CopyBack(const Tensor& user, const Tensor& staging) {
+  if (!staging.is_same(user)) user.copy_(staging);
+}
+
+// MPI counts are ints.
+absl::StatusOr<int> Count(OpType op, int64_t numel) {
+  if (numel > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op_type_name(op), ": ", numel, " elements are more than MPI's int counts can carry (",
+        INT_MAX, "); split the tensor or use the 'tcp' or 'gloo' backend"));
+  }
+  return static_cast<int>(numel);
+}
+
+absl::Status RefuseAvg(OpType op, ReduceOp reduce) {
+  if (reduce != ReduceOp::kAvg) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      op_type_name(op),
+      ": ReduceOp.AVG is not supported by the 'mpi' backend (as in PyTorch); use SUM and "
+      "divide by the group size, or the 'tcp' backend"));
+}
+
+// Send buffers of sends that were still posted when their group was aborted
+// or destroyed: MPI may still read them, so they live until the process
+// ends.
+void KeepUntilExit(Tensor buffer) {
+  static absl::Mutex* mu = new absl::Mutex;
+  static std::vector<Tensor>* kept = new std::vector<Tensor>;
+  absl::MutexLock lock(mu);
+  kept->push_back(std::move(buffer));
+}
+
+}  // namespace
+
+SupportTable MpiSupportTable() {
+  SupportTable table;
+  for (int op = 0; op < kNumOpTypes; ++op) {
+    if (static_cast<OpType>(op) != OpType::kMonitoredBarrier) {
+      table.allow(static_cast<OpType>(op), DeviceType::kCPU);
+    }
+  }
+  return table;
+}
+
+absl::StatusOr<LauncherWorld> MpiWorldFromLauncher(int rank, int world_size) {
+  EMBER_RETURN_IF_ERROR(EnsureMpi());
+  const WorldPlace world = World();
+  if (world_size != -1 && world_size != world.size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init_process_group: world_size=", world_size, " was given, but MPI_COMM_WORLD has ",
+        world.size,
+        " processes; with the 'mpi' backend leave world_size unset (mpirun decides it: mpirun -np ",
+        world_size, " ...)"));
+  }
+  if (rank != -1 && rank != world.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("init_process_group: rank=", rank,
+                     " was given, but MPI_COMM_WORLD has this process as rank ", world.rank,
+                     "; with the 'mpi' backend leave rank unset (mpirun decides it)"));
+  }
+  return LauncherWorld{world.rank, world.size};
+}
+
+// --- Creation --------------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<MpiProcessGroup>> MpiProcessGroup::Create(
+    const BackendOptions& options) {
+  EMBER_RETURN_IF_ERROR(EnsureMpi());
+  const WorldPlace world = World();
+  const int n = options.size, rank = options.rank;
+  std::vector<int> ranks = options.ranks;
+  if (ranks.empty()) {
+    if (n != world.size || rank != world.rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mpi backend: asked for rank ", rank, " of a group of ", n,
+          ", but MPI_COMM_WORLD has this process as rank ", world.rank, " of ", world.size,
+          "; start the job with `mpirun -np ", n, "` and take rank and size from MPI"));
+    }
+    for (int r = 0; r < n; ++r) ranks.push_back(r);
+  } else {
+    if (static_cast<int>(ranks.size()) != n || rank < 0 || rank >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mpi backend: rank ", rank, " of ", ranks.size(), " members is invalid"));
+    }
+    for (int r : ranks) {
+      if (r < 0 || r >= world.size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "mpi backend: member ", r, " is not a rank of MPI_COMM_WORLD (size ", world.size, ")"));
+      }
+    }
+    if (ranks[rank] != world.rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mpi backend: this process is member ", rank, " of the group, global rank ", ranks[rank],
+          ", but MPI_COMM_WORLD rank ", world.rank,
+          "; mpi groups need the default group's ranks to be MPI_COMM_WORLD's (init_process_group "
+          "with the 'mpi' backend)"));
+    }
+  }
+  bool whole_world = n == world.size;
+  for (int r = 0; whole_world && r < n; ++r) whole_world = ranks[r] == r;
+
+  MPI_Comm comm = MPI_COMM_NULL;
+  if (whole_world) {
+    EMBER_RETURN_IF_ERROR(CallMpi("mpi backend: creating the group", "MPI_Comm_dup",
+                                  [&] { return MPI_Comm_dup(MPI_COMM_WORLD, &comm); }));
+  } else {
+    EMBER_RETURN_IF_ERROR(CallMpi("mpi backend: creating the group", "MPI_Comm_create_group", [&] {
+      MPI_Group world_group = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+      int rc = MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+      if (rc == MPI_SUCCESS) rc = MPI_Group_incl(world_group, n, ranks.data(), &members);
+      if (rc == MPI_SUCCESS) rc = MPI_Comm_create_group(MPI_COMM_WORLD, members, 0, &comm);
+      if (members != MPI_GROUP_NULL) MPI_Group_free(&members);
+      if (world_group != MPI_GROUP_NULL) MPI_Group_free(&world_group);
+      return rc;
+    }));
+  }
+  EMBER_RETURN_IF_ERROR(CallMpi("mpi backend: creating the group", "MPI_Comm_set_errhandler",
+                                [&] { return MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN); }));
+  return std::shared_ptr<MpiProcessGroup>(new MpiProcessGroup(options, comm, std::move(ranks)));
+}
+
+MpiProcessGroup::MpiProcessGroup(const BackendOptions& options, MPI_Comm comm,
+                                 std::vector<int> world_ranks)
+    : ProcessGroup(options.rank, options.size, "mpi", MpiSupportTable(), options.timeout),
+      comm_(comm),
+      world_ranks_(std::move(world_ranks)) {
+  worker_ = std::thread([this] { WorkerLoop(); });
+}
+
+MpiProcessGroup::~MpiProcessGroup() {
+  absl::Time limit = absl::Now() + kAbortGrace;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (Queued& q : queue_) {
+      q.work->Finish(absl::AbortedError(absl::StrCat(q.what, ": the process group was destroyed")));
+    }
+    queue_.clear();
+    if (running_ && aborted_.ok()) limit = std::max(limit, running_->deadline());
+  }
+  // Note [MPI timeouts]: a worker still inside MPI at the limit never returns.
+  mu_.Lock();
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return worker_done_; };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&done), limit)) {
+    fprintf(stderr,
+            "ember: mpi backend: the process group is destroyed while %s is still inside MPI, "
+            "which cannot cancel it; calling MPI_Abort to end the job\n",
+            running_what_.c_str());
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  mu_.Unlock();
+  worker_.join();
+  // What is still posted: receives are cancelled, sends keep their buffers.
+  std::vector<std::shared_ptr<PendingP2P>> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    pending.swap(p2p_);
+  }
+  absl::MutexLock mpi(&MpiLock());
+  if (MpiFinalized()) return;
+  for (auto& p : pending) {
+    p->work->Finish(absl::AbortedError(absl::StrCat(p->what, ": the process group was destroyed")));
+    if (p->recv) {
+      MPI_Cancel(&p->request);
+      MPI_Wait(&p->request, MPI_STATUS_IGNORE);
+    } else {
+      MPI_Request_free(&p->request);
+      KeepUntilExit(p->staging);
+    }
+  }
+  MPI_Comm comm = comm_;
+  MPI_Comm_free(&comm);
+}
+
+void MpiProcessGroup::abort() {
+  absl::MutexLock lock(&mu_);
+  if (aborted_.ok()) aborted_ = absl::AbortedError("the process group was aborted");
+  for (Queued& q : queue_)
+    q.work->Finish(absl::AbortedError(absl::StrCat(q.what, ": ", aborted_.message())));
+  queue_.clear();
+  if (running_) {
+    running_->Finish(absl::AbortedError(absl::StrCat(running_what_, ": ", aborted_.message())));
+  }
+  for (auto& p : p2p_) {
+    p->work->Finish(absl::AbortedError(absl::StrCat(p->what, ": ", aborted_.message())));
+  }
+  p2p_posted_ = true;  // the worker cancels the receives
+}
+
+std::string MpiProcessGroup::DescribePeer(int rank) const {
+  if (rank == kAnySource) return "any rank";
+  return absl::StrCat("rank ", rank, " (MPI_COMM_WORLD rank ", world_ranks_[rank], ")");
+}
+
+// --- Execution ---------------------------------------------------------------------
+
+std::shared_ptr<Work> MpiProcessGroup::Enqueue(OpType op,
+                                               const std::optional<absl::Duration>& timeout,
+                                               Job job) {
+  const absl::Time deadline = DeadlineFor(timeout);
+  absl::MutexLock lock(&mu_);
+  const std::string what = absl::StrCat(op_type_name(op), " (collective #", next_seq_, ")");
+  auto work = std::make_shared<TimedWork<Work>>(
+      op, deadline,
+      absl::StrCat(what,
+                   ": did not finish within its timeout. MPI can neither time out nor cancel a "
+                   "collective, so it is still running (a rank that never joins it leaves it "
+                   "stuck) and this group's later ops wait behind it; destroying the group "
+                   "while it is stuck ends the job (MPI_Abort)"));
+  if (!aborted_.ok()) {
+    work->Finish(absl::AbortedError(absl::StrCat(what, ": ", aborted_.message())));
+    return work;
+  }
+  ++next_seq_;
+  queue_.push_back({work, what, std::move(job)});
+  return work;
+}
+
+void MpiProcessGroup::WorkerLoop() {
+  absl::Duration poll = kFirstPoll;
+  while (true) {
+    Queued item;
+    bool have = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty() || p2p_posted_;
+      };
+      if (p2p_.empty()) {
+        mu_.Await(absl::Condition(&ready));
+      } else {
+        mu_.AwaitWithTimeout(absl::Condition(&ready), poll);
+      }
+      if (p2p_posted_) poll = kFirstPoll;
+      p2p_posted_ = false;
+      if (!queue_.empty()) {
+        item = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = item.work;
+        running_what_ = item.what;
+        have = true;
+      } else if (stopping_) {
+        worker_done_ = true;
+        return;
+      }
+    }
+    if (have) {
+      // Runs even past its deadline (Note [MPI timeouts]).
+      absl::Status status = item.job(item.what);
+      item.work->Finish(std::move(status));
+      absl::MutexLock lock(&mu_);
+      running_ = nullptr;
+      running_what_.clear();
+    }
+    poll = PollP2P() ? kFirstPoll : std::min(poll * 2, kLongestPoll);
+  }
+}
+
+bool MpiProcessGroup::PollP2P() {
+  std::vector<std::shared_ptr<PendingP2P>> pending;
+  bool aborted = false;
+  {
+    absl::MutexLock lock(&mu_);
+    pending = p2p_;
+    aborted = !aborted_.ok();
+  }
+  if (pending.empty()) return false;
+  std::vector<Completion> finished;
+  {
+    absl::MutexLock mpi(&MpiLock());
+    if (MpiFinalized()) return false;
+    for (auto& p : pending) {
+      // A receive that was aborted or timed out is cancelled.
+      if (p->recv && (aborted || p->work->is_completed())) {
+        MPI_Cancel(&p->request);
+        MPI_Wait(&p->request, MPI_STATUS_IGNORE);
+        finished.push_back({p, absl::AbortedError(absl::StrCat(p->what, ": cancelled"))});
+        continue;
+      }
+      if (!p->recv && aborted) {
+        MPI_Request_free(&p->request);
+        KeepUntilExit(p->staging);
+        finished.push_back({p, absl::AbortedError(absl::StrCat(p->what, ": aborted"))});
+        continue;
+      }
+      int flag = 0;
+      MPI_Status status;
+      const int rc = MPI_Test(&p->request, &flag, &status);
+      if (rc != MPI_SUCCESS) {
+        finished.push_back({p, MpiStatus(rc, p->what, p->recv ? "MPI_Irecv" : "MPI_Isend")});
+        continue;
+      }
+      if (!flag) continue;
+      Completion done{p, absl::OkStatus(), status.MPI_SOURCE};
+      if (p->recv) {
+        int got = 0;
+        MPI_Get_count(&status, MpiType(p->staging.dtype()), &got);
+        if (got != p->count) {
+          done.status = absl::FailedPreconditionError(
+              absl::StrCat(p->what, ": ", DescribePeer(status.MPI_SOURCE), " sent ", got,
+                           " elements but this receive's tensor holds ", p->count,
+                           "; send and receive tensors of the same size and dtype"));
+        }
+      }
+      finished.push_back(std::move(done));
+    }
+  }
+  for (Completion& c : finished) {
+    if (c.status.ok() && c.p2p->recv) {
+      CopyBack(c.p2p->user, c.p2p->staging);
+      c.p2p->recv->set_source(c.source);
+    }
+    c.p2p->work->Finish(std::move(c.status));
+  }
+  absl::MutexLock lock(&mu_);
+  for (const Completion& c : finished) {
+    p2p_.erase(std::find(p2p_.begin(), p2p_.end(), c.p2p));
+  }
+  return !finished.empty();
+}
+
+// --- Collectives -------------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoBroadcast(
+    const Tensor& tensor, const BroadcastOptions& options) {
+  EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kBroadcast, tensor.numel()));
+  const int root = options.root;
+  return Enqueue(OpType::kBroadcast, options.timeout,
+                 [this, tensor, n, root](const std::string& what) -> absl::Status {
+                   Tensor data = Staging(tensor);
+                   EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Bcast", [&] {
+                     return MPI_Bcast(data.raw_data(), n, MpiType(data.dtype()), root, comm_);
+                   }));
+                   CopyBack(tensor, data);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoAllReduce(
+    const Tensor& tensor, const AllReduceOptions& options) {
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kAllReduce, options.op));
+  EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kAllReduce, tensor.numel()));
+  const ReduceOp op = options.op;
+  return Enqueue(OpType::kAllReduce, options.timeout,
+                 [this, tensor, n, op](const std::string& what) -> absl::Status {
+                   Tensor data = Staging(tensor);
+                   EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Allreduce", [&] {
+                     return MPI_Allreduce(MPI_IN_PLACE, data.raw_data(), n, MpiType(data.dtype()),
+                                          MpiOp(op, data.dtype()), comm_);
+                   }));
+                   CopyBack(tensor, data);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoReduce(const Tensor& tensor,
+                                                                const ReduceOptions& options) {
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduce, options.op));
+  EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kReduce, tensor.numel()));
+  const ReduceOp op = options.op;
+  const int root = options.root;
+  return Enqueue(OpType::kReduce, options.timeout,
+                 [this, tensor, n, op, root](const std::string& what) -> absl::Status {
+                   Tensor data = Staging(tensor);
+                   const bool is_root = rank() == root;
+                   EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Reduce", [&] {
+                     // The root reduces in place; the others' tensors are only read.
+                     return MPI_Reduce(is_root ? MPI_IN_PLACE : data.raw_data(),
+                                       is_root ? data.raw_data() : nullptr, n,
+                                       MpiType(data.dtype()), MpiOp(op, data.dtype()), root, comm_);
+                   }));
+                   if (is_root) CopyBack(tensor, data);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoAllGather(
+    absl::Span<const Tensor> outputs, const Tensor& input, const AllGatherOptions& options) {
+  EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kAllGather, input.numel()));
+  EMBER_RETURN_IF_ERROR(Count(OpType::kAllGather, input.numel() * size()).status());
+  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  return Enqueue(OpType::kAllGather, options.timeout,
+                 [this, outs, input, n](const std::string& what) -> absl::Status {
+                   Tensor in = Staging(input);
+                   Tensor flat = empty({size() * input.numel()}, TensorOptions(input.dtype()));
+                   const MPI_Datatype type = MpiType(input.dtype());
+                   EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Allgather", [&] {
+                     return MPI_Allgather(in.raw_data(), n, type, flat.raw_data(), n, type, comm_);
+                   }));
+                   for (int p = 0; p < size(); ++p) {
+                     outs[p].copy_(flat.narrow(0, p * int64_t{n}, n).view(outs[p].sizes()));
+                   }
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoAllGatherIntoTensor(
+    const Tensor& output, const Tensor& input, const AllGatherOptions& options) {
+  EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kAllGatherIntoTensor, input.numel()));
+  EMBER_RETURN_IF_ERROR(Count(OpType::kAllGatherIntoTensor, output.numel()).status());
+  return Enqueue(OpType::kAllGatherIntoTensor, options.timeout,
+                 [this, output, input, n](const std::string& what) -> absl::Status {
+                   Tensor in = Staging(input);
+                   Tensor out = Staging(output);
+                   const MPI_Datatype type = MpiType(input.dtype());
+                   EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Allgather", [&] {
+                     return MPI_Allgather(in.raw_data(), n, type, out.raw_data(), n, type, comm_);
+                   }));
+                   CopyBack(output, out);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoGather(absl::Span<const Tensor> outputs,
+                                                                const Tensor& input,
+                                                                const GatherOptions& options) {
+  EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kGather, input.numel()));
+  EMBER_RETURN_IF_ERROR(Count(OpType::kGather, input.numel() * size()).status());
+  const int root = options.root;
+  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  return Enqueue(OpType::kGather, options.timeout,
+                 [this, outs, input, n, root](const std::string& what) -> absl::Status {
+                   Tensor in = Staging(input);
+                   const bool is_root = rank() == root;
+                   Tensor flat;
+                   if (is_root)
+                     flat = empty({size() * input.numel()}, TensorOptions(input.dtype()));
+                   const MPI_Datatype type = MpiType(input.dtype());
+                   EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Gather", [&] {
+                     return MPI_Gather(in.raw_data(), n, type, is_root ? flat.raw_data() : nullptr,
+                                       n, type, root, comm_);
+                   }));
+                   for (size_t p = 0; p < outs.size(); ++p) {
+                     outs[p].copy_(flat.narrow(0, p * int64_t{n}, n).view(outs[p].sizes()));
+                   }
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoScatter(const Tensor& output,
+                                                                 absl::Span<const Tensor> inputs,
+                                                                 const ScatterOptions& options) {
+  EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kScatter, output.numel()));
+  EMBER_RETURN_IF_ERROR(Count(OpType::kScatter, output.numel() * size()).status());
+  const int root = options.root;
+  std::vector<Tensor> ins(inputs.begin(), inputs.end());
+  return Enqueue(OpType::kScatter, options.timeout,
+                 [this, output, ins, n, root](const std::string& what) -> absl::Status {
+                   const bool is_root = rank() == root;
+                   Tensor flat;
+                   if (is_root) {
+                     flat = empty({size() * output.numel()}, TensorOptions(output.dtype()));
+                     for (int p = 0; p < size(); ++p) {
+                       flat.narrow(0, p * int64_t{n}, n).copy_(ins[p].reshape({n}));
+                     }
+                   }
+                   Tensor out = Staging(output);
+                   const MPI_Datatype type = MpiType(output.dtype());
+                   EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Scatter", [&] {
+                     return MPI_Scatter(is_root ? flat.raw_data() : nullptr, n, type,
+                                        out.raw_data(), n, type, root, comm_);
+                   }));
+                   CopyBack(output, out);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoReduceScatter(
+    const Tensor& output, absl::Span<const Tensor> inputs, const ReduceScatterOptions& options) {
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduceScatter, options.op));
+  EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kReduceScatter, output.numel()));
+  EMBER_RETURN_IF_ERROR(Count(OpType::kReduceScatter, output.numel() * size()).status());
+  const ReduceOp op = options.op;
+  std::vector<Tensor> ins(inputs.begin(), inputs.end());
+  return Enqueue(OpType::kReduceScatter, options.timeout,
+                 [this, output, ins, n, op](const std::string& what) -> absl::Status {
+                   Tensor flat = empty({size() * output.numel()}, TensorOptions(output.dtype()));
+                   for (int p = 0; p < size(); ++p) {
+                     flat.narrow(0, p * int64_t{n}, n).copy_(ins[p].reshape({n}));
+                   }
+                   Tensor out = Staging(output);
+                   EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Reduce_scatter_block", [&] {
+                     return MPI_Reduce_scatter_block(flat.raw_data(), out.raw_data(), n,
+                                                     MpiType(out.dtype()), MpiOp(op, out.dtype()),
+                                                     comm_);
+                   }));
+                   CopyBack(output, out);
+                   return absl::OkStatus();
+                 });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoAllToAll(absl::Span<const Tensor> outputs,
+                                                                  absl::Span<const Tensor> inputs,
+                                                                  const AllToAllOptions& options) {
+  std::vector<int> send_counts, send_offsets, recv_counts, recv_offsets;
+  int64_t send_total = 0, recv_total = 0;
+  for (const Tensor& t : inputs) {
+    send_offsets.push_back(static_cast<int>(send_total));
+    send_counts.push_back(static_cast<int>(t.numel()));
+    send_total += t.numel();
+    EMBER_RETURN_IF_ERROR(Count(OpType::kAllToAll, send_total).status());
+  }
+  for (const Tensor& t : outputs) {
+    recv_offsets.push_back(static_cast<int>(recv_total));
+    recv_counts.push_back(static_cast<int>(t.numel()));
+    recv_total += t.numel();
+    EMBER_RETURN_IF_ERROR(Count(OpType::kAllToAll, recv_total).status());
+  }
+  std::vector<Tensor> ins(inputs.begin(), inputs.end());
+  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  return Enqueue(
+      OpType::kAllToAll, options.timeout,
+      [this, ins, outs, send_counts, send_offsets, recv_counts, recv_offsets, send_total,
+       recv_total](const std::string& what) -> absl::Status {
+        const Dtype dtype = ins[0].dtype();
+        Tensor in = empty({send_total}, TensorOptions(dtype));
+        Tensor out = empty({recv_total}, TensorOptions(dtype));
+        for (size_t p = 0; p < ins.size(); ++p) {
+          in.narrow(0, send_offsets[p], send_counts[p]).copy_(ins[p].reshape({send_counts[p]}));
+        }
+        const MPI_Datatype type = MpiType(dtype);
+        EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Alltoallv", [&] {
+          return MPI_Alltoallv(in.raw_data(), send_counts.data(), send_offsets.data(), type,
+                               out.raw_data(), recv_counts.data(), recv_offsets.data(), type,
+                               comm_);
+        }));
+        for (size_t p = 0; p < outs.size(); ++p) {
+          outs[p].copy_(out.narrow(0, recv_offsets[p], recv_counts[p]).view(outs[p].sizes()));
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoBarrier(const BarrierOptions& options) {
+  return Enqueue(OpType::kBarrier, options.timeout, [this](const std::string& what) {
+    return CallMpi(what, "MPI_Barrier", [&] { return MPI_Barrier(comm_); });
+  });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoMonitoredBarrier(
+    const MonitoredBarrierOptions& options) {
+  // Refused by the support table before this is reached.
+  return absl::UnimplementedError("monitored_barrier is not supported by the 'mpi' backend");
+}
+
+// --- Point-to-point ----------------------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<MpiProcessGroup::PendingP2P>> MpiProcessGroup::PostP2P(
+    OpType op, const Tensor& tensor, int peer, const P2POptions& options) {
+  const int max_tag = MaxTag();
+  if (options.tag < 0 || options.tag > max_tag) {
+    return absl::InvalidArgumentError(absl::StrCat(op_type_name(op), ": tag ", options.tag,
+                                                   " is outside the tags MPI carries, [0, ",
+                                                   max_tag, "]; pick a tag in range"));
+  }
+  EMBER_ASSIGN_OR_RETURN(const int n, Count(op, tensor.numel()));
+  const bool is_recv = op == OpType::kRecv;
+  auto p = std::make_shared<PendingP2P>();
+  p->what = absl::StrCat(is_recv ? "recv from " : "send to ", DescribePeer(peer), " (tag ",
+                         options.tag, ")");
+  const absl::Time deadline = DeadlineFor(options.timeout);
+  if (is_recv) {
+    p->recv = std::make_shared<TimedWork<RecvWork>>(
+        op, deadline, absl::StrCat(p->what, ": no message arrived within its timeout"));
+    p->work = p->recv;
+  } else {
+    p->work = std::make_shared<TimedWork<Work>>(
+        op, deadline,
+        absl::StrCat(p->what,
+                     ": the receiver did not take the message within its timeout (MPI cannot "
+                     "cancel a send, so it stays posted)"));
+  }
+  p->user = tensor;
+  p->staging = Staging(tensor);
+  p->count = n;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) {
+      p->work->Finish(absl::AbortedError(absl::StrCat(p->what, ": ", aborted_.message())));
+      return p;
+    }
+  }
+  const MPI_Datatype type = MpiType(tensor.dtype());
+  absl::Status posted = is_recv
+                            ? CallMpi(p->what, "MPI_Irecv",
+                                      [&] {
+                                        return MPI_Irecv(p->staging.raw_data(), n, type,
+                                                         peer == kAnySource ? MPI_ANY_SOURCE : peer,
+                                                         options.tag, comm_, &p->request);
+                                      })
+                            : CallMpi(p->what, "MPI_Isend", [&] {
+                                return MPI_Isend(p->staging.raw_data(), n, type, peer, options.tag,
+                                                 comm_, &p->request);
+                              });
+  if (!posted.ok()) {
+    p->work->Finish(std::move(posted));
+    return p;
+  }
+  absl::MutexLock lock(&mu_);
+  p2p_.push_back(p);
+  p2p_posted_ = true;
+  return p;
+}
+
+absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoSend(const Tensor& tensor, int dst,
+                                                              const P2POptions& options) {
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<PendingP2P> p,
+                         PostP2P(OpType::kSend, tensor, dst, options));
+  return p->work;
+}
+
+absl::StatusOr<std::shared_ptr<RecvWork>> MpiProcessGroup::DoRecv(const Tensor& tensor, int src,
+                                                                  const P2POptions& options) {
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<PendingP2P> p,
+                         PostP2P(OpType::kRecv, tensor, src, options));
+  return p->recv;
+}
+
+EMBER_REGISTER_BACKEND(mpi, BackendInfo{.name = "mpi",
+                                        .support = MpiSupportTable(),
+                                        .create = [](const BackendOptions& options)
+                                            -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+                                          EMBER_ASSIGN_OR_RETURN(auto pg,
+                                                                 MpiProcessGroup::Create(options));
+                                          return std::shared_ptr<ProcessGroup>(std::move(pg));
+                                        },
+                                        .world_from_launcher = &MpiWorldFromLauncher});
+
+}  // namespace ember::distributed::mpi
