@@ -23,6 +23,7 @@
 
 #include "benchmark/benchmark.h"
 #include "nn/activation.h"
+#include "nn/benchmark_mlp.h"
 #include "nn/container.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
@@ -71,13 +72,7 @@ void SetThreads(const benchmark::State& state) {
 
 void BM_EmberMlpStep(benchmark::State& state) {
   SetThreads(state);
-  manual_seed(0);
-  auto model = std::make_shared<Sequential>();
-  for (int i = 0; i < kHidden; ++i) {
-    model->push_back(std::make_shared<Linear>(kWidth, kWidth));
-    model->push_back(std::make_shared<ReLU>());
-  }
-  model->push_back(std::make_shared<Linear>(kWidth, kClasses));
+  std::shared_ptr<Sequential> model = benchmark_mlp(kWidth, kHidden, kClasses);
   optim::SGD opt(model->parameters(), {.lr = kLr});
   Tensor x = randn({kBatch, kWidth});
   Tensor y = randint(0, kClasses, {kBatch});

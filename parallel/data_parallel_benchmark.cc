@@ -13,6 +13,7 @@
 
 #include "benchmark/benchmark.h"
 #include "nn/activation.h"
+#include "nn/benchmark_mlp.h"
 #include "nn/container.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
@@ -28,16 +29,7 @@ constexpr int kWidth = 512;
 constexpr int kHidden = 4;
 constexpr int kClasses = 10;
 
-std::shared_ptr<nn::Module> Mlp() {
-  manual_seed(0);
-  auto model = std::make_shared<nn::Sequential>();
-  for (int i = 0; i < kHidden; ++i) {
-    model->push_back(std::make_shared<nn::Linear>(kWidth, kWidth));
-    model->push_back(std::make_shared<nn::ReLU>());
-  }
-  model->push_back(std::make_shared<nn::Linear>(kWidth, kClasses));
-  return model;
-}
+std::shared_ptr<nn::Module> Mlp() { return nn::benchmark_mlp(kWidth, kHidden, kClasses); }
 
 void Step(nn::Module& model, const Tensor& x, const Tensor& y) {
   model.zero_grad(/*set_to_none=*/false);

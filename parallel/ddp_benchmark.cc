@@ -35,6 +35,7 @@
 #include "benchmark/benchmark.h"
 #include "distributed/distributed.h"
 #include "nn/activation.h"
+#include "nn/benchmark_mlp.h"
 #include "nn/container.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
@@ -63,16 +64,7 @@ void Check(const absl::Status& s, const char* what) {
   }
 }
 
-std::shared_ptr<nn::Module> Mlp() {
-  manual_seed(0);
-  auto model = std::make_shared<nn::Sequential>();
-  for (int i = 0; i < kHidden; ++i) {
-    model->push_back(std::make_shared<nn::Linear>(kWidth, kWidth));
-    model->push_back(std::make_shared<nn::ReLU>());
-  }
-  model->push_back(std::make_shared<nn::Linear>(kWidth, kClasses));
-  return model;
-}
+std::shared_ptr<nn::Module> Mlp() { return nn::benchmark_mlp(kWidth, kHidden, kClasses); }
 
 // Per-step wall times; the median of all but the first five.
 double MedianMs(std::vector<double> ms) {
