@@ -1,5 +1,5 @@
-// The registry of process-group backends by name ("tcp", later "gloo",
-// "nccl", "mpi"): how init_process_group and new_group turn a backend name
+// The registry of process-group backends by name ("tcp", "gloo", "mpi";
+// "nccl" with CUDA): how init_process_group and new_group turn a backend name
 // into a ProcessGroup.
 //
 //   // In a backend's .cc (an alwayslink library), once per process:

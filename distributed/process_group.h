@@ -1,6 +1,6 @@
 // ProcessGroup: a set of ranks that run collectives and point-to-point ops
 // together (torch.distributed's ProcessGroup), as one abstract interface that
-// every backend (tcp now; gloo, nccl, mpi later) implements.
+// every backend (tcp, gloo and mpi; nccl with CUDA) implements.
 //
 //   std::shared_ptr<ProcessGroup> pg = ...;  // from init_process_group or a backend factory
 //   ember::Tensor t = ember::ones({4});

@@ -18,6 +18,7 @@
 #include "distributed/gloo/device.h"
 #include "distributed/gloo/store_adapter.h"
 #include "distributed/peer_process.h"
+#include "distributed/reduce.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/alltoallv.h"
@@ -83,36 +84,20 @@ std::chrono::milliseconds Left(absl::Time deadline) {
       std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
 }
 
-template <typename T>
-T Combine(ReduceOp op, T a, T b) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return op == ReduceOp::kSum || op == ReduceOp::kMax ? (a || b) : (a && b);
-  } else {
-    using M = OpMath<T>;
-    const M x = CastTo<M>(a), y = CastTo<M>(b);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        return CastTo<T>(static_cast<M>(x + y));
-      case ReduceOp::kProduct:
-        return CastTo<T>(static_cast<M>(x * y));
-      case ReduceOp::kMin:
-        return CastTo<T>(std::min(x, y));
-      case ReduceOp::kMax:
-        return CastTo<T>(std::max(x, y));
+// gloo's reduce function: c[i] = a[i] op b[i] for n elements, with the
+// kernels the tcp backend uses (distributed/reduce.h); gloo passes c == a
+// (or b) when it reduces in place.
+std::function<void(void*, const void*, const void*, size_t)> ReduceFunction(ReduceOp op,
+                                                                            Dtype dtype) {
+  return [op, dtype](void* c, const void* a, const void* b, size_t n) {
+    const auto count = static_cast<int64_t>(n);
+    if (c == a) {
+      ReduceInto(op, dtype, c, b, count);
+    } else if (c == b) {
+      ReduceInto(op, dtype, c, a, count);
+    } else {
+      ReduceTo(op, dtype, c, a, b, count);
     }
-    return a;
-  }
-}
-
-// gloo's reduce function: c[i] = a[i] op b[i] for n elements of T.
-template <typename T>
-std::function<void(void*, const void*, const void*, size_t)> ReduceFunction(ReduceOp op) {
-  return [op](void* c, const void* a, const void* b, size_t n) {
-    T* out = static_cast<T*>(c);
-    const T* x = static_cast<const T*>(a);
-    const T* y = static_cast<const T*>(b);
-    for (size_t i = 0; i < n; ++i) out[i] = Combine(op, x[i], y[i]);
   };
 }
 
@@ -447,7 +432,7 @@ void GlooAllReduce(const std::shared_ptr<::gloo::Context>& context,
   ::gloo::AllreduceOptions opts(context);
   VisitDtype(data.dtype(), [&]<typename T>() {
     opts.setOutput(static_cast<T*>(data.raw_data()), static_cast<size_t>(data.numel()));
-    opts.setReduceFunction(ReduceFunction<T>(op));
+    opts.setReduceFunction(ReduceFunction(op, data.dtype()));
   });
   opts.setTag(ctx.tag);
   opts.setTimeout(Left(ctx.deadline));
@@ -483,7 +468,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduce(const Tensor& t
                    VisitDtype(staging.dtype(), [&]<typename T>() {
                      opts.setOutput(static_cast<T*>(staging.raw_data()),
                                     static_cast<size_t>(staging.numel()));
-                     opts.setReduceFunction(ReduceFunction<T>(op));
+                     opts.setReduceFunction(ReduceFunction(op, staging.dtype()));
                    });
                    opts.setRoot(root);
                    opts.setTag(ctx.tag);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "distributed/reduce.h"
 
 namespace ember::distributed::mpi {
 namespace {
@@ -42,40 +43,10 @@ const char* LevelName(int level) {
   return "an unknown thread level";
 }
 
-// inout[i] = op(in[i], inout[i]) in float, rounded once.
-template <typename T>
-void Combine16(ReduceOp op, const void* in, void* inout, int n) {
-  const T* x = static_cast<const T*>(in);
-  T* acc = static_cast<T*>(inout);
-  for (int i = 0; i < n; ++i) {
-    const float a = static_cast<float>(x[i]), b = static_cast<float>(acc[i]);
-    float r = 0;
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        r = a + b;
-        break;
-      case ReduceOp::kProduct:
-        r = a * b;
-        break;
-      case ReduceOp::kMin:
-        r = std::min(a, b);
-        break;
-      case ReduceOp::kMax:
-        r = std::max(a, b);
-        break;
-    }
-    acc[i] = T(r);
-  }
-}
-
 template <ReduceOp kOp>
 void Reduce16(void* in, void* inout, int* len, MPI_Datatype* type) {
-  if (*type == GetRuntime().half) {
-    Combine16<Half>(kOp, in, inout, *len);
-  } else {
-    Combine16<BFloat16>(kOp, in, inout, *len);
-  }
+  // inout[i] = op(inout[i], in[i]), in float and rounded once (distributed/reduce.h).
+  ReduceInto(kOp, *type == GetRuntime().half ? kFloat16 : kBFloat16, inout, in, *len);
 }
 
 // Called at exit: finalises MPI unless a collective is stuck inside it

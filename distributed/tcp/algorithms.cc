@@ -5,7 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "distributed/tcp/reduce.h"
+#include "distributed/reduce.h"
 #include "tensor/status_macros.h"
 
 namespace ember::distributed::tcp {

@@ -1,9 +1,9 @@
-#include "distributed/tcp/reduce.h"
+#include "distributed/reduce.h"
 
 #include <algorithm>
 #include <type_traits>
 
-namespace ember::distributed::tcp {
+namespace ember::distributed {
 namespace {
 
 // out[i] = f(a[i], b[i]); `out` may be `a` (ReduceInto) or a third buffer.
@@ -74,4 +74,4 @@ void DivideBy(Dtype dtype, void* data, int64_t n, int64_t divisor) {
   });
 }
 
-}  // namespace ember::distributed::tcp
+}  // namespace ember::distributed

@@ -1,4 +1,5 @@
-// Elementwise reduction kernels of the tcp backend, acc[i] = op(acc[i], in[i])
+// Elementwise reduction kernels of the CPU backends (tcp; gloo and mpi for
+// the dtypes they cannot reduce themselves), acc[i] = op(acc[i], in[i])
 // (ReduceInto) and out[i] = op(a[i], b[i]) (ReduceTo), for every dtype and
 // ReduceOp in a fixed order (so the same inputs give the same bits), plus the
 // AVG division.
@@ -9,8 +10,8 @@
 // CPU kernels do. Bool: SUM/MAX are "or", PRODUCT/MIN are "and". AVG reduces
 // as SUM; DivideBy then divides (floating dtypes only). SegmentOf is how the
 // algorithms split a buffer among ranks. Pure; thread-safe.
-#ifndef EMBER_DISTRIBUTED_TCP_REDUCE_H_
-#define EMBER_DISTRIBUTED_TCP_REDUCE_H_
+#ifndef EMBER_DISTRIBUTED_REDUCE_H_
+#define EMBER_DISTRIBUTED_REDUCE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -18,7 +19,7 @@
 #include "distributed/process_group.h"
 #include "tensor/dtype.h"
 
-namespace ember::distributed::tcp {
+namespace ember::distributed {
 
 void ReduceInto(ReduceOp op, Dtype dtype, void* acc, const void* in, int64_t n);
 // out[i] = op(a[i], b[i]), with the same rules; `out` overlaps neither input.
@@ -37,6 +38,6 @@ inline Segment SegmentOf(int i, int n, int64_t numel, size_t elem) {
   return {static_cast<size_t>(begin) * elem, static_cast<size_t>(end - begin) * elem};
 }
 
-}  // namespace ember::distributed::tcp
+}  // namespace ember::distributed
 
-#endif  // EMBER_DISTRIBUTED_TCP_REDUCE_H_
+#endif  // EMBER_DISTRIBUTED_REDUCE_H_
