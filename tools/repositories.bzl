@@ -11,6 +11,8 @@ Usage, from Ember's WORKSPACE or from a consumer's:
     ember_dependencies()
 """
 
+load("//tools/release:static_archives.bzl", "ember_static_archives")
+
 _RULES_CC_DEFS = '''"""Forwards to Bazel's native C++ rules (Bazel 4 ships them built in)."""
 
 cc_binary = native.cc_binary
@@ -73,3 +75,6 @@ def ember_dependencies():
         path = "/usr/lib/x86_64-linux-gnu/openmpi",
         build_file = "@ember//third_party/mpi:local_mpi.BUILD",
     )
+
+    # Only //tools/release reads it (the statically linked tools).
+    _maybe(ember_static_archives, "ember_static_archives")
