@@ -11,6 +11,8 @@ Usage, from Ember's WORKSPACE or from a consumer's:
     ember_dependencies()
 """
 
+load("//tools/release:static_archives.bzl", "ember_static_archives")
+
 _RULES_CC_DEFS = '''"""Forwards to Bazel's native C++ rules (Bazel 4 ships them built in)."""
 
 cc_binary = native.cc_binary
@@ -50,12 +52,88 @@ def _coverage_tools_impl(ctx):
 
 _coverage_tools = repository_rule(implementation = _coverage_tools_impl)
 
+# The Debian packages Ember's third_party/ wrappers link, and a header and a
+# library each installs (paths relative to the system root): what
+# @ember_system_libraries checks.
+_SYSTEM_LIBRARIES = {
+    "abseil": ("libabsl-dev", ["usr/include/absl/base/config.h", "usr/lib/x86_64-linux-gnu/libabsl_base.so"]),
+    "googletest": ("libgtest-dev", ["usr/include/gtest/gtest.h", "usr/lib/x86_64-linux-gnu/libgtest.a"]),
+    "gmock": ("libgmock-dev", ["usr/include/gmock/gmock.h", "usr/lib/x86_64-linux-gnu/libgmock.a"]),
+    "benchmark": ("libbenchmark-dev", ["usr/include/benchmark/benchmark.h", "usr/lib/x86_64-linux-gnu/libbenchmark.so"]),
+    "protobuf": ("libprotobuf-dev", ["usr/include/google/protobuf/message.h", "usr/lib/x86_64-linux-gnu/libprotobuf.so"]),
+    "protoc": ("protobuf-compiler", ["usr/bin/protoc"]),
+    "grpc": ("libgrpc++-dev", ["usr/include/grpcpp/grpcpp.h", "usr/lib/x86_64-linux-gnu/libgrpc++.so"]),
+    "grpc_plugin": ("protobuf-compiler-grpc", ["usr/bin/grpc_cpp_plugin"]),
+    "gloo": ("libgloo-dev", ["usr/include/gloo/rendezvous/context.h", "usr/lib/libgloo.so"]),
+    "openblas": ("libopenblas-dev", ["usr/include/x86_64-linux-gnu/cblas.h", "usr/lib/x86_64-linux-gnu/libopenblas.so"]),
+    "curl": ("libcurl4-openssl-dev", ["usr/include/x86_64-linux-gnu/curl/curl.h", "usr/lib/x86_64-linux-gnu/libcurl.so"]),
+    "libarchive": ("libarchive-dev", ["usr/include/archive.h", "usr/lib/x86_64-linux-gnu/libarchive.so"]),
+}
+
+_SYSTEM_LIBRARY_BZL = '''"""A system library's stand-in in the third_party wrappers' deps."""
+
+def _present_impl(ctx):
+    # An empty CcInfo: adds no include path, so the wrappers' compile and
+    # link command lines stay the same.
+    return [CcInfo()]
+
+present_package = rule(implementation = _present_impl)
+
+def _missing_impl(ctx):
+    fail(ctx.attr.message)
+
+# A missing package: analysing a target that depends on it fails.
+missing_package = rule(implementation = _missing_impl, attrs = {"message": attr.string()})
+'''
+
+def _system_libraries_impl(ctx):
+    root = ctx.attr.root.rstrip("/") + "/"
+    build = [
+        "# Written by ember_dependencies() (tools/repositories.bzl): one target per",
+        "# system library; a missing one fails, naming its Debian package, when a",
+        "# build needs it.",
+        'load(":system_library.bzl", "missing_package", "present_package")',
+        "",
+        'package(default_visibility = ["//visibility:public"])',
+        "",
+    ]
+    for name, (package, files) in sorted(_SYSTEM_LIBRARIES.items()):
+        missing = [root + f for f in files if not ctx.path(root + f).exists]
+        if not missing:
+            build.append('present_package(name = "%s")\n' % name)
+            continue
+        message = ("Ember needs the Debian package %s (for %s), which is not installed: " +
+                   "%s missing. Install it with `apt-get install %s`, or run Ember's " +
+                   "tools/setup.sh, which installs every package Ember needs.") % (
+            package,
+            name,
+            " and ".join(missing) + (" is" if len(missing) == 1 else " are"),
+            package,
+        )
+        build.append("missing_package(name = %s, message = %s)\n" % (repr(name), repr(message)))
+    ctx.file("system_library.bzl", _SYSTEM_LIBRARY_BZL)
+    ctx.file("BUILD.bazel", "\n".join(build))
+    ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
+
+_system_libraries = repository_rule(
+    implementation = _system_libraries_impl,
+    attrs = {"root": attr.string(default = "/")},
+    local = True,
+)
+
 def _maybe(rule, name, **kwargs):
     if name not in native.existing_rules():
         rule(name = name, **kwargs)
 
-def ember_dependencies():
-    """Declares Ember's external repositories unless the caller already did."""
+def ember_dependencies(system_root = "/"):
+    """Declares Ember's external repositories unless the caller already did.
+
+    Args:
+      system_root: where the Debian packages Ember links are installed ("/").
+        A build that needs a library whose files are missing there fails
+        with a message naming the package to install, not a linker error.
+    """
+    _maybe(_system_libraries, "ember_system_libraries", root = system_root)
     _maybe(_rules_cc, "rules_cc")
     _maybe(_coverage_tools, "remote_coverage_tools")
     _maybe(native.local_repository, "rules_java", path = "/usr/share/bazel/rules/java")
@@ -73,3 +151,6 @@ def ember_dependencies():
         path = "/usr/lib/x86_64-linux-gnu/openmpi",
         build_file = "@ember//third_party/mpi:local_mpi.BUILD",
     )
+
+    # Only //tools/release reads it (the statically linked tools).
+    _maybe(ember_static_archives, "ember_static_archives")

@@ -1,11 +1,13 @@
 // The `hub` command: fetch repositories, list and document their entry points
 // and download weights, from the shell.
 //
-//   hub fetch owner/repo[:ref] [--force-reload] [--hub-dir D]   prints the
-//   cached folder hub list owner/repo[:ref] [...] prints one entry point per
-//   line hub help owner/repo[:ref] ENTRY [...]                        prints
-//   the entry point's doc hub weights URL [--model-dir D] [--check-hash]
-//   [--hub-dir D] prints the file and its tensors
+//   hub fetch owner/repo[:ref] [--force-reload] [--hub-dir D]
+//       prints the cached folder
+//   hub list owner/repo[:ref] [...]          prints one entry point per line
+//   hub help owner/repo[:ref] ENTRY [...]    prints the entry point's doc
+//   hub weights URL [--model-dir D] [--check-hash] [--hub-dir D]
+//       prints the file and its tensors
+//   hub --help | --version
 //
 // Other flags: --local (the repository is a directory), --base-url U (instead
 // of $EMBER_HUB_BASE_URL / https://github.com), --no-progress.
@@ -27,6 +29,7 @@
 #include "hub/hub_dir.h"
 #include "hub/load_state_dict_from_url.h"
 #include "hub/printable.h"
+#include "tools/version.h"
 
 namespace {
 
@@ -37,9 +40,12 @@ constexpr char kUsage[] =
     "       hub help REPO ENTRY [same flags]\n"
     "       hub weights URL [--model-dir D] [--check-hash] [--hub-dir D] "
     "[--no-progress]\n"
+    "       hub --help | --version\n"
     "REPO is owner/repo[:ref] (a tag or branch; default branch master, else "
     "main),\n"
-    "or a directory with --local. Exit status: 0 ok, 1 failed, 2 usage "
+    "or a directory with --local. The hub directory is --hub-dir, else\n"
+    "$TORCH_HUB_DIR, $TORCH_HOME/hub, $XDG_CACHE_HOME/torch/hub or ~/.cache/torch/hub.\n"
+    "Exit status: 0 ok, 1 the operation failed (the reason on stderr), 2 usage "
     "error.\n";
 
 int Usage(const std::string& why) {
@@ -58,6 +64,10 @@ int Main(std::vector<std::string> args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::cout << kUsage;
     return args.empty() ? 2 : 0;
+  }
+  if (args[0] == "--version") {
+    std::cout << ember::tools::version_line("hub") << "\n";
+    return 0;
   }
   const std::string command = args[0];
   std::vector<std::string> positional;

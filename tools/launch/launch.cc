@@ -53,6 +53,7 @@
 #include "absl/time/clock.h"
 #include "distributed/tcp_store.h"
 #include "tools/launch/launch_options.h"
+#include "tools/version.h"
 
 namespace ember::launch {
 namespace {
@@ -324,6 +325,10 @@ class Supervisor {
 
 int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && args[0] == "--version") {
+    std::printf("%s\n", tools::version_line("launch").c_str());
+    return 0;
+  }
   absl::StatusOr<LaunchOptions> options = ParseLaunchArgs(args);
   if (!options.ok()) {
     if (absl::StrContains(options.status().message(), "help requested")) {

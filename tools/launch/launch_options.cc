@@ -13,9 +13,11 @@ absl::Status UsageError(std::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat("launch: ", std::string(problem), "\n", Usage()));
 }
 
-absl::Status ParseInt(const std::string& name, const std::string& text, int min, int max, int& out) {
+absl::Status ParseInt(const std::string& name, const std::string& text, int min, int max,
+                      int& out) {
   if (!absl::SimpleAtoi(text, &out) || out < min || out > max) {
-    return UsageError(absl::StrCat("--", name, "=", text, " is not an integer in [", min, ", ", max, "]"));
+    return UsageError(
+        absl::StrCat("--", name, "=", text, " is not an integer in [", min, ", ", max, "]"));
   }
   return absl::OkStatus();
 }
@@ -29,7 +31,11 @@ std::string Usage() {
          "Starts N workers of `program` on this node (node K of M) with MASTER_ADDR, MASTER_PORT,\n"
          "WORLD_SIZE, RANK and LOCAL_RANK set for env:// rendezvous; passes --local_rank=i unless\n"
          "--use_env. --serve_store: node 0's launcher serves the store for Ember programs.\n"
-         "Defaults: 1 process, 1 node, node 0, 127.0.0.1:29500, no restarts.";
+         "Defaults: 1 process, 1 node, node 0, 127.0.0.1:29500, no restarts.\n"
+         "launch --help | --version: this text, or the version.\n"
+         "Exit status: 0 every worker succeeded; the first failed worker's exit code (128 + the\n"
+         "signal that killed it); 128 + the signal that stopped the launcher; 1 the launcher\n"
+         "could not run the job (the reason on stderr); 2 usage error or no such program.";
 }
 
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& args) {
@@ -59,7 +65,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
       value = args[++i];
     }
     if (name == "nproc_per_node") {
-      if (absl::Status s = ParseInt(name, *value, 1, 4096, options.nproc_per_node); !s.ok()) return s;
+      if (absl::Status s = ParseInt(name, *value, 1, 4096, options.nproc_per_node); !s.ok())
+        return s;
     } else if (name == "nnodes") {
       if (absl::Status s = ParseInt(name, *value, 1, 65536, options.nnodes); !s.ok()) return s;
     } else if (name == "node_rank") {
@@ -67,7 +74,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
     } else if (name == "master_port") {
       if (absl::Status s = ParseInt(name, *value, 1, 65535, options.master_port); !s.ok()) return s;
     } else if (name == "max_restarts") {
-      if (absl::Status s = ParseInt(name, *value, 0, 1000000, options.max_restarts); !s.ok()) return s;
+      if (absl::Status s = ParseInt(name, *value, 0, 1000000, options.max_restarts); !s.ok())
+        return s;
     } else if (name == "master_addr") {
       if (value->empty()) return UsageError("--master_addr is empty");
       options.master_addr = *value;
@@ -78,7 +86,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
   options.program.assign(args.begin() + i, args.end());
   if (options.program.empty()) return UsageError("no program to launch");
   if (options.node_rank >= options.nnodes) {
-    return UsageError(absl::StrCat("--node_rank=", options.node_rank, " is not in [0, --nnodes=", options.nnodes, ")"));
+    return UsageError(absl::StrCat("--node_rank=", options.node_rank,
+                                   " is not in [0, --nnodes=", options.nnodes, ")"));
   }
   return options;
 }
