@@ -3,7 +3,7 @@
 load("//tools:copts.bzl", "ember_cc_binary")
 
 def ember_static_binary(name, deps, **kwargs):
-    """A tool linked with every library but glibc static.
+    """A tool linked with every library but glibc static, needing glibc 2.35.
 
     `deps` are the tool's main library and the *_static variants of the
     third_party libraries it links (tools/release/static_archives.bzl says
@@ -12,7 +12,7 @@ def ember_static_binary(name, deps, **kwargs):
     """
     ember_cc_binary(
         name = name,
-        deps = deps,
+        deps = deps + ["@ember//tools/release:glibc_compat"],
         additional_linker_inputs = ["@ember_static_archives//:archives"],
         **kwargs
     )

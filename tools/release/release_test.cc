@@ -43,7 +43,7 @@ const std::vector<std::string> kHubSharedLibraries = {
     "liblz4.so.1",  "libnghttp2.so.14",    "libpsl.so.5",      "librtmp.so.1",
     "libssh2.so.1", "libunistring.so.2",   "libzstd.so.1"};
 // The newest glibc symbol version the binaries use (README.md).
-constexpr char kGlibc[] = "2.36";
+constexpr char kGlibc[] = "2.35";
 
 struct Result {
   int code;
