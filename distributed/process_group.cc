@@ -29,30 +29,48 @@ constexpr absl::Duration kDeadlineGrace = absl::Milliseconds(250);
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "SUM";
-    case ReduceOp::kProduct: return "PRODUCT";
-    case ReduceOp::kMin: return "MIN";
-    case ReduceOp::kMax: return "MAX";
-    case ReduceOp::kAvg: return "AVG";
+    case ReduceOp::kSum:
+      return "SUM";
+    case ReduceOp::kProduct:
+      return "PRODUCT";
+    case ReduceOp::kMin:
+      return "MIN";
+    case ReduceOp::kMax:
+      return "MAX";
+    case ReduceOp::kAvg:
+      return "AVG";
   }
   return "?";
 }
 
 const char* op_type_name(OpType op) {
   switch (op) {
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kAllReduce: return "all_reduce";
-    case OpType::kReduce: return "reduce";
-    case OpType::kAllGather: return "all_gather";
-    case OpType::kAllGatherIntoTensor: return "all_gather_into_tensor";
-    case OpType::kGather: return "gather";
-    case OpType::kScatter: return "scatter";
-    case OpType::kReduceScatter: return "reduce_scatter";
-    case OpType::kAllToAll: return "all_to_all";
-    case OpType::kBarrier: return "barrier";
-    case OpType::kMonitoredBarrier: return "monitored_barrier";
-    case OpType::kSend: return "send";
-    case OpType::kRecv: return "recv";
+    case OpType::kBroadcast:
+      return "broadcast";
+    case OpType::kAllReduce:
+      return "all_reduce";
+    case OpType::kReduce:
+      return "reduce";
+    case OpType::kAllGather:
+      return "all_gather";
+    case OpType::kAllGatherIntoTensor:
+      return "all_gather_into_tensor";
+    case OpType::kGather:
+      return "gather";
+    case OpType::kScatter:
+      return "scatter";
+    case OpType::kReduceScatter:
+      return "reduce_scatter";
+    case OpType::kAllToAll:
+      return "all_to_all";
+    case OpType::kBarrier:
+      return "barrier";
+    case OpType::kMonitoredBarrier:
+      return "monitored_barrier";
+    case OpType::kSend:
+      return "send";
+    case OpType::kRecv:
+      return "recv";
   }
   return "?";
 }
@@ -92,8 +110,8 @@ absl::Status Work::wait(absl::Duration timeout) {
     }
   }
   OnDeadline();
-  Finish(absl::DeadlineExceededError(absl::StrCat(op_type_name(op_),
-                                                  ": timed out (the op's deadline passed)")));
+  Finish(absl::DeadlineExceededError(
+      absl::StrCat(op_type_name(op_), ": timed out (the op's deadline passed)")));
   absl::MutexLock lock(&mu_);
   return status_;
 }
@@ -163,8 +181,8 @@ absl::Status ProcessGroup::CheckTensor(OpType op, const Tensor& tensor,
 absl::Status ProcessGroup::CheckRank(OpType op, int rank, const std::string& what) const {
   if (rank >= 0 && rank < size_) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(op_type_name(op), ": ", what, " ", rank,
-                                                 " is out of range for a group of size ",
-                                                 size_, " (valid: 0..", size_ - 1, ")"));
+                                                 " is out of range for a group of size ", size_,
+                                                 " (valid: 0..", size_ - 1, ")"));
 }
 
 absl::Status ProcessGroup::CheckList(OpType op, absl::Span<const Tensor> list,
@@ -178,14 +196,14 @@ absl::Status ProcessGroup::CheckList(OpType op, absl::Span<const Tensor> list,
   for (size_t i = 0; i < list.size(); ++i) {
     EMBER_RETURN_IF_ERROR(CheckTensor(op, list[i], absl::StrCat(what, "[", i, "]")));
     if (list[i].dtype() != like.dtype()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_type_name(op), ": ", what, "[", i, "] is ", DtypeText(list[i].dtype()),
-          " but the other tensor is ", DtypeText(like.dtype()), "; use one dtype"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op_type_name(op), ": ", what, "[", i, "] is ", DtypeText(list[i].dtype()),
+                       " but the other tensor is ", DtypeText(like.dtype()), "; use one dtype"));
     }
     if (same_numel && list[i].numel() != like.numel()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op_type_name(op), ": ", what, "[", i, "] has ", list[i].numel(),
-          " elements but the other tensor has ", like.numel(), "; sizes must match"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op_type_name(op), ": ", what, "[", i, "] has ", list[i].numel(),
+                       " elements but the other tensor has ", like.numel(), "; sizes must match"));
     }
   }
   return absl::OkStatus();
@@ -200,18 +218,33 @@ absl::Status ProcessGroup::CheckReduceOp(OpType op, ReduceOp reduce, Dtype dtype
   return absl::OkStatus();
 }
 
+namespace {
+
+// A queued op's Work, told which tensors the op writes (Work::result).
+template <typename W>
+absl::StatusOr<std::shared_ptr<W>> WithResult(absl::StatusOr<std::shared_ptr<W>> work,
+                                              std::vector<Tensor> tensors) {
+  if (work.ok() && *work != nullptr) (*work)->set_result(std::move(tensors));
+  return work;
+}
+std::vector<Tensor> List(absl::Span<const Tensor> tensors) {
+  return std::vector<Tensor>(tensors.begin(), tensors.end());
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::broadcast(const Tensor& tensor,
                                                               const BroadcastOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kBroadcast, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckRank(OpType::kBroadcast, options.root, "root"));
-  return DoBroadcast(tensor, options);
+  return WithResult(DoBroadcast(tensor, options), {tensor});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allreduce(const Tensor& tensor,
                                                               const AllReduceOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kAllReduce, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kAllReduce, options.op, tensor.dtype()));
-  return DoAllReduce(tensor, options);
+  return WithResult(DoAllReduce(tensor, options), {tensor});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce(const Tensor& tensor,
@@ -219,7 +252,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce(const Tensor& tensor,
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kReduce, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckRank(OpType::kReduce, options.root, "root"));
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kReduce, options.op, tensor.dtype()));
-  return DoReduce(tensor, options);
+  return WithResult(DoReduce(tensor, options), {tensor});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather(absl::Span<const Tensor> outputs,
@@ -227,7 +260,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather(absl::Span<const T
                                                               const AllGatherOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kAllGather, input, "input"));
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllGather, outputs, "outputs", input, true));
-  return DoAllGather(outputs, input, options);
+  return WithResult(DoAllGather(outputs, input, options), List(outputs));
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather_into_tensor(
@@ -245,7 +278,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather_into_tensor(
         op_type_name(op), ": output has ", output.numel(), " elements; expected world size (",
         size_, ") x input (", input.numel(), ") = ", input.numel() * size_));
   }
-  return DoAllGatherIntoTensor(output, input, options);
+  return WithResult(DoAllGatherIntoTensor(output, input, options), {output});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::gather(absl::Span<const Tensor> outputs,
@@ -256,11 +289,10 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::gather(absl::Span<const Tens
   if (rank_ == options.root) {
     EMBER_RETURN_IF_ERROR(CheckList(OpType::kGather, outputs, "outputs", input, true));
   } else if (!outputs.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("gather: outputs must be empty on non-root rank ", rank_, " (root is ",
-                     options.root, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gather: outputs must be empty on non-root rank ", rank_, " (root is ", options.root, ")"));
   }
-  return DoGather(outputs, input, options);
+  return WithResult(DoGather(outputs, input, options), List(outputs));
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::scatter(const Tensor& output,
@@ -271,11 +303,10 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::scatter(const Tensor& output
   if (rank_ == options.root) {
     EMBER_RETURN_IF_ERROR(CheckList(OpType::kScatter, inputs, "inputs", output, true));
   } else if (!inputs.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scatter: inputs must be empty on non-root rank ", rank_, " (root is ",
-                     options.root, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scatter: inputs must be empty on non-root rank ", rank_, " (root is ", options.root, ")"));
   }
-  return DoScatter(output, inputs, options);
+  return WithResult(DoScatter(output, inputs, options), {output});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(
@@ -283,7 +314,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kReduceScatter, output, "output"));
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kReduceScatter, inputs, "inputs", output, true));
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kReduceScatter, options.op, output.dtype()));
-  return DoReduceScatter(output, inputs, options);
+  return WithResult(DoReduceScatter(output, inputs, options), {output});
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::alltoall(absl::Span<const Tensor> outputs,
@@ -294,7 +325,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::alltoall(absl::Span<const Te
   }
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllToAll, inputs, "inputs", inputs[0], false));
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllToAll, outputs, "outputs", inputs[0], false));
-  return DoAllToAll(outputs, inputs, options);
+  return WithResult(DoAllToAll(outputs, inputs, options), List(outputs));
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::barrier(const BarrierOptions& options) {
@@ -316,7 +347,7 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::send(const Tensor& tensor, i
     return absl::InvalidArgumentError(
         absl::StrCat("send: dst ", dst, " is this rank; a rank cannot send to itself"));
   }
-  return DoSend(tensor, dst, options);
+  return WithResult(DoSend(tensor, dst, options), {tensor});
 }
 
 absl::StatusOr<std::shared_ptr<RecvWork>> ProcessGroup::recv(const Tensor& tensor, int src,
@@ -329,7 +360,7 @@ absl::StatusOr<std::shared_ptr<RecvWork>> ProcessGroup::recv(const Tensor& tenso
           absl::StrCat("recv: src ", src, " is this rank; a rank cannot receive from itself"));
     }
   }
-  return DoRecv(tensor, src, options);
+  return WithResult(DoRecv(tensor, src, options), {tensor});
 }
 
 }  // namespace ember::distributed

@@ -122,6 +122,20 @@ class Work {
   OpType op() const { return op_; }
   absl::Time deadline() const { return deadline_; }
 
+  // torch's Work.synchronize(): for ops on CPU tensors, wait() (the host
+  // blocks until the op completes). A backend whose ops run on device
+  // streams overrides it to make the caller's current stream wait for the
+  // op instead, without blocking the host.
+  virtual absl::Status synchronize() { return wait(); }
+
+  // torch's Work.result(): the tensors the op writes (all_reduce and
+  // broadcast: the tensor; all_gather, gather, all_to_all: the outputs;
+  // scatter, reduce_scatter, all_gather_into_tensor: the output; send and
+  // recv: the tensor), meaningful once the op completed; empty for
+  // barriers. Set by ProcessGroup when the op is queued.
+  const std::vector<Tensor>& result() const { return result_; }
+  void set_result(std::vector<Tensor> tensors) { result_ = std::move(tensors); }
+
   // For backends: completes the work (the first call wins) and wakes
   // waiters.
   void Finish(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
@@ -136,6 +150,7 @@ class Work {
  private:
   const OpType op_;
   const absl::Time deadline_;
+  std::vector<Tensor> result_;
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);

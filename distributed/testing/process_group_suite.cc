@@ -225,6 +225,36 @@ TEST_P(ProcessGroupSuite, AllGatherGatherAndScatter) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// torch's Work.result() and Work.synchronize(): the tensors an op wrote,
+// the very ones passed in (same storage), and a wait on CPU.
+TEST_P(ProcessGroupSuite, WorkResultIsWhatTheOpWrote) {
+  const int world = GetParam().world_size;
+  absl::Status s = RunRanks(
+      world,
+      [&](Rank& me) -> absl::Status {
+        Tensor t = Input(me.rank, 3, kFloat32);
+        EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Work> work, me.group->allreduce(t));
+        EMBER_RETURN_IF_ERROR(work->synchronize());
+        EXPECT_EQ(work->result().size(), 1u);
+        if (work->result().size() == 1) EXPECT_TRUE(work->result()[0].is_same(t));
+        std::vector<Tensor> outs;
+        for (int r = 0; r < world; ++r) outs.push_back(zeros({3}));
+        EMBER_ASSIGN_OR_RETURN(work, me.group->allgather(outs, Input(me.rank, 3, kFloat32)));
+        EMBER_RETURN_IF_ERROR(work->wait());
+        EXPECT_EQ(work->result().size(), static_cast<size_t>(world));
+        for (size_t r = 0; r < work->result().size(); ++r) {
+          EXPECT_TRUE(work->result()[r].is_same(outs[r]));
+          EXPECT_EQ(Values(work->result()[r]), Values(Input(r, 3, kFloat32)));
+        }
+        EMBER_ASSIGN_OR_RETURN(work, me.group->barrier());
+        EMBER_RETURN_IF_ERROR(work->wait());
+        EXPECT_TRUE(work->result().empty());
+        return absl::OkStatus();
+      },
+      Options());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST_P(ProcessGroupSuite, ReduceScatterAndAllToAll) {
   const int world = GetParam().world_size;
   absl::Status s = RunRanks(
