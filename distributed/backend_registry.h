@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "distributed/process_group.h"
 #include "distributed/store.h"
@@ -39,6 +40,17 @@ namespace ember::distributed {
 
 // What a backend needs to build one group: the rendezvous store (shared by
 // the group's ranks), this process's rank in the group and its size.
+// Options only one backend understands (torch's `pg_options`, e.g.
+// ProcessGroupNCCL.Options): each backend that has some defines a subclass
+// naming itself (TcpOptions, GlooOptions), and callers pass one through
+// InitOptions / NewGroupOptions. A backend given another backend's options
+// refuses them (OptionsFor).
+struct BackendSpecificOptions {
+  virtual ~BackendSpecificOptions() = default;
+  // The backend these options are for ("tcp", "gloo").
+  virtual std::string_view backend() const = 0;
+};
+
 struct BackendOptions {
   std::shared_ptr<Store> store;
   // Prepended to every key the backend writes, so that groups (and jobs
@@ -51,7 +63,25 @@ struct BackendOptions {
   // new_group was given); empty for the default group itself. Backends that
   // address peers by a launcher's rank (mpi) build sub-groups from it.
   std::vector<int> ranks;
+  // The caller's backend-specific options, or null for the backend's defaults.
+  std::shared_ptr<const BackendSpecificOptions> pg_options;
 };
+
+// The backend-specific options of type T (for backend `name`) in `options`:
+// null when none were given, InvalidArgument when they are another
+// backend's.
+template <typename T>
+absl::StatusOr<const T*> OptionsFor(const BackendOptions& options, std::string_view name) {
+  if (options.pg_options == nullptr) return nullptr;
+  const T* mine = dynamic_cast<const T*>(options.pg_options.get());
+  if (mine == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pg_options are for the '", std::string(options.pg_options->backend()),
+                     "' backend, but the group's backend is '", std::string(name),
+                     "'; pass that backend's options or none"));
+  }
+  return mine;
+}
 
 // This process's place in a job whose processes a backend's own launcher
 // started (mpirun for mpi).

@@ -190,6 +190,7 @@ absl::Status init_process_group(const InitOptions& options) {
     b.size = joined.world_size;
   }
   b.timeout = options.timeout;
+  b.pg_options = options.pg_options;
   b.store_prefix = absl::StrCat("pg", s.generation, "/world/");
   EMBER_ASSIGN_OR_RETURN(Group world, backend->create(b));
   s.world = world;
@@ -294,6 +295,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
     b.size = static_cast<int>(ranks.size());
     b.ranks = ranks;
     b.timeout = options.timeout.value_or(s.timeout);
+    b.pg_options = options.pg_options;
     if (!b.store && !backend->world_from_launcher) {
       return absl::FailedPreconditionError(
           absl::StrCat("new_group: the '", backend->name,

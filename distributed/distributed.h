@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "distributed/backend_registry.h"
 #include "distributed/process_group.h"
 #include "distributed/store.h"
 #include "tensor/tensor.h"
@@ -62,6 +63,9 @@ struct InitOptions {
   // torch's `store=` argument: use this store instead of a rendezvous
   // (world_size and rank must then be given).
   std::shared_ptr<Store> store;
+  // torch's `pg_options`: the backend's own options (tcp::TcpOptions,
+  // gloo::GlooOptions); null for its defaults.
+  std::shared_ptr<const BackendSpecificOptions> pg_options;
 };
 
 // Rendezvous with the other processes, then builds the default group with
@@ -83,8 +87,9 @@ absl::StatusOr<Group> get_default_group();
 absl::Status destroy_process_group(const Group& group = nullptr);
 
 struct NewGroupOptions {
-  std::optional<absl::Duration> timeout;  // the default group's when unset
-  std::string backend;                    // the default group's when empty
+  std::optional<absl::Duration> timeout;                     // the default group's when unset
+  std::string backend;                                       // the default group's when empty
+  std::shared_ptr<const BackendSpecificOptions> pg_options;  // as InitOptions'
 };
 // A group of the given global ranks (all ranks when empty). Every process
 // must call new_group, with the same ranks, in the same order. Members block

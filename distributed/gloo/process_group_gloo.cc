@@ -159,7 +159,12 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
     peers[p].host = f[2];
   }
 
-  const DeviceChoice choice = ChooseDevice();
+  EMBER_ASSIGN_OR_RETURN(const GlooOptions* given, OptionsFor<GlooOptions>(options, "gloo"));
+  DeviceChoice choice = ChooseDevice();
+  if (given != nullptr && !given->interface.empty()) {
+    choice = {.interface = given->interface,
+              .describe = absl::StrCat("interface ", given->interface, " (pg_options)")};
+  }
   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<::gloo::transport::Device> device, CreateDevice(choice));
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, n);
   context->setTimeout(Left(deadline));

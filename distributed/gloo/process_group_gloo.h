@@ -64,6 +64,15 @@ namespace ember::distributed::gloo {
 // The gloo row of the backend support table: every op, CPU tensors only.
 SupportTable GlooSupportTable();
 
+// The gloo backend's pg_options (torch's ProcessGroupGloo.Options).
+struct GlooOptions : BackendSpecificOptions {
+  std::string_view backend() const override { return "gloo"; }
+  // The network interface gloo's transport binds (as GLOO_SOCKET_IFNAME, which
+  // it overrides); empty: GLOO_SOCKET_IFNAME, else the host name's address,
+  // else loopback (device.h).
+  std::string interface;
+};
+
 class GlooProcessGroup : public ProcessGroup {
  public:
   // Connects to every rank of the group; blocks until all are connected or

@@ -746,13 +746,18 @@ absl::StatusOr<std::shared_ptr<RecvWork>> TcpProcessGroup::DoRecv(const Tensor& 
   return std::shared_ptr<RecvWork>(work);
 }
 
-EMBER_REGISTER_BACKEND(tcp, BackendInfo{.name = "tcp",
-                                        .support = TcpSupportTable(),
-                                        .create = [](const BackendOptions& options)
-                                            -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
-                                          EMBER_ASSIGN_OR_RETURN(auto pg,
-                                                                 TcpProcessGroup::Create(options));
-                                          return std::shared_ptr<ProcessGroup>(std::move(pg));
-                                        }});
+EMBER_REGISTER_BACKEND(
+    tcp,
+    BackendInfo{
+        .name = "tcp",
+        .support = TcpSupportTable(),
+        .create =
+            [](const BackendOptions& options) -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+          EMBER_ASSIGN_OR_RETURN(const TcpOptions* given, OptionsFor<TcpOptions>(options, "tcp"));
+          EMBER_ASSIGN_OR_RETURN(
+              auto pg,
+              TcpProcessGroup::Create(options, given != nullptr ? *given : TcpOptions::FromEnv()));
+          return std::shared_ptr<ProcessGroup>(std::move(pg));
+        }});
 
 }  // namespace ember::distributed::tcp

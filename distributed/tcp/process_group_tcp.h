@@ -50,7 +50,9 @@
 
 namespace ember::distributed::tcp {
 
-struct TcpOptions {
+// The tcp backend's pg_options (InitOptions::pg_options).
+struct TcpOptions : BackendSpecificOptions {
+  std::string_view backend() const override { return "tcp"; }
   // Shared memory between ranks on one host (EMBER_TCP_SHM=0 turns it off).
   bool shared_memory = true;
   // Large messages between processes on one host are read straight from
@@ -72,8 +74,8 @@ SupportTable TcpSupportTable();
 
 class TcpProcessGroup : public ProcessGroup {
  public:
-  static absl::StatusOr<std::shared_ptr<TcpProcessGroup>> Create(
-      const BackendOptions& options, const TcpOptions& tcp = TcpOptions::FromEnv());
+  static absl::StatusOr<std::shared_ptr<TcpProcessGroup>> Create(const BackendOptions& options,
+                                                                 const TcpOptions& tcp);
   ~TcpProcessGroup() override;
 
   void abort() override;

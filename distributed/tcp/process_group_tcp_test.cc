@@ -178,6 +178,34 @@ TEST(TcpProcessGroupTest, SocketsWhenSharedMemoryIsOff) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// The same choices as the environment variables, through pg_options (which
+// win over the environment), and another backend's options refused.
+TEST(TcpProcessGroupTest, PgOptionsChooseTheTransport) {
+  auto tcp_options = std::make_shared<TcpOptions>();
+  tcp_options->shared_memory = false;
+  testing::RunRanksOptions options;
+  options.pg_options = tcp_options;
+  absl::Status s = RunRanks(
+      2,
+      [](Rank& me) -> absl::Status {
+        auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());
+        EXPECT_THAT(tcp->TransportTo(1 - me.rank), HasSubstr("tcp "));
+        Tensor t = Input(me.rank, 1000, kFloat32);
+        return Finish(me.group->allreduce(t));
+      },
+      options);
+  EXPECT_TRUE(s.ok()) << s;
+
+  struct NcclLikeOptions : BackendSpecificOptions {
+    std::string_view backend() const override { return "nccl"; }
+  };
+  options.pg_options = std::make_shared<NcclLikeOptions>();
+  s = RunRanks(
+      1, [](Rank&) { return absl::OkStatus(); }, options);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("INVALID_ARGUMENT: pg_options are for the 'nccl' "
+                                                  "backend, but the group's backend is 'tcp'"));
+}
+
 TEST(TcpProcessGroupTest, SharedMemoryBetweenRanksOnOneHost) {
   absl::Status s = RunRanks(2, [](Rank& me) -> absl::Status {
     auto* tcp = dynamic_cast<TcpProcessGroup*>(me.group.get());

@@ -35,6 +35,7 @@ absl::Status RunOne(int rank, int world_size, std::shared_ptr<Store> store,
   b.size = world_size;
   b.timeout = options.timeout;
   b.ranks = std::move(members);
+  b.pg_options = options.pg_options;
   auto group = (*backend)->create(b);
   if (!group.ok()) return group.status();
   Rank me{rank, world_size, *group, store, dir};

@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "distributed/backend_registry.h"
 #include "distributed/process_group.h"
 #include "distributed/store.h"
 
@@ -62,6 +63,8 @@ struct RunRanksOptions {
   // Off: `body` builds what it needs itself (e.g. init_process_group with
   // file://<temp_dir>/...); Rank::group and Rank::store are then null.
   bool make_group = true;
+  // The backend's own options (BackendOptions::pg_options).
+  std::shared_ptr<const BackendSpecificOptions> pg_options;
 };
 
 // Runs `body` on `world_size` threads, each with its own group over one
