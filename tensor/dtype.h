@@ -1,8 +1,12 @@
 // Element types and PyTorch's type-promotion rules.
 //
+//   ```cpp
+//   #include "tensor/dtype.h"
 //   ember::Dtype d = ember::promote_types(ember::kInt32, ember::kFloat16);
 //   // d == kFloat16; dtype_name(d) == "float16"
-//   ember::VisitDtype(d, [&]<typename T>() { ... T is ember::Half ... });
+//   size_t bytes = ember::VisitDtype(d, [&]<typename T>() { return sizeof(T); });
+//   if (bytes != 2) return absl::InternalError("float16 is not 2 bytes");  // T is ember::Half
+//   ```
 //
 // Promotion follows torch.promote_types: bool < integral < floating point
 // categories; within a category the wider type wins; uint8 with int8 gives

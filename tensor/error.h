@@ -6,7 +6,16 @@
 // c10::Error. Internal invariants use EMBER_INTERNAL_ASSERT, which aborts:
 // reaching one is a bug in Ember, not in the caller.
 //
-//   EMBER_CHECK(a.dim() == 2, "mm: expected a 2-D tensor, got ", a.dim(), "-D");
+//   ```cpp
+//   #include "tensor/error.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor a = ember::ones({3});
+//   try {
+//     EMBER_CHECK(a.dim() == 2, "mm: expected a 2-D tensor, got ", a.dim(), "-D");
+//   } catch (const ember::Error& e) {
+//     std::string message = e.what();  // "mm: expected a 2-D tensor, got 1-D"
+//   }
+//   ```
 //
 // Thread-safe.
 #ifndef EMBER_TENSOR_ERROR_H_

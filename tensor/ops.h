@@ -2,7 +2,12 @@
 // (Note [Dispatch] in tensor/dispatch.h). Tensor methods call these; kernel
 // libraries register implementations into them.
 //
-//   ember::Tensor c = ember::ops::binary(ember::BinaryOp::kAdd, a, b);
+//   ```cpp
+//   #include "tensor/factories.h"
+//   #include "tensor/ops.h"
+//   ember::Tensor a = ember::ones({3}), b = ember::arange(3);
+//   ember::Tensor c = ember::ops::binary(ember::BinaryOp::kAdd, a, b);  // a + b
+//   ```
 //
 // Most code should use the Tensor methods instead.
 #ifndef EMBER_TENSOR_OPS_H_

@@ -1,11 +1,23 @@
 // The project's RETURN_IF_ERROR / ASSIGN_OR_RETURN pair for absl::Status code
 // (Abseil 20220623 ships neither).
 //
-//   absl::StatusOr<Config> Load(const std::string& path) {
-//     EMBER_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-//     EMBER_RETURN_IF_ERROR(Validate(text));
-//     return Parse(text);
-//   }
+//   ```cpp
+//   #include "absl/status/statusor.h"
+//   #include "absl/strings/numbers.h"
+//   #include "tensor/status_macros.h"
+//   auto parse_port = [](absl::string_view text) -> absl::StatusOr<int> {
+//     int port = 0;
+//     if (!absl::SimpleAtoi(text, &port)) return absl::InvalidArgumentError("not a number");
+//     return port;
+//   };
+//   auto check_port = [&](absl::string_view text) -> absl::Status {
+//     EMBER_ASSIGN_OR_RETURN(int port, parse_port(text));  // returns parse_port's error
+//     if (port < 1 || port > 65535) return absl::OutOfRangeError("port out of range");
+//     return absl::OkStatus();
+//   };
+//   EMBER_RETURN_IF_ERROR(check_port("29500"));
+//   if (check_port("http").ok()) return absl::InternalError("\"http\" parsed as a port");
+//   ```
 #ifndef EMBER_TENSOR_STATUS_MACROS_H_
 #define EMBER_TENSOR_STATUS_MACROS_H_
 
