@@ -2,10 +2,14 @@
 // with one from central finite differences in float64, as
 // torch.autograd.gradcheck does.
 //
-//   Tensor x = ember::randn({3, 4}, ember::kFloat64).requires_grad_();
-//   absl::Status s = ember::autograd::gradcheck(
-//       [](const variable_list& in) { return variable_list{in[0].tanh()}; }, {x});
-//   EXPECT_TRUE(s.ok()) << s;
+//   ```cpp
+//   #include "autograd/gradcheck.h"
+//   #include "tensor/factories.h"
+//   using ember::autograd::variable_list;
+//   ember::Tensor x = ember::randn({3, 4}, ember::kFloat64).requires_grad_();
+//   EMBER_RETURN_IF_ERROR(ember::autograd::gradcheck(
+//       [](const variable_list& in) { return variable_list{in[0].tanh()}; }, {x}));
+//   ```
 //
 // For each input that requires grad and each of its elements, the input is
 // perturbed by +-eps in place (through its strides, so non-contiguous inputs
