@@ -16,8 +16,9 @@
 // work) and `fn` re-run without grad; for each output element, autograd's
 // grad() gives one row of the analytical Jacobian. Entries must agree within
 // atol + rtol * |numerical|. A floating output that does not require grad
-// has a zero analytical Jacobian, which the differences must confirm. Empty inputs and outputs are run through forward
-// and backward too (nothing to compare, but nothing may fail).
+// has a zero analytical Jacobian, which the differences must confirm. Empty
+// inputs and outputs are run through forward and backward too (nothing to
+// compare, but nothing may fail).
 //
 // Inputs must be float64 (float32 differences are too coarse) and must not
 // overlap themselves (an expanded tensor would perturb several elements at

@@ -75,7 +75,7 @@ std::vector<std::string> registered_backends();
 // Registers a backend while the program starts (use in an alwayslink library).
 #define EMBER_REGISTER_BACKEND(id, ...)                                     \
   static const bool ember_backend_registered_##id = [] {                    \
-    ::absl::Status s = ::ember::distributed::register_backend(__VA_ARGS__);  \
+    ::absl::Status s = ::ember::distributed::register_backend(__VA_ARGS__); \
     if (!s.ok()) std::fprintf(stderr, "ember: %s\n", s.ToString().c_str()); \
     return s.ok();                                                          \
   }()

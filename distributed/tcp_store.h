@@ -110,7 +110,7 @@ class TcpStore : public Store {
   absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
   absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
-                                         std::string_view desired) override;
+                                          std::string_view desired) override;
   absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> delete_key(std::string_view key) override;
   absl::StatusOr<int64_t> num_keys() override;

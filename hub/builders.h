@@ -48,8 +48,7 @@ namespace ember::hub {
 // One keyword argument's value.
 using Arg = std::variant<int64_t, double, bool, std::string>;
 using Kwargs = std::map<std::string, Arg>;
-using Builder = std::function<absl::StatusOr<std::shared_ptr<nn::Module>>(
-    const Kwargs& kwargs)>;
+using Builder = std::function<absl::StatusOr<std::shared_ptr<nn::Module>>(const Kwargs& kwargs)>;
 
 // Adds `builder` under `name`. Errors: AlreadyExists.
 absl::Status register_builder(const std::string& name, Builder builder);
@@ -60,8 +59,7 @@ std::vector<std::string> builder_names();
 // Calls the builder `name` with `kwargs`. Errors: NotFound listing the
 // builders; InvalidArgument for an unknown argument, a wrong type or a bad
 // value (naming the builder and the argument).
-absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name,
-                                                  const Kwargs& kwargs);
+absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name, const Kwargs& kwargs);
 
 // Reads a builder's arguments with defaults, then rejects any it did not read.
 //   KwargsReader r("mlp", kwargs);

@@ -35,8 +35,7 @@ absl::StatusOr<StateDict> load_checkpoint(const std::string& path);
 
 // Writes `state_dict` to `path` (see above). Errors: the writers' errors;
 // Internal naming the path for file errors.
-absl::Status save_checkpoint(const StateDict& state_dict,
-                            const std::string& path);
+absl::Status save_checkpoint(const StateDict& state_dict, const std::string& path);
 
 }  // namespace ember::hub
 

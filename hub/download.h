@@ -68,7 +68,7 @@ absl::Status check_url_scheme(absl::string_view url);
 // message gives expected and actual); Internal for local file errors. On any
 // error `dest` is untouched and no temporary file is left.
 absl::Status download_url_to_file(const std::string& url, const std::string& dest,
-                               const DownloadOptions& options = {});
+                                  const DownloadOptions& options = {});
 
 }  // namespace ember::hub
 

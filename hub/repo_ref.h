@@ -39,8 +39,7 @@ absl::StatusOr<RepoRef> ParseRepoRef(absl::string_view text);
 // The folder name of a fetched repository inside the hub directory:
 // "<owner>_<repo>_<ref>", with any '/' of the ref (branch "feature/x")
 // replaced by '_'.
-std::string CacheDirName(absl::string_view owner, absl::string_view repo,
-                         absl::string_view ref);
+std::string CacheDirName(absl::string_view owner, absl::string_view repo, absl::string_view ref);
 
 }  // namespace ember::hub
 

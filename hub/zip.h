@@ -54,9 +54,7 @@ class ZipReader {
 
   // Entry names in the order their data lies in the file.
   const std::vector<std::string>& names() const { return names_; }
-  bool Contains(absl::string_view name) const {
-    return entries_.count(std::string(name)) > 0;
-  }
+  bool Contains(absl::string_view name) const { return entries_.count(std::string(name)) > 0; }
   // The bytes of entry `name`, a view into the reader (CRC-checked by Open).
   // Errors: NotFound.
   absl::StatusOr<absl::string_view> Read(absl::string_view name) const;

@@ -131,7 +131,9 @@ struct PoolAllocator {
     }
   }
   template <typename U>
-  bool operator==(const PoolAllocator<U>&) const { return true; }
+  bool operator==(const PoolAllocator<U>&) const {
+    return true;
+  }
 };
 
 // The process-wide CPU allocator (aligned_alloc, with the caches above).

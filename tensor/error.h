@@ -51,23 +51,23 @@ std::string Concat(const Args&... args) {
 }  // namespace ember
 
 // Throws ember::Error built by concatenating args (operator<<) unless `cond` holds.
-#define EMBER_CHECK(cond, ...)                                   \
-  do {                                                           \
-    if (!(cond)) [[unlikely]] {                                  \
+#define EMBER_CHECK(cond, ...)                                               \
+  do {                                                                       \
+    if (!(cond)) [[unlikely]] {                                              \
       ::ember::internal::ThrowError(::ember::internal::Concat(__VA_ARGS__)); \
-    }                                                            \
+    }                                                                        \
   } while (0)
 
 // Throws ember::Error built by concatenating args (operator<<).
 #define EMBER_FAIL(...) ::ember::internal::ThrowError(::ember::internal::Concat(__VA_ARGS__))
 
 // Aborts with file, line and message: for invariants only Ember can break.
-#define EMBER_INTERNAL_ASSERT(cond, ...)                                   \
-  do {                                                                     \
-    if (!(cond)) [[unlikely]] {                                            \
-      ::ember::internal::AssertFailed(__FILE__, __LINE__, #cond,           \
-                                      ::ember::internal::Concat("" __VA_ARGS__));     \
-    }                                                                      \
+#define EMBER_INTERNAL_ASSERT(cond, ...)                                          \
+  do {                                                                            \
+    if (!(cond)) [[unlikely]] {                                                   \
+      ::ember::internal::AssertFailed(__FILE__, __LINE__, #cond,                  \
+                                      ::ember::internal::Concat("" __VA_ARGS__)); \
+    }                                                                             \
   } while (0)
 
 #endif  // EMBER_TENSOR_ERROR_H_

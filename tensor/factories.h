@@ -132,7 +132,7 @@ namespace internal {
 // A tensor of `sizes` filled from `count` host values of `dtype`, then
 // converted and placed as `options` say (see tensor() above).
 Tensor copy_from_host(const void* data, size_t count, Dtype dtype, IntArrayRef sizes,
-                    const TensorOptions& options);
+                      const TensorOptions& options);
 }  // namespace internal
 
 template <typename T>

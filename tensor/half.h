@@ -94,7 +94,9 @@ struct BFloat16 {
     h.bits = b;
     return h;
   }
-  operator float() const { return internal::BitsFloat(static_cast<uint32_t>(bits) << 16); }  // NOLINT
+  operator float() const {  // NOLINT
+    return internal::BitsFloat(static_cast<uint32_t>(bits) << 16);
+  }
 };
 
 }  // namespace ember

@@ -24,19 +24,18 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-#define EMBER_RETURN_IF_ERROR(expr)                    \
-  do {                                                 \
-    ::absl::Status ember_status_ = (expr);             \
-    if (!ember_status_.ok()) [[unlikely]]              \
-      return ember_status_;                            \
+#define EMBER_RETURN_IF_ERROR(expr)        \
+  do {                                     \
+    ::absl::Status ember_status_ = (expr); \
+    if (!ember_status_.ok()) [[unlikely]]  \
+      return ember_status_;                \
   } while (0)
 
 #define EMBER_STATUS_CONCAT_INNER_(a, b) a##b
 #define EMBER_STATUS_CONCAT_(a, b) EMBER_STATUS_CONCAT_INNER_(a, b)
 
 #define EMBER_ASSIGN_OR_RETURN(lhs, expr) \
-  EMBER_ASSIGN_OR_RETURN_IMPL_(           \
-      EMBER_STATUS_CONCAT_(ember_statusor_, __LINE__), lhs, expr)
+  EMBER_ASSIGN_OR_RETURN_IMPL_(EMBER_STATUS_CONCAT_(ember_statusor_, __LINE__), lhs, expr)
 
 #define EMBER_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
   auto statusor = (expr);                                 \
