@@ -8,7 +8,7 @@
 //   #include "tensor/factories.h"
 //   auto net = std::make_shared<ember::hub::ResNet18>(
 //       ember::hub::ResNetOptions{.num_classes = 10});
-//   ember::Tensor images = ember::randn({1, 3, 32, 32});
+//   ember::Tensor images = ember::randn({2, 3, 32, 32});  // training mode: a batch of 2+
 //   ember::Tensor logits = (*net)(images);  // [N, 3, H, W] -> [N, 10]
 //   // Transfer learning, torch's `model.fc = nn.Linear(512, 2)`: keep the
 //   // trunk, put a new classifier on top.
