@@ -2,8 +2,23 @@
 // node remembers the forward op that created it, a failing backward names that
 // op, and a backward function that returns NaN raises an error naming itself.
 //
+//   ```cpp
+//   #include <string>
+//   #include "autograd/anomaly_mode.h"
+//   #include "tensor/error.h"
+//   #include "tensor/factories.h"
 //   ember::autograd::DetectAnomalyGuard detect;
-//   loss.backward();  // "Error detected in DivBackward (forward op: div) ..."
+//   ember::Tensor x = ember::ones({2}).requires_grad_();
+//   ember::Tensor d = x - x;
+//   ember::Tensor loss = (d / d).sum();  // 0 / 0, whose gradient is NaN too
+//   std::string message;
+//   try {
+//     loss.backward();
+//   } catch (const ember::Error& e) {
+//     message = e.what();  // "Function 'DivBackward' returned nan values in its 1th output."
+//   }
+//   if (message.empty()) return absl::InternalError("a NaN gradient went unnoticed");
+//   ```
 //
 // It slows recording down; use it to debug. The flag is process-wide (as in
 // torch), read and written atomically.

@@ -1,9 +1,14 @@
 // The autograd engine: runs the backward graph (Note [Autograd graph]).
 //
-//   Tensor x = ember::ones({3}).requires_grad_();
-//   Tensor y = (x * x).sum();
-//   ember::autograd::backward({y});                       // x.grad() == 2 * x
-//   auto g = ember::autograd::grad({y}, {x}, {}, /*retain_graph=*/true);
+//   ```cpp
+//   #include "autograd/engine.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor x = ember::ones({3}).requires_grad_();
+//   ember::Tensor y = (x * x).sum();
+//   ember::autograd::variable_list g =
+//       ember::autograd::grad({y}, {x}, /*grad_outputs=*/{}, /*retain_graph=*/true);
+//   ember::autograd::backward({y});  // frees the graph; x.grad() == g[0] == 2 * x
+//   ```
 //
 // Note [Engine]
 // Execution: the engine walks the graph from the roots once to count, for

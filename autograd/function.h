@@ -1,5 +1,9 @@
 // Custom autograd functions, shaped like LibTorch's torch::autograd::Function.
 //
+//   ```cpp
+//   #include "autograd/function.h"
+//   #include "tensor/factories.h"
+//   using ember::Tensor;
 //   struct ScaleBy : ember::autograd::Function<ScaleBy> {
 //     static Tensor forward(ember::autograd::AutogradContext* ctx, const Tensor& x, double k) {
 //       ctx->saved_data["k"] = k;
@@ -11,7 +15,10 @@
 //       return {grad_outputs[0] * k, Tensor()};  // One entry per forward argument.
 //     }
 //   };
+//   Tensor x = ember::ones({3}).requires_grad_();
 //   Tensor y = ScaleBy::apply(x, 2.0);
+//   y.sum().backward();  // x.grad() == {2, 2, 2}
+//   ```
 //
 // forward runs with grad mode off and may return a Tensor or a
 // std::vector<Tensor>. When grad mode is on and a Tensor argument requires

@@ -1,10 +1,18 @@
 // Grad mode: whether ops on this thread record the autograd graph.
 //
+//   ```cpp
+//   #include "autograd/grad_mode.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor w = ember::ones({3}).requires_grad_();
+//   (w * w).sum().backward();
+//   double lr = 0.1;
 //   {
 //     ember::autograd::NoGradGuard no_grad;   // e.g. an optimizer step
 //     w.sub_(w.grad() * lr);                  // not recorded
 //   }
 //   bool on = ember::autograd::GradMode::is_enabled();  // true again
+//   if (!on) return absl::InternalError("grad mode was not restored");
+//   ```
 //
 // With grad mode off, ops produce tensors that do not require grad, whatever
 // their inputs, and in-place ops on leaves that require grad are allowed (as

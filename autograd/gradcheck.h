@@ -2,18 +2,23 @@
 // with one from central finite differences in float64, as
 // torch.autograd.gradcheck does.
 //
-//   Tensor x = ember::randn({3, 4}, ember::kFloat64).requires_grad_();
-//   absl::Status s = ember::autograd::gradcheck(
-//       [](const variable_list& in) { return variable_list{in[0].tanh()}; }, {x});
-//   EXPECT_TRUE(s.ok()) << s;
+//   ```cpp
+//   #include "autograd/gradcheck.h"
+//   #include "tensor/factories.h"
+//   using ember::autograd::variable_list;
+//   ember::Tensor x = ember::randn({3, 4}, ember::kFloat64).requires_grad_();
+//   EMBER_RETURN_IF_ERROR(ember::autograd::gradcheck(
+//       [](const variable_list& in) { return variable_list{in[0].tanh()}; }, {x}));
+//   ```
 //
 // For each input that requires grad and each of its elements, the input is
 // perturbed by +-eps in place (through its strides, so non-contiguous inputs
 // work) and `fn` re-run without grad; for each output element, autograd's
 // grad() gives one row of the analytical Jacobian. Entries must agree within
 // atol + rtol * |numerical|. A floating output that does not require grad
-// has a zero analytical Jacobian, which the differences must confirm. Empty inputs and outputs are run through forward
-// and backward too (nothing to compare, but nothing may fail).
+// has a zero analytical Jacobian, which the differences must confirm. Empty
+// inputs and outputs are run through forward and backward too (nothing to
+// compare, but nothing may fail).
 //
 // Inputs must be float64 (float32 differences are too coarse) and must not
 // overlap themselves (an expanded tensor would perturb several elements at

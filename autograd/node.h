@@ -13,14 +13,23 @@
 // grow with creation order on each thread; the engine runs ready nodes with
 // the highest number first, which is the reverse of the forward order.
 //
-//   auto node = ember::autograd::MakeNode<MyBackward>();
-//   node->add_next_edge(ember::autograd::GradientEdge(input));
+// Ops make their nodes with MakeNode and link them with add_next_edge
+// (record.h). Users meet nodes as Tensor::grad_fn(), which hands them out
+// through AutogradNodeInterface (tensor/tensor.h; name() and
+// next_functions()), so that the tensor layer does not depend on this one.
+// Every such node is a Node: std::static_pointer_cast<Node>(t.grad_fn())
+// gives the full class (hooks, sequence number, next edges):
 //
-// Users meet nodes as Tensor::grad_fn(), which hands them out through
-// AutogradNodeInterface (tensor/tensor.h; name() and next_functions()), so
-// that the tensor layer does not depend on this one. Every such node is a
-// Node: std::static_pointer_cast<Node>(t.grad_fn()) gives the full class
-// (hooks, sequence number, next edges).
+//   ```cpp
+//   #include <memory>
+//   #include "autograd/node.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor x = ember::ones({3}).requires_grad_();
+//   ember::Tensor y = x * 2;
+//   auto node = std::static_pointer_cast<ember::autograd::Node>(y.grad_fn());  // MulBackward
+//   const ember::autograd::Edge& to_x = node->next_edge(0);  // x's AccumulateGrad, input 0
+//   if (!to_x.is_valid()) return absl::InternalError("x requires grad but has no edge");
+//   ```
 //
 // Thread-safety: a node is built on one thread; the engine runs it on one
 // thread at a time. Hooks must be registered before backward runs.

@@ -16,8 +16,12 @@
 //                    at is kept by the tensor layer, for every view (Note
 //                    [View tracking] in tensor/tensor.h).
 //
-//   Tensor x = ember::ones({3}).requires_grad_();
-//   ember::autograd::Edge e = ember::autograd::GradientEdge(x);  // AccumulateGrad
+//   ```cpp
+//   #include "autograd/variable.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor x = ember::ones({3}).requires_grad_();
+//   ember::autograd::Edge e = ember::autograd::GradientEdge(x);  // x's AccumulateGrad
+//   ```
 //
 // Thread-safety: reading meta is safe from any thread; changing it (history,
 // hooks) needs the same external synchronisation as writing the tensor.

@@ -2,12 +2,20 @@
 // "nccl" with CUDA): how init_process_group and new_group turn a backend name
 // into a ProcessGroup.
 //
-//   // In a backend's .cc (an alwayslink library), once per process:
+// A backend's .cc (an alwayslink library) registers it once per process, at
+// namespace scope:
 //   EMBER_REGISTER_BACKEND(tcp, ember::distributed::BackendInfo{
 //       .name = "tcp", .support = TcpSupportTable(), .create = &CreateTcpGroup});
 //
-//   EMBER_ASSIGN_OR_RETURN(const BackendInfo* info, find_backend("tcp"));
-//   EMBER_ASSIGN_OR_RETURN(auto pg, info->create(options));
+//   ```cpp
+//   #include "distributed/backend_registry.h"
+//   #include "distributed/hash_store.h"
+//   namespace dist = ember::distributed;
+//   EMBER_ASSIGN_OR_RETURN(const dist::BackendInfo* info, dist::find_backend("TCP"));
+//   // info->name == "tcp". A one-rank group, as init_process_group makes them:
+//   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<dist::ProcessGroup> pg,
+//                          info->create({.store = std::make_shared<dist::HashStore>()}));
+//   ```
 //
 // Names are case-insensitive, as torch's Backend("GLOO") == "gloo".
 //

@@ -2,6 +2,9 @@
 // created by init_process_group, and the free functions that run ops on it
 // (or on a group made by new_group).
 //
+//   ```cpp compile-only
+//   #include "distributed/distributed.h"
+//   #include "tensor/factories.h"
 //   // Every process (launched with MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK):
 //   EMBER_RETURN_IF_ERROR(ember::distributed::init_process_group({.backend = "tcp"}));
 //   ember::Tensor t = ember::ones({1024});
@@ -9,6 +12,7 @@
 //   EMBER_ASSIGN_OR_RETURN(auto pair, ember::distributed::new_group({0, 1}));
 //   EMBER_RETURN_IF_ERROR(ember::distributed::broadcast(t, /*src=*/0, pair));
 //   EMBER_RETURN_IF_ERROR(ember::distributed::destroy_process_group());
+//   ```
 //
 // As in torch, ranks passed to the free functions (src, dst) are global ranks
 // even when a group is given; inside ProcessGroup's own methods they are ranks

@@ -1,9 +1,14 @@
 // FileStore: a Store kept in one file that every rank can open, on a local
 // disk or a shared file system such as NFS (torch.distributed's FileStore).
 //
+//   ```cpp
+//   #include <filesystem>
+//   #include "distributed/file_store.h"
+//   std::string path = std::filesystem::temp_directory_path() / "job42_store";  // or on NFS
 //   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<ember::distributed::FileStore> store,
-//                          ember::distributed::FileStore::open("/nfs/job42/store"));
+//                          ember::distributed::FileStore::open(path));
 //   EMBER_RETURN_IF_ERROR(store->set("rank1/ready", "1"));
+//   ```
 //
 // The file is created if missing and removed when the last FileStore that
 // opened it is destroyed, so a path can be reused by the next job; two jobs

@@ -1,9 +1,15 @@
 // HashStore: a Store held in the memory of one process, for ranks that run as
 // threads (gloo's HashStore, torch's HashStore).
 //
+//   ```cpp
+//   #include <thread>
+//   #include "distributed/hash_store.h"
 //   auto store = std::make_shared<ember::distributed::HashStore>();
 //   std::thread peer([&] { store->set("ready", "1").IgnoreError(); });
-//   EMBER_RETURN_IF_ERROR(store->wait({"ready"}, absl::Seconds(5)));
+//   absl::Status ready = store->wait({"ready"}, absl::Seconds(5));
+//   peer.join();
+//   EMBER_RETURN_IF_ERROR(ready);
+//   ```
 //
 // Get and Wait block (on a condition variable, not by polling) until the keys
 // are set or the timeout passes; the kDeadlineExceeded error names the missing

@@ -2,9 +2,15 @@
 // prefixed, so that process groups and jobs (group_name) sharing one store
 // cannot see each other's keys (torch.distributed's PrefixStore).
 //
-//   std::shared_ptr<Store> job = ...;
-//   auto group = std::make_shared<ember::distributed::PrefixStore>("group1", job);
+//   ```cpp
+//   #include "distributed/hash_store.h"
+//   #include "distributed/prefix_store.h"
+//   namespace dist = ember::distributed;
+//   std::shared_ptr<dist::Store> job = std::make_shared<dist::HashStore>();  // any Store
+//   auto group = std::make_shared<dist::PrefixStore>("group1", job);
 //   EMBER_RETURN_IF_ERROR(group->set("ready", "1"));  // sets "group1/ready" in `job`
+//   EMBER_ASSIGN_OR_RETURN(std::string ready, job->get("group1/ready"));
+//   ```
 //
 // Blocking, errors and timeouts are those of the wrapped store; error
 // messages name the full (prefixed) keys. NumKeys counts every key of the

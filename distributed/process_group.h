@@ -2,11 +2,21 @@
 // together (torch.distributed's ProcessGroup), as one abstract interface that
 // every backend (tcp, gloo and mpi; nccl with CUDA) implements.
 //
-//   std::shared_ptr<ProcessGroup> pg = ...;  // from init_process_group or a backend factory
+//   ```cpp
+//   #include "distributed/backend_registry.h"
+//   #include "distributed/hash_store.h"
+//   #include "distributed/process_group.h"
+//   #include "tensor/factories.h"
+//   namespace dist = ember::distributed;
+//   // From init_process_group (distributed.h) or a backend factory; here one rank:
+//   EMBER_ASSIGN_OR_RETURN(const dist::BackendInfo* tcp, dist::find_backend("tcp"));
+//   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<dist::ProcessGroup> pg,
+//                          tcp->create({.store = std::make_shared<dist::HashStore>()}));
 //   ember::Tensor t = ember::ones({4});
-//   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-//                          pg->allreduce(t, {.op = ReduceOp::kSum}));
+//   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<dist::Work> work,
+//                          pg->allreduce(t, {.op = dist::ReduceOp::kSum}));
 //   EMBER_RETURN_IF_ERROR(work->wait());  // t now holds the sum over ranks
+//   ```
 //
 // Layering (Note [ProcessGroup layers]): the public, non-virtual methods
 // check what is the same for every backend (tensors defined, sizes and dtypes

@@ -1,6 +1,9 @@
 // Rendezvous: how the processes of a job find each other and agree on a Store,
 // their ranks and the world size (torch.distributed's init_method).
 //
+//   ```cpp compile-only
+//   #include "distributed/rendezvous.h"
+//   int my_rank = 0;  // 0..3, one per process
 //   ember::distributed::RendezvousOptions options;
 //   options.init_method = "tcp://10.0.0.1:29500";
 //   options.world_size = 4;
@@ -8,6 +11,7 @@
 //   EMBER_ASSIGN_OR_RETURN(ember::distributed::RendezvousResult r,
 //                          ember::distributed::rendezvous(options));
 //   // r.store is shared by all ranks of the job; r.rank, r.world_size.
+//   ```
 //
 // Init methods (as torch.distributed documents them):
 //   env://                 MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK from

@@ -1,10 +1,16 @@
 // Store: the key-value store that ranks of a process group rendezvous through
 // (torch.distributed's Store), as an abstract interface.
 //
-//   std::shared_ptr<ember::distributed::Store> store = ...;  // TcpStore, FileStore, ...
+//   ```cpp
+//   #include "distributed/hash_store.h"
+//   #include "distributed/store.h"
+//   std::shared_ptr<ember::distributed::Store> store =
+//       std::make_shared<ember::distributed::HashStore>();  // TcpStore, FileStore, ...
 //   EMBER_RETURN_IF_ERROR(store->set("rank0/addr", "10.0.0.1:29500"));
 //   EMBER_ASSIGN_OR_RETURN(std::string addr, store->get("rank0/addr"));
 //   EMBER_ASSIGN_OR_RETURN(int64_t arrived, store->add("arrived", 1));
+//   if (arrived != 1) return absl::InternalError("the counter did not start at 0");
+//   ```
 //
 // Values are arbitrary bytes held in std::string. Keys are non-empty strings.
 // Every call that can block takes a timeout; calls without one use the

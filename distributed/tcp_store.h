@@ -2,16 +2,23 @@
 // launcher) to every rank of a job (torch.distributed's TCPStore). The wire
 // is gRPC (distributed/tcp_store.proto); gRPC stays out of this header.
 //
-//   // Rank 0 serves and is a client of its own server:
-//   TcpStoreOptions options;
-//   options.host = "10.0.0.1";
-//   options.port = 29500;
+//   ```cpp
+//   #include "distributed/tcp_store.h"
+//   namespace dist = ember::distributed;
+//   // Rank 0 serves and is a client of its own server (usually on MASTER_PORT;
+//   // port 0 picks a free one, which store->port() tells):
+//   int rank = 0;
+//   dist::TcpStoreOptions options;
+//   options.host = "127.0.0.1";  // MASTER_ADDR
+//   options.port = 0;
 //   options.is_server = (rank == 0);
-//   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::create(options));
+//   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<dist::TcpStore> store, dist::TcpStore::create(options));
+//   EMBER_RETURN_IF_ERROR(store->set("rank0/ready", "1"));
 //
 //   // A process that only serves (a launcher):
-//   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreServer> server,
-//                          TcpStoreServer::start({.port = 0}));  // server->port()
+//   EMBER_ASSIGN_OR_RETURN(std::unique_ptr<dist::TcpStoreServer> server,
+//                          dist::TcpStoreServer::start({.port = 0}));  // server->port()
+//   ```
 //
 // See Note [TcpStore protocol] in tcp_store.cc for the handshake, message
 // bounds and how waits end.
@@ -103,7 +110,7 @@ class TcpStore : public Store {
   absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
   absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
-                                         std::string_view desired) override;
+                                          std::string_view desired) override;
   absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> delete_key(std::string_view key) override;
   absl::StatusOr<int64_t> num_keys() override;

@@ -1,8 +1,18 @@
 // Safe extraction of repository archives (zip, tar, tar.gz, ... through
 // libarchive).
 //
-//   EMBER_RETURN_IF_ERROR(ember::hub::ExtractArchive("/hub/x.zip",
-//   "/hub/x.extract"));
+//   ```cpp
+//   #include <filesystem>
+//   #include <fstream>
+//   #include "hub/archive.h"
+//   #include "hub/zip.h"
+//   ember::hub::ZipWriter zip;  // a repository archive, as GitHub serves one
+//   zip.Add("models-1.0/hubconf.textproto", "entry_points { name: \"mlp\" builder: \"mlp\" }\n");
+//   EMBER_ASSIGN_OR_RETURN(std::string bytes, std::move(zip).Finish());
+//   std::string dir = std::filesystem::temp_directory_path() / "x";
+//   std::ofstream(dir + ".zip", std::ios::binary) << bytes;
+//   EMBER_RETURN_IF_ERROR(ember::hub::ExtractArchive(dir + ".zip", dir + ".extract"));
+//   ```
 //
 // Every entry is checked before anything is written: an entry whose path is
 // absolute or climbs out with "..", a symbolic link whose target is absolute

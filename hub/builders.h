@@ -1,18 +1,23 @@
 // The registry of model builders: the C++ functions a hubconf entry point
 // names in its `builder` field.
 //
+//   ```cpp
+//   #include "hub/builders.h"
+//   #include "nn/linear.h"
 //   ember::hub::Kwargs args = {{"num_classes", int64_t{10}}};
 //   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<ember::nn::Module> m,
 //                          ember::hub::build("resnet18", args));
 //
 //   // A library adds its own family once, before loading:
-//   EMBER_RETURN_IF_ERROR(ember::hub::register_builder("my_net", [](const
-//   ember::hub::Kwargs& kw)
-//       -> absl::StatusOr<std::shared_ptr<ember::nn::Module>> { ... }));
+//   EMBER_RETURN_IF_ERROR(ember::hub::register_builder(
+//       "my_net", [](const ember::hub::Kwargs& kw)
+//                     -> absl::StatusOr<std::shared_ptr<ember::nn::Module>> {
+//         return std::make_shared<ember::nn::Linear>(4, 2);
+//       }));
+//   ```
 //
 // Built in (arguments and defaults):
-//   mlp        in_features=4, hidden=8, out_features=3, depth=2 (Linear
-//   layers);
+//   mlp        in_features=4, hidden=8, out_features=3, depth=2 (Linear layers);
 //              Sequential(Linear, ReLU, ..., Linear), names "0.weight",
 //              "2.bias", ...
 //   small_cnn  in_channels=3, num_classes=4: Sequential(Conv2d(3x3, 8), ReLU,
@@ -22,7 +27,8 @@
 // Each matches the torch.nn model of the same structure name for name, so
 // PyTorch state_dicts load into them.
 //
-// Thread-safety: Register/Find/Build may be called from any thread.
+// Thread-safety: register_builder, builder_names and build may be called from
+// any thread.
 #ifndef EMBER_HUB_BUILDERS_H_
 #define EMBER_HUB_BUILDERS_H_
 
@@ -42,8 +48,7 @@ namespace ember::hub {
 // One keyword argument's value.
 using Arg = std::variant<int64_t, double, bool, std::string>;
 using Kwargs = std::map<std::string, Arg>;
-using Builder = std::function<absl::StatusOr<std::shared_ptr<nn::Module>>(
-    const Kwargs& kwargs)>;
+using Builder = std::function<absl::StatusOr<std::shared_ptr<nn::Module>>(const Kwargs& kwargs)>;
 
 // Adds `builder` under `name`. Errors: AlreadyExists.
 absl::Status register_builder(const std::string& name, Builder builder);
@@ -54,8 +59,7 @@ std::vector<std::string> builder_names();
 // Calls the builder `name` with `kwargs`. Errors: NotFound listing the
 // builders; InvalidArgument for an unknown argument, a wrong type or a bad
 // value (naming the builder and the argument).
-absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name,
-                                                  const Kwargs& kwargs);
+absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name, const Kwargs& kwargs);
 
 // Reads a builder's arguments with defaults, then rejects any it did not read.
 //   KwargsReader r("mlp", kwargs);

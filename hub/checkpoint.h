@@ -1,16 +1,22 @@
 // Checkpoint files: state dicts read from and written to disk in PyTorch's
 // torch.save format or safetensors.
 //
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
-//   ember::hub::load_checkpoint("resnet18.pth"));
-//   EMBER_RETURN_IF_ERROR(ember::hub::save_checkpoint(sd,
-//   "/tmp/copy.safetensors"));
+//   ```cpp
+//   #include <filesystem>
+//   #include "hub/checkpoint.h"
+//   #include "tensor/factories.h"
+//   std::string dir = std::filesystem::temp_directory_path();
+//   ember::hub::StateDict fc = {{"weight", ember::randn({2, 4})}, {"bias", ember::zeros({2})}};
+//   EMBER_RETURN_IF_ERROR(ember::hub::save_checkpoint(fc, dir + "/fc.pth"));  // torch.save
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd, ember::hub::load_checkpoint(dir + "/fc.pth"));
+//   EMBER_RETURN_IF_ERROR(ember::hub::save_checkpoint(sd, dir + "/copy.safetensors"));
+//   ```
 //
-// LoadCheckpoint tells the formats apart by content (a torch.save file is a
-// zip, starting "PK\3\4"); SaveCheckpoint picks safetensors for a
+// load_checkpoint tells the formats apart by content (a torch.save file is a
+// zip, starting "PK\3\4"); save_checkpoint picks safetensors for a
 // ".safetensors" name and torch.save otherwise (.pt, .pth, .bin ...).
 //
-// Thread-safety: free functions; safe from any thread. SaveCheckpoint writes a
+// Thread-safety: free functions; safe from any thread. save_checkpoint writes a
 // temporary file beside `path` and renames it, so readers never see half a
 // file.
 #ifndef EMBER_HUB_CHECKPOINT_H_
@@ -29,8 +35,7 @@ absl::StatusOr<StateDict> load_checkpoint(const std::string& path);
 
 // Writes `state_dict` to `path` (see above). Errors: the writers' errors;
 // Internal naming the path for file errors.
-absl::Status save_checkpoint(const StateDict& state_dict,
-                            const std::string& path);
+absl::Status save_checkpoint(const StateDict& state_dict, const std::string& path);
 
 }  // namespace ember::hub
 

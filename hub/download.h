@@ -3,11 +3,14 @@
 // verified, then renamed, so that an interrupted or corrupt download never
 // leaves a half-written file under the destination's name.
 //
+//   ```cpp compile-only
+//   #include "hub/download.h"
 //   ember::hub::DownloadOptions opts;
 //   opts.hash_prefix = "a1b2c3d4";
 //   EMBER_RETURN_IF_ERROR(ember::hub::download_url_to_file(
 //       "https://example.org/resnet18-a1b2c3d4.pt",
 //       "/data/hub/checkpoints/resnet18-a1b2c3d4.pt", opts));
+//   ```
 //
 // See Note [Download safety] in download.cc for timeouts, retries, TLS and
 // redirects.
@@ -65,7 +68,7 @@ absl::Status check_url_scheme(absl::string_view url);
 // message gives expected and actual); Internal for local file errors. On any
 // error `dest` is untouched and no temporary file is left.
 absl::Status download_url_to_file(const std::string& url, const std::string& dest,
-                               const DownloadOptions& options = {});
+                                  const DownloadOptions& options = {});
 
 }  // namespace ember::hub
 

@@ -2,10 +2,14 @@
 // concurrent loaders (e.g. the ranks of a DDP job sharing one hub directory)
 // fetch a repository or a checkpoint once instead of racing.
 //
+//   ```cpp
+//   #include <filesystem>
+//   #include "hub/file_lock.h"
+//   std::string dir = std::filesystem::temp_directory_path();  // e.g. the hub directory
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::FileLock lock,
-//                          ember::hub::FileLock::Acquire(dir + "/x.lock",
-//                          absl::Minutes(10)));
-//   ...   // exclusive until `lock` is destroyed
+//                          ember::hub::FileLock::Acquire(dir + "/x.lock", absl::Minutes(10)));
+//   // ... exclusive until `lock` is destroyed
+//   ```
 //
 // The kernel drops the lock when its holder exits, so a crashed loader never
 // leaves a stale lock behind. A holder deletes the lock file as it lets go,

@@ -1,7 +1,12 @@
 // The hub directory: where fetched repositories and downloaded weights live.
 //
-//   ember::hub::set_dir("/data/hub");                     // highest precedence
-//   EMBER_ASSIGN_OR_RETURN(std::string dir, ember::hub::get_dir());
+//   ```cpp
+//   #include <filesystem>
+//   #include "hub/hub_dir.h"
+//   ember::hub::set_dir(std::filesystem::temp_directory_path() / "hub");  // highest precedence
+//   EMBER_ASSIGN_OR_RETURN(std::string dir, ember::hub::get_dir());  // created if missing
+//   ember::hub::set_dir("");  // back to the variables below
+//   ```
 //
 // get_dir() answers, in this order (PyTorch's torch.hub.get_dir, plus two
 // places earlier versions of Ember used):
@@ -18,10 +23,9 @@
 //
 // Layout inside it:
 //   <owner>_<repo>_<ref>/   a fetched repository (repo_cache.h)
-//   checkpoints/            weights from load_state_dict_from_url
-//   (checkpoints.h)
+//   checkpoints/            weights from load_state_dict_from_url.h
 //
-// Thread-safety: SetDir/GetDir may be called from any thread.
+// Thread-safety: set_dir and get_dir may be called from any thread.
 #ifndef EMBER_HUB_HUB_DIR_H_
 #define EMBER_HUB_HUB_DIR_H_
 

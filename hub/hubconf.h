@@ -1,9 +1,15 @@
 // HubConf: what a repository publishes, read from its hubconf.textproto.
 //
+//   ```cpp
+//   #include "hub/hubconf.h"
+//   std::string text = R"pb(
+//     entry_points { name: "mlp" doc: "A small MLP." builder: "mlp" }
+//   )pb";
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::HubConf conf,
-//                          ember::hub::ParseHubConf(text,
-//                          "alice/models/hubconf.textproto"));
-//   const ember::hub::EntryPoint* e = ember::hub::FindEntryPoint(conf, "mlp");
+//                          ember::hub::ParseHubConf(text, "alice/models/hubconf.textproto"));
+//   const ember::hub::EntryPoint* e = ember::hub::FindEntryPoint(conf, "mlp");  // null if absent
+//   if (e == nullptr || e->doc() != "A small MLP.") return absl::InternalError("no mlp entry");
+//   ```
 //
 // The schema is hub/hubconf.proto. Parsing checks the file's own consistency
 // (unique entry names that are identifiers, a builder per entry, weights

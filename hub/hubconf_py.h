@@ -2,8 +2,20 @@
 // repository publishes are its top-level functions, and their docs are their
 // docstrings, both visible in the source text.
 //
+//   ```cpp
+//   #include "hub/hubconf_py.h"
+//   std::string text = R"py(
+//   dependencies = ['torch']
+//
+//   def resnet18(pretrained=False, **kwargs):
+//       """ResNet-18 from "Deep Residual Learning for Image Recognition"."""
+//       return _resnet('resnet18', pretrained, **kwargs)
+//   )py";
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::HubConf conf,
 //                          ember::hub::parse_hubconf_py(text, "vision/hubconf.py"));
+//   // One entry point, "resnet18", with its docstring as doc:
+//   if (conf.entry_points_size() != 1) return absl::InternalError("resnet18 was not read");
+//   ```
 //
 // What is read, as torch.hub.list / help see it:
 //   - every `def name(...)` (or `async def`) at column 0 whose name does not

@@ -3,7 +3,12 @@
 // obeys escape sequences, carriage returns and bidirectional overrides in
 // what it is sent.
 //
-//   std::cout << ember::hub::escape_for_terminal(doc, /*keep_newlines=*/true);
+//   ```cpp
+//   #include <iostream>
+//   #include "hub/printable.h"
+//   std::string doc = "ResNet-18.\n\x1b[2J";  // as published: ends by clearing the screen
+//   std::cout << ember::hub::escape_for_terminal(doc, /*keep_newlines=*/true);  // shown as text
+//   ```
 //
 // Thread-safety: free functions; safe from any thread.
 #ifndef EMBER_HUB_PRINTABLE_H_

@@ -1,10 +1,11 @@
 // Fetching published repositories into the hub directory.
 //
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef ref,
-//   ember::hub::ParseRepoRef("alice/models:v1"));
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::FetchedRepo repo,
-//   ember::hub::FetchRepo(ref));
+//   ```cpp compile-only
+//   #include "hub/repo_cache.h"
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef ref, ember::hub::ParseRepoRef("alice/models:v1"));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::FetchedRepo repo, ember::hub::FetchRepo(ref));
 //   // repo.dir == "<hub_dir>/alice_models_v1", holding the repository's files
+//   ```
 //
 // The archive of <owner>/<repo> at <ref> comes from
 // "<base>/<owner>/<repo>/zipball/<ref>" (GitHub's archive link; any format

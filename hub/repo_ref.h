@@ -1,9 +1,12 @@
 // RepoRef: a repository named as "owner/repo[:ref]", as torch.hub names them.
 //
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef r,
-//   ember::hub::ParseRepoRef("alice/models:v1"));
-//   // r.owner == "alice", r.repo == "models", r.ref == "v1"
-//   ember::hub::CacheDirName(r.owner, r.repo, "v1");   // "alice_models_v1"
+//   ```cpp
+//   #include "hub/repo_ref.h"
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef r, ember::hub::ParseRepoRef("alice/models:v1"));
+//   // r.owner == "alice", r.repo == "models", *r.ref == "v1" (none: the default branch)
+//   std::string dir = ember::hub::CacheDirName(r.owner, r.repo, r.ref.value_or("master"));
+//   // dir == "alice_models_v1"
+//   ```
 //
 // `ref` is a tag or a branch. Without one, the loader uses the default branch
 // "master", falling back to "main" when the repository has no master (see
@@ -36,8 +39,7 @@ absl::StatusOr<RepoRef> ParseRepoRef(absl::string_view text);
 // The folder name of a fetched repository inside the hub directory:
 // "<owner>_<repo>_<ref>", with any '/' of the ref (branch "feature/x")
 // replaced by '_'.
-std::string CacheDirName(absl::string_view owner, absl::string_view repo,
-                         absl::string_view ref);
+std::string CacheDirName(absl::string_view owner, absl::string_view repo, absl::string_view ref);
 
 }  // namespace ember::hub
 

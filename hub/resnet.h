@@ -2,12 +2,18 @@
 // (conv1, bn1, layer1.0.conv1, ..., layer2.0.downsample.0, ..., fc), so
 // torchvision's resnet18 state_dict loads into it.
 //
+//   ```cpp
+//   #include "hub/resnet.h"
+//   #include "nn/linear.h"
+//   #include "tensor/factories.h"
 //   auto net = std::make_shared<ember::hub::ResNet18>(
 //       ember::hub::ResNetOptions{.num_classes = 10});
+//   ember::Tensor images = ember::randn({2, 3, 32, 32});  // training mode: a batch of 2+
 //   ember::Tensor logits = (*net)(images);  // [N, 3, H, W] -> [N, 10]
 //   // Transfer learning, torch's `model.fc = nn.Linear(512, 2)`: keep the
 //   // trunk, put a new classifier on top.
 //   auto head = net->replace_module("fc", std::make_shared<ember::nn::Linear>(512, 2));
+//   ```
 //
 // ResNet18 reads its children through the registry, so any of them (conv1,
 // bn1, layer1..layer4, fc) can be replaced with replace_module (Note

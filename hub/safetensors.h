@@ -2,10 +2,14 @@
 // header mapping each tensor name to {"dtype", "shape", "data_offsets"} (plus
 // an optional "__metadata__" of strings), then the tensors' bytes.
 //
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
-//                          ember::hub::read_safetensors(bytes,
-//                          "model.safetensors"));
+//   ```cpp
+//   #include "hub/safetensors.h"
+//   #include "tensor/factories.h"
+//   ember::hub::StateDict sd = {{"weight", ember::ones({2, 2})}};
 //   EMBER_ASSIGN_OR_RETURN(std::string file, ember::hub::write_safetensors(sd));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict back,
+//                          ember::hub::read_safetensors(file, "model.safetensors"));
+//   ```
 //
 // Reading checks what the format's specification requires: the header is
 // valid JSON (and UTF-8) within the file, each byte range matches its dtype and shape,

@@ -1,7 +1,11 @@
 // SHA-256 digests (OpenSSL's libcrypto), as lowercase hex.
 //
-//   EMBER_ASSIGN_OR_RETURN(std::string hex, ember::hub::Sha256OfFile(path));
-//   ember::hub::Sha256Hex("abc");   // "ba7816bf..."
+//   ```cpp
+//   #include "hub/sha256.h"
+//   std::string abc = ember::hub::Sha256Hex("abc");  // "ba7816bf..."
+//   EMBER_ASSIGN_OR_RETURN(std::string hex, ember::hub::Sha256OfFile("/dev/null"));
+//   if (hex != ember::hub::Sha256Hex("")) return absl::InternalError("digests differ");
+//   ```
 //
 // Thread-safety: safe from any thread.
 #ifndef EMBER_HUB_SHA256_H_

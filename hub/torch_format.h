@@ -6,11 +6,14 @@
 // sys_info, the OrderedDict, its storage keys), then each storage's int64
 // element count and bytes.
 //
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd,
-//                          ember::hub::ReadTorchCheckpoint(bytes,
-//                          "resnet18.pth"));
-//   EMBER_ASSIGN_OR_RETURN(std::string file,
-//   ember::hub::WriteTorchCheckpoint(sd));
+//   ```cpp
+//   #include "hub/torch_format.h"
+//   #include "tensor/factories.h"
+//   ember::hub::StateDict sd = {{"fc.bias", ember::zeros({10})}};
+//   EMBER_ASSIGN_OR_RETURN(std::string file, ember::hub::WriteTorchCheckpoint(sd));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict back,
+//                          ember::hub::ReadTorchCheckpoint(file, "resnet18.pth"));
+//   ```
 //
 // Reading never executes anything: data.pkl runs on a restricted unpickler
 // (Note [Restricted unpickler] in pickle.cc) and every tensor is checked

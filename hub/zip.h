@@ -3,14 +3,16 @@
 // CRC-32, duplicate names, sizes) before handing out views of them, and a
 // writer of stored (uncompressed) entries.
 //
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::ZipReader zip,
-//   ember::hub::ZipReader::Open(bytes, "w.pt"));
-//   EMBER_ASSIGN_OR_RETURN(absl::string_view pkl,
-//   zip.Read("archive/data.pkl"));
-//
+//   ```cpp
+//   #include "hub/zip.h"
 //   ember::hub::ZipWriter out;
 //   out.Add("archive/version", "3\n");
 //   EMBER_ASSIGN_OR_RETURN(std::string file, std::move(out).Finish());
+//
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::ZipReader zip, ember::hub::ZipReader::Open(file, "w.pt"));
+//   EMBER_ASSIGN_OR_RETURN(absl::string_view version, zip.Read("archive/version"));
+//   if (version != "3\n") return absl::DataLossError("the entry changed on the way");
+//   ```
 //
 // zip64 archives (over 4 GiB, or over 65535 entries) are read and written;
 // libarchive switches to zip64 records when sizes or offsets need them.
@@ -52,9 +54,7 @@ class ZipReader {
 
   // Entry names in the order their data lies in the file.
   const std::vector<std::string>& names() const { return names_; }
-  bool Contains(absl::string_view name) const {
-    return entries_.count(std::string(name)) > 0;
-  }
+  bool Contains(absl::string_view name) const { return entries_.count(std::string(name)) > 0; }
   // The bytes of entry `name`, a view into the reader (CRC-checked by Open).
   // Errors: NotFound.
   absl::StatusOr<absl::string_view> Read(absl::string_view name) const;

@@ -1,11 +1,21 @@
 // Connection and Pipe: message channels between processes that carry Values,
 // tensors included (multiprocessing.Pipe's Connection).
 //
-//   absl::StatusOr<std::pair<Connection, Connection>> p = Pipe();
-//   // fork a child holding p->second ...
-//   EMBER_RETURN_IF_ERROR(p->first.send(Value(weights)));          // parent
-//   EMBER_ASSIGN_OR_RETURN(Value v, p->second.recv(absl::Seconds(5)));  //
-//   child
+//   ```cpp
+//   #include "multiprocessing/connection.h"
+//   #include "multiprocessing/process.h"
+//   #include "tensor/factories.h"
+//   namespace mp = ember::multiprocessing;
+//   EMBER_ASSIGN_OR_RETURN(auto pipe, mp::Pipe());  // a pair of Connections
+//   ember::Tensor weights = ember::zeros({4});
+//   EMBER_RETURN_IF_ERROR(pipe.first.send(mp::Value(weights)));  // moved to shared memory
+//   EMBER_RETURN_IF_ERROR(mp::spawn([&](int rank) -> absl::Status {  // a forked child
+//     EMBER_ASSIGN_OR_RETURN(mp::Value v, pipe.second.recv(absl::Seconds(5)));
+//     EMBER_ASSIGN_OR_RETURN(ember::Tensor w, v.as<ember::Tensor>());
+//     w.fill_(1);  // the parent's `weights` sees it
+//     return absl::OkStatus();
+//   }, /*nprocs=*/1));
+//   ```
 //
 // A Connection is one end of a UNIX SOCK_SEQPACKET socket: each Send is one
 // message, delivered whole or not at all, with the descriptors of

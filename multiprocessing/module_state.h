@@ -7,15 +7,20 @@
 // processes train one set of parameters (Hogwild), each with its own
 // gradients and optimizer.
 //
+//   ```cpp
+//   #include "multiprocessing/module_state.h"
+//   #include "nn/linear.h"
+//   namespace mp = ember::multiprocessing;
 //   // parent
+//   auto model = std::make_shared<ember::nn::Linear>(4, 2);
 //   EMBER_RETURN_IF_ERROR(model->share_memory());
 //   EMBER_ASSIGN_OR_RETURN(mp::Value state, mp::share_state(model->state_dict()));
-//   EMBER_ASSIGN_OR_RETURN(mp::Context spawn, mp::get_context("spawn"));
-//   EMBER_RETURN_IF_ERROR(spawn.spawn("train", {state}, /*nprocs=*/2));
-//
-//   // child, in the entry point "train" (args[0] is the state)
-//   auto model = std::make_shared<Net>();    // the same architecture
-//   EMBER_RETURN_IF_ERROR(mp::load_shared_state(model->state_dict(), args[0]));
+//   // ... spawn.spawn("train", {state}, /*nprocs=*/2), with `spawn` from
+//   // mp::get_context("spawn"); then, in the entry point "train" (args[0]):
+//   auto replica = std::make_shared<ember::nn::Linear>(4, 2);  // the same architecture
+//   EMBER_RETURN_IF_ERROR(mp::load_shared_state(replica->state_dict(), state));
+//   // replica->weight() now views the bytes of model->weight()
+//   ```
 //
 // `state` is nn::StateDict (the module's state_dict(): tensors sharing
 // storage with the module); this layer takes its type without depending on

@@ -1,17 +1,34 @@
 // Process and Spawn: run functions in child processes
 // (torch.multiprocessing.Process / spawn), with PyTorch's start methods.
 //
-//   absl::Status s = spawn([&](int rank) -> absl::Status {
-//     return Train(rank, shared_weights);   // runs in child `rank`
-//   }, /*nprocs=*/4);
-//   // s names the first failing rank and its message, e.g.
-//   // "process 2 terminated with exit code 1: loss is NaN"
+//   ```cpp
+//   #include "multiprocessing/process.h"
+//   namespace mp = ember::multiprocessing;
+//   absl::Status s = mp::spawn([&](int rank) -> absl::Status {
+//     if (rank == 1) return absl::InternalError("loss is NaN");  // runs in child `rank`
+//     return absl::OkStatus();
+//   }, /*nprocs=*/2);
+//   // s names the first failing rank and its message:
+//   // "process 1 terminated with exit code 1: loss is NaN"
+//   if (s.ok()) return absl::InternalError("the failing child went unnoticed");
+//   ```
 //
-//   // The spawn method: a registered entry point, handed values.
-//   absl::Status Worker(int rank, absl::Span<const Value> args);  // args[0] a Queue, ...
-//   EMBER_REGISTER_ENTRY_POINT("worker", Worker);
-//   EMBER_ASSIGN_OR_RETURN(Context ctx, get_context("spawn"));
-//   EMBER_RETURN_IF_ERROR(ctx.spawn("worker", {Value(queue), Value(weights)}, 4));
+// The spawn method: an entry point registered at start-up (at namespace scope,
+// EMBER_REGISTER_ENTRY_POINT("worker", Worker)), handed values; main() calls
+// maybe_run_spawned_child() first.
+//
+//   ```cpp compile-only
+//   #include "multiprocessing/process.h"
+//   #include "multiprocessing/queue.h"
+//   namespace mp = ember::multiprocessing;
+//   mp::register_entry_point("worker", [](int rank, absl::Span<const mp::Value> args) {
+//     absl::StatusOr<mp::Queue> queue = args[0].as<mp::Queue>();
+//     return queue.ok() ? queue->put(mp::Value(rank)) : queue.status();
+//   });
+//   EMBER_ASSIGN_OR_RETURN(mp::Queue queue, mp::Queue::create());
+//   EMBER_ASSIGN_OR_RETURN(mp::Context ctx, mp::get_context("spawn"));
+//   EMBER_RETURN_IF_ERROR(ctx.spawn("worker", {mp::Value(queue)}, /*nprocs=*/4));
+//   ```
 //
 // Start methods ("fork" and "spawn"; set_start_method picks the process-wide
 // one, get_context one per call):

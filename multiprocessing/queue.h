@@ -1,10 +1,21 @@
 // Queue and SimpleQueue: multi-producer, multi-consumer queues of Values
 // between processes (torch.multiprocessing.Queue / SimpleQueue).
 //
-//   absl::StatusOr<Queue> q = Queue::create();
-//   // ... Process::start a child that calls q->get(absl::Seconds(10)) ...
-//   EMBER_RETURN_IF_ERROR(q->put(Value(weights)));   // weights now in shared
-//   memory
+//   ```cpp
+//   #include "multiprocessing/process.h"
+//   #include "multiprocessing/queue.h"
+//   #include "tensor/factories.h"
+//   namespace mp = ember::multiprocessing;
+//   EMBER_ASSIGN_OR_RETURN(mp::Queue q, mp::Queue::create());
+//   EMBER_ASSIGN_OR_RETURN(mp::Process child, mp::Process::start([&]() -> absl::Status {
+//     EMBER_ASSIGN_OR_RETURN(mp::Value v, q.get(absl::Seconds(10)));
+//     return v.as<ember::Tensor>().status();
+//   }));
+//   ember::Tensor weights = ember::zeros({4});
+//   EMBER_RETURN_IF_ERROR(q.put(mp::Value(weights)));  // weights now in shared memory
+//   EMBER_ASSIGN_OR_RETURN(mp::ExitStatus end, child.join(absl::Seconds(10)));
+//   if (!end.ok()) return absl::InternalError("the child ended with " + end.str());
+//   ```
 //
 // A queue is a SOCK_SEQPACKET socket pair created before fork(): every put is
 // one message, so any number of processes may put and get at once without

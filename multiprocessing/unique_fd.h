@@ -1,7 +1,14 @@
 // UniqueFd: the move-only owner of one file descriptor.
 //
-//   absl::StatusOr<UniqueFd> fd = ...;
-//   write(fd->get(), buf, n);      // closed when `fd` goes out of scope
+//   ```cpp
+//   #include <fcntl.h>
+//   #include <unistd.h>
+//   #include "multiprocessing/unique_fd.h"
+//   ember::multiprocessing::UniqueFd fd(open("/dev/null", O_WRONLY | O_CLOEXEC));
+//   if (fd.get() < 0) return absl::UnavailableError("cannot open /dev/null");
+//   if (write(fd.get(), "x", 1) != 1) return absl::DataLossError("short write");
+//   // closed when `fd` goes out of scope
+//   ```
 //
 // Thread-compatible.
 #ifndef EMBER_MULTIPROCESSING_UNIQUE_FD_H_

@@ -3,11 +3,20 @@
 // freely), or a channel (a Connection, SimpleQueue or Queue), as PyTorch's
 // pickled messages carry Python objects.
 //
-//   Value msg = Value::List{Value(3), Value("loss"), Value(ember::ones({4}))};
-//   absl::StatusOr<ember::Tensor> t = msg.list()[2].as<ember::Tensor>();
-//   Value state = Value::Dict{{"step", Value(10)}, {"w", Value(w)}, {"q", Value(queue)}};
-//   const Value* step = state.find("step");   // null when absent
-//   absl::StatusOr<Queue> q = state.find("q")->as<Queue>();   // needs queue.h
+//   ```cpp
+//   #include "multiprocessing/queue.h"  // for Value(queue) and as<Queue>()
+//   #include "multiprocessing/value.h"
+//   #include "tensor/factories.h"
+//   namespace mp = ember::multiprocessing;
+//   mp::Value msg = mp::Value::List{mp::Value(3), mp::Value("loss"), mp::Value(ember::ones({4}))};
+//   EMBER_ASSIGN_OR_RETURN(ember::Tensor t, msg.list()[2].as<ember::Tensor>());
+//   EMBER_ASSIGN_OR_RETURN(mp::Queue queue, mp::Queue::create());
+//   mp::Value state =
+//       mp::Value::Dict{{"step", mp::Value(10)}, {"w", mp::Value(t)}, {"q", mp::Value(queue)}};
+//   const mp::Value* step = state.find("step");  // null when absent
+//   if (step == nullptr) return absl::NotFoundError("no step");
+//   EMBER_ASSIGN_OR_RETURN(mp::Queue q, state.find("q")->as<mp::Queue>());
+//   ```
 //
 // Channels travel as their descriptors (message.h), so a child started with
 // the spawn method can be handed the queues and pipes of its parent.

@@ -1,7 +1,12 @@
 // Activation modules: ReLU, GELU, Tanh, Sigmoid, as torch.nn's.
 //
+//   ```cpp
+//   #include "nn/activation.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor x = ember::randn({2, 3});
 //   auto act = std::make_shared<ember::nn::ReLU>();
 //   ember::Tensor y = (*act)(x);          // same as x.relu()
+//   ```
 //
 // GELU, Tanh and Sigmoid wrap the tensor ops of the same name, whose
 // derivatives the autograd layer provides. ReLU runs functional::relu: on

@@ -1,8 +1,17 @@
 // Gradient clipping, as torch.nn.utils.clip_grad_norm_.
 //
+//   ```cpp
+//   #include "nn/clip_grad.h"
+//   #include "nn/linear.h"
+//   #include "nn/optim/sgd.h"
+//   #include "tensor/factories.h"
+//   auto model = std::make_shared<ember::nn::Linear>(4, 2);
+//   ember::nn::optim::SGD optimizer(model->parameters(), {.lr = 0.1});
+//   ember::Tensor loss = (*model)(ember::randn({8, 4})).pow(2).sum();
 //   loss.backward();
 //   ember::Tensor norm = ember::nn::clip_grad_norm_(model->parameters(), 1.0);
 //   optimizer.step();
+//   ```
 //
 // Computes the norm of all gradients together (as if concatenated into one
 // vector; norm_type may be any p > 0 or infinity) and, when it exceeds

@@ -1,12 +1,21 @@
 // Containers and shape modules: Sequential, Flatten and Identity, as
 // torch.nn's.
 //
+//   ```cpp
+//   #include "nn/activation.h"
+//   #include "nn/container.h"
+//   #include "nn/linear.h"
+//   #include "tensor/factories.h"
 //   auto net = std::make_shared<ember::nn::Sequential>();
 //   net->push_back(std::make_shared<ember::nn::Linear>(784, 128));
 //   net->push_back(std::make_shared<ember::nn::ReLU>());
 //   net->push_back(std::make_shared<ember::nn::Linear>(128, 10));
-//   ember::Tensor logits = (*net)(x);
-//   // or: ember::nn::Sequential({std::make_shared<Linear>(4, 2), ...})
+//   ember::Tensor logits = (*net)(ember::randn({32, 784}));  // [32, 10]
+//   // Or all at once:
+//   std::vector<std::shared_ptr<ember::nn::Module>> layers = {
+//       std::make_shared<ember::nn::Linear>(4, 2), std::make_shared<ember::nn::Tanh>()};
+//   auto small = std::make_shared<ember::nn::Sequential>(layers);  // "0.weight", "0.bias"
+//   ```
 //
 // Sequential calls its children in order, each through operator() so that
 // their hooks run. Children are registered under "0", "1", ..., so parameter

@@ -1,10 +1,15 @@
 // Conv2d: 2-D convolution (cross-correlation) over [N, C, H, W] inputs, as
 // torch.nn.Conv2d, and its functional form.
 //
+//   ```cpp
+//   #include "nn/conv.h"
+//   #include "tensor/factories.h"
 //   auto conv = std::make_shared<ember::nn::Conv2d>(ember::nn::Conv2dOptions{
 //       .in_channels = 3, .out_channels = 64, .kernel_size = {7, 7},
 //       .stride = {2, 2}, .padding = {3, 3}, .bias = false});
-//   ember::Tensor y = (*conv)(x);     // [N, 3, 224, 224] -> [N, 64, 112, 112]
+//   ember::Tensor x = ember::randn({1, 3, 32, 32});
+//   ember::Tensor y = (*conv)(x);     // [N, 3, 32, 32] -> [N, 64, 16, 16]
+//   ```
 //
 // Output size per spatial dim: (in + 2 * padding - dilation * (kernel - 1) - 1)
 // / stride + 1, as PyTorch. Groups divide channels into independent blocks

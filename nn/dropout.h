@@ -2,8 +2,14 @@
 // scales the rest by 1 / (1 - p), as torch.nn.Dropout; the identity in eval
 // mode.
 //
+//   ```cpp
+//   #include "nn/dropout.h"
+//   #include "tensor/factories.h"
 //   auto drop = std::make_shared<ember::nn::Dropout>(0.5);
-//   ember::Tensor y = (*drop)(x);   // training mode by default
+//   ember::Tensor y = (*drop)(ember::ones({8}));   // training mode: each 0 or 2
+//   drop->eval();
+//   ember::Tensor same = (*drop)(ember::ones({8}));  // the identity
+//   ```
 //
 // The mask comes from ember::rand (the default generator unless given), so
 // manual_seed makes it reproducible. The gradient flows through the same mask

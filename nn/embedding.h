@@ -1,9 +1,13 @@
 // Embedding: a lookup table of num_embeddings vectors of size embedding_dim,
 // as torch.nn.Embedding, and its functional form.
 //
+//   ```cpp
+//   #include "nn/embedding.h"
+//   #include "tensor/factories.h"
 //   auto emb = std::make_shared<ember::nn::Embedding>(1000, 64);
 //   ember::Tensor ids = ember::tensor({3, 1, 4}).view({1, 3});   // int64
 //   ember::Tensor v = (*emb)(ids);                               // [1, 3, 64]
+//   ```
 //
 // The weight starts as N(0, 1) (with row padding_idx zeroed) as PyTorch does.
 // The gradient of a row is the sum of the output gradients of every lookup of

@@ -1,10 +1,15 @@
 // Parameter initialisation, as torch.nn.init: fills a tensor in place (without
 // recording a graph) and returns it.
 //
+//   ```cpp
+//   #include "nn/init.h"
+//   #include "tensor/factories.h"
 //   ember::Tensor w = ember::empty({128, 64});
 //   ember::nn::init::kaiming_normal_(w, 0, ember::nn::init::FanMode::kFanOut,
 //                                    ember::nn::init::Nonlinearity::kReLU);
+//   ember::Tensor bias = ember::empty({128});
 //   ember::nn::init::zeros_(bias);
+//   ```
 //
 // Formulas and defaults are PyTorch's: xavier_* use
 // std = gain * sqrt(2 / (fan_in + fan_out)); kaiming_* use

@@ -1,8 +1,13 @@
 // Linear: y = x W^T + b, as torch.nn.Linear, and its functional form.
 //
+//   ```cpp
+//   #include "nn/linear.h"
+//   #include "tensor/factories.h"
 //   auto fc = std::make_shared<ember::nn::Linear>(512, 10);
+//   ember::Tensor x = ember::randn({4, 512});
 //   ember::Tensor y = (*fc)(x);                 // x [*, 512] -> y [*, 10]
-//   ember::Tensor z = ember::nn::functional::linear(x, fc->weight(), fc->bias());
+//   ember::Tensor z = ember::nn::functional::linear(x, fc->weight(), fc->bias());  // == y
+//   ```
 //
 // weight is [out_features, in_features] and bias [out_features] (absent with
 // bias = false). Both are initialised as PyTorch does:

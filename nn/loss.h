@@ -2,10 +2,16 @@
 // binary cross entropy with logits, as torch.nn.functional's and torch.nn's
 // loss modules.
 //
+//   ```cpp
+//   #include "nn/loss.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor logits = ember::randn({4, 10}).requires_grad_();
+//   ember::Tensor labels = ember::tensor({1, 0, 9, 3});  // int64 class indices
 //   ember::Tensor loss = ember::nn::functional::cross_entropy(logits, labels);
 //   ember::nn::CrossEntropyLoss criterion({.label_smoothing = 0.1});
 //   ember::Tensor l = criterion(logits, labels);
 //   l.backward();
+//   ```
 //
 // cross_entropy and nll_loss take class indices (int64) as targets: input
 // [N, C] with target [N], or input [C] with a 0-dim target. Entries equal to

@@ -1,5 +1,10 @@
 // Module: the base class of every layer and model, as torch.nn.Module.
 //
+//   ```cpp
+//   #include <iostream>
+//   #include "nn/linear.h"
+//   #include "nn/module.h"
+//   #include "tensor/factories.h"
 //   class Net : public ember::nn::Cloneable<Net> {
 //    public:
 //     Net() { reset(); }
@@ -14,15 +19,16 @@
 //   };
 //
 //   auto net = std::make_shared<Net>();
-//   ember::Tensor y = (*net)(x);                 // runs hooks around forward()
-//   for (auto& [name, p] : net->named_parameters()) ...   // "fc1.weight", ...
+//   ember::Tensor y = (*net)(ember::randn({32, 784}));  // runs hooks around forward()
+//   for (auto& [name, p] : net->named_parameters()) std::cout << name << "\n";  // fc1.weight ...
 //   ember::nn::StateDict sd = net->state_dict();
-//   absl::Status s = other->load_state_dict(sd);            // strict by default
+//   auto other = std::make_shared<Net>();
+//   EMBER_RETURN_IF_ERROR(other->load_state_dict(sd));          // strict by default
 //   std::shared_ptr<ember::nn::Module> replica = net->clone();  // deep copy
+//   ```
 //
-//   // Fine-tuning, torch's `model.fc = nn.Linear(512, 2)`, on a model that
-//   // allows it (Note [Replacing a child]):
-//   auto head = resnet->replace_module("fc", std::make_shared<ember::nn::Linear>(512, 2));
+// Fine-tuning, torch's `model.fc = nn.Linear(512, 2)`, works on a model that
+// allows it (Note [Replacing a child]; hub/resnet.h shows it on ResNet18).
 //
 // A module owns, in registration order, named parameters (leaf tensors that
 // require grad), named buffers (state such as running means) and named child

@@ -1,10 +1,16 @@
 // Normalisation layers: BatchNorm1d, BatchNorm2d and LayerNorm, as
 // torch.nn's, and their functional forms.
 //
+//   ```cpp
+//   #include "nn/normalization.h"
+//   #include "tensor/factories.h"
 //   auto bn = std::make_shared<ember::nn::BatchNorm2d>(64);
+//   ember::Tensor x = ember::randn({8, 64, 4, 4});
 //   ember::Tensor y = (*bn)(x);       // x [N, 64, H, W]; updates running stats
 //   bn->eval();                       // now normalises with running stats
 //   auto ln = std::make_shared<ember::nn::LayerNorm>(ember::SizeVector{512});
+//   ember::Tensor z = (*ln)(ember::randn({2, 512}));
+//   ```
 //
 // BatchNorm normalises each channel (dim 1) over the batch and every other
 // dim: in training with the batch's biased variance, updating the buffers

@@ -1,10 +1,16 @@
 // Pooling over [N, C, H, W] (or [C, H, W]) inputs: MaxPool2d, AvgPool2d and
 // AdaptiveAvgPool2d, as torch.nn's, and their functional forms.
 //
+//   ```cpp
+//   #include "nn/pooling.h"
+//   #include "tensor/factories.h"
 //   auto pool = std::make_shared<ember::nn::MaxPool2d>(
 //       ember::nn::MaxPool2dOptions{.kernel_size = {3, 3}, .stride = {2, 2},
 //                                   .padding = {1, 1}});
 //   auto gap = std::make_shared<ember::nn::AdaptiveAvgPool2d>(ember::nn::Int2{1, 1});
+//   ember::Tensor x = ember::randn({2, 8, 16, 16});
+//   ember::Tensor y = (*gap)((*pool)(x));  // [2, 8, 16, 16] -> [2, 8, 8, 8] -> [2, 8, 1, 1]
+//   ```
 //
 // Output sizes follow PyTorch, including ceil_mode (a last window that starts
 // inside the padded input is kept) and the rule that padding is at most half

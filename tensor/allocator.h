@@ -6,8 +6,11 @@
 // the same interface and register for their device type, so tensor code never
 // changes to support them:
 //
-//   class ShmAllocator : public ember::Allocator { ... };
-//   ember::DataPtr p = ember::GetAllocator(ember::kCPU)->Allocate(1024);
+//   ```cpp
+//   #include "tensor/allocator.h"
+//   ember::DataPtr p = ember::GetAllocator(ember::DeviceType::kCPU)->Allocate(1024);
+//   static_cast<char*>(p.get())[1023] = 1;  // freed when `p` goes out of scope
+//   ```
 //
 // GetCpuAllocator() returns 64-byte aligned memory and keeps freed blocks of
 // at least 64 KiB in a bounded process-wide cache for reuse (Note [Large block
@@ -128,7 +131,9 @@ struct PoolAllocator {
     }
   }
   template <typename U>
-  bool operator==(const PoolAllocator<U>&) const { return true; }
+  bool operator==(const PoolAllocator<U>&) const {
+    return true;
+  }
 };
 
 // The process-wide CPU allocator (aligned_alloc, with the caches above).

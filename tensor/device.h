@@ -1,8 +1,12 @@
 // Device: where a tensor's memory lives, "cpu" or "cuda:N".
 //
-//   absl::StatusOr<ember::Device> d = ember::Device::parse("cuda:1");
-//   // d->is_cuda(), d->index() == 1, d->str() == "cuda:1"
+//   ```cpp
+//   #include "tensor/device.h"
+//   EMBER_ASSIGN_OR_RETURN(ember::Device d, ember::Device::parse("cuda:1"));
+//   // d.is_cuda(), d.index() == 1, d.str() == "cuda:1"
 //   ember::Device cpu = ember::kCPU;
+//   if (cpu == d) return absl::InternalError("cpu and cuda:1 compare equal");
+//   ```
 //
 // A CUDA device without an index ("cuda") means the current device. Parsing
 // follows torch.device: "cpu", "cuda", "cuda:N"; anything else is an

@@ -1,8 +1,12 @@
 // Element types and PyTorch's type-promotion rules.
 //
+//   ```cpp
+//   #include "tensor/dtype.h"
 //   ember::Dtype d = ember::promote_types(ember::kInt32, ember::kFloat16);
 //   // d == kFloat16; dtype_name(d) == "float16"
-//   ember::VisitDtype(d, [&]<typename T>() { ... T is ember::Half ... });
+//   size_t bytes = ember::VisitDtype(d, [&]<typename T>() { return sizeof(T); });
+//   if (bytes != 2) return absl::InternalError("float16 is not 2 bytes");  // T is ember::Half
+//   ```
 //
 // Promotion follows torch.promote_types: bool < integral < floating point
 // categories; within a category the wider type wins; uint8 with int8 gives
@@ -49,9 +53,8 @@ inline constexpr Dtype kUInt8 = Dtype::kUInt8;
 inline constexpr Dtype kBool = Dtype::kBool;
 
 // Every dtype, in enum order (handy for tests that sweep dtypes).
-inline constexpr Dtype kAllDtypes[kNumDtypes] = {
-    kFloat32, kFloat64, kFloat16, kBFloat16, kInt64,
-    kInt32,   kInt16,   kInt8,    kUInt8,    kBool};
+inline constexpr Dtype kAllDtypes[kNumDtypes] = {kFloat32, kFloat64, kFloat16, kBFloat16, kInt64,
+                                                 kInt32,   kInt16,   kInt8,    kUInt8,    kBool};
 
 // Bytes per element.
 size_t element_size(Dtype dtype);
@@ -91,14 +94,14 @@ struct DtypeOf;
 template <Dtype D>
 struct CppTypeOf;
 
-#define EMBER_DEFINE_DTYPE_PAIR(cpp, dt)         \
-  template <>                                    \
-  struct DtypeOf<cpp> {                          \
-    static constexpr Dtype value = Dtype::dt;    \
-  };                                             \
-  template <>                                    \
-  struct CppTypeOf<Dtype::dt> {                  \
-    using type = cpp;                            \
+#define EMBER_DEFINE_DTYPE_PAIR(cpp, dt)      \
+  template <>                                 \
+  struct DtypeOf<cpp> {                       \
+    static constexpr Dtype value = Dtype::dt; \
+  };                                          \
+  template <>                                 \
+  struct CppTypeOf<Dtype::dt> {               \
+    using type = cpp;                         \
   };
 EMBER_DEFINE_DTYPE_PAIR(float, kFloat32)
 EMBER_DEFINE_DTYPE_PAIR(double, kFloat64)
@@ -118,8 +121,7 @@ inline constexpr Dtype kDtypeOf = DtypeOf<T>::value;
 // The type arithmetic on T is carried out in: float for the 16-bit floats,
 // T itself otherwise.
 template <typename T>
-using OpMath = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>,
-                                  float, T>;
+using OpMath = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
 
 // Converts one element between any two dtypes' C++ types, as copy_ does:
 // to bool is "!= 0"; 16-bit floats go through float.
@@ -145,16 +147,26 @@ namespace internal {
 template <typename F>
 decltype(auto) VisitDtype(Dtype dtype, F&& f) {
   switch (dtype) {
-    case Dtype::kFloat32: return f.template operator()<float>();
-    case Dtype::kFloat64: return f.template operator()<double>();
-    case Dtype::kFloat16: return f.template operator()<Half>();
-    case Dtype::kBFloat16: return f.template operator()<BFloat16>();
-    case Dtype::kInt64: return f.template operator()<int64_t>();
-    case Dtype::kInt32: return f.template operator()<int32_t>();
-    case Dtype::kInt16: return f.template operator()<int16_t>();
-    case Dtype::kInt8: return f.template operator()<int8_t>();
-    case Dtype::kUInt8: return f.template operator()<uint8_t>();
-    case Dtype::kBool: return f.template operator()<bool>();
+    case Dtype::kFloat32:
+      return f.template operator()<float>();
+    case Dtype::kFloat64:
+      return f.template operator()<double>();
+    case Dtype::kFloat16:
+      return f.template operator()<Half>();
+    case Dtype::kBFloat16:
+      return f.template operator()<BFloat16>();
+    case Dtype::kInt64:
+      return f.template operator()<int64_t>();
+    case Dtype::kInt32:
+      return f.template operator()<int32_t>();
+    case Dtype::kInt16:
+      return f.template operator()<int16_t>();
+    case Dtype::kInt8:
+      return f.template operator()<int8_t>();
+    case Dtype::kUInt8:
+      return f.template operator()<uint8_t>();
+    case Dtype::kBool:
+      return f.template operator()<bool>();
   }
   internal::ThrowUnsupportedDtype("VisitDtype", dtype);
 }
@@ -164,11 +176,16 @@ decltype(auto) VisitDtype(Dtype dtype, F&& f) {
 template <typename F>
 decltype(auto) VisitFloatingDtype(Dtype dtype, const char* op, F&& f) {
   switch (dtype) {
-    case Dtype::kFloat32: return f.template operator()<float>();
-    case Dtype::kFloat64: return f.template operator()<double>();
-    case Dtype::kFloat16: return f.template operator()<Half>();
-    case Dtype::kBFloat16: return f.template operator()<BFloat16>();
-    default: internal::ThrowUnsupportedDtype(op, dtype);
+    case Dtype::kFloat32:
+      return f.template operator()<float>();
+    case Dtype::kFloat64:
+      return f.template operator()<double>();
+    case Dtype::kFloat16:
+      return f.template operator()<Half>();
+    case Dtype::kBFloat16:
+      return f.template operator()<BFloat16>();
+    default:
+      internal::ThrowUnsupportedDtype(op, dtype);
   }
 }
 

@@ -6,7 +6,16 @@
 // c10::Error. Internal invariants use EMBER_INTERNAL_ASSERT, which aborts:
 // reaching one is a bug in Ember, not in the caller.
 //
-//   EMBER_CHECK(a.dim() == 2, "mm: expected a 2-D tensor, got ", a.dim(), "-D");
+//   ```cpp
+//   #include "tensor/error.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor a = ember::ones({3});
+//   try {
+//     EMBER_CHECK(a.dim() == 2, "mm: expected a 2-D tensor, got ", a.dim(), "-D");
+//   } catch (const ember::Error& e) {
+//     std::string message = e.what();  // "mm: expected a 2-D tensor, got 1-D"
+//   }
+//   ```
 //
 // Thread-safe.
 #ifndef EMBER_TENSOR_ERROR_H_
@@ -42,23 +51,23 @@ std::string Concat(const Args&... args) {
 }  // namespace ember
 
 // Throws ember::Error built by concatenating args (operator<<) unless `cond` holds.
-#define EMBER_CHECK(cond, ...)                                   \
-  do {                                                           \
-    if (!(cond)) [[unlikely]] {                                  \
+#define EMBER_CHECK(cond, ...)                                               \
+  do {                                                                       \
+    if (!(cond)) [[unlikely]] {                                              \
       ::ember::internal::ThrowError(::ember::internal::Concat(__VA_ARGS__)); \
-    }                                                            \
+    }                                                                        \
   } while (0)
 
 // Throws ember::Error built by concatenating args (operator<<).
 #define EMBER_FAIL(...) ::ember::internal::ThrowError(::ember::internal::Concat(__VA_ARGS__))
 
 // Aborts with file, line and message: for invariants only Ember can break.
-#define EMBER_INTERNAL_ASSERT(cond, ...)                                   \
-  do {                                                                     \
-    if (!(cond)) [[unlikely]] {                                            \
-      ::ember::internal::AssertFailed(__FILE__, __LINE__, #cond,           \
-                                      ::ember::internal::Concat("" __VA_ARGS__));     \
-    }                                                                      \
+#define EMBER_INTERNAL_ASSERT(cond, ...)                                          \
+  do {                                                                            \
+    if (!(cond)) [[unlikely]] {                                                   \
+      ::ember::internal::AssertFailed(__FILE__, __LINE__, #cond,                  \
+                                      ::ember::internal::Concat("" __VA_ARGS__)); \
+    }                                                                             \
   } while (0)
 
 #endif  // EMBER_TENSOR_ERROR_H_

@@ -1,12 +1,16 @@
 // Factories: tensors made from sizes, ranges, random numbers or caller data.
 //
+//   ```cpp
+//   #include "tensor/factories.h"
 //   ember::Tensor z = ember::zeros({2, 3});                    // float32
 //   ember::Tensor r = ember::arange(0, 10, 2);                 // int64 [5]
 //   ember::manual_seed(0);
 //   ember::Tensor n = ember::randn({4, 4});                    // same every run
 //   ember::Tensor v = ember::tensor(std::vector<float>{1, 2, 3});
-//   ember::Tensor b = ember::from_blob(ptr, {2, 2}, ember::kFloat64);  // no copy
+//   double data[4] = {1, 2, 3, 4};
+//   ember::Tensor b = ember::from_blob(data, {2, 2}, ember::kFloat64);  // no copy
 //   ember::Tensor w = ember::randn({3}, ember::TensorOptions().requires_grad(true));
+//   ```
 //
 // Every factory takes TensorOptions (tensor.h): dtype, device, requires_grad
 // and pinned_memory, as torch's factories. Defaults follow torch: float32
@@ -128,7 +132,7 @@ namespace internal {
 // A tensor of `sizes` filled from `count` host values of `dtype`, then
 // converted and placed as `options` say (see tensor() above).
 Tensor copy_from_host(const void* data, size_t count, Dtype dtype, IntArrayRef sizes,
-                    const TensorOptions& options);
+                      const TensorOptions& options);
 }  // namespace internal
 
 template <typename T>

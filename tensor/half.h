@@ -2,8 +2,13 @@
 // (the upper half of an IEEE binary32). Both convert to and from float with
 // round-to-nearest-even; arithmetic is done in float (see OpMath in dtype.h).
 //
+//   ```cpp
+//   #include "tensor/half.h"
 //   ember::Half h(1.5f);
-//   float f = static_cast<float>(h);  // 1.5f
+//   float f = static_cast<float>(h);  // 1.5f: exact in binary16
+//   ember::BFloat16 b(f);
+//   if (static_cast<float>(b) != 1.5f) return absl::InternalError("1.5 did not round trip");
+//   ```
 //
 // Trivially copyable value types; thread-compatible.
 #ifndef EMBER_TENSOR_HALF_H_
@@ -89,7 +94,9 @@ struct BFloat16 {
     h.bits = b;
     return h;
   }
-  operator float() const { return internal::BitsFloat(static_cast<uint32_t>(bits) << 16); }  // NOLINT
+  operator float() const {  // NOLINT
+    return internal::BitsFloat(static_cast<uint32_t>(bits) << 16);
+  }
 };
 
 }  // namespace ember

@@ -2,7 +2,12 @@
 // (Note [Dispatch] in tensor/dispatch.h). Tensor methods call these; kernel
 // libraries register implementations into them.
 //
-//   ember::Tensor c = ember::ops::binary(ember::BinaryOp::kAdd, a, b);
+//   ```cpp
+//   #include "tensor/factories.h"
+//   #include "tensor/ops.h"
+//   ember::Tensor a = ember::ones({3}), b = ember::arange(3);
+//   ember::Tensor c = ember::ops::binary(ember::BinaryOp::kAdd, a, b);  // a + b
+//   ```
 //
 // Most code should use the Tensor methods instead.
 #ifndef EMBER_TENSOR_OPS_H_
@@ -18,15 +23,49 @@
 namespace ember {
 
 enum class UnaryOp : uint8_t {
-  kNeg, kAbs, kExp, kExpm1, kLog, kLog1p, kLog2, kSqrt, kRsqrt, kSin, kCos, kTan,
-  kTanh, kSigmoid, kRelu, kGelu, kErf, kReciprocal, kSign, kFloor, kCeil, kRound,
-  kSquare, kLogicalNot,
+  kNeg,
+  kAbs,
+  kExp,
+  kExpm1,
+  kLog,
+  kLog1p,
+  kLog2,
+  kSqrt,
+  kRsqrt,
+  kSin,
+  kCos,
+  kTan,
+  kTanh,
+  kSigmoid,
+  kRelu,
+  kGelu,
+  kErf,
+  kReciprocal,
+  kSign,
+  kFloor,
+  kCeil,
+  kRound,
+  kSquare,
+  kLogicalNot,
 };
 
 enum class BinaryOp : uint8_t {
-  kAdd, kSub, kMul, kDiv, kPow, kMaximum, kMinimum,
-  kEq, kNe, kLt, kLe, kGt, kGe,
-  kLogicalAnd, kLogicalOr, kLogicalXor,
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kPow,
+  kMaximum,
+  kMinimum,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kLogicalAnd,
+  kLogicalOr,
+  kLogicalXor,
 };
 
 enum class ReduceOp : uint8_t { kSum, kProd, kMean, kAmax, kAmin, kArgmax, kArgmin };

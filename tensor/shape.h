@@ -1,9 +1,13 @@
 // Shape arithmetic shared by every op: sizes, strides, broadcasting and dim
 // wrapping, with PyTorch's error messages.
 //
+//   ```cpp
+//   #include "tensor/shape.h"
 //   ember::SizeVector s = ember::BroadcastShapes({2, 1, 3}, {4, 1}, "add");
 //   // s == {2, 4, 3}
 //   int64_t d = ember::WrapDim(-1, 3, "sum");  // 2
+//   if (s[1] != 4 || d != 2) return absl::InternalError("unexpected shape arithmetic");
+//   ```
 //
 // Pure functions; thread-safe. Errors throw ember::Error.
 #ifndef EMBER_TENSOR_SHAPE_H_

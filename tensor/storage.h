@@ -7,8 +7,12 @@
 // share_memory_() moves a live storage into shared memory without touching
 // the tensors that view it.
 //
+//   ```cpp
+//   #include "tensor/storage.h"
 //   ember::Storage s = ember::Storage::Allocate(1024, ember::GetCpuAllocator());
-//   ember::Storage alias = s;       // same bytes; s.use_count() == 2
+//   ember::Storage alias = s;       // same bytes
+//   if (s.use_count() != 2) return absl::InternalError("the handle was not shared");
+//   ```
 //
 // Thread-safety: handles may be copied across threads; the bytes themselves
 // are not synchronised.

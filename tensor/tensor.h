@@ -1,10 +1,15 @@
 // Tensor: an n-dimensional, strided view of a Storage, with PyTorch's API.
 //
-//   ember::Tensor a = ember::arange(6).view({2, 3});     // int64 [2, 3]
+//   ```cpp
+//   #include <iostream>
+//   #include "tensor/factories.h"
+//   #include "tensor/tensor.h"
+//   ember::Tensor a = ember::arange(6).view({2, 3});           // int64 [2, 3]
 //   ember::Tensor b = ember::ones({3}, ember::kFloat32);
-//   ember::Tensor c = a + b;                            // float32 [2, 3]
-//   ember::Tensor s = c.sum(/*dims=*/{1}, /*keepdim=*/true);  // [2, 1]
+//   ember::Tensor c = a + b;                                   // float32 [2, 3]
+//   ember::Tensor s = c.sum(/*dims=*/{1}, /*keepdim=*/true);  // [2, 1]: 6, 15
 //   std::cout << c.t().contiguous() << "\n";
+//   ```
 //
 // A Tensor is a cheap, reference-counted handle to a TensorImpl (sizes,
 // strides, storage offset, dtype, the storage, a version counter and an

@@ -2,7 +2,10 @@
 // tensors through Facebook's gloo library (Debian's libgloo, tcp transport),
 // as PyTorch's ProcessGroupGloo.
 //
+//   ```cpp compile-only
+//   #include "distributed/distributed.h"
 //   EMBER_RETURN_IF_ERROR(ember::distributed::init_process_group({.backend = "gloo"}));
+//   ```
 //
 // Rendezvous: gloo's full mesh is connected through the group's Ember Store
 // (GlooStore in store_adapter.h), with the group's timeout. Network: as

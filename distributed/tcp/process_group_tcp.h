@@ -2,11 +2,20 @@
 // ProcessGroup on CPU tensors, for any world size, over shared memory between
 // ranks on one host and TCP sockets between hosts.
 //
-//   BackendOptions options{.store = store, .store_prefix = "job7/", .rank = r, .size = n,
-//                          .timeout = absl::Seconds(30)};
-//   EMBER_ASSIGN_OR_RETURN(auto pg, TcpProcessGroup::Create(options));
+//   ```cpp
+//   #include "distributed/hash_store.h"
+//   #include "distributed/tcp/process_group_tcp.h"
+//   #include "tensor/factories.h"
+//   namespace dist = ember::distributed;
+//   auto store = std::make_shared<dist::HashStore>();  // a TcpStore for several processes
+//   int r = 0, n = 1;                                  // this rank, the group's size
+//   dist::BackendOptions options{.store = store, .store_prefix = "job7/", .rank = r, .size = n,
+//                                .timeout = absl::Seconds(30)};
+//   EMBER_ASSIGN_OR_RETURN(auto pg, dist::tcp::TcpProcessGroup::Create(options));
+//   ember::Tensor t = ember::ones({4});
 //   EMBER_ASSIGN_OR_RETURN(auto work, pg->allreduce(t));
 //   EMBER_RETURN_IF_ERROR(work->wait());
+//   ```
 //
 // Setup: each rank publishes "host key|address|port|pid" in the store, reads
 // everyone's, then builds one Channel per peer: a ShmChannel when both share

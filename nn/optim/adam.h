@@ -1,7 +1,12 @@
 // Adam and AdamW, as torch.optim.Adam / torch.optim.AdamW.
 //
+//   ```cpp
+//   #include "nn/linear.h"
+//   #include "nn/optim/adam.h"
+//   auto model = std::make_shared<ember::nn::Linear>(4, 2);
 //   ember::nn::optim::Adam opt(model->parameters(), {.lr = 1e-3});
 //   ember::nn::optim::AdamW optw(model->parameters(), {.lr = 1e-3, .weight_decay = 0.01});
+//   ```
 //
 // Per parameter p with gradient g at step t (PyTorch's update rule):
 //   Adam:  g += weight_decay * p            AdamW: p *= 1 - lr * weight_decay

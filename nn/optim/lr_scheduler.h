@@ -1,12 +1,18 @@
 // Learning-rate schedulers: StepLR and CosineAnnealingLR, as
 // torch.optim.lr_scheduler's.
 //
+//   ```cpp
+//   #include "nn/linear.h"
+//   #include "nn/optim/lr_scheduler.h"
+//   #include "nn/optim/sgd.h"
+//   auto model = std::make_shared<ember::nn::Linear>(4, 2);
 //   ember::nn::optim::SGD opt(model->parameters(), {.lr = 0.1});
 //   ember::nn::optim::StepLR sched(opt, /*step_size=*/30, /*gamma=*/0.1);
 //   for (int epoch = 0; epoch < 90; ++epoch) {
-//     train_one_epoch();            // calls opt.step()
+//     opt.step();                   // after an epoch of training
 //     sched.step();                 // lr: 0.1, then 0.01 from epoch 30, ...
 //   }
+//   ```
 //
 // A scheduler remembers each group's learning rate when it is built (the
 // base lr) and, on every step(), sets each group's lr from the closed form at

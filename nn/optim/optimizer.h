@@ -1,13 +1,22 @@
 // Optimizer: the base of SGD, Adam and AdamW, as torch.optim.Optimizer.
 //
+//   ```cpp
+//   #include "nn/linear.h"
+//   #include "nn/loss.h"
+//   #include "nn/optim/sgd.h"
+//   #include "tensor/factories.h"
+//   auto model = std::make_shared<ember::nn::Linear>(4, 1);
+//   ember::Tensor x = ember::randn({16, 4}), y = ember::randn({16, 1});
 //   ember::nn::optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
-//   for (...) {
+//   for (int step = 0; step < 10; ++step) {
 //     opt.zero_grad();
-//     loss_fn((*model)(x), y).backward();
+//     ember::nn::functional::mse_loss((*model)(x), y).backward();
 //     opt.step();
 //   }
 //   ember::nn::optim::OptimizerStateDict saved = opt.state_dict();
-//   absl::Status s = other_opt.load_state_dict(saved);
+//   ember::nn::optim::SGD other_opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+//   EMBER_RETURN_IF_ERROR(other_opt.load_state_dict(saved));  // momentum buffers included
+//   ```
 //
 // Parameters are held in groups, each with its own hyperparameters
 // (Options, one struct per optimizer). Per-parameter state (momentum

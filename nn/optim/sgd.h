@@ -1,9 +1,18 @@
 // SGD: stochastic gradient descent with momentum, dampening, Nesterov
 // momentum and weight decay, as torch.optim.SGD.
 //
+//   ```cpp
+//   #include "nn/linear.h"
+//   #include "nn/optim/sgd.h"
+//   #include "tensor/factories.h"
+//   auto model = std::make_shared<ember::nn::Linear>(4, 2);
 //   ember::nn::optim::SGD opt(model->parameters(),
 //                             {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4});
-//   opt.zero_grad(); loss.backward(); opt.step();
+//   ember::Tensor loss = (*model)(ember::randn({8, 4})).square().mean();
+//   opt.zero_grad();
+//   loss.backward();
+//   opt.step();
+//   ```
 //
 // Per parameter p with gradient g (PyTorch's update rule):
 //   g += weight_decay * p

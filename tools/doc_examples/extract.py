@@ -64,7 +64,7 @@ def main():
                     includes.add(line.strip())
                     code.append("")  # keeps the #line numbering of what follows
                 else:
-                    code.append("  " + line if line else "")
+                    code.append(line)  # as written: raw string literals keep their columns
             functions.append(
                 [f"// {path}:{start}", f"[[maybe_unused]] absl::Status {name}() {{",
                  f'#line {start + 1} "{path}"'] + code + ["  return absl::OkStatus();", "}", ""])
