@@ -83,8 +83,8 @@ SupportTable TcpSupportTable();
 
 class TcpProcessGroup : public ProcessGroup {
  public:
-  static absl::StatusOr<std::shared_ptr<TcpProcessGroup>> Create(const BackendOptions& options,
-                                                                 const TcpOptions& tcp);
+  static absl::StatusOr<std::shared_ptr<TcpProcessGroup>> Create(
+      const BackendOptions& options, const TcpOptions& tcp = TcpOptions::FromEnv());
   ~TcpProcessGroup() override;
 
   void abort() override;
