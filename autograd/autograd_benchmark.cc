@@ -44,7 +44,7 @@ void Report(benchmark::State& state) {
 }
 
 void BM_ChainForwardBackward(benchmark::State& state) {
-  SetNumThreads(1);
+  set_num_threads(1);
   for (auto _ : state) {
     Tensor x = ones({1}).requires_grad_();
     Tensor y = Chain(x);
@@ -56,7 +56,7 @@ void BM_ChainForwardBackward(benchmark::State& state) {
 BENCHMARK(BM_ChainForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_ChainForwardRecorded(benchmark::State& state) {
-  SetNumThreads(1);
+  set_num_threads(1);
   for (auto _ : state) {
     Tensor x = ones({1}).requires_grad_();
     Tensor y = Chain(x);
@@ -67,7 +67,7 @@ void BM_ChainForwardRecorded(benchmark::State& state) {
 BENCHMARK(BM_ChainForwardRecorded)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_ChainNoGrad(benchmark::State& state) {
-  SetNumThreads(1);
+  set_num_threads(1);
   for (auto _ : state) {
     Tensor x = ones({1});
     Tensor y = Chain(x);
@@ -84,7 +84,7 @@ Tensor ViewChain(const Tensor& x) {
 }
 
 void BM_ViewChainNoGrad(benchmark::State& state) {
-  SetNumThreads(1);
+  set_num_threads(1);
   for (auto _ : state) {
     Tensor x = ones({1});
     Tensor y = ViewChain(x);
@@ -95,7 +95,7 @@ void BM_ViewChainNoGrad(benchmark::State& state) {
 BENCHMARK(BM_ViewChainNoGrad)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_ViewChainRecorded(benchmark::State& state) {
-  SetNumThreads(1);
+  set_num_threads(1);
   for (auto _ : state) {
     Tensor x = ones({1}).requires_grad_();
     Tensor y = ViewChain(x);

@@ -69,7 +69,7 @@ std::shared_ptr<nn::Sequential> MakeModel() {
 // One worker: its own data and optimizer over the shared parameters. Each
 // process accumulates its own gradients; only the weights are shared.
 absl::Status Train(int rank, nn::Sequential& model, int64_t steps) {
-  ember::SetNumThreads(1);
+  ember::set_num_threads(1);
   Data data = MakeData(100 + rank, steps * kBatch);
   nn::optim::SGD opt(model.parameters(), {.lr = kLearningRate});
   for (int64_t i = 0; i < steps; ++i) {

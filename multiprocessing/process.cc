@@ -185,7 +185,7 @@ absl::StatusOr<Process> Process::start(std::function<absl::Status()> fn) {
     TieToParent(parent);
     // The intra-op pool's worker threads do not survive fork(); run tensor
     // ops inline here rather than queue work that nobody would pick up.
-    SetNumThreads(1);
+    set_num_threads(1);
     read_end.reset();
     FinishChild(RunGuarded(fn), write_end.get());
   }
@@ -196,7 +196,7 @@ absl::StatusOr<Process> Process::start(std::function<absl::Status()> fn) {
 }
 
 absl::StatusOr<Process> Process::start_spawn(const std::string& entry_point, int rank,
-                                            std::vector<Value> args) {
+                                             std::vector<Value> args) {
   if (absl::StatusOr<EntryPoint> fn = FindEntryPoint(entry_point); !fn.ok()) {
     return absl::NotFoundError(absl::StrCat("StartSpawn: ", fn.status().message()));
   }
@@ -387,8 +387,7 @@ absl::Status spawn(std::function<absl::Status(int rank)> fn, int nprocs,
       if (!e->ok()) {
         std::string message = procs[rank].error_message();
         stop_all();
-        return absl::InternalError(absl::StrCat("process ", rank, " terminated with ",
-                                                e->str(),
+        return absl::InternalError(absl::StrCat("process ", rank, " terminated with ", e->str(),
                                                 message.empty() ? "" : ": " + message));
       }
     }

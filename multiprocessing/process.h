@@ -35,7 +35,7 @@
 //   fork (StartMethod::kFork): the child is a fork() of the caller and runs
 //     the function; it inherits everything, queues and shared tensors
 //     included, and runs tensor ops on one thread (the intra-op pool's
-//     threads do not survive fork; call SetNumThreads to change that in the
+//     threads do not survive fork; call set_num_threads to change that in the
 //     child). As with Python's fork, forking a process with other threads
 //     running is only safe when the function avoids locks those threads may
 //     hold.

@@ -32,7 +32,7 @@ void CopyBytes(void* dst, const void* src, size_t n) {
     return;
   }
   const int64_t chunks = static_cast<int64_t>((n + kChunk - 1) / kChunk);
-  ParallelFor(0, chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     const size_t from = begin * kChunk, to = std::min<size_t>(n, end * kChunk);
     std::memcpy(static_cast<char*>(dst) + from, static_cast<const char*>(src) + from, to - from);
   });

@@ -65,7 +65,7 @@ class StepTimer {
 };
 
 void SetThreads(const benchmark::State& state) {
-  SetNumThreads(1);
+  set_num_threads(1);
   const int blas_threads = static_cast<int>(state.range(0));
   openblas_set_num_threads(blas_threads > 0 ? blas_threads : openblas_get_num_procs());
 }

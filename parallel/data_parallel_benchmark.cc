@@ -57,7 +57,7 @@ BENCHMARK(BM_DataParallelStep)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->U
 }  // namespace ember::parallel
 
 int main(int argc, char** argv) {
-  ember::SetNumThreads(1);
+  ember::set_num_threads(1);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   return 0;

@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
   const std::string init = ::absl::StrCat("file://", dir, "/store");
   const pid_t child = fork();
   const int rank = child == 0 ? 1 : 0;
-  ember::SetNumThreads(1);
+  ember::set_num_threads(1);
   ember::parallel::Check(dist::init_process_group({.backend = "tcp",
                                                    .init_method = init,
                                                    .world_size = ember::parallel::kWorld,

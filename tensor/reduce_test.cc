@@ -13,16 +13,16 @@
 #include "tensor/factories.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
-#include "tensor/thread_pool.h"
 #include "tensor/testing.h"
+#include "tensor/thread_pool.h"
 
 namespace ember {
 namespace {
 
-using ::testing::HasSubstr;
 using ::ember::testing::ErrorOf;
 using ::ember::testing::Make;
 using ::ember::testing::Values;
+using ::testing::HasSubstr;
 
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 
@@ -81,12 +81,12 @@ TEST(ReduceTest, LargeSumIsAccurateAndDeterministic) {
   float bits = s.item<float>();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(x.sum().item<float>(), bits);
   // The chunking does not depend on the number of threads.
-  int threads = GetNumThreads();
-  SetNumThreads(1);
+  int threads = get_num_threads();
+  set_num_threads(1);
   EXPECT_EQ(x.sum().item<float>(), bits);
-  SetNumThreads(3);
+  set_num_threads(3);
   EXPECT_EQ(x.sum().item<float>(), bits);
-  SetNumThreads(threads);
+  set_num_threads(threads);
   // Mean and a few long rows (the few-outputs path).
   EXPECT_NEAR(x.mean().item<double>(), total / n, 2e-6);
   Tensor rows = rand({2, 400000});
@@ -275,8 +275,8 @@ TEST(ReduceTest, AmaxAminEveryDtypeAndNan) {
     EXPECT_EQ(Item(x.amin({})), 0);
     EXPECT_EQ(Values(x.amax({1})),
               (dt == kBool ? std::vector<double>{1, 1} : std::vector<double>{7, 9}));
-    EXPECT_EQ(Values(x.amin({0})), (dt == kBool ? std::vector<double>{1, 1, 1, 0}
-                                                : std::vector<double>{3, 7, 1, 0}));
+    EXPECT_EQ(Values(x.amin({0})),
+              (dt == kBool ? std::vector<double>{1, 1, 1, 0} : std::vector<double>{3, 7, 1, 0}));
     EXPECT_EQ(Item(x.max()), Item(mx));
     EXPECT_EQ(Item(x.min()), 0);
   }
@@ -426,8 +426,8 @@ TEST(ReduceTest, SoftmaxAndLogSoftmax) {
   Tensor big = tensor({1000.0f, 1001.0f, 1002.0f});
   std::vector<double> want = RefSoftmax({0, 1, 2});
   ExpectNear(Values(big.softmax(0)), want, 1e-6);
-  ExpectNear(Values(big.log_softmax(0)),
-             {std::log(want[0]), std::log(want[1]), std::log(want[2])}, 1e-5);
+  ExpectNear(Values(big.log_softmax(0)), {std::log(want[0]), std::log(want[1]), std::log(want[2])},
+             1e-5);
   // Other floating dtypes, 0-dim and empty.
   ExpectNear(Values(tensor({0.0, 0.0}).to(kFloat16).softmax(0)), {0.5, 0.5}, 1e-3);
   ExpectNear(Values(tensor({1.0, 2.0}).to(kBFloat16).log_softmax(0)),

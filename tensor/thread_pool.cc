@@ -92,22 +92,22 @@ std::atomic<int>& NumThreads() {
 
 }  // namespace
 
-int GetNumThreads() { return NumThreads().load(std::memory_order_relaxed); }
+int get_num_threads() { return NumThreads().load(std::memory_order_relaxed); }
 
-void SetNumThreads(int n) {
+void set_num_threads(int n) {
   EMBER_CHECK(n >= 1, "set_num_threads: expected a positive number of threads, got ", n);
   NumThreads().store(n, std::memory_order_relaxed);
   openblas_set_num_threads(n);
 }
 
-bool InParallelRegion() { return t_in_parallel; }
+bool in_parallel_region() { return t_in_parallel; }
 
-void ParallelFor(int64_t begin, int64_t end, int64_t grain,
-                 const std::function<void(int64_t, int64_t)>& body) {
+void parallel_for(int64_t begin, int64_t end, int64_t grain,
+                  const std::function<void(int64_t, int64_t)>& body) {
   if (begin >= end) return;
   int64_t range = end - begin;
   grain = std::max<int64_t>(grain, 1);
-  int64_t tasks = std::min<int64_t>(GetNumThreads(), (range + grain - 1) / grain);
+  int64_t tasks = std::min<int64_t>(get_num_threads(), (range + grain - 1) / grain);
   if (tasks <= 1 || t_in_parallel) {
     bool was = t_in_parallel;
     t_in_parallel = true;

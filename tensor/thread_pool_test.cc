@@ -14,9 +14,9 @@ namespace ember {
 namespace {
 
 TEST(ThreadPoolTest, CoversRangeExactlyOnce) {
-  SetNumThreads(4);
+  set_num_threads(4);
   std::vector<std::atomic<int>> hits(100003);
-  ParallelFor(0, hits.size(), 1000, [&](int64_t b, int64_t e) {
+  parallel_for(0, hits.size(), 1000, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) hits[i]++;
   });
   for (auto& h : hits) ASSERT_EQ(h.load(), 1);
@@ -25,22 +25,22 @@ TEST(ThreadPoolTest, CoversRangeExactlyOnce) {
 // set_num_threads bounds OpenBLAS's own pool too (torch.set_num_threads
 // does the same for its BLAS), so one thread per process means one thread.
 TEST(ThreadPoolTest, SetNumThreadsBoundsBlasThreads) {
-  SetNumThreads(1);
+  set_num_threads(1);
   EXPECT_EQ(openblas_get_num_threads(), 1);
-  SetNumThreads(2);
-  EXPECT_EQ(GetNumThreads(), 2);
+  set_num_threads(2);
+  EXPECT_EQ(get_num_threads(), 2);
   EXPECT_EQ(openblas_get_num_threads(), 2);
-  SetNumThreads(1);
+  set_num_threads(1);
   EXPECT_EQ(openblas_get_num_threads(), 1);
 }
 
-// A forked child inherits none of its parent's workers; its ParallelFor must
+// A forked child inherits none of its parent's workers; its parallel_for must
 // still cover the range (with fresh workers) instead of waiting forever on
 // tasks that no thread will run.
 TEST(ThreadPoolTest, ForkedChildGetsAFreshPool) {
-  SetNumThreads(4);
+  set_num_threads(4);
   std::atomic<int64_t> warm{0};
-  ParallelFor(0, 1 << 20, 1024, [&](int64_t b, int64_t e) { warm += e - b; });
+  parallel_for(0, 1 << 20, 1024, [&](int64_t b, int64_t e) { warm += e - b; });
   ASSERT_EQ(warm.load(), 1 << 20);
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
@@ -48,7 +48,7 @@ TEST(ThreadPoolTest, ForkedChildGetsAFreshPool) {
     alarm(20);  // A hang fails the test instead of stalling it.
     std::atomic<int64_t> covered{0};
     std::atomic<int> chunks{0};
-    ParallelFor(0, 1 << 20, 1024, [&](int64_t b, int64_t e) {
+    parallel_for(0, 1 << 20, 1024, [&](int64_t b, int64_t e) {
       covered += e - b;
       ++chunks;
     });
@@ -61,40 +61,40 @@ TEST(ThreadPoolTest, ForkedChildGetsAFreshPool) {
 }
 
 TEST(ThreadPoolTest, SmallRangesAndNestingRunInline) {
-  SetNumThreads(4);
+  set_num_threads(4);
   int calls = 0;
-  ParallelFor(0, 10, 1000, [&](int64_t b, int64_t e) {
+  parallel_for(0, 10, 1000, [&](int64_t b, int64_t e) {
     ++calls;
     EXPECT_EQ(b, 0);
     EXPECT_EQ(e, 10);
-    EXPECT_TRUE(InParallelRegion());
+    EXPECT_TRUE(in_parallel_region());
     int inner = 0;
-    ParallelFor(0, 100000, 1, [&](int64_t, int64_t) { ++inner; });  // Inline.
+    parallel_for(0, 100000, 1, [&](int64_t, int64_t) { ++inner; });  // Inline.
     EXPECT_EQ(inner, 1);
   });
   EXPECT_EQ(calls, 1);
-  EXPECT_FALSE(InParallelRegion());
-  ParallelFor(5, 5, 1, [&](int64_t, int64_t) { FAIL(); });
+  EXPECT_FALSE(in_parallel_region());
+  parallel_for(5, 5, 1, [&](int64_t, int64_t) { FAIL(); });
 }
 
 TEST(ThreadPoolTest, RethrowsBodyErrorsAfterAllChunks) {
-  SetNumThreads(3);
+  set_num_threads(3);
   std::atomic<int> chunks{0};
-  EXPECT_THROW(ParallelFor(0, 300, 1,
-                           [&](int64_t b, int64_t) {
-                             chunks++;
-                             if (b == 0) throw std::runtime_error("boom");
-                           }),
+  EXPECT_THROW(parallel_for(0, 300, 1,
+                            [&](int64_t b, int64_t) {
+                              chunks++;
+                              if (b == 0) throw std::runtime_error("boom");
+                            }),
                std::runtime_error);
   EXPECT_EQ(chunks.load(), 3);
-  EXPECT_FALSE(InParallelRegion());
+  EXPECT_FALSE(in_parallel_region());
 }
 
 TEST(ThreadPoolTest, ThreadCountIsConfigurable) {
-  SetNumThreads(2);
-  EXPECT_EQ(GetNumThreads(), 2);
-  EXPECT_ANY_THROW(SetNumThreads(0));
-  EXPECT_EQ(GetNumThreads(), 2);
+  set_num_threads(2);
+  EXPECT_EQ(get_num_threads(), 2);
+  EXPECT_ANY_THROW(set_num_threads(0));
+  EXPECT_EQ(get_num_threads(), 2);
 }
 
 }  // namespace

@@ -120,7 +120,7 @@ SupportTable GlooSupportTable() { return SupportTable().allow_all(DeviceType::kC
 
 // --- Creation --------------------------------------------------------------------
 
-absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
+absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::create(
     const BackendOptions& options) {
   const int rank = options.rank, n = options.size;
   if (options.store == nullptr) {
@@ -823,7 +823,7 @@ EMBER_REGISTER_BACKEND(gloo, BackendInfo{.name = "gloo",
                                          .create = [](const BackendOptions& options)
                                              -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
                                            EMBER_ASSIGN_OR_RETURN(
-                                               auto pg, GlooProcessGroup::Create(options));
+                                               auto pg, GlooProcessGroup::create(options));
                                            return std::shared_ptr<ProcessGroup>(std::move(pg));
                                          }});
 

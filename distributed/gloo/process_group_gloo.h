@@ -80,7 +80,7 @@ class GlooProcessGroup : public ProcessGroup {
  public:
   // Connects to every rank of the group; blocks until all are connected or
   // the options' timeout passes.
-  static absl::StatusOr<std::shared_ptr<GlooProcessGroup>> Create(const BackendOptions& options);
+  static absl::StatusOr<std::shared_ptr<GlooProcessGroup>> create(const BackendOptions& options);
   // Fails what is still queued with kAborted and waits for the op running
   // now (at most its timeout).
   ~GlooProcessGroup() override;

@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
   using namespace ember::distributed;
   absl::StatusOr<LauncherWorld> world = mpi::MpiWorldFromLauncher(-1, -1);
   mpi::Check(world.status(), "starting MPI");
-  auto group = mpi::MpiProcessGroup::Create({.rank = world->rank, .size = world->size});
+  auto group = mpi::MpiProcessGroup::create({.rank = world->rank, .size = world->size});
   mpi::Check(group.status(), "creating the group");
   mpi::Group() = *group;
   if (world->rank != 0) {

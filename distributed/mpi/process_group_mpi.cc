@@ -120,7 +120,7 @@ absl::StatusOr<LauncherWorld> MpiWorldFromLauncher(int rank, int world_size) {
 
 // --- Creation --------------------------------------------------------------------
 
-absl::StatusOr<std::shared_ptr<MpiProcessGroup>> MpiProcessGroup::Create(
+absl::StatusOr<std::shared_ptr<MpiProcessGroup>> MpiProcessGroup::create(
     const BackendOptions& options) {
   EMBER_RETURN_IF_ERROR(EnsureMpi());
   const WorldPlace world = World();
@@ -679,7 +679,7 @@ EMBER_REGISTER_BACKEND(mpi, BackendInfo{.name = "mpi",
                                         .create = [](const BackendOptions& options)
                                             -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
                                           EMBER_ASSIGN_OR_RETURN(auto pg,
-                                                                 MpiProcessGroup::Create(options));
+                                                                 MpiProcessGroup::create(options));
                                           return std::shared_ptr<ProcessGroup>(std::move(pg));
                                         },
                                         .world_from_launcher = &MpiWorldFromLauncher});

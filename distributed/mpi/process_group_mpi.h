@@ -82,7 +82,7 @@ class MpiProcessGroup : public ProcessGroup {
   // of MPI_COMM_WORLD, or of `options.ranks` (global ranks) when they are a
   // subset. kInvalidArgument when the options' rank and size disagree with
   // MPI_COMM_WORLD, naming both. Blocks until every member has joined.
-  static absl::StatusOr<std::shared_ptr<MpiProcessGroup>> Create(const BackendOptions& options);
+  static absl::StatusOr<std::shared_ptr<MpiProcessGroup>> create(const BackendOptions& options);
   // Fails what is still queued with kAborted and waits for the collective
   // running now (until its deadline; see the header comment for MPI_Abort).
   ~MpiProcessGroup() override;

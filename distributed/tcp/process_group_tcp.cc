@@ -135,7 +135,7 @@ TcpOptions TcpOptions::FromEnv() {
 
 SupportTable TcpSupportTable() { return SupportTable().allow_all(DeviceType::kCPU); }
 
-absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::Create(
+absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::create(
     const BackendOptions& options, const TcpOptions& tcp) {
   const int rank = options.rank, n = options.size;
   if (options.store == nullptr) {
@@ -756,7 +756,7 @@ EMBER_REGISTER_BACKEND(
           EMBER_ASSIGN_OR_RETURN(const TcpOptions* given, OptionsFor<TcpOptions>(options, "tcp"));
           EMBER_ASSIGN_OR_RETURN(
               auto pg,
-              TcpProcessGroup::Create(options, given != nullptr ? *given : TcpOptions::FromEnv()));
+              TcpProcessGroup::create(options, given != nullptr ? *given : TcpOptions::FromEnv()));
           return std::shared_ptr<ProcessGroup>(std::move(pg));
         }});
 

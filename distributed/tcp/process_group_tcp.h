@@ -11,7 +11,7 @@
 //   int r = 0, n = 1;                                  // this rank, the group's size
 //   dist::BackendOptions options{.store = store, .store_prefix = "job7/", .rank = r, .size = n,
 //                                .timeout = absl::Seconds(30)};
-//   EMBER_ASSIGN_OR_RETURN(auto pg, dist::tcp::TcpProcessGroup::Create(options));
+//   EMBER_ASSIGN_OR_RETURN(auto pg, dist::tcp::TcpProcessGroup::create(options));
 //   ember::Tensor t = ember::ones({4});
 //   EMBER_ASSIGN_OR_RETURN(auto work, pg->allreduce(t));
 //   EMBER_RETURN_IF_ERROR(work->wait());
@@ -83,7 +83,7 @@ SupportTable TcpSupportTable();
 
 class TcpProcessGroup : public ProcessGroup {
  public:
-  static absl::StatusOr<std::shared_ptr<TcpProcessGroup>> Create(
+  static absl::StatusOr<std::shared_ptr<TcpProcessGroup>> create(
       const BackendOptions& options, const TcpOptions& tcp = TcpOptions::FromEnv());
   ~TcpProcessGroup() override;
 

@@ -8,7 +8,7 @@
 // is the fraction of memcpy bandwidth the add achieves (the requirement is
 // >= 0.7 for the out-of-place add that reuses its output).
 //
-// Variants (threads = ember::SetNumThreads; memcpy is always one thread):
+// Variants (threads = ember::set_num_threads; memcpy is always one thread):
 //   BM_Memcpy                     std::memcpy, 64 MiB -> 64 MiB
 //   BM_AddOut/threads:{1,0}       ops::binary_out(kAdd, out, a, b), out reused
 //   BM_AddAlloc/threads:{1,0}     a.add(b): allocates a fresh 64 MiB output
@@ -37,10 +37,10 @@ constexpr int64_t kBytes = kNumel * static_cast<int64_t>(sizeof(float));
 // Sets the pool size for one benchmark and restores it afterwards.
 class ThreadsScope {
  public:
-  explicit ThreadsScope(int64_t threads) : saved_(GetNumThreads()) {
-    if (threads > 0) SetNumThreads(static_cast<int>(threads));
+  explicit ThreadsScope(int64_t threads) : saved_(get_num_threads()) {
+    if (threads > 0) set_num_threads(static_cast<int>(threads));
   }
-  ~ThreadsScope() { SetNumThreads(saved_); }
+  ~ThreadsScope() { set_num_threads(saved_); }
 
  private:
   int saved_;
@@ -70,7 +70,11 @@ void BM_AddOut(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * 3 * kBytes);
 }
-BENCHMARK(BM_AddOut)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_AddOut)
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(0)
+    ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 void BM_AddAlloc(benchmark::State& state) {
@@ -84,7 +88,11 @@ void BM_AddAlloc(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * 3 * kBytes);
 }
-BENCHMARK(BM_AddAlloc)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_AddAlloc)
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(0)
+    ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 void BM_AddInPlace(benchmark::State& state) {
@@ -98,7 +106,11 @@ void BM_AddInPlace(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * 3 * kBytes);
 }
-BENCHMARK(BM_AddInPlace)->ArgName("threads")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_AddInPlace)
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(0)
+    ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 // Cache-resident variants (32K float32 = 128 KiB per operand, one thread: below

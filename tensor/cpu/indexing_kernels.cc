@@ -29,14 +29,14 @@ void GatherRows(const Tensor& out, const Tensor& self, int64_t dim,
     VisitDtype(self.dtype(), [&]<typename T>() {
       const T* s = reinterpret_cast<const T*>(src);
       T* o = reinterpret_cast<T*>(dst);
-      ParallelFor(0, outer * n, grain, [&](int64_t begin, int64_t end) {
+      parallel_for(0, outer * n, grain, [&](int64_t begin, int64_t end) {
         for (int64_t j = begin; j < end; ++j) o[j] = s[(j / n) * size + idx[j % n]];
       });
     });
     return;
   }
   const size_t row = static_cast<size_t>(inner) * self.element_size();
-  ParallelFor(0, outer * n, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, outer * n, grain, [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) {
       std::memcpy(dst + j * row, src + ((j / n) * size + idx[j % n]) * row, row);
     }

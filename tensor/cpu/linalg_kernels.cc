@@ -50,8 +50,8 @@ std::optional<Layout> BlasLayout(int64_t rows, int64_t cols, int64_t rs, int64_t
 bool FitsBlasInt(int64_t v) { return v <= INT_MAX; }
 
 template <typename T>
-void BlasGemm(bool row_major_c, bool a_row_major, bool b_row_major, int64_t n, int64_t m,
-              int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
+void BlasGemm(bool row_major_c, bool a_row_major, bool b_row_major, int64_t n, int64_t m, int64_t k,
+              T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
               int64_t ldc) {
   EMBER_CHECK(FitsBlasInt(n) && FitsBlasInt(m) && FitsBlasInt(k) && FitsBlasInt(lda) &&
                   FitsBlasInt(ldb) && FitsBlasInt(ldc),
@@ -159,7 +159,7 @@ void GemmLoop(const Tensor& out, const Tensor& a, const Tensor& b, const Scalar&
   const int64_t sb0 = b.strides()[0], sb1 = b.strides()[1], sb2 = b.strides()[2];
   const int64_t sc0 = out.strides()[0], sc1 = out.strides()[1], sc2 = out.strides()[2];
   const int64_t grain = std::max<int64_t>(1, kDefaultGrainSize / std::max<int64_t>(1, k * m));
-  ParallelFor(0, batch * n, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, batch * n, grain, [&](int64_t begin, int64_t end) {
     std::vector<A> acc(m);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t bi = row / n, i = row % n;
@@ -198,11 +198,18 @@ void GemmOut(const Tensor& out, const Tensor& a, const Tensor& b, const Scalar& 
     return;
   }
   switch (out.dtype()) {
-    case kFloat32: GemmBlas<float>(out, a, b, beta, alpha); return;
-    case kFloat64: GemmBlas<double>(out, a, b, beta, alpha); return;
+    case kFloat32:
+      GemmBlas<float>(out, a, b, beta, alpha);
+      return;
+    case kFloat64:
+      GemmBlas<double>(out, a, b, beta, alpha);
+      return;
     case kFloat16:
-    case kBFloat16: GemmViaFloat(out, a, b, beta, alpha); return;
-    case kBool: EMBER_FAIL("gemm: not implemented for bool tensors");
+    case kBFloat16:
+      GemmViaFloat(out, a, b, beta, alpha);
+      return;
+    case kBool:
+      EMBER_FAIL("gemm: not implemented for bool tensors");
     default:
       VisitDtype(out.dtype(), [&]<typename T>() {
         if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {

@@ -70,7 +70,7 @@ void ForEachStrided(IntArrayRef sizes, const std::array<char*, N>& base,
   }
   const int64_t nd = static_cast<int64_t>(dims.size());
   const int64_t inner = dims.back();
-  ParallelFor(0, numel, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, numel, grain, [&](int64_t begin, int64_t end) {
     // Multi-index of `begin`.
     absl::InlinedVector<int64_t, 6> idx(nd);
     int64_t rem = begin;

@@ -5,7 +5,7 @@
 //   BM_ReadBandwidthFloat - a float sum with 16 independent accumulators;
 //   BM_Sum                - ember's t.sum().
 // Each runs on all the pool's threads (arg 0; the baselines split the buffer
-// with ember::ParallelFor into one chunk per thread) and on one thread (arg 1).
+// with ember::parallel_for into one chunk per thread) and on one thread (arg 1).
 // The figure of merit is BM_Sum's bytes/s over the faster baseline's.
 #include <cstdint>
 #include <vector>
@@ -31,10 +31,10 @@ const Tensor& Input() {
 // Sets the pool size for one benchmark run (arg 0: all cores, else arg).
 class ThreadsFor {
  public:
-  explicit ThreadsFor(const benchmark::State& state) : saved_(GetNumThreads()) {
-    if (state.range(0) > 0) SetNumThreads(static_cast<int>(state.range(0)));
+  explicit ThreadsFor(const benchmark::State& state) : saved_(get_num_threads()) {
+    if (state.range(0) > 0) set_num_threads(static_cast<int>(state.range(0)));
   }
-  ~ThreadsFor() { SetNumThreads(saved_); }
+  ~ThreadsFor() { set_num_threads(saved_); }
 
  private:
   int saved_;
@@ -43,9 +43,9 @@ class ThreadsFor {
 // Runs body(begin, end) over one chunk per thread and returns the results.
 template <typename R, typename F>
 std::vector<R> PerThread(int64_t n, F body) {
-  const int64_t chunks = GetNumThreads();
+  const int64_t chunks = get_num_threads();
   std::vector<R> out(chunks);
-  ParallelFor(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+  parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) out[c] = body(n * c / chunks, n * (c + 1) / chunks);
   });
   return out;
@@ -71,7 +71,7 @@ void BM_ReadBandwidthXor(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * kNumel * int64_t{sizeof(float)});
-  state.counters["threads"] = GetNumThreads();
+  state.counters["threads"] = get_num_threads();
 }
 
 void BM_ReadBandwidthFloat(benchmark::State& state) {
@@ -93,7 +93,7 @@ void BM_ReadBandwidthFloat(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * kNumel * int64_t{sizeof(float)});
-  state.counters["threads"] = GetNumThreads();
+  state.counters["threads"] = get_num_threads();
 }
 
 void BM_Sum(benchmark::State& state) {
@@ -104,7 +104,7 @@ void BM_Sum(benchmark::State& state) {
     benchmark::DoNotOptimize(s.raw_data());
   }
   state.SetBytesProcessed(state.iterations() * kNumel * int64_t{sizeof(float)});
-  state.counters["threads"] = GetNumThreads();
+  state.counters["threads"] = get_num_threads();
 }
 
 BENCHMARK(BM_ReadBandwidthXor)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);

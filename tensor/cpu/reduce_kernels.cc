@@ -311,7 +311,7 @@ void ReduceTyped(const Tensor& out, const Tensor& self, bool mean) {
     const int64_t chunks = (col.size + kColumns - 1) / kColumns;
     const int64_t grain =
         std::max<int64_t>(1, kDefaultGrainSize / (red_n * std::min(col.size, kColumns)));
-    ParallelFor(0, num_rows * chunks, grain, [&](int64_t begin, int64_t end) {
+    parallel_for(0, num_rows * chunks, grain, [&](int64_t begin, int64_t end) {
       Walker w(rows);
       Acc l1[kColumns], l2[kColumns], l3[kColumns];
       for (int64_t item = begin; item < end; ++item) {
@@ -359,7 +359,7 @@ void ReduceTyped(const Tensor& out, const Tensor& self, bool mean) {
     w.Seek(0);
     for (int64_t o = 0; o < num_out; ++o, w.Next()) {
       const T* base = x + w.in();
-      ParallelFor(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) {
           partial[b] = reduce_range(base, b * kBlock, std::min(red_n, (b + 1) * kBlock));
         }
@@ -369,7 +369,7 @@ void ReduceTyped(const Tensor& out, const Tensor& self, bool mean) {
     return;
   }
   const int64_t grain = std::max<int64_t>(1, kDefaultGrainSize / red_n);
-  ParallelFor(0, num_out, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, num_out, grain, [&](int64_t begin, int64_t end) {
     Walker w(kept);
     w.Seek(begin);
     for (int64_t o = begin; o < end; ++o, w.Next()) {
@@ -396,7 +396,9 @@ void ReduceOut(ReduceOp op, const Tensor& out, const Tensor& self, IntArrayRef d
   if (out.numel() == 0 || self.numel() == 0) return;
   VisitDtype(self.dtype(), [&]<typename T>() {
     switch (op) {
-      case ReduceOp::kSum: ReduceWithOutput<SumReducer, T>(out, self, false); break;
+      case ReduceOp::kSum:
+        ReduceWithOutput<SumReducer, T>(out, self, false);
+        break;
       case ReduceOp::kMean:
         if constexpr (std::is_floating_point_v<OpMath<T>>) {
           ReduceWithOutput<SumReducer, T>(out, self, true);
@@ -404,10 +406,17 @@ void ReduceOut(ReduceOp op, const Tensor& out, const Tensor& self, IntArrayRef d
           EMBER_FAIL("mean: unsupported dtype ", dtype_name(self.dtype()));
         }
         break;
-      case ReduceOp::kProd: ReduceWithOutput<ProdReducer, T>(out, self, false); break;
-      case ReduceOp::kAmax: ReduceTyped<MaxReducer<T>, T, T>(out, self, false); break;
-      case ReduceOp::kAmin: ReduceTyped<MinReducer<T>, T, T>(out, self, false); break;
-      default: EMBER_FAIL("reduce_out: ", ReduceOpName(op), " is not a value reduction");
+      case ReduceOp::kProd:
+        ReduceWithOutput<ProdReducer, T>(out, self, false);
+        break;
+      case ReduceOp::kAmax:
+        ReduceTyped<MaxReducer<T>, T, T>(out, self, false);
+        break;
+      case ReduceOp::kAmin:
+        ReduceTyped<MinReducer<T>, T, T>(out, self, false);
+        break;
+      default:
+        EMBER_FAIL("reduce_out: ", ReduceOpName(op), " is not a value reduction");
     }
   });
 }
@@ -449,7 +458,7 @@ void ArgReduceTyped(const Tensor& values, const Tensor& indices, const Tensor& s
     const int64_t chunks = (col.size + kColumns - 1) / kColumns;
     const int64_t grain =
         std::max<int64_t>(1, kDefaultGrainSize / (n * std::min(col.size, kColumns)));
-    ParallelFor(0, num_rows * chunks, grain, [&](int64_t begin, int64_t end) {
+    parallel_for(0, num_rows * chunks, grain, [&](int64_t begin, int64_t end) {
       Walker w(rows), wi(rows_idx);
       A best[kColumns];
       int64_t where[kColumns];
@@ -482,7 +491,7 @@ void ArgReduceTyped(const Tensor& values, const Tensor& indices, const Tensor& s
     return;
   }
   const int64_t grain = std::max<int64_t>(1, kDefaultGrainSize / n);
-  ParallelFor(0, num_out, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, num_out, grain, [&](int64_t begin, int64_t end) {
     Walker w(kept), wi(kept_idx);
     w.Seek(begin);
     wi.Seek(begin);
@@ -568,7 +577,7 @@ void SoftmaxOut(const Tensor& out, const Tensor& self, int64_t dim, bool log) {
     }
     const int64_t num_rows = Count(rows);
     const int64_t grain = std::max<int64_t>(1, 4096 / n);
-    ParallelFor(0, num_rows, grain, [&](int64_t begin, int64_t end) {
+    parallel_for(0, num_rows, grain, [&](int64_t begin, int64_t end) {
       std::vector<OpMath<T>> buf;
       Walker w(rows);
       w.Seek(begin);
