@@ -204,13 +204,18 @@ GlooProcessGroup::~GlooProcessGroup() {
     queue_.clear();
   }
   worker_.join();
-  absl::MutexLock lock(&p2p_mu_);
-  for (auto& p : p2p_) {
-    p->buffer->abortWaitRecv();
-    p->buffer->abortWaitSend();
+  // Each waiter takes p2p_mu_ once its wait returns, so they are joined
+  // outside it (joining under it deadlocks with a waiter that just finished).
+  std::vector<std::unique_ptr<PendingP2P>> pending;
+  {
+    absl::MutexLock lock(&p2p_mu_);
+    for (auto& p : p2p_) {
+      p->buffer->abortWaitRecv();
+      p->buffer->abortWaitSend();
+    }
+    pending.swap(p2p_);
   }
-  for (auto& p : p2p_) p->waiter.join();
-  p2p_.clear();
+  for (auto& p : pending) p->waiter.join();
 }
 
 void GlooProcessGroup::abort() {
