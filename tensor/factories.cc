@@ -192,18 +192,35 @@ void manual_seed(uint64_t seed) {
 
 namespace {
 
-// Fills `t` (any device, any layout) from a per-element source evaluated on the
-// host in row-major order, so results do not depend on memory layout.
+// Random values come from a per-element source evaluated on the host in
+// row-major order, so results do not depend on memory layout or device.
+// Draw: host.numel() values of `source` into `host`, contiguous CPU memory.
 template <typename Source>
-Tensor FillRandom(const Tensor& t, Generator* gen, Source source) {
+void Draw(const Tensor& host, Generator* gen, Source source) {
   Generator& g = gen ? *gen : default_generator();
-  Tensor host = EmptyTensor(t.sizes(), t.dtype(), kCPU);
-  VisitDtype(t.dtype(), [&]<typename T>() {
+  VisitDtype(host.dtype(), [&]<typename T>() {
     T* p = host.data_ptr<T>();
     std::lock_guard<std::mutex> lock(g.mutex());
     for (int64_t i = 0; i < host.numel(); ++i) p[i] = CastTo<T>(source(g));
   });
+}
+
+// The in-place ops (uniform_, normal_): drawn on the CPU, then copied into
+// `t` as any in-place write is (version bump, autograd's checks).
+template <typename Source>
+Tensor FillRandom(const Tensor& t, Generator* gen, Source source) {
+  Tensor host = EmptyTensor(t.sizes(), t.dtype(), kCPU);
+  Draw(host, gen, source);
   return t.copy_(host);
+}
+
+// The factories (rand, randn): a fresh tensor, drawn in place on the CPU
+// (no second buffer and copy), moved to the requested device after.
+template <typename Source>
+Tensor FreshRandom(IntArrayRef sizes, const TensorOptions& options, Generator* gen, Source source) {
+  Tensor host = EmptyTensor(sizes, options.dtype(), kCPU);
+  Draw(host, gen, source);
+  return options.device().is_cpu() ? host : host.to(options.device());
 }
 
 void CheckFloating(Dtype dtype, const char* op) {
@@ -228,7 +245,7 @@ Tensor normal_(const Tensor& t, double mean, double std, Generator* gen) {
 Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen) {
   CheckFloating(options.dtype(), "rand");
   CheckPlacement(options, "rand");
-  Tensor t = uniform_(EmptyTensor(sizes, options.dtype(), options.device()), 0.0, 1.0, gen);
+  Tensor t = FreshRandom(sizes, options, gen, [](Generator& g) { return g.NextDouble(); });
   ResetFreshVersion(t);
   return Finish(std::move(t), options);
 }
@@ -239,7 +256,7 @@ Tensor rand_like(const Tensor& t, TensorOptions options, Generator* gen) {
 Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen) {
   CheckFloating(options.dtype(), "randn");
   CheckPlacement(options, "randn");
-  Tensor t = normal_(EmptyTensor(sizes, options.dtype(), options.device()), 0.0, 1.0, gen);
+  Tensor t = FreshRandom(sizes, options, gen, [](Generator& g) { return g.NextNormal(); });
   ResetFreshVersion(t);
   return Finish(std::move(t), options);
 }
@@ -304,7 +321,7 @@ Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptio
 
 namespace internal {
 Tensor copy_from_host(const void* data, size_t count, Dtype dtype, IntArrayRef sizes,
-                    const TensorOptions& options) {
+                      const TensorOptions& options) {
   EMBER_CHECK(Numel(sizes) == static_cast<int64_t>(count), "tensor: ", count,
               " values do not fill shape ", ShapeToString(sizes), " (", Numel(sizes), " elements)");
   CheckPlacement(options, "tensor");
