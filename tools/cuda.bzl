@@ -6,10 +6,10 @@
         hdrs = ["scale_kernel.h"],
     )
 
-Each .cu becomes an object built for sm_80 and sm_90 plus compute_90 PTX (so
-newer GPUs JIT it), with the host compiler at -O3 and -fPIC. nvcc runs on
-machines without a GPU, so CUDA code always builds; only running it needs a
-device. A .cu file may include its own package's `hdrs`/`textual_hdrs`, Ember
+Each .cu becomes an object built for sm_90 (H100/H200) plus compute_90 PTX
+(newer GPUs JIT it; nvcc's time grows with every architecture added), with
+the host compiler at -O3 and -fPIC. nvcc runs on machines without a GPU, so
+CUDA code always builds; only running it needs a device. A .cu file may include its own package's `hdrs`/`textual_hdrs`, Ember
 headers listed in `cu_hdrs`, and the CUDA toolkit's headers; host-side C++
 that needs wider dependencies belongs in a .cc beside it.
 """
@@ -17,7 +17,6 @@ that needs wider dependencies belongs in a .cc beside it.
 load(":copts.bzl", "EMBER_LINKOPTS")
 
 CUDA_ARCH_FLAGS = [
-    "-gencode=arch=compute_80,code=sm_80",
     "-gencode=arch=compute_90,code=sm_90",
     "-gencode=arch=compute_90,code=compute_90",
 ]
