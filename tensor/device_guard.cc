@@ -3,6 +3,8 @@
 #include <array>
 #include <atomic>
 
+#include "absl/strings/str_cat.h"
+
 namespace ember {
 namespace {
 
@@ -11,7 +13,25 @@ std::array<std::atomic<DeviceGuardImpl*>, kNumDeviceTypes>& Registry() {
   return registry;
 }
 
+absl::Status NoEvents(std::string_view what, Device device) {
+  return absl::UnimplementedError(absl::StrCat(std::string(what), ": ", device.str(),
+                                               " runs its work synchronously and has no events"));
+}
+
 }  // namespace
+
+absl::StatusOr<void*> DeviceGuardImpl::CreateEvent(Device device, bool enable_timing) {
+  return NoEvents("CreateEvent", device);
+}
+absl::Status DeviceGuardImpl::RecordEvent(void* event, Stream stream) {
+  return NoEvents("RecordEvent", stream.device());
+}
+absl::Status DeviceGuardImpl::BlockOnEvent(void* event, Stream stream) {
+  return NoEvents("BlockOnEvent", stream.device());
+}
+absl::StatusOr<double> DeviceGuardImpl::ElapsedTime(void* start, void* end) const {
+  return absl::UnimplementedError("ElapsedTime: this device type has no events");
+}
 
 DeviceGuardImpl* GetDeviceGuardImpl(DeviceType type) {
   return Registry()[static_cast<int>(type)].load(std::memory_order_acquire);

@@ -1,7 +1,7 @@
 // DeviceGuard: makes a device the calling thread's current device for a
 // scope, as c10::DeviceGuard / torch.cuda.device; and the per-device-type
-// seam behind it, which also answers how many devices of a type there are
-// and what they are like.
+// seam behind it, which also answers how many devices of a type there are,
+// what they are like, and runs their streams and events (tensor/stream.h).
 //
 //   {
 //     ember::DeviceGuard guard(device);   // cuda:1 current on this thread
@@ -10,7 +10,7 @@
 //   int n = ember::device_count(ember::DeviceType::kCUDA);   // 0 without CUDA
 //
 // A device type has a current device only when a backend registered a
-// DeviceGuardImpl for it (the cuda library will, at load time). The CPU has
+// DeviceGuardImpl for it (//cuda:device does, at load time). The CPU has
 // none: a guard on a CPU device does nothing, so code written for a list of
 // devices (parallel/parallel_apply.h) runs unchanged on CPU "devices".
 //
@@ -23,6 +23,8 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "tensor/device.h"
 
 namespace ember {
@@ -32,19 +34,70 @@ struct DeviceProperties {
   std::string name;
   int64_t total_memory = 0;  // bytes
   int64_t multi_processor_count = 0;
+  int major = 0;  // compute capability
+  int minor = 0;
+};
+
+// A stream: an ordered queue of work on one device (torch.Stream). Streams
+// of one device are told apart by `id`; id 0 is the device's default stream.
+// Value type; the backend owns what the id names.
+class Stream {
+ public:
+  constexpr Stream(Device device = Device(DeviceType::kCPU), int64_t id = 0)  // NOLINT
+      : device_(device), id_(id) {}
+  Device device() const { return device_; }
+  int64_t id() const { return id_; }
+  friend bool operator==(const Stream& a, const Stream& b) = default;
+
+ private:
+  Device device_;
+  int64_t id_;
 };
 
 // What a backend implements for its device type. Implementations are
-// thread-safe; the current device they keep is per thread.
+// thread-safe; the current device and current streams they keep are per
+// thread. The stream and event members have defaults for a type that runs
+// its work synchronously (one stream, id 0, always idle; no events): a
+// backend with asynchronous queues overrides all of them. Event handles are
+// the backend's, created by CreateEvent and released by DestroyEvent;
+// tensor/stream.h's Event owns one.
 class DeviceGuardImpl {
  public:
   virtual ~DeviceGuardImpl() = default;
   // Makes `device` current on the calling thread; returns the device that was.
   virtual Device ExchangeDevice(Device device) = 0;
+  // The calling thread's current device (with its index).
+  virtual Device GetDevice() const = 0;
   // How many devices of this type the process can use.
   virtual int DeviceCount() const = 0;
   // The properties of device `index` (0 <= index < DeviceCount()).
   virtual DeviceProperties Properties(int index) const = 0;
+
+  // The calling thread's current stream on `device` (which has an index).
+  virtual Stream GetStream(Device device) const { return Stream(device, 0); }
+  // Makes `stream` current on its device for the calling thread; returns the
+  // stream that was.
+  virtual Stream ExchangeStream(Stream stream) { return Stream(stream.device(), 0); }
+  // Blocks until the work queued on `stream` has finished.
+  virtual absl::Status SynchronizeStream(Stream stream) { return absl::OkStatus(); }
+  // True when the work queued on `stream` has finished.
+  virtual bool QueryStream(Stream stream) const { return true; }
+
+  // A new event on `device`; `enable_timing` allows ElapsedTime on it.
+  virtual absl::StatusOr<void*> CreateEvent(Device device, bool enable_timing);
+  virtual void DestroyEvent(void* event, Device device) noexcept {}
+  // Marks the point `stream` has reached; the event completes when the work
+  // queued before it does.
+  virtual absl::Status RecordEvent(void* event, Stream stream);
+  // Makes work queued on `stream` from now on wait for `event` (the calling
+  // thread does not wait).
+  virtual absl::Status BlockOnEvent(void* event, Stream stream);
+  // True when the work before the event's last record has finished.
+  virtual bool QueryEvent(void* event) const { return true; }
+  // Blocks the calling thread until the event completes.
+  virtual absl::Status SynchronizeEvent(void* event) { return absl::OkStatus(); }
+  // Milliseconds between two completed events recorded with timing.
+  virtual absl::StatusOr<double> ElapsedTime(void* start, void* end) const;
 };
 
 // The implementation registered for `type`, or null (always for the CPU
