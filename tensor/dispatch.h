@@ -2,13 +2,17 @@
 //
 // Note [Dispatch]
 // Every public tensor op is an `Op` object listed once in tensor/ops.inc. An Op
-// holds one kernel per DispatchKey. A call looks at its tensor arguments (and a
-// TensorOptions argument, for factories) and runs, in priority order:
+// holds one kernel per DispatchKey. A call collects the keys of its tensor
+// arguments (and of a TensorOptions argument, for factories) and runs the
+// registered kernel of the highest-priority key among them. DispatchKey's
+// values are that order, highest first:
 //   kAutograd  - when an argument requires grad (the autograd layer records the
 //                graph there, then calls Redispatch below itself);
-//   kCPU/kCUDA - the device kernel of the arguments' device;
+//   kCUDA      - the device kernels, CUDA before CPU: a call whose arguments
+//   kCPU         span devices reaches the CUDA kernel (cross-device rule below);
 //   kComposite - device-independent code written in terms of other ops
-//                (broadcasting, type promotion, views, allocation).
+//                (broadcasting, type promotion, views, allocation); every call
+//                carries this key, so it is the fallback of any device.
 // Kernels are registered from the libraries that implement them (tensor/cpu/,
 // cuda/, autograd/) when those are linked, so tensor code never depends on
 // them and new backends need no change here. This breaks what would otherwise
@@ -16,6 +20,15 @@
 //
 //   // In a kernel library (linked with alwayslink = 1):
 //   EMBER_REGISTER_KERNEL(add, kComposite, &AddImpl);
+//
+// Cross-device rule: a host<->device copy (copy_, to(), cpu(), cuda()) reaches
+// copy_out with both device keys, and the device that is not the CPU owns it:
+// its kernel moves the bytes either way (as torch's copy_ runs on the CUDA
+// side). Such ops are declared EMBER_CROSS_DEVICE_OP in ops.inc. For every
+// other op the dispatcher refuses to run a device kernel on arguments from
+// more than one device type, naming the op and the devices, so that no kernel
+// ever reads another device's memory; composite kernels, which run before it,
+// move 0-dim CPU operands to the other operand's device, as torch allows.
 //
 // Registration happens during static initialisation; calls are thread-safe
 // once main() runs.
@@ -30,6 +43,7 @@
 #define EMBER_TENSOR_DISPATCH_H_
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -44,22 +58,34 @@ namespace ember {
 class Tensor;
 class TensorOptions;
 
-enum class DispatchKey : uint8_t { kCPU = 0, kCUDA = 1, kAutograd = 2, kComposite = 3 };
+// In priority order, highest first (Note [Dispatch]).
+enum class DispatchKey : uint8_t { kAutograd = 0, kCUDA = 1, kCPU = 2, kComposite = 3 };
 inline constexpr int kNumDispatchKeys = 4;
 
 // A small set of keys, one bit each.
 class DispatchKeySet {
  public:
   constexpr DispatchKeySet() = default;
-  constexpr explicit DispatchKeySet(DispatchKey k) : bits_(1u << static_cast<int>(k)) {}
+  constexpr explicit DispatchKeySet(DispatchKey k) : bits_(Bit(k)) {}
   constexpr DispatchKeySet operator|(DispatchKeySet o) const { return FromBits(bits_ | o.bits_); }
-  constexpr DispatchKeySet Remove(DispatchKey k) const {
-    return FromBits(bits_ & ~(1u << static_cast<int>(k)));
+  constexpr DispatchKeySet operator&(DispatchKeySet o) const { return FromBits(bits_ & o.bits_); }
+  constexpr DispatchKeySet Remove(DispatchKey k) const { return FromBits(bits_ & ~Bit(k)); }
+  // The keys of lower priority than `k` (`k` itself excluded).
+  constexpr DispatchKeySet Below(DispatchKey k) const {
+    return FromBits(bits_ & ~((Bit(k) << 1) - 1));
   }
-  constexpr bool Has(DispatchKey k) const { return bits_ & (1u << static_cast<int>(k)); }
+  constexpr bool Has(DispatchKey k) const { return bits_ & Bit(k); }
   constexpr bool empty() const { return bits_ == 0; }
+  constexpr int size() const { return std::popcount(static_cast<unsigned>(bits_)); }
+  // The highest-priority key of a non-empty set.
+  constexpr DispatchKey Highest() const {
+    return static_cast<DispatchKey>(std::countr_zero(static_cast<unsigned>(bits_)));
+  }
 
  private:
+  static constexpr uint8_t Bit(DispatchKey k) {
+    return static_cast<uint8_t>(1u << static_cast<int>(k));
+  }
   static constexpr DispatchKeySet FromBits(uint8_t b) {
     DispatchKeySet s;
     s.bits_ = b;
@@ -67,6 +93,10 @@ class DispatchKeySet {
   }
   uint8_t bits_ = 0;
 };
+
+// The keys of device kernels.
+inline constexpr DispatchKeySet kDeviceKeys =
+    DispatchKeySet(DispatchKey::kCUDA) | DispatchKeySet(DispatchKey::kCPU);
 
 DispatchKey DeviceDispatchKey(DeviceType type);
 
@@ -85,6 +115,7 @@ DispatchKeySet KeysOf(const T&) {
 }
 
 [[noreturn]] void ThrowNoKernel(std::string_view op, DispatchKeySet keys);
+[[noreturn]] void ThrowMixedDevices(std::string_view op, DispatchKeySet keys);
 
 // True inside a BelowAutogradGuard on this thread (Note [Below autograd]).
 extern thread_local constinit bool tls_below_autograd;
@@ -120,13 +151,17 @@ class Op<R(Args...)> {
  public:
   using Kernel = R (*)(Args...);
 
-  constexpr explicit Op(std::string_view name) : name_(name) {}
+  constexpr explicit Op(std::string_view name, bool cross_device = false)
+      : name_(name), cross_device_(cross_device) {}
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
   std::string_view name() const { return name_; }
-  void SetKernel(DispatchKey key, Kernel kernel) { kernels_[static_cast<int>(key)] = kernel; }
-  bool HasKernel(DispatchKey key) const { return kernels_[static_cast<int>(key)] != nullptr; }
+  void SetKernel(DispatchKey key, Kernel kernel) {
+    kernels_[static_cast<int>(key)] = kernel;
+    registered_ = kernel != nullptr ? registered_ | DispatchKeySet(key) : registered_.Remove(key);
+  }
+  bool HasKernel(DispatchKey key) const { return registered_.Has(key); }
 
   // Runs the highest-priority kernel for the arguments (Note [Dispatch]).
   R operator()(Args... args) const {
@@ -135,35 +170,37 @@ class Op<R(Args...)> {
     return Call(keys, std::forward<Args>(args)...);
   }
 
-  // Runs the op as if `below` and every key above it were absent: the autograd
-  // kernel calls Redispatch(kAutograd, ...) to reach the device or composite
-  // kernel. Ops the composite kernel calls in turn still see the autograd key
-  // unless a BelowAutogradGuard is alive (Note [Below autograd]).
+  // Runs the op as if `below` and every key of higher priority were absent:
+  // the autograd kernel calls Redispatch(kAutograd, ...) to reach the device
+  // or composite kernel. Ops the composite kernel calls in turn still see the
+  // autograd key unless a BelowAutogradGuard is alive (Note [Below autograd]).
   R Redispatch(DispatchKey below, Args... args) const {
     DispatchKeySet keys;
     ((keys = keys | internal::KeysOf(args)), ...);
-    keys = keys.Remove(DispatchKey::kAutograd);
-    (void)below;
-    return Call(keys, std::forward<Args>(args)...);
+    return Call(keys.Below(below), std::forward<Args>(args)...);
   }
 
  private:
   R Call(DispatchKeySet keys, Args... args) const {
-    if (keys.Has(DispatchKey::kAutograd) && kernels_[2] != nullptr &&
-        !internal::tls_below_autograd) {
-      return kernels_[2](std::forward<Args>(args)...);
+    keys = keys | DispatchKeySet(DispatchKey::kComposite);
+    DispatchKeySet runnable = keys & registered_;
+    // The thread-local is read only when it matters: it costs a call in
+    // position-independent code.
+    if (runnable.Has(DispatchKey::kAutograd) && internal::tls_below_autograd) {
+      runnable = runnable.Remove(DispatchKey::kAutograd);
     }
-    for (int k : {0, 1}) {
-      if (keys.Has(static_cast<DispatchKey>(k)) && kernels_[k] != nullptr) {
-        return kernels_[k](std::forward<Args>(args)...);
-      }
+    if (runnable.empty()) internal::ThrowNoKernel(name_, keys);
+    const DispatchKey key = runnable.Highest();
+    if (!cross_device_ && kDeviceKeys.Has(key) && (keys & kDeviceKeys).size() > 1) {
+      internal::ThrowMixedDevices(name_, keys);
     }
-    if (kernels_[3] != nullptr) return kernels_[3](std::forward<Args>(args)...);
-    internal::ThrowNoKernel(name_, keys);
+    return kernels_[static_cast<int>(key)](std::forward<Args>(args)...);
   }
 
   std::string_view name_;
+  bool cross_device_;
   std::array<Kernel, kNumDispatchKeys> kernels_{};
+  DispatchKeySet registered_;
 };
 
 namespace internal {

@@ -114,7 +114,9 @@ Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device);
 
 namespace ops {
 #define EMBER_OP(name, ret, args) extern Op<ret args> name;
+#define EMBER_CROSS_DEVICE_OP EMBER_OP
 #include "tensor/ops.inc"
+#undef EMBER_CROSS_DEVICE_OP
 #undef EMBER_OP
 }  // namespace ops
 

@@ -72,12 +72,27 @@ DispatchKeySet KeysOf(absl::Span<const Tensor> ts) {
   return keys;
 }
 
-void ThrowNoKernel(std::string_view op, DispatchKeySet keys) {
+namespace {
+std::string DeviceNames(DispatchKeySet keys, std::string_view separator) {
   std::string devices;
-  if (keys.Has(DispatchKey::kCPU)) absl::StrAppend(&devices, " cpu");
-  if (keys.Has(DispatchKey::kCUDA)) absl::StrAppend(&devices, " cuda");
-  EMBER_FAIL(op, ": no kernel registered for device(s)", devices.empty() ? " (none)" : devices,
+  for (DeviceType type : {DeviceType::kCPU, DeviceType::kCUDA}) {
+    if (!keys.Has(DeviceDispatchKey(type))) continue;
+    if (!devices.empty()) devices.append(separator);
+    devices.append(DeviceTypeName(type));
+  }
+  return devices;
+}
+}  // namespace
+
+void ThrowNoKernel(std::string_view op, DispatchKeySet keys) {
+  const std::string devices = DeviceNames(keys, " ");
+  EMBER_FAIL(op, ": no kernel registered for device(s) ", devices.empty() ? "(none)" : devices,
              "; link the library that implements it (//tensor for cpu, //cuda for cuda)");
+}
+
+void ThrowMixedDevices(std::string_view op, DispatchKeySet keys) {
+  EMBER_FAIL(op, ": expected all tensors to be on the same device, but found tensors on ",
+             DeviceNames(keys, " and "), "; move them to one device with to() first");
 }
 
 }  // namespace internal
@@ -90,7 +105,8 @@ int64_t Tensor::stride(int64_t d) const { return strides()[WrapDim(d, dim(), "st
 void Tensor::CheckDataPtrType(Dtype requested) const {
   EMBER_CHECK(defined(), "data_ptr: the tensor is undefined");
   EMBER_CHECK(requested == dtype(), "data_ptr: expected a ", dtype_name(requested),
-              " pointer type for a ", dtype_name(dtype()), " tensor; ask for the tensor's own type");
+              " pointer type for a ", dtype_name(dtype()),
+              " tensor; ask for the tensor's own type");
 }
 
 Scalar Tensor::ItemScalar() const {
@@ -260,9 +276,9 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(Dtype d) const {
   if (d == dtype()) return *this;
-  Tensor out(
-      MakeTensorImpl(Storage::Allocate(numel() * ember::element_size(d), GetAllocator(device().type())), d,
-                     sizes(), ContiguousStrides(sizes()), 0));
+  Tensor out(MakeTensorImpl(
+      Storage::Allocate(numel() * ember::element_size(d), GetAllocator(device().type())), d,
+      sizes(), ContiguousStrides(sizes()), 0));
   return CopyIntoFresh(out, *this);
 }
 
