@@ -44,8 +44,7 @@ const Probe& GetProbe() {
 }
 
 // An event handle of the kCUDA DeviceGuardImpl: the event and its device,
-// so that every call on it runs with that device current (no call makes a
-// context on another device).
+// so that every call on it runs with that device current.
 struct EventHandle {
   cudaEvent_t event;
   int device;

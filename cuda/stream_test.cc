@@ -31,6 +31,8 @@ class DeviceInt {
   DeviceInt() {
     EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&ptr_), sizeof(int)), cudaSuccess);
     EXPECT_EQ(cudaMemset(ptr_, 0, sizeof(int)), cudaSuccess);
+    // The pool's streams do not wait for the default stream's memset.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
   ~DeviceInt() { cudaFree(ptr_); }
   int* get() const { return ptr_; }
@@ -147,17 +149,17 @@ TEST(CudaStreamTest, DefaultStreamWaitsOnAnEventOfAUserStream) {
   EMBER_SKIP_WITHOUT_CUDA();
   DeviceInt x, y;
   absl::StatusOr<Stream> side = get_stream_from_pool();
-  absl::StatusOr<Stream> main = default_stream();
-  ASSERT_TRUE(side.ok() && main.ok());
+  absl::StatusOr<Stream> dflt = default_stream();
+  ASSERT_TRUE(side.ok() && dflt.ok());
   ASSERT_EQ(LaunchSpinThenStore(side->stream(), kSpinNanoseconds, x.get(), 7), cudaSuccess);
   ember::Event done(DeviceType::kCUDA);
   ASSERT_TRUE(side->record_event(done).ok());
-  ASSERT_TRUE(main->wait_event(done).ok());
-  ASSERT_EQ(LaunchCopyInt(main->stream(), x.get(), y.get()), cudaSuccess);
+  ASSERT_TRUE(dflt->wait_event(done).ok());
+  ASSERT_EQ(LaunchCopyInt(dflt->stream(), x.get(), y.get()), cudaSuccess);
   EXPECT_FALSE(side->query());  // still spinning
   EXPECT_FALSE(done.query());
-  EXPECT_FALSE(main->query());  // its copy waits for the event
-  ASSERT_TRUE(main->synchronize().ok());
+  EXPECT_FALSE(dflt->query());  // its copy waits for the event
+  ASSERT_TRUE(dflt->synchronize().ok());
   EXPECT_EQ(y.read(), 7);  // the copy ran after the store
   EXPECT_TRUE(side->query());
   EXPECT_TRUE(done.query());
