@@ -4,10 +4,13 @@
 //
 //   ```cpp
 //   #include "cuda/status.h"
-//   absl::Status Copy(void* dst, const void* src, size_t n) {
+//   auto copy = [](void* dst, const void* src, size_t n) -> absl::Status {
 //     EMBER_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, n, cudaMemcpyDefault));
 //     return absl::OkStatus();
-//   }
+//   };
+//   absl::Status oom = ember::cuda::runtime_status(cudaErrorMemoryAllocation, "cudaMalloc(&p, n)");
+//   if (oom.code() != absl::StatusCode::kResourceExhausted) return oom;
+//   (void)copy;
 //   ```
 //
 // Code that reports through Status (devices, streams, the allocator) uses

@@ -66,7 +66,8 @@ class DeviceGuardImpl {
   virtual ~DeviceGuardImpl() = default;
   // Makes `device` current on the calling thread; returns the device that was.
   virtual Device ExchangeDevice(Device device) = 0;
-  // The calling thread's current device (with its index).
+  // The calling thread's current device: with its index, or without one when
+  // the type has no usable device.
   virtual Device GetDevice() const = 0;
   // How many devices of this type the process can use.
   virtual int DeviceCount() const = 0;
