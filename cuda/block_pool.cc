@@ -111,6 +111,7 @@ void BlockPool::free(Block* block) {
 
 void BlockPool::record_stream(Block* block, Stream stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  EMBER_INTERNAL_ASSERT(block->allocated, "BlockPool::record_stream of a freed block");
   if (stream == block->stream) return;
   if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) ==
       block->stream_uses.end()) {
