@@ -1,0 +1,378 @@
+#include "cuda/caching_allocator.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cuda/status.h"
+#include "tensor/device_guard.h"
+#include "tensor/status_macros.h"
+
+namespace ember::cuda {
+namespace {
+
+// Makes `device` the runtime's current device for a scope.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) : device_(device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device_ && cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
+  }
+  ~ScopedDevice() {
+    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+ private:
+  int device_;
+  int previous_ = -1;
+};
+
+struct Probe {
+  int count = 0;
+  absl::Status status;
+};
+
+const Probe& GetProbe() {
+  static const Probe* probe = [] {
+    auto* p = new Probe;
+    cudaError_t err = cudaGetDeviceCount(&p->count);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      p->count = 0;
+      p->status = absl::FailedPreconditionError(absl::StrCat(
+          "CUDA is not available: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+    } else if (p->count == 0) {
+      p->status = absl::FailedPreconditionError(
+          "CUDA is not available: the runtime reports no devices (CUDA_VISIBLE_DEVICES may hide "
+          "them)");
+    }
+    return p;
+  }();
+  return *probe;
+}
+
+// The calling thread's current CUDA device: the kCUDA DeviceGuardImpl's when
+// one is registered (DeviceGuard), else the runtime's.
+int CurrentDevice() {
+  if (DeviceGuardImpl* impl = GetDeviceGuardImpl(DeviceType::kCUDA)) {
+    Device d = impl->GetDevice();
+    if (d.has_index()) return d.index();
+  }
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return device;
+}
+
+absl::StatusOr<int> CheckDevice(int device) {
+  EMBER_RETURN_IF_ERROR(internal::CudaAvailability());
+  const int count = GetProbe().count;
+  if (device == -1) device = CurrentDevice();
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA device index ", device, " is out of range: ", count,
+        " device(s) are visible; pass 0..", count - 1, ", or -1 for the current device"));
+  }
+  return device;
+}
+
+BlockPoolBacking DeviceBacking(int device) {
+  BlockPoolBacking backing;
+  backing.allocate = [device](size_t size) -> absl::StatusOr<void*> {
+    ScopedDevice guard(device);
+    void* ptr = nullptr;
+    EMBER_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, size));
+    return ptr;
+  };
+  backing.free = [device](void* ptr, size_t size) {
+    ScopedDevice guard(device);
+    absl::Status st = runtime_status(cudaFree(ptr), "cudaFree");
+    if (!st.ok()) std::fprintf(stderr, "ember: %s\n", std::string(st.message()).c_str());
+  };
+  internal::AddStreamEvents(backing);
+  return backing;
+}
+
+// One pool per visible device, made at first use and never destroyed (frees
+// may run at exit).
+class Devices {
+ public:
+  static Devices& Get() {
+    static Devices* devices = new Devices(GetProbe().count);
+    return *devices;
+  }
+  // Null for an index without a device.
+  BlockPool* pool(int device) {
+    return device >= 0 && device < static_cast<int>(pools_.size()) ? pools_[device].get() : nullptr;
+  }
+
+ private:
+  explicit Devices(int count) {
+    for (int d = 0; d < count; ++d) pools_.push_back(std::make_unique<BlockPool>(DeviceBacking(d)));
+  }
+  std::vector<std::unique_ptr<BlockPool>> pools_;
+};
+
+// The pool a query reads: null without a usable device or for a bad index.
+BlockPool* QueryPool(int device) {
+  if (!GetProbe().status.ok()) return nullptr;
+  return Devices::Get().pool(device == -1 ? CurrentDevice() : device);
+}
+
+void FreeDeviceBlock(void* context) {
+  auto* block = static_cast<Block*>(context);
+  Devices::Get().pool(block->stream.device().index())->free(block);
+}
+
+std::string OutOfMemoryMessage(size_t nbytes, int device, BlockPool& pool,
+                               const absl::Status& cause) {
+  std::string message =
+      absl::StrCat("CUDA out of memory. Tried to allocate ", internal::FormatSize(nbytes), ".");
+  {
+    ScopedDevice guard(device);
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      absl::StrAppend(&message, " cuda:", device, " has a total capacity of ",
+                      internal::FormatSize(total_bytes), " of which ",
+                      internal::FormatSize(free_bytes), " is free.");
+    } else {
+      cudaGetLastError();
+    }
+  }
+  const MemoryStats stats = pool.memory_stats();
+  absl::StrAppend(
+      &message, " Ember has ", internal::FormatSize(stats.allocated_bytes), " allocated and ",
+      internal::FormatSize(stats.reserved_bytes - stats.allocated_bytes),
+      " reserved but unallocated on it; its wholly free cached segments were already returned to "
+      "the driver and the allocation retried. Free tensors that are no longer needed or use a "
+      "smaller batch; when reserved but unallocated memory is large, the cache is fragmented "
+      "(ember::cuda::memory_snapshot() shows where). (",
+      cause.message(), ")");
+  return message;
+}
+
+absl::StatusOr<DataPtr> AllocateOn(size_t nbytes, int device, std::optional<Stream> stream) {
+  if (absl::Status available = internal::CudaAvailability(); !available.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("CUDA caching allocator: cannot allocate ",
+                                                      nbytes, " bytes: ", available.message()));
+  }
+  if (stream.has_value()) {
+    if (stream->device().is_cuda() && stream->device().has_index() && device != -1 &&
+        device != stream->device().index()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "caching_allocator_alloc: device ", device, " differs from the stream's device ",
+          stream->device().str(), "; pass one or make them agree"));
+    }
+    const Stream named = stream->device().has_index() || !stream->device().is_cuda()
+                             ? *stream
+                             : Stream(Device(DeviceType::kCUDA, device), stream->id());
+    absl::StatusOr<Stream> checked = internal::CheckCudaStream(named);
+    if (!checked.ok()) {
+      return absl::Status(checked.status().code(),
+                          absl::StrCat("caching_allocator_alloc: ", checked.status().message()));
+    }
+    device = checked->device().index();
+  }
+  EMBER_ASSIGN_OR_RETURN(const int d, CheckDevice(device));
+  const Device on(DeviceType::kCUDA, d);
+  const Stream s = stream.has_value() ? Stream(on, stream->id()) : current_stream(on);
+  BlockPool& pool = *Devices::Get().pool(d);
+  absl::StatusOr<Block*> block = pool.allocate(nbytes, Stream(on, s.id()));
+  if (absl::IsResourceExhausted(block.status())) {
+    return absl::ResourceExhaustedError(OutOfMemoryMessage(nbytes, d, pool, block.status()));
+  }
+  if (!block.ok()) return block.status();
+  if (*block == nullptr) return DataPtr(nullptr, nullptr, nullptr, on);
+  return DataPtr((*block)->ptr, *block, &FreeDeviceBlock, on);
+}
+
+class CachingAllocator final : public Allocator {
+ public:
+  DataPtr Allocate(size_t nbytes) override {
+    absl::StatusOr<DataPtr> p = AllocateOn(nbytes, -1, std::nullopt);
+    if (!p.ok()) internal::ThrowStatus(p.status());
+    return std::move(*p);
+  }
+  std::string_view name() const override { return "cuda_caching"; }
+};
+
+// A recorded event: the kCUDA DeviceGuardImpl's, or (impl null) a plain
+// cudaEvent_t on the legacy default stream.
+struct StreamEvent {
+  void* event;
+  Device device;
+  DeviceGuardImpl* impl;
+};
+
+absl::StatusOr<void*> RecordEvent(Stream stream) {
+  const Device device = stream.device();
+  if (DeviceGuardImpl* impl = GetDeviceGuardImpl(DeviceType::kCUDA)) {
+    EMBER_ASSIGN_OR_RETURN(void* event, impl->CreateEvent(device, /*enable_timing=*/false));
+    if (absl::Status st = impl->RecordEvent(event, stream); !st.ok()) {
+      impl->DestroyEvent(event, device);
+      return st;
+    }
+    return new StreamEvent{event, device, impl};
+  }
+  if (stream.id() != 0) EMBER_RETURN_IF_ERROR(internal::CheckCudaStream(stream).status());
+  ScopedDevice guard(device.index());
+  cudaEvent_t event = nullptr;
+  EMBER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  if (cudaError_t err = cudaEventRecord(event, cudaStreamLegacy); err != cudaSuccess) {
+    cudaEventDestroy(event);
+    return runtime_status(err, "cudaEventRecord");
+  }
+  return new StreamEvent{event, device, nullptr};
+}
+
+bool QueryEvent(void* marker) {
+  auto* e = static_cast<StreamEvent*>(marker);
+  if (e->impl != nullptr) return e->impl->QueryEvent(e->event);
+  cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(e->event));
+  if (err == cudaErrorNotReady) return false;
+  // Done, or the device failed and no work of it runs any longer.
+  if (err != cudaSuccess) cudaGetLastError();
+  return true;
+}
+
+void ReleaseEvent(void* marker) {
+  std::unique_ptr<StreamEvent> e(static_cast<StreamEvent*>(marker));
+  if (e->impl != nullptr) {
+    e->impl->DestroyEvent(e->event, e->device);
+    return;
+  }
+  ScopedDevice guard(e->device.index());
+  cudaEventDestroy(static_cast<cudaEvent_t>(e->event));
+}
+
+[[maybe_unused]] const bool kRegistered = [] {
+  SetAllocator(DeviceType::kCUDA, caching_allocator());
+  return true;
+}();
+
+}  // namespace
+
+Allocator* caching_allocator() {
+  static CachingAllocator allocator;
+  return &allocator;
+}
+
+absl::StatusOr<DataPtr> caching_allocator_alloc(size_t nbytes, int device,
+                                                std::optional<Stream> stream) {
+  return AllocateOn(nbytes, device, stream);
+}
+
+absl::Status record_stream(const DataPtr& ptr, Stream stream) {
+  if (!ptr) return absl::OkStatus();  // Zero bytes: nothing to keep.
+  if (ptr.deleter() != &FreeDeviceBlock) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("record_stream: the pointer on ", ptr.device().str(),
+                     " was not allocated by the CUDA caching allocator; only its blocks (and "
+                     "pinned ones, through host_record_stream) can be recorded on a stream"));
+  }
+  absl::StatusOr<Stream> s = internal::CheckCudaStream(stream);
+  if (!s.ok())
+    return absl::Status(s.status().code(), absl::StrCat("record_stream: ", s.status().message()));
+  auto* block = static_cast<Block*>(ptr.context());
+  Devices::Get().pool(block->stream.device().index())->record_stream(block, *s);
+  return absl::OkStatus();
+}
+
+int64_t memory_allocated(int device) {
+  BlockPool* pool = QueryPool(device);
+  return pool == nullptr ? 0 : pool->memory_stats().allocated_bytes;
+}
+
+int64_t max_memory_allocated(int device) {
+  BlockPool* pool = QueryPool(device);
+  return pool == nullptr ? 0 : pool->memory_stats().peak_allocated_bytes;
+}
+
+int64_t memory_reserved(int device) {
+  BlockPool* pool = QueryPool(device);
+  return pool == nullptr ? 0 : pool->memory_stats().reserved_bytes;
+}
+
+int64_t max_memory_reserved(int device) {
+  BlockPool* pool = QueryPool(device);
+  return pool == nullptr ? 0 : pool->memory_stats().peak_reserved_bytes;
+}
+
+void reset_peak_memory_stats(int device) {
+  if (BlockPool* pool = QueryPool(device)) pool->reset_peak_memory_stats();
+}
+
+MemoryStats memory_stats(int device) {
+  BlockPool* pool = QueryPool(device);
+  return pool == nullptr ? MemoryStats{} : pool->memory_stats();
+}
+
+void empty_cache() {
+  if (!GetProbe().status.ok()) return;
+  for (int d = 0; d < GetProbe().count; ++d) Devices::Get().pool(d)->empty_cache();
+}
+
+std::vector<SegmentInfo> memory_snapshot() {
+  std::vector<SegmentInfo> all;
+  if (!GetProbe().status.ok()) return all;
+  for (int d = 0; d < GetProbe().count; ++d) {
+    std::vector<SegmentInfo> segments = Devices::Get().pool(d)->snapshot();
+    all.insert(all.end(), std::make_move_iterator(segments.begin()),
+               std::make_move_iterator(segments.end()));
+  }
+  return all;
+}
+
+namespace internal {
+
+absl::Status CudaAvailability() { return GetProbe().status; }
+
+void AddStreamEvents(BlockPoolBacking& backing) {
+  backing.record_event = &RecordEvent;
+  backing.query_event = &QueryEvent;
+  backing.release_event = &ReleaseEvent;
+}
+
+absl::StatusOr<Stream> CheckCudaStream(Stream stream) {
+  if (!stream.device().is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat("the stream is on ", stream.device().str(),
+                                                   "; pass a stream of a CUDA device"));
+  }
+  EMBER_ASSIGN_OR_RETURN(const int device, CheckDevice(stream.device().index()));
+  if (stream.id() != 0 && GetDeviceGuardImpl(DeviceType::kCUDA) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stream ", stream.id(), " of cuda:", device,
+        " is unknown: no CUDA stream backend is registered (link //cuda:device), so only the "
+        "default stream (id 0) exists"));
+  }
+  return Stream(Device(DeviceType::kCUDA, device), stream.id());
+}
+
+std::string FormatSize(uint64_t bytes) {
+  char text[64];
+  if (bytes <= 1024) {
+    std::snprintf(text, sizeof(text), "%llu bytes", static_cast<unsigned long long>(bytes));
+  } else if (bytes < (uint64_t{1} << 20)) {
+    std::snprintf(text, sizeof(text), "%.2f KiB", bytes / 1024.0);
+  } else if (bytes < (uint64_t{1} << 30)) {
+    std::snprintf(text, sizeof(text), "%.2f MiB", bytes / 1048576.0);
+  } else {
+    std::snprintf(text, sizeof(text), "%.2f GiB", bytes / 1073741824.0);
+  }
+  return text;
+}
+
+}  // namespace internal
+
+}  // namespace ember::cuda

@@ -1,0 +1,122 @@
+// The CUDA caching allocator: device memory for tensors, as torch's
+// CUDACachingAllocator. Linking //cuda:caching_allocator registers it as the
+// ember::Allocator of DeviceType::kCUDA (GetAllocator), so
+// `empty(..., cuda)` takes its memory from here; the functions below are
+// torch.cuda's memory-management API under the same names.
+//
+//   ```cpp
+//   #include "cuda/caching_allocator.h"
+//   absl::StatusOr<ember::DataPtr> p = ember::cuda::caching_allocator_alloc(1 << 20);
+//   if (!p.ok()) return absl::OkStatus();  // no GPU: FailedPrecondition naming the reason
+//   int64_t used = ember::cuda::memory_allocated();  // 1 MiB (rounded block sizes)
+//   p->Reset();                                      // cached, not cudaFree'd
+//   ember::cuda::empty_cache();                      // now returned to the driver
+//   ```
+//
+// Note [CUDA caching allocator]
+// cudaMalloc and cudaFree are slow and synchronize the device, so freed
+// device memory is kept and handed to later requests instead
+// (torch "CUDA semantics > Memory management"). The caching itself lives in
+// BlockPool (cuda/block_pool.h), which knows nothing of CUDA: one pool per
+// device here over cudaMalloc/cudaFree, and one for pinned host memory over
+// cudaHostAlloc/cudaFreeHost (cuda/host_allocator.h). Its behaviour is torch's:
+// 512-byte rounding, a small pool (requests up to 1 MiB, 2 MiB segments) and a
+// large pool (20 MiB segments below 10 MiB, the request rounded to 2 MiB
+// above), best fit with splitting and merging inside a segment, and on
+// cudaMalloc failure one retry after releasing every wholly free segment.
+//
+// Streams. A block is allocated on the calling thread's current stream of the
+// current device (ember::current_stream) and, once freed, is reused only by
+// allocations on that stream: work queued there later runs after the work
+// that used the block, so no synchronization is needed. A block used on
+// another stream must be declared with record_stream(ptr, stream), as
+// torch's Tensor.record_stream: when it is freed, an event is recorded on each
+// such stream and the block is reused only after all of them completed
+// (polled, never waited for, at the next allocation). Stream ids name the
+// streams of the kCUDA DeviceGuardImpl (tensor/device_guard.h), through which
+// the events are created, recorded and queried; without one (//cuda:device not
+// linked) only the default stream, id 0, exists and its events are plain
+// cudaEvents recorded on the legacy default stream.
+//
+// Errors: the Status API (caching_allocator_alloc, record_stream) returns
+// kFailedPrecondition with the runtime's reason when no device is usable,
+// kInvalidArgument for a bad device index or a pointer of another allocator,
+// and kResourceExhausted with torch's out-of-memory message ("CUDA out of
+// memory. Tried to allocate ..."); Allocator::Allocate, used by tensor
+// factories, throws ember::Error with the same messages (README.md "API
+// rules"). Nothing touches the CUDA runtime at load time. Queries never fail:
+// a device without a usable GPU, or that was never allocated on, reports
+// zeros. Environment variables: none (PYTORCH_CUDA_ALLOC_CONF is not read).
+//
+// Thread-safety: thread-safe; each device's pool has its own mutex.
+#ifndef EMBER_CUDA_CACHING_ALLOCATOR_H_
+#define EMBER_CUDA_CACHING_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cuda/block_pool.h"
+#include "tensor/allocator.h"
+#include "tensor/stream.h"
+
+namespace ember::cuda {
+
+// The kCUDA allocator (name "cuda_caching"). Allocate(n) serves the current
+// device's current stream and throws ember::Error when no device is usable or
+// memory is exhausted. Zero bytes give a null pointer on the current device.
+Allocator* caching_allocator();
+
+// torch.cuda.caching_allocator_alloc: `nbytes` on `device` (-1: the current
+// device) for `stream` (default: that device's current stream; a given stream
+// must be on `device` when both are given). Errors as in the header comment.
+absl::StatusOr<DataPtr> caching_allocator_alloc(size_t nbytes, int device = -1,
+                                                std::optional<Stream> stream = std::nullopt);
+
+// Tensor.record_stream: `ptr` (from this allocator) is also used by work on
+// `stream` (a CUDA stream; its current device when it has no index); when
+// freed, its memory is reused only after that work finished. A no-op for the
+// stream it was allocated on. InvalidArgument for a pointer of another
+// allocator or a stream of another device type; FailedPrecondition for a
+// stream id other than 0 when no stream backend is linked.
+absl::Status record_stream(const DataPtr& ptr, Stream stream);
+
+// torch.cuda.memory_allocated and friends, for `device` (-1: the current
+// device). Bytes are rounded block and segment sizes.
+int64_t memory_allocated(int device = -1);
+int64_t max_memory_allocated(int device = -1);
+int64_t memory_reserved(int device = -1);
+int64_t max_memory_reserved(int device = -1);
+// Sets the peaks of `device` to the current values.
+void reset_peak_memory_stats(int device = -1);
+// Every counter of `device` (torch.cuda.memory_stats).
+MemoryStats memory_stats(int device = -1);
+// Returns every cached, wholly free segment of every device to the driver
+// (cudaFree), so that other processes can use it; memory in use is untouched.
+// Blocks on cudaFree, which synchronizes the device.
+void empty_cache();
+// The segments of every device with their blocks (torch.cuda.memory_snapshot);
+// each segment's stream names its device.
+std::vector<SegmentInfo> memory_snapshot();
+
+namespace internal {
+// OK when a CUDA device is usable; otherwise FailedPrecondition with the
+// runtime's reason. Probed once.
+absl::Status CudaAvailability();
+// Fills the event functions of `backing` with CUDA events on kCUDA streams
+// (Note [CUDA caching allocator]).
+void AddStreamEvents(BlockPoolBacking& backing);
+// `stream` with its device index filled in (the current device when it has
+// none), or why it names no usable CUDA stream.
+absl::StatusOr<Stream> CheckCudaStream(Stream stream);
+// "512 bytes", "1.50 KiB", "2.00 MiB", "3.25 GiB", as torch writes sizes.
+std::string FormatSize(uint64_t bytes);
+}  // namespace internal
+
+}  // namespace ember::cuda
+
+#endif  // EMBER_CUDA_CACHING_ALLOCATOR_H_
