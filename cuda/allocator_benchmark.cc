@@ -24,6 +24,7 @@
 #include "benchmark/benchmark.h"
 #include "cuda/block_pool.h"
 #include "cuda/caching_allocator.h"
+#include "cuda/device.h"
 
 namespace ember::cuda {
 namespace {
@@ -94,7 +95,7 @@ void BM_HostChurn(benchmark::State& state) {
 BENCHMARK(BM_HostChurn)->Unit(benchmark::kMicrosecond);
 
 void BM_CudaChurn(benchmark::State& state) {
-  if (absl::Status available = internal::CudaAvailability(); !available.ok()) {
+  if (absl::Status available = internal::CheckAvailable("allocator_benchmark"); !available.ok()) {
     state.SkipWithError(std::string(available.message()).c_str());
     return;
   }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cuda/device.h"
 #include "cuda/status.h"
 #include "tensor/device_guard.h"
 #include "tensor/status_macros.h"
@@ -14,89 +15,20 @@
 namespace ember::cuda {
 namespace {
 
-// Makes `device` the runtime's current device for a scope.
-class ScopedDevice {
- public:
-  explicit ScopedDevice(int device) : device_(device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      cudaGetLastError();
-      previous_ = -1;
-    }
-    if (previous_ != device_ && cudaSetDevice(device_) != cudaSuccess) cudaGetLastError();
-  }
-  ~ScopedDevice() {
-    if (previous_ >= 0 && previous_ != device_) cudaSetDevice(previous_);
-  }
-  ScopedDevice(const ScopedDevice&) = delete;
-  ScopedDevice& operator=(const ScopedDevice&) = delete;
-
- private:
-  int device_;
-  int previous_ = -1;
-};
-
-struct Probe {
-  int count = 0;
-  absl::Status status;
-};
-
-const Probe& GetProbe() {
-  static const Probe* probe = [] {
-    auto* p = new Probe;
-    cudaError_t err = cudaGetDeviceCount(&p->count);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      p->count = 0;
-      p->status = absl::FailedPreconditionError(absl::StrCat(
-          "CUDA is not available: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
-    } else if (p->count == 0) {
-      p->status = absl::FailedPreconditionError(
-          "CUDA is not available: the runtime reports no devices (CUDA_VISIBLE_DEVICES may hide "
-          "them)");
-    }
-    return p;
-  }();
-  return *probe;
-}
-
-// The calling thread's current CUDA device: the kCUDA DeviceGuardImpl's when
-// one is registered (DeviceGuard), else the runtime's.
-int CurrentDevice() {
-  if (DeviceGuardImpl* impl = GetDeviceGuardImpl(DeviceType::kCUDA)) {
-    Device d = impl->GetDevice();
-    if (d.has_index()) return d.index();
-  }
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return device;
-}
-
-absl::StatusOr<int> CheckDevice(int device) {
-  EMBER_RETURN_IF_ERROR(internal::CudaAvailability());
-  const int count = GetProbe().count;
-  if (device == -1) device = CurrentDevice();
-  if (device < 0 || device >= count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CUDA device index ", device, " is out of range: ", count,
-        " device(s) are visible; pass 0..", count - 1, ", or -1 for the current device"));
-  }
-  return device;
-}
-
 BlockPoolBacking DeviceBacking(int device) {
   BlockPoolBacking backing;
   backing.allocate = [device](size_t size) -> absl::StatusOr<void*> {
-    ScopedDevice guard(device);
-    void* ptr = nullptr;
-    EMBER_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, size));
-    return ptr;
+    return internal::OnDevice(device, [size]() -> absl::StatusOr<void*> {
+      void* ptr = nullptr;
+      EMBER_CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, size));
+      return ptr;
+    });
   };
   backing.free = [device](void* ptr, size_t size) {
-    ScopedDevice guard(device);
-    absl::Status st = runtime_status(cudaFree(ptr), "cudaFree");
+    absl::Status st = internal::OnDevice(device, [ptr] {
+      EMBER_CUDA_RETURN_IF_ERROR(cudaFree(ptr));
+      return absl::OkStatus();
+    });
     if (!st.ok()) std::fprintf(stderr, "ember: %s\n", std::string(st.message()).c_str());
   };
   internal::AddStreamEvents(backing);
@@ -108,7 +40,7 @@ BlockPoolBacking DeviceBacking(int device) {
 class Devices {
  public:
   static Devices& Get() {
-    static Devices* devices = new Devices(GetProbe().count);
+    static Devices* devices = new Devices(device_count());
     return *devices;
   }
   // Null for an index without a device.
@@ -125,8 +57,8 @@ class Devices {
 
 // The pool a query reads: null without a usable device or for a bad index.
 BlockPool* QueryPool(int device) {
-  if (!GetProbe().status.ok()) return nullptr;
-  return Devices::Get().pool(device == -1 ? CurrentDevice() : device);
+  if (!is_available()) return nullptr;
+  return Devices::Get().pool(device == -1 ? current_device() : device);
 }
 
 void FreeDeviceBlock(void* context) {
@@ -138,17 +70,16 @@ std::string OutOfMemoryMessage(size_t nbytes, int device, BlockPool& pool,
                                const absl::Status& cause) {
   std::string message =
       absl::StrCat("CUDA out of memory. Tried to allocate ", internal::FormatSize(nbytes), ".");
-  {
-    ScopedDevice guard(device);
-    size_t free_bytes = 0;
-    size_t total_bytes = 0;
-    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-      absl::StrAppend(&message, " cuda:", device, " has a total capacity of ",
-                      internal::FormatSize(total_bytes), " of which ",
-                      internal::FormatSize(free_bytes), " is free.");
-    } else {
-      cudaGetLastError();
-    }
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  const absl::Status info = internal::OnDevice(device, [&] {
+    EMBER_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return absl::OkStatus();
+  });
+  if (info.ok()) {
+    absl::StrAppend(&message, " cuda:", device, " has a total capacity of ",
+                    internal::FormatSize(total_bytes), " of which ",
+                    internal::FormatSize(free_bytes), " is free.");
   }
   const MemoryStats stats = pool.memory_stats();
   absl::StrAppend(
@@ -163,7 +94,8 @@ std::string OutOfMemoryMessage(size_t nbytes, int device, BlockPool& pool,
 }
 
 absl::StatusOr<DataPtr> AllocateOn(size_t nbytes, int device, std::optional<Stream> stream) {
-  if (absl::Status available = internal::CudaAvailability(); !available.ok()) {
+  if (absl::Status available = internal::CheckAvailable("caching_allocator_alloc");
+      !available.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("CUDA caching allocator: cannot allocate ",
                                                       nbytes, " bytes: ", available.message()));
   }
@@ -184,7 +116,7 @@ absl::StatusOr<DataPtr> AllocateOn(size_t nbytes, int device, std::optional<Stre
     }
     device = checked->device().index();
   }
-  EMBER_ASSIGN_OR_RETURN(const int d, CheckDevice(device));
+  EMBER_ASSIGN_OR_RETURN(const int d, internal::CheckDevice("caching_allocator_alloc", device));
   const Device on(DeviceType::kCUDA, d);
   const Stream s = stream.has_value() ? Stream(on, stream->id()) : current_stream(on);
   BlockPool& pool = *Devices::Get().pool(d);
@@ -207,53 +139,32 @@ class CachingAllocator final : public Allocator {
   std::string_view name() const override { return "cuda_caching"; }
 };
 
-// A recorded event: the kCUDA DeviceGuardImpl's, or (impl null) a plain
-// cudaEvent_t on the legacy default stream.
+// A recorded event of the kCUDA DeviceGuardImpl (//cuda:device, linked
+// with this library) and its device.
 struct StreamEvent {
   void* event;
   Device device;
-  DeviceGuardImpl* impl;
 };
+
+DeviceGuardImpl& CudaImpl() { return *GetDeviceGuardImpl(DeviceType::kCUDA); }
 
 absl::StatusOr<void*> RecordEvent(Stream stream) {
   const Device device = stream.device();
-  if (DeviceGuardImpl* impl = GetDeviceGuardImpl(DeviceType::kCUDA)) {
-    EMBER_ASSIGN_OR_RETURN(void* event, impl->CreateEvent(device, /*enable_timing=*/false));
-    if (absl::Status st = impl->RecordEvent(event, stream); !st.ok()) {
-      impl->DestroyEvent(event, device);
-      return st;
-    }
-    return new StreamEvent{event, device, impl};
+  EMBER_ASSIGN_OR_RETURN(void* event, CudaImpl().CreateEvent(device, /*enable_timing=*/false));
+  if (absl::Status st = CudaImpl().RecordEvent(event, stream); !st.ok()) {
+    CudaImpl().DestroyEvent(event, device);
+    return st;
   }
-  if (stream.id() != 0) EMBER_RETURN_IF_ERROR(internal::CheckCudaStream(stream).status());
-  ScopedDevice guard(device.index());
-  cudaEvent_t event = nullptr;
-  EMBER_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  if (cudaError_t err = cudaEventRecord(event, cudaStreamLegacy); err != cudaSuccess) {
-    cudaEventDestroy(event);
-    return runtime_status(err, "cudaEventRecord");
-  }
-  return new StreamEvent{event, device, nullptr};
+  return new StreamEvent{event, device};
 }
 
 bool QueryEvent(void* marker) {
-  auto* e = static_cast<StreamEvent*>(marker);
-  if (e->impl != nullptr) return e->impl->QueryEvent(e->event);
-  cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(e->event));
-  if (err == cudaErrorNotReady) return false;
-  // Done, or the device failed and no work of it runs any longer.
-  if (err != cudaSuccess) cudaGetLastError();
-  return true;
+  return CudaImpl().QueryEvent(static_cast<StreamEvent*>(marker)->event);
 }
 
 void ReleaseEvent(void* marker) {
   std::unique_ptr<StreamEvent> e(static_cast<StreamEvent*>(marker));
-  if (e->impl != nullptr) {
-    e->impl->DestroyEvent(e->event, e->device);
-    return;
-  }
-  ScopedDevice guard(e->device.index());
-  cudaEventDestroy(static_cast<cudaEvent_t>(e->event));
+  CudaImpl().DestroyEvent(e->event, e->device);
 }
 
 [[maybe_unused]] const bool kRegistered = [] {
@@ -319,14 +230,12 @@ MemoryStats memory_stats(int device) {
 }
 
 void empty_cache() {
-  if (!GetProbe().status.ok()) return;
-  for (int d = 0; d < GetProbe().count; ++d) Devices::Get().pool(d)->empty_cache();
+  for (int d = 0; d < device_count(); ++d) Devices::Get().pool(d)->empty_cache();
 }
 
 std::vector<SegmentInfo> memory_snapshot() {
   std::vector<SegmentInfo> all;
-  if (!GetProbe().status.ok()) return all;
-  for (int d = 0; d < GetProbe().count; ++d) {
+  for (int d = 0; d < device_count(); ++d) {
     std::vector<SegmentInfo> segments = Devices::Get().pool(d)->snapshot();
     all.insert(all.end(), std::make_move_iterator(segments.begin()),
                std::make_move_iterator(segments.end()));
@@ -335,8 +244,6 @@ std::vector<SegmentInfo> memory_snapshot() {
 }
 
 namespace internal {
-
-absl::Status CudaAvailability() { return GetProbe().status; }
 
 void AddStreamEvents(BlockPoolBacking& backing) {
   backing.record_event = &RecordEvent;
@@ -349,13 +256,8 @@ absl::StatusOr<Stream> CheckCudaStream(Stream stream) {
     return absl::InvalidArgumentError(absl::StrCat("the stream is on ", stream.device().str(),
                                                    "; pass a stream of a CUDA device"));
   }
-  EMBER_ASSIGN_OR_RETURN(const int device, CheckDevice(stream.device().index()));
-  if (stream.id() != 0 && GetDeviceGuardImpl(DeviceType::kCUDA) == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "stream ", stream.id(), " of cuda:", device,
-        " is unknown: no CUDA stream backend is registered (link //cuda:device), so only the "
-        "default stream (id 0) exists"));
-  }
+  EMBER_ASSIGN_OR_RETURN(const int device,
+                         CheckDevice("the stream's device", stream.device().index()));
   return Stream(Device(DeviceType::kCUDA, device), stream.id());
 }
 

@@ -104,9 +104,6 @@ void empty_cache();
 std::vector<SegmentInfo> memory_snapshot();
 
 namespace internal {
-// OK when a CUDA device is usable; otherwise FailedPrecondition with the
-// runtime's reason. Probed once.
-absl::Status CudaAvailability();
 // Fills the event functions of `backing` with CUDA events on kCUDA streams
 // (Note [CUDA caching allocator]).
 void AddStreamEvents(BlockPoolBacking& backing);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda/caching_allocator.h"
+#include "cuda/device.h"
 #include "cuda/status.h"
 #include "tensor/error.h"
 #include "tensor/status_macros.h"
@@ -40,7 +41,7 @@ void FreePinnedBlock(void* context) { HostPool().free(static_cast<Block*>(contex
 class PinnedAllocator final : public Allocator {
  public:
   DataPtr Allocate(size_t nbytes) override {
-    if (absl::Status available = internal::CudaAvailability(); !available.ok()) {
+    if (absl::Status available = internal::CheckAvailable("pinned_allocator"); !available.ok()) {
       EMBER_FAIL("CUDA pinned host allocator: cannot allocate ", nbytes,
                  " bytes: ", available.message());
     }
@@ -85,12 +86,12 @@ absl::Status host_record_stream(const DataPtr& ptr, Stream stream) {
 }
 
 MemoryStats host_memory_stats() {
-  if (!internal::CudaAvailability().ok()) return MemoryStats{};
+  if (!internal::CheckAvailable("pinned_allocator").ok()) return MemoryStats{};
   return HostPool().memory_stats();
 }
 
 void host_empty_cache() {
-  if (internal::CudaAvailability().ok()) HostPool().empty_cache();
+  if (internal::CheckAvailable("pinned_allocator").ok()) HostPool().empty_cache();
 }
 
 }  // namespace ember::cuda
