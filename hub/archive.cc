@@ -100,7 +100,7 @@ absl::StatusOr<uint64_t> FromEnv(const char* name, uint64_t fallback) {
 
 }  // namespace
 
-absl::StatusOr<ExtractLimits> ResolveExtractLimits(const ExtractLimits& limits) {
+absl::StatusOr<ExtractLimits> resolve_extract_limits(const ExtractLimits& limits) {
   ExtractLimits out = limits;
   if (out.max_bytes == 0) {
     EMBER_ASSIGN_OR_RETURN(out.max_bytes, FromEnv(kMaxUnpackedBytesEnv, kDefaultMaxUnpackedBytes));
@@ -112,9 +112,9 @@ absl::StatusOr<ExtractLimits> ResolveExtractLimits(const ExtractLimits& limits) 
   return out;
 }
 
-absl::Status ExtractArchive(const std::string& archive_path, const std::string& dest_dir,
-                            const ExtractLimits& requested) {
-  EMBER_ASSIGN_OR_RETURN(const ExtractLimits limits, ResolveExtractLimits(requested));
+absl::Status extract_archive(const std::string& archive_path, const std::string& dest_dir,
+                             const ExtractLimits& requested) {
+  EMBER_ASSIGN_OR_RETURN(const ExtractLimits limits, resolve_extract_limits(requested));
   auto too_big = [&](absl::string_view what) {
     return absl::ResourceExhaustedError(
         absl::StrCat("refusing archive ", archive_path, ": it unpacks to more than ", what,

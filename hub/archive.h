@@ -7,11 +7,11 @@
 //   #include "hub/archive.h"
 //   #include "hub/zip.h"
 //   ember::hub::ZipWriter zip;  // a repository archive, as GitHub serves one
-//   zip.Add("models-1.0/hubconf.textproto", "entry_points { name: \"mlp\" builder: \"mlp\" }\n");
-//   EMBER_ASSIGN_OR_RETURN(std::string bytes, std::move(zip).Finish());
+//   zip.add("models-1.0/hubconf.textproto", "entry_points { name: \"mlp\" builder: \"mlp\" }\n");
+//   EMBER_ASSIGN_OR_RETURN(std::string bytes, std::move(zip).finish());
 //   std::string dir = std::filesystem::temp_directory_path() / "x";
 //   std::ofstream(dir + ".zip", std::ios::binary) << bytes;
-//   EMBER_RETURN_IF_ERROR(ember::hub::ExtractArchive(dir + ".zip", dir + ".extract"));
+//   EMBER_RETURN_IF_ERROR(ember::hub::extract_archive(dir + ".zip", dir + ".extract"));
 //   ```
 //
 // Every entry is checked before anything is written: an entry whose path is
@@ -57,7 +57,7 @@ struct ExtractLimits {
 // `limits` with its zeros replaced by the environment's values or the
 // defaults. Errors: InvalidArgument naming an environment variable that is
 // not a positive number.
-absl::StatusOr<ExtractLimits> ResolveExtractLimits(const ExtractLimits& limits);
+absl::StatusOr<ExtractLimits> resolve_extract_limits(const ExtractLimits& limits);
 
 // Extracts `archive_path` into `dest_dir` (created if missing). Errors:
 // PermissionDenied naming the first offending entry and why (nothing is
@@ -66,8 +66,8 @@ absl::StatusOr<ExtractLimits> ResolveExtractLimits(const ExtractLimits& limits);
 // `limits` (naming the limit and how to raise it); Internal for local file
 // errors. After an error during the writing pass, `dest_dir` may hold part
 // of the archive; the caller removes it.
-absl::Status ExtractArchive(const std::string& archive_path, const std::string& dest_dir,
-                            const ExtractLimits& limits = {});
+absl::Status extract_archive(const std::string& archive_path, const std::string& dest_dir,
+                             const ExtractLimits& limits = {});
 
 }  // namespace ember::hub
 

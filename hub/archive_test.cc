@@ -41,7 +41,7 @@ class ArchiveTest : public ::testing::Test {
   absl::Status Refused(const std::string& format, const std::vector<ArchiveEntry>& entries) {
     std::string archive = base_ + "/a." + format;
     EXPECT_TRUE(WriteArchive(archive, format, entries).ok());
-    absl::Status s = ExtractArchive(archive, dest_);
+    absl::Status s = extract_archive(archive, dest_);
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
     EXPECT_THAT(Written(), ::testing::IsEmpty());
     return s;
@@ -61,7 +61,7 @@ TEST_F(ArchiveTest, ExtractsZipAndTarGz) {
                               {"top/weights/up", "", "../hubconf.textproto"}})
                     .ok());
     std::string dest = base_ + "/out-" + format;
-    ASSERT_TRUE(ExtractArchive(archive, dest).ok());
+    ASSERT_TRUE(extract_archive(archive, dest).ok());
     EXPECT_EQ(*ReadFile(dest + "/top/hubconf.textproto"), "entry_points {}");
     EXPECT_EQ(*ReadFile(dest + "/top/weights/w.bin"), std::string(5000, 'w'));
     EXPECT_TRUE(fs::is_symlink(dest + "/top/link"));
@@ -102,7 +102,7 @@ TEST_F(ArchiveTest, RefusesHardlinksPointingOut) {
 TEST_F(ArchiveTest, CorruptArchiveIsAnError) {
   std::string archive = base_ + "/a.zip";
   ASSERT_TRUE(::ember::hub::testing::WriteFile(archive, "PK\x03\x04 this is not a zip").ok());
-  absl::Status s = ExtractArchive(archive, dest_);
+  absl::Status s = extract_archive(archive, dest_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr(archive));
 }
@@ -111,14 +111,14 @@ TEST_F(ArchiveTest, AnArchiveWithoutFilesIsAnError) {
   // An empty download, and archives holding only folders.
   std::string empty = base_ + "/a.zip";
   ASSERT_TRUE(::ember::hub::testing::WriteFile(empty, "").ok());
-  absl::Status s = ExtractArchive(empty, dest_);
+  absl::Status s = extract_archive(empty, dest_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(s.message(), HasSubstr("holds no files"));
   EXPECT_THAT(Written(), ::testing::IsEmpty());
   for (std::string format : {"zip", "tar.gz"}) {
     std::string archive = base_ + "/a." + format;
     ASSERT_TRUE(WriteArchive(archive, format, {{"top/"}, {"top/sub/"}}).ok());
-    s = ExtractArchive(archive, dest_);
+    s = extract_archive(archive, dest_);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << format << ": " << s;
     EXPECT_THAT(s.message(), HasSubstr("holds no files (2 entries"));
     EXPECT_THAT(Written(), ::testing::IsEmpty());
@@ -134,12 +134,12 @@ TEST_F(ArchiveTest, UnpackedSizeAndEntriesAreCapped) {
     ASSERT_TRUE(
         WriteArchive(archive, format, {{"top/small.txt", "x"}, {"top/zeros.bin", zeros}}).ok());
     EXPECT_LT(fs::file_size(archive), 1u << 20);
-    absl::Status s = ExtractArchive(archive, dest_, ExtractLimits{8 << 20, 0});
+    absl::Status s = extract_archive(archive, dest_, ExtractLimits{8 << 20, 0});
     EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
     EXPECT_THAT(s.message(), HasSubstr("unpacks to more than 8388608 bytes"));
     EXPECT_THAT(s.message(), HasSubstr(kMaxUnpackedBytesEnv));
     fs::remove_all(dest_);  // what the caller does after an error
-    EXPECT_TRUE(ExtractArchive(archive, dest_, ExtractLimits{32 << 20, 0}).ok());
+    EXPECT_TRUE(extract_archive(archive, dest_, ExtractLimits{32 << 20, 0}).ok());
     EXPECT_EQ(fs::file_size(dest_ + "/top/zeros.bin"), zeros.size());
     fs::remove_all(dest_);
   }
@@ -148,7 +148,7 @@ TEST_F(ArchiveTest, UnpackedSizeAndEntriesAreCapped) {
   for (int i = 0; i < 20; ++i) many.push_back({"top/f" + std::to_string(i), "x"});
   std::string archive = base_ + "/a.tar.gz";
   ASSERT_TRUE(WriteArchive(archive, "tar.gz", many).ok());
-  absl::Status s = ExtractArchive(archive, dest_, ExtractLimits{0, 10});
+  absl::Status s = extract_archive(archive, dest_, ExtractLimits{0, 10});
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(s.message(), HasSubstr("more than 10 entries"));
   EXPECT_THAT(Written(), ::testing::IsEmpty());
@@ -158,21 +158,21 @@ TEST_F(ArchiveTest, LimitsFromTheEnvironment) {
   std::string archive = base_ + "/a.tar.gz";
   ASSERT_TRUE(WriteArchive(archive, "tar.gz", {{"top/w.bin", std::string(5000, 'w')}}).ok());
   setenv(kMaxUnpackedBytesEnv, "4096", 1);
-  absl::Status s = ExtractArchive(archive, dest_);
+  absl::Status s = extract_archive(archive, dest_);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_THAT(s.message(), HasSubstr("more than 4096 bytes"));
   // The option wins over the environment.
-  EXPECT_TRUE(ExtractArchive(archive, dest_, ExtractLimits{8192, 0}).ok());
+  EXPECT_TRUE(extract_archive(archive, dest_, ExtractLimits{8192, 0}).ok());
   setenv(kMaxUnpackedBytesEnv, "lots", 1);
-  s = ExtractArchive(archive, dest_);
+  s = extract_archive(archive, dest_);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(),
               HasSubstr("EMBER_HUB_MAX_UNPACKED_BYTES='lots' is not a positive number"));
   unsetenv(kMaxUnpackedBytesEnv);
   setenv(kMaxUnpackedEntriesEnv, "0", 1);
-  EXPECT_EQ(ExtractArchive(archive, dest_).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(extract_archive(archive, dest_).code(), absl::StatusCode::kInvalidArgument);
   unsetenv(kMaxUnpackedEntriesEnv);
-  absl::StatusOr<ExtractLimits> defaults = ResolveExtractLimits({});
+  absl::StatusOr<ExtractLimits> defaults = resolve_extract_limits({});
   ASSERT_TRUE(defaults.ok());
   EXPECT_EQ(defaults->max_bytes, kDefaultMaxUnpackedBytes);
   EXPECT_EQ(defaults->max_entries, kDefaultMaxUnpackedEntries);

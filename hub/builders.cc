@@ -22,16 +22,15 @@ using ModulePtr = std::shared_ptr<nn::Module>;
 
 absl::StatusOr<ModulePtr> BuildMlp(const Kwargs& kwargs) {
   KwargsReader r("mlp", kwargs);
-  int64_t in = r.PositiveInt("in_features", 4);
-  int64_t hidden = r.PositiveInt("hidden", 8);
-  int64_t out = r.PositiveInt("out_features", 3);
-  int64_t depth = r.PositiveInt("depth", 2);
-  EMBER_RETURN_IF_ERROR(r.Finish());
+  int64_t in = r.positive_int("in_features", 4);
+  int64_t hidden = r.positive_int("hidden", 8);
+  int64_t out = r.positive_int("out_features", 3);
+  int64_t depth = r.positive_int("depth", 2);
+  EMBER_RETURN_IF_ERROR(r.finish());
   auto net = std::make_shared<nn::Sequential>();
   for (int64_t i = 0; i < depth; ++i) {
     bool last = i + 1 == depth;
-    net->push_back(std::make_shared<nn::Linear>(i == 0 ? in : hidden,
-                                                last ? out : hidden));
+    net->push_back(std::make_shared<nn::Linear>(i == 0 ? in : hidden, last ? out : hidden));
     if (!last) net->push_back(std::make_shared<nn::ReLU>());
   }
   return net;
@@ -39,35 +38,30 @@ absl::StatusOr<ModulePtr> BuildMlp(const Kwargs& kwargs) {
 
 absl::StatusOr<ModulePtr> BuildSmallCnn(const Kwargs& kwargs) {
   KwargsReader r("small_cnn", kwargs);
-  int64_t in = r.PositiveInt("in_channels", 3);
-  int64_t classes = r.PositiveInt("num_classes", 4);
-  EMBER_RETURN_IF_ERROR(r.Finish());
+  int64_t in = r.positive_int("in_channels", 3);
+  int64_t classes = r.positive_int("num_classes", 4);
+  EMBER_RETURN_IF_ERROR(r.finish());
   return std::make_shared<nn::Sequential>(std::vector<ModulePtr>{
-      std::make_shared<nn::Conv2d>(in, 8, 3, 1, 1),
-      std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
-      std::make_shared<nn::Conv2d>(8, 16, 3, 1, 1),
-      std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::AdaptiveAvgPool2d>(nn::Int2{1, 1}),
-      std::make_shared<nn::Flatten>(),
-      std::make_shared<nn::Linear>(16, classes)});
+      std::make_shared<nn::Conv2d>(in, 8, 3, 1, 1), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Conv2d>(8, 16, 3, 1, 1),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::AdaptiveAvgPool2d>(nn::Int2{1, 1}),
+      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(16, classes)});
 }
 
 absl::StatusOr<ModulePtr> BuildResNet18(const Kwargs& kwargs) {
   KwargsReader r("resnet18", kwargs);
   ResNetOptions options;
-  options.num_classes = r.PositiveInt("num_classes", options.num_classes);
-  options.width = r.PositiveInt("width", options.width);
-  options.in_channels = r.PositiveInt("in_channels", options.in_channels);
-  EMBER_RETURN_IF_ERROR(r.Finish());
+  options.num_classes = r.positive_int("num_classes", options.num_classes);
+  options.width = r.positive_int("width", options.width);
+  options.in_channels = r.positive_int("in_channels", options.in_channels);
+  EMBER_RETURN_IF_ERROR(r.finish());
   return std::make_shared<ResNet18>(options);
 }
 
 struct Registry {
   absl::Mutex mu;
   std::map<std::string, Builder> builders ABSL_GUARDED_BY(mu) = {
-      {"mlp", BuildMlp},
-      {"small_cnn", BuildSmallCnn},
-      {"resnet18", BuildResNet18}};
+      {"mlp", BuildMlp}, {"small_cnn", BuildSmallCnn}, {"resnet18", BuildResNet18}};
 };
 
 Registry& GetRegistry() {
@@ -82,7 +76,7 @@ std::string ArgTypeName(const Arg& a) {
 
 }  // namespace
 
-int64_t KwargsReader::PositiveInt(const std::string& name, int64_t fallback) {
+int64_t KwargsReader::positive_int(const std::string& name, int64_t fallback) {
   read_.push_back(name);
   auto it = kwargs_.find(name);
   if (it == kwargs_.end()) return fallback;
@@ -90,8 +84,7 @@ int64_t KwargsReader::PositiveInt(const std::string& name, int64_t fallback) {
   if (v == nullptr || *v <= 0) {
     if (error_.empty()) {
       error_ =
-          absl::StrCat("builder ", builder_, ": argument '", name,
-                       "' must be a positive int, got ",
+          absl::StrCat("builder ", builder_, ": argument '", name, "' must be a positive int, got ",
                        v ? absl::StrCat(*v) : "a " + ArgTypeName(it->second));
     }
     return fallback;
@@ -99,13 +92,13 @@ int64_t KwargsReader::PositiveInt(const std::string& name, int64_t fallback) {
   return *v;
 }
 
-absl::Status KwargsReader::Finish() const {
+absl::Status KwargsReader::finish() const {
   if (!error_.empty()) return absl::InvalidArgumentError(error_);
   for (const auto& [name, value] : kwargs_) {
     if (std::find(read_.begin(), read_.end(), name) == read_.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("builder ", builder_, " got an unexpected argument '",
-                       name, "' (it takes: ", absl::StrJoin(read_, ", "), ")"));
+          absl::StrCat("builder ", builder_, " got an unexpected argument '", name,
+                       "' (it takes: ", absl::StrJoin(read_, ", "), ")"));
     }
   }
   return absl::OkStatus();
@@ -129,8 +122,7 @@ std::vector<std::string> builder_names() {
   return names;
 }
 
-absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name,
-                                                  const Kwargs& kwargs) {
+absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name, const Kwargs& kwargs) {
   Builder builder;
   {
     Registry& r = GetRegistry();
@@ -139,16 +131,15 @@ absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name,
     if (it != r.builders.end()) builder = it->second;
   }
   if (!builder) {
-    return absl::NotFoundError(absl::StrCat(
-        "no builder named '", name, "' is registered (registered: ",
-        absl::StrJoin(builder_names(), ", "), ")"));
+    return absl::NotFoundError(
+        absl::StrCat("no builder named '", name,
+                     "' is registered (registered: ", absl::StrJoin(builder_names(), ", "), ")"));
   }
   try {
     return builder(kwargs);
   } catch (const Error& e) {  // a layer's argument check (ember::Error) becomes
                               // a Status here
-    return absl::InvalidArgumentError(
-        absl::StrCat("builder ", name, ": ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat("builder ", name, ": ", e.what()));
   }
 }
 

@@ -64,15 +64,15 @@ absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name, const
 // Reads a builder's arguments with defaults, then rejects any it did not read.
 //   KwargsReader r("mlp", kwargs);
 //   int64_t hidden = r.Int("hidden", 8);
-//   EMBER_RETURN_IF_ERROR(r.Finish());
+//   EMBER_RETURN_IF_ERROR(r.finish());
 class KwargsReader {
  public:
   KwargsReader(std::string builder, const Kwargs& kwargs)
       : builder_(std::move(builder)), kwargs_(kwargs) {}
   // A positive integer argument (or `fallback` when absent).
-  int64_t PositiveInt(const std::string& name, int64_t fallback);
+  int64_t positive_int(const std::string& name, int64_t fallback);
   // InvalidArgument for the first type error or unread argument, else OK.
-  absl::Status Finish() const;
+  absl::Status finish() const;
 
  private:
   std::string builder_;

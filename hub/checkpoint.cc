@@ -25,7 +25,7 @@ absl::StatusOr<StateDict> load_checkpoint(const std::string& path) {
   buffer << in.rdbuf();
   if (in.bad()) return absl::InternalError(absl::StrCat("error reading ", path));
   std::string bytes = std::move(buffer).str();
-  if (IsTorchCheckpoint(bytes)) return ReadTorchCheckpoint(std::move(bytes), path);
+  if (IsTorchCheckpoint(bytes)) return read_torch_checkpoint(std::move(bytes), path);
   if (bytes.size() >= 9 && bytes[8] == '{') return read_safetensors(bytes, path);
   return absl::InvalidArgumentError(absl::StrCat(
       path, " is neither a torch.save checkpoint (zip or legacy) nor a safetensors file"));
@@ -34,7 +34,7 @@ absl::StatusOr<StateDict> load_checkpoint(const std::string& path) {
 absl::Status save_checkpoint(const StateDict& state_dict, const std::string& path) {
   absl::StatusOr<std::string> bytes = absl::EndsWith(path, ".safetensors")
                                           ? write_safetensors(state_dict)
-                                          : WriteTorchCheckpoint(state_dict);
+                                          : write_torch_checkpoint(state_dict);
   if (!bytes.ok()) return bytes.status();
   std::string tmp = absl::StrCat(path, ".partial");
   {

@@ -36,9 +36,9 @@ void SetBytes(benchmark::State& state) {
 
 void BM_MemcpyBaseline(benchmark::State& state) {
   // What any reader of these bytes must do: take the file's bytes (a copy, as
-  // ReadTorchCheckpoint takes its argument) and copy them into fresh tensors
+  // read_torch_checkpoint takes its argument) and copy them into fresh tensors
   // that are all alive at the end.
-  std::string src = *WriteTorchCheckpoint(Fixture());
+  std::string src = *write_torch_checkpoint(Fixture());
   for (auto _ : state) {
     std::string file = src;
     std::vector<Tensor> out;
@@ -55,10 +55,9 @@ void BM_MemcpyBaseline(benchmark::State& state) {
 BENCHMARK(BM_MemcpyBaseline)->Unit(benchmark::kMillisecond);
 
 void BM_ReadTorchCheckpoint(benchmark::State& state) {
-  std::string bytes = *WriteTorchCheckpoint(Fixture());
+  std::string bytes = *write_torch_checkpoint(Fixture());
   for (auto _ : state) {
-    absl::StatusOr<StateDict> sd =
-        ReadTorchCheckpoint(bytes, "bench.pt");  // copies `bytes` in
+    absl::StatusOr<StateDict> sd = read_torch_checkpoint(bytes, "bench.pt");  // copies `bytes` in
     benchmark::DoNotOptimize(sd->data());
   }
   SetBytes(state);
@@ -67,7 +66,7 @@ BENCHMARK(BM_ReadTorchCheckpoint)->Unit(benchmark::kMillisecond);
 
 void BM_WriteTorchCheckpoint(benchmark::State& state) {
   for (auto _ : state) {
-    absl::StatusOr<std::string> bytes = WriteTorchCheckpoint(Fixture());
+    absl::StatusOr<std::string> bytes = write_torch_checkpoint(Fixture());
     benchmark::DoNotOptimize(bytes->data());
   }
   SetBytes(state);
@@ -86,7 +85,7 @@ BENCHMARK(BM_ReadSafetensors)->Unit(benchmark::kMillisecond);
 
 void BM_Sha256(benchmark::State& state) {
   std::string bytes = *write_safetensors(Fixture());
-  for (auto _ : state) benchmark::DoNotOptimize(Sha256Hex(bytes));
+  for (auto _ : state) benchmark::DoNotOptimize(sha256_hex(bytes));
   SetBytes(state);
 }
 BENCHMARK(BM_Sha256)->Unit(benchmark::kMillisecond);

@@ -138,15 +138,15 @@ TEST(CheckpointTest, ReadsLegacyFilesThatPyTorchWrites) {
 
 TEST(CheckpointTest, RefusesBrokenLegacyFiles) {
   const std::string good = Slurp(std::string(kTestdata) + "tensors_legacy.pt");
-  ASSERT_TRUE(ReadTorchCheckpoint(good, "l.pt").ok());
+  ASSERT_TRUE(read_torch_checkpoint(good, "l.pt").ok());
   // Cut anywhere: an error, never a crash.
   for (size_t n = 14; n < good.size(); n += 7) {
-    absl::Status s = ReadTorchCheckpoint(good.substr(0, n), "l.pt").status();
+    absl::Status s = read_torch_checkpoint(good.substr(0, n), "l.pt").status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << n << ": " << s;
     EXPECT_THAT(s.message(), HasSubstr("truncated")) << n;
   }
   // Trailing bytes after the last storage.
-  absl::Status s = ReadTorchCheckpoint(good + "x", "l.pt").status();
+  absl::Status s = read_torch_checkpoint(good + "x", "l.pt").status();
   EXPECT_THAT(s.message(), HasSubstr("1 bytes follow the last storage record"));
   // A storage record whose element count disagrees with the pickle: the
   // first record follows the key list, whose pickle ends with "e.".
@@ -154,7 +154,7 @@ TEST(CheckpointTest, RefusesBrokenLegacyFiles) {
   size_t first = bad.find("e.", bad.find("\x80\x02]")) + 2;
   ASSERT_NE(first, std::string::npos);
   bad[first] ^= 0x01;
-  s = ReadTorchCheckpoint(bad, "l.pt").status();
+  s = read_torch_checkpoint(bad, "l.pt").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("elements but its record says"));
   // The same restricted unpickler as the zip format.
@@ -162,7 +162,7 @@ TEST(CheckpointTest, RefusesBrokenLegacyFiles) {
   size_t global = bad.find("ccollections\nOrderedDict\n");
   ASSERT_NE(global, std::string::npos);
   bad.replace(global, 25, "cposix\nsystem\n__________");
-  s = ReadTorchCheckpoint(bad, "l.pt").status();
+  s = read_torch_checkpoint(bad, "l.pt").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(s.message(), HasSubstr("global 'posix.system' is not allowed"));
 }
@@ -264,10 +264,10 @@ TEST(CheckpointTest, RefusesTruncatedAndCorruptZips) {
   // Flip a byte of the first storage record (its data follows its local
   // header).
   size_t data = bytes.find("tensors/data/0", at) + std::string("tensors/data/0").size();
-  absl::StatusOr<StateDict> sd = ReadTorchCheckpoint(bytes, "x.pt");
+  absl::StatusOr<StateDict> sd = read_torch_checkpoint(bytes, "x.pt");
   ASSERT_TRUE(sd.ok());
   bytes[data + 70] ^= 0x5a;
-  sd = ReadTorchCheckpoint(bytes, "x.pt");
+  sd = read_torch_checkpoint(bytes, "x.pt");
   EXPECT_EQ(sd.status().code(), absl::StatusCode::kDataLoss) << sd.status();
   EXPECT_THAT(sd.status().message(), HasSubstr("CRC"));
 }
@@ -354,12 +354,12 @@ TEST(CheckpointTest, SafetensorsDimensionsAreCapped) {
 TEST(CheckpointTest, SafetensorsDtypesEmberLacksAreUnsupported) {
   absl::Status s =
       read_safetensors(Safetensors(R"({"z":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8),
-                      "c.safetensors")
+                       "c.safetensors")
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(s.message(), HasSubstr("tensor 'z' has dtype C64, which Ember does not support"));
   s = read_safetensors(Safetensors(R"({"z":{"dtype":"Q99","shape":[1],"data_offsets":[0,8]}})", 8),
-                      "c")
+                       "c")
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("dtype Q99 is not a safetensors dtype Ember knows"));
@@ -367,7 +367,7 @@ TEST(CheckpointTest, SafetensorsDtypesEmberLacksAreUnsupported) {
 
 TEST(CheckpointTest, WritersRefuseDuplicates) {
   StateDict sd = {{"a", zeros({2})}, {"a", zeros({2})}};
-  EXPECT_THAT(WriteTorchCheckpoint(sd).status().message(), HasSubstr("'a' appears twice"));
+  EXPECT_THAT(write_torch_checkpoint(sd).status().message(), HasSubstr("'a' appears twice"));
   EXPECT_THAT(write_safetensors(sd).status().message(), HasSubstr("'a' appears twice"));
 }
 

@@ -217,7 +217,7 @@ absl::Status check_url_scheme(absl::string_view url) {
 }
 
 absl::Status download_url_to_file(const std::string& url, const std::string& dest,
-                               const DownloadOptions& options) {
+                                  const DownloadOptions& options) {
   if (absl::Status s = check_url_scheme(url); !s.ok()) return s;
   GlobalInitOnce();
   std::string ca_bundle = options.ca_bundle;
@@ -243,7 +243,7 @@ absl::Status download_url_to_file(const std::string& url, const std::string& des
     return attempt.status;
   }
   if (!options.hash_prefix.empty()) {
-    absl::StatusOr<std::string> digest = Sha256OfFile(tmp);
+    absl::StatusOr<std::string> digest = sha256_of_file(tmp);
     if (!digest.ok() || !absl::StartsWith(*digest, options.hash_prefix)) {
       std::remove(tmp.c_str());
       if (!digest.ok()) return digest.status();

@@ -66,7 +66,7 @@ TestServer* DownloadTest::server_ = nullptr;
 
 TEST_F(DownloadTest, DownloadsAndChecksHashPrefix) {
   std::string dest = out_dir_ + "/blob.bin";
-  options_.hash_prefix = Sha256Hex(Blob()).substr(0, 10);
+  options_.hash_prefix = sha256_hex(Blob()).substr(0, 10);
   ASSERT_TRUE(download_url_to_file(server_->url("/files/blob.bin"), dest, options_).ok());
   EXPECT_EQ(*ReadFile(dest), Blob());
   EXPECT_THAT(Listing(), ::testing::ElementsAre("blob.bin"));
@@ -79,13 +79,14 @@ TEST_F(DownloadTest, HashMismatchKeepsTheOldFile) {
   absl::Status s = download_url_to_file(server_->url("/files/blob.bin"), dest, options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("expected the SHA-256 to start with '00000000'"));
-  EXPECT_THAT(s.message(), HasSubstr(Sha256Hex(Blob())));
+  EXPECT_THAT(s.message(), HasSubstr(sha256_hex(Blob())));
   EXPECT_EQ(*ReadFile(dest), "old contents");
   EXPECT_THAT(Listing(), ::testing::ElementsAre("blob.bin"));
 }
 
 TEST_F(DownloadTest, NotFound) {
-  absl::Status s = download_url_to_file(server_->url("/files/missing.bin"), out_dir_ + "/m", options_);
+  absl::Status s =
+      download_url_to_file(server_->url("/files/missing.bin"), out_dir_ + "/m", options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr("/files/missing.bin"));
   EXPECT_TRUE(Listing().empty());
@@ -114,7 +115,8 @@ TEST_F(DownloadTest, RedirectsOnlyToHttps) {
       download_url_to_file(server_->url("/redirect-https/files/blob.bin"), dest, options_).ok());
   EXPECT_EQ(*ReadFile(dest), Blob());
   fs::remove(dest);
-  absl::Status s = download_url_to_file(server_->url("/redirect-http/files/blob.bin"), dest, options_);
+  absl::Status s =
+      download_url_to_file(server_->url("/redirect-http/files/blob.bin"), dest, options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(s.message(), HasSubstr("redirect"));
   EXPECT_TRUE(Listing().empty());
@@ -146,7 +148,8 @@ TEST_F(DownloadTest, VerifiesTheServerCertificate) {
   EXPECT_TRUE(Listing().empty());
   // The environment variable names the bundle too.
   setenv(kCaBundleEnv, server_->ca_bundle().c_str(), 1);
-  EXPECT_TRUE(download_url_to_file(server_->url("/files/blob.bin"), out_dir_ + "/b", options_).ok());
+  EXPECT_TRUE(
+      download_url_to_file(server_->url("/files/blob.bin"), out_dir_ + "/b", options_).ok());
 }
 
 TEST_F(DownloadTest, ConnectionRefusedFailsAfterRetries) {

@@ -26,7 +26,7 @@
 
 namespace ember::hub {
 
-absl::StatusOr<FileLock> FileLock::Acquire(const std::string& path, absl::Duration timeout) {
+absl::StatusOr<FileLock> FileLock::acquire(const std::string& path, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration pause = absl::Milliseconds(10);
   while (true) {

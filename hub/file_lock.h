@@ -7,7 +7,7 @@
 //   #include "hub/file_lock.h"
 //   std::string dir = std::filesystem::temp_directory_path();  // e.g. the hub directory
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::FileLock lock,
-//                          ember::hub::FileLock::Acquire(dir + "/x.lock", absl::Minutes(10)));
+//                          ember::hub::FileLock::acquire(dir + "/x.lock", absl::Minutes(10)));
 //   // ... exclusive until `lock` is destroyed
 //   ```
 //
@@ -34,7 +34,7 @@ class FileLock {
   // Blocks until the lock on `path` (created if missing) is held, polling,
   // for at most `timeout`. Errors: DeadlineExceeded naming the path after
   // `timeout`; Internal when the file cannot be opened.
-  static absl::StatusOr<FileLock> Acquire(const std::string& path, absl::Duration timeout);
+  static absl::StatusOr<FileLock> acquire(const std::string& path, absl::Duration timeout);
 
   FileLock(FileLock&& other) noexcept;
   FileLock& operator=(FileLock&& other) noexcept;

@@ -19,9 +19,9 @@ bool Exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
 TEST(FileLockTest, ExcludesAndTimesOut) {
   std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/x.lock";
-  absl::StatusOr<FileLock> first = FileLock::Acquire(path, absl::Seconds(1));
+  absl::StatusOr<FileLock> first = FileLock::acquire(path, absl::Seconds(1));
   ASSERT_TRUE(first.ok()) << first.status();
-  absl::StatusOr<FileLock> second = FileLock::Acquire(path, absl::Milliseconds(100));
+  absl::StatusOr<FileLock> second = FileLock::acquire(path, absl::Milliseconds(100));
   EXPECT_EQ(second.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(second.status().message(), ::testing::HasSubstr(path));
   EXPECT_TRUE(Exists(path)) << "a waiter that timed out must not remove the holder's file";
@@ -29,7 +29,7 @@ TEST(FileLockTest, ExcludesAndTimesOut) {
   // A waiter gets the lock once the holder lets go.
   std::atomic<bool> released{false};
   std::thread waiter([&] {
-    absl::StatusOr<FileLock> l = FileLock::Acquire(path, absl::Seconds(10));
+    absl::StatusOr<FileLock> l = FileLock::acquire(path, absl::Seconds(10));
     EXPECT_TRUE(l.ok()) << l.status();
     EXPECT_TRUE(released.load());
   });
@@ -51,7 +51,7 @@ TEST(FileLockTest, RemovesItsFileAndStillExcludesUnderContention) {
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 50; ++i) {
-        absl::StatusOr<FileLock> l = FileLock::Acquire(path, absl::Seconds(60));
+        absl::StatusOr<FileLock> l = FileLock::acquire(path, absl::Seconds(60));
         ASSERT_TRUE(l.ok()) << l.status();
         if (inside.fetch_add(1) != 0) overlaps.fetch_add(1);
         entries.fetch_add(1);

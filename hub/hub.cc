@@ -19,21 +19,22 @@ absl::StatusOr<Repository> open_repository(const std::string& repo, const HubOpt
     }
     r.dir = repo;
   } else {
-    EMBER_ASSIGN_OR_RETURN(RepoRef ref, ParseRepoRef(repo));
+    EMBER_ASSIGN_OR_RETURN(RepoRef ref, parse_repo_ref(repo));
     FetchOptions fetch;
     fetch.force_reload = options.force_reload;
     fetch.base_url = options.base_url;
     fetch.download = options.download;
     fetch.max_unpacked_bytes = options.max_unpacked_bytes;
     fetch.max_unpacked_entries = options.max_unpacked_entries;
-    EMBER_ASSIGN_OR_RETURN(FetchedRepo fetched, FetchRepo(ref, fetch));
+    EMBER_ASSIGN_OR_RETURN(FetchedRepo fetched, fetch_repo(ref, fetch));
     r.dir = fetched.dir;
   }
-  EMBER_ASSIGN_OR_RETURN(r.conf, ReadHubConf(r.dir));
+  EMBER_ASSIGN_OR_RETURN(r.conf, read_hubconf(r.dir));
   return r;
 }
 
-absl::StatusOr<const EntryPoint*> get_entry_point(const Repository& repo, const std::string& entry) {
+absl::StatusOr<const EntryPoint*> get_entry_point(const Repository& repo,
+                                                  const std::string& entry) {
   if (const EntryPoint* e = FindEntryPoint(repo.conf, entry)) return e;
   std::vector<std::string> names;
   for (const EntryPoint& e : repo.conf.entry_points()) names.push_back(e.name());

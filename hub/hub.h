@@ -56,8 +56,8 @@ struct Repository {
 };
 
 // Fetches (or finds) `repo` and reads its hubconf. Blocks on the network when
-// the repository is not cached. Errors: those of ParseRepoRef, FetchRepo and
-// ReadHubConf; NotFound for a kLocal directory that does not exist.
+// the repository is not cached. Errors: those of parse_repo_ref, fetch_repo and
+// read_hubconf; NotFound for a kLocal directory that does not exist.
 absl::StatusOr<Repository> open_repository(const std::string& repo, const HubOptions& options = {});
 
 // The names of the entry points `repo` publishes, in file order.

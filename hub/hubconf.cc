@@ -100,7 +100,7 @@ std::string url_origin(absl::string_view url) {
   return absl::AsciiStrToLower(url.substr(0, host_end));
 }
 
-absl::StatusOr<HubConf> ParseHubConf(absl::string_view text, absl::string_view source) {
+absl::StatusOr<HubConf> parse_hubconf(absl::string_view text, absl::string_view source) {
   HubConf conf;
   FirstError errors;
   google::protobuf::TextFormat::Parser parser;
@@ -145,14 +145,14 @@ absl::StatusOr<HubConf> ParseHubConf(absl::string_view text, absl::string_view s
   return conf;
 }
 
-absl::StatusOr<HubConf> ReadHubConf(const std::string& repo_dir) {
+absl::StatusOr<HubConf> read_hubconf(const std::string& repo_dir) {
   for (const char* file : {kHubConfFile, kHubConfPyFile}) {
     const std::string path = absl::StrCat(repo_dir, "/", file);
     std::ifstream in(path, std::ios::binary);
     if (!in) continue;
     std::stringstream text;
     text << in.rdbuf();
-    if (file == kHubConfFile) return ParseHubConf(text.str(), path);
+    if (file == kHubConfFile) return parse_hubconf(text.str(), path);
     return parse_hubconf_py(text.str(), path);
   }
   return absl::NotFoundError(absl::StrCat("no ", kHubConfFile, " or ", kHubConfPyFile, " in ",
@@ -166,7 +166,7 @@ const EntryPoint* FindEntryPoint(const HubConf& conf, absl::string_view name) {
   return nullptr;
 }
 
-absl::Status CheckDependencies(const HubConf& conf, const std::vector<std::string>& available) {
+absl::Status check_dependencies(const HubConf& conf, const std::vector<std::string>& available) {
   std::vector<std::string> missing;
   for (const std::string& d : conf.dependencies()) {
     if (std::find(available.begin(), available.end(), d) == available.end()) missing.push_back(d);

@@ -6,7 +6,7 @@
 //     entry_points { name: "mlp" doc: "A small MLP." builder: "mlp" }
 //   )pb";
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::HubConf conf,
-//                          ember::hub::ParseHubConf(text, "alice/models/hubconf.textproto"));
+//                          ember::hub::parse_hubconf(text, "alice/models/hubconf.textproto"));
 //   const ember::hub::EntryPoint* e = ember::hub::FindEntryPoint(conf, "mlp");  // null if absent
 //   if (e == nullptr || e->doc() != "A small MLP.") return absl::InternalError("no mlp entry");
 //   ```
@@ -14,7 +14,7 @@
 // The schema is hub/hubconf.proto. Parsing checks the file's own consistency
 // (unique entry names that are identifiers, a builder per entry, weights
 // given as a file or as an https URL with its SHA-256); whether the builders
-// exist is the loader's check (CheckDependencies). A repository may publish a
+// exist is the loader's check (check_dependencies). A repository may publish a
 // PyTorch-hub hubconf.py instead, read without running it (hubconf_py.h);
 // when both files exist, hubconf.textproto wins.
 //
@@ -38,12 +38,12 @@ inline constexpr char kHubConfFile[] = "hubconf.textproto";
 // Parses and validates hubconf text. `source` names the file in messages.
 // Errors: InvalidArgument naming the source, the line/column or the entry
 // and what to fix.
-absl::StatusOr<HubConf> ParseHubConf(absl::string_view text, absl::string_view source);
+absl::StatusOr<HubConf> parse_hubconf(absl::string_view text, absl::string_view source);
 
 // Reads and parses <repo_dir>/hubconf.textproto, or, when there is none,
 // <repo_dir>/hubconf.py (hubconf_py.h). NotFound when the repository
 // publishes neither.
-absl::StatusOr<HubConf> ReadHubConf(const std::string& repo_dir);
+absl::StatusOr<HubConf> read_hubconf(const std::string& repo_dir);
 
 // OK when `name` may name an entry point: an ASCII identifier as a Python
 // def name is ([A-Za-z_][A-Za-z0-9_]*, not a keyword). Names go to
@@ -60,7 +60,7 @@ const EntryPoint* FindEntryPoint(const HubConf& conf, absl::string_view name);
 
 // FailedPrecondition listing every dependency of `conf` missing from
 // `available` (and what is available); OK when none is missing.
-absl::Status CheckDependencies(const HubConf& conf, const std::vector<std::string>& available);
+absl::Status check_dependencies(const HubConf& conf, const std::vector<std::string>& available);
 
 }  // namespace ember::hub
 

@@ -34,7 +34,7 @@ constexpr char kGood[] = R"pb(
 )pb";
 
 TEST(HubConfTest, ParsesEntryPoints) {
-  absl::StatusOr<HubConf> conf = ParseHubConf(kGood, "x/hubconf.textproto");
+  absl::StatusOr<HubConf> conf = parse_hubconf(kGood, "x/hubconf.textproto");
   ASSERT_TRUE(conf.ok()) << conf.status();
   ASSERT_EQ(conf->entry_points_size(), 2);
   const EntryPoint* e = FindEntryPoint(*conf, "tiny_mlp");
@@ -46,7 +46,7 @@ TEST(HubConfTest, ParsesEntryPoints) {
 }
 
 TEST(HubConfTest, SyntaxErrorNamesSourceAndLine) {
-  absl::StatusOr<HubConf> conf = ParseHubConf("entry_points {\n name: 3 }", "r/hubconf.textproto");
+  absl::StatusOr<HubConf> conf = parse_hubconf("entry_points {\n name: 3 }", "r/hubconf.textproto");
   ASSERT_FALSE(conf.ok());
   EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(conf.status().message(), HasSubstr("r/hubconf.textproto"));
@@ -54,14 +54,14 @@ TEST(HubConfTest, SyntaxErrorNamesSourceAndLine) {
 }
 
 TEST(HubConfTest, UnknownFieldIsAnError) {
-  absl::StatusOr<HubConf> conf = ParseHubConf("entrypoints { name: \"a\" }", "f");
+  absl::StatusOr<HubConf> conf = parse_hubconf("entrypoints { name: \"a\" }", "f");
   ASSERT_FALSE(conf.ok());
   EXPECT_THAT(conf.status().message(), HasSubstr("entrypoints"));
 }
 
 TEST(HubConfTest, RejectsInconsistentEntries) {
   auto error = [](const char* text) {
-    return std::string(ParseHubConf(text, "f").status().message());
+    return std::string(parse_hubconf(text, "f").status().message());
   };
   EXPECT_THAT(error("entry_points { name: \"a\" builder: \"mlp\" } "
                     "entry_points { name: \"a\" builder: \"mlp\" }"),
@@ -86,10 +86,10 @@ TEST(HubConfTest, RejectsInconsistentEntries) {
 
 TEST(HubConfTest, MissingDependenciesAreListed) {
   absl::StatusOr<HubConf> conf =
-      ParseHubConf("dependencies: \"mlp\" dependencies: \"vit\" dependencies: \"bert\"", "f");
+      parse_hubconf("dependencies: \"mlp\" dependencies: \"vit\" dependencies: \"bert\"", "f");
   ASSERT_TRUE(conf.ok()) << conf.status();
-  EXPECT_TRUE(CheckDependencies(*conf, {"mlp", "vit", "bert"}).ok());
-  absl::Status s = CheckDependencies(*conf, {"mlp", "resnet18"});
+  EXPECT_TRUE(check_dependencies(*conf, {"mlp", "vit", "bert"}).ok());
+  absl::Status s = check_dependencies(*conf, {"mlp", "resnet18"});
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(s.message(), HasSubstr("missing dependencies: vit, bert"));
   EXPECT_THAT(s.message(), HasSubstr("mlp, resnet18"));
@@ -117,8 +117,8 @@ TEST(HubConfNamesTest, EntryPointNamesAreIdentifiers) {
        {"../evil", "two\\nlines", "esc\\x1b[31m", "9lives", "class", "a-b", "caf\\xc3\\xa9"}) {
     SCOPED_TRACE(bad);
     absl::StatusOr<HubConf> conf =
-        ParseHubConf(absl::StrCat("entry_points { name: \"", bad, "\" builder: \"mlp\" }"),
-                     "r/hubconf.textproto");
+        parse_hubconf(absl::StrCat("entry_points { name: \"", bad, "\" builder: \"mlp\" }"),
+                      "r/hubconf.textproto");
     EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(conf.status().message(), HasSubstr("is not an identifier"));
     EXPECT_THAT(conf.status().message(), Not(HasSubstr("\x1b")));
@@ -132,19 +132,19 @@ TEST(HubConfNamesTest, WeightUrlsMustBeHttps) {
        {"file:///etc/passwd", "ftp://example.org/w.pt", "weights.pt", "javascript:alert(1)"}) {
     SCOPED_TRACE(url);
     absl::StatusOr<HubConf> conf =
-        ParseHubConf(absl::StrCat("entry_points { name: \"m\" builder: \"mlp\" weights { url: \"",
-                                  url, "\" sha256: \"0123abcd\" } }"),
-                     "r/hubconf.textproto");
+        parse_hubconf(absl::StrCat("entry_points { name: \"m\" builder: \"mlp\" weights { url: \"",
+                                   url, "\" sha256: \"0123abcd\" } }"),
+                      "r/hubconf.textproto");
     EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(conf.status().message(), HasSubstr("is not an https:// URL"));
   }
   // https always; http passes parsing (Load allows it only from the host of
   // a plain-http base URL the caller set).
   for (const char* url : {"https://example.org/w-0123abcd.pt", "HTTP://127.0.0.1:8/w.pt"}) {
-    EXPECT_TRUE(ParseHubConf(absl::StrCat("entry_points { name: \"m\" builder: \"mlp\" weights { "
-                                          "url: \"",
-                                          url, "\" sha256: \"0123abcd\" } }"),
-                             "r/hubconf.textproto")
+    EXPECT_TRUE(parse_hubconf(absl::StrCat("entry_points { name: \"m\" builder: \"mlp\" weights { "
+                                           "url: \"",
+                                           url, "\" sha256: \"0123abcd\" } }"),
+                              "r/hubconf.textproto")
                     .ok())
         << url;
   }
@@ -214,15 +214,15 @@ TEST(HubConfPyTest, TextprotoWinsWhenBothExist) {
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/both";
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/hubconf.py") << "def from_python():\n    'py'\n";
-  absl::StatusOr<HubConf> conf = ReadHubConf(dir);
+  absl::StatusOr<HubConf> conf = read_hubconf(dir);
   ASSERT_TRUE(conf.ok()) << conf.status();
   EXPECT_EQ(conf->entry_points(0).name(), "from_python");
   std::ofstream(dir + "/hubconf.textproto")
       << "entry_points { name: \"from_proto\" builder: \"mlp\" }";
-  conf = ReadHubConf(dir);
+  conf = read_hubconf(dir);
   ASSERT_TRUE(conf.ok()) << conf.status();
   EXPECT_EQ(conf->entry_points(0).name(), "from_proto");
-  EXPECT_EQ(ReadHubConf(dir + "/missing").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(read_hubconf(dir + "/missing").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(HubConfPyTest, BrokenSourcesAreErrorsNamingTheLine) {

@@ -36,7 +36,7 @@ absl::StatusOr<StateDict> PublishedWeights(const Repository& repo, const EntryPo
     // (a local mirror or test server), never on the repository's word alone.
     FetchOptions fetch;
     fetch.base_url = options.base_url;
-    if (url_origin(BaseUrl(fetch)) != origin) {
+    if (url_origin(resolve_base_url(fetch)) != origin) {
       return absl::PermissionDeniedError(absl::StrCat(
           "entry point ", e.name(), " publishes its weights over plain http (",
           escape_for_terminal(w.url()),
@@ -54,7 +54,7 @@ absl::StatusOr<StateDict> PublishedWeights(const Repository& repo, const EntryPo
   }
   const std::string path = absl::StrCat(repo.dir, "/", w.file());
   if (!w.sha256().empty()) {
-    EMBER_ASSIGN_OR_RETURN(std::string digest, Sha256OfFile(path));
+    EMBER_ASSIGN_OR_RETURN(std::string digest, sha256_of_file(path));
     if (!absl::StartsWith(digest, w.sha256())) {
       return absl::DataLossError(absl::StrCat("weights ", path, " have SHA-256 ", digest,
                                               ", not the published '", w.sha256(),
@@ -69,7 +69,7 @@ absl::StatusOr<StateDict> PublishedWeights(const Repository& repo, const EntryPo
 absl::StatusOr<std::shared_ptr<nn::Module>> load(const std::string& repo, const std::string& entry,
                                                  const LoadOptions& options) {
   EMBER_ASSIGN_OR_RETURN(Repository r, open_repository(repo, options));
-  EMBER_RETURN_IF_ERROR(CheckDependencies(r.conf, builder_names()));
+  EMBER_RETURN_IF_ERROR(check_dependencies(r.conf, builder_names()));
   EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, get_entry_point(r, entry));
   if (e->python()) {
     const std::vector<std::string> builders = builder_names();

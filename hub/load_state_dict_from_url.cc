@@ -38,7 +38,7 @@ std::string hash_prefix_from_file_name(const std::string& file_name) {
 }
 
 absl::StatusOr<std::string> download_checkpoint(const std::string& url,
-                                               const LoadFromUrlOptions& options) {
+                                                const LoadFromUrlOptions& options) {
   EMBER_RETURN_IF_ERROR(check_url_scheme(url));
   std::string model_dir = options.model_dir;
   if (model_dir.empty()) {
@@ -67,10 +67,10 @@ absl::StatusOr<std::string> download_checkpoint(const std::string& url,
   }
   std::vector<std::string> prefixes = {prefix, options.sha256};
   const std::string cached = absl::StrCat(model_dir, "/", name);
-  EMBER_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(cached + ".lock", options.lock_timeout));
+  EMBER_ASSIGN_OR_RETURN(FileLock lock, FileLock::acquire(cached + ".lock", options.lock_timeout));
   if (IsFile(cached)) {
     if (prefix.empty() && options.sha256.empty()) return cached;
-    EMBER_ASSIGN_OR_RETURN(std::string digest, Sha256OfFile(cached));
+    EMBER_ASSIGN_OR_RETURN(std::string digest, sha256_of_file(cached));
     for (const std::string& p : prefixes) {
       if (!absl::StartsWith(digest, p)) {
         return absl::DataLossError(
@@ -89,7 +89,7 @@ absl::StatusOr<std::string> download_checkpoint(const std::string& url,
   download.hash_prefix = prefix.size() >= options.sha256.size() ? prefix : options.sha256;
   EMBER_RETURN_IF_ERROR(download_url_to_file(url, cached, download));
   if (!prefix.empty() && !options.sha256.empty()) {
-    EMBER_ASSIGN_OR_RETURN(std::string digest, Sha256OfFile(cached));
+    EMBER_ASSIGN_OR_RETURN(std::string digest, sha256_of_file(cached));
     for (const std::string& p : prefixes) {
       if (!absl::StartsWith(digest, p)) {
         std::remove(cached.c_str());
@@ -103,7 +103,7 @@ absl::StatusOr<std::string> download_checkpoint(const std::string& url,
 }
 
 absl::StatusOr<StateDict> load_state_dict_from_url(const std::string& url,
-                                               const LoadFromUrlOptions& options) {
+                                                   const LoadFromUrlOptions& options) {
   EMBER_ASSIGN_OR_RETURN(std::string path, download_checkpoint(url, options));
   return load_checkpoint(path);
 }

@@ -57,7 +57,7 @@ class LoadTest : public ::testing::Test {
     base_ = new std::string(tmp);
     std::string mlp = *ReadFile("hub/testdata/mlp_torch.pt");
     std::string cnn = *ReadFile("hub/testdata/small_cnn_torch.pt");
-    std::string cnn_name = "small_cnn-" + Sha256Hex(cnn).substr(0, 8) + ".pt";
+    std::string cnn_name = "small_cnn-" + sha256_hex(cnn).substr(0, 8) + ".pt";
     ASSERT_TRUE(WriteFile(tmp + "/www/w/" + cnn_name, cnn).ok());
     absl::StatusOr<TestServer> s = TestServer::Start(tmp + "/www", tmp + "/server");
     ASSERT_TRUE(s.ok()) << s.status();
@@ -81,14 +81,14 @@ class LoadTest : public ::testing::Test {
         builder: "mlp"
         kwargs { key: "out_features" value { int_value: 3 } }
         weights { file: "weights/mlp_torch.pt" sha256: ")conf" +
-                          Sha256Hex(mlp) + R"conf(" }
+                          sha256_hex(mlp) + R"conf(" }
       }
       entry_points {
         name: "small_cnn"
         builder: "small_cnn"
         weights { url: ")conf" +
                           server_->url("/w/" + cnn_name) + R"conf(" sha256: ")conf" +
-                          Sha256Hex(cnn).substr(0, 16) + R"conf(" }
+                          sha256_hex(cnn).substr(0, 16) + R"conf(" }
       }
       entry_points {
         name: "resnet18_tiny"

@@ -786,8 +786,8 @@ std::string StorageTypeName(Dtype dtype) {
 
 }  // namespace
 
-absl::StatusOr<StateDict> UnpickleStateDict(absl::string_view pickle, const StorageLoader& load,
-                                            absl::string_view source) {
+absl::StatusOr<StateDict> unpickle_state_dict(absl::string_view pickle, const StorageLoader& load,
+                                              absl::string_view source) {
   Unpickler unpickler(pickle, 0, &load, Layout::kZip, source, "data.pkl");
   absl::StatusOr<const Value*> result = unpickler.Run();
   if (!result.ok()) return result.status();
@@ -801,9 +801,9 @@ bool IsLegacyTorchCheckpoint(absl::string_view bytes) {
          bytes.substr(4, kLegacyMagicSize) == absl::string_view(kLegacyMagic, kLegacyMagicSize);
 }
 
-absl::StatusOr<LegacyPickles> UnpickleLegacyCheckpoint(absl::string_view bytes,
-                                                       const StorageLoader& load,
-                                                       absl::string_view source) {
+absl::StatusOr<LegacyPickles> unpickle_legacy_checkpoint(absl::string_view bytes,
+                                                         const StorageLoader& load,
+                                                         absl::string_view source) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": not a readable legacy torch.save file: ", why));
@@ -864,7 +864,7 @@ absl::StatusOr<LegacyPickles> UnpickleLegacyCheckpoint(absl::string_view bytes,
   return out;
 }
 
-std::string PickleStateDict(const std::vector<PickledTensor>& tensors) {
+std::string pickle_state_dict(const std::vector<PickledTensor>& tensors) {
   Pickler p;
   p.Proto();
   p.Global("collections", "OrderedDict");

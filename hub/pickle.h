@@ -46,8 +46,8 @@ using StorageLoader = std::function<absl::StatusOr<Storage>(const StorageRef& re
 // geometry that does not fit its storage, or a result that is not a mapping
 // of names to tensors; whatever `load` returns. `source` names the file in
 // messages.
-absl::StatusOr<StateDict> UnpickleStateDict(absl::string_view pickle, const StorageLoader& load,
-                                            absl::string_view source);
+absl::StatusOr<StateDict> unpickle_state_dict(absl::string_view pickle, const StorageLoader& load,
+                                              absl::string_view source);
 
 // Whether `bytes` starts as a legacy (pre-1.6, non-zip) torch.save file:
 // a pickled magic number 0x1950a86a20f9469cfc6c.
@@ -63,12 +63,12 @@ struct LegacyPickles {
 // Reads the magic number, protocol version (1001), sys_info (little-endian
 // only), the pickled state dict (persistent ids ('storage', type, key,
 // location, numel, None)) and the list of storage keys, with the same rules
-// as UnpickleStateDict. `load` is called once per distinct storage, before
-// any of their bytes are read. Errors: as UnpickleStateDict; Unimplemented
+// as unpickle_state_dict. `load` is called once per distinct storage, before
+// any of their bytes are read. Errors: as unpickle_state_dict; Unimplemented
 // for big-endian files and storage views (PyTorch before 0.4).
-absl::StatusOr<LegacyPickles> UnpickleLegacyCheckpoint(absl::string_view bytes,
-                                                       const StorageLoader& load,
-                                                       absl::string_view source);
+absl::StatusOr<LegacyPickles> unpickle_legacy_checkpoint(absl::string_view bytes,
+                                                         const StorageLoader& load,
+                                                         absl::string_view source);
 
 // One tensor as torch.save records it.
 struct PickledTensor {
@@ -83,7 +83,7 @@ struct PickledTensor {
 
 // The protocol-2 pickle of an OrderedDict of `tensors`, as torch.save writes
 // a state_dict.
-std::string PickleStateDict(const std::vector<PickledTensor>& tensors);
+std::string pickle_state_dict(const std::vector<PickledTensor>& tensors);
 
 }  // namespace ember::hub
 

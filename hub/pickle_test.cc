@@ -34,7 +34,7 @@ absl::Status Unpickle(const std::string& program) {
   StorageLoader no_storages = [](const StorageRef& ref) -> absl::StatusOr<Storage> {
     return absl::NotFoundError(ref.key);
   };
-  return UnpickleStateDict(program, no_storages, "deep.pt").status();
+  return unpickle_state_dict(program, no_storages, "deep.pt").status();
 }
 
 std::string Repeat(absl::string_view s, int n) {
@@ -108,12 +108,12 @@ TEST(PickleTest, TooManyDimensionsIsAnError) {
   StorageLoader one_float = [](const StorageRef&) -> absl::StatusOr<Storage> {
     return Storage::Allocate(4, GetCpuAllocator());
   };
-  absl::Status status = UnpickleStateDict(PickleStateDict({t}), one_float, "dims.pt").status();
+  absl::Status status = unpickle_state_dict(pickle_state_dict({t}), one_float, "dims.pt").status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("a tensor with 100 dimensions"));
   EXPECT_THAT(status.message(), HasSubstr("at most 64"));
   t.sizes = t.strides = SizeVector(kMaxCheckpointDims, 1);
-  EXPECT_TRUE(UnpickleStateDict(PickleStateDict({t}), one_float, "dims.pt").ok());
+  EXPECT_TRUE(unpickle_state_dict(pickle_state_dict({t}), one_float, "dims.pt").ok());
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Bounded random-mutation fuzzing of the checkpoint readers: the restricted
 // unpickler, the safetensors reader and the zip reader (through
-// ReadTorchCheckpoint). Valid fixtures are mutated (bit flips, interesting
+// read_torch_checkpoint). Valid fixtures are mutated (bit flips, interesting
 // values, insertions, deletions, splices, truncation) and random bytes are
 // fed in; every read must return an error or a state dict whose tensors can
 // be read in full. The seed is fixed, so a failure reproduces; the iteration
@@ -116,9 +116,9 @@ struct Outcomes {
 };
 
 TEST(ReaderFuzzTest, Unpickler) {
-  absl::StatusOr<ZipReader> zip = ZipReader::Open(Slurp("hub/testdata/tensors.pt"), "tensors.pt");
+  absl::StatusOr<ZipReader> zip = ZipReader::open(Slurp("hub/testdata/tensors.pt"), "tensors.pt");
   ASSERT_TRUE(zip.ok()) << zip.status();
-  absl::StatusOr<absl::string_view> pkl = zip->Read("tensors/data.pkl");
+  absl::StatusOr<absl::string_view> pkl = zip->read("tensors/data.pkl");
   ASSERT_TRUE(pkl.ok()) << pkl.status();
   const std::string seed(*pkl);
   // Storages of whatever size the pickle asks for, up to 1 MiB.
@@ -127,10 +127,11 @@ TEST(ReaderFuzzTest, Unpickler) {
     if (ref.numel > (1 << 20) || n > (1 << 20)) return absl::InvalidArgumentError("too big");
     return Storage::Allocate(n, GetCpuAllocator());
   };
-  ASSERT_TRUE(UnpickleStateDict(seed, load, "seed").ok());
+  ASSERT_TRUE(unpickle_state_dict(seed, load, "seed").ok());
   Mutator m(kSeed);
   Outcomes outcomes;
-  for (int i = 0; i < 20000; ++i) outcomes.Record(UnpickleStateDict(m.Mutate(seed), load, "fuzz"));
+  for (int i = 0; i < 20000; ++i)
+    outcomes.Record(unpickle_state_dict(m.Mutate(seed), load, "fuzz"));
   // Opcode soup: random bytes drawn from the opcodes a state_dict uses.
   const std::string opcodes = "\x80()]}NtJKMXqh\x85\x86\x87\x88\x89\x8a\x94Qcrsuaeb.";
   for (int i = 0; i < 20000; ++i) {
@@ -139,19 +140,20 @@ TEST(ReaderFuzzTest, Unpickler) {
       program += opcodes[m.Below(opcodes.size())];
       if (m.Below(2)) program += m.Random(4);
     }
-    outcomes.Record(UnpickleStateDict(program, load, "soup"));
+    outcomes.Record(unpickle_state_dict(program, load, "soup"));
   }
-  for (int i = 0; i < 5000; ++i) outcomes.Record(UnpickleStateDict(m.Random(256), load, "random"));
+  for (int i = 0; i < 5000; ++i)
+    outcomes.Record(unpickle_state_dict(m.Random(256), load, "random"));
   EXPECT_GT(outcomes.errors, 0);
   std::cout << "unpickler: " << outcomes.ok << " read, " << outcomes.errors << " refused\n";
 }
 
 TEST(ReaderFuzzTest, LegacyTorchSave) {
   const std::string seed = Slurp("hub/testdata/tensors_legacy.pt");
-  ASSERT_TRUE(ReadTorchCheckpoint(seed, "seed").ok());
+  ASSERT_TRUE(read_torch_checkpoint(seed, "seed").ok());
   Mutator m(kSeed + 1);
   Outcomes outcomes;
-  for (int i = 0; i < 20000; ++i) outcomes.Record(ReadTorchCheckpoint(m.Mutate(seed), "fuzz"));
+  for (int i = 0; i < 20000; ++i) outcomes.Record(read_torch_checkpoint(m.Mutate(seed), "fuzz"));
   std::cout << "legacy: " << outcomes.ok << " read, " << outcomes.errors << " refused\n";
 }
 
@@ -167,12 +169,12 @@ TEST(ReaderFuzzTest, Safetensors) {
 
 TEST(ReaderFuzzTest, ZipCheckpoints) {
   const std::string seed = Slurp("hub/testdata/tensors.pt");
-  ASSERT_TRUE(ReadTorchCheckpoint(seed, "seed").ok());
+  ASSERT_TRUE(read_torch_checkpoint(seed, "seed").ok());
   Mutator m(kSeed + 3);
   Outcomes outcomes;
-  for (int i = 0; i < 5000; ++i) outcomes.Record(ReadTorchCheckpoint(m.Mutate(seed), "fuzz"));
+  for (int i = 0; i < 5000; ++i) outcomes.Record(read_torch_checkpoint(m.Mutate(seed), "fuzz"));
   for (int i = 0; i < 2000; ++i) {
-    outcomes.Record(ReadTorchCheckpoint("PK\x03\x04" + m.Random(512), "random"));
+    outcomes.Record(read_torch_checkpoint("PK\x03\x04" + m.Random(512), "random"));
   }
   std::cout << "zip: " << outcomes.ok << " read, " << outcomes.errors << " refused\n";
 }

@@ -48,7 +48,7 @@ std::string RepositoryRoot(const std::string& extracted) {
 
 // Deletes the weights that `repo_dir`'s hubconf downloaded into checkpoints/.
 void DeleteDownloadedWeights(const std::string& hub_dir, const std::string& repo_dir) {
-  absl::StatusOr<HubConf> conf = ReadHubConf(repo_dir);
+  absl::StatusOr<HubConf> conf = read_hubconf(repo_dir);
   if (!conf.ok()) return;
   for (const EntryPoint& e : conf->entry_points()) {
     if (e.weights().url().empty()) continue;
@@ -62,7 +62,7 @@ void DeleteDownloadedWeights(const std::string& hub_dir, const std::string& repo
 
 }  // namespace
 
-std::string BaseUrl(const FetchOptions& options) {
+std::string resolve_base_url(const FetchOptions& options) {
   std::string base = options.base_url;
   if (const char* env = std::getenv(kBaseUrlEnv); base.empty() && env != nullptr && *env != '\0')
     base = env;
@@ -71,12 +71,12 @@ std::string BaseUrl(const FetchOptions& options) {
   return base;
 }
 
-absl::StatusOr<FetchedRepo> FetchRepo(const RepoRef& repo, const FetchOptions& options) {
+absl::StatusOr<FetchedRepo> fetch_repo(const RepoRef& repo, const FetchOptions& options) {
   EMBER_ASSIGN_OR_RETURN(std::string hub_dir, get_dir());
   std::vector<std::string> refs =
       repo.ref ? std::vector<std::string>{*repo.ref} : std::vector<std::string>{"master", "main"};
   auto cached = [&](const std::string& ref) {
-    return absl::StrCat(hub_dir, "/", CacheDirName(repo.owner, repo.repo, ref));
+    return absl::StrCat(hub_dir, "/", cache_dir_name(repo.owner, repo.repo, ref));
   };
   auto find_cached = [&]() -> std::optional<FetchedRepo> {
     if (options.force_reload) return std::nullopt;
@@ -87,15 +87,15 @@ absl::StatusOr<FetchedRepo> FetchRepo(const RepoRef& repo, const FetchOptions& o
   };
   if (auto hit = find_cached()) return *hit;
 
-  EMBER_ASSIGN_OR_RETURN(FileLock lock, FileLock::Acquire(absl::StrCat(hub_dir, "/", repo.owner,
+  EMBER_ASSIGN_OR_RETURN(FileLock lock, FileLock::acquire(absl::StrCat(hub_dir, "/", repo.owner,
                                                                        "_", repo.repo, ".lock"),
                                                           options.lock_timeout));
   if (auto hit = find_cached()) return *hit;  // another loader fetched it meanwhile
 
-  const std::string base = BaseUrl(options);
+  const std::string base = resolve_base_url(options);
   std::vector<std::string> tried;
   for (const std::string& ref : refs) {
-    const std::string name = CacheDirName(repo.owner, repo.repo, ref);
+    const std::string name = cache_dir_name(repo.owner, repo.repo, ref);
     const std::string url = absl::StrCat(base, "/", repo.owner, "/", repo.repo, "/zipball/", ref);
     const std::string archive = absl::StrCat(hub_dir, "/", name, ".archive");
     absl::Status got = download_url_to_file(url, archive, options.download);
@@ -106,7 +106,7 @@ absl::StatusOr<FetchedRepo> FetchRepo(const RepoRef& repo, const FetchOptions& o
     EMBER_RETURN_IF_ERROR(got);
     const std::string staging = absl::StrCat(hub_dir, "/", name, ".extracting");
     EMBER_RETURN_IF_ERROR(RemoveAll(staging));
-    absl::Status extracted = ExtractArchive(
+    absl::Status extracted = extract_archive(
         archive, staging, ExtractLimits{options.max_unpacked_bytes, options.max_unpacked_entries});
     std::error_code ec;
     fs::remove(archive, ec);

@@ -2,8 +2,8 @@
 //
 //   ```cpp compile-only
 //   #include "hub/repo_cache.h"
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef ref, ember::hub::ParseRepoRef("alice/models:v1"));
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::FetchedRepo repo, ember::hub::FetchRepo(ref));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef ref, ember::hub::parse_repo_ref("alice/models:v1"));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::FetchedRepo repo, ember::hub::fetch_repo(ref));
 //   // repo.dir == "<hub_dir>/alice_models_v1", holding the repository's files
 //   ```
 //
@@ -61,8 +61,8 @@ struct FetchedRepo {
   std::string ref;  // the ref used (the default branch when none was given)
 };
 
-// The base URL FetchRepo uses for `options` (see above).
-std::string BaseUrl(const FetchOptions& options);
+// The base URL fetch_repo uses for `options` (see above).
+std::string resolve_base_url(const FetchOptions& options);
 
 // The repository's folder in the cache, fetching it if needed (see above).
 // Blocks on the network and on other loaders' locks. Errors: NotFound when the
@@ -72,7 +72,7 @@ std::string BaseUrl(const FetchOptions& options);
 // ResourceExhausted past the unpacking limits); Internal for cache file
 // errors.
 // On error the cache holds what it held before.
-absl::StatusOr<FetchedRepo> FetchRepo(const RepoRef& repo, const FetchOptions& options = {});
+absl::StatusOr<FetchedRepo> fetch_repo(const RepoRef& repo, const FetchOptions& options = {});
 
 }  // namespace ember::hub
 

@@ -57,9 +57,9 @@ class RepoCacheTest : public ::testing::Test {
             .ok());
   }
   absl::StatusOr<FetchedRepo> Fetch(const std::string& text) {
-    absl::StatusOr<RepoRef> ref = ParseRepoRef(text);
+    absl::StatusOr<RepoRef> ref = parse_repo_ref(text);
     if (!ref.ok()) return ref.status();
-    return FetchRepo(*ref, options_);
+    return fetch_repo(*ref, options_);
   }
   int Requests(const std::string& path) { return *server_->RequestCount(path); }
 
@@ -231,11 +231,11 @@ TEST_F(RepoCacheTest, ConcurrentLoadersDownloadOnce) {
 TEST_F(RepoCacheTest, BaseUrlFromEnvironment) {
   FetchOptions defaults;
   unsetenv(kBaseUrlEnv);
-  EXPECT_EQ(BaseUrl(defaults), "https://github.com");
+  EXPECT_EQ(resolve_base_url(defaults), "https://github.com");
   setenv(kBaseUrlEnv, "https://mirror.example/", 1);
-  EXPECT_EQ(BaseUrl(defaults), "https://mirror.example");
+  EXPECT_EQ(resolve_base_url(defaults), "https://mirror.example");
   defaults.base_url = "https://explicit.example";
-  EXPECT_EQ(BaseUrl(defaults), "https://explicit.example");
+  EXPECT_EQ(resolve_base_url(defaults), "https://explicit.example");
   unsetenv(kBaseUrlEnv);
 }
 

@@ -2,9 +2,9 @@
 //
 //   ```cpp
 //   #include "hub/repo_ref.h"
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef r, ember::hub::ParseRepoRef("alice/models:v1"));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::RepoRef r, ember::hub::parse_repo_ref("alice/models:v1"));
 //   // r.owner == "alice", r.repo == "models", *r.ref == "v1" (none: the default branch)
-//   std::string dir = ember::hub::CacheDirName(r.owner, r.repo, r.ref.value_or("master"));
+//   std::string dir = ember::hub::cache_dir_name(r.owner, r.repo, r.ref.value_or("master"));
 //   // dir == "alice_models_v1"
 //   ```
 //
@@ -34,12 +34,12 @@ struct RepoRef {
 
 // Parses "owner/repo[:ref]". Errors: InvalidArgument naming the text and the
 // expected form, or saying that commits are not accepted.
-absl::StatusOr<RepoRef> ParseRepoRef(absl::string_view text);
+absl::StatusOr<RepoRef> parse_repo_ref(absl::string_view text);
 
 // The folder name of a fetched repository inside the hub directory:
 // "<owner>_<repo>_<ref>", with any '/' of the ref (branch "feature/x")
 // replaced by '_'.
-std::string CacheDirName(absl::string_view owner, absl::string_view repo, absl::string_view ref);
+std::string cache_dir_name(absl::string_view owner, absl::string_view repo, absl::string_view ref);
 
 }  // namespace ember::hub
 

@@ -10,45 +10,43 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(RepoRefTest, ParsesOwnerRepoAndRef) {
-  absl::StatusOr<RepoRef> r = ParseRepoRef("pytorch/vision:v0.10.0");
+  absl::StatusOr<RepoRef> r = parse_repo_ref("pytorch/vision:v0.10.0");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->owner, "pytorch");
   EXPECT_EQ(r->repo, "vision");
   EXPECT_EQ(r->ref, "v0.10.0");
-  r = ParseRepoRef("alice/my-models");
+  r = parse_repo_ref("alice/my-models");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->repo, "my-models");
   EXPECT_FALSE(r->ref.has_value());
-  r = ParseRepoRef("alice/models:feature/x");
+  r = parse_repo_ref("alice/models:feature/x");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->ref, "feature/x");
 }
 
 TEST(RepoRefTest, RejectsMalformedNames) {
-  for (const char* bad :
-       {"alice", "/models", "alice/", "alice/models/extra", "al ice/models",
-        "alice/models:", "alice/models:../x", "../x/y"}) {
-    absl::StatusOr<RepoRef> r = ParseRepoRef(bad);
+  for (const char* bad : {"alice", "/models", "alice/", "alice/models/extra", "al ice/models",
+                          "alice/models:", "alice/models:../x", "../x/y"}) {
+    absl::StatusOr<RepoRef> r = parse_repo_ref(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(r.status().message(), HasSubstr(bad));
   }
 }
 
 TEST(RepoRefTest, RefusesBareCommits) {
-  absl::StatusOr<RepoRef> r = ParseRepoRef("alice/models:3f2a9c1");
+  absl::StatusOr<RepoRef> r = parse_repo_ref("alice/models:3f2a9c1");
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.status().message(), HasSubstr("looks like a commit"));
-  r = ParseRepoRef("alice/models:0123456789abcdef0123456789abcdef01234567");
+  r = parse_repo_ref("alice/models:0123456789abcdef0123456789abcdef01234567");
   EXPECT_FALSE(r.ok());
   // Letters only, or too short to be a commit: a branch name.
-  EXPECT_TRUE(ParseRepoRef("alice/models:deadbeef").ok());
-  EXPECT_TRUE(ParseRepoRef("alice/models:v1").ok());
+  EXPECT_TRUE(parse_repo_ref("alice/models:deadbeef").ok());
+  EXPECT_TRUE(parse_repo_ref("alice/models:v1").ok());
 }
 
-TEST(RepoRefTest, CacheDirName) {
-  EXPECT_EQ(CacheDirName("alice", "models", "master"), "alice_models_master");
-  EXPECT_EQ(CacheDirName("alice", "models", "feature/x"),
-            "alice_models_feature_x");
+TEST(RepoRefTest, cache_dir_name) {
+  EXPECT_EQ(cache_dir_name("alice", "models", "master"), "alice_models_master");
+  EXPECT_EQ(cache_dir_name("alice", "models", "feature/x"), "alice_models_feature_x");
 }
 
 }  // namespace

@@ -2,9 +2,9 @@
 //
 //   ```cpp
 //   #include "hub/sha256.h"
-//   std::string abc = ember::hub::Sha256Hex("abc");  // "ba7816bf..."
-//   EMBER_ASSIGN_OR_RETURN(std::string hex, ember::hub::Sha256OfFile("/dev/null"));
-//   if (hex != ember::hub::Sha256Hex("")) return absl::InternalError("digests differ");
+//   std::string abc = ember::hub::sha256_hex("abc");  // "ba7816bf..."
+//   EMBER_ASSIGN_OR_RETURN(std::string hex, ember::hub::sha256_of_file("/dev/null"));
+//   if (hex != ember::hub::sha256_hex("")) return absl::InternalError("digests differ");
 //   ```
 //
 // Thread-safety: safe from any thread.
@@ -19,11 +19,11 @@
 namespace ember::hub {
 
 // The digest of `bytes`: 64 lowercase hex digits.
-std::string Sha256Hex(absl::string_view bytes);
+std::string sha256_hex(absl::string_view bytes);
 
 // The digest of the file at `path`, read in chunks. Errors: NotFound /
 // Internal naming the path.
-absl::StatusOr<std::string> Sha256OfFile(const std::string& path);
+absl::StatusOr<std::string> sha256_of_file(const std::string& path);
 
 }  // namespace ember::hub
 

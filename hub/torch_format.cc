@@ -31,7 +31,8 @@ absl::StatusOr<StateDict> ReadLegacyCheckpoint(absl::string_view bytes, absl::st
   uint64_t claimed = 0;  // bytes all storages need; the file must hold them
   StorageLoader load = [&](const StorageRef& ref) -> absl::StatusOr<Storage> {
     uint64_t nbytes;
-    if (__builtin_mul_overflow(static_cast<uint64_t>(ref.numel), element_size(ref.dtype), &nbytes) ||
+    if (__builtin_mul_overflow(static_cast<uint64_t>(ref.numel), element_size(ref.dtype),
+                               &nbytes) ||
         __builtin_add_overflow(claimed, nbytes, &claimed) || claimed > bytes.size()) {
       return bad(absl::StrCat("storage '", escape_for_terminal(ref.key), "' claims ", ref.numel,
                               " ", std::string(dtype_name(ref.dtype)),
@@ -41,7 +42,7 @@ absl::StatusOr<StateDict> ReadLegacyCheckpoint(absl::string_view bytes, absl::st
     storages.emplace(ref.key, Pending{ref, storage});
     return storage;
   };
-  EMBER_ASSIGN_OR_RETURN(LegacyPickles pickles, UnpickleLegacyCheckpoint(bytes, load, source));
+  EMBER_ASSIGN_OR_RETURN(LegacyPickles pickles, unpickle_legacy_checkpoint(bytes, load, source));
   size_t pos = pickles.data_offset;
   for (const std::string& key : pickles.storage_keys) {
     auto it = storages.find(key);
@@ -85,9 +86,9 @@ bool IsTorchCheckpoint(absl::string_view bytes) {
   return absl::StartsWith(bytes, "PK\x03\x04") || IsLegacyTorchCheckpoint(bytes);
 }
 
-absl::StatusOr<StateDict> ReadTorchCheckpoint(std::string bytes, absl::string_view source) {
+absl::StatusOr<StateDict> read_torch_checkpoint(std::string bytes, absl::string_view source) {
   if (IsLegacyTorchCheckpoint(bytes)) return ReadLegacyCheckpoint(bytes, source);
-  EMBER_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::Open(std::move(bytes), std::string(source)));
+  EMBER_ASSIGN_OR_RETURN(ZipReader zip, ZipReader::open(std::move(bytes), std::string(source)));
   // Records live under one top folder, named after the file torch.save wrote.
   std::string prefix;
   for (const std::string& name : zip.names()) {
@@ -103,10 +104,10 @@ absl::StatusOr<StateDict> ReadTorchCheckpoint(std::string bytes, absl::string_vi
                      ": no <archive>/data.pkl record; this is a zip but not a "
                      "torch.save checkpoint"));
   }
-  EMBER_ASSIGN_OR_RETURN(absl::string_view pickle, zip.Read(prefix + "data.pkl"));
+  EMBER_ASSIGN_OR_RETURN(absl::string_view pickle, zip.read(prefix + "data.pkl"));
   StorageLoader load = [&](const StorageRef& ref) -> absl::StatusOr<Storage> {
     std::string record = absl::StrCat(prefix, "data/", ref.key);
-    EMBER_ASSIGN_OR_RETURN(absl::string_view data, zip.Read(record));
+    EMBER_ASSIGN_OR_RETURN(absl::string_view data, zip.read(record));
     uint64_t want;
     if (__builtin_mul_overflow(static_cast<uint64_t>(ref.numel), element_size(ref.dtype), &want) ||
         want != data.size()) {
@@ -119,10 +120,10 @@ absl::StatusOr<StateDict> ReadTorchCheckpoint(std::string bytes, absl::string_vi
     if (!data.empty()) std::memcpy(storage.data(), data.data(), data.size());
     return storage;
   };
-  return UnpickleStateDict(pickle, load, source);
+  return unpickle_state_dict(pickle, load, source);
 }
 
-absl::StatusOr<std::string> WriteTorchCheckpoint(const StateDict& state_dict) {
+absl::StatusOr<std::string> write_torch_checkpoint(const StateDict& state_dict) {
   std::vector<PickledTensor> pickled;
   std::vector<Tensor> contiguous;
   std::set<std::string> names;
@@ -144,15 +145,15 @@ absl::StatusOr<std::string> WriteTorchCheckpoint(const StateDict& state_dict) {
     contiguous.push_back(std::move(c));
   }
   ZipWriter zip;
-  zip.Add("archive/data.pkl", PickleStateDict(pickled));
-  zip.Add("archive/byteorder", "little");
+  zip.add("archive/data.pkl", pickle_state_dict(pickled));
+  zip.add("archive/byteorder", "little");
   for (size_t i = 0; i < contiguous.size(); ++i) {
     const Tensor& c = contiguous[i];
-    zip.Add(absl::StrCat("archive/data/", i),
+    zip.add(absl::StrCat("archive/data/", i),
             absl::string_view(static_cast<const char*>(c.raw_data()), c.nbytes()));
   }
-  zip.Add("archive/version", "3\n");
-  return std::move(zip).Finish();
+  zip.add("archive/version", "3\n");
+  return std::move(zip).finish();
 }
 
 }  // namespace ember::hub

@@ -10,9 +10,9 @@
 //   #include "hub/torch_format.h"
 //   #include "tensor/factories.h"
 //   ember::hub::StateDict sd = {{"fc.bias", ember::zeros({10})}};
-//   EMBER_ASSIGN_OR_RETURN(std::string file, ember::hub::WriteTorchCheckpoint(sd));
+//   EMBER_ASSIGN_OR_RETURN(std::string file, ember::hub::write_torch_checkpoint(sd));
 //   EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict back,
-//                          ember::hub::ReadTorchCheckpoint(file, "resnet18.pth"));
+//                          ember::hub::read_torch_checkpoint(file, "resnet18.pth"));
 //   ```
 //
 // Reading never executes anything: data.pkl runs on a restricted unpickler
@@ -43,12 +43,12 @@ bool IsTorchCheckpoint(absl::string_view bytes);
 // wrong size); PermissionDenied (a global, callable or opcode a state_dict
 // does not need); Unimplemented (a dtype or layout Ember lacks, such as
 // complex64); DataLoss (a zip record's CRC does not match).
-absl::StatusOr<StateDict> ReadTorchCheckpoint(std::string bytes, absl::string_view source);
+absl::StatusOr<StateDict> read_torch_checkpoint(std::string bytes, absl::string_view source);
 
 // The torch.save bytes of `state_dict`, each tensor saved contiguous in its
 // own storage. Errors: InvalidArgument for a tensor that is not on the CPU or
 // a duplicate name; OutOfRange above 4 GiB (zip64 is not written).
-absl::StatusOr<std::string> WriteTorchCheckpoint(const StateDict& state_dict);
+absl::StatusOr<std::string> write_torch_checkpoint(const StateDict& state_dict);
 
 }  // namespace ember::hub
 

@@ -46,7 +46,7 @@ la_ssize_t AppendTo(struct archive*, void* out, const void* data, size_t n) {
 
 }  // namespace
 
-absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes, std::string source) {
+absl::StatusOr<ZipReader> ZipReader::open(std::string bytes, std::string source) {
   ZipReader r;
   r.bytes_ = std::move(bytes);
   r.source_ = std::move(source);
@@ -140,7 +140,7 @@ absl::StatusOr<ZipReader> ZipReader::Open(std::string bytes, std::string source)
   return r;
 }
 
-absl::StatusOr<absl::string_view> ZipReader::Read(absl::string_view name) const {
+absl::StatusOr<absl::string_view> ZipReader::read(absl::string_view name) const {
   auto it = entries_.find(std::string(name));
   if (it == entries_.end()) {
     return absl::NotFoundError(absl::StrCat(source_, ": no record '", name, "' in the checkpoint"));
@@ -169,7 +169,7 @@ ZipWriter::ZipWriter() : archive_(archive_write_new()) {
 
 ZipWriter::~ZipWriter() = default;
 
-void ZipWriter::Add(const std::string& name, absl::string_view data) {
+void ZipWriter::add(const std::string& name, absl::string_view data) {
   if (!status_.ok()) return;
   struct archive* a = archive_.get();
   const size_t size = data.size();
@@ -195,7 +195,7 @@ void ZipWriter::Add(const std::string& name, absl::string_view data) {
   if (archive_write_finish_entry(a) != ARCHIVE_OK) return fail();
 }
 
-absl::StatusOr<std::string> ZipWriter::Finish() && {
+absl::StatusOr<std::string> ZipWriter::finish() && {
   if (status_.ok() && archive_write_close(archive_.get()) != ARCHIVE_OK) {
     status_ = absl::InternalError(
         absl::StrCat("cannot write the zip directory: ", ErrorOf(archive_.get())));

@@ -6,11 +6,11 @@
 //   ```cpp
 //   #include "hub/zip.h"
 //   ember::hub::ZipWriter out;
-//   out.Add("archive/version", "3\n");
-//   EMBER_ASSIGN_OR_RETURN(std::string file, std::move(out).Finish());
+//   out.add("archive/version", "3\n");
+//   EMBER_ASSIGN_OR_RETURN(std::string file, std::move(out).finish());
 //
-//   EMBER_ASSIGN_OR_RETURN(ember::hub::ZipReader zip, ember::hub::ZipReader::Open(file, "w.pt"));
-//   EMBER_ASSIGN_OR_RETURN(absl::string_view version, zip.Read("archive/version"));
+//   EMBER_ASSIGN_OR_RETURN(ember::hub::ZipReader zip, ember::hub::ZipReader::open(file, "w.pt"));
+//   EMBER_ASSIGN_OR_RETURN(absl::string_view version, zip.read("archive/version"));
 //   if (version != "3\n") return absl::DataLossError("the entry changed on the way");
 //   ```
 //
@@ -50,14 +50,14 @@ class ZipReader {
   // with one name, encrypted, or entries that expand to more bytes than the
   // file holds, as only compressed ones can); DataLoss when an entry's CRC-32
   // does not match its data.
-  static absl::StatusOr<ZipReader> Open(std::string bytes, std::string source);
+  static absl::StatusOr<ZipReader> open(std::string bytes, std::string source);
 
   // Entry names in the order their data lies in the file.
   const std::vector<std::string>& names() const { return names_; }
-  bool Contains(absl::string_view name) const { return entries_.count(std::string(name)) > 0; }
+  bool contains(absl::string_view name) const { return entries_.count(std::string(name)) > 0; }
   // The bytes of entry `name`, a view into the reader (CRC-checked by Open).
   // Errors: NotFound.
-  absl::StatusOr<absl::string_view> Read(absl::string_view name) const;
+  absl::StatusOr<absl::string_view> read(absl::string_view name) const;
 
  private:
   struct Entry {
@@ -82,10 +82,10 @@ class ZipWriter {
 
   // Appends a stored entry (a copy of `data`). A failure is kept and
   // reported by Finish; later calls then do nothing.
-  void Add(const std::string& name, absl::string_view data);
+  void add(const std::string& name, absl::string_view data);
   // The archive's bytes (central directory appended). Errors: Internal when
   // libarchive failed to write an entry or the directory, naming the entry.
-  absl::StatusOr<std::string> Finish() &&;
+  absl::StatusOr<std::string> finish() &&;
 
  private:
   struct WriterDeleter {

@@ -21,19 +21,17 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string Written(
-    const std::vector<std::pair<std::string, std::string>>& entries) {
+std::string Written(const std::vector<std::pair<std::string, std::string>>& entries) {
   ZipWriter w;
-  for (const auto& [name, data] : entries) w.Add(name, data);
-  absl::StatusOr<std::string> bytes = std::move(w).Finish();
+  for (const auto& [name, data] : entries) w.add(name, data);
+  absl::StatusOr<std::string> bytes = std::move(w).finish();
   EXPECT_TRUE(bytes.ok()) << bytes.status();
   return bytes.ok() ? *bytes : "";
 }
 
 // A zip written by libarchive directly with zip format `options` (e.g.
 // "zip:zip64", "zip:compression=deflate"), for what ZipWriter never writes.
-std::string WrittenWithOptions(const std::string& options,
-                               const std::string& name,
+std::string WrittenWithOptions(const std::string& options, const std::string& name,
                                const std::string& data) {
   struct Deleter {
     void operator()(struct archive* a) const { archive_write_free(a); }
@@ -45,8 +43,7 @@ std::string WrittenWithOptions(const std::string& options,
   EXPECT_EQ(archive_write_set_options(a.get(), options.c_str()), ARCHIVE_OK)
       << archive_error_string(a.get());
   archive_write_set_bytes_per_block(a.get(), 0);
-  EXPECT_EQ(archive_write_open_memory(a.get(), buf.data(), buf.size(), &used),
-            ARCHIVE_OK);
+  EXPECT_EQ(archive_write_open_memory(a.get(), buf.data(), buf.size(), &used), ARCHIVE_OK);
   struct archive_entry* e = archive_entry_new();
   archive_entry_set_pathname(e, name.c_str());
   archive_entry_set_filetype(e, AE_IFREG);
@@ -56,8 +53,7 @@ std::string WrittenWithOptions(const std::string& options,
   archive_entry_free(e);
   EXPECT_EQ(archive_write_data(a.get(), data.data(), data.size()),
             static_cast<la_ssize_t>(data.size()));
-  EXPECT_EQ(archive_write_close(a.get()), ARCHIVE_OK)
-      << archive_error_string(a.get());
+  EXPECT_EQ(archive_write_close(a.get()), ARCHIVE_OK) << archive_error_string(a.get());
   return std::string(buf.data(), used);
 }
 
@@ -79,17 +75,17 @@ TEST(ZipTest, RoundTripsEntriesInOrder) {
                                {"archive/empty", ""},
                                {"archive/data/0", binary},
                                {"archive/version", "3\n"}});
-  absl::StatusOr<ZipReader> zip = ZipReader::Open(bytes, "a.pt");
+  absl::StatusOr<ZipReader> zip = ZipReader::open(bytes, "a.pt");
   ASSERT_TRUE(zip.ok()) << zip.status();
-  EXPECT_THAT(zip->names(), ElementsAre("archive/data.pkl", "archive/empty",
-                                        "archive/data/0", "archive/version"));
-  EXPECT_EQ(*zip->Read("archive/data.pkl"), "pickle");
-  EXPECT_EQ(*zip->Read("archive/empty"), "");
-  EXPECT_EQ(*zip->Read("archive/data/0"), binary);
-  EXPECT_EQ(*zip->Read("archive/version"), "3\n");
-  EXPECT_TRUE(zip->Contains("archive/version"));
-  EXPECT_FALSE(zip->Contains("archive/data/1"));
-  absl::Status missing = zip->Read("archive/data/1").status();
+  EXPECT_THAT(zip->names(), ElementsAre("archive/data.pkl", "archive/empty", "archive/data/0",
+                                        "archive/version"));
+  EXPECT_EQ(*zip->read("archive/data.pkl"), "pickle");
+  EXPECT_EQ(*zip->read("archive/empty"), "");
+  EXPECT_EQ(*zip->read("archive/data/0"), binary);
+  EXPECT_EQ(*zip->read("archive/version"), "3\n");
+  EXPECT_TRUE(zip->contains("archive/version"));
+  EXPECT_FALSE(zip->contains("archive/data/1"));
+  absl::Status missing = zip->read("archive/data/1").status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.message(), HasSubstr("a.pt: no record 'archive/data/1'"));
 }
@@ -98,10 +94,10 @@ TEST(ZipTest, ReadsAPyTorchWrittenFile) {
   std::ifstream in("hub/testdata/tensors.pt", std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
-  absl::StatusOr<ZipReader> zip = ZipReader::Open(ss.str(), "tensors.pt");
+  absl::StatusOr<ZipReader> zip = ZipReader::open(ss.str(), "tensors.pt");
   ASSERT_TRUE(zip.ok()) << zip.status();
-  EXPECT_TRUE(zip->Contains("tensors/data.pkl"));
-  EXPECT_EQ(*zip->Read("tensors/version"), "3\n");
+  EXPECT_TRUE(zip->contains("tensors/data.pkl"));
+  EXPECT_EQ(*zip->read("tensors/version"), "3\n");
 }
 
 TEST(ZipTest, ReadsZip64Records) {
@@ -110,21 +106,21 @@ TEST(ZipTest, ReadsZip64Records) {
   // The zip64 end-of-directory record and its locator are present.
   ASSERT_NE(bytes.find("PK\x06\x06"), std::string::npos);
   ASSERT_NE(bytes.find("PK\x06\x07"), std::string::npos);
-  absl::StatusOr<ZipReader> zip = ZipReader::Open(bytes, "z64.pt");
+  absl::StatusOr<ZipReader> zip = ZipReader::open(bytes, "z64.pt");
   ASSERT_TRUE(zip.ok()) << zip.status();
-  EXPECT_EQ(*zip->Read("archive/data/0"), data);
+  EXPECT_EQ(*zip->read("archive/data/0"), data);
 }
 
 TEST(ZipTest, EveryTruncationIsRefusedNamingTheFile) {
-  std::string bytes = Written({{"archive/data.pkl", "pickle bytes"},
-                               {"archive/data/0", Incompressible(300)}});
+  std::string bytes =
+      Written({{"archive/data.pkl", "pickle bytes"}, {"archive/data/0", Incompressible(300)}});
   for (size_t n = 0; n < bytes.size(); ++n) {
-    absl::StatusOr<ZipReader> zip = ZipReader::Open(bytes.substr(0, n), "t.pt");
+    absl::StatusOr<ZipReader> zip = ZipReader::open(bytes.substr(0, n), "t.pt");
     ASSERT_FALSE(zip.ok()) << "accepted the first " << n << " bytes";
     EXPECT_EQ(zip.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(zip.status().message(), HasSubstr("t.pt: "));
   }
-  absl::Status junk = ZipReader::Open("PK\x03\x04 not a zip", "j.pt").status();
+  absl::Status junk = ZipReader::open("PK\x03\x04 not a zip", "j.pt").status();
   EXPECT_EQ(junk.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(junk.message(), HasSubstr("truncated or not a zip"));
 }
@@ -135,16 +131,15 @@ TEST(ZipTest, CorruptDataFailsItsCrc) {
   size_t at = bytes.find(payload);
   ASSERT_NE(at, std::string::npos);
   bytes[at + 500] ^= 0x5a;
-  absl::Status s = ZipReader::Open(bytes, "c.pt").status();
+  absl::Status s = ZipReader::open(bytes, "c.pt").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_THAT(s.message(), HasSubstr("c.pt: record 'archive/data/0'"));
   EXPECT_THAT(s.message(), HasSubstr("CRC"));
 }
 
 TEST(ZipTest, RefusesDuplicateNames) {
-  std::string bytes =
-      Written({{"archive/data/0", "a"}, {"archive/data/0", "b"}});
-  absl::Status s = ZipReader::Open(bytes, "d.pt").status();
+  std::string bytes = Written({{"archive/data/0", "a"}, {"archive/data/0", "b"}});
+  absl::Status s = ZipReader::open(bytes, "d.pt").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("d.pt: "));
   EXPECT_THAT(s.message(), HasSubstr("'archive/data/0' appears twice"));
@@ -153,17 +148,16 @@ TEST(ZipTest, RefusesDuplicateNames) {
 TEST(ZipTest, DecodesCompressedEntriesOnlyWithinTheFileSize) {
   // Deflated but incompressible: decodes to fewer bytes than the file holds.
   std::string data = Incompressible(4000);
-  std::string bytes =
-      WrittenWithOptions("zip:compression=deflate", "archive/data/0", data);
-  absl::StatusOr<ZipReader> zip = ZipReader::Open(bytes, "ok.pt");
+  std::string bytes = WrittenWithOptions("zip:compression=deflate", "archive/data/0", data);
+  absl::StatusOr<ZipReader> zip = ZipReader::open(bytes, "ok.pt");
   ASSERT_TRUE(zip.ok()) << zip.status();
-  EXPECT_EQ(*zip->Read("archive/data/0"), data);
+  EXPECT_EQ(*zip->read("archive/data/0"), data);
 
   // 1 MiB of zeros deflates to about a kilobyte: refused, not decoded.
-  bytes = WrittenWithOptions("zip:compression=deflate", "archive/data/0",
-                             std::string(1 << 20, '\0'));
+  bytes =
+      WrittenWithOptions("zip:compression=deflate", "archive/data/0", std::string(1 << 20, '\0'));
   ASSERT_LT(bytes.size(), 1u << 16);
-  absl::Status s = ZipReader::Open(bytes, "bomb.pt").status();
+  absl::Status s = ZipReader::open(bytes, "bomb.pt").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("bomb.pt: "));
   EXPECT_THAT(s.message(), HasSubstr("'archive/data/0'"));

@@ -69,18 +69,18 @@ class HubBinaryTest : public ::testing::Test {
     ASSERT_TRUE(save_checkpoint({{"w\x1b[2J", ::ember::zeros({2})}}, escapes_path).ok());
     std::string escapes = *ReadFile(escapes_path);
     ASSERT_TRUE(
-        WriteFile(tmp + "/www/w/escapes-" + Sha256Hex(escapes).substr(0, 8) + ".safetensors",
+        WriteFile(tmp + "/www/w/escapes-" + sha256_hex(escapes).substr(0, 8) + ".safetensors",
                   escapes)
             .ok());
-    escapes_name_ = new std::string("escapes-" + Sha256Hex(escapes).substr(0, 8) + ".safetensors");
+    escapes_name_ = new std::string("escapes-" + sha256_hex(escapes).substr(0, 8) + ".safetensors");
     std::string weights = *ReadFile("hub/testdata/tensors.pt");
-    name_ = new std::string("tensors-" + Sha256Hex(weights).substr(0, 8) + ".pt");
+    name_ = new std::string("tensors-" + sha256_hex(weights).substr(0, 8) + ".pt");
     ASSERT_TRUE(WriteFile(tmp + "/www/w/" + *name_, weights).ok());
     // A 1 MB checkpoint for the progress bar (served slowly under /slow/).
     std::string big_path = tmp + "/big.safetensors";
     ASSERT_TRUE(save_checkpoint({{"w", ::ember::zeros({250000})}}, big_path).ok());
     std::string big = *ReadFile(big_path);
-    big_name_ = new std::string("big-" + Sha256Hex(big).substr(0, 8) + ".safetensors");
+    big_name_ = new std::string("big-" + sha256_hex(big).substr(0, 8) + ".safetensors");
     big_size_ = big.size();
     ASSERT_TRUE(WriteFile(tmp + "/www/w/" + *big_name_, big).ok());
     absl::StatusOr<TestServer> s = TestServer::Start(tmp + "/www", tmp + "/server");
@@ -327,7 +327,7 @@ TEST_F(HubBinaryTest, HashMismatchExitsOneAndKeepsFiles) {
   EXPECT_EQ(r.out, "");
   EXPECT_THAT(r.err, HasSubstr(server_->url("/w/bad-00000000.pt")));
   EXPECT_THAT(r.err, HasSubstr("'00000000'"));
-  EXPECT_THAT(r.err, HasSubstr(Sha256Hex(weights)));
+  EXPECT_THAT(r.err, HasSubstr(sha256_hex(weights)));
   EXPECT_FALSE(std::filesystem::exists(dir + "/bad-00000000.pt"));
 
   // A cached file that no longer matches its name is reported and left alone.
