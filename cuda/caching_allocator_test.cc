@@ -8,9 +8,12 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/device.h"
 #include "cuda/host_allocator.h"
 #include "gtest/gtest.h"
 #include "tensor/error.h"
+#include "tensor/factories.h"
+#include "tensor/tensor.h"
 #include "third_party/cuda/device_check.h"
 
 namespace ember::cuda {
@@ -259,6 +262,34 @@ TEST(CachingAllocatorTest, OutOfMemoryNamesSizesAndRecoversAfterFree) {
   EXPECT_EQ(memory_reserved(0), 0);
   absl::StatusOr<DataPtr> again = caching_allocator_alloc(kGiB, 0);
   EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// //cuda registers the pinned allocator with tensor/, so the factories'
+// pinned_memory(true) and Tensor::pin_memory reach it: without a device they
+// throw its no-device reason; on a GPU the result is page-locked and equal.
+TEST(CachingAllocatorTest, TensorsPinThroughThePinnedAllocator) {
+  ASSERT_EQ(GetPinnedMemoryAllocator(), pinned_allocator());
+  Tensor host = arange(6, kFloat32);
+  if (!is_available()) {
+    try {
+      host.pin_memory();
+      FAIL() << "pinned a tensor without a device";
+    } catch (const Error& e) {
+      EXPECT_TRUE(Contains(e.what(), "CUDA pinned host allocator: cannot allocate 24 bytes"))
+          << e.what();
+    }
+    EXPECT_FALSE(host.is_pinned());
+    return;
+  }
+  Tensor pinned = host.pin_memory();
+  EXPECT_TRUE(pinned.is_pinned());
+  EXPECT_FALSE(host.is_pinned());
+  EXPECT_TRUE(is_pinned(pinned.storage().data_ptr()));
+  EXPECT_TRUE(pinned.equal(host));
+  EXPECT_EQ(pinned.pin_memory().raw_data(), pinned.raw_data()) << "pinned already: no copy";
+  Tensor z = zeros({4}, TensorOptions().pinned_memory(true));
+  EXPECT_TRUE(z.is_pinned());
+  EXPECT_EQ(z.sum().item<double>(), 0.0);
 }
 
 }  // namespace

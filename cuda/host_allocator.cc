@@ -69,6 +69,14 @@ Allocator* pinned_allocator() {
 
 bool is_pinned(const DataPtr& ptr) { return ptr.deleter() == &FreePinnedBlock; }
 
+namespace {
+// Tensor::pin_memory and the factories' pinned_memory(true) allocate here.
+[[maybe_unused]] const bool kRegistered = [] {
+  SetPinnedMemoryAllocator(pinned_allocator());
+  return true;
+}();
+}  // namespace
+
 absl::Status host_record_stream(const DataPtr& ptr, Stream stream) {
   if (!ptr) return absl::OkStatus();
   if (!is_pinned(ptr)) {

@@ -5,8 +5,8 @@
 
 #include <array>
 #include <atomic>
-#include <cstdio>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -92,9 +92,8 @@ void FreeSmall(void* p) {
   c.data_bytes += kSize;
 }
 
-constexpr DeleterFn kSmallDeleters[kNumSmallClasses] = {&FreeSmall<0>, &FreeSmall<1>,
-                                                        &FreeSmall<2>, &FreeSmall<3>,
-                                                        &FreeSmall<4>};
+constexpr DeleterFn kSmallDeleters[kNumSmallClasses] = {&FreeSmall<0>, &FreeSmall<1>, &FreeSmall<2>,
+                                                        &FreeSmall<3>, &FreeSmall<4>};
 
 DataPtr AllocateSmall(size_t nbytes) {
   const int k = SmallClass(nbytes);
@@ -315,8 +314,7 @@ class CpuAllocator final : public Allocator {
 };
 
 std::array<std::atomic<Allocator*>, kNumDeviceTypes>& Registry() {
-  static std::array<std::atomic<Allocator*>, kNumDeviceTypes> registry{
-      GetCpuAllocator(), nullptr};
+  static std::array<std::atomic<Allocator*>, kNumDeviceTypes> registry{GetCpuAllocator(), nullptr};
   return registry;
 }
 
@@ -324,9 +322,7 @@ std::array<std::atomic<Allocator*>, kNumDeviceTypes>& Registry() {
 
 namespace internal {
 
-int PoolClass(size_t nbytes) {
-  return nbytes == 0 ? 0 : static_cast<int>((nbytes + 15) / 16) - 1;
-}
+int PoolClass(size_t nbytes) { return nbytes == 0 ? 0 : static_cast<int>((nbytes + 15) / 16) - 1; }
 
 void* PoolAllocate(size_t nbytes) {
   const int k = PoolClass(nbytes);
@@ -374,6 +370,18 @@ Allocator* GetAllocator(DeviceType type) {
 
 void SetAllocator(DeviceType type, Allocator* allocator) {
   Registry()[static_cast<int>(type)].store(allocator, std::memory_order_release);
+}
+
+namespace {
+std::atomic<Allocator*> pinned_memory_allocator{nullptr};
+}  // namespace
+
+Allocator* GetPinnedMemoryAllocator() {
+  return pinned_memory_allocator.load(std::memory_order_acquire);
+}
+
+void SetPinnedMemoryAllocator(Allocator* allocator) {
+  pinned_memory_allocator.store(allocator, std::memory_order_release);
 }
 
 }  // namespace ember

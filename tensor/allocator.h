@@ -172,6 +172,13 @@ Allocator* GetAllocator(DeviceType type);
 // Makes `allocator` (not owned; must outlive its use) the default for `type`.
 void SetAllocator(DeviceType type, Allocator* allocator);
 
+// Pinned (page-locked) host memory: CPU memory a device copies from and to
+// asynchronously. A device backend registers the allocator that makes it
+// (//cuda does, at load time); null until one has. Tensor::pin_memory,
+// Tensor::is_pinned and the factories' pinned_memory(true) use it.
+Allocator* GetPinnedMemoryAllocator();
+void SetPinnedMemoryAllocator(Allocator* allocator);
+
 }  // namespace ember
 
 #endif  // EMBER_TENSOR_ALLOCATOR_H_

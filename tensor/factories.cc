@@ -9,21 +9,25 @@ namespace ember {
 
 namespace {
 
-// What every factory checks before allocating: pinned memory needs CUDA,
-// which Ember does not have yet, so it is refused (as torch refuses it
-// without CUDA) rather than silently giving pageable memory.
+// What every factory checks before allocating: only CPU tensors can be
+// pinned, and only when a device backend provides pinned memory (as torch
+// refuses pinning without CUDA). The pinning itself happens in Finish.
 void CheckPlacement(const TensorOptions& options, const char* op) {
   if (!options.pinned_memory()) return;
   EMBER_CHECK(options.device().is_cpu(), op, ": only CPU tensors can be pinned, but the device is ",
               options.device().str(), "; drop pinned_memory(true)");
-  EMBER_FAIL(op,
-             ": pinned_memory(true) needs CUDA (pinned host memory is page-locked by the CUDA "
-             "runtime), which this build of Ember does not have; drop pinned_memory(true)");
+  EMBER_CHECK(GetPinnedMemoryAllocator() != nullptr, op,
+              ": pinned_memory(true) needs CUDA (pinned host memory is page-locked by the CUDA "
+              "runtime), and //cuda is not linked; link it (it is part of //:ember) or drop "
+              "pinned_memory(true)");
 }
 
-// The factory's last step: a leaf that requires grad when the options say
-// so (throws for non-floating dtypes, and when //autograd is not linked).
+// The factory's last step: moved to pinned memory when the options ask
+// (throws when no device backend provides it), then a leaf that requires
+// grad when the options say so (throws for non-floating dtypes, and when
+// //autograd is not linked).
 Tensor Finish(Tensor t, const TensorOptions& options) {
+  if (options.pinned_memory()) t = t.pin_memory();
   if (options.requires_grad()) t.requires_grad_(true);
   return t;
 }

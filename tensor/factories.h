@@ -19,8 +19,9 @@
 // input's dtype and device unless the options set them (never its
 // requires_grad). requires_grad(true) is applied to the filled tensor, which
 // is then a leaf; it needs //autograd and a floating dtype. pinned_memory(true)
-// throws: pinned host memory needs CUDA, which Ember does not have yet (torch
-// throws the same way without CUDA). Random numbers come from
+// puts the result in pinned host memory (Tensor::pin_memory): it needs //cuda
+// linked and a usable device, and throws otherwise, as torch does without
+// CUDA. Random numbers come from
 // a seedable generator: manual_seed(s) makes every later rand/randn/randint
 // sequence reproducible across runs and machines (a 64-bit Mersenne Twister
 // with Ember's own, platform-independent distributions; the values differ

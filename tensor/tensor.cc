@@ -294,6 +294,25 @@ Tensor Tensor::to(Device dev) const {
   return CopyIntoFresh(out, *this);
 }
 
+bool Tensor::is_pinned() const {
+  Allocator* pinned = GetPinnedMemoryAllocator();
+  return defined() && pinned != nullptr && storage().allocator() == pinned;
+}
+
+Tensor Tensor::pin_memory() const {
+  EMBER_CHECK(defined(), "pin_memory: the tensor is undefined");
+  EMBER_CHECK(is_cpu(), "pin_memory: only CPU tensors can be pinned, but this one is on ",
+              device().str());
+  if (is_pinned()) return *this;
+  Allocator* pinned = GetPinnedMemoryAllocator();
+  EMBER_CHECK(pinned != nullptr,
+              "pin_memory: pinned host memory is page-locked by a device runtime, and none is "
+              "linked; link //cuda (part of //:ember) or drop the pinning");
+  Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), pinned), dtype(), sizes(),
+                            ContiguousStrides(sizes()), 0));
+  return CopyIntoFresh(out, *this);
+}
+
 Tensor Tensor::copy_(const Tensor& src) const { return ops::copy_(*this, src); }
 Tensor Tensor::fill_(const Scalar& value) const { return ops::fill_(*this, value); }
 

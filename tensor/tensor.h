@@ -126,8 +126,10 @@ struct VersionCounter {
 //   ember::Tensor d = ember::ones({2}, ember::kFloat64);  // a Dtype or Device converts
 //
 // requires_grad(true) needs //autograd and a floating dtype (the factory
-// throws otherwise, as torch). pinned_memory(true) needs CUDA, which Ember
-// does not have yet: the factories throw, as torch does without CUDA.
+// throws otherwise, as torch). pinned_memory(true) gives page-locked host
+// memory from the pinned allocator a device backend registers (//cuda); the
+// factories throw when none is linked or no device is usable, as torch does
+// without CUDA.
 class TensorOptions {
  public:
   TensorOptions() = default;
@@ -349,6 +351,12 @@ class Tensor {
   Tensor clone() const;
   Tensor to(Dtype dtype) const;
   Tensor to(Device device) const;
+  // A copy in pinned host memory (this tensor when it is pinned already);
+  // throws for a tensor not on the CPU and when no device backend registered
+  // a pinned allocator (link //cuda), as torch's pin_memory.
+  Tensor pin_memory() const;
+  // Whether this CPU tensor's memory is pinned.
+  bool is_pinned() const;
   // Copies `src` (broadcast to this shape, any dtype) into this tensor.
   Tensor copy_(const Tensor& src) const;
   Tensor fill_(const Scalar& value) const;

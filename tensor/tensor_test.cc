@@ -406,6 +406,16 @@ TEST(TensorTest, TensorOptionsSetAndMerge) {
   EXPECT_TRUE(m.requires_grad());
 }
 
+// Without a device backend linked (//tensor alone) nothing can pin memory:
+// pin_memory says what to link, and no tensor claims to be pinned (the
+// factories' side: PinnedMemoryIsRefusedWithoutCuda).
+TEST(TensorTest, PinMemoryNeedsADeviceBackend) {
+  ASSERT_EQ(GetPinnedMemoryAllocator(), nullptr);
+  Tensor t = ones({3});
+  EXPECT_FALSE(t.is_pinned());
+  EXPECT_THAT(ErrorOf([&] { t.pin_memory(); }), HasSubstr("link //cuda"));
+}
+
 TEST(TensorTest, FactoriesInferTheDtypeWhenOptionsLeaveItOut) {
   TensorOptions cpu = TensorOptions().device(kCPU);
   EXPECT_EQ(full({2}, 3, cpu).dtype(), kInt64);
@@ -436,6 +446,8 @@ TEST(TensorTest, LikeFactoriesTakeTheInputsDtypeUnlessTold) {
   EXPECT_EQ(randn_like(x, kFloat32).sizes(), x.sizes());
 }
 
+// With //cuda linked, the same factories allocate pinned memory instead
+// (cuda/caching_allocator_test.cc).
 TEST(TensorTest, PinnedMemoryIsRefusedWithoutCuda) {
   TensorOptions pinned = TensorOptions().pinned_memory(true);
   for (auto& [name, make] : std::vector<std::pair<std::string, std::function<void()>>>{
