@@ -137,6 +137,9 @@ class CachingAllocator final : public Allocator {
     return std::move(*p);
   }
   std::string_view name() const override { return "cuda_caching"; }
+  void RecordStream(const DataPtr& ptr, ember::Stream stream) override {
+    if (absl::Status st = record_stream(ptr, stream); !st.ok()) internal::ThrowStatus(st);
+  }
 };
 
 // A recorded event of the kCUDA DeviceGuardImpl (//cuda:device, linked

@@ -10,6 +10,7 @@
 
 #include "cuda/device.h"
 #include "cuda/host_allocator.h"
+#include "cuda/stream.h"
 #include "gtest/gtest.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -21,7 +22,7 @@ namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
 constexpr size_t kGiB = size_t{1} << 30;
-const Stream kDefaultStream(Device(DeviceType::kCUDA, 0), 0);
+const ember::Stream kDefaultStream(Device(DeviceType::kCUDA, 0), 0);
 
 // The no-device cases need a machine without a usable GPU.
 #define SKIP_WITH_CUDA()                                                          \
@@ -169,7 +170,7 @@ TEST(CachingAllocatorTest, BadDeviceIndexOrStreamIsInvalidArgument) {
   absl::StatusOr<DataPtr> p = caching_allocator_alloc(16, 1000);
   EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << p.status();
   EXPECT_TRUE(Contains(std::string(p.status().message()), "1000")) << p.status();
-  p = caching_allocator_alloc(16, -1, Stream(kCPU, 0));
+  p = caching_allocator_alloc(16, -1, ember::Stream(kCPU, 0));
   EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << p.status();
 }
 
@@ -290,6 +291,23 @@ TEST(CachingAllocatorTest, TensorsPinThroughThePinnedAllocator) {
   Tensor z = zeros({4}, TensorOptions().pinned_memory(true));
   EXPECT_TRUE(z.is_pinned());
   EXPECT_EQ(z.sum().item<double>(), 0.0);
+}
+
+// Tensor::record_stream reaches the allocator that made the tensor's memory.
+TEST(CachingAllocatorTest, TensorRecordStreamReachesTheCachingAllocator) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  Tensor t = empty({1024}, TensorOptions().device(Device(DeviceType::kCUDA, 0)));
+  absl::StatusOr<cuda::Stream> side = get_stream_from_pool();
+  ASSERT_TRUE(side.ok()) << side.status();
+  t.record_stream(*side);  // no throw: a caching-allocator block
+  Tensor pinned = ones({4}).pin_memory();
+  pinned.record_stream(*side);  // pinned memory is stream-ordered too
+  try {
+    t.record_stream(ember::Stream(kCPU, 0));
+    FAIL() << "recorded a CUDA block on a CPU stream";
+  } catch (const Error& e) {
+    EXPECT_TRUE(Contains(e.what(), "pass a stream of a CUDA device")) << e.what();
+  }
 }
 
 }  // namespace

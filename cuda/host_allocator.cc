@@ -58,6 +58,7 @@ class PinnedAllocator final : public Allocator {
     return DataPtr((*block)->ptr, *block, &FreePinnedBlock, kCPU);
   }
   std::string_view name() const override { return "cuda_pinned"; }
+  void RecordStream(const DataPtr& ptr, ember::Stream stream) override;
 };
 
 }  // namespace
@@ -68,6 +69,10 @@ Allocator* pinned_allocator() {
 }
 
 bool is_pinned(const DataPtr& ptr) { return ptr.deleter() == &FreePinnedBlock; }
+
+void PinnedAllocator::RecordStream(const DataPtr& ptr, ember::Stream stream) {
+  if (absl::Status st = host_record_stream(ptr, stream); !st.ok()) internal::ThrowStatus(st);
+}
 
 namespace {
 // Tensor::pin_memory and the factories' pinned_memory(true) allocate here.

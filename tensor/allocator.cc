@@ -364,6 +364,14 @@ CpuCacheStats get_cpu_cache_stats() { return LargeCache::Get().Stats(); }
 
 bool IsCachedCpuBlock(const DataPtr& p) { return p.deleter() == &FreeLarge; }
 
+void Allocator::RecordStream(const DataPtr& ptr, Stream stream) {
+  EMBER_FAIL("record_stream: memory from the ", name(), " allocator (on ", ptr.device().str(),
+             ") is not ordered by streams, so there is nothing to record on ",
+             stream.device().str(), " stream ", stream.id(),
+             "; record_stream applies to CUDA "
+             "tensors and pinned host memory");
+}
+
 Allocator* GetAllocator(DeviceType type) {
   return Registry()[static_cast<int>(type)].load(std::memory_order_acquire);
 }

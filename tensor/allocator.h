@@ -83,6 +83,11 @@ class Allocator {
   virtual DataPtr Allocate(size_t nbytes) = 0;
   // A short name for messages ("cpu", "cuda_caching", "shm_fd", ...).
   virtual std::string_view name() const = 0;
+  // Marks `ptr` (from this allocator) as used by work queued on `stream`, so
+  // that its memory is not reused before that work is done once it is freed
+  // (torch's Tensor.record_stream). Allocators whose memory is not
+  // stream-ordered throw, naming themselves.
+  virtual void RecordStream(const DataPtr& ptr, Stream stream);
 };
 
 // Byte alignment of every CPU allocation (a cache line; wide enough for

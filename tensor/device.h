@@ -1,4 +1,5 @@
-// Device: where a tensor's memory lives, "cpu" or "cuda:N".
+// Device: where a tensor's memory lives, "cpu" or "cuda:N"; and Stream, an
+// ordered queue of work on one device.
 //
 //   ```cpp
 //   #include "tensor/device.h"
@@ -52,6 +53,22 @@ class Device {
 };
 
 inline constexpr Device kCPU{DeviceType::kCPU};
+
+// A stream: an ordered queue of work on one device (torch.Stream). Streams
+// of one device are told apart by `id`; id 0 is the device's default stream.
+// Value type; the backend owns what the id names.
+class Stream {
+ public:
+  constexpr Stream(Device device = Device(DeviceType::kCPU), int64_t id = 0)  // NOLINT
+      : device_(device), id_(id) {}
+  Device device() const { return device_; }
+  int64_t id() const { return id_; }
+  friend bool operator==(const Stream& a, const Stream& b) = default;
+
+ private:
+  Device device_;
+  int64_t id_;
+};
 
 std::ostream& operator<<(std::ostream& os, const Device& device);
 

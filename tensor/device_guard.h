@@ -38,22 +38,6 @@ struct DeviceProperties {
   int minor = 0;
 };
 
-// A stream: an ordered queue of work on one device (torch.Stream). Streams
-// of one device are told apart by `id`; id 0 is the device's default stream.
-// Value type; the backend owns what the id names.
-class Stream {
- public:
-  constexpr Stream(Device device = Device(DeviceType::kCPU), int64_t id = 0)  // NOLINT
-      : device_(device), id_(id) {}
-  Device device() const { return device_; }
-  int64_t id() const { return id_; }
-  friend bool operator==(const Stream& a, const Stream& b) = default;
-
- private:
-  Device device_;
-  int64_t id_;
-};
-
 // What a backend implements for its device type. Implementations are
 // thread-safe; the current device and current streams they keep are per
 // thread. The stream and event members have defaults for a type that runs

@@ -299,6 +299,15 @@ bool Tensor::is_pinned() const {
   return defined() && pinned != nullptr && storage().allocator() == pinned;
 }
 
+void Tensor::record_stream(Stream stream) const {
+  EMBER_CHECK(defined(), "record_stream: the tensor is undefined");
+  Allocator* allocator = storage().allocator();
+  EMBER_CHECK(allocator != nullptr, "record_stream: the tensor's memory (on ", device().str(),
+              ") was not made by an allocator (from_blob or shared memory), so no allocator "
+              "can delay its reuse");
+  allocator->RecordStream(storage().data_ptr(), stream);
+}
+
 Tensor Tensor::pin_memory() const {
   EMBER_CHECK(defined(), "pin_memory: the tensor is undefined");
   EMBER_CHECK(is_cpu(), "pin_memory: only CPU tensors can be pinned, but this one is on ",

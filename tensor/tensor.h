@@ -357,6 +357,11 @@ class Tensor {
   Tensor pin_memory() const;
   // Whether this CPU tensor's memory is pinned.
   bool is_pinned() const;
+  // Keeps this tensor's memory from being reused, once freed, before the
+  // work queued on `stream` so far is done (torch's record_stream: for a
+  // tensor used on a stream other than the one it was allocated on). Throws
+  // for memory that is not stream-ordered (plain CPU tensors).
+  void record_stream(Stream stream) const;
   // Copies `src` (broadcast to this shape, any dtype) into this tensor.
   Tensor copy_(const Tensor& src) const;
   Tensor fill_(const Scalar& value) const;

@@ -416,6 +416,15 @@ TEST(TensorTest, PinMemoryNeedsADeviceBackend) {
   EXPECT_THAT(ErrorOf([&] { t.pin_memory(); }), HasSubstr("link //cuda"));
 }
 
+TEST(TensorTest, RecordStreamRefusesMemoryThatStreamsDoNotOrder) {
+  EXPECT_THAT(ErrorOf([] { ones({3}).record_stream(Stream(kCPU, 0)); }),
+              HasSubstr("record_stream: memory from the cpu allocator (on cpu) is not ordered by "
+                        "streams"));
+  float data[2] = {1, 2};
+  EXPECT_THAT(ErrorOf([&] { from_blob(data, {2}, kFloat32).record_stream(Stream(kCPU, 0)); }),
+              HasSubstr("was not made by an allocator"));
+}
+
 TEST(TensorTest, FactoriesInferTheDtypeWhenOptionsLeaveItOut) {
   TensorOptions cpu = TensorOptions().device(kCPU);
   EXPECT_EQ(full({2}, 3, cpu).dtype(), kInt64);
