@@ -1,0 +1,388 @@
+// Device side of unary_out, binary_out, binary_alpha_out, where_out and
+// clamp_out. One kernel template per family and element type, the op chosen
+// by a switch inside it (Note [CUDA loops] in loops.cuh). Semantics follow
+// the CPU kernels (tensor/cpu/elementwise_kernels.cc): 16-bit floats compute
+// in float; signed integer add/sub/mul/neg/abs/square wrap around; maximum
+// and minimum propagate NaN; integer pow squares and returns 0 for negative
+// exponents except for bases 1 and -1.
+#include <cmath>
+
+#include "cuda/loops.cuh"
+
+namespace ember::cuda::kernels {
+namespace {
+
+template <typename T>
+inline constexpr bool kIsSignedInt = std::is_integral_v<T>&& std::is_signed_v<T>;
+
+// Two's complement arithmetic: computed in the unsigned type.
+template <typename T>
+__device__ __forceinline__ T WrapAdd(T x, T y) {
+  if constexpr (kIsSignedInt<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(x) + static_cast<U>(y)));
+  } else {
+    return static_cast<T>(x + y);
+  }
+}
+template <typename T>
+__device__ __forceinline__ T WrapSub(T x, T y) {
+  if constexpr (kIsSignedInt<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(x) - static_cast<U>(y)));
+  } else {
+    return static_cast<T>(x - y);
+  }
+}
+template <typename T>
+__device__ __forceinline__ T WrapMul(T x, T y) {
+  if constexpr (std::is_integral_v<T> && sizeof(T) < sizeof(int)) {
+    return static_cast<T>(static_cast<unsigned>(x) * static_cast<unsigned>(y));
+  } else if constexpr (kIsSignedInt<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(x) * static_cast<U>(y)));
+  } else {
+    return static_cast<T>(x * y);
+  }
+}
+
+template <typename T>
+__device__ T IntPow(T base, T exp) {
+  if constexpr (std::is_signed_v<T>) {
+    if (exp < 0) {
+      if (base == 1) return 1;
+      if (base == -1) return (exp % 2 == 0) ? T(1) : T(-1);
+      return 0;
+    }
+  }
+  T result = 1;
+  while (exp != 0) {
+    if (exp & 1) result = WrapMul<T>(result, base);
+    exp = static_cast<T>(exp >> 1);
+    base = WrapMul<T>(base, base);
+  }
+  return result;
+}
+
+// ---- unary ----------------------------------------------------------------------------
+
+template <typename M>
+__device__ __forceinline__ M UnaryFloat(int op, M x) {
+  switch (op) {
+    case kNeg:
+      return -x;
+    case kAbs:
+      return fabs(x);
+    case kExp:
+      return exp(x);
+    case kExpm1:
+      return expm1(x);
+    case kLog:
+      return log(x);
+    case kLog1p:
+      return log1p(x);
+    case kLog2:
+      return log2(x);
+    case kSqrt:
+      return sqrt(x);
+    case kRsqrt:
+      return M(1) / sqrt(x);
+    case kSin:
+      return sin(x);
+    case kCos:
+      return cos(x);
+    case kTan:
+      return tan(x);
+    case kTanh:
+      return tanh(x);
+    case kSigmoid:
+      return M(1) / (M(1) + exp(-x));
+    case kRelu:
+      return x < M(0) ? M(0) : x;
+    case kGelu:
+      return M(0.5) * x * (M(1) + erf(x * M(0.70710678118654752440084436210484903)));
+    case kErf:
+      return erf(x);
+    case kReciprocal:
+      return M(1) / x;
+    case kSign:
+      return M((M(0) < x) - (x < M(0)));
+    case kFloor:
+      return floor(x);
+    case kCeil:
+      return ceil(x);
+    case kRound:
+      return rint(x);  // Half to even.
+    case kSquare:
+      return x * x;
+    default:
+      return x;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ bool IsNegative(T x) {
+  if constexpr (std::is_signed_v<T>) {
+    return x < T(0);
+  } else {
+    return false;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T UnaryIntegral(int op, T x) {
+  switch (op) {
+    case kNeg:
+      return WrapSub<T>(T(0), x);
+    case kAbs:
+      return IsNegative(x) ? WrapSub<T>(T(0), x) : x;
+    case kRelu:
+      return IsNegative(x) ? T(0) : x;
+    case kSign:
+      return static_cast<T>((T(0) < x) - IsNegative(x));
+    case kSquare:
+      return WrapMul<T>(x, x);
+    default:
+      return x;  // floor, ceil, round
+  }
+}
+
+template <typename T>
+struct UnaryBody {
+  int op;
+  char* out;
+  const char* in;
+  __device__ void operator()(const int64_t (&off)[2]) {
+    const T x = *reinterpret_cast<const T*>(in + off[1]);
+    if (op == kLogicalNot) {
+      *reinterpret_cast<bool*>(out + off[0]) = !Cast<bool>(x);
+    } else if constexpr (kIsFloat<T>) {
+      *reinterpret_cast<T*>(out + off[0]) =
+          Cast<T>(UnaryFloat<Math<T>>(op, static_cast<Math<T>>(x)));
+    } else if constexpr (std::is_same_v<T, bool>) {
+      *reinterpret_cast<bool*>(out + off[0]) = x;  // sign
+    } else {
+      *reinterpret_cast<T*>(out + off[0]) = UnaryIntegral<T>(op, x);
+    }
+  }
+};
+
+template <typename T>
+__global__ void UnaryKernel(Geometry<2> g, UnaryBody<T> body) {
+  const int64_t sizes[2] = {body.op == kLogicalNot ? 1 : int64_t{sizeof(T)}, int64_t{sizeof(T)}};
+  ForEachElement<2>(g, sizes, body);
+}
+
+// ---- binary -----------------------------------------------------------------------------
+
+template <typename M>
+__device__ __forceinline__ bool Compare(int op, M x, M y) {
+  switch (op) {
+    case kEq:
+      return x == y;
+    case kNe:
+      return x != y;
+    case kLt:
+      return x < y;
+    case kLe:
+      return x <= y;
+    case kGt:
+      return x > y;
+    case kGe:
+      return x >= y;
+    case kLogicalAnd:
+      return (x != M(0)) && (y != M(0));
+    case kLogicalOr:
+      return (x != M(0)) || (y != M(0));
+    default:
+      return (x != M(0)) != (y != M(0));
+  }
+}
+
+// Arithmetic in M (Math<T>), which is T for integers and bool.
+template <typename T, typename M>
+__device__ __forceinline__ M Arith(int op, M x, M y) {
+  switch (op) {
+    case kAdd:
+      if constexpr (std::is_same_v<T, bool>)
+        return x || y;
+      else
+        return WrapAdd<M>(x, y);
+    case kSub:
+      if constexpr (std::is_same_v<T, bool>)
+        return x;
+      else
+        return WrapSub<M>(x, y);
+    case kMul:
+      if constexpr (std::is_same_v<T, bool>)
+        return x && y;
+      else
+        return WrapMul<M>(x, y);
+    case kDiv:
+      if constexpr (kIsFloat<T>)
+        return x / y;
+      else
+        return x;
+    case kPow:
+      if constexpr (kIsFloat<T>)
+        return static_cast<M>(pow(x, y));
+      else if constexpr (!std::is_same_v<T, bool>)
+        return IntPow<M>(x, y);
+      else
+        return x;
+    case kMaximum:
+      return (x > y || x != x) ? x : y;
+    default:
+      return (x < y || x != x) ? x : y;  // kMinimum
+  }
+}
+
+template <typename T>
+struct BinaryBody {
+  int op;
+  bool has_alpha;
+  Math<T> alpha;  // Already negated for kSub on floats.
+  char* out;
+  const char* a;
+  const char* b;
+  __device__ void operator()(const int64_t (&off)[3]) {
+    using M = Math<T>;
+    const M x = static_cast<M>(*reinterpret_cast<const T*>(a + off[1]));
+    const M y = static_cast<M>(*reinterpret_cast<const T*>(b + off[2]));
+    if (op >= kEq) {
+      *reinterpret_cast<bool*>(out + off[0]) = Compare<M>(op, x, y);
+      return;
+    }
+    M r;
+    if (has_alpha) {
+      if constexpr (std::is_same_v<T, bool>) {
+        r = alpha ? (x || y) : x;
+      } else if constexpr (kIsFloat<T>) {
+        r = x + alpha * y;
+      } else {
+        r = op == kAdd ? WrapAdd<M>(x, WrapMul<M>(alpha, y)) : WrapSub<M>(x, WrapMul<M>(alpha, y));
+      }
+    } else {
+      r = Arith<T, M>(op, x, y);
+    }
+    *reinterpret_cast<T*>(out + off[0]) = Cast<T>(r);
+  }
+};
+
+template <typename T>
+__global__ void BinaryKernel(Geometry<3> g, BinaryBody<T> body) {
+  const int64_t sizes[3] = {body.op >= kEq ? 1 : int64_t{sizeof(T)}, int64_t{sizeof(T)},
+                            int64_t{sizeof(T)}};
+  ForEachElement<3>(g, sizes, body);
+}
+
+// ---- where / clamp ------------------------------------------------------------------------
+
+template <typename T>
+struct WhereBody {
+  char* out;
+  const char* cond;
+  const char* a;
+  const char* b;
+  __device__ void operator()(const int64_t (&off)[4]) {
+    *reinterpret_cast<T*>(out + off[0]) = *reinterpret_cast<const bool*>(cond + off[1])
+                                              ? *reinterpret_cast<const T*>(a + off[2])
+                                              : *reinterpret_cast<const T*>(b + off[3]);
+  }
+};
+
+template <typename T>
+__global__ void WhereKernel(Geometry<4> g, WhereBody<T> body) {
+  const int64_t sizes[4] = {sizeof(T), 1, sizeof(T), sizeof(T)};
+  ForEachElement<4>(g, sizes, body);
+}
+
+// Floats compare in Math<T> (NaN stays NaN), integers in int64 so that a bound
+// outside T's range clamps nothing; min > max gives max, as torch.
+template <typename T>
+struct ClampBody {
+  using M = std::conditional_t<kIsFloat<T>, Math<T>, int64_t>;
+  bool has_min;
+  bool has_max;
+  M lo;
+  M hi;
+  char* out;
+  const char* in;
+  __device__ void operator()(const int64_t (&off)[2]) {
+    const T v = *reinterpret_cast<const T*>(in + off[1]);
+    M x = static_cast<M>(v);
+    if (has_min && x < lo) x = lo;
+    if (has_max && x > hi) x = hi;
+    *reinterpret_cast<T*>(out + off[0]) = Cast<T>(x);
+  }
+};
+
+template <typename T>
+__global__ void ClampKernel(Geometry<2> g, ClampBody<T> body) {
+  const int64_t sizes[2] = {sizeof(T), sizeof(T)};
+  ForEachElement<2>(g, sizes, body);
+}
+
+}  // namespace
+
+cudaError_t LaunchUnary(cudaStream_t stream, int op, const Geometry<2>& g, char* out,
+                        const char* in, int dtype) {
+  if (g.numel == 0) return cudaSuccess;
+  VisitCode(dtype, [&]<typename T>() {
+    UnaryKernel<T><<<GridFor(g.numel), kThreads, 0, stream>>>(g, UnaryBody<T>{op, out, in});
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchBinary(cudaStream_t stream, int op, const Geometry<3>& g, char* out,
+                         const char* a, const char* b, int dtype, bool has_alpha,
+                         double alpha_float, int64_t alpha_int) {
+  if (g.numel == 0) return cudaSuccess;
+  VisitCode(dtype, [&]<typename T>() {
+    using M = Math<T>;
+    M alpha{};
+    if constexpr (std::is_same_v<T, bool>) {
+      alpha = alpha_int != 0;
+    } else if constexpr (kIsFloat<T>) {
+      alpha = static_cast<M>(op == kSub ? -alpha_float : alpha_float);
+    } else {
+      alpha = static_cast<M>(alpha_int);
+    }
+    BinaryKernel<T><<<GridFor(g.numel), kThreads, 0, stream>>>(
+        g, BinaryBody<T>{op, has_alpha, alpha, out, a, b});
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchWhere(cudaStream_t stream, const Geometry<4>& g, char* out, const char* cond,
+                        const char* a, const char* b, int dtype) {
+  if (g.numel == 0) return cudaSuccess;
+  VisitCode(dtype, [&]<typename T>() {
+    WhereKernel<T><<<GridFor(g.numel), kThreads, 0, stream>>>(g, WhereBody<T>{out, cond, a, b});
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchClamp(cudaStream_t stream, const Geometry<2>& g, char* out, const char* in,
+                        int dtype, bool has_min, bool has_max, double min_float, double max_float,
+                        int64_t min_int, int64_t max_int) {
+  if (g.numel == 0) return cudaSuccess;
+  VisitCode(dtype, [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, bool>) {
+      using M = typename ClampBody<T>::M;
+      M lo, hi;
+      if constexpr (kIsFloat<T>) {
+        lo = static_cast<M>(min_float);
+        hi = static_cast<M>(max_float);
+      } else {
+        lo = min_int;
+        hi = max_int;
+      }
+      ClampKernel<T><<<GridFor(g.numel), kThreads, 0, stream>>>(
+          g, ClampBody<T>{has_min, has_max, lo, hi, out, in});
+    }
+  });
+  return cudaGetLastError();
+}
+
+}  // namespace ember::cuda::kernels

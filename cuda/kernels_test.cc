@@ -1,0 +1,453 @@
+// The CUDA kernels of every device `_out` op against the CPU kernels: all
+// dtypes where meaningful, non-contiguous and broadcast inputs, and copies
+// between host and device both ways. Without a device the GPU cases skip,
+// saying why, and the no-device case checks that a CUDA tensor cannot be
+// created and that the error carries the runtime's reason.
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tensor/factories.h"
+#include "tensor/ops.h"
+#include "tensor/testing.h"
+#include "third_party/cuda/device_check.h"
+
+namespace ember {
+namespace {
+
+using ::ember::testing::ErrorOf;
+using ::ember::testing::Make;
+using ::ember::testing::Values;
+using ::testing::HasSubstr;
+
+const Device kGpu(DeviceType::kCUDA, 0);
+
+Tensor Gpu(const Tensor& t) { return t.to(kGpu); }
+Tensor Host(const Tensor& t) { return t.to(kCPU); }
+
+// Tolerances for comparing a CUDA result with the CPU one (summation order
+// and the device's math functions differ in the last bits).
+double Rtol(Dtype d) {
+  switch (d) {
+    case kFloat16:
+      return 2e-3;
+    case kBFloat16:
+      return 2e-2;
+    case kFloat32:
+      return 1e-5;
+    case kFloat64:
+      return 1e-12;
+    default:
+      return 0;
+  }
+}
+
+// Same shape and dtype, and values equal (integers, bools) or close (floats,
+// NaN matching NaN).
+void ExpectMatches(const Tensor& gpu, const Tensor& cpu, const std::string& what,
+                   double tol_scale = 1) {
+  SCOPED_TRACE(what);
+  ASSERT_TRUE(gpu.is_cuda());
+  const Tensor back = Host(gpu);
+  ASSERT_EQ(back.sizes(), cpu.sizes());
+  ASSERT_EQ(back.dtype(), cpu.dtype());
+  const std::vector<double> g = Values(back), c = Values(cpu);
+  const double rtol = Rtol(cpu.dtype()) * tol_scale;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (std::isnan(c[i])) {
+      EXPECT_TRUE(std::isnan(g[i])) << "element " << i;
+    } else if (rtol == 0 || std::isinf(c[i])) {
+      EXPECT_EQ(g[i], c[i]) << "element " << i;
+    } else {
+      EXPECT_NEAR(g[i], c[i], rtol * (1 + std::abs(c[i]))) << "element " << i;
+    }
+  }
+}
+
+// Runs `f` on CPU inputs and on their CUDA copies: both throw or the results
+// match.
+void ExpectSameAsCpu(const std::vector<Tensor>& cpu_inputs,
+                     const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                     const std::string& what, double tol_scale = 1) {
+  std::vector<Tensor> gpu_inputs;
+  for (const Tensor& t : cpu_inputs) gpu_inputs.push_back(Gpu(t));
+  Tensor cpu;
+  std::string cpu_error = ErrorOf([&] { cpu = f(cpu_inputs); });
+  if (cpu_error != "no error") {
+    EXPECT_NE(ErrorOf([&] { f(gpu_inputs); }), "no error")
+        << what << ": the CPU said " << cpu_error;
+    return;
+  }
+  Tensor gpu;
+  std::string gpu_error = ErrorOf([&] { gpu = f(gpu_inputs); });
+  ASSERT_EQ(gpu_error, "no error") << what;
+  ExpectMatches(gpu, cpu, what, tol_scale);
+}
+
+// A [rows, cols] tensor of `dtype` with varied values (negatives, zero,
+// fractions for floats; small magnitudes so products stay exact).
+Tensor Sample(SizeVector shape, Dtype dtype, int seed = 0) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = (i * 7 + seed * 13) % 11 - 5;  // -5 .. 5
+    if (dtype == kBool) {
+      v[i] = k > 0;
+    } else if (dtype == kUInt8) {
+      v[i] = k + 5;
+    } else if (is_floating_point(dtype)) {
+      v[i] = k * 0.375 + 0.125 * (i % 3);
+    } else {
+      v[i] = k;
+    }
+  }
+  return Make(v, shape, dtype);
+}
+
+// ---- No device ----
+
+TEST(KernelsTest, WithoutDeviceCreatingCudaTensorThrowsTheReason) {
+  // The CPU side runs everywhere.
+  const Tensor a = Sample({3, 4}, kFloat32);
+  EXPECT_EQ(Values(a.add(a).sum()), Values(a.sum().mul(2)));
+  if (cuda::is_available()) GTEST_SKIP() << "a CUDA device is usable";
+  const std::string error = ErrorOf([] { empty({2, 3}, TensorOptions(kFloat32).device(kGpu)); });
+  EXPECT_THAT(error, HasSubstr(cuda::unavailable_reason()));
+  EXPECT_THAT(ErrorOf([&] { a.to(kGpu); }), HasSubstr(cuda::unavailable_reason()));
+}
+
+// ---- Copies ----
+
+TEST(KernelsTest, CopiesRoundTripEveryDtype) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype d : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(d));
+    const Tensor x = Sample({5, 7}, d);
+    const Tensor g = Gpu(x);
+    EXPECT_TRUE(g.is_cuda());
+    EXPECT_TRUE(Host(g).equal(x));
+    EXPECT_TRUE(Host(Gpu(x.t())).equal(x.t()));          // strided host source
+    EXPECT_TRUE(Host(g.t()).equal(x.t()));               // strided device source
+    EXPECT_TRUE(Host(g.t().contiguous()).equal(x.t()));  // device to device, strided
+    // Into a strided host destination.
+    Tensor host = empty({7, 5}, TensorOptions(d)).t();
+    host.copy_(g);
+    EXPECT_TRUE(host.equal(x));
+    // Into a strided device destination, from the host.
+    Tensor dev = empty({7, 5}, TensorOptions(d).device(kGpu)).t();
+    dev.copy_(x);
+    EXPECT_TRUE(Host(dev).equal(x));
+  }
+}
+
+TEST(KernelsTest, CopiesConvertBetweenEveryPairOfDtypes) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype s : kAllDtypes) {
+    for (Dtype d : kAllDtypes) {
+      const Tensor x = Sample({4, 6}, s);
+      const std::string what = std::string(dtype_name(s)) + " to " + std::string(dtype_name(d));
+      ExpectMatches(Gpu(x).to(d), x.to(d), what + " on the device");
+      ExpectMatches(Gpu(x.t()).to(d), x.t().to(d), what + ", strided");
+      Tensor host = empty({4, 6}, TensorOptions(d));
+      host.copy_(Gpu(x));
+      EXPECT_TRUE(host.equal(x.to(d))) << what << ", device to host";
+      Tensor dev = empty({4, 6}, TensorOptions(d).device(kGpu));
+      dev.copy_(x);
+      EXPECT_TRUE(Host(dev).equal(x.to(d))) << what << ", host to device";
+    }
+  }
+}
+
+TEST(KernelsTest, CopiesBroadcastTheSource) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  const Tensor row = Sample({4}, kFloat32);
+  Tensor expected = empty({3, 4});
+  expected.copy_(row);
+  Tensor dev = zeros({3, 4}, TensorOptions(kFloat32).device(kGpu));
+  dev.copy_(Gpu(row));
+  EXPECT_TRUE(Host(dev).equal(expected));
+  Tensor dev2 = zeros({3, 4}, TensorOptions(kFloat64).device(kGpu));
+  dev2.copy_(row);  // host source, broadcast and converted
+  EXPECT_TRUE(Host(dev2).equal(expected.to(kFloat64)));
+}
+
+TEST(KernelsTest, FillWritesEveryDtypeAndStridedViews) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype d : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(d));
+    ExpectMatches(full({3, 5}, 3, TensorOptions(d).device(kGpu)), full({3, 5}, 3, TensorOptions(d)),
+                  "full");
+    Tensor g = zeros({4, 6}, TensorOptions(d).device(kGpu));
+    Tensor c = zeros({4, 6}, TensorOptions(d));
+    g.slice(1, 0, 6, 2).fill_(1);
+    c.slice(1, 0, 6, 2).fill_(1);
+    ExpectMatches(g, c, "strided fill");
+  }
+}
+
+// ---- Elementwise ----
+
+constexpr Dtype kArithDtypes[] = {kFloat32, kFloat64, kFloat16, kBFloat16, kInt64,
+                                  kInt32,   kInt16,   kInt8,    kUInt8,    kBool};
+
+TEST(KernelsTest, UnaryOpsMatchTheCpu) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (int op = 0; op <= static_cast<int>(UnaryOp::kLogicalNot); ++op) {
+    const UnaryOp u = static_cast<UnaryOp>(op);
+    for (Dtype d : kArithDtypes) {
+      const std::string what = std::string(UnaryOpName(u)) + " " + std::string(dtype_name(d));
+      // Positive values for the ops with a restricted domain.
+      Tensor x = Sample({6, 5}, d);
+      if (is_floating_point(d)) x = x.abs().add(0.25);
+      ExpectSameAsCpu(
+          {x}, [u](const auto& in) { return ops::unary(u, in[0]); }, what);
+      ExpectSameAsCpu(
+          {x}, [u](const auto& in) { return ops::unary(u, in[0].t()); }, what + ", transposed");
+    }
+  }
+}
+
+TEST(KernelsTest, BinaryOpsMatchTheCpuWithBroadcastAndStrides) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (int op = 0; op <= static_cast<int>(BinaryOp::kLogicalXor); ++op) {
+    const BinaryOp b = static_cast<BinaryOp>(op);
+    for (Dtype d : kArithDtypes) {
+      const std::string what = std::string(BinaryOpName(b)) + " " + std::string(dtype_name(d));
+      Tensor x = Sample({4, 6}, d, 1), y = Sample({4, 6}, d, 2);
+      if ((b == BinaryOp::kDiv || b == BinaryOp::kPow) && d != kBool) y = y.abs().add(1).to(d);
+      ExpectSameAsCpu(
+          {x, y}, [b](const auto& in) { return ops::binary(b, in[0], in[1]); }, what);
+      // [6, 4] (transposed) with a [4] row broadcast over it, and a column.
+      ExpectSameAsCpu(
+          {x, y}, [b](const auto& in) { return ops::binary(b, in[0].t(), in[1].select(1, 2)); },
+          what + ", transposed and broadcast row", 4);
+      ExpectSameAsCpu(
+          {x, y},
+          [b](const auto& in) { return ops::binary(b, in[0].select(1, 1).unsqueeze(1), in[1]); },
+          what + ", broadcast column", 4);
+    }
+  }
+}
+
+TEST(KernelsTest, AddAndSubWithAlphaMatchTheCpu) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype d : kArithDtypes) {
+    for (BinaryOp b : {BinaryOp::kAdd, BinaryOp::kSub}) {
+      const std::string what = std::string(BinaryOpName(b)) + " " + std::string(dtype_name(d));
+      const Tensor x = Sample({3, 5}, d, 1), y = Sample({3, 5}, d, 2);
+      ExpectSameAsCpu(
+          {x, y}, [b](const auto& in) { return ops::binary_alpha(b, in[0], in[1].t().t(), 3); },
+          what);
+    }
+  }
+}
+
+TEST(KernelsTest, WhereAndClampMatchTheCpu) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype d : kArithDtypes) {
+    const std::string what(dtype_name(d));
+    const Tensor c = Sample({4, 5}, kBool, 3), x = Sample({4, 5}, d, 1), y = Sample({5}, d, 2);
+    ExpectSameAsCpu(
+        {c, x, y}, [](const auto& in) { return ops::where(in[0], in[1].t().t(), in[2]); },
+        "where " + what);
+    if (d == kBool) continue;
+    ExpectSameAsCpu(
+        {x}, [](const auto& in) { return ops::clamp(in[0].t(), Scalar(-2), Scalar(3)); },
+        "clamp " + what);
+    ExpectSameAsCpu(
+        {x}, [](const auto& in) { return ops::clamp(in[0], Scalar(1), std::nullopt); },
+        "clamp min " + what);
+    ExpectSameAsCpu(
+        {x}, [](const auto& in) { return ops::clamp(in[0], std::nullopt, Scalar(0)); },
+        "clamp max " + what);
+    ExpectSameAsCpu(
+        {x}, [](const auto& in) { return ops::clamp(in[0], Scalar(3), Scalar(-1)); },
+        "clamp min > max " + what);
+  }
+}
+
+// ---- Indexing ----
+
+TEST(KernelsTest, IndexSelectMatchesTheCpuAndChecksIndices) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype d : kAllDtypes) {
+    for (Dtype id : {kInt64, kInt32}) {
+      const std::string what = std::string(dtype_name(d)) + " by " + std::string(dtype_name(id));
+      const Tensor x = Sample({5, 6, 3}, d), idx = Make({4, 0, 4, 2}, id);
+      for (int64_t dim : {0, 1, 2}) {
+        const Tensor i = dim == 2 ? Make({2, 0}, id) : idx;
+        ExpectSameAsCpu(
+            {x, i}, [dim](const auto& in) { return ops::index_select(in[0], dim, in[1]); },
+            what + " dim " + std::to_string(dim));
+        ExpectSameAsCpu(
+            {x, i},
+            [dim](const auto& in) { return ops::index_select(in[0].transpose(0, 2), dim, in[1]); },
+            what + " transposed, dim " + std::to_string(dim));
+      }
+    }
+  }
+  const Tensor x = Gpu(Sample({3, 2}, kFloat32));
+  EXPECT_THAT(ErrorOf([&] {
+                ops::index_select(x, 0, Gpu(Make({0, 7, 1}, kInt64)));
+              }),
+              HasSubstr("index 7 is out of bounds for dimension 0 with size 3"));
+  EXPECT_THAT(ErrorOf([&] { ops::index_select(x, 1, Gpu(Make({-1}, kInt32))); }),
+              HasSubstr("index -1 is out of bounds for dimension 1 with size 2"));
+}
+
+// ---- Reductions ----
+
+TEST(KernelsTest, ReductionsMatchTheCpu) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  const std::vector<std::vector<int64_t>> dim_sets = {{}, {0}, {1}, {2}, {0, 2}, {1, 2}};
+  for (ReduceOp op :
+       {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMean, ReduceOp::kAmax, ReduceOp::kAmin}) {
+    for (Dtype d : kArithDtypes) {
+      for (const auto& dims : dim_sets) {
+        const std::string what = std::string(ReduceOpName(op)) + " " + std::string(dtype_name(d)) +
+                                 " over " + std::to_string(dims.size()) + " dims";
+        // Products of 70 small values overflow float16; use values near 1.
+        Tensor x = Sample({3, 5, 7}, d);
+        if (op == ReduceOp::kProd && is_floating_point(d)) x = x.mul(0.1).add(1).to(d);
+        ExpectSameAsCpu(
+            {x}, [&](const auto& in) { return ops::reduce(op, in[0], dims, false, std::nullopt); },
+            what, 8);
+        ExpectSameAsCpu(
+            {x},
+            [&](const auto& in) {
+              return ops::reduce(op, in[0].transpose(0, 2), dims, true, std::nullopt);
+            },
+            what + ", transposed, keepdim", 8);
+      }
+    }
+  }
+}
+
+TEST(KernelsTest, LargeReductionsTakeEachPathAndMatchTheCpu) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  const Tensor big = rand({1 << 22});
+  // A full sum (cub::DeviceReduce), a mean, and a max of a long row.
+  ExpectSameAsCpu(
+      {big}, [](const auto& in) { return in[0].sum(); }, "full sum", 10);
+  ExpectSameAsCpu(
+      {big}, [](const auto& in) { return in[0].mean(); }, "full mean", 10);
+  ExpectSameAsCpu(
+      {big}, [](const auto& in) { return in[0].amax({}); }, "full amax");
+  // Few long outputs: each split over several blocks.
+  ExpectSameAsCpu(
+      {big},
+      [](const auto& in) {
+        return in[0].view({4, 1 << 20}).sum({1});
+      },
+      "split rows", 10);
+  ExpectSameAsCpu(
+      {big.to(kFloat16)},
+      [](const auto& in) {
+        return in[0].view({2, 1 << 21}).sum({1});
+      },
+      "split rows float16", 10);
+  // Many outputs, strided reduction: one thread per output.
+  ExpectSameAsCpu(
+      {big},
+      [](const auto& in) {
+        return in[0].view({64, 1 << 16}).sum({0});
+      },
+      "outer reduction", 10);
+  ExpectSameAsCpu(
+      {big.mul(10).to(kInt32)},
+      [](const auto& in) {
+        return in[0].view({64, 1 << 16}).sum({0});
+      },
+      "outer integer reduction");
+}
+
+TEST(KernelsTest, MaxAndMinAlongADimMatchTheCpuWithTiesAndNans) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype d : kArithDtypes) {
+    const Tensor x = Sample({6, 40}, d);  // many ties
+    for (int64_t dim : {0, 1}) {
+      for (bool is_max : {true, false}) {
+        const std::string what = std::string(is_max ? "max " : "min ") +
+                                 std::string(dtype_name(d)) + " dim " + std::to_string(dim);
+        auto run = [&](const Tensor& t) {
+          return is_max ? ops::max_dim(t, dim, false) : ops::min_dim(t, dim, false);
+        };
+        const MinMaxResult c = run(x), c_t = run(x.t().contiguous().t());
+        const MinMaxResult g = run(Gpu(x)), g_t = run(Gpu(x).t().contiguous().t());
+        ExpectMatches(g.values, c.values, what);
+        ExpectMatches(g.indices, c.indices, what + " indices");
+        ExpectMatches(g_t.values, c_t.values, what + " strided");
+        ExpectMatches(g_t.indices, c_t.indices, what + " strided indices");
+      }
+    }
+  }
+  Tensor x = Make({1, 5, NAN, 5, NAN, 0}, {6}, kFloat32);
+  const MinMaxResult g = ops::max_dim(Gpu(x), 0, false);
+  EXPECT_TRUE(std::isnan(Values(Host(g.values))[0]));
+  EXPECT_EQ(Values(Host(g.indices))[0], 2) << "the first NaN";
+  const Tensor long_row = rand({3, 5000});
+  ExpectMatches(ops::max_dim(Gpu(long_row), 1, false).indices,
+                ops::max_dim(long_row, 1, false).indices, "long rows");
+}
+
+TEST(KernelsTest, SoftmaxAndLogSoftmaxMatchTheCpu) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype d : {kFloat32, kFloat64, kFloat16, kBFloat16}) {
+    const Tensor x = randn({5, 300}).mul(4).to(d);
+    for (int64_t dim : {0, 1}) {
+      const std::string what = std::string(dtype_name(d)) + " dim " + std::to_string(dim);
+      ExpectSameAsCpu(
+          {x}, [dim](const auto& in) { return ops::softmax(in[0], dim); }, "softmax " + what, 4);
+      ExpectSameAsCpu(
+          {x}, [dim](const auto& in) { return ops::log_softmax(in[0].t(), dim); },
+          "log_softmax transposed " + what, 4);
+    }
+  }
+  const Tensor nan_row = Make({1, NAN, 2, 3, 4, 5}, {2, 3}, kFloat32);
+  ExpectMatches(ops::softmax(Gpu(nan_row), 1), ops::softmax(nan_row, 1), "NaN row");
+}
+
+// ---- Matrix products ----
+
+TEST(KernelsTest, MatmulsMatchTheCpuForEveryFloatingDtype) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype d : {kFloat32, kFloat64, kFloat16, kBFloat16}) {
+    const std::string what(dtype_name(d));
+    const Tensor a = randn({33, 17}).to(d), b = randn({17, 9}).to(d), c = randn({33, 9}).to(d);
+    const double tol = d == kFloat32 ? 20 : 4;  // k = 17 terms, different order
+    ExpectSameAsCpu(
+        {a, b}, [](const auto& in) { return ops::mm(in[0], in[1]); }, "mm " + what, tol);
+    ExpectSameAsCpu(
+        {a, b},
+        [](const auto& in) {
+          return ops::mm(in[1].t().contiguous().t(), in[0].t().contiguous().t().t()).t();
+        },
+        "mm of transposed operands " + what, tol);
+    ExpectSameAsCpu(
+        {c, a, b}, [](const auto& in) { return ops::addmm(in[0], in[1], in[2], 0.5, 2); },
+        "addmm " + what, tol);
+    const Tensor ba = randn({3, 8, 5}).to(d), bb = randn({3, 5, 4}).to(d);
+    ExpectSameAsCpu(
+        {ba, bb}, [](const auto& in) { return ops::bmm(in[0], in[1]); }, "bmm " + what, tol);
+    ExpectSameAsCpu(
+        {ba, bb},
+        [](const auto& in) {
+          return ops::bmm(in[0], in[1].select(0, 1).unsqueeze(0).expand({3, 5, 4}));
+        },
+        "bmm with a shared operand " + what, tol);
+    ExpectSameAsCpu(
+        {ba, bb},
+        [](const auto& in) { return ops::bmm(in[0].narrow(2, 0, 0), in[1].narrow(1, 0, 0)); },
+        "bmm with k = 0 " + what);
+  }
+  const Tensor i = Gpu(Sample({2, 2}, kInt64));
+  EXPECT_THAT(ErrorOf([&] { ops::mm(i, i); }), HasSubstr("not supported on CUDA"));
+}
+
+}  // namespace
+}  // namespace ember
