@@ -6,8 +6,8 @@
 // throughput over all ranks, the accuracy on held-out data, and saves the
 // model as an ordinary checkpoint (loadable by a plain module or PyTorch).
 //
-//   bazel build //tools/launch //examples:ddp_train && \
-//     bazel-bin/tools/launch/launch --nproc_per_node=2 bazel-bin/examples/ddp_train
+//   bazel build //tools/launch //examples:ddp_train
+//   bazel-bin/tools/launch/launch --nproc_per_node=2 bazel-bin/examples/ddp_train
 //
 // Options: --steps=N (300), --batch=N (per rank, 32), --checkpoint=PATH
 // (ddp_train.pt). Exits non-zero, with the error, when anything fails.

@@ -4,8 +4,8 @@
 // thread; run with OPENBLAS_NUM_THREADS=1 so that each replica's thread is
 // the only one doing its work.
 //
-//   OPENBLAS_NUM_THREADS=1 bazel run -c opt //parallel:data_parallel_benchmark -- \
-//       --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//   OPENBLAS_NUM_THREADS=1 bazel run -c opt //parallel:data_parallel_benchmark --
+//       --benchmark_repetitions=5 --benchmark_report_aggregates_only=true  (one line)
 //
 // The ratio DataParallelStep/N : PlainStep is the figure (BENCHMARKS.md).
 #include <memory>

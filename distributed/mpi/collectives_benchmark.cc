@@ -5,9 +5,10 @@
 // what the backend's worker thread and Work cost (1.0 = free).
 //
 //   bazel build //distributed/mpi:collectives_benchmark
-//   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 \
-//     --mca btl self,vader,tcp --mca btl_tcp_if_include lo \
-//     bazel-bin/distributed/mpi/collectives_benchmark --benchmark_min_time=0.2
+//   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+//   mpirun --oversubscribe -np 2 --mca btl self,vader,tcp --mca btl_tcp_if_include lo
+//       bazel-bin/distributed/mpi/collectives_benchmark --benchmark_min_time=0.2
+//   (one command line: mpirun ... collectives_benchmark ...)
 //
 // Rank 0 runs the benchmarks; the other ranks follow: before every timed op
 // rank 0 broadcasts the op and size (untimed), all ranks pass a barrier, and
