@@ -8,12 +8,6 @@
 namespace ember::cuda {
 namespace {
 
-static_assert(kernels::kLogicalNot == static_cast<int>(UnaryOp::kLogicalNot) &&
-              kernels::kSquare == static_cast<int>(UnaryOp::kSquare) &&
-              kernels::kGelu == static_cast<int>(UnaryOp::kGelu));
-static_assert(kernels::kLogicalXor == static_cast<int>(BinaryOp::kLogicalXor) &&
-              kernels::kEq == static_cast<int>(BinaryOp::kEq) &&
-              kernels::kMinimum == static_cast<int>(BinaryOp::kMinimum));
 
 using internal::CheckLaunch;
 using internal::DtypeCode;

@@ -19,7 +19,7 @@
 // and element type (the op is a switch inside the kernel, uniform across a
 // warp), which keeps nvcc's work and the binary small. Dtype codes are
 // ember::Dtype's values; op codes are ember::UnaryOp's, BinaryOp's and
-// ReduceOp's (the host side static_asserts the correspondence).
+// ReduceOp's, made from the lists in tensor/op_kinds.h.
 //
 // Every launcher runs on `stream` on the current device and returns the
 // launch's cudaError_t; the host side turns errors into ember::Error.
@@ -31,6 +31,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tensor/op_kinds.h"
+
 namespace ember::cuda::kernels {
 
 inline constexpr int kMaxDims = 12;
@@ -39,52 +41,12 @@ inline constexpr int kMaxDims = 12;
 enum DtypeCode : int { kF32, kF64, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
 inline constexpr int kNumDtypeCodes = 10;
 
-// ember::UnaryOp's, BinaryOp's and ReduceOp's values.
-enum UnaryCode : int {
-  kNeg,
-  kAbs,
-  kExp,
-  kExpm1,
-  kLog,
-  kLog1p,
-  kLog2,
-  kSqrt,
-  kRsqrt,
-  kSin,
-  kCos,
-  kTan,
-  kTanh,
-  kSigmoid,
-  kRelu,
-  kGelu,
-  kErf,
-  kReciprocal,
-  kSign,
-  kFloor,
-  kCeil,
-  kRound,
-  kSquare,
-  kLogicalNot,
-};
-enum BinaryCode : int {
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  kPow,
-  kMaximum,
-  kMinimum,
-  kEq,
-  kNe,
-  kLt,
-  kLe,
-  kGt,
-  kGe,
-  kLogicalAnd,
-  kLogicalOr,
-  kLogicalXor,
-};
-enum ReduceCode : int { kSum, kProd, kMean, kAmax, kAmin, kArgmax, kArgmin };
+// ember::UnaryOp's, BinaryOp's and ReduceOp's values, from the same lists.
+#define EMBER_OP_KIND(name) name,
+enum UnaryCode : int { EMBER_UNARY_OPS(EMBER_OP_KIND) };
+enum BinaryCode : int { EMBER_BINARY_OPS(EMBER_OP_KIND) };
+enum ReduceCode : int { EMBER_REDUCE_OPS(EMBER_OP_KIND) };
+#undef EMBER_OP_KIND
 
 // The coalesced iteration space of N operands (operand 0 is the output).
 template <int N>

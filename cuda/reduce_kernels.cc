@@ -10,10 +10,6 @@
 namespace ember::cuda {
 namespace {
 
-static_assert(kernels::kSum == static_cast<int>(ReduceOp::kSum) &&
-              kernels::kMean == static_cast<int>(ReduceOp::kMean) &&
-              kernels::kAmin == static_cast<int>(ReduceOp::kAmin) &&
-              kernels::kArgmin == static_cast<int>(ReduceOp::kArgmin));
 
 using internal::CheckLaunch;
 using internal::DtypeCode;

@@ -18,57 +18,19 @@
 
 #include "absl/types/span.h"
 #include "tensor/dispatch.h"
+#include "tensor/op_kinds.h"
 #include "tensor/tensor.h"
 
 namespace ember {
 
-enum class UnaryOp : uint8_t {
-  kNeg,
-  kAbs,
-  kExp,
-  kExpm1,
-  kLog,
-  kLog1p,
-  kLog2,
-  kSqrt,
-  kRsqrt,
-  kSin,
-  kCos,
-  kTan,
-  kTanh,
-  kSigmoid,
-  kRelu,
-  kGelu,
-  kErf,
-  kReciprocal,
-  kSign,
-  kFloor,
-  kCeil,
-  kRound,
-  kSquare,
-  kLogicalNot,
-};
+// The op kinds of tensor/op_kinds.h.
+#define EMBER_OP_KIND(name) name,
+enum class UnaryOp : uint8_t { EMBER_UNARY_OPS(EMBER_OP_KIND) };
 
-enum class BinaryOp : uint8_t {
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  kPow,
-  kMaximum,
-  kMinimum,
-  kEq,
-  kNe,
-  kLt,
-  kLe,
-  kGt,
-  kGe,
-  kLogicalAnd,
-  kLogicalOr,
-  kLogicalXor,
-};
+enum class BinaryOp : uint8_t { EMBER_BINARY_OPS(EMBER_OP_KIND) };
 
-enum class ReduceOp : uint8_t { kSum, kProd, kMean, kAmax, kAmin, kArgmax, kArgmin };
+enum class ReduceOp : uint8_t { EMBER_REDUCE_OPS(EMBER_OP_KIND) };
+#undef EMBER_OP_KIND
 
 // Lowercase names as in torch ("exp", "add", "sum"), for messages.
 std::string_view UnaryOpName(UnaryOp op);
