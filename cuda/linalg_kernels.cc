@@ -103,25 +103,7 @@ bool AllowTf32() {
   return allow;
 }
 
-// How cuBLAS sees one rows x cols matrix with element strides (rs, cs).
-struct Layout {
-  bool row_major;
-  int64_t ld;
-};
-
-std::optional<Layout> BlasLayout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  const int64_t min_row_ld = std::max<int64_t>(cols, 1);
-  const int64_t min_col_ld = std::max<int64_t>(rows, 1);
-  if (cs == 1 || cols == 1) {
-    const int64_t ld = rows == 1 ? min_row_ld : rs;
-    if (ld >= min_row_ld) return Layout{true, ld};
-  }
-  if (rs == 1 || rows == 1) {
-    const int64_t ld = cols == 1 ? min_col_ld : cs;
-    if (ld >= min_col_ld) return Layout{false, ld};
-  }
-  return std::nullopt;
-}
+using Layout = BlasMatrixLayout;
 
 // out = beta * out, for an empty inner dimension.
 void ScaleOut(const Tensor& out, const Scalar& beta) {
@@ -154,18 +136,18 @@ void GemmOut(const Tensor& out_in, const Tensor& a_in, const Tensor& b_in, const
   const int64_t batch = out_in.sizes()[0], n = out_in.sizes()[1], m = out_in.sizes()[2];
   const int64_t k = a_in.sizes()[2];
   Tensor a = a_in, b = b_in, out = out_in;
-  std::optional<Layout> la = BlasLayout(n, k, a.strides()[1], a.strides()[2]);
+  std::optional<Layout> la = GetBlasMatrixLayout(n, k, a.strides()[1], a.strides()[2]);
   if (!la) {
     a = a.contiguous();
-    la = BlasLayout(n, k, a.strides()[1], a.strides()[2]);
+    la = GetBlasMatrixLayout(n, k, a.strides()[1], a.strides()[2]);
   }
-  std::optional<Layout> lb = BlasLayout(k, m, b.strides()[1], b.strides()[2]);
+  std::optional<Layout> lb = GetBlasMatrixLayout(k, m, b.strides()[1], b.strides()[2]);
   if (!lb) {
     b = b.contiguous();
-    lb = BlasLayout(k, m, b.strides()[1], b.strides()[2]);
+    lb = GetBlasMatrixLayout(k, m, b.strides()[1], b.strides()[2]);
   }
   // cuBLAS writes C^T column-major, i.e. out row-major.
-  std::optional<Layout> lc = BlasLayout(n, m, out.strides()[1], out.strides()[2]);
+  std::optional<Layout> lc = GetBlasMatrixLayout(n, m, out.strides()[1], out.strides()[2]);
   const bool beta_zero = beta.to_double() == 0.0;
   const bool temp_out = !lc || !lc->row_major || (batch > 1 && out.strides()[0] == 0);
   if (temp_out) {

@@ -147,4 +147,19 @@ std::optional<SizeVector> ComputeViewStrides(IntArrayRef sizes, IntArrayRef stri
   return new_strides;
 }
 
+std::optional<BlasMatrixLayout> GetBlasMatrixLayout(int64_t rows, int64_t cols, int64_t rs,
+                                                    int64_t cs) {
+  const int64_t min_row_ld = std::max<int64_t>(cols, 1);
+  const int64_t min_col_ld = std::max<int64_t>(rows, 1);
+  if (cs == 1 || cols == 1) {
+    const int64_t ld = rows == 1 ? min_row_ld : rs;
+    if (ld >= min_row_ld) return BlasMatrixLayout{true, ld};
+  }
+  if (rs == 1 || rows == 1) {
+    const int64_t ld = cols == 1 ? min_col_ld : cs;
+    if (ld >= min_col_ld) return BlasMatrixLayout{false, ld};
+  }
+  return std::nullopt;
+}
+
 }  // namespace ember

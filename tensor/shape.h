@@ -58,6 +58,17 @@ ExpandedGeometry ExpandGeometry(IntArrayRef sizes, IntArrayRef strides, IntArray
 // "<op>: shape '[2, -1]' is invalid for input of size 7".
 SizeVector InferSize(IntArrayRef shape, int64_t numel, const char* op);
 
+// How a BLAS GEMM sees one rows x cols matrix with element strides (rs, cs):
+// row-major (element (i, j) at i*ld + j) or column-major (at i + j*ld), or
+// nullopt when neither describes it (the caller copies it first). Shared by
+// the CPU (OpenBLAS) and CUDA (cuBLAS) gemm kernels.
+struct BlasMatrixLayout {
+  bool row_major;
+  int64_t ld;
+};
+std::optional<BlasMatrixLayout> GetBlasMatrixLayout(int64_t rows, int64_t cols, int64_t rs,
+                                                    int64_t cs);
+
 // Strides that let a tensor of `sizes`/`strides` be viewed as `new_sizes`
 // without copying, or nullopt when its memory layout does not allow it
 // (torch's view vs reshape rule).

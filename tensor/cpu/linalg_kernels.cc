@@ -26,26 +26,7 @@
 namespace ember::cpu {
 namespace {
 
-// How BLAS sees one rows x cols matrix with element strides (rs, cs):
-// row-major (element (i, j) at i*ld + j) or column-major (at i + j*ld).
-struct Layout {
-  bool row_major;
-  int64_t ld;
-};
-
-std::optional<Layout> BlasLayout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  const int64_t min_row_ld = std::max<int64_t>(cols, 1);
-  const int64_t min_col_ld = std::max<int64_t>(rows, 1);
-  if (cs == 1 || cols == 1) {
-    const int64_t ld = rows == 1 ? min_row_ld : rs;
-    if (ld >= min_row_ld) return Layout{true, ld};
-  }
-  if (rs == 1 || rows == 1) {
-    const int64_t ld = cols == 1 ? min_col_ld : cs;
-    if (ld >= min_col_ld) return Layout{false, ld};
-  }
-  return std::nullopt;
-}
+using Layout = BlasMatrixLayout;
 
 bool FitsBlasInt(int64_t v) { return v <= INT_MAX; }
 
@@ -87,23 +68,23 @@ void GemmBlas(const Tensor& out_in, const Tensor& a_in, const Tensor& b_in, cons
   const int64_t k = a_in.sizes()[2];
   const T beta = beta_s.to<T>(), alpha = alpha_s.to<T>();
   Tensor a = a_in, b = b_in, out = out_in;
-  std::optional<Layout> la = BlasLayout(n, k, a.strides()[1], a.strides()[2]);
+  std::optional<Layout> la = GetBlasMatrixLayout(n, k, a.strides()[1], a.strides()[2]);
   if (!la) {
     a = a.contiguous();
-    la = BlasLayout(n, k, a.strides()[1], a.strides()[2]);
+    la = GetBlasMatrixLayout(n, k, a.strides()[1], a.strides()[2]);
   }
-  std::optional<Layout> lb = BlasLayout(k, m, b.strides()[1], b.strides()[2]);
+  std::optional<Layout> lb = GetBlasMatrixLayout(k, m, b.strides()[1], b.strides()[2]);
   if (!lb) {
     b = b.contiguous();
-    lb = BlasLayout(k, m, b.strides()[1], b.strides()[2]);
+    lb = GetBlasMatrixLayout(k, m, b.strides()[1], b.strides()[2]);
   }
-  std::optional<Layout> lc = BlasLayout(n, m, out.strides()[1], out.strides()[2]);
+  std::optional<Layout> lc = GetBlasMatrixLayout(n, m, out.strides()[1], out.strides()[2]);
   // An output BLAS cannot write (or whose elements overlap) goes through a
   // contiguous temporary.
   const bool temp_out = !lc.has_value();
   if (temp_out) {
     out = beta != T(0) ? out_in.contiguous() : EmptyTensor(out_in.sizes(), out_in.dtype(), kCPU);
-    lc = BlasLayout(n, m, out.strides()[1], out.strides()[2]);
+    lc = GetBlasMatrixLayout(n, m, out.strides()[1], out.strides()[2]);
   }
   EMBER_INTERNAL_ASSERT(la && lb && lc, "gemm: no BLAS layout after making operands contiguous");
   const T* pa = static_cast<const T*>(a.raw_data());
