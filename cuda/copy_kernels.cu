@@ -83,23 +83,6 @@ __device__ __forceinline__ void Store(char* p, int dtype, const Value& v) {
   }
 }
 
-int64_t ElementSize(int dtype) {
-  switch (dtype) {
-    case kF64:
-    case kI64:
-      return 8;
-    case kF32:
-    case kI32:
-      return 4;
-    case kF16:
-    case kBF16:
-    case kI16:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
 struct ConvertBody {
   char* out;
   const char* src;

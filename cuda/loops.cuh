@@ -41,6 +41,24 @@ inline constexpr int kMaxDims = 12;
 enum DtypeCode : int { kF32, kF64, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
 inline constexpr int kNumDtypeCodes = 10;
 
+// Bytes per element of a dtype code.
+inline int64_t ElementSize(int dtype) {
+  switch (dtype) {
+    case kF64:
+    case kI64:
+      return 8;
+    case kF32:
+    case kI32:
+      return 4;
+    case kF16:
+    case kBF16:
+    case kI16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
 // ember::UnaryOp's, BinaryOp's and ReduceOp's values, from the same lists.
 #define EMBER_OP_KIND(name) name,
 enum UnaryCode : int { EMBER_UNARY_OPS(EMBER_OP_KIND) };

@@ -194,23 +194,6 @@ __global__ void DivideKernel(T* out, int64_t n) {
   *out = *out / static_cast<T>(n);
 }
 
-int64_t ElementSize(int dtype) {
-  switch (dtype) {
-    case kF64:
-    case kI64:
-      return 8;
-    case kF32:
-    case kI32:
-      return 4;
-    case kF16:
-    case kBF16:
-    case kI16:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
 bool UsesCub(const ReduceArgs& a) {
   return a.kept.numel == 1 && (a.op == kSum || a.op == kMean) &&
          (a.dtype == kF32 || a.dtype == kF64) && a.reduced.contiguous;
