@@ -8,61 +8,16 @@
 #include <cmath>
 
 #include "cuda/loops.cuh"
+#include "tensor/int_math.h"
 
 namespace ember::cuda::kernels {
 namespace {
 
-template <typename T>
-inline constexpr bool kIsSignedInt = std::is_integral_v<T>&& std::is_signed_v<T>;
-
-// Two's complement arithmetic: computed in the unsigned type.
-template <typename T>
-__device__ __forceinline__ T WrapAdd(T x, T y) {
-  if constexpr (kIsSignedInt<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(static_cast<U>(x) + static_cast<U>(y)));
-  } else {
-    return static_cast<T>(x + y);
-  }
-}
-template <typename T>
-__device__ __forceinline__ T WrapSub(T x, T y) {
-  if constexpr (kIsSignedInt<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(static_cast<U>(x) - static_cast<U>(y)));
-  } else {
-    return static_cast<T>(x - y);
-  }
-}
-template <typename T>
-__device__ __forceinline__ T WrapMul(T x, T y) {
-  if constexpr (std::is_integral_v<T> && sizeof(T) < sizeof(int)) {
-    return static_cast<T>(static_cast<unsigned>(x) * static_cast<unsigned>(y));
-  } else if constexpr (kIsSignedInt<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(static_cast<U>(static_cast<U>(x) * static_cast<U>(y)));
-  } else {
-    return static_cast<T>(x * y);
-  }
-}
-
-template <typename T>
-__device__ T IntPow(T base, T exp) {
-  if constexpr (std::is_signed_v<T>) {
-    if (exp < 0) {
-      if (base == 1) return 1;
-      if (base == -1) return (exp % 2 == 0) ? T(1) : T(-1);
-      return 0;
-    }
-  }
-  T result = 1;
-  while (exp != 0) {
-    if (exp & 1) result = WrapMul<T>(result, base);
-    exp = static_cast<T>(exp >> 1);
-    base = WrapMul<T>(base, base);
-  }
-  return result;
-}
+using int_math::IntPow;
+using int_math::kIsSignedInt;
+using int_math::WrapAdd;
+using int_math::WrapMul;
+using int_math::WrapSub;
 
 // ---- unary ----------------------------------------------------------------------------
 
