@@ -76,7 +76,8 @@ class DispatchKeySet {
   }
   constexpr bool Has(DispatchKey k) const { return bits_ & Bit(k); }
   constexpr bool empty() const { return bits_ == 0; }
-  constexpr int size() const { return std::popcount(static_cast<unsigned>(bits_)); }
+  // More than one key (without a popcount, which x86-64's baseline lacks).
+  constexpr bool has_several() const { return (bits_ & (bits_ - 1)) != 0; }
   // The highest-priority key of a non-empty set.
   constexpr DispatchKey Highest() const {
     return static_cast<DispatchKey>(std::countr_zero(static_cast<unsigned>(bits_)));
@@ -191,7 +192,7 @@ class Op<R(Args...)> {
     }
     if (runnable.empty()) internal::ThrowNoKernel(name_, keys);
     const DispatchKey key = runnable.Highest();
-    if (!cross_device_ && kDeviceKeys.Has(key) && (keys & kDeviceKeys).size() > 1) {
+    if (!cross_device_ && kDeviceKeys.Has(key) && (keys & kDeviceKeys).has_several()) {
       internal::ThrowMixedDevices(name_, keys);
     }
     return kernels_[static_cast<int>(key)](std::forward<Args>(args)...);
