@@ -121,6 +121,49 @@ _system_libraries = repository_rule(
     local = True,
 )
 
+def _local_toolkit_impl(ctx):
+    """A toolkit installed outside /usr (CUDA, OpenMPI) as a repository: its
+    tree with `build_file`, or, when it is missing under the root, the same
+    targets failing with a message that says what to install."""
+    root = ctx.attr.root.rstrip("/") + "/"
+    path = ctx.path(root + ctx.attr.path.lstrip("/"))
+    ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
+    if path.exists:
+        for entry in path.readdir():
+            ctx.symlink(entry, entry.basename)
+        ctx.symlink(ctx.attr.build_file, "BUILD.bazel")
+        return
+    message = ("Ember needs %s, which is not installed: %s is missing. %s") % (
+        ctx.attr.what,
+        str(path),
+        ctx.attr.install,
+    )
+    build = [
+        "# Written by ember_dependencies() (tools/repositories.bzl): the toolkit",
+        "# is missing, so every target fails, saying what to install.",
+        'load(":system_library.bzl", "missing_package")',
+        "",
+        'package(default_visibility = ["//visibility:public"])',
+        "",
+    ]
+    for target in ctx.attr.targets:
+        build.append("missing_package(name = %s, message = %s)\n" % (repr(target), repr(message)))
+    ctx.file("system_library.bzl", _SYSTEM_LIBRARY_BZL)
+    ctx.file("BUILD.bazel", "\n".join(build))
+
+_local_toolkit = repository_rule(
+    implementation = _local_toolkit_impl,
+    attrs = {
+        "root": attr.string(default = "/"),
+        "path": attr.string(mandatory = True),
+        "build_file": attr.label(mandatory = True),
+        "targets": attr.string_list(mandatory = True),
+        "what": attr.string(mandatory = True),
+        "install": attr.string(mandatory = True),
+    },
+    local = True,
+)
+
 def _maybe(rule, name, **kwargs):
     if name not in native.existing_rules():
         rule(name = name, **kwargs)
@@ -129,9 +172,10 @@ def ember_dependencies(system_root = "/"):
     """Declares Ember's external repositories unless the caller already did.
 
     Args:
-      system_root: where the Debian packages Ember links are installed ("/").
-        A build that needs a library whose files are missing there fails
-        with a message naming the package to install, not a linker error.
+      system_root: where the Debian packages Ember links and the CUDA
+        toolkit (usr/local/cuda under it) are installed ("/"). A build that
+        needs a library whose files are missing there fails with a message
+        naming what to install, not a linker error.
     """
     _maybe(_system_libraries, "ember_system_libraries", root = system_root)
     _maybe(_rules_cc, "rules_cc")
@@ -140,16 +184,27 @@ def ember_dependencies(system_root = "/"):
     _maybe(native.local_repository, "platforms", path = "/usr/share/bazel/tools/platforms")
     _maybe(native.local_repository, "bazel_skylib", path = "/usr/share/bazel/tools/skylib")
     _maybe(
-        native.new_local_repository,
+        _local_toolkit,
         "local_cuda",
-        path = "/usr/local/cuda",
+        root = system_root,
+        path = "usr/local/cuda",
         build_file = "@ember//third_party/cuda:local_cuda.BUILD",
+        targets = ["headers", "cudart", "cublas", "cudnn", "nccl"],
+        what = "the CUDA 13 toolkit with cuDNN and NCCL (for cuda/ and //:ember)",
+        install = ("Install NVIDIA's CUDA toolkit so that it lives in /usr/local/cuda " +
+                   "(a machine without a GPU needs it to build too; only running CUDA " +
+                   "code needs a device)."),
     )
     _maybe(
-        native.new_local_repository,
+        _local_toolkit,
         "local_mpi",
-        path = "/usr/lib/x86_64-linux-gnu/openmpi",
+        root = system_root,
+        path = "usr/lib/x86_64-linux-gnu/openmpi",
         build_file = "@ember//third_party/mpi:local_mpi.BUILD",
+        targets = ["mpi"],
+        what = "the Debian package libopenmpi-dev (for mpi)",
+        install = ("Install it with `apt-get install libopenmpi-dev`, or run Ember's " +
+                   "tools/setup.sh, which installs every package Ember needs."),
     )
 
     # Only //tools/release reads it (the statically linked tools).

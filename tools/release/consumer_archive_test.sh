@@ -49,11 +49,20 @@ if bazel_ build //:consumer >"$tmp/missing.log" 2>&1; then
   fail "the build succeeded although $tmp/empty_root has no libraries"
 fi
 # Bazel stops at the first missing package it analyses (which one depends on
-# its order): the message names it, the file it lacks and the install command.
-package=$(sed -n 's/.*Ember needs the Debian package \([a-z0-9.+-]*\) (for .*/\1/p' "$tmp/missing.log" | head -1)
-[[ -n "$package" ]] || { cat "$tmp/missing.log" >&2; fail "no message naming a missing package"; }
-grep -q "$tmp/empty_root/usr/.* missing" "$tmp/missing.log" || fail "no missing file named"
-grep -qF "apt-get install $package\`" "$tmp/missing.log" || fail "no install command for $package"
+# its order): the message names it, the file it lacks and the install command
+# (for the CUDA toolkit, which is not a Debian package: where it belongs).
+if grep -q "Ember needs the CUDA 13 toolkit" "$tmp/missing.log"; then
+  grep -qF "$tmp/empty_root/usr/local/cuda is missing" "$tmp/missing.log" ||
+    fail "no missing CUDA path named"
+  grep -q "Install NVIDIA's CUDA toolkit so that it lives in /usr/local/cuda" "$tmp/missing.log" ||
+    fail "no install hint for the CUDA toolkit"
+  package="the CUDA toolkit"
+else
+  package=$(sed -n 's/.*Ember needs the Debian package \([a-z0-9.+-]*\) (for .*/\1/p' "$tmp/missing.log" | head -1)
+  [[ -n "$package" ]] || { cat "$tmp/missing.log" >&2; fail "no message naming a missing package"; }
+  grep -q "$tmp/empty_root/usr/.* missing" "$tmp/missing.log" || fail "no missing file named"
+  grep -qF "apt-get install $package\`" "$tmp/missing.log" || fail "no install command for $package"
+fi
 if grep -q "undefined reference\|cannot find -l" "$tmp/missing.log"; then
   fail "the build reached the linker"
 fi
