@@ -49,6 +49,18 @@ Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device) {
                                ContiguousStrides(sizes), 0));
 }
 
+BlasOperand AsBlasOperand(const Tensor& t, int64_t rows, int64_t cols) {
+  if (std::optional<BlasMatrixLayout> l =
+          GetBlasMatrixLayout(rows, cols, t.strides()[1], t.strides()[2])) {
+    return {t, *l};
+  }
+  Tensor c = t.contiguous();
+  std::optional<BlasMatrixLayout> l =
+      GetBlasMatrixLayout(rows, cols, c.strides()[1], c.strides()[2]);
+  EMBER_INTERNAL_ASSERT(l.has_value(), "gemm: no BLAS layout for a contiguous operand");
+  return {c, *l};
+}
+
 namespace {
 
 Tensor Copy(const Tensor& self, const Tensor& src) {

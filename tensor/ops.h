@@ -74,6 +74,15 @@ bool SameView(const Tensor& a, const Tensor& b);
 // A fresh contiguous tensor of `sizes` on `device` (uninitialised).
 Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device);
 
+// An input of a batched GEMM kernel ([batch, rows, cols]) as BLAS can read
+// it: the tensor itself when its matrices have a BLAS layout
+// (GetBlasMatrixLayout), else a contiguous copy; with that layout.
+struct BlasOperand {
+  Tensor tensor;
+  BlasMatrixLayout layout;
+};
+BlasOperand AsBlasOperand(const Tensor& t, int64_t rows, int64_t cols);
+
 namespace ops {
 #define EMBER_OP(name, ret, args) extern Op<ret args> name;
 #define EMBER_CROSS_DEVICE_OP EMBER_OP

@@ -67,17 +67,11 @@ void GemmBlas(const Tensor& out_in, const Tensor& a_in, const Tensor& b_in, cons
   const int64_t batch = out_in.sizes()[0], n = out_in.sizes()[1], m = out_in.sizes()[2];
   const int64_t k = a_in.sizes()[2];
   const T beta = beta_s.to<T>(), alpha = alpha_s.to<T>();
-  Tensor a = a_in, b = b_in, out = out_in;
-  std::optional<Layout> la = GetBlasMatrixLayout(n, k, a.strides()[1], a.strides()[2]);
-  if (!la) {
-    a = a.contiguous();
-    la = GetBlasMatrixLayout(n, k, a.strides()[1], a.strides()[2]);
-  }
-  std::optional<Layout> lb = GetBlasMatrixLayout(k, m, b.strides()[1], b.strides()[2]);
-  if (!lb) {
-    b = b.contiguous();
-    lb = GetBlasMatrixLayout(k, m, b.strides()[1], b.strides()[2]);
-  }
+  const BlasOperand a_op = AsBlasOperand(a_in, n, k), b_op = AsBlasOperand(b_in, k, m);
+  const Tensor& a = a_op.tensor;
+  const Tensor& b = b_op.tensor;
+  const std::optional<Layout> la = a_op.layout, lb = b_op.layout;
+  Tensor out = out_in;
   std::optional<Layout> lc = GetBlasMatrixLayout(n, m, out.strides()[1], out.strides()[2]);
   // An output BLAS cannot write (or whose elements overlap) goes through a
   // contiguous temporary.
