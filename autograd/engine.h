@@ -21,14 +21,15 @@
 // Threads: a backward call runs every node on the thread that called it,
 // which blocks until the graph is done. Its ready nodes wait in one priority
 // queue, local to the call (its graph task); there are no worker threads and
-// no per-device queues. Those arrive with CUDA: nodes whose gradients live on
-// a device will then go to a queue per device served by a worker thread of
-// that device, as in torch, while CPU nodes stay on the calling thread. Calls
-// from different threads run independently (each has its own graph task).
+// no per-device queues. Nodes of CUDA tensors run there too, their kernels
+// queued on the calling thread's current streams (cuda/). Not yet as in
+// torch, where such nodes go to a queue per device served by that device's
+// worker thread while CPU nodes stay on the calling thread. Calls from
+// different threads run independently (each has its own graph task).
 // Grad mode during backward is `create_graph`: when true, the backward
 // formulas record their own graph, giving higher-order gradients.
-// Callbacks queued during backward (QueueCallback) run on the calling thread
-// after the last node, before Backward returns.
+// Callbacks queued during backward (queue_callback) run on the calling thread
+// after the last node, before backward returns.
 //
 // Errors: throws ember::Error for a user mistake (a root that does not
 // require grad, a missing gradient for a non-scalar root, a second backward
