@@ -3,17 +3,18 @@
 # ember_release rule, release.bzl):
 #   OUT/ember-tools-<version>-linux-x86_64.tar.gz
 #       ember-tools-<version>-linux-x86_64/{bin/<tool>, share/man/man1/<tool>.1,
-#       share/doc/ember-tools/SHARED_LIBRARIES, LICENSE, SHA256SUMS}
+#       share/doc/ember-tools/SHARED_LIBRARIES, LICENSE, THIRD_PARTY_NOTICES,
+#       SHA256SUMS}
 #       (SHA256SUMS: of every other file, `sha256sum -c SHA256SUMS` inside)
 #   OUT/ember-tools_<version>_amd64.deb   the tools under /usr/bin, Depends
 #       computed by dpkg-shlibdeps from the binaries
 #   OUT/SHA256SUMS                        of the two files above
 # Both archives are reproducible: sorted, owned by root, dated SOURCE_DATE_EPOCH (0).
 #
-# usage: package.sh OUT VERSION_FILE LICENSE TOOL_BINARY...
+# usage: package.sh OUT VERSION_FILE LICENSE NOTICES TOOL_BINARY...
 set -euo pipefail
-out=$1 version_file=$2 license=$3
-shift 3
+out=$1 version_file=$2 license=$3 notices=$4
+shift 4
 version=$(tr -d '[:space:]' <"$version_file")
 name="ember-tools-$version-linux-x86_64"
 export SOURCE_DATE_EPOCH=0 LC_ALL=C
@@ -46,6 +47,7 @@ for binary in "$@"; do
   man_page "$tool" "$help" "${summary[$tool]}" >"$stage/share/man/man1/$tool.1"
 done
 install -m 0644 "$license" "$stage/LICENSE"
+install -m 0644 "$notices" "$stage/THIRD_PARTY_NOTICES"
 # The shared libraries each binary still loads besides glibc's (those Debian
 # ships no static archive for; README.md "Installing the tools").
 for binary in "$stage"/bin/*; do
@@ -67,6 +69,7 @@ mkdir -p "$deb/DEBIAN" "$deb/usr/bin" "$deb/usr/share/man/man1" "$deb/usr/share/
 cp -p "$stage"/bin/* "$deb/usr/bin/"
 for page in "$stage"/share/man/man1/*.1; do gzip -9n <"$page" >"$deb/usr/share/man/man1/$(basename "$page").gz"; done
 install -m 0644 "$license" "$deb/usr/share/doc/ember-tools/copyright"
+install -m 0644 "$notices" "$deb/usr/share/doc/ember-tools/THIRD_PARTY_NOTICES"
 mkdir -p "$work/src/debian"
 printf 'Source: ember\n\nPackage: ember-tools\nArchitecture: amd64\n' >"$work/src/debian/control"
 depends=$(cd "$work/src" && dpkg-shlibdeps -O "$deb"/usr/bin/* 2>/dev/null | sed -n 's/^shlibs:Depends=//p')

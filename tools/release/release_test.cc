@@ -120,10 +120,25 @@ TEST_F(ReleaseTest, ArtifactsMatchTheirChecksums) {
   EXPECT_THAT(r.out, HasSubstr(DebName() + ": OK"));
   r = Sh("sha256sum -c SHA256SUMS", *root_);
   EXPECT_EQ(r.code, 0) << r.out << r.err;
-  for (std::string file :
-       {"bin/launch", "bin/shm_manager", "bin/hub", "LICENSE", "share/man/man1/hub.1"}) {
+  for (std::string file : {"bin/launch", "bin/shm_manager", "bin/hub", "LICENSE",
+                           "THIRD_PARTY_NOTICES", "share/man/man1/hub.1"}) {
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat(file, ": OK")));
   }
+}
+
+// The licences of what the binaries contain travel with them: one section per
+// Debian package whose static archive was linked in, each with that
+// package's copyright file, in the tarball and in the .deb.
+TEST_F(ReleaseTest, ThirdPartyNoticesNameEveryLinkedPackage) {
+  const std::string notices = ReadFile(*root_ + "/THIRD_PARTY_NOTICES");
+  for (std::string package : {"libabsl-dev (", "libgrpc++-dev (", "libprotobuf-dev (",
+                              "libcurl4-openssl-dev (", "libarchive-dev (", "libssl-dev ("}) {
+    EXPECT_THAT(notices, HasSubstr(package)) << package;
+  }
+  EXPECT_THAT(notices, HasSubstr("Apache License"));  // Abseil's and gRPC's licence text
+  Result r = Sh("dpkg-deb -c '" + ReleaseDir() + "/" + DebName() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("./usr/share/doc/ember-tools/THIRD_PARTY_NOTICES"));
 }
 
 TEST_F(ReleaseTest, EveryToolPrintsVersionAndHelpWithNoEnvironment) {

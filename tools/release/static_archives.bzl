@@ -14,6 +14,10 @@ archive, unlike a shared library, does not record what it needs).
 A library Debian ships no .a for stays shared: it is left out of lib/, so its
 -l flag finds the .so; `shared.txt` lists them. glibc (c, m, pthread, dl,
 rt, util, resolv) always stays shared.
+
+`NOTICES` holds the Debian copyright file of every package whose archive is
+in lib/: the licence texts the release ships beside the binaries that
+contain those libraries.
 """
 
 # pkg-config modules of the libraries the tools link, beside every absl_*.
@@ -101,6 +105,39 @@ def _shared_flag(ctx, name, sonames):
         return "-l:" + sonames[name]
     fail("@ember_static_archives: lib%s has neither a .a nor a .so here" % name)
 
+def _notices(ctx, static):
+    """The copyright files of the Debian packages owning the archives in
+    `static` (name -> path), one section per package, sorted."""
+    owners = {}
+    for name, path in static.items():
+        real = _run(ctx, ["readlink", "-f", path]).strip()
+        result = ctx.execute(["dpkg", "-S", real])
+        if result.return_code != 0:
+            result = ctx.execute(["dpkg", "-S", path])
+        if result.return_code != 0:
+            fail("@ember_static_archives: no Debian package owns %s, so its licence is unknown" % path)
+        package = result.stdout.split(":")[0].strip()
+        owners.setdefault(package, []).append("lib%s.a" % name)
+    text = [
+        "Third-party notices of the Ember tools.",
+        "",
+        "The release binaries contain these libraries, linked statically from",
+        "Debian's packages; each section is that package's copyright file.",
+        "",
+    ]
+    for package in sorted(owners):
+        copyright = ctx.path("/usr/share/doc/%s/copyright" % package)
+        if not copyright.exists:
+            fail("@ember_static_archives: %s has no /usr/share/doc/%s/copyright" % (package, package))
+        text += [
+            "=" * 78,
+            "%s (%s)" % (package, ", ".join(sorted(owners[package]))),
+            "=" * 78,
+            ctx.read(copyright),
+            "",
+        ]
+    return "\n".join(text)
+
 def _static_archives_impl(ctx):
     if not ctx.which("pkg-config"):
         fail("@ember_static_archives needs pkg-config: apt-get install pkg-config")
@@ -125,12 +162,13 @@ def _static_archives_impl(ctx):
             else:
                 shared.append(name)
     flags = {n: _shared_flag(ctx, n, sonames) for n in shared}
+    ctx.file("NOTICES", _notices(ctx, static))
     ctx.file("shared.txt", "".join(["%s\n" % flags[n][2:].lstrip(":") for n in sorted(shared)]))
     build = [
         "# Written by the ember_static_archives rule (static_archives.bzl).",
         'package(default_visibility = ["//visibility:public"])',
         "",
-        'exports_files(["shared.txt"])',
+        'exports_files(["NOTICES", "shared.txt"])',
         "",
         "# The archives a static link reads: a binary that links statically",
         "# passes them as additional_linker_inputs, so that they are in its",
