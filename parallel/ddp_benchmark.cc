@@ -17,6 +17,10 @@
 // for the buckets after the graph, which includes waiting for the slower
 // rank).
 //
+// The ResNet rows do the same for torchvision's ResNet-18 (hub/resnet.h) with
+// 10 classes on 3x32x32 images, batch 8 per rank (16 in all): the larger
+// model of parallel/torch_ddp_resnet.py, which runs the PyTorch side.
+//
 // The process running the benchmarks is rank 0; it forks rank 1 before
 // anything else, which follows its lead: before each benchmark rank 0
 // broadcasts what to run and how many steps (untimed).
@@ -34,6 +38,7 @@
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
 #include "distributed/distributed.h"
+#include "hub/resnet.h"
 #include "nn/activation.h"
 #include "nn/benchmark_mlp.h"
 #include "nn/container.h"
@@ -55,7 +60,13 @@ constexpr int kWidth = 512;
 constexpr int kHidden = 4;
 constexpr int kClasses = 10;
 
-enum Command : int64_t { kStop = 0, kDdpSteps = 1, kAllReduceBuckets = 2 };
+constexpr int64_t kResNetGlobalBatch = 16;
+constexpr int64_t kImageSize = 32;
+
+enum Command : int64_t { kStop = 0, kDdpSteps = 1, kAllReduceBuckets = 2, kResNetDdpSteps = 3 };
+
+// The two models and their inputs.
+enum class Model { kMlp, kResNet18 };
 
 void Check(const absl::Status& s, const char* what) {
   if (!s.ok()) {
@@ -64,7 +75,21 @@ void Check(const absl::Status& s, const char* what) {
   }
 }
 
-std::shared_ptr<nn::Module> Mlp() { return nn::benchmark_mlp(kWidth, kHidden, kClasses); }
+std::shared_ptr<nn::Module> Make(Model model) {
+  manual_seed(0);
+  if (model == Model::kMlp) return nn::benchmark_mlp(kWidth, kHidden, kClasses);
+  return std::make_shared<hub::ResNet18>(hub::ResNetOptions{.num_classes = kClasses});
+}
+
+// A batch of `n` inputs for `model`.
+Tensor Inputs(Model model, int64_t n) {
+  if (model == Model::kMlp) return randn({n, kWidth});
+  return randn({n, 3, kImageSize, kImageSize});
+}
+
+int64_t GlobalBatch(Model model) {
+  return model == Model::kMlp ? kGlobalBatch : kResNetGlobalBatch;
+}
 
 // Per-step wall times; the median of all but the first five.
 double MedianMs(std::vector<double> ms) {
@@ -76,16 +101,16 @@ double MedianMs(std::vector<double> ms) {
 // One rank's DDP training loop.
 class DdpRunner {
  public:
-  explicit DdpRunner(bool as_view) {
+  DdpRunner(bool as_view, Model model = Model::kMlp) {
     dist::Group group = *dist::get_default_group();
     auto ddp = DistributedDataParallel::create(
-        Mlp(), {.process_group = group, .gradient_as_bucket_view = as_view});
+        Make(model), {.process_group = group, .gradient_as_bucket_view = as_view});
     Check(ddp.status(), "create");
     ddp_ = *std::move(ddp);
     opt_ = std::make_unique<nn::optim::SGD>(ddp_->parameters(), nn::optim::SGDOptions{.lr = 0.01});
     manual_seed(100 + group->rank());
-    x_ = randn({kGlobalBatch / kWorld, kWidth});
-    y_ = randint(0, kClasses, {kGlobalBatch / kWorld});
+    x_ = Inputs(model, GlobalBatch(model) / kWorld);
+    y_ = randint(0, kClasses, {GlobalBatch(model) / kWorld});
   }
   // One step; its wall time in ms.
   double Step() {
@@ -145,6 +170,9 @@ void Follow() {
     if (m[0] == kDdpSteps) {
       DdpRunner runner(m[2] != 0);
       for (int64_t i = 0; i < m[1]; ++i) runner.Step();
+    } else if (m[0] == kResNetDdpSteps) {
+      DdpRunner runner(m[2] != 0, Model::kResNet18);
+      for (int64_t i = 0; i < m[1]; ++i) runner.Step();
     } else if (m[0] == kAllReduceBuckets) {
       AllReduceRunner runner;
       for (int64_t i = 0; i < m[1]; ++i) runner.Step();
@@ -152,21 +180,26 @@ void Follow() {
   }
 }
 
-// Argument: the batch (64: the baseline; 32: one rank's compute alone).
-void BM_OneProcessStep(benchmark::State& state) {
-  auto model = Mlp();
-  nn::optim::SGD opt(model->parameters(), {.lr = 0.01});
-  Tensor x = randn({state.range(0), kWidth});
-  Tensor y = randint(0, kClasses, {state.range(0)});
+// One process training `model` on a batch of `batch`.
+void OneProcessStep(benchmark::State& state, Model model, int64_t batch) {
+  auto net = Make(model);
+  nn::optim::SGD opt(net->parameters(), {.lr = 0.01});
+  Tensor x = Inputs(model, batch);
+  Tensor y = randint(0, kClasses, {batch});
   std::vector<double> ms;
   for (auto _ : state) {
     const absl::Time start = absl::Now();
     opt.zero_grad(/*set_to_none=*/false);
-    nn::functional::cross_entropy((*model)(x), y).backward();
+    nn::functional::cross_entropy((*net)(x), y).backward();
     opt.step();
     ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
   }
   state.counters["median_ms"] = MedianMs(ms);
+}
+
+// Argument: the batch (64: the baseline; 32: one rank's compute alone).
+void BM_OneProcessStep(benchmark::State& state) {
+  OneProcessStep(state, Model::kMlp, state.range(0));
 }
 BENCHMARK(BM_OneProcessStep)
     ->Arg(64)
@@ -175,10 +208,21 @@ BENCHMARK(BM_OneProcessStep)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// Argument: gradient_as_bucket_view.
-void BM_DdpStep(benchmark::State& state) {
-  Tell(kDdpSteps, state.max_iterations, state.range(0));
-  DdpRunner runner(state.range(0) != 0);
+// Argument: the batch (16: the baseline; 8: one rank's compute alone).
+void BM_ResNetOneProcessStep(benchmark::State& state) {
+  OneProcessStep(state, Model::kResNet18, state.range(0));
+}
+BENCHMARK(BM_ResNetOneProcessStep)
+    ->Arg(16)
+    ->Arg(8)
+    ->Iterations(30)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Rank 0's side of `steps` DDP steps (rank 1 runs the same, told by `command`).
+void DdpSteps(benchmark::State& state, Command command, Model model, bool as_view) {
+  Tell(command, state.max_iterations, as_view ? 1 : 0);
+  DdpRunner runner(as_view, model);
   std::vector<double> ms;
   for (auto _ : state) ms.push_back(runner.Step());
   state.counters["median_ms"] = MedianMs(ms);
@@ -189,7 +233,17 @@ void BM_DdpStep(benchmark::State& state) {
       absl::ToDoubleMilliseconds(data.stats.backward_comm_wait_time) / n;
   state.counters["buckets"] = static_cast<double>(data.bucket_bytes.size());
 }
+
+// Argument: gradient_as_bucket_view.
+void BM_DdpStep(benchmark::State& state) {
+  DdpSteps(state, kDdpSteps, Model::kMlp, state.range(0) != 0);
+}
 BENCHMARK(BM_DdpStep)->Arg(0)->Arg(1)->Iterations(30)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_ResNetDdpStep(benchmark::State& state) {
+  DdpSteps(state, kResNetDdpSteps, Model::kResNet18, /*as_view=*/false);
+}
+BENCHMARK(BM_ResNetDdpStep)->Iterations(30)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_AllReduceBuckets(benchmark::State& state) {
   Tell(kAllReduceBuckets, state.max_iterations, 0);
