@@ -25,7 +25,7 @@ for ((r = 1; r <= rounds; ++r)); do
   peer="$(/usr/bin/python3 "${EMBER_PEERS_DIR:-$(dirname "$0")/../../shared/peers}/torch_ddp.py" 2>/dev/null)"
   torch_one="$(echo "$peer" | sed -n 's/^single_process_step_b64_1thread \([0-9.]*\)ms$/\1/p')"
   torch_ddp="$(echo "$peer" | sed -n 's/^ddp_gloo_2rank_step_b32each \([0-9.]*\)ms$/\1/p')"
-  out="$("$ember_bin" 2>/dev/null)"
+  out="$("$ember_bin" --benchmark_filter='^BM_(OneProcessStep|DdpStep|AllReduceBuckets)/' 2>/dev/null)"
   one="$(echo "$out" | counter '^BM_OneProcessStep/64/' median_ms)"
   half="$(echo "$out" | counter '^BM_OneProcessStep/32/' median_ms)"
   ddp="$(echo "$out" | counter '^BM_DdpStep/0/' median_ms)"
