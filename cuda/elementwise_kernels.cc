@@ -8,12 +8,10 @@
 namespace ember::cuda {
 namespace {
 
-
 using internal::CheckLaunch;
 using internal::DtypeCode;
+using internal::Ptr;
 using internal::StreamOf;
-
-char* Ptr(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
 
 void UnaryOut(UnaryOp op, const Tensor& out, const Tensor& self) {
   if (out.numel() == 0) return;

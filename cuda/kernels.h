@@ -18,6 +18,9 @@
 
 namespace ember::cuda::internal {
 
+// A tensor's data as the launchers take it.
+inline char* Ptr(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
+
 // Dtype codes are ember::Dtype's values.
 inline int DtypeCode(Dtype dtype) { return static_cast<int>(dtype); }
 

@@ -10,12 +10,10 @@
 namespace ember::cuda {
 namespace {
 
-
 using internal::CheckLaunch;
 using internal::DtypeCode;
+using internal::Ptr;
 using internal::StreamOf;
-
-char* Ptr(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
 
 void ReduceOut(ReduceOp op, const Tensor& out, const Tensor& self, IntArrayRef /*dims*/) {
   EMBER_INTERNAL_ASSERT(out.dim() == self.dim(), "reduce_out: out must have the keepdim shape");
