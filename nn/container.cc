@@ -30,7 +30,7 @@ Tensor Sequential::forward(const Tensor& input) {
   return x;
 }
 
-std::shared_ptr<Module> Sequential::clone(std::optional<Device> device) const {
+std::shared_ptr<Module> Sequential::CloneImpl(std::optional<Device> device) const {
   std::shared_ptr<Sequential> copy(new Sequential(*this));
   // The copy constructor copied the train/eval flag and hooks; a Sequential
   // has no parameters or buffers of its own.

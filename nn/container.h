@@ -50,7 +50,7 @@ class Sequential : public Module {
   std::shared_ptr<Module> operator[](int64_t index) const;
 
   Tensor forward(const Tensor& input) override;
-  std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const override;
+  std::shared_ptr<Module> CloneImpl(std::optional<Device> device) const override;
 
  protected:
   Sequential(const Sequential& other) : Module(other) {}

@@ -116,8 +116,13 @@ const Tensor& Module::register_parameter(std::string name, Tensor tensor, bool r
     EMBER_CHECK(!requires_grad || tensor.is_floating_point(), this->name(), ": parameter \"", name,
                 "\" of dtype ", dtype_name(tensor.dtype()),
                 " can't require gradients; only floating point tensors can");
-    autograd::NoGradGuard no_grad;
-    tensor = AsLeaf(tensor, requires_grad);
+    // A tensor that is already a parameter (a leaf with the same
+    // requires_grad) is registered as itself, as torch registers the same
+    // Parameter object: tied weights are one tensor with one gradient.
+    if (!(tensor.is_leaf() && tensor.requires_grad() == requires_grad)) {
+      autograd::NoGradGuard no_grad;
+      tensor = AsLeaf(tensor, requires_grad);
+    }
   }
   parameters_.push_back({std::move(name), std::move(tensor), true});
   return parameters_.back().tensor;
@@ -434,9 +439,50 @@ HookHandle Module::register_forward_hook(ForwardHook hook) {
 
 // --- Deep copy -----------------------------------------------------------------
 
+namespace {
+
+// The originals' copies during the outermost clone() on this thread (Note
+// [Sharing in clones]).
+struct CloneMemo {
+  std::unordered_map<const TensorImpl*, Tensor> tensors;
+  std::unordered_map<const Module*, std::shared_ptr<Module>> modules;
+};
+thread_local CloneMemo* clone_memo = nullptr;
+
+// Makes a memo for the outermost clone() and drops it when that one ends.
+class CloneMemoScope {
+ public:
+  CloneMemoScope() {
+    if (clone_memo == nullptr) clone_memo = owned_ = new CloneMemo;
+  }
+  ~CloneMemoScope() {
+    if (owned_ != nullptr) {
+      clone_memo = nullptr;
+      delete owned_;
+    }
+  }
+  CloneMemoScope(const CloneMemoScope&) = delete;
+  CloneMemoScope& operator=(const CloneMemoScope&) = delete;
+
+ private:
+  CloneMemo* owned_ = nullptr;
+};
+
+}  // namespace
+
 std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
+  CloneMemoScope scope;
+  if (auto it = clone_memo->modules.find(this); it != clone_memo->modules.end()) {
+    return it->second;
+  }
+  std::shared_ptr<Module> copy = CloneImpl(device);
+  clone_memo->modules.emplace(this, copy);
+  return copy;
+}
+
+std::shared_ptr<Module> Module::CloneImpl(std::optional<Device> device) const {
   EMBER_FAIL(name(), " can't be cloned: derive it from ember::nn::Cloneable<", name(),
-             "> and implement reset(), or override clone()");
+             "> and implement reset(), or override CloneImpl()");
 }
 
 void Module::CopyStateFrom(const Module& source, std::optional<Device> device) {
@@ -454,6 +500,12 @@ void Module::CopyStateFrom(const Module& source, std::optional<Device> device) {
         to[i].tensor = src;
         continue;
       }
+      if (clone_memo != nullptr) {
+        if (auto it = clone_memo->tensors.find(src.impl()); it != clone_memo->tensors.end()) {
+          to[i].tensor = it->second;  // shared in the original: shared in the copy
+          continue;
+        }
+      }
       Tensor value = (device ? src.to(*device) : src);
       value = value.is_same(src) ? src.clone() : value;
       if (parameters) {
@@ -465,6 +517,7 @@ void Module::CopyStateFrom(const Module& source, std::optional<Device> device) {
       } else {
         to[i].tensor = value;
       }
+      if (clone_memo != nullptr) clone_memo->tensors.emplace(src.impl(), to[i].tensor);
     }
   };
   copy_entries(parameters_, source.parameters_, true);

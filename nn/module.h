@@ -50,6 +50,16 @@
 // and train/eval flag from the original. Containers whose children come from
 // outside (Sequential) override clone() to clone each child instead.
 //
+// Note [Sharing in clones]
+// A clone keeps the original's sharing, as copy.deepcopy does with its memo:
+// the outermost clone() on a thread keeps a table from each original tensor
+// and module to its copy, and every nested clone() and CopyStateFrom consults
+// it. So tied weights (one tensor in two slots) stay one tensor, and a module
+// that Sequential holds twice is cloned once and held twice. A Cloneable
+// module's reset() builds its own children, and the typed pointers it keeps
+// to them are what its forward() calls, so a child such a module registers in
+// two slots keeps two copies (their tensors are still shared).
+//
 // Note [Replacing a child]
 // replace_module(name, m) puts `m` in the registry slot of the child `name`,
 // keeping its position, so traversals, state_dict() keys and parameters()
@@ -138,7 +148,10 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // --- Registration ---------------------------------------------------------
   // Registers `tensor` as a parameter: it becomes a leaf (detached) that
-  // requires grad unless `requires_grad` is false. An undefined tensor
+  // requires grad unless `requires_grad` is false. A tensor that is such a
+  // leaf already (another module's parameter) is registered as itself, as
+  // torch registers the same Parameter: tied weights are one tensor with one
+  // gradient, listed once by parameters(). An undefined tensor
   // registers an absent parameter (Linear without bias), skipped by every
   // traversal. Throws when `name` is empty, contains '.', or is taken.
   const Tensor& register_parameter(std::string name, Tensor tensor, bool requires_grad = true);
@@ -226,9 +239,12 @@ class Module : public std::enable_shared_from_this<Module> {
   // --- Deep copy -------------------------------------------------------------
   // A module with the same structure and its own copies of every parameter,
   // buffer and gradient (on `device` when given), the same train/eval flags
-  // and the same hooks. Cloneable<T> implements it; a module that is not
-  // Cloneable throws.
-  virtual std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const;
+  // and the same hooks. What the original shares stays shared in the copy,
+  // as with copy.deepcopy: a tensor registered in several slots (tied
+  // weights) is copied once, and a module that a container (Sequential)
+  // holds in several places is cloned once (Note [Sharing in clones]).
+  // Cloneable<T> implements it; a module that is not Cloneable throws.
+  std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const;
 
   // --- Replicas (parallel/replicate.h) -----------------------------------------
   // A module of this structure (made by clone(): the same types, options,
@@ -264,6 +280,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // the old requires_grad for parameters).
   void set_parameter(std::string_view name, Tensor tensor);
   void set_buffer(std::string_view name, Tensor tensor);
+
+  // The copy clone() returns, without the sharing bookkeeping: Cloneable<T>
+  // and containers whose children come from outside (Sequential) implement it.
+  virtual std::shared_ptr<Module> CloneImpl(std::optional<Device> device) const;
 
   // True while Cloneable::clone() runs reset() on a copy: layers skip their
   // random initialisation then, as every value is copied over afterwards.
@@ -330,7 +350,7 @@ class Cloneable : public Base {
   // (Re)creates and registers every parameter, buffer and child.
   virtual void reset() = 0;
 
-  std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const override {
+  std::shared_ptr<Module> CloneImpl(std::optional<Device> device) const override {
     auto copy = std::make_shared<Derived>(static_cast<const Derived&>(*this));
     {
       CloneScope scope;

@@ -336,6 +336,53 @@ TEST(ModuleTest, CloneOfSequentialClonesChildrenAndHooks) {
   EXPECT_EQ(seq->buffers()[2].item<int64_t>(), 0);
 }
 
+// Tied weights: the decoder's weight is the encoder's (one tensor, two slots).
+class TiedAutoencoder : public Cloneable<TiedAutoencoder> {
+ public:
+  TiedAutoencoder() { reset(); }
+  void reset() override {
+    enc = register_module("enc", std::make_shared<Linear>(3, 3, /*bias=*/false));
+    register_parameter("dec_weight", enc->weight());
+  }
+  Tensor forward(const Tensor& x) override {
+    return (*enc)(x).relu().matmul(parameter("dec_weight"));
+  }
+  std::shared_ptr<Linear> enc;
+};
+
+TEST(ModuleTest, CloneKeepsWhatTheOriginalShares) {
+  // A module held twice by a container is cloned once and held twice.
+  auto shared = std::make_shared<Linear>(2, 2);
+  Sequential seq({shared, std::make_shared<ReLU>(), shared});
+  auto copy = std::static_pointer_cast<Sequential>(seq.clone());
+  EXPECT_EQ((*copy)[0].get(), (*copy)[2].get());
+  EXPECT_NE((*copy)[0].get(), shared.get());
+  EXPECT_EQ(copy->parameters().size(), seq.parameters().size());
+
+  // Tied weights are one tensor with one gradient (torch registers the same
+  // Parameter object in both slots)...
+  TiedAutoencoder net;
+  EXPECT_EQ(net.parameters().size(), 1u);
+  net(randn({2, 3})).sum().backward();
+  ASSERT_TRUE(net.enc->weight().grad().defined());
+  EXPECT_TRUE(net.parameter("dec_weight").grad().is_same(net.enc->weight().grad()));
+  // ... and stay tied in a clone: a step through one slot moves both.
+  auto tied = std::static_pointer_cast<TiedAutoencoder>(net.clone());
+  ASSERT_TRUE(tied->parameter("dec_weight").is_same(tied->enc->weight()));
+  EXPECT_FALSE(tied->enc->weight().is_same(net.enc->weight()));
+  EXPECT_TRUE(tied->enc->weight().equal(net.enc->weight()));
+  {
+    autograd::NoGradGuard no_grad;
+    tied->parameter("dec_weight").add_(1.0);
+  }
+  EXPECT_TRUE(tied->enc->weight().equal(tied->parameter("dec_weight")));
+  EXPECT_FALSE(tied->enc->weight().equal(net.enc->weight()));
+
+  // Separate clones share nothing with each other.
+  auto again = std::static_pointer_cast<Sequential>(seq.clone());
+  EXPECT_NE((*again)[0].get(), (*copy)[0].get());
+}
+
 TEST(ModuleTest, ReplicaForDataParallelHoldsTheGivenTensorsAndPassesGradientsBack) {
   auto net = std::make_shared<Net>();
   auto shared = std::make_shared<Linear>(4, 4);  // fills both of its slots in the replica
