@@ -30,7 +30,8 @@ absl::StatusOr<ModulePtr> BuildMlp(const Kwargs& kwargs) {
   auto net = std::make_shared<nn::Sequential>();
   for (int64_t i = 0; i < depth; ++i) {
     bool last = i + 1 == depth;
-    net->push_back(std::make_shared<nn::Linear>(i == 0 ? in : hidden, last ? out : hidden));
+    net->push_back(std::make_shared<nn::Linear>(i == 0 ? in : hidden,
+                                                last ? out : hidden));
     if (!last) net->push_back(std::make_shared<nn::ReLU>());
   }
   return net;
@@ -42,10 +43,13 @@ absl::StatusOr<ModulePtr> BuildSmallCnn(const Kwargs& kwargs) {
   int64_t classes = r.positive_int("num_classes", 4);
   EMBER_RETURN_IF_ERROR(r.finish());
   return std::make_shared<nn::Sequential>(std::vector<ModulePtr>{
-      std::make_shared<nn::Conv2d>(in, 8, 3, 1, 1), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Conv2d>(8, 16, 3, 1, 1),
-      std::make_shared<nn::ReLU>(), std::make_shared<nn::AdaptiveAvgPool2d>(nn::Int2{1, 1}),
-      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(16, classes)});
+      std::make_shared<nn::Conv2d>(in, 8, 3, 1, 1),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
+      std::make_shared<nn::Conv2d>(8, 16, 3, 1, 1),
+      std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::AdaptiveAvgPool2d>(nn::Int2{1, 1}),
+      std::make_shared<nn::Flatten>(),
+      std::make_shared<nn::Linear>(16, classes)});
 }
 
 absl::StatusOr<ModulePtr> BuildResNet18(const Kwargs& kwargs) {
@@ -61,7 +65,9 @@ absl::StatusOr<ModulePtr> BuildResNet18(const Kwargs& kwargs) {
 struct Registry {
   absl::Mutex mu;
   std::map<std::string, Builder> builders ABSL_GUARDED_BY(mu) = {
-      {"mlp", BuildMlp}, {"small_cnn", BuildSmallCnn}, {"resnet18", BuildResNet18}};
+      {"mlp", BuildMlp},
+      {"small_cnn", BuildSmallCnn},
+      {"resnet18", BuildResNet18}};
 };
 
 Registry& GetRegistry() {
@@ -84,7 +90,8 @@ int64_t KwargsReader::positive_int(const std::string& name, int64_t fallback) {
   if (v == nullptr || *v <= 0) {
     if (error_.empty()) {
       error_ =
-          absl::StrCat("builder ", builder_, ": argument '", name, "' must be a positive int, got ",
+          absl::StrCat("builder ", builder_, ": argument '", name,
+                       "' must be a positive int, got ",
                        v ? absl::StrCat(*v) : "a " + ArgTypeName(it->second));
     }
     return fallback;
@@ -97,8 +104,8 @@ absl::Status KwargsReader::finish() const {
   for (const auto& [name, value] : kwargs_) {
     if (std::find(read_.begin(), read_.end(), name) == read_.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("builder ", builder_, " got an unexpected argument '", name,
-                       "' (it takes: ", absl::StrJoin(read_, ", "), ")"));
+          absl::StrCat("builder ", builder_, " got an unexpected argument '",
+                       name, "' (it takes: ", absl::StrJoin(read_, ", "), ")"));
     }
   }
   return absl::OkStatus();
@@ -122,7 +129,8 @@ std::vector<std::string> builder_names() {
   return names;
 }
 
-absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name, const Kwargs& kwargs) {
+absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name,
+                                                  const Kwargs& kwargs) {
   Builder builder;
   {
     Registry& r = GetRegistry();
@@ -131,15 +139,16 @@ absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name, const
     if (it != r.builders.end()) builder = it->second;
   }
   if (!builder) {
-    return absl::NotFoundError(
-        absl::StrCat("no builder named '", name,
-                     "' is registered (registered: ", absl::StrJoin(builder_names(), ", "), ")"));
+    return absl::NotFoundError(absl::StrCat(
+        "no builder named '", name, "' is registered (registered: ",
+        absl::StrJoin(builder_names(), ", "), ")"));
   }
   try {
     return builder(kwargs);
   } catch (const Error& e) {  // a layer's argument check (ember::Error) becomes
                               // a Status here
-    return absl::InvalidArgumentError(absl::StrCat("builder ", name, ": ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("builder ", name, ": ", e.what()));
   }
 }
 

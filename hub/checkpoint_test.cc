@@ -354,12 +354,12 @@ TEST(CheckpointTest, SafetensorsDimensionsAreCapped) {
 TEST(CheckpointTest, SafetensorsDtypesEmberLacksAreUnsupported) {
   absl::Status s =
       read_safetensors(Safetensors(R"({"z":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})", 8),
-                       "c.safetensors")
+                      "c.safetensors")
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(s.message(), HasSubstr("tensor 'z' has dtype C64, which Ember does not support"));
   s = read_safetensors(Safetensors(R"({"z":{"dtype":"Q99","shape":[1],"data_offsets":[0,8]}})", 8),
-                       "c")
+                      "c")
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("dtype Q99 is not a safetensors dtype Ember knows"));

@@ -217,7 +217,7 @@ absl::Status check_url_scheme(absl::string_view url) {
 }
 
 absl::Status download_url_to_file(const std::string& url, const std::string& dest,
-                                  const DownloadOptions& options) {
+                               const DownloadOptions& options) {
   if (absl::Status s = check_url_scheme(url); !s.ok()) return s;
   GlobalInitOnce();
   std::string ca_bundle = options.ca_bundle;

@@ -85,8 +85,7 @@ TEST_F(DownloadTest, HashMismatchKeepsTheOldFile) {
 }
 
 TEST_F(DownloadTest, NotFound) {
-  absl::Status s =
-      download_url_to_file(server_->url("/files/missing.bin"), out_dir_ + "/m", options_);
+  absl::Status s = download_url_to_file(server_->url("/files/missing.bin"), out_dir_ + "/m", options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(s.message(), HasSubstr("/files/missing.bin"));
   EXPECT_TRUE(Listing().empty());
@@ -115,8 +114,7 @@ TEST_F(DownloadTest, RedirectsOnlyToHttps) {
       download_url_to_file(server_->url("/redirect-https/files/blob.bin"), dest, options_).ok());
   EXPECT_EQ(*ReadFile(dest), Blob());
   fs::remove(dest);
-  absl::Status s =
-      download_url_to_file(server_->url("/redirect-http/files/blob.bin"), dest, options_);
+  absl::Status s = download_url_to_file(server_->url("/redirect-http/files/blob.bin"), dest, options_);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(s.message(), HasSubstr("redirect"));
   EXPECT_TRUE(Listing().empty());
@@ -148,8 +146,7 @@ TEST_F(DownloadTest, VerifiesTheServerCertificate) {
   EXPECT_TRUE(Listing().empty());
   // The environment variable names the bundle too.
   setenv(kCaBundleEnv, server_->ca_bundle().c_str(), 1);
-  EXPECT_TRUE(
-      download_url_to_file(server_->url("/files/blob.bin"), out_dir_ + "/b", options_).ok());
+  EXPECT_TRUE(download_url_to_file(server_->url("/files/blob.bin"), out_dir_ + "/b", options_).ok());
 }
 
 TEST_F(DownloadTest, ConnectionRefusedFailsAfterRetries) {

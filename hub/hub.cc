@@ -33,8 +33,7 @@ absl::StatusOr<Repository> open_repository(const std::string& repo, const HubOpt
   return r;
 }
 
-absl::StatusOr<const EntryPoint*> get_entry_point(const Repository& repo,
-                                                  const std::string& entry) {
+absl::StatusOr<const EntryPoint*> get_entry_point(const Repository& repo, const std::string& entry) {
   if (const EntryPoint* e = FindEntryPoint(repo.conf, entry)) return e;
   std::vector<std::string> names;
   for (const EntryPoint& e : repo.conf.entry_points()) names.push_back(e.name());

@@ -38,7 +38,7 @@ std::string hash_prefix_from_file_name(const std::string& file_name) {
 }
 
 absl::StatusOr<std::string> download_checkpoint(const std::string& url,
-                                                const LoadFromUrlOptions& options) {
+                                               const LoadFromUrlOptions& options) {
   EMBER_RETURN_IF_ERROR(check_url_scheme(url));
   std::string model_dir = options.model_dir;
   if (model_dir.empty()) {
@@ -103,7 +103,7 @@ absl::StatusOr<std::string> download_checkpoint(const std::string& url,
 }
 
 absl::StatusOr<StateDict> load_state_dict_from_url(const std::string& url,
-                                                   const LoadFromUrlOptions& options) {
+                                               const LoadFromUrlOptions& options) {
   EMBER_ASSIGN_OR_RETURN(std::string path, download_checkpoint(url, options));
   return load_checkpoint(path);
 }

@@ -25,8 +25,9 @@ TEST(RepoRefTest, ParsesOwnerRepoAndRef) {
 }
 
 TEST(RepoRefTest, RejectsMalformedNames) {
-  for (const char* bad : {"alice", "/models", "alice/", "alice/models/extra", "al ice/models",
-                          "alice/models:", "alice/models:../x", "../x/y"}) {
+  for (const char* bad :
+       {"alice", "/models", "alice/", "alice/models/extra", "al ice/models",
+        "alice/models:", "alice/models:../x", "../x/y"}) {
     absl::StatusOr<RepoRef> r = parse_repo_ref(bad);
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(r.status().message(), HasSubstr(bad));

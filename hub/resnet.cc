@@ -7,17 +7,19 @@
 namespace ember::hub {
 namespace {
 
-std::shared_ptr<nn::Conv2d> Conv(int64_t in, int64_t out, int64_t kernel, int64_t stride,
-                                 int64_t padding) {
-  return std::make_shared<nn::Conv2d>(nn::Conv2dOptions{.in_channels = in,
-                                                        .out_channels = out,
-                                                        .kernel_size = {kernel, kernel},
-                                                        .stride = {stride, stride},
-                                                        .padding = {padding, padding},
-                                                        .bias = false});
+std::shared_ptr<nn::Conv2d> Conv(int64_t in, int64_t out, int64_t kernel,
+                                 int64_t stride, int64_t padding) {
+  return std::make_shared<nn::Conv2d>(
+      nn::Conv2dOptions{.in_channels = in,
+                        .out_channels = out,
+                        .kernel_size = {kernel, kernel},
+                        .stride = {stride, stride},
+                        .padding = {padding, padding},
+                        .bias = false});
 }
 
-std::shared_ptr<nn::Sequential> Stage(int64_t in_planes, int64_t planes, int64_t stride) {
+std::shared_ptr<nn::Sequential> Stage(int64_t in_planes, int64_t planes,
+                                      int64_t stride) {
   auto stage = std::make_shared<nn::Sequential>();
   stage->push_back(std::make_shared<BasicBlock>(in_planes, planes, stride));
   stage->push_back(std::make_shared<BasicBlock>(planes, planes, 1));
@@ -71,7 +73,8 @@ Tensor ResNet18::forward(const Tensor& x) {
   // called.
   Tensor out = (*child("bn1"))((*child("conv1"))(x)).relu();
   out = nn::functional::max_pool2d(
-      out, nn::MaxPool2dOptions{.kernel_size = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});
+      out, nn::MaxPool2dOptions{
+               .kernel_size = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});
   for (const char* stage : {"layer1", "layer2", "layer3", "layer4"}) {
     out = (*child(stage))(out);
   }

@@ -26,7 +26,8 @@ std::vector<std::string> Keys(const nn::StateDict& state) {
 
 // A ResNet small enough for a unit test: stages of 4, 8, 16 and 32 channels.
 std::shared_ptr<ResNet18> SmallResNet() {
-  return std::make_shared<ResNet18>(ResNetOptions{.num_classes = 10, .width = 4});
+  return std::make_shared<ResNet18>(
+      ResNetOptions{.num_classes = 10, .width = 4});
 }
 
 TEST(ResNetTest, ReplacingFcChangesTheClassifierInPlace) {
@@ -50,9 +51,10 @@ TEST(ResNetTest, CloneKeepsAReplacedHead) {
   manual_seed(1);
   auto model = SmallResNet();
   // torch's model.fc = nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 2)).
-  model->replace_module(
-      "fc", std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-                std::make_shared<nn::Linear>(32, 16), std::make_shared<nn::Linear>(16, 2)}));
+  model->replace_module("fc", std::make_shared<nn::Sequential>(
+                                  std::vector<std::shared_ptr<nn::Module>>{
+                                      std::make_shared<nn::Linear>(32, 16),
+                                      std::make_shared<nn::Linear>(16, 2)}));
   auto copy = model->clone();
   EXPECT_EQ(Keys(copy->state_dict()), Keys(model->state_dict()));
   EXPECT_EQ(Keys(copy->state_dict()).back(), "fc.1.bias");
@@ -69,9 +71,11 @@ TEST(ResNetTest, UnknownChildIsNamedWithTheExistingOnes) {
     model->replace_module("head", std::make_shared<nn::Linear>(32, 3));
     FAIL() << "replace_module(\"head\") did not throw";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("no child module \"head\" to replace; its children are "
-                                    "\"conv1\", \"bn1\", \"layer1\", \"layer2\", \"layer3\", "
-                                    "\"layer4\", \"fc\""));
+    EXPECT_THAT(
+        e.what(),
+        HasSubstr("no child module \"head\" to replace; its children are "
+                  "\"conv1\", \"bn1\", \"layer1\", \"layer2\", \"layer3\", "
+                  "\"layer4\", \"fc\""));
   }
 }
 

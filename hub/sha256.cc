@@ -21,7 +21,8 @@ struct FileCloser {
 };
 
 std::string Hex(const unsigned char* digest, unsigned int n) {
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), n));
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), n));
 }
 
 }  // namespace
@@ -37,15 +38,18 @@ absl::StatusOr<std::string> sha256_of_file(const std::string& path) {
   std::unique_ptr<FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
   if (!f) {
     int err = errno;
-    std::string msg = absl::StrCat("cannot read ", path, ": ", std::strerror(err));
+    std::string msg =
+        absl::StrCat("cannot read ", path, ": ", std::strerror(err));
     return err == ENOENT ? absl::NotFoundError(msg) : absl::InternalError(msg);
   }
   std::unique_ptr<EVP_MD_CTX, MdCtxDeleter> ctx(EVP_MD_CTX_new());
   EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
   char buf[1 << 16];
   size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, f.get())) > 0) EVP_DigestUpdate(ctx.get(), buf, got);
-  if (std::ferror(f.get())) return absl::InternalError(absl::StrCat("error reading ", path));
+  while ((got = std::fread(buf, 1, sizeof buf, f.get())) > 0)
+    EVP_DigestUpdate(ctx.get(), buf, got);
+  if (std::ferror(f.get()))
+    return absl::InternalError(absl::StrCat("error reading ", path));
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
   EVP_DigestFinal_ex(ctx.get(), digest, &n);

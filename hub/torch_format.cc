@@ -31,8 +31,7 @@ absl::StatusOr<StateDict> ReadLegacyCheckpoint(absl::string_view bytes, absl::st
   uint64_t claimed = 0;  // bytes all storages need; the file must hold them
   StorageLoader load = [&](const StorageRef& ref) -> absl::StatusOr<Storage> {
     uint64_t nbytes;
-    if (__builtin_mul_overflow(static_cast<uint64_t>(ref.numel), element_size(ref.dtype),
-                               &nbytes) ||
+    if (__builtin_mul_overflow(static_cast<uint64_t>(ref.numel), element_size(ref.dtype), &nbytes) ||
         __builtin_add_overflow(claimed, nbytes, &claimed) || claimed > bytes.size()) {
       return bad(absl::StrCat("storage '", escape_for_terminal(ref.key), "' claims ", ref.numel,
                               " ", std::string(dtype_name(ref.dtype)),

@@ -21,7 +21,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string Written(const std::vector<std::pair<std::string, std::string>>& entries) {
+std::string Written(
+    const std::vector<std::pair<std::string, std::string>>& entries) {
   ZipWriter w;
   for (const auto& [name, data] : entries) w.add(name, data);
   absl::StatusOr<std::string> bytes = std::move(w).finish();
@@ -31,7 +32,8 @@ std::string Written(const std::vector<std::pair<std::string, std::string>>& entr
 
 // A zip written by libarchive directly with zip format `options` (e.g.
 // "zip:zip64", "zip:compression=deflate"), for what ZipWriter never writes.
-std::string WrittenWithOptions(const std::string& options, const std::string& name,
+std::string WrittenWithOptions(const std::string& options,
+                               const std::string& name,
                                const std::string& data) {
   struct Deleter {
     void operator()(struct archive* a) const { archive_write_free(a); }
@@ -43,7 +45,8 @@ std::string WrittenWithOptions(const std::string& options, const std::string& na
   EXPECT_EQ(archive_write_set_options(a.get(), options.c_str()), ARCHIVE_OK)
       << archive_error_string(a.get());
   archive_write_set_bytes_per_block(a.get(), 0);
-  EXPECT_EQ(archive_write_open_memory(a.get(), buf.data(), buf.size(), &used), ARCHIVE_OK);
+  EXPECT_EQ(archive_write_open_memory(a.get(), buf.data(), buf.size(), &used),
+            ARCHIVE_OK);
   struct archive_entry* e = archive_entry_new();
   archive_entry_set_pathname(e, name.c_str());
   archive_entry_set_filetype(e, AE_IFREG);
@@ -53,7 +56,8 @@ std::string WrittenWithOptions(const std::string& options, const std::string& na
   archive_entry_free(e);
   EXPECT_EQ(archive_write_data(a.get(), data.data(), data.size()),
             static_cast<la_ssize_t>(data.size()));
-  EXPECT_EQ(archive_write_close(a.get()), ARCHIVE_OK) << archive_error_string(a.get());
+  EXPECT_EQ(archive_write_close(a.get()), ARCHIVE_OK)
+      << archive_error_string(a.get());
   return std::string(buf.data(), used);
 }
 
@@ -77,8 +81,8 @@ TEST(ZipTest, RoundTripsEntriesInOrder) {
                                {"archive/version", "3\n"}});
   absl::StatusOr<ZipReader> zip = ZipReader::open(bytes, "a.pt");
   ASSERT_TRUE(zip.ok()) << zip.status();
-  EXPECT_THAT(zip->names(), ElementsAre("archive/data.pkl", "archive/empty", "archive/data/0",
-                                        "archive/version"));
+  EXPECT_THAT(zip->names(), ElementsAre("archive/data.pkl", "archive/empty",
+                                        "archive/data/0", "archive/version"));
   EXPECT_EQ(*zip->read("archive/data.pkl"), "pickle");
   EXPECT_EQ(*zip->read("archive/empty"), "");
   EXPECT_EQ(*zip->read("archive/data/0"), binary);
@@ -112,8 +116,8 @@ TEST(ZipTest, ReadsZip64Records) {
 }
 
 TEST(ZipTest, EveryTruncationIsRefusedNamingTheFile) {
-  std::string bytes =
-      Written({{"archive/data.pkl", "pickle bytes"}, {"archive/data/0", Incompressible(300)}});
+  std::string bytes = Written({{"archive/data.pkl", "pickle bytes"},
+                               {"archive/data/0", Incompressible(300)}});
   for (size_t n = 0; n < bytes.size(); ++n) {
     absl::StatusOr<ZipReader> zip = ZipReader::open(bytes.substr(0, n), "t.pt");
     ASSERT_FALSE(zip.ok()) << "accepted the first " << n << " bytes";
@@ -138,7 +142,8 @@ TEST(ZipTest, CorruptDataFailsItsCrc) {
 }
 
 TEST(ZipTest, RefusesDuplicateNames) {
-  std::string bytes = Written({{"archive/data/0", "a"}, {"archive/data/0", "b"}});
+  std::string bytes =
+      Written({{"archive/data/0", "a"}, {"archive/data/0", "b"}});
   absl::Status s = ZipReader::open(bytes, "d.pt").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("d.pt: "));
@@ -148,14 +153,15 @@ TEST(ZipTest, RefusesDuplicateNames) {
 TEST(ZipTest, DecodesCompressedEntriesOnlyWithinTheFileSize) {
   // Deflated but incompressible: decodes to fewer bytes than the file holds.
   std::string data = Incompressible(4000);
-  std::string bytes = WrittenWithOptions("zip:compression=deflate", "archive/data/0", data);
+  std::string bytes =
+      WrittenWithOptions("zip:compression=deflate", "archive/data/0", data);
   absl::StatusOr<ZipReader> zip = ZipReader::open(bytes, "ok.pt");
   ASSERT_TRUE(zip.ok()) << zip.status();
   EXPECT_EQ(*zip->read("archive/data/0"), data);
 
   // 1 MiB of zeros deflates to about a kilobyte: refused, not decoded.
-  bytes =
-      WrittenWithOptions("zip:compression=deflate", "archive/data/0", std::string(1 << 20, '\0'));
+  bytes = WrittenWithOptions("zip:compression=deflate", "archive/data/0",
+                             std::string(1 << 20, '\0'));
   ASSERT_LT(bytes.size(), 1u << 16);
   absl::Status s = ZipReader::open(bytes, "bomb.pt").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

@@ -5,8 +5,8 @@
 
 #include <array>
 #include <atomic>
-#include <cerrno>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -92,8 +92,9 @@ void FreeSmall(void* p) {
   c.data_bytes += kSize;
 }
 
-constexpr DeleterFn kSmallDeleters[kNumSmallClasses] = {&FreeSmall<0>, &FreeSmall<1>, &FreeSmall<2>,
-                                                        &FreeSmall<3>, &FreeSmall<4>};
+constexpr DeleterFn kSmallDeleters[kNumSmallClasses] = {&FreeSmall<0>, &FreeSmall<1>,
+                                                        &FreeSmall<2>, &FreeSmall<3>,
+                                                        &FreeSmall<4>};
 
 DataPtr AllocateSmall(size_t nbytes) {
   const int k = SmallClass(nbytes);
@@ -314,7 +315,8 @@ class CpuAllocator final : public Allocator {
 };
 
 std::array<std::atomic<Allocator*>, kNumDeviceTypes>& Registry() {
-  static std::array<std::atomic<Allocator*>, kNumDeviceTypes> registry{GetCpuAllocator(), nullptr};
+  static std::array<std::atomic<Allocator*>, kNumDeviceTypes> registry{
+      GetCpuAllocator(), nullptr};
   return registry;
 }
 
@@ -322,7 +324,9 @@ std::array<std::atomic<Allocator*>, kNumDeviceTypes>& Registry() {
 
 namespace internal {
 
-int PoolClass(size_t nbytes) { return nbytes == 0 ? 0 : static_cast<int>((nbytes + 15) / 16) - 1; }
+int PoolClass(size_t nbytes) {
+  return nbytes == 0 ? 0 : static_cast<int>((nbytes + 15) / 16) - 1;
+}
 
 void* PoolAllocate(size_t nbytes) {
   const int k = PoolClass(nbytes);

@@ -49,7 +49,7 @@ TEST_F(CpuCacheTest, LargerRequestDoesNotGetSmallerBlock) {
   { DataPtr p = GetCpuAllocator()->Allocate(kMiB); }
   DataPtr bigger = GetCpuAllocator()->Allocate(2 * kMiB);
   EXPECT_EQ(get_cpu_cache_stats().cached_blocks, 1u);  // The 1 MiB block stays cached.
-  std::memset(bigger.get(), 2, 2 * kMiB);              // All of it is writable.
+  std::memset(bigger.get(), 2, 2 * kMiB);           // All of it is writable.
 }
 
 TEST_F(CpuCacheTest, SmallAndMediumBlocksBypassTheCache) {

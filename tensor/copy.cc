@@ -8,8 +8,8 @@ void CheckWritable(const Tensor& self, const char* op) {
   for (int64_t d = 0; d < self.dim(); ++d) {
     EMBER_CHECK(self.strides()[d] != 0 || self.sizes()[d] <= 1, op,
                 ": unsupported operation: more than one element of the written-to tensor "
-                "(shape ",
-                ShapeToString(self.sizes()), ", strides ", ShapeToString(self.strides()),
+                "(shape ", ShapeToString(self.sizes()), ", strides ",
+                ShapeToString(self.strides()),
                 ") refers to a single memory location; call clone() on it first");
   }
 }
@@ -42,11 +42,11 @@ Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device) {
                 ShapeToString(sizes));
   }
   Allocator* allocator = GetAllocator(device.type());
-  EMBER_CHECK(allocator != nullptr, "empty: no allocator is registered for device ", device.str(),
-              "; link //cuda to use CUDA devices");
+  EMBER_CHECK(allocator != nullptr, "empty: no allocator is registered for device ",
+              device.str(), "; link //cuda to use CUDA devices");
   size_t nbytes = static_cast<size_t>(Numel(sizes)) * element_size(dtype);
   return Tensor(MakeTensorImpl(Storage::Allocate(nbytes, allocator), dtype, sizes,
-                               ContiguousStrides(sizes), 0));
+                                             ContiguousStrides(sizes), 0));
 }
 
 BlasOperand AsBlasOperand(const Tensor& t, int64_t rows, int64_t cols) {

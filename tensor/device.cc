@@ -13,9 +13,9 @@ std::string_view DeviceTypeName(DeviceType type) {
 
 absl::StatusOr<Device> Device::parse(std::string_view text) {
   auto invalid = [&](std::string_view why) {
-    return absl::InvalidArgumentError(
-        internal::Concat("invalid device string '", text, "': ", why,
-                         "; expected 'cpu', 'cuda' or 'cuda:N' with N a non-negative integer"));
+    return absl::InvalidArgumentError(internal::Concat(
+        "invalid device string '", text, "': ", why,
+        "; expected 'cpu', 'cuda' or 'cuda:N' with N a non-negative integer"));
   };
   std::string_view type = text, index;
   if (size_t colon = text.find(':'); colon != std::string_view::npos) {
@@ -33,7 +33,7 @@ absl::StatusOr<Device> Device::parse(std::string_view text) {
   if (text.find(':') == std::string_view::npos) return Device(dt);
   int value = -1;
   bool digits = !index.empty() && std::all_of(index.begin(), index.end(),
-                                              [](char c) { return c >= '0' && c <= '9'; });
+                                             [](char c) { return c >= '0' && c <= '9'; });
   auto [end, ec] = std::from_chars(index.data(), index.data() + index.size(), value);
   if (!digits || ec != std::errc() || end != index.data() + index.size() || value < 0) {
     return invalid(internal::Concat("device index '", index, "' is not a non-negative integer"));
@@ -49,6 +49,8 @@ std::string Device::str() const {
   return internal::Concat(DeviceTypeName(type_), ":", index_);
 }
 
-std::ostream& operator<<(std::ostream& os, const Device& device) { return os << device.str(); }
+std::ostream& operator<<(std::ostream& os, const Device& device) {
+  return os << device.str();
+}
 
 }  // namespace ember

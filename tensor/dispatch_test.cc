@@ -41,7 +41,9 @@ TEST(DispatchTest, PicksHighestPriorityRegisteredKernel) {
   {
     BelowAutogradGuard below;
     EXPECT_EQ(probe(g), 2);  // Note [Below autograd]: the autograd key is skipped.
-    { BelowAutogradGuard nested; }
+    {
+      BelowAutogradGuard nested;
+    }
     EXPECT_EQ(probe(g), 2);  // Still below after a nested guard ends.
   }
   EXPECT_EQ(probe(g), 12);

@@ -46,53 +46,42 @@ int Combine(int result, int lower) {
 size_t element_size(Dtype dtype) {
   switch (dtype) {
     case kFloat64:
-    case kInt64:
-      return 8;
+    case kInt64: return 8;
     case kFloat32:
-    case kInt32:
-      return 4;
+    case kInt32: return 4;
     case kFloat16:
     case kBFloat16:
-    case kInt16:
-      return 2;
+    case kInt16: return 2;
     case kInt8:
     case kUInt8:
-    case kBool:
-      return 1;
+    case kBool: return 1;
   }
   internal::ThrowUnsupportedDtype("ElementSize", dtype);
 }
 
 std::string_view dtype_name(Dtype dtype) {
   switch (dtype) {
-    case kFloat32:
-      return "float32";
-    case kFloat64:
-      return "float64";
-    case kFloat16:
-      return "float16";
-    case kBFloat16:
-      return "bfloat16";
-    case kInt64:
-      return "int64";
-    case kInt32:
-      return "int32";
-    case kInt16:
-      return "int16";
-    case kInt8:
-      return "int8";
-    case kUInt8:
-      return "uint8";
-    case kBool:
-      return "bool";
+    case kFloat32: return "float32";
+    case kFloat64: return "float64";
+    case kFloat16: return "float16";
+    case kBFloat16: return "bfloat16";
+    case kInt64: return "int64";
+    case kInt32: return "int32";
+    case kInt16: return "int16";
+    case kInt8: return "int8";
+    case kUInt8: return "uint8";
+    case kBool: return "bool";
   }
   return "invalid";
 }
 
-std::ostream& operator<<(std::ostream& os, Dtype dtype) { return os << dtype_name(dtype); }
+std::ostream& operator<<(std::ostream& os, Dtype dtype) {
+  return os << dtype_name(dtype);
+}
 
 bool is_floating_point(Dtype dtype) {
-  return dtype == kFloat32 || dtype == kFloat64 || dtype == kFloat16 || dtype == kBFloat16;
+  return dtype == kFloat32 || dtype == kFloat64 || dtype == kFloat16 ||
+         dtype == kBFloat16;
 }
 
 bool is_integral(Dtype dtype, bool include_bool) {
@@ -101,12 +90,9 @@ bool is_integral(Dtype dtype, bool include_bool) {
     case kInt32:
     case kInt16:
     case kInt8:
-    case kUInt8:
-      return true;
-    case kBool:
-      return include_bool;
-    default:
-      return false;
+    case kUInt8: return true;
+    case kBool: return include_bool;
+    default: return false;
   }
 }
 
@@ -122,7 +108,9 @@ void ResultTypeState::AddTensor(Dtype dtype, bool zero_dim) {
 
 void ResultTypeState::AddScalar(Dtype category) {
   // Plain numbers stand for the default type of their category.
-  Dtype d = is_floating_point(category) ? kDefaultFloatDtype : category == kBool ? kBool : kInt64;
+  Dtype d = is_floating_point(category) ? kDefaultFloatDtype
+            : category == kBool       ? kBool
+                                      : kInt64;
   wrapped_ = wrapped_ < 0 ? static_cast<int>(d)
                           : static_cast<int>(promote_types(static_cast<Dtype>(wrapped_), d));
 }

@@ -17,10 +17,10 @@
 namespace ember {
 namespace {
 
+using ::testing::HasSubstr;
 using ::ember::testing::ErrorOf;
 using ::ember::testing::Make;
 using ::ember::testing::Values;
-using ::testing::HasSubstr;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -28,16 +28,11 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // Relative tolerance of one rounding in `dtype`.
 double Tol(Dtype dtype) {
   switch (dtype) {
-    case kFloat64:
-      return 1e-12;
-    case kFloat32:
-      return 2e-6;
-    case kFloat16:
-      return 2e-3;
-    case kBFloat16:
-      return 1.6e-2;
-    default:
-      return 0;
+    case kFloat64: return 1e-12;
+    case kFloat32: return 2e-6;
+    case kFloat16: return 2e-3;
+    case kBFloat16: return 1.6e-2;
+    default: return 0;
   }
 }
 
@@ -94,9 +89,7 @@ const std::vector<UnaryCase>& FloatUnaryCases() {
        kAny},
       {UnaryOp::kErf, [](double x) { return std::erf(x); }, kAny},
       {UnaryOp::kReciprocal, [](double x) { return 1.0 / x; }, kPositive},
-      {UnaryOp::kSign, [](double x) { return x > 0   ? 1.0
-                                             : x < 0 ? -1.0
-                                                     : 0.0; }, kAny},
+      {UnaryOp::kSign, [](double x) { return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0; }, kAny},
       {UnaryOp::kFloor, [](double x) { return std::floor(x); }, kAny},
       {UnaryOp::kCeil, [](double x) { return std::ceil(x); }, kAny},
       {UnaryOp::kSquare, [](double x) { return x * x; }, kAny},
@@ -143,8 +136,8 @@ TEST(UnaryTest, IntegerOpsKeepTheDtype) {
   for (Dtype dtype : {kInt64, kInt32, kInt16, kInt8}) {
     Tensor x = Make({-3, -1, 0, 2, 5}, dtype);
     std::string what(dtype_name(dtype));
-    for (Tensor y :
-         {x.neg(), x.abs(), x.relu(), x.sign(), x.square(), x.floor(), x.ceil(), x.round()}) {
+    for (Tensor y : {x.neg(), x.abs(), x.relu(), x.sign(), x.square(), x.floor(), x.ceil(),
+                     x.round()}) {
       EXPECT_EQ(y.dtype(), dtype) << what;
     }
     ExpectValues(x.neg(), {3, 1, 0, -2, -5}, what);
@@ -255,9 +248,8 @@ TEST(UnaryTest, InPlace) {
   Tensor ints = Make({-2, 3}, kInt32);
   ints.abs_();
   ExpectValues(ints, {2, 3});
-  EXPECT_THAT(
-      ErrorOf([&] { ints.exp_(); }),
-      HasSubstr("exp_: result type float32 can't be cast to the desired output type int32"));
+  EXPECT_THAT(ErrorOf([&] { ints.exp_(); }),
+              HasSubstr("exp_: result type float32 can't be cast to the desired output type int32"));
   ExpectValues(ints, {2, 3});  // Untouched.
   EXPECT_THAT(ErrorOf([&] { tensor({true}).neg_(); }), HasSubstr("on a bool tensor"));
   EXPECT_THAT(ErrorOf([&] { Make({1}).expand({3}).neg_(); }),
@@ -318,9 +310,9 @@ TEST(BinaryTest, EveryOpOnEveryDtypeMatchesDoubleReference) {
         continue;
       }
       Tensor out = ops::binary(c.op, a, b);
-      Dtype want_dtype = c.returns_bool                                          ? kBool
+      Dtype want_dtype = c.returns_bool                                   ? kBool
                          : (c.op == BinaryOp::kDiv && !is_floating_point(dtype)) ? kFloat32
-                                                                                 : dtype;
+                                                                              : dtype;
       EXPECT_EQ(out.dtype(), want_dtype) << what;
       EXPECT_EQ(out.sizes(), (SizeVector{2, 4})) << what;
       std::vector<double> va = Values(a), vb = Values(b), want;
@@ -460,13 +452,9 @@ TEST(BinaryTest, Broadcasting) {
     }
     return w;
   }());
-  EXPECT_THAT(ErrorOf([&] {
-                Make({1, 2, 3}) + Make({1, 2});
-              }),
+  EXPECT_THAT(ErrorOf([&] { Make({1, 2, 3}) + Make({1, 2}); }),
               HasSubstr("add: shapes [3] and [2] are not broadcastable"));
-  EXPECT_THAT(ErrorOf([&] {
-                Make({1, 2, 3}).lt(Make({1, 2, 3, 4}, {2, 2}, kFloat32));
-              }),
+  EXPECT_THAT(ErrorOf([&] { Make({1, 2, 3}).lt(Make({1, 2, 3, 4}, {2, 2}, kFloat32)); }),
               HasSubstr("lt: shapes [3] and [2, 2] are not broadcastable"));
   // A 0-dim tensor and a [1, 3]: [1, 3].
   Tensor s = scalar_tensor(2.0) * Make({1, 2, 3}, {1, 3}, kFloat32);
@@ -476,8 +464,8 @@ TEST(BinaryTest, Broadcasting) {
 
 TEST(BinaryTest, NonContiguousOperands) {
   Tensor base = Make({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {3, 4}, kFloat64);
-  Tensor t = base.t();                                                     // [4, 3], transposed.
-  Tensor s = base.slice(1, 0, 4, 2);                                       // [3, 2], step 2.
+  Tensor t = base.t();                     // [4, 3], transposed.
+  Tensor s = base.slice(1, 0, 4, 2);       // [3, 2], step 2.
   Tensor e = Make({100, 200, 300}, kFloat64).unsqueeze(0).expand({4, 3});  // Stride 0.
   ExpectValues(t + e, {101, 205, 309, 102, 206, 310, 103, 207, 311, 104, 208, 312});
   ExpectValues(s * s, {1, 9, 25, 49, 81, 121});
@@ -529,24 +517,17 @@ TEST(BinaryTest, AlphaValuesAndDtypes) {
 
 TEST(BinaryTest, AlphaMustSuitTheResultDtype) {
   Tensor i = Make({1, 2}, kInt64);
-  EXPECT_THAT(ErrorOf([&] {
-                i.add(Make({1, 2}, kInt64), 2.5);
-              }),
+  EXPECT_THAT(ErrorOf([&] { i.add(Make({1, 2}, kInt64), 2.5); }),
               HasSubstr("add: For integral input tensors, argument alpha must not be a floating "
                         "point number (alpha 2.5, result dtype int64)"));
-  EXPECT_THAT(ErrorOf([&] {
-                i.sub_(Make({1, 2}, kInt64), 1.0);
-              }),
+  EXPECT_THAT(ErrorOf([&] { i.sub_(Make({1, 2}, kInt64), 1.0); }),
               HasSubstr("sub: For integral input tensors, argument alpha must not be a floating"));
   EXPECT_THAT(ErrorOf([&] { Make({1.0}).add(Make({1.0}), true); }),
               HasSubstr("add: Boolean alpha only supported for Boolean results"));
   ExpectValues(i, {1, 2});  // Nothing written.
   // In place: the result dtype must still be castable to self's.
-  EXPECT_THAT(
-      ErrorOf([&] {
-        i.add_(Make({0.5, 0.5}), 2);
-      }),
-      HasSubstr("add_: result type float32 can't be cast to the desired output type int64"));
+  EXPECT_THAT(ErrorOf([&] { i.add_(Make({0.5, 0.5}), 2); }),
+              HasSubstr("add_: result type float32 can't be cast to the desired output type int64"));
 }
 
 TEST(BinaryTest, InPlaceAlphaAllocatesNoTemporary) {
@@ -583,18 +564,14 @@ TEST(BinaryTest, InPlace) {
   aa /= 2;
   ExpectValues(a, {7, 18, 29, 10, 21, 32});
   // Shape rule: the broadcast result must have self's shape.
-  EXPECT_THAT(ErrorOf([&] {
-                Make({1, 2, 3}).add_(Make({1, 2, 3, 4, 5, 6}, {2, 3}, kFloat32));
-              }),
+  EXPECT_THAT(ErrorOf([&] { Make({1, 2, 3}).add_(Make({1, 2, 3, 4, 5, 6}, {2, 3}, kFloat32)); }),
               HasSubstr("add_: output with shape [3] doesn't match the broadcast shape [2, 3]"));
   // Castability: no float into int, no int into bool.
   Tensor i = Make({1, 2}, kInt64);
-  EXPECT_THAT(
-      ErrorOf([&] { i.add_(0.5); }),
-      HasSubstr("add_: result type float32 can't be cast to the desired output type int64"));
-  EXPECT_THAT(
-      ErrorOf([&] { i.div_(2); }),
-      HasSubstr("div_: result type float32 can't be cast to the desired output type int64"));
+  EXPECT_THAT(ErrorOf([&] { i.add_(0.5); }),
+              HasSubstr("add_: result type float32 can't be cast to the desired output type int64"));
+  EXPECT_THAT(ErrorOf([&] { i.div_(2); }),
+              HasSubstr("div_: result type float32 can't be cast to the desired output type int64"));
   EXPECT_THAT(ErrorOf([&] { tensor({true}).add_(1); }),
               HasSubstr("result type int64 can't be cast to the desired output type bool"));
   ExpectValues(i, {1, 2});
@@ -662,13 +639,9 @@ TEST(WhereTest, EveryDtypeBroadcastingAndPromotion) {
   ExpectValues(where(c2, base.t(), base.neg()), {1, -2, -3, 4});
   Tensor e = where(tensor({true}).slice(0, 0, 0), Make({1}), Make({2}));
   EXPECT_EQ(e.sizes(), (SizeVector{0}));
-  EXPECT_THAT(ErrorOf([&] {
-                where(Make({1, 0, 1}, kInt64), Make({1}), Make({2}));
-              }),
+  EXPECT_THAT(ErrorOf([&] { where(Make({1, 0, 1}, kInt64), Make({1}), Make({2})); }),
               HasSubstr("where: expected condition to be a bool tensor, got int64"));
-  EXPECT_THAT(ErrorOf([&] {
-                where(cond, Make({1, 2}), Make({2}));
-              }),
+  EXPECT_THAT(ErrorOf([&] { where(cond, Make({1, 2}), Make({2})); }),
               HasSubstr("where: shapes [3] and [2] are not broadcastable"));
 }
 
@@ -729,7 +702,7 @@ TEST(ElementwiseTest, LargeTensorsUseEveryPathOfTheLoops) {
   const int64_t n = 1 << 18;
   Tensor a = arange(n).to(kFloat32).view({512, 512});
   Tensor b = arange(512).to(kFloat32);
-  Tensor c = a + b;      // Row broadcast.
+  Tensor c = a + b;  // Row broadcast.
   Tensor d = a.t() * 2;  // Transposed.
   std::vector<double> vc = Values(c), vd = Values(d);
   for (int64_t i = 0; i < 512; ++i) {

@@ -325,7 +325,7 @@ Tensor from_blob(void* data, IntArrayRef sizes, IntArrayRef strides, TensorOptio
 
 namespace internal {
 Tensor copy_from_host(const void* data, size_t count, Dtype dtype, IntArrayRef sizes,
-                      const TensorOptions& options) {
+                    const TensorOptions& options) {
   EMBER_CHECK(Numel(sizes) == static_cast<int64_t>(count), "tensor: ", count,
               " values do not fill shape ", ShapeToString(sizes), " (", Numel(sizes), " elements)");
   CheckPlacement(options, "tensor");

@@ -27,8 +27,8 @@ Tensor MaskedFill(const Tensor& self, const Tensor& mask, const Scalar& value) {
               ShapeToString(mask.sizes()), " cannot be broadcast to the tensor's shape ",
               ShapeToString(self.sizes()), " (in-place ops can't change the shape)");
   EMBER_CHECK(mask.device() == self.device() || mask.dim() == 0,
-              "masked_fill_: expected the mask on the tensor's device ", self.device().str(),
-              ", got ", mask.device().str());
+              "masked_fill_: expected the mask on the tensor's device ",
+              self.device().str(), ", got ", mask.device().str());
   CheckWritable(self, "masked_fill_");
   if (self.numel() > 0) {
     Tensor m = mask.device() == self.device() ? mask : mask.to(self.device());
@@ -75,10 +75,8 @@ Tensor IndexSelect(const Tensor& self, int64_t dim, const Tensor& index) {
   EMBER_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32,
               "index_select: expected an int64 or int32 index, got dtype ",
               dtype_name(index.dtype()));
-  EMBER_CHECK(index.dim() <= 1,
-              "index_select: index is supposed to be a vector (1-D or 0-dim), "
-              "got shape ",
-              ShapeToString(index.sizes()));
+  EMBER_CHECK(index.dim() <= 1, "index_select: index is supposed to be a vector (1-D or 0-dim), "
+                                "got shape ", ShapeToString(index.sizes()));
   EMBER_CHECK(index.device() == self.device(), "index_select: expected the index on ",
               self.device().str(), ", got ", index.device().str());
   int64_t d = WrapDim(dim, self.dim(), "index_select");
@@ -112,7 +110,8 @@ Tensor Cat(absl::Span<const Tensor> tensors, int64_t dim) {
                 ") cannot be concatenated");
     EMBER_CHECK(t.device() == tensors[0].device(),
                 "cat: expected all tensors to be on the same device, but tensor number ", i,
-                " is on ", t.device().str(), " and tensor number 0 on ", tensors[0].device().str());
+                " is on ", t.device().str(), " and tensor number 0 on ",
+                tensors[0].device().str());
     dtype = promote_types(dtype, t.dtype());
     if (ref == nullptr && !skipped(t)) {
       ref = &t;
@@ -131,16 +130,15 @@ Tensor Cat(absl::Span<const Tensor> tensors, int64_t dim) {
     const Tensor& t = tensors[i];
     if (skipped(t)) continue;
     EMBER_CHECK(t.dim() == nd, "cat: Tensors must have same number of dimensions: got ", nd,
-                " (tensor number ", ref_index, ", shape ", ShapeToString(ref->sizes()), ") and ",
-                t.dim(), " (tensor number ", i, ", shape ", ShapeToString(t.sizes()), ")");
+                " (tensor number ", ref_index, ", shape ", ShapeToString(ref->sizes()),
+                ") and ", t.dim(), " (tensor number ", i, ", shape ",
+                ShapeToString(t.sizes()), ")");
     for (int64_t k = 0; k < nd; ++k) {
       if (k == d) continue;
-      EMBER_CHECK(t.sizes()[k] == shape[k],
-                  "cat: Sizes of tensors must match except in "
-                  "dimension ",
-                  d, ". Expected size ", shape[k], " but got size ", t.sizes()[k],
-                  " for tensor number ", i, " in the list (shapes ", ShapeToString(ref->sizes()),
-                  " and ", ShapeToString(t.sizes()), ")");
+      EMBER_CHECK(t.sizes()[k] == shape[k], "cat: Sizes of tensors must match except in "
+                  "dimension ", d, ". Expected size ", shape[k], " but got size ",
+                  t.sizes()[k], " for tensor number ", i, " in the list (shapes ",
+                  ShapeToString(ref->sizes()), " and ", ShapeToString(t.sizes()), ")");
     }
     total += t.sizes()[d];
   }

@@ -17,12 +17,14 @@
 namespace ember {
 namespace {
 
+using ::testing::HasSubstr;
 using ::ember::testing::ErrorOf;
 using ::ember::testing::Make;
 using ::ember::testing::Values;
-using ::testing::HasSubstr;
 
-Tensor Mask(const std::vector<bool>& values, SizeVector shape) { return tensor(values, shape); }
+Tensor Mask(const std::vector<bool>& values, SizeVector shape) {
+  return tensor(values, shape);
+}
 
 std::vector<double> Iota(int64_t n, double start = 0) {
   std::vector<double> v(n);
@@ -46,8 +48,8 @@ TEST(MaskedFillTest, EveryDtype) {
             (std::vector<double>{5, 2}));
   EXPECT_EQ(Values(Make({5, 5}, kFloat16).masked_fill(Mask({true, false}, {2}), -1.5)),
             (std::vector<double>{-1.5, 5}));
-  Tensor nan =
-      Make({1, 2}).masked_fill(Mask({true, false}, {2}), std::numeric_limits<double>::quiet_NaN());
+  Tensor nan = Make({1, 2}).masked_fill(Mask({true, false}, {2}),
+                                        std::numeric_limits<double>::quiet_NaN());
   EXPECT_TRUE(std::isnan(Values(nan)[0]));
 }
 
@@ -89,18 +91,13 @@ TEST(MaskedFillTest, InPlaceBroadcastNonContiguousAndErrors) {
   EXPECT_GT(e.version(), v);
 
   Tensor f = Make({1, 2, 3});
-  EXPECT_THAT(ErrorOf([&] {
-                f.masked_fill_(Make({1, 0, 1}, kUInt8), 0);
-              }),
+  EXPECT_THAT(ErrorOf([&] { f.masked_fill_(Make({1, 0, 1}, kUInt8), 0); }),
               HasSubstr("masked_fill_: only supports boolean masks, but got mask with dtype "
                         "uint8"));
-  EXPECT_THAT(ErrorOf([&] {
-                f.masked_fill_(Mask({true, false}, {2}), 0);
-              }),
+  EXPECT_THAT(ErrorOf([&] { f.masked_fill_(Mask({true, false}, {2}), 0); }),
               HasSubstr("masked_fill_: shapes [3] and [2] are not broadcastable"));
-  EXPECT_THAT(ErrorOf([&] {
-                f.masked_fill_(Mask({true, false, true, true, false, true}, {2, 3}), 0);
-              }),
+  EXPECT_THAT(ErrorOf([&] { f.masked_fill_(Mask({true, false, true, true, false, true}, {2, 3}),
+                                           0); }),
               HasSubstr("the mask of shape [2, 3] cannot be broadcast to the tensor's shape [3]"));
   EXPECT_THAT(ErrorOf([&] { Make({1}).expand({3}).masked_fill_(Mask({true}, {1}), 0); }),
               HasSubstr("masked_fill_: unsupported operation"));
@@ -140,13 +137,9 @@ TEST(MaskedSelectTest, BroadcastEmptyAndErrors) {
   Tensor z = scalar_tensor(5, kInt32).masked_select(Mask({true}, {}));
   EXPECT_EQ(z.sizes(), (SizeVector{1}));
   EXPECT_EQ(Values(z), (std::vector<double>{5}));
-  EXPECT_THAT(ErrorOf([&] {
-                t.masked_select(Make({1, 0, 1}, kInt64));
-              }),
+  EXPECT_THAT(ErrorOf([&] { t.masked_select(Make({1, 0, 1}, kInt64)); }),
               HasSubstr("masked_select: expected a bool mask, but got mask with dtype int64"));
-  EXPECT_THAT(ErrorOf([&] {
-                t.masked_select(Mask({true, false}, {2}));
-              }),
+  EXPECT_THAT(ErrorOf([&] { t.masked_select(Mask({true, false}, {2})); }),
               HasSubstr("masked_select: shapes [2, 3] and [2] are not broadcastable"));
 }
 
@@ -234,29 +227,21 @@ TEST(IndexSelectTest, NonContiguousEmptyZeroDimAndLarge) {
 
 TEST(IndexSelectTest, Errors) {
   Tensor t = Make(Iota(6), {3, 2}, kFloat32);
-  EXPECT_THAT(ErrorOf([&] {
-                t.index_select(0, Make({0, 7}, kInt64));
-              }),
+  EXPECT_THAT(ErrorOf([&] { t.index_select(0, Make({0, 7}, kInt64)); }),
               HasSubstr("index_select: index 7 is out of bounds for dimension 0 with size 3"));
   EXPECT_THAT(ErrorOf([&] { t.index_select(1, Make({-1}, kInt32)); }),
               HasSubstr("index_select: index -1 is out of bounds for dimension 1 with size 2"));
   EXPECT_THAT(ErrorOf([&] { t.index_select(0, Make({0}, kFloat32)); }),
               HasSubstr("index_select: expected an int64 or int32 index, got dtype float32"));
-  EXPECT_THAT(ErrorOf([&] {
-                t.index_select(0, Make({0, 1}, {1, 2}, kInt64));
-              }),
+  EXPECT_THAT(ErrorOf([&] { t.index_select(0, Make({0, 1}, {1, 2}, kInt64)); }),
               HasSubstr("index is supposed to be a vector"));
   EXPECT_THAT(ErrorOf([&] { t.index_select(2, Make({0}, kInt64)); }),
               HasSubstr("dimension out of range"));
-  EXPECT_THAT(ErrorOf([&] {
-                scalar_tensor(1.0).index_select(0, Make({0, 0}, kInt64));
-              }),
+  EXPECT_THAT(ErrorOf([&] { scalar_tensor(1.0).index_select(0, Make({0, 0}, kInt64)); }),
               HasSubstr("can have only 1 value, got 2"));
   EXPECT_THAT(ErrorOf([&] { scalar_tensor(1.0).index_select(0, Make({1}, kInt64)); }),
               HasSubstr("index 1 is out of bounds for dimension 0 with size 1"));
-  EXPECT_THAT(ErrorOf([&] {
-                empty({0, 2}).index_select(0, Make({0}, kInt64));
-              }),
+  EXPECT_THAT(ErrorOf([&] { empty({0, 2}).index_select(0, Make({0}, kInt64)); }),
               HasSubstr("index 0 is out of bounds for dimension 0 with size 0"));
 }
 
@@ -271,7 +256,8 @@ TEST(CatTest, DimsDtypesAndNonContiguous) {
   Tensor d = Make(Iota(4, 20), {2, 2}, kFloat32);
   Tensor c1 = cat({a, d, a}, -1);
   EXPECT_EQ(c1.sizes(), (SizeVector{2, 8}));
-  EXPECT_EQ(Values(c1), (std::vector<double>{0, 1, 2, 20, 21, 0, 1, 2, 3, 4, 5, 22, 23, 3, 4, 5}));
+  EXPECT_EQ(Values(c1),
+            (std::vector<double>{0, 1, 2, 20, 21, 0, 1, 2, 3, 4, 5, 22, 23, 3, 4, 5}));
   // Non-contiguous inputs.
   Tensor ct = cat({a.t(), b.t()}, 1);  // [3, 2] and [3, 1].
   EXPECT_EQ(ct.sizes(), (SizeVector{3, 3}));
@@ -318,22 +304,14 @@ TEST(CatTest, EmptyTensorsAndLegacySkip) {
 TEST(CatTest, Errors) {
   Tensor a = Make(Iota(6), {2, 3}, kFloat32);
   EXPECT_THAT(ErrorOf([&] { cat({}, 0); }), HasSubstr("cat: expected a non-empty list"));
-  EXPECT_THAT(ErrorOf([&] {
-                cat({a, Make(Iota(8), {2, 4}, kFloat32)}, 0);
-              }),
+  EXPECT_THAT(ErrorOf([&] { cat({a, Make(Iota(8), {2, 4}, kFloat32)}, 0); }),
               HasSubstr("Sizes of tensors must match except in dimension 0. Expected size 3 but "
                         "got size 4 for tensor number 1 in the list"));
-  EXPECT_THAT(ErrorOf([&] {
-                cat({a, a, Make(Iota(3), {3, 1}, kFloat32)}, 1);
-              }),
+  EXPECT_THAT(ErrorOf([&] { cat({a, a, Make(Iota(3), {3, 1}, kFloat32)}, 1); }),
               HasSubstr("Expected size 2 but got size 3 for tensor number 2 in the list"));
-  EXPECT_THAT(ErrorOf([&] {
-                cat({a, Make({1, 2, 3})}, 0);
-              }),
+  EXPECT_THAT(ErrorOf([&] { cat({a, Make({1, 2, 3})}, 0); }),
               HasSubstr("Tensors must have same number of dimensions: got 2"));
-  EXPECT_THAT(ErrorOf([&] {
-                cat({a, scalar_tensor(1.0)}, 0);
-              }),
+  EXPECT_THAT(ErrorOf([&] { cat({a, scalar_tensor(1.0)}, 0); }),
               HasSubstr("zero-dimensional tensor (at position 1) cannot be concatenated"));
   EXPECT_THAT(ErrorOf([&] { cat({a}, 2); }), HasSubstr("dimension out of range"));
 }

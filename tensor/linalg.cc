@@ -16,16 +16,15 @@ namespace {
 void CheckDefinedOnOneDevice(const char* op, const Tensor& a, const Tensor& b) {
   EMBER_CHECK(a.defined() && b.defined(), op, ": both arguments must be defined tensors");
   EMBER_CHECK(a.device() == b.device(), op,
-              ": expected both arguments to be on the same device, but found ", a.device().str(),
-              " and ", b.device().str());
+              ": expected both arguments to be on the same device, but found ",
+              a.device().str(), " and ", b.device().str());
 }
 
 void CheckSameDtype(const char* op, const char* what, const Tensor& a, const Tensor& b) {
   EMBER_CHECK(a.dtype() == b.dtype(), op, ": expected both ", what,
               " to have the same dtype, but found ", dtype_name(a.dtype()), " and ",
               dtype_name(b.dtype()), "; convert one with .to(...)");
-  EMBER_CHECK(a.dtype() != kBool, op,
-              ": not implemented for bool tensors; convert them with "
+  EMBER_CHECK(a.dtype() != kBool, op, ": not implemented for bool tensors; convert them with "
               ".to(ember::kInt64) or a floating dtype first");
 }
 
@@ -40,7 +39,8 @@ SizeVector CheckMatrixProduct(const char* op, const Tensor& mat1, const Tensor& 
   CheckDefinedOnOneDevice(op, mat1, mat2);
   CheckMatrix(op, "mat1", mat1, 2);
   CheckMatrix(op, "mat2", mat2, 2);
-  const int64_t n = mat1.sizes()[0], k = mat1.sizes()[1], k2 = mat2.sizes()[0], m = mat2.sizes()[1];
+  const int64_t n = mat1.sizes()[0], k = mat1.sizes()[1], k2 = mat2.sizes()[0],
+                m = mat2.sizes()[1];
   EMBER_CHECK(k == k2, op, ": mat1 and mat2 shapes cannot be multiplied (", n, "x", k, " and ", k2,
               "x", m, ")");
   CheckSameDtype(op, "matrices", mat1, mat2);
@@ -75,17 +75,15 @@ Tensor Addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const S
              const Scalar& alpha) {
   SizeVector shape = CheckMatrixProduct("addmm", mat1, mat2);
   CheckDefinedOnOneDevice("addmm", self, mat1);
-  EMBER_CHECK(self.dtype() == mat1.dtype(),
-              "addmm: expected self and the matrices to have the "
-              "same dtype, but found ",
-              dtype_name(self.dtype()), " and ", dtype_name(mat1.dtype()));
+  EMBER_CHECK(self.dtype() == mat1.dtype(), "addmm: expected self and the matrices to have the "
+              "same dtype, but found ", dtype_name(self.dtype()), " and ", dtype_name(mat1.dtype()));
   EMBER_CHECK(BroadcastShapes(self.sizes(), shape, "addmm") == shape, "addmm: self of shape ",
               ShapeToString(self.sizes()), " cannot be broadcast to the result shape ",
               ShapeToString(shape));
   if (!is_floating_point(self.dtype())) {
     EMBER_CHECK(!beta.is_floating_point() && !alpha.is_floating_point(),
-                "addmm: for integer tensors beta and alpha must be integers, got beta=", beta.str(),
-                " and alpha=", alpha.str());
+                "addmm: for integer tensors beta and alpha must be integers, got beta=",
+                beta.str(), " and alpha=", alpha.str());
   }
   Tensor out = EmptyTensor(shape, self.dtype(), self.device());
   // beta == 0 ignores self entirely (its NaNs included), as torch does.
@@ -98,10 +96,11 @@ Tensor Addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const S
 
 Tensor Dot(const Tensor& self, const Tensor& other) {
   CheckDefinedOnOneDevice("dot", self, other);
-  EMBER_CHECK(self.dim() == 1 && other.dim() == 1, "dot: 1D tensors expected, but got ", self.dim(),
-              "D and ", other.dim(), "D tensors");
-  EMBER_CHECK(self.numel() == other.numel(), "dot: inconsistent tensor size, expected tensor ",
-              ShapeToString(self.sizes()), " and src ", ShapeToString(other.sizes()),
+  EMBER_CHECK(self.dim() == 1 && other.dim() == 1, "dot: 1D tensors expected, but got ",
+              self.dim(), "D and ", other.dim(), "D tensors");
+  EMBER_CHECK(self.numel() == other.numel(),
+              "dot: inconsistent tensor size, expected tensor ", ShapeToString(self.sizes()),
+              " and src ", ShapeToString(other.sizes()),
               " to have the same number of elements, but got ", self.numel(), " and ",
               other.numel(), " elements respectively");
   EMBER_CHECK(self.dtype() == other.dtype(),

@@ -16,10 +16,10 @@
 namespace ember {
 namespace {
 
+using ::testing::HasSubstr;
 using ::ember::testing::ErrorOf;
 using ::ember::testing::Make;
 using ::ember::testing::Values;
-using ::testing::HasSubstr;
 
 // Row-major product of [b, n, k] and [b, k, m] value arrays.
 std::vector<double> RefBmm(const std::vector<double>& a, const std::vector<double>& b,
@@ -130,18 +130,12 @@ TEST(LinalgTest, MmErrors) {
   EXPECT_THAT(ErrorOf([&] { a.mm(zeros({3})); }),
               HasSubstr("mm: expected mat2 to be a 2-D tensor"));
   EXPECT_THAT(ErrorOf([&] { zeros({2, 3, 1}).mm(a); }), HasSubstr("expected mat1 to be a 2-D"));
-  EXPECT_THAT(ErrorOf([&] {
-                a.mm(zeros({3, 2}, kFloat64));
-              }),
+  EXPECT_THAT(ErrorOf([&] { a.mm(zeros({3, 2}, kFloat64)); }),
               HasSubstr("expected both matrices to have the same dtype, but found float32 and "
                         "float64"));
-  EXPECT_THAT(ErrorOf([&] {
-                zeros({2, 3, 4}).bmm(zeros({3, 4, 5}));
-              }),
+  EXPECT_THAT(ErrorOf([&] { zeros({2, 3, 4}).bmm(zeros({3, 4, 5})); }),
               HasSubstr("same batch size"));
-  EXPECT_THAT(ErrorOf([&] {
-                zeros({2, 3, 4}).bmm(zeros({2, 5, 5}));
-              }),
+  EXPECT_THAT(ErrorOf([&] { zeros({2, 3, 4}).bmm(zeros({2, 5, 5})); }),
               HasSubstr("cannot be multiplied (3x4 and 5x5"));
   EXPECT_THAT(ErrorOf([&] { a.bmm(a); }), HasSubstr("bmm: expected batch1 to be a 3-D tensor"));
   EXPECT_THAT(ErrorOf([&] { zeros({3}).dot(zeros({3}, kInt64)); }),
@@ -151,17 +145,11 @@ TEST(LinalgTest, MmErrors) {
   EXPECT_THAT(ErrorOf([&] { a.dot(a); }), HasSubstr("1D tensors expected, but got 2D and 2D"));
   EXPECT_THAT(ErrorOf([&] { ones({2}, kBool).dot(ones({2}, kBool)); }), HasSubstr("bool"));
   EXPECT_THAT(ErrorOf([&] { zeros({3}).matmul(zeros({4})); }), HasSubstr("inconsistent"));
-  EXPECT_THAT(ErrorOf([&] {
-                zeros({2, 3}).matmul(zeros({4}));
-              }),
+  EXPECT_THAT(ErrorOf([&] { zeros({2, 3}).matmul(zeros({4})); }),
               HasSubstr("cannot be multiplied"));
-  EXPECT_THAT(ErrorOf([&] {
-                zeros({2, 2, 3}).matmul(zeros({2, 4, 5}));
-              }),
+  EXPECT_THAT(ErrorOf([&] { zeros({2, 2, 3}).matmul(zeros({2, 4, 5})); }),
               HasSubstr("cannot be multiplied"));
-  EXPECT_THAT(ErrorOf([&] {
-                zeros({2, 2, 3}).matmul(zeros({3, 3, 5}));
-              }),
+  EXPECT_THAT(ErrorOf([&] { zeros({2, 2, 3}).matmul(zeros({3, 3, 5})); }),
               HasSubstr("broadcastable"));
 }
 
@@ -291,9 +279,7 @@ TEST(LinalgTest, Addmm) {
             (std::vector<double>{30, 60, 30, 60}));
   EXPECT_THAT(ErrorOf([&] { addmm(ib, i1, i1, 0.5, 1); }), HasSubstr("must be integers"));
   EXPECT_THAT(ErrorOf([&] { addmm(zeros({3}), m1, m2); }), HasSubstr("not broadcastable"));
-  EXPECT_THAT(ErrorOf([&] {
-                addmm(zeros({2, 4, 5}), m1, m2);
-              }),
+  EXPECT_THAT(ErrorOf([&] { addmm(zeros({2, 4, 5}), m1, m2); }),
               HasSubstr("addmm: self of shape [2, 4, 5] cannot be broadcast to the result shape "
                         "[4, 5]"));
   EXPECT_THAT(ErrorOf([&] { addmm(zeros({5}, kFloat64), m1, m2); }),

@@ -4,16 +4,16 @@ namespace ember {
 
 std::string_view UnaryOpName(UnaryOp op) {
   static constexpr std::string_view kNames[] = {
-      "neg",   "abs",        "exp",  "expm1", "log",  "log1p",   "log2",   "sqrt",
-      "rsqrt", "sin",        "cos",  "tan",   "tanh", "sigmoid", "relu",   "gelu",
-      "erf",   "reciprocal", "sign", "floor", "ceil", "round",   "square", "logical_not"};
+      "neg",   "abs",   "exp",     "expm1", "log",  "log1p",      "log2",  "sqrt",
+      "rsqrt", "sin",   "cos",     "tan",   "tanh", "sigmoid",    "relu",  "gelu",
+      "erf",   "reciprocal", "sign", "floor", "ceil", "round", "square", "logical_not"};
   return kNames[static_cast<int>(op)];
 }
 
 std::string_view BinaryOpName(BinaryOp op) {
   static constexpr std::string_view kNames[] = {
-      "add", "sub", "mul", "div", "pow", "maximum",     "minimum",    "eq",
-      "ne",  "lt",  "le",  "gt",  "ge",  "logical_and", "logical_or", "logical_xor"};
+      "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt",
+      "le",  "gt",  "ge",  "logical_and", "logical_or", "logical_xor"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -33,14 +33,14 @@ bool UnaryOpPromotesToFloat(UnaryOp op) {
     case UnaryOp::kCeil:
     case UnaryOp::kRound:
     case UnaryOp::kSquare:
-    case UnaryOp::kLogicalNot:
-      return false;
-    default:
-      return true;
+    case UnaryOp::kLogicalNot: return false;
+    default: return true;
   }
 }
 
-bool BinaryOpReturnsBool(BinaryOp op) { return op >= BinaryOp::kEq; }
+bool BinaryOpReturnsBool(BinaryOp op) {
+  return op >= BinaryOp::kEq;
+}
 
 namespace ops {
 #define EMBER_OP(name, ret, args) constinit Op<ret args> name{#name};

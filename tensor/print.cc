@@ -28,10 +28,8 @@ struct Formatter {
 
   std::string Format(double v) const {
     switch (kind) {
-      case kBool:
-        return v != 0 ? "True" : "False";
-      case kInt:
-        return absl::StrFormat("%.0f", v);
+      case kBool: return v != 0 ? "True" : "False";
+      case kInt: return absl::StrFormat("%.0f", v);
       case kWholeFloat:
         if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
         return absl::StrFormat("%.0f.", v);

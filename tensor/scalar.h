@@ -23,8 +23,8 @@ class Scalar {
   Scalar(T v) : kind_(kInt64), i_(static_cast<int64_t>(v)) {}  // NOLINT
   template <typename T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
   Scalar(T v) : kind_(kFloat64), d_(static_cast<double>(v)) {}  // NOLINT
-  Scalar(Half v) : Scalar(static_cast<float>(v)) {}             // NOLINT
-  Scalar(BFloat16 v) : Scalar(static_cast<float>(v)) {}         // NOLINT
+  Scalar(Half v) : Scalar(static_cast<float>(v)) {}       // NOLINT
+  Scalar(BFloat16 v) : Scalar(static_cast<float>(v)) {}   // NOLINT
 
   // kFloat64, kInt64 or kBool: the category this number stands for.
   Dtype dtype() const { return kind_; }

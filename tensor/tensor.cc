@@ -105,8 +105,7 @@ int64_t Tensor::stride(int64_t d) const { return strides()[WrapDim(d, dim(), "st
 void Tensor::CheckDataPtrType(Dtype requested) const {
   EMBER_CHECK(defined(), "data_ptr: the tensor is undefined");
   EMBER_CHECK(requested == dtype(), "data_ptr: expected a ", dtype_name(requested),
-              " pointer type for a ", dtype_name(dtype()),
-              " tensor; ask for the tensor's own type");
+              " pointer type for a ", dtype_name(dtype()), " tensor; ask for the tensor's own type");
 }
 
 Scalar Tensor::ItemScalar() const {
@@ -276,9 +275,9 @@ Tensor Tensor::clone() const {
 
 Tensor Tensor::to(Dtype d) const {
   if (d == dtype()) return *this;
-  Tensor out(MakeTensorImpl(
-      Storage::Allocate(numel() * ember::element_size(d), GetAllocator(device().type())), d,
-      sizes(), ContiguousStrides(sizes()), 0));
+  Tensor out(
+      MakeTensorImpl(Storage::Allocate(numel() * ember::element_size(d), GetAllocator(device().type())), d,
+                     sizes(), ContiguousStrides(sizes()), 0));
   return CopyIntoFresh(out, *this);
 }
 

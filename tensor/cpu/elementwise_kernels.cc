@@ -47,57 +47,37 @@ template <typename T>
 void UnaryFloat(UnaryOp op, const Tensor& out, const Tensor& in) {
   using M = OpMath<T>;
   switch (op) {
-    case UnaryOp::kNeg:
-      return MapFloat<T>(out, in, [](M x) { return -x; });
-    case UnaryOp::kAbs:
-      return MapFloat<T>(out, in, [](M x) { return std::abs(x); });
-    case UnaryOp::kExp:
-      return MapFloat<T>(out, in, [](M x) { return std::exp(x); });
-    case UnaryOp::kExpm1:
-      return MapFloat<T>(out, in, [](M x) { return std::expm1(x); });
-    case UnaryOp::kLog:
-      return MapFloat<T>(out, in, [](M x) { return std::log(x); });
-    case UnaryOp::kLog1p:
-      return MapFloat<T>(out, in, [](M x) { return std::log1p(x); });
-    case UnaryOp::kLog2:
-      return MapFloat<T>(out, in, [](M x) { return std::log2(x); });
-    case UnaryOp::kSqrt:
-      return MapFloat<T>(out, in, [](M x) { return std::sqrt(x); });
-    case UnaryOp::kRsqrt:
-      return MapFloat<T>(out, in, [](M x) { return M(1) / std::sqrt(x); });
-    case UnaryOp::kSin:
-      return MapFloat<T>(out, in, [](M x) { return std::sin(x); });
-    case UnaryOp::kCos:
-      return MapFloat<T>(out, in, [](M x) { return std::cos(x); });
-    case UnaryOp::kTan:
-      return MapFloat<T>(out, in, [](M x) { return std::tan(x); });
-    case UnaryOp::kTanh:
-      return MapFloat<T>(out, in, [](M x) { return std::tanh(x); });
+    case UnaryOp::kNeg: return MapFloat<T>(out, in, [](M x) { return -x; });
+    case UnaryOp::kAbs: return MapFloat<T>(out, in, [](M x) { return std::abs(x); });
+    case UnaryOp::kExp: return MapFloat<T>(out, in, [](M x) { return std::exp(x); });
+    case UnaryOp::kExpm1: return MapFloat<T>(out, in, [](M x) { return std::expm1(x); });
+    case UnaryOp::kLog: return MapFloat<T>(out, in, [](M x) { return std::log(x); });
+    case UnaryOp::kLog1p: return MapFloat<T>(out, in, [](M x) { return std::log1p(x); });
+    case UnaryOp::kLog2: return MapFloat<T>(out, in, [](M x) { return std::log2(x); });
+    case UnaryOp::kSqrt: return MapFloat<T>(out, in, [](M x) { return std::sqrt(x); });
+    case UnaryOp::kRsqrt: return MapFloat<T>(out, in, [](M x) { return M(1) / std::sqrt(x); });
+    case UnaryOp::kSin: return MapFloat<T>(out, in, [](M x) { return std::sin(x); });
+    case UnaryOp::kCos: return MapFloat<T>(out, in, [](M x) { return std::cos(x); });
+    case UnaryOp::kTan: return MapFloat<T>(out, in, [](M x) { return std::tan(x); });
+    case UnaryOp::kTanh: return MapFloat<T>(out, in, [](M x) { return std::tanh(x); });
     case UnaryOp::kSigmoid:
       return MapFloat<T>(out, in, [](M x) { return M(1) / (M(1) + std::exp(-x)); });
-    case UnaryOp::kRelu:
-      return MapFloat<T>(out, in, [](M x) { return x < M(0) ? M(0) : x; });
+    case UnaryOp::kRelu: return MapFloat<T>(out, in, [](M x) { return x < M(0) ? M(0) : x; });
     case UnaryOp::kGelu:
       return MapFloat<T>(out, in, [](M x) {
         constexpr M kSqrtHalf = M(0.70710678118654752440084436210484903);
         return M(0.5) * x * (M(1) + std::erf(x * kSqrtHalf));
       });
-    case UnaryOp::kErf:
-      return MapFloat<T>(out, in, [](M x) { return std::erf(x); });
-    case UnaryOp::kReciprocal:
-      return MapFloat<T>(out, in, [](M x) { return M(1) / x; });
+    case UnaryOp::kErf: return MapFloat<T>(out, in, [](M x) { return std::erf(x); });
+    case UnaryOp::kReciprocal: return MapFloat<T>(out, in, [](M x) { return M(1) / x; });
     case UnaryOp::kSign:  // sign(0) = sign(NaN) = 0, as torch's vectorised kernel.
       return MapFloat<T>(out, in, [](M x) { return M((M(0) < x) - (x < M(0))); });
-    case UnaryOp::kFloor:
-      return MapFloat<T>(out, in, [](M x) { return std::floor(x); });
-    case UnaryOp::kCeil:
-      return MapFloat<T>(out, in, [](M x) { return std::ceil(x); });
+    case UnaryOp::kFloor: return MapFloat<T>(out, in, [](M x) { return std::floor(x); });
+    case UnaryOp::kCeil: return MapFloat<T>(out, in, [](M x) { return std::ceil(x); });
     case UnaryOp::kRound:  // Half to even: the default rounding mode.
       return MapFloat<T>(out, in, [](M x) { return std::nearbyint(x); });
-    case UnaryOp::kSquare:
-      return MapFloat<T>(out, in, [](M x) { return x * x; });
-    case UnaryOp::kLogicalNot:
-      break;
+    case UnaryOp::kSquare: return MapFloat<T>(out, in, [](M x) { return x * x; });
+    case UnaryOp::kLogicalNot: break;
   }
   Unreachable(UnaryOpName(op), kDtypeOf<T>);
 }
@@ -105,22 +85,17 @@ void UnaryFloat(UnaryOp op, const Tensor& out, const Tensor& in) {
 template <typename T>
 void UnaryIntegral(UnaryOp op, const Tensor& out, const Tensor& in) {
   switch (op) {
-    case UnaryOp::kNeg:
-      return Map<T, T>(out, {in}, [](T x) { return WrapNeg<T>(x); });
+    case UnaryOp::kNeg: return Map<T, T>(out, {in}, [](T x) { return WrapNeg<T>(x); });
     case UnaryOp::kAbs:
       return Map<T, T>(out, {in}, [](T x) { return x < T(0) ? WrapNeg<T>(x) : x; });
-    case UnaryOp::kRelu:
-      return Map<T, T>(out, {in}, [](T x) { return x < T(0) ? T(0) : x; });
+    case UnaryOp::kRelu: return Map<T, T>(out, {in}, [](T x) { return x < T(0) ? T(0) : x; });
     case UnaryOp::kSign:
       return Map<T, T>(out, {in}, [](T x) { return static_cast<T>((T(0) < x) - (x < T(0))); });
-    case UnaryOp::kSquare:
-      return Map<T, T>(out, {in}, [](T x) { return WrapMul<T>(x, x); });
+    case UnaryOp::kSquare: return Map<T, T>(out, {in}, [](T x) { return WrapMul<T>(x, x); });
     case UnaryOp::kFloor:
     case UnaryOp::kCeil:
-    case UnaryOp::kRound:
-      return Map<T, T>(out, {in}, [](T x) { return x; });
-    default:
-      break;
+    case UnaryOp::kRound: return Map<T, T>(out, {in}, [](T x) { return x; });
+    default: break;
   }
   Unreachable(UnaryOpName(op), kDtypeOf<T>);
 }
@@ -201,24 +176,21 @@ void BinaryTyped(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& 
       return MapArith<T>(out, a, b, [](M x, M y) { return (x > y || x != x) ? x : y; });
     case BinaryOp::kMinimum:
       return MapArith<T>(out, a, b, [](M x, M y) { return (x < y || x != x) ? x : y; });
-    case BinaryOp::kEq:
-      return MapCompare<T>(out, a, b, [](M x, M y) { return x == y; });
-    case BinaryOp::kNe:
-      return MapCompare<T>(out, a, b, [](M x, M y) { return x != y; });
-    case BinaryOp::kLt:
-      return MapCompare<T>(out, a, b, [](M x, M y) { return x < y; });
-    case BinaryOp::kLe:
-      return MapCompare<T>(out, a, b, [](M x, M y) { return x <= y; });
-    case BinaryOp::kGt:
-      return MapCompare<T>(out, a, b, [](M x, M y) { return x > y; });
-    case BinaryOp::kGe:
-      return MapCompare<T>(out, a, b, [](M x, M y) { return x >= y; });
+    case BinaryOp::kEq: return MapCompare<T>(out, a, b, [](M x, M y) { return x == y; });
+    case BinaryOp::kNe: return MapCompare<T>(out, a, b, [](M x, M y) { return x != y; });
+    case BinaryOp::kLt: return MapCompare<T>(out, a, b, [](M x, M y) { return x < y; });
+    case BinaryOp::kLe: return MapCompare<T>(out, a, b, [](M x, M y) { return x <= y; });
+    case BinaryOp::kGt: return MapCompare<T>(out, a, b, [](M x, M y) { return x > y; });
+    case BinaryOp::kGe: return MapCompare<T>(out, a, b, [](M x, M y) { return x >= y; });
     case BinaryOp::kLogicalAnd:
-      return MapCompare<T>(out, a, b, [](M x, M y) { return (x != M(0)) && (y != M(0)); });
+      return MapCompare<T>(out, a, b,
+                           [](M x, M y) { return (x != M(0)) && (y != M(0)); });
     case BinaryOp::kLogicalOr:
-      return MapCompare<T>(out, a, b, [](M x, M y) { return (x != M(0)) || (y != M(0)); });
+      return MapCompare<T>(out, a, b,
+                           [](M x, M y) { return (x != M(0)) || (y != M(0)); });
     case BinaryOp::kLogicalXor:
-      return MapCompare<T>(out, a, b, [](M x, M y) { return (x != M(0)) != (y != M(0)); });
+      return MapCompare<T>(out, a, b,
+                           [](M x, M y) { return (x != M(0)) != (y != M(0)); });
   }
   Unreachable(BinaryOpName(op), kDtypeOf<T>);
 }
