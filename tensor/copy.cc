@@ -2,6 +2,10 @@
 // declared in tensor/ops.h. Device kernels (copy_out, fill_out) do the work.
 #include "tensor/ops.h"
 
+#include <optional>
+
+#include "tensor/device_guard.h"
+
 namespace ember {
 
 void CheckWritable(const Tensor& self, const char* op) {
@@ -44,9 +48,17 @@ Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device) {
   Allocator* allocator = GetAllocator(device.type());
   EMBER_CHECK(allocator != nullptr, "empty: no allocator is registered for device ",
               device.str(), "; link //cuda to use CUDA devices");
+  return EmptyTensor(sizes, dtype, device, allocator);
+}
+
+Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device, Allocator* allocator) {
+  // A device allocator serves the current device: `device` is made current
+  // when it names one (the CPU and "the current device" have no index).
+  std::optional<DeviceGuard> guard;
+  if (device.has_index()) guard.emplace(device);
   size_t nbytes = static_cast<size_t>(Numel(sizes)) * element_size(dtype);
   return Tensor(MakeTensorImpl(Storage::Allocate(nbytes, allocator), dtype, sizes,
-                                             ContiguousStrides(sizes), 0));
+                               ContiguousStrides(sizes), 0));
 }
 
 BlasOperand AsBlasOperand(const Tensor& t, int64_t rows, int64_t cols) {

@@ -71,8 +71,11 @@ bool MayOverlap(const Tensor& a, const Tensor& b);
 // strides and dtype. Reading and writing such a pair elementwise is safe.
 bool SameView(const Tensor& a, const Tensor& b);
 
-// A fresh contiguous tensor of `sizes` on `device` (uninitialised).
+// A fresh contiguous tensor of `sizes` on `device` (uninitialised), from the
+// allocator registered for its type, or from `allocator` (pinned host
+// memory, for instance); `device` is current while its memory is allocated.
 Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device);
+Tensor EmptyTensor(IntArrayRef sizes, Dtype dtype, Device device, Allocator* allocator);
 
 // An input of a batched GEMM kernel ([batch, rows, cols]) as BLAS can read
 // it: the tensor itself when its matrices have a BLAS layout

@@ -268,17 +268,12 @@ Tensor CopyIntoFresh(const Tensor& fresh, const Tensor& src) {
 Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
 
 Tensor Tensor::clone() const {
-  Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), GetAllocator(device().type())), dtype(),
-                            sizes(), ContiguousStrides(sizes()), 0));
-  return CopyIntoFresh(out, *this);
+  return CopyIntoFresh(EmptyTensor(sizes(), dtype(), device()), *this);
 }
 
 Tensor Tensor::to(Dtype d) const {
   if (d == dtype()) return *this;
-  Tensor out(
-      MakeTensorImpl(Storage::Allocate(numel() * ember::element_size(d), GetAllocator(device().type())), d,
-                     sizes(), ContiguousStrides(sizes()), 0));
-  return CopyIntoFresh(out, *this);
+  return CopyIntoFresh(EmptyTensor(sizes(), d, device()), *this);
 }
 
 Tensor Tensor::to(Device dev) const {
@@ -288,9 +283,7 @@ Tensor Tensor::to(Device dev) const {
   Allocator* allocator = GetAllocator(dev.type());
   EMBER_CHECK(allocator != nullptr, "to: no allocator is registered for device ", dev.str(),
               "; link //cuda to use CUDA devices");
-  Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), allocator), dtype(), sizes(),
-                            ContiguousStrides(sizes()), 0));
-  return CopyIntoFresh(out, *this);
+  return CopyIntoFresh(EmptyTensor(sizes(), dtype(), dev, allocator), *this);
 }
 
 bool Tensor::is_pinned() const {
@@ -316,9 +309,7 @@ Tensor Tensor::pin_memory() const {
   EMBER_CHECK(pinned != nullptr,
               "pin_memory: pinned host memory is page-locked by a device runtime, and none is "
               "linked; link //cuda (part of //:ember) or drop the pinning");
-  Tensor out(MakeTensorImpl(Storage::Allocate(nbytes(), pinned), dtype(), sizes(),
-                            ContiguousStrides(sizes()), 0));
-  return CopyIntoFresh(out, *this);
+  return CopyIntoFresh(EmptyTensor(sizes(), dtype(), kCPU, pinned), *this);
 }
 
 Tensor Tensor::copy_(const Tensor& src) const { return ops::copy_(*this, src); }
