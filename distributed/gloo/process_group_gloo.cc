@@ -1,5 +1,6 @@
 #include "distributed/gloo/process_group_gloo.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,6 +50,13 @@ namespace ember::distributed::gloo {
 // their process state, as the tcp backend does. The store round trips happen
 // only after a failure, so successful ops pay nothing for this.
 //
+// gloo writes to its sockets with plain write calls, so a peer that dies
+// mid-collective would end the writer with SIGPIPE before any exception could
+// be thrown. Creating a gloo group therefore ignores SIGPIPE when the process
+// still has the default action (a handler the program installed is left
+// alone), as the Python interpreter does for PyTorch's gloo users: the write
+// then fails with EPIPE, gloo throws, and the error names the lost peer.
+//
 // One failure cannot be caught: when ranks pass different sizes, gloo's
 // network thread reads a message longer than the posted buffer and its
 // assertion ends the process (PyTorch's gloo backend crashes the same way).
@@ -63,6 +71,14 @@ namespace {
 
 using ::ember::distributed::gloo::GlooProcessGroup;
 using Clock = std::chrono::milliseconds;
+
+// Note [gloo exceptions]: SIGPIPE.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
 
 // Slots of Ember's own point-to-point traffic; gloo's collectives use the
 // low prefixes of the top byte (gloo::Slot::build).
@@ -165,6 +181,7 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::create(
     choice = {.interface = given->interface,
               .describe = absl::StrCat("interface ", given->interface, " (pg_options)")};
   }
+  IgnoreSigpipeUnlessHandled();
   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<::gloo::transport::Device> device, CreateDevice(choice));
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, n);
   context->setTimeout(Left(deadline));
