@@ -372,8 +372,7 @@ void Allocator::RecordStream(const DataPtr& ptr, Stream stream) {
   EMBER_FAIL("record_stream: memory from the ", name(), " allocator (on ", ptr.device().str(),
              ") is not ordered by streams, so there is nothing to record on ",
              stream.device().str(), " stream ", stream.id(),
-             "; record_stream applies to CUDA "
-             "tensors and pinned host memory");
+             "; record_stream applies to CUDA tensors and pinned host memory");
 }
 
 Allocator* GetAllocator(DeviceType type) {
