@@ -7,13 +7,62 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "distributed/backend_registry.h"
 #include "distributed/rendezvous.h"
 #include "tensor/error.h"
 #include "tensor/status_macros.h"
 
+// Note [Store layout]
+// Groups keep their keys where PyTorch keeps them, so that PyTorch processes
+// can join an Ember job through a store both can reach (distributed/README.md,
+// "PyTorch and Ember in one job"). A store made by the rendezvous is used
+// under "default_pg/"; a store the caller passes is used as it is. Within it,
+// groups are named by a counter of the groups made since init_process_group
+// ("0" for the default group, then "1", "2", ... for new_group in call order),
+// and a group's backend writes under "<name>/". Once a group exists, every
+// rank of the job (members of a new group or not) adds one to
+// "store_based_barrier_key:<counter after naming it>" and waits for the count
+// to reach the world size, so init_process_group and new_group return only
+// when every rank has the group. Backends placed by a launcher (mpi) skip the
+// store barrier, as PyTorch does. destroy_process_group restarts the counter:
+// initialising again on the same store needs a fresh store or a PrefixStore,
+// as in PyTorch (a count already past the world size says so).
+
 namespace ember::distributed {
 namespace {
+
+constexpr char kRendezvousStorePrefix[] = "default_pg/";
+
+// The store-based barrier of Note [Store layout].
+absl::Status StoreBarrier(Store& store, const std::string& key, int world_size,
+                          absl::Duration timeout, const char* what) {
+  const absl::Time deadline = absl::Now() + timeout;
+  EMBER_ASSIGN_OR_RETURN(int64_t arrived, store.add(key, 1));
+  absl::Duration pause = absl::Microseconds(200);
+  while (arrived < world_size) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": timed out after ", absl::FormatDuration(timeout),
+                       " waiting for every rank to create the group (", arrived, " of ",
+                       world_size, " ranks counted at store key '", key, "')"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(10));
+    EMBER_ASSIGN_OR_RETURN(arrived, store.add(key, 0));
+  }
+  if (arrived > world_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": store key '", key, "' counts ", arrived, " ranks for a world of ", world_size,
+        "; the store holds an earlier job's groups: use a fresh store (or a PrefixStore) for "
+        "each init_process_group"));
+  }
+  return absl::OkStatus();
+}
+
+std::string BarrierKey(const std::string& prefix, int groups_made) {
+  return absl::StrCat(prefix, "store_based_barrier_key:", groups_made);
+}
 
 // The handle new_group returns to processes outside the group: every op
 // fails, naming this rank and the members.
@@ -84,13 +133,16 @@ struct State {
   absl::Mutex mu;
   Group world ABSL_GUARDED_BY(mu);
   std::shared_ptr<Store> store ABSL_GUARDED_BY(mu);
+  // Where this job's groups live in `store` (Note [Store layout]).
   std::string prefix ABSL_GUARDED_BY(mu);
   std::string backend ABSL_GUARDED_BY(mu);
   absl::Duration timeout ABSL_GUARDED_BY(mu);
   int rank ABSL_GUARDED_BY(mu) = -1;
   int size ABSL_GUARDED_BY(mu) = 0;
+  // Counts init_process_group calls, so that a new_group racing a destroy
+  // can tell.
   int generation ABSL_GUARDED_BY(mu) = 0;
-  int next_group ABSL_GUARDED_BY(mu) = 0;
+  int next_group ABSL_GUARDED_BY(mu) = 0;  // the next group's name
   // Global ranks of each group's members, by group rank.
   std::map<const ProcessGroup*, std::vector<int>> members ABSL_GUARDED_BY(mu);
 };
@@ -159,6 +211,7 @@ absl::Status init_process_group(const InitOptions& options) {
   }
   EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, find_backend(options.backend));
   BackendOptions b;
+  std::string prefix;
   if (backend->world_from_launcher) {
     // The launcher (mpirun) placed this process; init_method is not used,
     // and a store, when given, serves only new_group with other backends.
@@ -188,19 +241,24 @@ absl::Status init_process_group(const InitOptions& options) {
     b.store = joined.store;
     b.rank = joined.rank;
     b.size = joined.world_size;
+    prefix = kRendezvousStorePrefix;
   }
   b.timeout = options.timeout;
   b.pg_options = options.pg_options;
-  b.store_prefix = absl::StrCat("pg", s.generation, "/world/");
+  b.store_prefix = absl::StrCat(prefix, "0/");
   EMBER_ASSIGN_OR_RETURN(Group world, backend->create(b));
+  if (b.store && !backend->world_from_launcher) {
+    EMBER_RETURN_IF_ERROR(StoreBarrier(*b.store, BarrierKey(prefix, 1), b.size, options.timeout,
+                                       "init_process_group"));
+  }
   s.world = world;
   s.store = b.store;
-  s.prefix = absl::StrCat("pg", s.generation, "/");
+  s.prefix = prefix;
   s.backend = backend->name;
   s.timeout = options.timeout;
   s.rank = b.rank;
   s.size = b.size;
-  s.next_group = 0;
+  s.next_group = 1;
   ++s.generation;
   std::vector<int> all(b.size);
   for (int i = 0; i < b.size; ++i) all[i] = i;
@@ -264,7 +322,8 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
   State& s = GetState();
   BackendOptions b;
   const BackendInfo* backend = nullptr;
-  int my_index = -1, my_rank = -1, generation = 0;
+  int my_index = -1, my_rank = -1, world_size = 0, generation = 0;
+  std::string barrier_key;
   {
     absl::MutexLock lock(&s.mu);
     if (!s.world) return NotInitialized();
@@ -288,9 +347,11 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
     auto me = std::find(ranks.begin(), ranks.end(), s.rank);
     if (me != ranks.end()) my_index = static_cast<int>(me - ranks.begin());
     my_rank = s.rank;
+    world_size = s.size;
     generation = s.generation;
     b.store = s.store;
-    b.store_prefix = absl::StrCat(s.prefix, "group", id, "/");
+    b.store_prefix = absl::StrCat(s.prefix, id, "/");
+    barrier_key = BarrierKey(s.prefix, id + 1);
     b.rank = my_index;
     b.size = static_cast<int>(ranks.size());
     b.ranks = ranks;
@@ -312,6 +373,9 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
     group = std::make_shared<NonMemberGroup>(my_rank, ranks, *backend);
   } else {
     EMBER_ASSIGN_OR_RETURN(group, backend->create(b));
+  }
+  if (b.store && !backend->world_from_launcher) {
+    EMBER_RETURN_IF_ERROR(StoreBarrier(*b.store, barrier_key, world_size, b.timeout, "new_group"));
   }
   absl::MutexLock lock(&s.mu);
   if (!s.world || s.generation != generation) {

@@ -96,9 +96,10 @@ struct NewGroupOptions {
   std::shared_ptr<const BackendSpecificOptions> pg_options;  // as InitOptions'
 };
 // A group of the given global ranks (all ranks when empty). Every process
-// must call new_group, with the same ranks, in the same order. Members block
-// until the group's ranks have connected; non-members get a handle whose ops
-// fail clearly.
+// must call new_group, with the same ranks, in the same order. Every process
+// blocks until every rank of the job has its handle (members once the group's
+// ranks have connected; a store-based barrier, as in PyTorch); non-members
+// get a handle whose ops fail clearly.
 absl::StatusOr<Group> new_group(std::vector<int> ranks = {}, const NewGroupOptions& options = {});
 
 // --- Point-to-point (blocking forms wait for completion) ----------------------

@@ -26,6 +26,7 @@ using ::ember::distributed::testing::ProcessResult;
 using ::ember::distributed::testing::Rank;
 using ::ember::distributed::testing::RunRankProcesses;
 using ::ember::distributed::testing::RunRanksOptions;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // Fails the rank with a message naming the check.
@@ -247,6 +248,24 @@ TEST(DistributedTest, InitWithAStore) {
   absl::Status self = send(t, 0);
   EXPECT_EQ(self.code(), absl::StatusCode::kInvalidArgument) << self;
   EXPECT_TRUE(destroy_process_group().ok());
+  EXPECT_FALSE(is_initialized());
+}
+
+// Groups keep their keys where PyTorch keeps them (Note [Store layout]), so
+// a second job on a store that already holds one is refused clearly rather
+// than joining the old job's keys.
+TEST(DistributedTest, StoreLayoutIsPyTorchsAndAUsedStoreIsRefused) {
+  auto store = std::make_shared<HashStore>();
+  ASSERT_TRUE(init_process_group({.world_size = 1, .rank = 0, .store = store}).ok());
+  EXPECT_EQ(store->get("store_based_barrier_key:1", absl::ZeroDuration()).value_or(""), "1");
+  ASSERT_TRUE(new_group({0}).ok());
+  EXPECT_EQ(store->get("store_based_barrier_key:2", absl::ZeroDuration()).value_or(""), "1");
+  ASSERT_TRUE(destroy_process_group().ok());
+
+  absl::Status again = init_process_group({.world_size = 1, .rank = 0, .store = store});
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  EXPECT_THAT(std::string(again.message()),
+              AllOf(HasSubstr("store_based_barrier_key:1"), HasSubstr("fresh store")));
   EXPECT_FALSE(is_initialized());
 }
 

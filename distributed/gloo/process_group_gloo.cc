@@ -11,6 +11,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "absl/random/distributions.h"
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -67,6 +69,24 @@ namespace ember::distributed::gloo {
 // one small all-gather per collective; EMBER_GLOO_CHECK_COLLECTIVES=0 turns
 // it off for jobs known to be consistent.
 
+// Note [Joining PyTorch ranks]
+// PyTorch's gloo backend and this one link the same libgloo, so their ranks
+// can share a group when they share a store and agree on every key and tag:
+// - the group's keys are where PyTorch puts them (Note [Store layout] in
+//   distributed.cc): gloo's full-mesh rendezvous under "<group>/0/" (device
+//   0 of the group), and rank 0 writes the 8-byte "<group>/SEQ_NUM_STORE_KEY"
+//   that PyTorch's other ranks wait for;
+// - collective #n (counting from 0 in the order issued) runs with gloo tag
+//   n and the same gloo algorithm PyTorch calls (gloo::allreduce with its
+//   default ring, gloo::broadcast, gloo::allgather over flat buffers, ...);
+// - send/recv use the caller's tag as the slot.
+// Ember's own keys (where each rank runs, which ranks failed a collective)
+// live under "<group>/ember_gloo/"; a rank that wrote none is a PyTorch
+// rank, which cannot take part in the call check, so a group with one runs
+// without it. Ops PyTorch's gloo backend lacks (reduce_scatter, AVG) or
+// implements with other messages (monitored_barrier) are Ember-only.
+// distributed/gloo/torch_interop_test runs such mixed groups.
+
 namespace {
 
 using ::ember::distributed::gloo::GlooProcessGroup;
@@ -80,9 +100,17 @@ void IgnoreSigpipeUnlessHandled() {
   }
 }
 
-// Slots of Ember's own point-to-point traffic; gloo's collectives use the
-// low prefixes of the top byte (gloo::Slot::build).
-constexpr uint64_t kP2PSlot = uint64_t{0xE1} << 56;
+// Where Ember's own keys live under a group's prefix (Note [Joining PyTorch
+// ranks]).
+constexpr char kEmberKeys[] = "ember_gloo/";
+// Collective #seq runs with gloo tag seq, as PyTorch numbers its gloo
+// collectives; the call check before it (Note [gloo exceptions]) uses the
+// tag with this bit set, which PyTorch's counter never reaches.
+constexpr uint32_t kCheckTagBit = uint32_t{1} << 31;
+// Point-to-point messages use the caller's tag as the slot, as PyTorch's
+// gloo backend does (gloo's collectives build slots with a nonzero top
+// byte, gloo::Slot::build, so the two never meet). Ember's monitored barrier
+// uses slots of its own.
 constexpr uint64_t kArriveSlot = uint64_t{0xE2} << 56;
 constexpr uint64_t kReleaseSlot = uint64_t{0xE3} << 56;
 // How long after an op's deadline its Work gives up on the worker, so that
@@ -147,32 +175,23 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::create(
                                                    " is invalid for world size ", n,
                                                    " (need 0 <= rank < world_size)"));
   }
-  const std::string prefix = options.store_prefix + "gloo/";
+  // Note [Joining PyTorch ranks]: the mesh and sequence-number keys are
+  // PyTorch's; Ember's own keys live under "ember_gloo/".
+  const std::string prefix = options.store_prefix + kEmberKeys;
   const absl::Time deadline = absl::Now() + options.timeout;
   Store& store = *options.store;
 
-  // Where every rank runs, for error messages.
+  // Where this rank runs, for error messages.
   const std::string host_key = HostKey({"pid"});  // ranks that see each other's pids
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   EMBER_RETURN_IF_ERROR(store.set(absl::StrCat(prefix, "proc/", rank),
                                   absl::StrCat(host_key, "|", getpid(), "|", host)));
-  std::vector<Peer> peers(n);
-  for (int p = 0; p < n; ++p) {
-    auto got = store.get(absl::StrCat(prefix, "proc/", p),
-                         std::max(deadline - absl::Now(), absl::ZeroDuration()));
-    if (!got.ok()) {
-      return absl::Status(got.status().code(),
-                          absl::StrCat("gloo backend: rank ", p,
-                                       " never joined the group: ", got.status().message()));
-    }
-    std::vector<std::string> f = absl::StrSplit(*got, '|');
-    if (f.size() != 3 || !absl::SimpleAtoi(f[1], &peers[p].pid)) {
-      return absl::DataLossError(absl::StrCat("gloo backend: rank ", p, "'s record '", *got,
-                                              "' in the store is malformed"));
-    }
-    peers[p].same_host = f[0] == host_key;
-    peers[p].host = f[2];
+  if (rank == 0) {
+    // PyTorch's other ranks read their group's sequence number from rank 0.
+    const uint64_t seq = absl::Uniform<uint64_t>(absl::BitGen());
+    EMBER_RETURN_IF_ERROR(store.set(options.store_prefix + "SEQ_NUM_STORE_KEY",
+                                    std::string_view(reinterpret_cast<const char*>(&seq), 8)));
   }
 
   EMBER_ASSIGN_OR_RETURN(const GlooOptions* given, OptionsFor<GlooOptions>(options, "gloo"));
@@ -185,7 +204,7 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::create(
   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<::gloo::transport::Device> device, CreateDevice(choice));
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, n);
   context->setTimeout(Left(deadline));
-  GlooStore gloo_store(options.store, prefix + "mesh/", options.timeout);
+  GlooStore gloo_store(options.store, options.store_prefix + "0/", options.timeout);
   try {
     context->connectFullMesh(gloo_store, device);
   } catch (const std::exception& e) {
@@ -194,6 +213,28 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::create(
                                                choice.describe, ": ", e.what()));
   }
   context->setTimeout(Clock(absl::ToInt64Milliseconds(options.timeout)));
+
+  // Every Ember rank wrote its record before connecting, so a record missing
+  // now belongs to a rank that is not Ember (a PyTorch process).
+  std::vector<Peer> peers(n);
+  for (int p = 0; p < n; ++p) {
+    absl::StatusOr<std::string> got =
+        store.get(absl::StrCat(prefix, "proc/", p), absl::ZeroDuration());
+    if (!got.ok()) {
+      if (absl::IsDeadlineExceeded(got.status()) || absl::IsNotFound(got.status())) {
+        peers[p].ember = false;
+        continue;
+      }
+      return got.status();
+    }
+    std::vector<std::string> f = absl::StrSplit(*got, '|');
+    if (f.size() != 3 || !absl::SimpleAtoi(f[1], &peers[p].pid)) {
+      return absl::DataLossError(absl::StrCat("gloo backend: rank ", p, "'s record '", *got,
+                                              "' in the store is malformed"));
+    }
+    peers[p].same_host = f[0] == host_key;
+    peers[p].host = f[2];
+  }
   return std::shared_ptr<GlooProcessGroup>(
       new GlooProcessGroup(options, std::move(context), choice.describe, std::move(peers)));
 }
@@ -203,9 +244,10 @@ GlooProcessGroup::GlooProcessGroup(const BackendOptions& options,
                                    std::string device_description, std::vector<Peer> peers)
     : ProcessGroup(options.rank, options.size, "gloo", GlooSupportTable(), options.timeout),
       store_(options.store),
-      prefix_(options.store_prefix + "gloo/"),
+      prefix_(options.store_prefix + kEmberKeys),
       context_(std::move(context)),
-      check_calls_(CheckCallsFromEnv()),
+      check_calls_(CheckCallsFromEnv() &&
+                   std::all_of(peers.begin(), peers.end(), [](const Peer& p) { return p.ember; })),
       device_description_(std::move(device_description)),
       peers_(std::move(peers)) {
   worker_ = std::thread([this] { WorkerLoop(); });
@@ -267,7 +309,7 @@ std::shared_ptr<Work> GlooProcessGroup::Enqueue(OpType op,
     return work;
   }
   const int64_t seq = next_seq_++;
-  const uint32_t tag = static_cast<uint32_t>(2 * seq + 1);
+  const uint32_t tag = static_cast<uint32_t>(seq) & ~kCheckTagBit;
   queue_.push_back(
       {work,
        {op, seq, tag, deadline, absl::StrCat(op_type_name(op), " (collective #", seq, ")")},
@@ -316,6 +358,7 @@ std::string GlooProcessGroup::DescribePeer(int rank) const {
     return absl::StrCat("rank ", rank, " (pid ", p.pid, " on this host, ", ProcessState(p.pid),
                         ")");
   }
+  if (!p.ember) return absl::StrCat("rank ", rank, " (not an Ember process)");
   if (p.same_host) return absl::StrCat("rank ", rank);
   return absl::StrCat("rank ", rank, " (on ", p.host, ")");
 }
@@ -394,7 +437,7 @@ absl::Status GlooProcessGroup::CheckCall(const OpContext& ctx, const Call& call)
   ::gloo::AllgatherOptions opts(context_);
   opts.setInput(mine.data(), words);
   opts.setOutput(all.data(), words * n);
-  opts.setTag(ctx.tag - 1);
+  opts.setTag(ctx.tag | kCheckTagBit);
   opts.setTimeout(Left(ctx.deadline));
   ::gloo::allgather(opts);
   auto describe = [](const int64_t* w) {
@@ -785,7 +828,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoSend(const Tensor& ten
   std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
   try {
     buffer = context_->createUnboundBuffer(Data(data), data.nbytes());
-    buffer->send(dst, kP2PSlot | static_cast<uint32_t>(options.tag));
+    buffer->send(dst, static_cast<uint32_t>(options.tag));
   } catch (const std::exception& e) {
     return Work::Completed(OpType::kSend,
                            absl::UnavailableError(absl::StrCat(what, ": ", e.what())));
@@ -810,7 +853,7 @@ absl::StatusOr<std::shared_ptr<RecvWork>> GlooProcessGroup::DoRecv(const Tensor&
   Tensor staging = Staging(tensor);
   const std::string what =
       absl::StrCat("recv from ", DescribePeer(src), " (tag ", options.tag, ")");
-  const uint64_t slot = kP2PSlot | static_cast<uint32_t>(options.tag);
+  const uint64_t slot = static_cast<uint32_t>(options.tag);
   std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
   try {
     buffer = context_->createUnboundBuffer(Data(staging), staging.nbytes());

@@ -150,6 +150,7 @@ class GlooProcessGroup : public ProcessGroup {
   };
   // Where each rank runs, for naming peers in errors.
   struct Peer {
+    bool ember = true;  // false: the rank wrote no Ember record (a PyTorch process)
     bool same_host = false;
     int pid = 0;
     std::string host;
@@ -184,7 +185,8 @@ class GlooProcessGroup : public ProcessGroup {
   const std::shared_ptr<Store> store_;
   const std::string prefix_;
   const std::shared_ptr<::gloo::Context> context_;
-  const bool check_calls_;  // EMBER_GLOO_CHECK_COLLECTIVES (default on)
+  // EMBER_GLOO_CHECK_COLLECTIVES (default on), and every rank is Ember.
+  const bool check_calls_;
   const std::string device_description_;
   const std::vector<Peer> peers_;
 
