@@ -17,7 +17,11 @@
 //                          info->create({.store = std::make_shared<dist::HashStore>()}));
 //   ```
 //
-// Names are case-insensitive, as torch's Backend("GLOO") == "gloo".
+// Names are case-insensitive, as torch's Backend("GLOO") == "gloo". A name
+// listing a backend per device type, "cpu:gloo,cuda:nccl", names a backend
+// built from the listed ones that runs each op on the backend of its
+// tensors' device (mixed_process_group.h); its name is the list as written,
+// lower-cased, with spaces dropped.
 //
 // Errors: FindBackend returns kInvalidArgument naming the unknown backend and
 // listing the registered ones. A second registration of a name is an error,

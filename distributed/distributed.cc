@@ -20,7 +20,8 @@
 // under "default_pg/"; a store the caller passes is used as it is. Within it,
 // groups are named by a counter of the groups made since init_process_group
 // ("0" for the default group, then "1", "2", ... for new_group in call order),
-// and a group's backend writes under "<name>/". Once a group exists, every
+// and a group's backend writes under "<name>/" (a mixed backend's, such as
+// "cpu:gloo,cuda:nccl", under "<name>/<device type>/"). Once a group exists, every
 // rank of the job (members of a new group or not) adds one to
 // "store_based_barrier_key:<counter after naming it>" and waits for the count
 // to reach the world size, so init_process_group and new_group return only

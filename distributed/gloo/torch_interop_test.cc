@@ -43,7 +43,8 @@ absl::Status Expect(const std::string& what, const Tensor& got, const Tensor& wa
 absl::Status RunEmberRank(int rank, int world) {
   Tensor t = full({5}, rank + 1.0, kFloat32);
   EMBER_RETURN_IF_ERROR(all_reduce(t));
-  EMBER_RETURN_IF_ERROR(Expect("all_reduce SUM", t, full({5}, world * (world + 1) / 2.0, kFloat32)));
+  EMBER_RETURN_IF_ERROR(
+      Expect("all_reduce SUM", t, full({5}, world * (world + 1) / 2.0, kFloat32)));
 
   t = tensor({int64_t{rank} * 10, -int64_t{rank}});
   EMBER_RETURN_IF_ERROR(all_reduce(t, ReduceOp::kMax));
@@ -60,7 +61,8 @@ absl::Status RunEmberRank(int rank, int world) {
   for (int p = 0; p < world; ++p) outs.push_back(zeros({3}, kInt32));
   EMBER_RETURN_IF_ERROR(all_gather(outs, full({3}, rank, kInt32)));
   for (int p = 0; p < world; ++p) {
-    EMBER_RETURN_IF_ERROR(Expect(absl::StrCat("all_gather[", p, "]"), outs[p], full({3}, p, kInt32)));
+    EMBER_RETURN_IF_ERROR(
+        Expect(absl::StrCat("all_gather[", p, "]"), outs[p], full({3}, p, kInt32)));
   }
 
   t = full({4}, rank, kFloat32);
@@ -76,7 +78,8 @@ absl::Status RunEmberRank(int rank, int world) {
   }
   EMBER_RETURN_IF_ERROR(gather(mine, outs, /*dst=*/0));
   for (int p = 0; p < static_cast<int>(outs.size()); ++p) {
-    EMBER_RETURN_IF_ERROR(Expect(absl::StrCat("gather[", p, "]"), outs[p], full({2}, p * p, kFloat32)));
+    EMBER_RETURN_IF_ERROR(
+        Expect(absl::StrCat("gather[", p, "]"), outs[p], full({2}, p * p, kFloat32)));
   }
 
   std::vector<Tensor> pieces;
@@ -132,9 +135,8 @@ void RunMixedJob(int world, const std::set<int>& torch_ranks) {
       },
       options, absl::Seconds(150));
   for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(results[r].exit_code, 0)
-        << (torch_ranks.contains(r) ? "PyTorch" : "Ember") << " rank " << r << ": "
-        << results[r].output;
+    EXPECT_EQ(results[r].exit_code, 0) << (torch_ranks.contains(r) ? "PyTorch" : "Ember")
+                                       << " rank " << r << ": " << results[r].output;
   }
 }
 
