@@ -90,6 +90,7 @@ EMBER_REGISTER_ENTRY_POINT("use_everything", UseEverythingEntry);
 
 // The start methods that send their children's arguments.
 const auto kSendingMethods = ::testing::Values("spawn", "forkserver");
+std::string MethodName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
 
 // (sharing strategy, start method)
 class SpawnCarriesTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
@@ -145,11 +146,14 @@ TEST_P(SpawnCarriesTest, QueuesPipesTensorsModulesAndValuesReachSpawnedChildren)
 
 INSTANTIATE_TEST_SUITE_P(BothStrategiesBothMethods, SpawnCarriesTest,
                          ::testing::Combine(::testing::Values("file_descriptor", "file_system"),
-                                            kSendingMethods));
+                                            kSendingMethods),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
 
 // Each case runs under the start method given as the parameter.
 class SpawnErrorsTest : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(BothMethods, SpawnErrorsTest, kSendingMethods);
+INSTANTIATE_TEST_SUITE_P(BothMethods, SpawnErrorsTest, kSendingMethods, MethodName);
 
 // args[0]: how rank 1 fails ("status", "throw" or "exit"); rank 0 waits.
 absl::Status FailOnRankOneEntry(int rank, absl::Span<const Value> args) {
@@ -318,7 +322,7 @@ TEST(ModuleStateTest, AMismatchedArchitectureIsNamedAndNothingChanges) {
 }
 
 class SpawnLeakTest : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(BothMethods, SpawnLeakTest, kSendingMethods);
+INSTANTIATE_TEST_SUITE_P(BothMethods, SpawnLeakTest, kSendingMethods, MethodName);
 
 TEST_P(SpawnLeakTest, RepeatedSpawnsLeakNoDescriptorsOrRegions) {
   const std::string prefix = testing::UniquePrefix("spawnleak");
