@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,7 +50,7 @@ EMBER_REGISTER_ENTRY_POINT("report_parent", ReportParentEntry);
 std::timed_mutex g_held_by_a_thread;
 
 absl::Status TakeLockEntry(int rank, absl::Span<const Value> args) {
-  if (!g_held_by_a_thread.try_lock_for(std::chrono::seconds(2))) {
+  if (!g_held_by_a_thread.try_lock_for(std::chrono::milliseconds(500))) {
     return absl::DeadlineExceededError("the lock a thread of the parent holds is held here too");
   }
   g_held_by_a_thread.unlock();
@@ -121,6 +122,31 @@ TEST(ForkserverTest, ChildrenDoNotInheritLocksHeldByTheCallersThreads) {
   EXPECT_TRUE(served.ok()) << served;
   release.Notify();
   holder.join();
+}
+
+TEST(ForkserverTest, ThreadsStartChildrenConcurrently) {
+  absl::StatusOr<Queue> q = Queue::create();
+  ASSERT_TRUE(q.ok());
+  constexpr int kThreads = 4, kEach = 3;
+  std::vector<absl::Status> results(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      absl::StatusOr<Context> ctx = get_context("forkserver");
+      results[t] = ctx.ok() ? ctx->spawn("report_parent", {Value(*q)}, kEach) : ctx.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(results[t].ok()) << t << ": " << results[t];
+  std::set<int64_t> pids, servers;
+  for (int i = 0; i < kThreads * kEach; ++i) {
+    absl::StatusOr<Value> v = q->get(absl::Seconds(20));
+    ASSERT_TRUE(v.ok()) << v.status();
+    pids.insert(v->list()[0].as<int64_t>().value());
+    servers.insert(v->list()[1].as<int64_t>().value());
+  }
+  EXPECT_EQ(pids.size(), kThreads * kEach);
+  EXPECT_EQ(servers.size(), 1u);
 }
 
 TEST(ForkserverTest, JoinKillAndTerminateWorkThroughTheServer) {
