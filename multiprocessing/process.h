@@ -50,16 +50,17 @@
 //     sockets. Nothing else is inherited but the environment. A module is
 //     passed as its shared state (module_state.h).
 //   forkserver (StartMethod::kForkserver): the first use in a process starts
-//     a server the spawn way (a fresh exec of this binary: no threads, locks
-//     or shared regions of the caller); each child is then a fork() of that
-//     server, handed its argument socket by the caller, and receives its
-//     entry point's rank and arguments exactly as a spawned child does, so it
-//     carries what spawn carries and starts without an exec. Its environment
-//     is the server's, i.e. the caller's when the server started. The server
-//     reports each child's end to the caller, so join, exit codes and
-//     kill/terminate behave as for the other methods; it exits when the
-//     caller does (its children with it), and a server found dead is
-//     restarted by the next start (Note [Forkserver] in process.cc).
+//     a server the spawn way (a fresh exec of this binary, served from
+//     maybe_run_spawned_child(): no threads, locks or shared regions of the
+//     caller); each child is then a fork() of that server, handed its
+//     argument socket by the caller, and receives its entry point's rank and
+//     arguments exactly as a spawned child does, so it carries what spawn
+//     carries and starts without an exec. Its environment is the server's,
+//     i.e. the caller's when the server started. The server reports each
+//     child's end to the caller, so join, exit codes and kill/terminate
+//     behave as for the other methods; it exits when the caller does (its
+//     children with it), and a server found dead is restarted by the next
+//     start (Note [Forkserver] in process.cc).
 // Children die with their parent (PR_SET_PDEATHSIG: SIGKILL, delivered when
 // the thread that started them exits; a forkserver's children with the
 // server, which exits with the process that started it), so nothing is left
