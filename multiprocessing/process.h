@@ -30,8 +30,8 @@
 //   EMBER_RETURN_IF_ERROR(ctx.spawn("worker", {mp::Value(queue)}, /*nprocs=*/4));
 //   ```
 //
-// Start methods ("fork" and "spawn"; set_start_method picks the process-wide
-// one, get_context one per call):
+// Start methods ("fork", "spawn" and "forkserver"; set_start_method picks
+// the process-wide one, get_context one per call):
 //   fork (StartMethod::kFork): the child is a fork() of the caller and runs
 //     the function; it inherits everything, queues and shared tensors
 //     included, and runs tensor ops on one thread (the intra-op pool's
@@ -49,8 +49,22 @@
 //     object: tensors arrive in the same shared memory, channels as the same
 //     sockets. Nothing else is inherited but the environment. A module is
 //     passed as its shared state (module_state.h).
+//   forkserver (StartMethod::kForkserver): the first use in a process starts
+//     a server the spawn way (a fresh exec of this binary, served from
+//     maybe_run_spawned_child(): no threads, locks or shared regions of the
+//     caller); each child is then a fork() of that server, handed its
+//     argument socket by the caller, and receives its entry point's rank and
+//     arguments exactly as a spawned child does, so it carries what spawn
+//     carries and starts without an exec. Its environment is the server's,
+//     i.e. the caller's when the server started. The server reports each
+//     child's end to the caller, so join, exit codes and kill/terminate
+//     behave as for the other methods; it exits when the caller does (its
+//     children with it), and a server found dead is restarted by the next
+//     start (Note [Forkserver] in process.cc).
 // Children die with their parent (PR_SET_PDEATHSIG: SIGKILL, delivered when
-// the thread that started them exits), so nothing is left orphaned.
+// the thread that started them exits; a forkserver's children with the
+// server, which exits with the process that started it), so nothing is left
+// orphaned.
 // A child's failure (a non-OK Status or an exception) is reported to the
 // parent with its message and exit code 1.
 //
@@ -71,12 +85,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "multiprocessing/connection.h"
 #include "multiprocessing/unique_fd.h"
 #include "multiprocessing/value.h"
 
 namespace ember::multiprocessing {
 
-enum class StartMethod { kFork, kSpawn };
+enum class StartMethod { kFork, kSpawn, kForkserver };
 
 // How a child ended: an exit code, or the signal that killed it.
 struct ExitStatus {
@@ -98,7 +113,8 @@ void register_entry_point(const std::string& name, EntryPoint fn);
     return true;                                              \
   }()
 // Call first in main(): in a process started with kSpawn, runs its entry
-// point and exits (never returns); otherwise returns at once.
+// point and exits; in a forkserver, serves its parent until that exits
+// (never returns in either); otherwise returns at once.
 void maybe_run_spawned_child();
 
 class Process {
@@ -112,6 +128,13 @@ class Process {
   // be sent (the child is killed then).
   static absl::StatusOr<Process> start_spawn(const std::string& entry_point, int rank,
                                              std::vector<Value> args = {});
+  // The same through this process's forkserver (kForkserver), started
+  // first when there is none or it died. Errors as start_spawn's, and
+  // Unavailable naming the server when it cannot be started, dies while
+  // starting the child or refuses (its fork failed); DeadlineExceeded when
+  // it does not answer within a minute.
+  static absl::StatusOr<Process> start_forkserver(const std::string& entry_point, int rank,
+                                                  std::vector<Value> args = {});
 
   Process(Process&& other) noexcept;
   Process& operator=(Process&& other) noexcept;
@@ -120,7 +143,9 @@ class Process {
 
   pid_t pid() const { return pid_; }
   // Waits up to `timeout` for the child to end (DeadlineExceeded while it
-  // runs). Returns the same status on every later call.
+  // runs). Returns the same status on every later call. A forkserver's
+  // child whose server died before reporting its end is reported as exit
+  // code 255 with a message saying so (as Python's forkserver does).
   absl::StatusOr<ExitStatus> join(absl::Duration timeout = absl::InfiniteDuration());
   bool is_alive();
   // The failure message the child reported ("" when none), once joined.
@@ -130,18 +155,25 @@ class Process {
 
  private:
   Process() = default;
-  void Reap(int wait_status);
+  static absl::StatusOr<Process> StartExecuted(StartMethod method, const std::string& entry_point,
+                                               int rank, std::vector<Value> args);
+  void Reap(ExitStatus exit);
+  void Signal(int signal);
+  void KillAndReap();
 
   pid_t pid_ = -1;
   UniqueFd error_pipe_;  // the child's failure message arrives here
+  // A forkserver's child: the server reports its end here (only the server
+  // can wait for it); closed for the other methods.
+  Connection reports_;
   std::optional<ExitStatus> exit_;
   std::string error_message_;
 };
 
 struct SpawnOptions {
   StartMethod start_method = StartMethod::kFork;
-  // The registered entry point each child runs (kSpawn; under kFork, when
-  // no function is given), and its arguments.
+  // The registered entry point each child runs (kSpawn, kForkserver; under
+  // kFork, when no function is given), and its arguments.
   std::string entry_point;
   std::vector<Value> args;
   // How long all children may run (then all are killed: DeadlineExceeded).
@@ -151,7 +183,7 @@ struct SpawnOptions {
 };
 
 // Starts `nprocs` children (rank 0..nprocs-1) running `fn(rank)` (kFork) or
-// the entry point (kSpawn), and joins them all. When one fails, the others
+// the entry point (kSpawn, kForkserver), and joins them all. When one fails, the others
 // are terminated and the error names the failing rank, how it ended and its
 // message ("process 1 terminated with signal SIGKILL", "process 2 terminated
 // with exit code 1: <message>"). InvalidArgument for nprocs < 1.
@@ -159,7 +191,7 @@ absl::Status spawn(std::function<absl::Status(int rank)> fn, int nprocs,
                    const SpawnOptions& options = {});
 
 // Start methods, as Python's multiprocessing names them.
-// "fork" and "spawn" ("forkserver" is not offered).
+// "fork", "spawn" and "forkserver".
 std::vector<std::string> get_all_start_methods();
 // Sets the process-wide start method, once: FailedPrecondition ("context has
 // already been set") when it is already set, by an earlier call or by
@@ -175,10 +207,11 @@ class Context {
  public:
   explicit Context(StartMethod method) : method_(method) {}
   StartMethod start_method() const { return method_; }
-  std::string get_start_method() const;  // "fork" or "spawn"
+  std::string get_start_method() const;  // "fork", "spawn" or "forkserver"
   // One child running the registered `target` with `args` and `rank`
   // (Python's ctx.Process(target, args).start()). Under fork the values are
-  // handed over as they are; under spawn they are sent (Process::start_spawn).
+  // handed over as they are; under spawn and forkserver they are sent
+  // (Process::start_spawn, Process::start_forkserver).
   absl::StatusOr<Process> process(const std::string& target, std::vector<Value> args = {},
                                   int rank = 0) const;
   // spawn(entry_point, nprocs) with this start method: every rank gets
@@ -190,7 +223,7 @@ class Context {
  private:
   StartMethod method_;
 };
-// The context of `method` ("fork" or "spawn"; InvalidArgument naming the
+// The context of `method` ("fork", "spawn" or "forkserver"; InvalidArgument naming the
 // valid ones otherwise), or with "" the process-wide one (fixing the default
 // as get_start_method does).
 absl::StatusOr<Context> get_context(std::string_view method = "");

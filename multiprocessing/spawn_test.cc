@@ -1,6 +1,6 @@
-// Start methods, and children started with the spawn method: what they are
-// handed (queues, pipes, shared tensors, modules, plain values) and how
-// their failures reach the parent.
+// Start methods, and children started with the spawn and forkserver methods
+// (each case runs under both): what they are handed (queues, pipes, shared
+// tensors, modules, plain values) and how their failures reach the parent.
 #include <signal.h>
 #include <unistd.h>
 
@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -87,10 +88,15 @@ absl::Status UseEverythingEntry(int rank, absl::Span<const Value> args) {
 }
 EMBER_REGISTER_ENTRY_POINT("use_everything", UseEverythingEntry);
 
-class SpawnCarriesTest : public ::testing::TestWithParam<std::string> {
+// The start methods that send their children's arguments.
+const auto kSendingMethods = ::testing::Values("spawn", "forkserver");
+std::string MethodName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
+
+// (sharing strategy, start method)
+class SpawnCarriesTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(set_sharing_strategy(GetParam()).ok());
+    ASSERT_TRUE(set_sharing_strategy(std::get<0>(GetParam())).ok());
     ASSERT_TRUE(set_shared_memory_prefix(testing::UniquePrefix("spawn")).ok());
   }
   void TearDown() override { ASSERT_TRUE(set_sharing_strategy("file_descriptor").ok()); }
@@ -114,7 +120,7 @@ TEST_P(SpawnCarriesTest, QueuesPipesTensorsModulesAndValuesReachSpawnedChildren)
   TrainStep(expected);
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(pipe->first.send(Value("hello through a pipe")).ok());
 
-  absl::StatusOr<Context> ctx = get_context("spawn");
+  absl::StatusOr<Context> ctx = get_context(std::get<1>(GetParam()));
   ASSERT_TRUE(ctx.ok()) << ctx.status();
   SpawnOptions options;
   options.timeout = absl::Seconds(120);
@@ -138,8 +144,16 @@ TEST_P(SpawnCarriesTest, QueuesPipesTensorsModulesAndValuesReachSpawnedChildren)
   EXPECT_EQ(Values(model->bias()), Values(expected.bias()));
 }
 
-INSTANTIATE_TEST_SUITE_P(BothStrategies, SpawnCarriesTest,
-                         ::testing::Values("file_descriptor", "file_system"));
+INSTANTIATE_TEST_SUITE_P(BothStrategiesBothMethods, SpawnCarriesTest,
+                         ::testing::Combine(::testing::Values("file_descriptor", "file_system"),
+                                            kSendingMethods),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
+
+// Each case runs under the start method given as the parameter.
+class SpawnErrorsTest : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(BothMethods, SpawnErrorsTest, kSendingMethods, MethodName);
 
 // args[0]: how rank 1 fails ("status", "throw" or "exit"); rank 0 waits.
 absl::Status FailOnRankOneEntry(int rank, absl::Span<const Value> args) {
@@ -155,8 +169,8 @@ absl::Status FailOnRankOneEntry(int rank, absl::Span<const Value> args) {
 }
 EMBER_REGISTER_ENTRY_POINT("fail_on_rank_one", FailOnRankOneEntry);
 
-absl::Status SpawnFailing(const std::string& how) {
-  absl::StatusOr<Context> ctx = get_context("spawn");
+absl::Status SpawnFailing(const std::string& method, const std::string& how) {
+  absl::StatusOr<Context> ctx = get_context(method);
   if (!ctx.ok()) return ctx.status();
   SpawnOptions options;
   options.timeout = absl::Seconds(120);
@@ -164,14 +178,14 @@ absl::Status SpawnFailing(const std::string& how) {
   return ctx->spawn("fail_on_rank_one", {Value(how)}, 2, options);
 }
 
-TEST(SpawnErrorsTest, ChildFailuresNameTheRankAndMessage) {
+TEST_P(SpawnErrorsTest, ChildFailuresNameTheRankAndMessage) {
   const absl::Time start = absl::Now();
-  EXPECT_EQ(SpawnFailing("status").message(),
+  EXPECT_EQ(SpawnFailing(GetParam(), "status").message(),
             "process 1 terminated with exit code 1: loss is NaN at step 7");
-  EXPECT_EQ(SpawnFailing("throw").message(),
+  EXPECT_EQ(SpawnFailing(GetParam(), "throw").message(),
             "process 1 terminated with exit code 1: uncaught exception: shape mismatch [2, 3] vs "
             "[3]");
-  EXPECT_EQ(SpawnFailing("exit").message(), "process 1 terminated with exit code 3");
+  EXPECT_EQ(SpawnFailing(GetParam(), "exit").message(), "process 1 terminated with exit code 3");
   // Rank 0 sleeps a minute: it was stopped, not waited for.
   EXPECT_LT(absl::Now() - start, absl::Seconds(60));
 }
@@ -193,7 +207,7 @@ bool IsGone(int64_t pid) {
   return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
 }
 
-TEST(SpawnErrorsTest, ASigkilledChildIsReportedAndTheOthersStopped) {
+TEST_P(SpawnErrorsTest, ASigkilledChildIsReportedAndTheOthersStopped) {
   absl::StatusOr<Queue> pids = Queue::create();
   ASSERT_TRUE(pids.ok());
   std::vector<int64_t> by_rank(3, -1);
@@ -205,7 +219,7 @@ TEST(SpawnErrorsTest, ASigkilledChildIsReportedAndTheOthersStopped) {
     }
     ::kill(static_cast<pid_t>(by_rank[1]), SIGKILL);
   });
-  absl::StatusOr<Context> ctx = get_context("spawn");
+  absl::StatusOr<Context> ctx = get_context(GetParam());
   ASSERT_TRUE(ctx.ok());
   SpawnOptions options;
   options.timeout = absl::Seconds(120);
@@ -219,10 +233,12 @@ TEST(SpawnErrorsTest, ASigkilledChildIsReportedAndTheOthersStopped) {
   }
 }
 
-TEST(SpawnErrorsTest, UnsendableArgumentsAreRefusedNamingTheRank) {
+TEST_P(SpawnErrorsTest, UnsendableArgumentsAreRefusedNamingTheRank) {
   Tensor w = ones({3});
   w.requires_grad_();
-  absl::StatusOr<Process> p = Process::start_spawn("report_pid", 4, {Value(w * 2)});
+  absl::StatusOr<Context> ctx = get_context(GetParam());
+  ASSERT_TRUE(ctx.ok());
+  absl::StatusOr<Process> p = ctx->process("report_pid", {Value(w * 2)}, /*rank=*/4);
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(p.status().message(), HasSubstr("sending the arguments to process 4"));
   EXPECT_THAT(p.status().message(), HasSubstr("non-leaf tensor that requires grad"));
@@ -239,10 +255,11 @@ EMBER_REGISTER_ENTRY_POINT("double", DoubleEntry);
 TEST(StartMethodTest, SetOnceThenOnlyWithForce) {
   // Nothing else in this binary sets or fixes the process-wide method.
   EXPECT_EQ(get_start_method(/*allow_none=*/true), "");
-  EXPECT_THAT(get_all_start_methods(), ::testing::ElementsAre("fork", "spawn"));
-  absl::Status bad = set_start_method("forkserver");
+  EXPECT_THAT(get_all_start_methods(), ::testing::ElementsAre("fork", "spawn", "forkserver"));
+  absl::Status bad = set_start_method("fork_server");
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.message(), HasSubstr("'forkserver'; valid start methods: fork, spawn"));
+  EXPECT_THAT(bad.message(),
+              HasSubstr("'fork_server'; valid start methods: fork, spawn, forkserver"));
   EXPECT_EQ(get_start_method(true), "");
   ASSERT_TRUE(set_start_method("spawn").ok());
   EXPECT_EQ(get_start_method(), "spawn");
@@ -252,13 +269,15 @@ TEST(StartMethodTest, SetOnceThenOnlyWithForce) {
   absl::StatusOr<Context> ctx = get_context();
   ASSERT_TRUE(ctx.ok());
   EXPECT_EQ(ctx->get_start_method(), "spawn");
+  ASSERT_TRUE(set_start_method("forkserver", /*force=*/true).ok());
+  EXPECT_EQ(get_context()->get_start_method(), "forkserver");
   ASSERT_TRUE(set_start_method("fork", /*force=*/true).ok());
   EXPECT_EQ(get_start_method(), "fork");
   EXPECT_EQ(get_context("bogus").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(StartMethodTest, EachContextStartsChildrenWithItsMethod) {
-  for (const std::string method : {"fork", "spawn"}) {
+  for (const std::string& method : get_all_start_methods()) {
     absl::StatusOr<Context> ctx = get_context(method);
     ASSERT_TRUE(ctx.ok());
     absl::StatusOr<Queue> q = Queue::create();
@@ -302,7 +321,10 @@ TEST(ModuleStateTest, AMismatchedArchitectureIsNamedAndNothingChanges) {
               HasSubstr("unexpected key 'bias'"));
 }
 
-TEST(SpawnLeakTest, RepeatedSpawnsLeakNoDescriptorsOrRegions) {
+class SpawnLeakTest : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(BothMethods, SpawnLeakTest, kSendingMethods, MethodName);
+
+TEST_P(SpawnLeakTest, RepeatedSpawnsLeakNoDescriptorsOrRegions) {
   const std::string prefix = testing::UniquePrefix("spawnleak");
   ASSERT_TRUE(set_shared_memory_prefix(prefix).ok());
   auto run_once = [&] {
@@ -318,7 +340,7 @@ TEST(SpawnLeakTest, RepeatedSpawnsLeakNoDescriptorsOrRegions) {
     absl::StatusOr<Value> state = share_state(model->state_dict());
     ASSERT_TRUE(state.ok());
     ASSERT_TRUE(pipe->first.send(Value("hello through a pipe")).ok());
-    absl::StatusOr<Context> ctx = get_context("spawn");
+    absl::StatusOr<Context> ctx = get_context(GetParam());
     ASSERT_TRUE(ctx.ok());
     absl::Status s =
         ctx->spawn("use_everything",
@@ -331,7 +353,7 @@ TEST(SpawnLeakTest, RepeatedSpawnsLeakNoDescriptorsOrRegions) {
   };
   for (const std::string strategy : {"file_descriptor", "file_system"}) {
     ASSERT_TRUE(set_sharing_strategy(strategy).ok());
-    run_once();  // warms up: the manager connection, thread-locals
+    run_once();  // warms up: the manager connection, thread-locals, the forkserver
     empty_shared_memory_cache();
     const int fds = testing::OpenFdCount();
     for (int rep = 0; rep < 5; ++rep) {
