@@ -70,20 +70,21 @@ absl::StatusOr<std::unique_ptr<BackendInfo>> MixedBackend(const std::string& spe
   info->create = [parts, name = info->name, support = info->support,
                   untyped](const BackendOptions& options)
       -> absl::StatusOr<std::shared_ptr<ProcessGroup>> {
+    // pg_options go to the listed backend they are for, and no other.
     const std::string for_backend =
         options.pg_options ? absl::AsciiStrToLower(std::string(options.pg_options->backend())) : "";
-    if (!for_backend.empty() &&
-        std::none_of(parts.begin(), parts.end(),
-                     [&](const Part& p) { return p.backend->name == for_backend; })) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pg_options are for the '", for_backend, "' backend, which the group's "
-                       "backend '", name, "' does not list; pass options of a listed backend"));
+    auto is_for = [&](const Part& p) { return p.backend->name == for_backend; };
+    if (!for_backend.empty() && std::none_of(parts.begin(), parts.end(), is_for)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pg_options are for the '", for_backend, "' backend, which the group's backend '", name,
+          "' does not list; pass options of a listed backend"));
     }
     MixedProcessGroup::Groups groups;
     for (const Part& p : parts) {
       BackendOptions own = options;
-      own.store_prefix = absl::StrCat(options.store_prefix, std::string(DeviceTypeName(p.device)), "/");
-      if (p.backend->name != for_backend) own.pg_options = nullptr;
+      own.store_prefix =
+          absl::StrCat(options.store_prefix, std::string(DeviceTypeName(p.device)), "/");
+      if (!is_for(p)) own.pg_options = nullptr;
       EMBER_ASSIGN_OR_RETURN(groups[static_cast<int>(p.device)], p.backend->create(own));
     }
     return std::make_shared<MixedProcessGroup>(options.rank, options.size, name, support,

@@ -35,7 +35,9 @@ namespace {
 
 constexpr char kRendezvousStorePrefix[] = "default_pg/";
 
-// The store-based barrier of Note [Store layout].
+// The store-based barrier of Note [Store layout]. It polls the count, as
+// PyTorch's does, rather than waiting on a key the last rank sets (as the
+// rendezvous does): a PyTorch rank may be the last, and it sets no key.
 absl::Status StoreBarrier(Store& store, const std::string& key, int world_size,
                           absl::Duration timeout, const char* what) {
   const absl::Time deadline = absl::Now() + timeout;

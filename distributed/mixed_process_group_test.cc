@@ -6,6 +6,8 @@
 
 #include "absl/strings/match.h"
 #include "distributed/backend_registry.h"
+#include "distributed/gloo/process_group_gloo.h"
+#include "distributed/hash_store.h"
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -107,6 +109,43 @@ TEST(MixedProcessGroupTest, TheOtherWayRoundCpuOpsRunOnTcp) {
       },
       options);
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// pg_options reach the listed backend they are for (the others get none,
+// rather than refusing them); options for a backend the list lacks fail.
+TEST(MixedProcessGroupTest, PgOptionsGoToTheirBackend) {
+  auto lo = std::make_shared<gloo::GlooOptions>();
+  lo->interface = "lo";
+  RunRanksOptions options;
+  options.backend = "cpu:gloo,cuda:tcp";
+  options.pg_options = lo;
+  absl::Status s = RunRanks(
+      2,
+      [](Rank& me) -> absl::Status {
+        Tensor t = ones({3});
+        EMBER_RETURN_IF_ERROR(Finish(me.group->allreduce(t)));
+        return Expect(t.equal(full({3}, 2, kFloat32)), "sum");
+      },
+      options);
+  EXPECT_TRUE(s.ok()) << s;
+
+  // A gloo device on an interface that does not exist: the options did reach gloo.
+  auto nowhere = std::make_shared<gloo::GlooOptions>();
+  nowhere->interface = "no-such-if0";
+  auto mixed = find_backend("cpu:gloo,cuda:tcp");
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  auto bad_interface =
+      (*mixed)->create({.store = std::make_shared<HashStore>(), .pg_options = nowhere});
+  EXPECT_FALSE(bad_interface.ok());
+  EXPECT_THAT(std::string(bad_interface.status().message()), HasSubstr("no-such-if0"));
+
+  auto tcp_only = find_backend("cpu:tcp");
+  ASSERT_TRUE(tcp_only.ok()) << tcp_only.status();
+  auto unlisted = (*tcp_only)->create({.store = std::make_shared<HashStore>(), .pg_options = lo});
+  EXPECT_EQ(unlisted.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unlisted.status().message()),
+              HasSubstr("pg_options are for the 'gloo' backend, which the group's backend "
+                        "'cpu:tcp' does not list"));
 }
 
 }  // namespace
