@@ -15,6 +15,8 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc
   libgloo-dev libopenblas-dev libcurl4-openssl-dev libarchive-dev
   libopenmpi-dev libssl-dev
+  # oneDNN, the CPU convolution primitives nn/ uses.
+  libdnnl-dev
   # hub/ tests: openssl makes the loopback HTTPS server's certificate;
   # python3-torch(vision) check Ember's checkpoints and ResNet-18 against PyTorch.
   openssl python3-torch python3-torchvision
