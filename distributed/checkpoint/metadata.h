@@ -1,0 +1,77 @@
+// The metadata file of a distributed checkpoint (README.md, "Format"): for
+// every global tensor its dtype and shape, and for every stored chunk (a box
+// of it) the data file, byte range and CRC-32C of each block.
+//
+//   ```cpp compile-only
+//   #include "distributed/checkpoint/metadata.h"
+//   namespace dcp = ember::distributed::checkpoint;
+//   EMBER_ASSIGN_OR_RETURN(dcp::Metadata md, dcp::read_metadata("/ckpt/step100"));
+//   for (const auto& [key, t] : md.tensors) {
+//     std::cout << key << " " << ember::ShapeToString(t.global_shape) << " in "
+//               << t.chunks.size() << " chunks\n";
+//   }
+//   ```
+//
+// Thread-safety: value types and free functions.
+#ifndef EMBER_DISTRIBUTED_CHECKPOINT_METADATA_H_
+#define EMBER_DISTRIBUTED_CHECKPOINT_METADATA_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tensor/dtype.h"
+#include "tensor/shape.h"
+
+namespace ember::distributed::checkpoint {
+
+// The metadata file's name inside a checkpoint directory.
+inline constexpr char kMetadataFileName[] = "metadata.json";
+// The "format" field and the version this code writes (and reads).
+inline constexpr char kFormatName[] = "ember-distributed-checkpoint";
+inline constexpr int kFormatVersion = 1;
+
+// One stored box of a global tensor, row-major and contiguous in `file`.
+struct ChunkMetadata {
+  SizeVector offsets;
+  SizeVector sizes;
+  std::string file;  // relative to the checkpoint directory
+  int64_t offset = 0;  // byte offset in `file`
+  int64_t length = 0;  // bytes: numel(sizes) * element size
+  int64_t block_bytes = 0;  // bytes per checksum block (the last may be shorter)
+  std::vector<uint32_t> crc32c;  // one per block
+};
+
+struct TensorMetadata {
+  Dtype dtype = kFloat32;
+  SizeVector global_shape;
+  std::vector<ChunkMetadata> chunks;
+};
+
+struct Metadata {
+  int version = kFormatVersion;
+  int world_size = 1;  // ranks that saved
+  std::vector<std::pair<std::string, TensorMetadata>> tensors;  // in save order
+
+  // The entry of `key`, or null.
+  const TensorMetadata* find(std::string_view key) const;
+};
+
+// The JSON text of `metadata` (README.md, "Format").
+std::string encode_metadata(const Metadata& metadata);
+// Parses and checks encode_metadata's output: InvalidArgument naming
+// `source` and what is malformed (not JSON, a missing field, an unknown
+// dtype, a chunk outside its tensor, a newer version).
+absl::StatusOr<Metadata> decode_metadata(std::string_view json, std::string_view source);
+// Reads <checkpoint_dir>/metadata.json. NotFound when it is absent.
+absl::StatusOr<Metadata> read_metadata(const std::string& checkpoint_dir);
+
+// The dtype whose dtype_name() is `name` ("float32", ...).
+absl::StatusOr<Dtype> dtype_from_name(std::string_view name);
+
+}  // namespace ember::distributed::checkpoint
+
+#endif  // EMBER_DISTRIBUTED_CHECKPOINT_METADATA_H_
