@@ -12,7 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "autograd/variable.h"
 #include "multiprocessing/sharing.h"
 #include "tensor/error.h"
 #include "tensor/status_macros.h"
@@ -23,6 +25,7 @@ struct HookHandle::Table {
   int64_t next_id = 0;
   std::vector<std::pair<int64_t, ForwardPreHook>> pre;
   std::vector<std::pair<int64_t, ForwardHook>> post;
+  std::vector<std::pair<int64_t, FullBackwardHook>> backward;
 };
 
 void HookHandle::remove() {
@@ -30,6 +33,7 @@ void HookHandle::remove() {
   if (table == nullptr) return;
   std::erase_if(table->pre, [&](const auto& e) { return e.first == id_; });
   std::erase_if(table->post, [&](const auto& e) { return e.first == id_; });
+  std::erase_if(table->backward, [&](const auto& e) { return e.first == id_; });
 }
 
 namespace {
@@ -77,18 +81,87 @@ std::string Module::name() const {
   return colon == std::string::npos ? full : full.substr(colon + 2);
 }
 
+namespace {
+
+// Note [Full backward hooks]
+// A call with backward hooks passes its input and its output through an
+// identity autograd function, so that each gets a node of its own, and hooks
+// the gradients of those two aliases: the output's gradient is grad_output,
+// the input's is grad_input (the sum over every use of the input inside
+// forward). The output's node runs first in backward, so by the time the
+// input's hook fires grad_output is known. When the input needs no gradient
+// there is no input node, and the hooks run from the output's hook with an
+// undefined grad_input, as PyTorch's BackwardHook does.
+struct BackwardHookIdentity : autograd::Function<BackwardHookIdentity> {
+  static Tensor forward(autograd::AutogradContext*, const Tensor& x) { return x; }
+  static autograd::variable_list backward(autograd::AutogradContext*,
+                                          autograd::variable_list grads) {
+    return grads;
+  }
+};
+
+// What one call's hooks share between its two gradient hooks.
+struct BackwardHookCall {
+  Module* module = nullptr;
+  std::shared_ptr<Module> keep_alive;  // when the module is shared-owned
+  std::vector<std::pair<int64_t, FullBackwardHook>> hooks;
+  SizeVector input_shape;
+  Tensor grad_output;
+
+  Tensor Run(Tensor grad_input) {
+    for (auto& [id, hook] : hooks) {
+      std::optional<Tensor> replaced = hook(*module, grad_input, grad_output);
+      if (!replaced) continue;
+      EMBER_CHECK(grad_input.defined(), module->name(),
+                  ": a full backward hook returned a grad_input, but the input does not require "
+                  "grad; return std::nullopt");
+      EMBER_CHECK(replaced->sizes() == IntArrayRef(input_shape), module->name(),
+                  ": a full backward hook returned a grad_input of shape ",
+                  ShapeToString(replaced->sizes()), ", expected the input's shape ",
+                  ShapeToString(input_shape));
+      grad_input = *replaced;
+    }
+    return grad_input;
+  }
+};
+
+}  // namespace
+
 Tensor Module::operator()(const Tensor& input) {
-  if (hooks_->pre.empty() && hooks_->post.empty()) return forward(input);
+  const bool backward_hooks = !hooks_->backward.empty() && autograd::GradMode::is_enabled();
+  if (hooks_->pre.empty() && hooks_->post.empty() && !backward_hooks) return forward(input);
   Tensor x = input;
   // Copies, so that a hook removing itself does not disturb the iteration.
   auto pre = hooks_->pre;
   for (auto& [id, hook] : pre) {
     if (std::optional<Tensor> replaced = hook(*this, x)) x = *replaced;
   }
+  std::shared_ptr<BackwardHookCall> call;
+  bool input_hooked = false;
+  if (backward_hooks) {
+    call = std::make_shared<BackwardHookCall>();
+    call->module = this;
+    call->keep_alive = weak_from_this().lock();
+    call->hooks = hooks_->backward;
+    if (x.defined() && x.requires_grad()) {
+      call->input_shape = SizeVector(x.sizes().begin(), x.sizes().end());
+      x = BackwardHookIdentity::apply(x);
+      autograd::RegisterHook(x, [call](const Tensor& grad) { return call->Run(grad); });
+      input_hooked = true;
+    }
+  }
   Tensor y = forward(x);
   auto post = hooks_->post;
   for (auto& [id, hook] : post) {
     if (std::optional<Tensor> replaced = hook(*this, x, y)) y = *replaced;
+  }
+  if (call != nullptr && y.defined() && y.requires_grad()) {
+    y = BackwardHookIdentity::apply(y);
+    autograd::RegisterHook(y, [call, input_hooked](const Tensor& grad) {
+      call->grad_output = grad;
+      if (!input_hooked) call->Run(Tensor());
+      return Tensor();
+    });
   }
   return y;
 }
@@ -434,6 +507,12 @@ HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
 HookHandle Module::register_forward_hook(ForwardHook hook) {
   const int64_t id = hooks_->next_id++;
   hooks_->post.emplace_back(id, std::move(hook));
+  return HookHandle(hooks_, id);
+}
+
+HookHandle Module::register_full_backward_hook(FullBackwardHook hook) {
+  const int64_t id = hooks_->next_id++;
+  hooks_->backward.emplace_back(id, std::move(hook));
   return HookHandle(hooks_, id);
 }
 

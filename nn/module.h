@@ -131,6 +131,13 @@ using ForwardPreHook = std::function<std::optional<Tensor>(Module& module, const
 // Runs after forward(); a returned tensor replaces the output.
 using ForwardHook =
     std::function<std::optional<Tensor>(Module& module, const Tensor& input, const Tensor& output)>;
+// Runs during backward once the gradient with respect to the module's input
+// has been computed (torch.nn.Module.register_full_backward_hook).
+// `grad_input` is undefined when the input does not require grad (the hook
+// then runs as soon as `grad_output` is known); a returned tensor of the
+// input's shape replaces grad_input. The hook must not modify its arguments.
+using FullBackwardHook = std::function<std::optional<Tensor>(
+    Module& module, const Tensor& grad_input, const Tensor& grad_output)>;
 
 class Module : public std::enable_shared_from_this<Module> {
  public:
@@ -235,6 +242,12 @@ class Module : public std::enable_shared_from_this<Module> {
   // --- Hooks ---------------------------------------------------------------
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_hook(ForwardHook hook);
+  // Backward hooks fire for calls made while they are registered and grad
+  // mode is on (the hooks in place at forward time run, as in PyTorch), once
+  // per call: a DataParallel replica fires them once per replica. The module
+  // is kept alive until that call's graph is freed when it is owned by a
+  // shared_ptr; otherwise it must outlive the backward pass.
+  HookHandle register_full_backward_hook(FullBackwardHook hook);
 
   // --- Deep copy -------------------------------------------------------------
   // A module with the same structure and its own copies of every parameter,

@@ -24,6 +24,7 @@
 namespace ember::nn {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -279,6 +280,103 @@ TEST(ModuleTest, ForwardHooksReplaceInputAndOutputUntilRemoved) {
   Tensor z = fc(ones({1, 2}));
   EXPECT_EQ(calls.size(), 2u);
   EXPECT_TRUE(z.allclose(functional::linear(ones({1, 2}), fc.weight(), fc.bias())));
+}
+
+TEST(ModuleTest, FullBackwardHookSeesGradInputAndGradOutput) {
+  Linear fc(3, 2);
+  Tensor x = randn({4, 3}).requires_grad_();
+  Tensor upstream = randn({4, 2});  // d(loss)/d(output), chosen by the test
+  int calls = 0;
+  Tensor seen_in, seen_out;
+  fc.register_full_backward_hook(
+      [&](Module& m, const Tensor& grad_input, const Tensor& grad_output) {
+        ++calls;
+        EXPECT_EQ(m.name(), "Linear");
+        seen_in = grad_input.detach().clone();
+        seen_out = grad_output.detach().clone();
+        return std::optional<Tensor>();
+      });
+  (fc(x) * upstream).sum().backward();
+  ASSERT_EQ(calls, 1);
+  EXPECT_TRUE(seen_out.allclose(upstream));
+  // y = x W^T + b, so d(loss)/dx = upstream W.
+  EXPECT_TRUE(seen_in.allclose(upstream.matmul(fc.weight().detach())));
+  EXPECT_TRUE(x.grad().allclose(seen_in));
+}
+
+TEST(ModuleTest, FullBackwardHookReplacesGradInputAndRunsPerCall) {
+  Linear fc(3, 3);
+  Tensor x = randn({2, 3}).requires_grad_();
+  int calls = 0;
+  HookHandle h = fc.register_full_backward_hook(
+      [&](Module&, const Tensor& grad_input, const Tensor&) -> std::optional<Tensor> {
+        ++calls;
+        return grad_input * 3.0;
+      });
+  // The module used twice on one path: the hook runs once per call.
+  Tensor y = fc(fc(x));
+  y.sum().backward();
+  EXPECT_EQ(calls, 2);
+  // Plain gradient of sum(W(Wx+b)+b) w.r.t. x is (1^T W) W; each call's hook
+  // tripled its grad_input, so x.grad is 9 times that.
+  Tensor w = fc.weight().detach();
+  Tensor plain = ones({2, 3}).matmul(w).matmul(w);
+  EXPECT_TRUE(x.grad().allclose(plain * 9.0, 1e-4, 1e-5));
+  h.remove();
+  x.set_grad(Tensor());
+  fc(x).sum().backward();
+  EXPECT_EQ(calls, 2);
+}
+
+TEST(ModuleTest, FullBackwardHookWithoutInputGradGetsUndefinedGradInput) {
+  Linear fc(3, 2);
+  int calls = 0;
+  bool input_defined = true;
+  Tensor seen_out;
+  fc.register_full_backward_hook([&](Module&, const Tensor& grad_input, const Tensor& grad_output) {
+    ++calls;
+    input_defined = grad_input.defined();
+    seen_out = grad_output.detach().clone();
+    return std::optional<Tensor>();
+  });
+  fc(randn({5, 3})).sum().backward();  // only the parameters need gradients
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(input_defined);
+  EXPECT_TRUE(seen_out.allclose(ones({5, 2})));
+  EXPECT_TRUE(fc.weight().grad().defined());
+  {
+    autograd::NoGradGuard no_grad;
+    fc(randn({5, 3}).requires_grad_());
+  }
+  EXPECT_EQ(calls, 1);  // nothing recorded, nothing to hook
+}
+
+TEST(ModuleTest, FullBackwardHookOfAChildSeesItsOwnInput) {
+  auto net = std::make_shared<Net>();
+  Tensor x = randn({2, 4}).requires_grad_();
+  Tensor fc2_input_grad;
+  net->fc2->register_full_backward_hook(
+      [&](Module&, const Tensor& grad_input, const Tensor&) {
+        fc2_input_grad = grad_input.detach().clone();
+        return std::optional<Tensor>();
+      });
+  (*net)(x).sum().backward();
+  // fc2's input is relu(fc1(x)); d(sum(fc2(h) * scale))/dh = scale * 1^T W2.
+  Tensor expected = ones({2, 2}).matmul(net->fc2->weight().detach()) *
+                    net->parameter("scale").detach().item<double>();
+  ASSERT_TRUE(fc2_input_grad.defined());
+  EXPECT_TRUE(fc2_input_grad.allclose(expected));
+}
+
+TEST(ModuleTest, FullBackwardHookReturningAWrongShapeNamesBoth) {
+  Linear fc(3, 2);
+  fc.register_full_backward_hook([](Module&, const Tensor&, const Tensor&) {
+    return std::optional<Tensor>(zeros({7}));
+  });
+  Tensor x = randn({4, 3}).requires_grad_();
+  Tensor y = fc(x).sum();
+  EXPECT_THAT(ErrorOf([&] { y.backward(); }),
+              AllOf(HasSubstr("Linear"), HasSubstr("[7]"), HasSubstr("[4, 3]")));
 }
 
 TEST(ModuleTest, CloneIsDeepAndKeepsTypedChildrenConsistent) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,45 @@ TEST(DataParallelTest, ForwardHooksRunOncePerReplica) {
   EXPECT_EQ(calls, 3);
   dp(randn({2, 8}));  // two rows: two replicas
   EXPECT_EQ(calls, 5);
+}
+
+TEST(DataParallelTest, FullBackwardHooksRunOncePerReplicaOnItsShare) {
+  auto model = std::make_shared<Model>(0);
+  std::mutex mu;
+  std::vector<Tensor> grad_inputs;  // one per replica, in completion order
+  model->register_full_backward_hook(
+      [&](nn::Module&, const Tensor& grad_input, const Tensor& grad_output) {
+        EXPECT_EQ(grad_input.size(0), grad_output.size(0));
+        std::lock_guard<std::mutex> lock(mu);
+        grad_inputs.push_back(grad_input.detach().clone());
+        return std::optional<Tensor>();
+      });
+  DataParallel dp(model, {.device_ids = Cpus(3)});
+  Tensor x = randn({7, 8}).requires_grad_();  // chunk gives the replicas 3, 3 and 1 rows
+  dp(x).sum().backward();
+  ASSERT_EQ(grad_inputs.size(), 3u);
+  // The replicas' grad_inputs are the shares of the plain module's input
+  // gradient: together they hold every row once.
+  int64_t rows = 0;
+  for (const Tensor& g : grad_inputs) rows += g.size(0);
+  EXPECT_EQ(rows, 7);
+  Tensor plain_x = x.detach().clone().requires_grad_();
+  (*model)(plain_x).sum().backward();  // the hook runs a fourth time here
+  ASSERT_EQ(grad_inputs.size(), 4u);
+  ExpectClose(x.grad(), plain_x.grad(), "input gradient");
+  // Each replica's grad_input is one share (rows 0-2, 3-5 or 6) of the plain
+  // module's input gradient, and each share is met once.
+  std::vector<int> met(3, 0);
+  for (int r = 0; r < 3; ++r) {
+    const Tensor& g = grad_inputs[r];
+    for (int share = 0; share < 3; ++share) {
+      const int64_t start = share * 3, length = share < 2 ? 3 : 1;
+      if (g.size(0) == length && g.allclose(plain_x.grad().narrow(0, start, length), 1e-5, 1e-6)) {
+        ++met[share];
+      }
+    }
+  }
+  EXPECT_THAT(met, ::testing::ElementsAre(1, 1, 1));
 }
 
 TEST(DataParallelTest, WithoutDevicesTheModuleRunsAsIs) {
