@@ -5,7 +5,9 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tensor/error.h"
 #include "tensor/status_macros.h"
 
@@ -26,7 +28,88 @@ bool IsIdle(const Block* block) {
   return block != nullptr && !block->allocated && block->pending_events == 0;
 }
 
+// `conf` split at the commas outside brackets (roundup_power2_divisions takes
+// a bracketed list: "[256:1,512:2]").
+std::vector<std::string> SplitOptions(absl::string_view conf) {
+  std::vector<std::string> out(1);
+  int depth = 0;
+  for (char c : conf) {
+    if (c == ' ' || c == '\t' || c == '\n') continue;
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) {
+      out.emplace_back();
+    } else {
+      out.back() += c;
+    }
+  }
+  return out;
+}
+
+absl::Status BadValue(absl::string_view key, absl::string_view value, absl::string_view expected) {
+  return absl::InvalidArgumentError(absl::StrCat("PYTORCH_CUDA_ALLOC_CONF: ", key, ":", value,
+                                                 " is not valid: ", key, " must be ", expected));
+}
+
 }  // namespace
+
+absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view conf) {
+  AllocatorConfig config;
+  for (const std::string& option : SplitOptions(conf)) {
+    if (option.empty()) continue;
+    const size_t colon = option.find(':');
+    if (colon == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PYTORCH_CUDA_ALLOC_CONF: option '", option,
+          "' has no value; write key:value pairs separated by commas, e.g. "
+          "\"max_split_size_mb:128,garbage_collection_threshold:0.8\""));
+    }
+    const std::string key = option.substr(0, colon);
+    const std::string value = option.substr(colon + 1);
+    if (key == "max_split_size_mb") {
+      int64_t mb = 0;
+      constexpr int64_t kMinMb = kLargeBuffer >> 20;
+      if (!absl::SimpleAtoi(value, &mb) || mb <= kMinMb || mb > (int64_t{1} << 40)) {
+        return BadValue(key, value, absl::StrCat("an integer number of MiB greater than ", kMinMb));
+      }
+      config.options.max_split_size = static_cast<size_t>(mb) << 20;
+    } else if (key == "garbage_collection_threshold") {
+      double t = 0;
+      if (!absl::SimpleAtod(value, &t) || !(t > 0.0 && t < 1.0)) {
+        return BadValue(key, value, "a fraction strictly between 0.0 and 1.0");
+      }
+      config.options.garbage_collection_threshold = t;
+    } else if (key == "expandable_segments") {
+      if (value == "True") {
+        config.ignored.push_back(
+            "expandable_segments:True is not supported: Ember's segments are fixed cudaMalloc "
+            "allocations (max_split_size_mb limits fragmentation instead)");
+      } else if (value != "False") {
+        return BadValue(key, value, "True or False");
+      }
+    } else if (key == "backend") {
+      if (value == "cudaMallocAsync") {
+        config.ignored.push_back(
+            "backend:cudaMallocAsync is not supported: Ember always uses its native caching "
+            "allocator");
+      } else if (value != "native") {
+        return BadValue(key, value, "native or cudaMallocAsync");
+      }
+    } else if (key == "roundup_power2_divisions" || key == "release_lock_on_cudamalloc" ||
+               key == "pinned_use_cuda_host_register" || key == "pinned_num_register_threads" ||
+               key == "pinned_use_background_threads") {
+      config.ignored.push_back(absl::StrCat(
+          key, " is not supported by Ember's caching allocator and is ignored (sizes round to ",
+          kMinBlockSize, " bytes; pinned memory comes from cudaHostAlloc)"));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PYTORCH_CUDA_ALLOC_CONF: unrecognized option '", key,
+          "'; Ember honours max_split_size_mb and garbage_collection_threshold (and accepts "
+          "expandable_segments:False and backend:native)"));
+    }
+  }
+  return config;
+}
 
 size_t round_size(size_t size) {
   if (size == 0) return 0;
@@ -45,7 +128,8 @@ bool BlockPool::BlockLess::operator()(const Block* a, const Block* b) const {
   return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
 }
 
-BlockPool::BlockPool(BlockPoolBacking backing) : backing_(std::move(backing)) {}
+BlockPool::BlockPool(BlockPoolBacking backing, BlockPoolOptions options)
+    : backing_(std::move(backing)), options_(options) {}
 
 BlockPool::~BlockPool() {
   for (const PendingEvent& pending : pending_) backing_.release_event(pending.event);
@@ -73,7 +157,7 @@ absl::StatusOr<Block*> BlockPool::allocate(size_t size, Stream stream) {
   const bool large = rounded > kSmallSize;
   Block* block = FindFree(rounded, stream, large);
   if (block == nullptr) {
-    EMBER_ASSIGN_OR_RETURN(block, AllocateSegment(segment_size(rounded), stream, large));
+    EMBER_ASSIGN_OR_RETURN(block, AllocateSegmentWithRetries(rounded, stream, large));
   }
   MaybeSplit(block, rounded);
   block->allocated = true;
@@ -136,6 +220,16 @@ void BlockPool::reset_peak_memory_stats() {
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
+void BlockPool::set_memory_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  memory_limit_ = bytes;
+}
+
+size_t BlockPool::memory_limit() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return memory_limit_;
+}
+
 std::vector<SegmentInfo> BlockPool::snapshot() {
   std::lock_guard<std::mutex> lock(mu_);
   ProcessEvents();
@@ -166,25 +260,125 @@ Block* BlockPool::FindFree(size_t size, Stream stream, bool large) {
   Block key;
   key.stream = stream;
   key.size = size;
+  ++lookups_;
   auto it = pool.lower_bound(&key);
   if (it == pool.end() || (*it)->stream != stream) return nullptr;
+  const size_t max_split = options_.max_split_size;
+  // An oversize block serves no request below max_split_size, and a larger
+  // request only when it wastes less than kLargeBuffer.
+  if (size < max_split && (*it)->size >= max_split) return nullptr;
+  if (size >= max_split && (*it)->size >= size + kLargeBuffer) return nullptr;
   Block* block = *it;
   pool.erase(it);
   return block;
 }
 
+absl::StatusOr<Block*> BlockPool::AllocateSegmentWithRetries(size_t request, Stream stream,
+                                                             bool large) {
+  const size_t size = segment_size(request);
+  if (options_.garbage_collection_threshold > 0) GarbageCollect();
+  absl::StatusOr<Block*> block = AllocateSegment(size, stream, large);
+  if (!absl::IsResourceExhausted(block.status())) return block;
+  if (large && ReleaseOversizeBlocks(size, stream)) {
+    block = AllocateSegment(size, stream, large);
+    if (!absl::IsResourceExhausted(block.status())) return block;
+  }
+  // Blocks freed while still used on other streams may be all that stands in
+  // the way: wait for their streams, then release every wholly free segment.
+  SynchronizePending();
+  ReleaseFreeSegments();
+  ++stats_.num_alloc_retries;
+  block = AllocateSegment(size, stream, large);
+  if (absl::IsResourceExhausted(block.status())) ++stats_.num_ooms;
+  return block;
+}
+
+bool BlockPool::ReleaseOversizeBlocks(size_t size, Stream stream) {
+  const size_t max_split = options_.max_split_size;
+  if (max_split == ~size_t{0}) return false;
+  Block key;
+  key.stream = stream;
+  key.size = std::max(size, max_split);
+  auto it = large_.lower_bound(&key);
+  if (it != large_.end() && (*it)->stream == stream && (*it)->prev == nullptr &&
+      (*it)->next == nullptr) {
+    ReleaseSegment(*it);
+    return true;
+  }
+  // No single block is large enough: release oversize ones, largest first.
+  size_t released = 0;
+  std::vector<Block*> victims;
+  while (released < key.size && it != large_.begin()) {
+    --it;
+    Block* b = *it;
+    if (b->stream != stream || b->size < max_split) break;
+    if (b->prev != nullptr || b->next != nullptr) continue;
+    victims.push_back(b);
+    released += b->size;
+  }
+  if (released < key.size) return false;
+  for (Block* b : victims) ReleaseSegment(b);
+  return true;
+}
+
+void BlockPool::SynchronizePending() {
+  if (pending_.empty() || !backing_.synchronize_event) return;
+  ++stats_.num_sync_all_streams;
+  for (const PendingEvent& pending : pending_) backing_.synchronize_event(pending.event);
+  ProcessEvents();
+}
+
+void BlockPool::GarbageCollect() {
+  if (memory_limit_ == ~size_t{0}) return;
+  const auto threshold =
+      static_cast<int64_t>(options_.garbage_collection_threshold * static_cast<double>(memory_limit_));
+  if (stats_.reserved_bytes <= threshold) return;
+  const int64_t target = stats_.reserved_bytes - threshold;
+  int64_t reclaimed = 0;
+  // Whole cached segments of the large pool, oldest (longest unused) first:
+  // each round frees those at least as old as the average of what is left.
+  std::vector<Block*> candidates;
+  for (Block* b : large_) {
+    if (b->prev == nullptr && b->next == nullptr) candidates.push_back(b);
+  }
+  while (reclaimed < target && !candidates.empty()) {
+    double total_age = 0;
+    for (const Block* b : candidates) total_age += static_cast<double>(lookups_ - b->freed_at);
+    const double average = total_age / static_cast<double>(candidates.size());
+    std::vector<Block*> younger;
+    for (Block* b : candidates) {
+      if (static_cast<double>(lookups_ - b->freed_at) >= average) {
+        reclaimed += static_cast<int64_t>(b->size);
+        ReleaseSegment(b);
+      } else {
+        younger.push_back(b);
+      }
+    }
+    candidates.swap(younger);
+  }
+}
+
+void BlockPool::ReleaseSegment(Block* head) {
+  PoolOf(head).erase(head);
+  segments_.erase(std::find(segments_.begin(), segments_.end(), head));
+  backing_.free(head->ptr, head->size);
+  stats_.reserved_bytes -= static_cast<int64_t>(head->size);
+  if (head->size >= options_.max_split_size) --stats_.oversize_segments;
+  --stats_.segment;
+  ++stats_.num_device_free;
+  delete head;
+}
+
 absl::StatusOr<Block*> BlockPool::AllocateSegment(size_t size, Stream stream, bool large) {
+  if (memory_limit_ != ~size_t{0} &&
+      static_cast<size_t>(stats_.reserved_bytes) + size > memory_limit_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a new segment of ", size, " bytes would take the reserved bytes (",
+        stats_.reserved_bytes, ") past the allowed ", memory_limit_,
+        " (the per-process memory fraction)"));
+  }
   absl::StatusOr<void*> memory = backing_.allocate(size);
-  if (absl::IsResourceExhausted(memory.status())) {
-    // Cached segments of other sizes or streams may be what stands in the way.
-    ReleaseFreeSegments();
-    ++stats_.num_alloc_retries;
-    memory = backing_.allocate(size);
-  }
-  if (!memory.ok()) {
-    if (absl::IsResourceExhausted(memory.status())) ++stats_.num_ooms;
-    return memory.status();
-  }
+  if (!memory.ok()) return memory.status();
   auto* block = new Block;
   block->ptr = *memory;
   block->size = size;
@@ -195,12 +389,16 @@ absl::StatusOr<Block*> BlockPool::AllocateSegment(size_t size, Stream stream, bo
   stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
   ++stats_.segment;
   ++stats_.num_device_alloc;
+  if (size >= options_.max_split_size) ++stats_.oversize_segments;
   return block;
 }
 
 void BlockPool::MaybeSplit(Block* block, size_t size) {
   const size_t remaining = block->size - size;
-  if (block->large_pool ? remaining <= kSmallSize : remaining < kMinBlockSize) return;
+  if (block->large_pool ? (size >= options_.max_split_size || remaining <= kSmallSize)
+                        : remaining < kMinBlockSize) {
+    return;
+  }
   auto* rest = new Block;
   rest->ptr = static_cast<char*>(block->ptr) + size;
   rest->size = remaining;
@@ -235,6 +433,7 @@ void BlockPool::Reinsert(Block* block) {
     if (next->next != nullptr) next->next->prev = block;
     delete next;
   }
+  block->freed_at = lookups_;
   pool.insert(block);
 }
 
@@ -263,6 +462,7 @@ void BlockPool::ReleaseFreeSegments() {
     PoolOf(head).erase(head);
     backing_.free(head->ptr, head->size);
     stats_.reserved_bytes -= static_cast<int64_t>(head->size);
+    if (head->size >= options_.max_split_size) --stats_.oversize_segments;
     --stats_.segment;
     ++stats_.num_device_free;
     delete head;

@@ -41,9 +41,22 @@
 // block out of reuse until all of them have completed (polled at every
 // allocate, empty_cache and snapshot).
 //
-// Out of memory: when the backing source fails with kResourceExhausted, the
-// pool releases every fully free cached segment and retries once; if that
+// Out of memory (torch's order): when no cached block fits and the backing
+// source fails with kResourceExhausted, the pool first releases cached
+// oversize blocks (see max_split_size below) and retries; then it waits for
+// every block still pending on record_stream events
+// (BlockPoolBacking::synchronize_event), returns those blocks to the cache,
+// releases every wholly free cached segment and retries once more; if that
 // fails too, allocate returns the source's kResourceExhausted status.
+//
+// Options (BlockPoolOptions; PYTORCH_CUDA_ALLOC_CONF spells them, see
+// ParseAllocatorConfig): max_split_size keeps blocks of at least that size
+// whole (a request below it is never served from one, a request above it only
+// from one less than kLargeBuffer bigger), so big segments do not fragment;
+// garbage_collection_threshold, with a memory limit set (set_memory_limit,
+// torch's set_per_process_memory_fraction), returns the oldest cached whole
+// segments to the source before a new segment is obtained while more than
+// that fraction of the limit is reserved.
 //
 // Thread-safety: thread-safe; every member takes the pool's mutex, and the
 // backing source's functions are called with it held.
@@ -55,10 +68,12 @@
 #include <functional>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "tensor/stream.h"
 
 namespace ember::cuda {
@@ -91,7 +106,39 @@ struct BlockPoolBacking {
   // True when the work queued before the marker has finished.
   std::function<bool(void* event)> query_event;
   std::function<void(void* event)> release_event;
+  // Blocks the calling thread until the work queued before the marker has
+  // finished (cudaEventSynchronize). Called only when out of memory; when
+  // empty, blocks pending on events are not waited for.
+  std::function<void(void* event)> synchronize_event;
 };
+
+// The tunable parts of the caching policy (torch's CUDAAllocatorConfig).
+struct BlockPoolOptions {
+  // Blocks of at least this many bytes are never split (max_split_size_mb).
+  size_t max_split_size = ~size_t{0};
+  // In (0, 1): with a memory limit, reclaim cached segments while reserved
+  // bytes exceed this fraction of it (garbage_collection_threshold); 0: off.
+  double garbage_collection_threshold = 0;
+};
+
+// PYTORCH_CUDA_ALLOC_CONF, parsed: the options Ember honours and a line for
+// each option torch knows that Ember does not act on.
+struct AllocatorConfig {
+  BlockPoolOptions options;
+  std::vector<std::string> ignored;
+};
+
+// Parses `conf` as torch does ("key:value,key:value"; spaces ignored).
+// Honoured: max_split_size_mb (an integer > 20, in MiB) and
+// garbage_collection_threshold (strictly between 0 and 1). Known to torch but
+// not acted on here, each listed in `ignored` naming the key and why:
+// expandable_segments:True (Ember's segments are fixed allocations;
+// expandable_segments:False is the default and silent), backend:cudaMallocAsync
+// (backend:native is silent), roundup_power2_divisions,
+// release_lock_on_cudamalloc, pinned_use_cuda_host_register,
+// pinned_num_register_threads, pinned_use_background_threads. Anything else,
+// or a malformed value, is kInvalidArgument naming the key and value.
+absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view conf);
 
 // One block of a segment. Owned by the pool; callers read ptr, size and
 // stream of a block allocate returned, until they free it.
@@ -106,6 +153,7 @@ struct Block {
   std::vector<Stream> stream_uses;  // Other streams the block is used on.
   Block* prev = nullptr;            // Neighbours in the segment.
   Block* next = nullptr;
+  uint64_t freed_at = 0;  // The pool's lookup count when it was last cached (its age).
 };
 
 // Counters named after torch.cuda.memory_stats() keys (their ".all.current"
@@ -122,6 +170,8 @@ struct MemoryStats {
   int64_t num_ooms = 0;           // Requests that failed out of memory.
   int64_t num_device_alloc = 0;   // Backing allocations (cudaMalloc calls).
   int64_t num_device_free = 0;    // Backing frees (cudaFree calls).
+  int64_t num_sync_all_streams = 0;  // Waits for pending events when out of memory.
+  int64_t oversize_segments = 0;     // Segments of at least max_split_size held.
 };
 
 // torch.cuda.memory_snapshot()'s view of one block.
@@ -145,7 +195,7 @@ struct SegmentInfo {
 
 class BlockPool {
  public:
-  explicit BlockPool(BlockPoolBacking backing);
+  explicit BlockPool(BlockPoolBacking backing, BlockPoolOptions options = {});
   // Returns every segment to the backing source and releases pending
   // events. Blocks still handed out become invalid.
   ~BlockPool();
@@ -173,6 +223,11 @@ class BlockPool {
   // Sets the peaks to the current values.
   void reset_peak_memory_stats();
   std::vector<SegmentInfo> snapshot();
+  // Caps reserved bytes (torch's set_per_process_memory_fraction): a segment
+  // that would take them past `bytes` is not requested, as if the source were
+  // out of memory. ~size_t{0}: no cap.
+  void set_memory_limit(size_t bytes);
+  size_t memory_limit();
 
  private:
   // Orders the free blocks of a pool by stream, then size, then address.
@@ -188,6 +243,17 @@ class BlockPool {
   FreeSet& PoolOf(const Block* block) { return block->large_pool ? large_ : small_; }
   Block* FindFree(size_t size, Stream stream, bool large);
   absl::StatusOr<Block*> AllocateSegment(size_t size, Stream stream, bool large);
+  // The out-of-memory steps in the header comment, before giving up.
+  absl::StatusOr<Block*> AllocateSegmentWithRetries(size_t request, Stream stream, bool large);
+  // Frees cached oversize whole segments of `stream` to make room for `size`
+  // bytes; true when it freed enough.
+  bool ReleaseOversizeBlocks(size_t size, Stream stream);
+  // Waits for every pending event and caches the blocks they held.
+  void SynchronizePending();
+  // Returns aged cached whole large segments while over the GC threshold.
+  void GarbageCollect();
+  // Returns the segment `head` (a wholly idle segment) to the source.
+  void ReleaseSegment(Block* head);
   // Splits `block` to `size` when the rest is worth keeping.
   void MaybeSplit(Block* block, size_t size);
   // Puts a freed block back into its pool, merged with free neighbours.
@@ -197,7 +263,10 @@ class BlockPool {
   void AddAllocated(int64_t bytes, int64_t requested);
 
   BlockPoolBacking backing_;
+  const BlockPoolOptions options_;
   std::mutex mu_;
+  size_t memory_limit_ = ~size_t{0};
+  uint64_t lookups_ = 0;  // FindFree calls: the clock of block ages.
   FreeSet small_;
   FreeSet large_;
   std::vector<Block*> segments_;  // The first block of every segment.

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace ember::cuda {
@@ -55,6 +57,13 @@ class HostBacking {
       --live_events_;
       delete static_cast<Marker*>(e);
     };
+    // Waiting for an event: the host blocks until its stream reaches the
+    // marker, i.e. the work before it is finished.
+    b.synchronize_event = [this](void* e) {
+      auto* m = static_cast<Marker*>(e);
+      ++synchronized_;
+      completed_[m->stream.id()] = std::max(completed_[m->stream.id()], m->point);
+    };
     return b;
   }
 
@@ -66,6 +75,8 @@ class HostBacking {
   size_t outstanding() const { return outstanding_; }
   int recorded() const { return recorded_; }
   int live_events() const { return live_events_; }
+  int synchronized() const { return synchronized_; }
+  bool finished(Stream s) { return completed_[s.id()] >= submitted_[s.id()]; }
   std::optional<absl::Status> fail_with_;
 
  private:
@@ -79,6 +90,7 @@ class HostBacking {
   std::map<int64_t, int64_t> submitted_, completed_;
   int recorded_ = 0;
   int live_events_ = 0;
+  int synchronized_ = 0;
 };
 
 const Stream kS1(Device(DeviceType::kCUDA, 0), 1);
@@ -357,6 +369,183 @@ TEST(BlockPoolTest, OutOfMemoryReleasesTheCacheAndRetriesOnce) {
   Block* again = Alloc(pool, 14 * kMiB);
   EXPECT_NE(again, nullptr) << "served from the cache again";
   pool.free(again);
+}
+
+TEST(BlockPoolTest, OutOfMemoryWaitsForBlocksPendingOnOtherStreamsBeforeGivingUp) {
+  HostBacking host(/*budget=*/20 * kMiB);
+  BlockPool pool(host.Make());
+  Block* a = Alloc(pool, 15 * kMiB, kS1);  // The one 20 MiB segment the budget allows.
+  pool.record_stream(a, kS2);
+  host.Submit(kS2);  // Stream 2 still reads `a`.
+  pool.free(a);      // Pending on stream 2's event.
+  ASSERT_FALSE(host.finished(kS2));
+  // Nothing is cached and the source is full: only waiting for stream 2 frees
+  // the segment.
+  Block* b = Alloc(pool, 15 * kMiB, kS1);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(host.synchronized(), 1);
+  EXPECT_TRUE(host.finished(kS2));
+  EXPECT_EQ(host.live_events(), 0);
+  const MemoryStats s = pool.memory_stats();
+  EXPECT_EQ(s.num_sync_all_streams, 1);
+  EXPECT_EQ(s.num_alloc_retries, 1);
+  EXPECT_EQ(s.num_ooms, 0);
+  EXPECT_EQ(s.num_device_free, 1);
+  EXPECT_EQ(s.reserved_bytes, static_cast<int64_t>(16 * kMiB));
+  pool.free(b);
+}
+
+TEST(BlockPoolTest, MaxSplitSizeKeepsOversizeBlocksWhole) {
+  HostBacking host;
+  BlockPool pool(host.Make(), BlockPoolOptions{.max_split_size = 40 * kMiB});
+  Block* big = Alloc(pool, 100 * kMiB);
+  void* const big_ptr = big->ptr;
+  pool.free(big);
+  // A request below max_split_size never takes (and splits) the oversize block.
+  Block* small = Alloc(pool, 5 * kMiB);
+  EXPECT_NE(small->ptr, big_ptr);
+  EXPECT_EQ(pool.memory_stats().num_device_alloc, 2);
+  // A larger request that wastes kLargeBuffer or more does not take it either.
+  Block* half = Alloc(pool, 50 * kMiB);
+  EXPECT_NE(half->ptr, big_ptr);
+  EXPECT_EQ(pool.memory_stats().num_device_alloc, 3);
+  // One within kLargeBuffer of it does, and it stays whole.
+  Block* near = Alloc(pool, 90 * kMiB);
+  EXPECT_EQ(near->ptr, big_ptr);
+  EXPECT_EQ(near->size, 100 * kMiB);
+  EXPECT_EQ(pool.memory_stats().num_device_alloc, 3);
+  EXPECT_EQ(pool.memory_stats().oversize_segments, 2);  // 100 and 50 MiB.
+  pool.free(small);
+  pool.free(half);
+  pool.free(near);
+}
+
+TEST(BlockPoolTest, WithoutMaxSplitSizeTheSameRequestsSplitTheBigBlock) {
+  // The control for the test above: torch's default policy splits.
+  HostBacking host;
+  BlockPool pool(host.Make());
+  Block* big = Alloc(pool, 100 * kMiB);
+  void* const big_ptr = big->ptr;
+  pool.free(big);
+  Block* small = Alloc(pool, 5 * kMiB);
+  EXPECT_EQ(small->ptr, big_ptr);
+  EXPECT_EQ(pool.memory_stats().num_device_alloc, 1);
+  pool.free(small);
+}
+
+TEST(BlockPoolTest, OutOfMemoryReleasesOversizeBlocksBeforeTheWholeCache) {
+  HostBacking host(/*budget=*/2 * kMiB + 100 * kMiB);
+  BlockPool pool(host.Make(), BlockPoolOptions{.max_split_size = 40 * kMiB});
+  pool.free(Alloc(pool, 1000));  // A cached small segment (2 MiB).
+  Block* a = Alloc(pool, 50 * kMiB);
+  Block* b = Alloc(pool, 50 * kMiB);
+  pool.free(a);  // Two cached oversize segments, neither big enough alone.
+  pool.free(b);
+  Block* c = Alloc(pool, 80 * kMiB);
+  ASSERT_NE(c, nullptr);
+  const MemoryStats s = pool.memory_stats();
+  EXPECT_EQ(s.num_device_free, 2) << "only the oversize segments were released";
+  EXPECT_EQ(s.num_alloc_retries, 0) << "the whole cache was not needed";
+  EXPECT_EQ(s.reserved_bytes, static_cast<int64_t>(82 * kMiB));
+  pool.free(c);
+}
+
+TEST(BlockPoolTest, MemoryLimitRefusesSegmentsPastIt) {
+  HostBacking host;
+  BlockPool pool(host.Make());
+  pool.set_memory_limit(50 * kMiB);
+  EXPECT_EQ(pool.memory_limit(), 50 * kMiB);
+  Block* a = Alloc(pool, 30 * kMiB);
+  absl::StatusOr<Block*> b = pool.allocate(30 * kMiB, kS1);
+  ASSERT_FALSE(b.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(b.status())) << b.status();
+  EXPECT_THAT(std::string(b.status().message()), ::testing::HasSubstr("52428800"));
+  EXPECT_EQ(host.outstanding(), 30 * kMiB) << "the source was never asked";
+  pool.free(a);
+}
+
+TEST(BlockPoolTest, GarbageCollectionReturnsTheOldestCachedSegmentsPastTheThreshold) {
+  HostBacking host;
+  BlockPool pool(host.Make(), BlockPoolOptions{.garbage_collection_threshold = 0.5});
+  pool.set_memory_limit(100 * kMiB);
+  pool.free(Alloc(pool, 1000));  // The small segment, before anything is collectable.
+  Block* old_block = Alloc(pool, 30 * kMiB);
+  Block* young_block = Alloc(pool, 30 * kMiB);
+  void* const young_ptr = young_block->ptr;
+  pool.free(old_block);
+  for (int i = 0; i < 4; ++i) pool.free(Alloc(pool, 1000));  // Cached: time passes for `old_block`.
+  EXPECT_EQ(pool.memory_stats().num_device_alloc, 3);
+  pool.free(young_block);
+  // 62 MiB reserved > 50 MiB: before the new segment (another stream, so
+  // nothing cached fits), the older of the two cached 30 MiB segments goes.
+  Block* c = Alloc(pool, 12 * kMiB, kS2);
+  MemoryStats s = pool.memory_stats();
+  EXPECT_EQ(s.num_device_free, 1);
+  EXPECT_EQ(s.reserved_bytes, static_cast<int64_t>((30 + 2 + 12) * kMiB));
+  std::vector<SegmentInfo> segments = pool.snapshot();
+  EXPECT_TRUE(std::any_of(segments.begin(), segments.end(), [&](const SegmentInfo& seg) {
+    return seg.address == reinterpret_cast<uintptr_t>(young_ptr);
+  })) << "the younger segment stays cached";
+  pool.free(c);
+}
+
+TEST(BlockPoolTest, GarbageCollectionWaitsUntilTheThresholdIsPassed) {
+  HostBacking host;
+  BlockPool pool(host.Make(), BlockPoolOptions{.garbage_collection_threshold = 0.8});
+  pool.set_memory_limit(100 * kMiB);
+  pool.free(Alloc(pool, 30 * kMiB));
+  pool.free(Alloc(pool, 30 * kMiB));  // Reuses the first: 30 MiB reserved.
+  pool.free(Alloc(pool, 40 * kMiB, kS2));
+  Block* c = Alloc(pool, 12 * kMiB, Stream(Device(DeviceType::kCUDA, 0), 3));
+  EXPECT_EQ(pool.memory_stats().reserved_bytes, static_cast<int64_t>(82 * kMiB));
+  EXPECT_EQ(pool.memory_stats().num_device_free, 0) << "70 MiB < 80 MiB: nothing collected";
+  pool.free(c);
+}
+
+TEST(BlockPoolTest, ParsesTheAllocatorConfigAsTorch) {
+  absl::StatusOr<AllocatorConfig> c =
+      ParseAllocatorConfig("max_split_size_mb:128, garbage_collection_threshold:0.6");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->options.max_split_size, 128 * kMiB);
+  EXPECT_DOUBLE_EQ(c->options.garbage_collection_threshold, 0.6);
+  EXPECT_TRUE(c->ignored.empty());
+
+  c = ParseAllocatorConfig("");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->options.max_split_size, ~size_t{0});
+  EXPECT_EQ(c->options.garbage_collection_threshold, 0);
+
+  c = ParseAllocatorConfig("expandable_segments:False,backend:native");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->ignored.empty());
+
+  c = ParseAllocatorConfig(
+      "roundup_power2_divisions:[256:1,512:2,>:4],expandable_segments:True,"
+      "backend:cudaMallocAsync,max_split_size_mb:64");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->options.max_split_size, 64 * kMiB);
+  ASSERT_EQ(c->ignored.size(), 3u);
+  EXPECT_THAT(c->ignored[0], ::testing::HasSubstr("roundup_power2_divisions is not supported"));
+  EXPECT_THAT(c->ignored[1], ::testing::HasSubstr("expandable_segments:True is not supported"));
+  EXPECT_THAT(c->ignored[2], ::testing::HasSubstr("backend:cudaMallocAsync is not supported"));
+}
+
+TEST(BlockPoolTest, RefusesMalformedAllocatorConfigNamingTheKey) {
+  auto error = [](absl::string_view conf) {
+    absl::StatusOr<AllocatorConfig> c = ParseAllocatorConfig(conf);
+    EXPECT_FALSE(c.ok()) << conf;
+    EXPECT_TRUE(absl::IsInvalidArgument(c.status())) << conf;
+    return std::string(c.status().message());
+  };
+  EXPECT_THAT(error("max_split_size_mb:20"),
+              ::testing::HasSubstr("max_split_size_mb:20 is not valid"));
+  EXPECT_THAT(error("max_split_size_mb:lots"), ::testing::HasSubstr("greater than 20"));
+  EXPECT_THAT(error("garbage_collection_threshold:1.0"),
+              ::testing::HasSubstr("strictly between 0.0 and 1.0"));
+  EXPECT_THAT(error("garbage_collection_threshold:0"), ::testing::HasSubstr("0.0 and 1.0"));
+  EXPECT_THAT(error("expandable_segments:yes"), ::testing::HasSubstr("True or False"));
+  EXPECT_THAT(error("max_split_mb:64"), ::testing::HasSubstr("unrecognized option 'max_split_mb'"));
+  EXPECT_THAT(error("max_split_size_mb"), ::testing::HasSubstr("has no value"));
 }
 
 TEST(BlockPoolTest, OtherBackingErrorsAreReturnedWithoutRetry) {
