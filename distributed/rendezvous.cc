@@ -45,6 +45,14 @@
 // ranks that started a moment later still read the count from it and report
 // the same timeout, rather than a vanished server.
 //
+// file:// without a rank ranks by arrival: before step 1, each process adds
+// 1 to "rendezvous/arrivals" (the FileStore's add is one locked
+// read-modify-write of the file, so concurrent processes each get their own
+// number) and takes rank number - 1; a number above world_size is an error at
+// once, not a wait. "rendezvous/ranks_by" (CompareSet to "arrival" or
+// "given") makes a job whose processes mix both ways fail instead of two
+// processes landing on one rank.
+//
 // Everything a caller can get wrong (the URL, variables, world size, rank)
 // is checked before the first socket or file is opened.
 //
@@ -291,7 +299,8 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
     plan.kind = Plan::Kind::kFile;
     plan.path = std::string(rest);
     plan.where = "file://" + plan.path;
-    EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, given_rank, given_world_size, false,
+    // Without a rank, ranks go by arrival (Note [Rendezvous protocol]).
+    EMBER_RETURN_IF_ERROR(CheckRankAndWorldSize(options, given_rank, given_world_size, true,
                                                 "rank", "world_size", plan));
     return plan;
   }
@@ -313,9 +322,37 @@ absl::Status LingerIfServing(absl::Status join, bool serving, absl::Duration tim
 }
 
 // See Note [Rendezvous protocol].
-absl::Status Join(Store& store, const Plan& plan, const RendezvousOptions& options,
+absl::Status Join(Store& store, Plan& plan, const RendezvousOptions& options,
                   absl::Time deadline) {
   const std::string token = RandomToken();
+  if (plan.kind == Plan::Kind::kFile) {
+    // Step 0 for file://: every process of the job ranks itself the same way.
+    const std::string mode = plan.rank < 0 ? "arrival" : "given";
+    EMBER_ASSIGN_OR_RETURN(std::string agreed_mode,
+                           store.compare_set("rendezvous/ranks_by", "", mode));
+    if (agreed_mode != mode) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rendezvous at ", plan.where, ": ",
+          plan.rank < 0 ? "this process gave no rank, but another gave one"
+                        : absl::StrCat("this process gave rank ", plan.rank,
+                                       ", but another gave none"),
+          "; give every process of the job its rank, or none (ranks then go by arrival)"));
+    }
+  }
+  if (plan.rank < 0) {
+    // The store's add is atomic across processes: each arrival gets its own
+    // number, 1, 2, ...
+    EMBER_ASSIGN_OR_RETURN(int64_t arrival, store.add("rendezvous/arrivals", 1));
+    if (arrival > plan.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rendezvous at ", plan.where, ": this process arrived as number ", arrival,
+          ", but world_size is ", plan.world_size,
+          ": more processes joined than the job has ranks; start world_size processes, give "
+          "each job its own file or group_name, or, if an earlier job crashed, delete ",
+          plan.path));
+    }
+    plan.rank = static_cast<int>(arrival - 1);
+  }
   const std::string rank_key = absl::StrCat("rendezvous/rank/", plan.rank);
   EMBER_ASSIGN_OR_RETURN(std::string holder, store.compare_set(rank_key, "", token));
   if (holder != token) {

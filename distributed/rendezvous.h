@@ -24,6 +24,9 @@
 //                          group_name lets several jobs share the address.
 //   file:///path           a FileStore on a file every rank can reach (NFS
 //                          works); group_name keeps jobs apart within one file.
+//                          Without a rank, ranks are assigned in the order
+//                          processes arrive (0 first); every process of a job
+//                          then passes none, or every one passes its own.
 //
 // Rendezvous blocks until every rank has joined or options.timeout passes.
 //
@@ -35,7 +38,10 @@
 //                         MASTER_PORT, world_size, rank), world_size < 1,
 //                         rank outside [0, world_size) (a negative one too,
 //                         from the URL, the environment or the options), a
-//                         number that does not fit an int.
+//                         number that does not fit an int; for file:// ranks
+//                         by arrival, more processes than world_size ("this
+//                         process arrived as number N+1"), or some processes
+//                         of a job giving a rank and others none.
 //   kUnavailable        - rank 0 cannot serve (the message names the port in
 //                         use), or the store cannot be reached.
 //   kDeadlineExceeded   - not every rank joined in time: "k of N ranks joined".
@@ -58,7 +64,7 @@ struct RendezvousOptions {
   std::string init_method =
       "env://";         // tcp://host:port, tcp://<multicast>:port, file:///path, env://
   int world_size = -1;  // -1: from the URL/env; other values are checked
-  int rank = -1;        // -1: from the URL/env (or assigned, multicast)
+  int rank = -1;        // -1: from the URL/env, or assigned (multicast, file://)
   std::string group_name;
   absl::Duration timeout = kDefaultStoreTimeout;
 };

@@ -125,6 +125,101 @@ TEST(RendezvousThreadsTest, FileQueryFields) {
   ExpectOneJob(results);
 }
 
+// file:// without a rank (the seed's own example): ranks by arrival. Each
+// thread records when it got its result; every rank 0..N-1 is taken once.
+TEST(RendezvousThreadsTest, FileWithoutRanksAssignsThemByArrival) {
+  const std::string url = "file://" + TempPath("arrival");
+  auto results = RunThreads(4, [&](int) {
+    return RendezvousOptions{.init_method = url, .world_size = 4, .timeout = absl::Seconds(20)};
+  });
+  ExpectOneJob(results);
+}
+
+// Arrival order is the order of the store's atomic add: a process that
+// arrives alone, well before the others, is rank 0.
+TEST(RendezvousThreadsTest, FileFirstArrivalIsRankZero) {
+  const std::string url = "file://" + TempPath("first");
+  absl::StatusOr<RendezvousResult> first = absl::UnknownError("not run");
+  std::thread early([&] {
+    first = rendezvous({.init_method = url, .world_size = 3, .timeout = absl::Seconds(20)});
+  });
+  // The early process's arrival is visible in the file before the others start.
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (true) {
+    std::string text;
+    if (FILE* f = fopen(url.substr(7).c_str(), "rb")) {
+      char buffer[4096];
+      size_t n;
+      while ((n = fread(buffer, 1, sizeof(buffer), f)) > 0) text.append(buffer, n);
+      fclose(f);
+    }
+    if (absl::StrContains(text, "rendezvous/arrivals") || absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  auto late = RunThreads(2, [&](int) {
+    return RendezvousOptions{.init_method = url, .world_size = 3, .timeout = absl::Seconds(20)};
+  });
+  early.join();
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->rank, 0);
+  std::set<int> late_ranks;
+  for (auto& r : late) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    late_ranks.insert(r->rank);
+  }
+  EXPECT_EQ(late_ranks, (std::set<int>{1, 2}));
+}
+
+TEST(RendezvousErrorsTest, FileMoreProcessesThanWorldSizeAreRefused) {
+  const std::string url = "file://" + TempPath("crowd");
+  // Five processes for a job of three: three form the job, two are refused
+  // at once (not at the timeout).
+  absl::Time start = absl::Now();
+  auto results = RunThreads(5, [&](int) {
+    return RendezvousOptions{.init_method = url, .world_size = 3, .timeout = absl::Seconds(20)};
+  });
+  int joined = 0, refused = 0;
+  std::set<int> ranks;
+  for (auto& r : results) {
+    if (r.ok()) {
+      ++joined;
+      ranks.insert(r->rank);
+      continue;
+    }
+    ++refused;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("but world_size is 3"));
+    EXPECT_THAT(std::string(r.status().message()),
+                ::testing::ContainsRegex("arrived as number [45],"));
+    EXPECT_THAT(r.status().message(), HasSubstr(url.substr(7)));
+  }
+  EXPECT_EQ(joined, 3);
+  EXPECT_EQ(refused, 2);
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
+TEST(RendezvousErrorsTest, FileMixingGivenAndAssignedRanksIsRefused) {
+  const std::string url = "file://" + TempPath("mixed");
+  auto results = RunThreads(2, [&](int i) {
+    return RendezvousOptions{.init_method = url,
+                             .world_size = 2,
+                             .rank = i == 0 ? 1 : -1,
+                             .timeout = absl::Milliseconds(1500)};
+  });
+  int mixed = 0;
+  for (auto& r : results) {
+    EXPECT_FALSE(r.ok());
+    if (absl::StrContains(r.status().message(), "give every process of the job its rank, or none")) {
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+      ++mixed;
+    }
+  }
+  // The second to arrive is refused; the first waits for a partner until
+  // its timeout.
+  EXPECT_EQ(mixed, 1);
+}
+
 TEST(RendezvousThreadsTest, FileGroupNamesKeepJobsApart) {
   const std::string url = "file://" + TempPath("shared");
   auto results = RunThreads(4, [&](int i) {
@@ -497,6 +592,16 @@ TEST(RendezvousProcessesTest, File) {
   RunProcesses(3, [&](int r) {
     return std::vector<std::string>{"RDZV_CHILD_INIT=" + url, "RDZV_CHILD_WORLD_SIZE=3",
                                     absl::StrCat("RDZV_CHILD_RANK=", r)};
+  });
+}
+
+// Processes ranked by arrival: the store's add serialises them across
+// processes, so each rank is taken once (RendezvousChildTest checks a
+// complete job: every rank's key is set).
+TEST(RendezvousProcessesTest, FileWithoutRanks) {
+  std::string url = "file://" + TempPath("arrival_processes");
+  RunProcesses(4, [&](int) {
+    return std::vector<std::string>{"RDZV_CHILD_INIT=" + url, "RDZV_CHILD_WORLD_SIZE=4"};
   });
 }
 
