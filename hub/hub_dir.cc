@@ -26,6 +26,11 @@ std::string Env(const char* name) {
   return value != nullptr ? value : "";
 }
 
+bool IsDir(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 }  // namespace
 
 void set_dir(std::string dir) {
@@ -68,15 +73,16 @@ absl::StatusOr<std::string> get_dir() {
   }
   if (dir.empty()) {
     if (home.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat("no hub directory: call SetDir(), or set ",
+      return absl::FailedPreconditionError(absl::StrCat("no hub directory: call set_dir(), or set ",
                                                         kHubDirEnv, ", ", kTorchHomeEnv, ", ",
                                                         kXdgCacheHomeEnv, " or HOME"));
     }
-    const std::string legacy = absl::StrCat(home, "/.torch/hub");
-    struct stat st;
-    dir = stat(legacy.c_str(), &st) == 0 && S_ISDIR(st.st_mode)
-              ? legacy
-              : absl::StrCat(home, "/.cache/torch/hub");
+    // Note [Hub directory fallback]: an existing ~/.torch/hub, else an
+    // existing ~/.cache/torch/hub (PyTorch >= 1.1's cache, so its fetched
+    // repositories and weights stay in use), else ~/.torch/hub, created.
+    const std::string torch_dir = absl::StrCat(home, "/.torch/hub");
+    const std::string cache_dir = absl::StrCat(home, "/.cache/torch/hub");
+    dir = !IsDir(torch_dir) && IsDir(cache_dir) ? cache_dir : torch_dir;
   }
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   if (absl::Status s = make_dirs(dir); !s.ok()) return s;

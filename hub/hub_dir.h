@@ -8,16 +8,21 @@
 //   ember::hub::set_dir("");  // back to the variables below
 //   ```
 //
-// get_dir() answers, in this order (PyTorch's torch.hub.get_dir, plus two
-// places earlier versions of Ember used):
+// get_dir() answers, in this order (torch.hub.get_dir's variables first):
 //   1. the directory given to set_dir();
 //   2. $TORCH_HUB_DIR (Ember's own variable, where PyTorch's deprecated
 //      $TORCH_HUB used to sit);
 //   3. $TORCH_HOME/hub;
 //   4. $XDG_CACHE_HOME/torch/hub;
-//   5. ~/.torch/hub, only when that directory already exists (PyTorch 1.0's
-//      default and Ember's before this order, so existing caches stay in use);
-//   6. ~/.cache/torch/hub.
+//   5. ~/.torch/hub when that directory exists;
+//   6. ~/.cache/torch/hub when that directory exists (PyTorch >= 1.1's
+//      default: a PyTorch user's fetched repositories and weights stay in
+//      use);
+//   7. ~/.torch/hub, created (the documented fallback of the torch.hub this
+//      project mirrors, and PyTorch 1.0's default).
+// Note [Hub directory fallback]: 5 comes before 6 so that a directory Ember
+// chose once stays chosen: once step 7 has created ~/.torch/hub, a later
+// PyTorch run creating ~/.cache/torch/hub does not move Ember's cache.
 // Empty variables count as unset; a leading "~/" in them means $HOME. It
 // creates the directory (and its parents) when missing.
 //

@@ -1,5 +1,6 @@
-// Hub directory precedence: SetDir, TORCH_HUB_DIR, TORCH_HOME/hub,
-// XDG_CACHE_HOME/torch/hub, an existing ~/.torch/hub, ~/.cache/torch/hub.
+// Hub directory precedence: set_dir, TORCH_HUB_DIR, TORCH_HOME/hub,
+// XDG_CACHE_HOME/torch/hub, an existing ~/.torch/hub, an existing
+// ~/.cache/torch/hub, else ~/.torch/hub created.
 #include "hub/hub_dir.h"
 
 #include <sys/stat.h>
@@ -32,16 +33,44 @@ class HubDirTest : public ::testing::Test {
   std::string root_;
 };
 
-TEST_F(HubDirTest, Precedence) {
-  // Nothing set: ~/.cache/torch/hub, created.
+TEST_F(HubDirTest, FallbackCreatesDotTorchHub) {
+  // Nothing set and nothing on disk: ~/.torch/hub, created (with its parents).
+  setenv("HOME", (root_ + "/fresh_user").c_str(), 1);
   absl::StatusOr<std::string> dir = get_dir();
   ASSERT_TRUE(dir.ok()) << dir.status();
-  EXPECT_EQ(*dir, root_ + "/home/.cache/torch/hub");
+  EXPECT_EQ(*dir, root_ + "/fresh_user/.torch/hub");
   EXPECT_TRUE(IsDir(*dir));
+  EXPECT_FALSE(IsDir(root_ + "/fresh_user/.cache"));
+  // A later PyTorch run creating ~/.cache/torch/hub does not move it.
+  ASSERT_TRUE(make_dirs(root_ + "/fresh_user/.cache/torch/hub").ok());
+  EXPECT_EQ(*get_dir(), root_ + "/fresh_user/.torch/hub");
+}
 
-  // An existing ~/.torch/hub (PyTorch 1.0, older Ember) stays in use.
+TEST_F(HubDirTest, ExistingPyTorchCacheStaysInUse) {
+  // A PyTorch >= 1.1 user's ~/.cache/torch/hub, and no ~/.torch/hub: used,
+  // and ~/.torch/hub is not created.
+  setenv("HOME", (root_ + "/pytorch_user").c_str(), 1);
+  ASSERT_TRUE(make_dirs(root_ + "/pytorch_user/.cache/torch/hub").ok());
+  absl::StatusOr<std::string> dir = get_dir();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, root_ + "/pytorch_user/.cache/torch/hub");
+  EXPECT_FALSE(IsDir(root_ + "/pytorch_user/.torch"));
+  // A file (not a directory) there does not count: the fallback is created.
+  setenv("HOME", (root_ + "/odd_user").c_str(), 1);
+  ASSERT_TRUE(make_dirs(root_ + "/odd_user/.cache/torch").ok());
+  FILE* f = fopen((root_ + "/odd_user/.cache/torch/hub").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  fclose(f);
+  EXPECT_EQ(*get_dir(), root_ + "/odd_user/.torch/hub");
+}
+
+TEST_F(HubDirTest, Precedence) {
+  // Both home directories exist: ~/.torch/hub.
+  ASSERT_TRUE(make_dirs(root_ + "/home/.cache/torch/hub").ok());
   ASSERT_TRUE(make_dirs(root_ + "/home/.torch/hub").ok());
-  EXPECT_EQ(*get_dir(), root_ + "/home/.torch/hub");
+  absl::StatusOr<std::string> dir = get_dir();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, root_ + "/home/.torch/hub");
 
   // Then, each beating the ones before: XDG_CACHE_HOME, TORCH_HOME,
   // TORCH_HUB_DIR, SetDir.

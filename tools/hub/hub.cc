@@ -44,7 +44,8 @@ constexpr char kUsage[] =
     "REPO is owner/repo[:ref] (a tag or branch; default branch master, else "
     "main),\n"
     "or a directory with --local. The hub directory is --hub-dir, else\n"
-    "$TORCH_HUB_DIR, $TORCH_HOME/hub, $XDG_CACHE_HOME/torch/hub or ~/.cache/torch/hub.\n"
+    "$TORCH_HUB_DIR, $TORCH_HOME/hub, $XDG_CACHE_HOME/torch/hub, an existing\n"
+    "~/.torch/hub or ~/.cache/torch/hub, else ~/.torch/hub (created).\n"
     "Exit status: 0 ok, 1 the operation failed (the reason on stderr), 2 usage "
     "error.\n";
 
