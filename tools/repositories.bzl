@@ -11,6 +11,7 @@ Usage, from Ember's WORKSPACE or from a consumer's:
     ember_dependencies()
 """
 
+load("//tools:cuda_configure.bzl", "cuda_configure")
 load("//tools/release:static_archives.bzl", "ember_static_archives")
 
 _RULES_CC_DEFS = '''"""Forwards to Bazel's native C++ rules (Bazel 4 ships them built in)."""
@@ -123,7 +124,7 @@ _system_libraries = repository_rule(
 )
 
 def _local_toolkit_impl(ctx):
-    """A toolkit installed outside /usr (CUDA, OpenMPI) as a repository: its
+    """A toolkit installed outside /usr (OpenMPI) as a repository: its
     tree with `build_file`, or, when it is missing under the root, the same
     targets failing with a message that says what to install."""
     root = ctx.attr.root.rstrip("/") + "/"
@@ -174,9 +175,11 @@ def ember_dependencies(system_root = "/"):
 
     Args:
       system_root: where the Debian packages Ember links and the CUDA
-        toolkit (usr/local/cuda under it) are installed ("/"). A build that
-        needs a library whose files are missing there fails with a message
-        naming what to install, not a linker error.
+        toolkit (usr/local/cuda under it, unless EMBER_CUDA_PATH names
+        another place) are installed ("/"). A build that needs a library
+        whose files are missing there fails with a message naming what to
+        install, not a linker error; without the CUDA toolkit, Ember is built
+        without CUDA support (tools/cuda_configure.bzl).
     """
     _maybe(_system_libraries, "ember_system_libraries", root = system_root)
     _maybe(_rules_cc, "rules_cc")
@@ -184,17 +187,13 @@ def ember_dependencies(system_root = "/"):
     _maybe(native.local_repository, "rules_java", path = "/usr/share/bazel/rules/java")
     _maybe(native.local_repository, "platforms", path = "/usr/share/bazel/tools/platforms")
     _maybe(native.local_repository, "bazel_skylib", path = "/usr/share/bazel/tools/skylib")
+    # With CUDA when the toolkit is found, without it otherwise; EMBER_CUDA and
+    # EMBER_CUDA_PATH decide (Note [Builds with and without CUDA]).
     _maybe(
-        _local_toolkit,
-        "local_cuda",
-        root = system_root,
-        path = "usr/local/cuda",
+        cuda_configure,
+        "ember_cuda",
+        system_root = system_root,
         build_file = "@ember//third_party/cuda:local_cuda.BUILD",
-        targets = ["headers", "cudart", "cublas", "cudnn", "nccl"],
-        what = "the CUDA 13 toolkit with cuDNN and NCCL (for cuda/ and //:ember)",
-        install = ("Install NVIDIA's CUDA toolkit so that it lives in /usr/local/cuda " +
-                   "(a machine without a GPU needs it to build too; only running CUDA " +
-                   "code needs a device)."),
     )
     _maybe(
         _local_toolkit,
