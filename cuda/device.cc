@@ -1,7 +1,11 @@
 #include "cuda/device.h"
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -16,6 +20,26 @@
 
 namespace ember::cuda {
 namespace {
+
+// Note [Fork after CUDA initialisation]
+// The CUDA driver does not survive fork(): a child of a process that has
+// initialised it gets errors from every call (or hangs). torch marks CUDA
+// initialised and, in a pthread_atfork child handler, records that the
+// child is a "bad fork"; its calls then fail with a message that says what
+// to do. Ember does the same: the first successful device count initialises
+// the driver (cuInit) and sets `initialized`; the handler, registered when
+// the library loads, sets `bad_fork` in children forked after that. A bad
+// fork sees no devices (device_count() is 0, is_available() false) and
+// unavailable_reason() is torch's message, so every call reports it through
+// the usual no-device path.
+std::atomic<bool> initialized{false};
+std::atomic<bool> bad_fork{false};
+
+void OnForkChild() {
+  if (initialized.load(std::memory_order_relaxed)) bad_fork.store(true, std::memory_order_relaxed);
+}
+
+bool InBadFork() { return bad_fork.load(std::memory_order_relaxed); }
 
 // What the runtime said the first time it was asked for the device count.
 struct Probe {
@@ -33,6 +57,8 @@ const Probe& GetProbe() {
       p.reason = absl::StrCat(cudaGetErrorName(error), ": ", cudaGetErrorString(error));
     } else if (p.count == 0) {
       p.reason = "the CUDA runtime reports 0 devices";
+    } else {
+      internal::MarkCudaInitialized();
     }
     if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
         visible != nullptr && p.count == 0) {
@@ -51,10 +77,64 @@ struct EventHandle {
 };
 
 absl::Status OutOfRange(absl::string_view call, int device) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(call, ": device index ", device, " is out of range; this process sees ",
-                   device_count(), " CUDA device", device_count() == 1 ? "" : "s", " (0 to ",
-                   device_count() - 1, "); CUDA_VISIBLE_DEVICES chooses which"));
+  return internal::InvalidDeviceOrdinal(call, device, device_count());
+}
+
+// Note [Restoring the current device]
+// cudaSetDevice initialises the device's primary context (since CUDA 12),
+// which costs hundreds of MB of device memory; cudaGetDevice does not. A
+// guard that restores "the previous device" of a thread that never used it
+// (a new thread starts on device 0) would create a context there, so a
+// process that only uses cuda:3 would hold one on cuda:0 too. As torch
+// (c10::cuda::MaybeSetDevice), Ember restores at once only a device that has
+// a primary context (or is the runtime's current one already); otherwise it
+// remembers the device as the thread's target: current_device() reports it,
+// and the next ExchangeCurrentDevice (every call that works on a device goes
+// through one) starts from it. The runtime's own current device then stays
+// on the last device the thread worked on; code that calls the runtime
+// directly on "the current device" should name its device with a guard.
+// Whether a device has a primary context: Ember knows the devices it made
+// current, and asks the driver (cuDevicePrimaryCtxGetState) about the others.
+thread_local int target_device = -1;
+std::atomic<uint64_t> devices_with_context{0};
+
+void NoteContext(int device) {
+  if (device >= 0 && device < 64) {
+    devices_with_context.fetch_or(uint64_t{1} << device, std::memory_order_relaxed);
+  }
+}
+
+bool HasPrimaryContext(int device) {
+  if (device >= 0 && device < 64 &&
+      (devices_with_context.load(std::memory_order_relaxed) >> device & 1) != 0) {
+    return true;
+  }
+  using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
+  using Get = CUresult (*)(CUdevice*, int);
+  static const std::pair<GetState, Get> driver = [] {
+    void* get_state = nullptr;
+    void* get = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &get_state, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess ||
+        cudaGetDriverEntryPointByVersion("cuDeviceGet", &get, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return std::pair<GetState, Get>(nullptr, nullptr);
+    }
+    return std::pair<GetState, Get>(reinterpret_cast<GetState>(get_state),
+                                    reinterpret_cast<Get>(get));
+  }();
+  if (driver.first == nullptr) return false;
+  CUdevice handle = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (driver.second(&handle, device) != CUDA_SUCCESS) return false;
+  if (driver.first(handle, &flags, &active) != CUDA_SUCCESS) return false;
+  if (active != 0) NoteContext(device);
+  return active != 0;
 }
 
 EventHandle* AsEvent(void* event) { return static_cast<EventHandle*>(event); }
@@ -65,13 +145,23 @@ EventHandle* AsEvent(void* event) { return static_cast<EventHandle*>(event); }
 class CudaGuardImpl final : public DeviceGuardImpl {
  public:
   // Leaves the device alone (and returns the current one) for a device
-  // without an index or out of range: DeviceGuard cannot report errors, and
-  // the calls made under it check their own devices.
+  // without an index, or when CUDA is unavailable (the calls made under the
+  // guard report why). A device that does not exist throws ember::Error
+  // with torch's "invalid device ordinal": never the current device instead.
   Device ExchangeDevice(Device device) override {
     const Device previous = GetDevice();
-    if (!device.has_index() || device.index() >= device_count()) return previous;
-    (void)internal::ExchangeCurrentDevice(device.index());
-    return previous;
+    if (!device.has_index() || !is_available()) return previous;
+    CheckIndex("DeviceGuard", device);
+    absl::StatusOr<int> was = internal::ExchangeCurrentDevice(device.index());
+    if (!was.ok()) internal::ThrowStatus(was.status());
+    return Device(DeviceType::kCUDA, *was);
+  }
+
+  // The end of a guard: deferred when the device has no context yet (Note
+  // [Restoring the current device]).
+  void RestoreDevice(Device device) override {
+    if (!device.has_index() || !is_available() || device.index() >= device_count()) return;
+    internal::RestoreCurrentDevice(device.index());
   }
 
   Device GetDevice() const override { return Device(DeviceType::kCUDA, current_device()); }
@@ -83,12 +173,14 @@ class CudaGuardImpl final : public DeviceGuardImpl {
   }
 
   ember::Stream GetStream(Device device) const override {
+    CheckIndex("current_stream", device);
     if (!InRange(device)) return ember::Stream(device, 0);
     return ember::Stream(device, CurrentStreamIds()[device.index()]);
   }
 
   ember::Stream ExchangeStream(ember::Stream stream) override {
     const Device device = stream.device();
+    CheckIndex("StreamGuard", device);
     if (!InRange(device)) return ember::Stream(device, 0);
     int64_t& current = CurrentStreamIds()[device.index()];
     return ember::Stream(device, std::exchange(current, stream.id()));
@@ -206,6 +298,14 @@ class CudaGuardImpl final : public DeviceGuardImpl {
     return device.has_index() && device.index() < device_count();
   }
 
+  // Throws torch's "invalid device ordinal" for an index that does not
+  // exist while CUDA is usable (without it, the calls report why not).
+  static void CheckIndex(absl::string_view call, Device device) {
+    if (device.has_index() && is_available() && device.index() >= device_count()) {
+      internal::ThrowStatus(OutOfRange(call, device.index()));
+    }
+  }
+
   // The calling thread's current stream id per device; 0 (the default
   // stream) until ExchangeStream sets another.
   static std::vector<int64_t>& CurrentStreamIds() {
@@ -215,23 +315,28 @@ class CudaGuardImpl final : public DeviceGuardImpl {
 };
 
 // Registered when the library is loaded (the target is alwayslink); the
-// runtime is not asked anything until a call needs it.
+// runtime is not asked anything until a call needs it. So is the fork
+// handler (Note [Fork after CUDA initialisation]).
 [[maybe_unused]] const bool registered = [] {
   static CudaGuardImpl* const impl = new CudaGuardImpl();
   SetDeviceGuardImpl(DeviceType::kCUDA, impl);
+  pthread_atfork(nullptr, nullptr, &OnForkChild);
   return true;
 }();
 
 }  // namespace
 
-bool is_available() { return GetProbe().count > 0; }
+bool is_available() { return !InBadFork() && GetProbe().count > 0; }
 
-const std::string& unavailable_reason() { return GetProbe().reason; }
+const std::string& unavailable_reason() {
+  return InBadFork() ? internal::ForkedChildReason() : GetProbe().reason;
+}
 
-int device_count() { return GetProbe().count; }
+int device_count() { return InBadFork() ? 0 : GetProbe().count; }
 
 int current_device() {
   if (!is_available()) return -1;
+  if (target_device >= 0) return target_device;
   int device = -1;
   if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();
@@ -289,13 +394,60 @@ absl::StatusOr<int> CheckDevice(absl::string_view call, int device) {
   return device;
 }
 
+absl::Status InvalidDeviceOrdinal(absl::string_view call, int device, int count) {
+  std::string seen = count == 0   ? "no CUDA devices"
+                     : count == 1 ? "1 CUDA device (cuda:0)"
+                                  : absl::StrCat(count, " CUDA devices (cuda:0 to cuda:",
+                                                 count - 1, ")");
+  return absl::InvalidArgumentError(absl::StrCat(
+      call, ": CUDA error: invalid device ordinal: device index ", device,
+      " does not exist; this process sees ", seen, ". Use an index from that range, or set ",
+      "CUDA_VISIBLE_DEVICES before the process starts to choose which devices it sees"));
+}
+
 absl::StatusOr<int> ExchangeCurrentDevice(int device) {
-  int current = -1;
-  EMBER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current));
-  if (current != device) {
+  int runtime = -1;
+  EMBER_CUDA_RETURN_IF_ERROR(cudaGetDevice(&runtime));
+  const int previous = target_device >= 0 ? target_device : runtime;
+  if (runtime != device) {
     EMBER_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   }
-  return current;
+  target_device = -1;
+  NoteContext(device);  // Work is about to run here: its context exists or will.
+  return previous;
+}
+
+RestoreAction PlanRestore(int device, int runtime_device, bool device_has_context) {
+  if (device == runtime_device) return RestoreAction::kNothing;
+  return device_has_context ? RestoreAction::kSetDevice : RestoreAction::kDefer;
+}
+
+void RestoreCurrentDevice(int device) {
+  int runtime = -1;
+  if (cudaGetDevice(&runtime) != cudaSuccess) {
+    cudaGetLastError();
+    target_device = device;
+    return;
+  }
+  const RestoreAction action =
+      PlanRestore(device, runtime, device != runtime && HasPrimaryContext(device));
+  target_device = -1;
+  if (action == RestoreAction::kSetDevice && cudaSetDevice(device) != cudaSuccess) {
+    cudaGetLastError();
+    target_device = device;
+  } else if (action == RestoreAction::kDefer) {
+    target_device = device;
+  }
+}
+
+void MarkCudaInitialized() { initialized.store(true, std::memory_order_relaxed); }
+
+const std::string& ForkedChildReason() {
+  static const std::string* const reason = new std::string(
+      "Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you "
+      "must use the 'spawn' start method (this process was forked after its parent had "
+      "initialised CUDA, and the CUDA driver does not survive fork)");
+  return *reason;
 }
 
 }  // namespace internal

@@ -33,11 +33,22 @@
 //
 // Errors: devices are the environment (README.md "API rules"), so calls
 // return absl::Status. No usable device: kFailedPrecondition carrying
-// unavailable_reason(). A device index out of range: kInvalidArgument naming
-// the index and the count. Runtime failures: as cuda/status.h maps them.
+// unavailable_reason(). A device index that does not exist: kInvalidArgument
+// with torch's "CUDA error: invalid device ordinal", the index and the count
+// (ember::DeviceGuard and tensor factories naming such a device throw
+// ember::Error with it; none of them falls back to the current device).
+// Runtime failures: as cuda/status.h maps them.
+//
+// Fork: a process forked after its parent initialised CUDA cannot use it
+// (the driver does not survive fork). In such a child is_available() is
+// false, device_count() is 0 and unavailable_reason() is torch's "Cannot
+// re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing,
+// you must use the 'spawn' start method", which every call then fails with.
 //
 // Thread-safety: thread-safe. The current device is per thread, as in the
-// CUDA runtime (a new thread starts on device 0).
+// CUDA runtime (a new thread starts on device 0). Note [Restoring the current
+// device] in device.cc: restoring a device that has no context yet is
+// deferred, so a thread that only works on cuda:3 creates no context on cuda:0.
 #ifndef EMBER_CUDA_DEVICE_H_
 #define EMBER_CUDA_DEVICE_H_
 
@@ -88,14 +99,37 @@ absl::Status CheckAvailable(absl::string_view call);
 // and the index is in range; the errors name `call`.
 absl::StatusOr<int> CheckDevice(absl::string_view call, int device);
 
+// kInvalidArgument: torch's "CUDA error: invalid device ordinal" for
+// `device` in a process that sees `count` devices, naming `call` and what to do.
+absl::Status InvalidDeviceOrdinal(absl::string_view call, int device, int count);
+
 // Runs `body` with `device` current on the calling thread, then restores the
 // device that was; `device` must be valid.
 template <typename F>
 auto OnDevice(int device, F&& body) -> decltype(body());
 
-// Sets the calling thread's device unless it is current already; returns the
-// device that was current (or the error).
+// Makes `device` the runtime's current device for the calling thread (unless
+// it is already) and drops a deferred restore; returns the device that was
+// current as current_device() reports it (or the runtime's error).
 absl::StatusOr<int> ExchangeCurrentDevice(int device);
+
+// Makes `device` current again after an Exchange: at once when it is the
+// runtime's current device or has a primary context, else deferred
+// (current_device() reports it; the runtime's device stays where work last
+// went). Never fails: a failing cudaSetDevice is deferred too.
+void RestoreCurrentDevice(int device);
+
+// What RestoreCurrentDevice does for `device` when the runtime's current
+// device is `runtime_device` and `device` has a context or not.
+enum class RestoreAction { kNothing, kSetDevice, kDefer };
+RestoreAction PlanRestore(int device, int runtime_device, bool device_has_context);
+
+// Marks CUDA initialised in this process (the first successful device count
+// does): a child forked from now on reports the fork error above.
+void MarkCudaInitialized();
+
+// The message a forked child reports (see "Fork" above).
+const std::string& ForkedChildReason();
 
 }  // namespace internal
 
@@ -110,7 +144,7 @@ auto OnDevice(int device, F&& body) -> decltype(body()) {
   absl::StatusOr<int> previous = ExchangeCurrentDevice(device);
   if (!previous.ok()) return previous.status();
   auto result = body();
-  if (*previous != device) (void)ExchangeCurrentDevice(*previous);
+  if (*previous != device && *previous >= 0) RestoreCurrentDevice(*previous);
   return result;
 }
 
