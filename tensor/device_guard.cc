@@ -61,7 +61,7 @@ DeviceGuard::DeviceGuard(Device device) : previous_(device) {
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (impl_ != nullptr) impl_->ExchangeDevice(previous_);
+  if (impl_ != nullptr) impl_->RestoreDevice(previous_);
 }
 
 }  // namespace ember

@@ -50,6 +50,10 @@ class DeviceGuardImpl {
   virtual ~DeviceGuardImpl() = default;
   // Makes `device` current on the calling thread; returns the device that was.
   virtual Device ExchangeDevice(Device device) = 0;
+  // Makes `device` current again at the end of a guard (DeviceGuard,
+  // StreamGuard). A backend may defer it while nothing runs there (CUDA does
+  // for a device without a context yet); by default, ExchangeDevice.
+  virtual void RestoreDevice(Device device) { ExchangeDevice(device); }
   // The calling thread's current device: with its index, or without one when
   // the type has no usable device.
   virtual Device GetDevice() const = 0;

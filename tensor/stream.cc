@@ -36,7 +36,7 @@ StreamGuard::StreamGuard(Stream stream)
 StreamGuard::~StreamGuard() {
   if (impl_ == nullptr) return;
   impl_->ExchangeStream(previous_stream_);
-  impl_->ExchangeDevice(previous_device_);
+  impl_->RestoreDevice(previous_device_);
 }
 
 Event::~Event() { Release(); }
