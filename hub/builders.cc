@@ -3,9 +3,11 @@
 #include <algorithm>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "hub/load_state_dict_from_url.h"
 #include "hub/resnet.h"
 #include "nn/activation.h"
 #include "nn/container.h"
@@ -62,17 +64,33 @@ absl::StatusOr<ModulePtr> BuildResNet18(const Kwargs& kwargs) {
   return std::make_shared<ResNet18>(options);
 }
 
+struct Registered {
+  Builder builder;
+  std::optional<PublishedWeights> weights;
+};
+
 struct Registry {
   absl::Mutex mu;
-  std::map<std::string, Builder> builders ABSL_GUARDED_BY(mu) = {
-      {"mlp", BuildMlp},
-      {"small_cnn", BuildSmallCnn},
-      {"resnet18", BuildResNet18}};
+  std::map<std::string, Registered> builders ABSL_GUARDED_BY(mu) = {
+      {"mlp", {BuildMlp, std::nullopt}},
+      {"small_cnn", {BuildSmallCnn, std::nullopt}},
+      // torchvision.models.ResNet18_Weights.IMAGENET1K_V1.
+      {"resnet18", {BuildResNet18, PublishedWeights{"resnet18-f37072fd.pth"}}}};
 };
 
 Registry& GetRegistry() {
   static auto* registry = new Registry();
   return *registry;
+}
+
+absl::Status Register(const std::string& name, Registered entry) {
+  Registry& r = GetRegistry();
+  absl::MutexLock lock(&r.mu);
+  if (!r.builders.emplace(name, std::move(entry)).second) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("a builder named '", name, "' is already registered"));
+  }
+  return absl::OkStatus();
 }
 
 std::string ArgTypeName(const Arg& a) {
@@ -112,13 +130,32 @@ absl::Status KwargsReader::finish() const {
 }
 
 absl::Status register_builder(const std::string& name, Builder builder) {
+  return Register(name, {std::move(builder), std::nullopt});
+}
+
+absl::Status register_builder(const std::string& name, Builder builder,
+                              PublishedWeights weights) {
+  if (weights.file_name.find('/') != std::string::npos || hash_prefix_from_file_name(weights.file_name).size() < 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "builder ", name, ": weights file name '", weights.file_name,
+        "' must carry the file's SHA-256 as name-<first 8+ hex digits>.ext, as torchvision "
+        "names its files (e.g. resnet18-f37072fd.pth)"));
+  }
+  if (!absl::StartsWith(weights.base_url, "https://") &&
+      !absl::StartsWith(weights.base_url, "http://")) {
+    return absl::InvalidArgumentError(absl::StrCat("builder ", name, ": weights base URL '",
+                                                   weights.base_url,
+                                                   "' is not an https:// (or http://) URL"));
+  }
+  return Register(name, {std::move(builder), std::move(weights)});
+}
+
+std::optional<PublishedWeights> builder_weights(const std::string& name) {
   Registry& r = GetRegistry();
   absl::MutexLock lock(&r.mu);
-  if (!r.builders.emplace(name, std::move(builder)).second) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("a builder named '", name, "' is already registered"));
-  }
-  return absl::OkStatus();
+  auto it = r.builders.find(name);
+  if (it == r.builders.end()) return std::nullopt;
+  return it->second.weights;
 }
 
 std::vector<std::string> builder_names() {
@@ -136,7 +173,7 @@ absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name,
     Registry& r = GetRegistry();
     absl::MutexLock lock(&r.mu);
     auto it = r.builders.find(name);
-    if (it != r.builders.end()) builder = it->second;
+    if (it != r.builders.end()) builder = it->second.builder;
   }
   if (!builder) {
     return absl::NotFoundError(absl::StrCat(

@@ -27,6 +27,14 @@
 // Each matches the torch.nn model of the same structure name for name, so
 // PyTorch state_dicts load into them.
 //
+// A builder that mirrors a torchvision model may also say where torchvision
+// publishes that model's weights (as torchvision's own model code does):
+// load() fetches them for `pretrained = true` on a hubconf.py entry point
+// built by it (load.h). Built in: resnet18 ->
+// https://download.pytorch.org/models/resnet18-f37072fd.pth (torchvision's
+// IMAGENET1K_V1 weights, for the default arguments: 1000 classes, width 64,
+// 3 input channels).
+//
 // Thread-safety: register_builder, builder_names and build may be called from
 // any thread.
 #ifndef EMBER_HUB_BUILDERS_H_
@@ -36,6 +44,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -50,11 +59,32 @@ using Arg = std::variant<int64_t, double, bool, std::string>;
 using Kwargs = std::map<std::string, Arg>;
 using Builder = std::function<absl::StatusOr<std::shared_ptr<nn::Module>>(const Kwargs& kwargs)>;
 
+// Where torchvision publishes its model weights.
+inline constexpr char kTorchvisionWeightsBaseUrl[] = "https://download.pytorch.org/models";
+
+// The weights published for what a builder builds with its default
+// arguments: <base_url>/<file_name>, the file name carrying a prefix of the
+// file's SHA-256 as torchvision names its files ("name-<hex>.ext"), checked
+// when loaded (load_state_dict_from_url's check_hash).
+struct PublishedWeights {
+  std::string file_name;  // e.g. "resnet18-f37072fd.pth"
+  std::string base_url = kTorchvisionWeightsBaseUrl;
+};
+
 // Adds `builder` under `name`. Errors: AlreadyExists.
 absl::Status register_builder(const std::string& name, Builder builder);
+// The same, with the weights published for it. Errors: AlreadyExists;
+// InvalidArgument when `weights.file_name` carries no hash prefix of 8 or
+// more hex digits ("name-<hex>.ext") or `weights.base_url` is not an
+// http(s) URL.
+absl::Status register_builder(const std::string& name, Builder builder, PublishedWeights weights);
 
 // Every registered name, sorted.
 std::vector<std::string> builder_names();
+
+// The weights registered with builder `name`, or nullopt (none published,
+// or no such builder).
+std::optional<PublishedWeights> builder_weights(const std::string& name);
 
 // Calls the builder `name` with `kwargs`. Errors: NotFound listing the
 // builders; InvalidArgument for an unknown argument, a wrong type or a bad

@@ -141,6 +141,18 @@ absl::StatusOr<HubConf> parse_hubconf(absl::string_view text, absl::string_view 
                        "not a builder kwarg"));
     }
     if (absl::Status s = CheckWeights(e, source); !s.ok()) return s;
+    std::set<std::string> params;
+    for (const std::string& p : e.positional()) {
+      if (!check_entry_point_name(p, source).ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ": entry point '", e.name(), "': positional parameter '",
+            escape_for_terminal(p), "' is not an identifier (ASCII letters, digits and '_')"));
+      }
+      if (!params.insert(p).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ": entry point '", e.name(), "' lists positional parameter '", p, "' twice"));
+      }
+    }
   }
   return conf;
 }

@@ -296,12 +296,68 @@ std::string CleanDoc(absl::string_view doc) {
   return absl::StrJoin(lines.begin() + first, lines.end(), "\n");
 }
 
+// The parameters of the def whose '(' is line[open]: the names before the
+// first `*`, `*args` or `**kwargs` (those positional arguments bind to), with
+// annotations and defaults skipped and the positional-only marker `/`
+// dropped.
+std::vector<std::string> PositionalParameters(const LogicalLine& line, size_t open) {
+  std::vector<std::string> names;
+  bool at_start = true;  // at the start of a parameter
+  for (size_t k = open + 1, depth = 0; k < line.size(); ++k) {
+    const Token& t = line[k];
+    if (IsOp(t, '(') || IsOp(t, '[') || IsOp(t, '{')) ++depth;
+    if (IsOp(t, ')') || IsOp(t, ']') || IsOp(t, '}')) {
+      if (depth == 0) break;
+      --depth;
+    }
+    if (depth > 0) continue;
+    if (IsOp(t, ',')) {
+      at_start = true;
+      continue;
+    }
+    if (!at_start) continue;
+    at_start = false;
+    if (IsOp(t, '*')) break;  // *, *args, **kwargs: keyword arguments only from here
+    if (t.kind == Token::kName) names.push_back(t.text);
+  }
+  return names;
+}
+
+// The names `from module import a, b as c` binds at top level (not `*`),
+// or nullopt when `line` is not such a statement.
+std::optional<std::vector<std::string>> ImportedNames(const LogicalLine& line) {
+  // `from __future__ import ...` binds compiler flags, not callables.
+  if (!IsName(line[0], "from") || (line.size() > 1 && IsName(line[1], "__future__"))) {
+    return std::nullopt;
+  }
+  size_t k = 1;
+  while (k < line.size() && !IsName(line[k], "import")) ++k;
+  if (k == line.size()) return std::nullopt;
+  std::vector<std::string> names;
+  std::string last;
+  for (++k; k < line.size() && !IsOp(line[k], ';'); ++k) {
+    const Token& t = line[k];
+    if (IsOp(t, ',') || IsOp(t, ')')) {
+      if (!last.empty()) names.push_back(last);
+      last.clear();
+    } else if (t.kind == Token::kName && !IsName(t, "as")) {
+      last = t.text;  // the name, then its alias if any
+    }
+  }
+  if (!last.empty()) names.push_back(last);
+  return names;
+}
+
 }  // namespace
 
 absl::StatusOr<HubConf> parse_hubconf_py(absl::string_view text, absl::string_view source) {
   absl::StatusOr<std::vector<LogicalLine>> lines = Tokenizer(text, source).Run();
   if (!lines.ok()) return lines.status();
-  std::map<std::string, std::string> entries;  // sorted, as torch.hub.list
+  struct Entry {
+    std::string doc;
+    std::vector<std::string> positional;
+  };
+  std::map<std::string, Entry> entries;  // sorted, as torch.hub.list
   std::vector<std::string> dependencies;
   for (size_t i = 0; i < lines->size(); ++i) {
     const LogicalLine& line = (*lines)[i];
@@ -328,7 +384,23 @@ absl::StatusOr<HubConf> parse_hubconf_py(absl::string_view text, absl::string_vi
           !s.ok()) {
         return s;
       }
-      entries[name.text] = doc ? CleanDoc(*doc) : "";
+      entries[name.text] =
+          Entry{doc ? CleanDoc(*doc) : "",
+                k + 2 < line.size() && IsOp(line[k + 2], '(') ? PositionalParameters(line, k + 2)
+                                                               : std::vector<std::string>{}};
+    } else if (std::optional<std::vector<std::string>> imported = ImportedNames(line)) {
+      // What an imported name is (a function, a class, a constant) is not
+      // known without running Python; it is listed, and loads when a
+      // builder of its name is registered. Its doc and signature live in
+      // the other module: no doc, keyword arguments only.
+      for (const std::string& n : *imported) {
+        if (n.front() == '_') continue;
+        if (absl::Status s = check_entry_point_name(n, absl::StrCat(source, ":", line[0].line));
+            !s.ok()) {
+          return s;
+        }
+        entries[n] = Entry{};
+      }
     } else if (line.size() >= 3 && IsName(line[0], "dependencies") && IsOp(line[1], '=') &&
                (IsOp(line[2], '[') || IsOp(line[2], '('))) {
       dependencies.clear();
@@ -338,12 +410,13 @@ absl::StatusOr<HubConf> parse_hubconf_py(absl::string_view text, absl::string_vi
     }
   }
   HubConf conf;
-  for (const auto& [name, doc] : entries) {
+  for (const auto& [name, entry] : entries) {
     EntryPoint* e = conf.add_entry_points();
     e->set_name(name);
-    e->set_doc(doc);
+    e->set_doc(entry.doc);
     e->set_builder(name);
     e->set_python(true);
+    for (const std::string& p : entry.positional) e->add_positional(p);
   }
   for (const std::string& d : dependencies) conf.add_python_dependencies(d);
   return conf;

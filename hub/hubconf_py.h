@@ -26,13 +26,24 @@
 //     literal, in any quoting: ' " ''' """, with r/u prefixes), cleaned the
 //     way inspect.cleandoc does (common indentation and blank edges
 //     removed), becomes the entry's doc;
+//   - its parameters before `*`, `*args` or `**kwargs` (annotations and
+//     defaults skipped, `/` dropped) become `positional`: what load()'s
+//     positional arguments bind to, in order, as Python binds them;
+//   - every name a top-level `from module import a, b as c` binds (the alias
+//     when there is one; not `*`, not from __future__, not starting with
+//     '_') becomes an entry point too, with no doc and no positional
+//     parameters: pytorch/vision's hubconf.py publishes its models this way.
+//     What such a name is cannot be known without running Python, so a
+//     class or constant imported this way is listed as well (torch.hub.list
+//     would leave out the non-callables);
 //   - `dependencies = [...]` (strings) becomes python_dependencies.
-// Everything else (imports, `from x import y as z`, assignments, classes,
-// defs nested in `if` blocks or classes, private helpers) is skipped, and
-// strings and comments never count as code. Each entry point's builder is
-// its own name and `python` is set: Load builds it only when a C++ builder of
-// that name is registered (builders.h). Names imported from other modules
-// are not listed: what they are cannot be known without running Python.
+// Everything else (`import x`, assignments, classes, defs nested in `if`
+// blocks or classes, private helpers) is skipped, and strings and comments
+// never count as code; of two statements binding one name, the later wins,
+// as in Python. Each entry point's builder is its own name and `python` is
+// set: load() builds it only when a C++ builder of that name is registered
+// (builders.h), and with pretrained = true loads the weights that builder
+// publishes (load.h).
 //
 // Thread-safety: a free function on values; safe from any thread.
 #ifndef EMBER_HUB_HUBCONF_PY_H_

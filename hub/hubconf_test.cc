@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "hub/hubconf_py.h"
@@ -127,6 +128,27 @@ TEST(HubConfNamesTest, EntryPointNamesAreIdentifiers) {
   EXPECT_TRUE(check_entry_point_name("_private2", "x").ok());
 }
 
+TEST(HubConfNamesTest, PositionalParametersAreDistinctIdentifiers) {
+  absl::StatusOr<HubConf> conf = parse_hubconf(
+      "entry_points { name: \"m\" builder: \"mlp\" positional: \"pretrained\" "
+      "positional: \"hidden\" }",
+      "r/hubconf.textproto");
+  ASSERT_TRUE(conf.ok()) << conf.status();
+  EXPECT_THAT(conf->entry_points(0).positional(), ElementsAre("pretrained", "hidden"));
+  conf = parse_hubconf(
+      "entry_points { name: \"m\" builder: \"mlp\" positional: \"a b\" }", "r/hubconf.textproto");
+  EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(conf.status().message(),
+              HasSubstr("r/hubconf.textproto: entry point 'm': positional parameter 'a b' is not "
+                        "an identifier"));
+  conf = parse_hubconf(
+      "entry_points { name: \"m\" builder: \"mlp\" positional: \"depth\" positional: "
+      "\"depth\" }",
+      "r/hubconf.textproto");
+  EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(conf.status().message(), HasSubstr("lists positional parameter 'depth' twice"));
+}
+
 TEST(HubConfNamesTest, WeightUrlsMustBeHttps) {
   for (const char* url :
        {"file:///etc/passwd", "ftp://example.org/w.pt", "weights.pt", "javascript:alert(1)"}) {
@@ -162,10 +184,24 @@ TEST(HubConfPyTest, ReadsAVisionRepositoryWithoutRunningIt) {
     EXPECT_TRUE(e.python());
     EXPECT_EQ(e.builder(), e.name());
   }
-  // Sorted, as torch.hub.list; no imports, private helpers, nested defs,
+  // Sorted, as torch.hub.list; names from `from m import` (under their
+  // alias), but no `import m`, private helpers or imports, nested defs,
   // methods or defs inside strings.
-  EXPECT_THAT(names,
-              ElementsAre("entry_with_r_string", "mlp", "mobilenet_v2", "resnet18", "small_cnn"));
+  EXPECT_THAT(names, ElementsAre("ResNet", "deeplab", "entry_with_r_string",
+                                 "load_state_dict_from_url", "load_weights", "mlp",
+                                 "mobilenet_v2", "resnet18", "small_cnn"));
+  // What positional arguments bind to: the parameters before *, *args, **.
+  auto positional = [&](const char* name) {
+    const EntryPoint* e = FindEntryPoint(*conf, name);
+    return std::vector<std::string>(e->positional().begin(), e->positional().end());
+  };
+  EXPECT_THAT(positional("resnet18"), ElementsAre("pretrained", "progress"));
+  EXPECT_THAT(positional("mobilenet_v2"), ElementsAre("pretrained", "progress"));
+  EXPECT_THAT(positional("small_cnn"), ElementsAre("pretrained"));
+  EXPECT_THAT(positional("mlp"), ElementsAre("in_features"));
+  EXPECT_THAT(positional("entry_with_r_string"), ::testing::IsEmpty());
+  EXPECT_THAT(positional("deeplab"), ::testing::IsEmpty());  // imported: unknown
+  EXPECT_EQ(FindEntryPoint(*conf, "deeplab")->doc(), "");
   EXPECT_THAT(conf->python_dependencies(), ElementsAre("torch", "torchvision"));
   EXPECT_EQ(FindEntryPoint(*conf, "resnet18")->doc(),
             "ResNet-18 model from\n"
@@ -186,28 +222,83 @@ TEST(HubConfPyTest, ReadsAVisionRepositoryWithoutRunningIt) {
   EXPECT_EQ(FindEntryPoint(*conf, "entry_with_r_string")->doc(), "Raw: \\d+ stays as written.");
 }
 
-TEST(HubConfPyTest, AgreesWithPythonsOwnParser) {
-  // Python's ast (top-level defs not starting with '_') and inspect.cleandoc
-  // on the same file, one "name\0doc\0" record each, sorted.
-  const std::string path = "hub/testdata/hubconf_vision/hubconf.py";
+// Python's ast on the same file: top-level defs and `from m import` names
+// not starting with '_', in statement order (a later binding wins), each
+// "name\0doc\0positional parameters joined by ','\0", sorted by name.
+std::string EntriesByPython(const std::string& path) {
   const std::string out = std::string(std::getenv("TEST_TMPDIR")) + "/py_entries";
   const std::string cmd =
       "/usr/bin/python3 -c \"import ast, inspect, sys\n"
       "tree = ast.parse(open(sys.argv[1], encoding='utf-8').read())\n"
-      "defs = {n.name: inspect.cleandoc(ast.get_docstring(n, clean=False) or '') for n in "
-      "tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and not "
-      "n.name.startswith('_')}\n"
-      "open(sys.argv[2], 'w').write(''.join(k + chr(0) + defs[k] + chr(0) for k in "
-      "sorted(defs)))\" " +
+      "defs = {}\n"
+      "for n in tree.body:\n"
+      "  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):\n"
+      "    params = [a.arg for a in n.args.posonlyargs + n.args.args]\n"
+      "    defs[n.name] = (inspect.cleandoc(ast.get_docstring(n, clean=False) or ''), params)\n"
+      "  elif isinstance(n, ast.ImportFrom) and n.module != '__future__':\n"
+      "    for a in n.names:\n"
+      "      if a.name != '*': defs[a.asname or a.name] = ('', [])\n"
+      "open(sys.argv[2], 'w').write(''.join(k + chr(0) + defs[k][0] + chr(0) + "
+      "','.join(defs[k][1]) + chr(0) for k in sorted(defs) if not k.startswith('_')))\" " +
       path + " " + out;
-  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "/usr/bin/python3 is not available";
+  if (std::system(cmd.c_str()) != 0) return "";
+  return ReadText(out);
+}
+
+std::string EntriesByEmber(const HubConf& conf) {
+  std::string ours;
+  for (const EntryPoint& e : conf.entry_points()) {
+    ours += e.name() + '\0' + e.doc() + '\0' + absl::StrJoin(e.positional(), ",") + '\0';
+  }
+  return ours;
+}
+
+TEST(HubConfPyTest, AgreesWithPythonsOwnParser) {
+  const std::string path = "hub/testdata/hubconf_vision/hubconf.py";
+  const std::string python = EntriesByPython(path);
+  if (python.empty()) GTEST_SKIP() << "/usr/bin/python3 is not available";
   absl::StatusOr<HubConf> conf = parse_hubconf_py(ReadText(path), path);
   ASSERT_TRUE(conf.ok()) << conf.status();
-  std::string ours;
-  for (const EntryPoint& e : conf->entry_points()) {
-    ours += e.name() + '\0' + e.doc() + '\0';
-  }
-  EXPECT_EQ(ours, ReadText(out));
+  EXPECT_EQ(EntriesByEmber(*conf), python);
+}
+
+// Signatures and imports in the shapes Python allows, checked against ast.
+TEST(HubConfPyTest, SignaturesAndImportsAgreeWithPython) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/signatures.py";
+  std::ofstream(path) << R"py(from __future__ import annotations
+from typing import (Optional,
+                    Any as _Any)
+from .models import a_model as renamed, b_model
+from . import sibling
+import os.path as osp, json
+def posonly(a, b=2, /, c: "int" = (1, 2), *, d=3, **kw): pass
+def star_args(x, *args, y=[1, {"k": (2, 3)}]): pass
+def bare_star(*, only_kw=None): pass
+def defaults_with_commas(s=",", t={"a": 1, "b": (2, 3)}, u=f(1, 2)) -> dict: pass
+async def coroutine(first,
+                    second: Optional[int] = None,
+                    ): "Async."
+def b_model(pretrained=False): "Redefined after its import: the def wins."
+from .again import coroutine
+)py";
+  const std::string python = EntriesByPython(path);
+  if (python.empty()) GTEST_SKIP() << "/usr/bin/python3 is not available";
+  absl::StatusOr<HubConf> conf = parse_hubconf_py(ReadText(path), path);
+  ASSERT_TRUE(conf.ok()) << conf.status();
+  EXPECT_EQ(EntriesByEmber(*conf), python);
+  // And what Python says, written out, so that a broken Python check
+  // cannot pass an empty agreement.
+  const EntryPoint* e = FindEntryPoint(*conf, "posonly");
+  ASSERT_NE(e, nullptr);
+  EXPECT_THAT(e->positional(), ElementsAre("a", "b", "c"));
+  EXPECT_THAT(FindEntryPoint(*conf, "defaults_with_commas")->positional(),
+              ElementsAre("s", "t", "u"));
+  EXPECT_EQ(FindEntryPoint(*conf, "b_model")->doc(), "Redefined after its import: the def wins.");
+  EXPECT_EQ(FindEntryPoint(*conf, "coroutine")->doc(), "");  // re-imported last
+  EXPECT_EQ(FindEntryPoint(*conf, "annotations"), nullptr);
+  EXPECT_EQ(FindEntryPoint(*conf, "osp"), nullptr);
+  EXPECT_NE(FindEntryPoint(*conf, "renamed"), nullptr);
+  EXPECT_NE(FindEntryPoint(*conf, "sibling"), nullptr);
 }
 
 TEST(HubConfPyTest, TextprotoWinsWhenBothExist) {

@@ -98,6 +98,14 @@ class LoadTest : public ::testing::Test {
         weights { file: "weights/resnet_tiny.safetensors" }
       }
       entry_points { name: "fresh" builder: "mlp" }
+      entry_points {
+        name: "mlp_positional"
+        builder: "mlp"
+        positional: "pretrained"
+        positional: "hidden"
+        positional: "depth"
+        kwargs { key: "hidden" value { int_value: 5 } }
+      }
     )conf";
     ASSERT_TRUE(WriteArchive(tmp + "/www/alice/models/zipball/master", "tar.gz",
                              {{"alice-models-1234abc/hubconf.textproto", hubconf},
@@ -226,7 +234,7 @@ TEST_F(LoadTest, Failures) {
 
   s = load("alice/models", "resnet50", options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(s.message(), HasSubstr("mlp, small_cnn, resnet18_tiny, fresh"));
+  EXPECT_THAT(s.message(), HasSubstr("mlp, small_cnn, resnet18_tiny, fresh, mlp_positional"));
 
   options_.pretrained = true;
   s = load("alice/models", "fresh", options_).status();
@@ -243,8 +251,9 @@ TEST_F(LoadTest, Failures) {
 TEST_F(LoadTest, HubconfPyRepositoryListsHelpsAndLoads) {
   absl::StatusOr<std::vector<std::string>> names = list("alice/vision", options_);
   ASSERT_TRUE(names.ok()) << names.status();
-  EXPECT_THAT(*names, ::testing::ElementsAre("entry_with_r_string", "mlp", "mobilenet_v2",
-                                             "resnet18", "small_cnn"));
+  EXPECT_THAT(*names, ::testing::ElementsAre("ResNet", "deeplab", "entry_with_r_string",
+                                             "load_state_dict_from_url", "load_weights", "mlp",
+                                             "mobilenet_v2", "resnet18", "small_cnn"));
   absl::StatusOr<std::string> doc = help("alice/vision", "resnet18", options_);
   ASSERT_TRUE(doc.ok()) << doc.status();
   EXPECT_THAT(*doc, ::testing::StartsWith("ResNet-18 model from\n"));
@@ -265,11 +274,212 @@ TEST_F(LoadTest, HubconfPyRepositoryListsHelpsAndLoads) {
   EXPECT_THAT(s.message(), HasSubstr("entry point mobilenet_v2 of alice/vision is a Python "
                                      "function in its hubconf.py"));
   EXPECT_THAT(s.message(), HasSubstr("resnet18"));
-  // Their weights come from Python code, which is not run.
+  // pretrained = true loads what the builder publishes; small_cnn's builder
+  // publishes nothing.
+  options_.pretrained = true;
+  s = load("alice/vision", "small_cnn", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("builder 'small_cnn' was registered without published "
+                                     "weights (builders with weights: resnet18)"));
+  EXPECT_THAT(s.message(), HasSubstr("pretrained = false"));
+}
+
+// torch.hub.load(repo, model, *args): positional arguments bind to the
+// entry point's parameters in order, as Python binds them.
+TEST_F(LoadTest, PositionalArguments) {
+  // A hubconf.textproto entry listing its positional parameters.
+  options_.args = {false, int64_t{16}, int64_t{3}};  // pretrained, hidden, depth
+  absl::StatusOr<std::shared_ptr<nn::Module>> model =
+      load("alice/models", "mlp_positional", options_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  StateDict sd = (*model)->state_dict();
+  ASSERT_EQ(sd.size(), 6u);  // depth 3
+  EXPECT_EQ(sd[0].second.sizes(), (IntArrayRef{16, 4}));
+  // Fewer args: the rest from kwargs, then the entry's defaults (hidden 5).
+  options_.args = {false};
+  options_.kwargs = {{"depth", int64_t{4}}};
+  model = load("alice/models", "mlp_positional", options_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  sd = (*model)->state_dict();
+  ASSERT_EQ(sd.size(), 8u);
+  EXPECT_EQ(sd[0].second.sizes(), (IntArrayRef{5, 4}));
+
+  // A hubconf.py def: resnet18(pretrained=False, progress=True, **kwargs).
+  options_.args = {false, false};
+  options_.kwargs = {{"num_classes", int64_t{7}}, {"width", int64_t{4}}};
+  model = load("alice/vision", "resnet18", options_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  (*model)->eval();
+  EXPECT_EQ((**model)(randn({1, 3, 32, 32})).sizes(), (IntArrayRef{1, 7}));
+
+  // Python's errors: too many, given twice, a wrong type.
+  options_.args = {false, true, int64_t{3}};
+  absl::Status s = load("alice/vision", "resnet18", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("entry point resnet18 of alice/vision takes 2 positional arguments "
+                        "(pretrained, progress) but 3 were given"));
+  options_.args = {false};
+  options_.kwargs = {{"pretrained", false}};
+  s = load("alice/vision", "resnet18", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("got multiple values for argument 'pretrained'"));
+  options_.kwargs = {};
+  options_.args = {true};
   options_.pretrained = true;
   s = load("alice/vision", "resnet18", options_).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("pretrained = false"));
+  EXPECT_THAT(s.message(), HasSubstr("got multiple values for argument 'pretrained'"));
+  options_.pretrained = false;
+  options_.args = {int64_t{1}};
+  s = load("alice/vision", "resnet18", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("argument 'pretrained' must be a bool, got int 1"));
+  // A def with no positional parameters, and a textproto entry listing none.
+  options_.args = {int64_t{1}};
+  s = load("alice/vision", "entry_with_r_string", options_).status();
+  EXPECT_THAT(s.message(), HasSubstr("none is registered"));  // no builder: checked first
+  s = load("alice/models", "fresh", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(),
+              HasSubstr("entry point fresh of alice/models takes 0 positional arguments but 1 "
+                        "were given"));
+}
+
+TEST(BuilderWeightsTest, TorchvisionPublishesResNet18Here) {
+  // torchvision.models.ResNet18_Weights.IMAGENET1K_V1's URL.
+  std::optional<PublishedWeights> w = builder_weights("resnet18");
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->base_url + "/" + w->file_name,
+            "https://download.pytorch.org/models/resnet18-f37072fd.pth");
+  EXPECT_FALSE(builder_weights("mlp").has_value());
+  EXPECT_FALSE(builder_weights("no_such_builder").has_value());
+  Builder any = [](const Kwargs&) { return build("mlp", {}); };
+  absl::Status s = register_builder("bad_weights", any, PublishedWeights{"model.pth"});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("'model.pth' must carry the file's SHA-256"));
+  s = register_builder("bad_base", any,
+                       PublishedWeights{"model-0123abcd.pth", "ftp://mirror.example/models"});
+  EXPECT_THAT(s.message(), HasSubstr("'ftp://mirror.example/models' is not an https://"));
+  EXPECT_EQ(register_builder("resnet18", any, PublishedWeights{"model-0123abcd.pth"}).code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+// The seed's example, torch.hub.load('pytorch/vision', 'resnet18',
+// pretrained=True), against a loopback mirror: a hubconf.py that imports
+// its models as pytorch/vision's does, and weights torchvision wrote, named
+// as torchvision names its files (resnet18-<SHA-256 prefix>.pth, the prefix
+// computed by the generator with Python's hashlib).
+TEST_F(LoadTest, HubconfPyPretrainedWeightsFromTheBuilderTorchvisionWrote) {
+  const std::string gen = *base_ + "/tv1000";
+  ASSERT_TRUE(WriteFile(gen + "/.keep", "").ok());
+  const std::string cmd = "/usr/bin/python3 hub/testdata/torchvision_resnet18.py " + gen + " 1000";
+  int status = std::system(cmd.c_str());
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    GTEST_SKIP() << "python3-torchvision is not installed; torchvision-written weights are "
+                    "unchecked";
+  }
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
+  const std::string name = *ReadFile(gen + "/resnet18.hub_name");
+  const std::string weights = *ReadFile(gen + "/resnet18.pt");
+  ASSERT_TRUE(WriteFile(*base_ + "/www/models/" + name, weights).ok());
+  ASSERT_TRUE(WriteFile(*base_ + "/www/mirror/" + name, weights).ok());
+  // What download.pytorch.org's resnet18-f37072fd.pth would be, were it
+  // these bytes: a file whose SHA-256 does not start f37072fd.
+  ASSERT_TRUE(WriteFile(*base_ + "/www/models/resnet18-f37072fd.pth", weights).ok());
+
+  // A builder mirroring torchvision's resnet18, published under this file
+  // name at an address that does not answer (port 1) unless overridden.
+  static const bool registered = [&] {
+    return register_builder(
+               "tv_resnet18",
+               [](const Kwargs& kw) { return build("resnet18", kw); },
+               PublishedWeights{name, "https://127.0.0.1:1/models"})
+        .ok();
+  }();
+  ASSERT_TRUE(registered);
+  const std::string vision_hubconf =
+      "dependencies = [\"torch\"]\n"
+      "from torchvision.models.resnet import (\n"
+      "    resnet18,\n"
+      "    resnet34,\n"
+      ")\n\n"
+      "def tv_resnet18(pretrained=False, progress=True, **kwargs):\n"
+      "    \"\"\"torchvision's resnet18 under another name.\"\"\"\n";
+  ASSERT_TRUE(WriteArchive(*base_ + "/www/pytorch/vision/zipball/master", "zip",
+                           {{"pytorch-vision-0a1b2c3/hubconf.py", vision_hubconf}})
+                  .ok());
+  set_dir(*base_ + "/hub_pretrained");
+  const std::string cached = *base_ + "/hub_pretrained/checkpoints/" + name;
+
+  options_.pretrained = true;
+  options_.weights_base_url = server_->url("/models/");  // a trailing '/' is fine
+  absl::StatusOr<std::shared_ptr<nn::Module>> model =
+      load("pytorch/vision", "tv_resnet18", options_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  (*model)->eval();
+  auto [x, y] = ReadIo(gen + "/resnet18.io.txt");
+  Tensor out = (**model)(x);
+  ASSERT_EQ(out.sizes(), (IntArrayRef{2, 1000}));
+  EXPECT_LT(MaxAbsDiff(out, y), 1e-4);
+  EXPECT_EQ(*ReadFile(cached), weights);
+  EXPECT_EQ(*server_->RequestCount("/models/" + name), 1);
+
+  // Cached: the positional form, resnet18(True), loads without a download.
+  options_.pretrained = false;
+  options_.args = {true};
+  model = load("pytorch/vision", "tv_resnet18", options_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  (*model)->eval();
+  EXPECT_LT(MaxAbsDiff((**model)(x), y), 1e-4);
+  EXPECT_EQ(*server_->RequestCount("/models/" + name), 1);
+  options_.args = {};
+  options_.pretrained = true;
+
+  // The mirror from the environment, when the option is empty; the option
+  // wins over it.
+  set_dir(*base_ + "/hub_env");
+  options_.weights_base_url = "";
+  setenv(kWeightsBaseUrlEnv, server_->url("/mirror").c_str(), 1);
+  ASSERT_TRUE(load("pytorch/vision", "tv_resnet18", options_).ok());
+  EXPECT_EQ(*server_->RequestCount("/mirror/" + name), 1);
+  set_dir(*base_ + "/hub_option");
+  options_.weights_base_url = server_->url("/models");
+  ASSERT_TRUE(load("pytorch/vision", "tv_resnet18", options_).ok());
+  EXPECT_EQ(*server_->RequestCount("/models/" + name), 2);
+  EXPECT_EQ(*server_->RequestCount("/mirror/" + name), 1);
+  unsetenv(kWeightsBaseUrlEnv);
+
+  // Neither: the builder's own base, here unreachable.
+  set_dir(*base_ + "/hub_default");
+  options_.weights_base_url = "";
+  options_.download.max_attempts = 1;
+  absl::Status s = load("pytorch/vision", "tv_resnet18", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), HasSubstr("127.0.0.1:1/models/" + name));
+
+  // The imported resnet18 is the built-in builder, which fetches
+  // torchvision's resnet18-f37072fd.pth and checks that prefix: these bytes
+  // are refused, and nothing is cached.
+  set_dir(*base_ + "/hub_pretrained");
+  options_.weights_base_url = server_->url("/models");
+  s = load("pytorch/vision", "resnet18", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("f37072fd"));
+  EXPECT_EQ(*server_->RequestCount("/models/resnet18-f37072fd.pth"), 1);
+  EXPECT_FALSE(ReadFile(*base_ + "/hub_pretrained/checkpoints/resnet18-f37072fd.pth").ok());
+
+  // Weights that do not fit what the kwargs build: load_state_dict's message.
+  options_.kwargs = {{"num_classes", int64_t{10}}};
+  s = load("pytorch/vision", "tv_resnet18", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("pretrained weights of pytorch/vision tv_resnet18"));
+  options_.kwargs = {};
+
+  // A cached file that no longer matches its name is refused, not loaded.
+  ASSERT_TRUE(WriteFile(cached, weights.substr(0, weights.size() - 1) + "!").ok());
+  s = load("pytorch/vision", "tv_resnet18", options_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr(cached));
 }
 
 TEST_F(LoadTest, PlainHttpWeightsOnlyFromAnHttpBaseUrlsHost) {

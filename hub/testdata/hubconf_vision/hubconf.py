@@ -7,7 +7,7 @@ import functools
 import torch
 from torch.hub import load_state_dict_from_url
 from torchvision.models.resnet import ResNet, BasicBlock as _BasicBlock
-from torchvision.models.segmentation import deeplabv3_resnet50 as deeplab  # an import, not listed
+from torchvision.models.segmentation import deeplabv3_resnet50 as deeplab  # listed as deeplab
 from ._helpers import (
     _make_divisible,
     load_weights,
