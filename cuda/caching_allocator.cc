@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <utility>
 
@@ -35,6 +36,22 @@ BlockPoolBacking DeviceBacking(int device) {
   return backing;
 }
 
+// PYTORCH_CUDA_ALLOC_CONF, read once (at the first allocation or pool);
+// what it names that Ember does not act on is reported on stderr then.
+const absl::StatusOr<AllocatorConfig>& Config() {
+  static const absl::StatusOr<AllocatorConfig>* const config = [] {
+    const char* env = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+    auto* parsed = new absl::StatusOr<AllocatorConfig>(ParseAllocatorConfig(env ? env : ""));
+    if (parsed->ok()) {
+      for (const std::string& line : (*parsed)->ignored) {
+        std::fprintf(stderr, "ember: PYTORCH_CUDA_ALLOC_CONF: %s\n", line.c_str());
+      }
+    }
+    return parsed;
+  }();
+  return *config;
+}
+
 // One pool per visible device, made at first use and never destroyed (frees
 // may run at exit).
 class Devices {
@@ -50,7 +67,10 @@ class Devices {
 
  private:
   explicit Devices(int count) {
-    for (int d = 0; d < count; ++d) pools_.push_back(std::make_unique<BlockPool>(DeviceBacking(d)));
+    const BlockPoolOptions options = Config().ok() ? Config()->options : BlockPoolOptions{};
+    for (int d = 0; d < count; ++d) {
+      pools_.push_back(std::make_unique<BlockPool>(DeviceBacking(d), options));
+    }
   }
   std::vector<std::unique_ptr<BlockPool>> pools_;
 };
@@ -85,15 +105,21 @@ std::string OutOfMemoryMessage(size_t nbytes, int device, BlockPool& pool,
   absl::StrAppend(
       &message, " Ember has ", internal::FormatSize(stats.allocated_bytes), " allocated and ",
       internal::FormatSize(stats.reserved_bytes - stats.allocated_bytes),
-      " reserved but unallocated on it; its wholly free cached segments were already returned to "
-      "the driver and the allocation retried. Free tensors that are no longer needed or use a "
-      "smaller batch; when reserved but unallocated memory is large, the cache is fragmented "
-      "(ember::cuda::memory_snapshot() shows where). (",
+      " reserved but unallocated on it; blocks waiting on record_stream events were waited for "
+      "and its wholly free cached segments returned to the driver before the allocation was "
+      "retried. Free tensors that are no longer needed or use a smaller batch; when reserved but "
+      "unallocated memory is large, the cache is fragmented (ember::cuda::memory_snapshot() "
+      "shows where): try PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:<MiB> to keep large blocks "
+      "whole. (",
       cause.message(), ")");
   return message;
 }
 
 absl::StatusOr<DataPtr> AllocateOn(size_t nbytes, int device, std::optional<Stream> stream) {
+  if (!Config().ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA caching allocator: cannot allocate ",
+                                                   nbytes, " bytes: ", Config().status().message()));
+  }
   if (absl::Status available = internal::CheckAvailable("caching_allocator_alloc");
       !available.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("CUDA caching allocator: cannot allocate ",
@@ -165,6 +191,16 @@ bool QueryEvent(void* marker) {
   return CudaImpl().QueryEvent(static_cast<StreamEvent*>(marker)->event);
 }
 
+void SynchronizeEvent(void* marker) {
+  const auto* e = static_cast<StreamEvent*>(marker);
+  // A failed wait is the device's error, reported by the next synchronize;
+  // the event is treated as complete, as QueryEvent does.
+  if (absl::Status st = CudaImpl().SynchronizeEvent(e->event); !st.ok()) {
+    std::fprintf(stderr, "ember: waiting for a record_stream event on %s: %s\n",
+                 e->device.str().c_str(), std::string(st.message()).c_str());
+  }
+}
+
 void ReleaseEvent(void* marker) {
   std::unique_ptr<StreamEvent> e(static_cast<StreamEvent*>(marker));
   CudaImpl().DestroyEvent(e->event, e->device);
@@ -232,6 +268,20 @@ MemoryStats memory_stats(int device) {
   return pool == nullptr ? MemoryStats{} : pool->memory_stats();
 }
 
+absl::Status set_per_process_memory_fraction(double fraction, int device) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("set_per_process_memory_fraction: invalid fraction value: ", fraction,
+                     ". Allowed range: 0~1 (a share of the device's total memory)"));
+  }
+  EMBER_ASSIGN_OR_RETURN(const int d,
+                         internal::CheckDevice("set_per_process_memory_fraction", device));
+  EMBER_ASSIGN_OR_RETURN(const DeviceProperties props, get_device_properties(d));
+  Devices::Get().pool(d)->set_memory_limit(
+      static_cast<size_t>(fraction * static_cast<double>(props.total_memory)));
+  return absl::OkStatus();
+}
+
 void empty_cache() {
   for (int d = 0; d < device_count(); ++d) Devices::Get().pool(d)->empty_cache();
 }
@@ -252,6 +302,7 @@ void AddStreamEvents(BlockPoolBacking& backing) {
   backing.record_event = &RecordEvent;
   backing.query_event = &QueryEvent;
   backing.release_event = &ReleaseEvent;
+  backing.synchronize_event = &SynchronizeEvent;
 }
 
 absl::StatusOr<Stream> CheckCudaStream(Stream stream) {

@@ -23,7 +23,18 @@
 // 512-byte rounding, a small pool (requests up to 1 MiB, 2 MiB segments) and a
 // large pool (20 MiB segments below 10 MiB, the request rounded to 2 MiB
 // above), best fit with splitting and merging inside a segment, and on
-// cudaMalloc failure one retry after releasing every wholly free segment.
+// cudaMalloc failure torch's retries: cached oversize blocks released first,
+// then every block pending on record_stream events waited for
+// (cudaEventSynchronize) and every wholly free segment released.
+//
+// PYTORCH_CUDA_ALLOC_CONF is read once, at the first allocation: Ember
+// honours max_split_size_mb and garbage_collection_threshold (which, as in
+// torch, acts only under set_per_process_memory_fraction); the keys torch
+// knows and Ember does not act on (expandable_segments:True,
+// backend:cudaMallocAsync, roundup_power2_divisions, release_lock_on_cudamalloc,
+// pinned_*) are named on stderr and ignored; anything else, or a malformed
+// value, fails every allocation with kInvalidArgument naming it
+// (ParseAllocatorConfig in block_pool.h).
 //
 // Streams. A block is allocated on the calling thread's current stream of the
 // current device (ember::current_stream) and, once freed, is reused only by
@@ -46,7 +57,7 @@
 // factories, throws ember::Error with the same messages (README.md "API
 // rules"). Nothing touches the CUDA runtime at load time. Queries never fail:
 // a device without a usable GPU, or that was never allocated on, reports
-// zeros. Environment variables: none (PYTORCH_CUDA_ALLOC_CONF is not read).
+// zeros. Environment variables: PYTORCH_CUDA_ALLOC_CONF, as above.
 //
 // Thread-safety: thread-safe; each device's pool has its own mutex.
 #ifndef EMBER_CUDA_CACHING_ALLOCATOR_H_
@@ -93,6 +104,12 @@ int64_t memory_reserved(int device = -1);
 int64_t max_memory_reserved(int device = -1);
 // Sets the peaks of `device` to the current values.
 void reset_peak_memory_stats(int device = -1);
+// torch.cuda.set_per_process_memory_fraction: this process's caching
+// allocator reserves at most `fraction` (0 to 1) of `device`'s total memory
+// (-1: the current device); a request past it fails with the out-of-memory
+// error. Also the base of garbage_collection_threshold. kInvalidArgument for
+// a fraction outside [0, 1] or a bad device; kFailedPrecondition without one.
+absl::Status set_per_process_memory_fraction(double fraction, int device = -1);
 // Every counter of `device` (torch.cuda.memory_stats).
 MemoryStats memory_stats(int device = -1);
 // Returns every cached, wholly free segment of every device to the driver

@@ -1,11 +1,19 @@
 #include "cuda/caching_allocator.h"
 
 #include <cuda_runtime_api.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda/device.h"
@@ -170,6 +178,16 @@ TEST(CachingAllocatorTest, BadDeviceIndexOrStreamIsInvalidArgument) {
   absl::StatusOr<DataPtr> p = caching_allocator_alloc(16, 1000);
   EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << p.status();
   EXPECT_TRUE(Contains(std::string(p.status().message()), "1000")) << p.status();
+  EXPECT_TRUE(Contains(std::string(p.status().message()), "CUDA error: invalid device ordinal"))
+      << p.status();
+  // The throwing path, through a tensor factory naming a device that does
+  // not exist: never the current device instead.
+  try {
+    empty({4}, TensorOptions().device(Device(DeviceType::kCUDA, device_count())));
+    FAIL() << "made a tensor on cuda:" << device_count() << " of " << device_count();
+  } catch (const Error& e) {
+    EXPECT_TRUE(Contains(e.what(), "CUDA error: invalid device ordinal")) << e.what();
+  }
   p = caching_allocator_alloc(16, -1, ember::Stream(kCPU, 0));
   EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << p.status();
 }
@@ -247,7 +265,7 @@ TEST(CachingAllocatorTest, OutOfMemoryNamesSizesAndRecoversAfterFree) {
       Contains(message, "Ember has " + internal::FormatSize(memory_allocated(0)) + " allocated"))
       << message;
   EXPECT_TRUE(Contains(message, "reserved but unallocated")) << message;
-  EXPECT_FALSE(Contains(message, "PYTORCH_CUDA_ALLOC_CONF")) << "Ember does not read it";
+  EXPECT_TRUE(Contains(message, "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb")) << message;
   EXPECT_EQ(memory_stats(0).num_ooms, ooms + 1);
 
   try {
@@ -263,6 +281,159 @@ TEST(CachingAllocatorTest, OutOfMemoryNamesSizesAndRecoversAfterFree) {
   EXPECT_EQ(memory_reserved(0), 0);
   absl::StatusOr<DataPtr> again = caching_allocator_alloc(kGiB, 0);
   EXPECT_TRUE(again.ok()) << again.status();
+}
+
+TEST(CachingAllocatorTest, MemoryFractionIsCheckedBeforeTheDevice) {
+  for (double bad : {-0.5, 1.5}) {
+    absl::Status st = set_per_process_memory_fraction(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+    EXPECT_TRUE(Contains(std::string(st.message()), "Allowed range: 0~1")) << st;
+  }
+  if (!is_available()) {
+    absl::Status st = set_per_process_memory_fraction(0.5);
+    EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+    EXPECT_TRUE(Contains(std::string(st.message()), RuntimeReason())) << st;
+  }
+}
+
+TEST(CachingAllocatorTest, MemoryFractionCapsWhatTheAllocatorReserves) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  empty_cache();
+  absl::StatusOr<DeviceProperties> props = get_device_properties(0);
+  ASSERT_TRUE(props.ok()) << props.status();
+  // A cap 64 MiB above what is reserved now.
+  const double fraction =
+      static_cast<double>(memory_reserved(0) + 64 * kMiB) / static_cast<double>(props->total_memory);
+  ASSERT_TRUE(set_per_process_memory_fraction(fraction, 0).ok());
+  absl::StatusOr<DataPtr> fits = caching_allocator_alloc(40 * kMiB, 0);
+  EXPECT_TRUE(fits.ok()) << fits.status();
+  absl::StatusOr<DataPtr> past = caching_allocator_alloc(40 * kMiB, 0);
+  EXPECT_TRUE(absl::IsResourceExhausted(past.status())) << past.status();
+  EXPECT_TRUE(Contains(std::string(past.status().message()), "CUDA out of memory")) << past.status();
+  ASSERT_TRUE(set_per_process_memory_fraction(1.0, 0).ok());
+  past = caching_allocator_alloc(40 * kMiB, 0);
+  EXPECT_TRUE(past.ok()) << past.status();
+}
+
+// torch's last step before an out-of-memory error: wait for the streams a
+// freed block was recorded on, then reuse its memory.
+TEST(CachingAllocatorTest, OutOfMemoryWaitsForRecordedStreamsBeforeFailing) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  empty_cache();
+  absl::StatusOr<DeviceProperties> props = get_device_properties(0);
+  ASSERT_TRUE(props.ok()) << props.status();
+  // Room for one 40 MiB segment above what is reserved now.
+  const double fraction =
+      static_cast<double>(memory_reserved(0) + 50 * kMiB) / static_cast<double>(props->total_memory);
+  ASSERT_TRUE(set_per_process_memory_fraction(fraction, 0).ok());
+  absl::StatusOr<cuda::Stream> side = get_stream_from_pool(false, 0);
+  ASSERT_TRUE(side.ok()) << side.status();
+  const int64_t syncs = memory_stats(0).num_sync_all_streams;
+  {
+    absl::StatusOr<DataPtr> a = caching_allocator_alloc(40 * kMiB, 0);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(record_stream(*a, *side).ok());
+    Gate gate;  // The side stream is busy with `a` until the gate opens.
+    ASSERT_EQ(cudaLaunchHostFunc(side->stream(), &Gate::Wait, &gate), cudaSuccess);
+    a->Reset();  // Pending on the side stream.
+    std::thread opener([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      gate.open = true;
+    });
+    absl::StatusOr<DataPtr> b = caching_allocator_alloc(40 * kMiB, 0, kDefaultStream);
+    opener.join();
+    EXPECT_TRUE(b.ok()) << b.status();
+    ASSERT_EQ(cudaStreamSynchronize(side->stream()), cudaSuccess);
+  }
+  EXPECT_EQ(memory_stats(0).num_sync_all_streams, syncs + 1);
+  ASSERT_TRUE(set_per_process_memory_fraction(1.0, 0).ok());
+}
+
+// PYTORCH_CUDA_ALLOC_CONF is read once per process, so each value is checked
+// in a child: this binary, running only AllocatorConfigChildTest with the
+// variable set. Returns the child's output and whether it passed.
+std::pair<bool, std::string> RunConfigChild(const char* conf, const char* expect) {
+  int out[2];
+  if (pipe(out) != 0) return {false, "pipe failed"};
+  const pid_t pid = fork();
+  if (pid < 0) return {false, "fork failed"};
+  if (pid == 0) {
+    dup2(out[1], 1);
+    dup2(out[1], 2);
+    close(out[0]);
+    for (const char* name : {"XML_OUTPUT_FILE", "TEST_PREMATURE_EXIT_FILE", "GTEST_OUTPUT"}) {
+      unsetenv(name);
+    }
+    setenv("PYTORCH_CUDA_ALLOC_CONF", conf, 1);
+    setenv("EMBER_ALLOC_CONF_CHILD_EXPECT", expect, 1);
+    execl("/proc/self/exe", "caching_allocator_test",
+          "--gtest_filter=AllocatorConfigChildTest.*", nullptr);
+    _exit(127);
+  }
+  close(out[1]);
+  std::string output;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool timed_out = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    pollfd p{.fd = out[0], .events = POLLIN, .revents = 0};
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) == 0) {
+      timed_out = true;
+      kill(pid, SIGKILL);
+      break;
+    }
+    char buf[4096];
+    const ssize_t n = read(out[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    output.append(buf, n);
+  }
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (timed_out) return {false, "the child did not finish within 60 s:\n" + output};
+  const bool passed = WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+                      Contains(output, "[  PASSED  ] 1 test.") && !Contains(output, "SKIPPED");
+  return {passed, output};
+}
+
+// The child's side: the first allocation reads the variable.
+TEST(AllocatorConfigChildTest, FirstAllocationReadsTheVariable) {
+  const char* expect = std::getenv("EMBER_ALLOC_CONF_CHILD_EXPECT");
+  if (expect == nullptr) GTEST_SKIP() << "runs only as the child of AllocatorConfigTest";
+  absl::StatusOr<DataPtr> p = caching_allocator_alloc(1024, 0);
+  if (std::string(expect) == "invalid") {
+    ASSERT_FALSE(p.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << p.status();
+    EXPECT_TRUE(Contains(std::string(p.status().message()), "PYTORCH_CUDA_ALLOC_CONF"))
+        << p.status();
+    std::printf("child error: %s\n", std::string(p.status().message()).c_str());
+  } else {
+    // A valid value: the allocation fails only for want of a device.
+    EXPECT_EQ(p.ok(), is_available()) << p.status();
+  }
+}
+
+TEST(AllocatorConfigTest, UnknownKeysAndBadValuesFailEveryAllocationNamingThem) {
+  auto [passed, output] = RunConfigChild("max_split_size_mb:64,no_such_key:1", "invalid");
+  EXPECT_TRUE(passed) << output;
+  EXPECT_TRUE(Contains(output, "unrecognized option 'no_such_key'")) << output;
+  std::tie(passed, output) = RunConfigChild("garbage_collection_threshold:2", "invalid");
+  EXPECT_TRUE(passed) << output;
+  EXPECT_TRUE(Contains(output, "garbage_collection_threshold:2 is not valid")) << output;
+}
+
+TEST(AllocatorConfigTest, KeysEmberDoesNotActOnAreNamedOnStderr) {
+  auto [passed, output] = RunConfigChild(
+      "max_split_size_mb:256,expandable_segments:True,roundup_power2_divisions:4", "valid");
+  EXPECT_TRUE(passed) << output;
+  EXPECT_TRUE(Contains(output, "PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is not supported"))
+      << output;
+  EXPECT_TRUE(Contains(output, "PYTORCH_CUDA_ALLOC_CONF: roundup_power2_divisions is not supported"))
+      << output;
+  EXPECT_FALSE(Contains(output, "max_split_size_mb is not")) << output;
 }
 
 // //cuda registers the pinned allocator with tensor/, so the factories'
