@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <unordered_map>
 #include <utility>
@@ -84,10 +85,27 @@ template <typename T>
 constexpr ChannelKind KindOf() {
   if constexpr (std::is_same_v<T, Connection>) return ChannelKind::kConnection;
   if constexpr (std::is_same_v<T, SimpleQueue>) return ChannelKind::kSimpleQueue;
-  return ChannelKind::kQueue;
+  if constexpr (std::is_same_v<T, Queue>) return ChannelKind::kQueue;
+  if constexpr (std::is_same_v<T, Lock>) return ChannelKind::kLock;
+  if constexpr (std::is_same_v<T, RLock>) return ChannelKind::kRLock;
+  if constexpr (std::is_same_v<T, Semaphore>) return ChannelKind::kSemaphore;
+  if constexpr (std::is_same_v<T, BoundedSemaphore>) return ChannelKind::kBoundedSemaphore;
+  if constexpr (std::is_same_v<T, Event>) return ChannelKind::kEvent;
+  if constexpr (std::is_same_v<T, Condition>) return ChannelKind::kCondition;
+  return ChannelKind::kBarrier;
 }
 
-constexpr const char* kChannelNames[] = {"connection", "simple_queue", "queue"};
+template <typename T>
+struct HandleOf : std::false_type {};
+template <typename T>
+struct HandleOf<std::shared_ptr<const T>> : std::bool_constant<internal::kIsHandle<T>> {
+  using Type = T;
+};
+
+constexpr const char* kChannelNames[] = {"connection", "simple_queue", "queue", "lock",
+                                         "rlock",      "semaphore",    "bounded_semaphore",
+                                         "event",      "condition",    "barrier"};
+static_assert(std::size(kChannelNames) == kNumChannelKinds);
 
 struct Encoder {
   Writer body;
@@ -115,10 +133,8 @@ struct Encoder {
             body.PutBytes(x);
           } else if constexpr (std::is_same_v<T, Tensor>) {
             return EncodeTensor(x);
-          } else if constexpr (std::is_same_v<T, std::shared_ptr<const Connection>> ||
-                               std::is_same_v<T, std::shared_ptr<const SimpleQueue>> ||
-                               std::is_same_v<T, std::shared_ptr<const Queue>>) {
-            constexpr ChannelKind kind = KindOf<std::remove_const_t<typename T::element_type>>();
+          } else if constexpr (HandleOf<T>::value) {
+            constexpr ChannelKind kind = KindOf<typename HandleOf<T>::Type>();
             const ChannelCodec& codec = Codecs()[static_cast<int>(kind)];
             const size_t before = channel_fds.size();
             EMBER_ASSIGN_OR_RETURN(std::string state, codec.encode(v, channel_fds));
@@ -250,8 +266,9 @@ struct Decoder {
     if (codec.decode == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("a ", kChannelNames[kind],
-                       " arrived, but this binary cannot rebuild one; link "
-                       "//multiprocessing:queue (or :connection) into it"));
+                       " arrived, but this binary cannot rebuild one; link the library that "
+                       "defines it (//multiprocessing:queue, :connection or :synchronize) into "
+                       "it"));
     }
     if (nfds != codec.fds || nfds > channel_fds.size() - next_channel_fd) {
       return Malformed(absl::StrCat("a ", kChannelNames[kind], " with ", nfds, " descriptors (",

@@ -11,9 +11,10 @@
 //   ... send m.bytes with m.fds ...; on failure AbandonMessage(m);
 //   EMBER_ASSIGN_OR_RETURN(Value v, DecodeMessage(bytes, std::move(fds)));
 //
-// Channels (Connection, SimpleQueue, Queue) travel as their descriptors,
-// which follow the storages' in the message, and a few bytes of state; each
-// kind's codec is registered by the file that defines it.
+// Channels (Connection, SimpleQueue, Queue) and synchronization primitives
+// (synchronize.h: their shared pages) travel as their descriptors, which
+// follow the storages' in the message, and a few bytes of state; each kind's
+// codec is registered by the file that defines it.
 //
 // Layout: magic "EMBQ", version, the storage table (device type, byte size,
 // handle, descriptor count), then the value tree (a tag byte per node).
@@ -41,9 +42,20 @@ struct EncodedMessage {
   std::vector<ExportedStorage> storages;
 };
 
-// How one kind of channel crosses a message.
-enum class ChannelKind : uint8_t { kConnection = 0, kSimpleQueue, kQueue };
-inline constexpr int kNumChannelKinds = 3;
+// How one kind of channel (or synchronization primitive) crosses a message.
+enum class ChannelKind : uint8_t {
+  kConnection = 0,
+  kSimpleQueue,
+  kQueue,
+  kLock,
+  kRLock,
+  kSemaphore,
+  kBoundedSemaphore,
+  kEvent,
+  kCondition,
+  kBarrier,
+};
+inline constexpr int kNumChannelKinds = 10;
 struct ChannelCodec {
   // Appends the channel's descriptors (borrowed: valid while `value` lives)
   // and returns its state bytes; FailedPrecondition for a closed channel.
@@ -52,7 +64,7 @@ struct ChannelCodec {
   absl::StatusOr<Value> (*decode)(std::vector<UniqueFd> fds, std::string_view state) = nullptr;
   uint8_t fds = 0;  // descriptors per channel of this kind
 };
-// Called at start-up by connection.cc and queue.cc.
+// Called at start-up by connection.cc, queue.cc and synchronize.cc.
 void RegisterChannelCodec(ChannelKind kind, ChannelCodec codec);
 
 // Whether `t` may be sent: PyTorch refuses a non-leaf tensor that requires

@@ -1,7 +1,9 @@
 // Value: what queues and pipes carry: None, a bool, an integer, a double, a
 // string, a tensor, a list of values, a dict from strings to values (nested
-// freely), or a channel (a Connection, SimpleQueue or Queue), as PyTorch's
-// pickled messages carry Python objects.
+// freely), a channel (a Connection, SimpleQueue or Queue) or a
+// synchronization primitive (synchronize.h: Lock, RLock, Semaphore,
+// BoundedSemaphore, Event, Condition, Barrier), as PyTorch's pickled messages
+// carry Python objects.
 //
 //   ```cpp
 //   #include "multiprocessing/queue.h"  // for Value(queue) and as<Queue>()
@@ -18,15 +20,17 @@
 //   EMBER_ASSIGN_OR_RETURN(mp::Queue q, state.find("q")->as<mp::Queue>());
 //   ```
 //
-// Channels travel as their descriptors (message.h), so a child started with
-// the spawn method can be handed the queues and pipes of its parent.
+// Channels and synchronization primitives travel as their descriptors
+// (message.h), so a child started with the spawn method can be handed the
+// queues, pipes and locks of its parent.
 //
-// Copying a Value copies tensor and channel handles, not their bytes or
-// sockets. Thread-compatible.
+// Copying a Value copies tensor, channel and primitive handles, not their
+// bytes, sockets or shared pages. Thread-compatible.
 #ifndef EMBER_MULTIPROCESSING_VALUE_H_
 #define EMBER_MULTIPROCESSING_VALUE_H_
 
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,11 +51,27 @@ namespace ember::multiprocessing {
 class Connection;
 class SimpleQueue;
 class Queue;
+// Defined in synchronize.h.
+class Lock;
+class RLock;
+class Semaphore;
+class BoundedSemaphore;
+class Event;
+class Condition;
+class Barrier;
 
 namespace internal {
 template <typename T>
 inline constexpr bool kIsChannel =
     std::is_same_v<T, Connection> || std::is_same_v<T, SimpleQueue> || std::is_same_v<T, Queue>;
+template <typename T>
+inline constexpr bool kIsSyncPrimitive =
+    std::is_same_v<T, Lock> || std::is_same_v<T, RLock> || std::is_same_v<T, Semaphore> ||
+    std::is_same_v<T, BoundedSemaphore> || std::is_same_v<T, Event> ||
+    std::is_same_v<T, Condition> || std::is_same_v<T, Barrier>;
+// Held by a Value as a shared handle.
+template <typename T>
+inline constexpr bool kIsHandle = kIsChannel<T> || kIsSyncPrimitive<T>;
 }  // namespace internal
 
 class Value {
@@ -62,7 +82,12 @@ class Value {
   using Dict = std::map<std::string, Value>;
   using Variant = std::variant<std::monostate, bool, int64_t, double, std::string, Tensor, List,
                                Dict, std::shared_ptr<const Connection>,
-                               std::shared_ptr<const SimpleQueue>, std::shared_ptr<const Queue>>;
+                               std::shared_ptr<const SimpleQueue>, std::shared_ptr<const Queue>,
+                               std::shared_ptr<const Lock>, std::shared_ptr<const RLock>,
+                               std::shared_ptr<const Semaphore>,
+                               std::shared_ptr<const BoundedSemaphore>,
+                               std::shared_ptr<const Event>, std::shared_ptr<const Condition>,
+                               std::shared_ptr<const Barrier>>;
 
   Value() = default;                             // None
   Value(bool v) : v_(v) {}                       // NOLINT: implicit by design
@@ -74,9 +99,10 @@ class Value {
   Value(Tensor v) : v_(std::move(v)) {}          // NOLINT
   Value(List v) : v_(std::move(v)) {}            // NOLINT
   Value(Dict v) : v_(std::move(v)) {}            // NOLINT
-  // A channel (Connection, SimpleQueue or Queue): the Value holds a handle
-  // to the same socket(s), as copying the channel would.
-  template <typename T, typename = std::enable_if_t<internal::kIsChannel<T>>>
+  // A channel (Connection, SimpleQueue or Queue) or a synchronization
+  // primitive: the Value holds a handle to the same socket(s) or shared page,
+  // as copying the channel or primitive would.
+  template <typename T, typename = std::enable_if_t<internal::kIsHandle<T>>>
   Value(T channel)  // NOLINT
       : v_(std::shared_ptr<const T>(std::make_shared<T>(std::move(channel)))) {}
 
@@ -88,19 +114,20 @@ class Value {
   // The held T, or null.
   template <typename T>
   const T* get_if() const {
-    if constexpr (internal::kIsChannel<T>) {
+    if constexpr (internal::kIsHandle<T>) {
       const auto* p = std::get_if<std::shared_ptr<const T>>(&v_);
       return p != nullptr ? p->get() : nullptr;
     } else {
       return std::get_if<T>(&v_);
     }
   }
-  // The held T (a channel: a handle to the same channel), or InvalidArgument
+  // The held T (a channel or primitive: a handle to the same one), or
+  // InvalidArgument
   // naming what is held instead.
   template <typename T>
   absl::StatusOr<T> as() const {
     if (const T* p = get_if<T>()) return *p;
-    using Held = std::conditional_t<internal::kIsChannel<T>, std::shared_ptr<const T>, T>;
+    using Held = std::conditional_t<internal::kIsHandle<T>, std::shared_ptr<const T>, T>;
     return absl::InvalidArgumentError(absl::StrCat("expected a ", KindName(Variant(Held{}).index()),
                                                    " value, got ", KindName(v_.index())));
   }
@@ -124,14 +151,17 @@ class Value {
   }
   const Variant& variant() const { return v_; }
   // "none", "bool", "int", "double", "string", "tensor", "list", "dict",
-  // "connection", "simple_queue" or "queue".
+  // "connection", "simple_queue", "queue", "lock", "rlock", "semaphore",
+  // "bounded_semaphore", "event", "condition" or "barrier".
   std::string_view kind() const { return KindName(v_.index()); }
 
  private:
   static const char* KindName(size_t index) {
-    constexpr const char* kNames[] = {"none",       "bool",         "int",  "double",
-                                      "string",     "tensor",       "list", "dict",
-                                      "connection", "simple_queue", "queue"};
+    constexpr const char* kNames[] = {
+        "none",       "bool",         "int",   "double", "string",    "tensor",
+        "list",       "dict",         "connection", "simple_queue", "queue", "lock",
+        "rlock",      "semaphore",    "bounded_semaphore", "event", "condition", "barrier"};
+    static_assert(std::size(kNames) == std::variant_size_v<Variant>);
     return kNames[index];
   }
   Variant v_;
