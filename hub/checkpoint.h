@@ -13,7 +13,8 @@
 //   ```
 //
 // load_checkpoint tells the formats apart by content (a torch.save file is a
-// zip, starting "PK\3\4"); save_checkpoint picks safetensors for a
+// zip, starting "PK\3\4", or in the legacy format a pickle stream starting
+// with torch.save's magic number); save_checkpoint picks safetensors for a
 // ".safetensors" name and torch.save otherwise (.pt, .pth, .bin ...).
 //
 // Thread-safety: free functions; safe from any thread. save_checkpoint writes a

@@ -12,7 +12,7 @@
 // A repository is "owner/repo[:ref]" fetched into the hub directory
 // (repo_cache.h), or, with source = kLocal, a directory on disk used as is
 // (torch.hub's source='local'). Either way its root holds hubconf.textproto
-// (hubconf.h). Loading models (load) lives in hub/load.h, which needs nn/.
+// (hubconf.h) or a PyTorch-hub hubconf.py (hubconf_py.h). Loading models (load) lives in hub/load.h, which needs nn/.
 //
 // Errors: everything here reads the network, files or a published config, so
 // failures are absl::Status (see hub/README.md for the codes).
@@ -32,7 +32,7 @@ namespace ember::hub {
 
 enum class Source {
   kGithub,  // "owner/repo[:ref]", fetched from the base URL into the cache
-  kLocal,   // a directory holding hubconf.textproto
+  kLocal,   // a directory holding hubconf.textproto or hubconf.py
 };
 
 struct HubOptions {
@@ -60,7 +60,8 @@ struct Repository {
 // read_hubconf; NotFound for a kLocal directory that does not exist.
 absl::StatusOr<Repository> open_repository(const std::string& repo, const HubOptions& options = {});
 
-// The names of the entry points `repo` publishes, in file order.
+// The names of the entry points `repo` publishes: in file order for a
+// hubconf.textproto, sorted for a hubconf.py (as torch.hub.list).
 absl::StatusOr<std::vector<std::string>> list(const std::string& repo,
                                               const HubOptions& options = {});
 

@@ -20,7 +20,7 @@
 // against its storage record. Tensors that share a storage in the file share
 // one Storage after loading, as in PyTorch. What Ember writes,
 // torch.load(path, weights_only=True) reads (checked against python3-torch by
-// torch_format_test).
+// checkpoint_test).
 //
 // Thread-safety: free functions; safe from any thread.
 #ifndef EMBER_HUB_TORCH_FORMAT_H_
