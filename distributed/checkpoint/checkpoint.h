@@ -10,7 +10,7 @@
 //   dcp::StateDict sd = {
 //       {"fc.weight", dcp::shard(local_rows, /*global_shape=*/{N * R, 16},
 //                                /*offsets=*/{r * R, 0})},
-//       {"fc.bias", dcp::full(bias)},
+//       {"fc.bias", dcp::replicated(bias)},
 //       // FSDP's flat parameters: elements [start, start + n) of the
 //       // row-major flattening of a [64, 16] tensor.
 //       {"proj.weight", dcp::flat_shard(flat_piece, {64, 16}, start)},
@@ -20,7 +20,7 @@
 //   // Later, on M ranks (or one process with no group): describe what this
 //   // rank wants with the same keys and its own placements, then load in place.
 //   dcp::StateDict want = {{"fc.weight", dcp::shard(my_rows, {N * R, 16}, {my_start, 0})},
-//                          {"fc.bias", dcp::full(bias)}};
+//                          {"fc.bias", dcp::replicated(bias)}};
 //   EMBER_RETURN_IF_ERROR(dcp::load(want, {.path = "/ckpt/step100"}));
 //   ```
 //
@@ -102,8 +102,9 @@ struct Item {
   std::optional<Placement> placement;  // unset: `tensor` is the whole global tensor
 };
 
-// The three kinds of Item.
-Item full(Tensor tensor);
+// The three kinds of Item. replicated(): the whole tensor, the same on every
+// rank (DTensor's Replicate; in one process, simply the tensor), written once.
+Item replicated(Tensor tensor);
 Item shard(Tensor local, SizeVector global_shape, SizeVector offsets);
 Item flat_shard(Tensor local, SizeVector global_shape, int64_t flat_offset);
 

@@ -18,7 +18,7 @@
 
 #include <cstdint>
 #include <string>
-#include <string_view>
+#include "absl/strings/string_view.h"
 #include <utility>
 #include <vector>
 
@@ -57,7 +57,7 @@ struct Metadata {
   std::vector<std::pair<std::string, TensorMetadata>> tensors;  // in save order
 
   // The entry of `key`, or null.
-  const TensorMetadata* find(std::string_view key) const;
+  const TensorMetadata* find(absl::string_view key) const;
 };
 
 // The JSON text of `metadata` (README.md, "Format").
@@ -65,12 +65,12 @@ std::string encode_metadata(const Metadata& metadata);
 // Parses and checks encode_metadata's output: InvalidArgument naming
 // `source` and what is malformed (not JSON, a missing field, an unknown
 // dtype, a chunk outside its tensor, a newer version).
-absl::StatusOr<Metadata> decode_metadata(std::string_view json, std::string_view source);
+absl::StatusOr<Metadata> decode_metadata(absl::string_view json, absl::string_view source);
 // Reads <checkpoint_dir>/metadata.json. NotFound when it is absent.
 absl::StatusOr<Metadata> read_metadata(const std::string& checkpoint_dir);
 
 // The dtype whose dtype_name() is `name` ("float32", ...).
-absl::StatusOr<Dtype> dtype_from_name(std::string_view name);
+absl::StatusOr<Dtype> dtype_from_name(absl::string_view name);
 
 }  // namespace ember::distributed::checkpoint
 
