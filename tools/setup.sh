@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Makes a Debian 12 (bookworm) machine ready to build and test Ember: installs
-# the Debian packages below that are missing and checks for the CUDA toolkit,
-# which Debian does not ship. Safe to re-run; when nothing is missing it only
-# says so. Needs root (or passwordless sudo) only when it has to install.
+# the Debian packages below that are missing and looks for the CUDA toolkit,
+# which Debian does not ship. Without the toolkit Ember builds without CUDA
+# support (tools/cuda_configure.bzl); this script says so once, and how to get
+# it. Safe to re-run; when nothing is missing it only says so. Needs root (or
+# passwordless sudo) only when it has to install.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -23,24 +25,48 @@ PACKAGES=(
   # `ip netns` for the two-host test of tools/launch (multihost_test).
   iproute2
 )
-CUDA=/usr/local/cuda
+# Where the build looks for the toolkit (tools/cuda_configure.bzl reads the
+# same variables).
+CUDA="${EMBER_CUDA_PATH:-/usr/local/cuda}"
 
 die() { echo "setup.sh: $*" >&2; exit 1; }
 
-cuda_missing=()
-for f in bin/nvcc include/nccl.h lib/libnccl.so; do
-  [[ -e "$CUDA/$f" ]] || cuda_missing+=("$CUDA/$f")
-done
-((${#cuda_missing[@]} == 0)) || die "CUDA toolkit incomplete, missing: ${cuda_missing[*]}.
-Ember needs the CUDA 13 toolkit with NCCL at $CUDA; Debian does not ship
-CUDA 13, so install NVIDIA's toolkit and NCCL there first (this script does not)."
+# What the build checks, and says in the same words: the CUDA state, once.
+cuda_state() {
+  if [[ "${EMBER_CUDA:-auto}" == 0 ]]; then
+    echo "EMBER_CUDA=0: Ember will be built without CUDA support."
+    return
+  fi
+  local missing=() f lib
+  for f in bin/nvcc include/cuda_runtime_api.h include/cublas_v2.h include/cudnn.h include/nccl.h; do
+    [[ -e "$CUDA/$f" ]] || missing+=("$f")
+  done
+  for lib in cudart cublas cublasLt cudnn nccl; do
+    [[ -e "$CUDA/lib64/lib$lib.so" || -e "$CUDA/lib/lib$lib.so" ]] || missing+=("lib64/lib$lib.so")
+  done
+  if ((${#missing[@]} == 0)); then
+    echo "CUDA toolkit found at $CUDA: Ember will be built with CUDA support."
+  elif [[ "${EMBER_CUDA:-auto}" == 1 ]]; then
+    die "EMBER_CUDA=1, but the CUDA toolkit at $CUDA lacks ${missing[*]}."
+  else
+    local found="no CUDA toolkit at $CUDA"
+    [[ -d "$CUDA" ]] && found="the CUDA toolkit at $CUDA lacks ${missing[*]}"
+    echo "$found: CUDA support will be left out (Ember builds and its tests run;
+  GPU tests report themselves skipped). Debian does not ship CUDA 13: to build
+  with CUDA, install NVIDIA's CUDA 13 toolkit with cuDNN and NCCL in
+  /usr/local/cuda (or point EMBER_CUDA_PATH at it), then run
+  \`bazel sync --configure\` once. Set EMBER_CUDA=0 to leave CUDA out on purpose."
+  fi
+}
+cuda_note="$(cuda_state)"
+echo "setup.sh: $cuda_note"
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   [[ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" == installed ]] || missing+=("$p")
 done
 if ((${#missing[@]} == 0)); then
-  echo "setup.sh: all ${#PACKAGES[@]} packages installed and CUDA found at $CUDA; nothing to do."
+  echo "setup.sh: all ${#PACKAGES[@]} packages installed; nothing to do."
   exit 0
 fi
 

@@ -3,7 +3,9 @@
 # source archive (source_archive.sh) behind an http_archive with a file://
 # URL, and examples/consumer built and run against it by a Bazel of its own.
 # First with ember_dependencies(system_root = <an empty directory>): the build
-# must stop naming the Debian package to install, not fail at link time.
+# must stop naming the Debian package to install, not fail at link time, and
+# must not need the CUDA toolkit (it says it builds without CUDA support).
+# Then built and run twice: with CUDA as detected, and with EMBER_CUDA=0.
 #
 # Runs Bazel inside the test (local, no sandbox); it shares Ember's disk cache
 # (~/.cache/ember/bazel-disk), so that it rebuilds little after the first run.
@@ -49,26 +51,34 @@ if bazel_ build //:consumer >"$tmp/missing.log" 2>&1; then
   fail "the build succeeded although $tmp/empty_root has no libraries"
 fi
 # Bazel stops at the first missing package it analyses (which one depends on
-# its order): the message names it, the file it lacks and the install command
-# (for the CUDA toolkit, which is not a Debian package: where it belongs).
-if grep -q "Ember needs the CUDA 13 toolkit" "$tmp/missing.log"; then
-  grep -qF "$tmp/empty_root/usr/local/cuda is missing" "$tmp/missing.log" ||
-    fail "no missing CUDA path named"
-  grep -q "Install NVIDIA's CUDA toolkit so that it lives in /usr/local/cuda" "$tmp/missing.log" ||
-    fail "no install hint for the CUDA toolkit"
-  package="the CUDA toolkit"
-else
-  package=$(sed -n 's/.*Ember needs the Debian package \([a-z0-9.+-]*\) (for .*/\1/p' "$tmp/missing.log" | head -1)
-  [[ -n "$package" ]] || { cat "$tmp/missing.log" >&2; fail "no message naming a missing package"; }
-  grep -q "$tmp/empty_root/usr/.* missing" "$tmp/missing.log" || fail "no missing file named"
-  grep -qF "apt-get install $package\`" "$tmp/missing.log" || fail "no install command for $package"
-fi
+# its order): the message names it, the file it lacks and the install command.
+# The CUDA toolkit is not one of them: without it Ember builds without CUDA.
+package=$(sed -n 's/.*Ember needs the Debian package \([a-z0-9.+-]*\) (for .*/\1/p' "$tmp/missing.log" | head -1)
+[[ -n "$package" ]] || { cat "$tmp/missing.log" >&2; fail "no message naming a missing package"; }
+grep -q "$tmp/empty_root/usr/.* missing" "$tmp/missing.log" || fail "no missing file named"
+grep -qF "apt-get install $package\`" "$tmp/missing.log" || fail "no install command for $package"
+grep -qF "Building Ember without CUDA support: no CUDA toolkit at $tmp/empty_root/usr/local/cuda" \
+  "$tmp/missing.log" || { cat "$tmp/missing.log" >&2; fail "no note that CUDA is left out"; }
 if grep -q "undefined reference\|cannot find -l" "$tmp/missing.log"; then
   fail "the build reached the linker"
 fi
-echo "ok: a missing system library names its package ($package)"
+echo "ok: a missing system library names its package ($package); a missing CUDA toolkit is a note"
 
 workspace ""
-bazel_ run //:consumer >"$tmp/run.log" 2>&1 || { tail -50 "$tmp/run.log" >&2; fail "bazel run //:consumer"; }
-grep -q "consumer built against @ember: " "$tmp/run.log" || { cat "$tmp/run.log" >&2; fail "no output"; }
+# $1: the log's name; the rest: bazel run's options.
+run_consumer() {
+  local log="$tmp/$1.log"
+  shift
+  bazel_ run "$@" //:consumer >"$log" 2>&1 || { tail -50 "$log" >&2; fail "bazel run $* //:consumer"; }
+  grep -q "consumer built against @ember: " "$log" || { cat "$log" >&2; fail "no output"; }
+}
+run_consumer without_cuda --repo_env=EMBER_CUDA=0
+grep -q "CUDA: not available: Ember was built without CUDA support" "$tmp/without_cuda.log" ||
+  { cat "$tmp/without_cuda.log" >&2; fail "EMBER_CUDA=0 built CUDA in"; }
+echo "ok: examples/consumer built without CUDA (EMBER_CUDA=0) and ran"
+run_consumer run
+if [[ -x /usr/local/cuda/bin/nvcc ]] && grep -q "Ember was built without CUDA support" "$tmp/run.log"; then
+  cat "$tmp/run.log" >&2
+  fail "the toolkit is at /usr/local/cuda, yet the consumer was built without CUDA"
+fi
 echo "ok: examples/consumer built and ran against the http_archive of $archive"
