@@ -17,6 +17,13 @@
 // before returning (torch's copy_ with non_blocking=false), so the host may
 // read or free its side at once. Copies within a device are asynchronous on
 // the current stream.
+// A pinned host side (cuda/host_allocator.h) is recorded against the copy's
+// stream (host_record_stream), as torch's CachingHostAllocator records an
+// event at each copy: once freed, its block is not handed out again before
+// the work queued on that stream has finished. While copies wait, that is
+// already true when the host gets control back; it is what keeps an
+// asynchronous (non_blocking) copy from reading or writing a block that was
+// freed and reused meanwhile.
 #include <array>
 #include <cstring>
 #include <mutex>
@@ -103,6 +110,11 @@ void DeviceCopy(const Tensor& out, const Tensor& src, cudaStream_t stream) {
       "copy_ kernel");
 }
 
+// Records `host`, when pinned, as used by the current stream of `device`.
+void RecordPinned(const Tensor& host, Device device) {
+  if (host.is_pinned()) host.record_stream(ember::current_stream(device));
+}
+
 void HostToDevice(const Tensor& out, const Tensor& src) {
   DeviceGuard guard(out.device());
   cudaStream_t stream = StreamOf(out.device());
@@ -111,6 +123,7 @@ void HostToDevice(const Tensor& out, const Tensor& src) {
   const Tensor staged = direct ? out : EmptyTensor(src.sizes(), src.dtype(), out.device());
   EMBER_CUDA_CHECK(cudaMemcpyAsync(staged.raw_data(), host.raw_data(), host.nbytes(),
                                    cudaMemcpyHostToDevice, stream));
+  RecordPinned(host, out.device());
   if (!direct) DeviceCopy(out, staged, stream);
   Synchronize(stream);
 }
@@ -126,6 +139,7 @@ void DeviceToHost(const Tensor& out, const Tensor& src) {
   const Tensor host = out.is_contiguous() ? out : EmptyTensor(out.sizes(), out.dtype(), kCPU);
   EMBER_CUDA_CHECK(cudaMemcpyAsync(host.raw_data(), dev.raw_data(), host.nbytes(),
                                    cudaMemcpyDeviceToHost, stream));
+  RecordPinned(host, src.device());
   Synchronize(stream);
   if (!out.is_contiguous()) ops::copy_out(out, host);
 }

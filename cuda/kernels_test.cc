@@ -3,12 +3,24 @@
 // between host and device both ways. Without a device the GPU cases skip,
 // saying why, and the no-device case checks that a CUDA tensor cannot be
 // created and that the error carries the runtime's reason.
+#include "cuda/kernels.h"
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cuda/caching_allocator.h"
 #include "cuda/device.h"
+#include "cuda/host_allocator.h"
+#include "cuda/loops.cuh"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensor/factories.h"
@@ -87,6 +99,33 @@ void ExpectSameAsCpu(const std::vector<Tensor>& cpu_inputs,
   ASSERT_EQ(gpu_error, "no error") << what;
   ExpectMatches(gpu, cpu, what, tol_scale);
 }
+
+// As ExpectSameAsCpu, for a case that must compute: the CPU may not throw.
+void ExpectComputesSameAsCpu(const std::vector<Tensor>& cpu_inputs,
+                             const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                             const std::string& what, double tol_scale = 1) {
+  ASSERT_EQ(ErrorOf([&] { f(cpu_inputs); }), "no error") << what << " must be valid on the CPU";
+  ExpectSameAsCpu(cpu_inputs, f, what, tol_scale);
+}
+
+// The matmul layouts cuBLAS takes transposed: column-major views (a
+// transposed contiguous tensor), for the left, the right or both operands.
+Tensor ColumnMajor(const Tensor& m) { return m.t().contiguous().t(); }
+Tensor MmBothColumnMajor(const std::vector<Tensor>& in) {
+  return ops::mm(ColumnMajor(in[0]), ColumnMajor(in[1]));
+}
+Tensor MmLeftColumnMajor(const std::vector<Tensor>& in) {
+  return ops::mm(ColumnMajor(in[0]), in[1]);
+}
+Tensor MmRightColumnMajor(const std::vector<Tensor>& in) {
+  return ops::mm(in[0], ColumnMajor(in[1]));
+}
+
+// The float16 split-row sum: values in [0, 0.02) make rows of 2^21 sum to
+// about 2e4, inside float16's range (65504), and large enough that the
+// split path's partial sums matter.
+Tensor SplitRowsHalfInput() { return rand({1 << 22}).mul(0.02).to(kFloat16); }
+Tensor SplitRowsHalfSum(const std::vector<Tensor>& in) { return in[0].view({2, 1 << 21}).sum({1}); }
 
 // A [rows, cols] tensor of `dtype` with varied values (negatives, zero,
 // fractions for floats; small magnitudes so products stay exact).
@@ -345,12 +384,7 @@ TEST(KernelsTest, LargeReductionsTakeEachPathAndMatchTheCpu) {
         return in[0].view({4, 1 << 20}).sum({1});
       },
       "split rows", 10);
-  ExpectSameAsCpu(
-      {big.to(kFloat16)},
-      [](const auto& in) {
-        return in[0].view({2, 1 << 21}).sum({1});
-      },
-      "split rows float16", 10);
+  ExpectComputesSameAsCpu({SplitRowsHalfInput()}, &SplitRowsHalfSum, "split rows float16", 10);
   // Many outputs, strided reduction: one thread per output.
   ExpectSameAsCpu(
       {big},
@@ -422,12 +456,12 @@ TEST(KernelsTest, MatmulsMatchTheCpuForEveryFloatingDtype) {
     const double tol = d == kFloat32 ? 20 : 4;  // k = 17 terms, different order
     ExpectSameAsCpu(
         {a, b}, [](const auto& in) { return ops::mm(in[0], in[1]); }, "mm " + what, tol);
-    ExpectSameAsCpu(
-        {a, b},
-        [](const auto& in) {
-          return ops::mm(in[1].t().contiguous().t(), in[0].t().contiguous().t().t()).t();
-        },
-        "mm of transposed operands " + what, tol);
+    ExpectComputesSameAsCpu({a, b}, &MmBothColumnMajor, "mm of column-major operands " + what, tol);
+    ExpectComputesSameAsCpu({a, b}, &MmLeftColumnMajor, "mm, column-major left " + what, tol);
+    ExpectComputesSameAsCpu({a, b}, &MmRightColumnMajor, "mm, column-major right " + what, tol);
+    ExpectComputesSameAsCpu(
+        {a, b}, [](const auto& in) { return ops::mm(ColumnMajor(in[1]).t(), in[0].t()); },
+        "mm of transposed views (9x17 @ 17x33) " + what, tol);
     ExpectSameAsCpu(
         {c, a, b}, [](const auto& in) { return ops::addmm(in[0], in[1], in[2], 0.5, 2); },
         "addmm " + what, tol);
@@ -447,6 +481,189 @@ TEST(KernelsTest, MatmulsMatchTheCpuForEveryFloatingDtype) {
   }
   const Tensor i = Gpu(Sample({2, 2}, kInt64));
   EXPECT_THAT(ErrorOf([&] { ops::mm(i, i); }), HasSubstr("not supported on CUDA"));
+}
+
+// ---- The CPU sides of the GPU cases ----
+
+// The GPU cases above compare with the CPU; these check, on any machine,
+// that what they compare is worth comparing.
+TEST(KernelsTest, TransposedMatmulCasesComputeOnTheCpu) {
+  const Tensor a = randn({33, 17}), b = randn({17, 9});
+  EXPECT_EQ(ColumnMajor(a).strides(), (SizeVector{1, 33})) << "a column-major view";
+  EXPECT_EQ(ColumnMajor(b).strides(), (SizeVector{1, 17}));
+  const Tensor expected = ops::mm(a, b);
+  ASSERT_EQ(expected.sizes(), (SizeVector{33, 9}));
+  for (const auto& f : {&MmBothColumnMajor, &MmLeftColumnMajor, &MmRightColumnMajor}) {
+    const Tensor got = f({a, b});
+    ASSERT_EQ(got.sizes(), expected.sizes());
+    const std::vector<double> g = Values(got), e = Values(expected);
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], e[i], 1e-4 * (1 + std::abs(e[i])));
+  }
+}
+
+TEST(KernelsTest, SplitRowsFloat16SumsAreFiniteAndLarge) {
+  const std::vector<double> sums = Values(SplitRowsHalfSum({SplitRowsHalfInput()}));
+  ASSERT_EQ(sums.size(), 2u);
+  for (double v : sums) {
+    EXPECT_TRUE(std::isfinite(v)) << v;
+    EXPECT_GT(v, 1e4);
+    EXPECT_LT(v, 65504.0 / 2);
+  }
+}
+
+// ---- The kernels' iteration scheme (host-side, runs everywhere) ----
+
+// Element strides for `ndim` dims of size 2 that no coalescing can merge:
+// 3^(ndim-1-d), never the next inner stride times 2.
+std::vector<int64_t> UnmergeableStrides(int ndim) {
+  std::vector<int64_t> strides(ndim);
+  int64_t s = 1;
+  for (int d = ndim - 1; d >= 0; --d, s *= 3) strides[d] = s;
+  return strides;
+}
+
+TEST(KernelsTest, GeometryKeepsTwentyFiveUnmergeableDimsAsTorch) {
+  static_assert(cuda::kernels::kMaxDims == 25, "torch's MAX_DIMS");
+  for (int ndim : {12, 13, 25}) {
+    SCOPED_TRACE(ndim);
+    const std::vector<int64_t> sizes(ndim, 2);
+    const std::vector<int64_t> src = UnmergeableStrides(ndim);
+    const SizeVector out = ContiguousStrides(sizes);
+    const int64_t* strides[2] = {out.data(), src.data()};
+    cuda::kernels::Geometry<2> g;
+    ASSERT_TRUE(cuda::kernels::MakeGeometry<2>(ndim, sizes.data(), strides, {4, 2}, g));
+    EXPECT_EQ(g.ndim, ndim);
+    EXPECT_EQ(g.numel, int64_t{1} << ndim);
+    EXPECT_FALSE(g.contiguous);
+    // OffsetsOf (the kernels' own code, here on the host) against the
+    // offsets unravelled from the shape, outermost first, at random elements.
+    std::mt19937_64 rng(ndim);
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int64_t i = static_cast<int64_t>(rng() % static_cast<uint64_t>(g.numel));
+      int64_t expected_out = 0, expected_src = 0, rest = i;
+      for (int d = ndim - 1; d >= 0; --d) {
+        const int64_t index = rest % sizes[d];
+        rest /= sizes[d];
+        expected_out += index * out[d] * 4;
+        expected_src += index * src[d] * 2;
+      }
+      int64_t off[2];
+      cuda::kernels::OffsetsOf<2>(g, i, off);
+      ASSERT_EQ(off[0], expected_out) << "element " << i;
+      ASSERT_EQ(off[1], expected_src) << "element " << i;
+    }
+  }
+}
+
+TEST(KernelsTest, GeometryRefusesTwentySixUnmergeableDimsNamingTheLimit) {
+  const std::vector<int64_t> sizes(26, 2);
+  const std::vector<int64_t> src = UnmergeableStrides(26);
+  const SizeVector out = ContiguousStrides(sizes);
+  const int64_t* strides[2] = {out.data(), src.data()};
+  cuda::kernels::Geometry<2> g;
+  EXPECT_FALSE(cuda::kernels::MakeGeometry<2>(26, sizes.data(), strides, {4, 4}, g));
+  const std::string error = ErrorOf([&] {
+    cuda::internal::GeometryOf<2>("copy_", sizes, {IntArrayRef(out), IntArrayRef(src)}, {4, 4});
+  });
+  EXPECT_THAT(error, HasSubstr("copy_: CUDA kernels handle at most 25 dims"));
+  // Mergeable dims do not count: 26 dims of one contiguous tensor are one.
+  const int64_t* contiguous[2] = {out.data(), out.data()};
+  ASSERT_TRUE(cuda::kernels::MakeGeometry<2>(26, sizes.data(), contiguous, {4, 4}, g));
+  EXPECT_EQ(g.ndim, 1);
+  EXPECT_TRUE(g.contiguous);
+}
+
+// 25 dims that cannot be merged made contiguous on the device (torch's
+// limit; 12 were the most before).
+TEST(KernelsTest, TwentyFiveUnmergeableDimsBecomeContiguousOnTheDevice) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  // Strides alternate 0 and 1 over a 13-element storage: no two neighbours
+  // merge. 2^25 elements, compared exactly (a copy).
+  const SizeVector sizes(25, 2);
+  SizeVector strides(25);
+  for (int d = 0; d < 25; ++d) strides[d] = d % 2;
+  const Tensor base = arange(13, kFloat32);
+  const Tensor cpu = base.as_strided(sizes, strides, 0).contiguous();
+  Tensor gpu;
+  ASSERT_EQ(ErrorOf([&] { gpu = Gpu(base).as_strided(sizes, strides, 0).contiguous(); }),
+            "no error");
+  ASSERT_TRUE(gpu.is_cuda());
+  EXPECT_TRUE(gpu.is_contiguous());
+  EXPECT_TRUE(Host(gpu).equal(cpu));
+}
+
+// ---- Devices, streams and pinned memory around the kernels ----
+
+TEST(KernelsTest, ATensorOnADeviceThatDoesNotExistIsInvalidDeviceOrdinal) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  const Device missing(DeviceType::kCUDA, cuda::device_count());
+  const std::string error = ErrorOf([&] { empty({4}, TensorOptions(kFloat32).device(missing)); });
+  EXPECT_THAT(error, HasSubstr("CUDA error: invalid device ordinal"));
+  EXPECT_THAT(ErrorOf([&] {
+                Sample({2, 2}, kFloat32).to(missing);
+              }),
+              HasSubstr("CUDA error: invalid device ordinal"));
+}
+
+// Every device's default stream is the same null handle: cuBLAS's workspace
+// is per (device, stream), so a thread multiplying on two devices gives each
+// its own (device 1 working in device 0's memory fails or corrupts).
+TEST(KernelsTest, MatmulsOnTwoDevicesInOneThreadUseTheirOwnWorkspaces) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 devices; " << cuda::device_count();
+  const Device gpu1(DeviceType::kCUDA, 1);
+  const Tensor a = randn({64, 48}), b = randn({48, 32});
+  const Tensor expected = ops::mm(a, b);
+  ExpectMatches(ops::mm(Gpu(a), Gpu(b)), expected, "mm on cuda:0", 20);
+  const int64_t before = cuda::memory_allocated(1);
+  const Tensor on1 = ops::mm(a.to(gpu1), b.to(gpu1));
+  EXPECT_EQ(on1.device(), gpu1);
+  EXPECT_GE(cuda::memory_allocated(1) - before, int64_t{32} << 20)
+      << "cuda:1 got a workspace of its own";
+  const std::vector<double> got = Values(Host(on1)), want = Values(expected);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-4 * (1 + std::abs(want[i])));
+  ASSERT_TRUE(cuda::synchronize(1).ok());
+}
+
+// Holds a stream's queue until released (or 30 s passed), as a long kernel.
+struct Gate {
+  std::atomic<bool> open{false};
+  static void CUDART_CB Wait(void* arg) {
+    auto* gate = static_cast<Gate*>(arg);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!gate->open.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+};
+
+// A pinned host tensor that a copy used is recorded against the copy's
+// stream: freed while that stream still has work queued, its block is not
+// handed out again until the work is done.
+TEST(KernelsTest, PinnedBlocksOfACopyWaitForTheCopysStream) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (bool to_device : {true, false}) {
+    SCOPED_TRACE(to_device ? "host to device" : "device to host");
+    Tensor pinned = arange(1024, kFloat32).pin_memory();
+    ASSERT_TRUE(pinned.is_pinned());
+    void* const block = pinned.raw_data();
+    Tensor dev = empty({1024}, TensorOptions(kFloat32).device(kGpu));
+    if (to_device) {
+      dev.copy_(pinned);
+    } else {
+      pinned.copy_(dev);
+    }
+    Gate gate;  // Work queued on the copy's stream after the copy.
+    ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, &Gate::Wait, &gate), cudaSuccess);
+    pinned = Tensor();  // Freed: an event on the default stream guards it.
+    const Tensor next = empty({1024}, TensorOptions(kFloat32).pinned_memory(true));
+    EXPECT_NE(next.raw_data(), block) << "reused while the copy's stream had work queued";
+    gate.open = true;
+    ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+    const Tensor later = empty({1024}, TensorOptions(kFloat32).pinned_memory(true));
+    EXPECT_EQ(later.raw_data(), block) << "reused once the stream's work finished";
+  }
 }
 
 }  // namespace

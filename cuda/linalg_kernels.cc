@@ -14,9 +14,11 @@
 // them on CUDA.
 //
 // Handles: one per device and thread, bound to the current stream at each
-// call, with a workspace from the caching allocator per stream (so work on
-// two streams never shares one). A thread's handles go back to a per-device
-// pool when it exits, for the next thread to reuse.
+// call, with a workspace from the caching allocator per (device, stream), so
+// work on two streams never shares one and a device never gets another
+// device's memory: every device's default stream is the same null handle,
+// so the stream alone does not tell devices apart. A thread's handles go back
+// to a per-device pool when it exits, for the next thread to reuse.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "cuda/kernels.h"
@@ -71,7 +74,7 @@ class HandlePool {
 // This thread's handles and workspaces.
 struct ThreadHandles {
   std::map<int, cublasHandle_t> handles;
-  std::map<cudaStream_t, Tensor> workspaces;
+  std::map<std::pair<int, cudaStream_t>, Tensor> workspaces;  // by (device, stream)
   ~ThreadHandles() {
     for (auto& [device, h] : handles) HandlePool::Get().Release(device, h);
   }
@@ -87,9 +90,10 @@ cublasHandle_t HandleFor(Device device, cudaStream_t stream) {
   }
   cublasHandle_t h = it->second;
   EMBER_CUDA_CHECK(cublasSetStream(h, stream));
-  auto ws = mine.workspaces.find(stream);
+  const std::pair<int, cudaStream_t> key(device.index(), stream);
+  auto ws = mine.workspaces.find(key);
   if (ws == mine.workspaces.end()) {
-    ws = mine.workspaces.emplace(stream, EmptyTensor({kWorkspaceBytes}, kUInt8, device)).first;
+    ws = mine.workspaces.emplace(key, EmptyTensor({kWorkspaceBytes}, kUInt8, device)).first;
   }
   EMBER_CUDA_CHECK(cublasSetWorkspace(h, ws->second.raw_data(), kWorkspaceBytes));
   return h;

@@ -6,8 +6,11 @@
 // An operand is a base pointer plus byte strides over a shared iteration
 // shape. The host side coalesces the shape as tensor/cpu/loops.h does (size-1
 // dims dropped, dims that are contiguous for every operand merged) into a
-// Geometry<N>: at most kMaxDims dims, innermost first, passed to the kernel
-// by value so that no launch needs a device-side buffer. A kernel is a
+// Geometry<N>: at most kMaxDims dims (25, torch's MAX_DIMS), innermost
+// first, passed to the kernel by value so that no launch needs a device-side
+// buffer. The largest, Geometry<4> (where), is about 1 KiB, well inside the
+// 4 KiB of kernel parameters every architecture and CUDA version accepts
+// (static_asserts below). A kernel is a
 // grid-stride loop over linear indices. When every operand is dense in
 // iteration order (Geometry::contiguous) the offset of element i is
 // i * element size; otherwise OffsetsOf turns i into each operand's byte
@@ -33,9 +36,18 @@
 
 #include "tensor/op_kinds.h"
 
+// OffsetsOf runs on the device in the kernels and on the host in tests.
+#ifdef __CUDACC__
+#define EMBER_CUDA_HOST_DEVICE __host__ __device__ __forceinline__
+#define EMBER_CUDA_UNROLL _Pragma("unroll")
+#else
+#define EMBER_CUDA_HOST_DEVICE inline
+#define EMBER_CUDA_UNROLL
+#endif
+
 namespace ember::cuda::kernels {
 
-inline constexpr int kMaxDims = 12;
+inline constexpr int kMaxDims = 25;
 
 // ember::Dtype's values.
 enum DtypeCode : int { kF32, kF64, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
@@ -115,6 +127,24 @@ bool MakeGeometry(int ndim, const int64_t* sizes, const int64_t* const (&strides
   return true;
 }
 
+// Byte offsets of linear element `i` (0 <= i < g.numel, iteration order,
+// innermost dim fastest) in each operand (Note [CUDA loops]).
+template <int N>
+EMBER_CUDA_HOST_DEVICE void OffsetsOf(const Geometry<N>& g, int64_t i, int64_t (&off)[N]) {
+  EMBER_CUDA_UNROLL
+  for (int k = 0; k < N; ++k) off[k] = 0;
+  EMBER_CUDA_UNROLL
+  for (int d = 0; d < kMaxDims; ++d) {
+    if (d == g.ndim) break;
+    const int64_t size = g.sizes[d];
+    const int64_t q = i / size;
+    const int64_t r = i - q * size;
+    i = q;
+    EMBER_CUDA_UNROLL
+    for (int k = 0; k < N; ++k) off[k] += r * g.strides[k][d];
+  }
+}
+
 // A scalar's bits in the element type it is used as (value.to<T>() on the
 // host side, copied bytewise).
 struct ScalarBits {
@@ -161,6 +191,12 @@ struct ReduceArgs {
   const char* self = nullptr;
   int sm_count = 1;
 };
+// Kernel parameters: 4 KiB on every architecture (more only from CUDA 12.1
+// on Volta and later). The kernels take at most one of these plus a few
+// pointers and scalars.
+static_assert(sizeof(Geometry<4>) + 256 <= 4096, "Geometry<4> too large for kernel parameters");
+static_assert(sizeof(ReduceArgs) + 256 <= 4096, "ReduceArgs too large for kernel parameters");
+
 // Bytes of device workspace LaunchReduce needs (0 for none).
 size_t ReduceWorkspaceBytes(const ReduceArgs& args);
 cudaError_t LaunchReduce(cudaStream_t stream, const ReduceArgs& args, void* workspace);
@@ -232,23 +268,6 @@ __device__ __forceinline__ D Cast(S s) {
     return D(static_cast<float>(static_cast<Math<S>>(s)));
   } else {
     return static_cast<D>(static_cast<Math<S>>(s));
-  }
-}
-
-// Byte offsets of linear element `i` in each operand (Note [CUDA loops]).
-template <int N>
-__device__ __forceinline__ void OffsetsOf(const Geometry<N>& g, int64_t i, int64_t (&off)[N]) {
-#pragma unroll
-  for (int k = 0; k < N; ++k) off[k] = 0;
-#pragma unroll
-  for (int d = 0; d < kMaxDims; ++d) {
-    if (d == g.ndim) break;
-    const int64_t size = g.sizes[d];
-    const int64_t q = i / size;
-    const int64_t r = i - q * size;
-    i = q;
-#pragma unroll
-    for (int k = 0; k < N; ++k) off[k] += r * g.strides[k][d];
   }
 }
 
