@@ -975,16 +975,18 @@ MinMaxResult MaxMinDimAutograd(bool is_max, const Tensor& self, int64_t dim, boo
   if (!ShouldRecord(self) || !out.values.is_floating_point()) return out;
   SizeVector in = ToVector(self.sizes());
   const int64_t d = self.dim() == 0 ? 0 : WrapDim(dim, self.dim(), is_max ? "max" : "min");
-  auto node = Formula(is_max ? "MaxBackward" : "MinBackward",
-                      [=](const variable_list& saved, const variable_list& grads) {
-                        if (in.empty()) return variable_list{grads[0]};
-                        Tensor idx = keepdim ? saved[0] : saved[0].unsqueeze(d);
-                        Tensor g = keepdim ? grads[0] : grads[0].unsqueeze(d);
-                        SizeVector pos_shape(in.size(), 1);
-                        pos_shape[d] = in[d];
-                        Tensor positions = arange(in[d]).view(pos_shape);
-                        return variable_list{where(positions == idx, g, ZeroLike())};
-                      });
+  auto node = Formula(is_max ? "MaxBackward" : "MinBackward", [=](const variable_list& saved,
+                                                                  const variable_list& grads) {
+    if (in.empty()) return variable_list{grads[0]};
+    Tensor idx = keepdim ? saved[0] : saved[0].unsqueeze(d);
+    Tensor g = keepdim ? grads[0] : grads[0].unsqueeze(d);
+    SizeVector pos_shape(in.size(), 1);
+    pos_shape[d] = in[d];
+    // On the indices' device: a CPU arange beside CUDA
+    // indices would not compare.
+    Tensor positions = arange(in[d], TensorOptions(kInt64).device(idx.device())).view(pos_shape);
+    return variable_list{where(positions == idx, g, ZeroLike())};
+  });
   node->add_next_edge(GradientEdge(self));
   node->Save(out.indices);
   FinishHistory(node, out.values, is_max ? "max" : "min");

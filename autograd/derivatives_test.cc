@@ -10,6 +10,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "autograd/scatter.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensor/factories.h"
@@ -212,6 +213,97 @@ TEST(SubgradientTest, StdAndNormRecordTheirOwnNode) {
   EXPECT_TRUE(g.requires_grad());
   NoGradGuard no_grad;
   EXPECT_FALSE(x.std().requires_grad());
+}
+
+// --- Scatter-adds on any device (autograd/scatter.h) -----------------------------------
+
+// The device-generic paths run on the CPU here; a CUDA gradient takes them
+// with the same ops on its device.
+TEST(ScatterTest, IndexAddByMatmulAddsRepeatedAndNegativeIndices) {
+  const Tensor grad = randn({3, 4, 5}, TensorOptions(kFloat64));
+  const Tensor index = Make({2, -1, 2, 0}, {4}, kInt64);  // -1 is row 5; 2 twice
+  const SizeVector sizes = {3, 6, 5};
+  // Expected, element by element.
+  std::vector<double> expected(3 * 6 * 5, 0.0);
+  const std::vector<double> g = Values(grad);
+  const int64_t rows[4] = {2, 5, 2, 0};
+  for (int64_t o = 0; o < 3; ++o) {
+    for (int64_t i = 0; i < 4; ++i) {
+      for (int64_t k = 0; k < 5; ++k) expected[(o * 6 + rows[i]) * 5 + k] += g[(o * 4 + i) * 5 + k];
+    }
+  }
+  for (const Tensor& got :
+       {internal::IndexAddByMatmul(sizes, 1, index, grad), IndexAdd(sizes, 1, index, grad)}) {
+    ASSERT_EQ(got.sizes(), sizes);
+    EXPECT_EQ(got.dtype(), kFloat64);
+    EXPECT_THAT(Values(got), Pointwise(DoubleNear(1e-12), expected));
+  }
+  // The index may live elsewhere (int32 here) and the gradient be float32.
+  const Tensor g32 = grad.to(kFloat32);
+  EXPECT_THAT(Values(internal::IndexAddByMatmul(sizes, -2, index.to(kInt32), g32)),
+              Pointwise(DoubleNear(1e-5), expected));
+  // Empty index: zeros.
+  EXPECT_THAT(Values(internal::IndexAddByMatmul({2, 3}, 0, Make({}, {0}, kInt64),
+                                                zeros({0, 3}, TensorOptions(kFloat64)))),
+              ElementsAreArray(std::vector<double>(6, 0.0)));
+}
+
+TEST(ScatterTest, OverlapIsDetectedFromStrides) {
+  auto geometry = [](SizeVector sizes, SizeVector strides) {
+    return StridedGeometry{sizes, strides, 0};
+  };
+  EXPECT_FALSE(internal::MayOverlapItself(geometry({3, 4}, {4, 1})));  // contiguous
+  EXPECT_FALSE(internal::MayOverlapItself(geometry({4, 3}, {1, 4})));  // transposed
+  EXPECT_FALSE(internal::MayOverlapItself(geometry({2, 2}, {5, 2})));  // gaps
+  EXPECT_FALSE(internal::MayOverlapItself(geometry({1, 5}, {0, 1})));  // size-1 stride 0
+  EXPECT_TRUE(internal::MayOverlapItself(geometry({3, 3}, {1, 1})));   // sliding windows
+  EXPECT_TRUE(internal::MayOverlapItself(geometry({4, 2}, {0, 1})));   // expanded
+  EXPECT_TRUE(internal::MayOverlapItself(geometry({2, 3}, {2, 1})));   // rows overlap
+}
+
+TEST(ScatterTest, AsStridedBackwardAddsWhereWindowsOverlapOnEveryPath) {
+  // x (5 elements) read as 3 overlapping windows of 3: x[j] is read
+  // min(j + 1, 3, 5 - j) times.
+  const StridedGeometry input{{5}, {1}, 0};
+  const StridedGeometry windows{{3, 3}, {1, 1}, 0};
+  const Tensor grad = Make({1, 2, 3, 4, 5, 6, 7, 8, 9}, {3, 3}, kFloat64);
+  // grad[w][k] goes to x[w + k].
+  const std::vector<double> expected = {1, 2 + 4, 3 + 5 + 7, 6 + 8, 9};
+  EXPECT_THAT(Values(AsStridedBackward(grad, input, windows)), ElementsAreArray(expected));
+  EXPECT_THAT(Values(internal::AsStridedBackwardByOps(grad, input, windows)),
+              Pointwise(DoubleNear(1e-12), expected));
+  // Without overlap (every other element, offset 1): a strided copy.
+  const StridedGeometry every_other{{2}, {2}, 1};
+  const Tensor g2 = Make({10, 20}, {2}, kFloat64);
+  for (const Tensor& got : {AsStridedBackward(g2, input, every_other),
+                            internal::AsStridedBackwardByOps(g2, input, every_other)}) {
+    EXPECT_THAT(Values(got), ElementsAre(0, 10, 0, 20, 0));
+  }
+}
+
+TEST(ScatterTest, GradientsOfGatheringViewsThroughAutograd) {
+  Tensor x = arange(6, TensorOptions(kFloat64)).requires_grad_();
+  // Overlapping as_strided: the CPU loop.
+  x.as_strided({2, 3}, {2, 1}, 0)
+      .mul(Make({1, 1, 1, 10, 10, 10}, {2, 3}, kFloat64))
+      .sum()
+      .backward();
+  EXPECT_THAT(Values(x.grad()), ElementsAre(1, 1, 11, 10, 10, 0));
+  // index_select with a repeated index: IndexAdd.
+  Tensor y = arange(4, TensorOptions(kFloat64)).requires_grad_();
+  y.index_select(0, Make({3, 1, 3}, {3}, kInt64)).sum().backward();
+  EXPECT_THAT(Values(y.grad()), ElementsAre(0, 1, 0, 2));
+}
+
+TEST(MaxMinDimTest, BackwardPutsTheGradientAtTheChosenIndex) {
+  Tensor x = Make({3, 9, 2, 7, 1, 8}, {2, 3}, kFloat64).requires_grad_();
+  auto [values, indices] = x.max(1, /*keepdim=*/false);
+  values.mul(Make({10, 100}, {2}, kFloat64)).sum().backward();
+  EXPECT_THAT(Values(x.grad()), ElementsAre(0, 10, 0, 0, 0, 100));
+  Tensor y = Make({3, 9, 2, 7, 1, 8}, {2, 3}, kFloat64).requires_grad_();
+  auto [min_values, min_indices] = y.min(0, /*keepdim=*/true);
+  min_values.sum().backward();
+  EXPECT_THAT(Values(y.grad()), ElementsAre(1, 0, 1, 0, 1, 0));
 }
 
 }  // namespace

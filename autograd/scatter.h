@@ -1,7 +1,11 @@
 // Scatter-adds: the gradients of ops that gather (as_strided, index_select,
 // masked_select) put each incoming element back where it was read from,
 // adding where one element was read more than once. The tensor core has no
-// such op, so these run here, on CPU tensors of a floating dtype.
+// such op, so these are built here, for tensors of a floating dtype on any
+// device: on the CPU by direct loops; elsewhere from ops every device
+// backend has (copy_ through strided views, eq, and a batched matmul with a
+// one-hot matrix for the adds), so that CUDA gradients stay on their device.
+// The result is on grad's device; an index on another device is moved there.
 //
 //   // grad of x.index_select(0, idx): zeros of x's shape, rows added back.
 //   Tensor gx = ember::autograd::IndexAdd(x.sizes(), 0, idx, grad);
@@ -34,6 +38,9 @@ struct StridedGeometry {
 // geometries in one storage): each element of `grad` (shaped as `output`) is
 // added at the storage position it was read from, and the result is read
 // back through `input`'s geometry. `input` must not overlap itself.
+// Where one storage position is read at most once (`output` does not
+// overlap itself), this is a strided copy; otherwise adds are needed (the CPU
+// loop, or IndexAdd's device path over the positions read).
 Tensor AsStridedBackward(const Tensor& grad, const StridedGeometry& input,
                          const StridedGeometry& output);
 
@@ -41,6 +48,20 @@ Tensor AsStridedBackward(const Tensor& grad, const StridedGeometry& input,
 // along `dim` receives the sum of slices i of `grad` (torch's
 // index_add on zeros).
 Tensor IndexAdd(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& grad);
+
+namespace internal {
+// IndexAdd's device-generic path (used for every device but the CPU; callable
+// on the CPU, where tests compare it with the loop): result[o, j, :] is
+// one_hot[j, :] @ grad[o, :, :] with one_hot[j, i] = (index[i] == j).
+Tensor IndexAddByMatmul(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& grad);
+// AsStridedBackward by the device-generic path only (what non-CPU devices
+// run; callable on the CPU for tests).
+Tensor AsStridedBackwardByOps(const Tensor& grad, const StridedGeometry& input,
+                              const StridedGeometry& output);
+// Whether two elements of `g` may share a storage position (false only
+// when provably not).
+bool MayOverlapItself(const StridedGeometry& g);
+}  // namespace internal
 
 }  // namespace ember::autograd
 
