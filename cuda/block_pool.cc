@@ -59,10 +59,10 @@ absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view conf) {
     if (option.empty()) continue;
     const size_t colon = option.find(':');
     if (colon == std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "PYTORCH_CUDA_ALLOC_CONF: option '", option,
-          "' has no value; write key:value pairs separated by commas, e.g. "
-          "\"max_split_size_mb:128,garbage_collection_threshold:0.8\""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("PYTORCH_CUDA_ALLOC_CONF: option '", option,
+                       "' has no value; write key:value pairs separated by commas, e.g. "
+                       "\"max_split_size_mb:128,garbage_collection_threshold:0.8\""));
     }
     const std::string key = option.substr(0, colon);
     const std::string value = option.substr(colon + 1);
@@ -330,8 +330,8 @@ void BlockPool::SynchronizePending() {
 
 void BlockPool::GarbageCollect() {
   if (memory_limit_ == ~size_t{0}) return;
-  const auto threshold =
-      static_cast<int64_t>(options_.garbage_collection_threshold * static_cast<double>(memory_limit_));
+  const auto threshold = static_cast<int64_t>(options_.garbage_collection_threshold *
+                                              static_cast<double>(memory_limit_));
   if (stats_.reserved_bytes <= threshold) return;
   const int64_t target = stats_.reserved_bytes - threshold;
   int64_t reclaimed = 0;
@@ -373,9 +373,8 @@ absl::StatusOr<Block*> BlockPool::AllocateSegment(size_t size, Stream stream, bo
   if (memory_limit_ != ~size_t{0} &&
       static_cast<size_t>(stats_.reserved_bytes) + size > memory_limit_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "a new segment of ", size, " bytes would take the reserved bytes (",
-        stats_.reserved_bytes, ") past the allowed ", memory_limit_,
-        " (the per-process memory fraction)"));
+        "a new segment of ", size, " bytes would take the reserved bytes (", stats_.reserved_bytes,
+        ") past the allowed ", memory_limit_, " (the per-process memory fraction)"));
   }
   absl::StatusOr<void*> memory = backing_.allocate(size);
   if (!memory.ok()) return memory.status();

@@ -163,13 +163,13 @@ struct MemoryStats {
   int64_t peak_allocated_bytes = 0;  // Most allocated_bytes since the last reset.
   int64_t reserved_bytes = 0;        // In segments held from the backing source.
   int64_t peak_reserved_bytes = 0;
-  int64_t requested_bytes = 0;    // What callers asked for, before rounding.
-  int64_t allocation = 0;         // Blocks handed out and not freed.
-  int64_t segment = 0;            // Segments held.
-  int64_t num_alloc_retries = 0;  // Backing allocations retried after releasing the cache.
-  int64_t num_ooms = 0;           // Requests that failed out of memory.
-  int64_t num_device_alloc = 0;   // Backing allocations (cudaMalloc calls).
-  int64_t num_device_free = 0;    // Backing frees (cudaFree calls).
+  int64_t requested_bytes = 0;       // What callers asked for, before rounding.
+  int64_t allocation = 0;            // Blocks handed out and not freed.
+  int64_t segment = 0;               // Segments held.
+  int64_t num_alloc_retries = 0;     // Backing allocations retried after releasing the cache.
+  int64_t num_ooms = 0;              // Requests that failed out of memory.
+  int64_t num_device_alloc = 0;      // Backing allocations (cudaMalloc calls).
+  int64_t num_device_free = 0;       // Backing frees (cudaFree calls).
   int64_t num_sync_all_streams = 0;  // Waits for pending events when out of memory.
   int64_t oversize_segments = 0;     // Segments of at least max_split_size held.
 };

@@ -1,8 +1,8 @@
 #include "cuda/block_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>

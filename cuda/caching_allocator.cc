@@ -118,7 +118,8 @@ std::string OutOfMemoryMessage(size_t nbytes, int device, BlockPool& pool,
 absl::StatusOr<DataPtr> AllocateOn(size_t nbytes, int device, std::optional<Stream> stream) {
   if (!Config().ok()) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA caching allocator: cannot allocate ",
-                                                   nbytes, " bytes: ", Config().status().message()));
+                                                   nbytes,
+                                                   " bytes: ", Config().status().message()));
   }
   if (absl::Status available = internal::CheckAvailable("caching_allocator_alloc");
       !available.ok()) {

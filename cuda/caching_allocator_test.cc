@@ -302,14 +302,15 @@ TEST(CachingAllocatorTest, MemoryFractionCapsWhatTheAllocatorReserves) {
   absl::StatusOr<DeviceProperties> props = get_device_properties(0);
   ASSERT_TRUE(props.ok()) << props.status();
   // A cap 64 MiB above what is reserved now.
-  const double fraction =
-      static_cast<double>(memory_reserved(0) + 64 * kMiB) / static_cast<double>(props->total_memory);
+  const double fraction = static_cast<double>(memory_reserved(0) + 64 * kMiB) /
+                          static_cast<double>(props->total_memory);
   ASSERT_TRUE(set_per_process_memory_fraction(fraction, 0).ok());
   absl::StatusOr<DataPtr> fits = caching_allocator_alloc(40 * kMiB, 0);
   EXPECT_TRUE(fits.ok()) << fits.status();
   absl::StatusOr<DataPtr> past = caching_allocator_alloc(40 * kMiB, 0);
   EXPECT_TRUE(absl::IsResourceExhausted(past.status())) << past.status();
-  EXPECT_TRUE(Contains(std::string(past.status().message()), "CUDA out of memory")) << past.status();
+  EXPECT_TRUE(Contains(std::string(past.status().message()), "CUDA out of memory"))
+      << past.status();
   ASSERT_TRUE(set_per_process_memory_fraction(1.0, 0).ok());
   past = caching_allocator_alloc(40 * kMiB, 0);
   EXPECT_TRUE(past.ok()) << past.status();
@@ -324,8 +325,8 @@ TEST(CachingAllocatorTest, OutOfMemoryWaitsForRecordedStreamsBeforeFailing) {
   absl::StatusOr<DeviceProperties> props = get_device_properties(0);
   ASSERT_TRUE(props.ok()) << props.status();
   // Room for one 40 MiB segment above what is reserved now.
-  const double fraction =
-      static_cast<double>(memory_reserved(0) + 50 * kMiB) / static_cast<double>(props->total_memory);
+  const double fraction = static_cast<double>(memory_reserved(0) + 50 * kMiB) /
+                          static_cast<double>(props->total_memory);
   ASSERT_TRUE(set_per_process_memory_fraction(fraction, 0).ok());
   absl::StatusOr<cuda::Stream> side = get_stream_from_pool(false, 0);
   ASSERT_TRUE(side.ok()) << side.status();
@@ -367,8 +368,8 @@ std::pair<bool, std::string> RunConfigChild(const char* conf, const char* expect
     }
     setenv("PYTORCH_CUDA_ALLOC_CONF", conf, 1);
     setenv("EMBER_ALLOC_CONF_CHILD_EXPECT", expect, 1);
-    execl("/proc/self/exe", "caching_allocator_test",
-          "--gtest_filter=AllocatorConfigChildTest.*", nullptr);
+    execl("/proc/self/exe", "caching_allocator_test", "--gtest_filter=AllocatorConfigChildTest.*",
+          nullptr);
     _exit(127);
   }
   close(out[1]);
@@ -429,9 +430,11 @@ TEST(AllocatorConfigTest, KeysEmberDoesNotActOnAreNamedOnStderr) {
   auto [passed, output] = RunConfigChild(
       "max_split_size_mb:256,expandable_segments:True,roundup_power2_divisions:4", "valid");
   EXPECT_TRUE(passed) << output;
-  EXPECT_TRUE(Contains(output, "PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is not supported"))
+  EXPECT_TRUE(
+      Contains(output, "PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is not supported"))
       << output;
-  EXPECT_TRUE(Contains(output, "PYTORCH_CUDA_ALLOC_CONF: roundup_power2_divisions is not supported"))
+  EXPECT_TRUE(
+      Contains(output, "PYTORCH_CUDA_ALLOC_CONF: roundup_power2_divisions is not supported"))
       << output;
   EXPECT_FALSE(Contains(output, "max_split_size_mb is not")) << output;
 }

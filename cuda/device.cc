@@ -395,10 +395,10 @@ absl::StatusOr<int> CheckDevice(absl::string_view call, int device) {
 }
 
 absl::Status InvalidDeviceOrdinal(absl::string_view call, int device, int count) {
-  std::string seen = count == 0   ? "no CUDA devices"
-                     : count == 1 ? "1 CUDA device (cuda:0)"
-                                  : absl::StrCat(count, " CUDA devices (cuda:0 to cuda:",
-                                                 count - 1, ")");
+  std::string seen = count == 0 ? "no CUDA devices"
+                     : count == 1
+                         ? "1 CUDA device (cuda:0)"
+                         : absl::StrCat(count, " CUDA devices (cuda:0 to cuda:", count - 1, ")");
   return absl::InvalidArgumentError(absl::StrCat(
       call, ": CUDA error: invalid device ordinal: device index ", device,
       " does not exist; this process sees ", seen, ". Use an index from that range, or set ",

@@ -1,5 +1,6 @@
 #include "cuda/device.h"
 
+#include <cuda.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,8 +13,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <cuda.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -158,10 +157,9 @@ TEST(CudaDeviceTest, NamingADeviceThatDoesNotExistThrowsInvalidDeviceOrdinal) {
     }
     return "no error";
   };
-  for (const std::string& e :
-       {error_of([&] { DeviceGuard guard(missing); }),
-        error_of([&] { ember::current_stream(missing); }),
-        error_of([&] { StreamGuard guard(ember::Stream(missing, 0)); })}) {
+  for (const std::string& e : {error_of([&] { DeviceGuard guard(missing); }),
+                               error_of([&] { ember::current_stream(missing); }),
+                               error_of([&] { StreamGuard guard(ember::Stream(missing, 0)); })}) {
     EXPECT_TRUE(Contains(e, "CUDA error: invalid device ordinal")) << e;
     EXPECT_TRUE(Contains(e, absl::StrCat("device index ", device_count()))) << e;
   }
