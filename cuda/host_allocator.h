@@ -17,9 +17,14 @@
 //   ```
 //
 // Blocks are not tied to a stream when allocated: any freed block may serve
-// the next request. A block a copy on a CUDA stream still reads or writes must
-// be declared with host_record_stream(ptr, stream); when it is freed, an event
+// the next request. A block that work on a CUDA stream still reads or writes
+// is declared with host_record_stream(ptr, stream); when it is freed, an event
 // is recorded on that stream and the block is reused only after it completed.
+// Ember's host<->device copies (copy_out in copy_kernels.cc) do this for a
+// pinned host side themselves, against the stream the copy runs on (as
+// torch's CachingHostAllocator records an event at each copy); other work on
+// a pinned tensor (a kernel reading it through a mapped pointer) records it
+// with Tensor::record_stream or host_record_stream.
 //
 // Errors: Allocate throws ember::Error (it serves tensor factories);
 // host_record_stream returns absl::Status. Pinning needs a CUDA driver: with
