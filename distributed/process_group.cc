@@ -1,8 +1,10 @@
 #include "distributed/process_group.h"
 
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "tensor/status_macros.h"
 
 namespace ember::distributed {
@@ -132,10 +134,42 @@ absl::Status Work::status() {
 }
 
 void Work::Finish(absl::Status status) {
+  std::shared_ptr<FlightRecorder> dump_from;
+  std::string reason;
+  {
+    absl::MutexLock lock(&mu_);
+    if (done_) return;
+    done_ = true;
+    status_ = std::move(status);
+    finished_ns_ = absl::GetCurrentTimeNanos();
+    if (recorder_ != nullptr && recorder_->Finished(record_id_, status_, finished_ns_)) {
+      dump_from = recorder_;
+      reason = std::string(status_.message());
+    }
+  }
+  // The group's first failure (Note [Flight recorder dumps]).
+  if (dump_from != nullptr) (void)dump_flight_recorders(reason);
+}
+
+void Work::MarkStarted() {
   absl::MutexLock lock(&mu_);
-  if (done_) return;
-  done_ = true;
-  status_ = std::move(status);
+  if (started_ns_ != 0) return;
+  started_ns_ = absl::GetCurrentTimeNanos();
+  if (recorder_ != nullptr) recorder_->Started(record_id_, started_ns_);
+}
+
+void Work::AttachRecord(std::shared_ptr<FlightRecorder> recorder, int64_t id) {
+  std::string reason;
+  {
+    absl::MutexLock lock(&mu_);
+    recorder_ = std::move(recorder);
+    record_id_ = id;
+    // The backend may have been quicker than the recording.
+    if (started_ns_ != 0) recorder_->Started(id, started_ns_);
+    if (!done_ || !recorder_->Finished(id, status_, finished_ns_)) return;
+    reason = std::string(status_.message());
+  }
+  (void)dump_flight_recorders(reason);
 }
 
 void Work::OnDeadline() {}
@@ -154,7 +188,27 @@ ProcessGroup::ProcessGroup(int rank, int size, std::string backend, SupportTable
       size_(size),
       backend_(std::move(backend)),
       support_(support),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      recorder_(std::make_shared<FlightRecorder>(next_flight_group_name(), backend_, rank, size,
+                                                 FlightRecorder::CapacityFromEnv())) {}
+
+void ProcessGroup::OnAbort() {
+  if (aborted_once_.exchange(true) || !recorder_->enabled()) return;
+  (void)dump_flight_recorders(
+      absl::StrCat("process group ", recorder_->group_name(), " (", backend_, ") was aborted"));
+}
+
+int64_t ProcessGroup::RecordClock() const {
+  return recorder_->enabled() ? absl::GetCurrentTimeNanos() : 0;
+}
+
+template <typename W>
+absl::StatusOr<std::shared_ptr<W>> ProcessGroup::Recorded(absl::StatusOr<std::shared_ptr<W>> work,
+                                                          const FlightOp& op, int64_t created_ns) {
+  if (!recorder_->enabled() || !work.ok() || *work == nullptr) return work;
+  (*work)->AttachRecord(recorder_, recorder_->Record(op, created_ns));
+  return work;
+}
 
 absl::Time ProcessGroup::DeadlineFor(const std::optional<absl::Duration>& timeout) const {
   return absl::Now() + timeout.value_or(timeout_);
@@ -231,20 +285,49 @@ std::vector<Tensor> List(absl::Span<const Tensor> tensors) {
   return std::vector<Tensor>(tensors.begin(), tensors.end());
 }
 
+int64_t Numel(absl::Span<const Tensor> tensors) {
+  int64_t n = 0;
+  for (const Tensor& t : tensors) n += t.numel();
+  return n;
+}
+
+// The flight recorder's view of a call (Note [Flight recorder]).
+FlightOp Flight(OpType op, const Tensor* like, int64_t in_numel, int64_t out_numel, int64_t nbytes,
+                int peer, const std::optional<absl::Duration>& timeout, absl::Duration fallback) {
+  FlightOp f;
+  f.op = op_type_name(op);
+  f.collective = op != OpType::kSend && op != OpType::kRecv;
+  f.dtype = like != nullptr ? dtype_name(like->dtype()).data() : "";
+  f.in_numel = in_numel;
+  f.out_numel = out_numel;
+  f.nbytes = nbytes;
+  f.peer = peer;
+  f.timeout_ms = absl::ToInt64Milliseconds(timeout.value_or(fallback));
+  return f;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::broadcast(const Tensor& tensor,
                                                               const BroadcastOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kBroadcast, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckRank(OpType::kBroadcast, options.root, "root"));
-  return WithResult(DoBroadcast(tensor, options), {tensor});
+  const int64_t t0 = RecordClock();
+  return Recorded(WithResult(DoBroadcast(tensor, options), {tensor}),
+                  Flight(OpType::kBroadcast, &tensor, tensor.numel(), tensor.numel(),
+                         tensor.nbytes(), options.root, options.timeout, timeout_),
+                  t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allreduce(const Tensor& tensor,
                                                               const AllReduceOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kAllReduce, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kAllReduce, options.op, tensor.dtype()));
-  return WithResult(DoAllReduce(tensor, options), {tensor});
+  const int64_t t0 = RecordClock();
+  return Recorded(WithResult(DoAllReduce(tensor, options), {tensor}),
+                  Flight(OpType::kAllReduce, &tensor, tensor.numel(), tensor.numel(),
+                         tensor.nbytes(), -1, options.timeout, timeout_),
+                  t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce(const Tensor& tensor,
@@ -252,7 +335,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce(const Tensor& tensor,
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kReduce, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckRank(OpType::kReduce, options.root, "root"));
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kReduce, options.op, tensor.dtype()));
-  return WithResult(DoReduce(tensor, options), {tensor});
+  const int64_t t0 = RecordClock();
+  return Recorded(WithResult(DoReduce(tensor, options), {tensor}),
+                  Flight(OpType::kReduce, &tensor, tensor.numel(), tensor.numel(),
+                         tensor.nbytes(), options.root, options.timeout, timeout_),
+                  t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather(absl::Span<const Tensor> outputs,
@@ -260,7 +347,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather(absl::Span<const T
                                                               const AllGatherOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kAllGather, input, "input"));
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllGather, outputs, "outputs", input, true));
-  return WithResult(DoAllGather(outputs, input, options), List(outputs));
+  const int64_t t0 = RecordClock();
+  return Recorded(WithResult(DoAllGather(outputs, input, options), List(outputs)),
+                  Flight(OpType::kAllGather, &input, input.numel(), Numel(outputs),
+                         input.nbytes(), -1, options.timeout, timeout_),
+                  t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather_into_tensor(
@@ -278,7 +369,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather_into_tensor(
         op_type_name(op), ": output has ", output.numel(), " elements; expected world size (",
         size_, ") x input (", input.numel(), ") = ", input.numel() * size_));
   }
-  return WithResult(DoAllGatherIntoTensor(output, input, options), {output});
+  const int64_t t0 = RecordClock();
+  return Recorded(WithResult(DoAllGatherIntoTensor(output, input, options), {output}),
+                  Flight(op, &input, input.numel(), output.numel(), input.nbytes(), -1,
+                         options.timeout, timeout_),
+                  t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::gather(absl::Span<const Tensor> outputs,
@@ -292,7 +387,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::gather(absl::Span<const Tens
     return absl::InvalidArgumentError(absl::StrCat(
         "gather: outputs must be empty on non-root rank ", rank_, " (root is ", options.root, ")"));
   }
-  return WithResult(DoGather(outputs, input, options), List(outputs));
+  const int64_t t0 = RecordClock();
+  return Recorded(WithResult(DoGather(outputs, input, options), List(outputs)),
+                  Flight(OpType::kGather, &input, input.numel(), Numel(outputs), input.nbytes(),
+                         options.root, options.timeout, timeout_),
+                  t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::scatter(const Tensor& output,
@@ -306,7 +405,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::scatter(const Tensor& output
     return absl::InvalidArgumentError(absl::StrCat(
         "scatter: inputs must be empty on non-root rank ", rank_, " (root is ", options.root, ")"));
   }
-  return WithResult(DoScatter(output, inputs, options), {output});
+  const int64_t t0 = RecordClock();
+  return Recorded(WithResult(DoScatter(output, inputs, options), {output}),
+                  Flight(OpType::kScatter, &output, Numel(inputs), output.numel(), output.nbytes(),
+                         options.root, options.timeout, timeout_),
+                  t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(
@@ -314,7 +417,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kReduceScatter, output, "output"));
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kReduceScatter, inputs, "inputs", output, true));
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kReduceScatter, options.op, output.dtype()));
-  return WithResult(DoReduceScatter(output, inputs, options), {output});
+  const int64_t t0 = RecordClock();
+  return Recorded(WithResult(DoReduceScatter(output, inputs, options), {output}),
+                  Flight(OpType::kReduceScatter, &output, Numel(inputs), output.numel(),
+                         output.nbytes(), -1, options.timeout, timeout_),
+                  t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::alltoall(absl::Span<const Tensor> outputs,
@@ -325,18 +432,30 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::alltoall(absl::Span<const Te
   }
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllToAll, inputs, "inputs", inputs[0], false));
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllToAll, outputs, "outputs", inputs[0], false));
-  return WithResult(DoAllToAll(outputs, inputs, options), List(outputs));
+  const int64_t t0 = RecordClock();
+  int64_t in_bytes = 0;
+  for (const Tensor& t : inputs) in_bytes += static_cast<int64_t>(t.nbytes());
+  return Recorded(WithResult(DoAllToAll(outputs, inputs, options), List(outputs)),
+                  Flight(OpType::kAllToAll, &inputs[0], Numel(inputs), Numel(outputs), in_bytes,
+                         -1, options.timeout, timeout_),
+                  t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::barrier(const BarrierOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckSupported(OpType::kBarrier, DeviceType::kCPU));
-  return DoBarrier(options);
+  const int64_t t0 = RecordClock();
+  return Recorded(DoBarrier(options),
+                  Flight(OpType::kBarrier, nullptr, 0, 0, 0, -1, options.timeout, timeout_), t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::monitored_barrier(
     const MonitoredBarrierOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckSupported(OpType::kMonitoredBarrier, DeviceType::kCPU));
-  return DoMonitoredBarrier(options);
+  const int64_t t0 = RecordClock();
+  return Recorded(DoMonitoredBarrier(options),
+                  Flight(OpType::kMonitoredBarrier, nullptr, 0, 0, 0, -1, options.timeout,
+                         timeout_),
+                  t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::send(const Tensor& tensor, int dst,
@@ -347,7 +466,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::send(const Tensor& tensor, i
     return absl::InvalidArgumentError(
         absl::StrCat("send: dst ", dst, " is this rank; a rank cannot send to itself"));
   }
-  return WithResult(DoSend(tensor, dst, options), {tensor});
+  const int64_t t0 = RecordClock();
+  FlightOp flight = Flight(OpType::kSend, &tensor, tensor.numel(), 0, tensor.nbytes(), dst,
+                           options.timeout, timeout_);
+  flight.tag = options.tag;
+  return Recorded(WithResult(DoSend(tensor, dst, options), {tensor}), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<RecvWork>> ProcessGroup::recv(const Tensor& tensor, int src,
@@ -360,7 +483,11 @@ absl::StatusOr<std::shared_ptr<RecvWork>> ProcessGroup::recv(const Tensor& tenso
           absl::StrCat("recv: src ", src, " is this rank; a rank cannot receive from itself"));
     }
   }
-  return WithResult(DoRecv(tensor, src, options), {tensor});
+  const int64_t t0 = RecordClock();
+  FlightOp flight = Flight(OpType::kRecv, &tensor, 0, tensor.numel(), tensor.nbytes(), src,
+                           options.timeout, timeout_);
+  flight.tag = options.tag;
+  return Recorded(WithResult(DoRecv(tensor, src, options), {tensor}), flight, t0);
 }
 
 }  // namespace ember::distributed

@@ -60,6 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "distributed/flight_recorder.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
 
@@ -149,6 +150,12 @@ class Work {
   // For backends: completes the work (the first call wins) and wakes
   // waiters.
   void Finish(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
+  // For backends: the op has started running (its worker picked it up);
+  // the flight recorder's "started" (Note [Flight recorder]). Optional.
+  void MarkStarted() ABSL_LOCKS_EXCLUDED(mu_);
+  // For ProcessGroup: the flight recorder entry `id` follows this op.
+  void AttachRecord(std::shared_ptr<FlightRecorder> recorder, int64_t id)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A Work that is already finished with `status`.
   static std::shared_ptr<Work> Completed(OpType op, absl::Status status);
 
@@ -164,6 +171,10 @@ class Work {
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  int64_t started_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t finished_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<FlightRecorder> recorder_ ABSL_GUARDED_BY(mu_);
+  int64_t record_id_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 // Options of each op. `timeout` overrides the group's timeout for one call.
@@ -281,8 +292,12 @@ class ProcessGroup {
                                                  const P2POptions& options = {});
 
   // Fails every pending and future op of this group with kAborted and wakes
-  // every waiter. Never blocks for long.
+  // every waiter. Never blocks for long. Backends call OnAbort() first.
   virtual void abort() = 0;
+
+  // This group's flight recorder (Note [Flight recorder]); its capacity is
+  // TORCH_FR_BUFFER_SIZE (0: off) when the group was created.
+  FlightRecorder& flight_recorder() const { return *recorder_; }
 
  protected:
   // Called only with validated arguments (Note [ProcessGroup layers]).
@@ -319,6 +334,9 @@ class ProcessGroup {
 
   // The deadline of an op that starts now.
   absl::Time DeadlineFor(const std::optional<absl::Duration>& timeout) const;
+  // Backends call this at the start of abort(): dumps the flight recorders
+  // (Note [Flight recorder dumps]).
+  void OnAbort();
 
  private:
   absl::Status CheckSupported(OpType op, DeviceType device) const;
@@ -327,12 +345,21 @@ class ProcessGroup {
   absl::Status CheckList(OpType op, absl::Span<const Tensor> list, const std::string& what,
                          const Tensor& like, bool same_numel) const;
   absl::Status CheckReduceOp(OpType op, ReduceOp reduce, Dtype dtype) const;
+  // Records an accepted op in the flight recorder and hands the entry to its
+  // Work; passes `work` through.
+  template <typename W>
+  absl::StatusOr<std::shared_ptr<W>> Recorded(absl::StatusOr<std::shared_ptr<W>> work,
+                                              const FlightOp& op, int64_t created_ns);
+  // The clock reading for an op's "scheduled" time; 0 when recording is off.
+  int64_t RecordClock() const;
 
   const int rank_;
   const int size_;
   const std::string backend_;
   const SupportTable support_;
   const absl::Duration timeout_;
+  const std::shared_ptr<FlightRecorder> recorder_;
+  std::atomic<bool> aborted_once_{false};
 };
 
 // A receive's Work: also tells which rank the message came from (useful

@@ -278,6 +278,7 @@ GlooProcessGroup::~GlooProcessGroup() {
 }
 
 void GlooProcessGroup::abort() {
+  OnAbort();
   const absl::Status aborted = absl::AbortedError("the process group was aborted");
   {
     absl::MutexLock lock(&mu_);
@@ -336,6 +337,7 @@ void GlooProcessGroup::WorkerLoop() {
       status = absl::DeadlineExceededError(
           absl::StrCat(item.context.what, ": its timeout passed before it could start"));
     } else {
+      item.work->MarkStarted();
       try {
         if (item.call) status = CheckCall(item.context, *item.call);
         if (status.ok()) status = item.job(item.context);

@@ -231,6 +231,7 @@ MpiProcessGroup::~MpiProcessGroup() {
 }
 
 void MpiProcessGroup::abort() {
+  OnAbort();
   absl::MutexLock lock(&mu_);
   if (aborted_.ok()) aborted_ = absl::AbortedError("the process group was aborted");
   for (Queued& q : queue_)
@@ -304,6 +305,7 @@ void MpiProcessGroup::WorkerLoop() {
     }
     if (have) {
       // Runs even past its deadline (Note [MPI timeouts]).
+      item.work->MarkStarted();
       absl::Status status = item.job(item.what);
       item.work->Finish(std::move(status));
       absl::MutexLock lock(&mu_);

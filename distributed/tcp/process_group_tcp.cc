@@ -313,6 +313,7 @@ std::string TcpProcessGroup::TransportTo(int peer) const {
 }
 
 void TcpProcessGroup::abort() {
+  OnAbort();
   {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = absl::AbortedError("the process group was aborted");
@@ -353,6 +354,7 @@ void TcpProcessGroup::WorkerLoop() {
       }
     }
     absl::Status status;
+    item.work->MarkStarted();
     try {
       status = item.job(item.context);
     } catch (const std::exception& e) {
