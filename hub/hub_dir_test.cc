@@ -73,7 +73,7 @@ TEST_F(HubDirTest, Precedence) {
   EXPECT_EQ(*dir, root_ + "/home/.torch/hub");
 
   // Then, each beating the ones before: XDG_CACHE_HOME, TORCH_HOME,
-  // TORCH_HUB_DIR, SetDir.
+  // TORCH_HUB_DIR, set_dir.
   setenv(kXdgCacheHomeEnv, (root_ + "/xdg").c_str(), 1);
   EXPECT_EQ(*get_dir(), root_ + "/xdg/torch/hub");
   setenv(kTorchHomeEnv, "~/th/", 1);  // "~/" means $HOME, as PyTorch expands it

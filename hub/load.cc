@@ -128,7 +128,8 @@ absl::StatusOr<CallArguments> BindArguments(const std::string& repo, const Entry
         e.positional_size() == 1 ? "" : "s",
         e.positional().empty() ? ""
                                : absl::StrCat(" (", absl::StrJoin(e.positional(), ", "), ")"),
-        " but ", options.args.size(), " were given; pass the others in kwargs"));
+        " but ", options.args.size(), options.args.size() == 1 ? " was" : " were",
+        " given; pass the others in kwargs"));
   }
   CallArguments call;
   call.kwargs = options.kwargs;

@@ -59,7 +59,7 @@ std::string hash_prefix_from_file_name(const std::string& file_name);
 absl::StatusOr<std::string> download_checkpoint(const std::string& url,
                                                 const LoadFromUrlOptions& options = {});
 
-// DownloadCheckpoint, then LoadCheckpoint (checkpoint.h) on the file.
+// download_checkpoint, then load_checkpoint (checkpoint.h) on the file.
 absl::StatusOr<StateDict> load_state_dict_from_url(const std::string& url,
                                                    const LoadFromUrlOptions& options = {});
 

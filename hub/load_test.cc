@@ -342,7 +342,7 @@ TEST_F(LoadTest, PositionalArguments) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(),
               HasSubstr("entry point fresh of alice/models takes 0 positional arguments but 1 "
-                        "were given"));
+                        "was given"));
 }
 
 TEST(BuilderWeightsTest, TorchvisionPublishesResNet18Here) {
