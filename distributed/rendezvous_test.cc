@@ -125,12 +125,12 @@ TEST(RendezvousThreadsTest, FileQueryFields) {
   ExpectOneJob(results);
 }
 
-// file:// without a rank (the seed's own example): ranks by arrival. Each
-// thread records when it got its result; every rank 0..N-1 is taken once.
+// file:// without a rank (the seed's own example): ranks by arrival; every
+// rank 0..N-1 is taken once and all share one store.
 TEST(RendezvousThreadsTest, FileWithoutRanksAssignsThemByArrival) {
   const std::string url = "file://" + TempPath("arrival");
-  auto results = RunThreads(4, [&](int) {
-    return RendezvousOptions{.init_method = url, .world_size = 4, .timeout = absl::Seconds(20)};
+  auto results = RunThreads(8, [&](int) {
+    return RendezvousOptions{.init_method = url, .world_size = 8, .timeout = absl::Seconds(20)};
   });
   ExpectOneJob(results);
 }
