@@ -7,7 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "tensor/error.h"
 #include "tensor/status_macros.h"
 
@@ -49,6 +49,61 @@ std::vector<std::string> SplitOptions(absl::string_view conf) {
 absl::Status BadValue(absl::string_view key, absl::string_view value, absl::string_view expected) {
   return absl::InvalidArgumentError(absl::StrCat("PYTORCH_CUDA_ALLOC_CONF: ", key, ":", value,
                                                  " is not valid: ", key, " must be ", expected));
+}
+
+bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+int Log2Floor(uint64_t v) { return 63 - __builtin_clzll(v); }
+
+// roundup_power2_divisions' value: one count for every interval, or a list.
+absl::Status ParseDivisions(const std::string& value,
+                            std::array<size_t, BlockPoolOptions::kRoundupIntervals>& divisions) {
+  constexpr absl::string_view kKey = "roundup_power2_divisions";
+  auto parse_count = [&](absl::string_view text, size_t& out) -> absl::Status {
+    uint64_t v = 0;
+    if (!absl::SimpleAtoi(text, &v) || (v != 0 && !IsPowerOfTwo(v)) || v > (1u << 20)) {
+      return BadValue(kKey, value, "a power of two (or 0 for none), or a list of them");
+    }
+    out = static_cast<size_t>(v);
+    return absl::OkStatus();
+  };
+  if (value.empty() || value.front() != '[') {
+    size_t all = 0;
+    EMBER_RETURN_IF_ERROR(parse_count(value, all));
+    divisions.fill(all);
+    return absl::OkStatus();
+  }
+  if (value.back() != ']') return BadValue(kKey, value, "a list closed by ']'");
+  const std::string inner = value.substr(1, value.size() - 2);
+  int last = -1;
+  for (absl::string_view entry : absl::StrSplit(inner, ',')) {
+    const size_t colon = entry.find(':');
+    if (colon == absl::string_view::npos) {
+      return BadValue(kKey, value, "a list of <MiB>:<divisions> entries, e.g. [256:1,512:2,>:4]");
+    }
+    const absl::string_view interval = entry.substr(0, colon);
+    size_t count = 0;
+    EMBER_RETURN_IF_ERROR(parse_count(entry.substr(colon + 1), count));
+    if (interval == ">") {
+      for (int k = last + 1; k < BlockPoolOptions::kRoundupIntervals; ++k) divisions[k] = count;
+      last = BlockPoolOptions::kRoundupIntervals - 1;
+      continue;
+    }
+    uint64_t mb = 0;
+    if (!absl::SimpleAtoi(interval, &mb) || !IsPowerOfTwo(mb)) {
+      return BadValue(kKey, value, "a list whose interval starts are powers of two (MiB) or '>'");
+    }
+    const int k = std::min(Log2Floor(mb), BlockPoolOptions::kRoundupIntervals - 1);
+    if (k <= last) {
+      return BadValue(kKey, value, "a list of intervals in increasing order");
+    }
+    if (last == -1) {
+      for (int j = 0; j < k; ++j) divisions[j] = count;
+    }
+    divisions[k] = count;
+    last = k;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -95,17 +150,19 @@ absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view conf) {
       } else if (value != "native") {
         return BadValue(key, value, "native or cudaMallocAsync");
       }
-    } else if (key == "roundup_power2_divisions" || key == "release_lock_on_cudamalloc" ||
-               key == "pinned_use_cuda_host_register" || key == "pinned_num_register_threads" ||
-               key == "pinned_use_background_threads") {
-      config.ignored.push_back(absl::StrCat(
-          key, " is not supported by Ember's caching allocator and is ignored (sizes round to ",
-          kMinBlockSize, " bytes; pinned memory comes from cudaHostAlloc)"));
+    } else if (key == "roundup_power2_divisions") {
+      EMBER_RETURN_IF_ERROR(ParseDivisions(value, config.options.roundup_power2_divisions));
+    } else if (key == "release_lock_on_cudamalloc" || key == "pinned_use_cuda_host_register" ||
+               key == "pinned_num_register_threads" || key == "pinned_use_background_threads") {
+      config.ignored.push_back(
+          absl::StrCat(key,
+                       " is not supported by Ember's caching allocator and is ignored (its lock "
+                       "is held across cudaMalloc; pinned memory comes from cudaHostAlloc)"));
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "PYTORCH_CUDA_ALLOC_CONF: unrecognized option '", key,
-          "'; Ember honours max_split_size_mb and garbage_collection_threshold (and accepts "
-          "expandable_segments:False and backend:native)"));
+          "'; Ember honours max_split_size_mb, garbage_collection_threshold and "
+          "roundup_power2_divisions (and accepts expandable_segments:False and backend:native)"));
     }
   }
   return config;
@@ -114,6 +171,20 @@ absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view conf) {
 size_t round_size(size_t size) {
   if (size == 0) return 0;
   return size < kMinBlockSize ? kMinBlockSize : RoundUp(size, kMinBlockSize);
+}
+
+size_t round_size(size_t size, const BlockPoolOptions& options) {
+  if (size <= kMinBlockSize) return round_size(size);
+  const int interval = std::clamp(Log2Floor(size) - 20, 0, BlockPoolOptions::kRoundupIntervals - 1);
+  const size_t divisions = options.roundup_power2_divisions[interval];
+  if (divisions == 0 || size <= kMinBlockSize * divisions) return round_size(size);
+  // Between the powers of two around `size`, `divisions` equal steps.
+  if (IsPowerOfTwo(size)) return size;
+  const size_t floor = size_t{1} << Log2Floor(size);
+  const size_t step = floor >> Log2Floor(divisions);
+  if (step == 0) return floor << 1;
+  const size_t down = size & ~(step - 1);
+  return down == size ? size : down + step;
 }
 
 size_t segment_size(size_t size) {
@@ -153,7 +224,7 @@ absl::StatusOr<Block*> BlockPool::allocate(size_t size, Stream stream) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   ProcessEvents();
-  const size_t rounded = round_size(size);
+  const size_t rounded = round_size(size, options_);
   const bool large = rounded > kSmallSize;
   Block* block = FindFree(rounded, stream, large);
   if (block == nullptr) {

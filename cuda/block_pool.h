@@ -63,6 +63,7 @@
 #ifndef EMBER_CUDA_BLOCK_POOL_H_
 #define EMBER_CUDA_BLOCK_POOL_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -85,9 +86,15 @@ inline constexpr size_t kMinLargeAlloc = size_t{10} << 20;  // Below: kLargeBuff
 inline constexpr size_t kLargeBuffer = size_t{20} << 20;
 inline constexpr size_t kRoundLarge = size_t{2} << 20;  // Large segments round to this.
 
+struct BlockPoolOptions;
+
 // `size` rounded up to the block granularity (0 stays 0; kMinBlockSize at least
-// otherwise).
+// otherwise), or, under `options.roundup_power2_divisions`, as torch rounds
+// it: up to the next of `divisions` equal steps between the powers of two
+// around it (a request of 1.1 MiB with 4 divisions takes 1.25 MiB), for
+// requests larger than kMinBlockSize times the divisions.
 size_t round_size(size_t size);
+size_t round_size(size_t size, const BlockPoolOptions& options);
 // The size of the segment the pool obtains for a request of `size` (already
 // rounded) that no cached block holds.
 size_t segment_size(size_t size);
@@ -119,6 +126,11 @@ struct BlockPoolOptions {
   // In (0, 1): with a memory limit, reclaim cached segments while reserved
   // bytes exceed this fraction of it (garbage_collection_threshold); 0: off.
   double garbage_collection_threshold = 0;
+  // Divisions per size interval: interval k holds requests of [2^k, 2^(k+1))
+  // MiB (the first also everything below 1 MiB, the last everything from
+  // 32 GiB); 0 rounds to kMinBlockSize (roundup_power2_divisions).
+  static constexpr int kRoundupIntervals = 16;
+  std::array<size_t, kRoundupIntervals> roundup_power2_divisions{};
 };
 
 // PYTORCH_CUDA_ALLOC_CONF, parsed: the options Ember honours and a line for
@@ -129,13 +141,16 @@ struct AllocatorConfig {
 };
 
 // Parses `conf` as torch does ("key:value,key:value"; spaces ignored).
-// Honoured: max_split_size_mb (an integer > 20, in MiB) and
-// garbage_collection_threshold (strictly between 0 and 1). Known to torch but
-// not acted on here, each listed in `ignored` naming the key and why:
+// Honoured: max_split_size_mb (an integer > 20, in MiB),
+// garbage_collection_threshold (strictly between 0 and 1) and
+// roundup_power2_divisions (a power of two, or 0, for every size; or a list
+// "[256:1,512:2,>:4]" of power-of-two MiB interval starts and their
+// divisions, ">" for every interval after the last one named, the first
+// value also covering the intervals below it). Known to torch but not acted
+// on here, each listed in `ignored` naming the key and why:
 // expandable_segments:True (Ember's segments are fixed allocations;
 // expandable_segments:False is the default and silent), backend:cudaMallocAsync
-// (backend:native is silent), roundup_power2_divisions,
-// release_lock_on_cudamalloc, pinned_use_cuda_host_register,
+// (backend:native is silent), release_lock_on_cudamalloc, pinned_use_cuda_host_register,
 // pinned_num_register_threads, pinned_use_background_threads. Anything else,
 // or a malformed value, is kInvalidArgument naming the key and value.
 absl::StatusOr<AllocatorConfig> ParseAllocatorConfig(absl::string_view conf);

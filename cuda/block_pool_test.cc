@@ -1,6 +1,7 @@
 #include "cuda/block_pool.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -113,6 +114,45 @@ TEST(BlockPoolTest, RoundsRequestsAndSizesSegmentsAsTorch) {
   EXPECT_EQ(segment_size(10 * kMiB - 512), 20 * kMiB);
   EXPECT_EQ(segment_size(10 * kMiB), 10 * kMiB);
   EXPECT_EQ(segment_size(10 * kMiB + 512), 12 * kMiB);
+}
+
+TEST(BlockPoolTest, RoundupPower2DivisionsRoundAsTorch) {
+  BlockPoolOptions four;
+  four.roundup_power2_divisions.fill(4);
+  // Between 1 MiB and 2 MiB, steps of 256 KiB.
+  EXPECT_EQ(round_size(kMiB + kMiB / 10, four), kMiB + kMiB / 4);
+  EXPECT_EQ(round_size(kMiB + kMiB / 4, four), kMiB + kMiB / 4) << "on a step already";
+  // Between 4 MiB and 8 MiB, steps of 1 MiB; powers of two stay.
+  EXPECT_EQ(round_size(5 * kMiB + 1, four), 6 * kMiB);
+  EXPECT_EQ(round_size(4 * kMiB, four), 4 * kMiB);
+  EXPECT_EQ(round_size(3 * kMiB, four), 3 * kMiB);
+  // Up to kMinBlockSize x divisions (2048 bytes): plain 512-byte rounding.
+  EXPECT_EQ(round_size(1000, four), 1024u);
+  EXPECT_EQ(round_size(2048, four), 2048u);
+  // Above it, the same steps: 512 bytes between 2 and 4 KiB.
+  EXPECT_EQ(round_size(3000, four), 3072u);
+  EXPECT_EQ(round_size(5000, four), 5120u);  // Steps of 1 KiB between 4 and 8 KiB.
+  // One division: the next power of two; 0: no rounding beyond 512 bytes.
+  BlockPoolOptions one;
+  one.roundup_power2_divisions.fill(1);
+  EXPECT_EQ(round_size(3 * kMiB, one), 4 * kMiB);
+  EXPECT_EQ(round_size(3 * kMiB + 1, BlockPoolOptions{}), 3 * kMiB + 512);
+  // Per interval: 300 MiB is in the 256 MiB interval.
+  BlockPoolOptions mixed;
+  mixed.roundup_power2_divisions[8] = 2;
+  EXPECT_EQ(round_size(300 * kMiB, mixed), 384 * kMiB);
+  EXPECT_EQ(round_size(3 * kMiB + 1, mixed), 3 * kMiB + 512) << "interval 1 has no divisions";
+}
+
+TEST(BlockPoolTest, PoolAllocatesRoundedUpBlocks) {
+  HostBacking host;
+  BlockPoolOptions four;
+  four.roundup_power2_divisions.fill(4);
+  BlockPool pool(host.Make(), four);
+  Block* b = Alloc(pool, 5 * kMiB + 1);
+  EXPECT_EQ(b->size, 6 * kMiB);
+  EXPECT_EQ(b->requested_size, 5 * kMiB + 1);
+  pool.free(b);
 }
 
 TEST(BlockPoolTest, ZeroBytesGiveNoBlockAndNoSegment) {
@@ -521,13 +561,21 @@ TEST(BlockPoolTest, ParsesTheAllocatorConfigAsTorch) {
 
   c = ParseAllocatorConfig(
       "roundup_power2_divisions:[256:1,512:2,>:4],expandable_segments:True,"
-      "backend:cudaMallocAsync,max_split_size_mb:64");
+      "backend:cudaMallocAsync,max_split_size_mb:64,release_lock_on_cudamalloc:True");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->options.max_split_size, 64 * kMiB);
+  // Intervals 0..8 (up to 256 MiB) take the first value, 9 (512 MiB) the
+  // second, and every later one the '>' value.
+  const std::array<size_t, 16> expected = {1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 4, 4, 4, 4, 4, 4};
+  EXPECT_EQ(c->options.roundup_power2_divisions, expected);
   ASSERT_EQ(c->ignored.size(), 3u);
-  EXPECT_THAT(c->ignored[0], ::testing::HasSubstr("roundup_power2_divisions is not supported"));
-  EXPECT_THAT(c->ignored[1], ::testing::HasSubstr("expandable_segments:True is not supported"));
-  EXPECT_THAT(c->ignored[2], ::testing::HasSubstr("backend:cudaMallocAsync is not supported"));
+  EXPECT_THAT(c->ignored[0], ::testing::HasSubstr("expandable_segments:True is not supported"));
+  EXPECT_THAT(c->ignored[1], ::testing::HasSubstr("backend:cudaMallocAsync is not supported"));
+  EXPECT_THAT(c->ignored[2], ::testing::HasSubstr("release_lock_on_cudamalloc is not supported"));
+
+  c = ParseAllocatorConfig("roundup_power2_divisions:4");
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (size_t d : c->options.roundup_power2_divisions) EXPECT_EQ(d, 4u);
 }
 
 TEST(BlockPoolTest, RefusesMalformedAllocatorConfigNamingTheKey) {
@@ -546,6 +594,11 @@ TEST(BlockPoolTest, RefusesMalformedAllocatorConfigNamingTheKey) {
   EXPECT_THAT(error("expandable_segments:yes"), ::testing::HasSubstr("True or False"));
   EXPECT_THAT(error("max_split_mb:64"), ::testing::HasSubstr("unrecognized option 'max_split_mb'"));
   EXPECT_THAT(error("max_split_size_mb"), ::testing::HasSubstr("has no value"));
+  EXPECT_THAT(error("roundup_power2_divisions:3"), ::testing::HasSubstr("a power of two"));
+  EXPECT_THAT(error("roundup_power2_divisions:[3:2]"), ::testing::HasSubstr("powers of two"));
+  EXPECT_THAT(error("roundup_power2_divisions:[512:2,256:1]"),
+              ::testing::HasSubstr("increasing order"));
+  EXPECT_THAT(error("roundup_power2_divisions:[256:1"), ::testing::HasSubstr("closed by ']'"));
 }
 
 TEST(BlockPoolTest, OtherBackingErrorsAreReturnedWithoutRetry) {

@@ -28,11 +28,12 @@
 // (cudaEventSynchronize) and every wholly free segment released.
 //
 // PYTORCH_CUDA_ALLOC_CONF is read once, at the first allocation: Ember
-// honours max_split_size_mb and garbage_collection_threshold (which, as in
-// torch, acts only under set_per_process_memory_fraction); the keys torch
-// knows and Ember does not act on (expandable_segments:True,
-// backend:cudaMallocAsync, roundup_power2_divisions, release_lock_on_cudamalloc,
-// pinned_*) are named on stderr and ignored; anything else, or a malformed
+// honours max_split_size_mb, garbage_collection_threshold (which, as in
+// torch, acts only under set_per_process_memory_fraction) and
+// roundup_power2_divisions; the keys torch knows and Ember does not act on
+// (expandable_segments:True, backend:cudaMallocAsync,
+// release_lock_on_cudamalloc, pinned_*) are named on stderr and ignored (the
+// pinned pool keeps torch's host defaults); anything else, or a malformed
 // value, fails every allocation with kInvalidArgument naming it
 // (ParseAllocatorConfig in block_pool.h).
 //

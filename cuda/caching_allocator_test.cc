@@ -428,15 +428,18 @@ TEST(AllocatorConfigTest, UnknownKeysAndBadValuesFailEveryAllocationNamingThem) 
 
 TEST(AllocatorConfigTest, KeysEmberDoesNotActOnAreNamedOnStderr) {
   auto [passed, output] = RunConfigChild(
-      "max_split_size_mb:256,expandable_segments:True,roundup_power2_divisions:4", "valid");
+      "max_split_size_mb:256,expandable_segments:True,roundup_power2_divisions:4,"
+      "pinned_num_register_threads:8",
+      "valid");
   EXPECT_TRUE(passed) << output;
   EXPECT_TRUE(
       Contains(output, "PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is not supported"))
       << output;
   EXPECT_TRUE(
-      Contains(output, "PYTORCH_CUDA_ALLOC_CONF: roundup_power2_divisions is not supported"))
+      Contains(output, "PYTORCH_CUDA_ALLOC_CONF: pinned_num_register_threads is not supported"))
       << output;
   EXPECT_FALSE(Contains(output, "max_split_size_mb is not")) << output;
+  EXPECT_FALSE(Contains(output, "roundup_power2_divisions is not")) << output;
 }
 
 // //cuda registers the pinned allocator with tensor/, so the factories'
