@@ -250,6 +250,10 @@ absl::Status init_process_group(const InitOptions& options) {
   b.pg_options = options.pg_options;
   b.store_prefix = absl::StrCat(prefix, "0/");
   EMBER_ASSIGN_OR_RETURN(Group world, backend->create(b));
+  // Dumps name the process by its global rank and the groups as PyTorch
+  // does (Note [Flight recorder]).
+  set_flight_recorder_rank(b.rank);
+  world->flight_recorder().set_group_name("0");
   if (b.store && !backend->world_from_launcher) {
     EMBER_RETURN_IF_ERROR(StoreBarrier(*b.store, BarrierKey(prefix, 1), b.size, options.timeout,
                                        "init_process_group"));
@@ -325,7 +329,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
   State& s = GetState();
   BackendOptions b;
   const BackendInfo* backend = nullptr;
-  int my_index = -1, my_rank = -1, world_size = 0, generation = 0;
+  int my_index = -1, my_rank = -1, world_size = 0, generation = 0, group_id = 0;
   std::string barrier_key;
   {
     absl::MutexLock lock(&s.mu);
@@ -345,6 +349,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
       }
     }
     const int id = s.next_group++;
+    group_id = id;
     const std::string backend_name = options.backend.empty() ? s.backend : options.backend;
     EMBER_ASSIGN_OR_RETURN(backend, find_backend(backend_name));
     auto me = std::find(ranks.begin(), ranks.end(), s.rank);
@@ -377,6 +382,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
   } else {
     EMBER_ASSIGN_OR_RETURN(group, backend->create(b));
   }
+  group->flight_recorder().set_group_name(absl::StrCat(group_id));
   if (b.store && !backend->world_from_launcher) {
     EMBER_RETURN_IF_ERROR(StoreBarrier(*b.store, barrier_key, world_size, b.timeout, "new_group"));
   }
