@@ -5,6 +5,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "tensor/status_macros.h"
 
 namespace ember::launch {
 namespace {
@@ -22,15 +24,67 @@ absl::Status ParseInt(const std::string& name, const std::string& text, int min,
   return absl::OkStatus();
 }
 
+absl::Status ParseSeconds(const std::string& name, const std::string& text, absl::Duration& out) {
+  double seconds = 0;
+  if (!absl::SimpleAtod(text, &seconds) || !(seconds > 0) || seconds > 1e7) {
+    return UsageError(absl::StrCat("--", name, "=", text, " is not a positive number of seconds"));
+  }
+  out = absl::Seconds(seconds);
+  return absl::OkStatus();
+}
+
+// --nnodes=N or --nnodes=MIN:MAX.
+absl::Status ParseNodes(const std::string& text, LaunchOptions& options) {
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) {
+    EMBER_RETURN_IF_ERROR(ParseInt("nnodes", text, 1, 65536, options.nnodes));
+    options.min_nodes = options.max_nodes = options.nnodes;
+    return absl::OkStatus();
+  }
+  int lo = 0, hi = 0;
+  if (!absl::SimpleAtoi(text.substr(0, colon), &lo) ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &hi) || lo < 1 || hi < lo || hi > 65536) {
+    return UsageError(absl::StrCat("--nnodes=", text, " is not N or MIN:MAX with 1 <= MIN <= MAX"));
+  }
+  options.min_nodes = lo;
+  options.max_nodes = hi;
+  options.nnodes = hi;
+  return absl::OkStatus();
+}
+
+// --rdzv_conf=key=value,...
+absl::Status ParseRdzvConf(const std::string& text, LaunchOptions& options) {
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const size_t eq = item.find('=');
+    const std::string key(item.substr(0, eq));
+    const std::string value(eq == absl::string_view::npos ? "" : item.substr(eq + 1));
+    absl::Duration* target = key == "join_timeout"        ? &options.rdzv_join_timeout
+                             : key == "last_call_timeout" ? &options.rdzv_last_call
+                             : key == "heartbeat_timeout" ? &options.rdzv_heartbeat_timeout
+                                                          : nullptr;
+    if (target == nullptr) {
+      return UsageError(absl::StrCat("--rdzv_conf: unknown key '", key,
+                                     "' (known: join_timeout, last_call_timeout, heartbeat_timeout)"));
+    }
+    EMBER_RETURN_IF_ERROR(ParseSeconds(absl::StrCat("rdzv_conf ", key), value, *target));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string Usage() {
   return "usage: launch [--nproc_per_node=N] [--nnodes=M] [--node_rank=K] [--master_addr=ADDR]\n"
          "              [--master_port=PORT] [--use_env] [--max_restarts=R] [--serve_store]\n"
          "              program [args...]\n"
+         "       launch [--nproc_per_node=N] --nnodes=MIN:MAX --rdzv_endpoint=HOST[:PORT]\n"
+         "              [--rdzv_id=JOB] [--rdzv_backend=c10d] [--rdzv_conf=KEY=SECONDS,...]\n"
+         "              [--max_restarts=R] [--monitor_interval=SECONDS] program [args...]\n"
          "Starts N workers of `program` on this node (node K of M) with MASTER_ADDR, MASTER_PORT,\n"
          "WORLD_SIZE, RANK and LOCAL_RANK set for env:// rendezvous; passes --local_rank=i unless\n"
          "--use_env. --serve_store: node 0's launcher serves the store for Ember programs.\n"
+         "Elastic: the launchers meet at HOST:PORT (served by the launcher there), wait for MIN\n"
+         "nodes (30 s more for up to MAX), and start a new round when a node is lost or joins.\n"
          "Defaults: 1 process, 1 node, node 0, 127.0.0.1:29500, no restarts.\n"
          "launch --help | --version: this text, or the version.\n"
          "Exit status: 0 every worker succeeded; the first failed worker's exit code (128 + the\n"
@@ -68,7 +122,32 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
       if (absl::Status s = ParseInt(name, *value, 1, 4096, options.nproc_per_node); !s.ok())
         return s;
     } else if (name == "nnodes") {
-      if (absl::Status s = ParseInt(name, *value, 1, 65536, options.nnodes); !s.ok()) return s;
+      if (absl::Status s = ParseNodes(*value, options); !s.ok()) return s;
+    } else if (name == "rdzv_endpoint") {
+      const size_t colon = value->rfind(':');
+      options.rdzv_endpoint_host = value->substr(0, colon);
+      if (colon != std::string::npos) {
+        if (absl::Status s = ParseInt(name, value->substr(colon + 1), 1, 65535,
+                                      options.rdzv_endpoint_port);
+            !s.ok())
+          return s;
+      }
+      if (options.rdzv_endpoint_host.empty()) return UsageError("--rdzv_endpoint has no host");
+    } else if (name == "rdzv_id") {
+      if (value->empty() || value->find('/') != std::string::npos) {
+        return UsageError(absl::StrCat("--rdzv_id=", *value, " must be non-empty without '/'"));
+      }
+      options.rdzv_id = *value;
+    } else if (name == "rdzv_backend") {
+      if (*value != "c10d" && *value != "static") {
+        return UsageError(absl::StrCat("--rdzv_backend=", *value,
+                                       " is not supported (c10d: elastic, with --rdzv_endpoint; "
+                                       "static: fixed --nnodes and --node_rank)"));
+      }
+    } else if (name == "rdzv_conf") {
+      if (absl::Status s = ParseRdzvConf(*value, options); !s.ok()) return s;
+    } else if (name == "monitor_interval") {
+      if (absl::Status s = ParseSeconds(name, *value, options.monitor_interval); !s.ok()) return s;
     } else if (name == "node_rank") {
       if (absl::Status s = ParseInt(name, *value, 0, 65535, options.node_rank); !s.ok()) return s;
     } else if (name == "master_port") {
@@ -85,7 +164,11 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
   }
   options.program.assign(args.begin() + i, args.end());
   if (options.program.empty()) return UsageError("no program to launch");
-  if (options.node_rank >= options.nnodes) {
+  if (options.min_nodes != options.max_nodes && !options.elastic()) {
+    return UsageError(absl::StrCat("--nnodes=", options.min_nodes, ":", options.max_nodes,
+                                   " needs --rdzv_endpoint=HOST[:PORT], where the launchers meet"));
+  }
+  if (!options.elastic() && options.node_rank >= options.nnodes) {
     return UsageError(absl::StrCat("--node_rank=", options.node_rank,
                                    " is not in [0, --nnodes=", options.nnodes, ")"));
   }

@@ -3,6 +3,8 @@
 //
 //   launch --nproc_per_node=4 [--nnodes=2 --node_rank=0 --master_addr=10.0.0.1
 //          --master_port=29500] [--use_env] [--max_restarts=3] program args...
+//   launch --nproc_per_node=4 --nnodes=1:3 --rdzv_endpoint=10.0.0.1:29400
+//          --rdzv_id=job7 [--max_restarts=3] [--monitor_interval=0.1] program args...
 //
 // Worker i of node K gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE
 // (= nnodes * nproc_per_node), RANK (= K * nproc_per_node + i), LOCAL_RANK
@@ -39,6 +41,23 @@ struct LaunchOptions {
   bool use_env = false;
   bool serve_store = false;
   int max_restarts = 0;
+  // Elastic jobs, as torchrun's c10d rendezvous (tools/launch/elastic_agent.h):
+  // --rdzv_endpoint=HOST[:PORT] turns them on, --nnodes=MIN:MAX (or N) bounds
+  // the nodes, --rdzv_id names the job, --monitor_interval is how often the
+  // launcher checks its workers and the other nodes, --rdzv_conf=
+  // join_timeout=S,last_call_timeout=S,heartbeat_timeout=S tunes the
+  // rendezvous (seconds). node_rank, master_addr and master_port then come
+  // from each round.
+  int min_nodes = 1;
+  int max_nodes = 1;
+  std::string rdzv_endpoint_host;  // empty: not elastic
+  int rdzv_endpoint_port = 29400;
+  std::string rdzv_id = "none";
+  absl::Duration monitor_interval = absl::Milliseconds(100);
+  absl::Duration rdzv_join_timeout = absl::Seconds(600);
+  absl::Duration rdzv_last_call = absl::Seconds(30);
+  absl::Duration rdzv_heartbeat_timeout = absl::Seconds(15);
+  bool elastic() const { return !rdzv_endpoint_host.empty(); }
   // How long workers get to exit after SIGTERM before SIGKILL.
   absl::Duration stop_grace = absl::Seconds(10);
   std::vector<std::string> program;  // the program and its own arguments

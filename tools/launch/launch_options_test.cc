@@ -57,5 +57,45 @@ TEST(LaunchOptionsTest, ErrorsNameTheOption) {
   EXPECT_THAT(ParseLaunchArgs({"--nnodes=x", "p"}).status().message(), HasSubstr("--nnodes=x"));
 }
 
+TEST(LaunchOptionsTest, ElasticOptions) {
+  LaunchOptions options =
+      ParseLaunchArgs({"--nnodes=1:3", "--rdzv_endpoint=head:1234", "--rdzv_id=job7",
+                       "--rdzv_backend=c10d", "--monitor_interval=0.5",
+                       "--rdzv_conf=join_timeout=20,last_call_timeout=2,heartbeat_timeout=3",
+                       "train"})
+          .value();
+  EXPECT_TRUE(options.elastic());
+  EXPECT_EQ(options.min_nodes, 1);
+  EXPECT_EQ(options.max_nodes, 3);
+  EXPECT_EQ(options.rdzv_endpoint_host, "head");
+  EXPECT_EQ(options.rdzv_endpoint_port, 1234);
+  EXPECT_EQ(options.rdzv_id, "job7");
+  EXPECT_EQ(options.monitor_interval, absl::Milliseconds(500));
+  EXPECT_EQ(options.rdzv_join_timeout, absl::Seconds(20));
+  EXPECT_EQ(options.rdzv_last_call, absl::Seconds(2));
+  EXPECT_EQ(options.rdzv_heartbeat_timeout, absl::Seconds(3));
+  // The endpoint's port defaults to torchrun's 29400; a fixed size is elastic too.
+  LaunchOptions fixed = ParseLaunchArgs({"--nnodes=2", "--rdzv_endpoint=head", "p"}).value();
+  EXPECT_EQ(fixed.rdzv_endpoint_port, 29400);
+  EXPECT_EQ(fixed.min_nodes, 2);
+  EXPECT_EQ(fixed.max_nodes, 2);
+  EXPECT_FALSE(ParseLaunchArgs({"--nnodes=2", "p"}).value().elastic());
+}
+
+TEST(LaunchOptionsTest, ElasticErrorsNameTheOption) {
+  EXPECT_THAT(ParseLaunchArgs({"--nnodes=1:3", "p"}).status().message(),
+              HasSubstr("--nnodes=1:3 needs --rdzv_endpoint"));
+  EXPECT_THAT(ParseLaunchArgs({"--nnodes=3:1", "--rdzv_endpoint=h", "p"}).status().message(),
+              HasSubstr("--nnodes=3:1"));
+  EXPECT_THAT(ParseLaunchArgs({"--rdzv_endpoint=:99", "p"}).status().message(),
+              HasSubstr("--rdzv_endpoint has no host"));
+  EXPECT_THAT(ParseLaunchArgs({"--rdzv_backend=etcd", "--rdzv_endpoint=h", "p"}).status().message(),
+              HasSubstr("--rdzv_backend=etcd is not supported"));
+  EXPECT_THAT(ParseLaunchArgs({"--rdzv_conf=timeout=3", "p"}).status().message(),
+              HasSubstr("unknown key 'timeout'"));
+  EXPECT_THAT(ParseLaunchArgs({"--monitor_interval=0", "p"}).status().message(),
+              HasSubstr("--monitor_interval=0"));
+}
+
 }  // namespace
 }  // namespace ember::launch
