@@ -20,7 +20,9 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
   EMBER_CHECK(input.is_floating_point(), "dropout: expected a floating point input, got ",
               dtype_name(input.dtype()));
   if (p == 1.0) return input * 0.0;
-  Tensor keep = rand(input.sizes(), input.options(), gen).ge(p).to(input.dtype());
+  // The mask is drawn where the input lives (Note [Random numbers] in
+  // tensor/factories.h): on a CUDA device by its Philox generator.
+  Tensor keep = bernoulli_(empty_like(input), 1.0 - p, gen);
   return input * (keep * (1.0 / (1.0 - p)));
 }
 

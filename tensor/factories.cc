@@ -1,8 +1,13 @@
 #include "tensor/factories.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <sstream>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "tensor/ops.h"
 
 namespace ember {
@@ -149,17 +154,140 @@ Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
 
 // --- Random ---------------------------------------------------------------------
 
-void Generator::manual_seed(uint64_t seed) {
-  engine_.seed(seed);
+Generator::Generator(uint64_t seed, Device device)
+    : device_(device), engine_(seed), seed_(seed) {}
+
+void Generator::SeedLocked(uint64_t seed) {
+  if (device_.is_cpu()) engine_.seed(seed);
   seed_ = seed;
+  offset_ = 0;
   spare_normal_.reset();
 }
 
+void Generator::manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SeedLocked(seed);
+}
+
+uint64_t Generator::initial_seed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return seed_;
+}
+
+uint64_t Generator::seed() {
+  std::random_device source;
+  const uint64_t s = (static_cast<uint64_t>(source()) << 32) | source();
+  manual_seed(s);
+  return s;
+}
+
+void Generator::CheckCpu(const char* call) const {
+  EMBER_CHECK(device_.is_cpu(), "Generator::", call, ": draws on the host belong to a CPU "
+              "generator, and this one is for ", device_.str(),
+              "; its kernels take philox_engine_inputs instead");
+}
+
+void Generator::CheckDevice(const char* call) const {
+  EMBER_CHECK(!device_.is_cpu(), "Generator::", call,
+              ": a CPU generator has no Philox offset; use a device generator "
+              "(Generator(seed, device))");
+}
+
+Generator::PhiloxInputs Generator::philox_engine_inputs(uint64_t increment) {
+  CheckDevice("philox_engine_inputs");
+  std::lock_guard<std::mutex> lock(mu_);
+  PhiloxInputs in{seed_, offset_};
+  offset_ += ((increment + 3) / 4) * 4;
+  return in;
+}
+
+uint64_t Generator::offset() const {
+  CheckDevice("offset");
+  std::lock_guard<std::mutex> lock(mu_);
+  return offset_;
+}
+
+void Generator::set_offset(uint64_t offset) {
+  CheckDevice("set_offset");
+  EMBER_CHECK(offset % 4 == 0, "Generator::set_offset: offset must be a multiple of 4, got ",
+              offset);
+  std::lock_guard<std::mutex> lock(mu_);
+  offset_ = offset;
+}
+
+Tensor Generator::get_state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string bytes;
+  if (device_.is_cpu()) {
+    // Text: the seed, the engine (operator<< of the standard), then the
+    // spare normal, if any, exactly (hex float).
+    std::ostringstream out;
+    out << seed_ << ' ' << engine_ << ' ' << (spare_normal_ ? 1 : 0) << ' ' << std::hexfloat
+        << spare_normal_.value_or(0.0);
+    bytes = out.str();
+  } else {
+    bytes.resize(kPhiloxStateSize);
+    for (int i = 0; i < 8; ++i) {
+      bytes[i] = static_cast<char>(seed_ >> (8 * i));
+      bytes[8 + i] = static_cast<char>(offset_ >> (8 * i));
+    }
+  }
+  Tensor state = EmptyTensor({static_cast<int64_t>(bytes.size())}, kUInt8, kCPU);
+  if (!bytes.empty()) std::memcpy(state.raw_data(), bytes.data(), bytes.size());
+  return state;
+}
+
+void Generator::set_state(const Tensor& state) {
+  EMBER_CHECK(state.defined() && state.is_cpu() && state.dtype() == kUInt8 && state.dim() == 1,
+              "Generator::set_state: expected a 1-D uint8 CPU tensor (what get_state returns), "
+              "got ",
+              state.defined() ? absl::StrCat(std::string(dtype_name(state.dtype())), " ",
+                                             ShapeToString(state.sizes()), " on ",
+                                             state.device().str())
+                              : std::string("an undefined tensor"));
+  const Tensor c = state.contiguous();
+  const std::string bytes(static_cast<const char*>(c.raw_data()), c.numel());
+  if (!device_.is_cpu()) {
+    EMBER_CHECK(c.numel() == kPhiloxStateSize, "Generator::set_state: a ",
+                DeviceTypeName(device_.type()), " generator's state is ", kPhiloxStateSize,
+                " bytes (seed and offset), got ", c.numel());
+    uint64_t seed = 0, offset = 0;
+    for (int i = 0; i < 8; ++i) {
+      seed |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[i])) << (8 * i);
+      offset |= static_cast<uint64_t>(static_cast<uint8_t>(bytes[8 + i])) << (8 * i);
+    }
+    EMBER_CHECK(offset % 4 == 0, "Generator::set_state: the offset in the state (", offset,
+                ") is not a multiple of 4; the tensor is not a Philox generator's state");
+    std::lock_guard<std::mutex> lock(mu_);
+    seed_ = seed;
+    offset_ = offset;
+    return;
+  }
+  std::istringstream in(bytes);
+  uint64_t seed = 0;
+  std::mt19937_64 engine;
+  int has_spare = 0;
+  std::string spare_text;
+  in >> seed >> engine >> has_spare >> spare_text;
+  char* end = nullptr;
+  const double spare = in ? std::strtod(spare_text.c_str(), &end) : 0.0;
+  EMBER_CHECK(in && (has_spare == 0 || has_spare == 1) && end != nullptr && *end == '\0',
+              "Generator::set_state: ", c.numel(),
+              " bytes that are not a CPU generator's state; pass what get_state() returned");
+  std::lock_guard<std::mutex> lock(mu_);
+  seed_ = seed;
+  engine_ = engine;
+  spare_normal_.reset();
+  if (has_spare) spare_normal_ = spare;
+}
+
 double Generator::NextDouble() {
+  CheckCpu("NextDouble");
   return static_cast<double>(engine_() >> 11) * (1.0 / 9007199254740992.0);
 }
 
 double Generator::NextNormal() {
+  CheckCpu("NextNormal");
   if (spare_normal_) {
     double v = *spare_normal_;
     spare_normal_.reset();
@@ -173,6 +301,7 @@ double Generator::NextNormal() {
 }
 
 int64_t Generator::NextInt(int64_t low, int64_t high) {
+  CheckCpu("NextInt");
   uint64_t range = static_cast<uint64_t>(high - low);
   // Rejection sampling removes modulo bias.
   uint64_t limit = UINT64_MAX - UINT64_MAX % range;
@@ -188,43 +317,71 @@ Generator& default_generator() {
   return *gen;
 }
 
+namespace {
+
+std::atomic<DeviceGenerators*> device_generators[kNumDeviceTypes];
+
+}  // namespace
+
+void SetDeviceGenerators(DeviceType type, DeviceGenerators* generators) {
+  EMBER_CHECK(type != DeviceType::kCPU,
+              "SetDeviceGenerators: the CPU's default generator is default_generator()");
+  device_generators[static_cast<int>(type)].store(generators);
+}
+
+DeviceGenerators* GetDeviceGenerators(DeviceType type) {
+  return device_generators[static_cast<int>(type)].load();
+}
+
+Generator& default_generator(Device device) {
+  if (device.is_cpu()) return default_generator();
+  DeviceGenerators* generators = GetDeviceGenerators(device.type());
+  EMBER_CHECK(generators != nullptr, "no random number generator is registered for ",
+              DeviceTypeName(device.type()), " devices; link //cuda (part of //:ember)");
+  return generators->get(device.index());
+}
+
 void manual_seed(uint64_t seed) {
-  Generator& g = default_generator();
-  std::lock_guard<std::mutex> lock(g.mutex());
-  g.manual_seed(seed);
+  default_generator().manual_seed(seed);
+  for (int t = 0; t < kNumDeviceTypes; ++t) {
+    if (DeviceGenerators* g = device_generators[t].load()) g->manual_seed_all(seed);
+  }
 }
 
 namespace {
 
-// Random values come from a per-element source evaluated on the host in
-// row-major order, so results do not depend on memory layout or device.
-// Draw: host.numel() values of `source` into `host`, contiguous CPU memory.
-template <typename Source>
-void Draw(const Tensor& host, Generator* gen, Source source) {
-  Generator& g = gen ? *gen : default_generator();
-  VisitDtype(host.dtype(), [&]<typename T>() {
-    T* p = host.data_ptr<T>();
-    std::lock_guard<std::mutex> lock(g.mutex());
-    for (int64_t i = 0; i < host.numel(); ++i) p[i] = CastTo<T>(source(g));
-  });
+// The generator a random op on `t` draws from: the caller's, or the default
+// one of t's device; it must belong to t's device type (torch's "Expected a
+// 'cuda' device type for generator").
+Generator* GeneratorFor(const Tensor& t, Generator* gen, const char* op) {
+  Generator* g = gen != nullptr ? gen : &default_generator(t.device());
+  EMBER_CHECK(g->device().type() == t.device().type(), op, ": expected a '",
+              DeviceTypeName(t.device().type()), "' device type for generator but found '",
+              DeviceTypeName(g->device().type()),
+              "'; pass a generator of the tensor's device (Generator(seed, device)) or none");
+  return g;
 }
 
-// The in-place ops (uniform_, normal_): drawn on the CPU, then copied into
+// A fresh tensor filled by `fill` (a dispatched *_out op), at version 0.
+template <typename Fill>
+Tensor FreshRandom(IntArrayRef sizes, const TensorOptions& options, Generator* gen,
+                   const char* op, Fill fill) {
+  CheckPlacement(options, op);
+  Tensor t = EmptyTensor(sizes, options.dtype(), options.device());
+  if (t.numel() > 0) fill(t, GeneratorFor(t, gen, op));
+  ResetFreshVersion(t);
+  return Finish(std::move(t), options);
+}
+
+// The in-place ops: drawn into a fresh tensor on t's device, then copied into
 // `t` as any in-place write is (version bump, autograd's checks).
-template <typename Source>
-Tensor FillRandom(const Tensor& t, Generator* gen, Source source) {
-  Tensor host = EmptyTensor(t.sizes(), t.dtype(), kCPU);
-  Draw(host, gen, source);
-  return t.copy_(host);
-}
-
-// The factories (rand, randn): a fresh tensor, drawn in place on the CPU
-// (no second buffer and copy), moved to the requested device after.
-template <typename Source>
-Tensor FreshRandom(IntArrayRef sizes, const TensorOptions& options, Generator* gen, Source source) {
-  Tensor host = EmptyTensor(sizes, options.dtype(), kCPU);
-  Draw(host, gen, source);
-  return options.device().is_cpu() ? host : host.to(options.device());
+template <typename Fill>
+Tensor FillRandom(const Tensor& t, Generator* gen, const char* op, Fill fill) {
+  EMBER_CHECK(t.defined(), op, ": the tensor is undefined");
+  Generator* g = GeneratorFor(t, gen, op);
+  Tensor fresh = EmptyTensor(t.sizes(), t.dtype(), t.device());
+  if (fresh.numel() > 0) fill(fresh, g);
+  return t.copy_(fresh);
 }
 
 void CheckFloating(Dtype dtype, const char* op) {
@@ -232,26 +389,74 @@ void CheckFloating(Dtype dtype, const char* op) {
               dtype_name(dtype), "; use randint for integers");
 }
 
+// --- CPU kernels: drawn on the host in row-major order ---------------------
+
+template <typename Source>
+void DrawCpu(const Tensor& out, Generator* gen, Source source) {
+  const Tensor host = out.is_contiguous() ? out : EmptyTensor(out.sizes(), out.dtype(), kCPU);
+  VisitDtype(host.dtype(), [&]<typename T>() {
+    T* p = host.data_ptr<T>();
+    std::lock_guard<std::mutex> lock(gen->mutex());
+    for (int64_t i = 0; i < host.numel(); ++i) p[i] = CastTo<T>(source(*gen));
+  });
+  if (!host.is_same(out)) ops::copy_out(out, host);
+}
+
+void UniformCpu(const Tensor& out, double from, double to, Generator* gen) {
+  DrawCpu(out, gen, [&](Generator& g) { return from + (to - from) * g.NextDouble(); });
+}
+
+void NormalCpu(const Tensor& out, double mean, double std, Generator* gen) {
+  DrawCpu(out, gen, [&](Generator& g) { return mean + std * g.NextNormal(); });
+}
+
+void RandomCpu(const Tensor& out, int64_t low, int64_t high, Generator* gen) {
+  DrawCpu(out, gen, [&](Generator& g) { return g.NextInt(low, high); });
+}
+
+void BernoulliCpu(const Tensor& out, double p, Generator* gen) {
+  DrawCpu(out, gen, [&](Generator& g) { return g.NextDouble() < p ? 1 : 0; });
+}
+
+EMBER_REGISTER_KERNEL(uniform_out, kCPU, &UniformCpu);
+EMBER_REGISTER_KERNEL(normal_out, kCPU, &NormalCpu);
+EMBER_REGISTER_KERNEL(random_out, kCPU, &RandomCpu);
+EMBER_REGISTER_KERNEL(bernoulli_out, kCPU, &BernoulliCpu);
+
 }  // namespace
 
 Tensor uniform_(const Tensor& t, double from, double to, Generator* gen) {
   CheckFloating(t.dtype(), "uniform_");
   EMBER_CHECK(from <= to, "uniform_: expects from <= to, but got from=", from, " > to=", to);
-  return FillRandom(t, gen, [&](Generator& g) { return from + (to - from) * g.NextDouble(); });
+  return FillRandom(t, gen, "uniform_",
+                    [&](const Tensor& out, Generator* g) { ops::uniform_out(out, from, to, g); });
 }
 
 Tensor normal_(const Tensor& t, double mean, double std, Generator* gen) {
   CheckFloating(t.dtype(), "normal_");
   EMBER_CHECK(std >= 0, "normal_: expects std >= 0.0, but found std ", std);
-  return FillRandom(t, gen, [&](Generator& g) { return mean + std * g.NextNormal(); });
+  return FillRandom(t, gen, "normal_",
+                    [&](const Tensor& out, Generator* g) { ops::normal_out(out, mean, std, g); });
+}
+
+Tensor bernoulli_(const Tensor& t, double p, Generator* gen) {
+  EMBER_CHECK(p >= 0.0 && p <= 1.0, "bernoulli_: expects 0 <= p <= 1, but got p=", p);
+  return FillRandom(t, gen, "bernoulli_",
+                    [&](const Tensor& out, Generator* g) { ops::bernoulli_out(out, p, g); });
+}
+
+Tensor bernoulli(const Tensor& probs, Generator* gen) {
+  EMBER_CHECK(probs.defined(), "bernoulli: the probabilities tensor is undefined");
+  CheckFloating(probs.dtype(), "bernoulli");
+  return rand(probs.sizes(), TensorOptions(probs.dtype()).device(probs.device()), gen)
+      .lt(probs)
+      .to(probs.dtype());
 }
 
 Tensor rand(IntArrayRef sizes, TensorOptions options, Generator* gen) {
   CheckFloating(options.dtype(), "rand");
-  CheckPlacement(options, "rand");
-  Tensor t = FreshRandom(sizes, options, gen, [](Generator& g) { return g.NextDouble(); });
-  ResetFreshVersion(t);
-  return Finish(std::move(t), options);
+  return FreshRandom(sizes, options, gen, "rand",
+                     [](const Tensor& out, Generator* g) { ops::uniform_out(out, 0.0, 1.0, g); });
 }
 Tensor rand_like(const Tensor& t, TensorOptions options, Generator* gen) {
   return rand(t.sizes(), LikeOptions(t, options, "rand_like"), gen);
@@ -259,10 +464,8 @@ Tensor rand_like(const Tensor& t, TensorOptions options, Generator* gen) {
 
 Tensor randn(IntArrayRef sizes, TensorOptions options, Generator* gen) {
   CheckFloating(options.dtype(), "randn");
-  CheckPlacement(options, "randn");
-  Tensor t = FreshRandom(sizes, options, gen, [](Generator& g) { return g.NextNormal(); });
-  ResetFreshVersion(t);
-  return Finish(std::move(t), options);
+  return FreshRandom(sizes, options, gen, "randn",
+                     [](const Tensor& out, Generator* g) { ops::normal_out(out, 0.0, 1.0, g); });
 }
 Tensor randn_like(const Tensor& t, TensorOptions options, Generator* gen) {
   return randn(t.sizes(), LikeOptions(t, options, "randn_like"), gen);
@@ -271,12 +474,10 @@ Tensor randn_like(const Tensor& t, TensorOptions options, Generator* gen) {
 Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options,
                Generator* gen) {
   EMBER_CHECK(low < high, "randint: expects low < high, but got low=", low, ", high=", high);
-  CheckPlacement(options, "randint");
   if (!options.has_dtype()) options = options.dtype(kInt64);
-  Tensor t = FillRandom(EmptyTensor(sizes, options.dtype(), options.device()), gen,
-                        [&](Generator& g) { return g.NextInt(low, high); });
-  ResetFreshVersion(t);
-  return Finish(std::move(t), options);
+  return FreshRandom(sizes, options, gen, "randint", [&](const Tensor& out, Generator* g) {
+    ops::random_out(out, low, high, g);
+  });
 }
 
 // --- Caller memory ----------------------------------------------------------------

@@ -22,11 +22,31 @@
 // puts the result in pinned host memory (Tensor::pin_memory): it needs //cuda
 // linked and a usable device, and throws otherwise, as torch does without
 // CUDA. Random numbers come from
-// a seedable generator: manual_seed(s) makes every later rand/randn/randint
-// sequence reproducible across runs and machines (a 64-bit Mersenne Twister
-// with Ember's own, platform-independent distributions; the values differ
-// from PyTorch's). Errors throw ember::Error. The default generator is
-// guarded by a mutex; factories are thread-safe.
+// a seedable generator of the tensor's device (Note [Random numbers]):
+// manual_seed(s) reseeds the CPU's and every device's default generator, so
+// every later rand/randn/randint sequence is reproducible across runs and
+// machines. Errors throw ember::Error. Generators are guarded by a mutex;
+// factories are thread-safe.
+//
+// Note [Random numbers]
+// A Generator belongs to a device type, as torch.Generator does. The CPU's
+// is a 64-bit Mersenne Twister with Ember's own, platform-independent
+// distributions, drawn on the host in row-major order (the values differ
+// from PyTorch's). A device's is counter-based Philox4x32-10, PyTorch's
+// CUDA generator: its state is a seed and an offset, nothing else. A kernel
+// that draws asks philox_engine_inputs(increment) for the seed and the
+// offset to start from, and the offset moves on by `increment` (rounded up
+// to a multiple of 4, one Philox block), the count of 32-bit values each
+// element group draws, so the next kernel draws values never used before.
+// The kernels (cuda/random_kernels.cu) give element group g Philox
+// subsequence g at that offset, so what a seed yields does not depend on
+// the launch's grid. rand/randn/randint/uniform_/normal_/bernoulli_ resolve
+// the generator (the caller's, or default_generator(device)), check that it
+// belongs to the tensor's device type, and call the dispatched kernels
+// uniform_out/normal_out/random_out/bernoulli_out, so a CUDA tensor's numbers
+// are drawn on its device, never on the host. Each device backend registers
+// its default generators, one per device (DeviceGenerators); //cuda:random
+// registers CUDA's (cuda/random.h: manual_seed(seed, device), get_rng_state).
 #ifndef EMBER_TENSOR_FACTORIES_H_
 #define EMBER_TENSOR_FACTORIES_H_
 
@@ -61,12 +81,52 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options =
 // Identity matrix n x m (m defaults to n).
 Tensor eye(int64_t n, std::optional<int64_t> m = std::nullopt, TensorOptions options = {});
 
-// A seedable random source (torch.Generator).
+// A seedable random source of one device type (torch.Generator; Note
+// [Random numbers]). The CPU's draws on the host (NextDouble, NextNormal,
+// NextInt, with mutex() held); a device's hands out Philox seeds and offsets
+// to kernels (philox_engine_inputs). The other members lock by themselves.
 class Generator {
  public:
-  explicit Generator(uint64_t seed = 67280421310721ull) : engine_(seed), seed_(seed) {}
+  // torch's default seed.
+  static constexpr uint64_t kDefaultSeed = 67280421310721ull;
+  // Bytes of a device generator's state: the seed and the offset, each a
+  // little-endian uint64 (as PyTorch's CUDA generator state).
+  static constexpr int64_t kPhiloxStateSize = 16;
+
+  explicit Generator(uint64_t seed = kDefaultSeed) : Generator(seed, kCPU) {}
+  // A generator of `device`'s type: the CPU's Mersenne Twister, or Philox
+  // for any other type (its index only names which device's it is).
+  Generator(uint64_t seed, Device device);
+
+  Device device() const { return device_; }
+  // Reseeds; a device generator's offset goes back to 0.
   void manual_seed(uint64_t seed);
-  uint64_t initial_seed() const { return seed_; }
+  uint64_t initial_seed() const;
+  // torch.Generator.seed(): reseeds from a non-deterministic source and
+  // returns the seed.
+  uint64_t seed();
+  // torch.Generator.get_state(): a uint8 CPU tensor that set_state restores
+  // exactly. A device generator's is kPhiloxStateSize bytes; the CPU's, the
+  // engine's state as text.
+  Tensor get_state() const;
+  // Throws, saying what is wrong, for a tensor that is not a uint8 CPU
+  // tensor of this generator's state (size, or an unparsable CPU state).
+  void set_state(const Tensor& state);
+
+  // --- Device generators (Philox) ----------------------------------------
+  struct PhiloxInputs {
+    uint64_t seed;
+    uint64_t offset;
+  };
+  // The seed and the offset a kernel starts from; moves the offset on by
+  // `increment` rounded up to a multiple of 4. Throws for a CPU generator.
+  PhiloxInputs philox_engine_inputs(uint64_t increment);
+  // torch.Generator.get_offset()/set_offset(); set_offset throws unless the
+  // offset is a multiple of 4 (kernels start at a Philox block).
+  uint64_t offset() const;
+  void set_offset(uint64_t offset);
+
+  // --- CPU draws (the caller holds mutex()) -------------------------------
   // Uniform in [0, 1) with 53 random bits.
   double NextDouble();
   // Standard normal (Box-Muller on NextDouble).
@@ -76,15 +136,44 @@ class Generator {
   std::mutex& mutex() { return mu_; }
 
  private:
+  void CheckCpu(const char* call) const;
+  void CheckDevice(const char* call) const;
+  void SeedLocked(uint64_t seed);
+
+  Device device_;
   std::mt19937_64 engine_;
   uint64_t seed_;
+  uint64_t offset_ = 0;  // device generators: the next kernel's Philox offset
   std::optional<double> spare_normal_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
 };
 
-// The process-wide default generator.
+// The process-wide default generator of the CPU.
 Generator& default_generator();
-// torch.manual_seed: reseeds the default generator.
+
+// A device backend's default generators, one per device (//cuda:random
+// registers CUDA's at load time). Thread-safe.
+class DeviceGenerators {
+ public:
+  virtual ~DeviceGenerators() = default;
+  // The default generator of device `index` (-1: the calling thread's
+  // current device); throws for an index that names no device.
+  virtual Generator& get(int index) = 0;
+  // Reseeds every device's default generator (torch.cuda.manual_seed_all).
+  virtual void manual_seed_all(uint64_t seed) = 0;
+};
+// Registers `generators` (not owned, must outlive its use; null
+// unregisters) for `type`, which is not the CPU.
+void SetDeviceGenerators(DeviceType type, DeviceGenerators* generators);
+DeviceGenerators* GetDeviceGenerators(DeviceType type);
+
+// The default generator of `device`: the CPU's, or its backend's for the
+// device (an index-less device: the current one). Throws when no backend
+// registered generators for the type (link //cuda).
+Generator& default_generator(Device device);
+
+// torch.manual_seed: reseeds the CPU's default generator and every device's
+// (each registered DeviceGenerators' manual_seed_all).
 void manual_seed(uint64_t seed);
 
 // Uniform in [0, 1) (floating dtypes only).
@@ -99,6 +188,11 @@ Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions optio
 // In place: uniform in [from, to) and normal(mean, std).
 Tensor uniform_(const Tensor& t, double from = 0.0, double to = 1.0, Generator* gen = nullptr);
 Tensor normal_(const Tensor& t, double mean = 0.0, double std = 1.0, Generator* gen = nullptr);
+// In place: 1 with probability p, else 0 (any dtype; 0 <= p <= 1).
+Tensor bernoulli_(const Tensor& t, double p = 0.5, Generator* gen = nullptr);
+// 1 where a uniform draw falls below `probs` (floating, each in [0, 1)),
+// else 0, in probs' dtype and on its device (torch.bernoulli).
+Tensor bernoulli(const Tensor& probs, Generator* gen = nullptr);
 
 // A tensor over caller memory, without copying. `deleter` (may be empty) runs
 // when the last tensor using the memory goes away; otherwise the caller keeps

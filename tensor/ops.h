@@ -23,6 +23,8 @@
 
 namespace ember {
 
+class Generator;  // tensor/factories.h
+
 // The op kinds of tensor/op_kinds.h.
 #define EMBER_OP_KIND(name) name,
 enum class UnaryOp : uint8_t { EMBER_UNARY_OPS(EMBER_OP_KIND) };
