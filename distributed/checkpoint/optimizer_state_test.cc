@@ -1,0 +1,259 @@
+// Training resumed from a distributed checkpoint on a different number of
+// ranks takes the same steps as a run that never stopped. The model is a
+// plain linear regression (w [8, 4], b [8]); every rank computes the full
+// gradient, and each rank's Adam steps only its own pieces of the parameters
+// (ZeRO's sharded optimizer state), which an all_reduce puts back together.
+// Pieces are rows (boxes) or flat ranges, differently on each world size.
+#include "distributed/checkpoint/optimizer_state.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "distributed/checkpoint/checkpoint.h"
+#include "distributed/testing/ranks.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nn/loss.h"
+#include "nn/optim/adam.h"
+#include "nn/optim/sgd.h"
+#include "tensor/factories.h"
+#include "tensor/status_macros.h"
+
+namespace ember::distributed::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using ::ember::distributed::testing::Rank;
+using ::ember::distributed::testing::RunRanks;
+
+std::string FreshDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  fs::path dir = fs::path(base ? base : "/tmp") / absl::StrCat("dcp_optim_", ::getpid()) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+const Tensor& X() {
+  static const Tensor x = arange(64, kFloat32).mul(0.37).sin().view({16, 4});
+  return x;
+}
+const Tensor& Y() {
+  static const Tensor y = arange(128, kFloat32).mul(0.11).cos().view({16, 8});
+  return y;
+}
+
+// How a world of `world` ranks splits a parameter: rows or a flat range.
+enum class Split { kRows, kFlat };
+
+struct LocalParam {
+  std::string key;
+  SizeVector global_shape;
+  Placement placement;
+  Tensor local;  // the leaf the optimizer steps
+
+  Tensor PieceOf(const Tensor& full) const {
+    if (placement.is_flat()) return full.contiguous().view({full.numel()}).narrow(0, placement.flat_offset, local.numel());
+    return full.narrow(0, placement.offsets[0], local.size(0));
+  }
+};
+
+LocalParam MakeParam(const std::string& key, const Tensor& full_value, Split split, int rank,
+                     int world) {
+  LocalParam p;
+  p.key = key;
+  p.global_shape = SizeVector(full_value.sizes().begin(), full_value.sizes().end());
+  if (split == Split::kFlat) {
+    const int64_t n = full_value.numel();
+    const int64_t start = n * rank / world, end = n * (rank + 1) / world;
+    p.placement = Placement{p.global_shape, {}, start};
+    p.local = full_value.contiguous().view({n}).narrow(0, start, end - start).clone();
+  } else {
+    const int64_t rows = full_value.size(0);
+    const int64_t start = rows * rank / world, end = rows * (rank + 1) / world;
+    SizeVector offsets(p.global_shape.size(), 0);
+    offsets[0] = start;
+    p.placement = Placement{p.global_shape, offsets, -1};
+    p.local = full_value.narrow(0, start, end - start).clone();
+  }
+  p.local.requires_grad_(true);
+  return p;
+}
+
+struct Job {
+  int rank = 0;
+  int world = 1;
+  std::shared_ptr<ProcessGroup> group;
+  std::vector<LocalParam> params;  // w, b
+  std::unique_ptr<nn::optim::Optimizer> optimizer;
+
+  std::vector<ParamKey> Keys() const {
+    std::vector<ParamKey> keys;
+    for (const LocalParam& p : params) keys.push_back({p.key, p.placement});
+    return keys;
+  }
+  StateDict Items() const {
+    StateDict sd;
+    for (const LocalParam& p : params) sd.push_back({p.key, Item{p.local, p.placement}});
+    return sd;
+  }
+
+  // The full parameters: each rank's pieces summed over ranks.
+  absl::StatusOr<std::vector<Tensor>> FullParams() const {
+    std::vector<Tensor> out;
+    for (const LocalParam& p : params) {
+      Tensor full_value = zeros(p.global_shape);
+      p.PieceOf(full_value).copy_(p.local.detach());
+      if (group) {
+        auto work = group->allreduce(full_value);
+        if (!work.ok()) return work.status();
+        EMBER_RETURN_IF_ERROR((*work)->wait());
+      }
+      out.push_back(full_value);
+    }
+    return out;
+  }
+
+  // One step; returns the loss before it.
+  absl::StatusOr<float> Step() {
+    EMBER_ASSIGN_OR_RETURN(std::vector<Tensor> full_params, FullParams());
+    Tensor w = full_params[0].requires_grad_(true);
+    Tensor b = full_params[1].requires_grad_(true);
+    Tensor loss = nn::functional::mse_loss(X().matmul(w.t()).add(b), Y());
+    loss.backward();
+    optimizer->zero_grad();
+    params[0].local.set_grad(params[0].PieceOf(w.grad()).contiguous().view(params[0].local.sizes()));
+    params[1].local.set_grad(params[1].PieceOf(b.grad()).contiguous().view(params[1].local.sizes()));
+    optimizer->step();
+    return loss.item<float>();
+  }
+};
+
+enum class Opt { kAdam, kSgdMomentum };
+
+Job MakeJob(int rank, int world, std::shared_ptr<ProcessGroup> group, Split split, Opt opt) {
+  Job job;
+  job.rank = rank;
+  job.world = world;
+  job.group = std::move(group);
+  const Tensor w0 = arange(32, kFloat32).mul(0.05).sub(0.8).view({8, 4});
+  const Tensor b0 = arange(8, kFloat32).mul(-0.1);
+  job.params.push_back(MakeParam("fc.weight", w0, split, rank, world));
+  job.params.push_back(MakeParam("fc.bias", b0, split, rank, world));
+  std::vector<Tensor> leaves = {job.params[0].local, job.params[1].local};
+  if (opt == Opt::kAdam) {
+    job.optimizer = std::make_unique<nn::optim::Adam>(leaves, nn::optim::AdamOptions{.lr = 0.05});
+  } else {
+    job.optimizer = std::make_unique<nn::optim::SGD>(
+        leaves, nn::optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .nesterov = true});
+  }
+  return job;
+}
+
+// Runs steps [from, to) on `world` ranks (threads; world 1: one process,
+// no group), loading `resume` first and saving to `save_to` at the end when
+// given. Returns rank 0's losses.
+std::vector<float> Train(int world, Split split, Opt opt, int from, int to,
+                         const std::string& resume, const std::string& save_to) {
+  std::vector<float> losses;
+  std::mutex mu;
+  auto body = [&](int rank, std::shared_ptr<ProcessGroup> group) -> absl::Status {
+    Job job = MakeJob(rank, world, group, split, opt);
+    if (!resume.empty()) {
+      EMBER_RETURN_IF_ERROR(load(job.Items(), {.path = resume}));
+      EMBER_RETURN_IF_ERROR(set_optimizer_state_dict(*job.optimizer, job.Keys(), {.path = resume}));
+    }
+    for (int step = from; step < to; ++step) {
+      EMBER_ASSIGN_OR_RETURN(float loss, job.Step());
+      if (rank == 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        losses.push_back(loss);
+      }
+    }
+    if (!save_to.empty()) {
+      StateDict sd = job.Items();
+      EMBER_ASSIGN_OR_RETURN(StateDict optim, get_optimizer_state_dict(*job.optimizer, job.Keys()));
+      sd.insert(sd.end(), optim.begin(), optim.end());
+      EMBER_RETURN_IF_ERROR(save(sd, {.path = save_to, .process_group = group}));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status s = world == 1 ? body(0, nullptr)
+                              : RunRanks(world, [&](Rank& me) { return body(me.rank, me.group); });
+  EXPECT_TRUE(s.ok()) << s;
+  return losses;
+}
+
+struct Case {
+  Opt opt;
+  Split save_split;
+  Split resume_split;
+};
+
+class ResumeTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ResumeTest, SameLossesOnAnyNumberOfRanks) {
+  const Case c = GetParam();
+  // The run that never stops, on one process.
+  const std::vector<float> straight = Train(1, c.save_split, c.opt, 0, 10, "", "");
+  ASSERT_EQ(straight.size(), 10u);
+  EXPECT_LT(straight[9], straight[0]) << "the model learns";
+
+  const std::string ckpt = FreshDir("resume") + "/step5";
+  std::vector<float> first = Train(4, c.save_split, c.opt, 0, 5, "", ckpt);
+  ASSERT_EQ(first.size(), 5u);
+  for (int world : {3, 2, 1}) {
+    std::vector<float> rest = Train(world, c.resume_split, c.opt, 5, 10, ckpt, "");
+    ASSERT_EQ(rest.size(), 5u);
+    std::vector<float> all = first;
+    all.insert(all.end(), rest.begin(), rest.end());
+    EXPECT_EQ(all, straight) << "resumed on " << world << " ranks";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, ResumeTest,
+    ::testing::Values(Case{Opt::kAdam, Split::kRows, Split::kFlat},
+                      Case{Opt::kAdam, Split::kFlat, Split::kRows},
+                      Case{Opt::kSgdMomentum, Split::kRows, Split::kFlat}),
+    [](const auto& info) {
+      return absl::StrCat(info.param.opt == Opt::kAdam ? "Adam" : "SgdMomentum", "_",
+                          info.param.save_split == Split::kRows ? "Rows" : "Flat", "To",
+                          info.param.resume_split == Split::kRows ? "Rows" : "Flat");
+    });
+
+TEST(OptimizerStateTest, KeysAndPlacements) {
+  Job job = MakeJob(1, 2, nullptr, Split::kRows, Opt::kAdam);
+  ASSERT_TRUE(job.Step().ok());
+  absl::StatusOr<StateDict> sd = get_optimizer_state_dict(*job.optimizer, job.Keys());
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  std::vector<std::string> keys;
+  for (const auto& [k, item] : *sd) keys.push_back(k);
+  EXPECT_THAT(keys, ::testing::IsSupersetOf({"optim.state.fc.weight.exp_avg",
+                                             "optim.state.fc.weight.exp_avg_sq",
+                                             "optim.state.fc.weight.step",
+                                             "optim.state.fc.bias.exp_avg",
+                                             "optim.param_groups.0.lr",
+                                             "optim.param_groups.0.beta2"}));
+  for (const auto& [k, item] : *sd) {
+    if (k == "optim.state.fc.weight.exp_avg") {
+      ASSERT_TRUE(item.placement.has_value());
+      EXPECT_EQ(item.placement->offsets, SizeVector({4, 0}));
+      EXPECT_EQ(item.placement->global_shape, SizeVector({8, 4}));
+    }
+    if (k == "optim.state.fc.weight.step") EXPECT_FALSE(item.placement.has_value());
+  }
+  absl::StatusOr<StateDict> wrong = get_optimizer_state_dict(*job.optimizer, {{"fc.weight", {}}});
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wrong.status().message(), ::testing::HasSubstr("has 2 parameters but 1 ParamKeys"));
+}
+
+}  // namespace
+}  // namespace ember::distributed::checkpoint
