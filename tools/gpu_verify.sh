@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# One command that verifies every GPU test and benchmark on a GPU machine that
+# has no Bazel and no Ember checkout. Here (a build with CUDA support), it
+# finds the GPU targets of every area, builds them and packs them with every
+# shared library they need (stripped, xz-compressed, under 48 MiB) into a
+# folder; on the GPU machine that folder's run.sh runs them all and ends with
+# one line `N passed, M failed, K skipped`.
+#
+#   tools/gpu_verify.sh [--out DIR] [--check]
+#     --out DIR   the bundle's folder (default .device/bundle, git-ignored)
+#     --check     then run the bundle here under `env -i`, as a machine with
+#                 nothing set up would (no GPU here: the GPU cases skip)
+#   # on the GPU machine, with the folder copied there:
+#   bundle/run.sh [--budget SECONDS] [--log FILE] [--no-memcheck] [--filter REGEX]
+#
+# Which targets: a GPU test is a cc_test that depends on the CUDA toolkit
+# (//third_party/cuda:cudart) other than only through //:ember, or that is
+# tagged "gpu"; a GPU benchmark is such a cc_binary tagged "benchmark" (what
+# ember_cc_benchmark tags). cuda_cc_test and cuda_library targets qualify
+# without further notice, in any package.
+#
+# What the bundle holds: run.sh, MANIFEST (the targets, their timeouts, the
+# CUDA libraries they need) and payload.tar.xz: bin/ (the binaries, stripped),
+# lib/ (Ember's own shared libraries and the Debian ones the binaries link,
+# stripped), lib/fallback/ (libstdc++ and libgcc_s, used only where the
+# machine's own are too old) and lib/cudart/ (the CUDA runtime, used only where
+# the machine has none). cuBLAS, cuDNN and NCCL are far too large to carry:
+# run.sh finds them on the GPU machine (see tools/gpu_verify_run.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=.device/bundle
+check=0
+while (($#)); do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --check) check=1; shift ;;
+    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+    *) echo "gpu_verify.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
+  esac
+done
+die() { echo "gpu_verify.sh: $*" >&2; exit 1; }
+limit_mib=48
+
+# ---- The build must have CUDA support ----
+bazel query --noshow_progress @ember_cuda//:all >/dev/null 2>&1 || true
+defs="$(bazel info output_base 2>/dev/null)/external/ember_cuda/defs.bzl"
+[[ -f "$defs" ]] || die "cannot read $defs (is this an Ember checkout?)"
+if ! grep -q '^CUDA_ENABLED = True' "$defs"; then
+  state=$(sed -n 's/^CUDA_STATE = "\(.*\)"$/\1/p' "$defs")
+  die "this build is ${state:-without CUDA support}; the GPU bundle needs the CUDA toolkit
+(in /usr/local/cuda or EMBER_CUDA_PATH, with EMBER_CUDA unset or 1)."
+fi
+cuda_root=$(sed -n 's/^CUDA_PATH = "\(.*\)"$/\1/p' "$defs")
+
+# ---- Find the GPU targets ----
+# What needs the toolkit other than through //:ember, and its direct
+# dependents: a test that reaches the toolkit only through //:ember (the doc
+# examples of the other areas) is no GPU test.
+gpu="rdeps(//..., rdeps(//..., //third_party/cuda:cudart) except rdeps(//..., //:ember), 1) + attr(tags, '\\bgpu\\b', //...)"
+query() { bazel query --noshow_progress --keep_going "$1" 2>/dev/null | sort -u; }
+mapfile -t tests < <(query "kind('cc_test rule', $gpu)")
+mapfile -t benchmarks < <(query "attr(tags, '\\bbenchmark\\b', kind('cc_binary rule', $gpu))")
+((${#tests[@]} > 0)) || die "no GPU tests found"
+mapfile -t medium < <(query "attr(size, 'medium', set(${tests[*]}))")
+mapfile -t large < <(query "attr(size, 'large|enormous', set(${tests[*]}))")
+mapfile -t with_data < <(query "attr(data, '[^][]', set(${tests[*]} ${benchmarks[*]}))")
+for t in "${with_data[@]}"; do
+  echo "gpu_verify.sh: note: $t has data files, which the bundle does not carry" >&2
+done
+echo "gpu_verify.sh: ${#tests[@]} GPU tests, ${#benchmarks[@]} GPU benchmarks"
+
+bazel build --noshow_progress "${tests[@]}" "${benchmarks[@]}"
+bin_dir=$(bazel info bazel-bin 2>/dev/null)
+
+# ---- Stage and pack ----
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib/fallback" "$stage/lib/cudart"
+name_of() { local t="${1#//}"; echo "${t##*:}"; }
+path_of() { local t="${1#//}"; echo "$bin_dir/${t%%:*}/${t##*:}"; }
+declare -A cuda_libs=()
+for target in "${tests[@]}" "${benchmarks[@]}"; do
+  bin="$(path_of "$target")"
+  name="$(name_of "$target")"
+  [[ ! -e "$stage/bin/$name" ]] || die "two GPU targets are named $name; rename one"
+  cp -L "$bin" "$stage/bin/$name"
+  # `soname => path` for every library the loader resolves here.
+  while read -r soname path; do
+    case "$soname" in
+      linux-vdso.so.* | ld-linux-* | /lib64/ld-linux-*) continue ;;
+      libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | libresolv.so.* | libutil.so.*) continue ;;
+    esac
+    [[ "$path" == /* ]] || die "$name needs $soname, which does not resolve here"
+    if [[ "$path" == "$cuda_root"/* || "$(readlink -f "$path")" == "$(readlink -f "$cuda_root")"/* ]]; then
+      cuda_libs[$soname]=1
+      # The runtime is small: carried as a fallback for machines without it.
+      [[ "$soname" != libcudart.so.* ]] || cp -nL "$path" "$stage/lib/cudart/$soname"
+    elif [[ "$soname" == libstdc++.so.* || "$soname" == libgcc_s.so.* ]]; then
+      cp -nL "$path" "$stage/lib/fallback/$soname"
+    else
+      cp -nL "$path" "$stage/lib/$soname"
+    fi
+  done < <(ldd "$bin" | awk '$2 == "=>" { print $1, $3 } $2 != "=>" { print $1, "-" }')
+done
+chmod -R u+w "$stage"
+find "$stage" -type f -exec strip --strip-unneeded {} + 2>/dev/null || true
+
+timeout_of() {  # Bazel's timeouts for the test's size
+  local t="$1" m
+  for m in "${large[@]}"; do [[ "$m" != "$t" ]] || { echo 900; return; }; done
+  for m in "${medium[@]}"; do [[ "$m" != "$t" ]] || { echo 300; return; }; done
+  echo 60
+}
+rm -rf "$out"
+mkdir -p "$out"
+{
+  echo "# Written by tools/gpu_verify.sh at $(git rev-parse --short HEAD 2>/dev/null || echo unknown)."
+  echo "# kind name timeout_s target"
+  for t in "${tests[@]}"; do echo "test $(name_of "$t") $(timeout_of "$t") $t"; done
+  for t in "${benchmarks[@]}"; do echo "benchmark $(name_of "$t") 180 $t"; done
+  for l in "${!cuda_libs[@]}"; do echo "cuda_lib $l"; done | sort
+} >"$out/MANIFEST"
+XZ_OPT=-6 tar -C "$stage" -cJf "$out/payload.tar.xz" bin lib
+cp tools/gpu_verify_run.sh "$out/run.sh"
+chmod +x "$out/run.sh"
+
+size_kib=$(du -sk "$out" | cut -f1)
+((size_kib < limit_mib * 1024)) ||
+  die "the bundle is $((size_kib / 1024)) MiB, over the ${limit_mib} MiB a GPU machine takes"
+echo "gpu_verify.sh: bundle $out ($((size_kib / 1024)).$((size_kib % 1024 * 10 / 1024)) MiB; unpacked $(du -sh "$stage" | cut -f1))"
+
+if ((check)); then
+  echo "gpu_verify.sh: running it here under env -i"
+  env -i bash "$out/run.sh" --log "$out/check.log"
+fi
