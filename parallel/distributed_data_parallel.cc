@@ -116,33 +116,7 @@ absl::Status VerifyAcrossRanks(distributed::ProcessGroup& group,
   return absl::OkStatus();
 }
 
-// Copies rank 0's values into `tensors` on every rank: one broadcast per
-// dtype, through a flat staging tensor.
-absl::Status BroadcastFromRank0(distributed::ProcessGroup& group,
-                                const std::vector<Tensor>& tensors) {
-  std::map<Dtype, std::vector<Tensor>> by_dtype;
-  for (const Tensor& t : tensors) by_dtype[t.dtype()].push_back(t.detach());
-  for (auto& [dtype, list] : by_dtype) {
-    Tensor flat;
-    if (group.rank() == 0) {
-      std::vector<Tensor> pieces;
-      for (const Tensor& t : list) pieces.push_back(t.flatten());
-      flat = cat(pieces);
-    } else {
-      int64_t total = 0;
-      for (const Tensor& t : list) total += t.numel();
-      flat = empty({total}, TensorOptions().dtype(dtype));
-    }
-    EMBER_RETURN_IF_ERROR(Wait(group.broadcast(flat, {.root = 0})));
-    if (group.rank() == 0) continue;
-    int64_t offset = 0;
-    for (const Tensor& t : list) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
-      offset += t.numel();
-    }
-  }
-  return absl::OkStatus();
-}
+// BroadcastFromRank0 is shared with FullyShardedDataParallel (parallel/reducer.h).
 
 }  // namespace
 

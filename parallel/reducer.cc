@@ -15,6 +15,60 @@
 
 namespace ember::parallel {
 
+std::vector<std::shared_ptr<autograd::Node>> RegisterGradReadyHooks(
+    const std::vector<Tensor>& params, std::function<void(size_t index)> on_ready) {
+  auto shared = std::make_shared<std::function<void(size_t)>>(std::move(on_ready));
+  std::vector<std::shared_ptr<autograd::Node>> accumulators;
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::shared_ptr<autograd::Node> accumulator = autograd::GradAccumulator(params[i]);
+    accumulator->register_post_hook(
+        [shared, i](const autograd::variable_list&, const autograd::variable_list&) {
+          (*shared)(i);
+          return autograd::variable_list();
+        });
+    accumulators.push_back(std::move(accumulator));
+  }
+  return accumulators;
+}
+
+void EndOfBackward::QueueOnce(std::function<void()> callback) {
+  if (queued_) return;
+  autograd::queue_callback(std::move(callback));
+  queued_ = true;
+}
+
+absl::Status WaitFor(const absl::StatusOr<std::shared_ptr<distributed::Work>>& work) {
+  if (!work.ok()) return work.status();
+  return (*work)->wait();
+}
+
+absl::Status BroadcastFromRank0(distributed::ProcessGroup& group,
+                                const std::vector<Tensor>& tensors) {
+  std::map<Dtype, std::vector<Tensor>> by_dtype;
+  for (const Tensor& t : tensors) by_dtype[t.dtype()].push_back(t.detach());
+  for (auto& [dtype, list] : by_dtype) {
+    Tensor flat;
+    if (group.rank() == 0) {
+      std::vector<Tensor> pieces;
+      for (const Tensor& t : list) pieces.push_back(t.flatten());
+      flat = cat(pieces);
+    } else {
+      int64_t total = 0;
+      for (const Tensor& t : list) total += t.numel();
+      flat = empty({total}, TensorOptions().dtype(dtype));
+    }
+    absl::Status status = WaitFor(group.broadcast(flat, {.root = 0}));
+    if (!status.ok()) return status;
+    if (group.rank() == 0) continue;
+    int64_t offset = 0;
+    for (const Tensor& t : list) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::shared_ptr<Reducer> Reducer::Create(std::vector<std::pair<std::string, Tensor>> params,
                                          std::shared_ptr<distributed::ProcessGroup> group,
                                          ReducerOptions options) {
@@ -83,15 +137,11 @@ void Reducer::Build(std::vector<std::pair<std::string, Tensor>> params) {
 
 void Reducer::RegisterHooks() {
   std::weak_ptr<Reducer> weak = weak_from_this();
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    std::shared_ptr<autograd::Node> accumulator = autograd::GradAccumulator(slots_[i].param);
-    accumulator->register_post_hook(
-        [weak, i](const autograd::variable_list&, const autograd::variable_list&) {
-          if (std::shared_ptr<Reducer> reducer = weak.lock()) reducer->OnGradReady(i);
-          return autograd::variable_list();
-        });
-    accumulators_.push_back(std::move(accumulator));
-  }
+  std::vector<Tensor> params;
+  for (const Slot& slot : slots_) params.push_back(slot.param);
+  accumulators_ = RegisterGradReadyHooks(params, [weak](size_t i) {
+    if (std::shared_ptr<Reducer> reducer = weak.lock()) reducer->OnGradReady(i);
+  });
 }
 
 void Reducer::PrepareForBackward(const Tensor& output) {
@@ -115,7 +165,7 @@ void Reducer::PrepareForBackward(const Tensor& output) {
   unused_.clear();
   next_bucket_ = 0;
   local_missing_ = false;
-  finalize_queued_ = false;
+  end_of_backward_.Done();
   expect_hooks_ = true;
   if (!options_.find_unused_parameters) return;
   // Walk the graph of `output`: the AccumulateGrad nodes it reaches.
@@ -146,11 +196,10 @@ void Reducer::PrepareForBackward(const Tensor& output) {
 
 void Reducer::OnGradReady(size_t index) {
   if (!expect_hooks_) return;
-  if (!finalize_queued_) {
-    finalize_queued_ = true;
+  if (!end_of_backward_.queued()) {
     first_hook_time_ = absl::Now();
     std::weak_ptr<Reducer> weak = weak_from_this();
-    autograd::queue_callback([weak] {
+    end_of_backward_.QueueOnce([weak] {
       if (std::shared_ptr<Reducer> reducer = weak.lock()) reducer->Finalize();
     });
     for (size_t i : unused_) MarkReady(i);
@@ -229,7 +278,7 @@ void Reducer::Fail(absl::Status status) {
 
 void Reducer::Finalize() {
   expect_hooks_ = false;
-  finalize_queued_ = false;
+  end_of_backward_.Done();
   const absl::Time graph_done = absl::Now();
   std::vector<std::string> missing;
   for (size_t i = 0; i < slots_.size(); ++i) {

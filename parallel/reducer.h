@@ -60,6 +60,7 @@
 #define EMBER_PARALLEL_REDUCER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -89,6 +90,45 @@ struct ReducerStats {
   // communication that backward did not hide.
   absl::Duration backward_comm_wait_time;
 };
+
+// Note [Gradient readiness]
+// The pieces DistributedDataParallel's Reducer and FullyShardedDataParallel
+// share. A post hook on a parameter's AccumulateGrad node runs once per
+// backward pass, after every gradient of that parameter has been summed into
+// grad(): the moment its gradient can be communicated. The nodes are kept
+// alive by the owner of the hooks, so that later backward passes reach the
+// same nodes (a leaf's node is otherwise made afresh when the last graph
+// holding it is gone). The first hook of a pass queues a callback with
+// autograd::queue_callback that runs when the engine is done, where the
+// owner waits for what it launched (EndOfBackward).
+
+// Registers `on_ready(i)` to run after the gradient of params[i] has been
+// accumulated, for every backward pass. Returns the AccumulateGrad nodes,
+// which the caller must keep for as long as the hooks are to fire. `on_ready`
+// runs on the thread that runs backward; it may throw ember::Error.
+std::vector<std::shared_ptr<autograd::Node>> RegisterGradReadyHooks(
+    const std::vector<Tensor>& params, std::function<void(size_t index)> on_ready);
+
+// Queues a callback at most once per backward pass (Note [Gradient
+// readiness]). Thread-compatible: used from the thread running backward.
+class EndOfBackward {
+ public:
+  // Queues `callback` unless this pass already has; Done() re-arms.
+  void QueueOnce(std::function<void()> callback);
+  void Done() { queued_ = false; }
+  bool queued() const { return queued_; }
+
+ private:
+  bool queued_ = false;
+};
+
+// The status of an op: the error of the call that issued it, else what its
+// Work's wait() returns.
+absl::Status WaitFor(const absl::StatusOr<std::shared_ptr<distributed::Work>>& work);
+
+// Copies rank 0's values into `tensors` on every rank: one broadcast per
+// dtype through a flat staging tensor. Blocks up to the group's timeout.
+absl::Status BroadcastFromRank0(distributed::ProcessGroup& group, const std::vector<Tensor>& tensors);
 
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
@@ -153,7 +193,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   // Per iteration.
   bool expect_hooks_ = false;
-  bool finalize_queued_ = false;
+  EndOfBackward end_of_backward_;
   std::vector<bool> ready_;
   std::vector<bool> used_;
   std::vector<size_t> unused_;  // find_unused_parameters: not reached by forward
