@@ -219,7 +219,7 @@ TEST(SubgradientTest, StdAndNormRecordTheirOwnNode) {
 
 // The device-generic paths run on the CPU here; a CUDA gradient takes them
 // with the same ops on its device.
-TEST(ScatterTest, IndexAddByMatmulAddsRepeatedAndNegativeIndices) {
+TEST(ScatterTest, IndexAddByGatherAddsRepeatedAndNegativeIndices) {
   const Tensor grad = randn({3, 4, 5}, TensorOptions(kFloat64));
   const Tensor index = Make({2, -1, 2, 0}, {4}, kInt64);  // -1 is row 5; 2 twice
   const SizeVector sizes = {3, 6, 5};
@@ -233,19 +233,54 @@ TEST(ScatterTest, IndexAddByMatmulAddsRepeatedAndNegativeIndices) {
     }
   }
   for (const Tensor& got :
-       {internal::IndexAddByMatmul(sizes, 1, index, grad), IndexAdd(sizes, 1, index, grad)}) {
+       {internal::IndexAddByGather(sizes, 1, index, grad), IndexAdd(sizes, 1, index, grad)}) {
     ASSERT_EQ(got.sizes(), sizes);
     EXPECT_EQ(got.dtype(), kFloat64);
     EXPECT_THAT(Values(got), Pointwise(DoubleNear(1e-12), expected));
   }
   // The index may live elsewhere (int32 here) and the gradient be float32.
   const Tensor g32 = grad.to(kFloat32);
-  EXPECT_THAT(Values(internal::IndexAddByMatmul(sizes, -2, index.to(kInt32), g32)),
+  EXPECT_THAT(Values(internal::IndexAddByGather(sizes, -2, index.to(kInt32), g32)),
               Pointwise(DoubleNear(1e-5), expected));
   // Empty index: zeros.
-  EXPECT_THAT(Values(internal::IndexAddByMatmul({2, 3}, 0, Make({}, {0}, kInt64),
+  EXPECT_THAT(Values(internal::IndexAddByGather({2, 3}, 0, Make({}, {0}, kInt64),
                                                 zeros({0, 3}, TensorOptions(kFloat64)))),
               ElementsAreArray(std::vector<double>(6, 0.0)));
+}
+
+TEST(ScatterTest, IndexAddByGatherSumsGroupsOfEveryLength) {
+  // Targets reached 0, 1, 2, 3 and 5 times (buckets of padded length 1, 2,
+  // 4 and 8), in scattered order.
+  const std::vector<int64_t> index = {4, 1, 4, 3, 2, 4, 3, 2, 4, 3, 4};
+  const int64_t n = static_cast<int64_t>(index.size());
+  const Tensor grad = randn({2, n, 3}, TensorOptions(kFloat64));
+  const std::vector<double> g = Values(grad);
+  std::vector<double> expected(2 * 6 * 3, 0.0);
+  for (int64_t o = 0; o < 2; ++o) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t k = 0; k < 3; ++k) {
+        expected[(o * 6 + index[i]) * 3 + k] += g[(o * n + i) * 3 + k];
+      }
+    }
+  }
+  const Tensor got = internal::IndexAddByGather({2, 6, 3}, 1, tensor(index), grad);
+  EXPECT_THAT(Values(got), Pointwise(DoubleNear(1e-12), expected));
+  // A transposed (non-contiguous) gradient gives the same.
+  const Tensor strided = grad.transpose(0, 2).contiguous().transpose(0, 2);
+  ASSERT_FALSE(strided.is_contiguous());
+  EXPECT_THAT(Values(internal::IndexAddByGather({2, 6, 3}, 1, tensor(index), strided)),
+              Pointwise(DoubleNear(1e-12), expected));
+}
+
+TEST(ScatterTest, IndexAddByGatherNamesAnIndexOutOfRange) {
+  const Tensor grad = ones({3}, TensorOptions(kFloat32));
+  try {
+    internal::IndexAddByGather({4}, 0, Make({1, 4, 0}, {3}, kInt64), grad);
+    FAIL() << "index 4 of a dimension of size 4 was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(),
+                ::testing::HasSubstr("index 4 is out of bounds for dimension 0 with size 4"));
+  }
 }
 
 TEST(ScatterTest, OverlapIsDetectedFromStrides) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -41,19 +42,6 @@ std::pair<int64_t, int64_t> Extent(const StridedGeometry& g) {
   return {g.offset, hi};
 }
 
-// The elements of `g` positioned relative to `base`, as an int64 tensor of
-// g's shape on `device`.
-Tensor Positions(const StridedGeometry& g, int64_t base, Device device) {
-  Tensor pos = full({}, g.offset - base, TensorOptions(kInt64).device(device));
-  for (size_t d = 0; d < g.sizes.size(); ++d) {
-    Tensor along = arange(g.sizes[d], TensorOptions(kInt64).device(device));
-    along = ops::binary(BinaryOp::kMul, along,
-                        full({}, g.strides[d], TensorOptions(kInt64).device(device)));
-    pos = ops::binary(BinaryOp::kAdd, pos.unsqueeze(-1), along);
-  }
-  return pos;
-}
-
 Tensor AsStridedBackwardImpl(const Tensor& grad, const StridedGeometry& input,
                              const StridedGeometry& output, bool by_ops) {
   const TensorOptions options = TensorOptions(grad.dtype()).device(grad.device());
@@ -67,8 +55,11 @@ Tensor AsStridedBackwardImpl(const Tensor& grad, const StridedGeometry& input,
     // Each position is read once: putting grad back is a strided copy.
     ops::copy_(buffer.as_strided(output.sizes, output.strides, output.offset - lo), grad);
   } else if (by_ops || !grad.is_cpu()) {
-    buffer = internal::IndexAddByMatmul(
-        {hi - lo + 1}, 0, Positions(output, lo, grad.device()).reshape({-1}), grad.reshape({-1}));
+    // Positions read, found on the host (geometry only), added on the device.
+    std::vector<int64_t> positions;
+    positions.reserve(static_cast<size_t>(grad.numel()));
+    ForEachPosition(output, lo, [&](int64_t pos) { positions.push_back(pos); });
+    buffer = internal::IndexAddByGather({hi - lo + 1}, 0, tensor(positions), grad.reshape({-1}));
   } else {
     Tensor g = grad.contiguous();
     VisitFloatingDtype(grad.dtype(), "as_strided backward", [&]<typename T>() {
@@ -92,7 +83,7 @@ Tensor AsStridedBackward(const Tensor& grad, const StridedGeometry& input,
 }
 
 Tensor IndexAdd(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& grad) {
-  if (!grad.is_cpu()) return internal::IndexAddByMatmul(sizes, dim, index, grad);
+  if (!grad.is_cpu()) return internal::IndexAddByGather(sizes, dim, index, grad);
   Tensor result = zeros(sizes, TensorOptions(grad.dtype()));
   if (result.numel() == 0 || grad.numel() == 0) return result;
   const int64_t nd = static_cast<int64_t>(sizes.size());
@@ -124,7 +115,7 @@ Tensor IndexAdd(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tenso
 
 namespace internal {
 
-Tensor IndexAddByMatmul(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& grad) {
+Tensor IndexAddByGather(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& grad) {
   EMBER_CHECK(is_floating_point(grad.dtype()), "index_select backward: expected a floating ",
               "gradient, got ", dtype_name(grad.dtype()));
   const TensorOptions options = TensorOptions(grad.dtype()).device(grad.device());
@@ -136,16 +127,56 @@ Tensor IndexAddByMatmul(IntArrayRef sizes, int64_t dim, const Tensor& index, con
   const int64_t size_d = nd == 0 ? 1 : sizes[d];
   const int64_t n = index.numel();
   if (Numel(sizes) == 0 || n == 0 || grad.numel() == 0) return zeros(sizes, options);
-  const TensorOptions long_options = TensorOptions(kInt64).device(grad.device());
-  Tensor idx = index.to(kInt64).to(grad.device()).reshape({1, n});
-  // Negative indices count from the end, as in the CPU loop.
-  idx = ops::where(ops::binary(BinaryOp::kLt, idx, full({}, 0, long_options)),
-                   ops::binary(BinaryOp::kAdd, idx, full({}, size_d, long_options)), idx);
-  const Tensor rows = arange(size_d, long_options).reshape({size_d, 1});
-  const Tensor one_hot = ops::binary(BinaryOp::kEq, rows, idx).to(grad.dtype());  // [size_d, n]
-  const Tensor g = grad.contiguous().reshape({outer, n, inner});
-  const Tensor r = ops::bmm(one_hot.unsqueeze(0).expand({outer, size_d, n}), g);
-  return r.reshape(sizes);
+  // Which sources each target sums (Note [Scatter-adds from gathers] in
+  // scatter.h), grouped on the host: a device index is copied here once.
+  const Tensor host_index = index.to(kInt64).to(kCPU).contiguous();
+  const int64_t* ip = host_index.data_ptr<int64_t>();
+  std::vector<int64_t> target(n), first(size_d + 1, 0), sources(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = ip[i] < 0 ? ip[i] + size_d : ip[i];
+    EMBER_CHECK(t >= 0 && t < size_d, "index_select backward: index ", ip[i],
+                " is out of bounds for dimension ", d, " with size ", size_d);
+    target[i] = t;
+    ++first[t + 1];
+  }
+  for (int64_t t = 0; t < size_d; ++t) first[t + 1] += first[t];
+  std::vector<int64_t> fill(first.begin(), first.end() - 1);
+  for (int64_t i = 0; i < n; ++i) sources[fill[target[i]]++] = i;
+  // Targets by group length rounded up to a power of two.
+  std::map<int64_t, std::vector<int64_t>> buckets;
+  for (int64_t t = 0; t < size_d; ++t) {
+    const int64_t len = first[t + 1] - first[t];
+    if (len == 0) continue;
+    int64_t padded = 1;
+    while (padded < len) padded *= 2;
+    buckets[padded].push_back(t);
+  }
+  // grad as [outer, n, inner] with a zero slice at n for the padding.
+  const Tensor g =
+      ops::cat({grad.reshape({outer, n, inner}), zeros({outer, 1, inner}, options)}, 1);
+  std::vector<Tensor> sums;
+  std::vector<int64_t> slot_of(size_d, -1);
+  int64_t slots = 0;
+  for (const auto& [padded, targets] : buckets) {
+    const int64_t count = static_cast<int64_t>(targets.size());
+    std::vector<int64_t> gather(static_cast<size_t>(count * padded), n);
+    for (int64_t k = 0; k < count; ++k) {
+      const int64_t t = targets[k];
+      for (int64_t j = first[t]; j < first[t + 1]; ++j)
+        gather[k * padded + (j - first[t])] = sources[j];
+      slot_of[t] = slots + k;
+    }
+    const Tensor picked = ops::index_select(g, 1, tensor(gather).to(grad.device()));
+    sums.push_back(ops::reduce(ReduceOp::kSum, picked.view({outer, count, padded, inner}), {2},
+                               /*keepdim=*/false, std::nullopt));
+    slots += count;
+  }
+  sums.push_back(zeros({outer, 1, inner}, options));  // Slot `slots`: targets nothing reaches.
+  for (int64_t& s : slot_of) {
+    if (s < 0) s = slots;
+  }
+  const Tensor all = ops::cat(sums, 1);
+  return ops::index_select(all, 1, tensor(slot_of).to(grad.device())).reshape(sizes);
 }
 
 Tensor AsStridedBackwardByOps(const Tensor& grad, const StridedGeometry& input,

@@ -3,12 +3,22 @@
 // adding where one element was read more than once. The tensor core has no
 // such op, so these are built here, for tensors of a floating dtype on any
 // device: on the CPU by direct loops; elsewhere from ops every device
-// backend has (copy_ through strided views, eq, and a batched matmul with a
-// one-hot matrix for the adds), so that CUDA gradients stay on their device.
-// The result is on grad's device; an index on another device is moved there.
+// backend has (Note [Scatter-adds from gathers]), so that CUDA gradients
+// stay on their device. The result is on grad's device.
 //
 //   // grad of x.index_select(0, idx): zeros of x's shape, rows added back.
 //   Tensor gx = ember::autograd::IndexAdd(x.sizes(), 0, idx, grad);
+//
+// Note [Scatter-adds from gathers]
+// Off the CPU a scatter-add is turned into gathers (index_select), sums and
+// copies: the index is read on the host (one device-to-host copy when it
+// lives on the device), the sources of each target grouped, and the groups
+// bucketed by length rounded up to a power of two. Each bucket is one gather
+// of grad (padded with a zero slice) shaped [targets, length] and one sum
+// over the length; a last gather puts every target's sum (or zero) in place.
+// Work and memory are O(n + size) slices (at most twice the sources, from
+// the padding), deterministic (fixed order of adds), and no
+// size-by-n matrix is ever formed.
 //
 // These are not recorded by autograd; their recorded forms, for double
 // backward, are StridedScatter (variable.h) and the index_add node in
@@ -50,10 +60,10 @@ Tensor AsStridedBackward(const Tensor& grad, const StridedGeometry& input,
 Tensor IndexAdd(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& grad);
 
 namespace internal {
-// IndexAdd's device-generic path (used for every device but the CPU; callable
-// on the CPU, where tests compare it with the loop): result[o, j, :] is
-// one_hot[j, :] @ grad[o, :, :] with one_hot[j, i] = (index[i] == j).
-Tensor IndexAddByMatmul(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& grad);
+// IndexAdd's device-generic path (Note [Scatter-adds from gathers]; used for
+// every device but the CPU, callable on the CPU for tests). An index out of
+// [-size, size) throws, naming it.
+Tensor IndexAddByGather(IntArrayRef sizes, int64_t dim, const Tensor& index, const Tensor& grad);
 // AsStridedBackward by the device-generic path only (what non-CPU devices
 // run; callable on the CPU for tests).
 Tensor AsStridedBackwardByOps(const Tensor& grad, const StridedGeometry& input,
