@@ -24,21 +24,48 @@ std::vector<Tensor> AllParams(const nn::optim::Optimizer& optimizer) {
   return out;
 }
 
+absl::Status CheckSegments(const Tensor& param, const ParamKey& pk) {
+  for (const FlatSegment& seg : pk.segments) {
+    if (param.dim() != 1 || seg.local_offset < 0 || seg.numel < 0 ||
+        seg.local_offset + seg.numel > param.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer state: segment \"", seg.key, "\" covers [", seg.local_offset, ", ",
+          seg.local_offset + seg.numel, ") of a flat parameter of shape ",
+          ShapeToString(param.sizes()), "; segments need a 1-D parameter and must lie inside it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckKeys(const std::vector<Tensor>& params, const std::vector<ParamKey>& keys) {
   if (params.size() != keys.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer state: the optimizer has ", params.size(), " parameters but ", keys.size(),
         " ParamKeys were given; give one per parameter, in the optimizer's order"));
   }
+  for (size_t i = 0; i < params.size(); ++i) {
+    EMBER_RETURN_IF_ERROR(CheckSegments(params[i], keys[i]));
+  }
   return absl::OkStatus();
 }
 
-// The Item of a state tensor of parameter `param` saved as `key`.
-Item StateItem(const Tensor& value, const Tensor& param, const ParamKey& key) {
-  if (value.sizes() == param.sizes() && key.placement.has_value()) {
-    return Item{value, key.placement};
+// The Items of state tensor `name` = `value` of parameter `param`, saved as
+// `pk`: placed like the parameter when it has the parameter's shape, else
+// replicated (under each segment's key).
+void AddStateItems(const std::string& name, const Tensor& value, const Tensor& param,
+                   const ParamKey& pk, StateDict* out) {
+  const bool like_param = value.sizes() == param.sizes();
+  if (pk.segments.empty()) {
+    out->push_back({StateKey(pk.key, name),
+                    like_param && pk.placement ? Item{value, pk.placement} : replicated(value)});
+    return;
   }
-  return replicated(value);
+  for (const FlatSegment& seg : pk.segments) {
+    out->push_back({StateKey(seg.key, name),
+                    like_param ? flat_shard(value.narrow(0, seg.local_offset, seg.numel),
+                                            seg.global_shape, seg.flat_offset)
+                               : replicated(value)});
+  }
 }
 
 }  // namespace
@@ -52,7 +79,7 @@ absl::StatusOr<StateDict> get_optimizer_state_dict(const nn::optim::Optimizer& o
   for (const auto& ps : osd.state) {
     const size_t i = static_cast<size_t>(ps.index);
     for (const auto& [name, value] : ps.values) {
-      out.push_back({StateKey(params[i].key, name), StateItem(value, all[i], params[i])});
+      AddStateItems(name, value, all[i], params[i], &out);
     }
   }
   for (size_t g = 0; g < osd.param_groups.size(); ++g) {
@@ -71,30 +98,42 @@ absl::Status set_optimizer_state_dict(nn::optim::Optimizer& optimizer,
   EMBER_ASSIGN_OR_RETURN(Metadata md, read_metadata(options.path));
   nn::optim::OptimizerStateDict osd;
   StateDict items;
-  // (state index, value index) of each item, to put the loaded tensors back.
-  std::vector<std::pair<size_t, size_t>> where;
   for (size_t i = 0; i < all.size(); ++i) {
-    const std::string prefix = StateKey(params[i].key, "");
+    const ParamKey& pk = params[i];
+    // The state names saved for this parameter: those of its key, or of its
+    // first segment's (a flat parameter's segments share its state names).
+    const std::string prefix = StateKey(pk.segments.empty() ? pk.key : pk.segments[0].key, "");
+    const SizeVector param_global =
+        !pk.segments.empty() ? pk.segments[0].global_shape
+        : pk.placement       ? pk.placement->global_shape
+                             : SizeVector(all[i].sizes().begin(), all[i].sizes().end());
     nn::optim::OptimizerStateDict::ParamState ps;
     ps.index = static_cast<int64_t>(i);
     for (const auto& [key, tm] : md.tensors) {
       if (key.rfind(prefix, 0) != 0) continue;
       const std::string name = key.substr(prefix.size());
-      const SizeVector param_global =
-          params[i].placement ? params[i].placement->global_shape
-                              : SizeVector(all[i].sizes().begin(), all[i].sizes().end());
-      Item item;
-      if (tm.global_shape == param_global) {
-        item = Item{empty(all[i].sizes(), tm.dtype), params[i].placement};
-      } else {
-        item = replicated(empty(tm.global_shape, tm.dtype));
+      if (tm.global_shape != param_global) {
+        Tensor value = empty(tm.global_shape, tm.dtype);
+        items.push_back({key, replicated(value)});
+        ps.values.push_back({name, value});
+        continue;
       }
-      where.emplace_back(osd.state.size(), ps.values.size());
-      ps.values.push_back({name, item.tensor});
-      items.push_back({key, std::move(item)});
+      Tensor value = zeros(all[i].sizes(), tm.dtype);
+      if (pk.segments.empty()) {
+        items.push_back({key, Item{value, pk.placement}});
+      } else {
+        for (const FlatSegment& seg : pk.segments) {
+          if (seg.numel == 0) continue;
+          items.push_back({StateKey(seg.key, name),
+                           flat_shard(value.narrow(0, seg.local_offset, seg.numel),
+                                      seg.global_shape, seg.flat_offset)});
+        }
+      }
+      ps.values.push_back({name, value});
     }
     if (!ps.values.empty()) osd.state.push_back(std::move(ps));
   }
+  const size_t state_items = items.size();
   for (size_t g = 0; g < optimizer.num_param_groups(); ++g) {
     nn::optim::OptimizerStateDict::Group group;
     const std::string prefix = GroupKey(g, "");
@@ -113,7 +152,7 @@ absl::Status set_optimizer_state_dict(nn::optim::Optimizer& optimizer,
   }
   EMBER_RETURN_IF_ERROR(load(items, options));
   // Hyperparameters: the items after the state's, in group order.
-  size_t next = where.size();
+  size_t next = state_items;
   int64_t index = 0;
   for (auto& group : osd.param_groups) {
     for (auto& [option, value] : group.options) value = items[next++].second.tensor.item<double>();

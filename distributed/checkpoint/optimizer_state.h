@@ -41,15 +41,35 @@
 #include "absl/status/statusor.h"
 #include "distributed/checkpoint/checkpoint.h"
 #include "nn/optim/optimizer.h"
+#include "tensor/shape.h"
 
 namespace ember::distributed::checkpoint {
 
+// A piece of a flat parameter (FSDP's FlatParameter shard): elements
+// [local_offset, local_offset + numel) of the 1-D optimizer parameter are
+// elements [flat_offset, flat_offset + numel) of the original parameter
+// `key`, of shape `global_shape`, in row-major order.
+struct FlatSegment {
+  std::string key;
+  SizeVector global_shape;
+  int64_t flat_offset = 0;
+  int64_t local_offset = 0;
+  int64_t numel = 0;
+};
+
 // How the optimizer's parameter at one overall position (PyTorch's
 // numbering: group by group) is saved: its key and its Item's placement
-// (unset: the parameter is whole on this rank).
+// (unset: the parameter is whole on this rank); or, for a flat parameter,
+// its segments (then `key` and `placement` are unused). A flat parameter's
+// state is saved per original parameter, so it reshards to any other
+// placement (FSDP at another world size, DDP, one process). save() needs the
+// same keys on every rank: list a segment with numel 0 for an original
+// parameter of the unit that this rank's shard does not reach. Elements of
+// the flat parameter outside every segment (padding) load as zeros.
 struct ParamKey {
   std::string key;
   std::optional<Placement> placement;
+  std::vector<FlatSegment> segments;
 };
 
 // The optimizer's state as Items (see above), ready to be merged into the

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -50,8 +51,11 @@ const Tensor& Y() {
   return y;
 }
 
-// How a world of `world` ranks splits a parameter: rows or a flat range.
-enum class Split { kRows, kFlat };
+// How a world of `world` ranks splits the parameters: each by rows, each as
+// a flat range, or both flattened into one unit (FSDP's FlatParameter:
+// w's 32 elements then b's 8, padded to a multiple of the world size) of
+// which each rank's optimizer steps one even shard.
+enum class Split { kRows, kFlat, kUnit };
 
 struct LocalParam {
   std::string key;
@@ -91,23 +95,50 @@ struct Job {
   int rank = 0;
   int world = 1;
   std::shared_ptr<ProcessGroup> group;
-  std::vector<LocalParam> params;  // w, b
+  std::vector<LocalParam> params;  // w, b (kRows, kFlat)
+  // kUnit: this rank's shard of the flat unit, its size, and its segments.
+  Tensor unit_shard;
+  int64_t shard_size = 0;
+  std::vector<FlatSegment> segments;
   std::unique_ptr<nn::optim::Optimizer> optimizer;
 
   std::vector<ParamKey> Keys() const {
     std::vector<ParamKey> keys;
+    if (unit_shard.defined()) {
+      keys.push_back({"", std::nullopt, segments});
+      return keys;
+    }
     for (const LocalParam& p : params) keys.push_back({p.key, p.placement});
     return keys;
   }
   StateDict Items() const {
     StateDict sd;
+    for (const FlatSegment& seg : segments) {
+      sd.push_back({seg.key, flat_shard(unit_shard.narrow(0, seg.local_offset, seg.numel),
+                                        seg.global_shape, seg.flat_offset)});
+    }
     for (const LocalParam& p : params) sd.push_back({p.key, Item{p.local, p.placement}});
     return sd;
+  }
+
+  absl::Status AllReduce(const Tensor& t) const {
+    if (!group) return absl::OkStatus();
+    auto work = group->allreduce(t);
+    if (!work.ok()) return work.status();
+    return (*work)->wait();
   }
 
   // The full parameters: each rank's pieces summed over ranks.
   absl::StatusOr<std::vector<Tensor>> FullParams() const {
     std::vector<Tensor> out;
+    if (unit_shard.defined()) {
+      Tensor flat = zeros({shard_size * world});
+      flat.narrow(0, rank * shard_size, shard_size).copy_(unit_shard.detach());
+      EMBER_RETURN_IF_ERROR(AllReduce(flat));
+      out.push_back(flat.narrow(0, 0, 32).view({8, 4}).clone());
+      out.push_back(flat.narrow(0, 32, 8).clone());
+      return out;
+    }
     for (const LocalParam& p : params) {
       Tensor full_value = zeros(p.global_shape);
       p.PieceOf(full_value).copy_(p.local.detach());
@@ -129,6 +160,13 @@ struct Job {
     Tensor loss = nn::functional::mse_loss(X().matmul(w.t()).add(b), Y());
     loss.backward();
     optimizer->zero_grad();
+    if (unit_shard.defined()) {
+      Tensor flat_grad = cat({w.grad().contiguous().view({32}), b.grad(),
+                              zeros({shard_size * world - 40})});
+      unit_shard.set_grad(flat_grad.narrow(0, rank * shard_size, shard_size).clone());
+      optimizer->step();
+      return loss.item<float>();
+    }
     params[0].local.set_grad(params[0].PieceOf(w.grad()).contiguous().view(params[0].local.sizes()));
     params[1].local.set_grad(params[1].PieceOf(b.grad()).contiguous().view(params[1].local.sizes()));
     optimizer->step();
@@ -145,9 +183,28 @@ Job MakeJob(int rank, int world, std::shared_ptr<ProcessGroup> group, Split spli
   job.group = std::move(group);
   const Tensor w0 = arange(32, kFloat32).mul(0.05).sub(0.8).view({8, 4});
   const Tensor b0 = arange(8, kFloat32).mul(-0.1);
-  job.params.push_back(MakeParam("fc.weight", w0, split, rank, world));
-  job.params.push_back(MakeParam("fc.bias", b0, split, rank, world));
-  std::vector<Tensor> leaves = {job.params[0].local, job.params[1].local};
+  std::vector<Tensor> leaves;
+  if (split == Split::kUnit) {
+    job.shard_size = (40 + world - 1) / world;
+    const int64_t lo = rank * job.shard_size, hi = lo + job.shard_size;
+    Tensor flat = cat({w0.view({32}), b0, zeros({job.shard_size * world - 40})});
+    job.unit_shard = flat.narrow(0, lo, job.shard_size).clone().requires_grad_(true);
+    struct Original {
+      const char* key;
+      SizeVector shape;
+      int64_t start, end;  // in the unit
+    };
+    for (const Original& o : {Original{"fc.weight", {8, 4}, 0, 32}, Original{"fc.bias", {8}, 32, 40}}) {
+      const int64_t a = std::max(lo, o.start), e = std::min(hi, o.end);
+      const int64_t n = std::max<int64_t>(0, e - a);
+      job.segments.push_back({o.key, o.shape, n > 0 ? a - o.start : 0, n > 0 ? a - lo : 0, n});
+    }
+    leaves = {job.unit_shard};
+  } else {
+    job.params.push_back(MakeParam("fc.weight", w0, split, rank, world));
+    job.params.push_back(MakeParam("fc.bias", b0, split, rank, world));
+    leaves = {job.params[0].local, job.params[1].local};
+  }
   if (opt == Opt::kAdam) {
     job.optimizer = std::make_unique<nn::optim::Adam>(leaves, nn::optim::AdamOptions{.lr = 0.05});
   } else {
@@ -222,11 +279,16 @@ INSTANTIATE_TEST_SUITE_P(
     Optimizers, ResumeTest,
     ::testing::Values(Case{Opt::kAdam, Split::kRows, Split::kFlat},
                       Case{Opt::kAdam, Split::kFlat, Split::kRows},
-                      Case{Opt::kSgdMomentum, Split::kRows, Split::kFlat}),
+                      Case{Opt::kSgdMomentum, Split::kRows, Split::kFlat},
+                      Case{Opt::kAdam, Split::kUnit, Split::kRows},
+                      Case{Opt::kAdam, Split::kRows, Split::kUnit},
+                      Case{Opt::kSgdMomentum, Split::kUnit, Split::kUnit}),
     [](const auto& info) {
+      auto name = [](Split s) {
+        return s == Split::kRows ? "Rows" : s == Split::kFlat ? "Flat" : "Unit";
+      };
       return absl::StrCat(info.param.opt == Opt::kAdam ? "Adam" : "SgdMomentum", "_",
-                          info.param.save_split == Split::kRows ? "Rows" : "Flat", "To",
-                          info.param.resume_split == Split::kRows ? "Rows" : "Flat");
+                          name(info.param.save_split), "To", name(info.param.resume_split));
     });
 
 TEST(OptimizerStateTest, KeysAndPlacements) {
