@@ -650,14 +650,17 @@ absl::Status Commit(const std::string& temp_dir, const std::string& path, const 
   return absl::OkStatus();
 }
 
-// Temporary directories of earlier saves of `path` that died.
+// Temporary directories of earlier saves of `path` that died (and old
+// checkpoints a two-rename commit left, see Note [Atomic commit]).
 void RemoveStaleTempDirs(const std::string& path) {
   const fs::path p(path);
-  const std::string prefix = p.filename().string() + ".tmp-";
+  const std::string tmp = p.filename().string() + ".tmp-";
+  const std::string old = p.filename().string() + ".old-";
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(p.parent_path().empty() ? "." : p.parent_path(),
                                                   ec)) {
-    if (entry.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(entry.path(), ec);
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(tmp, 0) == 0 || name.rfind(old, 0) == 0) fs::remove_all(entry.path(), ec);
   }
 }
 

@@ -21,6 +21,8 @@
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nn/container.h"
+#include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/adam.h"
 #include "nn/optim/sgd.h"
@@ -290,6 +292,51 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat(info.param.opt == Opt::kAdam ? "Adam" : "SgdMomentum", "_",
                           name(info.param.save_split), "To", name(info.param.resume_split));
     });
+
+// A checkpoint saved from sharded pieces loads into a plain module's
+// state_dict() (its parameters, in place) and through load_state_dict.
+TEST(PlainModuleTest, ShardedCheckpointIntoAPlainModule) {
+  const std::string ckpt = FreshDir("plain") + "/ckpt";
+  auto source = std::make_shared<nn::Sequential>();
+  source->push_back(std::make_shared<nn::Linear>(4, 6));
+  source->push_back(std::make_shared<nn::Linear>(6, 3));
+  const nn::StateDict want = source->state_dict();
+  // Two ranks save every tensor as a flat half.
+  absl::Status s = RunRanks(2, [&](Rank& me) {
+    StateDict sd;
+    for (const auto& [k, t] : want) {
+      const int64_t n = t.numel(), lo = n * me.rank / 2, hi = n * (me.rank + 1) / 2;
+      sd.push_back({k, flat_shard(t.detach().contiguous().view({n}).narrow(0, lo, hi - lo),
+                                  SizeVector(t.sizes().begin(), t.sizes().end()), lo)});
+    }
+    return save(sd, {.path = ckpt, .process_group = me.group});
+  });
+  ASSERT_TRUE(s.ok()) << s;
+
+  auto target = std::make_shared<nn::Sequential>();
+  target->push_back(std::make_shared<nn::Linear>(4, 6));
+  target->push_back(std::make_shared<nn::Linear>(6, 3));
+  StateDict in_place;
+  for (const auto& [k, t] : target->named_parameters()) in_place.push_back({k, replicated(t)});
+  s = load(in_place, {.path = ckpt});
+  ASSERT_TRUE(s.ok()) << s;
+  for (const auto& [k, t] : target->named_parameters()) {
+    auto it = std::find_if(want.begin(), want.end(), [&](const auto& p) { return p.first == k; });
+    ASSERT_NE(it, want.end());
+    EXPECT_TRUE(t.detach().equal(it->second.detach())) << k;
+    EXPECT_TRUE(t.requires_grad()) << k << " is still a parameter";
+  }
+
+  auto third = std::make_shared<nn::Sequential>();
+  third->push_back(std::make_shared<nn::Linear>(4, 6));
+  third->push_back(std::make_shared<nn::Linear>(6, 3));
+  absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> full_sd = load_full_state_dict(ckpt);
+  ASSERT_TRUE(full_sd.ok()) << full_sd.status();
+  nn::StateDict as_module(full_sd->begin(), full_sd->end());
+  s = third->load_state_dict(as_module);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(third->named_parameters()[2].second.detach().equal(want[2].second.detach()));
+}
 
 TEST(OptimizerStateTest, KeysAndPlacements) {
   Job job = MakeJob(1, 2, nullptr, Split::kRows, Opt::kAdam);
