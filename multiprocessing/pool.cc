@@ -35,9 +35,13 @@ namespace ember::multiprocessing {
 // exactly those chunks fail (after any results it sent first are read).
 // A shared task queue could not say which task a dead worker had taken.
 //
-// Messages, parent to worker: {"chunk": id, "fn": name, "args": [[...], ...]}
-// or {"stop": true}; worker to parent: {"chunk": id, "results": [...]} or
-// {"chunk": id, "item": i, "error": message, "code": status code}.
+// Messages, parent to worker: {"chunk": id, "fn": name, "items": [...]}
+// (map: one argument per item), {"chunk": id, "fn": name, "args": [[...],
+// ...]} (starmap, apply: an argument list per item) or {"stop": true};
+// worker to parent: {"chunk": id, "offset": k, "results": [...]} (the
+// results of items k, k+1, ... of the chunk) or {"chunk": id, "item": i,
+// "error": message, "code": status code}. A chunk or a reply too large for
+// one message (kMaxMessageBytes) is split in halves until it fits.
 // A worker with maxtasksperchild exits (code 0) after that many chunks; the
 // handler sends it no more than that and starts a replacement when it ends.
 
@@ -79,6 +83,24 @@ absl::StatusOr<Value> RunGuarded(PoolFunction fn, absl::Span<const Value> args) 
   }
 }
 
+// Sends `results` (those of items `offset`... of chunk `id`), in halves
+// when they do not fit one message.
+absl::Status SendResults(Connection& conn, const Value& id, Value::List results, size_t offset) {
+  const size_t n = results.size();
+  Value reply(Value::Dict{{"chunk", id},
+                          {"offset", Value(static_cast<int64_t>(offset))},
+                          {"results", Value(std::move(results))}});
+  absl::Status s = conn.send(reply);
+  if (!absl::IsInvalidArgument(s) || n < 2) return s;
+  // Too large: the results back out of the reply (ours), then two halves.
+  Value::List& all = const_cast<Value::List&>(reply.find("results")->list());
+  Value::List second(std::make_move_iterator(all.begin() + n / 2),
+                     std::make_move_iterator(all.end()));
+  all.resize(n / 2);
+  EMBER_RETURN_IF_ERROR(SendResults(conn, id, std::move(all), offset));
+  return SendResults(conn, id, std::move(second), offset + n / 2);
+}
+
 // What a worker process runs: args[0] its socket, args[1] maxtasksperchild
 // (0: none).
 absl::Status PoolWorkerEntry(int rank, absl::Span<const Value> args) {
@@ -92,28 +114,35 @@ absl::Status PoolWorkerEntry(int rank, absl::Span<const Value> args) {
     if (msg->find("stop") != nullptr) return absl::OkStatus();
     const Value* id = msg->find("chunk");
     const Value* fn_name = msg->find("fn");
-    const Value* chunk_args = msg->find("args");
-    if (id == nullptr || fn_name == nullptr || chunk_args == nullptr) {
+    const Value* items = msg->find("items");
+    const Value* arg_lists = msg->find("args");
+    if (id == nullptr || fn_name == nullptr || (items == nullptr) == (arg_lists == nullptr)) {
       return absl::InvalidArgumentError("a pool worker got a malformed chunk");
     }
-    Value::Dict reply{{"chunk", *id}};
     absl::StatusOr<PoolFunction> fn = FindFunction(fn_name->as<std::string>().value_or(""));
+    const Value::List& list = items != nullptr ? items->list() : arg_lists->list();
     Value::List results;
-    const Value::List& items = chunk_args->list();
-    for (size_t i = 0; i < items.size(); ++i) {
-      absl::StatusOr<Value> r = fn.ok() ? RunGuarded(*fn, items[i].list()) : fn.status();
+    results.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      absl::Span<const Value> call_args =
+          items != nullptr ? absl::Span<const Value>(&list[i], 1) : absl::MakeConstSpan(list[i].list());
+      absl::StatusOr<Value> r = fn.ok() ? RunGuarded(*fn, call_args) : fn.status();
       if (!r.ok()) {
         std::string message(r.status().message());
         if (message.empty()) message = absl::StatusCodeToString(r.status().code());
-        reply["item"] = Value(static_cast<int64_t>(i));
-        reply["error"] = Value(std::move(message));
-        reply["code"] = Value(static_cast<int64_t>(r.status().code()));
+        EMBER_RETURN_IF_ERROR(conn.send(Value(Value::Dict{
+            {"chunk", *id},
+            {"item", Value(static_cast<int64_t>(i))},
+            {"error", Value(std::move(message))},
+            {"code", Value(static_cast<int64_t>(r.status().code()))}})));
+        results.clear();
         break;
       }
       results.push_back(*std::move(r));
     }
-    if (reply.find("error") == reply.end()) reply["results"] = Value(std::move(results));
-    EMBER_RETURN_IF_ERROR(conn.send(Value(std::move(reply))));
+    if (results.size() == list.size()) {
+      EMBER_RETURN_IF_ERROR(SendResults(conn, *id, std::move(results), 0));
+    }
   }
   return absl::OkStatus();
 }
@@ -160,9 +189,27 @@ struct PoolJob {
 struct Chunk {
   int64_t id = 0;
   std::shared_ptr<PoolJob> job;
-  size_t start = 0;  // the job's index of the first item
-  Value::List args;  // one argument list per item
+  size_t start = 0;     // the job's index of the first item
+  size_t size = 0;      // items
+  size_t received = 0;  // results back so far
+  bool star = false;    // "args" (argument lists) rather than "items"
+  Value message;        // what the worker is sent
 };
+
+// The message for items [start, start + list.size()) of `job`.
+Chunk MakeChunk(int64_t id, std::shared_ptr<PoolJob> job, size_t start, bool star,
+                Value::List list) {
+  Chunk c;
+  c.id = id;
+  c.job = std::move(job);
+  c.start = start;
+  c.size = list.size();
+  c.star = star;
+  c.message = Value(Value::Dict{{"chunk", Value(id)},
+                                {"fn", Value(c.job->name)},
+                                {star ? "args" : "items", Value(std::move(list))}});
+  return c;
+}
 
 struct Worker {
   int index = 0;
@@ -208,14 +255,15 @@ struct PoolState {
 namespace {
 
 std::string Items(const Chunk& c) {
-  const size_t n = c.args.size();
+  const size_t n = c.size;
   if (c.job->single) return "";
   return n == 1 ? absl::StrCat(" item ", c.start)
                 : absl::StrCat(" items ", c.start, "-", c.start + n - 1);
 }
 
-// Applies a worker's reply to its chunk's job.
-void Complete(Chunk& chunk, const Value& reply, const Worker& w) {
+// Applies a worker's reply to its chunk's job. True once the chunk is done
+// with (every result back, or failed).
+bool Complete(Chunk& chunk, const Value& reply, const Worker& w) {
   PoolJob& job = *chunk.job;
   if (const Value* error = reply.find("error"); error != nullptr) {
     const int64_t item = reply.find("item") ? reply.find("item")->as<int64_t>().value_or(0) : 0;
@@ -227,23 +275,28 @@ void Complete(Chunk& chunk, const Value& reply, const Worker& w) {
                      job.single ? "" : absl::StrCat(" of item ", chunk.start + item),
                      " failed in worker ", w.index, " (pid ", w.process->pid(),
                      "): ", error->as<std::string>().value_or(""))));
-    return;
+    return true;
   }
   const Value* results = reply.find("results");
-  if (results == nullptr || results->list().size() != chunk.args.size()) {
+  const Value* offset = reply.find("offset");
+  const int64_t at = offset != nullptr ? offset->as<int64_t>().value_or(-1) : -1;
+  if (results == nullptr || at < 0 ||
+      static_cast<size_t>(at) + results->list().size() > chunk.size) {
     job.Finish(absl::InternalError(absl::StrCat("Pool: worker ", w.index,
                                                 " sent a malformed reply for ", job.fn)));
-    return;
+    return true;
   }
+  chunk.received += results->list().size();
   std::unique_lock lock(job.mu);
-  if (job.done) return;
-  for (size_t i = 0; i < results->list().size(); ++i) {
-    job.results[chunk.start + i] = results->list()[i];
-  }
-  if (--job.chunks_left > 0) return;
-  Value v = job.single ? job.results[0] : Value(std::move(job.results));
+  if (job.done) return chunk.received == chunk.size;
+  Value::List& got = const_cast<Value::List&>(results->list());  // a reply of our own
+  for (size_t i = 0; i < got.size(); ++i) job.results[chunk.start + at + i] = std::move(got[i]);
+  if (chunk.received < chunk.size) return false;
+  if (--job.chunks_left > 0) return true;
+  Value v = job.single ? std::move(job.results[0]) : Value(std::move(job.results));
   lock.unlock();
   job.Finish(std::move(v));
+  return true;
 }
 
 }  // namespace
@@ -291,8 +344,7 @@ void PoolState::HandlerMain() {
       const Value* id = reply->find("chunk");
       auto it = id == nullptr ? w.held.end() : w.held.find(id->as<int64_t>().value_or(-1));
       if (it == w.held.end()) continue;
-      Complete(it->second, *reply, w);
-      w.held.erase(it);
+      if (Complete(it->second, *reply, w)) w.held.erase(it);
     }
   };
 
@@ -382,14 +434,32 @@ void PoolState::HandlerMain() {
           continue;
         }
         Chunk& c = pending.front();
-        Value::List arg_lists;
-        arg_lists.reserve(c.args.size());
-        for (const Value& a : c.args) arg_lists.push_back(a);
-        absl::Status sent = w.conn.send(Value(Value::Dict{{"chunk", Value(c.id)},
-                                                           {"fn", Value(c.job->name)},
-                                                           {"args", Value(std::move(arg_lists))}}));
+        absl::Status sent = w.conn.send(c.message);
         if (absl::IsUnavailable(sent)) {
           w.hung_up = true;  // it ended: handled on the next round
+          continue;
+        }
+        if (absl::IsInvalidArgument(sent) && c.size > 1) {
+          // Too large for one message: two halves in its place.
+          const Value* payload = c.message.find(c.star ? "args" : "items");
+          const Value::List& list = payload->list();
+          const size_t half = c.size / 2;
+          Chunk first = MakeChunk(c.id, c.job, c.start, c.star,
+                                  Value::List(list.begin(), list.begin() + half));
+          Chunk second;
+          {
+            std::lock_guard lock(mu);
+            second = MakeChunk(next_chunk++, c.job, c.start + half, c.star,
+                               Value::List(list.begin() + half, list.end()));
+          }
+          {
+            std::lock_guard lock(c.job->mu);
+            ++c.job->chunks_left;
+          }
+          pending.pop_front();
+          pending.push_front(std::move(second));
+          pending.push_front(std::move(first));
+          progress = true;
           continue;
         }
         if (!sent.ok()) {
@@ -545,9 +615,9 @@ Pool::~Pool() {
   if (state_ != nullptr) terminate();
 }
 
-absl::StatusOr<AsyncResult> Pool::Submit(const std::string& fn, std::vector<Value::List> arg_lists,
+absl::StatusOr<AsyncResult> Pool::Submit(const std::string& fn, Value::List payload, bool star,
                                          int chunksize, bool single) {
-  const char* what = single ? "apply" : "map";
+  const char* what = single ? "apply" : star ? "starmap" : "map";
   if (absl::StatusOr<PoolFunction> f = FindFunction(fn); !f.ok()) {
     return absl::NotFoundError(absl::StrCat("Pool.", what, ": ", f.status().message()));
   }
@@ -556,7 +626,7 @@ absl::StatusOr<AsyncResult> Pool::Submit(const std::string& fn, std::vector<Valu
         absl::StrCat("Pool.", what, ": chunksize must be >= 1 (0: the default), got ", chunksize));
   }
   PoolState& s = *state_;
-  const size_t n = arg_lists.size();
+  const size_t n = payload.size();
   if (chunksize == 0) {
     const size_t per = static_cast<size_t>(s.processes) * 4;
     chunksize = static_cast<int>(std::max<size_t>(1, (n + per - 1) / per));
@@ -573,6 +643,13 @@ absl::StatusOr<AsyncResult> Pool::Submit(const std::string& fn, std::vector<Valu
     job->Finish(Value(Value::List{}));
     return result;
   }
+  // The messages are built here, off the handler thread.
+  std::vector<Value::List> slices;
+  for (size_t start = 0; start < n; start += chunksize) {
+    const size_t end = std::min(n, start + chunksize);
+    slices.emplace_back(std::make_move_iterator(payload.begin() + start),
+                        std::make_move_iterator(payload.begin() + end));
+  }
   {
     std::lock_guard lock(s.mu);
     if (s.run != PoolRun::kRun) {
@@ -580,59 +657,66 @@ absl::StatusOr<AsyncResult> Pool::Submit(const std::string& fn, std::vector<Valu
           absl::StrCat("Pool.", what, ": the pool is not running (close() or terminate() was "
                                       "called)"));
     }
-    for (size_t start = 0; start < n; start += chunksize) {
-      Chunk c;
-      c.id = s.next_chunk++;
-      c.job = job;
-      c.start = start;
-      const size_t end = std::min(n, start + chunksize);
-      for (size_t i = start; i < end; ++i) c.args.push_back(Value(std::move(arg_lists[i])));
-      s.incoming.push_back(std::move(c));
+    size_t start = 0;
+    for (Value::List& slice : slices) {
+      const size_t size = slice.size();
+      s.incoming.push_back(MakeChunk(s.next_chunk++, job, start, star, std::move(slice)));
+      start += size;
     }
   }
   s.Wake();
   return result;
 }
 
+absl::StatusOr<Value> Pool::Take(AsyncResult& r, absl::Duration timeout) {
+  EMBER_RETURN_IF_ERROR(r.wait(timeout));
+  std::lock_guard lock(r.job_->mu);
+  return std::move(r.job_->result);
+}
+
+absl::StatusOr<Value::List> Pool::TakeList(AsyncResult& r, absl::Duration timeout) {
+  EMBER_ASSIGN_OR_RETURN(Value v, Take(r, timeout));
+  if (!v.is<Value::List>()) return absl::InternalError("Pool: a map's result is not a list");
+  return std::move(const_cast<Value::List&>(v.list()));  // `v` is ours to empty
+}
+
 absl::StatusOr<AsyncResult> Pool::apply_async(const std::string& fn, Value::List args) {
-  std::vector<Value::List> one;
-  one.push_back(std::move(args));
-  return Submit(fn, std::move(one), 1, /*single=*/true);
+  Value::List one;
+  one.push_back(Value(std::move(args)));
+  return Submit(fn, std::move(one), /*star=*/true, 1, /*single=*/true);
 }
 
 absl::StatusOr<Value> Pool::apply(const std::string& fn, Value::List args,
                                   absl::Duration timeout) {
   EMBER_ASSIGN_OR_RETURN(AsyncResult r, apply_async(fn, std::move(args)));
-  return r.get(timeout);
+  return Take(r, timeout);
 }
 
 absl::StatusOr<AsyncResult> Pool::map_async(const std::string& fn, Value::List items,
                                             int chunksize) {
-  std::vector<Value::List> arg_lists;
-  arg_lists.reserve(items.size());
-  for (Value& item : items) arg_lists.push_back(Value::List{std::move(item)});
-  return Submit(fn, std::move(arg_lists), chunksize, /*single=*/false);
+  return Submit(fn, std::move(items), /*star=*/false, chunksize, /*single=*/false);
 }
 
 absl::StatusOr<Value::List> Pool::map(const std::string& fn, Value::List items, int chunksize,
                                       absl::Duration timeout) {
   EMBER_ASSIGN_OR_RETURN(AsyncResult r, map_async(fn, std::move(items), chunksize));
-  EMBER_ASSIGN_OR_RETURN(Value v, r.get(timeout));
-  return v.list();
+  return TakeList(r, timeout);
 }
 
 absl::StatusOr<AsyncResult> Pool::starmap_async(const std::string& fn,
                                                 std::vector<Value::List> arg_lists,
                                                 int chunksize) {
-  return Submit(fn, std::move(arg_lists), chunksize, /*single=*/false);
+  Value::List payload;
+  payload.reserve(arg_lists.size());
+  for (Value::List& a : arg_lists) payload.push_back(Value(std::move(a)));
+  return Submit(fn, std::move(payload), /*star=*/true, chunksize, /*single=*/false);
 }
 
 absl::StatusOr<Value::List> Pool::starmap(const std::string& fn,
                                           std::vector<Value::List> arg_lists, int chunksize,
                                           absl::Duration timeout) {
   EMBER_ASSIGN_OR_RETURN(AsyncResult r, starmap_async(fn, std::move(arg_lists), chunksize));
-  EMBER_ASSIGN_OR_RETURN(Value v, r.get(timeout));
-  return v.list();
+  return TakeList(r, timeout);
 }
 
 void Pool::close() {

@@ -11,7 +11,8 @@
 //     EMBER_ASSIGN_OR_RETURN(int64_t x, args[0].as<int64_t>());
 //     return mp::Value(x * x);
 //   });
-//   EMBER_ASSIGN_OR_RETURN(mp::Pool pool, mp::Pool::create({.processes = 2}));
+//   EMBER_ASSIGN_OR_RETURN(mp::Pool pool,
+//                          mp::Pool::create({.processes = 2, .start_method = "fork"}));
 //   EMBER_ASSIGN_OR_RETURN(mp::Value::List squares,
 //                          pool.map("square", {mp::Value(1), mp::Value(2), mp::Value(3)}));
 //   if (squares[2].as<int64_t>().value_or(0) != 9) return absl::InternalError("wrong square");
@@ -94,6 +95,7 @@ class AsyncResult {
 
  private:
   friend class Pool;
+  AsyncResult() = default;
   std::shared_ptr<internal::PoolJob> job_;
 };
 
@@ -157,8 +159,14 @@ class Pool {
 
  private:
   Pool() = default;
-  absl::StatusOr<AsyncResult> Submit(const std::string& fn, std::vector<Value::List> arg_lists,
+  // Queues `payload` (map's items, or starmap's and apply's argument lists
+  // as list Values when `star`) in chunks.
+  absl::StatusOr<AsyncResult> Submit(const std::string& fn, Value::List payload, bool star,
                                      int chunksize, bool single);
+  // The result of `r`, moved out (for the blocking calls, whose AsyncResult
+  // nobody else holds).
+  static absl::StatusOr<Value> Take(AsyncResult& r, absl::Duration timeout);
+  static absl::StatusOr<Value::List> TakeList(AsyncResult& r, absl::Duration timeout);
   std::unique_ptr<internal::PoolState> state_;
 };
 

@@ -126,6 +126,13 @@ TEST_P(PoolTest, MapStarmapAndApplyReturnResultsInOrder) {
       EXPECT_EQ((*squares)[i].as<int64_t>().value(), int64_t{i} * i) << "chunksize " << chunksize;
     }
   }
+  // One chunk of 60000 items, and its results, exceed a message: both are
+  // split on the way.
+  absl::StatusOr<Value::List> big = pool->map("square", Ints(60000), 60000, kLong);
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_EQ(big->size(), 60000u);
+  EXPECT_EQ((*big)[59999].as<int64_t>().value(), int64_t{59999} * 59999);
+  EXPECT_EQ((*big)[30000].as<int64_t>().value(), int64_t{30000} * 30000);
   std::vector<Value::List> pairs;
   for (int i = 0; i < 10; ++i) pairs.push_back({Value(i), Value(100 * i)});
   absl::StatusOr<Value::List> sums = pool->starmap("add", pairs, 0, kLong);

@@ -92,6 +92,7 @@ class Lock {
   pid_t owner() const;
 
  private:
+  Lock() = default;
   friend class Condition;
   friend struct SyncCodec;
   std::shared_ptr<internal::SyncPage> page_;
@@ -111,6 +112,7 @@ class RLock {
   pid_t owner() const;
 
  private:
+  RLock() = default;
   friend class Condition;
   friend struct SyncCodec;
   std::shared_ptr<internal::SyncPage> page_;
@@ -131,6 +133,7 @@ class Semaphore {
   int64_t get_value() const;
 
  private:
+  Semaphore() = default;
   friend class BoundedSemaphore;
   friend struct SyncCodec;
   std::shared_ptr<internal::SyncPage> page_;
@@ -147,6 +150,7 @@ class BoundedSemaphore {
   int64_t get_value() const;
 
  private:
+  BoundedSemaphore() = default;
   friend struct SyncCodec;
   Semaphore sem_;
 };
@@ -164,6 +168,7 @@ class Event {
   absl::Status wait(absl::Duration timeout = absl::InfiniteDuration());
 
  private:
+  Event() = default;
   friend struct SyncCodec;
   std::shared_ptr<internal::SyncPage> page_;
 };
@@ -199,6 +204,7 @@ class Condition {
   absl::Status notify_all();
 
  private:
+  Condition() = default;
   friend struct SyncCodec;
   std::shared_ptr<internal::SyncPage> lock_;  // a Lock's or an RLock's page
   std::shared_ptr<internal::SyncPage> page_;  // the wake-up word
@@ -225,6 +231,7 @@ class Barrier {
   bool broken() const;
 
  private:
+  Barrier() = default;
   friend struct SyncCodec;
   std::shared_ptr<internal::SyncPage> page_;
 };
