@@ -1,17 +1,21 @@
 #include "multiprocessing/pool.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -53,8 +57,16 @@ constexpr size_t kChunksPerWorker = 2;
 // How often the handler looks for workers that ended without a hang-up.
 constexpr absl::Duration kLivenessInterval = absl::Milliseconds(100);
 
+std::mutex* g_functions_mu = nullptr;
 std::mutex& FunctionsMu() {
-  static auto* mu = new std::mutex;
+  static std::mutex* const mu = [] {
+    g_functions_mu = new std::mutex;
+    // A worker forked while another thread of the pool's process looks a
+    // function up must not inherit the lock held; nothing else runs in the
+    // child yet, so it is made anew.
+    ::pthread_atfork(nullptr, nullptr, [] { new (g_functions_mu) std::mutex; });
+    return g_functions_mu;
+  }();
   return *mu;
 }
 std::map<std::string, PoolFunction>& Functions() {
