@@ -64,6 +64,14 @@ int64_t max_memory_allocated(int device) { return 0; }
 int64_t memory_reserved(int device) { return 0; }
 int64_t max_memory_reserved(int device) { return 0; }
 void reset_peak_memory_stats(int device) {}
+absl::Status set_per_process_memory_fraction(double fraction, int device) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("set_per_process_memory_fraction: invalid fraction value: ", fraction,
+                     ". Allowed range: 0~1 (a share of the device's total memory)"));
+  }
+  return internal::CheckAvailable("set_per_process_memory_fraction");
+}
 MemoryStats memory_stats(int device) { return MemoryStats{}; }
 void empty_cache() {}
 std::vector<SegmentInfo> memory_snapshot() { return {}; }

@@ -90,8 +90,38 @@ absl::Status CheckAvailable(absl::string_view call) { return Unavailable(call); 
 
 absl::StatusOr<int> CheckDevice(absl::string_view call, int device) { return Unavailable(call); }
 
+absl::Status InvalidDeviceOrdinal(absl::string_view call, int device, int count) {
+  std::string seen = count == 0 ? "no CUDA devices"
+                     : count == 1
+                         ? "1 CUDA device (cuda:0)"
+                         : absl::StrCat(count, " CUDA devices (cuda:0 to cuda:", count - 1, ")");
+  return absl::InvalidArgumentError(absl::StrCat(
+      call, ": CUDA error: invalid device ordinal: device index ", device,
+      " does not exist; this process sees ", seen, ". Use an index from that range, or set ",
+      "CUDA_VISIBLE_DEVICES before the process starts to choose which devices it sees"));
+}
+
 absl::StatusOr<int> ExchangeCurrentDevice(int device) {
   return Unavailable("cuda::ExchangeCurrentDevice");
+}
+
+// Nothing was ever made current, so there is nothing to restore.
+void RestoreCurrentDevice(int device) {}
+
+RestoreAction PlanRestore(int device, int runtime_device, bool device_has_context) {
+  if (device == runtime_device) return RestoreAction::kNothing;
+  return device_has_context ? RestoreAction::kSetDevice : RestoreAction::kDefer;
+}
+
+// CUDA is never initialised, so a forked child has nothing to lose.
+void MarkCudaInitialized() {}
+
+const std::string& ForkedChildReason() {
+  static const std::string* const reason = new std::string(
+      "Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you "
+      "must use the 'spawn' start method (this process was forked after its parent had "
+      "initialised CUDA, and the CUDA driver does not survive fork)");
+  return *reason;
 }
 
 }  // namespace internal

@@ -53,12 +53,27 @@ TEST(WithoutCudaTest, EveryDeviceCallFailsWithTheReason) {
       {"cuda::synchronize", synchronize()},
       {"caching_allocator_alloc", caching_allocator_alloc(1024).status()},
       {"caching_allocator_alloc", caching_allocator_alloc(0, 3).status()},
+      {"set_per_process_memory_fraction", set_per_process_memory_fraction(0.5)},
   };
   for (const auto& [call, status] : calls) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
     EXPECT_TRUE(Contains(status.message(), call)) << status;
     EXPECT_TRUE(Contains(status.message(), kReason)) << status;
   }
+}
+
+TEST(WithoutCudaTest, BadArgumentsAreStillNamed) {
+  absl::Status fraction = set_per_process_memory_fraction(1.5);
+  EXPECT_EQ(fraction.code(), absl::StatusCode::kInvalidArgument) << fraction;
+  EXPECT_TRUE(Contains(fraction.message(), "invalid fraction value: 1.5")) << fraction;
+  absl::Status ordinal = internal::InvalidDeviceOrdinal("empty", 2, 0);
+  EXPECT_EQ(ordinal.code(), absl::StatusCode::kInvalidArgument) << ordinal;
+  EXPECT_TRUE(Contains(ordinal.message(), "CUDA error: invalid device ordinal")) << ordinal;
+  EXPECT_TRUE(Contains(ordinal.message(), "no CUDA devices")) << ordinal;
+  EXPECT_TRUE(Contains(internal::ForkedChildReason(), "Cannot re-initialize CUDA")) << ordinal;
+  // OnDevice needs a usable device: the body never runs.
+  absl::Status on = internal::OnDevice(0, [] { return absl::InternalError("ran"); });
+  EXPECT_EQ(on.code(), absl::StatusCode::kFailedPrecondition) << on;
 }
 
 TEST(WithoutCudaTest, TheGuardImplReportsNoDevices) {
