@@ -15,8 +15,13 @@
 //   on its own device, then copied peer to peer.
 // Copies that involve the host, or two devices, wait for the copy to finish
 // before returning (torch's copy_ with non_blocking=false), so the host may
-// read or free its side at once. Copies within a device are asynchronous on
-// the current stream.
+// read or free its side at once, except a non-blocking host copy (Note
+// [Non-blocking copies] in tensor/ops.h) whose host side is pinned: from a
+// pinned source, or to a contiguous pinned destination, the copy (and any
+// conversion on the device after it) is queued on the device's current
+// stream and not waited for, so it is ordered with the work on that stream
+// like a kernel. Copies within a device are asynchronous on the current
+// stream.
 // A pinned host side (cuda/host_allocator.h) is recorded against the copy's
 // stream (host_record_stream), as torch's CachingHostAllocator records an
 // event at each copy: once freed, its block is not handed out again before
@@ -115,6 +120,12 @@ void RecordPinned(const Tensor& host, Device device) {
   if (host.is_pinned()) host.record_stream(ember::current_stream(device));
 }
 
+// Whether this copy may return before the device ran it: asked for, and the
+// host side it reads or writes is pinned.
+bool NonBlocking(const Tensor& host) {
+  return ember::internal::tls_non_blocking_copy && host.is_pinned();
+}
+
 void HostToDevice(const Tensor& out, const Tensor& src) {
   DeviceGuard guard(out.device());
   cudaStream_t stream = StreamOf(out.device());
@@ -125,10 +136,13 @@ void HostToDevice(const Tensor& out, const Tensor& src) {
                                    cudaMemcpyHostToDevice, stream));
   RecordPinned(host, out.device());
   if (!direct) DeviceCopy(out, staged, stream);
-  Synchronize(stream);
+  // `staged` goes back to the caching allocator on this stream: reused only
+  // by work queued after the conversion.
+  if (!NonBlocking(host)) Synchronize(stream);
 }
 
 void DeviceToHost(const Tensor& out, const Tensor& src) {
+  const bool non_blocking = NonBlocking(out) && out.is_contiguous();
   DeviceGuard guard(src.device());
   cudaStream_t stream = StreamOf(src.device());
   Tensor dev = src;
@@ -140,6 +154,7 @@ void DeviceToHost(const Tensor& out, const Tensor& src) {
   EMBER_CUDA_CHECK(cudaMemcpyAsync(host.raw_data(), dev.raw_data(), host.nbytes(),
                                    cudaMemcpyDeviceToHost, stream));
   RecordPinned(host, src.device());
+  if (non_blocking) return;
   Synchronize(stream);
   if (!out.is_contiguous()) ops::copy_out(out, host);
 }

@@ -8,6 +8,10 @@
 
 namespace ember {
 
+namespace internal {
+thread_local constinit bool tls_non_blocking_copy = false;
+}  // namespace internal
+
 void CheckWritable(const Tensor& self, const char* op) {
   for (int64_t d = 0; d < self.dim(); ++d) {
     EMBER_CHECK(self.strides()[d] != 0 || self.sizes()[d] <= 1, op,

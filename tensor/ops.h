@@ -62,6 +62,36 @@ inline void ResetFreshVersion(const Tensor& fresh) {
   fresh.impl()->version_counter()->version.store(0, std::memory_order_relaxed);
 }
 
+// Note [Non-blocking copies]
+// copy_(src, non_blocking) and to(device, non_blocking) ask that a copy
+// between the host and a device not wait for the device. copy_ and copy_out
+// keep their (self, src) signatures; the request travels to the device's
+// copy_out kernel as this thread's NonBlockingCopyGuard, alive for exactly
+// that one copy. The kernel honours it only as PyTorch does: a copy whose
+// host side is pinned memory is queued on the device's current stream and
+// returns at once (the pinned block recorded against that stream, so it is
+// not handed out again before the copy ran); from or to pageable memory the
+// copy waits, non_blocking or not. Copies within a device never wait;
+// kernels of other devices (the CPU's) ignore the request.
+namespace internal {
+extern thread_local constinit bool tls_non_blocking_copy;
+}  // namespace internal
+
+// While alive, copies on this thread may be non-blocking (see above).
+// Nests; restores the previous state on destruction.
+class NonBlockingCopyGuard {
+ public:
+  explicit NonBlockingCopyGuard(bool non_blocking) : previous_(internal::tls_non_blocking_copy) {
+    internal::tls_non_blocking_copy = non_blocking;
+  }
+  ~NonBlockingCopyGuard() { internal::tls_non_blocking_copy = previous_; }
+  NonBlockingCopyGuard(const NonBlockingCopyGuard&) = delete;
+  NonBlockingCopyGuard& operator=(const NonBlockingCopyGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // The result of op(a, b) for in-place ops must have `self`'s shape; throws
 // "<op>: output with shape [3] doesn't match the broadcast shape [2, 3]".
 void CheckInPlaceShape(const Tensor& self, IntArrayRef broadcast, const char* op);

@@ -258,8 +258,8 @@ std::vector<Tensor> Tensor::unbind(int64_t d) const {
 namespace {
 // `fresh` (just allocated) filled from `src` through copy_, so autograd records
 // it; the result reads version 0 (Note [Fresh tensors start at version 0]).
-Tensor CopyIntoFresh(const Tensor& fresh, const Tensor& src) {
-  fresh.copy_(src);
+Tensor CopyIntoFresh(const Tensor& fresh, const Tensor& src, bool non_blocking = false) {
+  fresh.copy_(src, non_blocking);
   ResetFreshVersion(fresh);
   return fresh;
 }
@@ -276,14 +276,27 @@ Tensor Tensor::to(Dtype d) const {
   return CopyIntoFresh(EmptyTensor(sizes(), d, device()), *this);
 }
 
-Tensor Tensor::to(Device dev) const {
+Tensor Tensor::to(Device dev, bool non_blocking) const {
   if (dev.type() == device().type() && (!dev.has_index() || dev.index() == device().index())) {
     return *this;
   }
   Allocator* allocator = GetAllocator(dev.type());
   EMBER_CHECK(allocator != nullptr, "to: no allocator is registered for device ", dev.str(),
               "; link //cuda to use CUDA devices");
-  return CopyIntoFresh(EmptyTensor(sizes(), dtype(), dev, allocator), *this);
+  // A non-blocking copy to the host lands in pinned memory, which the device
+  // can write without the host waiting (as torch's _to_copy pins its output).
+  if (non_blocking && dev.is_cpu() && GetPinnedMemoryAllocator() != nullptr) {
+    allocator = GetPinnedMemoryAllocator();
+  }
+  return CopyIntoFresh(EmptyTensor(sizes(), dtype(), dev, allocator), *this, non_blocking);
+}
+
+Tensor Tensor::cpu() const { return to(kCPU); }
+
+Tensor Tensor::cuda(int device, bool non_blocking) const {
+  EMBER_CHECK(device >= -1, "cuda: device index must be -1 (the current device) or >= 0, got ",
+              device);
+  return to(Device(DeviceType::kCUDA, device), non_blocking);
 }
 
 bool Tensor::is_pinned() const {
@@ -312,7 +325,10 @@ Tensor Tensor::pin_memory() const {
   return CopyIntoFresh(EmptyTensor(sizes(), dtype(), kCPU, pinned), *this);
 }
 
-Tensor Tensor::copy_(const Tensor& src) const { return ops::copy_(*this, src); }
+Tensor Tensor::copy_(const Tensor& src, bool non_blocking) const {
+  NonBlockingCopyGuard guard(non_blocking);
+  return ops::copy_(*this, src);
+}
 Tensor Tensor::fill_(const Scalar& value) const { return ops::fill_(*this, value); }
 
 // --- Elementwise ------------------------------------------------------------------

@@ -350,7 +350,19 @@ class Tensor {
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(Dtype dtype) const;
-  Tensor to(Device device) const;
+  // This tensor when it is on `device` already (a device without an index
+  // matches any of its type), else a copy there. non_blocking (Note
+  // [Non-blocking copies] in ops.h): a copy from pinned host memory to a
+  // device is queued on the device's current stream without waiting, and a
+  // copy from a device to the CPU lands in pinned memory without waiting
+  // (when a pinned allocator is registered), as torch's to(); synchronize
+  // the stream (or an event recorded after it) before reading the result on
+  // the host. From pageable memory the copy waits.
+  Tensor to(Device device, bool non_blocking = false) const;
+  // to(kCPU): waits for the copy.
+  Tensor cpu() const;
+  // to(cuda:device, non_blocking); device -1 is the current CUDA device.
+  Tensor cuda(int device = -1, bool non_blocking = false) const;
   // A copy in pinned host memory (this tensor when it is pinned already);
   // throws for a tensor not on the CPU and when no device backend registered
   // a pinned allocator (link //cuda), as torch's pin_memory.
@@ -362,8 +374,9 @@ class Tensor {
   // tensor used on a stream other than the one it was allocated on). Throws
   // for memory that is not stream-ordered (plain CPU tensors).
   void record_stream(Stream stream) const;
-  // Copies `src` (broadcast to this shape, any dtype) into this tensor.
-  Tensor copy_(const Tensor& src) const;
+  // Copies `src` (broadcast to this shape, any dtype) into this tensor;
+  // non_blocking as for to() (Note [Non-blocking copies] in ops.h).
+  Tensor copy_(const Tensor& src, bool non_blocking = false) const;
   Tensor fill_(const Scalar& value) const;
   Tensor zero_() const { return fill_(0); }
 
