@@ -4,6 +4,7 @@
 #include "distributed/flight_recorder.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -195,6 +196,8 @@ TEST(FlightRecorderTest, SignalsDumpAndChainToEarlierHandlers) {
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    const rlimit no_core{0, 0};  // a core file would only slow the test
+    setrlimit(RLIMIT_CORE, &no_core);
     static volatile sig_atomic_t got = 0;
     signal(SIGUSR1, [](int) { got = 1; });
     setenv("TORCH_FR_DUMP_TEMP_FILE", pattern.c_str(), 1);

@@ -30,9 +30,11 @@
 //   master_port, a fresh one for every attempt so that a restarted job does
 //   not meet the keys of the failed one.
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -49,9 +51,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "distributed/tcp_store.h"
+#include "tools/launch/failure_report.h"
+#include "tools/launch/flight_analysis.h"
 #include "tools/launch/launch_options.h"
 #include "tools/version.h"
 
@@ -88,6 +93,12 @@ struct Worker {
   WorkerSpec spec;
   pid_t pid = -1;  // also its process group's id
   bool running = false;
+  // The read end of the worker's stderr, forwarded to the launcher's
+  // (Note [Failure summary] in failure_report.cc); -1 once closed.
+  int err_fd = -1;
+  OutputTail tail;
+  std::string error_file;  // its TORCHELASTIC_ERROR_FILE
+  std::string outcome;     // how it ended, once reaped
 };
 
 // Whether the process group `pgid` still has a member.
@@ -96,6 +107,9 @@ bool GroupAlive(pid_t pgid) { return kill(-pgid, 0) == 0 || errno == EPERM; }
 // How long to wait for groups to empty after SIGKILL before giving up on them
 // (a process in uninterruptible sleep dies only when it wakes).
 constexpr absl::Duration kAfterKill = absl::Seconds(5);
+// How long the survivors of a failure get to write their flight recorder
+// dumps (Note [Failure summary]).
+constexpr absl::Duration kDumpWait = absl::Seconds(1);
 
 class Supervisor {
  public:
@@ -122,6 +136,7 @@ class Supervisor {
         }
         store_server_ = std::move(*server);
       }
+      MakeRunDir(attempt);
       for (int local = 0; local < options_.nproc_per_node; ++local) {
         Worker worker;
         worker.spec = MakeWorkerSpec(options_, local, attempt, omp_set);
@@ -132,8 +147,10 @@ class Supervisor {
         workers_.push_back(std::move(worker));
       }
       Outcome outcome = Supervise();
+      CloseOutputs();
       if (outcome.kind == Outcome::kAllSucceeded) {
         StopAll();  // what the workers left in their groups
+        RemoveRunDir();
         return 0;
       }
       if (outcome.kind == Outcome::kSignalled) {
@@ -159,7 +176,138 @@ class Supervisor {
     enum Kind { kAllSucceeded, kWorkerFailed, kSignalled } kind;
     int code = 0;  // exit code for kWorkerFailed, signal for kSignalled
     std::string description;
+    size_t worker = 0;  // kWorkerFailed: which
+    absl::Time when = absl::InfinitePast();
   };
+
+  // A fresh directory per attempt for the workers' error files and flight
+  // recorder dumps (Note [Failure summary]); kept when the job fails.
+  void MakeRunDir(int attempt) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                                     "/ember_launch_", getpid(), "_", attempt, "_XXXXXX");
+    run_dir_ = mkdtemp(templ.data()) != nullptr ? templ : "";
+    const char* pattern = std::getenv("TORCH_FR_DUMP_TEMP_FILE");
+    if (pattern != nullptr && *pattern != '\0') {
+      const std::string p = pattern;
+      dump_dir_ = p.find('/') == std::string::npos ? "." : p.substr(0, p.rfind('/'));
+    } else {
+      dump_dir_ = run_dir_;
+    }
+  }
+
+  void RemoveRunDir() {
+    if (run_dir_.empty()) return;
+    if (DIR* dir = opendir(run_dir_.c_str())) {
+      while (dirent* e = readdir(dir)) {
+        const std::string name = e->d_name;
+        if (name != "." && name != "..") unlink((run_dir_ + "/" + name).c_str());
+      }
+      closedir(dir);
+    }
+    rmdir(run_dir_.c_str());
+  }
+
+  // Forwards what the workers wrote to stderr, keeping each one's tail.
+  void DrainOutputs() {
+    char buf[4096];
+    for (Worker& worker : workers_) {
+      while (worker.err_fd >= 0) {
+        const ssize_t n = read(worker.err_fd, buf, sizeof(buf));
+        if (n > 0) {
+          worker.tail.Add(std::string_view(buf, n));
+          (void)!write(2, buf, n);
+          continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n == 0) {
+          close(worker.err_fd);
+          worker.err_fd = -1;
+        }
+        break;  // EAGAIN: nothing more for now
+      }
+    }
+  }
+
+  void CloseOutputs() {
+    DrainOutputs();
+    for (Worker& worker : workers_) {
+      if (worker.err_fd >= 0) close(worker.err_fd);
+      worker.err_fd = -1;
+    }
+  }
+
+  WorkerReport Report(const Worker& worker) const {
+    WorkerReport r;
+    r.rank = worker.spec.rank;
+    r.local_rank = worker.spec.local_rank;
+    r.host = host_;
+    r.pid = worker.pid;
+    if (std::optional<std::string> m = ReadErrorFile(worker.error_file)) {
+      r.message = *m;
+      r.message_source = "error file";
+    } else {
+      std::vector<std::string> lines = worker.tail.Lines();
+      if (lines.size() > 5) lines.erase(lines.begin(), lines.end() - 5);
+      r.message = absl::StrJoin(lines, "\n");
+      r.message_source = "last lines of stderr";
+    }
+    return r;
+  }
+
+  // Note [Failure summary]: states, dumps, then the summary.
+  void ReportFailure(const Outcome& failure, const std::vector<std::string>& states) {
+    WorkerReport first = Report(workers_[failure.worker]);
+    first.outcome = workers_[failure.worker].outcome;
+    first.when = failure.when;
+    std::vector<WorkerReport> others;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (i == failure.worker) continue;
+      WorkerReport r = Report(workers_[i]);
+      r.outcome = states[i];
+      others.push_back(std::move(r));
+    }
+    std::optional<flight::Verdict> verdict;
+    if (!dump_dir_.empty()) {
+      absl::StatusOr<std::vector<flight::RankDump>> dumps = flight::ReadDumps({dump_dir_});
+      if (dumps.ok() && !dumps->empty()) {
+        // Only this node's dumps are here: name missing ranks on one node only.
+        verdict = flight::Analyse(*dumps, options_.nnodes == 1 ? options_.nproc_per_node : 0);
+      }
+    }
+    for (const std::string& line : FailureSummary(first, others, verdict, dump_dir_)) Say(line);
+  }
+
+  // Asks the workers that catch SIGUSR1 to dump their flight recorders and
+  // waits up to kDumpWait for the dumps.
+  void RequestDumps() {
+    std::vector<const Worker*> asked;
+    const absl::Time sent = absl::Now();
+    for (const Worker& worker : workers_) {
+      if (worker.running && CatchesSignal(worker.pid, SIGUSR1) && kill(worker.pid, SIGUSR1) == 0) {
+        asked.push_back(&worker);
+      }
+    }
+    if (asked.empty()) return;
+    const absl::Time until = sent + kDumpWait;
+    while (absl::Now() < until) {
+      bool all = dump_dir_ == run_dir_;  // only our own pattern names files by rank
+      for (const Worker* worker : asked) {
+        if (!all) break;
+        all = DumpedSince(worker->spec.rank, sent);
+      }
+      if (all && dump_dir_ == run_dir_) return;
+      NextSignal(absl::Milliseconds(20));  // keeps forwarding stderr
+    }
+  }
+
+  // Whether rank's dump (fr_<rank>.<host>) was written since `since`.
+  bool DumpedSince(int rank, absl::Time since) const {
+    struct stat st;
+    const std::string path = absl::StrCat(run_dir_, "/fr_", rank, ".", host_);
+    return stat(path.c_str(), &st) == 0 &&
+           absl::TimeFromTimespec(st.st_mtim) >= since - absl::Milliseconds(10);
+  }
 
   bool Start(Worker& worker) {
     // Everything the child needs is built before fork: with --serve_store the
@@ -170,6 +318,14 @@ class Supervisor {
       std::string_view entry(*e);
       std::string name(entry.substr(0, entry.find('=')));
       if (!worker.spec.env.contains(name)) env_strings.emplace_back(entry);
+    }
+    // Note [Failure summary]: where the worker's error and dumps go.
+    if (!run_dir_.empty()) {
+      worker.error_file = absl::StrCat(run_dir_, "/error_", worker.spec.rank, ".json");
+      worker.spec.env["TORCHELASTIC_ERROR_FILE"] = worker.error_file;
+      if (dump_dir_ == run_dir_) {
+        worker.spec.env["TORCH_FR_DUMP_TEMP_FILE"] = absl::StrCat(run_dir_, "/fr_%r.%h");
+      }
     }
     for (const auto& [name, value] : worker.spec.env) env_strings.push_back(name + "=" + value);
     std::vector<char*> envp;
@@ -182,13 +338,21 @@ class Supervisor {
     sigset_t none;
     sigemptyset(&none);
 
+    int err_pipe[2] = {-1, -1};
+    if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+      Say(absl::StrCat("pipe failed: ", strerror(errno)));
+      return false;
+    }
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
       Say(absl::StrCat("fork failed: ", strerror(errno)));
+      close(err_pipe[0]);
+      close(err_pipe[1]);
       return false;
     }
     if (pid == 0) {
+      dup2(err_pipe[1], 2);  // the launcher forwards it (and keeps a tail)
       // A process group of its own, which the launcher signals as a whole.
       setpgid(0, 0);
       // Die with the launcher; close the race with a launcher that died
@@ -204,6 +368,9 @@ class Supervisor {
     // (whichever of the two calls runs first wins; the other is a no-op or
     // fails harmlessly after the exec).
     setpgid(pid, pid);
+    close(err_pipe[1]);
+    fcntl(err_pipe[0], F_SETFL, fcntl(err_pipe[0], F_GETFL) | O_NONBLOCK);
+    worker.err_fd = err_pipe[0];
     worker.pid = pid;
     worker.running = true;
     return true;
@@ -226,14 +393,19 @@ class Supervisor {
       int status = 0;
       pid_t pid = waitpid(-1, &status, WNOHANG);
       if (pid <= 0) break;
-      for (Worker& worker : workers_) {
+      for (size_t i = 0; i < workers_.size(); ++i) {
+        Worker& worker = workers_[i];
         if (worker.pid != pid || !worker.running) continue;
         worker.running = false;
+        worker.outcome = WIFSIGNALED(status)
+                             ? absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                                            SignalName(WTERMSIG(status)), ")")
+                             : absl::StrCat("exited with code ", WEXITSTATUS(status));
         bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && !failure) {
           failure = Outcome{Outcome::kWorkerFailed,
                             WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status),
-                            Describe(worker, status)};
+                            Describe(worker, status), i, absl::Now()};
         }
       }
     }
@@ -247,11 +419,29 @@ class Supervisor {
   }
 
   // The next signal, or nullopt after `wait`.
+  // Meanwhile forwards the workers' stderr.
   std::optional<int> NextSignal(absl::Duration wait) {
-    pollfd p = {signal_fd_, POLLIN, 0};
+    std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
+    for (const Worker& worker : workers_) {
+      if (worker.err_fd >= 0) fds.push_back({worker.err_fd, POLLIN, 0});
+    }
     int ms =
         wait == absl::InfiniteDuration() ? -1 : static_cast<int>(absl::ToInt64Milliseconds(wait));
-    if (poll(&p, 1, ms) <= 0) return std::nullopt;
+    const absl::Time until = absl::Now() + wait;
+    while (true) {
+      if (poll(fds.data(), fds.size(), ms) <= 0) return std::nullopt;
+      if (fds[0].revents & POLLIN) break;
+      DrainOutputs();
+      fds.resize(1);
+      for (const Worker& worker : workers_) {
+        if (worker.err_fd >= 0) fds.push_back({worker.err_fd, POLLIN, 0});
+      }
+      if (ms >= 0) {
+        ms = static_cast<int>(
+            std::max<int64_t>(0, absl::ToInt64Milliseconds(until - absl::Now())));
+        if (ms == 0) return std::nullopt;
+      }
+    }
     signalfd_siginfo info;
     if (read(signal_fd_, &info, sizeof(info)) != sizeof(info)) return std::nullopt;
     return static_cast<int>(info.ssi_signo);
@@ -304,7 +494,21 @@ class Supervisor {
   Outcome Supervise() {
     while (true) {
       if (std::optional<Outcome> failure = Reap()) {
+        // Note [Failure summary]: the others' states, their dumps, then stop.
+        std::vector<std::string> states;
+        for (const Worker& worker : workers_) {
+          states.push_back(worker.running ? ProcessState(worker.pid) : worker.outcome);
+        }
+        RequestDumps();
         StopAll();
+        DrainOutputs();
+        for (size_t i = 0; i < workers_.size(); ++i) {
+          if (i != failure->worker && !workers_[i].outcome.empty() &&
+              states[i] != workers_[i].outcome) {
+            states[i] += absl::StrCat("; then ", workers_[i].outcome);
+          }
+        }
+        ReportFailure(*failure, states);
         return *failure;
       }
       if (Running() == 0) return Outcome{Outcome::kAllSucceeded, 0, ""};
@@ -319,6 +523,13 @@ class Supervisor {
   const LaunchOptions options_;
   const std::string executable_;
   const int signal_fd_;
+  const std::string host_ = [] {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    return std::string(host);
+  }();
+  std::string run_dir_;   // this attempt's error files (and dumps)
+  std::string dump_dir_;  // where the workers' dumps go
   std::vector<Worker> workers_;
   std::unique_ptr<distributed::TcpStoreServer> store_server_;  // --serve_store
 };
