@@ -6,6 +6,8 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -13,6 +15,7 @@
 #include "autograd/scatter.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tensor/device_guard.h"
 #include "tensor/factories.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
@@ -339,6 +342,60 @@ TEST(MaxMinDimTest, BackwardPutsTheGradientAtTheChosenIndex) {
   auto [min_values, min_indices] = y.min(0, /*keepdim=*/true);
   min_values.sum().backward();
   EXPECT_THAT(Values(y.grad()), ElementsAre(1, 0, 1, 0, 1, 0));
+}
+
+// --- The same gradients on a CUDA device ----------------------------------------------
+
+// d f(x).sum() / dx on `device`, as host values.
+std::vector<double> GradOn(const std::function<Tensor(const Tensor&)>& f, const Tensor& x,
+                           Device device) {
+  Tensor on = x.clone().to(device).requires_grad_();  // a fresh leaf on every device
+  f(on).sum().backward();
+  EXPECT_EQ(on.grad().device(), device) << "the gradient stays on its device";
+  return Values(on.grad().to(kCPU));
+}
+
+// The CPU side runs everywhere (each case computes there); the device side
+// needs a GPU.
+TEST(CudaGradientsTest, GatheringOpsBackwardOnTheDeviceMatchTheCpu) {
+  const Tensor x = randn({4, 6}, TensorOptions(kFloat64));
+  const Tensor weights = randn({4, 6}, TensorOptions(kFloat64));
+  auto weighted = [&](const Tensor& y) { return y.mul(weights.to(y.device())); };
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> cases = {
+      {"max(dim)", [](const Tensor& t) { return t.max(1).values; }},
+      {"min(dim, keepdim)", [](const Tensor& t) { return t.min(0, true).values; }},
+      {"index_select with repeats",
+       [](const Tensor& t) {
+         return t.index_select(1, Make({5, 0, 5, 2, 5}, {5}, kInt64).to(t.device()));
+       }},
+      {"masked_select", [](const Tensor& t) { return t.masked_select(t.gt(0)); }},
+      {"stepped slice", [](const Tensor& t) { return t.slice(1, 0, 6, 2); }},
+      {"overlapping as_strided",
+       [](const Tensor& t) {
+         return t.as_strided({3, 4}, {2, 1}, 1);
+       }},
+      {"write through a view",
+       [&](const Tensor& t) {
+         Tensor y = t.mul(1.0);
+         y.slice(0, 1, 3).mul_(3.0);
+         return weighted(y);
+       }},
+  };
+  std::vector<std::vector<double>> on_cpu;
+  for (const auto& [name, f] : cases) {
+    SCOPED_TRACE(name);
+    on_cpu.push_back(GradOn(f, x, kCPU));
+    EXPECT_EQ(on_cpu.back().size(), 24u);
+  }
+  if (ember::device_count(DeviceType::kCUDA) == 0) {
+    GTEST_SKIP() << "no usable CUDA device; the device side checks max/min(dim), index_select, "
+                    "masked_select, stepped slices, as_strided and view-write backward on cuda:0";
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].first);
+    EXPECT_THAT(GradOn(cases[i].second, x, Device(DeviceType::kCUDA, 0)),
+                Pointwise(DoubleNear(1e-12), on_cpu[i]));
+  }
 }
 
 }  // namespace
