@@ -138,8 +138,8 @@ void Work::Finish(absl::Status status) {
   std::string reason;
   {
     absl::MutexLock lock(&mu_);
-    if (done_) return;
-    done_ = true;
+    if (finished_) return;
+    finished_ = true;
     status_ = std::move(status);
     finished_ns_ = absl::GetCurrentTimeNanos();
     if (recorder_ != nullptr && recorder_->Finished(record_id_, status_, finished_ns_)) {
@@ -147,8 +147,12 @@ void Work::Finish(absl::Status status) {
       reason = std::string(status_.message());
     }
   }
-  // The group's first failure (Note [Flight recorder dumps]).
+  // The group's first failure (Note [Flight recorder dumps]) is on disk
+  // before any waiter learns of it: a program that exits on the error
+  // leaves its dump.
   if (dump_from != nullptr) (void)dump_flight_recorders(reason);
+  absl::MutexLock lock(&mu_);
+  done_ = true;
 }
 
 void Work::MarkStarted() {
@@ -166,7 +170,7 @@ void Work::AttachRecord(std::shared_ptr<FlightRecorder> recorder, int64_t id) {
     record_id_ = id;
     // The backend may have been quicker than the recording.
     if (started_ns_ != 0) recorder_->Started(id, started_ns_);
-    if (!done_ || !recorder_->Finished(id, status_, finished_ns_)) return;
+    if (!finished_ || !recorder_->Finished(id, status_, finished_ns_)) return;
     reason = std::string(status_.message());
   }
   (void)dump_flight_recorders(reason);

@@ -169,7 +169,8 @@ class Work {
   const absl::Time deadline_;
   std::vector<Tensor> result_;
   absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;      // waiters may return
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // status_ is final
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t started_ns_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t finished_ns_ ABSL_GUARDED_BY(mu_) = 0;
