@@ -7,7 +7,7 @@
 // float tensors (each moved to shared memory when sent), and apply one task
 // at a time. With EMBER_TORCH_PEER set, each first runs the same work
 // through torch.multiprocessing's Pool (fork context) in the peer script
-// (/usr/bin/python3, or $EMBER_PYTHON) over 3 rounds, and reports its rate
+// (/usr/bin/python3, or $EMBER_PYTHON) over as many rounds, and reports its rate
 // (torch_items_per_s) and Ember's over it (x_torch, > 1: Ember is faster).
 //
 // BM_LockVsPthreadMutex: uncontended acquire+release of a Lock (a robust,
@@ -90,7 +90,8 @@ absl::StatusOr<Pool> WarmPool() {
 
 void BM_PoolMapInts(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
-  const double torch = TorchRate("bench_map_ints(" + std::to_string(n) + ", 2)");
+  const double torch = TorchRate("bench_map_ints(" + std::to_string(n) + ", 2, " +
+                                 std::to_string(state.max_iterations) + ")");
   absl::StatusOr<Pool> pool = WarmPool();
   if (!pool.ok()) return state.SkipWithError(std::string(pool.status().message()).c_str());
   Value::List items;
@@ -107,7 +108,8 @@ void BM_PoolMapTensors(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const int numel = 256;  // 1 KiB of float32
   const double torch = TorchRate("bench_map_tensors(" + std::to_string(n) + ", " +
-                                 std::to_string(numel) + ", 2)");
+                                 std::to_string(numel) + ", 2, " +
+                                 std::to_string(state.max_iterations) + ")");
   absl::StatusOr<Pool> pool = WarmPool();
   if (!pool.ok()) return state.SkipWithError(std::string(pool.status().message()).c_str());
   const absl::Time start = absl::Now();
@@ -122,7 +124,8 @@ void BM_PoolMapTensors(benchmark::State& state) {
 
 void BM_PoolApply(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
-  const double torch = TorchRate("bench_apply(" + std::to_string(n) + ", 2)");
+  const double torch = TorchRate("bench_apply(" + std::to_string(n) + ", 2, " +
+                                 std::to_string(state.max_iterations) + ")");
   absl::StatusOr<Pool> pool = WarmPool();
   if (!pool.ok()) return state.SkipWithError(std::string(pool.status().message()).c_str());
   const absl::Time start = absl::Now();
@@ -187,10 +190,11 @@ void BM_LockVsPthreadMutex(benchmark::State& state) {
   }
 }
 
-BENCHMARK(BM_PoolMapInts)->Arg(20000)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PoolMapTensors)->Arg(1000)->Iterations(3)->UseRealTime()->Unit(
+// The peer runs as many rounds as the iterations here.
+BENCHMARK(BM_PoolMapInts)->Arg(20000)->Iterations(20)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PoolMapTensors)->Arg(1000)->Iterations(5)->UseRealTime()->Unit(
     benchmark::kMillisecond);
-BENCHMARK(BM_PoolApply)->Arg(1000)->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PoolApply)->Arg(1000)->Iterations(5)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LockVsPthreadMutex)->Iterations(20)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace

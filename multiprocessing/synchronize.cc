@@ -249,34 +249,13 @@ absl::Status DeadOwner(const char* name, int32_t pid) {
       "acquired any more (create a new one)"));
 }
 
-absl::Status MutexAcquire(SyncPage& page, absl::Duration timeout) {
+// Why pthread_mutex_*lock returned `r` != 0, as a Status; the slow path,
+// out of line so that the common one stays small.
+[[gnu::noinline, gnu::cold]] absl::Status AcquireFailed(SyncPage& page, int r,
+                                                        absl::Duration timeout) {
   MutexPage* m = page.as<MutexPage>();
   const char* name = MutexName(page);
-  int r;
-  if (timeout == absl::InfiniteDuration()) {
-    r = ::pthread_mutex_lock(&m->mu);
-  } else if (timeout <= absl::ZeroDuration()) {
-    r = ::pthread_mutex_trylock(&m->mu);
-  } else {
-    timespec abs{};
-    ::clock_gettime(CLOCK_MONOTONIC, &abs);
-    const timespec add = absl::ToTimespec(timeout);
-    abs.tv_sec += add.tv_sec;
-    abs.tv_nsec += add.tv_nsec;
-    if (abs.tv_nsec >= 1000000000) {
-      abs.tv_sec += 1;
-      abs.tv_nsec -= 1000000000;
-    }
-    r = ::pthread_mutex_clocklock(&m->mu, CLOCK_MONOTONIC, &abs);
-  }
   switch (r) {
-    case 0: {
-      const Self& me = Me();
-      m->owner_pid.store(me.pid, std::memory_order_relaxed);
-      m->owner_tid.store(me.tid, std::memory_order_relaxed);
-      ++m->depth;
-      return absl::OkStatus();
-    }
     case EOWNERDEAD: {  // Note [Dead processes]
       const int32_t dead = m->owner_pid.load();
       m->dead_owner.store(dead > 0 ? dead : -1);
@@ -305,6 +284,34 @@ absl::Status MutexAcquire(SyncPage& page, absl::Duration timeout) {
   }
 }
 
+[[gnu::noinline]] int TimedLock(pthread_mutex_t* mu, absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) return ::pthread_mutex_trylock(mu);
+  timespec abs{};
+  ::clock_gettime(CLOCK_MONOTONIC, &abs);
+  const timespec add = absl::ToTimespec(timeout);
+  abs.tv_sec += add.tv_sec;
+  abs.tv_nsec += add.tv_nsec;
+  if (abs.tv_nsec >= 1000000000) {
+    abs.tv_sec += 1;
+    abs.tv_nsec -= 1000000000;
+  }
+  return ::pthread_mutex_clocklock(mu, CLOCK_MONOTONIC, &abs);
+}
+
+absl::Status MutexAcquire(SyncPage& page, absl::Duration timeout) {
+  MutexPage* m = page.as<MutexPage>();
+  const int r = timeout == absl::InfiniteDuration() ? ::pthread_mutex_lock(&m->mu)
+                                                    : TimedLock(&m->mu, timeout);
+  if (r != 0) [[unlikely]] {
+    return AcquireFailed(page, r, timeout);
+  }
+  const Self& me = Me();
+  m->owner_pid.store(me.pid, std::memory_order_relaxed);
+  m->owner_tid.store(me.tid, std::memory_order_relaxed);
+  ++m->depth;
+  return absl::OkStatus();
+}
+
 bool MutexOwned(SyncPage& page) {
   MutexPage* m = page.as<MutexPage>();
   const Self& me = Me();
@@ -312,24 +319,29 @@ bool MutexOwned(SyncPage& page) {
          m->owner_pid.load(std::memory_order_relaxed) == me.pid;
 }
 
+[[gnu::noinline, gnu::cold]] absl::Status NotHeld(SyncPage& page) {
+  const int32_t owner = page.as<MutexPage>()->owner_pid.load();
+  return absl::FailedPreconditionError(absl::StrCat(
+      MutexName(page), ".release: this thread does not hold the lock (",
+      owner == 0 ? std::string("nobody does")
+                 : absl::StrCat("process ", owner, owner == Me().pid ? ", another thread," : "",
+                                " holds it"),
+      ")"));
+}
+
 absl::Status MutexRelease(SyncPage& page) {
   MutexPage* m = page.as<MutexPage>();
-  const char* name = MutexName(page);
-  if (!MutexOwned(page)) {
-    const int32_t owner = m->owner_pid.load();
-    return absl::FailedPreconditionError(absl::StrCat(
-        name, ".release: this thread does not hold the lock (",
-        owner == 0 ? std::string("nobody does")
-                   : absl::StrCat("process ", owner, owner == Me().pid ? ", another thread," : "",
-                                  " holds it"),
-        ")"));
+  if (!MutexOwned(page)) [[unlikely]] {
+    return NotHeld(page);
   }
   if (--m->depth == 0) {
     m->owner_pid.store(0, std::memory_order_relaxed);
     m->owner_tid.store(0, std::memory_order_relaxed);
   }
   const int r = ::pthread_mutex_unlock(&m->mu);
-  if (r != 0) return absl::InternalError(absl::StrCat(name, ".release: ", std::strerror(r)));
+  if (r != 0) [[unlikely]] {
+    return absl::InternalError(absl::StrCat(MutexName(page), ".release: ", std::strerror(r)));
+  }
   return absl::OkStatus();
 }
 
