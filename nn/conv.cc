@@ -8,6 +8,7 @@
 #include "autograd/grad_mode.h"
 #include "nn/init.h"
 #include "nn/kernel_util.h"
+#include "nn/onednn.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
@@ -16,6 +17,7 @@ namespace ember::nn {
 namespace {
 
 using autograd::AutogradContext;
+namespace onednn = internal::onednn;
 using IntVector = std::vector<int64_t>;
 
 // The geometry of one convolution.
@@ -106,6 +108,15 @@ ConvShape ShapeOf(IntArrayRef x, IntArrayRef w, const ConvParams& p) {
   return s;
 }
 
+// Whether oneDNN computes a convolution of `t`'s dtype (Note [oneDNN kernels]).
+bool UseOneDnn(const Tensor& t) { return t.dtype() == kFloat32 && onednn::Enabled(); }
+
+onednn::ConvGeometry GeometryOf(const ConvShape& s) {
+  return {.n = s.n, .c = s.c, .h = s.h, .w = s.w, .o = s.o, .kh = s.kh, .kw = s.kw,
+          .oh = s.oh, .ow = s.ow, .stride = s.stride, .padding = s.padding,
+          .dilation = s.dilation, .groups = s.groups};
+}
+
 // y = conv(x, w) + bias (bias may be undefined).
 Tensor ConvForward(const Tensor& input, const Tensor& weight, const Tensor& bias,
                    const ConvParams& p) {
@@ -114,6 +125,13 @@ Tensor ConvForward(const Tensor& input, const Tensor& weight, const Tensor& bias
   const ConvShape s = ShapeOf(x.sizes(), w.sizes(), p);
   Tensor out = empty({s.n, s.o, s.oh, s.ow}, x.options());
   if (out.numel() == 0) return out;
+  if (UseOneDnn(x)) {
+    Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
+    onednn::ConvForward(GeometryOf(s), x.data_ptr<float>(), w.data_ptr<float>(),
+                        b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(),
+                        /*relu=*/false);
+    return out;
+  }
   if (bias.defined()) out.copy_(bias.detach().view({1, s.o, 1, 1}));
   const double beta = bias.defined() ? 1.0 : 0.0;
   const int64_t og = s.o / p.groups, cg = s.ckk() / p.groups;
@@ -136,6 +154,12 @@ Tensor ConvInputGrad(const Tensor& grad, const Tensor& weight, const IntVector& 
   Tensor go = grad.detach().contiguous();
   Tensor w = weight.detach().contiguous();
   const ConvShape s = ShapeOf(x_sizes, w.sizes(), p);
+  if (UseOneDnn(go) && s.n * s.c * s.h * s.w > 0 && go.numel() > 0) {
+    Tensor gx = empty(x_sizes, go.options());
+    onednn::ConvBackwardData(GeometryOf(s), go.data_ptr<float>(), w.data_ptr<float>(),
+                             gx.data_ptr<float>());
+    return gx;
+  }
   Tensor gx = zeros(x_sizes, go.options());
   if (gx.numel() == 0 || go.numel() == 0) return gx;
   const int64_t og = s.o / p.groups, cg = s.ckk() / p.groups;
@@ -154,12 +178,23 @@ Tensor ConvInputGrad(const Tensor& grad, const Tensor& weight, const IntVector& 
   return gx;
 }
 
-// The gradient of conv(x, w) with respect to w (of shape w_sizes), given go.
+// The gradient of conv(x, w) with respect to w (of shape w_sizes), given go;
+// and, when `grad_bias` is given, the bias's into it (through oneDNN's
+// primitive, which computes both in one pass, or as go's sum).
 Tensor ConvWeightGrad(const Tensor& input, const Tensor& grad, const IntVector& w_sizes,
-                      const ConvParams& p) {
+                      const ConvParams& p, Tensor* grad_bias = nullptr) {
   Tensor x = input.detach().contiguous();
   Tensor go = grad.detach().contiguous();
   const ConvShape s = ShapeOf(x.sizes(), w_sizes, p);
+  if (UseOneDnn(x) && x.numel() > 0 && go.numel() > 0) {
+    Tensor gw = empty(w_sizes, x.options());
+    Tensor gb = grad_bias != nullptr ? empty({s.o}, x.options()) : Tensor();
+    onednn::ConvBackwardWeights(GeometryOf(s), x.data_ptr<float>(), go.data_ptr<float>(),
+                                gw.data_ptr<float>(), gb.defined() ? gb.data_ptr<float>() : nullptr);
+    if (grad_bias != nullptr) *grad_bias = gb;
+    return gw;
+  }
+  if (grad_bias != nullptr) *grad_bias = go.sum(/*dims=*/{0, 2, 3});
   const int64_t og = s.o / p.groups, cg = s.ckk() / p.groups;
   Tensor gw = zeros({s.o, cg}, x.options());
   if (x.numel() == 0 || go.numel() == 0) return gw.view(w_sizes);
@@ -239,13 +274,16 @@ struct Conv2dFunction : autograd::Function<Conv2dFunction> {
       grads[0] = record ? ConvInputGradFunction::apply(go, saved[1], SizesOf(saved[0]), p)
                         : ConvInputGrad(go, saved[1], SizesOf(saved[0]), p);
     }
+    const bool bias_grad = ctx->needs_input_grad(2) && std::get<bool>(ctx->saved_data["has_bias"]);
+    if (ctx->needs_input_grad(1) && !record) {
+      // The bias gradient comes with the weight's (one pass over go).
+      grads[1] = ConvWeightGrad(saved[0], go, SizesOf(saved[1]), p, bias_grad ? &grads[2] : nullptr);
+      return grads;
+    }
     if (ctx->needs_input_grad(1)) {
-      grads[1] = record ? ConvWeightGradFunction::apply(saved[0], go, SizesOf(saved[1]), p)
-                        : ConvWeightGrad(saved[0], go, SizesOf(saved[1]), p);
+      grads[1] = ConvWeightGradFunction::apply(saved[0], go, SizesOf(saved[1]), p);
     }
-    if (ctx->needs_input_grad(2) && std::get<bool>(ctx->saved_data["has_bias"])) {
-      grads[2] = go.sum(/*dims=*/{0, 2, 3});  // Recorded under create_graph.
-    }
+    if (bias_grad) grads[2] = go.sum(/*dims=*/{0, 2, 3});  // Recorded under create_graph.
     return grads;
   }
 };
@@ -330,6 +368,49 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
 }
 
 }  // namespace functional
+
+namespace grad {
+
+namespace {
+// Checks grad_output against the geometry that input and weight sizes give.
+void CheckGradOutput(IntArrayRef x, IntArrayRef w, const Tensor& grad_output, const ConvParams& p,
+                     const char* op) {
+  internal::CheckCpu(grad_output, op, "grad_output");
+  EMBER_CHECK(x.size() == 4 && w.size() == 4, op, ": expected a 4-D input size and weight size, got ",
+              ShapeToString(x), " and ", ShapeToString(w));
+  EMBER_CHECK(p.groups > 0 && x[1] == w[1] * p.groups && w[0] % p.groups == 0, op,
+              ": input size ", ShapeToString(x), " and weight size ", ShapeToString(w),
+              " do not fit groups=", p.groups);
+  const ConvShape s = ShapeOf(x, w, p);
+  EMBER_CHECK(grad_output.dim() == 4 && grad_output.size(0) == s.n && grad_output.size(1) == s.o &&
+                  grad_output.size(2) == s.oh && grad_output.size(3) == s.ow,
+              op, ": expected grad_output of shape [", s.n, ", ", s.o, ", ", s.oh, ", ", s.ow,
+              "] for input size ", ShapeToString(x), " and weight size ", ShapeToString(w),
+              ", got ", ShapeToString(grad_output.sizes()));
+}
+}  // namespace
+
+Tensor conv2d_input(IntArrayRef input_size, const Tensor& weight, const Tensor& grad_output,
+                    Int2 stride, Int2 padding, Int2 dilation, int64_t groups) {
+  const ConvParams p{stride, padding, dilation, groups};
+  internal::CheckCpu(weight, "conv2d_input", "weight");
+  CheckGradOutput(input_size, weight.sizes(), grad_output, p, "conv2d_input");
+  internal::CheckSameDtype(grad_output, weight, "conv2d_input", "grad_output", "weight");
+  return ConvInputGradFunction::apply(grad_output, weight,
+                                      IntVector(input_size.begin(), input_size.end()), p);
+}
+
+Tensor conv2d_weight(const Tensor& input, IntArrayRef weight_size, const Tensor& grad_output,
+                     Int2 stride, Int2 padding, Int2 dilation, int64_t groups) {
+  const ConvParams p{stride, padding, dilation, groups};
+  internal::CheckCpu(input, "conv2d_weight", "input");
+  CheckGradOutput(input.sizes(), weight_size, grad_output, p, "conv2d_weight");
+  internal::CheckSameDtype(grad_output, input, "conv2d_weight", "grad_output", "input");
+  return ConvWeightGradFunction::apply(input, grad_output,
+                                       IntVector(weight_size.begin(), weight_size.end()), p);
+}
+
+}  // namespace grad
 
 Conv2d::Conv2d(Conv2dOptions options) : options_(options) {
   const Conv2dOptions& o = options_;

@@ -19,7 +19,9 @@
 // uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in)]).
 //
 // Note [Convolution as GEMM]
-// Each sample is unfolded (im2col) into a [C/groups * kh * kw, OH * OW] matrix
+// float32 convolutions run on oneDNN's primitives (Note [oneDNN kernels] in
+// nn/onednn.h); float64 ones, and float32 ones with EMBER_ONEDNN=0, run
+// nn's own kernels below. Each sample is unfolded (im2col) into a [C/groups * kh * kw, OH * OW] matrix
 // per group, and the output is one GEMM with the weight matrix through the
 // tensor core's gemm_out (OpenBLAS for float32/float64); the bias is written
 // into the output first and the GEMM accumulates on it. Backward recomputes
@@ -64,6 +66,19 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
               Int2 stride = {1, 1}, Int2 padding = {0, 0}, Int2 dilation = {1, 1},
               int64_t groups = 1);
 }  // namespace functional
+
+// The two backward convolutions on their own, as torch.nn.grad's:
+// conv2d_input is the gradient of conv2d with respect to an input of shape
+// `input_size`, conv2d_weight with respect to a weight of shape
+// `weight_size`, given grad_output. Recorded, so they differentiate again.
+namespace grad {
+Tensor conv2d_input(IntArrayRef input_size, const Tensor& weight, const Tensor& grad_output,
+                    Int2 stride = {1, 1}, Int2 padding = {0, 0}, Int2 dilation = {1, 1},
+                    int64_t groups = 1);
+Tensor conv2d_weight(const Tensor& input, IntArrayRef weight_size, const Tensor& grad_output,
+                     Int2 stride = {1, 1}, Int2 padding = {0, 0}, Int2 dilation = {1, 1},
+                     int64_t groups = 1);
+}  // namespace grad
 
 class Conv2d : public Cloneable<Conv2d> {
  public:

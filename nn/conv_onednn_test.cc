@@ -1,0 +1,268 @@
+// conv2d against PyTorch: forward and the three gradients of
+// torch.nn.functional.conv2d, computed at test time by /usr/bin/python3 with
+// python3-torch (nn/testdata/conv2d_torch.py) for strides, padding, dilation,
+// groups and the layouts oneDNN blocks, through oneDNN (float32), through
+// nn's own kernels (EMBER_ONEDNN off, and float64), and from non-contiguous
+// inputs; and the oneDNN path's primitive cache, threads and fork.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "autograd/grad_mode.h"
+#include "gtest/gtest.h"
+#include "nn/activation.h"
+#include "nn/conv.h"
+#include "nn/onednn.h"
+#include "nn/testing.h"
+#include "tensor/factories.h"
+#include "tensor/thread_pool.h"
+
+namespace ember::nn {
+namespace {
+
+namespace onednn = internal::onednn;
+using ::ember::nn::testing::Values;
+
+struct Case {
+  std::string name;
+  Int2 stride, padding, dilation;
+  int64_t groups = 1;
+  bool bias = false;
+  std::map<std::string, Tensor> t;  // float64, as PyTorch wrote them
+};
+
+// Runs the reference script into TEST_TMPDIR and parses its cases; empty
+// with `skip` set when python3-torch is missing.
+std::vector<Case> LoadCases(std::string* skip) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/conv2d_torch.txt";
+  const int status =
+      std::system(("/usr/bin/python3 nn/testdata/conv2d_torch.py " + path).c_str());
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    *skip = "python3-torch is not installed (apt-get install python3-torch)";
+    return {};
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "conv2d_torch.py failed";
+  std::ifstream in(path);
+  std::vector<Case> cases;
+  std::string word;
+  while (in >> word) {
+    if (word == "case") {
+      Case c;
+      int bias = 0;
+      in >> c.name >> c.stride[0] >> c.stride[1] >> c.padding[0] >> c.padding[1] >>
+          c.dilation[0] >> c.dilation[1] >> c.groups >> bias;
+      c.bias = bias != 0;
+      cases.push_back(std::move(c));
+      continue;
+    }
+    EXPECT_EQ(word, "tensor");
+    std::string name;
+    int64_t rank = 0;
+    in >> name >> rank;
+    SizeVector sizes(rank);
+    int64_t numel = 1;
+    for (auto& s : sizes) {
+      in >> s;
+      numel *= s;
+    }
+    std::vector<double> values(numel);
+    for (double& v : values) in >> v;
+    cases.back().t[name] = tensor(values, sizes, TensorOptions(kFloat64));
+  }
+  return cases;
+}
+
+const std::vector<Case>& Cases(std::string* skip) {
+  static std::string skipped;
+  static const std::vector<Case> cases = LoadCases(&skipped);
+  *skip = skipped;
+  return cases;
+}
+
+// How conv2d's operands are laid out.
+enum class Layout { kContiguous, kNonContiguous };
+
+// Ember's conv2d of `c` in `dtype` and `layout`: {output, grad_input,
+// grad_weight, grad_bias (undefined without bias)}.
+std::vector<Tensor> RunConv(const Case& c, Dtype dtype, Layout layout) {
+  // Fresh leaves (to() of a float64 tensor in float64 is the tensor itself).
+  Tensor x = c.t.at("x").to(dtype).clone().requires_grad_();
+  Tensor w = c.t.at("weight").to(dtype).clone().requires_grad_();
+  Tensor b = c.bias ? c.t.at("bias").to(dtype).clone().requires_grad_() : Tensor();
+  Tensor gy = c.t.at("grad_output").to(dtype);
+  Tensor xin = x, win = w;
+  if (layout == Layout::kNonContiguous) {
+    // x channels-last, the weight and grad_output with H and W transposed.
+    xin = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+    win = w.transpose(2, 3).contiguous().transpose(2, 3);
+    gy = gy.transpose(2, 3).contiguous().transpose(2, 3);
+    if (x.size(2) * x.size(3) > 1) EXPECT_FALSE(xin.is_contiguous()) << c.name;
+    if (w.size(2) * w.size(3) > 1) EXPECT_FALSE(win.is_contiguous()) << c.name;
+  }
+  Tensor y = functional::conv2d(xin, win, b, c.stride, c.padding, c.dilation, c.groups);
+  y.backward(gy);
+  return {y, x.grad(), w.grad(), c.bias ? b.grad() : Tensor()};
+}
+
+// |got - want| <= tol * (1 + |want|) everywhere, with tol scaled by the
+// length of the sums behind each value.
+void ExpectClose(const Tensor& got, const Tensor& want, const std::string& what, double tol) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const std::vector<double> g = Values(got), w = Values(want);
+  int bad = 0;
+  for (size_t i = 0; i < g.size() && bad < 5; ++i) {
+    if (!(std::abs(g[i] - w[i]) <= tol * (1 + std::abs(w[i])))) {
+      ADD_FAILURE() << what << " at " << i << ": got " << g[i] << ", PyTorch " << w[i];
+      ++bad;
+    }
+  }
+}
+
+void ExpectMatchesTorch(const Case& c, const std::vector<Tensor>& got, const std::string& how,
+                        double tol) {
+  const std::string at = c.name + " (" + how + ") ";
+  ExpectClose(got[0], c.t.at("output"), at + "output", tol);
+  ExpectClose(got[1], c.t.at("grad_input"), at + "grad_input", tol);
+  ExpectClose(got[2], c.t.at("grad_weight"), at + "grad_weight", tol);
+  if (c.bias) ExpectClose(got[3], c.t.at("grad_bias"), at + "grad_bias", tol);
+}
+
+class ConvTorchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string skip;
+    cases_ = &Cases(&skip);
+    if (!skip.empty()) GTEST_SKIP() << skip;
+    ASSERT_GE(cases_->size(), 12u);
+  }
+  void TearDown() override { onednn::SetEnabled(true); }
+  const std::vector<Case>* cases_ = nullptr;
+};
+
+// float32 sums of a few hundred products: 1e-4 relative.
+constexpr double kFloatTol = 1e-4;
+
+TEST_F(ConvTorchTest, OneDnnMatchesPyTorch) {
+  onednn::SetEnabled(true);
+  for (const Case& c : *cases_) {
+    ExpectMatchesTorch(c, RunConv(c, kFloat32, Layout::kContiguous), "oneDNN", kFloatTol);
+  }
+}
+
+TEST_F(ConvTorchTest, OneDnnMatchesPyTorchOnNonContiguousInputs) {
+  onednn::SetEnabled(true);
+  for (const Case& c : *cases_) {
+    ExpectMatchesTorch(c, RunConv(c, kFloat32, Layout::kNonContiguous), "oneDNN, non-contiguous",
+                       kFloatTol);
+  }
+}
+
+TEST_F(ConvTorchTest, OwnKernelsMatchPyTorch) {
+  onednn::SetEnabled(false);
+  for (const Case& c : *cases_) {
+    ExpectMatchesTorch(c, RunConv(c, kFloat32, Layout::kContiguous), "im2col float32", kFloatTol);
+    ExpectMatchesTorch(c, RunConv(c, kFloat32, Layout::kNonContiguous), "im2col, non-contiguous",
+                       kFloatTol);
+  }
+}
+
+TEST_F(ConvTorchTest, Float64MatchesPyTorch) {
+  // float64 always runs nn's own kernels (oneDNN has no f64 convolution); the
+  // reference was computed from the same float32-valued inputs in float32,
+  // so the tolerance is float32's.
+  for (const Case& c : *cases_) {
+    ExpectMatchesTorch(c, RunConv(c, kFloat64, Layout::kContiguous), "float64", kFloatTol);
+  }
+}
+
+TEST_F(ConvTorchTest, ThreadSettingsGiveTheSameResults) {
+  onednn::SetEnabled(true);
+  const int before = get_num_threads();
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (const Case& c : *cases_) {
+      ExpectMatchesTorch(c, RunConv(c, kFloat32, Layout::kContiguous),
+                         "threads=" + std::to_string(threads), kFloatTol);
+    }
+  }
+  set_num_threads(before);
+}
+
+TEST_F(ConvTorchTest, ConcurrentCallsFromSeveralThreads) {
+  // The primitives and their cache are shared; each thread's results must
+  // still be PyTorch's.
+  onednn::SetEnabled(true);
+  std::vector<std::thread> threads;
+  std::vector<std::vector<std::vector<Tensor>>> got(4);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) {
+        for (const Case& c : *cases_) got[t].push_back(RunConv(c, kFloat32, Layout::kContiguous));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) {
+    ASSERT_EQ(got[t].size(), 3 * cases_->size());
+    for (size_t i = 0; i < got[t].size(); ++i) {
+      ExpectMatchesTorch((*cases_)[i % cases_->size()], got[t][i], "thread " + std::to_string(t),
+                         kFloatTol);
+    }
+  }
+}
+
+// --- Primitive cache and fused forms -------------------------------------------------
+
+TEST(ConvOneDnnTest, PrimitivesAreBuiltOncePerShape) {
+  onednn::SetEnabled(true);
+  manual_seed(0);
+  Conv2d conv(Conv2dOptions{.in_channels = 5, .out_channels = 7, .kernel_size = {3, 3},
+                            .stride = {1, 2}, .padding = {1, 1}});
+  Tensor x = randn({2, 5, 9, 9}).requires_grad_();
+  conv(x).sum().backward();
+  const size_t after_first = onednn::CachedPrimitives();
+  for (int i = 0; i < 3; ++i) conv(x).sum().backward();
+  EXPECT_EQ(onednn::CachedPrimitives(), after_first);
+  // A new batch size is a new shape.
+  conv(randn({3, 5, 9, 9}).requires_grad_()).sum().backward();
+  EXPECT_GT(onednn::CachedPrimitives(), after_first);
+}
+
+TEST(ConvOneDnnTest, ForkedChildConvolvesWithSeveralThreads) {
+  // The parent's OpenMP threads do not exist in a forked child; its
+  // convolutions must still finish and agree with the parent's (Note [oneDNN
+  // kernels]: they run on one thread there).
+  onednn::SetEnabled(true);
+  const int before = get_num_threads();
+  set_num_threads(2);
+  manual_seed(0);
+  Tensor x = randn({4, 32, 8, 8}), w = randn({32, 32, 3, 3});
+  Tensor want = functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(60);  // a hang fails the test instead of stalling it
+    Tensor got = functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+    const std::vector<double> a = Values(got), b = Values(want);
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::abs(a[i] - b[i]) > 1e-5 * (1 + std::abs(b[i]))) _exit(2);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  set_num_threads(before);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child was killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace ember::nn

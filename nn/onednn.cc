@@ -1,0 +1,512 @@
+#include "nn/onednn.h"
+
+#include <omp.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "tensor/allocator.h"
+#include "tensor/error.h"
+#include "tensor/thread_pool.h"
+
+namespace ember::nn::internal::onednn {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+std::atomic<bool>& EnabledFlag() {
+  static std::atomic<bool> enabled{[] {
+    const char* env = std::getenv("EMBER_ONEDNN");
+    return env == nullptr || std::string_view(env) != "0";
+  }()};
+  return enabled;
+}
+
+const dnnl::engine& Engine() {
+  static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+// One argument of a cached primitive in Ember's layout (`user`) and in the
+// primitive's (`inner`), with the reorder between them when they differ.
+struct Arg {
+  int id = 0;
+  memory::desc user, inner;
+  std::optional<dnnl::reorder> reorder;  // user -> inner for inputs, back for outputs
+};
+
+// A primitive with its arguments.
+struct Entry {
+  dnnl::primitive primitive;
+  size_t scratchpad_bytes = 0;
+  std::vector<Arg> inputs, outputs;
+};
+
+dnnl::primitive_attr UserScratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+Arg MakeArg(int id, const memory::desc& user, const memory::desc& inner, bool input) {
+  Arg a{id, user, inner, std::nullopt};
+  if (user != inner) {
+    const dnnl::primitive_attr attr;  // reorders of plain tensors need no scratchpad
+    a.reorder = input ? dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), user, Engine(),
+                                                                    inner, attr))
+                      : dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), inner, Engine(),
+                                                                    user, attr));
+  }
+  return a;
+}
+
+// Whether this process has run a primitive on several OpenMP threads, and
+// whether it is a child forked after that (Note [oneDNN kernels]).
+std::atomic<bool> g_omp_team_started{false};
+std::atomic<bool> g_forked_after_team{false};
+
+// Sets the calling thread's OpenMP thread count to Ember's setting and
+// returns it. oneDNN fixes a primitive's thread count when it builds it, so
+// the count is part of every cache key.
+int64_t MatchThreads() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork(nullptr, nullptr, [] {
+      if (g_omp_team_started.load(std::memory_order_relaxed)) {
+        g_forked_after_team.store(true, std::memory_order_relaxed);
+      }
+    });
+  });
+  int n = in_parallel_region() ? 1 : get_num_threads();
+  if (g_forked_after_team.load(std::memory_order_relaxed)) n = 1;
+  if (n > 1) g_omp_team_started.store(true, std::memory_order_relaxed);
+  if (omp_get_max_threads() != n) omp_set_num_threads(n);
+  return n;
+}
+
+// The process's primitive cache (Note [oneDNN kernels]).
+class Cache {
+ public:
+  using Key = std::vector<int64_t>;
+
+  // The entry for `key` on the calling thread's thread count (which this
+  // sets, Note [oneDNN kernels]), built by `make` on a miss.
+  template <typename Make>
+  std::shared_ptr<const Entry> Get(Key key, Make make) {
+    key.push_back(MatchThreads());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = map_.find(key); it != map_.end()) {
+        lru_.splice(lru_.begin(), lru_, it->second.second);
+        return it->second.first;
+      }
+    }
+    // Built outside the lock (it may take milliseconds); a racing builder of
+    // the same key loses harmlessly.
+    std::shared_ptr<const Entry> entry = make();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = map_.find(key); it != map_.end()) return it->second.first;
+    lru_.push_front(key);
+    map_.emplace(key, std::make_pair(entry, lru_.begin()));
+    while (map_.size() > kPrimitiveCacheCapacity) {
+      map_.erase(lru_.back());
+      lru_.pop_back();
+    }
+    return entry;
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.size();
+  }
+
+  static Cache& Get() {
+    static Cache* cache = new Cache();
+    return *cache;
+  }
+
+ private:
+  struct Hash {
+    size_t operator()(const Key& k) const {
+      size_t h = 1469598103934665603ull;
+      for (int64_t v : k) h = (h ^ static_cast<size_t>(v)) * 1099511628211ull;
+      return h;
+    }
+  };
+  std::mutex mu_;
+  std::list<Key> lru_;
+  std::unordered_map<Key, std::pair<std::shared_ptr<const Entry>, std::list<Key>::iterator>, Hash>
+      map_;
+};
+
+
+// Runs `e` on Ember's buffers: `in[i]` for e.inputs[i], `out[i]` for
+// e.outputs[i], reordering where the layouts differ; temporaries and the
+// scratchpad come from Ember's CPU allocator.
+void Execute(const Entry& e, const std::vector<const void*>& in, const std::vector<void*>& out) {
+  const dnnl::engine& eng = Engine();
+  dnnl::stream stream(eng);
+  Allocator* alloc = GetCpuAllocator();
+  std::vector<DataPtr> temps;
+  std::unordered_map<int, memory> args;
+  for (size_t i = 0; i < e.inputs.size(); ++i) {
+    const Arg& a = e.inputs[i];
+    memory user(a.user, eng, const_cast<void*>(in[i]));
+    if (!a.reorder) {
+      args.emplace(a.id, user);
+      continue;
+    }
+    temps.push_back(alloc->Allocate(a.inner.get_size()));
+    memory inner(a.inner, eng, temps.back().get());
+    a.reorder->execute(stream, user, inner);
+    args.emplace(a.id, inner);
+  }
+  std::vector<std::pair<memory, memory>> copy_back;
+  for (size_t i = 0; i < e.outputs.size(); ++i) {
+    const Arg& a = e.outputs[i];
+    memory user(a.user, eng, out[i]);
+    if (!a.reorder) {
+      args.emplace(a.id, user);
+      continue;
+    }
+    temps.push_back(alloc->Allocate(a.inner.get_size()));
+    memory inner(a.inner, eng, temps.back().get());
+    copy_back.emplace_back(inner, user);
+    args.emplace(a.id, inner);
+  }
+  if (e.scratchpad_bytes > 0) {
+    temps.push_back(alloc->Allocate(e.scratchpad_bytes));
+    args.emplace(DNNL_ARG_SCRATCHPAD,
+                 memory(memory::desc({static_cast<int64_t>(e.scratchpad_bytes)}, dt::u8, tag::x),
+                        eng, temps.back().get()));
+  }
+  try {
+    e.primitive.execute(stream, args);
+    for (size_t i = 0, j = 0; i < e.outputs.size(); ++i) {
+      if (e.outputs[i].reorder) {
+        e.outputs[i].reorder->execute(stream, copy_back[j].first, copy_back[j].second);
+        ++j;
+      }
+    }
+    stream.wait();
+  } catch (const dnnl::error& err) {
+    const char* impl = nullptr;
+    dnnl_primitive_desc_query(e.primitive.get_primitive_desc(), dnnl_query_impl_info_str, 0,
+                              &impl);
+    EMBER_FAIL("oneDNN failed to run ", impl != nullptr ? impl : "a primitive", ": ", err.what(),
+               " (status ", static_cast<int>(err.status), "); EMBER_ONEDNN=0 runs nn's own kernels");
+  }
+}
+
+// --- Convolution --------------------------------------------------------------------
+
+struct ConvDescs {
+  memory::desc src, weights, dst, bias;  // Ember's layouts
+  memory::desc src_any, weights_any, dst_any;
+  memory::dims strides, dilates, pad_l, pad_r;
+};
+
+ConvDescs DescsOf(const ConvGeometry& g) {
+  ConvDescs d;
+  d.src = memory::desc({g.n, g.c, g.h, g.w}, dt::f32, tag::nchw);
+  d.dst = memory::desc({g.n, g.o, g.oh, g.ow}, dt::f32, tag::nchw);
+  d.bias = memory::desc({g.o}, dt::f32, tag::x);
+  if (g.groups == 1) {
+    d.weights = memory::desc({g.o, g.c, g.kh, g.kw}, dt::f32, tag::oihw);
+  } else {
+    d.weights = memory::desc({g.groups, g.o / g.groups, g.c / g.groups, g.kh, g.kw}, dt::f32,
+                             tag::goihw);
+  }
+  d.src_any = memory::desc(d.src.dims(), dt::f32, tag::any);
+  d.dst_any = memory::desc(d.dst.dims(), dt::f32, tag::any);
+  d.weights_any = memory::desc(d.weights.dims(), dt::f32, tag::any);
+  d.strides = {g.stride[0], g.stride[1]};
+  d.dilates = {g.dilation[0] - 1, g.dilation[1] - 1};
+  d.pad_l = {g.padding[0], g.padding[1]};
+  // The right padding that makes oneDNN's output size PyTorch's: the last
+  // window ends at or before the padded edge.
+  d.pad_r = {
+      (g.oh - 1) * g.stride[0] + g.dilation[0] * (g.kh - 1) + 1 - g.h - g.padding[0],
+      (g.ow - 1) * g.stride[1] + g.dilation[1] * (g.kw - 1) + 1 - g.w - g.padding[1],
+  };
+  return d;
+}
+
+dnnl::convolution_forward::primitive_desc ForwardPd(const ConvGeometry& g, const ConvDescs& d,
+                                                    bool bias, bool relu) {
+  dnnl::primitive_attr attr = UserScratchpad();
+  if (relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
+  auto desc = bias ? dnnl::convolution_forward::desc(
+                         dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                         d.src_any, d.weights_any, d.bias, d.dst_any, d.strides, d.dilates,
+                         d.pad_l, d.pad_r)
+                   : dnnl::convolution_forward::desc(
+                         dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                         d.src_any, d.weights_any, d.dst_any, d.strides, d.dilates, d.pad_l,
+                         d.pad_r);
+  return dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
+}
+
+Cache::Key ConvKey(int kind, const ConvGeometry& g, bool bias, bool relu) {
+  return {kind,          g.n,           g.c,           g.h,           g.w,           g.o,
+          g.kh,          g.kw,          g.oh,          g.ow,          g.stride[0],   g.stride[1],
+          g.padding[0],  g.padding[1],  g.dilation[0], g.dilation[1], g.groups,      bias,
+          relu};
+}
+
+enum Kind : int64_t {
+  kConvForward = 1,
+  kConvBackwardData = 2,
+  kConvBackwardWeights = 3,
+  kBatchNormForwardTraining = 4,
+  kBatchNormForwardInference = 5,
+  kBatchNormBackward = 6,
+  kBatchNormBackwardInference = 7,
+};
+
+// A double as a key entry: its bits.
+int64_t EpsKey(double eps) {
+  int64_t bits;
+  std::memcpy(&bits, &eps, sizeof(bits));
+  return bits;
+}
+
+std::vector<float> Zeros(int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.f); }
+
+}  // namespace
+
+bool Enabled() { return EnabledFlag().load(std::memory_order_relaxed); }
+void SetEnabled(bool enabled) { EnabledFlag().store(enabled, std::memory_order_relaxed); }
+size_t CachedPrimitives() { return Cache::Get().size(); }
+
+void ConvForward(const ConvGeometry& g, const float* x, const float* w, const float* b, float* y,
+                 bool relu) {
+  const bool bias = b != nullptr;
+  auto entry = Cache::Get().Get(ConvKey(kConvForward, g, bias, relu), [&] {
+    const ConvDescs d = DescsOf(g);
+    auto pd = ForwardPd(g, d, bias, relu);
+    auto e = std::make_shared<Entry>();
+    e->primitive = dnnl::convolution_forward(pd);
+    e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+    e->inputs.push_back(MakeArg(DNNL_ARG_SRC, d.src, pd.src_desc(), true));
+    e->inputs.push_back(MakeArg(DNNL_ARG_WEIGHTS, d.weights, pd.weights_desc(), true));
+    if (bias) e->inputs.push_back(MakeArg(DNNL_ARG_BIAS, d.bias, pd.bias_desc(), true));
+    e->outputs.push_back(MakeArg(DNNL_ARG_DST, d.dst, pd.dst_desc(), false));
+    return e;
+  });
+  std::vector<const void*> in{x, w};
+  if (bias) in.push_back(b);
+  Execute(*entry, in, {y});
+}
+
+void ConvBackwardData(const ConvGeometry& g, const float* gy, const float* w, float* gx) {
+  auto entry = Cache::Get().Get(ConvKey(kConvBackwardData, g, false, false), [&] {
+    const ConvDescs d = DescsOf(g);
+    auto hint = ForwardPd(g, d, false, false);
+    dnnl::convolution_backward_data::desc desc(dnnl::algorithm::convolution_direct, d.src_any,
+                                               d.weights_any, d.dst_any, d.strides, d.dilates,
+                                               d.pad_l, d.pad_r);
+    dnnl::convolution_backward_data::primitive_desc pd(desc, UserScratchpad(), Engine(), hint);
+    auto e = std::make_shared<Entry>();
+    e->primitive = dnnl::convolution_backward_data(pd);
+    e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+    e->inputs.push_back(MakeArg(DNNL_ARG_DIFF_DST, d.dst, pd.diff_dst_desc(), true));
+    e->inputs.push_back(MakeArg(DNNL_ARG_WEIGHTS, d.weights, pd.weights_desc(), true));
+    e->outputs.push_back(MakeArg(DNNL_ARG_DIFF_SRC, d.src, pd.diff_src_desc(), false));
+    return e;
+  });
+  Execute(*entry, {gy, w}, {gx});
+}
+
+void ConvBackwardWeights(const ConvGeometry& g, const float* x, const float* gy, float* gw,
+                         float* gb) {
+  const bool bias = gb != nullptr;
+  auto entry = Cache::Get().Get(ConvKey(kConvBackwardWeights, g, bias, false), [&] {
+    const ConvDescs d = DescsOf(g);
+    auto hint = ForwardPd(g, d, bias, false);
+    auto desc = bias ? dnnl::convolution_backward_weights::desc(
+                           dnnl::algorithm::convolution_direct, d.src_any, d.weights_any, d.bias,
+                           d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r)
+                     : dnnl::convolution_backward_weights::desc(
+                           dnnl::algorithm::convolution_direct, d.src_any, d.weights_any,
+                           d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r);
+    dnnl::convolution_backward_weights::primitive_desc pd(desc, UserScratchpad(), Engine(), hint);
+    auto e = std::make_shared<Entry>();
+    e->primitive = dnnl::convolution_backward_weights(pd);
+    e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+    e->inputs.push_back(MakeArg(DNNL_ARG_SRC, d.src, pd.src_desc(), true));
+    e->inputs.push_back(MakeArg(DNNL_ARG_DIFF_DST, d.dst, pd.diff_dst_desc(), true));
+    e->outputs.push_back(MakeArg(DNNL_ARG_DIFF_WEIGHTS, d.weights, pd.diff_weights_desc(), false));
+    if (bias) {
+      e->outputs.push_back(MakeArg(DNNL_ARG_DIFF_BIAS, d.bias, pd.diff_bias_desc(), false));
+    }
+    return e;
+  });
+  std::vector<void*> out{gw};
+  if (bias) out.push_back(gb);
+  Execute(*entry, {x, gy}, out);
+}
+
+// --- Batch normalisation ---------------------------------------------------------------
+
+namespace {
+
+dnnl::normalization_flags BnFlags(bool affine, bool global_stats) {
+  auto flags = dnnl::normalization_flags::none;
+  if (affine) flags = flags | dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+  if (global_stats) flags = flags | dnnl::normalization_flags::use_global_stats;
+  return flags;
+}
+
+memory::desc BnData(int64_t n, int64_t c, int64_t s) {
+  return memory::desc({n, c, s, 1}, dt::f32, tag::nchw);
+}
+
+dnnl::batch_normalization_forward::primitive_desc BnForwardPd(int64_t n, int64_t c, int64_t s,
+                                                              double eps, bool affine,
+                                                              bool global_stats) {
+  dnnl::batch_normalization_forward::desc desc(
+      global_stats ? dnnl::prop_kind::forward_inference : dnnl::prop_kind::forward_training,
+      BnData(n, c, s), static_cast<float>(eps), BnFlags(affine, global_stats));
+  return dnnl::batch_normalization_forward::primitive_desc(desc, UserScratchpad(), Engine());
+}
+
+}  // namespace
+
+void BatchNormForwardTraining(int64_t n, int64_t c, int64_t s, double eps, const float* x,
+                              const float* scale, const float* shift, float* y, float* mean,
+                              float* variance) {
+  const bool affine = scale != nullptr || shift != nullptr;
+  auto entry = Cache::Get().Get(
+      {kBatchNormForwardTraining, n, c, s, EpsKey(eps), affine}, [&] {
+        auto pd = BnForwardPd(n, c, s, eps, affine, false);
+        auto e = std::make_shared<Entry>();
+        e->primitive = dnnl::batch_normalization_forward(pd);
+        e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+        e->inputs.push_back(MakeArg(DNNL_ARG_SRC, pd.src_desc(), pd.src_desc(), true));
+        if (affine) {
+          const memory::desc per_channel({c}, dt::f32, tag::x);
+          e->inputs.push_back(MakeArg(DNNL_ARG_SCALE, per_channel, per_channel, true));
+          e->inputs.push_back(MakeArg(DNNL_ARG_SHIFT, per_channel, per_channel, true));
+        }
+        e->outputs.push_back(MakeArg(DNNL_ARG_DST, pd.dst_desc(), pd.dst_desc(), false));
+        e->outputs.push_back(MakeArg(DNNL_ARG_MEAN, pd.mean_desc(), pd.mean_desc(), false));
+        e->outputs.push_back(
+            MakeArg(DNNL_ARG_VARIANCE, pd.variance_desc(), pd.variance_desc(), false));
+        return e;
+      });
+  std::vector<const void*> in{x};
+  std::vector<float> ones, zeros;
+  if (affine) {
+    if (scale == nullptr) scale = (ones = std::vector<float>(c, 1.f)).data();
+    if (shift == nullptr) shift = (zeros = Zeros(c)).data();
+    in.push_back(scale);
+    in.push_back(shift);
+  }
+  Execute(*entry, in, {y, mean, variance});
+}
+
+void BatchNormForwardInference(int64_t n, int64_t c, int64_t s, double eps, const float* x,
+                               const float* mean, const float* variance, const float* scale,
+                               const float* shift, float* y) {
+  const bool affine = scale != nullptr || shift != nullptr;
+  auto entry = Cache::Get().Get(
+      {kBatchNormForwardInference, n, c, s, EpsKey(eps), affine}, [&] {
+        auto pd = BnForwardPd(n, c, s, eps, affine, true);
+        auto e = std::make_shared<Entry>();
+        e->primitive = dnnl::batch_normalization_forward(pd);
+        e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+        e->inputs.push_back(MakeArg(DNNL_ARG_SRC, pd.src_desc(), pd.src_desc(), true));
+        e->inputs.push_back(MakeArg(DNNL_ARG_MEAN, pd.mean_desc(), pd.mean_desc(), true));
+        e->inputs.push_back(
+            MakeArg(DNNL_ARG_VARIANCE, pd.variance_desc(), pd.variance_desc(), true));
+        if (affine) {
+          const memory::desc per_channel({c}, dt::f32, tag::x);
+          e->inputs.push_back(MakeArg(DNNL_ARG_SCALE, per_channel, per_channel, true));
+          e->inputs.push_back(MakeArg(DNNL_ARG_SHIFT, per_channel, per_channel, true));
+        }
+        e->outputs.push_back(MakeArg(DNNL_ARG_DST, pd.dst_desc(), pd.dst_desc(), false));
+        return e;
+      });
+  std::vector<const void*> in{x, mean, variance};
+  std::vector<float> ones, zeros;
+  if (affine) {
+    if (scale == nullptr) scale = (ones = std::vector<float>(c, 1.f)).data();
+    if (shift == nullptr) shift = (zeros = Zeros(c)).data();
+    in.push_back(scale);
+    in.push_back(shift);
+  }
+  Execute(*entry, in, {y});
+}
+
+void BatchNormBackward(int64_t n, int64_t c, int64_t s, double eps, bool training,
+                       const float* x, const float* gy, const float* mean, const float* variance,
+                       const float* scale, float* gx, float* gscale, float* gshift) {
+  // With scale and shift oneDNN takes both as inputs (the shift unused) and
+  // writes both gradients (prop_kind backward); without, only diff_src.
+  const bool affine = scale != nullptr || gscale != nullptr;
+  auto entry = Cache::Get().Get(
+      {training ? kBatchNormBackward : kBatchNormBackwardInference, n, c, s, EpsKey(eps), affine},
+      [&] {
+        auto hint = BnForwardPd(n, c, s, eps, affine, !training);
+        dnnl::batch_normalization_backward::desc desc(
+            affine ? dnnl::prop_kind::backward : dnnl::prop_kind::backward_data, BnData(n, c, s),
+            BnData(n, c, s), static_cast<float>(eps), BnFlags(affine, !training));
+        dnnl::batch_normalization_backward::primitive_desc pd(desc, UserScratchpad(), Engine(),
+                                                              hint);
+        auto e = std::make_shared<Entry>();
+        e->primitive = dnnl::batch_normalization_backward(pd);
+        e->scratchpad_bytes = pd.scratchpad_desc().get_size();
+        auto in = [&](int id, const memory::desc& md) {
+          e->inputs.push_back(MakeArg(id, md, md, true));
+        };
+        auto out = [&](int id, const memory::desc& md) {
+          e->outputs.push_back(MakeArg(id, md, md, false));
+        };
+        in(DNNL_ARG_SRC, pd.src_desc());
+        in(DNNL_ARG_DIFF_DST, pd.diff_dst_desc());
+        in(DNNL_ARG_MEAN, pd.mean_desc());
+        in(DNNL_ARG_VARIANCE, pd.variance_desc());
+        out(DNNL_ARG_DIFF_SRC, pd.diff_src_desc());
+        if (affine) {
+          const memory::desc per_channel({c}, dt::f32, tag::x);
+          in(DNNL_ARG_SCALE, per_channel);
+          in(DNNL_ARG_SHIFT, per_channel);
+          out(DNNL_ARG_DIFF_SCALE, per_channel);
+          out(DNNL_ARG_DIFF_SHIFT, per_channel);
+        }
+        return e;
+      });
+  std::vector<const void*> in{x, gy, mean, variance};
+  std::vector<float> ones, zeros, gscale_unused, gshift_unused, gx_unused;
+  if (gx == nullptr) gx = (gx_unused = Zeros(n * c * s)).data();
+  std::vector<void*> out{gx};
+  if (affine) {
+    if (scale == nullptr) scale = (ones = std::vector<float>(c, 1.f)).data();
+    in.push_back(scale);
+    in.push_back((zeros = Zeros(c)).data());
+    out.push_back(gscale != nullptr ? gscale : (gscale_unused = Zeros(c)).data());
+    out.push_back(gshift != nullptr ? gshift : (gshift_unused = Zeros(c)).data());
+  }
+  Execute(*entry, in, out);
+}
+
+}  // namespace ember::nn::internal::onednn
