@@ -342,6 +342,9 @@ void BM_ResNetCollectives(benchmark::State& state) {
       ->UseRealTime();                                                                    \
   BENCHMARK(BM_##Model##Collectives)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime()
 
+// A first row warms the processes up (thread pools, the allocator's cache,
+// gloo's pairs); its figure is not compared.
+BENCHMARK(BM_MlpDdp)->Name("BM_MlpDdp/warmup")->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 EMBER_FSDP_ROWS(Mlp);
 BENCHMARK(BM_MlpDdp)->Name("BM_MlpDdp/again")->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 EMBER_FSDP_ROWS(ResNet);
