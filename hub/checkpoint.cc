@@ -10,11 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "hub/safetensors.h"
 #include "hub/torch_format.h"
+#include "tensor/error.h"
 #include "tensor/status_macros.h"
 
 namespace ember::hub {
 
-absl::StatusOr<StateDict> load_checkpoint(const std::string& path) {
+absl::StatusOr<StateDict> load_checkpoint(const std::string& path,
+                                          const MapLocation& map_location) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     int err = errno;
@@ -25,8 +27,20 @@ absl::StatusOr<StateDict> load_checkpoint(const std::string& path) {
   buffer << in.rdbuf();
   if (in.bad()) return absl::InternalError(absl::StrCat("error reading ", path));
   std::string bytes = std::move(buffer).str();
-  if (IsTorchCheckpoint(bytes)) return read_torch_checkpoint(std::move(bytes), path);
-  if (bytes.size() >= 9 && bytes[8] == '{') return read_safetensors(bytes, path);
+  if (IsTorchCheckpoint(bytes)) return read_torch_checkpoint(std::move(bytes), path, map_location);
+  if (bytes.size() >= 9 && bytes[8] == '{') {
+    EMBER_ASSIGN_OR_RETURN(StateDict sd, read_safetensors(bytes, path));
+    // safetensors hold CPU tensors: they go where "cpu" maps to.
+    EMBER_ASSIGN_OR_RETURN(const Device device, map_location.Resolve("cpu"));
+    if (device.is_cpu()) return sd;
+    try {
+      for (auto& [name, tensor] : sd) tensor = tensor.to(device);
+    } catch (const Error& e) {
+      return absl::InternalError(
+          absl::StrCat(path, ": cannot move its tensors to ", device.str(), ": ", e.what()));
+    }
+    return sd;
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       path, " is neither a torch.save checkpoint (zip or legacy) nor a safetensors file"));
 }

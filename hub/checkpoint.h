@@ -27,14 +27,20 @@
 
 #include "absl/status/statusor.h"
 #include "hub/state_dict.h"
+#include "hub/torch_format.h"
 
 namespace ember::hub {
 
-// Reads the checkpoint at `path`. Errors: NotFound / Internal naming the path;
-// the format readers' errors (torch_format.h, safetensors.h).
-absl::StatusOr<StateDict> load_checkpoint(const std::string& path);
+// Reads the checkpoint at `path`, its tensors placed as `map_location`
+// says (torch.load's map_location; torch_format.h): by default where they
+// were saved (a torch.save file's storage locations; safetensors hold CPU
+// tensors). Errors: NotFound / Internal naming the path; the format readers'
+// errors (torch_format.h, safetensors.h), MapLocation::Resolve's.
+absl::StatusOr<StateDict> load_checkpoint(const std::string& path,
+                                          const MapLocation& map_location = {});
 
-// Writes `state_dict` to `path` (see above). Errors: the writers' errors;
+// Writes `state_dict` to `path` (see above); in torch.save's format, device
+// tensors keep their device (torch_format.h). Errors: the writers' errors;
 // Internal naming the path for file errors.
 absl::Status save_checkpoint(const StateDict& state_dict, const std::string& path);
 

@@ -340,7 +340,7 @@ absl::Status Unpickler::PersistentLoad(const Value& pid) {
     return Error(absl::StrCat("storage location '", escape_for_terminal(location.s),
                               "' is not cpu or cuda"));
   }
-  StorageRef ref{key.s, StorageTypes().at(type.s), numel.i};
+  StorageRef ref{key.s, StorageTypes().at(type.s), numel.i, location.s};
   auto it = storages_.find(ref.key);
   if (it == storages_.end()) {
     absl::StatusOr<Storage> s = (*load_)(ref);
@@ -879,7 +879,7 @@ std::string pickle_state_dict(const std::vector<PickledTensor>& tensors) {
     p.String("storage");
     p.Global("torch", StorageTypeName(t.dtype));
     p.String(t.storage_key);
-    p.String("cpu");
+    p.String(t.location);
     p.Int(t.storage_numel);
     p.Op('t');
     p.Op('Q');

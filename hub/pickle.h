@@ -31,7 +31,8 @@ inline constexpr int kMaxPickleNesting = 1000;
 struct StorageRef {
   std::string key;  // record archive/data/<key>
   Dtype dtype;
-  int64_t numel;  // elements, as the pickle claims
+  int64_t numel;         // elements, as the pickle claims
+  std::string location;  // where it was saved: "cpu", "cuda:0" (torch's location tag)
 };
 
 // Returns the storage `ref` names, with exactly numel * element_size(dtype)
@@ -79,6 +80,7 @@ struct PickledTensor {
   int64_t storage_offset;
   SizeVector sizes;
   SizeVector strides;
+  std::string location = "cpu";  // the storage's device, as torch's location tag
 };
 
 // The protocol-2 pickle of an OrderedDict of `tensors`, as torch.save writes

@@ -22,17 +22,73 @@
 // torch.load(path, weights_only=True) reads (checked against python3-torch by
 // checkpoint_test).
 //
-// Thread-safety: free functions; safe from any thread.
+// Devices: as torch.save, each storage keeps the device it was saved from
+// in its location tag ("cpu", "cuda:1"), and reading puts it back there
+// unless a MapLocation (torch.load's map_location) says otherwise. A CUDA
+// location needs a usable CUDA device (//cuda linked) of that index, or
+// reading fails with PyTorch's message (Note [Storage locations] in
+// torch_format.cc).
+//
+// Thread-safety: free functions; safe from any thread. MapLocation is a
+// value type; its callable, if any, must be safe to call from the reading
+// thread.
 #ifndef EMBER_HUB_TORCH_FORMAT_H_
 #define EMBER_HUB_TORCH_FORMAT_H_
 
+#include <functional>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "hub/state_dict.h"
+#include "tensor/device.h"
 
 namespace ember::hub {
+
+// Where a checkpoint's storages go when it is read (torch.load's
+// map_location), in the forms torch.load takes:
+//
+//   load_checkpoint(path)                               // where they were saved
+//   load_checkpoint(path, ember::kCPU)                  // torch.device('cpu')
+//   load_checkpoint(path, "cuda:1")                     // map_location='cuda:1'
+//   load_checkpoint(path, hub::MapLocation::Remap({{"cuda:1", "cuda:0"}}))  // a dict
+//   load_checkpoint(path, hub::MapLocation::Callable(   // a callable
+//       [](absl::string_view location) -> std::optional<ember::Device> {
+//         return ember::kCPU;  // std::nullopt: where it was saved
+//       }));
+class MapLocation {
+ public:
+  using Fn = std::function<std::optional<Device>(absl::string_view location)>;
+
+  // Each storage to the device it was saved from.
+  MapLocation() = default;
+  // Every storage to `device`.
+  MapLocation(Device device);  // NOLINT: as torch.load(map_location=device)
+  // Every storage to the device `device` names ("cpu", "cuda", "cuda:N");
+  // a string that names none is an InvalidArgument error when reading.
+  MapLocation(absl::string_view device);  // NOLINT
+  MapLocation(const char* device) : MapLocation(absl::string_view(device)) {}  // NOLINT
+  // Storages saved at a key's location go to its value's; others stay
+  // where they were saved.
+  static MapLocation Remap(std::map<std::string, std::string> locations);
+  // `fn(location)` says where each storage goes; nullopt keeps its own.
+  static MapLocation Callable(Fn fn);
+
+  // Where a storage saved at `location` goes, checked: InvalidArgument for
+  // a location (or mapped string) that names no device; for a CUDA device,
+  // FailedPrecondition when CUDA is not usable, InvalidArgument for an index
+  // past the device count (PyTorch's messages).
+  absl::StatusOr<Device> Resolve(absl::string_view location) const;
+
+ private:
+  enum class Kind { kSaved, kDevice, kRemap, kCallable };
+  Kind kind_ = Kind::kSaved;
+  std::string device_;  // kDevice
+  std::map<std::string, std::string> remap_;
+  Fn fn_;
+};
 
 // Whether `bytes` starts as a torch.save file (zip or legacy).
 bool IsTorchCheckpoint(absl::string_view bytes);
@@ -43,11 +99,16 @@ bool IsTorchCheckpoint(absl::string_view bytes);
 // wrong size); PermissionDenied (a global, callable or opcode a state_dict
 // does not need); Unimplemented (a dtype or layout Ember lacks, such as
 // complex64); DataLoss (a zip record's CRC does not match).
-absl::StatusOr<StateDict> read_torch_checkpoint(std::string bytes, absl::string_view source);
+// Each storage goes where `map_location` says; MapLocation::Resolve's
+// errors, and the device's when copying to it fails (kInternal).
+absl::StatusOr<StateDict> read_torch_checkpoint(std::string bytes, absl::string_view source,
+                                                const MapLocation& map_location = {});
 
 // The torch.save bytes of `state_dict`, each tensor saved contiguous in its
-// own storage. Errors: InvalidArgument for a tensor that is not on the CPU or
-// a duplicate name; OutOfRange above 4 GiB (zip64 is not written).
+// own storage, with its device as the storage's location ("cuda:0"; the
+// bytes of a device tensor are copied to the host, waiting for them).
+// Errors: InvalidArgument for an undefined tensor or a duplicate name;
+// OutOfRange above 4 GiB (zip64 is not written).
 absl::StatusOr<std::string> write_torch_checkpoint(const StateDict& state_dict);
 
 }  // namespace ember::hub
