@@ -810,11 +810,17 @@ absl::Status LoadPiece(const std::string& key, const TensorMetadata& tm, const B
 Item replicated(Tensor tensor) { return Item{std::move(tensor), std::nullopt}; }
 
 Item shard(Tensor local, SizeVector global_shape, SizeVector offsets) {
-  return Item{std::move(local), Placement{std::move(global_shape), std::move(offsets), -1}};
+  Placement p;
+  p.global_shape = std::move(global_shape);
+  p.offsets = std::move(offsets);
+  return Item{std::move(local), p};
 }
 
 Item flat_shard(Tensor local, SizeVector global_shape, int64_t flat_offset) {
-  return Item{std::move(local), Placement{std::move(global_shape), {}, flat_offset}};
+  Placement p;
+  p.global_shape = std::move(global_shape);
+  p.flat_offset = flat_offset;
+  return Item{std::move(local), p};
 }
 
 absl::Status save(const StateDict& state_dict, const CheckpointOptions& options) {

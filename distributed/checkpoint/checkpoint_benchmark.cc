@@ -4,8 +4,9 @@
 // 8 MiB (64 MiB). Files go to $EMBER_BENCH_DIR, else the system temp
 // directory.
 //
-//   bazel run -c opt //distributed/checkpoint:checkpoint_benchmark -- \
+//   bazel run -c opt //distributed/checkpoint:checkpoint_benchmark --
 //       --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true
+// (one command line; compare_with_torch.sh runs it beside PyTorch 2.x).
 #include <unistd.h>
 
 #include <cstdlib>

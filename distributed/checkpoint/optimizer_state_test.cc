@@ -79,14 +79,16 @@ LocalParam MakeParam(const std::string& key, const Tensor& full_value, Split spl
   if (split == Split::kFlat) {
     const int64_t n = full_value.numel();
     const int64_t start = n * rank / world, end = n * (rank + 1) / world;
-    p.placement = Placement{p.global_shape, {}, start};
+    p.placement.global_shape = p.global_shape;
+    p.placement.flat_offset = start;
     p.local = full_value.contiguous().view({n}).narrow(0, start, end - start).clone();
   } else {
     const int64_t rows = full_value.size(0);
     const int64_t start = rows * rank / world, end = rows * (rank + 1) / world;
     SizeVector offsets(p.global_shape.size(), 0);
     offsets[0] = start;
-    p.placement = Placement{p.global_shape, offsets, -1};
+    p.placement.global_shape = p.global_shape;
+    p.placement.offsets = offsets;
     p.local = full_value.narrow(0, start, end - start).clone();
   }
   p.local.requires_grad_(true);
@@ -357,7 +359,9 @@ TEST(OptimizerStateTest, KeysAndPlacements) {
       EXPECT_EQ(item.placement->offsets, SizeVector({4, 0}));
       EXPECT_EQ(item.placement->global_shape, SizeVector({8, 4}));
     }
-    if (k == "optim.state.fc.weight.step") EXPECT_FALSE(item.placement.has_value());
+    if (k == "optim.state.fc.weight.step") {
+      EXPECT_FALSE(item.placement.has_value());
+    }
   }
   absl::StatusOr<StateDict> wrong = get_optimizer_state_dict(*job.optimizer, {{"fc.weight", {}}});
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
