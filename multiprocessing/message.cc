@@ -1,5 +1,6 @@
 #include "multiprocessing/message.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <iterator>
@@ -62,6 +63,7 @@ class Reader {
   }
   bool done() const { return pos_ == in_.size(); }
   size_t pos() const { return pos_; }
+  size_t left() const { return in_.size() - pos_; }
 
  private:
   absl::Status Truncated() const {
@@ -230,6 +232,7 @@ struct Decoder {
         uint32_t n = 0;
         EMBER_RETURN_IF_ERROR(in.Get(n));
         Value::List list;
+        list.reserve(std::min<size_t>(n, in.left()));  // every element takes a byte or more
         for (uint32_t i = 0; i < n; ++i) {
           EMBER_ASSIGN_OR_RETURN(Value v, Decode(depth + 1));
           list.push_back(std::move(v));
