@@ -1,0 +1,122 @@
+// Checkpoints of CUDA tensors (Note [Storage locations] in torch_format.cc)
+// with //cuda linked: saved with their device, loaded back there or where
+// map_location says, shared storages kept shared on the device. Without a
+// device: what PyTorch says on a machine without one; every GPU case skips,
+// saying why.
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "hub/checkpoint.h"
+#include "hub/torch_format.h"
+#include "hub/zip.h"
+#include "tensor/factories.h"
+#include "tensor/testing.h"
+#include "third_party/cuda/device_check.h"
+
+namespace ember::hub {
+namespace {
+
+using ::ember::testing::Make;
+using ::ember::testing::Values;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+const Device kCuda0(DeviceType::kCUDA, 0);
+
+std::string TmpPath(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+TEST(CheckpointCudaTest, WithoutADeviceCudaMapLocationsFailAsPyTorchDoes) {
+  if (cuda::is_available()) GTEST_SKIP() << "a CUDA device is usable: this case is for none";
+  const std::string path = TmpPath("cpu.pt");
+  ASSERT_TRUE(save_checkpoint({{"w", Make({1, 2})}}, path).ok());
+  absl::Status s = load_checkpoint(path, "cuda:0").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              StartsWith("Attempting to deserialize object on a CUDA device but "
+                         "torch.cuda.is_available() is False."));
+}
+
+TEST(CheckpointCudaTest, CudaTensorsKeepTheirDevice) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  const Tensor w = Make({1, 2, 3, 4, 5, 6}, {2, 3}, kFloat32).to(kCuda0);
+  const Tensor b = Make({0.5, -1}, kFloat64).to(kCuda0);
+  const std::string path = TmpPath("cuda.pt");
+  ASSERT_TRUE(save_checkpoint({{"w", w}, {"b", b.t()}}, path).ok());
+
+  absl::StatusOr<std::string> bytes = write_torch_checkpoint({{"w", w}});
+  ASSERT_TRUE(bytes.ok());
+  absl::StatusOr<ZipReader> zip = ZipReader::open(*bytes, "w.pt");
+  ASSERT_TRUE(zip.ok());
+  absl::StatusOr<absl::string_view> pkl = zip->read("archive/data.pkl");
+  ASSERT_TRUE(pkl.ok());
+  EXPECT_THAT(std::string(*pkl), HasSubstr("cuda:0"));
+
+  absl::StatusOr<StateDict> back = load_checkpoint(path);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), 2u);
+  EXPECT_EQ((*back)[0].second.device(), kCuda0);
+  EXPECT_EQ((*back)[1].second.device(), kCuda0);
+  EXPECT_EQ(Values((*back)[0].second.cpu()), Values(w.cpu()));
+  EXPECT_EQ(Values((*back)[1].second.cpu()), Values(b.cpu()));
+
+  absl::StatusOr<StateDict> on_cpu = load_checkpoint(path, "cpu");
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  EXPECT_TRUE((*on_cpu)[0].second.is_cpu());
+  EXPECT_EQ(Values((*on_cpu)[0].second), Values(w.cpu()));
+}
+
+TEST(CheckpointCudaTest, CpuCheckpointsMapToADeviceWithSharedStoragesShared) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  // PyTorch's fixture: view.rows and view.transposed share one storage.
+  absl::StatusOr<StateDict> sd = load_checkpoint("hub/testdata/tensors.pt", kCuda0);
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  absl::StatusOr<StateDict> host = load_checkpoint("hub/testdata/tensors.pt");
+  ASSERT_TRUE(host.ok());
+  const Tensor* rows = nullptr;
+  const Tensor* transposed = nullptr;
+  for (size_t i = 0; i < sd->size(); ++i) {
+    EXPECT_EQ((*sd)[i].second.device(), kCuda0) << (*sd)[i].first;
+    EXPECT_EQ(Values((*sd)[i].second.cpu()), Values((*host)[i].second)) << (*sd)[i].first;
+    if ((*sd)[i].first == "view.rows") rows = &(*sd)[i].second;
+    if ((*sd)[i].first == "view.transposed") transposed = &(*sd)[i].second;
+  }
+  ASSERT_TRUE(rows != nullptr && transposed != nullptr);
+  EXPECT_TRUE(rows->storage().is_alias_of(transposed->storage()));
+}
+
+TEST(CheckpointCudaTest, IndicesPastTheDeviceCountFailAsPyTorchDoes) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  const int count = cuda::device_count();
+  const std::string path = TmpPath("past.pt");
+  ASSERT_TRUE(save_checkpoint({{"w", Make({1, 2})}}, path).ok());
+  absl::Status s = load_checkpoint(path, Device(DeviceType::kCUDA, count)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(s.message()),
+            "Attempting to deserialize object on CUDA device " + std::to_string(count) +
+                " but torch.cuda.device_count() is " + std::to_string(count) +
+                ". Please use torch.load with map_location to map your storages to an existing "
+                "device.");
+}
+
+TEST(CheckpointCudaTest, RemapMovesBetweenDevices) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  if (cuda::device_count() < 2) {
+    GTEST_SKIP() << "needs two CUDA devices, this machine has " << cuda::device_count();
+  }
+  const std::string path = TmpPath("remap.pt");
+  const Tensor w = Make({7, 8, 9}).to(kCuda0);
+  ASSERT_TRUE(save_checkpoint({{"w", w}}, path).ok());
+  absl::StatusOr<StateDict> sd = load_checkpoint(path, MapLocation::Remap({{"cuda:0", "cuda:1"}}));
+  ASSERT_TRUE(sd.ok()) << sd.status();
+  EXPECT_EQ((*sd)[0].second.device(), Device(DeviceType::kCUDA, 1));
+  EXPECT_EQ(Values((*sd)[0].second.cpu()), Values(w.cpu()));
+}
+
+}  // namespace
+}  // namespace ember::hub
