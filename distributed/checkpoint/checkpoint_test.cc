@@ -167,6 +167,21 @@ TEST(CheckpointTest, SavedByFourLoadsIntoThreeTwoAndOne) {
   EXPECT_TRUE(ExpectEqual("flat", plain[1].second.tensor, flat).ok());
 }
 
+// The plan and commit exchanges use only all_gather, which every backend
+// has: the same save over gloo.
+TEST(CheckpointTest, SavesOverGloo) {
+  const std::string path = FreshDir("gloo") + "/ckpt";
+  absl::Status s = RunRanks(
+      4,
+      [&](Rank& me) { return save(SavedBy(me.rank), {.path = path, .process_group = me.group}); },
+      {.backend = "gloo"});
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> all = load_full_state_dict(path);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(ExpectEqual("w", (*all)[0].second, Global({10, 6}, kFloat32, 0)).ok());
+  EXPECT_TRUE(ExpectEqual("flat", (*all)[2].second, Global({5, 7}, kFloat64, 1000)).ok());
+}
+
 TEST(CheckpointTest, FlatShardsThatStraddleRowsInThreeDims) {
   // Flat ranges that start and end mid-row in every dim, saved by 3 ranks
   // and read back by 2 with boxes.
