@@ -1,6 +1,7 @@
 #include "tools/launch/elastic_agent.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -56,6 +57,23 @@ bool IsLocal(const std::string& host) {
   return local;
 }
 
+// Whether a listening socket could bind `port` on every address now (so
+// that a launcher that cannot serve does not ask gRPC, which logs its
+// failure).
+bool PortFree(int port) {
+  int fd = socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  int yes = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  sockaddr_in6 addr = {};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_any;
+  addr.sin6_port = htons(static_cast<uint16_t>(port));
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return free;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ElasticAgent>> ElasticAgent::create(ElasticOptions options) {
@@ -64,7 +82,7 @@ absl::StatusOr<std::unique_ptr<ElasticAgent>> ElasticAgent::create(ElasticOption
       options.node_id.empty() ? absl::StrCat(HostName(), ":", getpid()) : options.node_id;
   auto agent = std::unique_ptr<ElasticAgent>(new ElasticAgent(std::move(options), node_id));
   const ElasticOptions& o = agent->options_;
-  if (IsLocal(o.endpoint_host)) {
+  if (IsLocal(o.endpoint_host) && PortFree(o.endpoint_port)) {
     // The first launcher on the endpoint host serves the rendezvous; a
     // second one there finds the port taken and joins as a client.
     absl::StatusOr<std::unique_ptr<distributed::TcpStoreServer>> server =
@@ -132,15 +150,16 @@ absl::StatusOr<RoundSetup> ElasticAgent::NextRound() {
   return setup;
 }
 
-absl::StatusOr<std::optional<std::string>> ElasticAgent::Check() {
+absl::StatusOr<std::optional<RoundChange>> ElasticAgent::Check() {
   if (!round_) return absl::FailedPreconditionError("Check before NextRound");
   EMBER_RETURN_IF_ERROR(rdzv_->keep_alive());
   EMBER_ASSIGN_OR_RETURN(distributed::elastic::Health h, rdzv_->health(*round_));
-  if (h.closed) return std::optional<std::string>("the rendezvous was closed by another node");
+  if (h.closed) return RoundChange{.reason = "the rendezvous was closed by another node"};
   if (h.must_restart()) {
-    return std::optional<std::string>(absl::StrCat("round ", round_->round, ": ", h.reason));
+    return RoundChange{.reason = absl::StrCat("round ", round_->round, ": ", h.reason),
+                       .membership_only = !h.round_changed && h.lost.empty()};
   }
-  return std::optional<std::string>();
+  return std::optional<RoundChange>();
 }
 
 absl::Status ElasticAgent::Restart(const std::string& reason) {

@@ -70,6 +70,14 @@ struct RoundSetup {
   std::map<std::string, std::string> env;
 };
 
+// Why a running round must end.
+struct RoundChange {
+  std::string reason;
+  // Only nodes waiting to join (scale-up): torchrun does not count such a
+  // restart against --max_restarts.
+  bool membership_only = false;
+};
+
 class ElasticAgent {
  public:
   static absl::StatusOr<std::unique_ptr<ElasticAgent>> create(ElasticOptions options);
@@ -77,10 +85,10 @@ class ElasticAgent {
 
   // Joins the next round (see ElasticRendezvous::next_round).
   absl::StatusOr<RoundSetup> NextRound();
-  // While the round's workers run: a heartbeat, and the reason the round
-  // must restart (a node lost, a node waiting, another node restarted it),
-  // or nullopt.
-  absl::StatusOr<std::optional<std::string>> Check();
+  // While the round's workers run: a heartbeat, and why the round must
+  // restart (a node lost, a node waiting, another node restarted it or
+  // closed the rendezvous), or nullopt.
+  absl::StatusOr<std::optional<RoundChange>> Check();
   // Ends the round for every node (this node's workers failed, or Check gave
   // a reason).
   absl::Status Restart(const std::string& reason);

@@ -76,14 +76,20 @@ TEST(ElasticAgentTest, RoundsWorkerStoresScaleUpAndTheExitBarrier) {
   ASSERT_TRUE(late.ok());
   absl::StatusOr<RoundSetup> late_round = absl::UnknownError("not run");
   std::thread joiner([&] { late_round = (*late)->NextRound(); });
-  absl::StatusOr<std::optional<std::string>> reason = std::optional<std::string>();
-  for (int i = 0; i < 300 && reason.ok() && !reason->has_value(); ++i) {
+  absl::StatusOr<std::optional<RoundChange>> change = std::optional<RoundChange>();
+  for (int i = 0; i < 300 && change.ok() && !change->has_value(); ++i) {
     absl::SleepFor(absl::Milliseconds(10));
-    reason = agents[0]->Check();
+    change = agents[0]->Check();
   }
-  ASSERT_TRUE(reason.ok() && reason->has_value());
-  EXPECT_THAT(**reason, HasSubstr("1 node(s) waiting to join"));
-  ASSERT_TRUE(agents[0]->Restart(**reason).ok());
+  ASSERT_TRUE(change.ok() && change->has_value());
+  EXPECT_THAT((*change)->reason, HasSubstr("1 node(s) waiting to join"));
+  EXPECT_TRUE((*change)->membership_only);
+  ASSERT_TRUE(agents[0]->Restart((*change)->reason).ok());
+  // node1 sees that node0 restarted the round: not a membership-only change.
+  absl::StatusOr<std::optional<RoundChange>> seen = agents[1]->Check();
+  ASSERT_TRUE(seen.ok() && seen->has_value());
+  EXPECT_THAT((*seen)->reason, HasSubstr("restarted by another node"));
+  EXPECT_FALSE((*seen)->membership_only);
   auto second = Rounds(agents);
   joiner.join();
   ASSERT_TRUE(late_round.ok()) << late_round.status();

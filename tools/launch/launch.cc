@@ -55,6 +55,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "distributed/tcp_store.h"
+#include "tools/launch/elastic_agent.h"
 #include "tools/launch/failure_report.h"
 #include "tools/launch/flight_analysis.h"
 #include "tools/launch/launch_options.h"
@@ -124,6 +125,7 @@ class Supervisor {
           std::to_string(options_.nproc_per_node) +
           " workers do not oversubscribe the cores. Set it to tune.");
     }
+    if (options_.elastic()) return RunElastic(omp_set);
     for (int attempt = 0;; ++attempt) {
       workers_.clear();
       if (options_.serve_store && options_.node_rank == 0) {
@@ -173,12 +175,114 @@ class Supervisor {
 
  private:
   struct Outcome {
-    enum Kind { kAllSucceeded, kWorkerFailed, kSignalled } kind;
+    // kRoundChanged: an elastic round must restart for a reason outside
+    // this node's workers (a node lost or waiting to join, another node
+    // restarted the round).
+    enum Kind { kAllSucceeded, kWorkerFailed, kSignalled, kRoundChanged } kind;
     int code = 0;  // exit code for kWorkerFailed, signal for kSignalled
     std::string description;
     size_t worker = 0;  // kWorkerFailed: which
     absl::Time when = absl::InfinitePast();
+    bool scale_up = false;  // kRoundChanged: only nodes waiting to join
   };
+
+  // Note [Elastic launch]
+  // With --rdzv_endpoint the launcher runs rounds instead of attempts: each
+  // round it joins the rendezvous (ElasticAgent), which gives this node its
+  // rank among the round's nodes and the store its workers rendezvous
+  // through, starts its workers with that world, and while they run checks
+  // every --monitor_interval whether the round must end (a node lost, a node
+  // waiting to join, another node restarted it). A local worker's failure
+  // ends the round for every node. Failures and lost nodes count against
+  // --max_restarts; a node waiting to join does not (torchrun's rule:
+  // membership changes are not retries). When the restarts are used up the
+  // launcher closes the rendezvous, so that the other nodes stop too.
+  int RunElastic(bool omp_set) {
+    absl::StatusOr<std::unique_ptr<ElasticAgent>> agent = ElasticAgent::create(
+        {.endpoint_host = options_.rdzv_endpoint_host,
+         .endpoint_port = options_.rdzv_endpoint_port,
+         .run_id = options_.rdzv_id,
+         .min_nodes = options_.min_nodes,
+         .max_nodes = options_.max_nodes,
+         .nproc_per_node = options_.nproc_per_node,
+         .join_timeout = options_.rdzv_join_timeout,
+         .last_call = options_.rdzv_last_call,
+         .heartbeat_timeout = options_.rdzv_heartbeat_timeout});
+    if (!agent.ok()) {
+      Say(std::string(agent.status().message()));
+      return 1;
+    }
+    ElasticAgent& a = **agent;
+    Say(absl::StrCat("node ", a.node_id(), " joins rendezvous '", options_.rdzv_id, "' at ",
+                     options_.rdzv_endpoint_host, ":", options_.rdzv_endpoint_port,
+                     a.serves_endpoint() ? " (served here)" : "", " for ", options_.min_nodes,
+                     " to ", options_.max_nodes, " nodes"));
+    int restarts = 0;
+    for (int attempt = 0;; ++attempt) {
+      workers_.clear();
+      absl::StatusOr<RoundSetup> round = a.NextRound();
+      if (!round.ok()) {
+        Say(absl::StrCat("node ", a.node_id(), ": ", round.status().message()));
+        return 1;
+      }
+      Say(absl::StrCat("round ", round->round, ": node rank ", round->node_rank, " of ",
+                       round->num_nodes, " nodes, world size ", round->world_size));
+      LaunchOptions per_round = options_;
+      per_round.nnodes = round->num_nodes;
+      per_round.node_rank = round->node_rank;
+      per_round.master_addr = round->master_addr;
+      per_round.master_port = round->master_port;
+      MakeRunDir(attempt);
+      for (int local = 0; local < options_.nproc_per_node; ++local) {
+        Worker worker;
+        worker.spec = MakeWorkerSpec(per_round, local, restarts, omp_set);
+        for (const auto& [name, value] : round->env) worker.spec.env[name] = value;
+        if (!Start(worker)) {
+          StopAll();
+          a.Failed("a worker could not be started");
+          return 1;
+        }
+        workers_.push_back(std::move(worker));
+      }
+      Outcome outcome = Supervise(&a);
+      CloseOutputs();
+      if (outcome.kind == Outcome::kSignalled) {
+        a.Failed(absl::StrCat("its launcher received ", SignalName(outcome.code)));
+        Say(absl::StrCat("received ", SignalName(outcome.code),
+                         "; forwarded it to the workers and stopped them"));
+        return 128 + outcome.code;
+      }
+      if (outcome.kind == Outcome::kAllSucceeded) {
+        StopAll();
+        absl::Status done = a.Succeeded();
+        if (done.ok()) {
+          RemoveRunDir();
+          return 0;
+        }
+        if (done.code() != absl::StatusCode::kAborted) {
+          Say(std::string(done.message()));
+          return 1;
+        }
+        outcome = Outcome{Outcome::kRoundChanged, 1, std::string(done.message())};
+      }
+      const bool counts = !(outcome.kind == Outcome::kRoundChanged && outcome.scale_up);
+      if (counts && restarts >= options_.max_restarts) {
+        const std::string why =
+            absl::StrCat(outcome.description, "; stopped the workers",
+                         options_.max_restarts > 0
+                             ? absl::StrCat(" (no restarts left of ", options_.max_restarts, ")")
+                             : " (--max_restarts=0)");
+        Say(why);
+        a.Failed(why);
+        return outcome.kind == Outcome::kWorkerFailed ? outcome.code : 1;
+      }
+      (void)a.Restart(outcome.description);
+      if (counts) ++restarts;
+      Say(absl::StrCat(outcome.description, "; starting a new round",
+                       counts ? absl::StrCat(" (restart ", restarts, " of ", options_.max_restarts, ")")
+                              : " (a membership change, not counted as a restart)"));
+    }
+  }
 
   // A fresh directory per attempt for the workers' error files and flight
   // recorder dumps (Note [Failure summary]); kept when the job fails.
@@ -491,7 +595,10 @@ class Supervisor {
     }
   }
 
-  Outcome Supervise() {
+  // Watches the workers until they all succeed, one fails or a signal comes;
+  // with an elastic `agent`, also until the round must restart.
+  Outcome Supervise(ElasticAgent* agent = nullptr) {
+    absl::Time next_check = absl::Now() + options_.monitor_interval;
     while (true) {
       if (std::optional<Outcome> failure = Reap()) {
         // Note [Failure summary]: the others' states, their dumps, then stop.
@@ -512,7 +619,20 @@ class Supervisor {
         return *failure;
       }
       if (Running() == 0) return Outcome{Outcome::kAllSucceeded, 0, ""};
-      std::optional<int> sig = NextSignal(absl::Seconds(1));
+      if (agent != nullptr && absl::Now() >= next_check) {
+        next_check = absl::Now() + options_.monitor_interval;
+        absl::StatusOr<std::optional<RoundChange>> change = agent->Check();
+        if (!change.ok() || change->has_value()) {
+          Outcome changed{Outcome::kRoundChanged, 1,
+                          change.ok() ? (*change)->reason : std::string(change.status().message())};
+          changed.scale_up = change.ok() && (*change)->membership_only;
+          StopAll();
+          DrainOutputs();
+          return changed;
+        }
+      }
+      std::optional<int> sig = NextSignal(agent != nullptr ? options_.monitor_interval
+                                                           : absl::Seconds(1));
       if (sig && *sig != SIGCHLD) {
         StopAll(*sig);
         return Outcome{Outcome::kSignalled, *sig, ""};
