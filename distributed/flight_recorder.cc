@@ -338,7 +338,10 @@ int64_t FlightRecorder::Record(const FlightOp& op, int64_t created_ns) {
   e.started_ns = 0;
   e.finished_ns = 0;
   e.error[0] = '\0';
-  if (op.collective) last_enqueued_.store(e.seq, std::memory_order_relaxed);
+  if (op.collective) {
+    last_enqueued_.store(e.seq, std::memory_order_relaxed);
+    last_op_.store(op.op, std::memory_order_relaxed);
+  }
   recorded_.store(id + 1, std::memory_order_relaxed);
   return id;
 }
@@ -378,6 +381,13 @@ bool FlightRecorder::Finished(int64_t id, const absl::Status& status, int64_t ns
   if (status.ok() || failed_) return false;
   failed_ = true;
   return true;
+}
+
+int64_t FlightRecorder::CollectiveSeq(int64_t id) const {
+  if (id < 0 || capacity_ == 0) return -1;
+  absl::MutexLock lock(&mu_);
+  const FlightEntry& e = ring_[id % capacity_];
+  return e.id == id && e.collective ? e.seq : -1;
 }
 
 std::vector<FlightEntry> FlightRecorder::entries() const {

@@ -130,6 +130,11 @@ class FlightRecorder {
   int64_t last_enqueued() const { return last_enqueued_.load(std::memory_order_relaxed); }
   int64_t last_started() const { return last_started_.load(std::memory_order_relaxed); }
   int64_t last_completed() const { return last_completed_.load(std::memory_order_relaxed); }
+  // The op of the last collective scheduled ("all_reduce"; "-" before any).
+  const char* last_enqueued_op() const { return last_op_.load(std::memory_order_relaxed); }
+  // The collective sequence number of entry `id`; -1 for p2p ops and
+  // entries no longer in the ring.
+  int64_t CollectiveSeq(int64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Writes this recorder's section of a dump to `fd` (async-signal-safe;
   // Note [Flight recorder dumps]). `locked`: take the lock (not from a
@@ -154,6 +159,7 @@ class FlightRecorder {
   std::atomic<int64_t> last_enqueued_{-1};
   std::atomic<int64_t> last_started_{-1};
   std::atomic<int64_t> last_completed_{-1};
+  std::atomic<const char*> last_op_{"-"};
   int slot_ = -1;  // in the process-wide registry
 };
 

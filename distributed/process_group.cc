@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tensor/status_macros.h"
@@ -134,6 +135,26 @@ absl::Status Work::status() {
 }
 
 void Work::Finish(absl::Status status) {
+  // Note [Desync reports]: where the other ranks are, for a timeout here or
+  // one that a peer reported (its message, passed on, says "timed out").
+  if (absl::IsDeadlineExceeded(status) ||
+      (!status.ok() && absl::StrContains(status.message(), "timed out"))) {
+    std::shared_ptr<FlightRecorder> recorder;
+    std::shared_ptr<ProgressPublisher> desync;
+    int64_t id = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      recorder = recorder_;
+      desync = desync_.lock();
+      id = record_id_;
+    }
+    const int64_t seq = recorder != nullptr ? recorder->CollectiveSeq(id) : -1;
+    if (desync != nullptr && seq >= 0) {
+      status = absl::Status(status.code(),
+                            absl::StrCat(status.message(), "; ", desync->Report(seq)));
+    }
+  }
   std::shared_ptr<FlightRecorder> dump_from;
   std::string reason;
   {
@@ -162,12 +183,14 @@ void Work::MarkStarted() {
   if (recorder_ != nullptr) recorder_->Started(record_id_, started_ns_);
 }
 
-void Work::AttachRecord(std::shared_ptr<FlightRecorder> recorder, int64_t id) {
+void Work::AttachRecord(std::shared_ptr<FlightRecorder> recorder, int64_t id,
+                        std::weak_ptr<ProgressPublisher> desync) {
   std::string reason;
   {
     absl::MutexLock lock(&mu_);
     recorder_ = std::move(recorder);
     record_id_ = id;
+    desync_ = std::move(desync);
     // The backend may have been quicker than the recording.
     if (started_ns_ != 0) recorder_->Started(id, started_ns_);
     if (!finished_ || !recorder_->Finished(id, status_, finished_ns_)) return;
@@ -202,6 +225,11 @@ void ProcessGroup::OnAbort() {
       absl::StrCat("process group ", recorder_->group_name(), " (", backend_, ") was aborted"));
 }
 
+void ProcessGroup::PublishProgress(std::shared_ptr<Store> store, const std::string& prefix) {
+  if (store == nullptr || !recorder_->enabled() || size_ < 2) return;
+  publisher_ = std::make_shared<ProgressPublisher>(std::move(store), prefix, recorder_);
+}
+
 int64_t ProcessGroup::RecordClock() const {
   return recorder_->enabled() ? absl::GetCurrentTimeNanos() : 0;
 }
@@ -210,7 +238,7 @@ template <typename W>
 absl::StatusOr<std::shared_ptr<W>> ProcessGroup::Recorded(absl::StatusOr<std::shared_ptr<W>> work,
                                                           const FlightOp& op, int64_t created_ns) {
   if (!recorder_->enabled() || !work.ok() || *work == nullptr) return work;
-  (*work)->AttachRecord(recorder_, recorder_->Record(op, created_ns));
+  (*work)->AttachRecord(recorder_, recorder_->Record(op, created_ns), publisher_);
   return work;
 }
 

@@ -60,7 +60,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "distributed/desync.h"
 #include "distributed/flight_recorder.h"
+#include "distributed/store.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
 
@@ -153,9 +155,11 @@ class Work {
   // For backends: the op has started running (its worker picked it up);
   // the flight recorder's "started" (Note [Flight recorder]). Optional.
   void MarkStarted() ABSL_LOCKS_EXCLUDED(mu_);
-  // For ProcessGroup: the flight recorder entry `id` follows this op.
-  void AttachRecord(std::shared_ptr<FlightRecorder> recorder, int64_t id)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // For ProcessGroup: the flight recorder entry `id` follows this op; a
+  // timeout is explained by `desync` when the group publishes its progress
+  // (Note [Desync reports]).
+  void AttachRecord(std::shared_ptr<FlightRecorder> recorder, int64_t id,
+                    std::weak_ptr<ProgressPublisher> desync = {}) ABSL_LOCKS_EXCLUDED(mu_);
   // A Work that is already finished with `status`.
   static std::shared_ptr<Work> Completed(OpType op, absl::Status status);
 
@@ -176,6 +180,7 @@ class Work {
   int64_t finished_ns_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<FlightRecorder> recorder_ ABSL_GUARDED_BY(mu_);
   int64_t record_id_ ABSL_GUARDED_BY(mu_) = -1;
+  std::weak_ptr<ProgressPublisher> desync_ ABSL_GUARDED_BY(mu_);
 };
 
 // Options of each op. `timeout` overrides the group's timeout for one call.
@@ -338,6 +343,10 @@ class ProcessGroup {
   // Backends call this at the start of abort(): dumps the flight recorders
   // (Note [Flight recorder dumps]).
   void OnAbort();
+  // Backends with a store call this once: the group publishes its progress
+  // under `prefix` and timeouts name the ranks that are behind (Note
+  // [Desync reports]).
+  void PublishProgress(std::shared_ptr<Store> store, const std::string& prefix);
 
  private:
   absl::Status CheckSupported(OpType op, DeviceType device) const;
@@ -360,6 +369,7 @@ class ProcessGroup {
   const SupportTable support_;
   const absl::Duration timeout_;
   const std::shared_ptr<FlightRecorder> recorder_;
+  std::shared_ptr<ProgressPublisher> publisher_;  // set once, by the backend's constructor
   std::atomic<bool> aborted_once_{false};
 };
 

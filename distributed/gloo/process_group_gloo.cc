@@ -250,6 +250,7 @@ GlooProcessGroup::GlooProcessGroup(const BackendOptions& options,
                    std::all_of(peers.begin(), peers.end(), [](const Peer& p) { return p.ember; })),
       device_description_(std::move(device_description)),
       peers_(std::move(peers)) {
+  PublishProgress(options.store, prefix_);
   worker_ = std::thread([this] { WorkerLoop(); });
 }
 

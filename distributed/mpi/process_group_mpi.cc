@@ -181,6 +181,7 @@ MpiProcessGroup::MpiProcessGroup(const BackendOptions& options, MPI_Comm comm,
     : ProcessGroup(options.rank, options.size, "mpi", MpiSupportTable(), options.timeout),
       comm_(comm),
       world_ranks_(std::move(world_ranks)) {
+  PublishProgress(options.store, options.store_prefix);
   worker_ = std::thread([this] { WorkerLoop(); });
 }
 

@@ -297,6 +297,7 @@ TcpProcessGroup::TcpProcessGroup(const BackendOptions& options, std::shared_ptr<
       mesh_(std::move(mesh)),
       arena_(std::move(arena)),
       transports_(std::move(transports)) {
+  PublishProgress(options.store, options.store_prefix);
   worker_ = std::thread([this] { WorkerLoop(); });
 }
 
