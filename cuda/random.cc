@@ -17,8 +17,8 @@ void PhiloxGenerators::CreateLocked() {
   if (created_) return;
   const int n = count_();
   for (int d = 0; d < n; ++d) {
-    generators_.push_back(std::make_unique<Generator>(pending_seed_.value_or(Generator::kDefaultSeed),
-                                                      Device(DeviceType::kCUDA, d)));
+    generators_.push_back(std::make_unique<Generator>(
+        pending_seed_.value_or(Generator::kDefaultSeed), Device(DeviceType::kCUDA, d)));
   }
   created_ = true;
 }
@@ -28,9 +28,8 @@ absl::StatusOr<Generator*> PhiloxGenerators::Get(int index) {
   std::lock_guard<std::mutex> lock(mu_);
   CreateLocked();
   if (d < 0 || d >= static_cast<int>(generators_.size())) {
-    return absl::InternalError(absl::StrCat("CUDA generators: device ", d, " resolved from ",
-                                            index, " but ", generators_.size(),
-                                            " generators exist"));
+    return absl::InternalError(absl::StrCat("CUDA generators: device ", d, " resolved from ", index,
+                                            " but ", generators_.size(), " generators exist"));
   }
   return generators_[d].get();
 }

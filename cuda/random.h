@@ -85,8 +85,7 @@ absl::Status set_rng_state_all(const std::vector<Tensor>& states);
 // process-wide registry asks the CUDA runtime).
 class PhiloxGenerators : public DeviceGenerators {
  public:
-  PhiloxGenerators(std::function<int()> count,
-                   std::function<absl::StatusOr<int>(int)> resolve);
+  PhiloxGenerators(std::function<int()> count, std::function<absl::StatusOr<int>(int)> resolve);
 
   // `index`'s generator; the error of `resolve` for an index that is not a
   // device.

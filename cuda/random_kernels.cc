@@ -16,12 +16,14 @@ namespace {
 // device, then copied. The generator's offset moves on by one launch's.
 void Draw(const Tensor& out, Generator* gen, const kernels::RandomParams& p, const char* op) {
   if (out.numel() == 0) return;
-  EMBER_CHECK(gen != nullptr && gen->device().is_cuda(), op,
-              ": expected a 'cuda' device type for generator but found '",
-              gen == nullptr ? std::string("none") : std::string(DeviceTypeName(gen->device().type())),
-              "'");
+  EMBER_CHECK(
+      gen != nullptr && gen->device().is_cuda(), op,
+      ": expected a 'cuda' device type for generator but found '",
+      gen == nullptr ? std::string("none") : std::string(DeviceTypeName(gen->device().type())),
+      "'");
   DeviceGuard guard(out.device());
-  const Tensor dense = out.is_contiguous() ? out : EmptyTensor(out.sizes(), out.dtype(), out.device());
+  const Tensor dense =
+      out.is_contiguous() ? out : EmptyTensor(out.sizes(), out.dtype(), out.device());
   const Generator::PhiloxInputs in = gen->philox_engine_inputs(kernels::kOffsetIncrement);
   internal::CheckLaunch(
       kernels::LaunchRandom(internal::StreamOf(out.device()), internal::Ptr(dense),

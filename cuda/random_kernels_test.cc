@@ -5,6 +5,8 @@
 // values equal to the host reference (so Philox, seed and offset are what
 // Note [Philox element groups] says), reproducibility per seed and device,
 // get/set_rng_state, and that nothing is drawn from the CPU generator.
+#include "cuda/random_kernels.h"
+
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -12,7 +14,6 @@
 
 #include "cuda/device.h"
 #include "cuda/random.h"
-#include "cuda/random_kernels.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensor/error.h"
@@ -163,8 +164,7 @@ TEST(RandomKernelsTest, NormalHasItsMeanAndStd) {
     EXPECT_NEAR(m.mean, 2.0, 0.02);  // sd of the mean ~0.003
     EXPECT_NEAR(std::sqrt(m.var), 3.0, 0.03);
   }
-  const Moments z =
-      MomentsOf(HostValues(randn({1 << 20}, TensorOptions(kFloat64).device(kCuda0))));
+  const Moments z = MomentsOf(HostValues(randn({1 << 20}, TensorOptions(kFloat64).device(kCuda0))));
   EXPECT_NEAR(z.mean, 0.0, 0.006);
   EXPECT_NEAR(z.var, 1.0, 0.01);
 }
@@ -181,7 +181,8 @@ TEST(RandomKernelsTest, RandintCoversItsRangeOnly) {
   for (int c : seen) EXPECT_NEAR(c, 10000, 600);
   // A range above 2^32 takes 64 bits per element.
   const int64_t high = int64_t{1} << 40;
-  const Moments big = MomentsOf(HostValues(randint(0, high, {4097}, TensorOptions().device(kCuda0))));
+  const Moments big =
+      MomentsOf(HostValues(randint(0, high, {4097}, TensorOptions().device(kCuda0))));
   EXPECT_GE(big.min, 0);
   EXPECT_LT(big.max, static_cast<double>(high));
   EXPECT_GT(big.max, static_cast<double>(int64_t{1} << 39));
@@ -214,8 +215,8 @@ TEST(RandomKernelsTest, ValuesAreTheHostPhiloxReference) {
   for (uint64_t offset : {uint64_t{0}, uint64_t{4}}) {
     const std::vector<double> got = HostValues(rand({4099}, TensorOptions().device(kCuda0)));
     for (int64_t i = 0; i < 4099; ++i) {
-      ASSERT_NEAR(got[i], ReferenceUniform(seed, offset, i), 2e-7) << "element " << i << " at offset "
-                                                                   << offset;
+      ASSERT_NEAR(got[i], ReferenceUniform(seed, offset, i), 2e-7)
+          << "element " << i << " at offset " << offset;
     }
   }
   absl::StatusOr<Generator*> g = default_generator(0);
@@ -285,7 +286,8 @@ TEST(RandomKernelsTest, StridedOutputsGetRowMajorDraws) {
 
 TEST(RandomKernelsTest, EveryDeviceHasItsOwnGenerator) {
   EMBER_SKIP_WITHOUT_CUDA();
-  if (device_count() < 2) GTEST_SKIP() << "needs two CUDA devices, this machine has " << device_count();
+  if (device_count() < 2)
+    GTEST_SKIP() << "needs two CUDA devices, this machine has " << device_count();
   const Device cuda1(DeviceType::kCUDA, 1);
   ember::manual_seed(21);
   const std::vector<double> on0 = HostValues(rand({500}, TensorOptions().device(kCuda0)));

@@ -73,21 +73,25 @@ TEST(CheckpointCudaTest, CudaTensorsKeepTheirDevice) {
 
 TEST(CheckpointCudaTest, CpuCheckpointsMapToADeviceWithSharedStoragesShared) {
   EMBER_SKIP_WITHOUT_CUDA();
-  // PyTorch's fixture: view.rows and view.transposed share one storage.
-  absl::StatusOr<StateDict> sd = load_checkpoint("hub/testdata/tensors.pt", kCuda0);
-  ASSERT_TRUE(sd.ok()) << sd.status();
-  absl::StatusOr<StateDict> host = load_checkpoint("hub/testdata/tensors.pt");
-  ASSERT_TRUE(host.ok());
-  const Tensor* rows = nullptr;
-  const Tensor* transposed = nullptr;
-  for (size_t i = 0; i < sd->size(); ++i) {
-    EXPECT_EQ((*sd)[i].second.device(), kCuda0) << (*sd)[i].first;
-    EXPECT_EQ(Values((*sd)[i].second.cpu()), Values((*host)[i].second)) << (*sd)[i].first;
-    if ((*sd)[i].first == "view.rows") rows = &(*sd)[i].second;
-    if ((*sd)[i].first == "view.transposed") transposed = &(*sd)[i].second;
+  // PyTorch's fixtures (zip and legacy formats): view.rows and
+  // view.transposed share one storage.
+  for (const std::string path : {"hub/testdata/tensors.pt", "hub/testdata/tensors_legacy.pt"}) {
+    SCOPED_TRACE(path);
+    absl::StatusOr<StateDict> sd = load_checkpoint(path, kCuda0);
+    ASSERT_TRUE(sd.ok()) << sd.status();
+    absl::StatusOr<StateDict> host = load_checkpoint(path);
+    ASSERT_TRUE(host.ok());
+    const Tensor* rows = nullptr;
+    const Tensor* transposed = nullptr;
+    for (size_t i = 0; i < sd->size(); ++i) {
+      EXPECT_EQ((*sd)[i].second.device(), kCuda0) << (*sd)[i].first;
+      EXPECT_EQ(Values((*sd)[i].second.cpu()), Values((*host)[i].second)) << (*sd)[i].first;
+      if ((*sd)[i].first == "view.rows") rows = &(*sd)[i].second;
+      if ((*sd)[i].first == "view.transposed") transposed = &(*sd)[i].second;
+    }
+    ASSERT_TRUE(rows != nullptr && transposed != nullptr);
+    EXPECT_TRUE(rows->storage().is_alias_of(transposed->storage()));
   }
-  ASSERT_TRUE(rows != nullptr && transposed != nullptr);
-  EXPECT_TRUE(rows->storage().is_alias_of(transposed->storage()));
 }
 
 TEST(CheckpointCudaTest, IndicesPastTheDeviceCountFailAsPyTorchDoes) {

@@ -62,8 +62,7 @@ std::string CraftCheckpoint(const std::string& location) {
     const Tensor& t = sd[i].second;
     pickled.push_back(PickledTensor{sd[i].first, std::to_string(i), t.dtype(), t.numel(), 0,
                                     SizeVector(t.sizes().begin(), t.sizes().end()),
-                                    SizeVector(t.strides().begin(), t.strides().end()),
-                                    location});
+                                    SizeVector(t.strides().begin(), t.strides().end()), location});
   }
   zip.add("archive/data.pkl", pickle_state_dict(pickled));
   zip.add("archive/byteorder", "little");
@@ -132,10 +131,10 @@ TEST(MapLocationTest, WithoutAGpuACudaCheckpointNeedsAMapLocation) {
   EXPECT_EQ(sd.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(sd.status().message()), StartsWith(kNoCuda));
   // A map that leaves cuda:0 alone, and a callable that declines, too.
-  EXPECT_THAT(std::string(load_checkpoint(path, MapLocation::Remap({{"cuda:1", "cpu"}}))
-                              .status()
-                              .message()),
-              StartsWith(kNoCuda));
+  EXPECT_THAT(
+      std::string(
+          load_checkpoint(path, MapLocation::Remap({{"cuda:1", "cpu"}})).status().message()),
+      StartsWith(kNoCuda));
   EXPECT_THAT(std::string(load_checkpoint(path, MapLocation::Callable([](absl::string_view) {
                                             return std::optional<Device>();
                                           }))
@@ -187,7 +186,8 @@ TEST(MapLocationTest, StringsThatNameNoDeviceAreRefused) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("map_location 'tpu' names no device"));
   s = read_torch_checkpoint(bytes, "c.pt", MapLocation::Remap({{"cuda:0", "cuda:x"}})).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("map_location['cuda:0'] 'cuda:x' names no device"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("map_location['cuda:0'] 'cuda:x' names no device"));
   s = read_torch_checkpoint(CraftCheckpoint("cuda:one"), "c.pt", "cpu").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("storage location 'cuda:one' names no device"));

@@ -55,8 +55,7 @@ TEST(CopyTest, NonBlockingGuardNestsAndRestores) {
 TEST(CopyTest, CudaNeedsADeviceBackend) {
   // //cuda is not linked into this test.
   Tensor t = Make({1, 2});
-  EXPECT_THAT(ErrorOf([&] { t.cuda(); }),
-              HasSubstr("no allocator is registered for device cuda"));
+  EXPECT_THAT(ErrorOf([&] { t.cuda(); }), HasSubstr("no allocator is registered for device cuda"));
   EXPECT_THAT(ErrorOf([&] { t.cuda(0, /*non_blocking=*/true); }),
               HasSubstr("no allocator is registered for device cuda:0"));
   EXPECT_THAT(ErrorOf([&] { t.cuda(-2); }), HasSubstr("got -2"));

@@ -55,7 +55,9 @@ TEST(GeneratorTest, CpuStateRoundTripRestoresTheSequenceMidway) {
 
 TEST(GeneratorTest, CpuSetStateRefusesOtherBytes) {
   Generator g(1);
-  EXPECT_THAT(ErrorOf([&] { g.set_state(FromBytes({1, 2, 3})); }),
+  EXPECT_THAT(ErrorOf([&] {
+                g.set_state(FromBytes({1, 2, 3}));
+              }),
               HasSubstr("not a CPU generator's state"));
   EXPECT_THAT(ErrorOf([&] { g.set_state(zeros({4})); }),
               HasSubstr("expected a 1-D uint8 CPU tensor"));
