@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "distributed/mpi/mpirun.h"
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -238,15 +239,48 @@ INSTANTIATE_TEST_SUITE_P(
                           std::get<2>(info.param), "ranks");
     });
 
-TEST(FsdpGlooTest, MatchesDdpAndOneProcessOverGlooWithAdam) {
-  for (int world : {2, 3}) {
-    const Case c{Model::kMlp, ShardingStrategy::kFullShard, world, "gloo"};
+// The other backends: gloo, and mpi, whose ranks are the processes of an
+// mpirun job (FsdpOverMpi starts one). Adam here, SGD with momentum above.
+class FsdpBackendTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {
+ protected:
+  void SetUp() override {
+    if (std::get<0>(GetParam()) == "mpi" && !testing::launched_job()) {
+      GTEST_SKIP() << "runs inside the mpirun job that FsdpOverMpi starts";
+    }
+  }
+};
+
+TEST_P(FsdpBackendTest, MatchesDdpAndOneProcessWithAdam) {
+  const auto [backend, world] = GetParam();
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
+    const Case c{Model::kMlp, strategy, world, backend};
     testing::RunRanksOptions options;
-    options.backend = "gloo";
+    options.backend = backend;
     ExpectAllSucceeded(testing::RunRankProcesses(
         world, [&](testing::Rank& me) { return TrainAndCompare(me, c, /*adam=*/true); },
         options));
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FsdpBackendTest,
+                         ::testing::Combine(::testing::Values("gloo", "mpi"),
+                                            ::testing::Values(2, 3)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "_",
+                                               std::get<1>(info.param), "ranks");
+                         });
+
+// Runs the mpi cases of FsdpBackendTest as the 3 processes of an mpirun job
+// (the 2-rank case over its first two).
+TEST(FsdpOverMpi, PassesUnderMpirun) {
+  if (testing::launched_job()) GTEST_SKIP() << "already inside the mpirun job";
+  distributed::mpi::MpirunResult job =
+      distributed::mpi::RunThisTestUnderMpirun(3, "Backends/FsdpBackendTest.*/mpi_*");
+  EXPECT_EQ(job.exit_code, 0) << job.output;
+  EXPECT_FALSE(job.timed_out) << job.output;
+  EXPECT_THAT(job.output, HasSubstr("[  PASSED  ]")) << job.output;
+  // Ran, not skipped: the ranks (the job's processes) report what they compared.
+  EXPECT_THAT(job.output, HasSubstr("relative difference: vs DDP")) << job.output;
 }
 
 TEST(FsdpTest, NoSyncAccumulatesUntilTheNextSynchronisedBackward) {
