@@ -44,7 +44,8 @@ namespace ember::multiprocessing {
 // ...]} (starmap, apply: an argument list per item) or {"stop": true};
 // worker to parent: {"chunk": id, "offset": k, "results": [...]} (the
 // results of items k, k+1, ... of the chunk) or {"chunk": id, "item": i,
-// "error": message, "code": status code}. A chunk or a reply too large for
+// "error": message, "code": status code} ("item" absent when the results
+// could not be sent back). A chunk or a reply too large for
 // one message (kMaxMessageBytes) is split in halves until it fits.
 // A worker with maxtasksperchild exits (code 0) after that many chunks; the
 // handler sends it no more than that and starts a replacement when it ends.
@@ -153,7 +154,14 @@ absl::Status PoolWorkerEntry(int rank, absl::Span<const Value> args) {
       results.push_back(*std::move(r));
     }
     if (results.size() == list.size()) {
-      EMBER_RETURN_IF_ERROR(SendResults(conn, *id, std::move(results), 0));
+      absl::Status sent = SendResults(conn, *id, std::move(results), 0);
+      if (absl::IsUnavailable(sent)) return absl::OkStatus();  // the pool is gone
+      if (!sent.ok()) {  // e.g. a result too large for a message: the task's error
+        EMBER_RETURN_IF_ERROR(conn.send(Value(Value::Dict{
+            {"chunk", *id},
+            {"error", Value(absl::StrCat("its result cannot be sent back: ", sent.message()))},
+            {"code", Value(static_cast<int64_t>(sent.code()))}})));
+      }
     }
   }
   return absl::OkStatus();
@@ -278,13 +286,15 @@ std::string Items(const Chunk& c) {
 bool Complete(Chunk& chunk, const Value& reply, const Worker& w) {
   PoolJob& job = *chunk.job;
   if (const Value* error = reply.find("error"); error != nullptr) {
-    const int64_t item = reply.find("item") ? reply.find("item")->as<int64_t>().value_or(0) : 0;
+    const Value* item = reply.find("item");  // absent: not one item's
     int64_t code = reply.find("code") ? reply.find("code")->as<int64_t>().value_or(2) : 2;
     if (code <= 0 || code > 16) code = static_cast<int64_t>(absl::StatusCode::kUnknown);
     job.Finish(absl::Status(
         static_cast<absl::StatusCode>(code),
         absl::StrCat("Pool: ", job.fn,
-                     job.single ? "" : absl::StrCat(" of item ", chunk.start + item),
+                     job.single || item == nullptr
+                         ? std::string()
+                         : absl::StrCat(" of item ", chunk.start + item->as<int64_t>().value_or(0)),
                      " failed in worker ", w.index, " (pid ", w.process->pid(),
                      "): ", error->as<std::string>().value_or(""))));
     return true;

@@ -96,6 +96,12 @@ absl::StatusOr<Value> LockedIncrement(absl::Span<const Value> args) {
 }
 EMBER_REGISTER_POOL_FUNCTION("locked_increment", LockedIncrement);
 
+// A result larger than any message.
+absl::StatusOr<Value> Huge(absl::Span<const Value> args) {
+  return Value(std::string(size_t{1} << 20, 'x'));
+}
+EMBER_REGISTER_POOL_FUNCTION("huge", Huge);
+
 class PoolTest : public ::testing::TestWithParam<std::string> {
  protected:
   absl::StatusOr<Pool> Make(int processes, std::optional<int> maxtasks = std::nullopt) {
@@ -201,6 +207,14 @@ TEST_P(PoolTest, TaskErrorsReachGetWithTheWorkersMessage) {
   v = pool->apply("square", {Value("three")}, kLong);
   EXPECT_TRUE(absl::IsInvalidArgument(v.status())) << v.status();
   EXPECT_THAT(v.status().message(), HasSubstr("expected a int value, got string"));
+  // Arguments or a result that cannot travel are that task's error.
+  v = pool->apply("square", {Value(std::string(size_t{1} << 20, 'x'))}, kLong);
+  EXPECT_TRUE(absl::IsInvalidArgument(v.status())) << v.status();
+  EXPECT_THAT(v.status().message(), HasSubstr("Pool: sending 'square' to a worker"));
+  v = pool->apply("huge", {}, kLong);
+  EXPECT_TRUE(absl::IsInvalidArgument(v.status())) << v.status();
+  EXPECT_THAT(v.status().message(), HasSubstr("its result cannot be sent back"));
+  EXPECT_THAT(v.status().message(), HasSubstr("exceeds the limit"));
   // The pool goes on.
   absl::StatusOr<Value::List> ok = pool->map("square", Ints(5), 0, kLong);
   ASSERT_TRUE(ok.ok()) << ok.status();
