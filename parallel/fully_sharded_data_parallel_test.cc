@@ -4,6 +4,8 @@
 // process on the whole batch; the parameters must agree after every run.
 #include "parallel/fully_sharded_data_parallel.h"
 
+#include <signal.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -580,6 +582,35 @@ TEST(FsdpTest, FullStateDictLoadsIntoAPlainModuleAndBack) {
       return absl::OkStatus();
     });
   }));
+}
+
+TEST(FsdpTest, AKilledRankMakesTheOthersFailWithinTheTimeout) {
+  testing::RunRanksOptions options;
+  options.timeout = absl::Seconds(10);
+  const auto results = testing::RunRankProcesses(
+      3,
+      [](testing::Rank& me) -> absl::Status {
+        return Guard([&]() -> absl::Status {
+          auto model = Make(Model::kMlp);
+          EMBER_ASSIGN_OR_RETURN(auto fsdp, FullyShardedDataParallel::create(
+                                                model, {.process_group = me.group,
+                                                        .units = Units(Model::kMlp, *model)}));
+          const Batch local = Shard(GlobalBatch(Model::kMlp, 0), me.rank, me.world_size);
+          Tensor loss = nn::functional::cross_entropy((*fsdp)(local.x), local.y);
+          if (me.rank == 1) raise(SIGKILL);  // mid-step: after forward
+          loss.backward();
+          return absl::InternalError("backward succeeded without rank 1");
+        });
+      },
+      options, /*wait=*/absl::Seconds(60));
+  EXPECT_EQ(results[1].signal, SIGKILL) << Describe(results);
+  for (int r : {0, 2}) {
+    // Failed by itself (exit 1), not killed by the harness after the wait.
+    EXPECT_EQ(results[r].exit_code, 1) << Describe(results);
+    EXPECT_THAT(results[r].output, HasSubstr("FullyShardedDataParallel: the ")) << Describe(results);
+    EXPECT_THAT(results[r].output, HasSubstr(absl::StrCat("failed on rank ", r)))
+        << Describe(results);
+  }
 }
 
 TEST(FsdpCreateTest, RefusesBadArguments) {
