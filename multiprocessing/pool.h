@@ -38,6 +38,8 @@
 //   - a task that returns a non-OK Status or throws: get() returns the same
 //     code with the worker's message, naming the function, the item and the
 //     worker's pid (a map fails with its first failing chunk, as Python's);
+//     so does a task whose arguments or result cannot be sent (one item
+//     over kMaxMessageBytes; larger chunks and replies are split);
 //   - a worker that dies (killed, crashed, exited) while it holds chunks:
 //     their results fail with Aborted, naming the worker's pid and how it
 //     ended (concurrent.futures' BrokenProcessPool); the pool starts a
