@@ -154,7 +154,10 @@ Tensor ConvInputGrad(const Tensor& grad, const Tensor& weight, const IntVector& 
   Tensor go = grad.detach().contiguous();
   Tensor w = weight.detach().contiguous();
   const ConvShape s = ShapeOf(x_sizes, w.sizes(), p);
-  if (UseOneDnn(go) && s.n * s.c * s.h * s.w > 0 && go.numel() > 0) {
+  // oneDNN's backward data is slower than im2col for an image-like input of
+  // a few channels (3-channel 7x7 stride 2: 2.9x, conv_benchmark's conv1).
+  const bool few_channels = s.groups == 1 && s.c <= 4;
+  if (UseOneDnn(go) && !few_channels && s.n * s.c * s.h * s.w > 0 && go.numel() > 0) {
     Tensor gx = empty(x_sizes, go.options());
     onednn::ConvBackwardData(GeometryOf(s), go.data_ptr<float>(), w.data_ptr<float>(),
                              gx.data_ptr<float>());
