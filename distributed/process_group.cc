@@ -217,7 +217,8 @@ ProcessGroup::ProcessGroup(int rank, int size, std::string backend, SupportTable
       support_(support),
       timeout_(timeout),
       recorder_(std::make_shared<FlightRecorder>(next_flight_group_name(), backend_, rank, size,
-                                                 FlightRecorder::CapacityFromEnv())) {}
+                                                 FlightRecorder::CapacityFromEnv())),
+      debug_level_(debug_level_from_env()) {}
 
 void ProcessGroup::OnAbort() {
   if (aborted_once_.exchange(true) || !recorder_->enabled()) return;
@@ -226,8 +227,18 @@ void ProcessGroup::OnAbort() {
 }
 
 void ProcessGroup::PublishProgress(std::shared_ptr<Store> store, const std::string& prefix) {
+  debug_store_ = store;
+  debug_prefix_ = prefix;
   if (store == nullptr || !recorder_->enabled() || size_ < 2) return;
   publisher_ = std::make_shared<ProgressPublisher>(std::move(store), prefix, recorder_);
+}
+
+absl::Status ProcessGroup::CheckCall(const FlightOp& op) {
+  if (debug_level_ != DebugLevel::kDetail || debug_store_ == nullptr || size_ < 2) {
+    return absl::OkStatus();
+  }
+  return check_fingerprint(*debug_store_, debug_prefix_, rank_, size_, fingerprint_seq_++, op,
+                           absl::Milliseconds(op.timeout_ms));
 }
 
 int64_t ProcessGroup::RecordClock() const {
@@ -344,22 +355,22 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::broadcast(const Tensor& tens
                                                               const BroadcastOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kBroadcast, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckRank(OpType::kBroadcast, options.root, "root"));
+  const FlightOp flight = Flight(OpType::kBroadcast, &tensor, tensor.numel(), tensor.numel(),
+                                 tensor.nbytes(), options.root, options.timeout, timeout_);
+  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoBroadcast(tensor, options), {tensor}),
-                  Flight(OpType::kBroadcast, &tensor, tensor.numel(), tensor.numel(),
-                         tensor.nbytes(), options.root, options.timeout, timeout_),
-                  t0);
+  return Recorded(WithResult(DoBroadcast(tensor, options), {tensor}), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allreduce(const Tensor& tensor,
                                                               const AllReduceOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kAllReduce, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kAllReduce, options.op, tensor.dtype()));
+  const FlightOp flight = Flight(OpType::kAllReduce, &tensor, tensor.numel(), tensor.numel(),
+                                 tensor.nbytes(), -1, options.timeout, timeout_);
+  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoAllReduce(tensor, options), {tensor}),
-                  Flight(OpType::kAllReduce, &tensor, tensor.numel(), tensor.numel(),
-                         tensor.nbytes(), -1, options.timeout, timeout_),
-                  t0);
+  return Recorded(WithResult(DoAllReduce(tensor, options), {tensor}), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce(const Tensor& tensor,
@@ -367,11 +378,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce(const Tensor& tensor,
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kReduce, tensor, "tensor"));
   EMBER_RETURN_IF_ERROR(CheckRank(OpType::kReduce, options.root, "root"));
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kReduce, options.op, tensor.dtype()));
+  const FlightOp flight = Flight(OpType::kReduce, &tensor, tensor.numel(), tensor.numel(),
+                                 tensor.nbytes(), options.root, options.timeout, timeout_);
+  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoReduce(tensor, options), {tensor}),
-                  Flight(OpType::kReduce, &tensor, tensor.numel(), tensor.numel(),
-                         tensor.nbytes(), options.root, options.timeout, timeout_),
-                  t0);
+  return Recorded(WithResult(DoReduce(tensor, options), {tensor}), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather(absl::Span<const Tensor> outputs,
@@ -379,11 +390,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather(absl::Span<const T
                                                               const AllGatherOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kAllGather, input, "input"));
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllGather, outputs, "outputs", input, true));
+  const FlightOp flight = Flight(OpType::kAllGather, &input, input.numel(), Numel(outputs),
+                                 input.nbytes(), -1, options.timeout, timeout_);
+  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoAllGather(outputs, input, options), List(outputs)),
-                  Flight(OpType::kAllGather, &input, input.numel(), Numel(outputs),
-                         input.nbytes(), -1, options.timeout, timeout_),
-                  t0);
+  return Recorded(WithResult(DoAllGather(outputs, input, options), List(outputs)), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather_into_tensor(
@@ -401,11 +412,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather_into_tensor(
         op_type_name(op), ": output has ", output.numel(), " elements; expected world size (",
         size_, ") x input (", input.numel(), ") = ", input.numel() * size_));
   }
+  const FlightOp flight = Flight(op, &input, input.numel(), output.numel(), input.nbytes(), -1,
+                                 options.timeout, timeout_);
+  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoAllGatherIntoTensor(output, input, options), {output}),
-                  Flight(op, &input, input.numel(), output.numel(), input.nbytes(), -1,
-                         options.timeout, timeout_),
-                  t0);
+  return Recorded(WithResult(DoAllGatherIntoTensor(output, input, options), {output}), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::gather(absl::Span<const Tensor> outputs,
@@ -419,11 +430,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::gather(absl::Span<const Tens
     return absl::InvalidArgumentError(absl::StrCat(
         "gather: outputs must be empty on non-root rank ", rank_, " (root is ", options.root, ")"));
   }
+  const FlightOp flight = Flight(OpType::kGather, &input, input.numel(), Numel(outputs),
+                                 input.nbytes(), options.root, options.timeout, timeout_);
+  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoGather(outputs, input, options), List(outputs)),
-                  Flight(OpType::kGather, &input, input.numel(), Numel(outputs), input.nbytes(),
-                         options.root, options.timeout, timeout_),
-                  t0);
+  return Recorded(WithResult(DoGather(outputs, input, options), List(outputs)), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::scatter(const Tensor& output,
@@ -437,11 +448,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::scatter(const Tensor& output
     return absl::InvalidArgumentError(absl::StrCat(
         "scatter: inputs must be empty on non-root rank ", rank_, " (root is ", options.root, ")"));
   }
+  const FlightOp flight = Flight(OpType::kScatter, &output, Numel(inputs), output.numel(),
+                                 output.nbytes(), options.root, options.timeout, timeout_);
+  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoScatter(output, inputs, options), {output}),
-                  Flight(OpType::kScatter, &output, Numel(inputs), output.numel(), output.nbytes(),
-                         options.root, options.timeout, timeout_),
-                  t0);
+  return Recorded(WithResult(DoScatter(output, inputs, options), {output}), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(
@@ -449,11 +460,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(
   EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kReduceScatter, output, "output"));
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kReduceScatter, inputs, "inputs", output, true));
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kReduceScatter, options.op, output.dtype()));
+  const FlightOp flight = Flight(OpType::kReduceScatter, &output, Numel(inputs), output.numel(),
+                                 output.nbytes(), -1, options.timeout, timeout_);
+  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoReduceScatter(output, inputs, options), {output}),
-                  Flight(OpType::kReduceScatter, &output, Numel(inputs), output.numel(),
-                         output.nbytes(), -1, options.timeout, timeout_),
-                  t0);
+  return Recorded(WithResult(DoReduceScatter(output, inputs, options), {output}), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::alltoall(absl::Span<const Tensor> outputs,
@@ -468,26 +479,27 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::alltoall(absl::Span<const Te
   int64_t in_bytes = 0;
   for (const Tensor& t : inputs) in_bytes += static_cast<int64_t>(t.nbytes());
   return Recorded(WithResult(DoAllToAll(outputs, inputs, options), List(outputs)),
-                  Flight(OpType::kAllToAll, &inputs[0], Numel(inputs), Numel(outputs), in_bytes,
-                         -1, options.timeout, timeout_),
+                  Flight(OpType::kAllToAll, &inputs[0], Numel(inputs), Numel(outputs), in_bytes, -1,
+                         options.timeout, timeout_),
                   t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::barrier(const BarrierOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckSupported(OpType::kBarrier, DeviceType::kCPU));
+  const FlightOp flight = Flight(OpType::kBarrier, nullptr, 0, 0, 0, -1, options.timeout, timeout_);
+  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(DoBarrier(options),
-                  Flight(OpType::kBarrier, nullptr, 0, 0, 0, -1, options.timeout, timeout_), t0);
+  return Recorded(DoBarrier(options), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::monitored_barrier(
     const MonitoredBarrierOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckSupported(OpType::kMonitoredBarrier, DeviceType::kCPU));
+  const FlightOp flight =
+      Flight(OpType::kMonitoredBarrier, nullptr, 0, 0, 0, -1, options.timeout, timeout_);
+  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(DoMonitoredBarrier(options),
-                  Flight(OpType::kMonitoredBarrier, nullptr, 0, 0, 0, -1, options.timeout,
-                         timeout_),
-                  t0);
+  return Recorded(DoMonitoredBarrier(options), flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::send(const Tensor& tensor, int dst,

@@ -60,6 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "distributed/debug.h"
 #include "distributed/desync.h"
 #include "distributed/flight_recorder.h"
 #include "distributed/store.h"
@@ -345,7 +346,8 @@ class ProcessGroup {
   void OnAbort();
   // Backends with a store call this once: the group publishes its progress
   // under `prefix` and timeouts name the ranks that are behind (Note
-  // [Desync reports]).
+  // [Desync reports]); TORCH_DISTRIBUTED_DEBUG=DETAIL's checks use the same
+  // store.
   void PublishProgress(std::shared_ptr<Store> store, const std::string& prefix);
 
  private:
@@ -360,6 +362,9 @@ class ProcessGroup {
   template <typename W>
   absl::StatusOr<std::shared_ptr<W>> Recorded(absl::StatusOr<std::shared_ptr<W>> work,
                                               const FlightOp& op, int64_t created_ns);
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprint check of a collective
+  // (Note [Debug levels] in debug.cc); OK at other levels.
+  absl::Status CheckCall(const FlightOp& op);
   // The clock reading for an op's "scheduled" time; 0 when recording is off.
   int64_t RecordClock() const;
 
@@ -370,6 +375,10 @@ class ProcessGroup {
   const absl::Duration timeout_;
   const std::shared_ptr<FlightRecorder> recorder_;
   std::shared_ptr<ProgressPublisher> publisher_;  // set once, by the backend's constructor
+  const DebugLevel debug_level_;
+  std::shared_ptr<Store> debug_store_;  // set with publisher_
+  std::string debug_prefix_;
+  std::atomic<int64_t> fingerprint_seq_{0};
   std::atomic<bool> aborted_once_{false};
 };
 
