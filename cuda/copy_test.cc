@@ -44,6 +44,14 @@ class DeviceSlot {
   int* ptr_ = nullptr;
 };
 
+// Puts a freed block of each size and kind in the allocators' caches, so
+// that the copies under test allocate without cudaMalloc or cudaHostAlloc
+// (which may synchronize the device) while the stream is kept busy.
+void WarmCaches(std::initializer_list<std::pair<int64_t, TensorOptions>> blocks) {
+  std::vector<Tensor> held;
+  for (const auto& [n, options] : blocks) held.push_back(empty({n}, options));
+}
+
 // Keeps `stream` busy for kBusyNanoseconds.
 void Occupy(const Stream& stream, const DeviceSlot& slot) {
   ASSERT_EQ(testing::LaunchSpinThenStore(stream.stream(), kBusyNanoseconds, slot.get(), 1),
@@ -71,6 +79,9 @@ TEST(CopyTest, NonBlockingFromPinnedReturnsBeforeTheStreamRuns) {
   ASSERT_TRUE(host.is_pinned());
   DeviceSlot slot;
   const Stream stream = Current();
+  const TensorOptions f32 = TensorOptions().device(kCuda0);
+  WarmCaches({{1 << 20, f32}, {1 << 20, f32}});
+  Tensor wide = empty({1 << 20}, TensorOptions(kFloat64).device(kCuda0));
   Occupy(stream, slot);
   const Tensor dev = host.to(kCuda0, /*non_blocking=*/true);
   EXPECT_FALSE(stream.query()) << "the copy waited for the stream";
@@ -79,7 +90,6 @@ TEST(CopyTest, NonBlockingFromPinnedReturnsBeforeTheStreamRuns) {
 
   // With a conversion on the device after it (float32 -> float64), too.
   Occupy(stream, slot);
-  Tensor wide = empty({1 << 20}, TensorOptions(kFloat64).device(kCuda0));
   wide.copy_(host, /*non_blocking=*/true);
   EXPECT_FALSE(stream.query());
   ASSERT_TRUE(stream.synchronize().ok());
@@ -110,6 +120,7 @@ TEST(CopyTest, NonBlockingToTheHostLandsInPinnedMemoryWithoutWaiting) {
   const Tensor dev = arange(1 << 20).to(kFloat32).to(kCuda0);
   DeviceSlot slot;
   const Stream stream = Current();
+  WarmCaches({{1 << 20, TensorOptions().pinned_memory(true)}});
   Occupy(stream, slot);
   const Tensor host = dev.to(kCPU, /*non_blocking=*/true);
   EXPECT_TRUE(host.is_pinned());
@@ -136,15 +147,17 @@ TEST(CopyTest, APinnedBlockFreedWhileItsCopyIsQueuedIsNotReused) {
   Tensor dev = empty({n}, TensorOptions().device(kCuda0));
   DeviceSlot slot;
   const Stream stream = Current();
+  const TensorOptions pinned_options = TensorOptions().pinned_memory(true);
+  WarmCaches({{n, pinned_options}});
+  Tensor pinned = full({n}, 7.0, pinned_options);
+  Tensor next_values = full({n}, 9.0);
   Occupy(stream, slot);
-  const void* freed = nullptr;
-  {
-    Tensor pinned = full({n}, 7.0, TensorOptions().pinned_memory(true));
-    freed = pinned.raw_data();
-    dev.copy_(pinned, /*non_blocking=*/true);
-  }  // freed while the copy still waits behind the spinning kernel
-  Tensor next = full({n}, 9.0, TensorOptions().pinned_memory(true));
+  const void* freed = pinned.raw_data();
+  dev.copy_(pinned, /*non_blocking=*/true);
+  pinned = Tensor();  // freed while the copy still waits behind the spinning kernel
+  Tensor next = empty({n}, pinned_options);
   EXPECT_NE(next.raw_data(), freed) << "the pinned block was handed out with its copy queued";
+  next.copy_(next_values);  // what reusing the block would have let into the copy
   ASSERT_TRUE(stream.synchronize().ok());
   EXPECT_EQ(Values(dev.cpu()), std::vector<double>(n, 7.0));
 }
@@ -160,6 +173,7 @@ TEST(CopyTest, CopiesRunOnTheCurrentStream) {
   Tensor dev;
   {
     StreamGuard guard(*side);
+    WarmCaches({{1 << 16, TensorOptions().device(kCuda0)}});  // cached for the side stream
     Occupy(*side, slot);
     dev = host.to(kCuda0, /*non_blocking=*/true);
   }
