@@ -47,7 +47,7 @@ TEST(CheckpointCudaTest, CudaTensorsKeepTheirDevice) {
   const Tensor w = Make({1, 2, 3, 4, 5, 6}, {2, 3}, kFloat32).to(kCuda0);
   const Tensor b = Make({0.5, -1}, kFloat64).to(kCuda0);
   const std::string path = TmpPath("cuda.pt");
-  ASSERT_TRUE(save_checkpoint({{"w", w}, {"b", b.t()}}, path).ok());
+  ASSERT_TRUE(save_checkpoint({{"w", w}, {"b", b}, {"wt", w.t()}}, path).ok());
 
   absl::StatusOr<std::string> bytes = write_torch_checkpoint({{"w", w}});
   ASSERT_TRUE(bytes.ok());
@@ -59,11 +59,12 @@ TEST(CheckpointCudaTest, CudaTensorsKeepTheirDevice) {
 
   absl::StatusOr<StateDict> back = load_checkpoint(path);
   ASSERT_TRUE(back.ok()) << back.status();
-  ASSERT_EQ(back->size(), 2u);
-  EXPECT_EQ((*back)[0].second.device(), kCuda0);
-  EXPECT_EQ((*back)[1].second.device(), kCuda0);
+  ASSERT_EQ(back->size(), 3u);
+  for (const auto& [name, t] : *back) EXPECT_EQ(t.device(), kCuda0) << name;
   EXPECT_EQ(Values((*back)[0].second.cpu()), Values(w.cpu()));
   EXPECT_EQ(Values((*back)[1].second.cpu()), Values(b.cpu()));
+  EXPECT_EQ((*back)[2].second.sizes(), (IntArrayRef{3, 2}));
+  EXPECT_EQ(Values((*back)[2].second.cpu()), Values(w.t().cpu()));
 
   absl::StatusOr<StateDict> on_cpu = load_checkpoint(path, "cpu");
   ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
