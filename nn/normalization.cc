@@ -9,7 +9,6 @@
 #include "autograd/grad_mode.h"
 #include "nn/init.h"
 #include "nn/kernel_util.h"
-#include "nn/onednn.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
@@ -87,14 +86,6 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
     Tensor out = empty(x.sizes(), x.options());
     Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
     Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
-    ctx->saved_data["training"] = training;
-    ctx->saved_data["eps"] = eps;
-    if (UseOneDnn(x)) {
-      Tensor variance = OneDnnForward(x, w, b, running_mean, running_var, training, momentum, eps,
-                                      out, mean, invstd);
-      ctx->save_for_backward({input, weight, mean, invstd, variance});
-      return out;
-    }
     Tensor stats_mean, stats_var;  // float64 copies of the running stats in eval mode
     if (!training) {
       stats_mean = running_mean.to(kFloat64).contiguous();
@@ -151,58 +142,10 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
       BumpVersion(running_mean);
       BumpVersion(running_var);
     }
-    ctx->save_for_backward({input, weight, mean, invstd, Tensor()});
+    ctx->save_for_backward({input, weight, mean, invstd});
+    ctx->saved_data["training"] = training;
+    ctx->saved_data["eps"] = eps;
     return out;
-  }
-
-  // Whether oneDNN normalises x (Note [oneDNN kernels]).
-  static bool UseOneDnn(const Tensor& x) {
-    return x.dtype() == kFloat32 && x.numel() > 0 && internal::onednn::Enabled();
-  }
-
-  // The forward through oneDNN: writes out, mean and invstd [c], updates the
-  // running stats in training, and returns the variance the backward needs.
-  static Tensor OneDnnForward(const Tensor& x, const Tensor& w, const Tensor& b,
-                              const Tensor& running_mean, const Tensor& running_var, bool training,
-                              double momentum, double eps, const Tensor& out, const Tensor& mean,
-                              const Tensor& invstd) {
-    const int64_t n = x.size(0), c = x.size(1), s = x.numel() / (n * c);
-    const float* pw = w.defined() ? w.data_ptr<float>() : nullptr;
-    const float* pb = b.defined() ? b.data_ptr<float>() : nullptr;
-    Tensor variance = empty({c}, x.options());
-    if (training) {
-      internal::onednn::BatchNormForwardTraining(n, c, s, eps, x.data_ptr<float>(), pw, pb,
-                                                 out.data_ptr<float>(), mean.data_ptr<float>(),
-                                                 variance.data_ptr<float>());
-      if (running_mean.defined()) {
-        const double m = static_cast<double>(n * s);
-        const float* pm = mean.data_ptr<float>();
-        const float* pv = variance.data_ptr<float>();
-        VisitDtype(running_mean.dtype(), [&]<typename R>() {
-          if constexpr (std::is_floating_point_v<R>) {
-            R* rm = running_mean.data_ptr<R>();
-            R* rv = running_var.data_ptr<R>();
-            for (int64_t ch = 0; ch < c; ++ch) {
-              const double unbiased = m > 1 ? pv[ch] * m / (m - 1) : pv[ch];
-              rm[ch] = static_cast<R>((1 - momentum) * rm[ch] + momentum * pm[ch]);
-              rv[ch] = static_cast<R>((1 - momentum) * rv[ch] + momentum * unbiased);
-            }
-          }
-        });
-        BumpVersion(running_mean);
-        BumpVersion(running_var);
-      }
-    } else {
-      mean.copy_(running_mean);
-      variance.copy_(running_var);
-      internal::onednn::BatchNormForwardInference(
-          n, c, s, eps, x.data_ptr<float>(), mean.data_ptr<float>(), variance.data_ptr<float>(),
-          pw, pb, out.data_ptr<float>());
-    }
-    const float* pv = variance.data_ptr<float>();
-    float* pi = invstd.data_ptr<float>();
-    for (int64_t ch = 0; ch < c; ++ch) pi[ch] = static_cast<float>(1.0 / std::sqrt(pv[ch] + eps));
-    return variance;
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
@@ -229,18 +172,6 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
     const bool need_x = ctx->needs_input_grad(0);
     Tensor gx = need_x ? empty(x.sizes(), x.options()) : Tensor();
     Tensor gw = empty({c}, x.options()), gb = empty({c}, x.options());
-    if (saved[4].defined()) {  // the forward ran on oneDNN
-      const bool params = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
-      internal::onednn::BatchNormBackward(
-          n, c, s, std::get<double>(ctx->saved_data["eps"]), training, x.data_ptr<float>(),
-          g.data_ptr<float>(), mean.data_ptr<float>(), saved[4].data_ptr<float>(),
-          w.defined() ? w.data_ptr<float>() : nullptr, need_x ? gx.data_ptr<float>() : nullptr,
-          params ? gw.data_ptr<float>() : nullptr, params ? gb.data_ptr<float>() : nullptr);
-      grads[0] = gx;
-      if (ctx->needs_input_grad(1)) grads[1] = gw;
-      if (ctx->needs_input_grad(2)) grads[2] = gb;
-      return grads;
-    }
     internal::VisitNnDtype(x.dtype(), "batch_norm backward", [&]<typename T>() {
       const T* px = x.data_ptr<T>();
       const T* pg = g.data_ptr<T>();
