@@ -189,6 +189,15 @@ absl::Status ElasticAgent::Succeeded() {
     EMBER_ASSIGN_OR_RETURN(done, store_->add(key, 0));
   }
   if (round_->node_rank == 0) (void)rdzv_->close("the job finished");
+  // The launcher that serves the endpoint leaves last: its store goes with
+  // it, and the others may still be reading it to leave the barrier.
+  const std::string left = absl::StrCat(round_->prefix, "left");
+  absl::StatusOr<int64_t> gone = store_->add(left, 1);
+  while (serves_endpoint() && gone.ok() && *gone < round_->num_nodes &&
+         absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(50));
+    gone = store_->add(left, 0);
+  }
   return absl::OkStatus();
 }
 
