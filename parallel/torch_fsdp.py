@@ -17,7 +17,7 @@ before the model was built to the end (PyTorch keeps no statistics of its CPU
 allocator, so this is the closest measure of the peak; it includes freed
 memory that malloc kept).
 
-  /work/venv-torch2/bin/python parallel/torch_fsdp.py [mlp|resnet]...
+  python parallel/torch_fsdp.py [mlp|resnet]...   # with PyTorch 2.x from PyPI
 """
 import os
 import resource
