@@ -1,12 +1,15 @@
 #include "parallel/distributed_data_parallel.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "autograd/grad_mode.h"
+#include "distributed/debug.h"
 #include "distributed/distributed.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -183,6 +186,18 @@ absl::StatusOr<std::shared_ptr<DistributedDataParallel>> DistributedDataParallel
                                   {.bucket_cap_bytes = std::max<int64_t>(cap, 1),
                                    .find_unused_parameters = options.find_unused_parameters,
                                    .gradient_as_bucket_view = options.gradient_as_bucket_view});
+  // TORCH_DISTRIBUTED_DEBUG=INFO: the construction log PyTorch prints.
+  if (distributed::debug_level_from_env() != distributed::DebugLevel::kOff) {
+    std::fprintf(stderr,
+                 "[rank %d] DDP Initialized with: backend: %s, world_size: %d, bucket_cap_bytes: "
+                 "%lld, bucket_sizes: [%s], find_unused_parameters: %d, "
+                 "gradient_as_bucket_view: %d, broadcast_buffers: %d\n",
+                 group->rank(), group->backend().c_str(), group->size(),
+                 static_cast<long long>(std::max<int64_t>(cap, 1)),
+                 absl::StrJoin(ddp->reducer_->bucket_bytes(), ", ").c_str(),
+                 options.find_unused_parameters, options.gradient_as_bucket_view,
+                 options.broadcast_buffers);
+  }
   return ddp;
 }
 
@@ -199,6 +214,19 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
   }
   Tensor output = (*module_)(input);
   if (autograd::GradMode::is_enabled() && require_backward_grad_sync_) {
+    // TORCH_DISTRIBUTED_DEBUG=INFO: timing statistics at PyTorch's sampled
+    // iterations (10, 20, 50, 100, then every 100).
+    const ReducerStats stats = reducer_->stats();
+    const int64_t it = stats.iterations;
+    if ((it == 10 || it == 20 || it == 50 || (it > 0 && it % 100 == 0)) &&
+        distributed::debug_level_from_env() != distributed::DebugLevel::kOff) {
+      std::fprintf(stderr,
+                   "[rank %d] DDP iteration %lld: avg backward compute time: %s, avg backward "
+                   "comm wait time: %s\n",
+                   group_->rank(), static_cast<long long>(it),
+                   absl::FormatDuration(stats.backward_compute_time / it).c_str(),
+                   absl::FormatDuration(stats.backward_comm_wait_time / it).c_str());
+    }
     reducer_->PrepareForBackward(output);
   } else {
     reducer_->DisarmHooks();
