@@ -8,8 +8,8 @@
         hdrs = ["scale_kernel.h"],
     )
 
-Each .cu becomes an object built for sm_90 (H100/H200) plus compute_90 PTX
-(newer GPUs JIT it; nvcc's time grows with every architecture added), with
+Each .cu becomes an object built for sm_80 (A100) and sm_90 (H100/H200) plus
+compute_90 PTX (newer GPUs JIT it; nvcc's time grows with every architecture added), with
 the host compiler at -O3 and -fPIC. nvcc runs on machines without a GPU, so
 CUDA code builds wherever the toolkit is; only running it needs a device. A
 .cu file may include its own package's `hdrs`/`textual_hdrs`, Ember headers
@@ -35,6 +35,7 @@ load("@ember_cuda//:defs.bzl", "CUDA_ENABLED", "CUDA_PATH")
 load(":copts.bzl", "EMBER_LINKOPTS", "ember_cc_library", "ember_cc_test")
 
 CUDA_ARCH_FLAGS = [
+    "-gencode=arch=compute_80,code=sm_80",
     "-gencode=arch=compute_90,code=sm_90",
     "-gencode=arch=compute_90,code=compute_90",
 ]
