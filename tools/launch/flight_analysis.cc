@@ -156,16 +156,17 @@ struct Candidate {
 };
 
 std::optional<Candidate> GroupDivergence(const std::string& name, std::vector<Member>& members,
-                                         int group_size) {
+                                         int group_size, bool all_dumps_expected) {
   if (members.empty()) return std::nullopt;
   std::sort(members.begin(), members.end(),
             [](const Member& a, const Member& b) { return a.group->rank < b.group->rank; });
   std::set<int> present;
   for (const Member& m : members) present.insert(m.group->rank);
   std::vector<int> no_dump;  // group ranks
-  for (int r = 0; r < group_size; ++r) {
+  for (int r = 0; r < group_size && all_dumps_expected; ++r) {
     if (!present.contains(r)) no_dump.push_back(r);
   }
+  const bool whole_group = static_cast<int>(members.size()) == group_size;
   int64_t top = -1;
   for (const Member& m : members) top = std::max(top, m.hi);
   int64_t start = 0;
@@ -279,9 +280,10 @@ std::optional<Candidate> GroupDivergence(const std::string& name, std::vector<Me
     if (!inside.empty()) {
       v.culprits = inside;
       parts.push_back(absl::StrCat(RankList(inside), " did not finish it"));
-    } else {
+    } else if (whole_group) {
       v.culprits = failed;
     }
+    if (!whole_group) parts[0] = "every rank with a dump here entered it";
     if (!failed.empty()) {
       parts.push_back(absl::StrCat(RankList(failed), " failed it: ", error));
     }
@@ -452,7 +454,7 @@ Verdict Analyse(const std::vector<RankDump>& dumps, int world_size) {
   }
   std::optional<Candidate> best;
   for (auto& [name, members] : groups) {
-    std::optional<Candidate> c = GroupDivergence(name, members, sizes[name]);
+    std::optional<Candidate> c = GroupDivergence(name, members, sizes[name], world_size > 0);
     if (c && (!best || c->entered_us < best->entered_us)) best = std::move(c);
   }
   if (best) return best->verdict;

@@ -89,8 +89,9 @@ struct Verdict {
   std::vector<int> culprits;
 };
 
-// The first divergence among `dumps`. `world_size` (0: unknown) lets it
-// name ranks that left no dump.
+// The first divergence among `dumps`. With `world_size` (> 0) every rank's
+// dump is expected and ranks without one are named; with 0 (say, one node's
+// dumps of a larger job) missing ranks are not judged.
 Verdict Analyse(const std::vector<RankDump>& dumps, int world_size = 0);
 
 // Per rank and group: "rank 1 (host a, pid 7): group 0 (tcp): last completed

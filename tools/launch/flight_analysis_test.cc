@@ -111,6 +111,21 @@ TEST(FlightAnalysisTest, ARankWithoutADumpIsNamed) {
   EXPECT_THAT(v.culprits, ElementsAre(1));
 }
 
+// One node's dumps of a larger job (world size unknown): missing ranks are
+// not blamed, and ranks that all failed are not blamed either.
+TEST(FlightAnalysisTest, WithoutTheWorldSizeMissingRanksAreNotJudged) {
+  std::vector<RankDump> dumps;
+  for (int r = 0; r < 2; ++r) {
+    dumps.push_back(Parse(Header(r) + Group(r, 4, 3) +
+                          Op(3, "all_reduce", "float32", 32, "failed", -1, "timed out") + "end\n"));
+  }
+  Verdict v = Analyse(dumps, 0);
+  EXPECT_EQ(v.text,
+            "all_reduce #3 (group 0, 32 B float32): every rank with a dump here entered it; ranks "
+            "0, 1 failed it: timed out");
+  EXPECT_TRUE(v.culprits.empty());
+}
+
 TEST(FlightAnalysisTest, AgreeingRanksHaveNoDivergence) {
   std::vector<RankDump> dumps;
   for (int r = 0; r < 2; ++r) {

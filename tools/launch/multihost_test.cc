@@ -199,5 +199,37 @@ TEST(MultiHostTest, MulticastRendezvousAssignsRanksAcrossHosts) {
   RunTwoNodes(*hosts, {"tcp://239.255.77.1:29600"});
 }
 
+// Post-mortem across hosts: rank 3 (on node 1) stays in its own code before
+// all_reduce #3. Node 0's ranks time out and their error's desync report,
+// read from the store, names rank 3 and its last collective; node 1's
+// launcher names rank 3 from its own dumps.
+TEST(MultiHostTest, AStalledRankOnTheOtherHostIsNamed) {
+  std::unique_ptr<TwoHosts> hosts;
+  if (std::string why = MakeHosts(hosts); !why.empty()) GTEST_SKIP() << why;
+  std::vector<pid_t> launchers;
+  std::vector<std::string> logs;
+  for (int node = 0; node < 2; ++node) {
+    logs.push_back(absl::StrCat(std::getenv("TEST_TMPDIR"), "/pm_node", node, ".log"));
+    launchers.push_back(Spawn(
+        {hosts->ip(), "netns", "exec", hosts->name(node), Runfile("tools/launch/launch"),
+         "--nnodes=2", absl::StrCat("--node_rank=", node), "--nproc_per_node=2",
+         "--master_addr=" + hosts->address(0), "--master_port=29501", "--use_env",
+         "--serve_store", Runfile("tools/launch/post_mortem_worker"), "--fault=skip",
+         "--fault_rank=3"},
+        logs.back()));
+  }
+  for (int node = 0; node < 2; ++node) {
+    EXPECT_NE(Wait(launchers[node], absl::Seconds(90)), 0) << ReadFile(logs[node]);
+  }
+  const std::string node0 = ReadFile(logs[0]), node1 = ReadFile(logs[1]);
+  EXPECT_NE(node0.find("desync report: rank 3 is behind: its last collective is #2 all_reduce"),
+            std::string::npos)
+      << node0;
+  EXPECT_NE(node1.find("root cause: rank 3 (flight recorder): all_reduce #3 (group 0, 32 B "
+                       "float32): rank 2 entered it; rank 3 never did"),
+            std::string::npos)
+      << node1;
+}
+
 }  // namespace
 }  // namespace ember::launch
