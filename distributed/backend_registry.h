@@ -37,6 +37,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -108,6 +109,10 @@ struct BackendInfo {
   SupportTable support;
   // Builds the group; blocks until every rank has connected or the timeout.
   std::function<absl::StatusOr<std::shared_ptr<ProcessGroup>>(const BackendOptions&)> create;
+  // The timeout a group of this backend gets when init_process_group is
+  // given none; unset: kDefaultProcessGroupTimeout (30 minutes). nccl's is
+  // PyTorch's default_pg_nccl_timeout, 10 minutes.
+  std::optional<absl::Duration> default_timeout;
   // Set by backends whose processes are started by their own launcher (mpi,
   // under mpirun): starts the backend's runtime and returns this process's
   // rank and the world size. init_process_group then runs no rendezvous, so

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "distributed/backend_registry.h"
 #include "distributed/rendezvous.h"
+#include "tensor/device_guard.h"
 #include "tensor/error.h"
 #include "tensor/status_macros.h"
 
@@ -203,6 +204,16 @@ absl::Status WaitFor(absl::StatusOr<std::shared_ptr<Work>> work) {
   return (*work)->wait();
 }
 
+// The backend init_process_group uses when none is named: PyTorch 2.x's
+// "cpu:gloo,cuda:nccl" where a CUDA device is usable and nccl is linked,
+// else Ember's tcp.
+std::string DefaultBackend() {
+  if (device_count(DeviceType::kCUDA) > 0 && find_backend("nccl").ok()) {
+    return "cpu:gloo,cuda:nccl";
+  }
+  return "tcp";
+}
+
 }  // namespace
 
 absl::Status init_process_group(const InitOptions& options) {
@@ -212,7 +223,10 @@ absl::Status init_process_group(const InitOptions& options) {
     return absl::FailedPreconditionError(
         "init_process_group was already called; call destroy_process_group first");
   }
-  EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend, find_backend(options.backend));
+  EMBER_ASSIGN_OR_RETURN(const BackendInfo* backend,
+                         find_backend(options.backend.empty() ? DefaultBackend() : options.backend));
+  const absl::Duration timeout =
+      options.timeout.value_or(backend->default_timeout.value_or(kDefaultProcessGroupTimeout));
   BackendOptions b;
   std::string prefix;
   if (backend->world_from_launcher) {
@@ -239,14 +253,14 @@ absl::Status init_process_group(const InitOptions& options) {
     r.world_size = options.world_size;
     r.rank = options.rank;
     r.group_name = options.group_name;
-    r.timeout = options.timeout;
+    r.timeout = timeout;
     EMBER_ASSIGN_OR_RETURN(RendezvousResult joined, rendezvous(r));
     b.store = joined.store;
     b.rank = joined.rank;
     b.size = joined.world_size;
     prefix = kRendezvousStorePrefix;
   }
-  b.timeout = options.timeout;
+  b.timeout = timeout;
   b.pg_options = options.pg_options;
   b.store_prefix = absl::StrCat(prefix, "0/");
   EMBER_ASSIGN_OR_RETURN(Group world, backend->create(b));
@@ -255,14 +269,14 @@ absl::Status init_process_group(const InitOptions& options) {
   set_flight_recorder_rank(b.rank);
   world->flight_recorder().set_group_name("0");
   if (b.store && !backend->world_from_launcher) {
-    EMBER_RETURN_IF_ERROR(StoreBarrier(*b.store, BarrierKey(prefix, 1), b.size, options.timeout,
+    EMBER_RETURN_IF_ERROR(StoreBarrier(*b.store, BarrierKey(prefix, 1), b.size, timeout,
                                        "init_process_group"));
   }
   s.world = world;
   s.store = b.store;
   s.prefix = prefix;
   s.backend = backend->name;
-  s.timeout = options.timeout;
+  s.timeout = timeout;
   s.rank = b.rank;
   s.size = b.size;
   s.next_group = 1;

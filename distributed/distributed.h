@@ -54,7 +54,9 @@ inline constexpr absl::Duration kDefaultProcessGroupTimeout = absl::Minutes(30);
 using Group = std::shared_ptr<ProcessGroup>;
 
 struct InitOptions {
-  std::string backend = "tcp";
+  // Empty: "tcp", or "cpu:gloo,cuda:nccl" when a CUDA device is usable and
+  // the nccl backend is linked (PyTorch 2.x's choice when none is named).
+  std::string backend;
   // env://, tcp://host:port, tcp://<multicast address>:port, file:///path.
   // Not used by "mpi": mpirun has placed the processes, and rank and
   // world_size come from MPI_COMM_WORLD (given ones must agree), as in
@@ -63,7 +65,9 @@ struct InitOptions {
   int world_size = -1;  // -1: from the init method / environment
   int rank = -1;        // -1: from the init method / environment
   std::string group_name;
-  absl::Duration timeout = kDefaultProcessGroupTimeout;
+  // Unset: the backend's default, kDefaultProcessGroupTimeout (30 minutes),
+  // or 10 minutes for nccl, as PyTorch's default_pg_nccl_timeout.
+  std::optional<absl::Duration> timeout;
   // torch's `store=` argument: use this store instead of a rendezvous
   // (world_size and rank must then be given).
   std::shared_ptr<Store> store;

@@ -15,6 +15,7 @@
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tensor/device_guard.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
@@ -63,6 +64,26 @@ TEST(DistributedTest, UnknownBackendListsTheKnownOnes) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("tcp"));
   EXPECT_FALSE(is_initialized());
+}
+
+TEST(DistributedTest, WithoutABackendOrTimeoutTheDefaultsArePyTorchs) {
+  // No CUDA device here, so no backend named means Ember's tcp; with one
+  // and nccl linked it would be "cpu:gloo,cuda:nccl" (PyTorch 2.x's pick).
+  if (device_count(DeviceType::kCUDA) > 0) GTEST_SKIP() << "a CUDA device is usable here";
+  ASSERT_TRUE(init_process_group({.world_size = 1, .rank = 0,
+                                  .store = std::make_shared<HashStore>()})
+                  .ok());
+  absl::StatusOr<Group> g = get_default_group();
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ((*g)->backend(), "tcp");
+  EXPECT_EQ((*g)->timeout(), kDefaultProcessGroupTimeout);  // 30 minutes
+  ASSERT_TRUE(destroy_process_group().ok());
+  // A given timeout wins.
+  ASSERT_TRUE(init_process_group({.world_size = 1, .rank = 0, .timeout = absl::Seconds(7),
+                                  .store = std::make_shared<HashStore>()})
+                  .ok());
+  EXPECT_EQ((*get_default_group())->timeout(), absl::Seconds(7));
+  ASSERT_TRUE(destroy_process_group().ok());
 }
 
 TEST(DistributedTest, CollectivesAndPointToPointOnTheDefaultGroup) {

@@ -125,7 +125,12 @@ class Work {
   // fails with kDeadlineExceeded. With a timeout shorter than that it
   // returns kDeadlineExceeded when the timeout passes and leaves the op
   // running (call Wait again).
-  absl::Status wait(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  //
+  // A backend whose ops run on device streams may override it (nccl): wait()
+  // then makes the caller's current stream wait for the op and returns
+  // without blocking the host, as torch's WorkNCCL::wait, unless the backend
+  // is told to block (TORCH_NCCL_BLOCKING_WAIT=1).
+  virtual absl::Status wait(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status wait() { return wait(absl::InfiniteDuration()); }
 
   // Whether the op has finished (successfully or not). Never blocks; past

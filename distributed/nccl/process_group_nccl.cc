@@ -141,6 +141,16 @@ class NcclProcessGroup::NcclWork : public RecvWork {
         comms_(std::move(comms)),
         blocking_wait_(blocking_wait) {}
 
+  using Work::wait;
+  // torch's WorkNCCL::wait: the caller's current streams wait for the op;
+  // the host waits only with TORCH_NCCL_BLOCKING_WAIT=1 and for barriers
+  // (whose point is the host's wait), and then reports the op's error or
+  // timeout.
+  absl::Status wait(absl::Duration timeout) override {
+    if (blocking_wait_ || host_wait_) return Work::wait(timeout);
+    return synchronize();
+  }
+
   // The caller's current streams wait for the op's end events; the host does
   // not (WorkNCCL::synchronize). Reports the op's error once it has failed.
   absl::Status synchronize() override {
@@ -173,6 +183,7 @@ class NcclProcessGroup::NcclWork : public RecvWork {
   absl::Time started_ = absl::Now();
   std::shared_ptr<CommSet> comms_;
   bool blocking_wait_;
+  bool host_wait_ = false;  // barrier
   std::vector<ember::Event> ends_;
   std::vector<Tensor> keep_;  // released when the op finishes
 };
@@ -729,7 +740,10 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::DoBarrier(const BarrierO
     return Nccl(ncclAllReduce(one.raw_data(), one.raw_data(), 1, ncclFloat32, ncclSum, comm, stream),
                 "ncclAllReduce");
   };
-  return Collective(one, std::move(launch));
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<CommSet> comms, CollectiveComms({device}));
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<NcclWork> work, Run(comms, std::move(launch)));
+  work->host_wait_ = true;
+  return std::static_pointer_cast<Work>(work);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::DoMonitoredBarrier(
@@ -949,6 +963,7 @@ EMBER_REGISTER_BACKEND(nccl, BackendInfo{.name = "nccl",
                                            EMBER_ASSIGN_OR_RETURN(
                                                auto pg, NcclProcessGroup::create(options));
                                            return std::static_pointer_cast<ProcessGroup>(pg);
-                                         }});
+                                         },
+                                         .default_timeout = kDefaultNcclTimeout});
 
 }  // namespace ember::distributed::nccl

@@ -69,6 +69,7 @@ TEST(NcclBackendTest, RegisteredWithItsSupportTable) {
   absl::StatusOr<const BackendInfo*> info = find_backend("NCCL");
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ((*info)->name, "nccl");
+  EXPECT_EQ((*info)->default_timeout, absl::Minutes(10));  // default_pg_nccl_timeout
   const SupportTable& t = (*info)->support;
   for (OpType op : {OpType::kBroadcast, OpType::kAllReduce, OpType::kReduce, OpType::kAllGather,
                     OpType::kAllGatherIntoTensor, OpType::kGather, OpType::kScatter,
