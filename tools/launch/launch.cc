@@ -205,6 +205,7 @@ class Supervisor {
          .min_nodes = options_.min_nodes,
          .max_nodes = options_.max_nodes,
          .nproc_per_node = options_.nproc_per_node,
+         .local_addr = options_.local_addr,
          .join_timeout = options_.rdzv_join_timeout,
          .last_call = options_.rdzv_last_call,
          .heartbeat_timeout = options_.rdzv_heartbeat_timeout});

@@ -79,7 +79,8 @@ std::string Usage() {
          "              program [args...]\n"
          "       launch [--nproc_per_node=N] --nnodes=MIN:MAX --rdzv_endpoint=HOST[:PORT]\n"
          "              [--rdzv_id=JOB] [--rdzv_backend=c10d] [--rdzv_conf=KEY=SECONDS,...]\n"
-         "              [--max_restarts=R] [--monitor_interval=SECONDS] program [args...]\n"
+         "              [--max_restarts=R] [--monitor_interval=SECONDS] [--local_addr=ADDR]\n"
+         "              program [args...]\n"
          "Starts N workers of `program` on this node (node K of M) with MASTER_ADDR, MASTER_PORT,\n"
          "WORLD_SIZE, RANK and LOCAL_RANK set for env:// rendezvous; passes --local_rank=i unless\n"
          "--use_env. --serve_store: node 0's launcher serves the store for Ember programs.\n"
@@ -144,6 +145,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
                                        " is not supported (c10d: elastic, with --rdzv_endpoint; "
                                        "static: fixed --nnodes and --node_rank)"));
       }
+    } else if (name == "local_addr") {
+      if (value->empty()) return UsageError("--local_addr is empty");
+      options.local_addr = *value;
     } else if (name == "rdzv_conf") {
       if (absl::Status s = ParseRdzvConf(*value, options); !s.ok()) return s;
     } else if (name == "monitor_interval") {

@@ -53,6 +53,9 @@ struct LaunchOptions {
   std::string rdzv_endpoint_host;  // empty: not elastic
   int rdzv_endpoint_port = 29400;
   std::string rdzv_id = "none";
+  // --local_addr: this node's address as the other nodes reach it (torchrun's
+  // --local-addr); empty: the host name.
+  std::string local_addr;
   absl::Duration monitor_interval = absl::Milliseconds(100);
   absl::Duration rdzv_join_timeout = absl::Seconds(600);
   absl::Duration rdzv_last_call = absl::Seconds(30);

@@ -62,7 +62,7 @@ TEST(LaunchOptionsTest, ElasticOptions) {
       ParseLaunchArgs({"--nnodes=1:3", "--rdzv_endpoint=head:1234", "--rdzv_id=job7",
                        "--rdzv_backend=c10d", "--monitor_interval=0.5",
                        "--rdzv_conf=join_timeout=20,last_call_timeout=2,heartbeat_timeout=3",
-                       "train"})
+                       "--local_addr=10.0.0.7", "train"})
           .value();
   EXPECT_TRUE(options.elastic());
   EXPECT_EQ(options.min_nodes, 1);
@@ -70,6 +70,7 @@ TEST(LaunchOptionsTest, ElasticOptions) {
   EXPECT_EQ(options.rdzv_endpoint_host, "head");
   EXPECT_EQ(options.rdzv_endpoint_port, 1234);
   EXPECT_EQ(options.rdzv_id, "job7");
+  EXPECT_EQ(options.local_addr, "10.0.0.7");
   EXPECT_EQ(options.monitor_interval, absl::Milliseconds(500));
   EXPECT_EQ(options.rdzv_join_timeout, absl::Seconds(20));
   EXPECT_EQ(options.rdzv_last_call, absl::Seconds(2));

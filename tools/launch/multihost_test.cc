@@ -5,6 +5,7 @@
 // skips with a message where namespaces cannot be made. A second case
 // rendezvous by IP multicast across the two hosts, ranks assigned.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -229,6 +230,52 @@ TEST(MultiHostTest, AStalledRankOnTheOtherHostIsNamed) {
                        "float32): rank 2 entered it; rank 3 never did"),
             std::string::npos)
       << node1;
+}
+
+// An elastic job across the two hosts: two launchers on host 0 (one serves
+// the rendezvous endpoint) and one on host 1, --nnodes=2:3. Host 1's launcher
+// is SIGKILLed mid-training: the two on host 0 go on in a new round; a new
+// launcher on host 1 then joins the next round, and the job finishes.
+TEST(MultiHostTest, ElasticNodesAcrossHostsSurviveALossAndAdmitANewNode) {
+  std::unique_ptr<TwoHosts> hosts;
+  if (std::string why = MakeHosts(hosts); !why.empty()) GTEST_SKIP() << why;
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const std::string steps = dir + "/elastic_steps.txt";
+  auto start = [&](int host, const std::string& name) {
+    std::vector<std::string> argv = {
+        hosts->ip(), "netns", "exec", hosts->name(host), Runfile("tools/launch/launch"),
+        "--nproc_per_node=1", "--nnodes=2:3",
+        absl::StrCat("--rdzv_endpoint=", hosts->address(0), ":29410"), "--rdzv_id=mh",
+        "--rdzv_conf=join_timeout=30,last_call_timeout=1,heartbeat_timeout=2",
+        "--monitor_interval=0.2", "--max_restarts=3", "--local_addr=" + hosts->address(host),
+        Runfile("examples/elastic_train"), "--steps=300", "--save_every=5", "--step_delay_ms=40",
+        "--checkpoint=" + dir + "/elastic.pt", "--log=" + steps};
+    return std::make_pair(Spawn(argv, dir + "/elastic_" + name + ".log"),
+                          dir + "/elastic_" + name + ".log");
+  };
+  auto a0 = start(0, "a0");
+  absl::SleepFor(absl::Milliseconds(300));  // the endpoint's server first
+  auto a1 = start(0, "a1");
+  auto b0 = start(1, "b0");
+  auto wait_for = [&](const std::string& path, const std::string& text, absl::Duration d) {
+    const absl::Time until = absl::Now() + d;
+    while (absl::Now() < until) {
+      if (ReadFile(path).find(text) != std::string::npos) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
+  };
+  ASSERT_TRUE(wait_for(steps, "world 3 step 20", absl::Seconds(60))) << ReadFile(a0.second);
+  kill(b0.first, SIGKILL);
+  Wait(b0.first, absl::Seconds(5));
+  ASSERT_TRUE(wait_for(steps, "world 2 step", absl::Seconds(2 + 5) + absl::Seconds(10)))
+      << ReadFile(a0.second);
+  auto b1 = start(1, "b1");
+  ASSERT_TRUE(wait_for(b1.second, "world size 3", absl::Seconds(30))) << ReadFile(b1.second);
+  EXPECT_EQ(Wait(a0.first, absl::Seconds(120)), 0) << ReadFile(a0.second);
+  EXPECT_EQ(Wait(a1.first, absl::Seconds(120)), 0) << ReadFile(a1.second);
+  EXPECT_EQ(Wait(b1.first, absl::Seconds(120)), 0) << ReadFile(b1.second);
+  EXPECT_NE(ReadFile(steps).find("step 300 "), std::string::npos);
 }
 
 }  // namespace
