@@ -7,9 +7,10 @@
 //   // One process per GPU, e.g. started by `launch --nproc_per_node=8`:
 //   EMBER_RETURN_IF_ERROR(ember::cuda::set_device(local_rank));
 //   EMBER_RETURN_IF_ERROR(ember::distributed::init_process_group({.backend = "nccl"}));
-//   ember::Tensor t = ember::ones({1024}, ember::TensorOptions().device(ember::Device::cuda(local_rank)));
-//   EMBER_ASSIGN_OR_RETURN(auto work, ember::distributed::all_reduce(t));
-//   EMBER_RETURN_IF_ERROR(work->wait());  // t holds the sum once the current stream gets there
+//   ember::Tensor t = ember::ones(
+//       {1024}, ember::TensorOptions().device(ember::Device(ember::DeviceType::kCUDA, local_rank)));
+//   EMBER_ASSIGN_OR_RETURN(auto work, ember::distributed::all_reduce_async(t));
+//   EMBER_RETURN_IF_ERROR(work->wait());  // the current stream waits; the host does not
 //   ```
 //
 // Communicators (Note [NCCL communicators] in process_group_nccl.cc): made
