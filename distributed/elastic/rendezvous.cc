@@ -84,44 +84,6 @@ bool Contains(const std::vector<std::string>& v, const std::string& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
-// The heartbeat counters a launcher has seen, and when each last moved.
-struct Seen {
-  int64_t value = -1;
-  absl::Time moved;
-};
-
-class Liveness {
- public:
-  // True when `node`'s counter has not moved for `timeout` of this
-  // process's time (a node seen for the first time counts as alive).
-  bool Lost(Store& store, const std::string& prefix, const std::string& node,
-            absl::Duration timeout) {
-    absl::StatusOr<std::string> v = store.get(absl::StrCat(prefix, "hb/", node), absl::ZeroDuration());
-    int64_t value = -1;
-    if (v.ok()) (void)absl::SimpleAtoi(*v, &value);
-    Seen& s = seen_[node];
-    const absl::Time now = absl::Now();
-    if (s.value < 0 && s.moved == absl::Time()) {
-      s = {value, now};
-      return false;
-    }
-    if (value != s.value) {
-      s = {value, now};
-      return false;
-    }
-    return now - s.moved > timeout;
-  }
-
- private:
-  std::map<std::string, Seen> seen_;
-};
-
-// One Liveness per rendezvous object, kept beside it.
-std::map<const ElasticRendezvous*, Liveness>& AllLiveness() {
-  static auto* m = new std::map<const ElasticRendezvous*, Liveness>();
-  return *m;
-}
-
 }  // namespace
 
 ElasticRendezvous::ElasticRendezvous(RendezvousOptions options)
@@ -146,6 +108,20 @@ absl::StatusOr<std::unique_ptr<ElasticRendezvous>> ElasticRendezvous::create(
   auto r = std::unique_ptr<ElasticRendezvous>(new ElasticRendezvous(std::move(options)));
   EMBER_RETURN_IF_ERROR(r->keep_alive());
   return r;
+}
+
+bool ElasticRendezvous::Lost(const std::string& node) {
+  absl::StatusOr<std::string> v =
+      options_.store->get(absl::StrCat(prefix_, "hb/", node), absl::ZeroDuration());
+  int64_t value = -1;
+  if (v.ok()) (void)absl::SimpleAtoi(*v, &value);
+  const absl::Time now = absl::Now();
+  Seen& s = seen_[node];
+  if (s.moved == absl::InfinitePast() || value != s.value) {
+    s = {value, now};
+    return false;
+  }
+  return now - s.moved > options_.heartbeat_timeout;
 }
 
 absl::Status ElasticRendezvous::keep_alive() {
@@ -187,7 +163,6 @@ absl::StatusOr<RoundInfo> ElasticRendezvous::next_round() {
   Store& store = *options_.store;
   const std::string key = absl::StrCat(prefix_, "state");
   const std::string& me = options_.node_id;
-  Liveness& live = AllLiveness()[this];
   const absl::Time give_up = absl::Now() + options_.join_timeout;
   absl::Time next_beat = absl::InfinitePast();
   int64_t last_round = -1;
@@ -205,7 +180,7 @@ absl::StatusOr<RoundInfo> ElasticRendezvous::next_round() {
     }
     State next = now;
     auto lost = [&](const std::string& node) {
-      return node != me && live.Lost(store, prefix_, node, options_.heartbeat_timeout);
+      return node != me && Lost(node);
     };
     std::erase_if(next.waiting, lost);
     if (now.complete && now.round == last_returned_round_ && Contains(now.participants, me)) {
@@ -274,7 +249,6 @@ absl::StatusOr<RoundInfo> ElasticRendezvous::next_round() {
 absl::StatusOr<Health> ElasticRendezvous::health(const RoundInfo& round) {
   Store& store = *options_.store;
   EMBER_ASSIGN_OR_RETURN(Read read, ReadState(store, absl::StrCat(prefix_, "state")));
-  Liveness& live = AllLiveness()[this];
   Health h;
   h.closed = read.state.closed;
   std::vector<std::string> reasons;
@@ -284,7 +258,7 @@ absl::StatusOr<Health> ElasticRendezvous::health(const RoundInfo& round) {
   }
   for (const std::string& node : round.nodes) {
     if (node == options_.node_id) continue;
-    if (live.Lost(store, prefix_, node, options_.heartbeat_timeout)) h.lost.push_back(node);
+    if (Lost(node)) h.lost.push_back(node);
   }
   if (!h.lost.empty()) {
     reasons.push_back(absl::StrCat("node(s) ", absl::StrJoin(h.lost, ", "),
@@ -293,7 +267,7 @@ absl::StatusOr<Health> ElasticRendezvous::health(const RoundInfo& round) {
   }
   if (round.num_nodes < options_.max_nodes) {
     for (const std::string& node : read.state.waiting) {
-      if (!live.Lost(store, prefix_, node, options_.heartbeat_timeout)) ++h.waiting;
+      if (!Lost(node)) ++h.waiting;
     }
     if (h.waiting > 0) {
       reasons.push_back(absl::StrCat(h.waiting, " node(s) waiting to join"));

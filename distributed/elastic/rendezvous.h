@@ -43,6 +43,7 @@
 #define EMBER_DISTRIBUTED_ELASTIC_RENDEZVOUS_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -125,8 +126,18 @@ class ElasticRendezvous {
 
  private:
   explicit ElasticRendezvous(RendezvousOptions options);
+  // True when `node`'s heartbeat counter has not moved for the heartbeat
+  // timeout of this process's clock (a node seen the first time is alive).
+  bool Lost(const std::string& node);
+
+  // A heartbeat counter's last value and when this process saw it move.
+  struct Seen {
+    int64_t value = -1;
+    absl::Time moved = absl::InfinitePast();
+  };
 
   RendezvousOptions options_;
+  std::map<std::string, Seen> seen_;
   std::string prefix_;  // "rdzv/<run_id>/"
   int64_t last_returned_round_ = -1;
 };
