@@ -117,15 +117,24 @@ struct Piece {
   Tensor local;
 };
 
-// Checks `item` and returns its pieces.
+// Note [Device tensors in checkpoints]
+// The files hold bytes, not devices (as PyTorch's FileSystemWriter). An item
+// on a device is staged through a host copy: save writes a CPU copy made on
+// the device's current stream (so it holds every write queued there before
+// the save), and load reads into a CPU copy of the item and then copies that
+// into the device tensor. Placements describe the item's own tensor, and the
+// copy has its shape, so the same pieces apply to both.
+
+// `item` with its tensor on the CPU: itself, or a host copy of a device item.
+Item OnHost(const Item& item) {
+  if (!item.tensor.defined() || item.tensor.is_cpu()) return item;
+  return Item{item.tensor.detach().to(kCPU), item.placement};
+}
+
+// Checks `item` (on the CPU: OnHost) and returns its pieces.
 absl::StatusOr<std::vector<Piece>> Pieces(const std::string& key, const Item& item) {
   if (!item.tensor.defined()) {
     return absl::InvalidArgumentError(absl::StrCat("state_dict[\"", key, "\"] is undefined"));
-  }
-  if (!item.tensor.is_cpu()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("state_dict[\"", key, "\"] is on ", item.tensor.device().str(),
-                     "; distributed checkpoints take CPU tensors (copy it with .to(kCPU))"));
   }
   const Tensor t = item.tensor.detach();
   std::vector<Piece> out;
@@ -840,7 +849,7 @@ absl::Status save(const StateDict& state_dict, const CheckpointOptions& options)
           absl::StrCat("distributed checkpoint save: the key \"", key, "\" appears twice"));
       break;
     }
-    absl::StatusOr<std::vector<Piece>> p = Pieces(key, item);
+    absl::StatusOr<std::vector<Piece>> p = Pieces(key, OnHost(item));
     if (!p.ok()) {
       local = p.status();
       break;
@@ -976,7 +985,8 @@ absl::Status load(const StateDict& state_dict, const CheckpointOptions& options)
                                               md.tensors.empty() ? "" : md.tensors[0].first,
                                               md.tensors.empty() ? "" : "\"", ")"));
     }
-    EMBER_ASSIGN_OR_RETURN(std::vector<Piece> pieces, Pieces(key, item));
+    const Item host = OnHost(item);
+    EMBER_ASSIGN_OR_RETURN(std::vector<Piece> pieces, Pieces(key, host));
     const SizeVector global = GlobalShape(item);
     if (global != tm->global_shape) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -986,6 +996,7 @@ absl::Status load(const StateDict& state_dict, const CheckpointOptions& options)
     for (const Piece& p : pieces) {
       EMBER_RETURN_IF_ERROR(LoadPiece(key, *tm, p.box, p.local, files));
     }
+    if (!item.tensor.is_cpu()) item.tensor.detach().copy_(host.tensor);
   }
   return absl::OkStatus();
 }

@@ -60,7 +60,12 @@
 // or dies during save; Internal / PermissionDenied for file system errors,
 // naming the path.
 //
-// Tensors must be on the CPU. Thread-safety: free functions; the StateDict's
+// Tensors may be on any device: a device item is written from a host copy
+// made on its device's current stream and loaded through one (Note [Device
+// tensors in checkpoints] in checkpoint.cc), so a checkpoint saved from
+// cuda:0 loads into CPU tensors or another device's and the other way round.
+// The process group exchanges CPU bytes: pass one that takes CPU tensors
+// (tcp, gloo, mpi, or the default group of "cpu:gloo,cuda:nccl"). Thread-safety: free functions; the StateDict's
 // tensors must not be written by other threads during a call. save() on
 // several threads with one process group must be serialised by the caller,
 // as every collective must.
