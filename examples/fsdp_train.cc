@@ -18,7 +18,6 @@
 // and where it saved or resumed. Options: --steps=N (200), --batch=N (per
 // rank, 32), --checkpoint_dir=PATH (fsdp_ckpt), --resume. Exits non-zero,
 // with the error, when anything fails.
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -31,7 +30,6 @@
 #include "absl/strings/strip.h"
 #include "autograd/grad_mode.h"
 #include "distributed/checkpoint/checkpoint.h"
-#include "distributed/checkpoint/optimizer_state.h"
 #include "distributed/distributed.h"
 #include "nn/activation.h"
 #include "nn/container.h"
@@ -39,6 +37,7 @@
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
 #include "parallel/fully_sharded_data_parallel.h"
+#include "parallel/state_dict.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
@@ -99,43 +98,6 @@ struct Task {
   }
 };
 
-// This rank's shards as checkpoint items under the model's own keys (each
-// original parameter's overlap with the rank's flat shard, possibly empty,
-// so that every rank names every key), and the matching optimizer keys.
-struct ShardedState {
-  dcp::StateDict model;
-  std::vector<dcp::ParamKey> optimizer;
-};
-ShardedState Describe(ember::parallel::FullyShardedDataParallel& fsdp) {
-  ShardedState out;
-  const std::vector<Tensor> flats = fsdp.parameters();
-  const auto& infos = fsdp.flat_param_infos();
-  for (size_t u = 0; u < infos.size(); ++u) {
-    const auto& info = infos[u];
-    const Tensor flat = flats[u].detach();
-    dcp::ParamKey key;
-    for (size_t i = 0; i < info.names.size(); ++i) {
-      int64_t numel = 1;
-      for (int64_t d : info.shapes[i]) numel *= d;
-      const int64_t begin = std::max(info.offsets[i], info.shard_offset);
-      const int64_t end = std::min(info.offsets[i] + numel, info.shard_offset + info.shard_numel);
-      const int64_t count = std::max<int64_t>(0, end - begin);
-      const int64_t local = count > 0 ? begin - info.shard_offset : 0;
-      const int64_t within = count > 0 ? begin - info.offsets[i] : 0;
-      ember::SizeVector shape(info.shapes[i].begin(), info.shapes[i].end());
-      out.model.emplace_back(info.names[i],
-                             dcp::flat_shard(flat.narrow(0, local, count), shape, within));
-      key.segments.push_back({.key = info.names[i],
-                              .global_shape = shape,
-                              .flat_offset = within,
-                              .local_offset = local,
-                              .numel = count});
-    }
-    out.optimizer.push_back(std::move(key));
-  }
-  return out;
-}
-
 double HeldOutAccuracy(const Task& task, ember::parallel::FullyShardedDataParallel& fsdp) {
   ember::Generator held_out(7);
   auto [x, y] = task.Sample(2048, held_out);
@@ -159,16 +121,17 @@ absl::Status Train(const Options& options) {
   // Units: fc1 and fc2; the head stays in the root unit.
   EMBER_ASSIGN_OR_RETURN(auto fsdp, ember::parallel::fully_shard(model, {.units = {fc1, fc2}}));
   ember::nn::optim::SGD optimizer(fsdp->parameters(), {.lr = 0.05, .momentum = 0.9});
-  ShardedState state = Describe(*fsdp);
+  // This rank's shards and momentum under the model's own names, plus the
+  // step counter: what the checkpoint holds (parallel/state_dict.h).
+  EMBER_ASSIGN_OR_RETURN(ember::parallel::ModelStateDict state,
+                         ember::parallel::get_state_dict(*fsdp, &optimizer));
   Tensor step_counter = ember::zeros({1}, ember::TensorOptions().dtype(ember::kInt64));
+  state.model.emplace_back("train.step", dcp::replicated(step_counter));
 
   int first_step = 1;
   if (options.resume) {
-    dcp::StateDict wanted = state.model;
-    wanted.emplace_back("train.step", dcp::replicated(step_counter));
-    EMBER_RETURN_IF_ERROR(dcp::load(wanted, {.path = options.checkpoint_dir}));
     EMBER_RETURN_IF_ERROR(
-        dcp::set_optimizer_state_dict(optimizer, state.optimizer, {.path = options.checkpoint_dir}));
+        ember::parallel::load_state_dict(state, &optimizer, {.path = options.checkpoint_dir}));
     first_step = static_cast<int>(step_counter.data_ptr<int64_t>()[0]) + 1;
   }
   const Task task;
@@ -204,12 +167,8 @@ absl::Status Train(const Options& options) {
   if (rank == 0) std::printf("held-out accuracy: %.4f\n", accuracy);
 
   step_counter.data_ptr<int64_t>()[0] = last_step;
-  dcp::StateDict to_save = state.model;
-  EMBER_ASSIGN_OR_RETURN(dcp::StateDict optimizer_items,
-                         dcp::get_optimizer_state_dict(optimizer, state.optimizer));
-  to_save.insert(to_save.end(), optimizer_items.begin(), optimizer_items.end());
-  to_save.emplace_back("train.step", dcp::replicated(step_counter));
-  EMBER_RETURN_IF_ERROR(dcp::save(to_save, {.path = options.checkpoint_dir, .process_group = group}));
+  EMBER_RETURN_IF_ERROR(ember::parallel::save_state_dict(
+      state, &optimizer, {.path = options.checkpoint_dir, .process_group = group}));
   if (rank == 0) {
     std::printf("saved a distributed checkpoint of step %d from %d process(es) to %s\n", last_step,
                 world, options.checkpoint_dir.c_str());
