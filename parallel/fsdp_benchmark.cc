@@ -22,8 +22,14 @@
 //              spent waiting for the reduce_scatters: the communication that
 //              compute did not hide;
 //   comm_ms    (the *Collectives rows) the same all_gathers (2 per unit for
-//              FULL_SHARD) and reduce_scatters alone, back to back.
-// hidden = 1 - (ag_wait_ms + rs_wait_ms) / comm_ms.
+//              FULL_SHARD) and reduce_scatters alone, back to back;
+//   hidden_pct (the *Collectives rows) the share of comm_ms that the
+//              FULL_SHARD step (prefetch on) hid behind compute:
+//              (compute_ms + comm_ms - step) / comm_ms, where compute_ms is
+//              the *Compute row: the same DDP step under no_sync, both ranks
+//              computing at once with no communication at all. The wait
+//              counters above cannot give this on a machine whose ranks share
+//              cores: they include waiting for the other rank.
 //
 // parallel/torch_fsdp.py runs PyTorch's fully_shard (FSDP2) and DDP over gloo
 // on the same models and protocol.
@@ -103,7 +109,13 @@ class CountingAllocator : public Allocator {
 };
 CountingAllocator* counting = nullptr;
 
-enum Command : int64_t { kStop = 0, kDdpSteps = 1, kFsdpSteps = 2, kCollectives = 3 };
+enum Command : int64_t {
+  kStop = 0,
+  kDdpSteps = 1,
+  kFsdpSteps = 2,
+  kCollectives = 3,
+  kComputeSteps = 4
+};
 enum class Model : int64_t { kMlp = 0, kResNet18 = 1 };
 
 void Check(const absl::Status& s, const char* what) {
@@ -158,8 +170,12 @@ struct Result {
 
 constexpr double kMiB = 1 << 20;
 
-// `steps` training steps of the DDP (fsdp false) or FSDP model of `row`.
-Result Train(const Row& row, bool fsdp, int64_t steps) {
+enum class Mode { kDdp, kFsdp, kComputeOnly };
+
+// `steps` training steps of the DDP or FSDP model of `row`; kComputeOnly:
+// DDP's step under no_sync (no communication).
+Result Train(const Row& row, Mode mode, int64_t steps) {
+  const bool fsdp = mode == Mode::kFsdp;
   dist::Group group = *dist::get_default_group();
   manual_seed(100 + group->rank());
   const Tensor x = Inputs(row.model);
@@ -190,7 +206,12 @@ Result Train(const Row& row, bool fsdp, int64_t steps) {
     for (int64_t i = 0; i < steps; ++i) {
       const absl::Time start = absl::Now();
       opt.zero_grad();
-      nn::functional::cross_entropy((*wrapped)(x), y).backward();
+      if (mode == Mode::kComputeOnly) {
+        auto no_sync = static_cast<DistributedDataParallel&>(*wrapped).no_sync();
+        nn::functional::cross_entropy((*wrapped)(x), y).backward();
+      } else {
+        nn::functional::cross_entropy((*wrapped)(x), y).backward();
+      }
       opt.step();
       ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
     }
@@ -266,8 +287,9 @@ void Follow() {
     const int64_t* m = message.data_ptr<int64_t>();
     const Row row{static_cast<Model>(m[2]), static_cast<ShardingStrategy>(m[3]), m[4] != 0};
     if (m[0] == kStop) return;
-    if (m[0] == kDdpSteps) Train(row, false, m[1]);
-    if (m[0] == kFsdpSteps) Train(row, true, m[1]);
+    if (m[0] == kDdpSteps) Train(row, Mode::kDdp, m[1]);
+    if (m[0] == kFsdpSteps) Train(row, Mode::kFsdp, m[1]);
+    if (m[0] == kComputeSteps) Train(row, Mode::kComputeOnly, m[1]);
     if (m[0] == kCollectives) Collectives(row.model, m[1]);
   }
 }
@@ -284,14 +306,30 @@ void Report(benchmark::State& state, const Result& r, bool fsdp) {
 
 // The timed loop is inside Train (fresh model per row); the benchmark loop
 // runs once.
+// The latest FULL_SHARD (prefetch on) and compute-only step times, for the
+// Collectives row's hidden_pct.
+double full_shard_ms = 0;
+double compute_ms = 0;
+
 void DdpRow(benchmark::State& state, Model model, int64_t steps) {
   const Row row{model};
   Result r;
   for (auto _ : state) {
     Tell(kDdpSteps, steps, row);
-    r = Train(row, false, steps);
+    r = Train(row, Mode::kDdp, steps);
   }
   Report(state, r, false);
+}
+
+void ComputeRow(benchmark::State& state, Model model, int64_t steps) {
+  const Row row{model};
+  Result r;
+  for (auto _ : state) {
+    Tell(kComputeSteps, steps, row);
+    r = Train(row, Mode::kComputeOnly, steps);
+  }
+  compute_ms = r.median_ms;
+  state.counters["median_ms"] = r.median_ms;
 }
 
 void FsdpRow(benchmark::State& state, Model model, int64_t steps) {
@@ -299,7 +337,10 @@ void FsdpRow(benchmark::State& state, Model model, int64_t steps) {
   Result r;
   for (auto _ : state) {
     Tell(kFsdpSteps, steps, row);
-    r = Train(row, true, steps);
+    r = Train(row, Mode::kFsdp, steps);
+  }
+  if (row.strategy == ShardingStrategy::kFullShard && row.forward_prefetch) {
+    full_shard_ms = r.median_ms;
   }
   Report(state, r, true);
 }
@@ -311,6 +352,9 @@ void CollectivesRow(benchmark::State& state, Model model, int64_t steps) {
     ms = Collectives(model, steps);
   }
   state.counters["comm_ms"] = ms;
+  if (ms > 0 && full_shard_ms > 0 && compute_ms > 0) {
+    state.counters["hidden_pct"] = 100.0 * (compute_ms + ms - full_shard_ms) / ms;
+  }
 }
 
 constexpr int64_t kMlpSteps = 30;
@@ -318,11 +362,15 @@ constexpr int64_t kResNetSteps = 15;
 
 void BM_MlpDdp(benchmark::State& state) { DdpRow(state, Model::kMlp, kMlpSteps); }
 void BM_MlpFsdp(benchmark::State& state) { FsdpRow(state, Model::kMlp, kMlpSteps); }
+void BM_MlpCompute(benchmark::State& state) { ComputeRow(state, Model::kMlp, kMlpSteps); }
 void BM_MlpCollectives(benchmark::State& state) {
   CollectivesRow(state, Model::kMlp, kMlpSteps);
 }
 void BM_ResNetDdp(benchmark::State& state) { DdpRow(state, Model::kResNet18, kResNetSteps); }
 void BM_ResNetFsdp(benchmark::State& state) { FsdpRow(state, Model::kResNet18, kResNetSteps); }
+void BM_ResNetCompute(benchmark::State& state) {
+  ComputeRow(state, Model::kResNet18, kResNetSteps);
+}
 void BM_ResNetCollectives(benchmark::State& state) {
   CollectivesRow(state, Model::kResNet18, kResNetSteps);
 }
@@ -340,6 +388,7 @@ void BM_ResNetCollectives(benchmark::State& state) {
       ->Iterations(1)                                                                     \
       ->Unit(benchmark::kMillisecond)                                                     \
       ->UseRealTime();                                                                    \
+  BENCHMARK(BM_##Model##Compute)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime(); \
   BENCHMARK(BM_##Model##Collectives)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime()
 
 // A first row warms the processes up (thread pools, the allocator's cache,
