@@ -5,20 +5,27 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "nn/embedding_kernels.h"
 #include "nn/init.h"
 #include "nn/kernel_util.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 
 namespace ember::nn {
+
+// The backward's slot (nn/embedding_kernels.h), filled per device type.
+namespace internal {
+constinit DeviceKernel<EmbeddingBackwardFn> embedding_backward{"embedding backward"};
+}  // namespace internal
+
 namespace {
 
 using autograd::AutogradContext;
 
-// gw[indices[i]] += g[i] for every i whose index is not padding_idx.
-Tensor EmbeddingScatter(const Tensor& grad, const Tensor& indices, int64_t num_weights,
-                        int64_t padding_idx) {
-  Tensor g = grad.detach().contiguous();
+// embedding backward's CPU kernel: gw[indices[i]] += g[i] for every i whose
+// index is not padding_idx, in index order.
+Tensor EmbeddingBackwardCpu(const Tensor& g, const Tensor& indices, int64_t num_weights,
+                            int64_t padding_idx) {
   const int64_t dim = g.size(1);
   Tensor gw = zeros({num_weights, dim}, g.options());
   internal::VisitNnDtype(g.dtype(), "embedding backward", [&]<typename T>() {
@@ -33,6 +40,15 @@ Tensor EmbeddingScatter(const Tensor& grad, const Tensor& indices, int64_t num_w
     }
   });
   return gw;
+}
+
+EMBER_REGISTER_NN_KERNEL(internal::embedding_backward, DeviceType::kCPU, &EmbeddingBackwardCpu);
+
+// The scatter by the kernel of grad's device.
+Tensor EmbeddingScatter(const Tensor& grad, const Tensor& indices, int64_t num_weights,
+                        int64_t padding_idx) {
+  Tensor g = grad.detach().contiguous();
+  return internal::embedding_backward(g.device())(g, indices, num_weights, padding_idx);
 }
 
 // Note [Embedding double backward]
@@ -58,12 +74,9 @@ struct EmbeddingGatherFunction : autograd::Function<EmbeddingGatherFunction> {
     ctx->save_for_backward({indices});
     ctx->saved_data["num_weights"] = weight.size(0);
     ctx->saved_data["padding_idx"] = padding_idx;
-    Tensor out = weight.detach().index_select(0, indices).contiguous();
-    const int64_t* idx = indices.data_ptr<int64_t>();
-    for (int64_t i = 0; i < indices.numel(); ++i) {
-      if (idx[i] == padding_idx) out.select(0, i).zero_();
-    }
-    return out;
+    Tensor out = weight.detach().index_select(0, indices);
+    if (padding_idx < 0) return out;
+    return where(indices.ne(padding_idx).unsqueeze(1), out, zeros({}, out.options()));
   }
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
     std::vector<Tensor> grads(3);
@@ -113,8 +126,8 @@ struct EmbeddingFunction : autograd::Function<EmbeddingFunction> {
 namespace functional {
 
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {
-  internal::CheckCpu(indices, "embedding", "indices");
-  internal::CheckCpu(weight, "embedding", "weight");
+  EMBER_CHECK(weight.defined(), "embedding: weight is an undefined tensor");
+  internal::CheckDevice(indices, weight.device(), "embedding", "indices");
   EMBER_CHECK(weight.dim() == 2,
               "embedding: expected a 2-D weight [num_embeddings, "
               "embedding_dim], got shape ",
@@ -125,10 +138,11 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
   internal::VisitNnDtype(weight.dtype(), "embedding", []<typename T>() {});
   const int64_t n = weight.size(0);
   Tensor flat = indices.to(kInt64).contiguous().view({-1});
-  const int64_t* p = flat.data_ptr<int64_t>();
-  for (int64_t i = 0; i < flat.numel(); ++i) {
-    EMBER_CHECK(p[i] >= 0 && p[i] < n, "embedding: index out of range in self: index ", p[i],
-                " is not in [0, ", n, ")");
+  if (flat.numel() > 0) {
+    // On any device: the extremes, read back (one synchronisation on a GPU).
+    const int64_t lo = flat.min().item<int64_t>(), hi = flat.max().item<int64_t>();
+    EMBER_CHECK(lo >= 0 && hi < n, "embedding: index out of range in self: index ",
+                lo < 0 ? lo : hi, " is not in [0, ", n, ")");
   }
   int64_t pad = -1;
   if (padding_idx) {

@@ -13,7 +13,8 @@
 // The gradient of a row is the sum of the output gradients of every lookup of
 // it (dense); the padding_idx row gets none. Indices must be int64 (or
 // int32) in [0, num_embeddings); others throw ember::Error ("index out of
-// range in self", naming the index). CPU, float32 and float64 tables.
+// range in self", naming the index). float32 and float64 tables, on the
+// CPU or a CUDA device (whose kernels nn/cuda registers; //:ember links it).
 // Thread-safety: as Module (nn/module.h).
 #ifndef EMBER_NN_EMBEDDING_H_
 #define EMBER_NN_EMBEDDING_H_

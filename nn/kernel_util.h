@@ -40,6 +40,15 @@ inline void CheckCpu(const Tensor& t, const char* op, const char* what) {
               ", but this kernel runs on the CPU only; move it with .to(ember::kCPU)");
 }
 
+// Throws unless `t` is defined and on `device` (the input's), naming `op` and
+// the argument: a layer's tensors must share one device.
+inline void CheckDevice(const Tensor& t, Device device, const char* op, const char* what) {
+  EMBER_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+  EMBER_CHECK(t.device() == device, op, ": expected ", what, " on ", device.str(),
+              " (the input's device), but it is on ", t.device().str(),
+              "; move it there with .to()");
+}
+
 // Throws unless `a` and `b` have the same dtype, naming `op`.
 inline void CheckSameDtype(const Tensor& a, const Tensor& b, const char* op, const char* what_a,
                            const char* what_b) {

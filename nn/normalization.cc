@@ -1,5 +1,6 @@
 #include "nn/normalization.h"
 
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "autograd/grad_mode.h"
 #include "nn/init.h"
 #include "nn/kernel_util.h"
+#include "nn/layer_norm_kernels.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
@@ -210,39 +212,95 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
   }
 };
 
-// x viewed as [R, D]; statistics per row.
+}  // namespace
+
+// The layer_norm slots (nn/layer_norm_kernels.h), filled per device type.
+namespace internal {
+constinit DeviceKernel<LayerNormForwardFn> layer_norm_forward{"layer_norm forward"};
+constinit DeviceKernel<LayerNormBackwardFn> layer_norm_backward{"layer_norm backward"};
+}  // namespace internal
+
+namespace {
+
+// layer_norm's CPU kernels: per row, float64 accumulation.
+std::array<Tensor, 3> LayerNormForwardCpu(const Tensor& x, const Tensor& w, const Tensor& b,
+                                          int64_t d, double eps) {
+  const int64_t r = d > 0 ? x.numel() / d : 0;
+  Tensor out = empty(x.sizes(), x.options());
+  Tensor mean = empty({r}, x.options()), rstd = empty({r}, x.options());
+  internal::VisitNnDtype(x.dtype(), "layer_norm", [&]<typename T>() {
+    const T* pw = w.defined() ? w.data_ptr<T>() : nullptr;
+    const T* pb = b.defined() ? b.data_ptr<T>() : nullptr;
+    for (int64_t row = 0; row < r; ++row) {
+      const T* p = x.data_ptr<T>() + row * d;
+      T* q = out.data_ptr<T>() + row * d;
+      double sum = 0, sq = 0;
+      for (int64_t j = 0; j < d; ++j) sum += p[j];
+      const double mu = sum / static_cast<double>(d);
+      for (int64_t j = 0; j < d; ++j) sq += (p[j] - mu) * (p[j] - mu);
+      const double rs = 1.0 / std::sqrt(sq / static_cast<double>(d) + eps);
+      mean.data_ptr<T>()[row] = static_cast<T>(mu);
+      rstd.data_ptr<T>()[row] = static_cast<T>(rs);
+      for (int64_t j = 0; j < d; ++j) {
+        double v = (p[j] - mu) * rs;
+        if (pw) v *= pw[j];
+        if (pb) v += pb[j];
+        q[j] = static_cast<T>(v);
+      }
+    }
+  });
+  return {out, mean, rstd};
+}
+
+std::array<Tensor, 3> LayerNormBackwardCpu(const Tensor& g, const Tensor& x, const Tensor& w,
+                                           const Tensor& mean, const Tensor& rstd, int64_t d,
+                                           std::array<bool, 3> needs) {
+  const int64_t r = d > 0 ? x.numel() / d : 0;
+  Tensor gx = needs[0] ? empty(x.sizes(), x.options()) : Tensor();
+  Tensor gw = zeros({d}, TensorOptions(kFloat64)), gb = zeros({d}, TensorOptions(kFloat64));
+  internal::VisitNnDtype(x.dtype(), "layer_norm backward", [&]<typename T>() {
+    const T* pw = w.defined() ? w.data_ptr<T>() : nullptr;
+    double* pgw = gw.data_ptr<double>();
+    double* pgb = gb.data_ptr<double>();
+    for (int64_t row = 0; row < r; ++row) {
+      const T* p = x.data_ptr<T>() + row * d;
+      const T* pg = g.data_ptr<T>() + row * d;
+      const double mu = mean.data_ptr<T>()[row], rs = rstd.data_ptr<T>()[row];
+      double sum_dy = 0, sum_dyx = 0;
+      for (int64_t j = 0; j < d; ++j) {
+        const double xhat = (p[j] - mu) * rs;
+        const double dy = pg[j] * (pw ? pw[j] : 1.0);
+        sum_dy += dy;
+        sum_dyx += dy * xhat;
+        pgw[j] += pg[j] * xhat;
+        pgb[j] += pg[j];
+      }
+      if (!gx.defined()) continue;
+      T* q = gx.data_ptr<T>() + row * d;
+      for (int64_t j = 0; j < d; ++j) {
+        const double xhat = (p[j] - mu) * rs;
+        const double dy = pg[j] * (pw ? pw[j] : 1.0);
+        q[j] = static_cast<T>(rs * (dy - sum_dy / d - xhat * sum_dyx / d));
+      }
+    }
+  });
+  return {gx, needs[1] && w.defined() ? gw.to(x.dtype()) : Tensor(),
+          needs[2] ? gb.to(x.dtype()) : Tensor()};
+}
+
+EMBER_REGISTER_NN_KERNEL(internal::layer_norm_forward, DeviceType::kCPU, &LayerNormForwardCpu);
+EMBER_REGISTER_NN_KERNEL(internal::layer_norm_backward, DeviceType::kCPU, &LayerNormBackwardCpu);
+
+// x viewed as [R, D]; statistics per row, by the kernels of x's device.
 struct LayerNormFunction : autograd::Function<LayerNormFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
                         const Tensor& bias, std::vector<int64_t> shape, double eps) {
     int64_t d = 1;
     for (int64_t v : shape) d *= v;
     Tensor x = input.detach().contiguous();
-    const int64_t r = d > 0 ? x.numel() / d : 0;
-    Tensor out = empty(x.sizes(), x.options());
-    Tensor mean = empty({r}, x.options()), rstd = empty({r}, x.options());
     Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
     Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
-    internal::VisitNnDtype(x.dtype(), "layer_norm", [&]<typename T>() {
-      const T* pw = w.defined() ? w.data_ptr<T>() : nullptr;
-      const T* pb = b.defined() ? b.data_ptr<T>() : nullptr;
-      for (int64_t row = 0; row < r; ++row) {
-        const T* p = x.data_ptr<T>() + row * d;
-        T* q = out.data_ptr<T>() + row * d;
-        double sum = 0, sq = 0;
-        for (int64_t j = 0; j < d; ++j) sum += p[j];
-        const double mu = sum / static_cast<double>(d);
-        for (int64_t j = 0; j < d; ++j) sq += (p[j] - mu) * (p[j] - mu);
-        const double rs = 1.0 / std::sqrt(sq / static_cast<double>(d) + eps);
-        mean.data_ptr<T>()[row] = static_cast<T>(mu);
-        rstd.data_ptr<T>()[row] = static_cast<T>(rs);
-        for (int64_t j = 0; j < d; ++j) {
-          double v = (p[j] - mu) * rs;
-          if (pw) v *= pw[j];
-          if (pb) v += pb[j];
-          q[j] = static_cast<T>(v);
-        }
-      }
-    });
+    auto [out, mean, rstd] = internal::layer_norm_forward(x.device())(x, w, b, d, eps);
     ctx->save_for_backward({input, weight, mean, rstd});
     ctx->saved_data["shape"] = shape;
     ctx->saved_data["eps"] = eps;
@@ -264,44 +322,16 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
     }
     Tensor x = saved[0].detach().contiguous();
     Tensor w = saved[1].defined() ? saved[1].detach().contiguous() : Tensor();
-    const Tensor& mean = saved[2];
-    const Tensor& rstd = saved[3];
     const std::vector<int64_t> shape = std::get<std::vector<int64_t>>(ctx->saved_data["shape"]);
     int64_t d = 1;
     for (int64_t v : shape) d *= v;
-    const int64_t r = d > 0 ? x.numel() / d : 0;
     Tensor g = grad_outputs[0].detach().contiguous();
-    Tensor gx = ctx->needs_input_grad(0) ? empty(x.sizes(), x.options()) : Tensor();
-    Tensor gw = zeros({d}, TensorOptions(kFloat64)), gb = zeros({d}, TensorOptions(kFloat64));
-    internal::VisitNnDtype(x.dtype(), "layer_norm backward", [&]<typename T>() {
-      const T* pw = w.defined() ? w.data_ptr<T>() : nullptr;
-      double* pgw = gw.data_ptr<double>();
-      double* pgb = gb.data_ptr<double>();
-      for (int64_t row = 0; row < r; ++row) {
-        const T* p = x.data_ptr<T>() + row * d;
-        const T* pg = g.data_ptr<T>() + row * d;
-        const double mu = mean.data_ptr<T>()[row], rs = rstd.data_ptr<T>()[row];
-        double sum_dy = 0, sum_dyx = 0;
-        for (int64_t j = 0; j < d; ++j) {
-          const double xhat = (p[j] - mu) * rs;
-          const double dy = pg[j] * (pw ? pw[j] : 1.0);
-          sum_dy += dy;
-          sum_dyx += dy * xhat;
-          pgw[j] += pg[j] * xhat;
-          pgb[j] += pg[j];
-        }
-        if (!gx.defined()) continue;
-        T* q = gx.data_ptr<T>() + row * d;
-        for (int64_t j = 0; j < d; ++j) {
-          const double xhat = (p[j] - mu) * rs;
-          const double dy = pg[j] * (pw ? pw[j] : 1.0);
-          q[j] = static_cast<T>(rs * (dy - sum_dy / d - xhat * sum_dyx / d));
-        }
-      }
-    });
+    auto [gx, gw, gb] = internal::layer_norm_backward(x.device())(
+        g, x, w, saved[2], saved[3], d,
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
     grads[0] = gx;
-    if (ctx->needs_input_grad(1)) grads[1] = gw.to(x.dtype()).view(shape);
-    if (ctx->needs_input_grad(2)) grads[2] = gb.to(x.dtype()).view(shape);
+    if (gw.defined()) grads[1] = gw.view(shape);
+    if (gb.defined()) grads[2] = gb.view(shape);
     return grads;
   }
 };
@@ -347,7 +377,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
 
 Tensor layer_norm(const Tensor& input, IntArrayRef normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
-  internal::CheckCpu(input, "layer_norm", "input");
+  EMBER_CHECK(input.defined(), "layer_norm: input is an undefined tensor");
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   EMBER_CHECK(k >= 1, "layer_norm: normalized_shape must have at least one dim");
   bool matches = input.dim() >= k;
@@ -362,6 +392,7 @@ Tensor layer_norm(const Tensor& input, IntArrayRef normalized_shape, const Tenso
     EMBER_CHECK(t->sizes() == normalized_shape, "layer_norm: expected weight and bias of shape ",
                 ShapeToString(normalized_shape), ", got ", ShapeToString(t->sizes()));
     internal::CheckSameDtype(input, *t, "layer_norm", "input", "weight/bias");
+    internal::CheckDevice(*t, input.device(), "layer_norm", "weight/bias");
   }
   return LayerNormFunction::apply(
       input, weight, bias, std::vector<int64_t>(normalized_shape.begin(), normalized_shape.end()),
