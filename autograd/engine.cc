@@ -1,7 +1,15 @@
 #include "autograd/engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <queue>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -9,7 +17,9 @@
 #include "autograd/anomaly_mode.h"
 #include "autograd/grad_mode.h"
 #include "autograd/variable.h"
+#include "tensor/device_guard.h"
 #include "tensor/factories.h"
+#include "tensor/stream.h"
 
 namespace ember::autograd {
 namespace {
@@ -27,8 +37,57 @@ class GraphRoot final : public Node {
   variable_list grads_;
 };
 
-struct GraphTask {
+// Note [Device workers]
+// A node runs where its gradients are: a node whose first defined non-CPU
+// gradient lives on a device of a type with a DeviceGuardImpl (cuda:N) runs
+// on that device's worker thread, every other node on the thread that called
+// backward (the graph task's owner), as in torch. One worker per device,
+// started on first use and kept for the life of the process; each serves a
+// queue ordered by sequence number that holds the ready nodes of every graph
+// task with work on its device, and runs with its device current. The owner
+// thread runs its own nodes and sleeps on the task's condition variable
+// until either a node is ready for it or no node is queued or running
+// anywhere (`outstanding` is zero): every wait ends by completion. A
+// worker that calls backward again (a hook or a custom Function's backward)
+// owns the new task and runs that task's nodes of its own device itself, so a
+// re-entrant backward never waits on its own thread's queue. (A cycle of
+// re-entrant calls across two devices, each waiting on the other's worker,
+// would still block; torch breaks it with a second pool, not done here.)
+// Errors: the first exception a node raises, on any thread, is kept; nodes
+// queued after it are skipped; once nothing is outstanding the owner rethrows
+// it. The bookkeeping of a task (dependencies, input buffers, captures,
+// callbacks) is guarded by its mutex; nodes run outside it. Workers are
+// stopped and joined at exit; a child forked while they ran starts with none.
+//
+// Note [Backward streams]
+// PyTorch's "stream semantics of backward passes". Each node records, for
+// each forward output, the stream current on that output's device when the
+// op ran (InputMetadata::stream); Node::stream() is the first non-CPU one.
+// The engine runs a node under a StreamGuard of that stream, so its backward
+// kernels queue on the stream its forward used. A gradient is ready on the
+// producing thread's current stream of its device when the producer returns
+// (the producer's own stream for its device; the caller's current stream for
+// the root gradients). Before it enters the consumer's input buffer, the
+// stream the consumer will read it on (the consumer's stream for that input
+// when on the same device, else the ready stream) waits on an event recorded
+// on the ready stream when the two differ, and sums in the buffer run on
+// that stream. The streams where results land, those of AccumulateGrad-like
+// nodes (no next edges) and of gradients captured for grad(), are leaf
+// streams: when the graph is done the owner's current stream of each leaf
+// stream's device waits on it, so backward()'s .grad and grad()'s results are
+// ready on the caller's current streams, then the queued callbacks run.
+// CPU tensors have no streams: none of this touches a CPU-only graph.
+
+using Ready = std::pair<uint64_t, Node*>;
+
+// The worker thread's device, on a worker thread (Note [Device workers]).
+thread_local std::optional<Device> t_worker_device;
+
+std::atomic<bool> g_cpu_nodes_on_worker{false};
+
+struct GraphTask : std::enable_shared_from_this<GraphTask> {
   bool keep_graph = false;
+  bool create_graph = false;
   // Where the NodeTasks live: in the nodes (claimed by this run), or, when
   // another run holds some of them, in `tasks`.
   bool in_nodes = true;
@@ -38,6 +97,17 @@ struct GraphTask {
   absl::flat_hash_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captures;
   variable_list captured;
   std::vector<std::function<void()>> callbacks;
+  // The device whose worker owns this task (a re-entrant backward on a
+  // worker), if any: its nodes run on the owner thread.
+  std::optional<Device> owner_device;
+
+  // Guards everything below and the NodeTasks (Note [Device workers]).
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::priority_queue<Ready> local;  // ready nodes for the owner thread
+  int64_t outstanding = 0;           // nodes queued or running, anywhere
+  std::exception_ptr error;
+  std::vector<Stream> leaf_streams;  // Note [Backward streams]
 
   NodeTask& Of(Node* fn) { return in_nodes ? fn->engine_task_ : tasks[fn]; }
 
@@ -62,6 +132,12 @@ struct GraphTask {
   }
   ~GraphTask() { ReleaseClaims(); }
 
+  void AddLeafStream(const Stream& s) {
+    if (std::find(leaf_streams.begin(), leaf_streams.end(), s) == leaf_streams.end()) {
+      leaf_streams.push_back(s);
+    }
+  }
+
   struct OwnedElsewhere {};
 };
 
@@ -72,6 +148,99 @@ class RunningTask {
   explicit RunningTask(GraphTask* task) { t_running_tasks.push_back(task); }
   ~RunningTask() { t_running_tasks.pop_back(); }
 };
+
+// The worker threads, one per device (Note [Device workers]).
+class DeviceWorkers {
+ public:
+  struct Item {
+    uint64_t sequence_nr;
+    std::shared_ptr<GraphTask> task;
+    Node* fn;
+    bool operator<(const Item& o) const { return sequence_nr < o.sequence_nr; }
+  };
+
+  // The process's workers (none yet in a freshly forked child).
+  static DeviceWorkers& Get();
+
+  void Push(Device device, Item item) {
+    Worker& w = Of(device);
+    {
+      std::lock_guard<std::mutex> lock(w.mutex);
+      w.items.push(std::move(item));
+    }
+    w.cv.notify_one();
+  }
+
+  ~DeviceWorkers() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& w : workers_) {
+      {
+        std::lock_guard<std::mutex> wl(w->mutex);
+        w->stop = true;
+      }
+      w->cv.notify_all();
+      if (w->thread.get_id() == std::this_thread::get_id()) {
+        w->thread.detach();  // exit() called from a node on this worker
+      } else {
+        w->thread.join();
+      }
+    }
+  }
+
+ private:
+  struct Worker {
+    explicit Worker(Device d) : device(d) {}
+    Device device;
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::priority_queue<Item> items;
+    bool stop = false;
+    std::thread thread;
+  };
+
+  Worker& Of(Device device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& w : workers_) {
+      if (w->device == device) return *w;
+    }
+    workers_.push_back(std::make_unique<Worker>(device));
+    Worker* w = workers_.back().get();
+    w->thread = std::thread([w] { Main(*w); });
+    return *w;
+  }
+
+  static void Main(Worker& w);
+
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+std::atomic<DeviceWorkers*> g_workers{nullptr};
+
+// Deletes the workers at exit (stopping and joining their threads).
+struct WorkersAtExit {
+  ~WorkersAtExit() { delete g_workers.exchange(nullptr); }
+};
+
+DeviceWorkers& DeviceWorkers::Get() {
+  static WorkersAtExit at_exit;
+  static std::mutex creating;
+  DeviceWorkers* w = g_workers.load(std::memory_order_acquire);
+  if (w != nullptr) return *w;
+  std::lock_guard<std::mutex> lock(creating);
+  w = g_workers.load(std::memory_order_acquire);
+  if (w == nullptr) {
+    static std::once_flag at_fork;
+    // The threads do not exist in a forked child: it starts afresh, leaving
+    // the parent's objects (whose mutexes may be held) alone.
+    std::call_once(at_fork, [] {
+      pthread_atfork(nullptr, nullptr, [] { g_workers.store(nullptr); });
+    });
+    w = new DeviceWorkers();
+    g_workers.store(w, std::memory_order_release);
+  }
+  return *w;
+}
 
 // Counts dependencies; with captures, marks which nodes must run: those from
 // which a captured edge is reachable. Iterative post-order, as graphs can be
@@ -166,16 +335,60 @@ variable_list CallNode(Node& fn, variable_list&& inputs) {
   return outputs;
 }
 
-void Execute(GraphTask& task, const std::shared_ptr<Node>& root) {
-  PrepareTask(task, root.get());
-  using Ready = std::pair<uint64_t, Node*>;
-  std::priority_queue<Ready> ready;
-  ready.push({root->sequence_nr(), root.get()});
-  while (!ready.empty()) {
-    Node* fn = ready.top().second;
-    ready.pop();
+// Whether `device` has streams and events (a registered DeviceGuardImpl).
+bool HasStreams(Device device) {
+  return !device.is_cpu() && GetDeviceGuardImpl(device.type()) != nullptr;
+}
+
+// Work queued on `consumer` from now on waits for the work queued on
+// `producer` so far (Note [Backward streams]).
+void WaitStream(const Stream& consumer, const Stream& producer) {
+  if (consumer == producer) return;
+  Event event(producer.device().type());
+  absl::Status status = event.record(producer);
+  if (status.ok()) status = event.block(consumer);
+  EMBER_CHECK(status.ok(), "autograd: could not make stream ", consumer.id(), " of ",
+              consumer.device().str(), " wait for stream ", producer.id(), " of ",
+              producer.device().str(), ": ", status.ToString());
+}
+
+// Where a node with these input gradients runs: a device's worker, or the
+// owner thread (nullopt). Note [Device workers].
+std::optional<Device> WorkerDevice(const variable_list& grads) {
+  for (const Tensor& g : grads) {
+    if (g.defined() && HasStreams(g.device())) return g.device();
+  }
+  if (g_cpu_nodes_on_worker.load(std::memory_order_relaxed)) return Device(DeviceType::kCPU, 0);
+  return std::nullopt;
+}
+
+// Queues `fn`, whose gradients are all in, where it runs. Holds task.mutex.
+void Enqueue(GraphTask& task, Node* fn) {
+  ++task.outstanding;
+  std::optional<Device> device = WorkerDevice(task.Of(fn).buffer);
+  if (!device.has_value() || device == task.owner_device) {
+    task.local.push({fn->sequence_nr(), fn});
+    task.cv.notify_all();
+    return;
+  }
+  DeviceWorkers::Get().Push(*device, {fn->sequence_nr(), task.shared_from_this(), fn});
+}
+
+// A gradient from `fn`'s output `i`, in the consumer's layout; `ready` is the
+// stream it is ready on, for a device gradient.
+struct Produced {
+  Tensor grad;
+  std::optional<Stream> ready;
+};
+
+// Runs `fn` (its gradients are all in) and hands its results on; on any
+// thread. Never throws: an error is kept in the task (Note [Device workers]).
+void RunNode(GraphTask& task, Node* fn) {
+  try {
     variable_list inputs;
+    bool run = true;
     {
+      std::lock_guard<std::mutex> lock(task.mutex);
       NodeTask& nt = task.Of(fn);
       inputs = std::move(nt.buffer);
       if (inputs.size() < fn->num_inputs()) inputs.resize(fn->num_inputs());
@@ -184,30 +397,115 @@ void Execute(GraphTask& task, const std::shared_ptr<Node>& root) {
         if (captured != task.captures.end()) {
           for (auto [input_nr, index] : captured->second) task.captured[index] = inputs[input_nr];
         }
-        if (!nt.should_execute) continue;
+        run = nt.should_execute;
       }
+      if (task.error != nullptr) run = false;  // an error elsewhere: skip
     }
-    variable_list outputs = CallNode(*fn, std::move(inputs));
-    if (!task.keep_graph) fn->release_variables();
-    const size_t n = fn->num_outputs();
-    EMBER_CHECK(outputs.size() == n || (outputs.empty() && n == 0), "function ", fn->name(),
-                " returned an incorrect number of gradients (expected ", n, ", got ",
-                outputs.size(), ")");
-    for (size_t i = 0; i < n; ++i) {
-      const Edge& edge = fn->next_edge(i);
-      if (!edge.is_valid()) continue;
-      NodeTask& next = task.Of(edge.function.get());
-      if (!next.needed) continue;
-      if (outputs[i].defined()) {
-        Tensor grad = MatchInputLayout(std::move(outputs[i]), *fn, edge, i);
-        if (next.buffer.size() <= edge.input_nr) {
-          next.buffer.resize(std::max<size_t>(edge.function->num_inputs(), edge.input_nr + 1));
+    if (run) {
+      RunningTask running(&task);
+      AutoGradMode grad_mode(task.create_graph);
+      const std::optional<Stream> stream = fn->stream();
+      std::optional<StreamGuard> stream_guard;
+      if (stream.has_value() && HasStreams(stream->device())) stream_guard.emplace(*stream);
+
+      variable_list outputs = CallNode(*fn, std::move(inputs));
+      if (!task.keep_graph) fn->release_variables();
+      const size_t n = fn->num_outputs();
+      EMBER_CHECK(outputs.size() == n || (outputs.empty() && n == 0), "function ", fn->name(),
+                  " returned an incorrect number of gradients (expected ", n, ", got ",
+                  outputs.size(), ")");
+      std::vector<Produced> produced(n);
+      for (size_t i = 0; i < n; ++i) {
+        const Edge& edge = fn->next_edge(i);
+        if (!edge.is_valid() || !outputs[i].defined()) continue;
+        Produced& p = produced[i];
+        p.grad = MatchInputLayout(std::move(outputs[i]), *fn, edge, i);
+        if (HasStreams(p.grad.device())) p.ready = current_stream(p.grad.device());
+      }
+
+      std::lock_guard<std::mutex> lock(task.mutex);
+      if (n == 0 && stream_guard.has_value()) task.AddLeafStream(*stream);
+      for (size_t i = 0; i < n; ++i) {
+        const Edge& edge = fn->next_edge(i);
+        if (!edge.is_valid()) continue;
+        Node* consumer = edge.function.get();
+        NodeTask& next = task.Of(consumer);
+        if (!next.needed) continue;
+        if (produced[i].grad.defined()) {
+          Tensor grad = std::move(produced[i].grad);
+          if (next.buffer.size() <= edge.input_nr) {
+            next.buffer.resize(std::max<size_t>(consumer->num_inputs(), edge.input_nr + 1));
+          }
+          Tensor& slot = next.buffer[edge.input_nr];
+          std::optional<StreamGuard> sum_stream;
+          if (const std::optional<Stream>& ready = produced[i].ready; ready.has_value()) {
+            // Note [Backward streams]: the consumer's stream for this input.
+            Stream target = *ready;
+            if (edge.input_nr < consumer->num_inputs()) {
+              const InputMetadata& meta = consumer->input_metadata(edge.input_nr);
+              if (meta.device == grad.device()) target = meta.stream;
+            }
+            WaitStream(target, *ready);
+            sum_stream.emplace(target);
+            if (!task.captures.empty()) {
+              auto captured = task.captures.find(consumer);
+              if (captured != task.captures.end()) {
+                for (auto [input_nr, index] : captured->second) {
+                  if (input_nr == edge.input_nr) task.AddLeafStream(target);
+                }
+              }
+            }
+          }
+          slot = slot.defined() ? slot.add(grad) : std::move(grad);
         }
-        Tensor& slot = next.buffer[edge.input_nr];
-        slot = slot.defined() ? slot.add(grad) : std::move(grad);
+        if (--next.dependencies == 0) Enqueue(task, consumer);
       }
-      if (--next.dependencies == 0) ready.push({edge.function->sequence_nr(), edge.function.get()});
     }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(task.mutex);
+    if (task.error == nullptr) task.error = std::current_exception();
+  }
+  std::lock_guard<std::mutex> lock(task.mutex);
+  if (--task.outstanding == 0) task.cv.notify_all();
+}
+
+void DeviceWorkers::Main(Worker& w) {
+  t_worker_device = w.device;
+  DeviceGuard device_guard(w.device);
+  while (true) {
+    Item item;
+    {
+      std::unique_lock<std::mutex> lock(w.mutex);
+      w.cv.wait(lock, [&w] { return w.stop || !w.items.empty(); });
+      if (w.items.empty()) return;  // stopped
+      item = std::move(const_cast<Item&>(w.items.top()));
+      w.items.pop();
+    }
+    RunNode(*item.task, item.fn);
+  }
+}
+
+void Execute(GraphTask& task, const std::shared_ptr<Node>& root) {
+  PrepareTask(task, root.get());
+  task.owner_device = t_worker_device;
+  {
+    std::lock_guard<std::mutex> lock(task.mutex);
+    Enqueue(task, root.get());
+  }
+  while (true) {
+    Node* fn;
+    {
+      std::unique_lock<std::mutex> lock(task.mutex);
+      task.cv.wait(lock, [&task] { return !task.local.empty() || task.outstanding == 0; });
+      if (task.local.empty()) break;  // nothing queued or running anywhere
+      fn = task.local.top().second;
+      task.local.pop();
+    }
+    RunNode(task, fn);
+  }
+  if (task.error != nullptr) std::rethrow_exception(task.error);
+  for (const Stream& leaf : task.leaf_streams) {
+    WaitStream(current_stream(leaf.device()), leaf);
   }
   for (size_t i = 0; i < task.callbacks.size(); ++i) {
     std::function<void()> callback = std::move(task.callbacks[i]);
@@ -273,17 +571,24 @@ variable_list RunBackward(const edge_list& roots, variable_list inputs, bool kee
   // The root outlives the task, whose destructor releases the nodes it claimed.
   auto root = MakeNode<GraphRoot>(std::move(inputs));
   root->set_next_edges(roots);
-  GraphTask task;
-  task.keep_graph = keep_graph;
-  task.captured.resize(outputs.size());
+  // Shared with the workers that run its nodes (Note [Device workers]); its
+  // claims on the nodes are released here, once nothing of it runs anywhere.
+  auto task = std::make_shared<GraphTask>();
+  task->keep_graph = keep_graph;
+  task->create_graph = create_graph;
+  task->captured.resize(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].is_valid()) continue;
-    task.captures[outputs[i].function.get()].push_back({outputs[i].input_nr, i});
+    task->captures[outputs[i].function.get()].push_back({outputs[i].input_nr, i});
   }
-  RunningTask running(&task);
+  struct Release {
+    GraphTask& task;
+    ~Release() { task.ReleaseClaims(); }
+  } release{*task};
+  RunningTask running(task.get());
   AutoGradMode grad_mode(create_graph);
-  Execute(task, root);
-  return std::move(task.captured);
+  Execute(*task, root);
+  return std::move(task->captured);
 }
 
 void backward(const variable_list& tensors, const variable_list& grad_tensors,
@@ -314,10 +619,16 @@ variable_list grad(const variable_list& outputs, const variable_list& inputs,
   return result;
 }
 
+namespace internal {
+void SetCpuNodesOnWorkerForTesting(bool enabled) { g_cpu_nodes_on_worker.store(enabled); }
+}  // namespace internal
+
 void queue_callback(std::function<void()> callback) {
   EMBER_CHECK(!t_running_tasks.empty(),
               "Final callbacks can only be installed during backward pass.");
-  t_running_tasks.back()->callbacks.push_back(std::move(callback));
+  GraphTask* task = t_running_tasks.back();
+  std::lock_guard<std::mutex> lock(task->mutex);
+  task->callbacks.push_back(std::move(callback));
 }
 
 }  // namespace ember::autograd

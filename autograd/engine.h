@@ -18,18 +18,22 @@
 // (most recent forward op first). Before a gradient is handed to a node it is
 // made to match the node's input metadata: broadcast dims are summed away and
 // the dtype converted (Note [Gradient layout]).
-// Threads: a backward call runs every node on the thread that called it,
-// which blocks until the graph is done. Its ready nodes wait in one priority
-// queue, local to the call (its graph task); there are no worker threads and
-// no per-device queues. Nodes of CUDA tensors run there too, their kernels
-// queued on the calling thread's current streams (cuda/). Not yet as in
-// torch, where such nodes go to a queue per device served by that device's
-// worker thread while CPU nodes stay on the calling thread. Calls from
-// different threads run independently (each has its own graph task).
+// Threads: a backward call runs its CPU nodes on the thread that called it,
+// which blocks until the graph is done; the nodes whose gradients live on a
+// device (cuda:N) run on that device's worker thread, one per device, as in
+// torch (Note [Device workers] in engine.cc). Each node's backward runs on
+// the stream its forward ran on, a gradient crossing streams is waited for
+// with an event, and the results (.grad, grad()'s return) are ready on the
+// caller's current streams when backward returns (Note [Backward streams]).
+// A graph of CPU tensors never leaves the calling thread. Calls from
+// different threads run independently (each has its own graph task); an
+// error raised by a node on any thread is rethrown to the caller once
+// nothing of the graph runs any more. Hooks and custom Functions run on the
+// thread of their node and may call backward again (re-entrant backward).
 // Grad mode during backward is `create_graph`: when true, the backward
 // formulas record their own graph, giving higher-order gradients.
-// Callbacks queued during backward (queue_callback) run on the calling thread
-// after the last node, before backward returns.
+// Callbacks queued during backward (queue_callback, from any node's thread)
+// run on the calling thread after the last node, before backward returns.
 //
 // Errors: throws ember::Error for a user mistake (a root that does not
 // require grad, a missing gradient for a non-scalar root, a second backward
@@ -82,6 +86,14 @@ Tensor SumToSize(const Tensor& grad, IntArrayRef shape);
 // returned instead of being accumulated, and only nodes leading to them run.
 variable_list RunBackward(const edge_list& roots, variable_list inputs, bool keep_graph,
                           bool create_graph, const edge_list& outputs);
+
+namespace internal {
+// Tests only: when true, CPU nodes run on a worker thread of their own
+// (device cpu:0) instead of the calling thread, so that the worker machinery
+// of Note [Device workers] (hand-off, errors, re-entrant calls, hooks) runs
+// on machines without a device. Process-wide; off by default.
+void SetCpuNodesOnWorkerForTesting(bool enabled);
+}  // namespace internal
 
 }  // namespace ember::autograd
 

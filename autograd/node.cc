@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "tensor/stream.h"
+
 namespace ember::autograd {
 namespace {
 thread_local uint64_t t_next_sequence_nr = 0;
@@ -20,9 +22,18 @@ std::vector<std::pair<std::shared_ptr<AutogradNodeInterface>, uint32_t>> Node::n
 }
 
 uint32_t Node::add_input_metadata(const Tensor& t) {
-  input_metadata_.push_back(
-      InputMetadata{SizeVector(t.sizes().begin(), t.sizes().end()), t.dtype(), t.device()});
+  const Device device = t.device();
+  input_metadata_.push_back(InputMetadata{SizeVector(t.sizes().begin(), t.sizes().end()),
+                                          t.dtype(), device,
+                                          device.is_cpu() ? Stream() : current_stream(device)});
   return static_cast<uint32_t>(input_metadata_.size() - 1);
+}
+
+std::optional<Stream> Node::stream() const {
+  for (const InputMetadata& m : input_metadata_) {
+    if (!m.device.is_cpu()) return m.stream;
+  }
+  return std::nullopt;
 }
 
 void Node::register_tensor_pre_hook(uint32_t input_nr, std::function<Tensor(const Tensor&)> hook) {

@@ -32,7 +32,8 @@
 //   ```
 //
 // Thread-safety: a node is built on one thread; the engine runs it on one
-// thread at a time. Hooks must be registered before backward runs.
+// thread at a time, the calling thread's or a device's worker (Note [Device
+// workers] in engine.cc). Hooks must be registered before backward runs.
 #ifndef EMBER_AUTOGRAD_NODE_H_
 #define EMBER_AUTOGRAD_NODE_H_
 
@@ -40,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,11 +72,15 @@ using edge_list = absl::InlinedVector<Edge, 2>;
 
 // What a node's input gradient must look like: the shape, dtype and device of
 // the forward output it belongs to. The engine sums broadcast gradients back
-// to `shape` and converts them to `dtype` (Note [Gradient layout]).
+// to `shape` and converts them to `dtype` (Note [Gradient layout]). `stream`
+// is the stream current on `device` when the output was made (the CPU's
+// Stream() for CPU outputs): the backward reads the gradient there (Note
+// [Backward streams] in engine.cc).
 struct InputMetadata {
   SizeVector shape;
   Dtype dtype = kFloat32;
   Device device = kCPU;
+  Stream stream;
 };
 
 // The engine's bookkeeping for one node during one backward run (Note
@@ -140,6 +146,10 @@ class Node : public AutogradNodeInterface {
   uint32_t add_input_metadata(const Tensor& t);
   size_t num_inputs() const { return input_metadata_.size(); }
   const InputMetadata& input_metadata(size_t i) const { return input_metadata_[i]; }
+  // The stream the forward op ran on: that of its first output on a device
+  // other than the CPU, or nullopt when all are on the CPU. The engine runs
+  // the backward there (Note [Backward streams] in engine.cc).
+  std::optional<Stream> stream() const;
 
   void register_pre_hook(PreHook hook) { extras().pre_hooks.push_back(std::move(hook)); }
   void register_post_hook(PostHook hook) { extras().post_hooks.push_back(std::move(hook)); }
