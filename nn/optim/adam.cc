@@ -1,8 +1,7 @@
 #include "nn/optim/adam.h"
 
-#include <cmath>
-
 #include "autograd/grad_mode.h"
+#include "nn/optim/fused_kernels.h"
 #include "nn/optim/state_util.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -46,35 +45,56 @@ absl::Status AdamFromPairs(const std::vector<std::pair<std::string, double>>& pa
   return absl::OkStatus();
 }
 
-// One Adam update of `p`; `decoupled` selects AdamW's weight decay.
-template <typename O>
-void AdamUpdate(const Tensor& p, const Tensor& grad_in, const O& o, AdamState& st, bool decoupled) {
-  if (!st.exp_avg.defined()) {
-    st.exp_avg = zeros_like(p);
-    st.exp_avg_sq = zeros_like(p);
-    if (o.amsgrad) st.max_exp_avg_sq = zeros_like(p);
-  }
-  st.step += 1;
-  Tensor grad = o.maximize ? grad_in.neg() : grad_in;
-  if (o.weight_decay != 0.0) {
-    if (decoupled) {
-      p.mul_(1.0 - o.lr * o.weight_decay);
-    } else {
-      grad = grad.add(p, o.weight_decay);
+// Steps every parameter of `groups` that has a gradient, in lists of one
+// device, dtype and step count (Note [Fused optimizer steps] in
+// fused_kernels.h). for_each(g, fn) calls fn(param, grad, state) for the
+// parameters of group g that have a gradient; `decoupled` selects AdamW's
+// weight decay.
+template <typename Groups, typename ForEach>
+void AdamSteps(const Groups& groups, ForEach for_each, bool decoupled) {
+  struct Bucket {
+    Device device;
+    Dtype dtype;
+    int64_t step;
+    std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
+  };
+  autograd::NoGradGuard no_grad;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& o = groups[g].options;
+    std::vector<Bucket> buckets;
+    for_each(g, [&](const Tensor& p, const Tensor& grad, AdamState& st) {
+      const TensorOptions like_p = TensorOptions(p.dtype()).device(p.device());
+      if (!st.exp_avg.defined()) {
+        st.exp_avg = zeros(p.sizes(), like_p);
+        st.exp_avg_sq = zeros(p.sizes(), like_p);
+      }
+      if (o.amsgrad && !st.max_exp_avg_sq.defined()) st.max_exp_avg_sq = zeros(p.sizes(), like_p);
+      st.step += 1;
+      Bucket* bucket = nullptr;
+      for (Bucket& b : buckets) {
+        if (b.device == p.device() && b.dtype == p.dtype() && b.step == st.step) bucket = &b;
+      }
+      if (bucket == nullptr) bucket = &buckets.emplace_back(Bucket{p.device(), p.dtype(), st.step});
+      bucket->params.push_back(p);
+      bucket->grads.push_back(grad);
+      bucket->exp_avgs.push_back(st.exp_avg);
+      bucket->exp_avg_sqs.push_back(st.exp_avg_sq);
+      if (o.amsgrad) bucket->max_exp_avg_sqs.push_back(st.max_exp_avg_sq);
+    });
+    for (const Bucket& b : buckets) {
+      const internal::AdamStepArgs args{.lr = o.lr,
+                                        .beta1 = o.beta1,
+                                        .beta2 = o.beta2,
+                                        .eps = o.eps,
+                                        .weight_decay = o.weight_decay,
+                                        .amsgrad = o.amsgrad,
+                                        .maximize = o.maximize,
+                                        .decoupled = decoupled,
+                                        .step = b.step};
+      internal::adam_step(b.device)(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs,
+                                    b.max_exp_avg_sqs, args);
     }
   }
-  st.exp_avg.mul_(o.beta1).add_(grad, 1.0 - o.beta1);
-  st.exp_avg_sq.mul_(o.beta2).add_(grad * grad, 1.0 - o.beta2);
-  const double t = static_cast<double>(st.step);
-  const double bias_correction1 = 1.0 - std::pow(o.beta1, t);
-  const double bias_correction2 = 1.0 - std::pow(o.beta2, t);
-  Tensor second = st.exp_avg_sq;
-  if (o.amsgrad) {
-    st.max_exp_avg_sq.copy_(maximum(st.max_exp_avg_sq, st.exp_avg_sq));
-    second = st.max_exp_avg_sq;
-  }
-  Tensor denom = (second.sqrt() / std::sqrt(bias_correction2)).add_(o.eps);
-  p.add_(st.exp_avg / denom, -o.lr / bias_correction1);
 }
 
 }  // namespace
@@ -132,20 +152,18 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
     : OptimizerBase({ParamGroup{std::move(params), options}}) {}
 
 void Adam::step() {
-  autograd::NoGradGuard no_grad;
-  ForEachParamWithGrad([](const Tensor& p, const Tensor& g, const AdamOptions& o, AdamState& st) {
-    AdamUpdate(p, g, o, st, /*decoupled=*/false);
-  });
+  AdamSteps(
+      param_groups(), [this](size_t g, auto fn) { ForEachParamWithGradOfGroup(g, fn); },
+      /*decoupled=*/false);
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
     : OptimizerBase({ParamGroup{std::move(params), options}}) {}
 
 void AdamW::step() {
-  autograd::NoGradGuard no_grad;
-  ForEachParamWithGrad([](const Tensor& p, const Tensor& g, const AdamWOptions& o, AdamState& st) {
-    AdamUpdate(p, g, o, st, /*decoupled=*/true);
-  });
+  AdamSteps(
+      param_groups(), [this](size_t g, auto fn) { ForEachParamWithGradOfGroup(g, fn); },
+      /*decoupled=*/true);
 }
 
 }  // namespace ember::nn::optim

@@ -11,6 +11,7 @@
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/adam.h"
+#include "nn/optim/fused_kernels.h"
 #include "nn/optim/lr_scheduler.h"
 #include "nn/optim/sgd.h"
 #include "tensor/factories.h"
@@ -62,11 +63,12 @@ const std::vector<std::vector<double>> kGrads = {
     {0.1, 0.2, -0.3}, {-0.4, 0.5, 0.6}, {0.7, -0.8, 0.9}};
 
 // SGD by its documented rule.
-std::vector<double> SgdReference(const SGDOptions& o) {
+std::vector<double> SgdReference(const SGDOptions& o,
+                                 const std::vector<std::vector<double>>& grads = kGrads) {
   std::vector<double> p = kP0, buf(3);
-  for (size_t k = 0; k < kGrads.size(); ++k) {
+  for (size_t k = 0; k < grads.size(); ++k) {
     for (int i = 0; i < 3; ++i) {
-      double d = (o.maximize ? -1 : 1) * kGrads[k][i] + o.weight_decay * p[i];
+      double d = (o.maximize ? -1 : 1) * grads[k][i] + o.weight_decay * p[i];
       if (o.momentum != 0) {
         buf[i] = k == 0 ? d : o.momentum * buf[i] + (1 - o.dampening) * d;
         d = o.nesterov ? d + o.momentum * buf[i] : buf[i];
@@ -89,12 +91,13 @@ TEST(SgdTest, FollowsTheDocumentedRule) {
 }
 
 // Adam / AdamW by the documented rule.
-std::vector<double> AdamReference(const AdamOptions& o, bool decoupled) {
+std::vector<double> AdamReference(const AdamOptions& o, bool decoupled,
+                                  const std::vector<std::vector<double>>& grads = kGrads) {
   std::vector<double> p = kP0, m(3), v(3), vmax(3);
-  for (size_t k = 0; k < kGrads.size(); ++k) {
+  for (size_t k = 0; k < grads.size(); ++k) {
     const double t = k + 1;
     for (int i = 0; i < 3; ++i) {
-      double g = kGrads[k][i];
+      double g = grads[k][i];
       if (decoupled) {
         p[i] *= 1 - o.lr * o.weight_decay;
       } else {
@@ -120,6 +123,49 @@ TEST(AdamTest, FollowsTheDocumentedRule) {
   EXPECT_EQ(w.weight_decay, 0.01);
   AdamOptions same{.lr = 0.1, .weight_decay = 0.01};
   ExpectNear(RunSteps<AdamW>(kP0, kGrads, w), AdamReference(same, true));
+}
+
+// One step() hands the device kernel lists of parameters that share every
+// scalar of the update (Note [Fused optimizer steps]): a parameter that
+// missed a step keeps its own step count and momentum history, and groups
+// keep their own options.
+TEST(OptimizerTest, ParametersThatMissedAStepKeepTheirOwnState) {
+  const std::vector<std::vector<double>> late(kGrads.begin() + 1, kGrads.end());
+  auto run = [&](auto& opt, Tensor& a, Tensor& b) {
+    for (size_t k = 0; k < kGrads.size(); ++k) {
+      a.set_grad(tensor(kGrads[k]));
+      b.set_grad(k == 0 ? Tensor() : tensor(kGrads[k]));
+      opt.step();
+    }
+  };
+  {
+    Tensor a = tensor(kP0).requires_grad_(), b = tensor(kP0).requires_grad_();
+    const AdamOptions o{.lr = 0.1, .weight_decay = 0.01, .amsgrad = true};
+    Adam adam({a, b}, o);
+    run(adam, a, b);
+    ExpectNear(Values(a), AdamReference(o, false));
+    ExpectNear(Values(b), AdamReference(o, false, late));
+  }
+  {
+    Tensor a = tensor(kP0).requires_grad_(), b = tensor(kP0).requires_grad_();
+    const SGDOptions oa{.lr = 0.1, .momentum = 0.9, .dampening = 0.2};
+    const SGDOptions ob{.lr = 0.05, .momentum = 0.5, .weight_decay = 0.1};
+    SGD sgd({{{a}, oa}, {{b}, ob}});
+    run(sgd, a, b);
+    ExpectNear(Values(a), SgdReference(oa));
+    ExpectNear(Values(b), SgdReference(ob, late));
+  }
+}
+
+TEST(OptimizerTest, StepKernelsRejectListsThatDoNotPair) {
+  Tensor p = zeros({2}), g = zeros({2});
+  const internal::SgdStepArgs args{.lr = 0.1, .momentum = 0.9};
+  EXPECT_THAT(ErrorOf([&] { internal::sgd_step(kCPU)({p, p}, {g}, {g, g}, args); }),
+              HasSubstr("SGD step: a list of 1 state tensors for 2 parameters"));
+  EXPECT_THAT(ErrorOf([&] { internal::sgd_step(kCPU)({p}, {g}, {}, args); }),
+              HasSubstr("momentum needs a buffer per parameter"));
+  EXPECT_THAT(ErrorOf([&] { internal::sgd_step(kCPU)({p}, {Tensor()}, {g}, args); }),
+              HasSubstr("the state or gradient of parameter 0 is undefined"));
 }
 
 TEST(OptimizerTest, RejectsInvalidHyperparameters) {

@@ -193,15 +193,14 @@ class OptimizerBase : public Optimizer {
     for (ParamGroup& g : groups) add_param_group(std::move(g.params), std::move(g.options));
   }
 
-  // Calls fn(param, grad, options, state) for every parameter with a grad.
+  // Calls fn(param, grad, state) for every parameter of group `g` that has a
+  // grad, in order.
   template <typename Fn>
-  void ForEachParamWithGrad(Fn fn) {
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-        const Tensor& p = groups_[g].params[i];
-        Tensor grad = p.grad();
-        if (grad.defined()) fn(p, grad, groups_[g].options, state_[g][i]);
-      }
+  void ForEachParamWithGradOfGroup(size_t g, Fn fn) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const Tensor& p = groups_[g].params[i];
+      Tensor grad = p.grad();
+      if (grad.defined()) fn(p, grad, state_[g][i]);
     }
   }
 

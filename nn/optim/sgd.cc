@@ -1,10 +1,10 @@
 #include "nn/optim/sgd.h"
 
 #include "autograd/grad_mode.h"
+#include "nn/optim/fused_kernels.h"
 #include "nn/optim/state_util.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
-#include "tensor/ops.h"
 
 namespace ember::nn::optim {
 
@@ -57,74 +57,49 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
 
 namespace {
 
-// The update on contiguous CPU buffers of one floating dtype, in one pass
-// (Note [Fused SGD]).
-template <typename T>
-void FusedSgd(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t n,
-              const SGDOptions& o, bool first_step) {
-  const T lr = static_cast<T>(o.lr), wd = static_cast<T>(o.weight_decay);
-  const T momentum = static_cast<T>(o.momentum), keep = static_cast<T>(1.0 - o.dampening);
-  const T sign = o.maximize ? T(-1) : T(1);
-  if (buf == nullptr && wd == T(0)) {
-    for (int64_t i = 0; i < n; ++i) p[i] -= lr * sign * g[i];
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    T d = sign * g[i] + wd * p[i];
-    if (buf != nullptr) {
-      buf[i] = first_step ? d : momentum * buf[i] + keep * d;
-      d = o.nesterov ? d + momentum * buf[i] : buf[i];
-    }
-    p[i] -= lr * d;
-  }
-}
-
-bool CanFuse(const Tensor& p, const Tensor& g) {
-  return p.is_cpu() && g.is_cpu() && p.is_contiguous() && g.is_contiguous() &&
-         p.dtype() == g.dtype() && (p.dtype() == kFloat32 || p.dtype() == kFloat64) &&
-         p.sizes() == g.sizes();
-}
+// The parameters of one group that one kernel call steps: one device, one
+// dtype, and whether their momentum buffers are new.
+struct Bucket {
+  Device device;
+  Dtype dtype;
+  bool first_step;
+  std::vector<Tensor> params, grads, buffers;
+};
 
 }  // namespace
 
-// Note [Fused SGD]
-// On the CPU with contiguous float32/float64 parameters and gradients (the
-// common case) the whole update, weight decay and momentum included, is one
-// loop over the elements; it computes exactly the formulas of the tensor-op
-// path below (used for other devices and layouts), in the same order.
+// Gathers each group's parameters into lists for the device kernels (Note
+// [Fused optimizer steps] in fused_kernels.h).
 void SGD::step() {
   autograd::NoGradGuard no_grad;
-  ForEachParamWithGrad(
-      [](const Tensor& p, const Tensor& grad, const SGDOptions& o, SGDState& state) {
-        if (CanFuse(p, grad)) {
-          const bool first = o.momentum != 0.0 && !state.momentum_buffer.defined();
-          if (first) state.momentum_buffer = empty_like(p);
-          const Tensor& buf = state.momentum_buffer;
-          const bool use_buf = o.momentum != 0.0 && buf.is_contiguous() && buf.dtype() == p.dtype();
-          if (o.momentum == 0.0 || use_buf) {
-            VisitFloatingDtype(p.dtype(), "SGD", [&]<typename T>() {
-              if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-                FusedSgd<T>(p.data_ptr<T>(), grad.data_ptr<T>(),
-                            use_buf ? buf.data_ptr<T>() : nullptr, p.numel(), o, first);
-              }
-            });
-            BumpVersion(p);
-            return;
-          }
-        }
-        Tensor d = o.maximize ? grad.neg() : grad;
-        if (o.weight_decay != 0.0) d = d.add(p, o.weight_decay);
-        if (o.momentum != 0.0) {
-          Tensor& buf = state.momentum_buffer;
-          if (!buf.defined()) {
-            buf = d.clone();
-          } else {
-            buf.mul_(o.momentum).add_(d, 1.0 - o.dampening);
-          }
-          d = o.nesterov ? d.add(buf, o.momentum) : buf;
-        }
-        p.add_(d, -o.lr);
-      });
+  for (size_t g = 0; g < param_groups().size(); ++g) {
+    const SGDOptions& o = param_groups()[g].options;
+    std::vector<Bucket> buckets;
+    ForEachParamWithGradOfGroup(g, [&](const Tensor& p, const Tensor& grad, SGDState& state) {
+      const bool first = o.momentum != 0.0 && !state.momentum_buffer.defined();
+      if (first) {
+        state.momentum_buffer = empty(p.sizes(), TensorOptions(p.dtype()).device(p.device()));
+      }
+      Bucket* bucket = nullptr;
+      for (Bucket& b : buckets) {
+        if (b.device == p.device() && b.dtype == p.dtype() && b.first_step == first) bucket = &b;
+      }
+      if (bucket == nullptr) bucket = &buckets.emplace_back(Bucket{p.device(), p.dtype(), first});
+      bucket->params.push_back(p);
+      bucket->grads.push_back(grad);
+      if (o.momentum != 0.0) bucket->buffers.push_back(state.momentum_buffer);
+    });
+    for (const Bucket& b : buckets) {
+      const internal::SgdStepArgs args{.lr = o.lr,
+                                       .momentum = o.momentum,
+                                       .dampening = o.dampening,
+                                       .weight_decay = o.weight_decay,
+                                       .nesterov = o.nesterov,
+                                       .maximize = o.maximize,
+                                       .first_step = b.first_step};
+      internal::sgd_step(b.device)(b.params, b.grads, b.buffers, args);
+    }
+  }
 }
 
 }  // namespace ember::nn::optim
