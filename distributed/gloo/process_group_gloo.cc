@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "distributed/gloo/device.h"
+#include "distributed/gloo/staging.h"
 #include "distributed/gloo/store_adapter.h"
 #include "distributed/peer_process.h"
 #include "distributed/reduce.h"
@@ -160,7 +161,18 @@ bool CheckCallsFromEnv() {
 
 }  // namespace
 
-SupportTable GlooSupportTable() { return SupportTable().allow_all(DeviceType::kCPU); }
+SupportTable GlooSupportTable() {
+  SupportTable table = SupportTable().allow_all(DeviceType::kCPU);
+  // Device tensors go through pinned host memory (Note [gloo on device
+  // tensors] in staging.cc); the barriers carry no tensor.
+  for (int op = 0; op < kNumOpTypes; ++op) {
+    const auto type = static_cast<OpType>(op);
+    if (type != OpType::kBarrier && type != OpType::kMonitoredBarrier) {
+      table.allow(type, DeviceType::kCUDA);
+    }
+  }
+  return table;
+}
 
 // --- Creation --------------------------------------------------------------------
 
@@ -302,9 +314,18 @@ void GlooProcessGroup::abort() {
 
 std::shared_ptr<Work> GlooProcessGroup::Enqueue(OpType op,
                                                 const std::optional<absl::Duration>& timeout,
-                                                std::optional<Call> call, Job job) {
+                                                std::optional<Call> call, Job job,
+                                                std::shared_ptr<DeviceStaging> stage) {
   const absl::Time deadline = DeadlineFor(timeout);
-  auto work = std::make_shared<Work>(op, deadline + kBackstop);
+  auto work = std::make_shared<StagedWork<Work>>(op, deadline + kBackstop);
+  if (stage != nullptr && stage->active()) {
+    work->set_staging(stage);
+    job = [stage, job = std::move(job)](const OpContext& ctx) -> absl::Status {
+      EMBER_RETURN_IF_ERROR(stage->WaitForInputs(ctx.deadline, ctx.what));
+      EMBER_RETURN_IF_ERROR(job(ctx));
+      return stage->CopyBack();
+    };
+  }
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) {
     work->Finish(aborted_);
@@ -481,8 +502,11 @@ absl::Status GlooProcessGroup::CheckCall(const OpContext& ctx, const Call& call)
 // --- Collectives -------------------------------------------------------------------
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoBroadcast(
-    const Tensor& tensor, const BroadcastOptions& options) {
+    const Tensor& given, const BroadcastOptions& options) {
   const int root = options.root;
+  auto stage = std::make_shared<DeviceStaging>();
+  EMBER_ASSIGN_OR_RETURN(const Tensor tensor,
+                         rank() == root ? stage->Input(given) : stage->Output(given));
   Tensor staging = Staging(tensor);
   return Enqueue(OpType::kBroadcast, options.timeout, Call{tensor.dtype(), tensor.nbytes(), root},
                  [this, tensor, staging, root](const OpContext& ctx) -> absl::Status {
@@ -494,7 +518,8 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoBroadcast(
                    ::gloo::broadcast(opts);
                    CopyBack(tensor, staging);
                    return absl::OkStatus();
-                 });
+                 },
+                 stage);
 }
 
 namespace {
@@ -515,25 +540,34 @@ void GlooAllReduce(const std::shared_ptr<::gloo::Context>& context,
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllReduce(
-    const Tensor& tensor, const AllReduceOptions& options) {
+    const Tensor& given, const AllReduceOptions& options) {
   EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kAllReduce, options.op));
   const ReduceOp op = options.op;
+  auto stage = std::make_shared<DeviceStaging>();
+  EMBER_ASSIGN_OR_RETURN(const Tensor tensor, stage->InOut(given));
   Tensor staging = Staging(tensor);
   return Enqueue(OpType::kAllReduce, options.timeout, Call{tensor.dtype(), tensor.nbytes(), -1, op},
                  [this, tensor, staging, op](const OpContext& ctx) -> absl::Status {
                    if (size() > 1) GlooAllReduce(context_, ctx, staging, op);
                    CopyBack(tensor, staging);
                    return absl::OkStatus();
-                 });
+                 },
+                 stage);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduce(const Tensor& tensor,
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduce(const Tensor& given,
                                                                  const ReduceOptions& options) {
   EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduce, options.op));
   const ReduceOp op = options.op;
   const int root = options.root;
-  // gloo uses every rank's buffer as scratch; only the root's is the caller's.
-  Tensor staging = rank() == root ? Staging(tensor) : tensor.contiguous().clone();
+  auto stage = std::make_shared<DeviceStaging>();
+  EMBER_ASSIGN_OR_RETURN(const Tensor tensor,
+                         rank() == root ? stage->InOut(given) : stage->Input(given));
+  // gloo uses every rank's buffer as scratch; only the root's is the caller's
+  // (a staged device tensor's stand-in is private already, and is still
+  // being filled, so it is not read here).
+  Tensor staging =
+      rank() == root || stage->active() ? Staging(tensor) : tensor.contiguous().clone();
   return Enqueue(OpType::kReduce, options.timeout, Call{tensor.dtype(), tensor.nbytes(), root, op},
                  [this, tensor, staging, op, root](const OpContext& ctx) -> absl::Status {
                    if (size() == 1) return absl::OkStatus();
@@ -549,7 +583,8 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduce(const Tensor& t
                    ::gloo::reduce(opts);
                    if (rank() == root) CopyBack(tensor, staging);
                    return absl::OkStatus();
-                 });
+                 },
+                 stage);
 }
 
 namespace {
@@ -569,8 +604,10 @@ void GlooAllGather(const std::shared_ptr<::gloo::Context>& context,
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllGather(
-    absl::Span<const Tensor> outputs, const Tensor& input, const AllGatherOptions& options) {
-  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+    absl::Span<const Tensor> outputs, const Tensor& given, const AllGatherOptions& options) {
+  auto stage = std::make_shared<DeviceStaging>();
+  EMBER_ASSIGN_OR_RETURN(std::vector<Tensor> outs, stage->Outputs(outputs));
+  EMBER_ASSIGN_OR_RETURN(const Tensor input, stage->Input(given));
   Tensor in = Staging(input);
   Tensor flat = empty({size() * input.numel()}, TensorOptions(input.dtype()));
   return Enqueue(OpType::kAllGather, options.timeout, Call{input.dtype(), input.nbytes()},
@@ -581,11 +618,15 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllGather(
                      outs[p].copy_(flat.narrow(0, p * n, n).view(outs[p].sizes()));
                    }
                    return absl::OkStatus();
-                 });
+                 },
+                 stage);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllGatherIntoTensor(
-    const Tensor& output, const Tensor& input, const AllGatherOptions& options) {
+    const Tensor& given_output, const Tensor& given_input, const AllGatherOptions& options) {
+  auto stage = std::make_shared<DeviceStaging>();
+  EMBER_ASSIGN_OR_RETURN(const Tensor input, stage->Input(given_input));
+  EMBER_ASSIGN_OR_RETURN(const Tensor output, stage->Output(given_output));
   Tensor in = Staging(input);
   Tensor out = Staging(output);
   return Enqueue(OpType::kAllGatherIntoTensor, options.timeout, Call{input.dtype(), input.nbytes()},
@@ -593,14 +634,17 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllGatherIntoTensor(
                    GlooAllGather(context_, ctx, in, out);
                    CopyBack(output, out);
                    return absl::OkStatus();
-                 });
+                 },
+                 stage);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoGather(absl::Span<const Tensor> outputs,
-                                                                 const Tensor& input,
+                                                                 const Tensor& given,
                                                                  const GatherOptions& options) {
   const int root = options.root;
-  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  auto stage = std::make_shared<DeviceStaging>();
+  EMBER_ASSIGN_OR_RETURN(std::vector<Tensor> outs, stage->Outputs(outputs));
+  EMBER_ASSIGN_OR_RETURN(const Tensor input, stage->Input(given));
   Tensor in = Staging(input);
   Tensor flat;
   if (rank() == root) flat = empty({size() * input.numel()}, TensorOptions(input.dtype()));
@@ -620,15 +664,19 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoGather(absl::Span<cons
                      outs[p].copy_(flat.narrow(0, p * n, n).view(outs[p].sizes()));
                    }
                    return absl::OkStatus();
-                 });
+                 },
+                 stage);
 }
 
-absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoScatter(const Tensor& output,
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoScatter(const Tensor& given,
                                                                   absl::Span<const Tensor> inputs,
                                                                   const ScatterOptions& options) {
   const int root = options.root;
+  auto stage = std::make_shared<DeviceStaging>();
+  EMBER_ASSIGN_OR_RETURN(const Tensor output, stage->Output(given));
+  EMBER_ASSIGN_OR_RETURN(const std::vector<Tensor> staged_inputs, stage->Inputs(inputs));
   std::vector<Tensor> ins;
-  for (const Tensor& t : inputs) ins.push_back(Staging(t));
+  for (const Tensor& t : staged_inputs) ins.push_back(Staging(t));
   Tensor out = Staging(output);
   return Enqueue(OpType::kScatter, options.timeout, Call{output.dtype(), output.nbytes(), root},
                  [this, output, ins, out, root](const OpContext& ctx) -> absl::Status {
@@ -643,27 +691,33 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoScatter(const Tensor& 
                    ::gloo::scatter(opts);
                    CopyBack(output, out);
                    return absl::OkStatus();
-                 });
+                 },
+                 stage);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduceScatter(
-    const Tensor& output, absl::Span<const Tensor> inputs, const ReduceScatterOptions& options) {
+    const Tensor& given, absl::Span<const Tensor> inputs, const ReduceScatterOptions& options) {
   EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduceScatter, options.op));
   const ReduceOp op = options.op;
-  const int64_t n = output.numel();
+  const int64_t n = given.numel();
   // gloo has no reduce_scatter for unbound buffers: all_reduce the
   // concatenated inputs and keep this rank's part (as PyTorch does for gloo).
-  Tensor flat = empty({size() * n}, TensorOptions(output.dtype()));
+  // Device inputs are concatenated on their device, then staged as one.
+  Tensor flat = empty({size() * n}, TensorOptions(given.dtype()).device(inputs[0].device()));
   for (int p = 0; p < size(); ++p) {
     flat.narrow(0, p * n, n).copy_(inputs[p].reshape({n}));
   }
+  auto stage = std::make_shared<DeviceStaging>();
+  EMBER_ASSIGN_OR_RETURN(flat, stage->Input(flat));
+  EMBER_ASSIGN_OR_RETURN(const Tensor output, stage->Output(given));
   return Enqueue(OpType::kReduceScatter, options.timeout,
                  Call{output.dtype(), output.nbytes(), -1, op},
                  [this, output, flat, op, n](const OpContext& ctx) -> absl::Status {
                    if (size() > 1) GlooAllReduce(context_, ctx, flat, op);
                    output.copy_(flat.narrow(0, rank() * n, n).view(output.sizes()));
                    return absl::OkStatus();
-                 });
+                 },
+                 stage);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllToAll(absl::Span<const Tensor> outputs,
@@ -680,14 +734,17 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllToAll(absl::Span<co
     out_total += t.numel();
   }
   const Dtype dtype = inputs[0].dtype();
-  Tensor in = empty({in_total}, TensorOptions(dtype));
+  // Device inputs are concatenated on their device, then staged as one.
+  Tensor in = empty({in_total}, TensorOptions(dtype).device(inputs[0].device()));
   Tensor out = empty({out_total}, TensorOptions(dtype));
   int64_t off = 0;
   for (const Tensor& t : inputs) {
     in.narrow(0, off, t.numel()).copy_(t.reshape({t.numel()}));
     off += t.numel();
   }
-  std::vector<Tensor> outs(outputs.begin(), outputs.end());
+  auto stage = std::make_shared<DeviceStaging>();
+  EMBER_ASSIGN_OR_RETURN(in, stage->Input(in));
+  EMBER_ASSIGN_OR_RETURN(std::vector<Tensor> outs, stage->Outputs(outputs));
   Call call{dtype, 0};
   call.sends = in_counts;
   call.receives = out_counts;
@@ -708,7 +765,8 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllToAll(absl::Span<co
           at += t.numel();
         }
         return absl::OkStatus();
-      });
+      },
+      stage);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoBarrier(const BarrierOptions& options) {
@@ -826,8 +884,16 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoSend(const Tensor& ten
   }
   const absl::Time deadline = DeadlineFor(options.timeout);
   auto work = std::make_shared<Work>(OpType::kSend, deadline + kBackstop);
-  Tensor data = Staging(tensor);
   const std::string what = absl::StrCat("send to ", DescribePeer(dst), " (tag ", options.tag, ")");
+  // A device tensor is sent from its pinned copy, which must be complete
+  // before gloo may read it: the send waits for the device here, at the call
+  // (posting it later, from another thread, could reorder sends).
+  DeviceStaging stage;
+  EMBER_ASSIGN_OR_RETURN(const Tensor host, stage.Input(tensor));
+  if (absl::Status ready = stage.WaitForInputs(deadline, what); !ready.ok()) {
+    return Work::Completed(OpType::kSend, ready);
+  }
+  Tensor data = Staging(host);
   std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
   try {
     buffer = context_->createUnboundBuffer(Data(data), data.nbytes());
@@ -845,7 +911,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoSend(const Tensor& ten
 absl::StatusOr<std::shared_ptr<RecvWork>> GlooProcessGroup::DoRecv(const Tensor& tensor, int src,
                                                                    const P2POptions& options) {
   const absl::Time deadline = DeadlineFor(options.timeout);
-  auto work = std::make_shared<RecvWork>(OpType::kRecv, deadline + kBackstop);
+  auto work = std::make_shared<StagedWork<RecvWork>>(OpType::kRecv, deadline + kBackstop);
   {
     absl::MutexLock lock(&mu_);
     if (!aborted_.ok()) {
@@ -853,7 +919,12 @@ absl::StatusOr<std::shared_ptr<RecvWork>> GlooProcessGroup::DoRecv(const Tensor&
       return work;
     }
   }
-  Tensor staging = Staging(tensor);
+  // A device tensor receives into a pinned stand-in, copied back once the
+  // message is in (Note [gloo on device tensors]).
+  auto stage = std::make_shared<DeviceStaging>();
+  EMBER_ASSIGN_OR_RETURN(const Tensor host, stage->Output(tensor));
+  if (stage->active()) work->set_staging(stage);
+  Tensor staging = Staging(host);
   const std::string what =
       absl::StrCat("recv from ", DescribePeer(src), " (tag ", options.tag, ")");
   const uint64_t slot = static_cast<uint32_t>(options.tag);
@@ -874,11 +945,12 @@ absl::StatusOr<std::shared_ptr<RecvWork>> GlooProcessGroup::DoRecv(const Tensor&
     return work;
   }
   StartP2P(std::move(buffer),
-           [work, tensor, staging, deadline, what](::gloo::transport::UnboundBuffer& b) {
+           [work, host, staging, stage, deadline, what](::gloo::transport::UnboundBuffer& b) {
              int from = -1;
              absl::Status s = WaitP2P([&] { return b.waitRecv(&from, Left(deadline)); }, what);
              if (s.ok()) {
-               CopyBack(tensor, staging);
+               CopyBack(host, staging);
+               s = stage->CopyBack();
                work->set_source(from);
              }
              work->Finish(s);

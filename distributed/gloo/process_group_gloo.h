@@ -1,6 +1,8 @@
 // GlooProcessGroup: the "gloo" backend: every op of ProcessGroup on CPU
 // tensors through Facebook's gloo library (Debian's libgloo, tcp transport),
-// as PyTorch's ProcessGroupGloo.
+// as PyTorch's ProcessGroupGloo; and on CUDA tensors through pinned host
+// memory, ordered on the tensors' stream (Note [gloo on device tensors] in
+// staging.cc), which also lets several ranks share one GPU.
 //
 //   ```cpp compile-only
 //   #include "distributed/distributed.h"
@@ -20,6 +22,15 @@
 // and monitored_barrier uses gloo's point-to-point buffers, both as PyTorch
 // does. Every dtype Ember has. ReduceOp::kAvg is refused with
 // kUnimplemented, as PyTorch refuses it for gloo ("use SUM and divide").
+//
+// CUDA tensors: every op but the barriers, which carry none. At the call
+// the tensors are copied to pinned host memory on the device's current
+// stream; the worker waits for those copies, runs gloo on the host, and
+// queues the copies back on the same stream. The Work finishes once they are
+// queued, and wait() makes the waiting thread's current stream wait for them
+// without blocking the host, as the nccl backend's wait(). A send of a CUDA
+// tensor waits at the call until its copy to the host is done. An op's CUDA
+// tensors must all be on one device.
 //
 // Execution: collectives run in call order on one worker thread per group,
 // each with its own gloo tag (the collective's sequence number); a send or
@@ -64,7 +75,10 @@ class UnboundBuffer;
 
 namespace ember::distributed::gloo {
 
-// The gloo row of the backend support table: every op, CPU tensors only.
+class DeviceStaging;  // staging.h
+
+// The gloo row of the backend support table: every op on CPU tensors, and
+// every op with tensors on CUDA tensors.
 SupportTable GlooSupportTable();
 
 // The gloo backend's pg_options (torch's ProcessGroupGloo.Options).
@@ -165,9 +179,12 @@ class GlooProcessGroup : public ProcessGroup {
   GlooProcessGroup(const BackendOptions& options, std::shared_ptr<::gloo::Context> context,
                    std::string device_description, std::vector<Peer> peers);
   // Queues `job`; `call`, when given, is checked against the other ranks'
-  // first.
+  // first. With an active `stage` the job waits for its copies in first and
+  // queues its copies back after, and the Work's wait() orders the waiter's
+  // stream after them (Note [gloo on device tensors]).
   std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout,
-                                std::optional<Call> call, Job job);
+                                std::optional<Call> call, Job job,
+                                std::shared_ptr<DeviceStaging> stage = nullptr);
   absl::Status CheckCall(const OpContext& ctx, const Call& call);
   void WorkerLoop();
   // The status of a job that threw `what` (Note [gloo exceptions]).

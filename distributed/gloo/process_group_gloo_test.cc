@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "distributed/backend_registry.h"
 #include "distributed/gloo/device.h"
+#include "distributed/gloo/staging.h"
 #include "distributed/gloo/store_adapter.h"
 #include "distributed/hash_store.h"
 #include "distributed/testing/process_group_suite.h"
@@ -69,14 +70,35 @@ class ScopedEnv {
   std::string old_;
 };
 
-TEST(GlooBackendTest, IsRegisteredWithEveryOpOnCpuOnly) {
+TEST(GlooBackendTest, IsRegisteredWithEveryOpOnCpuAndEveryTensorOpOnCuda) {
   absl::StatusOr<const BackendInfo*> info = find_backend("GLOO");
   ASSERT_TRUE(info.ok()) << info.status();
-  for (int op = 0; op < kNumOpTypes; ++op) {
-    EXPECT_TRUE((*info)->support.supports(static_cast<OpType>(op), DeviceType::kCPU))
-        << op_type_name(static_cast<OpType>(op));
-    EXPECT_FALSE((*info)->support.supports(static_cast<OpType>(op), DeviceType::kCUDA));
+  for (int i = 0; i < kNumOpTypes; ++i) {
+    const auto op = static_cast<OpType>(i);
+    EXPECT_TRUE((*info)->support.supports(op, DeviceType::kCPU)) << op_type_name(op);
+    // Through pinned host memory (staging.h); the barriers carry no tensor.
+    EXPECT_EQ((*info)->support.supports(op, DeviceType::kCUDA),
+              op != OpType::kBarrier && op != OpType::kMonitoredBarrier)
+        << op_type_name(op);
   }
+}
+
+// CPU tensors are used as they are: no copy, no stream, nothing to wait for.
+TEST(GlooStagingTest, CpuTensorsPassThrough) {
+  DeviceStaging stage;
+  Tensor a = ones({3}), b = zeros({2, 2});
+  absl::StatusOr<Tensor> in = stage.Input(a);
+  absl::StatusOr<Tensor> out = stage.InOut(b);
+  ASSERT_TRUE(in.ok() && out.ok());
+  EXPECT_TRUE(in->is_same(a));
+  EXPECT_TRUE(out->is_same(b));
+  absl::StatusOr<std::vector<Tensor>> list = stage.Outputs({a, b});
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE((*list)[0].is_same(a) && (*list)[1].is_same(b));
+  EXPECT_FALSE(stage.active());
+  EXPECT_TRUE(stage.WaitForInputs(absl::InfinitePast(), "all_reduce").ok());
+  EXPECT_TRUE(stage.CopyBack().ok());
+  EXPECT_TRUE(stage.BlockCurrentStream().ok());
 }
 
 TEST(GlooBackendTest, AvgIsRefusedAsInPyTorch) {
