@@ -12,15 +12,27 @@
 namespace ember::autograd {
 namespace {
 
-// Address of row-major element `index` of a float64 tensor.
-double* ElementAt(const Tensor& t, int64_t index) {
+// Row-major element `index` of `t` as a 0-dim view, outside autograd: the
+// perturbations write through it with tensor ops, so inputs on any device work.
+Tensor ElementAt(const Tensor& t, int64_t index) {
   int64_t offset = t.storage_offset();
   for (int64_t d = t.dim() - 1; d >= 0; --d) {
     offset += (index % t.sizes()[d]) * t.strides()[d];
     index /= t.sizes()[d];
   }
-  return static_cast<double*>(t.storage().data()) + offset;
+  BelowAutogradGuard below;
+  return t.as_strided({}, {}, offset);
 }
+
+// Sets element `e` (from ElementAt) without recording.
+void SetElement(const Tensor& e, double value) {
+  NoGradGuard no_grad;
+  BelowAutogradGuard below;
+  e.fill_(value);
+}
+
+// The elements of `t`, read on the host.
+std::vector<double> HostValues(const Tensor& t) { return testing::Values(t.to(kCPU)); }
 
 bool SelfOverlapping(const Tensor& t) {
   for (int64_t d = 0; d < t.dim(); ++d) {
@@ -35,8 +47,7 @@ std::vector<std::vector<double>> Evaluate(
   NoGradGuard no_grad;
   std::vector<std::vector<double>> out;
   for (const Tensor& t : fn(inputs)) {
-    out.push_back(t.defined() && t.is_floating_point() ? testing::Values(t)
-                                                       : std::vector<double>());
+    out.push_back(t.defined() && t.is_floating_point() ? HostValues(t) : std::vector<double>());
   }
   return out;
 }
@@ -84,13 +95,13 @@ absl::Status gradcheck(const std::function<variable_list(const variable_list&)>&
       continue;
     }
     for (int64_t k = 0; k < out.numel(); ++k) {
-      Tensor seed = zeros(out.sizes(), TensorOptions(out.dtype()));
+      Tensor seed = zeros(out.sizes(), TensorOptions(out.dtype()).device(out.device()));
       seed.view({-1}).narrow(0, k, 1).fill_(1);
       variable_list grads = grad({out}, wrt, {seed}, /*retain_graph=*/true, false,
                                  /*allow_unused=*/true);
       std::vector<std::vector<double>> row;
       for (size_t c = 0; c < wrt.size(); ++c) {
-        row.push_back(grads[c].defined() ? testing::Values(grads[c])
+        row.push_back(grads[c].defined() ? HostValues(grads[c])
                                          : std::vector<double>(wrt[c].numel(), 0.0));
         if (static_cast<int64_t>(row.back().size()) != wrt[c].numel()) {
           return absl::InternalError(absl::StrCat("gradcheck: the gradient of input ", checked[c],
@@ -106,13 +117,13 @@ absl::Status gradcheck(const std::function<variable_list(const variable_list&)>&
   for (size_t c = 0; c < wrt.size(); ++c) {
     const Tensor& in = wrt[c];
     for (int64_t j = 0; j < in.numel(); ++j) {
-      double* p = ElementAt(in, j);
-      const double original = *p;
-      *p = original + options.eps;
+      Tensor element = ElementAt(in, j);
+      const double original = HostValues(element)[0];
+      SetElement(element, original + options.eps);
       auto plus = Evaluate(fn, inputs);
-      *p = original - options.eps;
+      SetElement(element, original - options.eps);
       auto minus = Evaluate(fn, inputs);
-      *p = original;
+      SetElement(element, original);
       for (size_t o = 0; o < outputs.size(); ++o) {
         if (analytical[o].empty()) continue;
         for (size_t k = 0; k < plus[o].size(); ++k) {
@@ -139,7 +150,7 @@ absl::Status gradgradcheck(const std::function<variable_list(const variable_list
     EnableGradGuard enable;
     for (const Tensor& out : fn(inputs)) {
       if (out.defined() && out.requires_grad()) {
-        all.push_back((rand(out.sizes(), kFloat64) * 2 - 1).requires_grad_());
+        all.push_back((rand(out.sizes(), kFloat64) * 2 - 1).to(out.device()).requires_grad_());
       }
     }
   }
