@@ -457,6 +457,7 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   sync_gradients_ = require_backward_grad_sync_;
   in_iteration_ = true;
   forward_order_.clear();
+  kept_gathered_.reset();
   Unit& root = *units_[0];
   WaitUnshard(root);
   if (options_.forward_prefetch && !last_forward_order_.empty()) {
@@ -498,6 +499,10 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
 
 void FullyShardedDataParallel::OnUnitForwardStart(size_t index) {
   CheckUsable();
+  if (kept_gathered_.has_value() && *kept_gathered_ != index) {
+    Reshard(*units_[*kept_gathered_]);
+    kept_gathered_.reset();
+  }
   Unit& unit = *units_[index];
   WaitUnshard(unit);
   if (!in_iteration_) return;
@@ -512,10 +517,16 @@ void FullyShardedDataParallel::OnUnitForwardEnd(size_t index, const Tensor& outp
   Unit& unit = *units_[index];
   const bool backward_coming =
       in_iteration_ && expect_backward_ && output.defined() && output.requires_grad();
-  if (!backward_coming || options_.sharding_strategy == ShardingStrategy::kFullShard) {
+  if (!backward_coming) {
     Reshard(unit);
+    return;
   }
-  if (!backward_coming) return;
+  if (options_.sharding_strategy == ShardingStrategy::kFullShard) {
+    if (kept_gathered_.has_value() && *kept_gathered_ != index) {
+      Reshard(*units_[*kept_gathered_]);
+    }
+    kept_gathered_ = index;
+  }
   std::weak_ptr<FullyShardedDataParallel> weak =
       std::static_pointer_cast<FullyShardedDataParallel>(shared_from_this());
   autograd::RegisterHook(output, [weak, index](const Tensor&) {

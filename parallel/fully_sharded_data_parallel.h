@@ -61,6 +61,12 @@
 //     forward_prefetch, issues the all_gather of the unit that ran next in
 //     the previous iteration; the forward hook reshards (FULL_SHARD, or any
 //     strategy without grad mode) and puts a hook on the unit's output.
+//     FULL_SHARD frees a unit when the next unit's forward starts or ends
+//     rather than at its own end, so the unit whose forward ends last stays
+//     gathered into backward, whose first unit it is, instead of being
+//     freed and gathered again at once (torch keeps the root's parameters
+//     for the same reason); during forward at most one extra unit is held,
+//     never while another unit computes.
 //   backward: the output hook of a unit (torch's pre-backward hook) waits for
 //     the unit's all_gather (FULL_SHARD gathers again) and, with
 //     backward_prefetch, issues the all_gather of the unit whose backward
@@ -282,6 +288,9 @@ class FullyShardedDataParallel : public nn::Module {
   std::vector<size_t> forward_order_;       // units (not the root) as forward ran them
   std::vector<size_t> last_forward_order_;  // the previous iteration's
   std::vector<size_t> backward_order_;      // root, then forward_order_ reversed
+  // FULL_SHARD: the unit whose forward ended last, still gathered until
+  // another unit's forward starts or ends (Note [FSDP iteration]).
+  std::optional<size_t> kept_gathered_;
   EndOfBackward end_of_backward_;
 
   absl::Status failure_;  // sticky
