@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "nn/conv_kernels.h"
 #include "nn/init.h"
 #include "nn/kernel_util.h"
 #include "nn/onednn.h"
@@ -92,11 +93,7 @@ void Gemm(const Tensor& out, const Tensor& a, const Tensor& b, double beta) {
   ops::gemm_out(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), beta, 1);
 }
 
-// Stride, padding, dilation and groups of one convolution.
-struct ConvParams {
-  Int2 stride, padding, dilation;
-  int64_t groups;
-};
+using internal::ConvParams;
 
 ConvShape ShapeOf(IntArrayRef x, IntArrayRef w, const ConvParams& p) {
   ConvShape s;
@@ -213,6 +210,35 @@ Tensor ConvWeightGrad(const Tensor& input, const Tensor& grad, const IntVector& 
   return gw.view(w_sizes);
 }
 
+}  // namespace
+
+// The conv2d slots (nn/conv_kernels.h), filled per device type.
+namespace internal {
+constinit DeviceKernel<ConvForwardFn> conv2d_forward{"conv2d forward"};
+constinit DeviceKernel<ConvInputGradFn> conv2d_input_grad{"conv2d input gradient"};
+constinit DeviceKernel<ConvWeightGradFn> conv2d_weight_grad{"conv2d weight gradient"};
+}  // namespace internal
+
+namespace {
+
+EMBER_REGISTER_NN_KERNEL(internal::conv2d_forward, DeviceType::kCPU, &ConvForward);
+EMBER_REGISTER_NN_KERNEL(internal::conv2d_input_grad, DeviceType::kCPU, &ConvInputGrad);
+EMBER_REGISTER_NN_KERNEL(internal::conv2d_weight_grad, DeviceType::kCPU, &ConvWeightGrad);
+
+// The kernels of `t`'s device.
+Tensor ConvForwardOn(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams& p) {
+  return internal::conv2d_forward(x.device())(x.detach(), w.detach(),
+                                              b.defined() ? b.detach() : Tensor(), p);
+}
+Tensor ConvInputGradOn(const Tensor& go, const Tensor& w, const IntVector& x_sizes,
+                       const ConvParams& p) {
+  return internal::conv2d_input_grad(go.device())(go.detach(), w.detach(), x_sizes, p);
+}
+Tensor ConvWeightGradOn(const Tensor& x, const Tensor& go, const IntVector& w_sizes,
+                        const ConvParams& p, Tensor* grad_bias = nullptr) {
+  return internal::conv2d_weight_grad(x.device())(x.detach(), go.detach(), w_sizes, p, grad_bias);
+}
+
 void SaveParams(AutogradContext* ctx, const ConvParams& p) {
   ctx->saved_data["params"] = IntVector{p.stride[0],   p.stride[1],   p.padding[0], p.padding[1],
                                         p.dilation[0], p.dilation[1], p.groups};
@@ -242,7 +268,7 @@ struct ConvInputGradFunction : autograd::Function<ConvInputGradFunction> {
     ctx->save_for_backward({grad, weight});
     ctx->saved_data["x_sizes"] = x_sizes;
     SaveParams(ctx, p);
-    return ConvInputGrad(grad, weight, x_sizes, p);
+    return ConvInputGradOn(grad, weight, x_sizes, p);
   }
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs);
 };
@@ -252,7 +278,7 @@ struct ConvWeightGradFunction : autograd::Function<ConvWeightGradFunction> {
     ctx->save_for_backward({input, grad});
     ctx->saved_data["w_sizes"] = w_sizes;
     SaveParams(ctx, p);
-    return ConvWeightGrad(input, grad, w_sizes, p);
+    return ConvWeightGradOn(input, grad, w_sizes, p);
   }
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs);
 };
@@ -263,7 +289,7 @@ struct Conv2dFunction : autograd::Function<Conv2dFunction> {
     ctx->save_for_backward({input, weight});
     ctx->saved_data["has_bias"] = bias.defined();
     SaveParams(ctx, p);
-    return ConvForward(input, weight, bias, p);
+    return ConvForwardOn(input, weight, bias, p);
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
@@ -275,12 +301,13 @@ struct Conv2dFunction : autograd::Function<Conv2dFunction> {
     const bool record = autograd::GradMode::is_enabled();
     if (ctx->needs_input_grad(0)) {
       grads[0] = record ? ConvInputGradFunction::apply(go, saved[1], SizesOf(saved[0]), p)
-                        : ConvInputGrad(go, saved[1], SizesOf(saved[0]), p);
+                        : ConvInputGradOn(go, saved[1], SizesOf(saved[0]), p);
     }
     const bool bias_grad = ctx->needs_input_grad(2) && std::get<bool>(ctx->saved_data["has_bias"]);
     if (ctx->needs_input_grad(1) && !record) {
       // The bias gradient comes with the weight's (one pass over go).
-      grads[1] = ConvWeightGrad(saved[0], go, SizesOf(saved[1]), p, bias_grad ? &grads[2] : nullptr);
+      grads[1] =
+          ConvWeightGradOn(saved[0], go, SizesOf(saved[1]), p, bias_grad ? &grads[2] : nullptr);
       return grads;
     }
     if (ctx->needs_input_grad(1)) {
@@ -329,8 +356,8 @@ namespace functional {
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int2 stride,
               Int2 padding, Int2 dilation, int64_t groups) {
-  internal::CheckCpu(input, "conv2d", "input");
-  internal::CheckCpu(weight, "conv2d", "weight");
+  EMBER_CHECK(input.defined(), "conv2d: input is an undefined tensor");
+  internal::CheckDevice(weight, input.device(), "conv2d", "weight");
   if (input.dim() == 3) {
     return conv2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
   }
@@ -357,6 +384,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int
                 "shape [",
                 weight.size(0), "], got ", ShapeToString(bias.sizes()));
     internal::CheckSameDtype(bias, weight, "conv2d", "bias", "weight");
+    internal::CheckDevice(bias, input.device(), "conv2d", "bias");
   }
   for (int i = 0; i < 2; ++i) {
     const int64_t padded = input.size(2 + i) + 2 * padding[i];
@@ -378,7 +406,7 @@ namespace {
 // Checks grad_output against the geometry that input and weight sizes give.
 void CheckGradOutput(IntArrayRef x, IntArrayRef w, const Tensor& grad_output, const ConvParams& p,
                      const char* op) {
-  internal::CheckCpu(grad_output, op, "grad_output");
+  EMBER_CHECK(grad_output.defined(), op, ": grad_output is an undefined tensor");
   EMBER_CHECK(x.size() == 4 && w.size() == 4, op, ": expected a 4-D input size and weight size, got ",
               ShapeToString(x), " and ", ShapeToString(w));
   EMBER_CHECK(p.groups > 0 && x[1] == w[1] * p.groups && w[0] % p.groups == 0, op,
@@ -396,7 +424,8 @@ void CheckGradOutput(IntArrayRef x, IntArrayRef w, const Tensor& grad_output, co
 Tensor conv2d_input(IntArrayRef input_size, const Tensor& weight, const Tensor& grad_output,
                     Int2 stride, Int2 padding, Int2 dilation, int64_t groups) {
   const ConvParams p{stride, padding, dilation, groups};
-  internal::CheckCpu(weight, "conv2d_input", "weight");
+  EMBER_CHECK(grad_output.defined(), "conv2d_input: grad_output is an undefined tensor");
+  internal::CheckDevice(weight, grad_output.device(), "conv2d_input", "weight");
   CheckGradOutput(input_size, weight.sizes(), grad_output, p, "conv2d_input");
   internal::CheckSameDtype(grad_output, weight, "conv2d_input", "grad_output", "weight");
   return ConvInputGradFunction::apply(grad_output, weight,
@@ -406,7 +435,8 @@ Tensor conv2d_input(IntArrayRef input_size, const Tensor& weight, const Tensor& 
 Tensor conv2d_weight(const Tensor& input, IntArrayRef weight_size, const Tensor& grad_output,
                      Int2 stride, Int2 padding, Int2 dilation, int64_t groups) {
   const ConvParams p{stride, padding, dilation, groups};
-  internal::CheckCpu(input, "conv2d_weight", "input");
+  EMBER_CHECK(input.defined(), "conv2d_weight: input is an undefined tensor");
+  internal::CheckDevice(grad_output, input.device(), "conv2d_weight", "grad_output");
   CheckGradOutput(input.sizes(), weight_size, grad_output, p, "conv2d_weight");
   internal::CheckSameDtype(grad_output, input, "conv2d_weight", "grad_output", "input");
   return ConvWeightGradFunction::apply(input, grad_output,

@@ -9,6 +9,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "nn/init.h"
+#include "nn/batch_norm_kernels.h"
 #include "nn/kernel_util.h"
 #include "nn/layer_norm_kernels.h"
 #include "tensor/error.h"
@@ -76,70 +77,135 @@ std::vector<Tensor> LayerNormRecordedBackward(const std::vector<Tensor>& saved, 
   return grads;
 }
 
-// x viewed as [N, C, S]; statistics per channel.
+}  // namespace
+
+// The batch_norm slots (nn/batch_norm_kernels.h), filled per device type.
+namespace internal {
+constinit DeviceKernel<BatchNormForwardFn> batch_norm_forward{"batch_norm forward"};
+constinit DeviceKernel<BatchNormBackwardFn> batch_norm_backward{"batch_norm backward"};
+}  // namespace internal
+
+namespace {
+
+// batch_norm's CPU kernels: per channel, float64 accumulation.
+std::array<Tensor, 3> BatchNormForwardCpu(const Tensor& x, const Tensor& w, const Tensor& b,
+                                          const Tensor& running_mean, const Tensor& running_var,
+                                          bool training, double momentum, double eps) {
+  const int64_t n = x.size(0), c = x.size(1), s = x.numel() / std::max<int64_t>(n * c, 1);
+  const int64_t m = n * s;
+  Tensor mean = empty({c}, x.options()), invstd = empty({c}, x.options());
+  Tensor out = empty(x.sizes(), x.options());
+  Tensor stats_mean, stats_var;  // float64 copies of the running stats in eval mode
+  if (!training) {
+    stats_mean = running_mean.to(kFloat64).contiguous();
+    stats_var = running_var.to(kFloat64).contiguous();
+  }
+  internal::VisitNnDtype(x.dtype(), "batch_norm", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* pm = mean.data_ptr<T>();
+    T* pv = invstd.data_ptr<T>();
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double mu, var;
+      if (training) {
+        double sum = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const T* p = px + (i * c + ch) * s;
+          for (int64_t j = 0; j < s; ++j) sum += p[j];
+        }
+        mu = sum / static_cast<double>(m);
+        double sq = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const T* p = px + (i * c + ch) * s;
+          for (int64_t j = 0; j < s; ++j) sq += (p[j] - mu) * (p[j] - mu);
+        }
+        var = sq / static_cast<double>(m);
+        if (running_mean.defined()) {
+          VisitDtype(running_mean.dtype(), [&]<typename R>() {
+            if constexpr (std::is_floating_point_v<R>) {
+              R* rm = running_mean.data_ptr<R>();
+              R* rv = running_var.data_ptr<R>();
+              const double unbiased = m > 1 ? sq / static_cast<double>(m - 1) : var;
+              rm[ch] = static_cast<R>((1 - momentum) * rm[ch] + momentum * mu);
+              rv[ch] = static_cast<R>((1 - momentum) * rv[ch] + momentum * unbiased);
+            }
+          });
+        }
+      } else {
+        mu = stats_mean.data_ptr<double>()[ch];
+        var = stats_var.data_ptr<double>()[ch];
+      }
+      const double is = 1.0 / std::sqrt(var + eps);
+      pm[ch] = static_cast<T>(mu);
+      pv[ch] = static_cast<T>(is);
+      const double scale = w.defined() ? w.data_ptr<T>()[ch] * is : is;
+      const double shift = (b.defined() ? b.data_ptr<T>()[ch] : 0.0) - mu * scale;
+      T* po = out.data_ptr<T>();
+      for (int64_t i = 0; i < n; ++i) {
+        const T* p = px + (i * c + ch) * s;
+        T* q = po + (i * c + ch) * s;
+        for (int64_t j = 0; j < s; ++j) q[j] = static_cast<T>(p[j] * scale + shift);
+      }
+    }
+  });
+  return {out, mean, invstd};
+}
+
+std::array<Tensor, 3> BatchNormBackwardCpu(const Tensor& g, const Tensor& x, const Tensor& w,
+                                           const Tensor& mean, const Tensor& invstd,
+                                           bool training, double /*eps*/,
+                                           std::array<bool, 3> needs) {
+  const int64_t n = x.size(0), c = x.size(1), s = x.numel() / std::max<int64_t>(n * c, 1);
+  const double m = static_cast<double>(n * s);
+  const bool need_x = needs[0];
+  Tensor gx = need_x ? empty(x.sizes(), x.options()) : Tensor();
+  Tensor gw = empty({c}, x.options()), gb = empty({c}, x.options());
+  internal::VisitNnDtype(x.dtype(), "batch_norm backward", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    const T* pg = g.data_ptr<T>();
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const double mu = mean.data_ptr<T>()[ch], is = invstd.data_ptr<T>()[ch];
+      double sum_g = 0, sum_gx = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t base = (i * c + ch) * s;
+        for (int64_t j = 0; j < s; ++j) {
+          sum_g += pg[base + j];
+          sum_gx += pg[base + j] * (px[base + j] - mu);
+        }
+      }
+      gw.data_ptr<T>()[ch] = static_cast<T>(sum_gx * is);
+      gb.data_ptr<T>()[ch] = static_cast<T>(sum_g);
+      if (!need_x) continue;
+      const double scale = (w.defined() ? w.data_ptr<T>()[ch] : 1.0) * is;
+      T* pgx = gx.data_ptr<T>();
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t base = (i * c + ch) * s;
+        for (int64_t j = 0; j < s; ++j) {
+          double v = pg[base + j];
+          if (training) {
+            const double xhat = (px[base + j] - mu) * is;
+            v = v - sum_g / m - xhat * (sum_gx * is) / m;
+          }
+          pgx[base + j] = static_cast<T>(v * scale);
+        }
+      }
+    }
+  });
+  return {gx, needs[1] && w.defined() ? gw : Tensor(), needs[2] ? gb : Tensor()};
+}
+
+EMBER_REGISTER_NN_KERNEL(internal::batch_norm_forward, DeviceType::kCPU, &BatchNormForwardCpu);
+EMBER_REGISTER_NN_KERNEL(internal::batch_norm_backward, DeviceType::kCPU, &BatchNormBackwardCpu);
+
+// x viewed as [N, C, S]; statistics per channel, by the kernels of x's device.
 struct BatchNormFunction : autograd::Function<BatchNormFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& weight,
                         const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
                         bool training, double momentum, double eps) {
     Tensor x = input.detach().contiguous();
-    const int64_t n = x.size(0), c = x.size(1), s = x.numel() / std::max<int64_t>(n * c, 1);
-    const int64_t m = n * s;
-    Tensor mean = empty({c}, x.options()), invstd = empty({c}, x.options());
-    Tensor out = empty(x.sizes(), x.options());
     Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
     Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
-    Tensor stats_mean, stats_var;  // float64 copies of the running stats in eval mode
-    if (!training) {
-      stats_mean = running_mean.to(kFloat64).contiguous();
-      stats_var = running_var.to(kFloat64).contiguous();
-    }
-    internal::VisitNnDtype(x.dtype(), "batch_norm", [&]<typename T>() {
-      const T* px = x.data_ptr<T>();
-      T* pm = mean.data_ptr<T>();
-      T* pv = invstd.data_ptr<T>();
-      for (int64_t ch = 0; ch < c; ++ch) {
-        double mu, var;
-        if (training) {
-          double sum = 0;
-          for (int64_t i = 0; i < n; ++i) {
-            const T* p = px + (i * c + ch) * s;
-            for (int64_t j = 0; j < s; ++j) sum += p[j];
-          }
-          mu = sum / static_cast<double>(m);
-          double sq = 0;
-          for (int64_t i = 0; i < n; ++i) {
-            const T* p = px + (i * c + ch) * s;
-            for (int64_t j = 0; j < s; ++j) sq += (p[j] - mu) * (p[j] - mu);
-          }
-          var = sq / static_cast<double>(m);
-          if (running_mean.defined()) {
-            VisitDtype(running_mean.dtype(), [&]<typename R>() {
-              if constexpr (std::is_floating_point_v<R>) {
-                R* rm = running_mean.data_ptr<R>();
-                R* rv = running_var.data_ptr<R>();
-                const double unbiased = m > 1 ? sq / static_cast<double>(m - 1) : var;
-                rm[ch] = static_cast<R>((1 - momentum) * rm[ch] + momentum * mu);
-                rv[ch] = static_cast<R>((1 - momentum) * rv[ch] + momentum * unbiased);
-              }
-            });
-          }
-        } else {
-          mu = stats_mean.data_ptr<double>()[ch];
-          var = stats_var.data_ptr<double>()[ch];
-        }
-        const double is = 1.0 / std::sqrt(var + eps);
-        pm[ch] = static_cast<T>(mu);
-        pv[ch] = static_cast<T>(is);
-        const double scale = w.defined() ? w.data_ptr<T>()[ch] * is : is;
-        const double shift = (b.defined() ? b.data_ptr<T>()[ch] : 0.0) - mu * scale;
-        T* po = out.data_ptr<T>();
-        for (int64_t i = 0; i < n; ++i) {
-          const T* p = px + (i * c + ch) * s;
-          T* q = po + (i * c + ch) * s;
-          for (int64_t j = 0; j < s; ++j) q[j] = static_cast<T>(p[j] * scale + shift);
-        }
-      }
-    });
+    auto [out, mean, invstd] = internal::batch_norm_forward(x.device())(
+        x, w, b, running_mean, running_var, training, momentum, eps);
     if (training && running_mean.defined()) {
       BumpVersion(running_mean);
       BumpVersion(running_var);
@@ -165,49 +231,14 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
     }
     Tensor x = saved[0].detach().contiguous();
     Tensor w = saved[1].defined() ? saved[1].detach().contiguous() : Tensor();
-    const Tensor& mean = saved[2];
-    const Tensor& invstd = saved[3];
-    const bool training = std::get<bool>(ctx->saved_data["training"]);
     Tensor g = grad_outputs[0].detach().contiguous();
-    const int64_t n = x.size(0), c = x.size(1), s = x.numel() / std::max<int64_t>(n * c, 1);
-    const double m = static_cast<double>(n * s);
-    const bool need_x = ctx->needs_input_grad(0);
-    Tensor gx = need_x ? empty(x.sizes(), x.options()) : Tensor();
-    Tensor gw = empty({c}, x.options()), gb = empty({c}, x.options());
-    internal::VisitNnDtype(x.dtype(), "batch_norm backward", [&]<typename T>() {
-      const T* px = x.data_ptr<T>();
-      const T* pg = g.data_ptr<T>();
-      for (int64_t ch = 0; ch < c; ++ch) {
-        const double mu = mean.data_ptr<T>()[ch], is = invstd.data_ptr<T>()[ch];
-        double sum_g = 0, sum_gx = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t base = (i * c + ch) * s;
-          for (int64_t j = 0; j < s; ++j) {
-            sum_g += pg[base + j];
-            sum_gx += pg[base + j] * (px[base + j] - mu);
-          }
-        }
-        gw.data_ptr<T>()[ch] = static_cast<T>(sum_gx * is);
-        gb.data_ptr<T>()[ch] = static_cast<T>(sum_g);
-        if (!need_x) continue;
-        const double scale = (w.defined() ? w.data_ptr<T>()[ch] : 1.0) * is;
-        T* pgx = gx.data_ptr<T>();
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t base = (i * c + ch) * s;
-          for (int64_t j = 0; j < s; ++j) {
-            double v = pg[base + j];
-            if (training) {
-              const double xhat = (px[base + j] - mu) * is;
-              v = v - sum_g / m - xhat * (sum_gx * is) / m;
-            }
-            pgx[base + j] = static_cast<T>(v * scale);
-          }
-        }
-      }
-    });
+    auto [gx, gw, gb] = internal::batch_norm_backward(x.device())(
+        g, x, w, saved[2], saved[3], std::get<bool>(ctx->saved_data["training"]),
+        std::get<double>(ctx->saved_data["eps"]),
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
     grads[0] = gx;
-    if (ctx->needs_input_grad(1)) grads[1] = gw;
-    if (ctx->needs_input_grad(2)) grads[2] = gb;
+    grads[1] = gw;
+    grads[2] = gb;
     return grads;
   }
 };
@@ -343,7 +374,7 @@ namespace functional {
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                   double eps) {
-  internal::CheckCpu(input, "batch_norm", "input");
+  EMBER_CHECK(input.defined(), "batch_norm: input is an undefined tensor");
   EMBER_CHECK(input.dim() >= 2,
               "batch_norm: expected an input of at least 2 dims [N, C, *], "
               "got shape ",
@@ -353,6 +384,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     if (!t.defined()) return;
     EMBER_CHECK(t.dim() == 1 && t.size(0) == c, "batch_norm: expected ", what, " of shape [", c,
                 "] (the input's channels), got ", ShapeToString(t.sizes()));
+    internal::CheckDevice(t, input.device(), "batch_norm", what);
   };
   check_channel(running_mean, "running_mean");
   check_channel(running_var, "running_var");

@@ -1,5 +1,6 @@
 #include "nn/pooling.h"
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "nn/kernel_util.h"
+#include "nn/pooling_kernels.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 
@@ -32,7 +34,7 @@ int64_t PoolOutputSize(int64_t in, int64_t kernel, int64_t pad, int64_t stride, 
 // Checks an [N, C, H, W] input and the pool geometry; returns {OH, OW}.
 Int2 CheckPool(const char* op, const Tensor& x, Int2 kernel, Int2 stride, Int2 padding,
                Int2 dilation, bool ceil_mode) {
-  internal::CheckCpu(x, op, "input");
+  EMBER_CHECK(x.defined(), op, ": input is an undefined tensor");
   EMBER_CHECK(x.dim() == 4, op, ": expected a 3-D or 4-D input, got shape ",
               ShapeToString(x.sizes()));
   Int2 out;
@@ -114,13 +116,73 @@ Tensor MaxPoolGather(const Tensor& input, const Tensor& indices) {
   return out;
 }
 
+// The max pool's CPU kernel: each window's maximum and its index in the plane.
+std::array<Tensor, 2> MaxPool2dCpu(const Tensor& input, Int2 kernel, Int2 stride, Int2 padding,
+                                   Int2 dilation, Int2 out_size) {
+  Tensor x = input.detach().contiguous();
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  const int64_t oh = out_size[0], ow = out_size[1];
+  Tensor out = empty({n, c, oh, ow}, x.options());
+  Tensor indices = empty({n, c, oh, ow}, kInt64);
+  internal::VisitNnDtype(x.dtype(), "max_pool2d", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    int64_t* pi = indices.data_ptr<int64_t>();
+    for (int64_t plane = 0; plane < n * c; ++plane) {
+      const T* in = px + plane * h * w;
+      for (int64_t oy = 0; oy < oh; ++oy) {
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          T best = -std::numeric_limits<T>::infinity();
+          int64_t best_index = -1;
+          for (int64_t ki = 0; ki < kernel[0]; ++ki) {
+            const int64_t iy = oy * stride[0] - padding[0] + ki * dilation[0];
+            if (iy < 0 || iy >= h) continue;
+            for (int64_t kj = 0; kj < kernel[1]; ++kj) {
+              const int64_t ix = ox * stride[1] - padding[1] + kj * dilation[1];
+              if (ix < 0 || ix >= w) continue;
+              const T v = in[iy * w + ix];
+              if (best_index < 0 || v > best || std::isnan(v)) {
+                best = v;
+                best_index = iy * w + ix;
+                if (std::isnan(v)) break;
+              }
+            }
+            if (best_index >= 0 && std::isnan(best)) break;
+          }
+          const int64_t o = (plane * oh + oy) * ow + ox;
+          po[o] = best;
+          pi[o] = best_index;
+        }
+      }
+    }
+  });
+  return {out, indices};
+}
+
+}  // namespace
+
+// The pooling slots (nn/pooling_kernels.h), filled per device type.
+namespace internal {
+constinit DeviceKernel<MaxPool2dForwardFn> max_pool2d_forward{"max_pool2d forward"};
+constinit DeviceKernel<MaxPool2dScatterFn> max_pool2d_scatter{"max_pool2d backward"};
+constinit DeviceKernel<MaxPool2dGatherFn> max_pool2d_gather{"max_pool2d double backward"};
+constinit DeviceKernel<AvgPool2dForwardFn> avg_pool2d_forward{"avg_pool2d forward"};
+constinit DeviceKernel<AvgPool2dAdjointFn> avg_pool2d_adjoint{"avg_pool2d backward"};
+}  // namespace internal
+
+namespace {
+
+EMBER_REGISTER_NN_KERNEL(internal::max_pool2d_forward, DeviceType::kCPU, &MaxPool2dCpu);
+EMBER_REGISTER_NN_KERNEL(internal::max_pool2d_scatter, DeviceType::kCPU, &MaxPoolScatter);
+EMBER_REGISTER_NN_KERNEL(internal::max_pool2d_gather, DeviceType::kCPU, &MaxPoolGather);
+
 struct MaxPoolGatherFunction;
 
 struct MaxPoolScatterFunction : autograd::Function<MaxPoolScatterFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& grad, const Tensor& indices,
                         IntVector sizes) {
     ctx->save_for_backward({indices});
-    return MaxPoolScatter(grad, indices, sizes);
+    return internal::max_pool2d_scatter(grad.device())(grad.detach(), indices, sizes);
   }
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs);
 };
@@ -129,7 +191,7 @@ struct MaxPoolGatherFunction : autograd::Function<MaxPoolGatherFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& indices) {
     ctx->save_for_backward({indices});
     ctx->saved_data["input_sizes"] = IntVector(input.sizes().begin(), input.sizes().end());
-    return MaxPoolGather(input, indices);
+    return internal::max_pool2d_gather(input.device())(input.detach(), indices);
   }
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
     std::vector<Tensor> grads(2);
@@ -152,45 +214,10 @@ std::vector<Tensor> MaxPoolScatterFunction::backward(AutogradContext* ctx,
 struct MaxPool2dFunction : autograd::Function<MaxPool2dFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, Int2 kernel, Int2 stride,
                         Int2 padding, Int2 dilation, Int2 out_size) {
-    Tensor x = input.detach().contiguous();
-    const int64_t n = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
-    const int64_t oh = out_size[0], ow = out_size[1];
-    Tensor out = empty({n, c, oh, ow}, x.options());
-    Tensor indices = empty({n, c, oh, ow}, kInt64);
-    internal::VisitNnDtype(x.dtype(), "max_pool2d", [&]<typename T>() {
-      const T* px = x.data_ptr<T>();
-      T* po = out.data_ptr<T>();
-      int64_t* pi = indices.data_ptr<int64_t>();
-      for (int64_t plane = 0; plane < n * c; ++plane) {
-        const T* in = px + plane * h * w;
-        for (int64_t oy = 0; oy < oh; ++oy) {
-          for (int64_t ox = 0; ox < ow; ++ox) {
-            T best = -std::numeric_limits<T>::infinity();
-            int64_t best_index = -1;
-            for (int64_t ki = 0; ki < kernel[0]; ++ki) {
-              const int64_t iy = oy * stride[0] - padding[0] + ki * dilation[0];
-              if (iy < 0 || iy >= h) continue;
-              for (int64_t kj = 0; kj < kernel[1]; ++kj) {
-                const int64_t ix = ox * stride[1] - padding[1] + kj * dilation[1];
-                if (ix < 0 || ix >= w) continue;
-                const T v = in[iy * w + ix];
-                if (best_index < 0 || v > best || std::isnan(v)) {
-                  best = v;
-                  best_index = iy * w + ix;
-                  if (std::isnan(v)) break;
-                }
-              }
-              if (best_index >= 0 && std::isnan(best)) break;
-            }
-            const int64_t o = (plane * oh + oy) * ow + ox;
-            po[o] = best;
-            pi[o] = best_index;
-          }
-        }
-      }
-    });
+    auto [out, indices] = internal::max_pool2d_forward(input.device())(
+        input.detach(), kernel, stride, padding, dilation, out_size);
     ctx->save_for_backward({indices});
-    ctx->saved_data["input_sizes"] = IntVector(x.sizes().begin(), x.sizes().end());
+    ctx->saved_data["input_sizes"] = IntVector(input.sizes().begin(), input.sizes().end());
     return out;
   }
 
@@ -201,7 +228,8 @@ struct MaxPool2dFunction : autograd::Function<MaxPool2dFunction> {
     const IntVector sizes = std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]);
     grads[0] = autograd::GradMode::is_enabled()
                    ? MaxPoolScatterFunction::apply(grad_outputs[0], indices, sizes)
-                   : MaxPoolScatter(grad_outputs[0], indices, sizes);
+                   : internal::max_pool2d_scatter(indices.device())(
+                         grad_outputs[0].detach(), indices, sizes);
     return grads;
   }
 };
@@ -240,10 +268,7 @@ Windows AdaptiveWindows(int64_t in, int64_t out) {
   return w;
 }
 
-// The row and column windows of an average pool, and the input's shape.
-struct AvgPlan {
-  IntVector sizes, ys, ye, yc, xs, xe, xc;
-};
+using internal::AvgPlan;
 
 // Averages x over the product of row and column windows.
 Tensor AvgPool(const Tensor& input, const AvgPlan& p) {
@@ -297,6 +322,9 @@ Tensor AvgPoolAdjoint(const Tensor& grad, const AvgPlan& p) {
   return gx;
 }
 
+EMBER_REGISTER_NN_KERNEL(internal::avg_pool2d_forward, DeviceType::kCPU, &AvgPool);
+EMBER_REGISTER_NN_KERNEL(internal::avg_pool2d_adjoint, DeviceType::kCPU, &AvgPoolAdjoint);
+
 void SavePlan(AutogradContext* ctx, const AvgPlan& p) {
   ctx->saved_data["sizes"] = p.sizes;
   ctx->saved_data["ys"] = p.ys;
@@ -319,7 +347,7 @@ struct AvgPoolAdjointFunction;
 struct AvgPoolFunction : autograd::Function<AvgPoolFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, AvgPlan plan) {
     SavePlan(ctx, plan);
-    return AvgPool(input, plan);
+    return internal::avg_pool2d_forward(input.device())(input.detach(), plan);
   }
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs);
 };
@@ -327,7 +355,7 @@ struct AvgPoolFunction : autograd::Function<AvgPoolFunction> {
 struct AvgPoolAdjointFunction : autograd::Function<AvgPoolAdjointFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& grad, AvgPlan plan) {
     SavePlan(ctx, plan);
-    return AvgPoolAdjoint(grad, plan);
+    return internal::avg_pool2d_adjoint(grad.device())(grad.detach(), plan);
   }
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
     std::vector<Tensor> grads(2);
@@ -343,7 +371,9 @@ std::vector<Tensor> AvgPoolFunction::backward(AutogradContext* ctx,
   if (!grad_outputs[0].defined()) return grads;
   const AvgPlan plan = LoadPlan(ctx);
   grads[0] = autograd::GradMode::is_enabled() ? AvgPoolAdjointFunction::apply(grad_outputs[0], plan)
-                                              : AvgPoolAdjoint(grad_outputs[0], plan);
+                                              : internal::avg_pool2d_adjoint(
+                                                    grad_outputs[0].device())(
+                                                    grad_outputs[0].detach(), plan);
   return grads;
 }
 
@@ -384,7 +414,7 @@ Tensor avg_pool2d(const Tensor& input, const AvgPool2dOptions& options) {
 
 Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
   return With4d(input, [&](const Tensor& x) {
-    internal::CheckCpu(x, "adaptive_avg_pool2d", "input");
+    EMBER_CHECK(x.defined(), "adaptive_avg_pool2d: input is an undefined tensor");
     EMBER_CHECK(x.dim() == 4, "adaptive_avg_pool2d: expected a 3-D or 4-D input, got shape ",
                 ShapeToString(x.sizes()));
     EMBER_CHECK(output_size[0] > 0 && output_size[1] > 0,
