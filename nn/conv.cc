@@ -114,6 +114,13 @@ onednn::ConvGeometry GeometryOf(const ConvShape& s) {
           .dilation = s.dilation, .groups = s.groups};
 }
 
+// Names `weight` for oneDNN's weight cache (Note [oneDNN weight cache]);
+// nothing when the kernel convolves a contiguous copy of it instead.
+onednn::WeightVersion VersionOf(const Tensor& weight) {
+  if (!weight.is_contiguous()) return {};
+  return {weight.impl()->version_counter(), weight.version()};
+}
+
 // y = conv(x, w) + bias (bias may be undefined).
 Tensor ConvForward(const Tensor& input, const Tensor& weight, const Tensor& bias,
                    const ConvParams& p) {
@@ -126,7 +133,7 @@ Tensor ConvForward(const Tensor& input, const Tensor& weight, const Tensor& bias
     Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
     onednn::ConvForward(GeometryOf(s), x.data_ptr<float>(), w.data_ptr<float>(),
                         b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(),
-                        /*relu=*/false);
+                        /*relu=*/false, VersionOf(weight));
     return out;
   }
   if (bias.defined()) out.copy_(bias.detach().view({1, s.o, 1, 1}));
@@ -157,7 +164,7 @@ Tensor ConvInputGrad(const Tensor& grad, const Tensor& weight, const IntVector& 
   if (UseOneDnn(go) && !few_channels && s.n * s.c * s.h * s.w > 0 && go.numel() > 0) {
     Tensor gx = empty(x_sizes, go.options());
     onednn::ConvBackwardData(GeometryOf(s), go.data_ptr<float>(), w.data_ptr<float>(),
-                             gx.data_ptr<float>());
+                             gx.data_ptr<float>(), VersionOf(weight));
     return gx;
   }
   Tensor gx = zeros(x_sizes, go.options());

@@ -3,10 +3,12 @@
 // python3-torch (nn/testdata/conv2d_torch.py) for strides, padding, dilation,
 // groups and the layouts oneDNN blocks, through oneDNN (float32), through
 // nn's own kernels (EMBER_ONEDNN off, and float64), and from non-contiguous
-// inputs; and the oneDNN path's primitive cache, threads and fork.
+// inputs; and the oneDNN path's primitive cache, weight cache, threads and
+// fork.
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -234,6 +236,119 @@ TEST(ConvOneDnnTest, PrimitivesAreBuiltOncePerShape) {
   // A new batch size is a new shape.
   conv(randn({3, 5, 9, 9}).requires_grad_()).sum().backward();
   EXPECT_GT(onednn::CachedPrimitives(), after_first);
+}
+
+// --- Weight cache (Note [oneDNN weight cache]) -----------------------------------------
+
+// conv2d of float32 x and w on nn's float64 kernels (no oneDNN), in float32.
+Tensor Float64Conv(const Tensor& x, const Tensor& w) {
+  return functional::conv2d(x.to(kFloat64), w.to(kFloat64), Tensor(), {1, 1}, {1, 1})
+      .to(kFloat32);
+}
+
+void ExpectSame(const Tensor& got, const Tensor& want, const std::string& what) {
+  ExpectClose(got, want, what, kFloatTol);
+}
+
+TEST(ConvOneDnnWeightCacheTest, RepeatedForwardsKeepOneBlockedCopy) {
+  onednn::SetEnabled(true);
+  autograd::NoGradGuard no_grad;
+  manual_seed(1);
+  Tensor x = randn({2, 32, 6, 6}), w = randn({32, 32, 3, 3});
+  const size_t before = onednn::CachedWeights();
+  for (int i = 0; i < 3; ++i) {
+    ExpectSame(functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1}), Float64Conv(x, w),
+               "forward " + std::to_string(i));
+  }
+  EXPECT_EQ(onednn::CachedWeights(), before + 1);
+  // Backward data wants its own layout: one more copy, then hits.
+  Tensor gy = randn({2, 32, 6, 6});
+  Tensor want = grad::conv2d_input(x.sizes(), w.to(kFloat64), gy.to(kFloat64), {1, 1}, {1, 1});
+  for (int i = 0; i < 2; ++i) {
+    ExpectSame(grad::conv2d_input(x.sizes(), w, gy, {1, 1}, {1, 1}), want.to(kFloat32),
+               "backward data " + std::to_string(i));
+  }
+  EXPECT_EQ(onednn::CachedWeights(), before + 2);
+}
+
+TEST(ConvOneDnnWeightCacheTest, InPlaceUpdatesAreSeen) {
+  onednn::SetEnabled(true);
+  manual_seed(2);
+  Tensor x = randn({2, 32, 6, 6});
+  Tensor w = randn({32, 32, 3, 3}).requires_grad_();
+  Tensor first = functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  {
+    autograd::NoGradGuard no_grad;
+    w.mul_(-0.5);  // bumps w's version
+    ExpectSame(functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1}), Float64Conv(x, w), "after mul_");
+    w.copy_(randn({32, 32, 3, 3}));
+    ExpectSame(functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1}), Float64Conv(x, w),
+               "after copy_");
+  }
+  EXPECT_GT(std::abs(Values(first)[0] - Values(Float64Conv(x, w))[0]), 0.0);
+}
+
+TEST(ConvOneDnnWeightCacheTest, WritesThatBypassTheVersionAreSeen) {
+  // A collective writing into a parameter's storage does not bump its
+  // version; the sampled values tell the cached copy is stale.
+  onednn::SetEnabled(true);
+  autograd::NoGradGuard no_grad;
+  manual_seed(3);
+  Tensor x = randn({2, 32, 6, 6}), w = randn({32, 32, 3, 3});
+  (void)functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  const uint32_t version = w.version();
+  Tensor fresh = randn({32, 32, 3, 3});
+  std::copy_n(fresh.data_ptr<float>(), fresh.numel(), w.data_ptr<float>());
+  ASSERT_EQ(w.version(), version);
+  ExpectSame(functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1}), Float64Conv(x, fresh),
+             "after a raw write");
+}
+
+TEST(ConvOneDnnWeightCacheTest, FreedAndNonContiguousWeightsLeaveNothing) {
+  onednn::SetEnabled(true);
+  autograd::NoGradGuard no_grad;
+  manual_seed(4);
+  Tensor x = randn({2, 32, 6, 6});
+  const size_t before = onednn::CachedWeights();
+  {
+    Tensor w = randn({32, 32, 3, 3});
+    (void)functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+    EXPECT_EQ(onednn::CachedWeights(), before + 1);
+  }
+  EXPECT_EQ(onednn::CachedWeights(), before);
+  // A transposed view is convolved through a contiguous copy: not kept.
+  Tensor wt = randn({32, 32, 3, 3}).transpose(2, 3);
+  ExpectSame(functional::conv2d(x, wt, Tensor(), {1, 1}, {1, 1}), Float64Conv(x, wt), "view");
+  EXPECT_EQ(onednn::CachedWeights(), before);
+}
+
+TEST(ConvOneDnnWeightCacheTest, TrainingStepsMatchNnsOwnKernels) {
+  // SGD steps update the weights in place between forwards: oneDNN's path,
+  // with the cache, must follow the same trajectory as nn's kernels.
+  auto train = [](bool use_onednn) {
+    onednn::SetEnabled(use_onednn);
+    manual_seed(5);
+    Conv2d conv(Conv2dOptions{.in_channels = 16, .out_channels = 32, .kernel_size = {3, 3},
+                              .padding = {1, 1}});
+    Tensor x = randn({2, 16, 5, 5});
+    std::vector<double> losses;
+    for (int step = 0; step < 4; ++step) {
+      conv.zero_grad();
+      Tensor loss = conv(x).pow(2).mean();
+      loss.backward();
+      losses.push_back(Values(loss)[0]);
+      autograd::NoGradGuard no_grad;
+      for (const Tensor& p : conv.parameters()) p.sub_(p.grad() * 0.1);
+    }
+    onednn::SetEnabled(true);
+    return losses;
+  };
+  const std::vector<double> own = train(false), dnnl = train(true);
+  ASSERT_EQ(own.size(), dnnl.size());
+  for (size_t i = 0; i < own.size(); ++i) {
+    EXPECT_NEAR(dnnl[i], own[i], 1e-4 * (1 + std::abs(own[i]))) << "step " << i;
+  }
+  EXPECT_LT(own.back(), own.front());  // the steps change the weights
 }
 
 TEST(ConvOneDnnTest, ForkedChildConvolvesWithSeveralThreads) {

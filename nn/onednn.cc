@@ -3,6 +3,8 @@
 #include <omp.h>
 #include <pthread.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -153,21 +155,128 @@ class Cache {
       map_;
 };
 
+using Fingerprint = std::array<uint32_t, kWeightFingerprint>;
+
+// The bits of kWeightFingerprint values spread over `bytes` of float32 at
+// `data` (Note [oneDNN weight cache]).
+Fingerprint FingerprintOf(const void* data, size_t bytes) {
+  Fingerprint f{};
+  const size_t n = bytes / sizeof(float);
+  if (n == 0) return f;
+  const auto* words = static_cast<const uint32_t*>(data);
+  for (size_t i = 0; i < f.size(); ++i) f[i] = words[i * (n - 1) / (f.size() - 1)];
+  return f;
+}
+
+// The blocked copies of weights (Note [oneDNN weight cache]): one entry per
+// weight tensor and layout, searched linearly (a network has tens).
+class WeightCache {
+ public:
+  using Block = std::shared_ptr<const DataPtr>;
+
+  // The copy of the weight `v` names, whose values are the `plain_bytes` at
+  // `plain`, in `layout`; on a miss a fresh buffer filled by fill(buffer).
+  template <typename Fill>
+  Block Get(const WeightVersion& v, const void* plain, size_t plain_bytes,
+            const memory::desc& layout, Fill fill) {
+    const Fingerprint fingerprint = FingerprintOf(plain, plain_bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (Item& item : items_) {
+        if (item.counter == v.counter.get() && !item.owner.expired() &&
+            item.version == v.version && item.data == plain && item.fingerprint == fingerprint &&
+            item.layout == layout) {
+          item.last_use = ++clock_;
+          return item.block;
+        }
+      }
+    }
+    auto block = std::make_shared<DataPtr>(GetCpuAllocator()->Allocate(layout.get_size()));
+    fill(block->get());
+    std::lock_guard<std::mutex> lock(mu_);
+    // Drop this weight's entry of another version, and those of freed weights.
+    std::erase_if(items_, [&](const Item& item) {
+      const bool drop = item.owner.expired() ||
+                        (item.counter == v.counter.get() && item.layout == layout);
+      if (drop) bytes_ -= item.bytes;
+      return drop;
+    });
+    items_.push_back(Item{v.counter, v.counter.get(), layout, v.version, plain, fingerprint,
+                          block, layout.get_size(), ++clock_});
+    bytes_ += layout.get_size();
+    while (bytes_ > kWeightCacheBytes && items_.size() > 1) {
+      auto lru = std::min_element(items_.begin(), items_.end() - 1, [](const Item& a, const Item& b) {
+        return a.last_use < b.last_use;
+      });
+      bytes_ -= lru->bytes;
+      items_.erase(lru);
+    }
+    if (bytes_ > kWeightCacheBytes) {  // this one alone is too big to keep
+      bytes_ = 0;
+      items_.clear();
+    }
+    return block;
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(items_, [&](const Item& item) {
+      if (item.owner.expired()) bytes_ -= item.bytes;
+      return item.owner.expired();
+    });
+    return items_.size();
+  }
+
+  static WeightCache& Get() {
+    static WeightCache* cache = new WeightCache();
+    return *cache;
+  }
+
+ private:
+  struct Item {
+    std::weak_ptr<const void> owner;  // the version counter
+    const void* counter;
+    memory::desc layout;
+    uint32_t version;
+    const void* data;
+    Fingerprint fingerprint;
+    Block block;
+    size_t bytes;
+    uint64_t last_use;
+  };
+  std::mutex mu_;
+  std::vector<Item> items_;
+  size_t bytes_ = 0;
+  uint64_t clock_ = 0;
+};
 
 // Runs `e` on Ember's buffers: `in[i]` for e.inputs[i], `out[i]` for
 // e.outputs[i], reordering where the layouts differ; temporaries and the
-// scratchpad come from Ember's CPU allocator.
-void Execute(const Entry& e, const std::vector<const void*>& in, const std::vector<void*>& out) {
+// scratchpad come from Ember's CPU allocator. Input `weight`, when `version`
+// names it, comes from the weight cache.
+void Execute(const Entry& e, const std::vector<const void*>& in, const std::vector<void*>& out,
+             size_t weight = 0, const WeightVersion& version = {}) {
   const dnnl::engine& eng = Engine();
   dnnl::stream stream(eng);
   Allocator* alloc = GetCpuAllocator();
   std::vector<DataPtr> temps;
+  std::vector<WeightCache::Block> blocks;
   std::unordered_map<int, memory> args;
   for (size_t i = 0; i < e.inputs.size(); ++i) {
     const Arg& a = e.inputs[i];
     memory user(a.user, eng, const_cast<void*>(in[i]));
     if (!a.reorder) {
       args.emplace(a.id, user);
+      continue;
+    }
+    if (i == weight && version.counter != nullptr) {
+      blocks.push_back(WeightCache::Get().Get(
+          version, in[i], a.user.get_size(), a.inner, [&](void* buffer) {
+            memory inner(a.inner, eng, buffer);
+            a.reorder->execute(stream, user, inner);
+            stream.wait();
+          }));
+      args.emplace(a.id, memory(a.inner, eng, const_cast<void*>(blocks.back()->get())));
       continue;
     }
     temps.push_back(alloc->Allocate(a.inner.get_size()));
@@ -283,9 +392,10 @@ enum Kind : int64_t {
 bool Enabled() { return EnabledFlag().load(std::memory_order_relaxed); }
 void SetEnabled(bool enabled) { EnabledFlag().store(enabled, std::memory_order_relaxed); }
 size_t CachedPrimitives() { return Cache::Get().size(); }
+size_t CachedWeights() { return WeightCache::Get().size(); }
 
 void ConvForward(const ConvGeometry& g, const float* x, const float* w, const float* b, float* y,
-                 bool relu) {
+                 bool relu, const WeightVersion& w_version) {
   const bool bias = b != nullptr;
   auto entry = Cache::Get().Get(ConvKey(kConvForward, g, bias, relu), [&] {
     const ConvDescs d = DescsOf(g);
@@ -301,10 +411,11 @@ void ConvForward(const ConvGeometry& g, const float* x, const float* w, const fl
   });
   std::vector<const void*> in{x, w};
   if (bias) in.push_back(b);
-  Execute(*entry, in, {y});
+  Execute(*entry, in, {y}, /*weight=*/1, w_version);
 }
 
-void ConvBackwardData(const ConvGeometry& g, const float* gy, const float* w, float* gx) {
+void ConvBackwardData(const ConvGeometry& g, const float* gy, const float* w, float* gx,
+                      const WeightVersion& w_version) {
   auto entry = Cache::Get().Get(ConvKey(kConvBackwardData, g, false, false), [&] {
     const ConvDescs d = DescsOf(g);
     auto hint = ForwardPd(g, d, false, false);
@@ -320,7 +431,7 @@ void ConvBackwardData(const ConvGeometry& g, const float* gy, const float* w, fl
     e->outputs.push_back(MakeArg(DNNL_ARG_DIFF_SRC, d.src, pd.diff_src_desc(), false));
     return e;
   });
-  Execute(*entry, {gy, w}, {gx});
+  Execute(*entry, {gy, w}, {gx}, /*weight=*/1, w_version);
 }
 
 void ConvBackwardWeights(const ConvGeometry& g, const float* x, const float* gy, float* gw,

@@ -23,7 +23,8 @@
 //   a primitive, once built, is executed concurrently by any thread);
 // - lets oneDNN choose its preferred (blocked) layouts, and reorders Ember's
 //   NCHW / OIHW buffers into them and the results back, through reorder
-//   primitives cached with it;
+//   primitives cached with it; a weight whose version the caller gives is
+//   reordered once per version and layout (Note [oneDNN weight cache]);
 // - takes every temporary buffer, oneDNN's scratchpad included (the
 //   primitives are built in user scratchpad mode), from Ember's CPU allocator,
 //   whose large block cache makes the per-call buffers cheap;
@@ -38,12 +39,34 @@
 // back to nn's own kernels, which the benchmarks compare against.
 //
 // Thread-safety: every function may be called from several threads at once.
+//
+// Note [oneDNN weight cache]
+// oneDNN's convolutions want their weights blocked (OIhw16i16o for the
+// forward, OIhw16o16i for backward data on AVX-512), and reordering a
+// layer's weights costs more than the convolution when the image is small
+// (ResNet-18's 512x512x3x3 at 1x1: 0.7 ms to reorder, 0.24 ms to
+// convolve). So the blocked copy of a weight is kept, per (tensor, layout),
+// for as long as its values are unchanged: the caller names the weight by
+// its version counter (shared with its views and detach() results) and
+// version, and every in-place op bumps the version (an optimizer's step, a
+// copy_ from a checkpoint, init's fills). A hit also needs the same data
+// address and the same values at kWeightFingerprint sampled positions, so
+// writes that bypass the version (a collective into the storage, FSDP
+// pointing the parameter at a new gathered buffer) are caught unless they
+// leave the address and every sampled value as they were. In training each
+// step changes the weights, so there the forward's and backward data's
+// reorders still happen once per step each (their layouts differ); a
+// sequence of forwards with unchanged weights (evaluation, several
+// micro-batches per step) reorders once. Entries of freed tensors are
+// dropped at the next insertion; at most kWeightCacheBytes are kept (least
+// recently used dropped first).
 #ifndef EMBER_NN_ONEDNN_H_
 #define EMBER_NN_ONEDNN_H_
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace ember::nn::internal::onednn {
 
@@ -58,6 +81,22 @@ void SetEnabled(bool enabled);
 // Primitives in the cache now (for tests).
 size_t CachedPrimitives();
 
+// Bytes of blocked weights the weight cache keeps at most, and the values it
+// compares on a hit (Note [oneDNN weight cache]).
+inline constexpr size_t kWeightCacheBytes = size_t{256} << 20;
+inline constexpr int kWeightFingerprint = 32;
+
+// A weight's identity and version for the weight cache: the tensor's version
+// counter (any shared_ptr that lives exactly as long as it) and its value
+// now. A null counter: not cached.
+struct WeightVersion {
+  std::shared_ptr<const void> counter;
+  uint32_t version = 0;
+};
+
+// Blocked weights in the weight cache now (for tests).
+size_t CachedWeights();
+
 // One convolution's shapes: input [n, c, h, w], weight [o, c / groups, kh,
 // kw], output [n, o, oh, ow]; dilation as PyTorch's (1: none).
 struct ConvGeometry {
@@ -70,10 +109,12 @@ struct ConvGeometry {
 
 // y = conv(x, w) + b (b may be null), then max(y, 0) when `relu`. Every
 // pointer is a contiguous float32 buffer of the geometry's shape.
+// `w_version` names w for the weight cache.
 void ConvForward(const ConvGeometry& g, const float* x, const float* w, const float* b, float* y,
-                 bool relu);
+                 bool relu, const WeightVersion& w_version = {});
 // gx = the gradient of conv(x, w) with respect to x, given gy (overwritten).
-void ConvBackwardData(const ConvGeometry& g, const float* gy, const float* w, float* gx);
+void ConvBackwardData(const ConvGeometry& g, const float* gy, const float* w, float* gx,
+                      const WeightVersion& w_version = {});
 // gw (and gb when not null) = the gradients with respect to w and the bias,
 // given x and gy (overwritten).
 void ConvBackwardWeights(const ConvGeometry& g, const float* x, const float* gy, float* gw,
