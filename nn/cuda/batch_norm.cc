@@ -1,0 +1,134 @@
+// batch_norm's CUDA kernels (nn/batch_norm_kernels.h) through cuDNN's
+// batch normalisation, for float32 and float64: the input [N, C, *] is
+// described as [N, C, S, 1] in CUDNN_BATCHNORM_SPATIAL mode (statistics per
+// channel over N * S), which covers BatchNorm1d ([N, C] and [N, C, L]) and
+// BatchNorm2d.
+//
+// Training: cudnnBatchNormalizationForwardTraining computes the batch
+// statistics, normalises, updates the running statistics with the momentum
+// (its exponential average factor; its running variance is the unbiased one,
+// as torch's) and saves the mean and 1 / sqrt(var + eps) that
+// cudnnBatchNormalizationBackward takes back. Eval: the running statistics
+// through cudnnBatchNormalizationForwardInference; its backward has constant
+// statistics, gx = g * weight * invstd with per-channel sums for weight and
+// bias, which are tensor ops on the device (cuDNN's backward is for batch
+// statistics only). cuDNN wants a scale and bias and statistics of the
+// input's dtype, so an absent weight or bias is ones or zeros, and running
+// statistics of another dtype (or not contiguous) go through a converted copy
+// written back after the update.
+#include <cudnn.h>
+
+#include <array>
+
+#include "cuda/status.h"
+#include "nn/batch_norm_kernels.h"
+#include "nn/cuda/cudnn.h"
+#include "tensor/device_guard.h"
+#include "tensor/error.h"
+#include "tensor/factories.h"
+
+namespace ember::nn::cudnn {
+namespace {
+
+// The channel parameter `t` as cuDNN takes it (`x`'s dtype, contiguous),
+// or `fill` when `t` is undefined.
+Tensor Param(const Tensor& t, const Tensor& x, double fill) {
+  if (!t.defined()) return full({x.size(1)}, fill, x.options());
+  return t.to(x.dtype()).contiguous();
+}
+
+std::array<Tensor, 3> BatchNormForwardCuda(const Tensor& x, const Tensor& weight,
+                                           const Tensor& bias, const Tensor& running_mean,
+                                           const Tensor& running_var, bool training,
+                                           double momentum, double eps) {
+  const char* op = "batch_norm";
+  const cudnnDataType_t type = internal::DataType(x.dtype(), op);
+  DeviceGuard guard(x.device());
+  const int64_t n = x.size(0), c = x.size(1), s = x.numel() / std::max<int64_t>(n * c, 1);
+  Tensor out = empty(x.sizes(), x.options());
+  if (!training) {
+    Tensor mean = running_mean.to(x.dtype()).contiguous();
+    Tensor var = running_var.to(x.dtype()).contiguous();
+    Tensor invstd = (var + eps).rsqrt();
+    if (x.numel() > 0) {
+      internal::TensorDescriptor xd, bnd;
+      xd.Set(type, {n, c, s, 1}, op);
+      EMBER_CUDA_CHECK(cudnnDeriveBNTensorDescriptor(bnd.get(), xd.get(), CUDNN_BATCHNORM_SPATIAL));
+      internal::Scalars k(type);
+      Tensor w = Param(weight, x, 1.0), b = Param(bias, x, 0.0);
+      EMBER_CUDA_CHECK(cudnnBatchNormalizationForwardInference(
+          internal::Handle(x.device()), CUDNN_BATCHNORM_SPATIAL, k.one(), k.zero(), xd.get(),
+          x.raw_data(), xd.get(), out.raw_data(), bnd.get(), w.raw_data(), b.raw_data(),
+          mean.raw_data(), var.raw_data(), eps));
+    }
+    return {out, mean, invstd};
+  }
+  // The layer has checked N * S > 1.
+  Tensor mean = empty({c}, x.options()), invstd = empty({c}, x.options());
+  Tensor rm, rv;  // the running statistics cuDNN updates
+  if (running_mean.defined()) {
+    const bool direct = running_mean.dtype() == x.dtype() && running_mean.is_contiguous() &&
+                        running_var.dtype() == x.dtype() && running_var.is_contiguous();
+    rm = direct ? running_mean : running_mean.to(x.dtype()).contiguous();
+    rv = direct ? running_var : running_var.to(x.dtype()).contiguous();
+  }
+  internal::TensorDescriptor xd, bnd;
+  xd.Set(type, {n, c, s, 1}, op);
+  EMBER_CUDA_CHECK(cudnnDeriveBNTensorDescriptor(bnd.get(), xd.get(), CUDNN_BATCHNORM_SPATIAL));
+  internal::Scalars k(type);
+  Tensor w = Param(weight, x, 1.0), b = Param(bias, x, 0.0);
+  EMBER_CUDA_CHECK(cudnnBatchNormalizationForwardTraining(
+      internal::Handle(x.device()), CUDNN_BATCHNORM_SPATIAL, k.one(), k.zero(), xd.get(),
+      x.raw_data(), xd.get(), out.raw_data(), bnd.get(), w.raw_data(), b.raw_data(), momentum,
+      rm.defined() ? rm.raw_data() : nullptr, rv.defined() ? rv.raw_data() : nullptr, eps,
+      mean.raw_data(), invstd.raw_data()));
+  if (rm.defined() && !rm.is_same(running_mean)) {
+    running_mean.copy_(rm);
+    running_var.copy_(rv);
+  }
+  return {out, mean, invstd};
+}
+
+std::array<Tensor, 3> BatchNormBackwardCuda(const Tensor& g, const Tensor& x, const Tensor& weight,
+                                            const Tensor& mean, const Tensor& invstd, bool training,
+                                            double eps, std::array<bool, 3> needs) {
+  const char* op = "batch_norm backward";
+  const cudnnDataType_t type = internal::DataType(x.dtype(), op);
+  DeviceGuard guard(x.device());
+  const int64_t n = x.size(0), c = x.size(1), s = x.numel() / std::max<int64_t>(n * c, 1);
+  std::array<Tensor, 3> grads;
+  if (!training || x.numel() == 0) {
+    // Constant statistics: an affine map per channel.
+    const Tensor g3 = g.view({n, c, s}), x3 = x.view({n, c, s});
+    Tensor scale = weight.defined() ? weight * invstd : invstd;
+    if (needs[0]) grads[0] = (g3 * scale.view({1, c, 1})).view(x.sizes());
+    if (needs[1] && weight.defined()) {
+      grads[1] = (g3 * (x3 - mean.view({1, c, 1}))).sum({0, 2}) * invstd;
+    }
+    if (needs[2]) grads[2] = g3.sum({0, 2});
+    return grads;
+  }
+  internal::TensorDescriptor xd, bnd;
+  xd.Set(type, {n, c, s, 1}, op);
+  EMBER_CUDA_CHECK(cudnnDeriveBNTensorDescriptor(bnd.get(), xd.get(), CUDNN_BATCHNORM_SPATIAL));
+  internal::Scalars k(type);
+  Tensor w = Param(weight, x, 1.0);
+  Tensor gx = empty(x.sizes(), x.options());
+  Tensor gw = empty({c}, x.options()), gb = empty({c}, x.options());
+  EMBER_CUDA_CHECK(cudnnBatchNormalizationBackward(
+      internal::Handle(x.device()), CUDNN_BATCHNORM_SPATIAL, k.one(), k.zero(), k.one(), k.zero(),
+      xd.get(), x.raw_data(), xd.get(), g.raw_data(), xd.get(), gx.raw_data(), bnd.get(),
+      w.raw_data(), gw.raw_data(), gb.raw_data(), eps, mean.raw_data(), invstd.raw_data()));
+  if (needs[0]) grads[0] = gx;
+  if (needs[1] && weight.defined()) grads[1] = gw;
+  if (needs[2]) grads[2] = gb;
+  return grads;
+}
+
+EMBER_REGISTER_NN_KERNEL(::ember::nn::internal::batch_norm_forward, DeviceType::kCUDA,
+                         &BatchNormForwardCuda);
+EMBER_REGISTER_NN_KERNEL(::ember::nn::internal::batch_norm_backward, DeviceType::kCUDA,
+                         &BatchNormBackwardCuda);
+
+}  // namespace
+}  // namespace ember::nn::cudnn

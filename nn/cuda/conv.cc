@@ -1,0 +1,271 @@
+// conv2d's CUDA kernels through cuDNN (nn/conv_kernels.h): the convolution,
+// its input gradient (also nn's transposed convolution) and its weight
+// gradient with the bias's, for float32 and float64, any stride, padding,
+// dilation and groups.
+//
+// Note [cuDNN convolution algorithms]
+// Each direction's algorithm is chosen once per shape by cuDNN's heuristics
+// (cudnnGetConvolution*Algorithm_v7, as torch with benchmark=False): the first
+// the heuristics rank that cuDNN reports usable and whose workspace size it
+// can tell for the math type in force. The choice (algorithm, math type,
+// workspace size) is cached by device, dtype, input and weight sizes,
+// stride, padding, dilation, groups and the TF32 setting (nn/cuda/cudnn.h),
+// so later calls of a shape go straight to the convolution. Operands are
+// made contiguous (NCHW); empty shapes are answered without cuDNN, which
+// refuses zero-sized dimensions.
+#include <cudnn.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "cuda/status.h"
+#include "nn/conv_kernels.h"
+#include "nn/cuda/cudnn.h"
+#include "tensor/device_guard.h"
+#include "tensor/error.h"
+#include "tensor/factories.h"
+#include "tensor/ops.h"
+
+namespace ember::nn::cudnn {
+namespace {
+
+using ::ember::nn::internal::ConvParams;
+using IntVector = std::vector<int64_t>;
+
+enum class Direction { kForward, kInputGrad, kWeightGrad };
+
+struct Algo {
+  int algo;
+  cudnnMathType_t math;
+  size_t workspace;
+};
+
+// The descriptors of one convolution: x [N, C, H, W], w [O, C/g, kh, kw],
+// y [N, O, OH, OW].
+struct Conv {
+  Conv(Dtype dtype, const IntVector& x_sizes, const IntVector& w_sizes, const ConvParams& p,
+       const char* op)
+      : type(internal::DataType(dtype, op)), scalars(type) {
+    y_sizes = {
+        x_sizes[0], w_sizes[0],
+        (x_sizes[2] + 2 * p.padding[0] - p.dilation[0] * (w_sizes[2] - 1) - 1) / p.stride[0] + 1,
+        (x_sizes[3] + 2 * p.padding[1] - p.dilation[1] * (w_sizes[3] - 1) - 1) / p.stride[1] + 1};
+    x.Set(type, x_sizes, op);
+    w.Set(type, w_sizes, op);
+    y.Set(type, y_sizes, op);
+    EMBER_CUDA_CHECK(cudnnSetConvolution2dDescriptor(
+        conv.get(), internal::ToInt(p.padding[0], op, "padding"),
+        internal::ToInt(p.padding[1], op, "padding"), internal::ToInt(p.stride[0], op, "stride"),
+        internal::ToInt(p.stride[1], op, "stride"), internal::ToInt(p.dilation[0], op, "dilation"),
+        internal::ToInt(p.dilation[1], op, "dilation"), CUDNN_CROSS_CORRELATION, type));
+    EMBER_CUDA_CHECK(
+        cudnnSetConvolutionGroupCount(conv.get(), internal::ToInt(p.groups, op, "groups")));
+    EMBER_CUDA_CHECK(cudnnSetConvolutionMathType(conv.get(), BaseMath()));
+    key = {static_cast<int64_t>(dtype), allow_tf32() ? 1 : 0};
+    key.insert(key.end(), x_sizes.begin(), x_sizes.end());
+    key.insert(key.end(), w_sizes.begin(), w_sizes.end());
+    key.insert(key.end(), {p.stride[0], p.stride[1], p.padding[0], p.padding[1], p.dilation[0],
+                           p.dilation[1], p.groups});
+  }
+
+  // Tensor cores for float32 only where TF32 is allowed (CUDNN_FMA_MATH
+  // keeps full float32 products).
+  cudnnMathType_t BaseMath() const {
+    return type == CUDNN_DATA_FLOAT && !allow_tf32() ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+  }
+
+  cudnnDataType_t type;
+  internal::Scalars scalars;
+  IntVector y_sizes;
+  internal::TensorDescriptor x, y;
+  internal::FilterDescriptor w;
+  internal::ConvolutionDescriptor conv;
+  IntVector key;  // without the device and direction
+};
+
+// The first usable algorithm of `perfs` (ranked by cuDNN), with the conv's
+// math type set to it (Note [cuDNN convolution algorithms]).
+template <typename Perf, typename SizeFn>
+Algo Pick(const Perf* perfs, int count, Conv& c, SizeFn workspace_size, const char* op) {
+  for (int i = 0; i < count; ++i) {
+    if (perfs[i].status != CUDNN_STATUS_SUCCESS) continue;
+    const cudnnMathType_t math =
+        c.BaseMath() == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : perfs[i].mathType;
+    EMBER_CUDA_CHECK(cudnnSetConvolutionMathType(c.conv.get(), math));
+    size_t bytes = 0;
+    if (workspace_size(perfs[i].algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
+    return {static_cast<int>(perfs[i].algo), math, bytes};
+  }
+  EMBER_FAIL(op, ": cuDNN offers no algorithm for this convolution (dtype ",
+             c.type == CUDNN_DATA_DOUBLE ? "float64" : "float32",
+             "); try float32, or run it on the CPU with .to(ember::kCPU)");
+}
+
+class AlgoCache {
+ public:
+  static AlgoCache& Get() {
+    static AlgoCache* cache = new AlgoCache();  // Outlives every thread.
+    return *cache;
+  }
+  // The cached algorithm of (device, direction, c), or `choose()`'s, cached.
+  template <typename F>
+  Algo Find(Device device, Direction direction, Conv& c, F choose) {
+    IntVector key = c.key;
+    key.insert(key.begin(),
+               {static_cast<int64_t>(device.index()), static_cast<int64_t>(direction)});
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = algos_.find(key);
+      if (it != algos_.end()) {
+        EMBER_CUDA_CHECK(cudnnSetConvolutionMathType(c.conv.get(), it->second.math));
+        return it->second;
+      }
+    }
+    const Algo algo = choose();  // Outside the lock: it calls into cuDNN.
+    std::lock_guard<std::mutex> lock(mu_);
+    algos_.emplace(key, algo);
+    return algo;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<IntVector, Algo> algos_;
+};
+
+IntVector SizesOf(const Tensor& t) { return IntVector(t.sizes().begin(), t.sizes().end()); }
+
+Tensor ConvForwardCuda(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                       const ConvParams& p) {
+  const char* op = "conv2d";
+  Tensor x = input.contiguous(), w = weight.contiguous();
+  DeviceGuard guard(x.device());
+  Conv c(x.dtype(), SizesOf(x), SizesOf(w), p, op);
+  Tensor y = empty(c.y_sizes, x.options());
+  if (y.numel() == 0) return y;
+  if (x.numel() == 0 || w.numel() == 0) {  // No input channels: nothing to sum.
+    if (bias.defined()) {
+      y.copy_(bias.view({1, c.y_sizes[1], 1, 1}));
+    } else {
+      y.fill_(0);
+    }
+    return y;
+  }
+  cudnnHandle_t h = internal::Handle(x.device());
+  const Algo a = AlgoCache::Get().Find(x.device(), Direction::kForward, c, [&] {
+    cudnnConvolutionFwdAlgoPerf_t perfs[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int count = 0;
+    EMBER_CUDA_CHECK(
+        cudnnGetConvolutionForwardAlgorithm_v7(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(),
+                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perfs));
+    return Pick(
+        perfs, count, c,
+        [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+          return cudnnGetConvolutionForwardWorkspaceSize(h, c.x.get(), c.w.get(), c.conv.get(),
+                                                         c.y.get(), algo, bytes);
+        },
+        op);
+  });
+  Tensor ws = internal::Workspace(x.device(), a.workspace);
+  EMBER_CUDA_CHECK(cudnnConvolutionForward(
+      h, c.scalars.one(), c.x.get(), x.raw_data(), c.w.get(), w.raw_data(), c.conv.get(),
+      static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), ws.raw_data(), a.workspace, c.scalars.zero(),
+      c.y.get(), y.raw_data()));
+  if (bias.defined()) {
+    Tensor b = bias.contiguous();
+    internal::TensorDescriptor bd;
+    bd.Set(c.type, {1, c.y_sizes[1], 1, 1}, op);
+    EMBER_CUDA_CHECK(cudnnAddTensor(h, c.scalars.one(), bd.get(), b.raw_data(), c.scalars.one(),
+                                    c.y.get(), y.raw_data()));
+  }
+  return y;
+}
+
+Tensor ConvInputGradCuda(const Tensor& grad, const Tensor& weight, const IntVector& x_sizes,
+                         const ConvParams& p) {
+  const char* op = "conv2d input gradient";
+  Tensor go = grad.contiguous(), w = weight.contiguous();
+  DeviceGuard guard(go.device());
+  Conv c(go.dtype(), x_sizes, SizesOf(w), p, op);
+  Tensor gx = empty(x_sizes, go.options());
+  if (gx.numel() == 0) return gx;
+  if (go.numel() == 0 || w.numel() == 0) {
+    gx.fill_(0);
+    return gx;
+  }
+  cudnnHandle_t h = internal::Handle(go.device());
+  const Algo a = AlgoCache::Get().Find(go.device(), Direction::kInputGrad, c, [&] {
+    cudnnConvolutionBwdDataAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int count = 0;
+    EMBER_CUDA_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+        h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        &count, perfs));
+    return Pick(
+        perfs, count, c,
+        [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+          return cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.w.get(), c.y.get(), c.conv.get(),
+                                                              c.x.get(), algo, bytes);
+        },
+        op);
+  });
+  Tensor ws = internal::Workspace(go.device(), a.workspace);
+  EMBER_CUDA_CHECK(cudnnConvolutionBackwardData(
+      h, c.scalars.one(), c.w.get(), w.raw_data(), c.y.get(), go.raw_data(), c.conv.get(),
+      static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo), ws.raw_data(), a.workspace,
+      c.scalars.zero(), c.x.get(), gx.raw_data()));
+  return gx;
+}
+
+Tensor ConvWeightGradCuda(const Tensor& input, const Tensor& grad, const IntVector& w_sizes,
+                          const ConvParams& p, Tensor* grad_bias) {
+  const char* op = "conv2d weight gradient";
+  Tensor x = input.contiguous(), go = grad.contiguous();
+  DeviceGuard guard(x.device());
+  Conv c(x.dtype(), SizesOf(x), w_sizes, p, op);
+  Tensor gw = empty(w_sizes, x.options());
+  if (grad_bias != nullptr) *grad_bias = empty({w_sizes[0]}, x.options());
+  if (go.numel() == 0 || x.numel() == 0) {  // Sums without terms.
+    gw.fill_(0);
+    if (grad_bias != nullptr) grad_bias->fill_(0);
+    return gw;
+  }
+  cudnnHandle_t h = internal::Handle(x.device());
+  if (grad_bias != nullptr) {
+    internal::TensorDescriptor bd;
+    bd.Set(c.type, {1, w_sizes[0], 1, 1}, op);
+    EMBER_CUDA_CHECK(cudnnConvolutionBackwardBias(h, c.scalars.one(), c.y.get(), go.raw_data(),
+                                                  c.scalars.zero(), bd.get(),
+                                                  grad_bias->raw_data()));
+  }
+  if (gw.numel() == 0) return gw;
+  const Algo a = AlgoCache::Get().Find(x.device(), Direction::kWeightGrad, c, [&] {
+    cudnnConvolutionBwdFilterAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int count = 0;
+    EMBER_CUDA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+        h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        &count, perfs));
+    return Pick(
+        perfs, count, c,
+        [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+          return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+              h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), algo, bytes);
+        },
+        op);
+  });
+  Tensor ws = internal::Workspace(x.device(), a.workspace);
+  EMBER_CUDA_CHECK(cudnnConvolutionBackwardFilter(
+      h, c.scalars.one(), c.x.get(), x.raw_data(), c.y.get(), go.raw_data(), c.conv.get(),
+      static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo), ws.raw_data(), a.workspace,
+      c.scalars.zero(), c.w.get(), gw.raw_data()));
+  return gw;
+}
+
+EMBER_REGISTER_NN_KERNEL(::ember::nn::internal::conv2d_forward, DeviceType::kCUDA,
+                         &ConvForwardCuda);
+EMBER_REGISTER_NN_KERNEL(::ember::nn::internal::conv2d_input_grad, DeviceType::kCUDA,
+                         &ConvInputGradCuda);
+EMBER_REGISTER_NN_KERNEL(::ember::nn::internal::conv2d_weight_grad, DeviceType::kCUDA,
+                         &ConvWeightGradCuda);
+
+}  // namespace
+}  // namespace ember::nn::cudnn

@@ -1,0 +1,119 @@
+// cuDNN behind nn's CUDA kernels of conv2d and batch_norm (nn/cuda/conv.cc,
+// nn/cuda/batch_norm.cc), and torch.backends.cudnn's switch for TF32.
+//
+//   ember::nn::cudnn::set_allow_tf32(false);  // float32 convolutions in full float32
+//
+// Note [cuDNN handles and workspaces]
+// A cudnnHandle_t is bound to a device and a stream and may be used by one
+// thread at a time, so each thread keeps one handle per (device, stream) it
+// ran on, created on first use with the stream set once (every device's
+// default stream is the same null cudaStream_t, so the stream alone does not
+// tell devices apart). A thread's handles go back to a per-device pool when
+// the thread exits, for the next thread to reuse with its own stream.
+// Workspaces come from Ember's caching allocator on the current stream (the
+// one the cuDNN call is queued on), so freeing one after the call is safe and
+// costs no cudaMalloc. The cuDNN calls run with the tensors' device current
+// (the callers hold a DeviceGuard) on that device's current stream.
+//
+// TF32: as torch.backends.cudnn.allow_tf32, float32 convolutions may use the
+// tensor cores' TF32 (about 10 bits of mantissa in the products) unless
+// set_allow_tf32(false); float64 never does. The setting is read when an
+// algorithm is chosen and is part of the algorithm cache's key.
+//
+// Thread-safety: thread-safe.
+#ifndef EMBER_NN_CUDA_CUDNN_H_
+#define EMBER_NN_CUDA_CUDNN_H_
+
+#include <cudnn.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/device.h"
+#include "tensor/tensor.h"
+
+namespace ember::nn::cudnn {
+
+// torch.backends.cudnn.allow_tf32 (default true, as in torch).
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+namespace internal {
+
+// The calling thread's handle for `device` (which must be current), bound to
+// its current stream (Note [cuDNN handles and workspaces]).
+cudnnHandle_t Handle(Device device);
+
+// cuDNN's data type for float32 / float64; throws for other dtypes, naming
+// `op`.
+cudnnDataType_t DataType(Dtype dtype, const char* op);
+
+// `nbytes` of scratch memory on `device`'s current stream (an empty tensor
+// for 0 bytes).
+Tensor Workspace(Device device, size_t nbytes);
+
+// Throws unless `v` fits cuDNN's int dimensions, naming `op` and `what`.
+int ToInt(int64_t v, const char* op, const char* what);
+
+// Owners of cuDNN descriptors (destroyed with the object).
+class TensorDescriptor {
+ public:
+  TensorDescriptor();
+  ~TensorDescriptor();
+  TensorDescriptor(const TensorDescriptor&) = delete;
+  TensorDescriptor& operator=(const TensorDescriptor&) = delete;
+  // A contiguous NCHW tensor of `dims` (4 values).
+  void Set(cudnnDataType_t type, const std::vector<int64_t>& dims, const char* op);
+  cudnnTensorDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnTensorDescriptor_t desc_ = nullptr;
+};
+
+class FilterDescriptor {
+ public:
+  FilterDescriptor();
+  ~FilterDescriptor();
+  FilterDescriptor(const FilterDescriptor&) = delete;
+  FilterDescriptor& operator=(const FilterDescriptor&) = delete;
+  // A contiguous [O, C / groups, kh, kw] filter.
+  void Set(cudnnDataType_t type, const std::vector<int64_t>& dims, const char* op);
+  cudnnFilterDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnFilterDescriptor_t desc_ = nullptr;
+};
+
+class ConvolutionDescriptor {
+ public:
+  ConvolutionDescriptor();
+  ~ConvolutionDescriptor();
+  ConvolutionDescriptor(const ConvolutionDescriptor&) = delete;
+  ConvolutionDescriptor& operator=(const ConvolutionDescriptor&) = delete;
+  cudnnConvolutionDescriptor_t get() const { return desc_; }
+
+ private:
+  cudnnConvolutionDescriptor_t desc_ = nullptr;
+};
+
+// 1 and 0 as cuDNN's scaling factors for `type` (double for float64 data,
+// float otherwise).
+struct Scalars {
+  explicit Scalars(cudnnDataType_t type);
+  const void* one() const {
+    return type_ == CUDNN_DATA_DOUBLE ? static_cast<const void*>(&d1_) : &f1_;
+  }
+  const void* zero() const {
+    return type_ == CUDNN_DATA_DOUBLE ? static_cast<const void*>(&d0_) : &f0_;
+  }
+
+ private:
+  cudnnDataType_t type_;
+  float f1_ = 1, f0_ = 0;
+  double d1_ = 1, d0_ = 0;
+};
+
+}  // namespace internal
+}  // namespace ember::nn::cudnn
+
+#endif  // EMBER_NN_CUDA_CUDNN_H_

@@ -1,0 +1,192 @@
+// Device side of nn's CUDA pooling (pooling_device.h): one thread per output
+// element (per input element for the average pool's adjoint), grid-stride,
+// for float and double, accumulating in the element type as the CPU kernels
+// do.
+#include <cuda_runtime.h>
+
+#include "nn/cuda/pooling_device.h"
+
+namespace ember::nn::pooling_device {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned BlocksFor(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < (int64_t{1} << 20) ? blocks : (int64_t{1} << 20));
+}
+
+#define EMBER_GRID_STRIDE(i, n)                                                          \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+template <typename T>
+__global__ void MaxPoolKernel(PoolShape s, MaxWindow win, const T* x, T* out, int64_t* indices) {
+  const int64_t total = s.planes * s.oh * s.ow;
+  EMBER_GRID_STRIDE(o, total) {
+    const int64_t ox = o % s.ow, oy = (o / s.ow) % s.oh, plane = o / (s.ow * s.oh);
+    const T* in = x + plane * s.h * s.w;
+    T best = -INFINITY;
+    int64_t best_index = -1;
+    for (int64_t ki = 0; ki < win.kernel[0]; ++ki) {
+      const int64_t iy = oy * win.stride[0] - win.padding[0] + ki * win.dilation[0];
+      if (iy < 0 || iy >= s.h) continue;
+      for (int64_t kj = 0; kj < win.kernel[1]; ++kj) {
+        const int64_t ix = ox * win.stride[1] - win.padding[1] + kj * win.dilation[1];
+        if (ix < 0 || ix >= s.w) continue;
+        const T v = in[iy * s.w + ix];
+        if (best_index < 0 || v > best || isnan(v)) {
+          best = v;
+          best_index = iy * s.w + ix;
+          if (isnan(v)) break;
+        }
+      }
+      if (best_index >= 0 && isnan(best)) break;
+    }
+    out[o] = best;
+    indices[o] = best_index;
+  }
+}
+
+template <typename T>
+__global__ void MaxPoolScatterKernel(PoolShape s, const T* g, const int64_t* indices, T* gx) {
+  const int64_t l = s.oh * s.ow, total = s.planes * l;
+  EMBER_GRID_STRIDE(o, total) {
+    const int64_t idx = indices[o];
+    if (idx >= 0) atomicAdd(gx + (o / l) * s.h * s.w + idx, g[o]);
+  }
+}
+
+template <typename T>
+__global__ void MaxPoolGatherKernel(PoolShape s, const T* x, const int64_t* indices, T* out) {
+  const int64_t l = s.oh * s.ow, total = s.planes * l;
+  EMBER_GRID_STRIDE(o, total) {
+    const int64_t idx = indices[o];
+    out[o] = idx >= 0 ? x[(o / l) * s.h * s.w + idx] : T(0);
+  }
+}
+
+template <typename T>
+__global__ void AvgPoolKernel(PoolShape s, const int64_t* plan, const T* x, T* out) {
+  const int64_t *ys = plan, *ye = ys + s.oh, *yc = ye + s.oh;
+  const int64_t *xs = yc + s.oh, *xe = xs + s.ow, *xc = xe + s.ow;
+  const int64_t total = s.planes * s.oh * s.ow;
+  EMBER_GRID_STRIDE(o, total) {
+    const int64_t ox = o % s.ow, oy = (o / s.ow) % s.oh, plane = o / (s.ow * s.oh);
+    const T* in = x + plane * s.h * s.w;
+    T sum = 0;
+    for (int64_t iy = ys[oy]; iy < ye[oy]; ++iy) {
+      for (int64_t ix = xs[ox]; ix < xe[ox]; ++ix) sum += in[iy * s.w + ix];
+    }
+    const int64_t count = yc[oy] * xc[ox];
+    out[o] = count > 0 ? sum / static_cast<T>(count) : T(0);
+  }
+}
+
+// The first of `n` non-decreasing `ends` greater than `v` (n if none).
+__device__ int64_t FirstEndAfter(const int64_t* ends, int64_t n, int64_t v) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (ends[mid] > v) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+template <typename T>
+__global__ void AvgPoolAdjointKernel(PoolShape s, const int64_t* plan, const T* g, T* gx) {
+  const int64_t *ys = plan, *ye = ys + s.oh, *yc = ye + s.oh;
+  const int64_t *xs = yc + s.oh, *xe = xs + s.ow, *xc = xe + s.ow;
+  const int64_t total = s.planes * s.h * s.w;
+  EMBER_GRID_STRIDE(i, total) {
+    const int64_t ix = i % s.w, iy = (i / s.w) % s.h, plane = i / (s.w * s.h);
+    const T* go = g + plane * s.oh * s.ow;
+    T sum = 0;
+    const int64_t ox0 = FirstEndAfter(xe, s.ow, ix);
+    for (int64_t oy = FirstEndAfter(ye, s.oh, iy); oy < s.oh && ys[oy] <= iy; ++oy) {
+      for (int64_t ox = ox0; ox < s.ow && xs[ox] <= ix; ++ox) {
+        const int64_t count = yc[oy] * xc[ox];
+        if (count > 0) sum += go[oy * s.ow + ox] / static_cast<T>(count);
+      }
+    }
+    gx[i] = sum;
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchMaxPool(cudaStream_t stream, bool is_double, const PoolShape& s,
+                          const MaxWindow& win, const void* x, void* out, int64_t* indices) {
+  const int64_t n = s.planes * s.oh * s.ow;
+  if (n == 0) return cudaSuccess;
+  if (is_double) {
+    MaxPoolKernel<double><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, win, static_cast<const double*>(x), static_cast<double*>(out), indices);
+  } else {
+    MaxPoolKernel<float><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, win, static_cast<const float*>(x), static_cast<float*>(out), indices);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMaxPoolScatter(cudaStream_t stream, bool is_double, const PoolShape& s,
+                                 const void* g, const int64_t* indices, void* gx) {
+  const int64_t n = s.planes * s.oh * s.ow;
+  if (n == 0) return cudaSuccess;
+  if (is_double) {
+    MaxPoolScatterKernel<double><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, static_cast<const double*>(g), indices, static_cast<double*>(gx));
+  } else {
+    MaxPoolScatterKernel<float><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, static_cast<const float*>(g), indices, static_cast<float*>(gx));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMaxPoolGather(cudaStream_t stream, bool is_double, const PoolShape& s,
+                                const void* x, const int64_t* indices, void* out) {
+  const int64_t n = s.planes * s.oh * s.ow;
+  if (n == 0) return cudaSuccess;
+  if (is_double) {
+    MaxPoolGatherKernel<double><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, static_cast<const double*>(x), indices, static_cast<double*>(out));
+  } else {
+    MaxPoolGatherKernel<float><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, static_cast<const float*>(x), indices, static_cast<float*>(out));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAvgPool(cudaStream_t stream, bool is_double, const PoolShape& s,
+                          const int64_t* plan, const void* x, void* out) {
+  const int64_t n = s.planes * s.oh * s.ow;
+  if (n == 0) return cudaSuccess;
+  if (is_double) {
+    AvgPoolKernel<double><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, plan, static_cast<const double*>(x), static_cast<double*>(out));
+  } else {
+    AvgPoolKernel<float><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, plan, static_cast<const float*>(x), static_cast<float*>(out));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAvgPoolAdjoint(cudaStream_t stream, bool is_double, const PoolShape& s,
+                                 const int64_t* plan, const void* g, void* gx) {
+  const int64_t n = s.planes * s.h * s.w;
+  if (n == 0) return cudaSuccess;
+  if (is_double) {
+    AvgPoolAdjointKernel<double><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, plan, static_cast<const double*>(g), static_cast<double*>(gx));
+  } else {
+    AvgPoolAdjointKernel<float><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, plan, static_cast<const float*>(g), static_cast<float*>(gx));
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace ember::nn::pooling_device
