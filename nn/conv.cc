@@ -232,7 +232,7 @@ EMBER_REGISTER_NN_KERNEL(internal::conv2d_forward, DeviceType::kCPU, &ConvForwar
 EMBER_REGISTER_NN_KERNEL(internal::conv2d_input_grad, DeviceType::kCPU, &ConvInputGrad);
 EMBER_REGISTER_NN_KERNEL(internal::conv2d_weight_grad, DeviceType::kCPU, &ConvWeightGrad);
 
-// The kernels of `t`'s device.
+// Each runs its slot's kernel for the device of its first argument.
 Tensor ConvForwardOn(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams& p) {
   return internal::conv2d_forward(x.device())(x.detach(), w.detach(),
                                               b.defined() ? b.detach() : Tensor(), p);

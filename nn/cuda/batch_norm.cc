@@ -47,7 +47,8 @@ std::array<Tensor, 3> BatchNormForwardCuda(const Tensor& x, const Tensor& weight
   const int64_t n = x.size(0), c = x.size(1), s = x.numel() / std::max<int64_t>(n * c, 1);
   Tensor out = empty(x.sizes(), x.options());
   if (!training) {
-    Tensor mean = running_mean.to(x.dtype()).contiguous();
+    // A copy: the saved statistics must not change with later updates.
+    Tensor mean = running_mean.to(x.dtype()).clone();
     Tensor var = running_var.to(x.dtype()).contiguous();
     Tensor invstd = (var + eps).rsqrt();
     if (x.numel() > 0) {

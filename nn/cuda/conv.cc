@@ -41,16 +41,19 @@ struct Algo {
   size_t workspace;
 };
 
-// The descriptors of one convolution: x [N, C, H, W], w [O, C/g, kh, kw],
-// y [N, O, OH, OW].
+// [N, O, OH, OW] for x [N, C, H, W] and w [O, C/g, kh, kw].
+IntVector OutputSizes(const IntVector& x, const IntVector& w, const ConvParams& p) {
+  return {x[0], w[0], (x[2] + 2 * p.padding[0] - p.dilation[0] * (w[2] - 1) - 1) / p.stride[0] + 1,
+          (x[3] + 2 * p.padding[1] - p.dilation[1] * (w[3] - 1) - 1) / p.stride[1] + 1};
+}
+
+// The descriptors of one convolution without empty dimensions (cuDNN
+// refuses them): x [N, C, H, W], w [O, C/g, kh, kw], y [N, O, OH, OW].
 struct Conv {
   Conv(Dtype dtype, const IntVector& x_sizes, const IntVector& w_sizes, const ConvParams& p,
        const char* op)
       : type(internal::DataType(dtype, op)), scalars(type) {
-    y_sizes = {
-        x_sizes[0], w_sizes[0],
-        (x_sizes[2] + 2 * p.padding[0] - p.dilation[0] * (w_sizes[2] - 1) - 1) / p.stride[0] + 1,
-        (x_sizes[3] + 2 * p.padding[1] - p.dilation[1] * (w_sizes[3] - 1) - 1) / p.stride[1] + 1};
+    y_sizes = OutputSizes(x_sizes, w_sizes, p);
     x.Set(type, x_sizes, op);
     w.Set(type, w_sizes, op);
     y.Set(type, y_sizes, op);
@@ -139,18 +142,19 @@ Tensor ConvForwardCuda(const Tensor& input, const Tensor& weight, const Tensor& 
                        const ConvParams& p) {
   const char* op = "conv2d";
   Tensor x = input.contiguous(), w = weight.contiguous();
+  internal::DataType(x.dtype(), op);
   DeviceGuard guard(x.device());
-  Conv c(x.dtype(), SizesOf(x), SizesOf(w), p, op);
-  Tensor y = empty(c.y_sizes, x.options());
+  Tensor y = empty(OutputSizes(SizesOf(x), SizesOf(w), p), x.options());
   if (y.numel() == 0) return y;
   if (x.numel() == 0 || w.numel() == 0) {  // No input channels: nothing to sum.
     if (bias.defined()) {
-      y.copy_(bias.view({1, c.y_sizes[1], 1, 1}));
+      y.copy_(bias.view({1, y.size(1), 1, 1}));
     } else {
       y.fill_(0);
     }
     return y;
   }
+  Conv c(x.dtype(), SizesOf(x), SizesOf(w), p, op);
   cudnnHandle_t h = internal::Handle(x.device());
   const Algo a = AlgoCache::Get().Find(x.device(), Direction::kForward, c, [&] {
     cudnnConvolutionFwdAlgoPerf_t perfs[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -185,14 +189,15 @@ Tensor ConvInputGradCuda(const Tensor& grad, const Tensor& weight, const IntVect
                          const ConvParams& p) {
   const char* op = "conv2d input gradient";
   Tensor go = grad.contiguous(), w = weight.contiguous();
+  internal::DataType(go.dtype(), op);
   DeviceGuard guard(go.device());
-  Conv c(go.dtype(), x_sizes, SizesOf(w), p, op);
   Tensor gx = empty(x_sizes, go.options());
   if (gx.numel() == 0) return gx;
   if (go.numel() == 0 || w.numel() == 0) {
     gx.fill_(0);
     return gx;
   }
+  Conv c(go.dtype(), x_sizes, SizesOf(w), p, op);
   cudnnHandle_t h = internal::Handle(go.device());
   const Algo a = AlgoCache::Get().Find(go.device(), Direction::kInputGrad, c, [&] {
     cudnnConvolutionBwdDataAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
@@ -220,8 +225,8 @@ Tensor ConvWeightGradCuda(const Tensor& input, const Tensor& grad, const IntVect
                           const ConvParams& p, Tensor* grad_bias) {
   const char* op = "conv2d weight gradient";
   Tensor x = input.contiguous(), go = grad.contiguous();
+  internal::DataType(x.dtype(), op);
   DeviceGuard guard(x.device());
-  Conv c(x.dtype(), SizesOf(x), w_sizes, p, op);
   Tensor gw = empty(w_sizes, x.options());
   if (grad_bias != nullptr) *grad_bias = empty({w_sizes[0]}, x.options());
   if (go.numel() == 0 || x.numel() == 0) {  // Sums without terms.
@@ -229,6 +234,7 @@ Tensor ConvWeightGradCuda(const Tensor& input, const Tensor& grad, const IntVect
     if (grad_bias != nullptr) grad_bias->fill_(0);
     return gw;
   }
+  Conv c(x.dtype(), SizesOf(x), w_sizes, p, op);
   cudnnHandle_t h = internal::Handle(x.device());
   if (grad_bias != nullptr) {
     internal::TensorDescriptor bd;
