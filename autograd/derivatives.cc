@@ -279,9 +279,12 @@ Tensor CopyAutograd(const Tensor& self, const Tensor& src) {
     ops::copy_(self, src);
   }
   if (!self.is_floating_point()) return self;
-  // The old value of self is overwritten: it gets no gradient.
-  auto node = Formula("CopyBackwards", [](const variable_list&, const variable_list& grads) {
-    return variable_list{grads[0]};
+  // The old value of self is overwritten: it gets no gradient. src's goes
+  // back to src's device (a copy between devices, as torch's CopyBackwards).
+  const Device src_device = src.device();
+  auto node = Formula("CopyBackwards", [src_device](const variable_list&,
+                                                    const variable_list& grads) {
+    return variable_list{grads[0].defined() ? grads[0].to(src_device) : grads[0]};
   });
   node->add_next_edge(GradientEdge(src));
   uint32_t nr = node->add_input_metadata(self);

@@ -11,9 +11,11 @@
 //   ember::Tensor same = (*drop)(ember::ones({8}));  // the identity
 //   ```
 //
-// The mask comes from ember::rand (the default generator unless given), so
-// manual_seed makes it reproducible. The gradient flows through the same mask
-// (a product recorded by autograd). Errors: p outside [0, 1] throws
+// The mask is drawn by bernoulli_ where the input lives, from that device's
+// default generator unless one is given (a CUDA input's from the device's
+// Philox generator, never on the host), so manual_seed makes it
+// reproducible. The gradient flows through the same mask (a product recorded
+// by autograd). Errors: p outside [0, 1] throws
 // ember::Error. Thread-safety: as Module (nn/module.h).
 #ifndef EMBER_NN_DROPOUT_H_
 #define EMBER_NN_DROPOUT_H_

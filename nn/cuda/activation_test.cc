@@ -1,0 +1,131 @@
+// The activations (relu, gelu, tanh, sigmoid: tensor ops with CUDA kernels
+// and derivatives) and dropout on cuda:0. Activations: against the CPU,
+// forward and backward, and gradcheck in float64 through the device.
+// Dropout: the mask is drawn on the device by its Philox generator (the CPU
+// generator is untouched), is reproducible for a seed, keeps about 1 - p of
+// the elements scaled by 1 / (1 - p), and the gradient flows through the same
+// mask. Without a device the GPU cases skip, saying why; the case about a
+// generator of the wrong device type runs everywhere.
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nn/activation.h"
+#include "nn/cuda/layer_testing.h"
+#include "nn/dropout.h"
+#include "tensor/error.h"
+#include "tensor/factories.h"
+#include "third_party/cuda/device_check.h"
+
+namespace ember::nn {
+namespace {
+
+using testing::ExpectGradcheckOnDevice;
+using testing::ExpectMatchesCpu;
+using testing::HostValues;
+using testing::kGpu;
+using ::testing::HasSubstr;
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Activations() {
+  return {{"ReLU", std::make_shared<ReLU>()},
+          {"GELU", std::make_shared<GELU>()},
+          {"Tanh", std::make_shared<Tanh>()},
+          {"Sigmoid", std::make_shared<Sigmoid>()}};
+}
+
+TEST(ActivationCudaTest, MatchTheCpuForwardAndBackward) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype dtype : {kFloat32, kFloat64}) {
+    // Non-contiguous too (a transposed view): relu's CPU fast path does not
+    // apply there, nor on the device.
+    Tensor x = randn({9, 7}, TensorOptions(dtype)) * 3.0;
+    for (auto& [name, act] : Activations()) {
+      ExpectMatchesCpu([&](const std::vector<Tensor>& in) { return act->forward(in[0]); }, {x},
+                       {true}, name + " " + std::string(dtype_name(dtype)));
+      ExpectMatchesCpu(
+          [&](const std::vector<Tensor>& in) { return act->forward(in[0].t()); }, {x}, {true},
+          name + " transposed " + std::string(dtype_name(dtype)));
+    }
+  }
+}
+
+TEST(ActivationCudaTest, GradcheckOnTheDeviceInFloat64) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  // Away from relu's kink at 0.
+  Tensor x = tensor({-2.0, -0.7, 0.3, 1.1, 2.5, -0.2}, TensorOptions(kFloat64)).view({2, 3});
+  for (auto& [name, act] : Activations()) {
+    SCOPED_TRACE(name);
+    ExpectGradcheckOnDevice([&](const std::vector<Tensor>& in) { return act->forward(in[0]); },
+                            {x});
+  }
+}
+
+TEST(DropoutCudaTest, TheMaskIsDrawnOnTheDeviceNeverOnTheHost) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  Tensor cpu_state = default_generator().get_state();
+  Generator& gpu_gen = default_generator(kGpu);
+  const uint64_t offset = gpu_gen.offset();
+  Tensor x = ones({1 << 16}).to(kGpu);
+  Tensor y = functional::dropout(x, 0.25, /*training=*/true);
+  EXPECT_TRUE(y.is_cuda());
+  EXPECT_GT(gpu_gen.offset(), offset) << "the device generator did not move";
+  EXPECT_EQ(HostValues(default_generator().get_state()), HostValues(cpu_state))
+      << "dropout of a CUDA tensor drew from the CPU generator";
+  // Each element 0 or 1 / (1 - p); about 1 - p of them kept.
+  int64_t kept = 0;
+  for (double v : HostValues(y)) {
+    ASSERT_TRUE(v == 0.0 || std::abs(v - 1 / 0.75) < 1e-6) << v;
+    kept += v != 0.0;
+  }
+  const double fraction = static_cast<double>(kept) / (1 << 16);
+  EXPECT_NEAR(fraction, 0.75, 0.02);
+}
+
+TEST(DropoutCudaTest, ReproducibleForASeedAndTheGradientUsesTheSameMask) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  Tensor x = randn({64, 33}).to(kGpu);
+  manual_seed(1234);
+  Tensor a = functional::dropout(x, 0.5, true);
+  manual_seed(1234);
+  Tensor leaf = x.detach().requires_grad_(true);
+  Tensor b = functional::dropout(leaf, 0.5, true);
+  EXPECT_EQ(HostValues(a), HostValues(b));
+  b.sum().backward();
+  // d(sum)/dx is the mask scaled by 2: 2 where kept, 0 where dropped.
+  const std::vector<double> out = HostValues(b), in = HostValues(x), g = HostValues(leaf.grad());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const bool dropped = out[i] == 0.0 && in[i] != 0.0;
+    EXPECT_EQ(g[i], dropped ? 0.0 : 2.0) << "element " << i;
+  }
+  // The module in eval mode is the identity on the device.
+  Dropout drop(0.5);
+  drop.eval();
+  EXPECT_EQ(HostValues(drop.forward(x)), HostValues(x));
+}
+
+// Runs everywhere: a CPU input's mask cannot come from a CUDA generator.
+TEST(DropoutCudaTest, AGeneratorOfAnotherDeviceTypeIsRefused) {
+  Generator cuda_gen(7, kGpu);
+  try {
+    functional::dropout(ones({4}), 0.5, true, &cuda_gen);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("expected a 'cpu' device type for generator but found 'cuda'"));
+  }
+}
+
+TEST(DropoutCudaTest, ACpuGeneratorForACudaInputIsRefused) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  Generator cpu_gen(7);
+  try {
+    functional::dropout(ones({4}).to(kGpu), 0.5, true, &cpu_gen);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("expected a 'cuda' device type for generator but found 'cpu'"));
+  }
+}
+
+}  // namespace
+}  // namespace ember::nn

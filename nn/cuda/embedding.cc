@@ -1,0 +1,33 @@
+// embedding's CUDA backward (nn/embedding_kernels.h): the host side of
+// embedding_kernels.cu, registered as the kCUDA kernel of embedding's slot
+// when the library is loaded. Asynchronous on the current stream of the
+// gradient's device.
+#include "cuda/kernels.h"
+#include "nn/cuda/embedding_launch.h"
+#include "nn/embedding_kernels.h"
+#include "nn/kernel_util.h"
+#include "tensor/device_guard.h"
+#include "tensor/factories.h"
+
+namespace ember::nn::cuda_kernels {
+namespace {
+
+Tensor EmbeddingBackwardCuda(const Tensor& g, const Tensor& indices, int64_t num_weights,
+                             int64_t padding_idx) {
+  DeviceGuard guard(g.device());
+  const int64_t d = g.size(1);
+  Tensor gw = zeros({num_weights, d}, g.options());
+  internal::VisitNnDtype(g.dtype(), "embedding backward", [&]<typename T>() {
+    ::ember::cuda::internal::CheckLaunch(
+        LaunchEmbeddingBackward<T>(::ember::cuda::internal::StreamOf(g.device()), g.data_ptr<T>(),
+                                   indices.data_ptr<int64_t>(), gw.data_ptr<T>(), indices.numel(),
+                                   d, padding_idx),
+        "embedding backward kernel");
+  });
+  return gw;
+}
+
+EMBER_REGISTER_NN_KERNEL(internal::embedding_backward, DeviceType::kCUDA, &EmbeddingBackwardCuda);
+
+}  // namespace
+}  // namespace ember::nn::cuda_kernels
