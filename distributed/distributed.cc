@@ -30,6 +30,21 @@
 // store barrier, as PyTorch does. destroy_process_group restarts the counter:
 // initialising again on the same store needs a fresh store or a PrefixStore,
 // as in PyTorch (a count already past the world size says so).
+//
+// Note [Splitting new groups]
+// A backend may make a new group's communicators by splitting the default
+// group's, as PyTorch's nccl backend does with ncclCommSplit when the parent
+// communicator exists: cheaper than a new rendezvous, but collective over the
+// whole default group, non-members included. Every process calls new_group in
+// the same order (the API asks it), so new_group gives the default group's
+// backend its turn on every rank, ProcessGroup::split_for_new_group with the
+// new group's BackendOptions (rank -1 on non-members), just before the new
+// group is made, whenever the new group uses the same backend as the default
+// group. A mixed default group passes it on to each of its backends with
+// their own prefix. What a backend makes there it hands to the new group by
+// the group's store and prefix (nccl: process_group_nccl.cc); backends
+// without splitting ignore it, and the new group then meets through the
+// store as before.
 
 namespace ember::distributed {
 namespace {
@@ -345,6 +360,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
   const BackendInfo* backend = nullptr;
   int my_index = -1, my_rank = -1, world_size = 0, generation = 0, group_id = 0;
   std::string barrier_key;
+  Group split_from;  // Note [Splitting new groups]
   {
     absl::MutexLock lock(&s.mu);
     if (!s.world) return NotInitialized();
@@ -366,6 +382,10 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
     group_id = id;
     const std::string backend_name = options.backend.empty() ? s.backend : options.backend;
     EMBER_ASSIGN_OR_RETURN(backend, find_backend(backend_name));
+    if (absl::StatusOr<const BackendInfo*> world = find_backend(s.backend);
+        world.ok() && *world == backend) {
+      split_from = s.world;
+    }
     auto me = std::find(ranks.begin(), ranks.end(), s.rank);
     if (me != ranks.end()) my_index = static_cast<int>(me - ranks.begin());
     my_rank = s.rank;
@@ -390,6 +410,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
   // The group's rendezvous blocks until its members arrive (up to the
   // timeout), so it runs without the lock: other threads' ops, get_rank and
   // the like go on meanwhile.
+  if (split_from != nullptr) EMBER_RETURN_IF_ERROR(split_from->split_for_new_group(b));
   Group group;
   if (my_index < 0) {
     group = std::make_shared<NonMemberGroup>(my_rank, ranks, *backend);

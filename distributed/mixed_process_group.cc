@@ -53,6 +53,19 @@ void MixedProcessGroup::abort() {
   }
 }
 
+absl::Status MixedProcessGroup::split_for_new_group(const BackendOptions& group,
+                                                    const std::string& part) {
+  // Each part's keys are under "<group>/<device type>/", as the mixed
+  // backend's create (backend_registry.cc) makes them.
+  for (int d = 0; d < kNumDeviceTypes; ++d) {
+    if (!groups_[d]) continue;
+    absl::Status s = groups_[d]->split_for_new_group(
+        group, absl::StrCat(part, std::string(DeviceTypeName(static_cast<DeviceType>(d))), "/"));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 ProcessGroup& MixedProcessGroup::For(const Tensor& tensor) const {
   return *groups_[static_cast<int>(tensor.device().type())];
 }

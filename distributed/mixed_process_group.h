@@ -50,6 +50,10 @@ class MixedProcessGroup : public ProcessGroup {
                     absl::Duration timeout, Groups groups, DeviceType untyped);
 
   void abort() override;
+  // Passes the hook on to each backend, with the part of the prefix the new
+  // group's part for that backend will have ("cuda/").
+  absl::Status split_for_new_group(const BackendOptions& group,
+                                   const std::string& part) override;
 
  protected:
   absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor& tensor,

@@ -239,6 +239,7 @@ struct P2POptions {
 inline constexpr int kAnySource = -1;
 
 class RecvWork;
+struct BackendOptions;  // backend_registry.h
 
 class ProcessGroup {
  public:
@@ -306,6 +307,19 @@ class ProcessGroup {
   // Fails every pending and future op of this group with kAborted and wakes
   // every waiter. Never blocks for long. Backends call OnAbort() first.
   virtual void abort() = 0;
+
+  // new_group's hook (Note [Splitting new groups] in distributed.cc): called
+  // on the default group on every rank of the job, members of the new group
+  // or not, in the same order, just before the new group is made with the
+  // same backend; `group` is what that backend will be given (its `rank` is
+  // -1 on a non-member), and `part` what a mixed group's backend adds to its
+  // store prefix ("cuda/"; empty otherwise). A backend that makes a new
+  // group's communicators by splitting its own, collectively (nccl:
+  // ncclCommSplit), does this rank's part here. The default does nothing.
+  virtual absl::Status split_for_new_group(const BackendOptions& group,
+                                           const std::string& part = "") {
+    return absl::OkStatus();
+  }
 
   // This group's flight recorder (Note [Flight recorder]); its capacity is
   // TORCH_FR_BUFFER_SIZE (0: off) when the group was created.

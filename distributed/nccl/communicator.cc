@@ -111,6 +111,50 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclComm>>> NcclComm::create_many(
   return comms;
 }
 
+absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::split(int color, int key,
+                                                          const CommConfig& config,
+                                                          absl::Time deadline) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+  static_assert(kNoColor == NCCL_SPLIT_NOCOLOR);
+  if (aborted_.load()) return absl::AbortedError("ncclCommSplit: the parent communicator was aborted");
+  ncclConfig_t nccl_config = MakeConfig(config);
+  ncclComm_t raw = nullptr;
+  EMBER_RETURN_IF_ERROR(cuda::internal::OnDevice(device_, [&]() -> absl::Status {
+    ncclResult_t r = ncclCommSplit(comm_, color, key, &raw, &nccl_config);
+    if (r == ncclInProgress) return absl::OkStatus();
+    return cuda::nccl_status(r, "ncclCommSplit");
+  }));
+  std::unique_ptr<NcclComm> child;
+  int child_size = 0, child_rank = 0;
+  absl::Status ready = WaitReady("ncclCommSplit", deadline);
+  if (ready.ok() && raw != nullptr) {
+    child.reset(new NcclComm(raw, device_, 0, 0));
+    ready = child->WaitReady("ncclCommSplit", deadline);
+    if (ready.ok()) {
+      ready = cuda::nccl_status(ncclCommCount(raw, &child_size), "ncclCommCount");
+    }
+    if (ready.ok()) {
+      ready = cuda::nccl_status(ncclCommUserRank(raw, &child_rank), "ncclCommUserRank");
+    }
+  }
+  if (!ready.ok()) {
+    if (child != nullptr) child->abort();
+    return absl::Status(ready.code(),
+                        absl::StrCat(ready.message(), " while splitting an NCCL communicator of ",
+                                     size_, " ranks on cuda:", device_,
+                                     "; every rank of it must split it (new_group on every rank, "
+                                     "in the same order)"));
+  }
+  if (child == nullptr) return child;
+  child->comm_ = nullptr;  // handed to the one that knows its size and rank
+  return std::unique_ptr<NcclComm>(new NcclComm(raw, device_, child_size, child_rank));
+#else
+  return absl::UnimplementedError(
+      absl::StrCat("ncclCommSplit needs NCCL 2.18 or later; this build has ", NCCL_MAJOR, ".",
+                   NCCL_MINOR, "; make a new communicator instead"));
+#endif
+}
+
 NcclComm::~NcclComm() {
   if (comm_ == nullptr) return;
   if (aborted_.load()) return;  // ncclCommAbort freed it

@@ -71,6 +71,18 @@ class NcclComm {
   static absl::StatusOr<std::vector<std::unique_ptr<NcclComm>>> create_many(
       const std::vector<CommSpec>& specs);
 
+  // Whether this NCCL has ncclCommSplit (2.18 and later).
+  static constexpr bool kCanSplit = NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0);
+  // ncclCommSplit: every rank of this communicator must call it, in the same
+  // order as the communicator's other calls. Ranks passing the same `color`
+  // (>= 0) get a new communicator of them, ordered by `key`, on this one's
+  // device; a rank passing kNoColor takes part and gets null. Non-blocking
+  // like create: kDeadlineExceeded (after aborting what was made) when the
+  // ranks have not all joined by `deadline`; kUnimplemented without kCanSplit.
+  static constexpr int kNoColor = -1;  // NCCL_SPLIT_NOCOLOR
+  absl::StatusOr<std::unique_ptr<NcclComm>> split(int color, int key, const CommConfig& config,
+                                                  absl::Time deadline);
+
   // Destroys the communicator (ncclCommDestroy), or frees what is left of an
   // aborted one.
   ~NcclComm();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -29,10 +30,25 @@ namespace ember::distributed::nccl {
 // ncclCommCounter_). Sends and receives are the exception: only two ranks
 // take part, so their communicator is keyed by the pair instead of the
 // counter ("<prefix>p2p:<low>:<high>:<k>"), which the other ranks never
-// advance. new_group makes a group of its own with its own prefix and
-// communicators from fresh ids; ncclCommSplit would need every rank of the
-// parent group to take part in the split, which Ember's new_group, called by
-// members only, does not ask of the others.
+// advance. A group that new_group makes gets its first communicator by
+// splitting the default group's (Note [NCCL split groups]) where it can, and
+// makes any other from fresh ids under its own prefix.
+//
+// Note [NCCL split groups]
+// new_group calls split_for_new_group on the default group on every rank,
+// members or not (Note [Splitting new groups] in distributed.cc). When the
+// default group has a collective communicator on one device (the first it
+// made: every rank made the same ones in the same order, so every rank picks
+// the same one) and NCCL has ncclCommSplit (2.18), every rank splits it, as
+// PyTorch does when the parent's communicator exists: members with one color
+// and their rank in the new group as key, the others with NCCL_SPLIT_NOCOLOR.
+// The member's new communicator waits in a process-wide table under the new
+// group's store and prefix until the new group, created right after, takes it
+// as its communicator for that device; the new group therefore reads no
+// ncclUniqueId for it. Otherwise (no communicator yet, an older NCCL) nothing
+// is split and the new group makes its communicators through the store as
+// any group does. A table entry the new group never takes (its creation
+// failed) goes when the default group is destroyed.
 //
 // Note [NCCL watchdog]
 // Ops are asynchronous on the GPU: the call returns once NCCL has queued the
@@ -123,10 +139,32 @@ absl::StatusOr<NcclEnvironment> read_nccl_environment() {
 
 struct NcclProcessGroup::CommSet {
   std::string name;  // "cuda:0", "cuda:0,1", "p2p with rank 3 on cuda:0"
+  // The group's communicator counter that named its ncclUniqueId (Note [NCCL
+  // communicators]); -1 for peer and split communicators.
+  int64_t number = -1;
   std::vector<int> devices;
   std::vector<std::unique_ptr<NcclComm>> comms;
   std::vector<cuda::Stream> streams;
 };
+
+namespace {
+
+// Note [NCCL split groups]: members' split communicators waiting for their
+// new group, by the new group's store and prefix.
+struct PendingSplit {
+  const void* parent;  // the group that split it
+  std::unique_ptr<NcclComm> comm;
+};
+struct PendingSplits {
+  absl::Mutex mu;
+  std::map<std::pair<const Store*, std::string>, PendingSplit> by_group ABSL_GUARDED_BY(mu);
+};
+PendingSplits& Pending() {
+  static PendingSplits* pending = new PendingSplits;  // never destroyed
+  return *pending;
+}
+
+}  // namespace
 
 // One op in flight: its end event per device, the tensors it uses, and what
 // the watchdog needs to name it.
@@ -199,7 +237,75 @@ absl::StatusOr<std::shared_ptr<NcclProcessGroup>> NcclProcessGroup::create(
   EMBER_ASSIGN_OR_RETURN(const NcclOptions* mine, OptionsFor<NcclOptions>(options, "nccl"));
   NcclOptions nccl_options;
   if (mine != nullptr) nccl_options = *mine;
-  return std::shared_ptr<NcclProcessGroup>(new NcclProcessGroup(options, env, nccl_options));
+  auto group = std::shared_ptr<NcclProcessGroup>(new NcclProcessGroup(options, env, nccl_options));
+  // Note [NCCL split groups]: the communicator split for this group, if any.
+  std::unique_ptr<NcclComm> split;
+  {
+    PendingSplits& pending = Pending();
+    absl::MutexLock lock(&pending.mu);
+    auto it = pending.by_group.find({options.store.get(), options.store_prefix});
+    if (it != pending.by_group.end()) {
+      split = std::move(it->second.comm);
+      pending.by_group.erase(it);
+    }
+  }
+  if (split != nullptr) EMBER_RETURN_IF_ERROR(group->AdoptSplit(std::move(split)));
+  return group;
+}
+
+absl::Status NcclProcessGroup::AdoptSplit(std::unique_ptr<NcclComm> comm) {
+  if (comm->size() != size() || comm->rank() != rank()) {
+    return absl::InternalError(absl::StrCat(
+        "the NCCL communicator split for group ", prefix_, " has ", comm->size(),
+        " ranks with this one as rank ", comm->rank(), ", but the group has ", size(),
+        " ranks with this one as rank ", rank(), "; every rank must call new_group with the "
+        "same ranks"));
+  }
+  const int device = comm->device();
+  auto set = std::make_shared<CommSet>();
+  set->name = absl::StrCat("cuda:", device, " (split from the default group)");
+  set->devices = {device};
+  set->comms.push_back(std::move(comm));
+  EMBER_ASSIGN_OR_RETURN(cuda::Stream s, cuda::get_stream_from_pool(
+                                             nccl_options_.is_high_priority_stream, device));
+  set->streams.push_back(s);
+  absl::MutexLock lock(&mu_);
+  comms_[absl::StrCat(device)] = set;  // CollectiveComms' key for {device}
+  last_device_ = device;              // the group's barrier runs there
+  return absl::OkStatus();
+}
+
+absl::Status NcclProcessGroup::split_for_new_group(const BackendOptions& group,
+                                                   const std::string& part) {
+  if (!NcclComm::kCanSplit) return absl::OkStatus();
+  std::shared_ptr<CommSet> parent;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return absl::OkStatus();
+    for (const auto& [key, set] : comms_) {
+      if (set->number >= 0 && set->devices.size() == 1 &&
+          (parent == nullptr || set->number < parent->number)) {
+        parent = set;
+      }
+    }
+  }
+  if (parent == nullptr) return absl::OkStatus();
+  const auto* theirs = dynamic_cast<const NcclOptions*>(group.pg_options.get());
+  const bool member = group.rank >= 0;
+  absl::StatusOr<std::unique_ptr<NcclComm>> comm = parent->comms[0]->split(
+      member ? 0 : NcclComm::kNoColor, member ? group.rank : rank(),
+      theirs != nullptr ? theirs->config : CommConfig{}, absl::Now() + group.timeout);
+  if (!comm.ok()) {
+    return absl::Status(comm.status().code(),
+                        absl::StrCat("new_group: splitting ", parent->name, " of group ", prefix_,
+                                     ": ", comm.status().message()));
+  }
+  if (*comm == nullptr) return absl::OkStatus();  // not a member
+  PendingSplits& pending = Pending();
+  absl::MutexLock lock(&pending.mu);
+  pending.by_group[{group.store.get(), group.store_prefix + part}] =
+      PendingSplit{this, std::move(*comm)};
+  return absl::OkStatus();
 }
 
 NcclProcessGroup::NcclProcessGroup(const BackendOptions& options, NcclEnvironment env,
@@ -213,6 +319,11 @@ NcclProcessGroup::NcclProcessGroup(const BackendOptions& options, NcclEnvironmen
 }
 
 NcclProcessGroup::~NcclProcessGroup() {
+  {
+    PendingSplits& pending = Pending();
+    absl::MutexLock lock(&pending.mu);
+    std::erase_if(pending.by_group, [this](const auto& entry) { return entry.second.parent == this; });
+  }
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -285,6 +396,7 @@ absl::StatusOr<std::shared_ptr<NcclProcessGroup::CommSet>> NcclProcessGroup::Col
   }
   auto set = std::make_shared<CommSet>();
   set->name = absl::StrCat("cuda:", key);
+  set->number = n;
   set->devices = devices;
   EMBER_ASSIGN_OR_RETURN(set->comms, NcclComm::create_many(specs));
   for (int device : devices) {

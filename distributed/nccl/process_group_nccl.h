@@ -129,6 +129,13 @@ class NcclProcessGroup : public ProcessGroup {
 
   // Aborts every communicator and fails every op in flight with kAborted.
   void abort() override;
+  // new_group's turn on the default group (Note [NCCL split groups] in
+  // process_group_nccl.cc): splits the group's first collective communicator
+  // with ncclCommSplit, non-members included, and keeps a member's part for
+  // the new group; nothing when there is no communicator yet or NCCL is
+  // older than 2.18 (the new group then makes its own through the store).
+  absl::Status split_for_new_group(const BackendOptions& group,
+                                   const std::string& part) override;
 
   // The multi-GPU ops (torch.distributed's deprecated *_multigpu): one tensor
   // per local GPU, each on a different device, the same list shape on every
@@ -202,6 +209,9 @@ class NcclProcessGroup : public ProcessGroup {
   };
 
   NcclProcessGroup(const BackendOptions& options, NcclEnvironment env, NcclOptions nccl_options);
+  // Makes `comm`, split for this group from the default group's, the
+  // group's communicator for its device.
+  absl::Status AdoptSplit(std::unique_ptr<NcclComm> comm);
 
   // The communicators for collectives on `devices` (one per device), made
   // on first use.

@@ -3,8 +3,10 @@
 // ncclUniqueId exchange through a real store (ncclGetUniqueId needs no GPU),
 // and the dtype and reduce-op mapping. With one GPU: every op at world size 1
 // against values computed on the CPU, the stream rules, the multi-GPU ops
-// over the local GPUs, and the watchdog failing a stuck op and aborting the
-// group. With two GPUs: two ranks, each on its own GPU.
+// over the local GPUs, the watchdog failing a stuck op and aborting the
+// group, and a new group split from the default group's communicator (or
+// made through the store without one). With two GPUs: two ranks, each on its
+// own GPU, and new groups split with a non-member taking part.
 #include "distributed/nccl/process_group_nccl.h"
 
 #include <cuda_runtime_api.h>
@@ -354,6 +356,50 @@ TEST(NcclOneGpuTest, TheWatchdogFailsAStuckOpAndAbortsTheGroup) {
   ASSERT_TRUE(cuda::synchronize(0).ok());
 }
 
+// Note [NCCL split groups]: a new group's communicator split from the
+// default group's reads no ncclUniqueId from the store; without a parent
+// communicator the new group meets through the store instead.
+bool HasKey(Store& store, const std::string& key) {
+  return store.get(key, absl::ZeroDuration()).ok();
+}
+
+TEST(NcclSplitTest, WithoutAParentCommunicatorTheNewGroupMeetsThroughTheStore) {
+  SKIP_WITHOUT_GPUS(1);
+  auto store = std::make_shared<HashStore>();
+  auto parent = NcclProcessGroup::create({.store = store, .store_prefix = "0/"});
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  const BackendOptions child{.store = store, .store_prefix = "1/", .ranks = {0}};
+  ASSERT_TRUE((*parent)->split_for_new_group(child, "").ok());  // nothing to split yet
+  auto group = NcclProcessGroup::create(child);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Tensor x = full({8}, 2.0, Cuda());
+  Finish(*(*group)->allreduce(x));
+  EXPECT_TRUE(x.to(Device(DeviceType::kCPU)).equal(full({8}, 2.0)));
+  EXPECT_TRUE(HasKey(*store, "1/0")) << "a fresh communicator, its id through the store";
+}
+
+TEST(NcclSplitTest, AtWorldSizeOneTheNewGroupSplitsTheParentsCommunicator) {
+  SKIP_WITHOUT_GPUS(1);
+  auto store = std::make_shared<HashStore>();
+  auto parent = NcclProcessGroup::create({.store = store, .store_prefix = "0/"});
+  ASSERT_TRUE(parent.ok()) << parent.status();
+  Tensor x = full({8}, 3.0, Cuda());
+  Finish(*(*parent)->allreduce(x));  // the parent's communicator on cuda:0
+  ASSERT_TRUE(HasKey(*store, "0/0"));
+  const BackendOptions child{.store = store, .store_prefix = "1/", .ranks = {0}};
+  absl::Status split = (*parent)->split_for_new_group(child, "");
+  ASSERT_TRUE(split.ok()) << split;
+  auto group = NcclProcessGroup::create(child);
+  ASSERT_TRUE(group.ok()) << group.status();
+  Finish(*(*group)->allreduce(x));
+  Finish(*(*group)->barrier());  // on the split communicator's device
+  EXPECT_TRUE(x.to(Device(DeviceType::kCPU)).equal(full({8}, 3.0)));
+  EXPECT_FALSE(HasKey(*store, "1/0")) << "split, so no ncclUniqueId was exchanged";
+  // The parent goes on working beside it.
+  Finish(*(*parent)->allreduce(x));
+  EXPECT_TRUE(x.to(Device(DeviceType::kCPU)).equal(full({8}, 3.0)));
+}
+
 // --- Two GPUs, two processes ------------------------------------------------------
 
 TEST(NcclTwoGpuTest, TwoRanksEachOnItsGpu) {
@@ -380,6 +426,54 @@ TEST(NcclTwoGpuTest, TwoRanksEachOnItsGpu) {
           EMBER_RETURN_IF_ERROR(recv->wait());
           EMBER_RETURN_IF_ERROR(cuda::synchronize(me.rank));
           if (got.to(Device(DeviceType::kCPU)).max().item<float>() != 42.0f) return absl::InternalError("wrong recv");
+        }
+        return absl::OkStatus();
+      },
+      {.backend = "nccl"});
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Every rank of the default group splits it, the non-member with no color:
+// a group of rank 1 alone, then of both ranks.
+TEST(NcclTwoGpuTest, NewGroupsSplitTheDefaultGroupsCommunicator) {
+  SKIP_WITHOUT_GPUS(2);
+  absl::Status s = testing::RunRanks(
+      2,
+      [](testing::Rank& me) -> absl::Status {
+        EMBER_RETURN_IF_ERROR(cuda::set_device(me.rank));
+        const Device dev(DeviceType::kCUDA, me.rank);
+        Tensor x = full({100}, me.rank + 1.0, TensorOptions(kFloat32).device(dev));
+        EMBER_ASSIGN_OR_RETURN(auto w, me.group->allreduce(x));  // the parent's communicator
+        EMBER_RETURN_IF_ERROR(w->wait());
+        const BackendOptions alone{.store = me.store,
+                                   .store_prefix = "test/1/",
+                                   .rank = me.rank == 1 ? 0 : -1,
+                                   .size = 1,
+                                   .timeout = absl::Seconds(60),
+                                   .ranks = {1}};
+        EMBER_RETURN_IF_ERROR(me.group->split_for_new_group(alone, ""));
+        if (me.rank == 1) {
+          EMBER_ASSIGN_OR_RETURN(auto one, NcclProcessGroup::create(alone));
+          EMBER_ASSIGN_OR_RETURN(auto w1, one->allreduce(x));
+          EMBER_RETURN_IF_ERROR(w1->wait());
+        }
+        const BackendOptions both{.store = me.store,
+                                  .store_prefix = "test/2/",
+                                  .rank = me.rank,
+                                  .size = 2,
+                                  .timeout = absl::Seconds(60),
+                                  .ranks = {0, 1}};
+        EMBER_RETURN_IF_ERROR(me.group->split_for_new_group(both, ""));
+        EMBER_ASSIGN_OR_RETURN(auto pair, NcclProcessGroup::create(both));
+        EMBER_ASSIGN_OR_RETURN(auto w2, pair->allreduce(x));
+        EMBER_RETURN_IF_ERROR(w2->wait());
+        EMBER_RETURN_IF_ERROR(cuda::synchronize(me.rank));
+        if (x.to(Device(DeviceType::kCPU)).min().item<float>() != 6.0f) {
+          return absl::InternalError("wrong all_reduce on the split group");
+        }
+        if (me.store->get("test/1/0", absl::ZeroDuration()).ok() ||
+            me.store->get("test/2/0", absl::ZeroDuration()).ok()) {
+          return absl::InternalError("a split group exchanged a ncclUniqueId");
         }
         return absl::OkStatus();
       },
