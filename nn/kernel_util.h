@@ -5,9 +5,12 @@
 //     ...
 //   });
 //
-// nn's own kernels (convolution, pooling, normalisation, embedding, losses)
-// work on contiguous float32 / float64 CPU tensors; other dtypes and devices
-// are refused with a message that says what to convert to. Thread-safe.
+// nn's own CPU kernels (convolution, pooling, normalisation, embedding,
+// losses) work on float32 / float64 tensors; other dtypes are refused with a
+// message that says what to convert to. The layers reach their kernels
+// through per-device slots (Note [nn device kernels] in device_kernels.h), so
+// a CPU kernel only ever sees CPU tensors; the layers check that their
+// tensors share the input's device (CheckDevice). Thread-safe.
 #ifndef EMBER_NN_KERNEL_UTIL_H_
 #define EMBER_NN_KERNEL_UTIL_H_
 
@@ -31,13 +34,6 @@ void VisitNnDtype(Dtype dtype, const char* op, F&& f) {
       EMBER_FAIL(op, ": expected a float32 or float64 tensor, but got ", dtype_name(dtype),
                  "; convert it with .to(ember::kFloat32) first");
   }
-}
-
-// Throws unless `t` is defined and on the CPU, naming `op` and the argument.
-inline void CheckCpu(const Tensor& t, const char* op, const char* what) {
-  EMBER_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
-  EMBER_CHECK(t.is_cpu(), op, ": ", what, " is on ", t.device().str(),
-              ", but this kernel runs on the CPU only; move it with .to(ember::kCPU)");
 }
 
 // Throws unless `t` is defined and on `device` (the input's), naming `op` and
