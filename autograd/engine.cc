@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "autograd/anomaly_mode.h"
 #include "autograd/grad_mode.h"
 #include "autograd/variable.h"
@@ -363,15 +364,17 @@ std::optional<Device> WorkerDevice(const variable_list& grads) {
 }
 
 // Queues `fn`, whose gradients are all in, where it runs. Holds task.mutex.
+// Counted once queued (a worker cannot finish it before: it needs the mutex).
 void Enqueue(GraphTask& task, Node* fn) {
-  ++task.outstanding;
   std::optional<Device> device = WorkerDevice(task.Of(fn).buffer);
   if (!device.has_value() || device == task.owner_device) {
     task.local.push({fn->sequence_nr(), fn});
+    ++task.outstanding;
     task.cv.notify_all();
     return;
   }
   DeviceWorkers::Get().Push(*device, {fn->sequence_nr(), task.shared_from_this(), fn});
+  ++task.outstanding;
 }
 
 // A gradient from `fn`'s output `i`, in the consumer's layout; `ready` is the
@@ -383,25 +386,23 @@ struct Produced {
 
 // Runs `fn` (its gradients are all in) and hands its results on; on any
 // thread. Never throws: an error is kept in the task (Note [Device workers]).
+// Holds task.mutex except while the node runs.
 void RunNode(GraphTask& task, Node* fn) {
+  std::unique_lock<std::mutex> lock(task.mutex);
   try {
-    variable_list inputs;
-    bool run = true;
-    {
-      std::lock_guard<std::mutex> lock(task.mutex);
-      NodeTask& nt = task.Of(fn);
-      inputs = std::move(nt.buffer);
-      if (inputs.size() < fn->num_inputs()) inputs.resize(fn->num_inputs());
-      if (!task.captures.empty()) {
-        auto captured = task.captures.find(fn);
-        if (captured != task.captures.end()) {
-          for (auto [input_nr, index] : captured->second) task.captured[index] = inputs[input_nr];
-        }
-        run = nt.should_execute;
+    NodeTask& nt = task.Of(fn);
+    variable_list inputs = std::move(nt.buffer);
+    if (inputs.size() < fn->num_inputs()) inputs.resize(fn->num_inputs());
+    bool run = task.error == nullptr;  // after an error elsewhere, skip
+    if (!task.captures.empty()) {
+      auto captured = task.captures.find(fn);
+      if (captured != task.captures.end()) {
+        for (auto [input_nr, index] : captured->second) task.captured[index] = inputs[input_nr];
       }
-      if (task.error != nullptr) run = false;  // an error elsewhere: skip
+      run = run && nt.should_execute;
     }
     if (run) {
+      lock.unlock();
       RunningTask running(&task);
       AutoGradMode grad_mode(task.create_graph);
       const std::optional<Stream> stream = fn->stream();
@@ -414,7 +415,7 @@ void RunNode(GraphTask& task, Node* fn) {
       EMBER_CHECK(outputs.size() == n || (outputs.empty() && n == 0), "function ", fn->name(),
                   " returned an incorrect number of gradients (expected ", n, ", got ",
                   outputs.size(), ")");
-      std::vector<Produced> produced(n);
+      absl::InlinedVector<Produced, 2> produced(n);
       for (size_t i = 0; i < n; ++i) {
         const Edge& edge = fn->next_edge(i);
         if (!edge.is_valid() || !outputs[i].defined()) continue;
@@ -423,7 +424,7 @@ void RunNode(GraphTask& task, Node* fn) {
         if (HasStreams(p.grad.device())) p.ready = current_stream(p.grad.device());
       }
 
-      std::lock_guard<std::mutex> lock(task.mutex);
+      lock.lock();
       if (n == 0 && stream_guard.has_value()) task.AddLeafStream(*stream);
       for (size_t i = 0; i < n; ++i) {
         const Edge& edge = fn->next_edge(i);
@@ -445,7 +446,11 @@ void RunNode(GraphTask& task, Node* fn) {
               const InputMetadata& meta = consumer->input_metadata(edge.input_nr);
               if (meta.device == grad.device()) target = meta.stream;
             }
-            WaitStream(target, *ready);
+            if (target != *ready) {
+              WaitStream(target, *ready);
+              // Its memory is not reused before the consumer's stream is done with it.
+              grad.record_stream(target);
+            }
             sum_stream.emplace(target);
             if (!task.captures.empty()) {
               auto captured = task.captures.find(consumer);
@@ -462,10 +467,10 @@ void RunNode(GraphTask& task, Node* fn) {
       }
     }
   } catch (...) {
-    std::lock_guard<std::mutex> lock(task.mutex);
+    if (!lock.owns_lock()) lock.lock();
     if (task.error == nullptr) task.error = std::current_exception();
   }
-  std::lock_guard<std::mutex> lock(task.mutex);
+  if (!lock.owns_lock()) lock.lock();
   if (--task.outstanding == 0) task.cv.notify_all();
 }
 
