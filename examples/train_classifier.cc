@@ -1,115 +1,49 @@
 // Trains a small classifier on a synthetic, learnable dataset: three
 // interleaved spirals in the plane, which no linear model separates. Shows
 // nn modules (Sequential, Linear, ReLU), cross-entropy, Adam with a cosine
-// learning-rate schedule, mini-batches, train/eval modes and no-grad
-// evaluation. Deterministic (manual_seed); prints progress and ends with
+// learning-rate schedule, mini-batches, train/eval modes, no-grad evaluation
+// and moving a model and its data to a device (classifier_training.cc).
+// Deterministic (manual_seed); prints progress and ends with
 // "test accuracy: <fraction>".
 //
 //   bazel run //examples:train_classifier
-#include <cmath>
+//   bazel run //examples:train_classifier -- --device=cuda     # on cuda:0
 #include <cstdio>
-#include <memory>
-#include <numbers>
-#include <vector>
+#include <string>
+#include <string_view>
 
-#include "autograd/grad_mode.h"
-#include "nn/activation.h"
-#include "nn/container.h"
-#include "nn/linear.h"
-#include "nn/loss.h"
-#include "nn/optim/adam.h"
-#include "nn/optim/lr_scheduler.h"
-#include "tensor/factories.h"
-#include "tensor/tensor.h"
+#include "cuda/device.h"
+#include "examples/classifier_training.h"
+#include "tensor/device.h"
 
-namespace {
-
-using ember::Tensor;
-namespace nn = ember::nn;
-
-constexpr int64_t kClasses = 3;
-
-struct Dataset {
-  Tensor x;  // [n, 2] float32
-  Tensor y;  // [n] int64
-};
-
-// `per_class` points on each of kClasses spiral arms, with Gaussian noise on
-// the angle.
-Dataset MakeSpirals(int64_t per_class, ember::Generator& gen) {
-  std::vector<float> xs;
-  std::vector<int64_t> ys;
-  for (int64_t c = 0; c < kClasses; ++c) {
-    for (int64_t i = 0; i < per_class; ++i) {
-      const double r = static_cast<double>(i) / static_cast<double>(per_class);
-      const double theta = c * 2 * std::numbers::pi / kClasses + r * 4.0 + gen.NextNormal() * 0.2;
-      xs.push_back(static_cast<float>(r * std::cos(theta)));
-      xs.push_back(static_cast<float>(r * std::sin(theta)));
-      ys.push_back(c);
+int main(int argc, char** argv) {
+  ember::Device device = ember::kCPU;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (!arg.starts_with("--device=")) {
+      std::fprintf(stderr, "train_classifier: unknown argument '%s' (usage: --device=cpu|cuda|cuda:N)\n",
+                   argv[i]);
+      return 2;
     }
+    absl::StatusOr<ember::Device> parsed = ember::Device::parse(arg.substr(9));
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "train_classifier: %s\n", std::string(parsed.status().message()).c_str());
+      return 2;
+    }
+    device = *parsed;
   }
-  const int64_t n = per_class * kClasses;
-  return {ember::tensor(xs, ember::SizeVector{n, 2}), ember::tensor(ys)};
-}
-
-// A random permutation of 0..n-1 (Fisher-Yates).
-Tensor Permutation(int64_t n, ember::Generator& gen) {
-  std::vector<int64_t> p(n);
-  for (int64_t i = 0; i < n; ++i) p[i] = i;
-  for (int64_t i = n - 1; i > 0; --i) std::swap(p[i], p[gen.NextInt(0, i + 1)]);
-  return ember::tensor(p);
-}
-
-double Accuracy(nn::Module& model, const Dataset& data) {
-  ember::autograd::NoGradGuard no_grad;
-  Tensor predicted = model(data.x).argmax(1);
-  return predicted.eq(data.y).to(ember::kFloat32).mean().item<double>();
-}
-
-}  // namespace
-
-int main() {
-  ember::manual_seed(0);
-  ember::Generator data_gen(42);
-  const Dataset train = MakeSpirals(300, data_gen);
-  const Dataset test = MakeSpirals(100, data_gen);
-
-  auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(2, 64), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Linear>(64, 64), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Linear>(64, kClasses)});
-  std::printf("%s\n", model->str().c_str());
-
-  const int epochs = 60;
-  const int64_t batch = 32;
-  nn::optim::Adam opt(model->parameters(), {.lr = 0.02});
-  nn::optim::CosineAnnealingLR schedule(opt, epochs);
-  const int64_t n = train.x.size(0);
-
-  for (int epoch = 1; epoch <= epochs; ++epoch) {
-    model->train();
-    Tensor order = Permutation(n, data_gen);
-    double loss_sum = 0;
-    int64_t batches = 0;
-    for (int64_t start = 0; start < n; start += batch) {
-      Tensor idx = order.narrow(0, start, std::min(batch, n - start));
-      Tensor xb = train.x.index_select(0, idx), yb = train.y.index_select(0, idx);
-      opt.zero_grad();
-      Tensor loss = nn::functional::cross_entropy((*model)(xb), yb);
-      loss.backward();
-      opt.step();
-      loss_sum += loss.item<double>();
-      ++batches;
+  if (device.is_cuda()) {
+    if (!ember::cuda::is_available()) {
+      std::fprintf(stderr, "train_classifier: --device=%s, but %s\n", device.str().c_str(),
+                   ember::cuda::unavailable_reason().c_str());
+      return 1;
     }
-    schedule.step();
-    if (epoch % 10 == 0 || epoch == 1) {
-      model->eval();
-      std::printf("epoch %3d  loss %.4f  train accuracy %.3f  lr %.5f\n", epoch,
-                  loss_sum / static_cast<double>(batches), Accuracy(*model, train),
-                  schedule.get_last_lr()[0]);
-    }
+    // "cuda" means the current device, as in PyTorch: cuda:0 here.
+    if (!device.has_index()) device = ember::Device(ember::DeviceType::kCUDA, 0);
   }
-  model->eval();
-  std::printf("test accuracy: %.3f\n", Accuracy(*model, test));
+  std::printf("device: %s\n", device.str().c_str());
+  const ember::examples::ClassifierResult result =
+      ember::examples::train_classifier({.device = device});
+  std::printf("test accuracy: %.3f\n", result.test_accuracy);
   return 0;
 }
