@@ -25,7 +25,9 @@
 # stripped), lib/fallback/ (libstdc++ and libgcc_s, used only where the
 # machine's own are too old) and lib/cudart/ (the CUDA runtime, used only where
 # the machine has none). cuBLAS, cuDNN and NCCL are far too large to carry:
-# run.sh finds them on the GPU machine (see tools/gpu_verify_run.sh).
+# run.sh finds them on the GPU machine (see tools/gpu_verify_run.sh). Beside
+# them, torch_train_step.py (nn/cuda/): PyTorch's side of the training-step
+# benchmarks, which run.sh runs when the machine's python3 has torch with CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.device/bundle
@@ -123,6 +125,7 @@ mkdir -p "$out"
 XZ_OPT=-6 tar -C "$stage" -cJf "$out/payload.tar.xz" bin lib
 cp tools/gpu_verify_run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
+cp nn/cuda/torch_train_step.py "$out/torch_train_step.py"
 
 size_kib=$(du -sk "$out" | cut -f1)
 ((size_kib < limit_mib * 1024)) ||

@@ -15,7 +15,10 @@
 # times out or prints no summary counts as one failure); every benchmark
 # binary (skipped when no GPU is present and it reports errors, as Ember's
 # benchmarks do without one); every test binary's memcheck run (skipped with
-# no GPU, no compute-sanitizer or no time left). Exits 0 when nothing failed.
+# no GPU, no compute-sanitizer or no time left); the PyTorch peer
+# (torch_train_step.py, run after the benchmarks when python3 has torch with
+# CUDA: it measures the same training steps and prints Ember's figures beside
+# PyTorch's, with their ratios; skipped otherwise). Exits 0 when nothing failed.
 #
 # CUDA libraries: each one the binaries need (MANIFEST) is taken from the
 # first of: $EMBER_CUDA_PATH or /usr/local/cuda (lib64, lib,
@@ -196,6 +199,33 @@ for entry in "${benchmarks[@]}"; do
     passed=$((passed + 1)); say "ok   $name (${SECONDS}s)"
   fi
 done
+
+say ""
+say "=== PyTorch side by side (torch_train_step.py: the same steps in PyTorch eager, then the ratios)"
+peer="$here/torch_train_step.py"
+if [[ -n "$filter" ]] && ! grep -qE "$filter" <<<"torch_train_step"; then
+  : # filtered out
+elif [[ ! -f "$peer" ]]; then
+  skipped=$((skipped + 1)); say "SKIP PyTorch peer: $peer is missing"
+elif ((gpus == 0)); then
+  skipped=$((skipped + 1)); say "SKIP PyTorch peer: no GPU"
+elif ! command -v python3 >/dev/null ||
+  ! env -u LD_LIBRARY_PATH python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; then
+  skipped=$((skipped + 1)); say "SKIP PyTorch peer: python3 has no torch that sees a GPU"
+else
+  echo ">>> torch_train_step.py" >>"$logfile"
+  # PyTorch loads its own CUDA libraries: none of the bundle's paths.
+  run_timed 150 env -u LD_LIBRARY_PATH python3 "$peer" --ember-log "$logfile"
+  rc=$?
+  if ((rc == 125)); then
+    skipped=$((skipped + 1)); say "SKIP PyTorch peer: no time left in the budget"
+  elif ((rc == 0)); then
+    passed=$((passed + 1)); say "ok   PyTorch peer (${SECONDS}s)"
+    sed -n '/^figure /,$p' "$work/out.txt" | sed 's/^/    /'
+  else
+    failed=$((failed + 1)); say "FAIL PyTorch peer: exit status $rc"; show_tail
+  fi
+fi
 
 say ""
 say "=== memcheck (${#tests[@]} test binaries, while the budget lasts)"

@@ -1,0 +1,263 @@
+// conv2d on cuda:0 (cuDNN) against the CPU: forward and the gradients of
+// input, weight and bias, in float32 (TF32 off, and on within TF32's
+// precision) and float64, over strides, paddings, dilations, groups
+// (depthwise too), rectangular kernels, non-contiguous inputs and empty
+// batches; the transposed form (grad::conv2d_input) and the weight
+// correlation (grad::conv2d_weight) on their own; gradcheck and second
+// derivatives in float64 through the device; a side stream. Without a device
+// the GPU cases skip, saying why; the registration, dtype and cuDNN-version
+// cases run everywhere.
+#include "nn/conv.h"
+
+#include <cudnn.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "autograd/engine.h"
+#include "autograd/gradcheck.h"
+#include "cuda/stream.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nn/conv_kernels.h"
+#include "nn/cuda/cudnn.h"
+#include "nn/cuda/layer_testing.h"
+#include "tensor/error.h"
+#include "tensor/factories.h"
+#include "tensor/stream.h"
+#include "third_party/cuda/device_check.h"
+
+namespace ember::nn {
+namespace {
+
+using testing::ExpectClose;
+using testing::ExpectGradcheckOnDevice;
+using testing::ExpectMatchesCpu;
+using ::testing::HasSubstr;
+using testing::kGpu;
+
+// Full float32 products (TF32 off) for comparisons at float32 precision;
+// restores torch's default afterwards.
+class ConvCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override { cudnn::set_allow_tf32(false); }
+  void TearDown() override { cudnn::set_allow_tf32(true); }
+};
+
+double Rtol(Dtype dtype) { return dtype == kFloat64 ? 1e-10 : 1e-4; }
+
+TEST(ConvCudaRegistrationTest, KernelsAreRegisteredForCpuAndCuda) {
+  for (DeviceType type : {DeviceType::kCPU, DeviceType::kCUDA}) {
+    EXPECT_TRUE(internal::conv2d_forward.has(type));
+    EXPECT_TRUE(internal::conv2d_input_grad.has(type));
+    EXPECT_TRUE(internal::conv2d_weight_grad.has(type));
+  }
+}
+
+TEST(ConvCudaRegistrationTest, CudnnRefusesDtypesItDoesNotComputeNamingThem) {
+  try {
+    cudnn::internal::DataType(kFloat16, "conv2d");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("conv2d: expected a float32 or float64 tensor on CUDA"));
+    EXPECT_THAT(e.what(), HasSubstr("float16"));
+  }
+  EXPECT_EQ(cudnn::internal::DataType(kFloat64, "conv2d"), CUDNN_DATA_DOUBLE);
+}
+
+TEST(ConvCudaRegistrationTest, TheLinkedCudnnIsTheOneOfTheHeaders) {
+  // The library found at run time (the toolkit's, or a Python wheel's on a
+  // GPU machine) must have the headers' major version.
+  EXPECT_EQ(cudnnGetVersion() / 10000, static_cast<size_t>(CUDNN_MAJOR))
+      << "cuDNN " << cudnnGetVersion() << " loaded, built against " << CUDNN_VERSION;
+}
+
+TEST(ConvCudaRegistrationTest, Tf32IsAllowedByDefaultAndCanBeTurnedOff) {
+  EXPECT_TRUE(cudnn::allow_tf32());
+  cudnn::set_allow_tf32(false);
+  EXPECT_FALSE(cudnn::allow_tf32());
+  cudnn::set_allow_tf32(true);
+}
+
+TEST(ConvCudaRegistrationTest, WithoutADeviceACudaInputFailsSayingWhy) {
+  if (::ember::testing::CudaUnavailableReason().empty()) GTEST_SKIP() << "a CUDA device is usable";
+  try {
+    functional::conv2d(randn({1, 2, 4, 4}).to(kGpu), randn({3, 2, 3, 3}).to(kGpu));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("CUDA"));
+  }
+}
+
+struct Case {
+  std::vector<int64_t> x, w;
+  Int2 stride, padding, dilation;
+  int64_t groups;
+  bool bias;
+};
+
+std::string Describe(const Case& c) {
+  return absl::StrCat("x", ShapeToString(c.x), " w", ShapeToString(c.w), " stride ", c.stride[0],
+                      ",", c.stride[1], " padding ", c.padding[0], ",", c.padding[1], " dilation ",
+                      c.dilation[0], ",", c.dilation[1], " groups ", c.groups,
+                      c.bias ? " bias" : "");
+}
+
+const std::vector<Case>& Cases() {
+  static const std::vector<Case> cases = {
+      {{2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, true},     // same padding
+      {{2, 3, 15, 13}, {8, 3, 7, 7}, {2, 2}, {3, 3}, {1, 1}, 1, false},  // ResNet's conv1
+      {{3, 4, 9, 9}, {6, 2, 3, 3}, {1, 1}, {0, 0}, {1, 1}, 2, true},     // groups
+      {{2, 6, 10, 10}, {6, 1, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 6, true},   // depthwise
+      {{1, 2, 11, 12}, {3, 2, 3, 2}, {2, 1}, {2, 1}, {2, 3}, 1, true},   // dilation, rectangles
+      {{4, 8, 5, 5}, {16, 8, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1, false},   // 1x1
+      {{2, 4, 7, 6}, {4, 2, 2, 3}, {3, 2}, {1, 0}, {1, 2}, 2, true},     // everything at once
+  };
+  return cases;
+}
+
+TEST_F(ConvCudaTest, MatchesTheCpuForwardAndBackward) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (Dtype dtype : {kFloat32, kFloat64}) {
+    for (const Case& c : Cases()) {
+      Tensor x = randn(IntArrayRef(c.x), TensorOptions(dtype));
+      Tensor w = randn(IntArrayRef(c.w), TensorOptions(dtype));
+      Tensor b = c.bias ? randn({c.w[0]}, TensorOptions(dtype)) : Tensor();
+      ExpectMatchesCpu(
+          [&](const std::vector<Tensor>& in) {
+            return functional::conv2d(in[0], in[1], in[2], c.stride, c.padding, c.dilation,
+                                      c.groups);
+          },
+          {x, w, b}, {true, true, c.bias}, std::string(dtype_name(dtype)) + " " + Describe(c),
+          Rtol(dtype));
+    }
+  }
+}
+
+TEST_F(ConvCudaTest, NonContiguousInputAndWeight) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  // x is stored [N, W, H, C] and weight [kw, kh, O, C]; the layer sees
+  // permuted views of them.
+  Tensor x = randn({2, 9, 7, 3});
+  Tensor w = randn({3, 3, 5, 3});
+  ExpectMatchesCpu(
+      [](const std::vector<Tensor>& in) {
+        return functional::conv2d(in[0].permute({0, 3, 2, 1}), in[1].permute({2, 3, 1, 0}),
+                                  Tensor(), {2, 1}, {1, 1});
+      },
+      {x, w}, {true, true}, "permuted", Rtol(kFloat32));
+}
+
+TEST_F(ConvCudaTest, ThreeDimensionalInputAndEmptyBatch) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  ExpectMatchesCpu(
+      [](const std::vector<Tensor>& in) { return functional::conv2d(in[0], in[1], in[2]); },
+      {randn({3, 6, 6}), randn({2, 3, 3, 3}), randn({2})}, {true, true, true}, "[C, H, W]",
+      Rtol(kFloat32));
+  Tensor x = zeros({0, 3, 6, 6}).to(kGpu);
+  x.requires_grad_(true);
+  Tensor w = randn({2, 3, 3, 3}).to(kGpu);
+  w.requires_grad_(true);
+  Tensor b = randn({2}).to(kGpu);
+  b.requires_grad_(true);
+  Tensor y = functional::conv2d(x, w, b);
+  EXPECT_EQ(std::vector<int64_t>(y.sizes().begin(), y.sizes().end()),
+            (std::vector<int64_t>{0, 2, 4, 4}));
+  y.sum().backward();
+  ExpectClose(w.grad(), zeros({2, 3, 3, 3}), 0, "weight gradient of an empty batch");
+  ExpectClose(b.grad(), zeros({2}), 0, "bias gradient of an empty batch");
+}
+
+TEST_F(ConvCudaTest, TransposedFormAndWeightCorrelationMatchTheCpu) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (const Case& c : Cases()) {
+    const int64_t oh =
+        (c.x[2] + 2 * c.padding[0] - c.dilation[0] * (c.w[2] - 1) - 1) / c.stride[0] + 1;
+    const int64_t ow =
+        (c.x[3] + 2 * c.padding[1] - c.dilation[1] * (c.w[3] - 1) - 1) / c.stride[1] + 1;
+    Tensor go = randn({c.x[0], c.w[0], oh, ow}, TensorOptions(kFloat64));
+    Tensor w = randn(IntArrayRef(c.w), TensorOptions(kFloat64));
+    Tensor x = randn(IntArrayRef(c.x), TensorOptions(kFloat64));
+    ExpectMatchesCpu(
+        [&](const std::vector<Tensor>& in) {
+          return grad::conv2d_input(c.x, in[1], in[0], c.stride, c.padding, c.dilation, c.groups);
+        },
+        {go, w}, {true, true}, "conv2d_input " + Describe(c), Rtol(kFloat64));
+    ExpectMatchesCpu(
+        [&](const std::vector<Tensor>& in) {
+          return grad::conv2d_weight(in[0], c.w, in[1], c.stride, c.padding, c.dilation, c.groups);
+        },
+        {x, go}, {true, true}, "conv2d_weight " + Describe(c), Rtol(kFloat64));
+  }
+}
+
+TEST_F(ConvCudaTest, GradcheckOnTheDeviceInFloat64) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  const TensorOptions f64(kFloat64);
+  ExpectGradcheckOnDevice(
+      [](const std::vector<Tensor>& in) {
+        return functional::conv2d(in[0], in[1], in[2], {2, 1}, {1, 2}, {1, 2}, 2);
+      },
+      {randn({2, 4, 5, 6}, f64), randn({4, 2, 2, 3}, f64), randn({4}, f64)});
+}
+
+TEST_F(ConvCudaTest, SecondDerivativesOnTheDeviceInFloat64) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  // Note [Convolution double backward]: every derivative is one of the three
+  // kernels, here all on the device.
+  const TensorOptions f64(kFloat64);
+  Tensor x = randn({2, 2, 4, 5}, f64).requires_grad_(true);
+  Tensor w = randn({2, 1, 2, 2}, f64).requires_grad_(true);
+  absl::Status s = autograd::gradgradcheck(
+      [](const std::vector<Tensor>& in) {
+        Tensor y =
+            functional::conv2d(in[0].to(kGpu), in[1].to(kGpu), Tensor(), {1, 2}, {1, 0}, {1, 1}, 2);
+        return std::vector<Tensor>{y.to(kCPU)};
+      },
+      {x, w});
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_F(ConvCudaTest, Tf32StaysWithinItsPrecision) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  cudnn::set_allow_tf32(true);
+  ExpectMatchesCpu(
+      [](const std::vector<Tensor>& in) {
+        return functional::conv2d(in[0], in[1], in[2], {1, 1}, {1, 1});
+      },
+      {randn({4, 16, 12, 12}), randn({32, 16, 3, 3}), randn({32})}, {true, true, true},
+      "TF32 allowed", 3e-2);
+}
+
+TEST_F(ConvCudaTest, OnASideStreamAsOnTheDefaultStream) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  Tensor x = randn({2, 3, 9, 9}).to(kGpu), w = randn({4, 3, 3, 3}).to(kGpu);
+  Tensor expected = functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  absl::StatusOr<ember::cuda::Stream> side = ember::cuda::get_stream_from_pool();
+  ASSERT_TRUE(side.ok()) << side.status();
+  absl::StatusOr<ember::cuda::Stream> main = ember::cuda::current_stream();
+  ASSERT_TRUE(main.ok()) << main.status();
+  ASSERT_TRUE(side->wait_stream(*main).ok());
+  Tensor y;
+  {
+    StreamGuard guard(*side);
+    y = functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+  }
+  ASSERT_TRUE(side->synchronize().ok());
+  ExpectClose(y, expected.to(kCPU), 1e-6, "side stream");
+}
+
+TEST_F(ConvCudaTest, AWeightOnAnotherDeviceIsRefusedNamingBoth) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  try {
+    functional::conv2d(randn({1, 2, 4, 4}).to(kGpu), randn({3, 2, 3, 3}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("conv2d: expected weight on cuda:0"));
+    EXPECT_THAT(e.what(), HasSubstr("it is on cpu"));
+  }
+}
+
+}  // namespace
+}  // namespace ember::nn

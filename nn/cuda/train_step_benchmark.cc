@@ -1,0 +1,231 @@
+// Training steps on cuda:0, the GPU figures of BENCHMARKS.md:
+//   BM_ResNet18Step       ResNet-18, batch 64, 3x224x224, fp32, SGD: against
+//                         PyTorch eager on the same GPU (torch_train_step.py)
+//   BM_Mlp512Step         the 4x512 MLP of nn/benchmark_mlp.h, batch 64, fp32,
+//                         SGD: against PyTorch's; host_us is the time the host
+//                         takes to enqueue a step
+//   BM_Mlp4096Bf16Step    a 4x4096 MLP (10-way head), batch 4096, bfloat16:
+//                         against the same step's GEMMs alone, issued
+//                         straight to cuBLAS (cublasGemmEx, bf16 in and out,
+//                         fp32 accumulation) in the same iterations
+// A step is zero_grad, forward, cross-entropy, backward and the optimizer's
+// step, then a device synchronisation; the figures are medians over the
+// timed steps, after warm-up steps (cuDNN and cuBLAS choose their algorithms
+// in the first). Each prints a line `ember-figure <name> <value>` that
+// torch_train_step.py --ember-log reads to print the ratios. Without a
+// device every case reports the reason and measures nothing.
+//
+//   bazel run -c opt //nn/cuda:train_step_benchmark
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "cuda/device.h"
+#include "hub/resnet.h"
+#include "nn/benchmark_mlp.h"
+#include "nn/loss.h"
+#include "nn/optim/sgd.h"
+#include "tensor/factories.h"
+
+namespace ember::nn {
+namespace {
+
+const Device kGpu(DeviceType::kCUDA, 0);
+
+bool SkipWithoutCuda(benchmark::State& state) {
+  if (cuda::is_available()) return false;
+  state.SkipWithError(("no usable CUDA device: " + cuda::unavailable_reason()).c_str());
+  return true;
+}
+
+void Sync() { (void)cudaDeviceSynchronize(); }
+
+double Now() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+void Figure(const char* name, double value) {
+  std::printf("ember-figure %s %.4f\n", name, value);
+  std::fflush(stdout);
+}
+
+// One training step; returns the host's time to enqueue it (ms), then waits
+// for the device.
+double Step(Module& model, optim::SGD& opt, const Tensor& x, const Tensor& y, bool float_loss) {
+  const double start = Now();
+  opt.zero_grad();
+  Tensor logits = model(x);
+  if (float_loss) logits = logits.to(kFloat32);
+  functional::cross_entropy(logits, y).backward();
+  opt.step();
+  const double enqueued = Now() - start;
+  Sync();
+  return enqueued;
+}
+
+constexpr int kWarmupSteps = 5;
+
+void BM_ResNet18Step(benchmark::State& state) {
+  if (SkipWithoutCuda(state)) return;
+  constexpr int64_t kBatch = 64, kImage = 224, kClasses = 1000;
+  manual_seed(0);
+  auto net = std::make_shared<hub::ResNet18>(hub::ResNetOptions{.num_classes = kClasses});
+  net->to(kGpu);
+  net->train();
+  optim::SGD opt(net->parameters(), {.lr = 0.01});
+  Tensor x = randn({kBatch, 3, kImage, kImage}).to(kGpu);
+  Tensor y = randint(0, kClasses, {kBatch}).to(kGpu);
+  for (int i = 0; i < kWarmupSteps; ++i) Step(*net, opt, x, y, false);
+  std::vector<double> ms;
+  for (auto _ : state) {
+    const double start = Now();
+    Step(*net, opt, x, y, false);
+    ms.push_back(Now() - start);
+  }
+  state.counters["median_ms"] = Median(ms);
+  Figure("resnet18_step_b64_fp32_ms", Median(ms));
+}
+BENCHMARK(BM_ResNet18Step)->Iterations(25)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Mlp512Step(benchmark::State& state) {
+  if (SkipWithoutCuda(state)) return;
+  constexpr int64_t kBatch = 64, kClasses = 10;
+  std::shared_ptr<Sequential> mlp = benchmark_mlp(512, 4, kClasses);
+  mlp->to(kGpu);
+  optim::SGD opt(mlp->parameters(), {.lr = 0.01});
+  manual_seed(1);
+  Tensor x = randn({kBatch, 512}).to(kGpu);
+  Tensor y = randint(0, kClasses, {kBatch}).to(kGpu);
+  for (int i = 0; i < 20; ++i) Step(*mlp, opt, x, y, false);
+  std::vector<double> ms, host;
+  for (auto _ : state) {
+    const double start = Now();
+    host.push_back(Step(*mlp, opt, x, y, false));
+    ms.push_back(Now() - start);
+  }
+  state.counters["median_us"] = Median(ms) * 1e3;
+  state.counters["host_us"] = Median(host) * 1e3;
+  Figure("mlp512_step_b64_fp32_us", Median(ms) * 1e3);
+  Figure("mlp512_step_b64_fp32_host_us", Median(host) * 1e3);
+}
+BENCHMARK(BM_Mlp512Step)->Iterations(300)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The GEMMs of one step of an MLP of `layers` (in, out) pairs at `batch`,
+// bf16, issued straight to cuBLAS on the default stream: per layer the
+// forward (y = x W^T), the weight gradient (dW = dY^T x) and, except for
+// the first layer (its input needs no gradient), the input gradient
+// (dX = dY W). Row-major tensors are cuBLAS's column-major transposes.
+class RawGemms {
+ public:
+  RawGemms(int64_t batch, std::vector<std::pair<int64_t, int64_t>> layers)
+      : batch_(batch), layers_(std::move(layers)) {
+    int64_t widest = 1;
+    for (auto [in, out] : layers_) widest = std::max({widest, in, out});
+    const TensorOptions bf16 = TensorOptions(kBFloat16).device(kGpu);
+    x_ = (randn({batch_, widest}) * 0.1).to(kBFloat16).to(kGpu);
+    dy_ = (randn({batch_, widest}) * 0.1).to(kBFloat16).to(kGpu);
+    w_ = (randn({widest, widest}) * 0.01).to(kBFloat16).to(kGpu);
+    out_ = empty({std::max(batch_, widest), widest}, bf16);
+    ok_ = cublasCreate(&handle_) == CUBLAS_STATUS_SUCCESS;
+  }
+  ~RawGemms() {
+    if (ok_) cublasDestroy(handle_);
+  }
+  bool ok() const { return ok_; }
+
+  // Enqueues the GEMMs; false when cuBLAS refuses one.
+  bool Run() {
+    const float alpha = 1, beta = 0;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const int in = static_cast<int>(layers_[l].first), out = static_cast<int>(layers_[l].second);
+      const int b = static_cast<int>(batch_);
+      // y^T[out, b] = W[out, in] x^T[in, b]
+      if (!Gemm(CUBLAS_OP_T, CUBLAS_OP_N, out, b, in, w_, in, x_, in, out, alpha, beta)) return false;
+      // dW^T[in, out] = x^T[in, b] dY[b, out]
+      if (!Gemm(CUBLAS_OP_N, CUBLAS_OP_T, in, out, b, x_, in, dy_, out, in, alpha, beta)) return false;
+      // dX^T[in, b] = W^T[in, out] dY^T[out, b]
+      if (l > 0 && !Gemm(CUBLAS_OP_N, CUBLAS_OP_N, in, b, out, w_, in, dy_, out, in, alpha, beta))
+        return false;
+    }
+    return true;
+  }
+
+ private:
+  bool Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const Tensor& a,
+            int lda, const Tensor& b, int ldb, int ldc, float alpha, float beta) {
+    return cublasGemmEx(handle_, ta, tb, m, n, k, &alpha, a.raw_data(), CUDA_R_16BF, lda,
+                        b.raw_data(), CUDA_R_16BF, ldb, &beta, out_.raw_data(), CUDA_R_16BF, ldc,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+  }
+
+  int64_t batch_;
+  std::vector<std::pair<int64_t, int64_t>> layers_;
+  Tensor x_, dy_, w_, out_;
+  cublasHandle_t handle_ = nullptr;
+  bool ok_ = false;
+};
+
+void BM_Mlp4096Bf16Step(benchmark::State& state) {
+  if (SkipWithoutCuda(state)) return;
+  constexpr int64_t kBatch = 4096, kWidth = 4096, kClasses = 10;
+  std::shared_ptr<Sequential> mlp = benchmark_mlp(kWidth, 4, kClasses);
+  mlp->to(kBFloat16);
+  mlp->to(kGpu);
+  optim::SGD opt(mlp->parameters(), {.lr = 0.01});
+  manual_seed(1);
+  Tensor x = randn({kBatch, kWidth}).to(kBFloat16).to(kGpu);
+  Tensor y = randint(0, kClasses, {kBatch}).to(kGpu);
+  RawGemms gemms(kBatch, {{kWidth, kWidth},
+                          {kWidth, kWidth},
+                          {kWidth, kWidth},
+                          {kWidth, kWidth},
+                          {kWidth, kClasses}});
+  if (!gemms.ok()) {
+    state.SkipWithError("cublasCreate failed");
+    return;
+  }
+  for (int i = 0; i < kWarmupSteps; ++i) {
+    Step(*mlp, opt, x, y, true);
+    gemms.Run();
+    Sync();
+  }
+  // Interleaved: a step, then its GEMMs alone, each iteration.
+  std::vector<double> step_ms, gemm_ms;
+  for (auto _ : state) {
+    double start = Now();
+    Step(*mlp, opt, x, y, true);
+    step_ms.push_back(Now() - start);
+    start = Now();
+    if (!gemms.Run()) {
+      state.SkipWithError("cublasGemmEx failed");
+      return;
+    }
+    Sync();
+    gemm_ms.push_back(Now() - start);
+  }
+  const double step = Median(step_ms), gemm = Median(gemm_ms);
+  state.counters["step_ms"] = step;
+  state.counters["gemms_ms"] = gemm;
+  state.counters["ratio"] = step / gemm;
+  Figure("mlp4096_step_b4096_bf16_ms", step);
+  Figure("mlp4096_gemms_b4096_bf16_ms", gemm);
+}
+BENCHMARK(BM_Mlp4096Bf16Step)->Iterations(20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace ember::nn
