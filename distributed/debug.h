@@ -1,9 +1,11 @@
-// TORCH_DISTRIBUTED_DEBUG for the layer above the backends (Note [Debug
-// levels]): OFF (the default), INFO, DETAIL, with PyTorch's meaning. At
-// DETAIL every collective's fingerprint (op, dtype, bytes, root) is compared
-// across the group's ranks through its store before the backend sees the
-// call, so mismatched collectives fail at once on every backend, naming both
-// sides, instead of hanging or failing inside the backend.
+// TORCH_DISTRIBUTED_DEBUG and the call check's levels for the layer above
+// the backends (Note [Debug levels]; the check itself is Note [Call checks]
+// in process_group.cc). By default every collective's call (op, dtype,
+// bytes, root, reduce op) is compared across the group's ranks by the
+// backend's own messages before it can do harm; TORCH_DISTRIBUTED_DEBUG=
+// DETAIL adds the tensors' shapes and compares before the backend sees the
+// call, through the group's store; EMBER_CHECK_COLLECTIVES=0 turns the check
+// off.
 //
 //   ```cpp
 //   // TORCH_DISTRIBUTED_DEBUG=DETAIL in the environment when the group is created:
@@ -19,10 +21,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "distributed/flight_recorder.h"
 #include "distributed/store.h"
 
 namespace ember::distributed {
@@ -33,16 +36,29 @@ enum class DebugLevel { kOff, kInfo, kDetail };
 // is reported once on stderr and read as OFF.
 DebugLevel debug_level_from_env();
 
-// "all_reduce of 32 B float32", "broadcast of 8 B int64 with root 1".
-std::string describe_call(const FlightOp& op);
+// How much of each collective's call the ranks compare (Note [Call checks]).
+enum class CallCheckLevel {
+  kOff,      // EMBER_CHECK_COLLECTIVES=0 (or the older EMBER_GLOO_CHECK_COLLECTIVES=0)
+  kDefault,  // op, dtype, bytes, root, reduce op, all_to_all counts
+  kDetail,   // TORCH_DISTRIBUTED_DEBUG=DETAIL: also the shapes, checked before the call
+};
+// DETAIL when TORCH_DISTRIBUTED_DEBUG=DETAIL (it wins), else kOff when
+// EMBER_CHECK_COLLECTIVES or EMBER_GLOO_CHECK_COLLECTIVES is "0", else
+// kDefault.
+CallCheckLevel call_check_level_from_env();
 
-// Publishes this rank's fingerprint of collective `seq` under
-// <prefix>ember_fingerprint/<seq>/<rank> and compares it with every other
-// rank's: kFailedPrecondition naming both calls on a mismatch,
-// kDeadlineExceeded naming the ranks that did not reach it within
-// `timeout`. Blocks until every rank has published or the timeout passes.
-absl::Status check_fingerprint(Store& store, const std::string& prefix, int rank, int size,
-                               int64_t seq, const FlightOp& op, absl::Duration timeout);
+// "32 B", "4 KiB", "4 MiB" (exact multiples only).
+std::string bytes_text(int64_t n);
+
+// DETAIL's exchange: publishes this rank's `words` for collective `seq` under
+// <prefix>ember_fingerprint/<seq>/<rank> and reads every other rank's.
+// Returns size() rows (this rank's row is `words`); kDeadlineExceeded naming
+// the ranks that did not publish within `timeout` ("<what>: timed out: rank
+// 1 did not reach it within 5s ..."). Blocks until every rank has published
+// or the timeout passes.
+absl::StatusOr<std::vector<std::vector<int64_t>>> exchange_call_words(
+    Store& store, const std::string& prefix, int rank, int size, int64_t seq,
+    const std::vector<int64_t>& words, const std::string& what, absl::Duration timeout);
 
 }  // namespace ember::distributed
 

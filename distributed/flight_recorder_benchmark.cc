@@ -6,7 +6,11 @@
 //   attach the entry, mark started, finish), with and without an entry;
 // - BM_TcpAllReduce4KiB/recorder:{0,1}: a 4 KiB float32 all_reduce between
 //   two ranks (threads of this process over the tcp backend) whose groups
-//   were created with TORCH_FR_BUFFER_SIZE=0 / the default.
+//   were created with TORCH_FR_BUFFER_SIZE=0 / the default;
+// - BM_AllReduce4KiB/gloo:{0,1}/check:{0,1}: the same all_reduce over tcp
+//   (gloo:0) or gloo (gloo:1), with the call check (Note [Call checks] in
+//   debug.cc) off (EMBER_CHECK_COLLECTIVES=0) or on (the default); the
+//   recorder is on.
 //
 //   bazel run -c opt //distributed:flight_recorder_benchmark -- \
 //       --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
@@ -78,8 +82,9 @@ struct Pair {
   std::thread follower;
 };
 
-std::shared_ptr<ProcessGroup> Create(const std::shared_ptr<Store>& store, int rank) {
-  auto backend = find_backend("tcp");
+std::shared_ptr<ProcessGroup> Create(const std::shared_ptr<Store>& store, int rank,
+                                     const char* name = "tcp") {
+  auto backend = find_backend(name);
   if (!backend.ok()) std::abort();
   auto pg = (*backend)->create(
       {.store = store, .store_prefix = "bench/", .rank = rank, .size = 2,
@@ -91,13 +96,13 @@ std::shared_ptr<ProcessGroup> Create(const std::shared_ptr<Store>& store, int ra
   return *pg;
 }
 
-Pair MakePair(bool recorder) {
+Pair MakePair(bool recorder, const char* backend = "tcp") {
   setenv("EMBER_FR_SIGNALS", "0", 1);
   setenv("TORCH_FR_BUFFER_SIZE", recorder ? "2000" : "0", 1);
   auto store = std::make_shared<HashStore>();
   Pair pair;
-  std::thread other([&] { pair.rank1 = Create(store, 1); });
-  pair.rank0 = Create(store, 0);
+  std::thread other([&] { pair.rank1 = Create(store, 1, backend); });
+  pair.rank0 = Create(store, 0, backend);
   other.join();
   unsetenv("TORCH_FR_BUFFER_SIZE");
   pair.follower = std::thread([pg = pair.rank1] {
@@ -112,8 +117,7 @@ Pair MakePair(bool recorder) {
   return pair;
 }
 
-void BM_TcpAllReduce4KiB(benchmark::State& state) {
-  Pair pair = MakePair(state.range(0) != 0);
+void RunAllReduce4KiB(benchmark::State& state, Pair pair) {
   Tensor t = ones({1024}, kFloat32);
   for (auto _ : state) {
     t.data_ptr<float>()[0] = 0;
@@ -126,7 +130,26 @@ void BM_TcpAllReduce4KiB(benchmark::State& state) {
   pair.follower.join();
   state.SetBytesProcessed(state.iterations() * 4096);
 }
+
+void BM_TcpAllReduce4KiB(benchmark::State& state) {
+  RunAllReduce4KiB(state, MakePair(state.range(0) != 0));
+}
 BENCHMARK(BM_TcpAllReduce4KiB)->ArgName("recorder")->Arg(0)->Arg(1)->UseRealTime();
+
+void BM_AllReduce4KiB(benchmark::State& state) {
+  // Both names: EMBER_GLOO_CHECK_COLLECTIVES is the older, gloo-only one.
+  const char* check = state.range(1) != 0 ? "1" : "0";
+  setenv("EMBER_CHECK_COLLECTIVES", check, 1);
+  setenv("EMBER_GLOO_CHECK_COLLECTIVES", check, 1);
+  Pair pair = MakePair(true, state.range(0) != 0 ? "gloo" : "tcp");
+  unsetenv("EMBER_CHECK_COLLECTIVES");
+  unsetenv("EMBER_GLOO_CHECK_COLLECTIVES");
+  RunAllReduce4KiB(state, std::move(pair));
+}
+BENCHMARK(BM_AllReduce4KiB)
+    ->ArgNames({"gloo", "check"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace ember::distributed

@@ -1,10 +1,12 @@
 #include "distributed/process_group.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "tensor/status_macros.h"
 
@@ -92,6 +94,159 @@ bool SupportTable::supports(OpType op, DeviceType device) const {
   return (mask_[static_cast<int>(device)] >> static_cast<int>(op)) & 1u;
 }
 
+// --- The call check (Note [Call checks]) ------------------------------------------
+
+// Note [Call checks]
+// Ranks that disagree about a collective (another op, other sizes, dtypes,
+// roots or reduce ops, or a rank that skipped one) must fail with both sides'
+// calls named, never with wrong results, a hang to the timeout, or a crash
+// (gloo's network thread ends the process when a message is longer than the
+// posted buffer). The check is one mechanism for every backend: the public
+// methods here build each collective's CallFingerprint (words: op, dtype,
+// root, reduce op, bytes, then at DETAIL the shape, then all_to_all's
+// per-rank counts), and CallFingerprint::Check is the one comparison and the
+// one message ("mismatched collectives: all_reduce (collective #3): rank 1
+// ran all_reduce of 64 B float32 (SUM) but this rank (0) ran all_reduce of
+// 32 B float32 (SUM); ..."). What differs by level is when the words travel:
+// - default (EMBER_CHECK_COLLECTIVES unset): the backend gets the fingerprint
+//   as IssuingCall() in its Do* and moves the words with its own messages
+//   in the op's order, before the op's data can do harm: gloo all-gathers
+//   them before the collective (a mismatch must never reach gloo), tcp sends
+//   them to every peer ahead of the collective's first message on the same
+//   channels, so they are compared by the time any result is returned (its
+//   transport refuses a message of the wrong size on its own, so nothing
+//   can be written out of bounds meanwhile). mpi has no such check (MPI
+//   itself reports truncation); given a store it gets DETAIL's.
+// - DETAIL (TORCH_DISTRIBUTED_DEBUG=DETAIL): the shapes join the words, and
+//   the ranks compare them through the group's store before the backend
+//   sees the call, as PyTorch's ProcessGroupWrapper does; the call then runs
+//   without the in-band check. A group without a store falls back to the
+//   backend's in-band check, shapes included.
+// - off (EMBER_CHECK_COLLECTIVES=0, or the older gloo-only
+//   EMBER_GLOO_CHECK_COLLECTIVES=0): nothing is compared; for jobs known to
+//   be consistent. Every rank must use the same setting.
+
+namespace {
+constexpr int kOpWord = 0, kDtypeWord = 1, kRootWord = 2, kReduceWord = 3, kBytesWord = 4,
+              kDimsWord = 5;
+
+// The fingerprint being issued on this thread (ProcessGroup::IssuingCall).
+thread_local const CallFingerprint* issuing_call = nullptr;
+
+std::string DtypeWordText(int64_t w) {
+  if (w < 0 || w >= kNumDtypes) return absl::StrCat("dtype #", w);
+  return std::string(dtype_name(static_cast<Dtype>(w)));
+}
+
+std::string OpWordText(int64_t w) {
+  if (w < 0 || w >= kNumOpTypes) return absl::StrCat("op #", w);
+  return op_type_name(static_cast<OpType>(w));
+}
+
+int64_t Word(absl::Span<const int64_t> words, int i) {
+  return i < static_cast<int>(words.size()) ? words[i] : -1;
+}
+}  // namespace
+
+CallFingerprint::CallFingerprint(OpType op, const Tensor* like, int64_t nbytes, int root,
+                                 std::optional<ReduceOp> reduce, int group_size, bool shapes)
+    : words_(kFixedWords + group_size, 0) {
+  words_[kOpWord] = static_cast<int64_t>(op);
+  words_[kDtypeWord] = like != nullptr ? static_cast<int64_t>(like->dtype()) : -1;
+  words_[kRootWord] = root;
+  words_[kReduceWord] = reduce ? static_cast<int64_t>(*reduce) : -1;
+  words_[kBytesWord] = nbytes;
+  words_[kDimsWord] = -1;
+  if (shapes && like != nullptr) {
+    const int64_t dims = like->dim();
+    words_[kDimsWord] = dims;
+    for (int64_t d = 0; d < dims; ++d) {
+      const int slot = kDimsWord + 1 + static_cast<int>(std::min<int64_t>(d, kMaxDims - 1));
+      words_[slot] = d < kMaxDims ? like->sizes()[d] : words_[slot] * like->sizes()[d];
+    }
+  }
+}
+
+void CallFingerprint::set_counts(std::vector<int64_t> sends, std::vector<int64_t> receives) {
+  for (size_t p = 0; p < sends.size() && kFixedWords + p < words_.size(); ++p) {
+    words_[kFixedWords + p] = sends[p];
+  }
+  receives_ = std::move(receives);
+}
+
+std::string CallFingerprint::DescribeWords(absl::Span<const int64_t> w, bool shape) {
+  const int64_t op = Word(w, kOpWord);
+  std::string text = OpWordText(op);
+  if (op == static_cast<int64_t>(OpType::kBarrier) ||
+      op == static_cast<int64_t>(OpType::kMonitoredBarrier)) {
+    return text;
+  }
+  if (op == static_cast<int64_t>(OpType::kAllToAll)) {
+    return absl::StrCat(text, " of ", DtypeWordText(Word(w, kDtypeWord)));
+  }
+  absl::StrAppend(&text, " of ", bytes_text(Word(w, kBytesWord)), " ",
+                  DtypeWordText(Word(w, kDtypeWord)));
+  if (Word(w, kRootWord) >= 0) absl::StrAppend(&text, " with root ", Word(w, kRootWord));
+  const int64_t reduce = Word(w, kReduceWord);
+  if (reduce >= 0) {
+    absl::StrAppend(&text, " (",
+                    reduce <= static_cast<int64_t>(ReduceOp::kAvg)
+                        ? reduce_op_name(static_cast<ReduceOp>(reduce))
+                        : "?",
+                    ")");
+  }
+  const int64_t dims = Word(w, kDimsWord);
+  if (shape && dims >= 0) {
+    std::vector<int64_t> sizes;
+    for (int d = 0; d < std::min<int64_t>(dims, kMaxDims); ++d)
+      sizes.push_back(Word(w, kDimsWord + 1 + d));
+    absl::StrAppend(&text, ", shape [", absl::StrJoin(sizes, ", "), dims > kMaxDims ? ", ..." : "",
+                    "]");
+  }
+  return text;
+}
+
+absl::Status CallFingerprint::Check(const std::string& what, int rank, int peer,
+                                    absl::Span<const int64_t> theirs) const {
+  const absl::Span<const int64_t> mine(words_);
+  auto same = [&](int from, int to) {
+    for (int i = from; i < to; ++i) {
+      if (Word(theirs, i) != Word(mine, i)) return false;
+    }
+    return true;
+  };
+  const bool shapes_compared = Word(theirs, kDimsWord) >= 0 && Word(mine, kDimsWord) >= 0;
+  const bool call_same = theirs.size() == mine.size() && same(0, kDimsWord);
+  const bool shape_same = !shapes_compared || same(kDimsWord, kFixedWords);
+  if (call_same && Word(mine, kOpWord) == static_cast<int64_t>(OpType::kAllToAll)) {
+    const int64_t sends = Word(theirs, kFixedWords + rank);
+    const int64_t expects = peer < static_cast<int>(receives_.size()) ? receives_[peer] : sends;
+    if (sends == expects) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": rank ", peer, " sends ", sends, " elements to this rank (", rank,
+                     ") but this rank expects ", expects, "; outputs[", peer,
+                     "] here must have as many elements as rank ", peer, "'s inputs[", rank, "]"));
+  }
+  if (call_same && shape_same) return absl::OkStatus();
+  const bool show_shape = call_same;  // the shapes are what differs
+  return absl::FailedPreconditionError(absl::StrCat(
+      "mismatched collectives: ", what, ": rank ", peer, " ran ", DescribeWords(theirs, show_shape),
+      " but this rank (", rank, ") ran ", DescribeWords(mine, show_shape),
+      "; every rank must run the same collectives in the same order with tensors of the same "
+      "size and dtype"));
+}
+
+absl::Status CallFingerprint::CheckAll(const std::string& what, int rank,
+                                       absl::Span<const int64_t> all) const {
+  const size_t n = words_.size();
+  for (size_t p = 0; p * n < all.size(); ++p) {
+    if (static_cast<int>(p) == rank) continue;
+    EMBER_RETURN_IF_ERROR(Check(what, rank, static_cast<int>(p),
+                                all.subspan(p * n, std::min(n, all.size() - p * n))));
+  }
+  return absl::OkStatus();
+}
+
 // --- Work ---------------------------------------------------------------------
 
 Work::Work(OpType op, absl::Time deadline) : op_(op), deadline_(deadline) {}
@@ -151,8 +306,8 @@ void Work::Finish(absl::Status status) {
     }
     const int64_t seq = recorder != nullptr ? recorder->CollectiveSeq(id) : -1;
     if (desync != nullptr && seq >= 0) {
-      status = absl::Status(status.code(),
-                            absl::StrCat(status.message(), "; ", desync->Report(seq)));
+      status =
+          absl::Status(status.code(), absl::StrCat(status.message(), "; ", desync->Report(seq)));
     }
   }
   std::shared_ptr<FlightRecorder> dump_from;
@@ -218,7 +373,7 @@ ProcessGroup::ProcessGroup(int rank, int size, std::string backend, SupportTable
       timeout_(timeout),
       recorder_(std::make_shared<FlightRecorder>(next_flight_group_name(), backend_, rank, size,
                                                  FlightRecorder::CapacityFromEnv())),
-      debug_level_(debug_level_from_env()) {}
+      call_check_(call_check_level_from_env()) {}
 
 void ProcessGroup::OnAbort() {
   if (aborted_once_.exchange(true) || !recorder_->enabled()) return;
@@ -233,12 +388,36 @@ void ProcessGroup::PublishProgress(std::shared_ptr<Store> store, const std::stri
   publisher_ = std::make_shared<ProgressPublisher>(std::move(store), prefix, recorder_);
 }
 
-absl::Status ProcessGroup::CheckCall(const FlightOp& op) {
-  if (debug_level_ != DebugLevel::kDetail || debug_store_ == nullptr || size_ < 2) {
-    return absl::OkStatus();
+const CallFingerprint* ProcessGroup::IssuingCall() { return issuing_call; }
+
+CallFingerprint ProcessGroup::Fingerprint(OpType op, const Tensor* like, int64_t nbytes, int root,
+                                          std::optional<ReduceOp> reduce) const {
+  if (call_check_ == CallCheckLevel::kOff || size_ < 2) return {};
+  return CallFingerprint(op, like, nbytes, root, reduce, size_,
+                         call_check_ == CallCheckLevel::kDetail);
+}
+
+template <typename F>
+auto ProcessGroup::Checked(const CallFingerprint& call, const FlightOp& op, F run)
+    -> decltype(run()) {
+  if (call.words().empty()) return run();
+  if (call_check_ == CallCheckLevel::kDetail && debug_store_ != nullptr) {
+    const int64_t seq = fingerprint_seq_++;
+    const std::string what = absl::StrCat(op.op, " (collective #", seq, ")");
+    absl::StatusOr<std::vector<std::vector<int64_t>>> rows =
+        exchange_call_words(*debug_store_, debug_prefix_, rank_, size_, seq, call.words(), what,
+                            absl::Milliseconds(op.timeout_ms));
+    if (!rows.ok()) return rows.status();
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) EMBER_RETURN_IF_ERROR(call.Check(what, rank_, p, (*rows)[p]));
+    }
+    return run();
   }
-  return check_fingerprint(*debug_store_, debug_prefix_, rank_, size_, fingerprint_seq_++, op,
-                           absl::Milliseconds(op.timeout_ms));
+  const CallFingerprint* outer = issuing_call;
+  issuing_call = &call;
+  auto result = run();
+  issuing_call = outer;
+  return result;
 }
 
 int64_t ProcessGroup::RecordClock() const {
@@ -361,9 +540,12 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::broadcast(const Tensor& tens
   EMBER_RETURN_IF_ERROR(CheckRank(OpType::kBroadcast, options.root, "root"));
   const FlightOp flight = Flight(OpType::kBroadcast, &tensor, tensor.numel(), tensor.numel(),
                                  tensor.nbytes(), options.root, options.timeout, timeout_);
-  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoBroadcast(tensor, options), {tensor}), flight, t0);
+  return Recorded(
+      WithResult(Checked(Fingerprint(OpType::kBroadcast, &tensor, tensor.nbytes(), options.root),
+                         flight, [&] { return DoBroadcast(tensor, options); }),
+                 {tensor}),
+      flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allreduce(const Tensor& tensor,
@@ -372,9 +554,12 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allreduce(const Tensor& tens
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kAllReduce, options.op, tensor.dtype()));
   const FlightOp flight = Flight(OpType::kAllReduce, &tensor, tensor.numel(), tensor.numel(),
                                  tensor.nbytes(), -1, options.timeout, timeout_);
-  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoAllReduce(tensor, options), {tensor}), flight, t0);
+  return Recorded(
+      WithResult(Checked(Fingerprint(OpType::kAllReduce, &tensor, tensor.nbytes(), -1, options.op),
+                         flight, [&] { return DoAllReduce(tensor, options); }),
+                 {tensor}),
+      flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce(const Tensor& tensor,
@@ -384,9 +569,12 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce(const Tensor& tensor,
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kReduce, options.op, tensor.dtype()));
   const FlightOp flight = Flight(OpType::kReduce, &tensor, tensor.numel(), tensor.numel(),
                                  tensor.nbytes(), options.root, options.timeout, timeout_);
-  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoReduce(tensor, options), {tensor}), flight, t0);
+  return Recorded(WithResult(Checked(Fingerprint(OpType::kReduce, &tensor, tensor.nbytes(),
+                                                 options.root, options.op),
+                                     flight, [&] { return DoReduce(tensor, options); }),
+                             {tensor}),
+                  flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather(absl::Span<const Tensor> outputs,
@@ -396,9 +584,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather(absl::Span<const T
   EMBER_RETURN_IF_ERROR(CheckList(OpType::kAllGather, outputs, "outputs", input, true));
   const FlightOp flight = Flight(OpType::kAllGather, &input, input.numel(), Numel(outputs),
                                  input.nbytes(), -1, options.timeout, timeout_);
-  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoAllGather(outputs, input, options), List(outputs)), flight, t0);
+  return Recorded(WithResult(Checked(Fingerprint(OpType::kAllGather, &input, input.nbytes(), -1),
+                                     flight, [&] { return DoAllGather(outputs, input, options); }),
+                             List(outputs)),
+                  flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather_into_tensor(
@@ -418,9 +608,11 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::allgather_into_tensor(
   }
   const FlightOp flight = Flight(op, &input, input.numel(), output.numel(), input.nbytes(), -1,
                                  options.timeout, timeout_);
-  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoAllGatherIntoTensor(output, input, options), {output}), flight, t0);
+  return Recorded(WithResult(Checked(Fingerprint(op, &input, input.nbytes(), -1), flight,
+                                     [&] { return DoAllGatherIntoTensor(output, input, options); }),
+                             {output}),
+                  flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::gather(absl::Span<const Tensor> outputs,
@@ -436,9 +628,12 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::gather(absl::Span<const Tens
   }
   const FlightOp flight = Flight(OpType::kGather, &input, input.numel(), Numel(outputs),
                                  input.nbytes(), options.root, options.timeout, timeout_);
-  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoGather(outputs, input, options), List(outputs)), flight, t0);
+  return Recorded(
+      WithResult(Checked(Fingerprint(OpType::kGather, &input, input.nbytes(), options.root), flight,
+                         [&] { return DoGather(outputs, input, options); }),
+                 List(outputs)),
+      flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::scatter(const Tensor& output,
@@ -454,9 +649,12 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::scatter(const Tensor& output
   }
   const FlightOp flight = Flight(OpType::kScatter, &output, Numel(inputs), output.numel(),
                                  output.nbytes(), options.root, options.timeout, timeout_);
-  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoScatter(output, inputs, options), {output}), flight, t0);
+  return Recorded(
+      WithResult(Checked(Fingerprint(OpType::kScatter, &output, output.nbytes(), options.root),
+                         flight, [&] { return DoScatter(output, inputs, options); }),
+                 {output}),
+      flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(
@@ -466,9 +664,13 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::reduce_scatter(
   EMBER_RETURN_IF_ERROR(CheckReduceOp(OpType::kReduceScatter, options.op, output.dtype()));
   const FlightOp flight = Flight(OpType::kReduceScatter, &output, Numel(inputs), output.numel(),
                                  output.nbytes(), -1, options.timeout, timeout_);
-  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(WithResult(DoReduceScatter(output, inputs, options), {output}), flight, t0);
+  return Recorded(
+      WithResult(
+          Checked(Fingerprint(OpType::kReduceScatter, &output, output.nbytes(), -1, options.op),
+                  flight, [&] { return DoReduceScatter(output, inputs, options); }),
+          {output}),
+      flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::alltoall(absl::Span<const Tensor> outputs,
@@ -482,18 +684,31 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::alltoall(absl::Span<const Te
   const int64_t t0 = RecordClock();
   int64_t in_bytes = 0;
   for (const Tensor& t : inputs) in_bytes += static_cast<int64_t>(t.nbytes());
-  return Recorded(WithResult(DoAllToAll(outputs, inputs, options), List(outputs)),
-                  Flight(OpType::kAllToAll, &inputs[0], Numel(inputs), Numel(outputs), in_bytes, -1,
-                         options.timeout, timeout_),
-                  t0);
+  const FlightOp flight = Flight(OpType::kAllToAll, &inputs[0], Numel(inputs), Numel(outputs),
+                                 in_bytes, -1, options.timeout, timeout_);
+  // Sizes may differ per pair of ranks: each rank's count for this one must
+  // match what this one expects (Note [Call checks]); shapes are not compared.
+  CallFingerprint call = Fingerprint(OpType::kAllToAll, &inputs[0], 0, -1);
+  if (!call.words().empty()) {
+    std::vector<int64_t> sends, receives;
+    for (const Tensor& t : inputs) sends.push_back(t.numel());
+    for (const Tensor& t : outputs) receives.push_back(t.numel());
+    call = CallFingerprint(OpType::kAllToAll, &inputs[0], 0, -1, std::nullopt, size_, false);
+    call.set_counts(std::move(sends), std::move(receives));
+  }
+  return Recorded(
+      WithResult(Checked(call, flight, [&] { return DoAllToAll(outputs, inputs, options); }),
+                 List(outputs)),
+      flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::barrier(const BarrierOptions& options) {
   EMBER_RETURN_IF_ERROR(CheckSupported(OpType::kBarrier, DeviceType::kCPU));
   const FlightOp flight = Flight(OpType::kBarrier, nullptr, 0, 0, 0, -1, options.timeout, timeout_);
-  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(DoBarrier(options), flight, t0);
+  return Recorded(Checked(Fingerprint(OpType::kBarrier, nullptr, 0, -1), flight,
+                          [&] { return DoBarrier(options); }),
+                  flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::monitored_barrier(
@@ -501,9 +716,10 @@ absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::monitored_barrier(
   EMBER_RETURN_IF_ERROR(CheckSupported(OpType::kMonitoredBarrier, DeviceType::kCPU));
   const FlightOp flight =
       Flight(OpType::kMonitoredBarrier, nullptr, 0, 0, 0, -1, options.timeout, timeout_);
-  EMBER_RETURN_IF_ERROR(CheckCall(flight));
   const int64_t t0 = RecordClock();
-  return Recorded(DoMonitoredBarrier(options), flight, t0);
+  return Recorded(Checked(Fingerprint(OpType::kMonitoredBarrier, nullptr, 0, -1), flight,
+                          [&] { return DoMonitoredBarrier(options); }),
+                  flight, t0);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::send(const Tensor& tensor, int dst,

@@ -238,6 +238,46 @@ struct P2POptions {
 // Passed to Recv/IRecv for "from any rank"; Work's source() then tells which.
 inline constexpr int kAnySource = -1;
 
+// A collective's call as the ranks compare it (Note [Call checks] in
+// process_group.cc): op, dtype, bytes, root, reduce op, the elements sent to
+// each rank (all_to_all) and, at TORCH_DISTRIBUTED_DEBUG=DETAIL, the shape.
+// Built by ProcessGroup for every collective; a backend carries words() to
+// its peers and calls CheckAll / Check with theirs. Value type.
+class CallFingerprint {
+ public:
+  // words(): kFixedWords, then one count per rank.
+  static constexpr int kFixedWords = 14;
+  static constexpr int kMaxDims = 8;  // dims beyond are folded into the last
+
+  CallFingerprint() = default;
+  // `like`: the tensor whose dtype (and, with `shapes`, shape) the call is
+  // compared by; null for barriers. `root` -1 and `reduce` nullopt when the
+  // op has none.
+  CallFingerprint(OpType op, const Tensor* like, int64_t nbytes, int root,
+                  std::optional<ReduceOp> reduce, int group_size, bool shapes);
+  // all_to_all: elements sent to / expected from each rank.
+  void set_counts(std::vector<int64_t> sends, std::vector<int64_t> receives);
+
+  const std::vector<int64_t>& words() const { return words_; }
+  // "all_reduce of 4 KiB float32 (SUM)", "broadcast of 32 B int64 with root 1".
+  std::string Describe() const { return DescribeWords(words_, false); }
+  static std::string DescribeWords(absl::Span<const int64_t> words, bool shape);
+
+  // kFailedPrecondition naming both calls when rank `peer`'s words differ
+  // from this rank's ("mismatched collectives: <what>: rank 1 ran ... but
+  // this rank (0) ran ...").
+  absl::Status Check(const std::string& what, int rank, int peer,
+                     absl::Span<const int64_t> theirs) const;
+  // The same over every rank's words, `all` holding size() rows of
+  // words().size() words (this rank's row included); the lowest differing
+  // rank is named.
+  absl::Status CheckAll(const std::string& what, int rank, absl::Span<const int64_t> all) const;
+
+ private:
+  std::vector<int64_t> words_;
+  std::vector<int64_t> receives_;
+};
+
 class RecvWork;
 struct BackendOptions;  // backend_registry.h
 
@@ -324,6 +364,8 @@ class ProcessGroup {
   // This group's flight recorder (Note [Flight recorder]); its capacity is
   // TORCH_FR_BUFFER_SIZE (0: off) when the group was created.
   FlightRecorder& flight_recorder() const { return *recorder_; }
+  // How much of each collective the ranks compare (Note [Call checks]).
+  CallCheckLevel call_check_level() const { return call_check_; }
 
  protected:
   // Called only with validated arguments (Note [ProcessGroup layers]).
@@ -358,6 +400,12 @@ class ProcessGroup {
   virtual absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor& tensor, int src,
                                                            const P2POptions& options) = 0;
 
+  // Note [Call checks]: for a backend's Do* (on the calling thread): the
+  // fingerprint of the collective being issued, which the backend compares
+  // with its peers' before the op's data can do harm (CheckAll); null for
+  // p2p ops, when the check is off, or when DETAIL has already compared it
+  // through the store.
+  static const CallFingerprint* IssuingCall();
   // The deadline of an op that starts now.
   absl::Time DeadlineFor(const std::optional<absl::Duration>& timeout) const;
   // Backends call this at the start of abort(): dumps the flight recorders
@@ -381,9 +429,14 @@ class ProcessGroup {
   template <typename W>
   absl::StatusOr<std::shared_ptr<W>> Recorded(absl::StatusOr<std::shared_ptr<W>> work,
                                               const FlightOp& op, int64_t created_ns);
-  // TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprint check of a collective
-  // (Note [Debug levels] in debug.cc); OK at other levels.
-  absl::Status CheckCall(const FlightOp& op);
+  // The call check (Note [Call checks]) of a collective: compares `call`
+  // through the store at DETAIL, or makes it the IssuingCall() of `run` (the
+  // Do* call) for the backend to compare; then runs `run`.
+  template <typename F>
+  auto Checked(const CallFingerprint& call, const FlightOp& op, F run) -> decltype(run());
+  // A fingerprint of this group's level.
+  CallFingerprint Fingerprint(OpType op, const Tensor* like, int64_t nbytes, int root,
+                              std::optional<ReduceOp> reduce = std::nullopt) const;
   // The clock reading for an op's "scheduled" time; 0 when recording is off.
   int64_t RecordClock() const;
 
@@ -394,7 +447,7 @@ class ProcessGroup {
   const absl::Duration timeout_;
   const std::shared_ptr<FlightRecorder> recorder_;
   std::shared_ptr<ProgressPublisher> publisher_;  // set once, by the backend's constructor
-  const DebugLevel debug_level_;
+  const CallCheckLevel call_check_;
   std::shared_ptr<Store> debug_store_;  // set with publisher_
   std::string debug_prefix_;
   std::atomic<int64_t> fingerprint_seq_{0};

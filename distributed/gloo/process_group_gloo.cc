@@ -63,12 +63,13 @@ namespace ember::distributed::gloo {
 // One failure cannot be caught: when ranks pass different sizes, gloo's
 // network thread reads a message longer than the posted buffer and its
 // assertion ends the process (PyTorch's gloo backend crashes the same way).
-// So before each collective the ranks all-gather a few words describing
-// their call (op, dtype, bytes, root, reduce op, all_to_all counts;
-// CheckCall), and a disagreement fails the collective on every rank with
-// kFailedPrecondition naming both calls, before gloo sees any data. It costs
-// one small all-gather per collective; EMBER_GLOO_CHECK_COLLECTIVES=0 turns
-// it off for jobs known to be consistent.
+// So before each collective the ranks all-gather the words of the call
+// check that the layer above builds (Note [Call checks] in
+// process_group.cc; CheckCall here only moves them), and a disagreement
+// fails the collective on every rank with kFailedPrecondition naming both
+// calls, before gloo sees any data. It costs one small all-gather per
+// collective; EMBER_CHECK_COLLECTIVES=0 turns it off for jobs known to be
+// consistent.
 
 // Note [Joining PyTorch ranks]
 // PyTorch's gloo backend and this one link the same libgloo, so their ranks
@@ -152,11 +153,6 @@ absl::Status RefuseAvg(OpType op, ReduceOp reduce) {
       op_type_name(op),
       ": ReduceOp.AVG is not supported by the 'gloo' backend (as in PyTorch); use SUM and "
       "divide by the group size, or the 'tcp' backend"));
-}
-
-bool CheckCallsFromEnv() {
-  const char* v = std::getenv("EMBER_GLOO_CHECK_COLLECTIVES");
-  return v == nullptr || std::string(v) != "0";
 }
 
 }  // namespace
@@ -258,8 +254,7 @@ GlooProcessGroup::GlooProcessGroup(const BackendOptions& options,
       store_(options.store),
       prefix_(options.store_prefix + kEmberKeys),
       context_(std::move(context)),
-      check_calls_(CheckCallsFromEnv() &&
-                   std::all_of(peers.begin(), peers.end(), [](const Peer& p) { return p.ember; })),
+      check_calls_(std::all_of(peers.begin(), peers.end(), [](const Peer& p) { return p.ember; })),
       device_description_(std::move(device_description)),
       peers_(std::move(peers)) {
   PublishProgress(options.store, prefix_);
@@ -326,6 +321,14 @@ std::shared_ptr<Work> GlooProcessGroup::Enqueue(OpType op,
       return stage->CopyBack();
     };
   }
+  // The call check (Note [Call checks] in process_group.cc) runs first.
+  if (const CallFingerprint* issued = IssuingCall();
+      issued != nullptr && call && check_calls_ && size() > 1) {
+    job = [this, check = *issued, job = std::move(job)](const OpContext& ctx) -> absl::Status {
+      EMBER_RETURN_IF_ERROR(CheckCall(ctx, check));
+      return job(ctx);
+    };
+  }
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) {
     work->Finish(aborted_);
@@ -361,8 +364,7 @@ void GlooProcessGroup::WorkerLoop() {
     } else {
       item.work->MarkStarted();
       try {
-        if (item.call) status = CheckCall(item.context, *item.call);
-        if (status.ok()) status = item.job(item.context);
+        status = item.job(item.context);
       } catch (const ::gloo::IoException& e) {
         status = Translate(item.context, e.what(), /*io_error=*/true);
       } catch (const std::exception& e) {
@@ -445,58 +447,16 @@ absl::Status GlooProcessGroup::Translate(const OpContext& ctx, const std::string
   return absl::Status(code, absl::StrCat(ctx.what, ": ", peers, " (gloo: ", what, ")"));
 }
 
-absl::Status GlooProcessGroup::CheckCall(const OpContext& ctx, const Call& call) {
-  const int n = size();
-  if (n == 1 || !check_calls_) return absl::OkStatus();
-  // Each rank's call as words: op, dtype, root, reduce op, bytes, then the
-  // element counts it sends to each rank (all_to_all only).
-  const size_t words = 5 + n;
-  std::vector<int64_t> mine(words, 0), all(words * n);
-  mine[0] = static_cast<int64_t>(ctx.op);
-  mine[1] = static_cast<int64_t>(call.dtype);
-  mine[2] = call.root;
-  mine[3] = static_cast<int64_t>(call.reduce);
-  mine[4] = static_cast<int64_t>(call.nbytes);
-  for (size_t p = 0; p < call.sends.size(); ++p) mine[5 + p] = call.sends[p];
+absl::Status GlooProcessGroup::CheckCall(const OpContext& ctx, const CallFingerprint& call) {
+  const std::vector<int64_t>& mine = call.words();
+  std::vector<int64_t> all(mine.size() * size());
   ::gloo::AllgatherOptions opts(context_);
-  opts.setInput(mine.data(), words);
-  opts.setOutput(all.data(), words * n);
+  opts.setInput(const_cast<int64_t*>(mine.data()), mine.size());
+  opts.setOutput(all.data(), all.size());
   opts.setTag(ctx.tag | kCheckTagBit);
   opts.setTimeout(Left(ctx.deadline));
   ::gloo::allgather(opts);
-  auto describe = [](const int64_t* w) {
-    const OpType op = static_cast<OpType>(w[0]);
-    std::string text = absl::StrCat(op_type_name(op));
-    if (op == OpType::kBarrier || op == OpType::kAllToAll) return text;
-    absl::StrAppend(&text, " of ", w[4], " bytes of ",
-                    std::string(dtype_name(static_cast<Dtype>(w[1]))));
-    if (w[2] >= 0) absl::StrAppend(&text, " with root ", w[2]);
-    if (op == OpType::kAllReduce || op == OpType::kReduce || op == OpType::kReduceScatter) {
-      absl::StrAppend(&text, " (", reduce_op_name(static_cast<ReduceOp>(w[3])), ")");
-    }
-    return text;
-  };
-  for (int p = 0; p < n; ++p) {
-    const int64_t* theirs = &all[p * words];
-    bool same = std::equal(theirs, theirs + 5, mine.data());
-    if (same && ctx.op == OpType::kAllToAll) {
-      same = theirs[1] == mine[1] && theirs[5 + rank()] == call.receives[p];
-      if (!same) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            ctx.what, ": rank ", p, " sends ", theirs[5 + rank()], " elements to this rank (",
-            rank(), ") but this rank expects ", call.receives[p], "; outputs[", p,
-            "] here must have as many elements as rank ", p, "'s inputs[", rank(), "]"));
-      }
-    }
-    if (!same) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "mismatched collectives: ", ctx.what, ": rank ", p, " ran ", describe(theirs),
-          " but this rank (", rank(), ") ran ", describe(mine.data()),
-          "; every rank must run the same collectives in the same order with tensors of the "
-          "same size and dtype"));
-    }
-  }
-  return absl::OkStatus();
+  return call.CheckAll(ctx.what, rank(), all);
 }
 
 // --- Collectives -------------------------------------------------------------------

@@ -185,7 +185,8 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout,
                                 std::optional<Call> call, Job job,
                                 std::shared_ptr<DeviceStaging> stage = nullptr);
-  absl::Status CheckCall(const OpContext& ctx, const Call& call);
+  // Moves the call check's words (Note [Call checks] in process_group.cc).
+  absl::Status CheckCall(const OpContext& ctx, const CallFingerprint& call);
   void WorkerLoop();
   // The status of a job that threw `what` (Note [gloo exceptions]).
   absl::Status Translate(const OpContext& ctx, const std::string& what, bool io_error);
@@ -202,7 +203,7 @@ class GlooProcessGroup : public ProcessGroup {
   const std::shared_ptr<Store> store_;
   const std::string prefix_;
   const std::shared_ptr<::gloo::Context> context_;
-  // EMBER_GLOO_CHECK_COLLECTIVES (default on), and every rank is Ember.
+  // Every rank is Ember, so the call check can run.
   const bool check_calls_;
   const std::string device_description_;
   const std::vector<Peer> peers_;

@@ -334,8 +334,75 @@ std::shared_ptr<Work> TcpProcessGroup::Enqueue(OpType op,
   const int64_t seq = collective ? next_seq_++ : -1;
   std::string what = collective ? absl::StrCat(op_type_name(op), " (collective #", seq, ")")
                                 : std::string(op_type_name(op));
-  queue_.push_back({work, {op, seq, deadline, std::move(what)}, std::move(job)});
+  std::optional<CallFingerprint> check;
+  if (const CallFingerprint* call = IssuingCall(); call != nullptr && collective && size() > 1) {
+    check = *call;
+  }
+  queue_.push_back({work, {op, seq, deadline, std::move(what)}, std::move(job), std::move(check)});
   return work;
+}
+
+// tcp's transport of the call check (Note [Call checks] in
+// process_group.cc): each rank sends its words to every peer as step
+// kCallCheckStep of the collective, on the channels the collective's data
+// takes after them, so a peer's words arrive before its data. The words are
+// compared once the collective has run or failed: the mesh refuses any
+// message whose size or op differs from the receive posted for it, so a
+// mismatch cannot write out of bounds meanwhile; it only fails there with
+// the transport's words, which the check's message then replaces. A rank
+// that timed out does not wait for words that are not there.
+absl::Status TcpProcessGroup::RunChecked(const Queued& item) {
+  const OpContext& ctx = item.context;
+  if (!item.check) return item.job(ctx);
+  constexpr int32_t kCallCheckStep = -1;
+  const std::vector<int64_t>& words = item.check->words();
+  const int n = size(), r = rank();
+  const size_t count = words.size();
+  std::vector<int64_t> all(count * n);
+  std::copy(words.begin(), words.end(), all.begin() + r * count);
+  const MessageKey key{MessageKind::kCollective, ctx.seq, kCallCheckStep};
+  std::vector<std::shared_ptr<PendingRecv>> recvs(n);
+  for (int p = 0; p < n; ++p) {
+    if (p == r) continue;
+    char* at = reinterpret_cast<char*>(&all[p * count]);
+    recvs[p] = mesh_->Post(p, key, kAnyOp, count * sizeof(int64_t), CopySink(at), nullptr, at);
+  }
+  const absl::Span<const char> mine(reinterpret_cast<const char*>(words.data()),
+                                    count * sizeof(int64_t));
+  absl::Status status;
+  for (int i = 1; i < n && status.ok(); ++i) {
+    status = SendTo(*mesh_, ctx, (r + i) % n, kCallCheckStep, mine);
+  }
+  if (status.ok()) status = item.job(ctx);
+  // After a success every peer's words were sent before its data; after a
+  // timeout the missing ones are not coming.
+  const absl::Time until = status.ok() ? ctx.deadline
+                           : absl::IsDeadlineExceeded(status)
+                               ? absl::Now()
+                               : std::min(ctx.deadline, absl::Now() + absl::Seconds(1));
+  // Every receive is finished or cancelled before `all` goes away.
+  std::vector<absl::Status> got(n);
+  for (int p = 0; p < n; ++p) {
+    if (p != r) got[p] = mesh_->Wait(recvs[p], until, ctx.what, /*settle=*/false);
+  }
+  absl::Status missing;
+  for (int p = 0; p < n; ++p) {
+    if (p == r) continue;
+    if (!got[p].ok()) {
+      if (missing.ok()) missing = got[p];
+      continue;
+    }
+    EMBER_RETURN_IF_ERROR(
+        item.check->Check(ctx.what, r, p, absl::MakeConstSpan(&all[p * count], count)));
+  }
+  if (status.ok() && !missing.ok()) {
+    return absl::Status(missing.code(),
+                        absl::StrCat(missing.message(),
+                                     " (the call check waits for every rank to reach the "
+                                     "collective; EMBER_CHECK_COLLECTIVES must be alike on "
+                                     "every rank)"));
+  }
+  return status;
 }
 
 void TcpProcessGroup::WorkerLoop() {
@@ -357,7 +424,7 @@ void TcpProcessGroup::WorkerLoop() {
     absl::Status status;
     item.work->MarkStarted();
     try {
-      status = item.job(item.context);
+      status = RunChecked(item);
     } catch (const std::exception& e) {
       status = absl::InternalError(absl::StrCat(item.context.what, ": ", e.what()));
     }

@@ -45,6 +45,7 @@
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -134,6 +135,8 @@ class TcpProcessGroup : public ProcessGroup {
     std::shared_ptr<Work> work;
     OpContext context;
     Job job;
+    // The call check's fingerprint (Note [Call checks] in process_group.cc).
+    std::optional<CallFingerprint> check;
   };
 
   TcpProcessGroup(const BackendOptions& options, std::shared_ptr<Mesh> mesh,
@@ -142,6 +145,10 @@ class TcpProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout,
                                 bool collective, Job job);
   void WorkerLoop();
+  // Runs `item`'s job; with a call check, first sends its words to every
+  // peer ahead of the collective's messages and compares theirs before
+  // returning (Note [Call checks] in process_group.cc).
+  absl::Status RunChecked(const Queued& item);
   enum class AllReduceKind { kNone, kDirect, kArena, kRing };
   // The one place that picks an all_reduce algorithm (AllReduceAlgorithm
   // names its choice).
