@@ -86,6 +86,18 @@ void PointAtNothing(const Tensor& param) {
   storage.set_data_ptr(DataPtr(), nullptr);
 }
 
+// Counts a new value of the unit's parameters in their version counters
+// (Note [Flat parameters]): what a forward reads may differ from what the
+// previous forward read (the optimizer stepped the flat shard, or the
+// parameters point at a new gathered buffer) without any in-place op on the
+// parameters themselves, and kernels that keep something derived from a
+// parameter (oneDNN's blocked weights) trust its version. Done where a
+// unit's forward starts, before autograd saves the parameters, never in
+// backward, whose re-gathered values are the forward's.
+void MarkNewValues(const std::vector<Tensor>& params) {
+  for (const Tensor& p : params) p.impl()->BumpVersion();
+}
+
 bool IsFloating(Dtype d) {
   return d == kFloat32 || d == kFloat64 || d == kFloat16 || d == kBFloat16;
 }
@@ -460,6 +472,7 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   kept_gathered_.reset();
   Unit& root = *units_[0];
   WaitUnshard(root);
+  MarkNewValues(root.params);
   if (options_.forward_prefetch && !last_forward_order_.empty()) {
     Unshard(*units_[last_forward_order_.front()]);
   }
@@ -505,6 +518,7 @@ void FullyShardedDataParallel::OnUnitForwardStart(size_t index) {
   }
   Unit& unit = *units_[index];
   WaitUnshard(unit);
+  MarkNewValues(unit.params);
   if (!in_iteration_) return;
   forward_order_.push_back(index);
   const size_t position = forward_order_.size();

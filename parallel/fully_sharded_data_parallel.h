@@ -53,7 +53,10 @@
 // autograd graph saved sees the same bytes); resharding points them at
 // nothing again, freeing the buffer once nothing holds it. Reading a module
 // parameter of a sharded unit outside forward and backward is invalid (its
-// data pointer is null); full_state_dict() gives the values.
+// data pointer is null); full_state_dict() gives the values. Each time a
+// unit's forward starts, its parameters' version counters count a new value
+// (their bytes changed with no in-place op on them), so that what a kernel
+// keeps per parameter version is not reused across steps.
 //
 // Note [FSDP iteration]
 //   forward: the root unit is unsharded, then each unit's forward pre-hook
