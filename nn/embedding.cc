@@ -139,8 +139,10 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
   const int64_t n = weight.size(0);
   Tensor flat = indices.to(kInt64).contiguous().view({-1});
   if (flat.numel() > 0) {
-    // On any device: the extremes, read back (one synchronisation on a GPU).
-    const int64_t lo = flat.min().item<int64_t>(), hi = flat.max().item<int64_t>();
+    // On any device: the extremes, read back together (one synchronisation
+    // on a GPU).
+    const Tensor ends = stack({flat.min(), flat.max()}).to(kCPU);
+    const int64_t lo = ends.data_ptr<int64_t>()[0], hi = ends.data_ptr<int64_t>()[1];
     EMBER_CHECK(lo >= 0 && hi < n, "embedding: index out of range in self: index ",
                 lo < 0 ? lo : hi, " is not in [0, ", n, ")");
   }
