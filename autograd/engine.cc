@@ -172,14 +172,22 @@ class DeviceWorkers {
     w.cv.notify_one();
   }
 
+  // Stops every worker once its queue is empty and joins it (at exit, when
+  // no backward should be running any more).
   ~DeviceWorkers() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& w : workers_) {
+    std::vector<Worker*> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& w : workers_) all.push_back(w.get());
+    }
+    for (Worker* w : all) {
       {
         std::lock_guard<std::mutex> wl(w->mutex);
         w->stop = true;
       }
       w->cv.notify_all();
+    }
+    for (Worker* w : all) {
       if (w->thread.get_id() == std::this_thread::get_id()) {
         w->thread.detach();  // exit() called from a node on this worker
       } else {

@@ -27,7 +27,8 @@
 // overlap themselves (an expanded tensor would perturb several elements at
 // once); violations are reported as InvalidArgument. A mismatch is reported
 // as an Internal error naming the output, input, element and both values.
-// Blocking; runs on the calling thread.
+// Blocking: calls fn and backward on the calling thread (device nodes run on
+// their device's worker, Note [Engine]).
 #ifndef EMBER_AUTOGRAD_GRADCHECK_H_
 #define EMBER_AUTOGRAD_GRADCHECK_H_
 
