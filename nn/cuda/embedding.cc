@@ -1,7 +1,8 @@
 // embedding's CUDA backward (nn/embedding_kernels.h): the host side of
-// embedding_kernels.cu, registered as the kCUDA kernel of embedding's slot
-// when the library is loaded. Asynchronous on the current stream of the
-// gradient's device.
+// embedding_kernels.cu (a stable sort of the indices, then a sum per index
+// in lookup order: deterministic), registered as the kCUDA kernel of
+// embedding's slot when the library is loaded. Asynchronous on the current
+// stream of the gradient's device.
 #include "cuda/kernels.h"
 #include "nn/cuda/embedding_launch.h"
 #include "nn/embedding_kernels.h"
@@ -16,13 +17,17 @@ Tensor EmbeddingBackwardCuda(const Tensor& g, const Tensor& indices, int64_t num
                              int64_t padding_idx) {
   DeviceGuard guard(g.device());
   const int64_t d = g.size(1);
+  const int64_t n = indices.numel();
   Tensor gw = zeros({num_weights, d}, g.options());
+  // The sort's workspace, from the caching allocator (stream-ordered).
+  Tensor workspace = empty({static_cast<int64_t>(EmbeddingBackwardWorkspaceBytes(n, num_weights))},
+                           TensorOptions(kUInt8).device(g.device()));
   internal::VisitNnDtype(g.dtype(), "embedding backward", [&]<typename T>() {
     ::ember::cuda::internal::CheckLaunch(
         LaunchEmbeddingBackward<T>(::ember::cuda::internal::StreamOf(g.device()), g.data_ptr<T>(),
-                                   indices.data_ptr<int64_t>(), gw.data_ptr<T>(), indices.numel(),
-                                   d, padding_idx),
-        "embedding backward kernel");
+                                   indices.data_ptr<int64_t>(), gw.data_ptr<T>(), n, d,
+                                   num_weights, padding_idx, workspace.raw_data()),
+        "embedding backward kernels");
   });
   return gw;
 }

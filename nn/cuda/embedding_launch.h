@@ -6,17 +6,27 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace ember::nn::cuda_kernels {
 
-// grad_weight[indices[i], :] += grad[i, :] for each of the n rows of `grad`
-// ([n, d], contiguous) whose index is not padding_idx (-1: none);
-// grad_weight must hold zeros. T is float or double. Runs on `stream` on the
-// current device; returns the launch's error.
+// Bytes of device workspace LaunchEmbeddingBackward needs for n lookups into
+// a table of num_weights rows (0 when n is 0).
+size_t EmbeddingBackwardWorkspaceBytes(int64_t n, int64_t num_weights);
+
+// grad_weight[w, :] = the sum, in lookup order, of grad[i, :] over the
+// lookups i with indices[i] == w, for every w but padding_idx (-1: none);
+// `grad` is [n, d] and contiguous, `indices` [n] in [0, num_weights),
+// grad_weight [num_weights, d] must hold zeros (rows never looked up keep
+// them). T is float or double. Deterministic: the same inputs give the same
+// bits. `workspace` holds EmbeddingBackwardWorkspaceBytes(n, num_weights)
+// bytes of device memory, 256-byte aligned. Runs on `stream` on the current
+// device; returns the first error.
 template <typename T>
 cudaError_t LaunchEmbeddingBackward(cudaStream_t stream, const T* grad, const int64_t* indices,
-                                    T* grad_weight, int64_t n, int64_t d, int64_t padding_idx);
+                                    T* grad_weight, int64_t n, int64_t d, int64_t num_weights,
+                                    int64_t padding_idx, void* workspace);
 
 }  // namespace ember::nn::cuda_kernels
 

@@ -1,7 +1,7 @@
 // embedding on cuda:0 against the CPU: the lookup, the weight's gradient with
-// repeated indices (accumulated) and padding_idx (no gradient), int32
-// indices, the out-of-range error, and gradcheck in float64 through the
-// device. Without a device the GPU cases skip, saying why; the registration
+// repeated indices (accumulated, deterministically: bit for bit the CPU's)
+// and padding_idx (no gradient), int32 indices, the out-of-range error, and
+// gradcheck in float64 through the device. Without a device the GPU cases skip, saying why; the registration
 // case runs everywhere.
 #include <vector>
 
@@ -68,6 +68,22 @@ TEST(EmbeddingCudaTest, ManyRepeatsOfOneRowSumExactly) {
   const std::vector<double> g = HostValues(w.grad());
   for (int j = 0; j < 64; ++j) EXPECT_EQ(g[j], 4096.0) << "column " << j;
   for (int j = 64; j < 128; ++j) EXPECT_EQ(g[j], 0.0) << "row 1 column " << j - 64;
+}
+
+// The backward sums each row's lookups in lookup order, as the CPU kernel:
+// the same bits on every run and on both devices, however many repeats.
+TEST(EmbeddingCudaTest, TheWeightGradientIsDeterministicAndEqualsTheCpuBitForBit) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  Tensor idx = randint(0, 7, {5000});  // about 700 lookups of each of 7 rows
+  Tensor seed = randn({5000, 33});
+  auto weight_grad = [&](Device device) {
+    Tensor w = zeros({9, 33}).to(device).requires_grad_(true);
+    functional::embedding(idx.to(device), w, /*padding_idx=*/4).backward(seed.to(device));
+    return HostValues(w.grad());
+  };
+  const std::vector<double> cpu = weight_grad(kCPU), first = weight_grad(kGpu);
+  EXPECT_EQ(first, cpu);
+  EXPECT_EQ(weight_grad(kGpu), first);
 }
 
 TEST(EmbeddingCudaTest, Int32IndicesAndTheModule) {
