@@ -73,22 +73,28 @@ absl::Status Wait(const absl::StatusOr<std::shared_ptr<distributed::Work>>& work
 
 // Every rank learns every rank's specs; the first difference from rank 0
 // is an error on every rank (Note [Gradient buckets] needs equal shapes).
+// The exchange runs on the module's device, which the group's backend
+// serves (a pure nccl group has no CPU tensors), and is read back on the host.
 absl::Status VerifyAcrossRanks(distributed::ProcessGroup& group,
                                const std::vector<TensorSpec>& mine,
-                               const std::vector<std::string>& names) {
+                               const std::vector<std::string>& names, Device device) {
   const int world = group.size();
+  const TensorOptions on_device = TensorOptions().dtype(kInt64).device(device);
   const std::vector<int64_t> encoded = Encode(mine);
-  Tensor length = full({1}, static_cast<int64_t>(encoded.size()), TensorOptions().dtype(kInt64));
+  Tensor length =
+      full({1}, static_cast<int64_t>(encoded.size()), TensorOptions().dtype(kInt64)).to(device);
   std::vector<Tensor> lengths;
-  for (int r = 0; r < world; ++r) lengths.push_back(zeros({1}, TensorOptions().dtype(kInt64)));
+  for (int r = 0; r < world; ++r) lengths.push_back(zeros({1}, on_device));
   EMBER_RETURN_IF_ERROR(Wait(group.allgather(lengths, length)));
   int64_t longest = 0;
-  for (const Tensor& l : lengths) longest = std::max(longest, l.item<int64_t>());
+  for (const Tensor& l : lengths) longest = std::max(longest, l.cpu().item<int64_t>());
   Tensor padded = full({longest}, int64_t{-1}, TensorOptions().dtype(kInt64));
   std::copy(encoded.begin(), encoded.end(), padded.data_ptr<int64_t>());
+  padded = padded.to(device);
   std::vector<Tensor> all;
-  for (int r = 0; r < world; ++r) all.push_back(zeros({longest}, TensorOptions().dtype(kInt64)));
+  for (int r = 0; r < world; ++r) all.push_back(zeros({longest}, on_device));
   EMBER_RETURN_IF_ERROR(Wait(group.allgather(all, padded)));
+  for (Tensor& t : all) t = t.cpu().contiguous();
   const std::vector<TensorSpec> reference = Decode(all[0].data_ptr<int64_t>(), longest);
   auto count = [](const std::vector<TensorSpec>& specs, bool buffer) {
     return std::count_if(specs.begin(), specs.end(),
@@ -117,6 +123,73 @@ absl::Status VerifyAcrossRanks(distributed::ProcessGroup& group,
     }
   }
   return absl::OkStatus();
+}
+
+std::string DeviceList(const std::vector<Device>& devices) {
+  return absl::StrCat("[", absl::StrJoin(devices, ", ", [](std::string* out, const Device& d) {
+                        out->append(d.str());
+                      }),
+                      "]");
+}
+
+// The one device of the module's tensors, checked against device_ids and
+// output_device as torch's DDP takes them (one device per process).
+absl::StatusOr<Device> ModuleDevice(const nn::Module& module,
+                                    const DistributedDataParallelOptions& options) {
+  std::vector<Device> devices;
+  std::vector<std::string> first_names;
+  auto note = [&](const std::string& name, const Tensor& t) {
+    if (std::find(devices.begin(), devices.end(), t.device()) != devices.end()) return;
+    devices.push_back(t.device());
+    first_names.push_back(name);
+  };
+  for (const auto& [name, p] : module.named_parameters()) note(name, p);
+  for (const auto& [name, b] : module.named_buffers()) note(name, b);
+  if (devices.size() > 1) {
+    std::vector<std::string> where;
+    for (size_t i = 0; i < devices.size(); ++i) {
+      where.push_back(absl::StrCat("'", first_names[i], "' on ", devices[i].str()));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DistributedDataParallel: the module's parameters and buffers span devices ",
+        DeviceList(devices), " (", absl::StrJoin(where, ", "),
+        "); DistributedDataParallel takes a module on one device, one device per process: "
+        "move the whole module there (module->to(device)) before wrapping it"));
+  }
+  const Device device = devices.empty() ? Device(kCPU) : devices.front();
+  const std::string got =
+      absl::StrCat("device_ids ", DeviceList(options.device_ids), ", output_device ",
+                   options.output_device ? options.output_device->str() : "unset");
+  if (device.is_cpu()) {
+    if (!options.device_ids.empty() || options.output_device.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DistributedDataParallel: device_ids and output_device only work with a module on "
+          "one GPU, but got ",
+          got, " for a module on ", device.str(), "; leave both unset for a CPU module"));
+    }
+    return device;
+  }
+  if (options.device_ids.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DistributedDataParallel: device_ids can only be empty or hold a single device (one "
+        "device per process), got ",
+        DeviceList(options.device_ids), "; for replicas on several GPUs of one process use "
+        "DataParallel, or start one process per GPU"));
+  }
+  if (!options.device_ids.empty() && options.device_ids.front() != device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DistributedDataParallel: device_ids ", DeviceList(options.device_ids),
+        " does not match the module's device ", device.str(),
+        "; move the module to device_ids[0] (module->to(device)) or pass device_ids = [",
+        device.str(), "]"));
+  }
+  if (options.output_device.has_value() && options.output_device->is_cuda() &&
+      options.output_device->index() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DistributedDataParallel: output_device ", options.output_device->str(),
+        " has no index; name the device (cuda:N)"));
+  }
+  return device;
 }
 
 // BroadcastFromRank0 is shared with FullyShardedDataParallel (parallel/reducer.h).
@@ -150,6 +223,7 @@ absl::StatusOr<std::shared_ptr<DistributedDataParallel>> DistributedDataParallel
     }
     group = *std::move(found);
   }
+  EMBER_ASSIGN_OR_RETURN(const Device device, ModuleDevice(*module, options));
   const auto params = module->named_parameters();
   const auto buffers = module->named_buffers();
   if (std::none_of(params.begin(), params.end(),
@@ -176,11 +250,12 @@ absl::StatusOr<std::shared_ptr<DistributedDataParallel>> DistributedDataParallel
     names.push_back(name);
     state.push_back(b);
   }
-  EMBER_RETURN_IF_ERROR(VerifyAcrossRanks(*group, specs, names));
+  EMBER_RETURN_IF_ERROR(VerifyAcrossRanks(*group, specs, names, device));
   EMBER_RETURN_IF_ERROR(BroadcastFromRank0(*group, state));
 
   std::shared_ptr<DistributedDataParallel> ddp(
       new DistributedDataParallel(std::move(module), group, options));
+  ddp->device_ = device;
   const auto cap = static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024);
   ddp->reducer_ = Reducer::Create(ddp->module_->named_parameters(), group,
                                   {.bucket_cap_bytes = std::max<int64_t>(cap, 1),
@@ -212,7 +287,14 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
       }
     }
   }
-  Tensor output = (*module_)(input);
+  // torch's DDP moves the inputs to device_ids[0] when device_ids is given.
+  const bool move_input = !options_.device_ids.empty() && input.defined() &&
+                          input.device() != options_.device_ids.front();
+  Tensor output = (*module_)(move_input ? input.to(options_.device_ids.front()) : input);
+  if (options_.output_device.has_value() && output.defined() &&
+      output.device() != *options_.output_device) {
+    output = output.to(*options_.output_device);
+  }
   if (autograd::GradMode::is_enabled() && require_backward_grad_sync_) {
     // TORCH_DISTRIBUTED_DEBUG=INFO: timing statistics at PyTorch's sampled
     // iterations (10, 20, 50, 100, then every 100).

@@ -55,15 +55,25 @@
 // module (or PyTorch, through hub::SaveCheckpoint) loads. The DDP module's
 // own state_dict() has the keys prefixed "module.", as torch's.
 //
-// Limits: one device per process (CPU tensors here; the tensors of the
-// module must be on a device the group's backend supports), a module with
+// Devices: the module lives on one device, the CPU or one GPU per process
+// (torch's single-device modules); its parameters, buffers, the gradient
+// buckets and every collective stay there. On a GPU the group's backend must
+// take device tensors (nccl; gloo through pinned staging, which lets two ranks
+// share one GPU); nothing on the way blocks the host: each bucket's all_reduce
+// queues behind the gradients it carries and the end of backward makes the
+// caller's current stream wait for them (Note [Device control values] in
+// reducer.h). A module whose tensors span devices, or device_ids that are not
+// the module's device, is refused with the devices named.
+//
+// Limits: one device per process, a module with
 // one input and one output tensor (Module's interface), buckets fixed at
 // construction (torch rebuilds them after the first iteration from the
 // order gradients arrived in). Parameters must not be replaced (to(),
 // set_parameter) after wrapping: the hooks watch the tensors present then.
 //
 // Errors: create() returns absl::Status (kInvalidArgument for a null module,
-// no parameter that requires grad, or bucket_cap_mb <= 0;
+// no parameter that requires grad, bucket_cap_mb <= 0, a module spanning
+// devices, device_ids or output_device that do not fit the module;
 // kFailedPrecondition without a process group; kInvalidArgument naming the
 // first parameter or buffer that differs across ranks; the group's error
 // when a collective fails). forward() and backward() run behind
@@ -79,6 +89,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +103,13 @@
 namespace ember::parallel {
 
 struct DistributedDataParallelOptions {
+  // torch's device_ids: for a module on one GPU, empty or that one device
+  // (one device per process); forward() then moves its input there. Must be
+  // empty for a CPU module. Anything else is an InvalidArgument naming it.
+  std::vector<Device> device_ids;
+  // torch's output_device: where forward() puts its output, for a GPU module
+  // only; unset: device_ids[0] (the output stays where the module made it).
+  std::optional<Device> output_device;
   // The group to average over; null: the default group
   // (distributed::init_process_group).
   std::shared_ptr<distributed::ProcessGroup> process_group;
@@ -129,6 +147,8 @@ class DistributedDataParallel : public nn::Module {
   // The wrapped module (torch's ddp.module).
   const std::shared_ptr<nn::Module>& module() const { return module_; }
   const std::shared_ptr<distributed::ProcessGroup>& process_group() const { return group_; }
+  // The device of the module's parameters and buffers.
+  Device device() const { return device_; }
 
   // torch's no_sync(): while the returned guard lives, forward() does not
   // arm gradient synchronisation, so backward only accumulates locally.
@@ -165,6 +185,7 @@ class DistributedDataParallel : public nn::Module {
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<distributed::ProcessGroup> group_;
   DistributedDataParallelOptions options_;
+  Device device_;
   std::shared_ptr<Reducer> reducer_;
   bool require_backward_grad_sync_ = true;
 };

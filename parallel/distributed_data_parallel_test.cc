@@ -499,6 +499,9 @@ TEST(DdpCreateTest, RefusesBadArguments) {
         for (const Tensor& p : frozen->parameters()) p.requires_grad_(false);
         record(DistributedDataParallel::create(frozen, {.process_group = me.group}));
         record(DistributedDataParallel::create(std::make_shared<Net>()));
+        record(DistributedDataParallel::create(
+            std::make_shared<Net>(),
+            {.device_ids = {Device(DeviceType::kCUDA, 1)}, .process_group = me.group}));
         return absl::InternalError(absl::StrJoin(errors, "\n"));
       },
       {});
@@ -510,6 +513,9 @@ TEST(DdpCreateTest, RefusesBadArguments) {
                         "parameter that requires a gradient (Net has 4 parameters"));
   EXPECT_THAT(results[0].output,
               HasSubstr("call init_process_group first or pass options.process_group"));
+  EXPECT_THAT(results[0].output,
+              HasSubstr("device_ids and output_device only work with a module on one GPU, but "
+                        "got device_ids [cuda:1], output_device unset for a module on cpu"));
 }
 
 // Runs the mpi cases of DdpTest as the 3 processes of an mpirun job (the

@@ -12,6 +12,7 @@
 #include "autograd/variable.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
+#include "tensor/stream.h"
 
 namespace ember::parallel {
 
@@ -44,19 +45,30 @@ absl::Status WaitFor(const absl::StatusOr<std::shared_ptr<distributed::Work>>& w
 
 absl::Status BroadcastFromRank0(distributed::ProcessGroup& group,
                                 const std::vector<Tensor>& tensors) {
-  std::map<Dtype, std::vector<Tensor>> by_dtype;
-  for (const Tensor& t : tensors) by_dtype[t.dtype()].push_back(t.detach());
-  for (auto& [dtype, list] : by_dtype) {
-    Tensor flat;
+  // One flat tensor per (device, dtype), in first-seen order, so that every
+  // rank issues the same broadcasts; it lives where its tensors do, so a
+  // device backend (nccl) moves it without staging.
+  std::vector<std::pair<std::pair<Device, Dtype>, std::vector<Tensor>>> groups;
+  for (const Tensor& t : tensors) {
+    const std::pair<Device, Dtype> key(t.device(), t.dtype());
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == key; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {key, {}});
+    it->second.push_back(t.detach());
+  }
+  for (auto& [key, list] : groups) {
+    int64_t total = 0;
+    for (const Tensor& t : list) total += t.numel();
+    Tensor flat = empty({total}, TensorOptions().dtype(key.second).device(key.first));
     if (group.rank() == 0) {
-      std::vector<Tensor> pieces;
-      for (const Tensor& t : list) pieces.push_back(t.flatten());
-      flat = cat(pieces);
-    } else {
-      int64_t total = 0;
-      for (const Tensor& t : list) total += t.numel();
-      flat = empty({total}, TensorOptions().dtype(dtype));
+      int64_t offset = 0;
+      for (const Tensor& t : list) {
+        flat.narrow(0, offset, t.numel()).copy_(t.reshape({t.numel()}));
+        offset += t.numel();
+      }
     }
+    // On a device, wait() makes the current stream wait for the broadcast
+    // (nccl, gloo's staging): the copies below queue after it.
     absl::Status status = WaitFor(group.broadcast(flat, {.root = 0}));
     if (!status.ok()) return status;
     if (group.rank() == 0) continue;
@@ -82,6 +94,14 @@ std::shared_ptr<Reducer> Reducer::Create(std::vector<std::pair<std::string, Tens
 void Reducer::Build(std::vector<std::pair<std::string, Tensor>> params) {
   for (auto& [name, param] : params) {
     if (param.requires_grad()) slots_.push_back({std::move(name), std::move(param)});
+  }
+  // One device per reducer (DistributedDataParallel checks the module first):
+  // the buckets live there and every collective runs there.
+  for (const Slot& slot : slots_) {
+    EMBER_CHECK(slot.param.device() == slots_.front().param.device(),
+                "Reducer: parameter '", slot.name, "' is on ", slot.param.device().str(),
+                " but parameter '", slots_.front().name, "' is on ",
+                slots_.front().param.device().str(), "; all must be on one device");
   }
   // Reverse order; one open bucket per dtype.
   struct Open {
@@ -121,7 +141,7 @@ void Reducer::Build(std::vector<std::pair<std::string, Tensor>> params) {
     for (size_t index : bucket.slots) bucket.grad_elements += slots_[index].param.numel();
     const bool last = b + 1 == closed.size();
     bucket.flat = zeros({bucket.grad_elements + (last ? control_elements_ : 0)},
-                        TensorOptions().dtype(dtype));
+                        TensorOptions().dtype(dtype).device(slots_[bucket.slots.front()].param.device()));
     int64_t offset = 0;
     for (size_t index : bucket.slots) {
       Slot& slot = slots_[index];
@@ -155,6 +175,7 @@ void Reducer::PrepareForBackward(const Tensor& output) {
   }
   // A backward pass that stopped early (an exception) may have left buckets
   // in flight; their buffers are about to be reused.
+  CheckDeferredFlag();
   if (absl::Status waited = WaitAll(); !waited.ok()) Fail(waited);
   for (Bucket& bucket : buckets_) {
     bucket.pending = bucket.slots.size();
@@ -233,14 +254,18 @@ void Reducer::LaunchReadyBuckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
     if (next_bucket_ + 1 == buckets_.size()) {
-      // The control values (Note [Gradient buckets]).
-      Tensor marks = zeros({control_elements_});
-      float* m = marks.data_ptr<float>();
-      m[0] = local_missing_ ? 1.0f : 0.0f;
+      // The control values (Note [Gradient buckets]), written where the
+      // bucket lives. The error flag is a fill, which on a device queues on
+      // the current stream without waiting; the "used" marks come from the
+      // host (on a device, a copy that waits, as PyTorch's local_used_map).
+      Tensor control = bucket.flat.narrow(0, bucket.grad_elements, control_elements_);
+      control.narrow(0, 0, 1).fill_(local_missing_ ? 1.0 : 0.0);
       if (options_.find_unused_parameters) {
-        for (size_t i = 0; i < used_.size(); ++i) m[1 + i] = used_[i] ? 1.0f : 0.0f;
+        Tensor marks = zeros({control_elements_ - 1});
+        float* m = marks.data_ptr<float>();
+        for (size_t i = 0; i < used_.size(); ++i) m[i] = used_[i] ? 1.0f : 0.0f;
+        control.narrow(0, 1, control_elements_ - 1).copy_(marks);
       }
-      bucket.flat.narrow(0, bucket.grad_elements, control_elements_).copy_(marks);
     }
     // Divided by the world size, then summed, as PyTorch's reducer does: every
     // backend reduces with SUM (gloo and NCCL before 2.10 have no AVG), and
@@ -299,10 +324,6 @@ void Reducer::Finalize() {
   if (!waited.ok()) Fail(waited);
   for (Bucket& bucket : buckets_) bucket.work.reset();
 
-  const Bucket& last = buckets_.back();
-  Tensor marks =
-      last.flat.narrow(0, last.grad_elements, control_elements_).to(kFloat32).contiguous();
-  const float* m = marks.data_ptr<float>();
   if (!missing.empty()) {
     EMBER_FAIL(
         "DistributedDataParallel: parameters that got no gradient in this backward pass on "
@@ -312,18 +333,30 @@ void Reducer::Finalize() {
         "wrapped with find_unused_parameters = true; also make sure every output of "
         "forward() contributes to the loss");
   }
-  if (m[0] > 0) {
-    const int ranks = static_cast<int>(m[0] * static_cast<float>(group_->size()) + 0.5f);
-    EMBER_FAIL("DistributedDataParallel: ", ranks, " of ", group_->size(),
-               " ranks got no gradient for some parameters in this backward pass (their errors "
-               "name them), while rank ",
-               group_->rank(),
-               " got all of them; ranks must agree on which parameters get gradients, or the "
-               "module must be wrapped with find_unused_parameters = true");
+  const Bucket& last = buckets_.back();
+  const Tensor control = last.flat.narrow(0, last.grad_elements, control_elements_);
+  Tensor marks;  // the reduced control values on the host, when read now
+  if (control.is_cpu() || options_.find_unused_parameters) {
+    // On a device this waits for the reduction, as PyTorch's reducer does for
+    // the used-parameter map of find_unused_parameters.
+    marks = control.cpu().to(kFloat32).contiguous();
+    CheckPeerFlag(marks.data_ptr<float>()[0], /*deferred=*/false);
+  } else {
+    // Note [Device control values]: the flag travels to pinned host memory on
+    // the current stream and is read at the start of the next iteration.
+    deferred_flag_ = control.narrow(0, 0, 1).to(kCPU, /*non_blocking=*/true);
+    deferred_flag_ready_.emplace(control.device().type());
+    const absl::Status recorded = deferred_flag_ready_->record(current_stream(control.device()));
+    if (!recorded.ok()) {
+      Fail(absl::Status(recorded.code(),
+                        absl::StrCat("DistributedDataParallel: recording the end of the gradient "
+                                     "reduction failed: ",
+                                     recorded.message())));
+    }
   }
   for (size_t i = 0; i < slots_.size(); ++i) {
     // find_unused_parameters: no rank produced a gradient; leave grad() as it is.
-    if (options_.find_unused_parameters && !(m[1 + i] > 0)) continue;
+    if (options_.find_unused_parameters && !(marks.data_ptr<float>()[1 + i] > 0)) continue;
     Slot& slot = slots_[i];
     const Tensor grad = slot.param.grad();
     if (options_.gradient_as_bucket_view) {
@@ -335,6 +368,40 @@ void Reducer::Finalize() {
       slot.param.set_grad(slot.view.clone());
     }
   }
+}
+
+void Reducer::CheckPeerFlag(float flag, bool deferred) {
+  if (!(flag > 0)) return;
+  const int ranks = static_cast<int>(flag * static_cast<float>(group_->size()) + 0.5f);
+  EMBER_FAIL("DistributedDataParallel: ", ranks, " of ", group_->size(),
+             " ranks got no gradient for some parameters in ",
+             deferred ? "the previous backward pass" : "this backward pass",
+             " (their errors name them), while rank ", group_->rank(),
+             " got all of them; ranks must agree on which parameters get gradients, or the "
+             "module must be wrapped with find_unused_parameters = true",
+             deferred ? " (on a device the flag is read at the next forward, so that the end "
+                        "of backward does not block the host; the gradients of that pass "
+                        "are not to be trusted)"
+                      : "");
+}
+
+void Reducer::CheckDeferredFlag() {
+  if (!deferred_flag_.defined()) return;
+  const Tensor flag = std::move(deferred_flag_);
+  deferred_flag_ = Tensor();
+  const absl::Status ready = deferred_flag_ready_->synchronize();
+  deferred_flag_ready_.reset();
+  if (!ready.ok()) {
+    Fail(absl::Status(ready.code(), absl::StrCat("DistributedDataParallel: waiting for the "
+                                                 "previous gradient reduction failed: ",
+                                                 ready.message())));
+  }
+  CheckPeerFlag(flag.to(kFloat32).contiguous().data_ptr<float>()[0], /*deferred=*/true);
+}
+
+void Reducer::DisarmHooks() {
+  CheckDeferredFlag();
+  expect_hooks_ = false;
 }
 
 std::vector<std::vector<size_t>> Reducer::bucket_indices() const {

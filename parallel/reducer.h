@@ -45,6 +45,28 @@
 // parameters got a gradient on no rank at all: their grad() is left alone,
 // as in torch.
 //
+// Devices: the buckets live on the parameters' device (one device per
+// reducer). The hooks run on the engine's worker thread for that device, under
+// the stream their gradient was produced on (Note [Backward streams] in
+// autograd/engine.h): the copy into the bucket, the division and the
+// all_reduce call queue there, and a device backend (nccl; gloo's pinned
+// staging) makes its communication wait for that stream, so nothing blocks
+// the host while backward runs. At the end of backward, Work::wait() makes
+// the caller's current stream wait for each bucket (the host does not
+// block on nccl), and the averaged gradients are copied into grad() on that
+// stream; so backward() returns with the gradients ready on the caller's
+// stream, as every other result of backward.
+//
+// Note [Device control values]
+// Reading the reduced control values on the host would block it until the
+// last all_reduce is done. On a device the error flag is therefore copied to
+// pinned host memory on the caller's stream, behind the reduction, and read
+// at the start of the next forward (PrepareForBackward or DisarmHooks),
+// which throws then if some rank missed gradients; the rank that missed them
+// throws at once, as on the CPU. With find_unused_parameters the "used"
+// marks decide which grad() to write, so they are read at the end of
+// backward, blocking, as PyTorch's reducer reads its local_used_map.
+//
 // Errors: Reducer runs inside autograd's backward and Module::forward, which
 // report through exceptions, so its failures throw ember::Error: a failed or
 // timed-out all_reduce (the process group's status, naming the peer), a
@@ -62,6 +84,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,6 +93,7 @@
 #include "absl/time/time.h"
 #include "autograd/node.h"
 #include "distributed/process_group.h"
+#include "tensor/stream.h"
 #include "tensor/tensor.h"
 
 namespace ember::parallel {
@@ -145,8 +169,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Throws ember::Error after an earlier communication failure.
   void PrepareForBackward(const Tensor& output);
   // The hooks ignore the next backward pass (forward under no_sync, or
-  // without grad mode): gradients accumulate locally.
-  void DisarmHooks() { expect_hooks_ = false; }
+  // without grad mode): gradients accumulate locally. Like
+  // PrepareForBackward, first reads a control flag left by the previous pass
+  // on a device (Note [Device control values]) and throws if a peer failed.
+  void DisarmHooks();
 
   // Per bucket, the indices (into the synchronised parameters) it holds,
   // in the order they sit in its flat tensor.
@@ -181,6 +207,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Waits for every launched bucket; the first failure, annotated.
   absl::Status WaitAll();
   [[noreturn]] void Fail(absl::Status status);
+  // Throws when the reduced error flag says some rank missed gradients.
+  void CheckPeerFlag(float flag, bool deferred);
+  // Reads the flag a device pass left behind (Note [Device control values]).
+  void CheckDeferredFlag();
 
   const std::shared_ptr<distributed::ProcessGroup> group_;
   const ReducerOptions options_;
@@ -200,6 +230,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   size_t next_bucket_ = 0;
   bool local_missing_ = false;
   absl::Time first_hook_time_;
+
+  // Note [Device control values]: the previous pass's reduced error flag,
+  // in pinned host memory, and the event after which it is there.
+  Tensor deferred_flag_;
+  std::optional<Event> deferred_flag_ready_;
 
   absl::Status failure_;  // sticky: a communication failure
   ReducerStats stats_;
