@@ -1,12 +1,20 @@
 #include "distributed/mpi/process_group_mpi.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "distributed/mpi/runtime.h"
+#include "distributed/tcp_store.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
 
@@ -120,6 +128,100 @@ absl::StatusOr<LauncherWorld> MpiWorldFromLauncher(int rank, int world_size) {
 
 // --- Creation --------------------------------------------------------------------
 
+// Note [mpi's store]
+// mpirun places the processes, so init_process_group({.backend = "mpi"})
+// needs no store to meet the ranks, and PyTorch's mpi backend has none. But
+// the layer above the backends keeps its desync progress and its
+// TORCH_DISTRIBUTED_DEBUG=DETAIL call check in the group's store (Note
+// [Desync reports], Note [Call checks]), so a group made without one makes
+// its own, as PyTorch's env:// would:
+// - with MASTER_ADDR and MASTER_PORT set, the default group (the whole of
+//   MPI_COMM_WORLD) uses a TcpStore there, served by rank 0;
+// - otherwise (and for every new_group) the group's rank 0 serves a TcpStore
+//   on a free port and tells the others where through MPI_Bcast on the
+//   group's communicator: "127.0.0.1" to ranks on its host, its host name
+//   (or MASTER_ADDR) to the others.
+// EMBER_MPI_STORE=0 leaves such groups without a store. A rank 0 that cannot
+// serve sends its error instead, so no rank waits for a store that is not
+// coming.
+
+namespace {
+
+constexpr int kWhereBytes = 512;
+
+std::string HostName() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+absl::StatusOr<std::shared_ptr<Store>> StoreOverMpi(MPI_Comm comm, int rank, bool whole_world,
+                                                    absl::Duration timeout) {
+  const char* env_addr = std::getenv("MASTER_ADDR");
+  const char* env_port = std::getenv("MASTER_PORT");
+  const bool env =
+      env_addr != nullptr && *env_addr != '\0' && env_port != nullptr && *env_port != '\0';
+  if (env && whole_world) {
+    int port = 0;
+    if (!absl::SimpleAtoi(env_port, &port) || port <= 0 || port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mpi backend: MASTER_PORT='", env_port,
+                       "' is not a port (1..65535); set it to a free "
+                       "port on MASTER_ADDR's host, or unset MASTER_ADDR and MASTER_PORT"));
+    }
+    absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::create(
+        {.host = env_addr, .port = port, .is_server = rank == 0, .timeout = timeout});
+    if (!store.ok()) {
+      return absl::Status(
+          store.status().code(),
+          absl::StrCat("mpi backend: the group's store at MASTER_ADDR:MASTER_PORT (", env_addr, ":",
+                       port, "): ", store.status().message()));
+    }
+    return std::shared_ptr<Store>(std::move(*store));
+  }
+  // Rank 0 serves; "<host>|<port>" or "!<error>" travels to the others.
+  std::unique_ptr<TcpStore> served;
+  std::vector<char> where(kWhereBytes, '\0');
+  if (rank == 0) {
+    absl::StatusOr<std::unique_ptr<TcpStore>> store =
+        TcpStore::create({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = timeout});
+    const std::string text = store.ok()
+                                 ? absl::StrCat(env ? env_addr : HostName(), "|", (*store)->port())
+                                 : absl::StrCat("!", store.status().message());
+    std::copy_n(text.begin(), std::min<size_t>(text.size(), kWhereBytes - 1), where.begin());
+    if (store.ok()) served = std::move(*store);
+  }
+  EMBER_RETURN_IF_ERROR(
+      CallMpi("mpi backend: telling the group where its store is", "MPI_Bcast",
+              [&] { return MPI_Bcast(where.data(), kWhereBytes, MPI_CHAR, 0, comm); }));
+  const std::string text(where.data());
+  if (!text.empty() && text[0] == '!') {
+    return absl::UnavailableError(absl::StrCat(
+        "mpi backend: the group's rank 0 could not serve its store (", text.substr(1),
+        "); set MASTER_ADDR and MASTER_PORT, or EMBER_MPI_STORE=0 to run without one"));
+  }
+  if (rank == 0) return std::shared_ptr<Store>(std::move(served));
+  std::vector<std::string> f = absl::StrSplit(text, '|');
+  int port = 0;
+  if (f.size() != 2 || !absl::SimpleAtoi(f[1], &port)) {
+    return absl::DataLossError(
+        absl::StrCat("mpi backend: rank 0 sent '", text, "' as its store's address"));
+  }
+  const std::string host = f[0] == HostName() ? "127.0.0.1" : f[0];
+  absl::StatusOr<std::unique_ptr<TcpStore>> store =
+      TcpStore::create({.host = host, .port = port, .is_server = false, .timeout = timeout});
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("mpi backend: connecting to the group's store on rank 0 (",
+                                     host, ":", port, "): ", store.status().message(),
+                                     "; set MASTER_ADDR to an address of rank 0's host that "
+                                     "this one reaches, or EMBER_MPI_STORE=0"));
+  }
+  return std::shared_ptr<Store>(std::move(*store));
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<MpiProcessGroup>> MpiProcessGroup::create(
     const BackendOptions& options) {
   EMBER_RETURN_IF_ERROR(EnsureMpi());
@@ -173,7 +275,21 @@ absl::StatusOr<std::shared_ptr<MpiProcessGroup>> MpiProcessGroup::create(
   }
   EMBER_RETURN_IF_ERROR(CallMpi("mpi backend: creating the group", "MPI_Comm_set_errhandler",
                                 [&] { return MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN); }));
-  return std::shared_ptr<MpiProcessGroup>(new MpiProcessGroup(options, comm, std::move(ranks)));
+  BackendOptions with_store = options;
+  const char* own_store = std::getenv("EMBER_MPI_STORE");
+  if (with_store.store == nullptr && n > 1 &&
+      (own_store == nullptr || std::string(own_store) != "0")) {
+    absl::StatusOr<std::shared_ptr<Store>> store =
+        StoreOverMpi(comm, rank, whole_world, options.timeout);
+    if (!store.ok()) {
+      CallMpi("mpi backend: creating the group", "MPI_Comm_free", [&] {
+        return MPI_Comm_free(&comm);
+      }).IgnoreError();
+      return store.status();
+    }
+    with_store.store = *std::move(store);
+  }
+  return std::shared_ptr<MpiProcessGroup>(new MpiProcessGroup(with_store, comm, std::move(ranks)));
 }
 
 MpiProcessGroup::MpiProcessGroup(const BackendOptions& options, MPI_Comm comm,

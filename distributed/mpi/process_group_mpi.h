@@ -12,6 +12,13 @@
 // MPI_COMM_WORLD's. Creating a group blocks until every member creates it
 // (MPI has no timeout for that).
 //
+// Store: a group created without one (init_process_group, new_group) makes
+// its own for the layer above's desync reports and TORCH_DISTRIBUTED_DEBUG=
+// DETAIL call check: a TcpStore at MASTER_ADDR:MASTER_PORT for the default
+// group when both are set, else one served by the group's rank 0 whose
+// address travels by MPI_Bcast (Note [mpi's store] in process_group_mpi.cc);
+// EMBER_MPI_STORE=0 goes without.
+//
 // Ops: broadcast, all_reduce and reduce (SUM, PRODUCT, MIN, MAX; on bool
 // "or" and "and"), all_gather, all_gather_into_tensor, gather, scatter,
 // reduce_scatter (MPI_Reduce_scatter_block), all_to_all (MPI_Alltoallv, so
