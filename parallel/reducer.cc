@@ -175,7 +175,7 @@ void Reducer::PrepareForBackward(const Tensor& output) {
   }
   // A backward pass that stopped early (an exception) may have left buckets
   // in flight; their buffers are about to be reused.
-  CheckDeferredFlag();
+  CheckDeferredFlag(/*block=*/false);
   if (absl::Status waited = WaitAll(); !waited.ok()) Fail(waited);
   for (Bucket& bucket : buckets_) {
     bucket.pending = bucket.slots.size();
@@ -343,7 +343,8 @@ void Reducer::Finalize() {
     CheckPeerFlag(marks.data_ptr<float>()[0], /*deferred=*/false);
   } else {
     // Note [Device control values]: the flag travels to pinned host memory on
-    // the current stream and is read at the start of the next iteration.
+    // the current stream and is read once it is there.
+    CheckDeferredFlag(/*block=*/true);  // the previous pass's, if still unread
     deferred_flag_ = control.narrow(0, 0, 1).to(kCPU, /*non_blocking=*/true);
     deferred_flag_ready_.emplace(control.device().type());
     const absl::Status recorded = deferred_flag_ready_->record(current_stream(control.device()));
@@ -385,8 +386,9 @@ void Reducer::CheckPeerFlag(float flag, bool deferred) {
                       : "");
 }
 
-void Reducer::CheckDeferredFlag() {
+void Reducer::CheckDeferredFlag(bool block) {
   if (!deferred_flag_.defined()) return;
+  if (!block && !deferred_flag_ready_->query()) return;  // read at a later call
   const Tensor flag = std::move(deferred_flag_);
   deferred_flag_ = Tensor();
   const absl::Status ready = deferred_flag_ready_->synchronize();
@@ -400,7 +402,7 @@ void Reducer::CheckDeferredFlag() {
 }
 
 void Reducer::DisarmHooks() {
-  CheckDeferredFlag();
+  CheckDeferredFlag(/*block=*/false);
   expect_hooks_ = false;
 }
 

@@ -60,10 +60,14 @@
 // Note [Device control values]
 // Reading the reduced control values on the host would block it until the
 // last all_reduce is done. On a device the error flag is therefore copied to
-// pinned host memory on the caller's stream, behind the reduction, and read
-// at the start of the next forward (PrepareForBackward or DisarmHooks),
-// which throws then if some rank missed gradients; the rank that missed them
-// throws at once, as on the CPU. With find_unused_parameters the "used"
+// pinned host memory on the caller's stream, behind the reduction, with an
+// event after it. The next forward (PrepareForBackward or DisarmHooks) reads
+// it if the event has completed, which it almost always has, and throws if
+// some rank missed gradients; otherwise the forward after that does, and the
+// end of the next synchronised backward reads it at the latest, waiting for
+// it only then. The rank that missed gradients throws at once, as on the
+// CPU; its peers learn of it one or two iterations late, where the CPU tells
+// them at once. With find_unused_parameters the "used"
 // marks decide which grad() to write, so they are read at the end of
 // backward, blocking, as PyTorch's reducer reads its local_used_map.
 //
@@ -170,8 +174,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void PrepareForBackward(const Tensor& output);
   // The hooks ignore the next backward pass (forward under no_sync, or
   // without grad mode): gradients accumulate locally. Like
-  // PrepareForBackward, first reads a control flag left by the previous pass
-  // on a device (Note [Device control values]) and throws if a peer failed.
+  // PrepareForBackward, first reads a control flag left by an earlier pass on
+  // a device, if it has arrived (Note [Device control values]), and throws if
+  // a peer failed.
   void DisarmHooks();
 
   // Per bucket, the indices (into the synchronised parameters) it holds,
@@ -209,8 +214,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   [[noreturn]] void Fail(absl::Status status);
   // Throws when the reduced error flag says some rank missed gradients.
   void CheckPeerFlag(float flag, bool deferred);
-  // Reads the flag a device pass left behind (Note [Device control values]).
-  void CheckDeferredFlag();
+  // Reads the flag a device pass left behind (Note [Device control values]);
+  // without `block`, only when it has arrived.
+  void CheckDeferredFlag(bool block);
 
   const std::shared_ptr<distributed::ProcessGroup> group_;
   const ReducerOptions options_;
