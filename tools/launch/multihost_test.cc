@@ -3,7 +3,10 @@
 // workers all_reduce across them through the tcp backend, so the traffic
 // between the hosts crosses the veth link. Needs root and iproute2's `ip`;
 // skips with a message where namespaces cannot be made. A second case
-// rendezvous by IP multicast across the two hosts, ranks assigned.
+// rendezvous by IP multicast across the two hosts, ranks assigned. Then
+// post-mortems across the hosts (a rank on the second host stalled,
+// stopped, killed, or passing another size; tcp and gloo), and an elastic
+// job that loses a host.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -200,36 +203,105 @@ TEST(MultiHostTest, MulticastRendezvousAssignsRanksAcrossHosts) {
   RunTwoNodes(*hosts, {"tcp://239.255.77.1:29600"});
 }
 
-// Post-mortem across hosts: rank 3 (on node 1) stays in its own code before
-// all_reduce #3. Node 0's ranks time out and their error's desync report,
-// read from the store, names rank 3 and its last collective; node 1's
-// launcher names rank 3 from its own dumps.
-TEST(MultiHostTest, AStalledRankOnTheOtherHostIsNamed) {
-  std::unique_ptr<TwoHosts> hosts;
-  if (std::string why = MakeHosts(hosts); !why.empty()) GTEST_SKIP() << why;
+// Post-mortems across hosts: two launchers (one per namespace, 2 ranks
+// each, a 3 s timeout) run post_mortem_worker, and rank 3, on node 1, does
+// `fault` where all_reduce #3 is due. Returns each node's launcher output;
+// both launchers must fail.
+struct NodeLogs {
+  std::string node0, node1;
+};
+NodeLogs RunFaultOnTwoHosts(const TwoHosts& hosts, const std::string& backend,
+                            const std::string& fault, int port) {
   std::vector<pid_t> launchers;
   std::vector<std::string> logs;
   for (int node = 0; node < 2; ++node) {
-    logs.push_back(absl::StrCat(std::getenv("TEST_TMPDIR"), "/pm_node", node, ".log"));
+    logs.push_back(
+        absl::StrCat(std::getenv("TEST_TMPDIR"), "/pm_", backend, "_", fault, "_node", node, ".log"));
+    // gloo takes the address of the veth link, which the host name need not resolve to.
     launchers.push_back(Spawn(
-        {hosts->ip(), "netns", "exec", hosts->name(node), Runfile("tools/launch/launch"),
+        {hosts.ip(), "netns", "exec", hosts.name(node), "/usr/bin/env",
+         absl::StrCat("GLOO_SOCKET_IFNAME=", hosts.name(node), "v"), Runfile("tools/launch/launch"),
          "--nnodes=2", absl::StrCat("--node_rank=", node), "--nproc_per_node=2",
-         "--master_addr=" + hosts->address(0), "--master_port=29501", "--use_env",
-         "--serve_store", Runfile("tools/launch/post_mortem_worker"), "--fault=skip",
-         "--fault_rank=3"},
+         "--master_addr=" + hosts.address(0), absl::StrCat("--master_port=", port), "--use_env",
+         "--serve_store", Runfile("tools/launch/post_mortem_worker"), "--backend=" + backend,
+         "--fault=" + fault, "--fault_rank=3"},
         logs.back()));
   }
   for (int node = 0; node < 2; ++node) {
     EXPECT_NE(Wait(launchers[node], absl::Seconds(90)), 0) << ReadFile(logs[node]);
   }
-  const std::string node0 = ReadFile(logs[0]), node1 = ReadFile(logs[1]);
-  EXPECT_NE(node0.find("desync report: rank 3 is behind: its last collective is #2 all_reduce"),
+  return {ReadFile(logs[0]), ReadFile(logs[1])};
+}
+
+// Rank 3 stays in its own code before all_reduce #3. Node 0's ranks time out
+// and their error's desync report, read from the store, names rank 3 and its
+// last collective; node 1's launcher names rank 3 from its own dumps.
+TEST(MultiHostTest, AStalledRankOnTheOtherHostIsNamed) {
+  std::unique_ptr<TwoHosts> hosts;
+  if (std::string why = MakeHosts(hosts); !why.empty()) GTEST_SKIP() << why;
+  NodeLogs logs = RunFaultOnTwoHosts(*hosts, "tcp", "skip", 29501);
+  EXPECT_NE(logs.node0.find("desync report: rank 3 is behind: its last collective is #2 all_reduce"),
             std::string::npos)
-      << node0;
-  EXPECT_NE(node1.find("root cause: rank 3 (flight recorder): all_reduce #3 (group 0, 32 B "
-                       "float32): rank 2 entered it; rank 3 never did"),
+      << logs.node0;
+  EXPECT_NE(logs.node1.find("root cause: rank 3 (flight recorder): all_reduce #3 (group 0, 32 B "
+                            "float32): rank 2 entered it; rank 3 never did"),
             std::string::npos)
-      << node1;
+      << logs.node1;
+}
+
+// The same over gloo.
+TEST(MultiHostTest, AStalledRankOnTheOtherHostIsNamedOverGloo) {
+  std::unique_ptr<TwoHosts> hosts;
+  if (std::string why = MakeHosts(hosts); !why.empty()) GTEST_SKIP() << why;
+  NodeLogs logs = RunFaultOnTwoHosts(*hosts, "gloo", "skip", 29502);
+  EXPECT_NE(logs.node0.find("all_reduce (collective #3): timed out waiting for rank 3"),
+            std::string::npos)
+      << logs.node0;
+  EXPECT_NE(logs.node0.find("desync report: rank 3 is behind: its last collective is #2 all_reduce"),
+            std::string::npos)
+      << logs.node0;
+  EXPECT_NE(logs.node1.find("root cause: rank 3 (flight recorder): all_reduce #3 (group 0, 32 B "
+                            "float32): rank 2 entered it; rank 3 never did"),
+            std::string::npos)
+      << logs.node1;
+}
+
+// Rank 3 is SIGSTOPped: node 0's desync report names it (where it got to
+// depends on whether its last progress was published before it stopped,
+// Note [Desync reports]); node 1's launcher reports it stopped.
+TEST(MultiHostTest, AStoppedRankOnTheOtherHostIsNamed) {
+  std::unique_ptr<TwoHosts> hosts;
+  if (std::string why = MakeHosts(hosts); !why.empty()) GTEST_SKIP() << why;
+  NodeLogs logs = RunFaultOnTwoHosts(*hosts, "tcp", "sigstop", 29503);
+  EXPECT_NE(logs.node0.find("desync report: rank 3 "), std::string::npos) << logs.node0;
+  EXPECT_NE(logs.node1.find("stopped (SIGSTOP or a debugger)"), std::string::npos) << logs.node1;
+  EXPECT_NE(logs.node1.find("rank 3"), std::string::npos) << logs.node1;
+}
+
+// Rank 3 is SIGKILLed: node 0's ranks lose it and say so; node 1's launcher
+// puts rank 3 first.
+TEST(MultiHostTest, AKilledRankOnTheOtherHostIsNamed) {
+  std::unique_ptr<TwoHosts> hosts;
+  if (std::string why = MakeHosts(hosts); !why.empty()) GTEST_SKIP() << why;
+  NodeLogs logs = RunFaultOnTwoHosts(*hosts, "tcp", "sigkill", 29504);
+  EXPECT_NE(logs.node0.find("all_reduce (collective #3): lost rank 3"), std::string::npos)
+      << logs.node0;
+  EXPECT_NE(logs.node1.find("root cause: rank 3"), std::string::npos) << logs.node1;
+}
+
+// Rank 3 passes twice the elements: the call check (Note [Call checks])
+// fails every rank at once, and node 0's ranks name rank 3's call.
+TEST(MultiHostTest, AnotherSizeOnTheOtherHostIsNamed) {
+  std::unique_ptr<TwoHosts> hosts;
+  if (std::string why = MakeHosts(hosts); !why.empty()) GTEST_SKIP() << why;
+  NodeLogs logs = RunFaultOnTwoHosts(*hosts, "tcp", "other_size", 29505);
+  EXPECT_NE(logs.node0.find("mismatched collectives: all_reduce (collective #3): rank 3 ran "
+                            "all_reduce of 64 B float32 (SUM) but this rank (0) ran all_reduce of "
+                            "32 B float32 (SUM)"),
+            std::string::npos)
+      << logs.node0;
+  EXPECT_NE(logs.node1.find("rank 3 ran all_reduce of 64 B float32"), std::string::npos)
+      << logs.node1;
 }
 
 // An elastic job across the two hosts: two launchers on host 0 (one serves
