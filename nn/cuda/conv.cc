@@ -6,17 +6,22 @@
 // Note [cuDNN convolution algorithms]
 // Each direction's algorithm is chosen once per shape by cuDNN's heuristics
 // (cudnnGetConvolution*Algorithm_v7, as torch with benchmark=False): the first
-// the heuristics rank that cuDNN reports usable and whose workspace size it
-// can tell for the math type in force. The choice (algorithm, math type,
-// workspace size) is cached by device, dtype, input and weight sizes,
-// stride, padding, dilation, groups and the TF32 setting (nn/cuda/cudnn.h),
-// so later calls of a shape go straight to the convolution. Operands are
-// made contiguous (NCHW); empty shapes are answered without cuDNN, which
-// refuses zero-sized dimensions.
+// the heuristics rank that cuDNN reports usable, whose workspace size it can
+// tell for the math type in force and whose workspace the device can
+// allocate (out of memory for one, the next is tried). The choice (algorithm,
+// math type, workspace size) is cached by device, dtype, input and weight
+// sizes, stride, padding, dilation, groups and the TF32 setting
+// (nn/cuda/cudnn.h), so later calls of a shape go straight to the
+// convolution. Operands are made contiguous (NCHW); empty shapes are answered
+// without cuDNN, which refuses zero-sized dimensions; batches past cuDNN's int
+// dimensions run in chunks (Note [cuDNN batch chunks]).
 #include <cudnn.h>
 
+#include <algorithm>
+#include <climits>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda/status.h"
@@ -87,10 +92,13 @@ struct Conv {
   IntVector key;  // without the device and direction
 };
 
-// The first usable algorithm of `perfs` (ranked by cuDNN), with the conv's
-// math type set to it (Note [cuDNN convolution algorithms]).
+// The first usable algorithm of `perfs` (ranked by cuDNN) whose workspace
+// `device` can allocate, with the conv's math type set to it (Note [cuDNN
+// convolution algorithms]).
 template <typename Perf, typename SizeFn>
-Algo Pick(const Perf* perfs, int count, Conv& c, SizeFn workspace_size, const char* op) {
+Algo Pick(const Perf* perfs, int count, Conv& c, SizeFn workspace_size, Device device,
+          const char* op) {
+  std::string why = "none reported usable";
   for (int i = 0; i < count; ++i) {
     if (perfs[i].status != CUDNN_STATUS_SUCCESS) continue;
     const cudnnMathType_t math =
@@ -98,11 +106,18 @@ Algo Pick(const Perf* perfs, int count, Conv& c, SizeFn workspace_size, const ch
     EMBER_CUDA_CHECK(cudnnSetConvolutionMathType(c.conv.get(), math));
     size_t bytes = 0;
     if (workspace_size(perfs[i].algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
+    try {
+      // Freed at once into the caching allocator, which serves the call's.
+      internal::Workspace(device, bytes);
+    } catch (const Error& e) {
+      why = e.what();  // Out of memory for this one: try one that needs less.
+      continue;
+    }
     return {static_cast<int>(perfs[i].algo), math, bytes};
   }
-  EMBER_FAIL(op, ": cuDNN offers no algorithm for this convolution (dtype ",
-             c.type == CUDNN_DATA_DOUBLE ? "float64" : "float32",
-             "); try float32, or run it on the CPU with .to(ember::kCPU)");
+  EMBER_FAIL(op, ": cuDNN offers no usable algorithm for this convolution (dtype ",
+             c.type == CUDNN_DATA_DOUBLE ? "float64" : "float32", "; ", why,
+             "); try float32 or a smaller batch, or run it on the CPU with .to(ember::kCPU)");
 }
 
 class AlgoCache {
@@ -138,13 +153,31 @@ class AlgoCache {
 
 IntVector SizesOf(const Tensor& t) { return IntVector(t.sizes().begin(), t.sizes().end()); }
 
+// Note [cuDNN batch chunks]
+// cuDNN's descriptors hold int dimensions and strides, so a batch whose input
+// or output has more than INT_MAX elements runs as consecutive chunks of whole
+// samples (as torch splits it): each chunk is a convolution of its own shape
+// (its algorithm cached as any other), and the weight and bias gradients add
+// the chunks' parts (cuDNN's beta = 1 after the first).
+
+// The most samples of `x` / `y` sizes one cuDNN call takes.
+int64_t BatchChunk(const IntVector& x, const IntVector& y, const char* op) {
+  return internal::BatchChunk(std::max(x[1] * x[2] * x[3], y[1] * y[2] * y[3]), op);
+}
+
+IntVector WithBatch(IntVector sizes, int64_t n) {
+  sizes[0] = n;
+  return sizes;
+}
+
 Tensor ConvForwardCuda(const Tensor& input, const Tensor& weight, const Tensor& bias,
                        const ConvParams& p) {
   const char* op = "conv2d";
   Tensor x = input.contiguous(), w = weight.contiguous();
   internal::DataType(x.dtype(), op);
   DeviceGuard guard(x.device());
-  Tensor y = empty(OutputSizes(SizesOf(x), SizesOf(w), p), x.options());
+  const IntVector x_sizes = SizesOf(x), w_sizes = SizesOf(w);
+  Tensor y = empty(OutputSizes(x_sizes, w_sizes, p), x.options());
   if (y.numel() == 0) return y;
   if (x.numel() == 0 || w.numel() == 0) {  // No input channels: nothing to sum.
     if (bias.defined()) {
@@ -154,33 +187,38 @@ Tensor ConvForwardCuda(const Tensor& input, const Tensor& weight, const Tensor& 
     }
     return y;
   }
-  Conv c(x.dtype(), SizesOf(x), SizesOf(w), p, op);
+  Tensor b = bias.defined() ? bias.contiguous() : Tensor();
   cudnnHandle_t h = internal::Handle(x.device());
-  const Algo a = AlgoCache::Get().Find(x.device(), Direction::kForward, c, [&] {
-    cudnnConvolutionFwdAlgoPerf_t perfs[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int count = 0;
-    EMBER_CUDA_CHECK(
-        cudnnGetConvolutionForwardAlgorithm_v7(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(),
-                                               CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perfs));
-    return Pick(
-        perfs, count, c,
-        [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
-          return cudnnGetConvolutionForwardWorkspaceSize(h, c.x.get(), c.w.get(), c.conv.get(),
-                                                         c.y.get(), algo, bytes);
-        },
-        op);
-  });
-  Tensor ws = internal::Workspace(x.device(), a.workspace);
-  EMBER_CUDA_CHECK(cudnnConvolutionForward(
-      h, c.scalars.one(), c.x.get(), x.raw_data(), c.w.get(), w.raw_data(), c.conv.get(),
-      static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), ws.raw_data(), a.workspace, c.scalars.zero(),
-      c.y.get(), y.raw_data()));
-  if (bias.defined()) {
-    Tensor b = bias.contiguous();
-    internal::TensorDescriptor bd;
-    bd.Set(c.type, {1, c.y_sizes[1], 1, 1}, op);
-    EMBER_CUDA_CHECK(cudnnAddTensor(h, c.scalars.one(), bd.get(), b.raw_data(), c.scalars.one(),
-                                    c.y.get(), y.raw_data()));
+  const int64_t n = x_sizes[0], chunk = BatchChunk(x_sizes, SizesOf(y), op);
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    Conv c(x.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
+    const Algo a = AlgoCache::Get().Find(x.device(), Direction::kForward, c, [&] {
+      cudnnConvolutionFwdAlgoPerf_t perfs[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      int count = 0;
+      EMBER_CUDA_CHECK(
+          cudnnGetConvolutionForwardAlgorithm_v7(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(),
+                                                 CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perfs));
+      return Pick(
+          perfs, count, c,
+          [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+            return cudnnGetConvolutionForwardWorkspaceSize(h, c.x.get(), c.w.get(), c.conv.get(),
+                                                           c.y.get(), algo, bytes);
+          },
+          x.device(), op);
+    });
+    Tensor ws = internal::Workspace(x.device(), a.workspace);
+    Tensor xc = x.narrow(0, start, len), yc = y.narrow(0, start, len);
+    EMBER_CUDA_CHECK(cudnnConvolutionForward(
+        h, c.scalars.one(), c.x.get(), xc.raw_data(), c.w.get(), w.raw_data(), c.conv.get(),
+        static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), ws.raw_data(), a.workspace,
+        c.scalars.zero(), c.y.get(), yc.raw_data()));
+    if (b.defined()) {
+      internal::TensorDescriptor bd;
+      bd.Set(c.type, {1, w_sizes[0], 1, 1}, op);
+      EMBER_CUDA_CHECK(cudnnAddTensor(h, c.scalars.one(), bd.get(), b.raw_data(), c.scalars.one(),
+                                      c.y.get(), yc.raw_data()));
+    }
   }
   return y;
 }
@@ -197,27 +235,33 @@ Tensor ConvInputGradCuda(const Tensor& grad, const Tensor& weight, const IntVect
     gx.fill_(0);
     return gx;
   }
-  Conv c(go.dtype(), x_sizes, SizesOf(w), p, op);
+  const IntVector w_sizes = SizesOf(w);
   cudnnHandle_t h = internal::Handle(go.device());
-  const Algo a = AlgoCache::Get().Find(go.device(), Direction::kInputGrad, c, [&] {
-    cudnnConvolutionBwdDataAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    int count = 0;
-    EMBER_CUDA_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-        &count, perfs));
-    return Pick(
-        perfs, count, c,
-        [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
-          return cudnnGetConvolutionBackwardDataWorkspaceSize(h, c.w.get(), c.y.get(), c.conv.get(),
-                                                              c.x.get(), algo, bytes);
-        },
-        op);
-  });
-  Tensor ws = internal::Workspace(go.device(), a.workspace);
-  EMBER_CUDA_CHECK(cudnnConvolutionBackwardData(
-      h, c.scalars.one(), c.w.get(), w.raw_data(), c.y.get(), go.raw_data(), c.conv.get(),
-      static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo), ws.raw_data(), a.workspace,
-      c.scalars.zero(), c.x.get(), gx.raw_data()));
+  const int64_t n = x_sizes[0], chunk = BatchChunk(x_sizes, SizesOf(go), op);
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    Conv c(go.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
+    const Algo a = AlgoCache::Get().Find(go.device(), Direction::kInputGrad, c, [&] {
+      cudnnConvolutionBwdDataAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      int count = 0;
+      EMBER_CUDA_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+          &count, perfs));
+      return Pick(
+          perfs, count, c,
+          [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+            return cudnnGetConvolutionBackwardDataWorkspaceSize(
+                h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(), algo, bytes);
+          },
+          go.device(), op);
+    });
+    Tensor ws = internal::Workspace(go.device(), a.workspace);
+    Tensor goc = go.narrow(0, start, len), gxc = gx.narrow(0, start, len);
+    EMBER_CUDA_CHECK(cudnnConvolutionBackwardData(
+        h, c.scalars.one(), c.w.get(), w.raw_data(), c.y.get(), goc.raw_data(), c.conv.get(),
+        static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo), ws.raw_data(), a.workspace,
+        c.scalars.zero(), c.x.get(), gxc.raw_data()));
+  }
   return gx;
 }
 
@@ -234,35 +278,41 @@ Tensor ConvWeightGradCuda(const Tensor& input, const Tensor& grad, const IntVect
     if (grad_bias != nullptr) grad_bias->fill_(0);
     return gw;
   }
-  Conv c(x.dtype(), SizesOf(x), w_sizes, p, op);
+  const IntVector x_sizes = SizesOf(x);
   cudnnHandle_t h = internal::Handle(x.device());
-  if (grad_bias != nullptr) {
-    internal::TensorDescriptor bd;
-    bd.Set(c.type, {1, w_sizes[0], 1, 1}, op);
-    EMBER_CUDA_CHECK(cudnnConvolutionBackwardBias(h, c.scalars.one(), c.y.get(), go.raw_data(),
-                                                  c.scalars.zero(), bd.get(),
-                                                  grad_bias->raw_data()));
+  const int64_t n = x_sizes[0], chunk = BatchChunk(x_sizes, SizesOf(go), op);
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    Conv c(x.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
+    // The first chunk writes the gradients, the others add to them.
+    const void* beta = start == 0 ? c.scalars.zero() : c.scalars.one();
+    Tensor xc = x.narrow(0, start, len), goc = go.narrow(0, start, len);
+    if (grad_bias != nullptr) {
+      internal::TensorDescriptor bd;
+      bd.Set(c.type, {1, w_sizes[0], 1, 1}, op);
+      EMBER_CUDA_CHECK(cudnnConvolutionBackwardBias(h, c.scalars.one(), c.y.get(), goc.raw_data(),
+                                                    beta, bd.get(), grad_bias->raw_data()));
+    }
+    const Algo a = AlgoCache::Get().Find(x.device(), Direction::kWeightGrad, c, [&] {
+      cudnnConvolutionBwdFilterAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      int count = 0;
+      EMBER_CUDA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+          &count, perfs));
+      return Pick(
+          perfs, count, c,
+          [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
+            return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), algo, bytes);
+          },
+          x.device(), op);
+    });
+    Tensor ws = internal::Workspace(x.device(), a.workspace);
+    EMBER_CUDA_CHECK(cudnnConvolutionBackwardFilter(
+        h, c.scalars.one(), c.x.get(), xc.raw_data(), c.y.get(), goc.raw_data(), c.conv.get(),
+        static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo), ws.raw_data(), a.workspace, beta,
+        c.w.get(), gw.raw_data()));
   }
-  if (gw.numel() == 0) return gw;
-  const Algo a = AlgoCache::Get().Find(x.device(), Direction::kWeightGrad, c, [&] {
-    cudnnConvolutionBwdFilterAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int count = 0;
-    EMBER_CUDA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-        &count, perfs));
-    return Pick(
-        perfs, count, c,
-        [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
-          return cudnnGetConvolutionBackwardFilterWorkspaceSize(
-              h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), algo, bytes);
-        },
-        op);
-  });
-  Tensor ws = internal::Workspace(x.device(), a.workspace);
-  EMBER_CUDA_CHECK(cudnnConvolutionBackwardFilter(
-      h, c.scalars.one(), c.x.get(), x.raw_data(), c.y.get(), go.raw_data(), c.conv.get(),
-      static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.algo), ws.raw_data(), a.workspace,
-      c.scalars.zero(), c.w.get(), gw.raw_data()));
   return gw;
 }
 

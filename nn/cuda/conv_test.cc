@@ -73,6 +73,20 @@ TEST(ConvCudaRegistrationTest, TheLinkedCudnnIsTheOneOfTheHeaders) {
       << "cuDNN " << cudnnGetVersion() << " loaded, built against " << CUDNN_VERSION;
 }
 
+TEST(ConvCudaRegistrationTest, BatchesPastCudnnsIntDimensionsRunInChunks) {
+  // Note [cuDNN batch chunks]: whole samples, each call under 2^31 elements.
+  EXPECT_EQ(cudnn::internal::BatchChunk(3 * 224 * 224, "conv2d"), 14266);  // 2147483647 / 150528
+  EXPECT_EQ(cudnn::internal::BatchChunk(int64_t{1} << 30, "conv2d"), 1);
+  EXPECT_EQ(cudnn::internal::BatchChunk(2147483647, "conv2d"), 1);
+  EXPECT_EQ(cudnn::internal::BatchChunk(0, "conv2d"), 2147483647);
+  try {
+    cudnn::internal::BatchChunk(int64_t{1} << 31, "conv2d");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("conv2d: one sample has 2147483648 elements"));
+  }
+}
+
 TEST(ConvCudaRegistrationTest, Tf32IsAllowedByDefaultAndCanBeTurnedOff) {
   EXPECT_TRUE(cudnn::allow_tf32());
   cudnn::set_allow_tf32(false);

@@ -1,5 +1,6 @@
 #include "nn/cuda/cudnn.h"
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <map>
@@ -100,6 +101,13 @@ int ToInt(int64_t v, const char* op, const char* what) {
               ", more than cuDNN's int dimensions hold (", INT_MAX,
               "); split the batch into smaller ones");
   return static_cast<int>(v);
+}
+
+int64_t BatchChunk(int64_t per_sample, const char* op) {
+  EMBER_CHECK(per_sample <= INT_MAX, op, ": one sample has ", per_sample,
+              " elements, more than cuDNN's int dimensions hold (", INT_MAX,
+              "); split it, or run it on the CPU with .to(ember::kCPU)");
+  return std::max<int64_t>(INT_MAX / std::max<int64_t>(per_sample, 1), 1);
 }
 
 TensorDescriptor::TensorDescriptor() { EMBER_CUDA_CHECK(cudnnCreateTensorDescriptor(&desc_)); }

@@ -55,6 +55,11 @@ Tensor Workspace(Device device, size_t nbytes);
 // Throws unless `v` fits cuDNN's int dimensions, naming `op` and `what`.
 int ToInt(int64_t v, const char* op, const char* what);
 
+// How many samples of `per_sample` elements one cuDNN call takes (its int
+// dimensions hold INT_MAX elements; Note [cuDNN batch chunks] in conv.cc); at
+// least 1. Throws, naming `op`, when one sample alone is too large.
+int64_t BatchChunk(int64_t per_sample, const char* op);
+
 // Owners of cuDNN descriptors (destroyed with the object).
 class TensorDescriptor {
  public:
