@@ -49,12 +49,19 @@ std::array<Tensor, 3> LayerNormBackwardCuda(const Tensor& g, const Tensor& x, co
   Tensor gx = needs[0] ? empty(x.sizes(), x.options()) : Tensor();
   Tensor gw = needs[1] && w.defined() ? empty({d}, x.options()) : Tensor();
   Tensor gb = needs[2] ? empty({d}, x.options()) : Tensor();
+  // The parameters' partial sums over chunks of rows (caching allocator).
+  Tensor workspace;
+  if (gw.defined() || gb.defined()) {
+    const auto bytes = static_cast<int64_t>(LayerNormBackwardWorkspaceBytes(r, d));
+    workspace = empty({(bytes + 7) / 8}, TensorOptions(kFloat64).device(x.device()));
+  }
   internal::VisitNnDtype(x.dtype(), "layer_norm backward", [&]<typename T>() {
     CheckLaunch(LaunchLayerNormBackward<T>(StreamOf(x.device()), g.data_ptr<T>(), x.data_ptr<T>(),
                                            PtrOrNull<T>(w), mean.data_ptr<T>(), rstd.data_ptr<T>(),
                                            MutablePtrOrNull<T>(gx), MutablePtrOrNull<T>(gw),
-                                           MutablePtrOrNull<T>(gb), r, d),
-                "layer_norm backward kernel");
+                                           MutablePtrOrNull<T>(gb), r, d,
+                                           workspace.defined() ? workspace.raw_data() : nullptr),
+                "layer_norm backward kernels");
   });
   return {gx, gw, gb};
 }

@@ -12,6 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace ember::nn::cuda_kernels {
@@ -23,12 +24,19 @@ cudaError_t LaunchLayerNormForward(cudaStream_t stream, const T* input, const T*
                                    const T* bias, T* out, T* mean, T* rstd, int64_t rows,
                                    int64_t d, double eps);
 
+// Bytes of device workspace LaunchLayerNormBackward needs for grad_weight
+// or grad_bias of a [rows, d] input (0 for none).
+size_t LayerNormBackwardWorkspaceBytes(int64_t rows, int64_t d);
+
 // grad_input by one block per row; grad_weight and grad_bias by a column
-// reduction over the rows in a fixed order (deterministic).
+// reduction over the rows in a fixed order (deterministic), in chunks of
+// rows whose sums go through `workspace` (LayerNormBackwardWorkspaceBytes,
+// 8-byte aligned) when there are many rows.
 template <typename T>
 cudaError_t LaunchLayerNormBackward(cudaStream_t stream, const T* grad, const T* input,
                                     const T* weight, const T* mean, const T* rstd, T* grad_input,
-                                    T* grad_weight, T* grad_bias, int64_t rows, int64_t d);
+                                    T* grad_weight, T* grad_bias, int64_t rows, int64_t d,
+                                    void* workspace);
 
 }  // namespace ember::nn::cuda_kernels
 

@@ -43,6 +43,8 @@ TEST(LayerNormCudaTest, MatchesTheCpuForwardAndBackward) {
       {{2, 3, 4, 5}, {4, 5}, true},      // normalized over two dims
       {{5, 6}, {6}, false},              // no weight or bias
       {{70, 40}, {40}, true},            // more than one column tile of 32
+      {{300, 8}, {8}, true},             // parameter sums in 5 chunks of rows
+      {{64, 64, 40}, {40}, true},        // 4096 rows: 64 chunks, then their sum
   };
   for (Dtype dtype : {kFloat32, kFloat64}) {
     for (const Case& c : cases) {
