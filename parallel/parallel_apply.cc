@@ -12,6 +12,7 @@
 #include "autograd/grad_mode.h"
 #include "tensor/device_guard.h"
 #include "tensor/error.h"
+#include "tensor/stream.h"
 
 namespace ember::parallel {
 namespace {
@@ -68,14 +69,25 @@ std::vector<Value> parallel_apply(absl::Span<const std::shared_ptr<nn::Module>> 
   std::vector<Value> results(n);
   std::vector<std::optional<std::string>> errors(n);
 
+  // Each replica's device, and the caller's current stream there, which the
+  // replica's thread makes its own (torch's parallel_apply: streams are per
+  // thread, and a replica must queue behind what the caller queued).
+  std::vector<std::optional<Device>> resolved(n);
+  std::vector<std::optional<Stream>> streams(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!devices.empty()) {
+      resolved[i] = devices[i];
+    } else if (const Tensor* t = FirstTensor(inputs[i])) {
+      resolved[i] = t->device();
+    }
+    if (resolved[i].has_value() && !resolved[i]->is_cpu()) {
+      streams[i] = current_stream(*resolved[i]);
+    }
+  }
+
   auto worker = [&](size_t i) {
     autograd::AutoGradMode grad_mode(grad_enabled);
-    std::optional<Device> device;
-    if (!devices.empty()) {
-      device = devices[i];
-    } else if (const Tensor* t = FirstTensor(inputs[i])) {
-      device = t->device();
-    }
+    const std::optional<Device>& device = resolved[i];
     if (!device) {
       errors[i] = "in replica " + std::to_string(i) +
                   ", no device was provided and no tensor input was found; device cannot be "
@@ -84,6 +96,8 @@ std::vector<Value> parallel_apply(absl::Span<const std::shared_ptr<nn::Module>> 
     }
     try {
       DeviceGuard guard(*device);
+      std::optional<StreamGuard> stream_guard;
+      if (streams[i].has_value()) stream_guard.emplace(*streams[i]);
       static const Value::Dict kNoKwargs;
       Value::List args = inputs[i].is<Value::List>() ? inputs[i].list() : Value::List{inputs[i]};
       results[i] = forward(*modules[i], args, kwargs.empty() ? kNoKwargs : kwargs[i]);

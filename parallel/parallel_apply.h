@@ -25,8 +25,10 @@
 //
 // Replica i runs on a thread of its own (on the calling thread when there is
 // one replica) under a DeviceGuard for devices[i] (tensor/device_guard.h: a
-// no-op on the CPU, the current CUDA device later) and with the caller's
-// grad mode. Its input is a list of positional arguments (any other value is
+// no-op on the CPU), with the caller's current stream of that device made
+// current on the replica's thread (streams are per thread; a replica's
+// kernels queue behind what the caller queued there, as in torch) and with
+// the caller's grad mode. Its input is a list of positional arguments (any other value is
 // one argument) and a dict of keyword arguments; `forward` calls the module
 // with them. The default calls module(tensor) and so takes exactly one tensor
 // argument and no keyword arguments; pass a ReplicaForward for modules with
