@@ -144,8 +144,7 @@ ClassLossRows NllForwardCpu(const Tensor& x, const Tensor& target, int64_t ignor
   return r;
 }
 
-Tensor NllBackwardCpu(const Tensor& g, const Tensor& target, int64_t c,
-                      const ClassLossGrad& args) {
+Tensor NllBackwardCpu(const Tensor& g, const Tensor& target, int64_t c, const ClassLossGrad& args) {
   const int64_t n = target.numel();
   const int64_t* t = target.data_ptr<int64_t>();
   Tensor gx = zeros({n, c}, g.options());
@@ -217,7 +216,8 @@ struct CrossEntropyFunction : autograd::Function<CrossEntropyFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& target,
                         int64_t reduction, int64_t ignore_index, double smoothing) {
     Tensor x = input.detach().contiguous();
-    ClassLossRows r = internal::cross_entropy_forward(x.device())(x, target, ignore_index, smoothing);
+    ClassLossRows r =
+        internal::cross_entropy_forward(x.device())(x, target, ignore_index, smoothing);
     ctx->save_for_backward({input, target, r.lse});
     ctx->saved_data["reduction"] = reduction;
     ctx->saved_data["ignore_index"] = ignore_index;

@@ -44,12 +44,10 @@ using CrossEntropyForwardFn = ClassLossRows(const Tensor& input, const Tensor& t
                                             int64_t ignore_index, double label_smoothing);
 // grad_input [N, C] = scale_i * (softmax(x_i) - q_i), q_i the smoothed one-hot
 // target; `grad` is in the input's dtype ([N] or 0-dim), `lse` the forward's.
-using CrossEntropyBackwardFn = Tensor(const Tensor& grad, const Tensor& input,
-                                      const Tensor& target, const Tensor& lse,
-                                      const ClassLossGrad& args);
+using CrossEntropyBackwardFn = Tensor(const Tensor& grad, const Tensor& input, const Tensor& target,
+                                      const Tensor& lse, const ClassLossGrad& args);
 // Row loss -x[t] (`lse` left undefined).
-using NllForwardFn = ClassLossRows(const Tensor& input, const Tensor& target,
-                                   int64_t ignore_index);
+using NllForwardFn = ClassLossRows(const Tensor& input, const Tensor& target, int64_t ignore_index);
 // grad_input [N, classes]: -scale_i at (i, t_i), zeros elsewhere, in grad's
 // dtype.
 using NllBackwardFn = Tensor(const Tensor& grad, const Tensor& target, int64_t classes,

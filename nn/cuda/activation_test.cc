@@ -6,13 +6,14 @@
 // the elements scaled by 1 / (1 - p), and the gradient flows through the same
 // mask. Without a device the GPU cases skip, saying why; the case about a
 // generator of the wrong device type runs everywhere.
+#include "nn/activation.h"
+
 #include <cmath>
 #include <memory>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nn/activation.h"
 #include "nn/cuda/layer_testing.h"
 #include "nn/dropout.h"
 #include "tensor/error.h"
@@ -24,9 +25,9 @@ namespace {
 
 using testing::ExpectGradcheckOnDevice;
 using testing::ExpectMatchesCpu;
+using ::testing::HasSubstr;
 using testing::HostValues;
 using testing::kGpu;
-using ::testing::HasSubstr;
 
 std::vector<std::pair<std::string, std::shared_ptr<Module>>> Activations() {
   return {{"ReLU", std::make_shared<ReLU>()},
@@ -44,9 +45,8 @@ TEST(ActivationCudaTest, MatchTheCpuForwardAndBackward) {
     for (auto& [name, act] : Activations()) {
       ExpectMatchesCpu([&](const std::vector<Tensor>& in) { return act->forward(in[0]); }, {x},
                        {true}, name + " " + std::string(dtype_name(dtype)));
-      ExpectMatchesCpu(
-          [&](const std::vector<Tensor>& in) { return act->forward(in[0].t()); }, {x}, {true},
-          name + " transposed " + std::string(dtype_name(dtype)));
+      ExpectMatchesCpu([&](const std::vector<Tensor>& in) { return act->forward(in[0].t()); }, {x},
+                       {true}, name + " transposed " + std::string(dtype_name(dtype)));
     }
   }
 }

@@ -25,8 +25,8 @@ Tensor EmbeddingBackwardCuda(const Tensor& g, const Tensor& indices, int64_t num
   internal::VisitNnDtype(g.dtype(), "embedding backward", [&]<typename T>() {
     ::ember::cuda::internal::CheckLaunch(
         LaunchEmbeddingBackward<T>(::ember::cuda::internal::StreamOf(g.device()), g.data_ptr<T>(),
-                                   indices.data_ptr<int64_t>(), gw.data_ptr<T>(), n, d,
-                                   num_weights, padding_idx, workspace.raw_data()),
+                                   indices.data_ptr<int64_t>(), gw.data_ptr<T>(), n, d, num_weights,
+                                   padding_idx, workspace.raw_data()),
         "embedding backward kernels");
   });
   return gw;

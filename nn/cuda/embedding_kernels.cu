@@ -37,11 +37,10 @@ struct Workspace {
 };
 
 cudaError_t SortBytes(int64_t n, int64_t num_weights, size_t* bytes) {
-  return cub::DeviceRadixSort::SortPairs(nullptr, *bytes, static_cast<const uint64_t*>(nullptr),
-                                         static_cast<uint64_t*>(nullptr),
-                                         static_cast<const int64_t*>(nullptr),
-                                         static_cast<int64_t*>(nullptr), n, 0,
-                                         KeyBits(num_weights));
+  return cub::DeviceRadixSort::SortPairs(
+      nullptr, *bytes, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
+      static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr), n, 0,
+      KeyBits(num_weights));
 }
 
 Workspace Carve(void* base, int64_t n, size_t sort_bytes) {
@@ -99,13 +98,13 @@ cudaError_t LaunchEmbeddingBackward(cudaStream_t stream, const T* grad, const in
   size_t bytes = w.sort_bytes;
   if (cudaError_t e = cub::DeviceRadixSort::SortPairs(
           w.sort_storage, bytes, reinterpret_cast<const uint64_t*>(indices), w.keys_out,
-          static_cast<const int64_t*>(w.positions_in), w.positions_out, n, 0,
-          KeyBits(num_weights), stream);
+          static_cast<const int64_t*>(w.positions_in), w.positions_out, n, 0, KeyBits(num_weights),
+          stream);
       e != cudaSuccess) {
     return e;
   }
-  SegmentSumKernel<T><<<GridFor(n * d), kThreads, 0, stream>>>(
-      grad, w.keys_out, w.positions_out, grad_weight, n, d, padding_idx);
+  SegmentSumKernel<T><<<GridFor(n * d), kThreads, 0, stream>>>(grad, w.keys_out, w.positions_out,
+                                                               grad_weight, n, d, padding_idx);
   return cudaGetLastError();
 }
 

@@ -1,14 +1,15 @@
 // embedding on cuda:0 against the CPU: the lookup, the weight's gradient with
 // repeated indices (accumulated, deterministically: bit for bit the CPU's)
 // and padding_idx (no gradient), int32 indices, the out-of-range error, and
-// gradcheck in float64 through the device. Without a device the GPU cases skip, saying why; the registration
-// case runs everywhere.
+// gradcheck in float64 through the device. Without a device the GPU cases
+// skip, saying why; the registration case runs everywhere.
+#include "nn/embedding.h"
+
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/cuda/layer_testing.h"
-#include "nn/embedding.h"
 #include "nn/embedding_kernels.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -19,9 +20,9 @@ namespace {
 
 using testing::ExpectGradcheckOnDevice;
 using testing::ExpectMatchesCpu;
+using ::testing::HasSubstr;
 using testing::HostValues;
 using testing::kGpu;
-using ::testing::HasSubstr;
 
 TEST(EmbeddingCudaTest, BackwardKernelIsRegisteredForCpuAndCuda) {
   EXPECT_TRUE(internal::embedding_backward.has(DeviceType::kCPU));
@@ -33,8 +34,8 @@ TEST(EmbeddingCudaTest, MatchesTheCpuWithRepeatedIndicesAndPadding) {
   // Row 3 is looked up four times, row 1 twice.
   Tensor indices = tensor({1, 3, 1, 3, 3, 9, 0, 3}).view({2, 4});
   for (Dtype dtype : {kFloat32, kFloat64}) {
-    for (std::optional<int64_t> pad : {std::optional<int64_t>(), std::optional<int64_t>(3),
-                                       std::optional<int64_t>(-1)}) {
+    for (std::optional<int64_t> pad :
+         {std::optional<int64_t>(), std::optional<int64_t>(3), std::optional<int64_t>(-1)}) {
       Tensor w = randn({10, 6}, TensorOptions(dtype));
       ExpectMatchesCpu(
           [&](const std::vector<Tensor>& in) {
@@ -55,8 +56,7 @@ TEST(EmbeddingCudaTest, RepeatedIndicesAccumulateAndThePaddingRowGetsNothing) {
   Tensor seed = arange(1, 6, 1, TensorOptions(kFloat64)).view({5, 1}).expand({5, 3}).contiguous();
   functional::embedding(idx, w, /*padding_idx=*/1).backward(seed.to(kGpu));
   // Row 2: 1 + 2 + 3; row 0: 4; row 1 (padding): nothing; row 3: unused.
-  EXPECT_EQ(HostValues(w.grad()),
-            std::vector<double>({4, 4, 4, 0, 0, 0, 6, 6, 6, 0, 0, 0}));
+  EXPECT_EQ(HostValues(w.grad()), std::vector<double>({4, 4, 4, 0, 0, 0, 6, 6, 6, 0, 0, 0}));
 }
 
 TEST(EmbeddingCudaTest, ManyRepeatsOfOneRowSumExactly) {

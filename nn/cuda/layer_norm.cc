@@ -67,8 +67,7 @@ std::array<Tensor, 3> LayerNormBackwardCuda(const Tensor& g, const Tensor& x, co
 }
 
 EMBER_REGISTER_NN_KERNEL(internal::layer_norm_forward, DeviceType::kCUDA, &LayerNormForwardCuda);
-EMBER_REGISTER_NN_KERNEL(internal::layer_norm_backward, DeviceType::kCUDA,
-                         &LayerNormBackwardCuda);
+EMBER_REGISTER_NN_KERNEL(internal::layer_norm_backward, DeviceType::kCUDA, &LayerNormBackwardCuda);
 
 }  // namespace
 }  // namespace ember::nn::cuda_kernels

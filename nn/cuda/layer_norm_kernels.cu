@@ -72,7 +72,8 @@ __global__ void LayerNormBackwardInputKernel(const T* __restrict__ g, const T* _
     double sum_dy = 0, sum_dyx = 0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       const double xhat = (static_cast<double>(p[j]) - mu) * rs;
-      const double dy = static_cast<double>(pg[j]) * (w != nullptr ? static_cast<double>(w[j]) : 1.0);
+      const double dy =
+          static_cast<double>(pg[j]) * (w != nullptr ? static_cast<double>(w[j]) : 1.0);
       sum_dy += dy;
       sum_dyx += dy * xhat;
     }
@@ -81,7 +82,8 @@ __global__ void LayerNormBackwardInputKernel(const T* __restrict__ g, const T* _
     T* q = gx + r * d;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
       const double xhat = (static_cast<double>(p[j]) - mu) * rs;
-      const double dy = static_cast<double>(pg[j]) * (w != nullptr ? static_cast<double>(w[j]) : 1.0);
+      const double dy =
+          static_cast<double>(pg[j]) * (w != nullptr ? static_cast<double>(w[j]) : 1.0);
       q[j] = static_cast<T>(rs * (dy - sum_dy - xhat * sum_dyx));
     }
   }
@@ -178,8 +180,8 @@ int64_t ParamChunks(int64_t rows, int64_t d) {
 
 template <typename T>
 cudaError_t LaunchLayerNormForward(cudaStream_t stream, const T* input, const T* weight,
-                                   const T* bias, T* out, T* mean, T* rstd, int64_t rows,
-                                   int64_t d, double eps) {
+                                   const T* bias, T* out, T* mean, T* rstd, int64_t rows, int64_t d,
+                                   double eps) {
   if (rows == 0 || d == 0) return cudaSuccess;
   LayerNormForwardKernel<T><<<RowBlocks(rows), ThreadsFor(d), 0, stream>>>(
       input, weight, bias, out, mean, rstd, rows, d, eps);
@@ -220,11 +222,11 @@ cudaError_t LaunchLayerNormBackward(cudaStream_t stream, const T* grad, const T*
   return cudaGetLastError();
 }
 
-#define EMBER_INSTANTIATE(T)                                                                    \
+#define EMBER_INSTANTIATE(T)                                                                     \
   template cudaError_t LaunchLayerNormForward<T>(cudaStream_t, const T*, const T*, const T*, T*, \
-                                                 T*, T*, int64_t, int64_t, double);             \
-  template cudaError_t LaunchLayerNormBackward<T>(cudaStream_t, const T*, const T*, const T*,   \
-                                                  const T*, const T*, T*, T*, T*, int64_t,      \
+                                                 T*, T*, int64_t, int64_t, double);              \
+  template cudaError_t LaunchLayerNormBackward<T>(cudaStream_t, const T*, const T*, const T*,    \
+                                                  const T*, const T*, T*, T*, T*, int64_t,       \
                                                   int64_t, void*);
 EMBER_INSTANTIATE(float)
 EMBER_INSTANTIATE(double)

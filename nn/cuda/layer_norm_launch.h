@@ -21,8 +21,8 @@ namespace ember::nn::cuda_kernels {
 // and the normalised, scaled and shifted row.
 template <typename T>
 cudaError_t LaunchLayerNormForward(cudaStream_t stream, const T* input, const T* weight,
-                                   const T* bias, T* out, T* mean, T* rstd, int64_t rows,
-                                   int64_t d, double eps);
+                                   const T* bias, T* out, T* mean, T* rstd, int64_t rows, int64_t d,
+                                   double eps);
 
 // Bytes of device workspace LaunchLayerNormBackward needs for grad_weight
 // or grad_bias of a [rows, d] input (0 for none).

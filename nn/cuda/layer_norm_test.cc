@@ -19,8 +19,8 @@ namespace {
 
 using testing::ExpectGradcheckOnDevice;
 using testing::ExpectMatchesCpu;
-using testing::kGpu;
 using ::testing::HasSubstr;
+using testing::kGpu;
 
 TEST(LayerNormCudaTest, KernelsAreRegisteredForCpuAndCuda) {
   EXPECT_TRUE(internal::layer_norm_forward.has(DeviceType::kCPU));
@@ -38,13 +38,13 @@ struct Case {
 TEST(LayerNormCudaTest, MatchesTheCpuForwardAndBackward) {
   EMBER_SKIP_WITHOUT_CUDA();
   const std::vector<Case> cases = {
-      {{4, 7, 33}, {33}, true},          // rows shorter than a block
-      {{3, 1000}, {1000}, true},         // a row strided over by 256 threads
-      {{2, 3, 4, 5}, {4, 5}, true},      // normalized over two dims
-      {{5, 6}, {6}, false},              // no weight or bias
-      {{70, 40}, {40}, true},            // more than one column tile of 32
-      {{300, 8}, {8}, true},             // parameter sums in 5 chunks of rows
-      {{64, 64, 40}, {40}, true},        // 4096 rows: 64 chunks, then their sum
+      {{4, 7, 33}, {33}, true},      // rows shorter than a block
+      {{3, 1000}, {1000}, true},     // a row strided over by 256 threads
+      {{2, 3, 4, 5}, {4, 5}, true},  // normalized over two dims
+      {{5, 6}, {6}, false},          // no weight or bias
+      {{70, 40}, {40}, true},        // more than one column tile of 32
+      {{300, 8}, {8}, true},         // parameter sums in 5 chunks of rows
+      {{64, 64, 40}, {40}, true},    // 4096 rows: 64 chunks, then their sum
   };
   for (Dtype dtype : {kFloat32, kFloat64}) {
     for (const Case& c : cases) {

@@ -42,7 +42,8 @@ inline std::vector<double> HostValues(const Tensor& t) {
 
 // `gpu` (on cuda:0) equals `cpu` in shape and dtype, and in value within
 // rtol * (1 + |cpu|); NaN must match NaN.
-inline void ExpectClose(const Tensor& gpu, const Tensor& cpu, double rtol, const std::string& what) {
+inline void ExpectClose(const Tensor& gpu, const Tensor& cpu, double rtol,
+                        const std::string& what) {
   SCOPED_TRACE(what);
   ASSERT_EQ(gpu.defined(), cpu.defined());
   if (!cpu.defined()) return;

@@ -35,10 +35,9 @@ int64_t ReadStatus(cudaStream_t stream, const Tensor& status, const Tensor& targ
   EMBER_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (host.first_bad_row != kNoBadRow) {
     int64_t value = 0;
-    EMBER_CUDA_CHECK(cudaMemcpyAsync(&value,
-                                     target.data_ptr<int64_t>() +
-                                         static_cast<int64_t>(host.first_bad_row),
-                                     sizeof(value), cudaMemcpyDeviceToHost, stream));
+    EMBER_CUDA_CHECK(cudaMemcpyAsync(
+        &value, target.data_ptr<int64_t>() + static_cast<int64_t>(host.first_bad_row),
+        sizeof(value), cudaMemcpyDeviceToHost, stream));
     EMBER_CUDA_CHECK(cudaStreamSynchronize(stream));
     EMBER_FAIL("Target ", value, " is out of bounds.");
   }
@@ -89,10 +88,10 @@ ClassLossRows NllForwardCuda(const Tensor& x, const Tensor& target, int64_t igno
   ClassLossRows r{empty({n}, TensorOptions(kFloat64).device(x.device())), Tensor(), 0};
   Tensor status = StatusBuffer(x.device());
   internal::VisitNnDtype(x.dtype(), "nll_loss", [&]<typename T>() {
-    CheckLaunch(LaunchNllForward<T>(stream, x.data_ptr<T>(), target.data_ptr<int64_t>(),
-                                    r.rows.data_ptr<double>(), StatusPtr(status), n, c,
-                                    ignore_index),
-                "nll_loss forward kernel");
+    CheckLaunch(
+        LaunchNllForward<T>(stream, x.data_ptr<T>(), target.data_ptr<int64_t>(),
+                            r.rows.data_ptr<double>(), StatusPtr(status), n, c, ignore_index),
+        "nll_loss forward kernel");
   });
   r.count = ReadStatus(stream, status, target);
   return r;
@@ -104,10 +103,10 @@ Tensor NllBackwardCuda(const Tensor& g, const Tensor& target, int64_t c,
   const int64_t n = target.numel();
   Tensor gx = zeros({n, c}, g.options());
   internal::VisitNnDtype(g.dtype(), "nll_loss backward", [&]<typename T>() {
-    CheckLaunch(LaunchNllBackward<T>(StreamOf(g.device()), g.data_ptr<T>(),
-                                     target.data_ptr<int64_t>(), gx.data_ptr<T>(), n, c,
-                                     args.per_row, args.divisor, args.ignore_index),
-                "nll_loss backward kernel");
+    CheckLaunch(
+        LaunchNllBackward<T>(StreamOf(g.device()), g.data_ptr<T>(), target.data_ptr<int64_t>(),
+                             gx.data_ptr<T>(), n, c, args.per_row, args.divisor, args.ignore_index),
+        "nll_loss backward kernel");
   });
   return gx;
 }

@@ -144,9 +144,8 @@ unsigned RowBlocks(int64_t rows) {
 
 template <typename T>
 cudaError_t LaunchCrossEntropyForward(cudaStream_t stream, const T* input, const int64_t* target,
-                                      double* rows, double* lse, ClassLossStatus* status,
-                                      int64_t n, int64_t c, int64_t ignore_index,
-                                      double label_smoothing) {
+                                      double* rows, double* lse, ClassLossStatus* status, int64_t n,
+                                      int64_t c, int64_t ignore_index, double label_smoothing) {
   if (cudaError_t e = InitStatus(stream, status); e != cudaSuccess || n == 0) return e;
   CrossEntropyForwardKernel<T><<<RowBlocks(n), ThreadsFor(c), 0, stream>>>(
       input, target, rows, lse, status, n, c, ignore_index, label_smoothing);
@@ -160,8 +159,7 @@ cudaError_t LaunchCrossEntropyBackward(cudaStream_t stream, const T* grad, const
                                        int64_t ignore_index, double label_smoothing) {
   if (n == 0 || c == 0) return cudaSuccess;
   CrossEntropyBackwardKernel<T><<<GridFor(n * c), kThreads, 0, stream>>>(
-      grad, input, target, lse, grad_input, n, c, per_row, divisor, ignore_index,
-      label_smoothing);
+      grad, input, target, lse, grad_input, n, c, per_row, divisor, ignore_index, label_smoothing);
   return cudaGetLastError();
 }
 
@@ -170,8 +168,8 @@ cudaError_t LaunchNllForward(cudaStream_t stream, const T* input, const int64_t*
                              double* rows, ClassLossStatus* status, int64_t n, int64_t c,
                              int64_t ignore_index) {
   if (cudaError_t e = InitStatus(stream, status); e != cudaSuccess || n == 0) return e;
-  NllForwardKernel<T><<<GridFor(n), kThreads, 0, stream>>>(input, target, rows, status, n, c,
-                                                           ignore_index);
+  NllForwardKernel<T>
+      <<<GridFor(n), kThreads, 0, stream>>>(input, target, rows, status, n, c, ignore_index);
   return cudaGetLastError();
 }
 
@@ -180,8 +178,8 @@ cudaError_t LaunchNllBackward(cudaStream_t stream, const T* grad, const int64_t*
                               T* grad_input, int64_t n, int64_t c, bool per_row, double divisor,
                               int64_t ignore_index) {
   if (n == 0 || c == 0) return cudaSuccess;
-  NllBackwardKernel<T><<<GridFor(n), kThreads, 0, stream>>>(grad, target, grad_input, n, c,
-                                                            per_row, divisor, ignore_index);
+  NllBackwardKernel<T><<<GridFor(n), kThreads, 0, stream>>>(grad, target, grad_input, n, c, per_row,
+                                                            divisor, ignore_index);
   return cudaGetLastError();
 }
 

@@ -27,9 +27,8 @@ inline constexpr unsigned long long kNoBadRow = ~0ull;
 // ignored row), lse[i] (float64) its log-sum-exp. Initialises *status.
 template <typename T>
 cudaError_t LaunchCrossEntropyForward(cudaStream_t stream, const T* input, const int64_t* target,
-                                      double* rows, double* lse, ClassLossStatus* status,
-                                      int64_t n, int64_t c, int64_t ignore_index,
-                                      double label_smoothing);
+                                      double* rows, double* lse, ClassLossStatus* status, int64_t n,
+                                      int64_t c, int64_t ignore_index, double label_smoothing);
 
 // grad_input [n, c] = scale_i (softmax(x_i) - q_i), scale_i = grad[i] when
 // per_row, else grad[0] / divisor; zero rows for ignored targets.

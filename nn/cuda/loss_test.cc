@@ -5,6 +5,8 @@
 // recorded backward under create_graph; the out-of-bounds target error; and
 // gradcheck in float64 through the device. Without a device the GPU cases
 // skip, saying why; the registration case runs everywhere.
+#include "nn/loss.h"
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -13,7 +15,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/cuda/layer_testing.h"
-#include "nn/loss.h"
 #include "nn/loss_kernels.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -25,9 +26,9 @@ namespace {
 using testing::ExpectClose;
 using testing::ExpectGradcheckOnDevice;
 using testing::ExpectMatchesCpu;
+using ::testing::HasSubstr;
 using testing::HostValues;
 using testing::kGpu;
-using ::testing::HasSubstr;
 
 constexpr Reduction kReductions[] = {Reduction::kNone, Reduction::kMean, Reduction::kSum};
 
@@ -173,8 +174,8 @@ TEST(LossCudaTest, RecordedBackwardOnTheDevice) {
     Tensor x = logits.to(device).requires_grad_(true);
     Tensor t = target.to(device);
     CrossEntropyOptions ce{.label_smoothing = 0.1};
-    Tensor loss = nll ? functional::nll_loss(x.log_softmax(1), t)
-                      : functional::cross_entropy(x, t, ce);
+    Tensor loss =
+        nll ? functional::nll_loss(x.log_softmax(1), t) : functional::cross_entropy(x, t, ce);
     Tensor g = autograd::grad({loss}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
     EXPECT_TRUE(g.requires_grad());
     Tensor gg = autograd::grad({(g * g).sum()}, {x})[0];
