@@ -5,13 +5,16 @@
 //
 // Note [cuDNN convolution algorithms]
 // Each direction's algorithm is chosen once per shape by cuDNN's heuristics
-// (cudnnGetConvolution*Algorithm_v7, as torch with benchmark=False): the first
-// the heuristics rank that cuDNN reports usable, whose workspace size it can
+// (cudnnGetConvolution*Algorithm_v7, as torch with benchmark=False) or, under
+// set_benchmark(true), by timing them on the call's tensors
+// (cudnnFind*AlgorithmEx, with a workspace as large as the heuristics'
+// hungriest usable algorithm wants): the first of that ranking that cuDNN
+// reports usable, whose workspace size it can
 // tell for the math type in force and whose workspace the device can
 // allocate (out of memory for one, the next is tried). The choice (algorithm,
 // math type, workspace size) is cached by device, dtype, input and weight
-// sizes, stride, padding, dilation, groups and the TF32 setting
-// (nn/cuda/cudnn.h), so later calls of a shape go straight to the
+// sizes, stride, padding, dilation, groups and the TF32 and benchmark
+// settings (nn/cuda/cudnn.h), so later calls of a shape go straight to the
 // convolution. Operands are made contiguous (NCHW); empty shapes are answered
 // without cuDNN, which refuses zero-sized dimensions; batches past cuDNN's int
 // dimensions run in chunks (Note [cuDNN batch chunks]).
@@ -70,7 +73,7 @@ struct Conv {
     EMBER_CUDA_CHECK(
         cudnnSetConvolutionGroupCount(conv.get(), internal::ToInt(p.groups, op, "groups")));
     EMBER_CUDA_CHECK(cudnnSetConvolutionMathType(conv.get(), BaseMath()));
-    key = {static_cast<int64_t>(dtype), allow_tf32() ? 1 : 0};
+    key = {static_cast<int64_t>(dtype), allow_tf32() ? 1 : 0, benchmark() ? 1 : 0};
     key.insert(key.end(), x_sizes.begin(), x_sizes.end());
     key.insert(key.end(), w_sizes.begin(), w_sizes.end());
     key.insert(key.end(), {p.stride[0], p.stride[1], p.padding[0], p.padding[1], p.dilation[0],
@@ -119,6 +122,24 @@ Algo Pick(const Perf* perfs, int count, Conv& c, SizeFn workspace_size, Device d
              c.type == CUDNN_DATA_DOUBLE ? "float64" : "float32", "; ", why,
              "); try float32 or a smaller batch, or run it on the CPU with .to(ember::kCPU)");
 }
+
+// The workspace cudnnFind*AlgorithmEx times the algorithms with: what the
+// most demanding of the heuristics' usable algorithms wants or, when that
+// does not fit in memory, none (then only algorithms without one are timed).
+template <typename Perf>
+Tensor TrialWorkspace(const Perf* perfs, int count, Device device) {
+  size_t most = 0;
+  for (int i = 0; i < count; ++i) {
+    if (perfs[i].status == CUDNN_STATUS_SUCCESS) most = std::max(most, perfs[i].memory);
+  }
+  try {
+    return internal::Workspace(device, most);
+  } catch (const Error&) {
+    return internal::Workspace(device, 0);
+  }
+}
+
+size_t Bytes(const Tensor& t) { return static_cast<size_t>(t.numel()); }
 
 class AlgoCache {
  public:
@@ -193,12 +214,20 @@ Tensor ConvForwardCuda(const Tensor& input, const Tensor& weight, const Tensor& 
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
     Conv c(x.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
+    Tensor xc = x.narrow(0, start, len), yc = y.narrow(0, start, len);
     const Algo a = AlgoCache::Get().Find(x.device(), Direction::kForward, c, [&] {
       cudnnConvolutionFwdAlgoPerf_t perfs[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       int count = 0;
       EMBER_CUDA_CHECK(
           cudnnGetConvolutionForwardAlgorithm_v7(h, c.x.get(), c.w.get(), c.conv.get(), c.y.get(),
                                                  CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perfs));
+      if (benchmark()) {  // Timed into yc, which the convolution then writes.
+        Tensor trial = TrialWorkspace(perfs, count, x.device());
+        EMBER_CUDA_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+            h, c.x.get(), xc.raw_data(), c.w.get(), w.raw_data(), c.conv.get(), c.y.get(),
+            yc.raw_data(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perfs, trial.raw_data(),
+            Bytes(trial)));
+      }
       return Pick(
           perfs, count, c,
           [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
@@ -208,7 +237,6 @@ Tensor ConvForwardCuda(const Tensor& input, const Tensor& weight, const Tensor& 
           x.device(), op);
     });
     Tensor ws = internal::Workspace(x.device(), a.workspace);
-    Tensor xc = x.narrow(0, start, len), yc = y.narrow(0, start, len);
     EMBER_CUDA_CHECK(cudnnConvolutionForward(
         h, c.scalars.one(), c.x.get(), xc.raw_data(), c.w.get(), w.raw_data(), c.conv.get(),
         static_cast<cudnnConvolutionFwdAlgo_t>(a.algo), ws.raw_data(), a.workspace,
@@ -241,12 +269,20 @@ Tensor ConvInputGradCuda(const Tensor& grad, const Tensor& weight, const IntVect
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
     Conv c(go.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
+    Tensor goc = go.narrow(0, start, len), gxc = gx.narrow(0, start, len);
     const Algo a = AlgoCache::Get().Find(go.device(), Direction::kInputGrad, c, [&] {
       cudnnConvolutionBwdDataAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       int count = 0;
       EMBER_CUDA_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
           h, c.w.get(), c.y.get(), c.conv.get(), c.x.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
           &count, perfs));
+      if (benchmark()) {  // Timed into gxc, which the convolution then writes.
+        Tensor trial = TrialWorkspace(perfs, count, go.device());
+        EMBER_CUDA_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+            h, c.w.get(), w.raw_data(), c.y.get(), goc.raw_data(), c.conv.get(), c.x.get(),
+            gxc.raw_data(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perfs, trial.raw_data(),
+            Bytes(trial)));
+      }
       return Pick(
           perfs, count, c,
           [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
@@ -256,7 +292,6 @@ Tensor ConvInputGradCuda(const Tensor& grad, const Tensor& weight, const IntVect
           go.device(), op);
     });
     Tensor ws = internal::Workspace(go.device(), a.workspace);
-    Tensor goc = go.narrow(0, start, len), gxc = gx.narrow(0, start, len);
     EMBER_CUDA_CHECK(cudnnConvolutionBackwardData(
         h, c.scalars.one(), c.w.get(), w.raw_data(), c.y.get(), goc.raw_data(), c.conv.get(),
         static_cast<cudnnConvolutionBwdDataAlgo_t>(a.algo), ws.raw_data(), a.workspace,
@@ -299,6 +334,14 @@ Tensor ConvWeightGradCuda(const Tensor& input, const Tensor& grad, const IntVect
       EMBER_CUDA_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
           h, c.x.get(), c.y.get(), c.conv.get(), c.w.get(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
           &count, perfs));
+      if (benchmark()) {  // Timed into a scratch gradient: gw may hold earlier chunks'.
+        Tensor trial = TrialWorkspace(perfs, count, x.device());
+        Tensor scratch = empty(w_sizes, x.options());
+        EMBER_CUDA_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            h, c.x.get(), xc.raw_data(), c.y.get(), goc.raw_data(), c.conv.get(), c.w.get(),
+            scratch.raw_data(), CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perfs,
+            trial.raw_data(), Bytes(trial)));
+      }
       return Pick(
           perfs, count, c,
           [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {

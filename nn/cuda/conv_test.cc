@@ -4,9 +4,10 @@
 // (depthwise too), rectangular kernels, non-contiguous inputs and empty
 // batches; the transposed form (grad::conv2d_input) and the weight
 // correlation (grad::conv2d_weight) on their own; gradcheck and second
-// derivatives in float64 through the device; a side stream. Without a device
-// the GPU cases skip, saying why; the registration, dtype and cuDNN-version
-// cases run everywhere.
+// derivatives in float64 through the device; benchmarked (timed)
+// algorithms; a side stream. Without a device the GPU cases skip, saying
+// why; the registration, dtype, batch-chunk, switch and cuDNN-version cases
+// run everywhere.
 #include "nn/conv.h"
 
 #include <cudnn.h>
@@ -38,11 +39,14 @@ using ::testing::HasSubstr;
 using testing::kGpu;
 
 // Full float32 products (TF32 off) for comparisons at float32 precision;
-// restores torch's default afterwards.
+// restores torch's defaults (TF32 allowed, no benchmarking) afterwards.
 class ConvCudaTest : public ::testing::Test {
  protected:
   void SetUp() override { cudnn::set_allow_tf32(false); }
-  void TearDown() override { cudnn::set_allow_tf32(true); }
+  void TearDown() override {
+    cudnn::set_allow_tf32(true);
+    cudnn::set_benchmark(false);
+  }
 };
 
 double Rtol(Dtype dtype) { return dtype == kFloat64 ? 1e-10 : 1e-4; }
@@ -92,6 +96,13 @@ TEST(ConvCudaRegistrationTest, Tf32IsAllowedByDefaultAndCanBeTurnedOff) {
   cudnn::set_allow_tf32(false);
   EXPECT_FALSE(cudnn::allow_tf32());
   cudnn::set_allow_tf32(true);
+}
+
+TEST(ConvCudaRegistrationTest, BenchmarkIsOffByDefaultAndCanBeTurnedOn) {
+  EXPECT_FALSE(cudnn::benchmark());
+  cudnn::set_benchmark(true);
+  EXPECT_TRUE(cudnn::benchmark());
+  cudnn::set_benchmark(false);
 }
 
 TEST(ConvCudaRegistrationTest, WithoutADeviceACudaInputFailsSayingWhy) {
@@ -231,6 +242,23 @@ TEST_F(ConvCudaTest, SecondDerivativesOnTheDeviceInFloat64) {
       },
       {x, w});
   EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST_F(ConvCudaTest, BenchmarkedAlgorithmsMatchTheCpu) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  // Timed choices (cudnnFind*AlgorithmEx) for shapes no other case used.
+  cudnn::set_benchmark(true);
+  for (Dtype dtype : {kFloat32, kFloat64}) {
+    ExpectMatchesCpu(
+        [](const std::vector<Tensor>& in) {
+          return functional::conv2d(in[0], in[1], in[2], {2, 2}, {1, 1}, {1, 1}, 2);
+        },
+        {randn({3, 4, 11, 10}, TensorOptions(dtype)), randn({6, 2, 3, 3}, TensorOptions(dtype)),
+         randn({6}, TensorOptions(dtype))},
+        {true, true, true}, std::string("benchmark ") + std::string(dtype_name(dtype)),
+        Rtol(dtype));
+  }
+  cudnn::set_benchmark(false);
 }
 
 TEST_F(ConvCudaTest, Tf32StaysWithinItsPrecision) {

@@ -16,6 +16,7 @@ namespace ember::nn::cudnn {
 namespace {
 
 std::atomic<bool> tf32_allowed{true};
+std::atomic<bool> benchmark_on{false};
 
 // Handles no thread holds, per device (Note [cuDNN handles and workspaces]).
 class HandlePool {
@@ -61,6 +62,8 @@ struct ThreadHandles {
 
 void set_allow_tf32(bool allow) { tf32_allowed.store(allow); }
 bool allow_tf32() { return tf32_allowed.load(); }
+void set_benchmark(bool on) { benchmark_on.store(on); }
+bool benchmark() { return benchmark_on.load(); }
 
 namespace internal {
 

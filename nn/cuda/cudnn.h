@@ -2,6 +2,7 @@
 // nn/cuda/batch_norm.cc), and torch.backends.cudnn's switch for TF32.
 //
 //   ember::nn::cudnn::set_allow_tf32(false);  // float32 convolutions in full float32
+//   ember::nn::cudnn::set_benchmark(true);    // time the algorithms of each new shape
 //
 // Note [cuDNN handles and workspaces]
 // A cudnnHandle_t is bound to a device and a stream and may be used by one
@@ -37,6 +38,13 @@ namespace ember::nn::cudnn {
 // torch.backends.cudnn.allow_tf32 (default true, as in torch).
 void set_allow_tf32(bool allow);
 bool allow_tf32();
+
+// torch.backends.cudnn.benchmark (default false, as in torch): when set, a
+// convolution shape's first call times cuDNN's algorithms on it
+// (cudnnFind*AlgorithmEx) and keeps the fastest, instead of taking the
+// heuristics' first (Note [cuDNN convolution algorithms] in conv.cc).
+void set_benchmark(bool on);
+bool benchmark();
 
 namespace internal {
 
