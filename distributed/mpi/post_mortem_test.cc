@@ -9,7 +9,8 @@
 // - another op, another size, another dtype (TORCH_DISTRIBUTED_DEBUG=DETAIL,
 //   compared through the group's store): both ranks fail at once naming
 //   both calls, and the group goes on;
-// - SIGKILLed: mpirun ends the job and names rank 1 and the signal.
+// - SIGKILLed: mpirun ends the job and names rank 1 and the signal;
+// - with MASTER_ADDR and MASTER_PORT set, the store is served there.
 // Run by Bazel, this binary starts itself again under mpirun (mpirun.h) for
 // each case; inside the job it runs that case's MpiFaultJob test.
 #include <signal.h>
@@ -27,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "distributed/distributed.h"
 #include "distributed/mpi/mpirun.h"
+#include "distributed/testing/free_port.h"
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -167,6 +169,14 @@ TEST_F(MpiFaultJob, OtherDtype) {
   MeetAndEnd();
 }
 
+// MASTER_PORT is not a port (set by the outer test): init_process_group
+// says so on every rank.
+TEST_F(MpiFaultJob, BadMasterPort) {
+  absl::Status s = init_process_group({.backend = "mpi", .timeout = kTimeout});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("MASTER_PORT='abc' is not a port"));
+}
+
 TEST_F(MpiFaultJob, Sigkill) {
   RunUpToTheFault([]() -> absl::Status {
     raise(SIGKILL);
@@ -180,6 +190,8 @@ class MpiPostMortem : public ::testing::Test {
  protected:
   void SetUp() override {
     if (launched_job()) GTEST_SKIP() << "already inside an mpirun job";
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
   }
   void TearDown() override {
     unsetenv("TORCH_DISTRIBUTED_DEBUG");
@@ -192,8 +204,6 @@ class MpiPostMortem : public ::testing::Test {
     dumps_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/dumps_", name);
     mkdir(dumps_.c_str(), 0755);
     setenv("TORCH_FR_DUMP_TEMP_FILE", absl::StrCat(dumps_, "/trace_").c_str(), 1);
-    unsetenv("MASTER_ADDR");
-    unsetenv("MASTER_PORT");
     return RunThisTestUnderMpirun(2, absl::StrCat("MpiFaultJob.", name),
                                   {.timeout = absl::Seconds(90)});
   }
@@ -237,6 +247,18 @@ TEST_F(MpiPostMortem, MismatchesFailBothRanksAtOnceUnderDetail) {
     SCOPED_TRACE(name);
     ExpectPassed(Job(name));
   }
+}
+
+// With MASTER_ADDR and MASTER_PORT set, the default group's store is served
+// there (PyTorch's env://): DETAIL's check works through it; a MASTER_PORT
+// that is not a port is an error naming it.
+TEST_F(MpiPostMortem, MasterAddrAndPortServeTheStoreWhenSet) {
+  setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", absl::StrCat(testing::FreePort()).c_str(), 1);
+  ExpectPassed(Job("OtherSize"));
+  setenv("MASTER_PORT", "abc", 1);
+  ExpectPassed(Job("BadMasterPort"));
 }
 
 TEST_F(MpiPostMortem, KilledRankIsNamedByMpirun) {
