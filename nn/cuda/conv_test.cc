@@ -12,7 +12,9 @@
 
 #include <cudnn.h>
 
+#include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -288,6 +290,48 @@ TEST_F(ConvCudaTest, OnASideStreamAsOnTheDefaultStream) {
   }
   ASSERT_TRUE(side->synchronize().ok());
   ExpectClose(y, expected.to(kCPU), 1e-6, "side stream");
+}
+
+TEST_F(ConvCudaTest, ThreadsOnStreamsOfTheirOwn) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  // Note [cuDNN handles and workspaces]: each thread its handle per stream.
+  Tensor x = randn({2, 3, 9, 9}).to(kGpu), w = randn({4, 3, 3, 3}).to(kGpu);
+  const Tensor expected = functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1}).to(kCPU);
+  std::vector<Tensor> results(4);
+  std::vector<std::string> errors(results.size(), "no result");
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < results.size(); ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        absl::StatusOr<ember::cuda::Stream> side = ember::cuda::get_stream_from_pool();
+        if (!side.ok()) {
+          errors[t] = side.status().ToString();
+          return;
+        }
+        StreamGuard guard(*side);
+        Tensor y;
+        for (int i = 0; i < 5; ++i) y = functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+        absl::Status synced = side->synchronize();
+        if (!synced.ok()) {
+          errors[t] = synced.ToString();
+          return;
+        }
+        results[t] = y.to(kCPU);
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t t = 0; t < results.size(); ++t) {
+    ASSERT_TRUE(results[t].defined()) << "thread " << t << ": " << errors[t];
+    const std::vector<double> got = testing::HostValues(results[t]);
+    const std::vector<double> want = testing::HostValues(expected);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << "thread " << t;
+    }
+  }
 }
 
 TEST_F(ConvCudaTest, AWeightOnAnotherDeviceIsRefusedNamingBoth) {
