@@ -1,6 +1,6 @@
 // embedding's CUDA backward (nn/embedding_kernels.h): the host side of
-// embedding_kernels.cu (a stable sort of the indices, then a sum per index
-// in lookup order: deterministic), registered as the kCUDA kernel of
+// embedding_kernels.cu (a stable sort of the indices, then sums per index
+// in a fixed order: deterministic), registered as the kCUDA kernel of
 // embedding's slot when the library is loaded. Asynchronous on the current
 // stream of the gradient's device.
 #include "cuda/kernels.h"
@@ -20,8 +20,9 @@ Tensor EmbeddingBackwardCuda(const Tensor& g, const Tensor& indices, int64_t num
   const int64_t n = indices.numel();
   Tensor gw = zeros({num_weights, d}, g.options());
   // The sort's workspace, from the caching allocator (stream-ordered).
-  Tensor workspace = empty({static_cast<int64_t>(EmbeddingBackwardWorkspaceBytes(n, num_weights))},
-                           TensorOptions(kUInt8).device(g.device()));
+  Tensor workspace =
+      empty({static_cast<int64_t>(EmbeddingBackwardWorkspaceBytes(n, d, num_weights))},
+            TensorOptions(kUInt8).device(g.device()));
   internal::VisitNnDtype(g.dtype(), "embedding backward", [&]<typename T>() {
     ::ember::cuda::internal::CheckLaunch(
         LaunchEmbeddingBackward<T>(::ember::cuda::internal::StreamOf(g.device()), g.data_ptr<T>(),

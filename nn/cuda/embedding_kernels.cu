@@ -2,13 +2,16 @@
 // PyTorch's embedding_dense_backward on CUDA: the (index, lookup position)
 // pairs are sorted by index with cub's stable radix sort (only the bits
 // num_weights needs), so each index's lookups form a segment in lookup
-// order; then one thread per (segment, column) adds its segment's gradient
-// rows in that order and writes the row of the weight's gradient once. No
-// atomics: repeated indices accumulate to the same bits on every run.
+// order; the segments are summed in windows of the sorted order, then the
+// segments that cross windows are finished from the windows' partial sums
+// (Note [Embedding backward windows] in embedding_segments.h). Every
+// addition has a fixed place, so repeated indices accumulate to the same
+// bits on every run, and no row waits on one thread for all its lookups.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda/loops.cuh"
 #include "nn/cuda/embedding_launch.h"
+#include "nn/cuda/embedding_segments.h"
 
 namespace ember::nn::cuda_kernels {
 namespace {
@@ -27,14 +30,18 @@ constexpr size_t kAlign = 256;
 size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // The workspace: sorted keys, positions in lookup order, positions sorted by
-// key, then cub's temporary storage.
+// key, the windows' head and tail sums, then cub's temporary storage.
 struct Workspace {
   uint64_t* keys_out;
   int64_t* positions_in;
   int64_t* positions_out;
+  void* head;
+  void* tail;
   void* sort_storage;
   size_t sort_bytes;
 };
+
+int64_t Windows(int64_t n) { return (n + kWindow - 1) / kWindow; }
 
 cudaError_t SortBytes(int64_t n, int64_t num_weights, size_t* bytes) {
   return cub::DeviceRadixSort::SortPairs(
@@ -43,11 +50,17 @@ cudaError_t SortBytes(int64_t n, int64_t num_weights, size_t* bytes) {
       KeyBits(num_weights));
 }
 
-Workspace Carve(void* base, int64_t n, size_t sort_bytes) {
+Workspace Carve(void* base, int64_t n, int64_t d, size_t sort_bytes) {
   char* p = static_cast<char*>(base);
   const size_t array = AlignUp(static_cast<size_t>(n) * sizeof(int64_t));
-  return {reinterpret_cast<uint64_t*>(p), reinterpret_cast<int64_t*>(p + array),
-          reinterpret_cast<int64_t*>(p + 2 * array), p + 3 * array, sort_bytes};
+  const size_t window_sums = AlignUp(static_cast<size_t>(Windows(n) * d) * sizeof(double));
+  return {reinterpret_cast<uint64_t*>(p),
+          reinterpret_cast<int64_t*>(p + array),
+          reinterpret_cast<int64_t*>(p + 2 * array),
+          p + 3 * array,
+          p + 3 * array + window_sums,
+          p + 3 * array + 2 * window_sums,
+          sort_bytes};
 }
 
 __global__ void IotaKernel(int64_t* out, int64_t n) {
@@ -57,30 +70,30 @@ __global__ void IotaKernel(int64_t* out, int64_t n) {
   }
 }
 
-template <typename T>
-__global__ void SegmentSumKernel(const T* __restrict__ g, const uint64_t* __restrict__ keys,
-                                 const int64_t* __restrict__ positions, T* __restrict__ gw,
-                                 int64_t n, int64_t d, int64_t padding_idx) {
-  const int64_t total = n * d;
+// A thread per (window, column), columns fastest: Note [Embedding backward
+// windows].
+template <typename T, bool kFinish>
+__global__ void WindowKernel(SegmentArgs<T> args, int64_t windows) {
+  const int64_t total = windows * args.d;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t s = e / d, j = e - s * d;
-    const uint64_t key = keys[s];
-    if (s > 0 && keys[s - 1] == key) continue;  // not the first of its segment
-    if (static_cast<int64_t>(key) == padding_idx) continue;
-    T sum = T(0);
-    for (int64_t k = s; k < n && keys[k] == key; ++k) sum += g[positions[k] * d + j];
-    gw[static_cast<int64_t>(key) * d + j] = sum;
+    const int64_t window = e / args.d, col = e - window * args.d;
+    if constexpr (kFinish) {
+      FinishSegment<T>(args, window, col);
+    } else {
+      SumWindow<T>(args, window, col);
+    }
   }
 }
 
 }  // namespace
 
-size_t EmbeddingBackwardWorkspaceBytes(int64_t n, int64_t num_weights) {
-  if (n == 0) return 0;
+size_t EmbeddingBackwardWorkspaceBytes(int64_t n, int64_t d, int64_t num_weights) {
+  if (n == 0 || d == 0) return 0;
   size_t sort_bytes = 0;
   if (SortBytes(n, num_weights, &sort_bytes) != cudaSuccess) return 0;
-  return 3 * AlignUp(static_cast<size_t>(n) * sizeof(int64_t)) + sort_bytes;
+  return 3 * AlignUp(static_cast<size_t>(n) * sizeof(int64_t)) +
+         2 * AlignUp(static_cast<size_t>(Windows(n) * d) * sizeof(double)) + sort_bytes;
 }
 
 template <typename T>
@@ -90,7 +103,7 @@ cudaError_t LaunchEmbeddingBackward(cudaStream_t stream, const T* grad, const in
   if (n == 0 || d == 0) return cudaSuccess;
   size_t sort_bytes = 0;
   if (cudaError_t e = SortBytes(n, num_weights, &sort_bytes); e != cudaSuccess) return e;
-  const Workspace w = Carve(workspace, n, sort_bytes);
+  const Workspace w = Carve(workspace, n, d, sort_bytes);
   IotaKernel<<<GridFor(n), kThreads, 0, stream>>>(w.positions_in, n);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   // Indices are in [0, num_weights) (checked by the layer): as unsigned keys
@@ -103,8 +116,19 @@ cudaError_t LaunchEmbeddingBackward(cudaStream_t stream, const T* grad, const in
       e != cudaSuccess) {
     return e;
   }
-  SegmentSumKernel<T><<<GridFor(n * d), kThreads, 0, stream>>>(grad, w.keys_out, w.positions_out,
-                                                               grad_weight, n, d, padding_idx);
+  const SegmentArgs<T> args{grad,
+                            w.keys_out,
+                            w.positions_out,
+                            grad_weight,
+                            static_cast<T*>(w.head),
+                            static_cast<T*>(w.tail),
+                            n,
+                            d,
+                            padding_idx};
+  const int64_t windows = Windows(n);
+  WindowKernel<T, false><<<GridFor(windows * d), kThreads, 0, stream>>>(args, windows);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  WindowKernel<T, true><<<GridFor(windows * d), kThreads, 0, stream>>>(args, windows);
   return cudaGetLastError();
 }
 

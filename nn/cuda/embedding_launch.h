@@ -11,13 +11,13 @@
 
 namespace ember::nn::cuda_kernels {
 
-// Bytes of device workspace LaunchEmbeddingBackward needs for n lookups into
-// a table of num_weights rows (0 when n is 0).
-size_t EmbeddingBackwardWorkspaceBytes(int64_t n, int64_t num_weights);
+// Bytes of device workspace LaunchEmbeddingBackward needs for n lookups of
+// rows of d values into a table of num_weights rows (0 when n or d is 0).
+size_t EmbeddingBackwardWorkspaceBytes(int64_t n, int64_t d, int64_t num_weights);
 
-// grad_weight[w, :] = the sum, in lookup order, of grad[i, :] over the
-// lookups i with indices[i] == w, for every w but padding_idx (-1: none);
-// `grad` is [n, d] and contiguous, `indices` [n] in [0, num_weights),
+// grad_weight[w, :] = the sum of grad[i, :] over the lookups i with
+// indices[i] == w (in a fixed order: Note [Embedding backward windows]), for every w but
+// padding_idx (-1: none); `grad` is [n, d] and contiguous, `indices` [n] in [0, num_weights),
 // grad_weight [num_weights, d] must hold zeros (rows never looked up keep
 // them). T is float or double. Deterministic: the same inputs give the same
 // bits. `workspace` holds EmbeddingBackwardWorkspaceBytes(n, num_weights)
