@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -66,13 +67,19 @@ Tensor Pack(const std::vector<Tensor>& tensors, const std::vector<size_t>& chunk
   return flat;
 }
 
-// Views of `flat` in the shapes of the tensors of `chunk`.
+// The pieces of `flat` in the shapes of the tensors of `chunk`: they share
+// its memory but are no views of it and count their in-place writes apart,
+// as torch's unflattened results (its NOTE [Version Counter in
+// comm.*_coalesced]): a replica's BatchNorm updating its running mean in
+// place must not look like a write to the weight it saved for backward.
 std::vector<Tensor> Unpack(const Tensor& flat, const std::vector<Tensor>& tensors,
                            const std::vector<size_t>& chunk) {
   std::vector<Tensor> out;
   int64_t offset = 0;
   for (size_t i : chunk) {
-    out.push_back(flat.narrow(0, offset, tensors[i].numel()).view(tensors[i].sizes()));
+    Tensor piece = flat.narrow(0, offset, tensors[i].numel()).view(tensors[i].sizes()).detach();
+    piece.impl()->set_version_counter(std::make_shared<VersionCounter>());
+    out.push_back(std::move(piece));
     offset += tensors[i].numel();
   }
   return out;

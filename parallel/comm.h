@@ -90,8 +90,8 @@ std::vector<Tensor> broadcast(const Tensor& tensor, absl::Span<const Device> dev
 // broadcast() of each tensor: result[d][i] is tensors[i] on devices[d]. On
 // the CPU the tensors are copied one by one; between devices with a
 // transport they travel packed in buffers of at most `buffer_size` bytes
-// (Note [Device transports]), and result[d][i] is then a view of the
-// buffer that arrived on devices[d].
+// (Note [Device transports]), and result[d][i] then shares the memory of
+// the buffer that arrived on devices[d] (not a view: its own version count).
 std::vector<std::vector<Tensor>> broadcast_coalesced(absl::Span<const Tensor> tensors,
                                                      absl::Span<const Device> devices,
                                                      int64_t buffer_size = kDefaultBufferSize);
