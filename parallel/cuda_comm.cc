@@ -18,8 +18,10 @@
 // the ops. NCCL has no int16 and sums bools as bytes: those, a
 // destination off the device list, and a clique NCCL could not make (its
 // error is printed once) move by peer copies instead: Tensor::to between
-// devices, after cudaDeviceEnablePeerAccess for the pair (where the devices
-// can reach each other), then additions on the destination.
+// devices, then additions on the destination. Every op first enables peer
+// access (cudaDeviceEnablePeerAccess, both ways, once per pair, where the
+// hardware allows it) among the devices it involves, so that those copies,
+// and scatter's and gather's between the same devices, go device to device.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -94,6 +96,7 @@ class CudaTransport final : public comm::DeviceTransport {
     }
     const std::optional<ncclDataType_t> type = NcclType(flat.dtype());
     absl::MutexLock lock(&mu_);
+    EnablePeerAccessAmong(order);
     const std::vector<ncclComm_t>* comms = type ? Clique(order) : nullptr;
     if (comms == nullptr) {
       for (size_t k = 0; k < devices.size(); ++k) {
@@ -122,6 +125,10 @@ class CudaTransport final : public comm::DeviceTransport {
     }
     const std::optional<ncclDataType_t> type = NcclType(flats[0].dtype());
     absl::MutexLock lock(&mu_);
+    std::vector<int> involved;
+    for (const Tensor& flat : flats) involved.push_back(flat.device().index());
+    if (destination.is_cuda()) involved.push_back(destination.index());
+    EnablePeerAccessAmong(involved);
     if (root < flats.size() && type.has_value()) {
       std::vector<size_t> ranks = {root};  // NCCL rank -> index into flats
       for (size_t i = 0; i < flats.size(); ++i) {
@@ -191,6 +198,15 @@ class CudaTransport final : public comm::DeviceTransport {
     }
     it = cliques_.emplace(order, std::move(comms)).first;
     return it->second.empty() ? nullptr : &it->second;
+  }
+
+  // EnablePeerAccess for every pair of `devices`: the devices DataParallel
+  // replicates onto, so that its scatter, gather and peer copies between them
+  // go device to device too.
+  void EnablePeerAccessAmong(const std::vector<int>& devices) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t i = 0; i < devices.size(); ++i) {
+      for (size_t j = i + 1; j < devices.size(); ++j) EnablePeerAccess(devices[i], devices[j]);
+    }
   }
 
   // Lets `from` read and write `to`'s memory directly (and the reverse), where
