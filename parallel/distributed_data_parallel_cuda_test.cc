@@ -109,7 +109,8 @@ struct Scenario {
   bool no_sync_first = false;
   // `extra` unused by every rank (needs find_unused_parameters).
   bool unused_head = false;
-  // Rank 1 starts with another buffer value; broadcast_buffers must fix it.
+  // Rank 1 changes its buffer after create(); broadcast_buffers must undo it
+  // at the next forward.
   bool perturb_buffer = false;
 };
 
@@ -131,9 +132,6 @@ absl::Status TrainAndCompare(const std::string& backend, int world,
     models.push_back(model);
   }
   auto reference = std::static_pointer_cast<Net>(models[0]->clone(device_of(0)));
-  if (scenario.perturb_buffer && world > 1) {
-    models[1]->buffer("scale").fill_(3.0);
-  }
   std::vector<std::vector<Tensor>> trained(world);
   std::vector<bool> extra_grad_defined(world, true);
   testing::RunRanksOptions rank_options;
@@ -148,6 +146,8 @@ absl::Status TrainAndCompare(const std::string& backend, int world,
           if (device.is_cuda()) options.device_ids = {device};
           auto model = models[me.rank];
           EMBER_ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::create(model, options));
+          // After create()'s broadcast: only the per-forward one can fix it.
+          if (scenario.perturb_buffer && me.rank == 1) model->buffer("scale").fill_(3.0);
           nn::optim::SGD opt(ddp->parameters(), {.lr = 0.1});
           for (int step = 0; step < scenario.steps; ++step) {
             // The input starts on the CPU: device_ids moves it.
