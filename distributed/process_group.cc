@@ -23,8 +23,9 @@ constexpr absl::Duration kDeadlineGrace = absl::Milliseconds(250);
 // (defined tensors, agreeing sizes/dtypes, ranks in range, the reduce op
 // against the dtype, and the support table) and backends implement Do* for
 // validated calls only. Checks that need the peers' view (every rank passing
-// the same size) can only happen during the op; backends report those as
-// the Work's kFailedPrecondition.
+// the same size) happen as the op runs, through the backend's messages, but
+// are built and worded here too (Note [Call checks]); they fail the Work with
+// kFailedPrecondition.
 //
 // Note [Backend support table]
 // Each backend declares, per device type, which ops it implements
@@ -110,10 +111,11 @@ bool SupportTable::supports(OpType op, DeviceType device) const {
 // 32 B float32 (SUM); ..."). What differs by level is when the words travel:
 // - default (EMBER_CHECK_COLLECTIVES unset): the backend gets the fingerprint
 //   as IssuingCall() in its Do* and moves the words with its own messages
-//   in the op's order, before the op's data can do harm: gloo all-gathers
-//   them before the collective (a mismatch must never reach gloo), tcp sends
-//   them to every peer ahead of the collective's first message on the same
-//   channels, so they are compared by the time any result is returned (its
+//   in the op's order, before the op's data can do harm: gloo sends them to
+//   every peer when the call is made and compares before the collective
+//   starts (a mismatch must never reach gloo), tcp sends them to every peer
+//   ahead of the collective's first message on the same channels, so they
+//   are compared by the time any result is returned (its
 //   transport refuses a message of the wrong size on its own, so nothing
 //   can be written out of bounds meanwhile). mpi has no such check (MPI
 //   itself reports truncation); given a store it gets DETAIL's.

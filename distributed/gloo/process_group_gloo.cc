@@ -63,12 +63,16 @@ namespace ember::distributed::gloo {
 // One failure cannot be caught: when ranks pass different sizes, gloo's
 // network thread reads a message longer than the posted buffer and its
 // assertion ends the process (PyTorch's gloo backend crashes the same way).
-// So before each collective the ranks all-gather the words of the call
-// check that the layer above builds (Note [Call checks] in
-// process_group.cc; CheckCall here only moves them), and a disagreement
-// fails the collective on every rank with kFailedPrecondition naming both
-// calls, before gloo sees any data. It costs one small all-gather per
-// collective; EMBER_CHECK_COLLECTIVES=0 turns it off for jobs known to be
+// So each collective's call is checked first (Note [Call checks] in
+// process_group.cc: the layer above builds the words and compares them; here
+// they only travel): when the call is made, its words are sent to every
+// peer and a receive for each peer's is posted (PostCheck), and the worker,
+// before the collective, waits for them and compares (CheckPosted). A
+// disagreement fails the collective on every rank with kFailedPrecondition
+// naming both calls, before gloo sees any data. Posting at the call rather
+// than all-gathering on the worker lets the words travel while the worker
+// is still busy or waking up; a lone collective still waits one message for
+// them. EMBER_CHECK_COLLECTIVES=0 turns it off for jobs known to be
 // consistent.
 
 // Note [Joining PyTorch ranks]
@@ -106,8 +110,9 @@ void IgnoreSigpipeUnlessHandled() {
 // ranks]).
 constexpr char kEmberKeys[] = "ember_gloo/";
 // Collective #seq runs with gloo tag seq, as PyTorch numbers its gloo
-// collectives; the call check before it (Note [gloo exceptions]) uses the
-// tag with this bit set, which PyTorch's counter never reaches.
+// collectives; the top bit, which PyTorch's counter never reaches, is kept
+// clear (it marked the call check's all-gather before the check moved to
+// slots of its own, kCheckSlot below).
 constexpr uint32_t kCheckTagBit = uint32_t{1} << 31;
 // Point-to-point messages use the caller's tag as the slot, as PyTorch's
 // gloo backend does (gloo's collectives build slots with a nonzero top
@@ -115,6 +120,8 @@ constexpr uint32_t kCheckTagBit = uint32_t{1} << 31;
 // uses slots of its own.
 constexpr uint64_t kArriveSlot = uint64_t{0xE2} << 56;
 constexpr uint64_t kReleaseSlot = uint64_t{0xE3} << 56;
+// The call check's words of collective #seq travel in slot kCheckSlot | seq.
+constexpr uint64_t kCheckSlot = uint64_t{0xE4} << 56;
 // How long after an op's deadline its Work gives up on the worker, so that
 // the worker's error (which names the peers) is the one reported.
 constexpr absl::Duration kBackstop = absl::Seconds(3);
@@ -153,6 +160,51 @@ absl::Status RefuseAvg(OpType op, ReduceOp reduce) {
       op_type_name(op),
       ": ReduceOp.AVG is not supported by the 'gloo' backend (as in PyTorch); use SUM and "
       "divide by the group size, or the 'tcp' backend"));
+}
+
+// The call check's words of one collective (Note [gloo exceptions]):
+// `all` holds every rank's (this rank's included); one send to and one
+// receive from each peer, posted when the call is made.
+struct PostedCheck {
+  CallFingerprint call;
+  std::vector<int64_t> all;
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sends, recvs;  // by rank
+  std::exception_ptr error;  // what gloo threw while posting them
+};
+
+void PostCheck(::gloo::Context& context, int rank, int size, int64_t seq, PostedCheck& check) {
+  const std::vector<int64_t>& mine = check.call.words();
+  const size_t count = mine.size(), bytes = count * sizeof(int64_t);
+  check.all.assign(count * size, 0);
+  std::copy(mine.begin(), mine.end(), check.all.begin() + rank * count);
+  check.sends.resize(size);
+  check.recvs.resize(size);
+  const uint64_t slot = kCheckSlot | static_cast<uint64_t>(seq);
+  try {
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      check.recvs[p] = context.createUnboundBuffer(&check.all[p * count], bytes);
+      check.recvs[p]->recv(p, slot);
+      check.sends[p] = context.createUnboundBuffer(const_cast<int64_t*>(mine.data()), bytes);
+      check.sends[p]->send(p, slot);
+    }
+  } catch (const std::exception&) {
+    check.error = std::current_exception();
+  }
+}
+
+// Waits for every peer's words and compares. gloo's exceptions (a peer
+// lost while posting, the deadline while waiting) go to the worker, which
+// turns them into an error naming the ranks at fault.
+absl::Status CheckPosted(const GlooProcessGroup::OpContext& ctx, int rank, PostedCheck& check) {
+  if (check.error) std::rethrow_exception(check.error);
+  for (auto& recv : check.recvs) {
+    if (recv != nullptr) recv->waitRecv(Left(ctx.deadline));
+  }
+  for (auto& send : check.sends) {
+    if (send != nullptr) send->waitSend(Left(ctx.deadline));
+  }
+  return check.call.CheckAll(ctx.what, rank, check.all);
 }
 
 }  // namespace
@@ -321,11 +373,15 @@ std::shared_ptr<Work> GlooProcessGroup::Enqueue(OpType op,
       return stage->CopyBack();
     };
   }
-  // The call check (Note [Call checks] in process_group.cc) runs first.
+  // The call check (Note [gloo exceptions]) runs first; its words are
+  // posted below, once the collective has its number.
+  std::shared_ptr<PostedCheck> check;
   if (const CallFingerprint* issued = IssuingCall();
       issued != nullptr && call && check_calls_ && size() > 1) {
-    job = [this, check = *issued, job = std::move(job)](const OpContext& ctx) -> absl::Status {
-      EMBER_RETURN_IF_ERROR(CheckCall(ctx, check));
+    check = std::make_shared<PostedCheck>();
+    check->call = *issued;
+    job = [this, check, job = std::move(job)](const OpContext& ctx) -> absl::Status {
+      EMBER_RETURN_IF_ERROR(CheckPosted(ctx, rank(), *check));
       return job(ctx);
     };
   }
@@ -335,6 +391,7 @@ std::shared_ptr<Work> GlooProcessGroup::Enqueue(OpType op,
     return work;
   }
   const int64_t seq = next_seq_++;
+  if (check != nullptr) PostCheck(*context_, rank(), size(), seq, *check);
   const uint32_t tag = static_cast<uint32_t>(seq) & ~kCheckTagBit;
   queue_.push_back(
       {work,
@@ -445,18 +502,6 @@ absl::Status GlooProcessGroup::Translate(const OpContext& ctx, const std::string
     peers = timed_out ? "timed out" : "failed";
   }
   return absl::Status(code, absl::StrCat(ctx.what, ": ", peers, " (gloo: ", what, ")"));
-}
-
-absl::Status GlooProcessGroup::CheckCall(const OpContext& ctx, const CallFingerprint& call) {
-  const std::vector<int64_t>& mine = call.words();
-  std::vector<int64_t> all(mine.size() * size());
-  ::gloo::AllgatherOptions opts(context_);
-  opts.setInput(const_cast<int64_t*>(mine.data()), mine.size());
-  opts.setOutput(all.data(), all.size());
-  opts.setTag(ctx.tag | kCheckTagBit);
-  opts.setTimeout(Left(ctx.deadline));
-  ::gloo::allgather(opts);
-  return call.CheckAll(ctx.what, rank(), all);
 }
 
 // --- Collectives -------------------------------------------------------------------

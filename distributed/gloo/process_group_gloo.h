@@ -185,8 +185,6 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout,
                                 std::optional<Call> call, Job job,
                                 std::shared_ptr<DeviceStaging> stage = nullptr);
-  // Moves the call check's words (Note [Call checks] in process_group.cc).
-  absl::Status CheckCall(const OpContext& ctx, const CallFingerprint& call);
   void WorkerLoop();
   // The status of a job that threw `what` (Note [gloo exceptions]).
   absl::Status Translate(const OpContext& ctx, const std::string& what, bool io_error);
