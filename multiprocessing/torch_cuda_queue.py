@@ -31,6 +31,7 @@ shared memory (figures torch_cpu_queue_*), to check the script without a GPU.
 """
 import argparse
 import os
+import queue
 import sys
 import time
 
@@ -121,11 +122,25 @@ def bench(mode, nbytes, iters, device="cuda"):
         return resources() + (torch.cuda.memory_allocated(0) if cuda else 0,)
 
     numel = nbytes // 4
+
+    def answer():
+        """The child's next answer within TIMEOUT_S; a child that exited is
+        told within a second."""
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                return q_out.get(timeout=1)
+            except queue.Empty:
+                if not proc.is_alive():
+                    raise RuntimeError(f"the child exited with {proc.exitcode}") from None
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"no answer from the child in {TIMEOUT_S} s") from None
+
     try:
         for _ in range(WARMUP):
             t = torch.full((numel,), 7.0, device=dev)
             q_in.put(t)
-            r = q_out.get(timeout=TIMEOUT_S)
+            r = answer()
             got = t if mode == "ack" else r
             if mode == "ack" and r != numel:
                 raise RuntimeError(f"ack {r!r}, expected {numel}")
@@ -133,19 +148,19 @@ def bench(mode, nbytes, iters, device="cuda"):
                 raise RuntimeError(f"{mode}: the child's write did not arrive")
             del t, r, got
         q_in.put(REPORT)
-        child_before = q_out.get(timeout=TIMEOUT_S)
+        child_before = answer()
         before = collect_and_count()
 
         start = time.perf_counter()
         for _ in range(iters):
             t = torch.zeros(numel, device=dev)
             q_in.put(t)
-            r = q_out.get(timeout=TIMEOUT_S)
+            r = answer()
             del t, r  # as the C++ loop's scope ends
         elapsed = time.perf_counter() - start
 
         q_in.put(REPORT)
-        child_after = q_out.get(timeout=TIMEOUT_S)
+        child_after = answer()
         after = collect_and_count()
         q_in.put(None)
         proc.join(TIMEOUT_S)
