@@ -65,9 +65,8 @@
 // reducer.h). A module whose tensors span devices, or device_ids that are not
 // the module's device, is refused with the devices named.
 //
-// Limits: one device per process, a module with
-// one input and one output tensor (Module's interface), buckets fixed at
-// construction (torch rebuilds them after the first iteration from the
+// Limits: one device per process, a module with one input and one output
+// tensor (Module's interface), buckets fixed at construction (torch rebuilds them after the first iteration from the
 // order gradients arrived in). Parameters must not be replaced (to(),
 // set_parameter) after wrapping: the hooks watch the tensors present then.
 //
@@ -81,6 +80,8 @@
 // parameters without gradients (naming them), ranks that disagree on
 // which parameters got gradients, and a failed or timed-out collective (a
 // dead peer makes backward throw, naming it, within the group's timeout).
+// On a GPU a peer's missing gradients are reported at a later forward (Note
+// [Device control values] in reducer.h).
 //
 // Thread-safety: thread-compatible, as Module: one iteration (forward and
 // its backward) at a time.
