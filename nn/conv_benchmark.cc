@@ -1,8 +1,8 @@
 // ResNet-18's convolutions and training step on the CPU, each beside its
 // baseline in this binary: oneDNN's primitives alone.
 //
-//   bazel run -c opt //nn:conv_benchmark -- --benchmark_enable_random_interleaving=true \
-//       --benchmark_repetitions=3
+//   bazel run -c opt //nn:conv_benchmark -- --benchmark_enable_random_interleaving=true
+//       --benchmark_repetitions=3    (one command line)
 //
 // BM_Conv/<shape>/<pass>/<path>: one convolution of torchvision's ResNet-18
 // on 3x32x32 images at batch 16 (the shapes of //parallel:ddp_benchmark's
@@ -13,6 +13,13 @@
 // layouts and run on buffers already in them, so it holds only the
 // primitive's own work; 2: Ember's own im2col + OpenBLAS kernels
 // (EMBER_ONEDNN off), the path oneDNN replaced.
+//
+// BM_MaxPool/<batch>/<path>: ResNet-18's 3x3 stride-2 max pool (64 channels,
+// 16x16 to 8x8) forward and backward on one thread. path 0: Ember's
+// max_pool2d (nn's kernels, int64 indices); 1: oneDNN's pooling primitives
+// on the same NCHW layout (its workspace instead of indices), the
+// candidate to replace them; 2: the same primitives on oneDNN's blocked
+// layout (nChw16c) without the reorders NCHW tensors would need.
 //
 // BM_ResNetStep/<batch>/<threads>/<path>: a training step of ResNet-18 with 10
 // classes (zero_grad, forward, cross-entropy, backward, SGD lr 0.01), as
@@ -28,11 +35,10 @@
 
 #include <algorithm>
 #include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -43,6 +49,7 @@
 #include "nn/loss.h"
 #include "nn/onednn.h"
 #include "nn/optim/sgd.h"
+#include "nn/pooling.h"
 #include "tensor/factories.h"
 #include "tensor/thread_pool.h"
 
@@ -148,8 +155,7 @@ std::vector<Bound> BatchNormPrimitives(int64_t n, int64_t c, int64_t h) {
                                               flags),
       Engine());
   dnnl::batch_normalization_backward::primitive_desc bwd(
-      dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, data, data, 1e-5f,
-                                               flags),
+      dnnl::batch_normalization_backward::desc(dnnl::prop_kind::backward, data, data, 1e-5f, flags),
       Engine(), fwd);
   const memory::desc per_channel({c}, dt::f32, tag::x);
   std::vector<Bound> out(2);
@@ -173,26 +179,26 @@ std::vector<Bound> BatchNormPrimitives(int64_t n, int64_t c, int64_t h) {
   return out;
 }
 
-// The 3x3 stride-2 max pool after conv1, forward (training) and backward.
-std::vector<Bound> MaxPoolPrimitives(int64_t n, int64_t c, int64_t h) {
-  memory::desc src({n, c, h, h}, dt::f32, tag::nchw);
-  memory::desc dst({n, c, h / 2, h / 2}, dt::f32, tag::nchw);
+// The 3x3 stride-2 max pool forward and backward in `layout`.
+std::vector<Bound> MaxPoolPrimitives(int64_t n, int64_t c, int64_t h, tag layout) {
+  memory::desc src({n, c, h, h}, dt::f32, layout);
+  memory::desc dst({n, c, h / 2, h / 2}, dt::f32, layout);
   dnnl::pooling_forward::primitive_desc fwd(
-      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training,
-                                  dnnl::algorithm::pooling_max, src, dst, {2, 2}, {3, 3}, {1, 1},
-                                  {1, 1}),
+      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max,
+                                  src, dst, {2, 2}, {3, 3}, {1, 1}, {1, 1}),
       Engine());
   dnnl::pooling_backward::primitive_desc bwd(
-      dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, src, dst, {2, 2}, {3, 3},
-                                   {1, 1}, {1, 1}),
+      dnnl::pooling_backward::desc(dnnl::algorithm::pooling_max, src, dst, {2, 2}, {3, 3}, {1, 1},
+                                   {1, 1}),
       Engine(), fwd);
   memory workspace = Filled(fwd.workspace_desc());
   std::vector<Bound> out(2);
-  out[0] = {dnnl::pooling_forward(fwd),
-            {{DNNL_ARG_SRC, Filled(src)}, {DNNL_ARG_DST, Filled(dst)},
-             {DNNL_ARG_WORKSPACE, workspace}}};
+  out[0] = {
+      dnnl::pooling_forward(fwd),
+      {{DNNL_ARG_SRC, Filled(src)}, {DNNL_ARG_DST, Filled(dst)}, {DNNL_ARG_WORKSPACE, workspace}}};
   out[1] = {dnnl::pooling_backward(bwd),
-            {{DNNL_ARG_DIFF_DST, Filled(dst)}, {DNNL_ARG_DIFF_SRC, Filled(src)},
+            {{DNNL_ARG_DIFF_DST, Filled(dst)},
+             {DNNL_ARG_DIFF_SRC, Filled(src)},
              {DNNL_ARG_WORKSPACE, workspace}}};
   return out;
 }
@@ -249,6 +255,37 @@ void ConvArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Conv)->Apply(ConvArgs)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// --- Max pool ----------------------------------------------------------------------------
+
+void BM_MaxPool(benchmark::State& state) {
+  const int64_t batch = state.range(0);
+  const int path = static_cast<int>(state.range(1));
+  SetThreads(1);
+  constexpr int64_t kChannels = 64, kSize = kImage / 2;
+  if (path != 0) {
+    std::vector<Bound> prims =
+        MaxPoolPrimitives(batch, kChannels, kSize, path == 1 ? tag::nchw : tag::nChw16c);
+    dnnl::stream stream(Engine());
+    for (auto _ : state) {
+      for (const Bound& b : prims) b.Run(stream);
+      stream.wait();
+    }
+    return;
+  }
+  manual_seed(0);
+  Tensor x = randn({batch, kChannels, kSize, kSize}).requires_grad_();
+  Tensor gy = randn({batch, kChannels, kSize / 2, kSize / 2});
+  const MaxPool2dOptions options{.kernel_size = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+  for (auto _ : state) {
+    functional::max_pool2d(x, options).backward(gy);
+    x.set_grad(Tensor());
+  }
+}
+BENCHMARK(BM_MaxPool)
+    ->ArgsProduct({{16, 64}, {0, 1, 2}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 // --- ResNet-18 training step ---------------------------------------------------------------
 
 double MedianMs(std::vector<double> ms) {
@@ -272,7 +309,7 @@ std::vector<Bound> StepPrimitives(int64_t n) {
       all.push_back(bn[1]);
     }
   }
-  for (Bound& b : MaxPoolPrimitives(n, 64, kImage / 2)) all.push_back(b);
+  for (Bound& b : MaxPoolPrimitives(n, 64, kImage / 2, tag::nchw)) all.push_back(b);
   return all;
 }
 

@@ -4,7 +4,7 @@
 // groups and the layouts oneDNN blocks, through oneDNN (float32), through
 // nn's own kernels (EMBER_ONEDNN off, and float64), and from non-contiguous
 // inputs; and the oneDNN path's primitive cache, weight cache, threads and
-// fork.
+// fork. Also max_pool2d's CPU kernel against the window-by-window definition.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +22,7 @@
 #include "nn/activation.h"
 #include "nn/conv.h"
 #include "nn/onednn.h"
+#include "nn/pooling.h"
 #include "nn/testing.h"
 #include "tensor/factories.h"
 #include "tensor/thread_pool.h"
@@ -44,8 +45,7 @@ struct Case {
 // with `skip` set when python3-torch is missing.
 std::vector<Case> LoadCases(std::string* skip) {
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/conv2d_torch.txt";
-  const int status =
-      std::system(("/usr/bin/python3 nn/testdata/conv2d_torch.py " + path).c_str());
+  const int status = std::system(("/usr/bin/python3 nn/testdata/conv2d_torch.py " + path).c_str());
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
     *skip = "python3-torch is not installed (apt-get install python3-torch)";
     return {};
@@ -58,8 +58,8 @@ std::vector<Case> LoadCases(std::string* skip) {
     if (word == "case") {
       Case c;
       int bias = 0;
-      in >> c.name >> c.stride[0] >> c.stride[1] >> c.padding[0] >> c.padding[1] >>
-          c.dilation[0] >> c.dilation[1] >> c.groups >> bias;
+      in >> c.name >> c.stride[0] >> c.stride[1] >> c.padding[0] >> c.padding[1] >> c.dilation[0] >>
+          c.dilation[1] >> c.groups >> bias;
       c.bias = bias != 0;
       cases.push_back(std::move(c));
       continue;
@@ -226,8 +226,11 @@ TEST_F(ConvTorchTest, ConcurrentCallsFromSeveralThreads) {
 TEST(ConvOneDnnTest, PrimitivesAreBuiltOncePerShape) {
   onednn::SetEnabled(true);
   manual_seed(0);
-  Conv2d conv(Conv2dOptions{.in_channels = 5, .out_channels = 7, .kernel_size = {3, 3},
-                            .stride = {1, 2}, .padding = {1, 1}});
+  Conv2d conv(Conv2dOptions{.in_channels = 5,
+                            .out_channels = 7,
+                            .kernel_size = {3, 3},
+                            .stride = {1, 2},
+                            .padding = {1, 1}});
   Tensor x = randn({2, 5, 9, 9}).requires_grad_();
   conv(x).sum().backward();
   const size_t after_first = onednn::CachedPrimitives();
@@ -242,8 +245,7 @@ TEST(ConvOneDnnTest, PrimitivesAreBuiltOncePerShape) {
 
 // conv2d of float32 x and w on nn's float64 kernels (no oneDNN), in float32.
 Tensor Float64Conv(const Tensor& x, const Tensor& w) {
-  return functional::conv2d(x.to(kFloat64), w.to(kFloat64), Tensor(), {1, 1}, {1, 1})
-      .to(kFloat32);
+  return functional::conv2d(x.to(kFloat64), w.to(kFloat64), Tensor(), {1, 1}, {1, 1}).to(kFloat32);
 }
 
 void ExpectSame(const Tensor& got, const Tensor& want, const std::string& what) {
@@ -328,8 +330,8 @@ TEST(ConvOneDnnWeightCacheTest, TrainingStepsMatchNnsOwnKernels) {
   auto train = [](bool use_onednn) {
     onednn::SetEnabled(use_onednn);
     manual_seed(5);
-    Conv2d conv(Conv2dOptions{.in_channels = 16, .out_channels = 32, .kernel_size = {3, 3},
-                              .padding = {1, 1}});
+    Conv2d conv(Conv2dOptions{
+        .in_channels = 16, .out_channels = 32, .kernel_size = {3, 3}, .padding = {1, 1}});
     Tensor x = randn({2, 16, 5, 5});
     std::vector<double> losses;
     for (int step = 0; step < 4; ++step) {
@@ -349,6 +351,91 @@ TEST(ConvOneDnnWeightCacheTest, TrainingStepsMatchNnsOwnKernels) {
     EXPECT_NEAR(dnnl[i], own[i], 1e-4 * (1 + std::abs(own[i]))) << "step " << i;
   }
   EXPECT_LT(own.back(), own.front());  // the steps change the weights
+}
+
+// --- max_pool2d's CPU kernel ---------------------------------------------------------
+// Its kernel runs tap by tap over output rows (nn/pooling.cc); these check it
+// against the window-by-window definition for every geometry option, with
+// ties (the first maximum wins) and NaNs (the first NaN wins, and
+// propagates), through the values and where the gradient lands.
+
+// PyTorch's max pool, window by window: {values, the plane index each came
+// from}.
+std::pair<std::vector<double>, std::vector<int64_t>> ReferenceMaxPool(const std::vector<double>& x,
+                                                                      int64_t planes, int64_t h,
+                                                                      int64_t w,
+                                                                      const MaxPool2dOptions& o,
+                                                                      int64_t oh, int64_t ow) {
+  std::vector<double> values;
+  std::vector<int64_t> where;
+  for (int64_t p = 0; p < planes; ++p) {
+    for (int64_t oy = 0; oy < oh; ++oy) {
+      for (int64_t ox = 0; ox < ow; ++ox) {
+        double best = 0;
+        int64_t at = -1;
+        for (int64_t ki = 0; ki < o.kernel_size[0]; ++ki) {
+          for (int64_t kj = 0; kj < o.kernel_size[1]; ++kj) {
+            const int64_t iy = oy * o.stride[0] - o.padding[0] + ki * o.dilation[0];
+            const int64_t ix = ox * o.stride[1] - o.padding[1] + kj * o.dilation[1];
+            if (iy < 0 || iy >= h || ix < 0 || ix >= w) continue;
+            const double v = x[(p * h + iy) * w + ix];
+            if (at >= 0 && std::isnan(best)) continue;
+            if (at < 0 || v > best || std::isnan(v)) best = v, at = iy * w + ix;
+          }
+        }
+        values.push_back(best);
+        where.push_back(at);
+      }
+    }
+  }
+  return {values, where};
+}
+
+TEST(MaxPoolKernelTest, MatchesTheWindowDefinition) {
+  struct Geometry {
+    Int2 kernel, stride, padding, dilation;
+    bool ceil_mode;
+  };
+  const Geometry geometries[] = {
+      {{3, 3}, {2, 2}, {1, 1}, {1, 1}, false},  // ResNet's
+      {{2, 3}, {1, 2}, {0, 1}, {1, 1}, false}, {{3, 2}, {2, 3}, {1, 1}, {2, 1}, true},
+      {{2, 2}, {3, 3}, {1, 0}, {1, 2}, true},  {{5, 5}, {1, 1}, {2, 2}, {1, 1}, false},
+  };
+  manual_seed(6);
+  for (Dtype dtype : {kFloat32, kFloat64}) {
+    for (const Geometry& g : geometries) {
+      const int64_t n = 2, c = 3, h = 9, w = 11;
+      // Values from a small set, so that windows hold ties; some NaNs.
+      Tensor x = randint(0, 5, {n, c, h, w}).to(dtype);
+      std::vector<double> xs = Values(x);
+      for (int64_t i : {7, 50, 51, 140, 300}) xs[i] = std::nan("");
+      x = tensor(xs, SizeVector{n, c, h, w}, TensorOptions(kFloat64)).to(dtype).requires_grad_();
+      const MaxPool2dOptions o{.kernel_size = g.kernel,
+                               .stride = g.stride,
+                               .padding = g.padding,
+                               .dilation = g.dilation,
+                               .ceil_mode = g.ceil_mode};
+      Tensor y = functional::max_pool2d(x, o);
+      const auto [want, where] = ReferenceMaxPool(xs, n * c, h, w, o, y.size(2), y.size(3));
+      const std::vector<double> got = Values(y);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(std::isnan(got[i]) == std::isnan(want[i]) &&
+                    (std::isnan(got[i]) || got[i] == want[i]))
+            << "output " << i << ": got " << got[i] << ", want " << want[i];
+      }
+      // The gradient of output i lands at where[i], scaled by i + 1.
+      const int64_t out_numel = static_cast<int64_t>(got.size());
+      Tensor gy = arange(1, out_numel + 1).to(dtype).view(y.sizes());
+      y.backward(gy);
+      std::vector<double> want_grad(xs.size(), 0.0);
+      const int64_t plane_out = y.size(2) * y.size(3);
+      for (int64_t i = 0; i < out_numel; ++i) {
+        want_grad[(i / plane_out) * h * w + where[i]] += static_cast<double>(i + 1);
+      }
+      EXPECT_EQ(Values(x.grad()), want_grad);
+    }
+  }
 }
 
 TEST(ConvOneDnnTest, ForkedChildConvolvesWithSeveralThreads) {

@@ -1,5 +1,6 @@
 #include "nn/onednn.h"
 
+#include <immintrin.h>
 #include <omp.h>
 #include <pthread.h>
 
@@ -11,14 +12,12 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <immintrin.h>
-#include <oneapi/dnnl/dnnl.hpp>
 
 #include "tensor/allocator.h"
 #include "tensor/error.h"
@@ -86,8 +85,8 @@ __attribute__((target("avx512f"), always_inline)) inline void SwapBlocks(__m512 
 // plain[O][I][K] = blocked[O/16][I/16][K][16 i][16 o] (Note [Weight gradients
 // out of OIhw16i16o]); O and I multiples of 16.
 __attribute__((target("avx512f"))) void UnblockOIhw16i16o(const float* blocked, float* plain,
-                                                         int64_t o_size, int64_t i_size,
-                                                         int64_t k_size) {
+                                                          int64_t o_size, int64_t i_size,
+                                                          int64_t k_size) {
   const int64_t ik = i_size * k_size;
   for (int64_t ob = 0; ob < o_size / 16; ++ob) {
     for (int64_t ib = 0; ib < i_size / 16; ++ib) {
@@ -117,8 +116,8 @@ bool IsOIhw16i16o(const memory::desc& user, const memory::desc& inner) {
   static const bool avx512 = __builtin_cpu_supports("avx512f");
   const dnnl_memory_desc_t& u = user.data;
   const dnnl_memory_desc_t& d = inner.data;
-  if (!avx512 || d.ndims != 4 || u.ndims != 4 || d.format_kind != dnnl_blocked ||
-      d.offset0 != 0 || user != memory::desc(user.dims(), dt::f32, tag::oihw)) {
+  if (!avx512 || d.ndims != 4 || u.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0 ||
+      user != memory::desc(user.dims(), dt::f32, tag::oihw)) {
     return false;
   }
   const dnnl_blocking_desc_t& b = d.format_desc.blocking;
@@ -138,7 +137,7 @@ struct Arg {
   int id = 0;
   memory::desc user, inner;
   std::optional<dnnl::reorder> reorder;  // user -> inner for inputs, back for outputs
-  bool unblock = false;  // an output copied back by UnblockOIhw16i16o instead
+  bool unblock = false;                  // an output copied back by UnblockOIhw16i16o instead
 };
 
 // A primitive with its arguments.
@@ -158,10 +157,9 @@ Arg MakeArg(int id, const memory::desc& user, const memory::desc& inner, bool in
   Arg a{id, user, inner, std::nullopt, !input && IsOIhw16i16o(user, inner)};
   if (user != inner) {
     const dnnl::primitive_attr attr;  // reorders of plain tensors need no scratchpad
-    a.reorder = input ? dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), user, Engine(),
-                                                                    inner, attr))
-                      : dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), inner, Engine(),
-                                                                    user, attr));
+    a.reorder =
+        input ? dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), user, Engine(), inner, attr))
+              : dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), inner, Engine(), user, attr));
   }
   return a;
 }
@@ -273,9 +271,8 @@ class WeightCache {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (Item& item : items_) {
-        if (item.counter == v.counter.get() && !item.owner.expired() &&
-            item.version == v.version && item.data == plain && item.fingerprint == fingerprint &&
-            item.layout == layout) {
+        if (item.counter == v.counter.get() && !item.owner.expired() && item.version == v.version &&
+            item.data == plain && item.fingerprint == fingerprint && item.layout == layout) {
           item.last_use = ++clock_;
           return item.block;
         }
@@ -286,18 +283,18 @@ class WeightCache {
     std::lock_guard<std::mutex> lock(mu_);
     // Drop this weight's entry of another version, and those of freed weights.
     std::erase_if(items_, [&](const Item& item) {
-      const bool drop = item.owner.expired() ||
-                        (item.counter == v.counter.get() && item.layout == layout);
+      const bool drop =
+          item.owner.expired() || (item.counter == v.counter.get() && item.layout == layout);
       if (drop) bytes_ -= item.bytes;
       return drop;
     });
-    items_.push_back(Item{v.counter, v.counter.get(), layout, v.version, plain, fingerprint,
-                          block, layout.get_size(), ++clock_});
+    items_.push_back(Item{v.counter, v.counter.get(), layout, v.version, plain, fingerprint, block,
+                          layout.get_size(), ++clock_});
     bytes_ += layout.get_size();
     while (bytes_ > kWeightCacheBytes && items_.size() > 1) {
-      auto lru = std::min_element(items_.begin(), items_.end() - 1, [](const Item& a, const Item& b) {
-        return a.last_use < b.last_use;
-      });
+      auto lru =
+          std::min_element(items_.begin(), items_.end() - 1,
+                           [](const Item& a, const Item& b) { return a.last_use < b.last_use; });
       bytes_ -= lru->bytes;
       items_.erase(lru);
     }
@@ -360,8 +357,8 @@ void Execute(const Entry& e, const std::vector<const void*>& in, const std::vect
       continue;
     }
     if (i == weight && version.counter != nullptr) {
-      blocks.push_back(WeightCache::Get().Get(
-          version, in[i], a.user.get_size(), a.inner, [&](void* buffer) {
+      blocks.push_back(
+          WeightCache::Get().Get(version, in[i], a.user.get_size(), a.inner, [&](void* buffer) {
             memory inner(a.inner, eng, buffer);
             a.reorder->execute(stream, user, inner);
             stream.wait();
@@ -411,10 +408,10 @@ void Execute(const Entry& e, const std::vector<const void*>& in, const std::vect
     stream.wait();
   } catch (const dnnl::error& err) {
     const char* impl = nullptr;
-    dnnl_primitive_desc_query(e.primitive.get_primitive_desc(), dnnl_query_impl_info_str, 0,
-                              &impl);
+    dnnl_primitive_desc_query(e.primitive.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl);
     EMBER_FAIL("oneDNN failed to run ", impl != nullptr ? impl : "a primitive", ": ", err.what(),
-               " (status ", static_cast<int>(err.status), "); EMBER_ONEDNN=0 runs nn's own kernels");
+               " (status ", static_cast<int>(err.status),
+               "); EMBER_ONEDNN=0 runs nn's own kernels");
   }
 }
 
@@ -434,8 +431,8 @@ ConvDescs DescsOf(const ConvGeometry& g) {
   if (g.groups == 1) {
     d.weights = memory::desc({g.o, g.c, g.kh, g.kw}, dt::f32, tag::oihw);
   } else {
-    d.weights = memory::desc({g.groups, g.o / g.groups, g.c / g.groups, g.kh, g.kw}, dt::f32,
-                             tag::goihw);
+    d.weights =
+        memory::desc({g.groups, g.o / g.groups, g.c / g.groups, g.kh, g.kw}, dt::f32, tag::goihw);
   }
   d.src_any = memory::desc(d.src.dims(), dt::f32, tag::any);
   d.dst_any = memory::desc(d.dst.dims(), dt::f32, tag::any);
@@ -460,22 +457,21 @@ dnnl::convolution_forward::primitive_desc ForwardPd(const ConvGeometry& g, const
     ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
     attr.set_post_ops(ops);
   }
-  auto desc = bias ? dnnl::convolution_forward::desc(
-                         dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                         d.src_any, d.weights_any, d.bias, d.dst_any, d.strides, d.dilates,
-                         d.pad_l, d.pad_r)
-                   : dnnl::convolution_forward::desc(
-                         dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                         d.src_any, d.weights_any, d.dst_any, d.strides, d.dilates, d.pad_l,
-                         d.pad_r);
+  auto desc =
+      bias ? dnnl::convolution_forward::desc(
+                 dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src_any,
+                 d.weights_any, d.bias, d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r)
+           : dnnl::convolution_forward::desc(
+                 dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, d.src_any,
+                 d.weights_any, d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r);
   return dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
 }
 
 Cache::Key ConvKey(int kind, const ConvGeometry& g, bool bias, bool relu) {
-  return {kind,          g.n,           g.c,           g.h,           g.w,           g.o,
-          g.kh,          g.kw,          g.oh,          g.ow,          g.stride[0],   g.stride[1],
-          g.padding[0],  g.padding[1],  g.dilation[0], g.dilation[1], g.groups,      bias,
-          relu};
+  return {kind,          g.n,         g.c,          g.h,          g.w,
+          g.o,           g.kh,        g.kw,         g.oh,         g.ow,
+          g.stride[0],   g.stride[1], g.padding[0], g.padding[1], g.dilation[0],
+          g.dilation[1], g.groups,    bias,         relu};
 }
 
 enum Kind : int64_t {
@@ -541,8 +537,8 @@ void ConvBackwardWeights(const ConvGeometry& g, const float* x, const float* gy,
                            dnnl::algorithm::convolution_direct, d.src_any, d.weights_any, d.bias,
                            d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r)
                      : dnnl::convolution_backward_weights::desc(
-                           dnnl::algorithm::convolution_direct, d.src_any, d.weights_any,
-                           d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r);
+                           dnnl::algorithm::convolution_direct, d.src_any, d.weights_any, d.dst_any,
+                           d.strides, d.dilates, d.pad_l, d.pad_r);
     dnnl::convolution_backward_weights::primitive_desc pd(desc, UserScratchpad(), Engine(), hint);
     auto e = std::make_shared<Entry>();
     e->primitive = dnnl::convolution_backward_weights(pd);

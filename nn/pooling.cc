@@ -1,8 +1,12 @@
 #include "nn/pooling.h"
 
+#include <algorithm>
 #include <array>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -116,6 +120,10 @@ Tensor MaxPoolGather(const Tensor& input, const Tensor& indices) {
   return out;
 }
 
+// The unsigned integer of T's width, for selecting without branches.
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+
 // The max pool's CPU kernel: each window's maximum and its index in the plane.
 std::array<Tensor, 2> MaxPool2dCpu(const Tensor& input, Int2 kernel, Int2 stride, Int2 padding,
                                    Int2 dilation, Int2 out_size) {
@@ -128,30 +136,48 @@ std::array<Tensor, 2> MaxPool2dCpu(const Tensor& input, Int2 kernel, Int2 stride
     const T* px = x.data_ptr<T>();
     T* po = out.data_ptr<T>();
     int64_t* pi = indices.data_ptr<int64_t>();
+    // Tap by tap over a whole output row, so that the inner loop runs over
+    // output columns without branches (random data mispredicts a per-window
+    // comparison) and keeps, per column, the first maximum in window order
+    // or the first NaN. The geometry is copied into locals, which the stores
+    // could otherwise alias.
+    const int64_t kh = kernel[0], kw = kernel[1], sy = stride[0], sx = stride[1];
+    const int64_t pad_y = padding[0], pad_x = padding[1], dy = dilation[0], dx = dilation[1];
+    // Per kernel column kj, the output columns [first, last) whose tap
+    // ix = ox * sx + off (off = kj * dx - pad_x) lies inside the row.
+    std::vector<int64_t> first(kw), last(kw);
+    for (int64_t kj = 0; kj < kw; ++kj) {
+      const int64_t off = kj * dx - pad_x;
+      first[kj] = off >= 0 ? 0 : (-off + sx - 1) / sx;
+      last[kj] = off >= w ? 0 : std::min(ow, (w - 1 - off) / sx + 1);
+    }
     for (int64_t plane = 0; plane < n * c; ++plane) {
       const T* in = px + plane * h * w;
       for (int64_t oy = 0; oy < oh; ++oy) {
-        for (int64_t ox = 0; ox < ow; ++ox) {
-          T best = -std::numeric_limits<T>::infinity();
-          int64_t best_index = -1;
-          for (int64_t ki = 0; ki < kernel[0]; ++ki) {
-            const int64_t iy = oy * stride[0] - padding[0] + ki * dilation[0];
-            if (iy < 0 || iy >= h) continue;
-            for (int64_t kj = 0; kj < kernel[1]; ++kj) {
-              const int64_t ix = ox * stride[1] - padding[1] + kj * dilation[1];
-              if (ix < 0 || ix >= w) continue;
-              const T v = in[iy * w + ix];
-              if (best_index < 0 || v > best || std::isnan(v)) {
-                best = v;
-                best_index = iy * w + ix;
-                if (std::isnan(v)) break;
-              }
+        T* __restrict best = po + (plane * oh + oy) * ow;
+        int64_t* __restrict best_index = pi + (plane * oh + oy) * ow;
+        std::fill(best, best + ow, -std::numeric_limits<T>::infinity());
+        std::fill(best_index, best_index + ow, int64_t{-1});
+        for (int64_t ki = 0; ki < kh; ++ki) {
+          const int64_t iy = oy * sy - pad_y + ki * dy;
+          if (iy < 0 || iy >= h) continue;
+          const T* __restrict row = in + iy * w;
+          for (int64_t kj = 0; kj < kw; ++kj) {
+            const int64_t off = kj * dx - pad_x;
+            for (int64_t ox = first[kj]; ox < last[kj]; ++ox) {
+              const int64_t ix = ox * sx + off;
+              const T v = row[ix];
+              const T b = best[ox];
+              const int64_t i = best_index[ox];
+              // All ones where this tap wins: no window value yet, a larger
+              // value, or the first NaN.
+              const int64_t take = -static_cast<int64_t>((i < 0) | (v > b) | ((v != v) & (b == b)));
+              best[ox] =
+                  std::bit_cast<T>((std::bit_cast<Bits<T>>(v) & static_cast<Bits<T>>(take)) |
+                                   (std::bit_cast<Bits<T>>(b) & ~static_cast<Bits<T>>(take)));
+              best_index[ox] = ((iy * w + ix) & take) | (i & ~take);
             }
-            if (best_index >= 0 && std::isnan(best)) break;
           }
-          const int64_t o = (plane * oh + oy) * ow + ox;
-          po[o] = best;
-          pi[o] = best_index;
         }
       }
     }
