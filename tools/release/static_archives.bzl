@@ -18,6 +18,15 @@ rt, util, resolv) always stays shared.
 `NOTICES` holds the Debian copyright file of every package whose archive is
 in lib/: the licence texts the release ships beside the binaries that
 contain those libraries.
+
+oneDNN (libdnnl, nn's convolutions) is not among the modules: no release
+tool links nn (`bazel query 'somepath(//tools/release:hub,
+//third_party/dnnl)'` is empty for all three), and Debian's libdnnl-dev ships
+no libdnnl.a, so a tool that did would load libdnnl.so.2 (and libgomp) at
+run time; release_test's list of the libraries each binary loads would then
+fail. Programs that use nn link oneDNN as a shared library, through the
+consumer workspace (tools/release/consumer_archive_test.sh builds //:ember,
+nn included, against the source archive).
 """
 
 # pkg-config modules of the libraries the tools link, beside every absl_*.
