@@ -157,6 +157,32 @@ TEST(OptimizerTest, ParametersThatMissedAStepKeepTheirOwnState) {
   }
 }
 
+// 16-bit parameters (not fused on the CPU) step through tensor ops in their
+// own dtype: the documented rule to within its rounding.
+TEST(OptimizerTest, SixteenBitParametersFollowTheRule) {
+  for (Dtype dtype : {kBFloat16, kFloat16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    Tensor a = tensor(kP0).to(dtype).requires_grad_(), b = tensor(kP0).to(dtype).requires_grad_();
+    const AdamOptions ao{.lr = 0.1, .weight_decay = 0.01, .amsgrad = true};
+    const SGDOptions so{.lr = 0.1, .momentum = 0.9};
+    Adam adam({a}, ao);
+    SGD sgd({b}, so);
+    for (const auto& g : kGrads) {
+      a.set_grad(tensor(g).to(dtype));
+      b.set_grad(tensor(g).to(dtype));
+      adam.step();
+      sgd.step();
+    }
+    EXPECT_EQ(a.dtype(), dtype);
+    const std::vector<double> want_a = AdamReference(ao, false), want_b = SgdReference(so);
+    const std::vector<double> got_a = Values(a), got_b = Values(b);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(got_a[i], want_a[i], 0.05) << "Adam, at " << i;
+      EXPECT_NEAR(got_b[i], want_b[i], 0.05) << "SGD, at " << i;
+    }
+  }
+}
+
 TEST(OptimizerTest, StepKernelsRejectListsThatDoNotPair) {
   Tensor p = zeros({2}), g = zeros({2});
   const internal::SgdStepArgs args{.lr = 0.1, .momentum = 0.9};
