@@ -115,10 +115,11 @@ bool SupportTable::supports(OpType op, DeviceType device) const {
 //   every peer when the call is made and compares before the collective
 //   starts (a mismatch must never reach gloo), tcp sends them to every peer
 //   ahead of the collective's first message on the same channels, so they
-//   are compared by the time any result is returned (its
-//   transport refuses a message of the wrong size on its own, so nothing
-//   can be written out of bounds meanwhile). mpi has no such check (MPI
-//   itself reports truncation); given a store it gets DETAIL's.
+//   are compared by the time any result is returned (its transport refuses
+//   a message of the wrong size on its own, so nothing can be written out
+//   of bounds meanwhile). mpi has no such check (MPI itself reports
+//   truncation); its groups have a store (Note [mpi's store]), so DETAIL's
+//   applies.
 // - DETAIL (TORCH_DISTRIBUTED_DEBUG=DETAIL): the shapes join the words, and
 //   the ranks compare them through the group's store before the backend
 //   sees the call, as PyTorch's ProcessGroupWrapper does; the call then runs
