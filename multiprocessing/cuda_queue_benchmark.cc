@@ -38,15 +38,20 @@
 // After the run, every figure is printed again as `figure <name> <value>
 // <unit>` lines (the peer's own lines among them), for scripts.
 //
+// BM_CudaIpcFloor: the CUDA runtime's own IPC calls of one message, the
+// floor under both frameworks' rates (see there).
+//
 // Without a usable GPU every case reports an error naming the reason.
 // EMBER_QUEUE_DEVICE=cpu runs the same protocol, peer included (--device
 // cpu), over CPU tensors in shared memory, to check the harness where no GPU
 // is; its figures are named *_cpu_queue_*.
+#include <cuda_runtime_api.h>
 #include <dirent.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -58,6 +63,7 @@
 #include "benchmark/benchmark.h"
 #include "cuda/caching_allocator.h"
 #include "cuda/device.h"
+#include "cuda/status.h"
 #include "multiprocessing/cuda_sharing.h"
 #include "multiprocessing/process.h"
 #include "multiprocessing/queue.h"
@@ -171,6 +177,35 @@ absl::Status RoundTripChild(int, absl::Span<const Value> args) {
 }
 EMBER_REGISTER_ENTRY_POINT("cuda_queue_round_trip", RoundTripChild);
 
+// The child's next answer on `out`, within kTimeout; a child that exited is
+// told at once (within a second), with its failure.
+absl::StatusOr<Value> Answer(Queue& out, Process& child) {
+  for (absl::Time deadline = absl::Now() + kTimeout;;) {
+    absl::StatusOr<Value> got = out.get(absl::Seconds(1));
+    if (got.ok() || got.status().code() != absl::StatusCode::kDeadlineExceeded) return got;
+    if (!child.is_alive()) {
+      absl::StatusOr<ExitStatus> end = child.join(absl::ZeroDuration());
+      return absl::AbortedError(absl::StrCat("the child exited (",
+                                             end.ok() ? end->str() : end.status().ToString(),
+                                             "): ", child.error_message()));
+    }
+    if (absl::Now() >= deadline) return got;
+  }
+}
+
+// Sends None and joins; "" when the child ended cleanly, else what happened.
+std::string StopChild(Queue& in, Process& child) {
+  (void)in.put(Value(), kTimeout);
+  absl::StatusOr<ExitStatus> end = child.join(kTimeout);
+  if (!end.ok()) {
+    child.kill();
+    (void)child.join(kTimeout);
+    return absl::StrCat("the child did not end: ", end.status().ToString());
+  }
+  return end->ok() ? std::string()
+                   : absl::StrCat("the child ended with ", end->str(), ": ", child.error_message());
+}
+
 // --- PyTorch's side -----------------------------------------------------------------
 
 struct TorchResult {
@@ -249,21 +284,6 @@ void BM_CudaQueueRoundTrip(benchmark::State& state) {
   const TensorOptions on_device = TensorOptions(kFloat32).device(cuda ? Device(DeviceType::kCUDA, 0)
                                                                       : Device(DeviceType::kCPU));
   std::string error;
-  // The child's next answer, within kTimeout; a child that exited is told at
-  // once (within a second), with its failure.
-  auto answer = [&]() -> absl::StatusOr<Value> {
-    for (absl::Time deadline = absl::Now() + kTimeout;;) {
-      absl::StatusOr<Value> got = out->get(absl::Seconds(1));
-      if (got.ok() || got.status().code() != absl::StatusCode::kDeadlineExceeded) return got;
-      if (!child->is_alive()) {
-        absl::StatusOr<ExitStatus> end = child->join(absl::ZeroDuration());
-        return absl::AbortedError(absl::StrCat("the child exited (",
-                                               end.ok() ? end->str() : end.status().ToString(),
-                                               "): ", child->error_message()));
-      }
-      if (absl::Now() >= deadline) return got;
-    }
-  };
   // One round trip of `t`; `back` gets what came back (the ack or the echo).
   auto round_trip = [&](const Tensor& t, Value& back) {
     absl::Status put = in->put(Value(t), kTimeout);
@@ -271,7 +291,7 @@ void BM_CudaQueueRoundTrip(benchmark::State& state) {
       error = absl::StrCat("put: ", put.ToString());
       return false;
     }
-    absl::StatusOr<Value> got = answer();
+    absl::StatusOr<Value> got = Answer(*out, *child);
     if (!got.ok()) {
       error = absl::StrCat("get: ", got.status().ToString());
       return false;
@@ -281,11 +301,16 @@ void BM_CudaQueueRoundTrip(benchmark::State& state) {
   };
   // Asks the child for its counts (after it collected).
   auto child_counts = [&](Counts& c) {
-    if (!in->put(Value(kReport), kTimeout).ok()) return false;
-    absl::StatusOr<Value> got = answer();
-    if (!got.ok() || got->list().size() != 4) return false;
-    for (const Value& v : got->list()) {
-      if (!v.is<int64_t>()) return false;
+    absl::Status put = in->put(Value(kReport), kTimeout);
+    absl::StatusOr<Value> got = put.ok() ? Answer(*out, *child) : put;
+    bool ok = got.ok() && got->list().size() == 4;
+    if (ok) {
+      for (const Value& v : got->list()) ok = ok && v.is<int64_t>();
+    }
+    if (!ok) {
+      error = absl::StrCat("the child's counts did not arrive: ",
+                           got.ok() ? "a malformed report" : got.status().ToString());
+      return false;
     }
     c.fds = *got->list()[0].get_if<int64_t>();
     c.maps = *got->list()[1].get_if<int64_t>();
@@ -293,19 +318,6 @@ void BM_CudaQueueRoundTrip(benchmark::State& state) {
     c.blocks_held = *got->list()[3].get_if<int64_t>();
     return true;
   };
-  auto stop_child = [&] {
-    (void)in->put(Value(), kTimeout);
-    absl::StatusOr<ExitStatus> end = child->join(kTimeout);
-    if (!end.ok()) {
-      child->kill();
-      (void)child->join(kTimeout);
-      return absl::StrCat("the child did not end: ", end.status().ToString());
-    }
-    return end->ok()
-               ? std::string()
-               : absl::StrCat("the child ended with ", end->str(), ": ", child->error_message());
-  };
-
   for (int i = 0; i < kWarmup && error.empty(); ++i) {
     Tensor t = full({numel}, 7.0, on_device);
     Value back;
@@ -325,7 +337,7 @@ void BM_CudaQueueRoundTrip(benchmark::State& state) {
     }
   }
   Counts before, after, child_before, child_after;
-  if (error.empty() && !child_counts(child_before)) error = "the child's counts did not arrive";
+  if (error.empty()) child_counts(child_before);
   before = CollectAndCount();
 
   const absl::Time start = absl::Now();
@@ -337,9 +349,9 @@ void BM_CudaQueueRoundTrip(benchmark::State& state) {
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
 
-  if (error.empty() && !child_counts(child_after)) error = "the child's counts did not arrive";
+  if (error.empty()) child_counts(child_after);
   after = CollectAndCount();
-  const std::string end = stop_child();
+  const std::string end = StopChild(*in, *child);
   if (error.empty()) error = end;
   if (!error.empty()) return state.SkipWithError(error.c_str());
 
@@ -382,6 +394,103 @@ void BM_CudaQueueRoundTrip(benchmark::State& state) {
   state.SetLabel(label);
 }
 
+// --- The floor: CUDA IPC's own calls --------------------------------------------------
+
+// What one message of the round trip costs in the CUDA runtime alone: no
+// tensor, allocator, counter file or kernel. The parent takes the IPC handle
+// of one cudaMalloc'd buffer and of an interprocess event recorded on the
+// default stream and puts their bytes on a Queue; the child opens both, makes
+// its default stream wait for the event, closes both and acks. Ember and
+// torch.multiprocessing make these calls for every message (the child opens
+// the segment anew each time: nothing else of it is held between messages),
+// so this rate bounds both, and torch's rate / this one bounds the ratio
+// x_torch can reach.
+struct FloorWire {
+  cudaIpcMemHandle_t memory;
+  cudaIpcEventHandle_t event;
+};
+
+absl::Status FloorChild(int, absl::Span<const Value> args) {
+  EMBER_ASSIGN_OR_RETURN(Queue in, args[0].as<Queue>());
+  EMBER_ASSIGN_OR_RETURN(Queue out, args[1].as<Queue>());
+  while (true) {
+    EMBER_ASSIGN_OR_RETURN(Value v, in.get(kTimeout));
+    if (v.is_none()) return absl::OkStatus();
+    EMBER_ASSIGN_OR_RETURN(std::string bytes, v.as<std::string>());
+    FloorWire w;
+    if (bytes.size() != sizeof(w)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a floor message of ", bytes.size(), " bytes, expected ", sizeof(w)));
+    }
+    std::memcpy(&w, bytes.data(), sizeof(w));
+    void* p = nullptr;
+    EMBER_RETURN_IF_ERROR(
+        cuda::runtime_status(cudaIpcOpenMemHandle(&p, w.memory, cudaIpcMemLazyEnablePeerAccess),
+                             "cudaIpcOpenMemHandle"));
+    cudaEvent_t event = nullptr;
+    EMBER_RETURN_IF_ERROR(
+        cuda::runtime_status(cudaIpcOpenEventHandle(&event, w.event), "cudaIpcOpenEventHandle"));
+    absl::Status waited =
+        cuda::runtime_status(cudaStreamWaitEvent(nullptr, event, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(event);
+    EMBER_RETURN_IF_ERROR(waited);
+    EMBER_RETURN_IF_ERROR(cuda::runtime_status(cudaIpcCloseMemHandle(p), "cudaIpcCloseMemHandle"));
+    EMBER_RETURN_IF_ERROR(out.put(Value(int64_t{1}), kTimeout));
+  }
+}
+EMBER_REGISTER_ENTRY_POINT("cuda_ipc_floor", FloorChild);
+
+// range(0): the buffer's bytes.
+void BM_CudaIpcFloor(benchmark::State& state) {
+  const int64_t nbytes = state.range(0);
+  if (TheDeviceType() != DeviceType::kCUDA) return state.SkipWithError("CUDA only: the CUDA runtime's IPC calls (not under EMBER_QUEUE_DEVICE=cpu)");
+  if (!cuda::is_available()) {
+    return state.SkipWithError(absl::StrCat("needs a GPU: ", cuda::unavailable_reason()).c_str());
+  }
+  absl::StatusOr<Queue> in = Queue::create(), out = Queue::create();
+  if (!in.ok() || !out.ok()) return state.SkipWithError("Queue::create failed");
+  absl::StatusOr<Process> child =
+      Process::start_spawn("cuda_ipc_floor", 0, {Value(*in), Value(*out)});
+  if (!child.ok()) {
+    return state.SkipWithError(absl::StrCat("start_spawn: ", child.status().ToString()).c_str());
+  }
+  void* buffer = nullptr;
+  absl::Status status = cuda::runtime_status(cudaMalloc(&buffer, nbytes), "cudaMalloc");
+  auto message = [&]() -> absl::Status {
+    FloorWire w;
+    EMBER_RETURN_IF_ERROR(
+        cuda::runtime_status(cudaIpcGetMemHandle(&w.memory, buffer), "cudaIpcGetMemHandle"));
+    cudaEvent_t event = nullptr;
+    EMBER_RETURN_IF_ERROR(cuda::runtime_status(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess),
+        "cudaEventCreateWithFlags"));
+    absl::Status s = cuda::runtime_status(cudaEventRecord(event, nullptr), "cudaEventRecord");
+    if (s.ok())
+      s = cuda::runtime_status(cudaIpcGetEventHandle(&w.event, event), "cudaIpcGetEventHandle");
+    if (s.ok()) {
+      s = in->put(Value(std::string(reinterpret_cast<const char*>(&w), sizeof(w))), kTimeout);
+    }
+    if (s.ok()) s = Answer(*out, *child).status();
+    cudaEventDestroy(event);
+    return s;
+  };
+  for (int i = 0; i < kWarmup && status.ok(); ++i) status = message();
+  const absl::Time start = absl::Now();
+  for (auto _ : state) {
+    if (!status.ok()) break;
+    status = message();
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const std::string end = StopChild(*in, *child);
+  if (buffer != nullptr) cudaFree(buffer);
+  if (!status.ok()) return state.SkipWithError(status.ToString().c_str());
+  if (!end.empty()) return state.SkipWithError(end.c_str());
+  const double rate = static_cast<double>(state.iterations()) / seconds;
+  state.counters["rt_per_s"] = rate;
+  Figures().push_back(
+      absl::StrFormat("figure ember_cuda_ipc_floor_%s %.1f round_trips/s", SizeName(nbytes), rate));
+}
+
 void Cases(benchmark::internal::Benchmark* b) {
   b->ArgNames({"mode", "bytes"})->UseRealTime()->Unit(benchmark::kMicrosecond);
 }
@@ -391,6 +500,13 @@ BENCHMARK(BM_CudaQueueRoundTrip)->Apply(Cases)->Args({0, 64 << 20})->Iterations(
 BENCHMARK(BM_CudaQueueRoundTrip)->Apply(Cases)->Args({1, 4 << 10})->Iterations(10000);
 BENCHMARK(BM_CudaQueueRoundTrip)->Apply(Cases)->Args({1, 1 << 20})->Iterations(2500);
 BENCHMARK(BM_CudaQueueRoundTrip)->Apply(Cases)->Args({1, 64 << 20})->Iterations(2000);
+BENCHMARK(BM_CudaIpcFloor)
+    ->ArgName("bytes")
+    ->Arg(4 << 10)
+    ->Arg(64 << 20)
+    ->Iterations(2000)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace ember::multiprocessing
