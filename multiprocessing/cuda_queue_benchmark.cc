@@ -443,7 +443,9 @@ EMBER_REGISTER_ENTRY_POINT("cuda_ipc_floor", FloorChild);
 // range(0): the buffer's bytes.
 void BM_CudaIpcFloor(benchmark::State& state) {
   const int64_t nbytes = state.range(0);
-  if (TheDeviceType() != DeviceType::kCUDA) return state.SkipWithError("CUDA only: the CUDA runtime's IPC calls (not under EMBER_QUEUE_DEVICE=cpu)");
+  if (TheDeviceType() != DeviceType::kCUDA)
+    return state.SkipWithError(
+        "CUDA only: the CUDA runtime's IPC calls (not under EMBER_QUEUE_DEVICE=cpu)");
   if (!cuda::is_available()) {
     return state.SkipWithError(absl::StrCat("needs a GPU: ", cuda::unavailable_reason()).c_str());
   }
