@@ -36,7 +36,9 @@
 // PyTorch loads its own CUDA libraries), then itself, and adds torch_rt_per_s
 // and x_torch (Ember's rate over PyTorch's; the issue asks >= 2 at 64 MiB).
 // After the run, every figure is printed again as `figure <name> <value>
-// <unit>` lines (the peer's own lines among them), for scripts.
+// <unit>` lines (the peer's own lines among them, and its SKIP line, or a
+// `FAIL torch peer failed ...` line when it exited with an error), for
+// scripts.
 //
 // BM_CudaIpcFloor: the CUDA runtime's own IPC calls of one message, the
 // floor under both frameworks' rates (see there).
@@ -47,6 +49,7 @@
 // is; its figures are named *_cpu_queue_*.
 #include <cuda_runtime_api.h>
 #include <dirent.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -249,7 +252,11 @@ TorchResult RunTorchPeer(int64_t mode, int64_t nbytes, int64_t iters) {
   }
   const int status = ::pclose(f);
   if (status != 0 && r.note.empty()) {
-    r.note = absl::StrCat("torch peer failed (status ", status, "): ", cmd);
+    r.note = absl::StrCat("torch peer failed (",
+                          WIFEXITED(status) ? absl::StrCat("exit code ", WEXITSTATUS(status))
+                                            : absl::StrCat("wait status ", status),
+                          "): ", cmd);
+    Figures().push_back(absl::StrCat("FAIL ", r.note));  // its traceback went to stderr
   }
   if (!r.note.empty()) r.rate = 0;
   return r;
