@@ -220,6 +220,15 @@ absl::StatusOr<std::shared_ptr<FullyShardedDataParallel>> FullyShardedDataParall
     return absl::InvalidArgumentError(
         absl::StrCat(kWho, module->name(), " has no parameters to shard"));
   }
+  const Device device = params.front().second.device();
+  for (const auto& [name, p] : params) {
+    if (p.device() != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kWho, "parameter '", name, "' is on ", p.device().str(), " but '",
+          params.front().first, "' is on ", device.str(),
+          "; a sharded module lives on one device (move it with module->to(device) first)"));
+    }
+  }
 
   if (options.sync_module_states) {
     std::vector<Tensor> state;
@@ -244,6 +253,7 @@ absl::Status FullyShardedDataParallel::Build(
   const int world = group_->size();
   const int rank = group_->rank();
   const bool sharded = options_.sharding_strategy != ShardingStrategy::kNoShard;
+  device_ = module_->parameters().front().device();  // create() checked: one device
   for (size_t u = 0; u < unit_modules.size(); ++u) {
     auto unit = std::make_unique<Unit>();
     unit->index = u;
@@ -286,7 +296,7 @@ absl::Status FullyShardedDataParallel::Build(
     unit.shard_numel = sharded ? (unit.numel + world - 1) / world : unit.numel;
     unit.padded_numel = sharded ? unit.shard_numel * world : unit.numel;
     const Dtype dtype = values[unit.index].front().dtype();
-    Tensor full = zeros({unit.padded_numel}, TensorOptions().dtype(dtype));
+    Tensor full = zeros({unit.padded_numel}, TensorOptions().dtype(dtype).device(device_));
     for (size_t i = 0; i < values[unit.index].size(); ++i) {
       const Tensor& p = values[unit.index][i];
       full.narrow(0, unit.offsets[i], p.numel()).copy_(p.detach().reshape({-1}));
@@ -403,7 +413,7 @@ void FullyShardedDataParallel::Unshard(Unit& unit) {
     unit.state = Unit::State::kUnsharded;
     return;
   }
-  unit.gathered = empty({unit.padded_numel}, TensorOptions().dtype(compute));
+  unit.gathered = empty({unit.padded_numel}, TensorOptions().dtype(compute).device(device_));
   unit.gather_input = shard;
   absl::StatusOr<std::shared_ptr<distributed::Work>> work =
       group_->allgather_into_tensor(unit.gathered, unit.gather_input);
@@ -591,7 +601,7 @@ void FullyShardedDataParallel::ReduceGradients(Unit& unit) {
   if (unit.empty() || unit.reduced) return;
   unit.reduced = true;
   const Dtype dtype = ReduceDtype();
-  Tensor flat_grad = empty({unit.padded_numel}, TensorOptions().dtype(dtype));
+  Tensor flat_grad = empty({unit.padded_numel}, TensorOptions().dtype(dtype).device(device_));
   for (size_t i = 0; i < unit.params.size(); ++i) {
     const Tensor& p = unit.params[i];
     Tensor slot = flat_grad.narrow(0, unit.offsets[i], p.numel());
@@ -617,7 +627,7 @@ void FullyShardedDataParallel::ReduceGradients(Unit& unit) {
     work = group_->allreduce(flat_grad, {.op = distributed::ReduceOp::kSum});
   } else {
     op = distributed::OpType::kReduceScatter;
-    unit.reduce_output = empty({unit.shard_numel}, TensorOptions().dtype(dtype));
+    unit.reduce_output = empty({unit.shard_numel}, TensorOptions().dtype(dtype).device(device_));
     std::vector<Tensor> inputs;
     for (int r = 0; r < group_->size(); ++r) {
       inputs.push_back(flat_grad.narrow(0, r * unit.shard_numel, unit.shard_numel));
@@ -695,7 +705,7 @@ Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_ty
   }
   double total_power = local;
   if (options_.sharding_strategy != ShardingStrategy::kNoShard && group_->size() > 1) {
-    Tensor t = full({1}, local, TensorOptions().dtype(kFloat64));
+    Tensor t = full({1}, local, TensorOptions().dtype(kFloat64).device(device_));
     const absl::Status status = WaitFor(group_->allreduce(
         t, {.op = infinite ? distributed::ReduceOp::kMax : distributed::ReduceOp::kSum}));
     if (!status.ok()) Fail("the all_reduce of clip_grad_norm_", status);
@@ -710,7 +720,7 @@ Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_ty
       if (grad.defined()) grad.mul_(coefficient);
     }
   }
-  return full({}, total, TensorOptions().dtype(kFloat32));
+  return full({}, total, TensorOptions().dtype(kFloat32).device(device_));
 }
 
 absl::StatusOr<nn::StateDict> FullyShardedDataParallel::full_state_dict() {
@@ -725,7 +735,8 @@ absl::StatusOr<nn::StateDict> FullyShardedDataParallel::full_state_dict() {
     if (unit->empty()) continue;
     Tensor whole = unit->flat.detach();
     if (options_.sharding_strategy != ShardingStrategy::kNoShard) {
-      whole = empty({unit->padded_numel}, TensorOptions().dtype(unit->flat.dtype()));
+      whole = empty({unit->padded_numel},
+                    TensorOptions().dtype(unit->flat.dtype()).device(device_));
       absl::Status status = WaitFor(group_->allgather_into_tensor(whole, unit->flat.detach()));
       if (!status.ok()) {
         return absl::Status(status.code(),

@@ -278,6 +278,7 @@ class FullyShardedDataParallel : public nn::Module {
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<distributed::ProcessGroup> group_;
+  Device device_;  // where the parameters live: flat shards, gathers, gradients
   FullyShardOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;  // units_[0]: the root
   std::vector<FlatParamInfo> infos_;
