@@ -110,6 +110,23 @@ __attribute__((target("avx512f"))) void UnblockOIhw16i16o(const float* blocked, 
   }
 }
 
+// dst = src with every 16x16 tile transposed: OIhw16i16o <-> OIhw16o16i,
+// whose tiles sit at the same offsets; `floats` a multiple of 256.
+__attribute__((target("avx512f"))) void TransposeTiles(const float* src, float* dst,
+                                                       int64_t floats) {
+  for (int64_t t = 0; t < floats; t += 256) {
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_ps(src + t + j * 16);
+    SwapBlocks<8>(r);
+    SwapBlocks<4>(r);
+    SwapBlocks<2>(r);
+    SwapBlocks<1>(r);
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) _mm512_storeu_ps(dst + t + j * 16, r[j]);
+  }
+}
+
 // Whether `inner` is OIhw16i16o over the plain OIHW `user`, dense, with O
 // and I multiples of 16, on a CPU with AVX-512.
 bool IsOIhw16i16o(const memory::desc& user, const memory::desc& inner) {
@@ -138,6 +155,9 @@ struct Arg {
   memory::desc user, inner;
   std::optional<dnnl::reorder> reorder;  // user -> inner for inputs, back for outputs
   bool unblock = false;                  // an output copied back by UnblockOIhw16i16o instead
+  // For an OIhw16o16i input: the OIhw16i16o layout whose cached copy it may
+  // be transposed from.
+  std::optional<memory::desc> sibling;
 };
 
 // A primitive with its arguments.
@@ -154,7 +174,14 @@ dnnl::primitive_attr UserScratchpad() {
 }
 
 Arg MakeArg(int id, const memory::desc& user, const memory::desc& inner, bool input) {
-  Arg a{id, user, inner, std::nullopt, !input && IsOIhw16i16o(user, inner)};
+  Arg a{id, user, inner, std::nullopt, !input && IsOIhw16i16o(user, inner), std::nullopt};
+  if (input && user.data.ndims == 4) {
+    // OIhw16o16i is OIhw16i16o with every tile transposed.
+    const memory::desc twin(user.dims(), dt::f32, tag::ABcd16b16a);
+    if (IsOIhw16i16o(user, twin) && inner == memory::desc(user.dims(), dt::f32, tag::ABcd16a16b)) {
+      a.sibling = twin;
+    }
+  }
   if (user != inner) {
     const dnnl::primitive_attr attr;  // reorders of plain tensors need no scratchpad
     a.reorder =
@@ -268,16 +295,7 @@ class WeightCache {
   Block Get(const WeightVersion& v, const void* plain, size_t plain_bytes,
             const memory::desc& layout, Fill fill) {
     const Fingerprint fingerprint = FingerprintOf(plain, plain_bytes);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (Item& item : items_) {
-        if (item.counter == v.counter.get() && !item.owner.expired() && item.version == v.version &&
-            item.data == plain && item.fingerprint == fingerprint && item.layout == layout) {
-          item.last_use = ++clock_;
-          return item.block;
-        }
-      }
-    }
+    if (Block hit = Find(v, plain, fingerprint, layout)) return hit;
     auto block = std::make_shared<DataPtr>(GetCpuAllocator()->Allocate(layout.get_size()));
     fill(block->get());
     std::lock_guard<std::mutex> lock(mu_);
@@ -303,6 +321,20 @@ class WeightCache {
       items_.clear();
     }
     return block;
+  }
+
+  // The copy Get would return without filling one, or null.
+  Block Find(const WeightVersion& v, const void* plain, const Fingerprint& fingerprint,
+             const memory::desc& layout) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Item& item : items_) {
+      if (item.counter == v.counter.get() && !item.owner.expired() && item.version == v.version &&
+          item.data == plain && item.fingerprint == fingerprint && item.layout == layout) {
+        item.last_use = ++clock_;
+        return item.block;
+      }
+    }
+    return nullptr;
   }
 
   size_t size() {
@@ -357,12 +389,23 @@ void Execute(const Entry& e, const std::vector<const void*>& in, const std::vect
       continue;
     }
     if (i == weight && version.counter != nullptr) {
-      blocks.push_back(
-          WeightCache::Get().Get(version, in[i], a.user.get_size(), a.inner, [&](void* buffer) {
-            memory inner(a.inner, eng, buffer);
-            a.reorder->execute(stream, user, inner);
-            stream.wait();
-          }));
+      WeightCache& cache = WeightCache::Get();
+      blocks.push_back(cache.Get(version, in[i], a.user.get_size(), a.inner, [&](void* buffer) {
+        // Backward data's OIhw16o16i from the forward's OIhw16i16o copy of
+        // this version, when there is one (Note [oneDNN weight cache]).
+        if (a.sibling) {
+          const WeightCache::Block forward =
+              cache.Find(version, in[i], FingerprintOf(in[i], a.user.get_size()), *a.sibling);
+          if (forward != nullptr) {
+            TransposeTiles(static_cast<const float*>(forward->get()), static_cast<float*>(buffer),
+                           static_cast<int64_t>(a.inner.get_size() / sizeof(float)));
+            return;
+          }
+        }
+        memory inner(a.inner, eng, buffer);
+        a.reorder->execute(stream, user, inner);
+        stream.wait();
+      }));
       args.emplace(a.id, memory(a.inner, eng, const_cast<void*>(blocks.back()->get())));
       continue;
     }

@@ -55,7 +55,10 @@
 // pointing the parameter at a new gathered buffer) are caught unless they
 // leave the address and every sampled value as they were. In training each
 // step changes the weights, so there the forward's and backward data's
-// reorders still happen once per step each (their layouts differ); a
+// reorders still happen once per step each (their layouts differ;
+// backward data's OIhw16o16i is made from the forward's OIhw16i16o copy of
+// the same version by transposing its 16x16 tiles, which reads that copy in
+// order instead of gathering from OIHW); a
 // sequence of forwards with unchanged weights (evaluation, several
 // micro-batches per step) reorders once. Entries of freed tensors are
 // dropped at the next insertion; at most kWeightCacheBytes are kept (least
