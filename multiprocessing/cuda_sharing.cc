@@ -36,7 +36,9 @@ namespace ember::multiprocessing {
 // drops it when its storage is freed (an atomic decrement in the mapped
 // file), and the sender, which alone may free the block, lets go of its
 // storage once the counter is zero. The event recorded at send orders the
-// receiver after the sender's queued writes without blocking either host.
+// receiver after the sender's queued writes without blocking either host;
+// the receiver synchronises its current stream before it drops its
+// reference, so the sender never reuses memory the receiver still works on.
 
 namespace {
 
@@ -98,10 +100,21 @@ struct Received {
   std::shared_ptr<OpenSegment> segment;
   std::shared_ptr<internal::IpcRefCounters> counters;
   int slot = 0;
+  int device = 0;
 };
 
+// Dropping the reference lets the sender free the block and reuse the
+// memory at once, so the work this process queued on the memory must be
+// done first: the device's current stream is synchronised before (as PyTorch
+// does; work on other streams must be ordered before it by the user, as
+// record_stream asks within one process).
 void FreeReceived(void* context) {
   auto* r = static_cast<Received*>(context);
+  cuda::internal::OnDevice(r->device, [&]() -> absl::Status {
+    absl::StatusOr<cuda::Stream> stream = cuda::current_stream(r->device);
+    if (stream.ok()) cudaStreamSynchronize(stream->stream());
+    return absl::OkStatus();
+  }).IgnoreError();
   r->counters->Add(r->slot, -1);
   delete r;
 }
@@ -217,7 +230,10 @@ class CudaSharingHandler final : public SharingHandler {
       cudaEventDestroy(event);
       return waited;
     }));
-    auto* r = new Received{.segment = segment, .counters = counters, .slot = static_cast<int>(w.slot)};
+    auto* r = new Received{.segment = segment,
+                           .counters = counters,
+                           .slot = static_cast<int>(w.slot),
+                           .device = device};
     void* data = static_cast<char*>(segment->base) + w.offset;
     return Storage(DataPtr(data, r, &FreeReceived, Device(DeviceType::kCUDA, device)), w.nbytes);
   }
