@@ -47,6 +47,8 @@ if [[ -z "$logfile" ]]; then
   if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then logfile="$OUT/gpu_verify.log"; else logfile="$here/gpu_verify.log"; fi
 fi
 : >"$logfile" || { echo "run.sh: cannot write the log $logfile" >&2; exit 2; }
+# Absolute: the binaries and the PyTorch peer (which reads it) run elsewhere.
+logfile="$(cd "$(dirname "$logfile")" && pwd)/$(basename "$logfile")"
 SECONDS=0
 passed=0 failed=0 skipped=0
 
