@@ -6,7 +6,9 @@
 #
 #   run.sh [--budget SECONDS] [--log FILE] [--no-memcheck] [--filter REGEX]
 #     --budget     seconds for everything (default 450: done within 8 minutes
-#                  with unpacking and the CUDA libraries' first load)
+#                  with unpacking and the CUDA libraries' first load); the
+#                  tests stop starting when a third of it (at most 150 s) is
+#                  left, which the benchmarks and the PyTorch peer may use
 #     --log        the whole log (default $OUT/gpu_verify.log when $OUT is a
 #                  folder, else gpu_verify.log beside this script)
 #     --filter     run only the binaries whose name matches REGEX (grep -E)
@@ -131,12 +133,14 @@ if ((${#tests[@]})); then
 fi
 say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
-# Runs `$@` for at most $1 seconds of the budget, output in $work/out.txt;
-# returns its exit status, 124 on a timeout, 125 when no time is left.
+# Runs `$@` for at most $1 seconds, and not past $deadline (seconds since the
+# start), output in $work/out.txt; returns its exit status, 124 on a timeout,
+# 125 when no time is left.
+deadline=$budget
 run_timed() {
   local limit="$1" left
   shift
-  left=$((budget - SECONDS))
+  left=$((deadline - SECONDS))
   ((left < limit)) && limit=$left
   ((limit >= 5)) || return 125
   local tmp
@@ -150,6 +154,13 @@ run_timed() {
 # The output's last lines on the console (the log has all of it).
 show_tail() { tail -n 25 "$work/out.txt" | sed 's/^/    | /'; }
 
+# The tests leave a third of the budget (at most 150 s) to the benchmarks
+# and the PyTorch peer, so that slow tests do not cost the figures; what the
+# benchmarks leave goes to memcheck.
+if ((${#benchmarks[@]})); then
+  reserve=$((budget / 3 < 150 ? budget / 3 : 150))
+  deadline=$((budget - reserve))
+fi
 say ""
 say "=== tests (${#tests[@]})"
 for entry in "${tests[@]}"; do
@@ -180,6 +191,7 @@ for entry in "${tests[@]}"; do
   fi
 done
 
+deadline=$budget
 say ""
 say "=== benchmarks (${#benchmarks[@]})"
 for entry in "${benchmarks[@]}"; do
