@@ -96,11 +96,12 @@ def cuda_cc_library(name, without_cuda, **kwargs):
         native.alias(name = name, actual = without_cuda, visibility = kwargs.get("visibility"))
 
 def cuda_cc_test(name, rule = ember_cc_test, **kwargs):
-    """`rule(name = name, **kwargs)` (an ember_cc_test unless told) in a build
-    with CUDA; in one without, a test of that name that reports itself
-    skipped because Ember was built without CUDA support. Keeps `size`,
-    `tags` and `visibility`."""
+    """`rule(name = name, **kwargs)` (an ember_cc_test unless told), tagged
+    "gpu" (what tools/gpu_verify.sh bundles), in a build with CUDA; in one
+    without, a test of that name that reports itself skipped because Ember
+    was built without CUDA support. Keeps `size`, `tags` and `visibility`."""
     if CUDA_ENABLED:
+        kwargs["tags"] = kwargs.get("tags", []) + ["gpu"]
         rule(name = name, **kwargs)
         return
     ember_cc_test(

@@ -13,11 +13,11 @@
 #   # on the GPU machine, with the folder copied there:
 #   bundle/run.sh [--budget SECONDS] [--log FILE] [--no-memcheck] [--filter REGEX]
 #
-# Which targets: a GPU test is a cc_test that depends on the CUDA toolkit
-# (//third_party/cuda:cudart) other than only through //:ember, or that is
-# tagged "gpu"; a GPU benchmark is such a cc_binary tagged "benchmark" (what
-# ember_cc_benchmark tags). cuda_cc_test and cuda_library targets qualify
-# without further notice, in any package.
+# Which targets: a GPU test is a cc_test tagged "gpu" (every cuda_cc_test
+# is; a test of another rule with GPU cases says so with tags = ["gpu"]); a
+# GPU benchmark is a cc_binary tagged both "benchmark" (what
+# ember_cc_benchmark tags) and "gpu". A CPU test that merely links the CUDA
+# toolkit (through //distributed's nccl or parallel's cuda_comm) is not one.
 #
 # What the bundle holds: run.sh, MANIFEST (the targets, their timeouts, the
 # CUDA libraries they need) and payload.tar.xz: bin/ (the binaries, stripped),
@@ -54,11 +54,8 @@ if ! grep -q '^CUDA_ENABLED = True' "$defs"; then
 fi
 cuda_root=$(sed -n 's/^CUDA_PATH = "\(.*\)"$/\1/p' "$defs")
 
-# ---- Find the GPU targets ----
-# What needs the toolkit other than through //:ember, and its direct
-# dependents: a test that reaches the toolkit only through //:ember (the doc
-# examples of the other areas) is no GPU test.
-gpu="rdeps(//..., rdeps(//..., //third_party/cuda:cudart) except rdeps(//..., //:ember), 1) + attr(tags, '\\bgpu\\b', //...)"
+# ---- Find the GPU targets (tagged "gpu": see "Which targets" above) ----
+gpu="attr(tags, '\\bgpu\\b', //...)"
 query() { bazel query --noshow_progress --keep_going "$1" 2>/dev/null | sort -u; }
 mapfile -t tests < <(query "kind('cc_test rule', $gpu)")
 mapfile -t benchmarks < <(query "attr(tags, '\\bbenchmark\\b', kind('cc_binary rule', $gpu))")

@@ -7,7 +7,7 @@ several tests that build in parallel.
 
 load("//tools:copts.bzl", "ember_cc_test")
 
-def doc_examples_test(name, docs, deps = [], data = []):
+def doc_examples_test(name, docs, deps = [], data = [], tags = []):
     """A GoogleTest named `name` holding every ```cpp example of `docs`.
 
     Args:
@@ -15,6 +15,7 @@ def doc_examples_test(name, docs, deps = [], data = []):
       docs: README.md files and headers (labels), each with an example.
       deps: the libraries the examples include.
       data: runtime files the examples need (e.g. the shm manager).
+      tags: the test's tags.
     """
     native.genrule(
         name = name + "_src",
@@ -27,6 +28,7 @@ def doc_examples_test(name, docs, deps = [], data = []):
         name = name,
         srcs = [name + ".cc"],
         data = data,
+        tags = tags,
         deps = deps + [
             "//tensor:status_macros",
             "//third_party/abseil:status",
