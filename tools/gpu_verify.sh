@@ -26,8 +26,10 @@
 # machine's own are too old) and lib/cudart/ (the CUDA runtime, used only where
 # the machine has none). cuBLAS, cuDNN and NCCL are far too large to carry:
 # run.sh finds them on the GPU machine (see tools/gpu_verify_run.sh). Beside
-# them, torch_train_step.py (nn/cuda/): PyTorch's side of the training-step
-# benchmarks, which run.sh runs when the machine's python3 has torch with CUDA.
+# them, the PyTorch peers run.sh runs when the machine's python3 has torch
+# with CUDA: torch_train_step.py (nn/cuda/: the training-step benchmarks) and
+# torch_cuda_queue.py (multiprocessing/: cuda_queue_benchmark's CUDA tensors
+# through a Queue).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.device/bundle
@@ -145,6 +147,7 @@ tar -C "$stage" -cf - bin lib | xz -T1 --lzma2=preset=6,dict=192MiB >"$out/paylo
 cp tools/gpu_verify_run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
 cp nn/cuda/torch_train_step.py "$out/torch_train_step.py"
+cp multiprocessing/torch_cuda_queue.py "$out/torch_cuda_queue.py"
 
 size_kib=$(du -sk "$out" | cut -f1)
 ((size_kib < limit_mib * 1024)) ||

@@ -242,6 +242,31 @@ else
 fi
 
 say ""
+say "=== CUDA tensors through a Queue beside torch.multiprocessing (cuda_queue_benchmark, torch_cuda_queue.py)"
+qpeer="$here/torch_cuda_queue.py"
+qbin="$work/bin/cuda_queue_benchmark"
+if [[ -n "$filter" ]] && ! grep -qE "$filter" <<<"torch_cuda_queue"; then
+  : # filtered out
+elif ((gpus == 0)) || [[ ! -f "$qpeer" || ! -x "$qbin" ]]; then
+  skipped=$((skipped + 1)); say "SKIP torch_cuda_queue: no GPU, or no $qpeer or $qbin"
+else
+  echo ">>> cuda_queue_benchmark with EMBER_TORCH_PEER=$qpeer" >>"$logfile"
+  # The benchmark strips LD_LIBRARY_PATH for the peer itself.
+  run_timed 300 env EMBER_TORCH_PEER="$qpeer" "$qbin"
+  rc=$?
+  if ((rc == 125)); then
+    skipped=$((skipped + 1)); say "SKIP torch_cuda_queue: no time left in the budget"
+  elif ((rc == 0)) && ! grep -qE '^FAIL |ERROR OCCURRED' "$work/out.txt"; then
+    passed=$((passed + 1)); say "ok   torch_cuda_queue (${SECONDS}s)"
+  else
+    failed=$((failed + 1)); say "FAIL torch_cuda_queue: exit status $rc"; show_tail
+  fi
+  # Rates, ratios, the floor, SKIP/FAIL lines, and only the leak counts that are not 0.
+  awk '$1 == "SKIP" || $1 == "FAIL" || ($1 == "figure" && ($2 !~ /_(d_[a-z_]+|blocks_held)$/ || $3 != 0)) { print "    " $0 }' \
+    "$work/out.txt" | tee -a "$logfile"
+fi
+
+say ""
 say "=== memcheck (${#tests[@]} test binaries, while the budget lasts)"
 sanitizer=""
 for c in "$cuda/bin/compute-sanitizer" "$cuda/compute-sanitizer/compute-sanitizer" \
