@@ -75,6 +75,11 @@ MpirunResult RunThisTestUnderMpirun(int ranks, const std::string& gtest_filter,
                                    // Loopback only: shared memory between the ranks, TCP over lo.
                                    "--mca", "btl", "self,vader,tcp", "--mca", "btl_tcp_if_include",
                                    "lo", "--mca", "oob_tcp_if_include", "lo",
+                                   // The shared-memory segments in this job's own directory:
+                                   // in /dev/shm their names carry pids and job ids, which
+                                   // jobs in separate pid namespaces (Bazel's sandboxes, run
+                                   // side by side) share, and the jobs then map each other's.
+                                   "--mca", "btl_vader_backing_directory", dir,
                                    // mpirun ends the job itself a little before the test gives up.
                                    "--timeout", absl::StrCat(std::max(seconds - 10, 10)),
                                    SelfPath(), absl::StrCat("--gtest_filter=", gtest_filter)};

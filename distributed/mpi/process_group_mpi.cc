@@ -143,16 +143,40 @@ absl::StatusOr<LauncherWorld> MpiWorldFromLauncher(int rank, int world_size) {
 //   (or MASTER_ADDR) to the others.
 // EMBER_MPI_STORE=0 leaves such groups without a store. A rank 0 that cannot
 // serve sends its error instead, so no rank waits for a store that is not
-// coming.
+// coming; and the ranks agree (MPI_Allreduce) that every one reached the
+// store before any goes on, so rank 0 never takes its server away (by
+// destroying the group) while another rank is still connecting.
 
 namespace {
 
 constexpr int kWhereBytes = 512;
+// How long a rank tries to reach the group's store (at most the group's timeout).
+constexpr absl::Duration kConnectLimit = absl::Seconds(60);
 
 std::string HostName() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   return host;
+}
+
+// Every rank of `comm` learns whether every rank got its store: rank 0 must
+// not go on (and, when the group is destroyed soon after, take its server
+// away) while another rank is still connecting.
+absl::StatusOr<std::shared_ptr<Store>> AgreeOnStore(
+    MPI_Comm comm, absl::StatusOr<std::unique_ptr<TcpStore>> store) {
+  const int mine = store.ok() ? 1 : 0;
+  int all = 0;
+  EMBER_RETURN_IF_ERROR(CallMpi("mpi backend: agreeing on the group's store", "MPI_Allreduce", [&] {
+    return MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, comm);
+  }));
+  if (!store.ok()) return store.status();
+  if (all == 0) {
+    return absl::UnavailableError(
+        "mpi backend: another rank of the group could not reach the group's store (its error "
+        "names the address); set MASTER_ADDR to an address of rank 0's host that every rank "
+        "reaches, or EMBER_MPI_STORE=0 to run without one");
+  }
+  return std::shared_ptr<Store>(std::move(*store));
 }
 
 absl::StatusOr<std::shared_ptr<Store>> StoreOverMpi(MPI_Comm comm, int rank, bool whole_world,
@@ -161,6 +185,7 @@ absl::StatusOr<std::shared_ptr<Store>> StoreOverMpi(MPI_Comm comm, int rank, boo
   const char* env_port = std::getenv("MASTER_PORT");
   const bool env =
       env_addr != nullptr && *env_addr != '\0' && env_port != nullptr && *env_port != '\0';
+  const absl::Duration connect = std::min(timeout, kConnectLimit);
   if (env && whole_world) {
     int port = 0;
     if (!absl::SimpleAtoi(env_port, &port) || port <= 0 || port > 65535) {
@@ -170,54 +195,57 @@ absl::StatusOr<std::shared_ptr<Store>> StoreOverMpi(MPI_Comm comm, int rank, boo
                        "port on MASTER_ADDR's host, or unset MASTER_ADDR and MASTER_PORT"));
     }
     absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::create(
-        {.host = env_addr, .port = port, .is_server = rank == 0, .timeout = timeout});
+        {.host = env_addr, .port = port, .is_server = rank == 0, .timeout = connect});
     if (!store.ok()) {
-      return absl::Status(
-          store.status().code(),
-          absl::StrCat("mpi backend: the group's store at MASTER_ADDR:MASTER_PORT (", env_addr, ":",
-                       port, "): ", store.status().message()));
+      store =
+          absl::Status(store.status().code(),
+                       absl::StrCat("mpi backend: the group's store at MASTER_ADDR:MASTER_PORT (",
+                                    env_addr, ":", port, "): ", store.status().message()));
     }
-    return std::shared_ptr<Store>(std::move(*store));
+    return AgreeOnStore(comm, std::move(store));
   }
   // Rank 0 serves; "<host>|<port>" or "!<error>" travels to the others.
-  std::unique_ptr<TcpStore> served;
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = absl::UnknownError("not connected");
   std::vector<char> where(kWhereBytes, '\0');
   if (rank == 0) {
-    absl::StatusOr<std::unique_ptr<TcpStore>> store =
-        TcpStore::create({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = timeout});
+    store =
+        TcpStore::create({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = connect});
     const std::string text = store.ok()
                                  ? absl::StrCat(env ? env_addr : HostName(), "|", (*store)->port())
                                  : absl::StrCat("!", store.status().message());
     std::copy_n(text.begin(), std::min<size_t>(text.size(), kWhereBytes - 1), where.begin());
-    if (store.ok()) served = std::move(*store);
   }
   EMBER_RETURN_IF_ERROR(
       CallMpi("mpi backend: telling the group where its store is", "MPI_Bcast",
               [&] { return MPI_Bcast(where.data(), kWhereBytes, MPI_CHAR, 0, comm); }));
   const std::string text(where.data());
   if (!text.empty() && text[0] == '!') {
+    // Every rank saw rank 0's error: nobody waits for the others.
     return absl::UnavailableError(absl::StrCat(
         "mpi backend: the group's rank 0 could not serve its store (", text.substr(1),
         "); set MASTER_ADDR and MASTER_PORT, or EMBER_MPI_STORE=0 to run without one"));
   }
-  if (rank == 0) return std::shared_ptr<Store>(std::move(served));
-  std::vector<std::string> f = absl::StrSplit(text, '|');
-  int port = 0;
-  if (f.size() != 2 || !absl::SimpleAtoi(f[1], &port)) {
-    return absl::DataLossError(
-        absl::StrCat("mpi backend: rank 0 sent '", text, "' as its store's address"));
+  if (rank != 0) {
+    std::vector<std::string> f = absl::StrSplit(text, '|');
+    int port = 0;
+    if (f.size() != 2 || !absl::SimpleAtoi(f[1], &port)) {
+      store = absl::DataLossError(
+          absl::StrCat("mpi backend: rank 0 sent '", text, "' as its store's address"));
+    } else {
+      const std::string host = f[0] == HostName() ? "127.0.0.1" : f[0];
+      store =
+          TcpStore::create({.host = host, .port = port, .is_server = false, .timeout = connect});
+      if (!store.ok()) {
+        store =
+            absl::Status(store.status().code(),
+                         absl::StrCat("mpi backend: connecting to the group's store on rank 0 (",
+                                      host, ":", port, "): ", store.status().message(),
+                                      "; set MASTER_ADDR to an address of rank 0's host that "
+                                      "this one reaches, or EMBER_MPI_STORE=0"));
+      }
+    }
   }
-  const std::string host = f[0] == HostName() ? "127.0.0.1" : f[0];
-  absl::StatusOr<std::unique_ptr<TcpStore>> store =
-      TcpStore::create({.host = host, .port = port, .is_server = false, .timeout = timeout});
-  if (!store.ok()) {
-    return absl::Status(store.status().code(),
-                        absl::StrCat("mpi backend: connecting to the group's store on rank 0 (",
-                                     host, ":", port, "): ", store.status().message(),
-                                     "; set MASTER_ADDR to an address of rank 0's host that "
-                                     "this one reaches, or EMBER_MPI_STORE=0"));
-  }
-  return std::shared_ptr<Store>(std::move(*store));
+  return AgreeOnStore(comm, std::move(store));
 }
 
 }  // namespace
