@@ -14,8 +14,9 @@
 //   debug.cc) off (EMBER_CHECK_COLLECTIVES=0) or on (the default); the
 //   recorder is on.
 //
-//   bazel run -c opt //distributed:flight_recorder_benchmark -- \
+//   bazel run -c opt //distributed:flight_recorder_benchmark --
 //       --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
+//   (one command line)
 #include <atomic>
 #include <cstdlib>
 #include <memory>
