@@ -39,6 +39,7 @@
 #include "cuda/device.h"
 #include "cuda/status.h"
 #include "cuda/stream.h"
+#include "distributed/nccl/communicator.h"
 #include "parallel/comm.h"
 #include "parallel/warning.h"
 #include "tensor/device_guard.h"
@@ -48,27 +49,13 @@
 namespace ember::parallel {
 namespace {
 
+// NCCL's type for coalesced copies and sums: distributed/nccl's mapping,
+// except bool (a byte sum is no "or"); none for what NCCL lacks (int16).
 std::optional<ncclDataType_t> NcclType(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kFloat32:
-      return ncclFloat32;
-    case Dtype::kFloat64:
-      return ncclFloat64;
-    case Dtype::kFloat16:
-      return ncclFloat16;
-    case Dtype::kBFloat16:
-      return ncclBfloat16;
-    case Dtype::kInt64:
-      return ncclInt64;
-    case Dtype::kInt32:
-      return ncclInt32;
-    case Dtype::kInt8:
-      return ncclInt8;
-    case Dtype::kUInt8:
-      return ncclUint8;
-    default:
-      return std::nullopt;  // int16 (NCCL lacks it), bool (a byte sum is no "or")
-  }
+  if (dtype == Dtype::kBool) return std::nullopt;
+  absl::StatusOr<ncclDataType_t> type = distributed::nccl::nccl_dtype(dtype);
+  if (!type.ok()) return std::nullopt;
+  return *type;
 }
 
 cudaStream_t CurrentStream(int device) {

@@ -19,6 +19,7 @@
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/linear.h"
+#include "parallel/cuda_testing.h"
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
 #include "tensor/device_guard.h"
@@ -30,19 +31,7 @@ namespace {
 
 using ::ember::testing::Values;
 
-#define SKIP_WITHOUT_GPUS(n)                                                            \
-  do {                                                                                  \
-    if (!cuda::is_available()) {                                                        \
-      GTEST_SKIP() << "the CPU side passed; the GPU side needs a GPU: "                 \
-                   << cuda::unavailable_reason();                                       \
-    }                                                                                   \
-    if (cuda::device_count() < (n)) {                                                   \
-      GTEST_SKIP() << "the CPU side passed; the GPU side needs " << (n)                 \
-                   << " GPUs, this machine has " << cuda::device_count();               \
-    }                                                                                   \
-  } while (0)
-
-Device Cuda(int index) { return Device(DeviceType::kCUDA, index); }
+using cuda_testing::Cuda;
 
 // Inputs worked out by hand: float32 and float16 (NCCL carries both) and
 // int16 (which NCCL lacks: peer copies), on `device`.
@@ -87,7 +76,7 @@ TEST(DataParallelCudaTest, CoalescedBroadcastAndReduceAcrossGpus) {
   ExpectCoalescedComm(kCPU, kCPU);
   // The CUDA transport registers itself in every build with CUDA, GPU or not.
   EXPECT_NE(comm::GetDeviceTransport(DeviceType::kCUDA), nullptr);
-  SKIP_WITHOUT_GPUS(2);
+  EMBER_SKIP_WITHOUT_GPUS(2);
   ExpectCoalescedComm(Cuda(0), Cuda(1));
   ExpectCoalescedComm(Cuda(1), Cuda(0));
 }
@@ -107,7 +96,7 @@ TEST(DataParallelCudaTest, ScatterFromTheHostAndGatherBack) {
     EXPECT_EQ(Values(whole.cpu()), Values(x));
   };
   check({kCPU, kCPU, kCPU}, kCPU);
-  SKIP_WITHOUT_GPUS(1);
+  EMBER_SKIP_WITHOUT_GPUS(1);
   check({Cuda(0), Cuda(0), Cuda(0)}, Cuda(0));
   check({Cuda(0), Cuda(0), Cuda(0)}, kCPU);
   if (cuda::device_count() < 2) {
@@ -159,14 +148,14 @@ void ExpectMatchesPlainModule(const std::vector<Device>& devices,
 
 TEST(DataParallelCudaTest, DeviceIdsZeroWithTheModuleOnCuda0) {
   ExpectMatchesPlainModule({kCPU, kCPU}, std::nullopt);
-  SKIP_WITHOUT_GPUS(1);
+  EMBER_SKIP_WITHOUT_GPUS(1);
   ExpectMatchesPlainModule({Cuda(0)}, std::nullopt);
   ExpectMatchesPlainModule({Cuda(0)}, Device(kCPU));
 }
 
 TEST(DataParallelCudaTest, ReplicasAcrossGpus) {
   ExpectMatchesPlainModule({kCPU, kCPU, kCPU}, Device(kCPU));
-  SKIP_WITHOUT_GPUS(2);
+  EMBER_SKIP_WITHOUT_GPUS(2);
   std::vector<Device> all;
   for (int i = 0; i < cuda::device_count(); ++i) all.push_back(Cuda(i));
   ExpectMatchesPlainModule({Cuda(0), Cuda(1)}, std::nullopt);
@@ -191,7 +180,7 @@ TEST(DataParallelCudaTest, BalanceRuleOnRealDeviceProperties) {
   EXPECT_THAT(check_balance({Cuda(0), Cuda(1)}, {big, small}),
               ::testing::Optional(::testing::HasSubstr("exclude GPU 1 which has less than 75% "
                                                        "of the memory or cores of GPU 0")));
-  SKIP_WITHOUT_GPUS(1);
+  EMBER_SKIP_WITHOUT_GPUS(1);
   const std::optional<DeviceProperties> p = get_device_properties(Cuda(0));
   ASSERT_TRUE(p.has_value());
   EXPECT_GT(p->total_memory, int64_t{1} << 30) << p->name;

@@ -23,6 +23,7 @@
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
+#include "parallel/cuda_testing.h"
 #include "parallel/distributed_data_parallel.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -34,24 +35,13 @@ namespace {
 namespace testing = ::ember::distributed::testing;
 using ::testing::HasSubstr;
 
-#define SKIP_WITHOUT_GPUS(n)                                                            \
-  do {                                                                                  \
-    if (!cuda::is_available()) {                                                        \
-      GTEST_SKIP() << "the CPU side passed; the GPU side needs a GPU: "                 \
-                   << cuda::unavailable_reason();                                       \
-    }                                                                                   \
-    if (cuda::device_count() < (n)) {                                                   \
-      GTEST_SKIP() << "the GPU side needs " << (n) << " GPUs, this machine has "        \
-                   << cuda::device_count();                                             \
-    }                                                                                   \
-  } while (0)
-
 constexpr int64_t kInputs = 6;
 constexpr int64_t kClasses = 4;
 constexpr int64_t kGlobalBatch = 16;
 constexpr double kRelativeTolerance = 1e-5;
 
-Device Cuda(int index) { return Device(DeviceType::kCUDA, index); }
+using cuda_testing::Cuda;
+using cuda_testing::Guard;
 
 // fc1 -> relu -> fc2 (scaled by a buffer), plus a head forward uses only
 // when `use_extra`.
@@ -84,14 +74,6 @@ Batch GlobalBatch(int step, Device device) {
 Batch Shard(const Batch& b, int rank, int world) {
   const int64_t n = kGlobalBatch / world;
   return {b.x.narrow(0, rank * n, n), b.y.narrow(0, rank * n, n)};
-}
-
-absl::Status Guard(const std::function<absl::Status()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    return absl::InternalError(e.what());
-  }
 }
 
 std::vector<Tensor> HostCopies(const nn::Module& m) {
@@ -241,18 +223,18 @@ void RunAll(const std::string& backend, int world, const std::function<Device(in
 
 TEST(DdpCudaTest, NcclWorldSizeOneOnCuda0MatchesOneProcess) {
   RunAll("gloo", 1, [](int) { return Device(kCPU); });  // the CPU side
-  SKIP_WITHOUT_GPUS(1);
+  EMBER_SKIP_WITHOUT_GPUS(1);
   RunAll("nccl", 1, [](int) { return Cuda(0); });
 }
 
 TEST(DdpCudaTest, GlooTwoRanksSharingCuda0MatchOneProcess) {
   RunAll("gloo", 2, [](int) { return Device(kCPU); });
-  SKIP_WITHOUT_GPUS(1);
+  EMBER_SKIP_WITHOUT_GPUS(1);
   RunAll("gloo", 2, [](int) { return Cuda(0); });
 }
 
 TEST(DdpCudaTest, NcclOneRankPerGpuMatchesOneProcess) {
-  SKIP_WITHOUT_GPUS(2);
+  EMBER_SKIP_WITHOUT_GPUS(2);
   const int n = std::min(cuda::device_count(), 4);
   RunAll("nccl", n, [](int r) { return Cuda(r); });
 }
@@ -294,7 +276,7 @@ TEST(DdpCudaTest, DeviceIdsAndOutputDeviceAsTorchTakesThem) {
     EXPECT_THAT(errors[1], HasSubstr("output_device cpu for a module on cpu"));
     EXPECT_EQ(errors[2], "ok");
   }
-  SKIP_WITHOUT_GPUS(1);
+  EMBER_SKIP_WITHOUT_GPUS(1);
   auto on = [](Device d) {
     auto m = std::make_shared<Net>();
     m->to(d);

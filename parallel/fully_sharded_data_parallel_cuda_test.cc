@@ -23,6 +23,7 @@
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
+#include "parallel/cuda_testing.h"
 #include "parallel/fully_sharded_data_parallel.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -34,24 +35,13 @@ namespace {
 namespace testing = ::ember::distributed::testing;
 using ::testing::HasSubstr;
 
-#define SKIP_WITHOUT_GPUS(n)                                                     \
-  do {                                                                           \
-    if (!cuda::is_available()) {                                                 \
-      GTEST_SKIP() << "the CPU side passed; the GPU side needs a GPU: "          \
-                   << cuda::unavailable_reason();                                \
-    }                                                                            \
-    if (cuda::device_count() < (n)) {                                            \
-      GTEST_SKIP() << "the GPU side needs " << (n) << " GPUs, this machine has " \
-                   << cuda::device_count();                                      \
-    }                                                                            \
-  } while (0)
-
 constexpr int64_t kInputs = 6;
 constexpr int64_t kClasses = 4;
 constexpr int64_t kGlobalBatch = 12;
 constexpr double kRelativeTolerance = 1e-5;
 
-Device Cuda(int index) { return Device(DeviceType::kCUDA, index); }
+using cuda_testing::Cuda;
+using cuda_testing::Guard;
 
 // fc1 (35 parameters: uneven shards) -> relu -> fc2 -> relu -> head (root).
 class Net : public nn::Cloneable<Net> {
@@ -75,14 +65,6 @@ Batch GlobalBatch(int step, Device device) {
   Generator gen(700 + step);
   return {randn({kGlobalBatch, kInputs}, {}, &gen).to(device),
           randint(0, kClasses, {kGlobalBatch}, {}, &gen).to(device)};
-}
-
-absl::Status Guard(const std::function<absl::Status()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    return absl::InternalError(e.what());
-  }
 }
 
 // Trains 3 steps fully sharded with `strategy` on `world` ranks over
@@ -174,18 +156,18 @@ void RunAll(const std::string& backend, int world, Device device) {
 
 TEST(FsdpCudaTest, NcclWorldSizeOneOnCuda0MatchesOneProcess) {
   RunAll("gloo", 1, kCPU);  // the CPU side
-  SKIP_WITHOUT_GPUS(1);
+  EMBER_SKIP_WITHOUT_GPUS(1);
   RunAll("nccl", 1, Cuda(0));
 }
 
 TEST(FsdpCudaTest, GlooTwoRanksSharingCuda0MatchOneProcess) {
   RunAll("gloo", 2, kCPU);
-  SKIP_WITHOUT_GPUS(1);
+  EMBER_SKIP_WITHOUT_GPUS(1);
   RunAll("gloo", 2, Cuda(0));
 }
 
 TEST(FsdpCudaTest, NcclOneRankPerGpuMatchesOneProcess) {
-  SKIP_WITHOUT_GPUS(2);
+  EMBER_SKIP_WITHOUT_GPUS(2);
   // One device per rank: every rank's module on its own GPU.
   const int n = std::min(cuda::device_count(), 4);
   manual_seed(5);
@@ -219,7 +201,7 @@ TEST(FsdpCudaTest, NcclOneRankPerGpuMatchesOneProcess) {
 }
 
 TEST(FsdpCudaTest, AModuleOnTwoDevicesIsRefusedNamingBoth) {
-  SKIP_WITHOUT_GPUS(1);
+  EMBER_SKIP_WITHOUT_GPUS(1);
   auto model = std::make_shared<Net>();
   model->fc1->to(Cuda(0));
   testing::RunRanksOptions options;

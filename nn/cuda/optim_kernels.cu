@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/loops.cuh"
 #include "nn/cuda/optim_kernels.h"
 
 namespace ember::nn::cuda::kernels {
@@ -25,20 +26,8 @@ struct TensorTable {
 static_assert(sizeof(TensorTable<5>) + sizeof(AdamScalars) <= 4000,
               "a launch's arguments must stay within 4 KiB");
 
-template <typename T>
-struct MathOf {
-  using type = T;
-};
-template <>
-struct MathOf<__half> {
-  using type = float;
-};
-template <>
-struct MathOf<__nv_bfloat16> {
-  using type = float;
-};
-template <typename T>
-using Math = typename MathOf<T>::type;
+// The arithmetic type of an element type (float for the 16-bit floats).
+using ::ember::cuda::kernels::Math;
 
 template <typename T>
 __device__ __forceinline__ Math<T> Load(const T* p, int64_t i) {
