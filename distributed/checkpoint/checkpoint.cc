@@ -121,14 +121,18 @@ struct Piece {
 // The files hold bytes, not devices (as PyTorch's FileSystemWriter). An item
 // on a device is staged through a host copy: save writes a CPU copy made on
 // the device's current stream (so it holds every write queued there before
-// the save), and load reads into a CPU copy of the item and then copies that
-// into the device tensor. Placements describe the item's own tensor, and the
+// the save), and load reads into a host tensor of the item's shape and then
+// copies that into the device tensor. Placements describe the item's own tensor, and the
 // copy has its shape, so the same pieces apply to both.
 
-// `item` with its tensor on the CPU: itself, or a host copy of a device item.
-Item OnHost(const Item& item) {
+// `item` with its tensor on the CPU: itself, or for a device item a host
+// tensor of its shape and dtype holding its values (`with_values`, to save)
+// or not yet (to load: the pieces cover all of it).
+Item OnHost(const Item& item, bool with_values) {
   if (!item.tensor.defined() || item.tensor.is_cpu()) return item;
-  return Item{item.tensor.detach().to(kCPU), item.placement};
+  Tensor host = with_values ? item.tensor.detach().to(kCPU)
+                            : empty(item.tensor.sizes(), TensorOptions().dtype(item.tensor.dtype()));
+  return Item{std::move(host), item.placement};
 }
 
 // Checks `item` (on the CPU: OnHost) and returns its pieces.
@@ -849,7 +853,7 @@ absl::Status save(const StateDict& state_dict, const CheckpointOptions& options)
           absl::StrCat("distributed checkpoint save: the key \"", key, "\" appears twice"));
       break;
     }
-    absl::StatusOr<std::vector<Piece>> p = Pieces(key, OnHost(item));
+    absl::StatusOr<std::vector<Piece>> p = Pieces(key, OnHost(item, /*with_values=*/true));
     if (!p.ok()) {
       local = p.status();
       break;
@@ -985,7 +989,7 @@ absl::Status load(const StateDict& state_dict, const CheckpointOptions& options)
                                               md.tensors.empty() ? "" : md.tensors[0].first,
                                               md.tensors.empty() ? "" : "\"", ")"));
     }
-    const Item host = OnHost(item);
+    const Item host = OnHost(item, /*with_values=*/false);
     EMBER_ASSIGN_OR_RETURN(std::vector<Piece> pieces, Pieces(key, host));
     const SizeVector global = GlobalShape(item);
     if (global != tm->global_shape) {
