@@ -1,5 +1,7 @@
 #include "tools/launch/failure_report.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
@@ -24,7 +26,9 @@ namespace ember::launch {
 // flight recorder dumps on SIGUSR1; a program that does not catch it is not
 // sent it, since it would die of it); it waits up to a second for their
 // dumps, then stops everyone. The summary starts with the root cause: the
-// analyser's culprit when the dumps name one, else the first failure. Each
+// analyser's culprit when the dumps name one (unless the first failure was
+// SIGKILLed, which leaves no dump for the analyser to see), else the first
+// failure. Each
 // worker's message comes from its TORCHELASTIC_ERROR_FILE (written by
 // distributed/error_file.h's record()), else from the last lines of its
 // stderr, which the launcher forwards and keeps a tail of.
@@ -175,7 +179,15 @@ std::vector<std::string> FailureSummary(const WorkerReport& first,
                                         const std::string& dump_dir) {
   std::vector<std::string> lines;
   lines.push_back("==== failure summary ====");
-  if (verdict && verdict->diverged && !verdict->culprits.empty()) {
+  // A rank SIGKILLed leaves no dump, so the analyser cannot see it and
+  // blames a rank left waiting for it: then its culprits stand only if they
+  // name the killed rank itself.
+  const bool first_unseen = first.signal == SIGKILL;
+  const bool trust_verdict =
+      verdict && verdict->diverged && !verdict->culprits.empty() &&
+      (!first_unseen || std::find(verdict->culprits.begin(), verdict->culprits.end(),
+                                  first.rank) != verdict->culprits.end());
+  if (trust_verdict) {
     std::vector<std::string> ranks;
     for (int r : verdict->culprits) ranks.push_back(absl::StrCat(r));
     lines.push_back(absl::StrCat("root cause: rank", ranks.size() > 1 ? "s " : " ",

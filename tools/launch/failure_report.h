@@ -69,6 +69,8 @@ struct WorkerReport {
   // other ranks their state when the first one failed ("sleeping").
   std::string outcome;
   absl::Time when = absl::InfinitePast();
+  // The signal that killed it; 0 if it exited (or for the other ranks).
+  int signal = 0;
   // The error file's message, else the last lines of stderr; may be empty.
   std::string message;
   std::string message_source;  // "error file" or "stderr"

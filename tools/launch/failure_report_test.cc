@@ -136,5 +136,24 @@ TEST(FailureReportTest, TheSummaryPutsTheRootCauseFirst) {
   EXPECT_EQ(lines[1], "root cause: rank 0 (local_rank 0, pid 40 on n1) exited with code 1");
 }
 
+TEST(FailureReportTest, ASigkilledRankIsTheRootCauseWhenTheDumpsBlameTheRankWaitingForIt) {
+  WorkerReport killed{.rank = 3, .local_rank = 1, .host = "n2", .pid = 50,
+                      .outcome = "was killed by signal 9 (SIGKILL)",
+                      .when = absl::FromUnixSeconds(1764097200),
+                      .signal = SIGKILL};
+  flight::Verdict verdict;
+  verdict.diverged = true;
+  verdict.culprits = {2};
+  verdict.text = "all_reduce #3 (group 0, 32 B float32): every rank with a dump here entered it; "
+                 "rank 2 did not finish it";
+  std::vector<std::string> lines = FailureSummary(killed, {}, verdict);
+  EXPECT_EQ(lines[1],
+            "root cause: rank 3 (local_rank 1, pid 50 on n2) was killed by signal 9 (SIGKILL)");
+  // A verdict that names the killed rank itself stands.
+  verdict.culprits = {3};
+  lines = FailureSummary(killed, {}, verdict);
+  EXPECT_THAT(lines[1], StartsWith("root cause: rank 3 (flight recorder)"));
+}
+
 }  // namespace
 }  // namespace ember::launch

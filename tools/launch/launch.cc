@@ -100,6 +100,7 @@ struct Worker {
   OutputTail tail;
   std::string error_file;  // its TORCHELASTIC_ERROR_FILE
   std::string outcome;     // how it ended, once reaped
+  int signal = 0;          // the signal that killed it; 0 if it exited
 };
 
 // Whether the process group `pgid` still has a member.
@@ -364,6 +365,7 @@ class Supervisor {
   void ReportFailure(const Outcome& failure, const std::vector<std::string>& states) {
     WorkerReport first = Report(workers_[failure.worker]);
     first.outcome = workers_[failure.worker].outcome;
+    first.signal = workers_[failure.worker].signal;
     first.when = failure.when;
     std::vector<WorkerReport> others;
     for (size_t i = 0; i < workers_.size(); ++i) {
@@ -502,6 +504,7 @@ class Supervisor {
         Worker& worker = workers_[i];
         if (worker.pid != pid || !worker.running) continue;
         worker.running = false;
+        worker.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
         worker.outcome = WIFSIGNALED(status)
                              ? absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
                                             SignalName(WTERMSIG(status)), ")")
