@@ -1,8 +1,8 @@
 // batch_norm's CUDA kernels (nn/batch_norm_kernels.h) through cuDNN's
-// batch normalisation, for float32 and float64: the input [N, C, *] is
-// described as [N, C, S, 1] in CUDNN_BATCHNORM_SPATIAL mode (statistics per
-// channel over N * S), which covers BatchNorm1d ([N, C] and [N, C, L]) and
-// BatchNorm2d.
+// batch normalisation, for float32, float64, float16 and bfloat16: the input
+// [N, C, *] is described as [N, C, S, 1] in CUDNN_BATCHNORM_SPATIAL mode
+// (statistics per channel over N * S), which covers BatchNorm1d ([N, C] and
+// [N, C, L]) and BatchNorm2d.
 //
 // Training: cudnnBatchNormalizationForwardTraining computes the batch
 // statistics, normalises, updates the running statistics with the momentum
@@ -12,10 +12,15 @@
 // through cudnnBatchNormalizationForwardInference; its backward has constant
 // statistics, gx = g * weight * invstd with per-channel sums for weight and
 // bias, which are tensor ops on the device (cuDNN's backward is for batch
-// statistics only). cuDNN wants a scale and bias and statistics of the
-// input's dtype, so an absent weight or bias is ones or zeros, and running
-// statistics of another dtype (or not contiguous) go through a converted copy
-// written back after the update.
+// statistics only). cuDNN wants the scale, bias and statistics in the
+// parameter dtype (internal::ParamDtype: the input's, float32 for float16
+// and bfloat16 inputs), so an absent weight or bias is ones or zeros, weight
+// and bias of another dtype go through converted copies (their gradients
+// come back in their own dtype), and running statistics of another dtype (or
+// not contiguous) go through a converted copy written back after the update.
+// Training saves the statistics in the parameter dtype, which cuDNN's
+// backward takes; eval saves them in the input's (its backward is tensor ops
+// on the input's dtype).
 #include <cudnn.h>
 
 #include <array>
@@ -30,11 +35,12 @@
 namespace ember::nn::cudnn {
 namespace {
 
-// The channel parameter `t` as cuDNN takes it (`x`'s dtype, contiguous),
-// or `fill` when `t` is undefined.
+// The channel parameter `t` as cuDNN takes it (the parameter dtype for `x`,
+// contiguous), or `fill` when `t` is undefined.
 Tensor Param(const Tensor& t, const Tensor& x, double fill) {
-  if (!t.defined()) return full({x.size(1)}, fill, x.options());
-  return t.to(x.dtype()).contiguous();
+  const Dtype dtype = internal::ParamDtype(x.dtype());
+  if (!t.defined()) return full({x.size(1)}, fill, x.options().dtype(dtype));
+  return t.to(dtype).contiguous();
 }
 
 std::array<Tensor, 3> BatchNormForwardCuda(const Tensor& x, const Tensor& weight,
@@ -43,13 +49,14 @@ std::array<Tensor, 3> BatchNormForwardCuda(const Tensor& x, const Tensor& weight
                                            double momentum, double eps) {
   const char* op = "batch_norm";
   const cudnnDataType_t type = internal::DataType(x.dtype(), op);
+  const Dtype param = internal::ParamDtype(x.dtype());
   DeviceGuard guard(x.device());
   const int64_t n = x.size(0), c = x.size(1), s = x.numel() / std::max<int64_t>(n * c, 1);
   Tensor out = empty(x.sizes(), x.options());
   if (!training) {
     // A copy: the saved statistics must not change with later updates.
-    Tensor mean = running_mean.to(x.dtype()).clone();
-    Tensor var = running_var.to(x.dtype()).contiguous();
+    Tensor mean = running_mean.to(param).clone();
+    Tensor var = running_var.to(param).contiguous();
     Tensor invstd = (var + eps).rsqrt();
     if (x.numel() > 0) {
       internal::TensorDescriptor xd, bnd;
@@ -62,16 +69,17 @@ std::array<Tensor, 3> BatchNormForwardCuda(const Tensor& x, const Tensor& weight
           x.raw_data(), xd.get(), out.raw_data(), bnd.get(), w.raw_data(), b.raw_data(),
           mean.raw_data(), var.raw_data(), eps));
     }
-    return {out, mean, invstd};
+    return {out, mean.to(x.dtype()), invstd.to(x.dtype())};
   }
   // The layer has checked N * S > 1.
-  Tensor mean = empty({c}, x.options()), invstd = empty({c}, x.options());
+  const TensorOptions stats = x.options().dtype(param);
+  Tensor mean = empty({c}, stats), invstd = empty({c}, stats);
   Tensor rm, rv;  // the running statistics cuDNN updates
   if (running_mean.defined()) {
-    const bool direct = running_mean.dtype() == x.dtype() && running_mean.is_contiguous() &&
-                        running_var.dtype() == x.dtype() && running_var.is_contiguous();
-    rm = direct ? running_mean : running_mean.to(x.dtype()).contiguous();
-    rv = direct ? running_var : running_var.to(x.dtype()).contiguous();
+    const bool direct = running_mean.dtype() == param && running_mean.is_contiguous() &&
+                        running_var.dtype() == param && running_var.is_contiguous();
+    rm = direct ? running_mean : running_mean.to(param).contiguous();
+    rv = direct ? running_var : running_var.to(param).contiguous();
   }
   internal::TensorDescriptor xd, bnd;
   xd.Set(type, {n, c, s, 1}, op);
@@ -115,14 +123,16 @@ std::array<Tensor, 3> BatchNormBackwardCuda(const Tensor& g, const Tensor& x, co
   internal::Scalars k(type);
   Tensor w = Param(weight, x, 1.0);
   Tensor gx = empty(x.sizes(), x.options());
-  Tensor gw = empty({c}, x.options()), gb = empty({c}, x.options());
+  const TensorOptions params = x.options().dtype(internal::ParamDtype(x.dtype()));
+  Tensor gw = empty({c}, params), gb = empty({c}, params);
   EMBER_CUDA_CHECK(cudnnBatchNormalizationBackward(
       internal::Handle(x.device()), CUDNN_BATCHNORM_SPATIAL, k.one(), k.zero(), k.one(), k.zero(),
       xd.get(), x.raw_data(), xd.get(), g.raw_data(), xd.get(), gx.raw_data(), bnd.get(),
       w.raw_data(), gw.raw_data(), gb.raw_data(), eps, mean.raw_data(), invstd.raw_data()));
+  // In the dtype of the weight and bias (the layer has checked they are x's).
   if (needs[0]) grads[0] = gx;
-  if (needs[1] && weight.defined()) grads[1] = gw;
-  if (needs[2]) grads[2] = gb;
+  if (needs[1] && weight.defined()) grads[1] = gw.to(x.dtype());
+  if (needs[2]) grads[2] = gb.to(x.dtype());
   return grads;
 }
 

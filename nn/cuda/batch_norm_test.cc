@@ -3,7 +3,9 @@
 // the gradients of input, weight and bias, for BatchNorm1d's [N, C] and
 // [N, C, L] and BatchNorm2d's [N, C, H, W] inputs, with and without affine
 // parameters and running statistics, float32 and float64 (and float32
-// running statistics under a float64 input); gradcheck and second
+// running statistics under a float64 input), float16 and bfloat16 (scale,
+// bias and statistics in float32 inside cuDNN; running statistics of the
+// input's dtype or float32) within their precision; gradcheck and second
 // derivatives in float64 through the device; the modules moved to the
 // device. Without a device the GPU cases skip, saying why; the registration
 // case runs everywhere.
@@ -73,6 +75,48 @@ TEST(BatchNormCudaTest, TrainingMatchesTheCpuWithTheRunningStatisticsUpdate) {
         ExpectClose(rm_gpu, rm_cpu, Rtol(dtype), what + " running_mean");
         ExpectClose(rv_gpu, rv_cpu, Rtol(dtype), what + " running_var");
       }
+    }
+  }
+}
+
+// float16 and bfloat16 inputs against float32 on the CPU from the same
+// rounded values, in training (running statistics in the input's dtype, as
+// after module.to(kFloat16), and in float32) and in eval.
+TEST(BatchNormCudaTest, HalfAndBfloat16MatchTheCpuWithinTheirPrecision) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  using testing::ExpectLowPrecisionMatchesCpu;
+  for (auto [dtype, rtol] : {std::pair{kFloat16, 4e-3}, std::pair{kBFloat16, 3e-2}}) {
+    for (const std::vector<int64_t>& shape : Shapes()) {
+      const int64_t c = shape[1];
+      for (Dtype stats : {dtype, kFloat32}) {
+        const std::string what = absl::StrCat(ShapeToString(shape), " running statistics in ",
+                                              std::string(dtype_name(stats)));
+        // Both sides start from the same (rounded) statistics.
+        Tensor rm_cpu = randn({c}).to(stats).to(kFloat32);
+        Tensor rv_cpu = (rand({c}) + 0.5).to(stats).to(kFloat32);
+        Tensor rm_gpu = rm_cpu.to(stats).to(kGpu), rv_gpu = rv_cpu.to(stats).to(kGpu);
+        ExpectLowPrecisionMatchesCpu(
+            [&](const std::vector<Tensor>& in) {
+              const bool gpu = in[0].is_cuda();
+              return functional::batch_norm(in[0], gpu ? rm_gpu : rm_cpu, gpu ? rv_gpu : rv_cpu,
+                                            in[1], in[2], /*training=*/true, 0.2, 1e-5);
+            },
+            {randn(IntArrayRef(shape)) * 2.0 + 0.5, randn({c}), randn({c})}, {true, true, true},
+            dtype, rtol, "training " + what);
+        EXPECT_EQ(rm_gpu.dtype(), stats);
+        ExpectClose(rm_gpu.to(kFloat32), rm_cpu, rtol, what + " running_mean");
+        ExpectClose(rv_gpu.to(kFloat32), rv_cpu, rtol, what + " running_var");
+      }
+      Tensor rm = randn({c}).to(dtype), rv = (rand({c}) + 0.5).to(dtype);
+      ExpectLowPrecisionMatchesCpu(
+          [&](const std::vector<Tensor>& in) {
+            const Dtype on = in[0].dtype();
+            return functional::batch_norm(in[0], rm.to(on).to(in[0].device()),
+                                          rv.to(on).to(in[0].device()), in[1], in[2],
+                                          /*training=*/false, 0.1, 1e-5);
+          },
+          {randn(IntArrayRef(shape)), randn({c}), randn({c})}, {true, true, true}, dtype, rtol,
+          "eval " + ShapeToString(shape));
     }
   }
 }

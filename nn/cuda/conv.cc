@@ -1,7 +1,9 @@
 // conv2d's CUDA kernels through cuDNN (nn/conv_kernels.h): the convolution,
 // its input gradient (also nn's transposed convolution) and its weight
-// gradient with the bias's, for float32 and float64, any stride, padding,
-// dilation and groups.
+// gradient with the bias's, for float32, float64, float16 and bfloat16, any
+// stride, padding, dilation and groups. float16 and bfloat16 convolutions
+// accumulate in float (as torch's) on the tensor cores; float32 ones may use
+// TF32 unless set_allow_tf32(false).
 //
 // Note [cuDNN convolution algorithms]
 // Each direction's algorithm is chosen once per shape by cuDNN's heuristics
@@ -60,7 +62,7 @@ IntVector OutputSizes(const IntVector& x, const IntVector& w, const ConvParams& 
 struct Conv {
   Conv(Dtype dtype, const IntVector& x_sizes, const IntVector& w_sizes, const ConvParams& p,
        const char* op)
-      : type(internal::DataType(dtype, op)), scalars(type) {
+      : dtype(dtype), type(internal::DataType(dtype, op)), scalars(type) {
     y_sizes = OutputSizes(x_sizes, w_sizes, p);
     x.Set(type, x_sizes, op);
     w.Set(type, w_sizes, op);
@@ -69,7 +71,8 @@ struct Conv {
         conv.get(), internal::ToInt(p.padding[0], op, "padding"),
         internal::ToInt(p.padding[1], op, "padding"), internal::ToInt(p.stride[0], op, "stride"),
         internal::ToInt(p.stride[1], op, "stride"), internal::ToInt(p.dilation[0], op, "dilation"),
-        internal::ToInt(p.dilation[1], op, "dilation"), CUDNN_CROSS_CORRELATION, type));
+        internal::ToInt(p.dilation[1], op, "dilation"), CUDNN_CROSS_CORRELATION,
+        internal::ComputeType(type)));
     EMBER_CUDA_CHECK(
         cudnnSetConvolutionGroupCount(conv.get(), internal::ToInt(p.groups, op, "groups")));
     EMBER_CUDA_CHECK(cudnnSetConvolutionMathType(conv.get(), BaseMath()));
@@ -81,11 +84,13 @@ struct Conv {
   }
 
   // Tensor cores for float32 only where TF32 is allowed (CUDNN_FMA_MATH
-  // keeps full float32 products).
+  // keeps full float32 products); float16 and bfloat16 always use them.
   cudnnMathType_t BaseMath() const {
+    if (type == CUDNN_DATA_HALF || type == CUDNN_DATA_BFLOAT16) return CUDNN_TENSOR_OP_MATH;
     return type == CUDNN_DATA_FLOAT && !allow_tf32() ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
   }
 
+  Dtype dtype;
   cudnnDataType_t type;
   internal::Scalars scalars;
   IntVector y_sizes;
@@ -119,7 +124,7 @@ Algo Pick(const Perf* perfs, int count, Conv& c, SizeFn workspace_size, Device d
     return {static_cast<int>(perfs[i].algo), math, bytes};
   }
   EMBER_FAIL(op, ": cuDNN offers no usable algorithm for this convolution (dtype ",
-             c.type == CUDNN_DATA_DOUBLE ? "float64" : "float32", "; ", why,
+             dtype_name(c.dtype), "; ", why,
              "); try float32 or a smaller batch, or run it on the CPU with .to(ember::kCPU)");
 }
 

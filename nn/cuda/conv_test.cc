@@ -1,6 +1,7 @@
 // conv2d on cuda:0 (cuDNN) against the CPU: forward and the gradients of
 // input, weight and bias, in float32 (TF32 off, and on within TF32's
-// precision) and float64, over strides, paddings, dilations, groups
+// precision), float64, float16 and bfloat16 (within their precision), over
+// strides, paddings, dilations, groups
 // (depthwise too), rectangular kernels, non-contiguous inputs and empty
 // batches; the transposed form (grad::conv2d_input) and the weight
 // correlation (grad::conv2d_weight) on their own; gradcheck and second
@@ -36,6 +37,7 @@ namespace {
 
 using testing::ExpectClose;
 using testing::ExpectGradcheckOnDevice;
+using testing::ExpectLowPrecisionMatchesCpu;
 using testing::ExpectMatchesCpu;
 using ::testing::HasSubstr;
 using testing::kGpu;
@@ -63,13 +65,24 @@ TEST(ConvCudaRegistrationTest, KernelsAreRegisteredForCpuAndCuda) {
 
 TEST(ConvCudaRegistrationTest, CudnnRefusesDtypesItDoesNotComputeNamingThem) {
   try {
-    cudnn::internal::DataType(kFloat16, "conv2d");
+    cudnn::internal::DataType(kInt64, "conv2d");
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("conv2d: expected a float32 or float64 tensor on CUDA"));
-    EXPECT_THAT(e.what(), HasSubstr("float16"));
+    EXPECT_THAT(e.what(), HasSubstr("conv2d: expected a float32, float64, float16 or bfloat16 "
+                                    "tensor on CUDA, but got int64"));
   }
   EXPECT_EQ(cudnn::internal::DataType(kFloat64, "conv2d"), CUDNN_DATA_DOUBLE);
+  EXPECT_EQ(cudnn::internal::DataType(kFloat16, "conv2d"), CUDNN_DATA_HALF);
+  EXPECT_EQ(cudnn::internal::DataType(kBFloat16, "conv2d"), CUDNN_DATA_BFLOAT16);
+}
+
+TEST(ConvCudaRegistrationTest, HalfPrecisionAccumulatesInFloat) {
+  EXPECT_EQ(cudnn::internal::ComputeType(CUDNN_DATA_HALF), CUDNN_DATA_FLOAT);
+  EXPECT_EQ(cudnn::internal::ComputeType(CUDNN_DATA_BFLOAT16), CUDNN_DATA_FLOAT);
+  EXPECT_EQ(cudnn::internal::ComputeType(CUDNN_DATA_DOUBLE), CUDNN_DATA_DOUBLE);
+  EXPECT_EQ(cudnn::internal::ParamDtype(kFloat16), kFloat32);
+  EXPECT_EQ(cudnn::internal::ParamDtype(kBFloat16), kFloat32);
+  EXPECT_EQ(cudnn::internal::ParamDtype(kFloat64), kFloat64);
 }
 
 TEST(ConvCudaRegistrationTest, TheLinkedCudnnIsTheOneOfTheHeaders) {
@@ -158,6 +171,25 @@ TEST_F(ConvCudaTest, MatchesTheCpuForwardAndBackward) {
           },
           {x, w, b}, {true, true, c.bias}, std::string(dtype_name(dtype)) + " " + Describe(c),
           Rtol(dtype));
+    }
+  }
+}
+
+// float16 and bfloat16 on the tensor cores against float32 on the CPU from
+// the same rounded values: within the output dtype's rounding (8 and 11
+// mantissa bits) of sums accumulated in float.
+TEST_F(ConvCudaTest, HalfAndBfloat16MatchTheCpuWithinTheirPrecision) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (auto [dtype, rtol] : {std::pair{kFloat16, 4e-3}, std::pair{kBFloat16, 3e-2}}) {
+    for (const Case& c : Cases()) {
+      Tensor b = c.bias ? randn({c.w[0]}) : Tensor();
+      ExpectLowPrecisionMatchesCpu(
+          [&](const std::vector<Tensor>& in) {
+            return functional::conv2d(in[0], in[1], in[2], c.stride, c.padding, c.dilation,
+                                      c.groups);
+          },
+          {randn(IntArrayRef(c.x)), randn(IntArrayRef(c.w)), b}, {true, true, c.bias}, dtype,
+          rtol, Describe(c));
     }
   }
 }

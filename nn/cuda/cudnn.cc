@@ -89,10 +89,22 @@ cudnnDataType_t DataType(Dtype dtype, const char* op) {
       return CUDNN_DATA_FLOAT;
     case kFloat64:
       return CUDNN_DATA_DOUBLE;
+    case kFloat16:
+      return CUDNN_DATA_HALF;
+    case kBFloat16:
+      return CUDNN_DATA_BFLOAT16;
     default:
-      EMBER_FAIL(op, ": expected a float32 or float64 tensor on CUDA, but got ", dtype_name(dtype),
-                 "; convert it with .to(ember::kFloat32) first");
+      EMBER_FAIL(op, ": expected a float32, float64, float16 or bfloat16 tensor on CUDA, but got ",
+                 dtype_name(dtype), "; convert it with .to(ember::kFloat32) first");
   }
+}
+
+cudnnDataType_t ComputeType(cudnnDataType_t type) {
+  return type == CUDNN_DATA_HALF || type == CUDNN_DATA_BFLOAT16 ? CUDNN_DATA_FLOAT : type;
+}
+
+Dtype ParamDtype(Dtype dtype) {
+  return dtype == kFloat16 || dtype == kBFloat16 ? kFloat32 : dtype;
 }
 
 Tensor Workspace(Device device, size_t nbytes) {

@@ -52,9 +52,18 @@ namespace internal {
 // its current stream (Note [cuDNN handles and workspaces]).
 cudnnHandle_t Handle(Device device);
 
-// cuDNN's data type for float32 / float64; throws for other dtypes, naming
-// `op`.
+// cuDNN's data type for float32 / float64 / float16 / bfloat16; throws for
+// other dtypes, naming `op`.
 cudnnDataType_t DataType(Dtype dtype, const char* op);
+
+// The type a convolution of `type` data accumulates in: float for float16
+// and bfloat16 (as torch sets it), the data's own type otherwise.
+cudnnDataType_t ComputeType(cudnnDataType_t type);
+
+// The dtype of batch normalisation's scale, bias and statistics for an input
+// of `dtype`: float32 for float16 and bfloat16 inputs (cuDNN's derived
+// descriptor), the input's own dtype otherwise.
+Dtype ParamDtype(Dtype dtype);
 
 // `nbytes` of scratch memory on `device`'s current stream (an empty tensor
 // for 0 bytes).
@@ -110,7 +119,7 @@ class ConvolutionDescriptor {
 };
 
 // 1 and 0 as cuDNN's scaling factors for `type` (double for float64 data,
-// float otherwise).
+// float otherwise, float16 and bfloat16 included).
 struct Scalars {
   explicit Scalars(cudnnDataType_t type);
   const void* one() const {

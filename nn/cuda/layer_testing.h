@@ -95,6 +95,47 @@ inline void ExpectMatchesCpu(const LayerFn& fn, const std::vector<Tensor>& input
   }
 }
 
+// Runs fn on cuda:0 in `dtype` (float16 or bfloat16) and on the CPU in
+// float32 from the same values: `inputs` (float32 CPU tensors) and the
+// output gradient are first rounded to `dtype`, so the two sides differ only
+// by the device's roundings. Compares the output and every differentiable
+// input's gradient as float32 within rtol * (1 + |cpu|), and checks that
+// they come back in `dtype`.
+inline void ExpectLowPrecisionMatchesCpu(const LayerFn& fn, const std::vector<Tensor>& inputs,
+                                         const std::vector<bool>& differentiable, Dtype dtype,
+                                         double rtol, const std::string& what) {
+  SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + what);
+  ASSERT_EQ(inputs.size(), differentiable.size());
+  std::vector<Tensor> on_cpu, on_gpu;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      on_cpu.emplace_back();
+      on_gpu.emplace_back();
+      continue;
+    }
+    Tensor rounded = inputs[i].detach().to(dtype);
+    on_cpu.push_back(rounded.to(kFloat32));
+    on_gpu.push_back(rounded.to(kGpu));
+    if (differentiable[i]) {
+      on_cpu.back().requires_grad_(true);
+      on_gpu.back().requires_grad_(true);
+    }
+  }
+  Tensor out_cpu = fn(on_cpu), out_gpu = fn(on_gpu);
+  EXPECT_EQ(out_gpu.dtype(), dtype) << "output";
+  ExpectClose(out_gpu.to(kFloat32), out_cpu, rtol, "output");
+  Tensor seed = randn(out_cpu.sizes()).to(dtype);
+  out_cpu.backward(seed.to(kFloat32));
+  out_gpu.backward(seed.to(kGpu));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!differentiable[i] || !inputs[i].defined()) continue;
+    const std::string which = "gradient of input " + std::to_string(i);
+    ASSERT_TRUE(on_gpu[i].grad().defined()) << which;
+    EXPECT_EQ(on_gpu[i].grad().dtype(), dtype) << which;
+    ExpectClose(on_gpu[i].grad().to(kFloat32), on_cpu[i].grad(), rtol, which);
+  }
+}
+
 // gradcheck of fn on cuda:0 in float64 (inputs: float64 CPU tensors).
 inline void ExpectGradcheckOnDevice(const LayerFn& fn, std::vector<Tensor> inputs) {
   for (Tensor& t : inputs) {
