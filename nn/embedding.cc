@@ -135,7 +135,7 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
   EMBER_CHECK(indices.dtype() == kInt64 || indices.dtype() == kInt32,
               "embedding: expected indices of dtype int64 or int32, but got ",
               dtype_name(indices.dtype()), "; convert them with .to(ember::kInt64)");
-  internal::VisitNnDtype(weight.dtype(), "embedding", []<typename T>() {});
+  internal::CheckNnDtype(weight, "embedding");
   const int64_t n = weight.size(0);
   Tensor flat = indices.to(kInt64).contiguous().view({-1});
   if (flat.numel() > 0) {

@@ -36,6 +36,23 @@ void VisitNnDtype(Dtype dtype, const char* op, F&& f) {
   }
 }
 
+// Throws unless nn's kernels of `t`'s device compute its dtype, naming `op`
+// (a layer's check before it reaches its kernels): float32 and float64 on
+// every device, and on CUDA float16 and bfloat16 too (cuDNN takes them, nn's
+// own CUDA kernels compute them through float32: Note [float16 and bfloat16
+// through float32] in nn/cuda/low_precision.h).
+inline void CheckNnDtype(const Tensor& t, const char* op) {
+  const Dtype d = t.dtype();
+  if (d == kFloat32 || d == kFloat64) return;
+  if (t.is_cuda()) {
+    EMBER_CHECK(d == kFloat16 || d == kBFloat16, op,
+                ": expected a float32, float64, float16 or bfloat16 tensor on CUDA, but got ",
+                dtype_name(d), "; convert it with .to(ember::kFloat32) first");
+    return;
+  }
+  VisitNnDtype(d, op, []<typename T>() {});  // Throws, naming the dtype.
+}
+
 // Throws unless `t` is defined and on `device` (the input's), naming `op` and
 // the argument: a layer's tensors must share one device.
 inline void CheckDevice(const Tensor& t, Device device, const char* op, const char* what) {

@@ -54,7 +54,7 @@ Tensor CheckClassTargets(const char* op, const Tensor& input, const Tensor& targ
               ShapeToString(target.sizes()));
   EMBER_CHECK(input.size(0) == target.size(0), "Expected input batch_size (", input.size(0),
               ") to match target batch_size (", target.size(0), ").");
-  internal::VisitNnDtype(input.dtype(), op, []<typename T>() {});
+  internal::CheckNnDtype(input, op);
   return target.contiguous();
 }
 

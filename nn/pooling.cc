@@ -412,7 +412,7 @@ Tensor max_pool2d(const Tensor& input, const MaxPool2dOptions& options) {
     const Int2 stride = DefaultStride(options.stride, options.kernel_size);
     const Int2 out = CheckPool("max_pool2d", x, options.kernel_size, stride, options.padding,
                                options.dilation, options.ceil_mode);
-    internal::VisitNnDtype(x.dtype(), "max_pool2d", []<typename T>() {});
+    internal::CheckNnDtype(x, "max_pool2d");
     return MaxPool2dFunction::apply(x, options.kernel_size, stride, options.padding,
                                     options.dilation, out);
   });
@@ -429,7 +429,7 @@ Tensor avg_pool2d(const Tensor& input, const AvgPool2dOptions& options) {
                   PairString(p), " and kernel_size=", PairString(k));
     }
     const Int2 out = CheckPool("avg_pool2d", x, k, stride, p, {1, 1}, options.ceil_mode);
-    internal::VisitNnDtype(x.dtype(), "avg_pool2d", []<typename T>() {});
+    internal::CheckNnDtype(x, "avg_pool2d");
     Windows rows = AvgWindows(x.size(2), out[0], k[0], stride[0], p[0], options.count_include_pad);
     Windows cols = AvgWindows(x.size(3), out[1], k[1], stride[1], p[1], options.count_include_pad);
     return AvgPoolFunction::apply(
@@ -449,7 +449,7 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Int2 output_size) {
                 "adaptive_avg_pool2d: expected an input with "
                 "non-zero spatial size, got shape ",
                 ShapeToString(x.sizes()));
-    internal::VisitNnDtype(x.dtype(), "adaptive_avg_pool2d", []<typename T>() {});
+    internal::CheckNnDtype(x, "adaptive_avg_pool2d");
     Windows rows = AdaptiveWindows(x.size(2), output_size[0]);
     Windows cols = AdaptiveWindows(x.size(3), output_size[1]);
     return AvgPoolFunction::apply(

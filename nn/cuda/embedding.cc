@@ -2,9 +2,11 @@
 // embedding_kernels.cu (a stable sort of the indices, then sums per index
 // in a fixed order: deterministic), registered as the kCUDA kernel of
 // embedding's slot when the library is loaded. Asynchronous on the current
-// stream of the gradient's device.
+// stream of the gradient's device. float16 and bfloat16 gradients go through
+// float32 (Note [float16 and bfloat16 through float32] in low_precision.h).
 #include "cuda/kernels.h"
 #include "nn/cuda/embedding_launch.h"
+#include "nn/cuda/low_precision.h"
 #include "nn/embedding_kernels.h"
 #include "nn/kernel_util.h"
 #include "tensor/device_guard.h"
@@ -15,6 +17,9 @@ namespace {
 
 Tensor EmbeddingBackwardCuda(const Tensor& g, const Tensor& indices, int64_t num_weights,
                              int64_t padding_idx) {
+  if (IsLowPrecision(g)) {
+    return EmbeddingBackwardCuda(ToFloat(g), indices, num_weights, padding_idx).to(g.dtype());
+  }
   DeviceGuard guard(g.device());
   const int64_t d = g.size(1);
   const int64_t n = indices.numel();

@@ -1,11 +1,13 @@
 // layer_norm's CUDA kernels (nn/layer_norm_kernels.h): the host side of
 // layer_norm_kernels.cu, registered as the kCUDA kernels of layer_norm's
 // slots when the library is loaded. Asynchronous on the current stream of the
-// input's device.
+// input's device. float16 and bfloat16 go through float32 (Note [float16 and
+// bfloat16 through float32] in low_precision.h).
 #include <array>
 
 #include "cuda/kernels.h"
 #include "nn/cuda/layer_norm_launch.h"
+#include "nn/cuda/low_precision.h"
 #include "nn/kernel_util.h"
 #include "nn/layer_norm_kernels.h"
 #include "tensor/device_guard.h"
@@ -28,6 +30,11 @@ T* MutablePtrOrNull(const Tensor& t) {
 
 std::array<Tensor, 3> LayerNormForwardCuda(const Tensor& x, const Tensor& w, const Tensor& b,
                                            int64_t d, double eps) {
+  if (IsLowPrecision(x)) {  // The statistics too come back in x's dtype.
+    auto outs = LayerNormForwardCuda(ToFloat(x), ToFloat(w), ToFloat(b), d, eps);
+    for (Tensor& t : outs) t = t.to(x.dtype());
+    return outs;
+  }
   DeviceGuard guard(x.device());
   const int64_t r = d > 0 ? x.numel() / d : 0;
   Tensor out = empty(x.sizes(), x.options());
@@ -44,6 +51,12 @@ std::array<Tensor, 3> LayerNormForwardCuda(const Tensor& x, const Tensor& w, con
 std::array<Tensor, 3> LayerNormBackwardCuda(const Tensor& g, const Tensor& x, const Tensor& w,
                                             const Tensor& mean, const Tensor& rstd, int64_t d,
                                             std::array<bool, 3> needs) {
+  if (IsLowPrecision(x)) {
+    auto grads = LayerNormBackwardCuda(ToFloat(g), ToFloat(x), ToFloat(w), ToFloat(mean),
+                                       ToFloat(rstd), d, needs);
+    for (Tensor& t : grads) t = ToDtype(t, x.dtype());
+    return grads;
+  }
   DeviceGuard guard(x.device());
   const int64_t r = d > 0 ? x.numel() / d : 0;
   Tensor gx = needs[0] ? empty(x.sizes(), x.options()) : Tensor();

@@ -4,9 +4,12 @@
 // the current stream of the input's device; a forward reads the kernel's
 // verdict on the targets and the count of rows kept back to the host (one
 // synchronisation of that stream), so that a bad target throws "Target 12 is
-// out of bounds." as on the CPU, and the mean knows its divisor.
+// out of bounds." as on the CPU, and the mean knows its divisor. float16 and
+// bfloat16 go through float32 (Note [float16 and bfloat16 through float32] in
+// low_precision.h).
 #include "cuda/kernels.h"
 #include "nn/cuda/loss_launch.h"
+#include "nn/cuda/low_precision.h"
 #include "nn/kernel_util.h"
 #include "nn/loss_kernels.h"
 #include "tensor/device_guard.h"
@@ -50,6 +53,8 @@ ClassLossStatus* StatusPtr(const Tensor& status) {
 
 ClassLossRows CrossEntropyForwardCuda(const Tensor& x, const Tensor& target, int64_t ignore_index,
                                       double smoothing) {
+  // The rows are float64 whatever x's dtype.
+  if (IsLowPrecision(x)) return CrossEntropyForwardCuda(ToFloat(x), target, ignore_index, smoothing);
   DeviceGuard guard(x.device());
   cudaStream_t stream = StreamOf(x.device());
   const int64_t n = x.size(0), c = x.size(1);
@@ -68,6 +73,9 @@ ClassLossRows CrossEntropyForwardCuda(const Tensor& x, const Tensor& target, int
 
 Tensor CrossEntropyBackwardCuda(const Tensor& g, const Tensor& x, const Tensor& target,
                                 const Tensor& lse, const ClassLossGrad& args) {
+  if (IsLowPrecision(x)) {
+    return CrossEntropyBackwardCuda(ToFloat(g), ToFloat(x), target, lse, args).to(x.dtype());
+  }
   DeviceGuard guard(x.device());
   const int64_t n = x.size(0), c = x.size(1);
   Tensor gx = empty(x.sizes(), x.options());
@@ -82,6 +90,7 @@ Tensor CrossEntropyBackwardCuda(const Tensor& g, const Tensor& x, const Tensor& 
 }
 
 ClassLossRows NllForwardCuda(const Tensor& x, const Tensor& target, int64_t ignore_index) {
+  if (IsLowPrecision(x)) return NllForwardCuda(ToFloat(x), target, ignore_index);
   DeviceGuard guard(x.device());
   cudaStream_t stream = StreamOf(x.device());
   const int64_t n = x.size(0), c = x.size(1);
@@ -99,6 +108,7 @@ ClassLossRows NllForwardCuda(const Tensor& x, const Tensor& target, int64_t igno
 
 Tensor NllBackwardCuda(const Tensor& g, const Tensor& target, int64_t c,
                        const ClassLossGrad& args) {
+  if (IsLowPrecision(g)) return NllBackwardCuda(ToFloat(g), target, c, args).to(g.dtype());
   DeviceGuard guard(g.device());
   const int64_t n = target.numel();
   Tensor gx = zeros({n, c}, g.options());

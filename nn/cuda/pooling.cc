@@ -1,5 +1,7 @@
 // The CUDA kernels of max_pool2d, avg_pool2d and adaptive_avg_pool2d
-// (nn/pooling_kernels.h), for float32 and float64, on kernels of their own
+// (nn/pooling_kernels.h), for float32 and float64 (float16 and bfloat16
+// through float32: Note [float16 and bfloat16 through float32] in
+// low_precision.h), on kernels of their own
 // (pooling_device.cu) rather than cuDNN's pooling: cuDNN's max pooling keeps
 // no argmax (nn's backward and double backward scatter and gather at it),
 // and its average pooling has neither ceil_mode's partial windows nor
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "cuda/kernels.h"
+#include "nn/cuda/low_precision.h"
 #include "nn/cuda/pooling_device.h"
 #include "nn/pooling_kernels.h"
 #include "tensor/device_guard.h"
@@ -21,6 +24,8 @@ namespace {
 
 using ::ember::cuda::internal::CheckLaunch;
 using ::ember::cuda::internal::StreamOf;
+using ::ember::nn::cuda_kernels::IsLowPrecision;
+using ::ember::nn::cuda_kernels::ToFloat;
 using ::ember::nn::internal::AvgPlan;
 using ::ember::nn::internal::Pool2;
 
@@ -34,6 +39,10 @@ bool IsDouble(const Tensor& t, const char* op) {
 
 std::array<Tensor, 2> MaxPool2dCuda(const Tensor& input, Pool2 kernel, Pool2 stride, Pool2 padding,
                                     Pool2 dilation, Pool2 out_size) {
+  if (IsLowPrecision(input)) {
+    auto [out, indices] = MaxPool2dCuda(ToFloat(input), kernel, stride, padding, dilation, out_size);
+    return {out.to(input.dtype()), indices};
+  }
   const bool is_double = IsDouble(input, "max_pool2d");
   Tensor x = input.contiguous();
   DeviceGuard guard(x.device());
@@ -52,6 +61,7 @@ std::array<Tensor, 2> MaxPool2dCuda(const Tensor& input, Pool2 kernel, Pool2 str
 
 Tensor MaxPoolScatterCuda(const Tensor& grad, const Tensor& indices,
                           const std::vector<int64_t>& sizes) {
+  if (IsLowPrecision(grad)) return MaxPoolScatterCuda(ToFloat(grad), indices, sizes).to(grad.dtype());
   const bool is_double = IsDouble(grad, "max_pool2d backward");
   Tensor g = grad.contiguous(), idx = indices.contiguous();
   DeviceGuard guard(g.device());
@@ -64,6 +74,7 @@ Tensor MaxPoolScatterCuda(const Tensor& grad, const Tensor& indices,
 }
 
 Tensor MaxPoolGatherCuda(const Tensor& input, const Tensor& indices) {
+  if (IsLowPrecision(input)) return MaxPoolGatherCuda(ToFloat(input), indices).to(input.dtype());
   const bool is_double = IsDouble(input, "max_pool2d double backward");
   Tensor x = input.contiguous(), idx = indices.contiguous();
   DeviceGuard guard(x.device());
@@ -90,6 +101,7 @@ PoolShape ShapeOf(const AvgPlan& p) {
 }
 
 Tensor AvgPoolCuda(const Tensor& input, const AvgPlan& plan) {
+  if (IsLowPrecision(input)) return AvgPoolCuda(ToFloat(input), plan).to(input.dtype());
   const bool is_double = IsDouble(input, "avg_pool2d");
   Tensor x = input.contiguous();
   DeviceGuard guard(x.device());
@@ -104,6 +116,7 @@ Tensor AvgPoolCuda(const Tensor& input, const AvgPlan& plan) {
 }
 
 Tensor AvgPoolAdjointCuda(const Tensor& grad, const AvgPlan& plan) {
+  if (IsLowPrecision(grad)) return AvgPoolAdjointCuda(ToFloat(grad), plan).to(grad.dtype());
   const bool is_double = IsDouble(grad, "avg_pool2d backward");
   Tensor g = grad.contiguous();
   DeviceGuard guard(g.device());
