@@ -81,7 +81,9 @@ Tensor With4d(const Tensor& x, F f) {
 // asks for a graph.
 
 // gx[plane, indices[plane, j]] += g[plane, j] into an input-shaped zero tensor.
-Tensor MaxPoolScatter(const Tensor& grad, const Tensor& indices, const IntVector& sizes) {
+// Serial over the outputs (so in their order); the window is not needed.
+Tensor MaxPoolScatter(const Tensor& grad, const Tensor& indices, const IntVector& sizes,
+                      const internal::MaxPoolWindow& /*window*/) {
   Tensor g = grad.detach().contiguous();
   Tensor gx = zeros(sizes, g.options());
   const int64_t planes = sizes[0] * sizes[1], hw = sizes[2] * sizes[3];
@@ -204,36 +206,51 @@ EMBER_REGISTER_NN_KERNEL(internal::max_pool2d_gather, DeviceType::kCPU, &MaxPool
 
 struct MaxPoolGatherFunction;
 
+// A window as saved data (kernel, stride, padding, dilation; rows then
+// columns) and back.
+IntVector WindowData(const internal::MaxPoolWindow& w) {
+  return {w.kernel[0],  w.kernel[1],  w.stride[0],   w.stride[1],
+          w.padding[0], w.padding[1], w.dilation[0], w.dilation[1]};
+}
+internal::MaxPoolWindow SavedWindow(AutogradContext* ctx) {
+  const IntVector v = std::get<IntVector>(ctx->saved_data["window"]);
+  return {{v[0], v[1]}, {v[2], v[3]}, {v[4], v[5]}, {v[6], v[7]}};
+}
+
 struct MaxPoolScatterFunction : autograd::Function<MaxPoolScatterFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& grad, const Tensor& indices,
-                        IntVector sizes) {
+                        IntVector sizes, const internal::MaxPoolWindow& window) {
     ctx->save_for_backward({indices});
-    return internal::max_pool2d_scatter(grad.device())(grad.detach(), indices, sizes);
+    ctx->saved_data["window"] = WindowData(window);
+    return internal::max_pool2d_scatter(grad.device())(grad.detach(), indices, sizes, window);
   }
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs);
 };
 
 struct MaxPoolGatherFunction : autograd::Function<MaxPoolGatherFunction> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& indices) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, const Tensor& indices,
+                        const internal::MaxPoolWindow& window) {
     ctx->save_for_backward({indices});
     ctx->saved_data["input_sizes"] = IntVector(input.sizes().begin(), input.sizes().end());
+    ctx->saved_data["window"] = WindowData(window);
     return internal::max_pool2d_gather(input.device())(input.detach(), indices);
   }
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
-    std::vector<Tensor> grads(2);
+    std::vector<Tensor> grads(3);
     if (!grad_outputs[0].defined()) return grads;
     grads[0] = MaxPoolScatterFunction::apply(
         grad_outputs[0], ctx->get_saved_variables()[0],
-        std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]));
+        std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]), SavedWindow(ctx));
     return grads;
   }
 };
 
 std::vector<Tensor> MaxPoolScatterFunction::backward(AutogradContext* ctx,
                                                      std::vector<Tensor> grad_outputs) {
-  std::vector<Tensor> grads(3);
+  std::vector<Tensor> grads(4);
   if (!grad_outputs[0].defined()) return grads;
-  grads[0] = MaxPoolGatherFunction::apply(grad_outputs[0], ctx->get_saved_variables()[0]);
+  grads[0] =
+      MaxPoolGatherFunction::apply(grad_outputs[0], ctx->get_saved_variables()[0], SavedWindow(ctx));
   return grads;
 }
 
@@ -244,6 +261,7 @@ struct MaxPool2dFunction : autograd::Function<MaxPool2dFunction> {
         input.detach(), kernel, stride, padding, dilation, out_size);
     ctx->save_for_backward({indices});
     ctx->saved_data["input_sizes"] = IntVector(input.sizes().begin(), input.sizes().end());
+    ctx->saved_data["window"] = WindowData({kernel, stride, padding, dilation});
     return out;
   }
 
@@ -252,10 +270,11 @@ struct MaxPool2dFunction : autograd::Function<MaxPool2dFunction> {
     if (!grad_outputs[0].defined()) return grads;
     Tensor indices = ctx->get_saved_variables()[0];
     const IntVector sizes = std::get<std::vector<int64_t>>(ctx->saved_data["input_sizes"]);
+    const internal::MaxPoolWindow window = SavedWindow(ctx);
     grads[0] = autograd::GradMode::is_enabled()
-                   ? MaxPoolScatterFunction::apply(grad_outputs[0], indices, sizes)
+                   ? MaxPoolScatterFunction::apply(grad_outputs[0], indices, sizes, window)
                    : internal::max_pool2d_scatter(indices.device())(
-                         grad_outputs[0].detach(), indices, sizes);
+                         grad_outputs[0].detach(), indices, sizes, window);
     return grads;
   }
 };

@@ -35,10 +35,18 @@ using Pool2 = std::array<int64_t, 2>;
 using MaxPool2dForwardFn = std::array<Tensor, 2>(const Tensor& input, Pool2 kernel, Pool2 stride,
                                                  Pool2 padding, Pool2 dilation, Pool2 out_size);
 
+// The windows the indices come from.
+struct MaxPoolWindow {
+  Pool2 kernel, stride, padding, dilation;
+};
+
 // The input-shaped (`input_sizes`) gradient: zeros, plus grad[plane, j] at
-// indices[plane, j] (summed where windows share an argmax).
+// indices[plane, j], summed in the order of j where windows share an argmax
+// (deterministic: a kernel that works per input element finds the outputs
+// whose windows may hold it from `window`, rather than adding atomically).
 using MaxPool2dScatterFn = Tensor(const Tensor& grad, const Tensor& indices,
-                                  const std::vector<int64_t>& input_sizes);
+                                  const std::vector<int64_t>& input_sizes,
+                                  const MaxPoolWindow& window);
 
 // out[plane, j] = input[plane, indices[plane, j]] (0 for index -1), of
 // indices' shape.

@@ -5,7 +5,9 @@
 // (pooling_device.cu) rather than cuDNN's pooling: cuDNN's max pooling keeps
 // no argmax (nn's backward and double backward scatter and gather at it),
 // and its average pooling has neither ceil_mode's partial windows nor
-// adaptive windows, which one AvgPlan covers here. Each kernel runs on the
+// adaptive windows, which one AvgPlan covers here. Both backwards gather per
+// input element, so they are deterministic (no atomics, sums in the CPU's
+// order), as torch's max_pool2d backward. Each kernel runs on the
 // current stream of its tensors' device; an average pool's plan goes to the
 // device as one small int64 tensor.
 #include <array>
@@ -27,6 +29,7 @@ using ::ember::cuda::internal::StreamOf;
 using ::ember::nn::cuda_kernels::IsLowPrecision;
 using ::ember::nn::cuda_kernels::ToFloat;
 using ::ember::nn::internal::AvgPlan;
+using ::ember::nn::internal::MaxPoolWindow;
 using ::ember::nn::internal::Pool2;
 
 // Whether `t` is float64 (else float32); throws for other dtypes, naming `op`.
@@ -35,6 +38,13 @@ bool IsDouble(const Tensor& t, const char* op) {
               ": expected a float32 or float64 tensor on CUDA, but got ", dtype_name(t.dtype()),
               "; convert it with .to(ember::kFloat32) first");
   return t.dtype() == kFloat64;
+}
+
+MaxWindow WindowOf(Pool2 kernel, Pool2 stride, Pool2 padding, Pool2 dilation) {
+  return {{kernel[0], kernel[1]},
+          {stride[0], stride[1]},
+          {padding[0], padding[1]},
+          {dilation[0], dilation[1]}};
 }
 
 std::array<Tensor, 2> MaxPool2dCuda(const Tensor& input, Pool2 kernel, Pool2 stride, Pool2 padding,
@@ -49,10 +59,7 @@ std::array<Tensor, 2> MaxPool2dCuda(const Tensor& input, Pool2 kernel, Pool2 str
   const PoolShape s{x.size(0) * x.size(1), x.size(2), x.size(3), out_size[0], out_size[1]};
   Tensor out = empty({x.size(0), x.size(1), s.oh, s.ow}, x.options());
   Tensor indices = empty(out.sizes(), x.options().dtype(kInt64));
-  const MaxWindow win{{kernel[0], kernel[1]},
-                      {stride[0], stride[1]},
-                      {padding[0], padding[1]},
-                      {dilation[0], dilation[1]}};
+  const MaxWindow win = WindowOf(kernel, stride, padding, dilation);
   CheckLaunch(LaunchMaxPool(StreamOf(x.device()), is_double, s, win, x.raw_data(), out.raw_data(),
                             indices.data_ptr<int64_t>()),
               "max_pool2d kernel");
@@ -60,15 +67,19 @@ std::array<Tensor, 2> MaxPool2dCuda(const Tensor& input, Pool2 kernel, Pool2 str
 }
 
 Tensor MaxPoolScatterCuda(const Tensor& grad, const Tensor& indices,
-                          const std::vector<int64_t>& sizes) {
-  if (IsLowPrecision(grad)) return MaxPoolScatterCuda(ToFloat(grad), indices, sizes).to(grad.dtype());
+                          const std::vector<int64_t>& sizes, const MaxPoolWindow& window) {
+  if (IsLowPrecision(grad)) {
+    return MaxPoolScatterCuda(ToFloat(grad), indices, sizes, window).to(grad.dtype());
+  }
   const bool is_double = IsDouble(grad, "max_pool2d backward");
   Tensor g = grad.contiguous(), idx = indices.contiguous();
   DeviceGuard guard(g.device());
-  Tensor gx = zeros(sizes, g.options());
+  Tensor gx = empty(sizes, g.options());
   const PoolShape s{sizes[0] * sizes[1], sizes[2], sizes[3], idx.size(2), idx.size(3)};
-  CheckLaunch(LaunchMaxPoolScatter(StreamOf(g.device()), is_double, s, g.raw_data(),
-                                   idx.data_ptr<int64_t>(), gx.raw_data()),
+  CheckLaunch(LaunchMaxPoolBackward(
+                  StreamOf(g.device()), is_double, s,
+                  WindowOf(window.kernel, window.stride, window.padding, window.dilation),
+                  g.raw_data(), idx.data_ptr<int64_t>(), gx.raw_data()),
               "max_pool2d backward kernel");
   return gx;
 }

@@ -1,5 +1,5 @@
 // Device side of nn's CUDA pooling (pooling_device.h): one thread per output
-// element (per input element for the average pool's adjoint), grid-stride,
+// element (per input element for the backwards), grid-stride,
 // for float and double, accumulating in the element type as the CPU kernels
 // do.
 #include <cuda_runtime.h>
@@ -48,12 +48,40 @@ __global__ void MaxPoolKernel(PoolShape s, MaxWindow win, const T* x, T* out, in
   }
 }
 
+// The outputs along one dimension whose windows may hold input position
+// `i`: o * stride - padding + k * dilation == i for some k < kernel, so
+// o in [ceil((i + padding - (kernel - 1) * dilation) / stride),
+// floor((i + padding) / stride)], clamped to [0, n).
+__device__ void WindowsHolding(int64_t i, int64_t kernel, int64_t stride, int64_t padding,
+                               int64_t dilation, int64_t n, int64_t* first, int64_t* last) {
+  const int64_t low = i + padding - (kernel - 1) * dilation;
+  *first = low <= 0 ? 0 : (low + stride - 1) / stride;
+  const int64_t high = (i + padding) / stride;
+  *last = high < n - 1 ? high : n - 1;
+}
+
+// One thread per input element: the sum, in output order, of the gradients
+// of the outputs whose argmax it is (the CPU's order; no atomics).
 template <typename T>
-__global__ void MaxPoolScatterKernel(PoolShape s, const T* g, const int64_t* indices, T* gx) {
-  const int64_t l = s.oh * s.ow, total = s.planes * l;
-  EMBER_GRID_STRIDE(o, total) {
-    const int64_t idx = indices[o];
-    if (idx >= 0) atomicAdd(gx + (o / l) * s.h * s.w + idx, g[o]);
+__global__ void MaxPoolBackwardKernel(PoolShape s, MaxWindow win, const T* g,
+                                      const int64_t* indices, T* gx) {
+  const int64_t total = s.planes * s.h * s.w;
+  EMBER_GRID_STRIDE(i, total) {
+    const int64_t ix = i % s.w, iy = (i / s.w) % s.h, plane = i / (s.w * s.h);
+    const int64_t here = iy * s.w + ix, base = plane * s.oh * s.ow;
+    int64_t oy0, oy1, ox0, ox1;
+    WindowsHolding(iy, win.kernel[0], win.stride[0], win.padding[0], win.dilation[0], s.oh, &oy0,
+                   &oy1);
+    WindowsHolding(ix, win.kernel[1], win.stride[1], win.padding[1], win.dilation[1], s.ow, &ox0,
+                   &ox1);
+    T sum = 0;
+    for (int64_t oy = oy0; oy <= oy1; ++oy) {
+      for (int64_t ox = ox0; ox <= ox1; ++ox) {
+        const int64_t o = base + oy * s.ow + ox;
+        if (indices[o] == here) sum += g[o];
+      }
+    }
+    gx[i] = sum;
   }
 }
 
@@ -133,16 +161,17 @@ cudaError_t LaunchMaxPool(cudaStream_t stream, bool is_double, const PoolShape& 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchMaxPoolScatter(cudaStream_t stream, bool is_double, const PoolShape& s,
-                                 const void* g, const int64_t* indices, void* gx) {
-  const int64_t n = s.planes * s.oh * s.ow;
+cudaError_t LaunchMaxPoolBackward(cudaStream_t stream, bool is_double, const PoolShape& s,
+                                  const MaxWindow& win, const void* g, const int64_t* indices,
+                                  void* gx) {
+  const int64_t n = s.planes * s.h * s.w;
   if (n == 0) return cudaSuccess;
   if (is_double) {
-    MaxPoolScatterKernel<double><<<BlocksFor(n), kThreads, 0, stream>>>(
-        s, static_cast<const double*>(g), indices, static_cast<double*>(gx));
+    MaxPoolBackwardKernel<double><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, win, static_cast<const double*>(g), indices, static_cast<double*>(gx));
   } else {
-    MaxPoolScatterKernel<float><<<BlocksFor(n), kThreads, 0, stream>>>(
-        s, static_cast<const float*>(g), indices, static_cast<float*>(gx));
+    MaxPoolBackwardKernel<float><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, win, static_cast<const float*>(g), indices, static_cast<float*>(gx));
   }
   return cudaGetLastError();
 }

@@ -29,10 +29,13 @@ struct MaxWindow {
 cudaError_t LaunchMaxPool(cudaStream_t stream, bool is_double, const PoolShape& s,
                           const MaxWindow& win, const void* x, void* out, int64_t* indices);
 
-// gx (zeroed by the caller) += g at the indices, atomically (windows may
-// share an argmax).
-cudaError_t LaunchMaxPoolScatter(cudaStream_t stream, bool is_double, const PoolShape& s,
-                                 const void* g, const int64_t* indices, void* gx);
+// gx = the scatter of g to the indices (windows may share an argmax),
+// gathered per input element from the outputs whose windows (`win`) may
+// hold it, summed in output order: deterministic, no atomics, every element
+// of gx written.
+cudaError_t LaunchMaxPoolBackward(cudaStream_t stream, bool is_double, const PoolShape& s,
+                                  const MaxWindow& win, const void* g, const int64_t* indices,
+                                  void* gx);
 
 // out = x at the indices (0 for -1).
 cudaError_t LaunchMaxPoolGather(cudaStream_t stream, bool is_double, const PoolShape& s,

@@ -2,6 +2,7 @@
 // forward and backward, float32 and float64: kernels, strides, paddings,
 // dilations, ceil_mode, count_include_pad, adaptive windows that overlap and
 // that do not divide the input, global pooling, ties and NaN in max windows,
+// a deterministic max backward summed in the CPU's order,
 // non-contiguous and 3-D inputs; gradcheck and second derivatives (the
 // max pool's scatter/gather pair, the average pool's adjoint) in float64
 // through the device. Without a device the GPU cases skip, saying why; the
@@ -89,6 +90,29 @@ TEST(PoolingCudaTest, MaxPoolTiesAndNan) {
   Tensor cpu = functional::max_pool2d(with_nan, {{2, 2}, {1, 1}});
   Tensor gpu = functional::max_pool2d(with_nan.to(kGpu), {{2, 2}, {1, 1}});
   ExpectClose(gpu, cpu, Rtol(kFloat32), "NaN propagates to its windows");
+}
+
+// A peak shared by many overlapping windows (kernel 5, stride 1, dilation
+// and padding as well): its gradient sums up to 25 outputs', in the CPU's
+// order, so it equals the CPU's bit for bit and repeats exactly.
+TEST(PoolingCudaTest, MaxPoolBackwardIsDeterministicAndInTheCpusOrder) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (const MaxPool2dOptions& o :
+       {MaxPool2dOptions{{5, 5}, {1, 1}, {2, 2}}, MaxPool2dOptions{{3, 3}, {1, 2}, {2, 1}, {2, 1}},
+        MaxPool2dOptions{{3, 3}, {2, 2}, {1, 1}, {1, 1}, true}}) {
+    SCOPED_TRACE(Describe(o));
+    Tensor x = randn({2, 3, 11, 10}) - 10.0;
+    x.narrow(2, 5, 1).narrow(3, 4, 1).fill_(5.0);  // the peak of every plane
+    Tensor seed = randn(functional::max_pool2d(x, o).sizes()) * 1e3;
+    auto grad_on = [&](Device device) {
+      Tensor leaf = x.to(device).requires_grad_(true);
+      functional::max_pool2d(leaf, o).backward(seed.to(device));
+      return testing::HostValues(leaf.grad());
+    };
+    const std::vector<double> cpu = grad_on(kCPU), first = grad_on(kGpu), second = grad_on(kGpu);
+    EXPECT_EQ(first, cpu);
+    EXPECT_EQ(second, first);
+  }
 }
 
 TEST(PoolingCudaTest, AvgPoolMatchesTheCpu) {
