@@ -1,11 +1,13 @@
 #include "distributed/gloo/device.h"
 
 #include <netdb.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <exception>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,7 +15,58 @@
 #include "gloo/transport/tcp/device.h"
 
 namespace ember::distributed::gloo {
+
+// Note [gloo's network thread]
+// gloo's tcp device serves all of its sockets from one thread, an epoll loop
+// (level-triggered). When data arrives on a pair whose lock another thread
+// holds (a caller posting a send or a receive holds it through the write),
+// the loop does not block on the lock: it goes back to epoll_wait, which
+// reports the same data at once, and so it spins until the lock is free.
+// That costs nothing while the holder runs on another core. It costs a
+// whole scheduler tick when the holder has been preempted: the spinner keeps
+// its core until the tick, and with two ranks on two cores both ranks'
+// loops spin while both holders wait. Measured before this note: 2-rank
+// collectives of any size sat at a 4 ms floor in about half of the runs
+// (the 4-12 ms cells of BENCHMARKS.md's gloo table), with ~99% of the loop's
+// try-locks failing; the holders were preempted inside gloo's writev, which
+// wakes the peer's loop thread, and a woken thread under the default policy
+// preempts the running one.
+//
+// So the device's thread runs under SCHED_BATCH: Linux's fair scheduler
+// never lets a batch thread's wakeup preempt a running thread (it runs on an
+// idle core or at the next tick), so posting a message no longer hands the
+// core to the thread that will spin on the poster's lock. New threads
+// inherit their creator's policy, so the thread creating the device takes
+// SCHED_BATCH for the creation only and goes back to SCHED_OTHER; nothing
+// else about it changes, and SCHED_BATCH needs no privilege. A creator under
+// another policy (real-time, SCHED_IDLE, already batch) is left as it is,
+// and its policy is what the thread inherits.
+// EMBER_GLOO_BATCH_NETWORK_THREAD=0 keeps the default policy (for
+// comparisons).
+
 namespace {
+
+// Switches the calling thread to SCHED_BATCH while it lives (Note [gloo's
+// network thread]), when it runs under SCHED_OTHER.
+class BatchPolicyScope {
+ public:
+  BatchPolicyScope() {
+    const char* env = std::getenv("EMBER_GLOO_BATCH_NETWORK_THREAD");
+    if (env != nullptr && std::string_view(env) == "0") return;
+    if (sched_getscheduler(0) != SCHED_OTHER) return;
+    const sched_param zero{};
+    switched_ = sched_setscheduler(0, SCHED_BATCH, &zero) == 0;
+  }
+  ~BatchPolicyScope() {
+    const sched_param zero{};
+    if (switched_) sched_setscheduler(0, SCHED_OTHER, &zero);
+  }
+  BatchPolicyScope(const BatchPolicyScope&) = delete;
+  BatchPolicyScope& operator=(const BatchPolicyScope&) = delete;
+
+ private:
+  bool switched_ = false;
+};
 
 constexpr char kLoopback[] = "127.0.0.1";
 
@@ -72,6 +125,7 @@ absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> CreateDevice(
     attr.hostname = choice.hostname;
   }
   try {
+    BatchPolicyScope batch;  // the device's thread inherits it
     return ::gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     if (!choice.interface.empty()) {

@@ -34,7 +34,10 @@ struct DeviceChoice {
 // Reads GLOO_SOCKET_IFNAME and resolves the host name; touches no gloo state.
 DeviceChoice ChooseDevice();
 
-// Creates gloo's tcp device for `choice` (it starts gloo's event loop thread).
+// Creates gloo's tcp device for `choice`. It starts gloo's network thread,
+// which runs under SCHED_BATCH when the caller runs under SCHED_OTHER (Note
+// [gloo's network thread] in device.cc; EMBER_GLOO_BATCH_NETWORK_THREAD=0:
+// the caller's policy); the caller's own policy is unchanged.
 absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> CreateDevice(const DeviceChoice& choice);
 
 }  // namespace ember::distributed::gloo

@@ -38,7 +38,8 @@
 // results are deterministic for a given world size, so every rank gets the
 // same bits.
 //
-// Environment: GLOO_SOCKET_IFNAME (device.h); EMBER_GLOO_CHECK_COLLECTIVES=0
+// Environment: GLOO_SOCKET_IFNAME and EMBER_GLOO_BATCH_NETWORK_THREAD
+// (device.h); EMBER_GLOO_CHECK_COLLECTIVES=0
 // skips comparing the ranks' calls before each collective (then ranks that
 // pass different sizes crash inside gloo, as in PyTorch).
 //

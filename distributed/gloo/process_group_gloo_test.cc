@@ -2,9 +2,12 @@
 // failures, rank processes killed or stopped) and gloo's own cases.
 #include "distributed/gloo/process_group_gloo.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 
+#include <filesystem>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -186,6 +189,44 @@ TEST(GlooDeviceTest, WithoutIfnameTheHostnameOrLoopback) {
   EXPECT_TRUE(choice.interface.empty());
   EXPECT_FALSE(choice.hostname.empty());
   EXPECT_TRUE(CreateDevice(choice).ok()) << choice.describe;
+}
+
+// The ids of this process's threads.
+std::set<pid_t> Threads() {
+  std::set<pid_t> tids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    tids.insert(static_cast<pid_t>(std::stoi(entry.path().filename().string())));
+  }
+  return tids;
+}
+
+// The scheduling policies of the threads a device creation started.
+std::vector<int> PoliciesOfNewThreads() {
+  const std::set<pid_t> before = Threads();
+  absl::StatusOr<std::shared_ptr<::gloo::transport::Device>> device =
+      CreateDevice({.hostname = "127.0.0.1", .describe = "loopback"});
+  EXPECT_TRUE(device.ok()) << device.status();
+  std::vector<int> policies;
+  for (pid_t tid : Threads()) {
+    if (!before.contains(tid)) policies.push_back(sched_getscheduler(tid));
+  }
+  return policies;
+}
+
+// Note [gloo's network thread].
+TEST(GlooDeviceTest, NetworkThreadRunsUnderBatchAndTheCallerKeepsItsPolicy) {
+  if (sched_getscheduler(0) != SCHED_OTHER) {
+    GTEST_SKIP() << "this test runs under scheduling policy " << sched_getscheduler(0)
+                 << ", not SCHED_OTHER; the device leaves such callers' policy alone";
+  }
+  {
+    ScopedEnv env("EMBER_GLOO_BATCH_NETWORK_THREAD", "1");
+    EXPECT_THAT(PoliciesOfNewThreads(), ::testing::ElementsAre(SCHED_BATCH));
+    EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER);
+  }
+  ScopedEnv env("EMBER_GLOO_BATCH_NETWORK_THREAD", "0");
+  EXPECT_THAT(PoliciesOfNewThreads(), ::testing::ElementsAre(SCHED_OTHER));
+  EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER);
 }
 
 TEST(GlooStoreTest, GetTimesOutWithTheGroupTimeoutNamingTheKey) {
