@@ -592,12 +592,142 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduce(const Tensor& g
                  stage);
 }
 
+// Note [Rings over gloo's buffers]
+// gloo (this snapshot) has no reduce_scatter over unbound buffers. PyTorch's
+// gloo backend all_reduces the concatenated inputs and keeps its part; gloo's
+// ring all_reduce is a reduce-scatter followed by an all-gather, so that
+// moves every byte twice and, at two ranks, posts four sends and four
+// receives per rank for a 1 MiB input. And gloo's all_gather moves each
+// chunk in two halves, two messages a step. Every message costs a
+// notification each way before its data moves (gloo's tcp transport sends
+// only into posted receives) and a hand-off through gloo's network thread
+// (Note [gloo's network thread] in device.cc), which is what a collective of
+// FSDP's sizes mostly costs. So when every rank is Ember, reduce_scatter and
+// all_gather run as rings of their own over gloo's point-to-point buffers,
+// one message per step and segment:
+// - reduce_scatter: in step s (0 <= s < n-1) rank r sends its partial sum
+//   of chunk (r-s-1) mod n to rank r+1 and adds the partial sum of chunk
+//   (r-s-2) mod n that rank r-1 sends it, so after n-1 steps chunk r holds
+//   every rank's input, summed in the order r+1, r+2, ..., r (fixed for a
+//   world size, so every run gives the same bits). Receives land in a
+//   scratch buffer of n-1 chunks.
+// - all_gather: in step s rank r sends chunk (r-s) mod n to rank r+1 and
+//   receives chunk (r-s-1) mod n from rank r-1, straight into the output.
+// At two ranks each is one send and one receive. Every receive is posted
+// first; chunks travel in segments of at most 1 MiB, and each segment is
+// reduced (reduce_scatter) and forwarded as soon as it arrives, so the work
+// on one segment overlaps the transfer of the next. A group with a PyTorch
+// rank keeps gloo's algorithms (Note [Joining PyTorch ranks]).
+
 namespace {
 
-// All ranks' `input` concatenated into `flat` (world x input bytes).
+constexpr uint64_t kReduceScatterSlot = uint64_t{0xE5} << 56;
+constexpr uint64_t kAllGatherSlot = uint64_t{0xE6} << 56;
+constexpr int64_t kRingSegmentBytes = int64_t{1} << 20;
+
+// Splits a chunk of `chunk` items into segments of at most
+// kRingSegmentBytes (at least one item each).
+struct Segments {
+  Segments(int64_t chunk, int64_t item_bytes)
+      : chunk(chunk), per(std::max<int64_t>(1, kRingSegmentBytes / item_bytes)),
+        count((chunk + per - 1) / per) {}
+  int64_t offset(int64_t k) const { return k * per; }
+  int64_t size(int64_t k) const { return std::min(per, chunk - k * per); }
+  int64_t chunk, per, count;
+};
+
+int Mod(int v, int n) { return ((v % n) + n) % n; }
+
+// The reduce_scatter ring of Note [Rings over gloo's buffers] over `flat`
+// (size chunks of `chunk` elements, reduced in place); chunk `rank` ends up
+// reduced.
+void RingReduceScatter(::gloo::Context& context, const GlooProcessGroup::OpContext& ctx,
+                       const Tensor& flat, int64_t chunk, ReduceOp op) {
+  const int n = context.size, r = context.rank;
+  const auto item = static_cast<int64_t>(flat.element_size());
+  const int64_t chunk_bytes = chunk * item;
+  if (n == 1 || chunk_bytes == 0) return;
+  const Segments seg(chunk, item);
+  const uint64_t slot = kReduceScatterSlot | static_cast<uint64_t>(ctx.tag);
+  const int next = Mod(r + 1, n), prev = Mod(r - 1, n);
+  char* data = static_cast<char*>(flat.raw_data());
+  const auto scratch_bytes = static_cast<size_t>((n - 1) * chunk_bytes);
+  std::unique_ptr<char[]> scratch(new char[scratch_bytes]);
+  auto sends = context.createUnboundBuffer(data, static_cast<size_t>(n * chunk_bytes));
+  auto recvs = context.createUnboundBuffer(scratch.get(), scratch_bytes);
+  // Every receive, in the order the sender posts its sends.
+  for (int s = 0; s + 1 < n; ++s) {
+    for (int64_t k = 0; k < seg.count; ++k) {
+      recvs->recv(prev, slot, static_cast<size_t>(s * chunk_bytes + seg.offset(k) * item),
+                  static_cast<size_t>(seg.size(k) * item));
+    }
+  }
+  auto send = [&](int c, int64_t k) {
+    sends->send(next, slot, static_cast<size_t>(c * chunk_bytes + seg.offset(k) * item),
+                static_cast<size_t>(seg.size(k) * item));
+  };
+  for (int64_t k = 0; k < seg.count; ++k) send(Mod(r - 1, n), k);
+  int64_t posted = seg.count;
+  for (int s = 0; s + 1 < n; ++s) {
+    const int c = Mod(r - s - 2, n);
+    for (int64_t k = 0; k < seg.count; ++k) {
+      recvs->waitRecv(Left(ctx.deadline));
+      const int64_t at = seg.offset(k) * item;
+      ReduceInto(op, flat.dtype(), data + c * chunk_bytes + at,
+                 scratch.get() + s * chunk_bytes + at, seg.size(k));
+      if (s + 2 < n) {  // the next step sends what this one reduced
+        send(c, k);
+        ++posted;
+      }
+    }
+  }
+  for (int64_t i = 0; i < posted; ++i) sends->waitSend(Left(ctx.deadline));
+}
+
+// The all_gather ring of Note [Rings over gloo's buffers] over `out` (size
+// chunks of `chunk_bytes`, this rank's already in place).
+void RingAllGather(::gloo::Context& context, const GlooProcessGroup::OpContext& ctx, char* out,
+                   int64_t chunk_bytes) {
+  const int n = context.size, r = context.rank;
+  if (n == 1 || chunk_bytes == 0) return;
+  const Segments seg(chunk_bytes, 1);
+  const uint64_t slot = kAllGatherSlot | static_cast<uint64_t>(ctx.tag);
+  const int next = Mod(r + 1, n), prev = Mod(r - 1, n);
+  auto buffer = context.createUnboundBuffer(out, static_cast<size_t>(n * chunk_bytes));
+  auto at = [&](int c, int64_t k) { return static_cast<size_t>(c * chunk_bytes + seg.offset(k)); };
+  for (int s = 0; s + 1 < n; ++s) {
+    for (int64_t k = 0; k < seg.count; ++k) {
+      buffer->recv(prev, slot, at(Mod(r - s - 1, n), k), static_cast<size_t>(seg.size(k)));
+    }
+  }
+  for (int64_t k = 0; k < seg.count; ++k) {
+    buffer->send(next, slot, at(r, k), static_cast<size_t>(seg.size(k)));
+  }
+  int64_t posted = seg.count;
+  for (int s = 0; s + 1 < n; ++s) {
+    for (int64_t k = 0; k < seg.count; ++k) {
+      buffer->waitRecv(Left(ctx.deadline));
+      if (s + 2 < n) {  // forwarded in the next step
+        buffer->send(next, slot, at(Mod(r - s - 1, n), k), static_cast<size_t>(seg.size(k)));
+        ++posted;
+      }
+    }
+  }
+  for (int64_t i = 0; i < posted; ++i) buffer->waitSend(Left(ctx.deadline));
+}
+
+// All ranks' `input` concatenated into `flat` (world x input bytes); with
+// `ring`, by the ring of Note [Rings over gloo's buffers], else by gloo's.
 void GlooAllGather(const std::shared_ptr<::gloo::Context>& context,
                    const GlooProcessGroup::OpContext& ctx, const Tensor& input,
-                   const Tensor& flat) {
+                   const Tensor& flat, bool ring) {
+  if (ring) {
+    char* out = static_cast<char*>(flat.raw_data());
+    const auto bytes = static_cast<int64_t>(input.nbytes());
+    if (bytes > 0) std::memcpy(out + context->rank * bytes, input.raw_data(), bytes);
+    RingAllGather(*context, ctx, out, bytes);
+    return;
+  }
   ::gloo::AllgatherOptions opts(context);
   opts.setInput(reinterpret_cast<uint8_t*>(input.raw_data()), input.nbytes());
   opts.setOutput(reinterpret_cast<uint8_t*>(flat.raw_data()), flat.nbytes());
@@ -617,7 +747,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllGather(
   Tensor flat = empty({size() * input.numel()}, TensorOptions(input.dtype()));
   return Enqueue(OpType::kAllGather, options.timeout, Call{input.dtype(), input.nbytes()},
                  [this, outs, in, flat](const OpContext& ctx) -> absl::Status {
-                   GlooAllGather(context_, ctx, in, flat);
+                   GlooAllGather(context_, ctx, in, flat, check_calls_);
                    const int64_t n = in.numel();
                    for (int p = 0; p < size(); ++p) {
                      outs[p].copy_(flat.narrow(0, p * n, n).view(outs[p].sizes()));
@@ -636,7 +766,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllGatherIntoTensor(
   Tensor out = Staging(output);
   return Enqueue(OpType::kAllGatherIntoTensor, options.timeout, Call{input.dtype(), input.nbytes()},
                  [this, output, in, out](const OpContext& ctx) -> absl::Status {
-                   GlooAllGather(context_, ctx, in, out);
+                   GlooAllGather(context_, ctx, in, out, check_calls_);
                    CopyBack(output, out);
                    return absl::OkStatus();
                  },
@@ -705,8 +835,8 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduceScatter(
   EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduceScatter, options.op));
   const ReduceOp op = options.op;
   const int64_t n = given.numel();
-  // gloo has no reduce_scatter for unbound buffers: all_reduce the
-  // concatenated inputs and keep this rank's part (as PyTorch does for gloo).
+  // The concatenated inputs, reduced in place (Note [Rings over gloo's
+  // buffers]).
   // Device inputs are concatenated on their device, then staged as one.
   Tensor flat = empty({size() * n}, TensorOptions(given.dtype()).device(inputs[0].device()));
   for (int p = 0; p < size(); ++p) {
@@ -715,10 +845,15 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduceScatter(
   auto stage = std::make_shared<DeviceStaging>();
   EMBER_ASSIGN_OR_RETURN(flat, stage->Input(flat));
   EMBER_ASSIGN_OR_RETURN(const Tensor output, stage->Output(given));
+  const bool ring = check_calls_;  // every rank is Ember
   return Enqueue(OpType::kReduceScatter, options.timeout,
                  Call{output.dtype(), output.nbytes(), -1, op},
-                 [this, output, flat, op, n](const OpContext& ctx) -> absl::Status {
-                   if (size() > 1) GlooAllReduce(context_, ctx, flat, op);
+                 [this, output, flat, op, n, ring](const OpContext& ctx) -> absl::Status {
+                   if (size() > 1 && ring) {
+                     RingReduceScatter(*context_, ctx, flat, n, op);
+                   } else if (size() > 1) {
+                     GlooAllReduce(context_, ctx, flat, op);
+                   }
                    output.copy_(flat.narrow(0, rank() * n, n).view(output.sizes()));
                    return absl::OkStatus();
                  },

@@ -17,10 +17,13 @@
 // Ops: broadcast, all_reduce and reduce (SUM, PRODUCT, MIN, MAX; on bool "or"
 // and "and"), all_gather, all_gather_into_tensor, gather, scatter, all_to_all
 // (uneven sizes through gloo's alltoallv), barrier, send and recv (with tags
-// and from any source) are gloo's own algorithms; reduce_scatter is an
-// all_reduce of the concatenated inputs of which each rank keeps its part,
-// and monitored_barrier uses gloo's point-to-point buffers, both as PyTorch
-// does. Every dtype Ember has. ReduceOp::kAvg is refused with
+// and from any source) are gloo's own algorithms, except that where every
+// rank is Ember all_gather and reduce_scatter are rings of Ember's over
+// gloo's point-to-point buffers, with fewer messages (Note [Rings over
+// gloo's buffers]); in a group with PyTorch ranks all_gather is gloo's and
+// reduce_scatter an all_reduce of the concatenated inputs of which each rank
+// keeps its part, as PyTorch does. monitored_barrier uses gloo's
+// point-to-point buffers, as PyTorch does. Every dtype Ember has. ReduceOp::kAvg is refused with
 // kUnimplemented, as PyTorch refuses it for gloo ("use SUM and divide").
 //
 // CUDA tensors: every op but the barriers, which carry none. At the call

@@ -141,6 +141,72 @@ TEST(GlooBackendTest, AllToAllWithUnevenSizes) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// Note [Rings over gloo's buffers]: both rings, with chunks of more than one
+// segment (the last one partial), at every world size; the inputs are small
+// integers, so the float sums are exact whatever the order.
+TEST(GlooBackendTest, RingsMoveChunksOfSeveralSegments) {
+  constexpr int64_t kChunk = (1 << 18) + 1000;  // float32: 1 MiB + 4000 B
+  for (int world : {2, 3, 4}) {
+    absl::Status s = RunRanks(
+        world,
+        [&](Rank& me) -> absl::Status {
+          // inputs[j] on rank q holds q * 100 + j * 10 + i % 7 at index i.
+          auto value = [](int q, int j, int64_t i) { return q * 100 + j * 10 + i % 7; };
+          for (Dtype dtype : {kFloat32, kInt64}) {
+            std::vector<Tensor> inputs;
+            for (int j = 0; j < world; ++j) {
+              Tensor t = empty({kChunk}, dtype);
+              for (int64_t i = 0; i < kChunk; ++i) {
+                if (dtype == kFloat32) {
+                  t.data_ptr<float>()[i] = static_cast<float>(value(me.rank, j, i));
+                } else {
+                  t.data_ptr<int64_t>()[i] = value(me.rank, j, i);
+                }
+              }
+              inputs.push_back(t);
+            }
+            Tensor out = zeros({kChunk}, dtype);
+            EMBER_RETURN_IF_ERROR(
+                Finish(me.group->reduce_scatter(out, inputs, {.op = ReduceOp::kSum})));
+            const Tensor got = out.to(kFloat64);
+            int64_t wrong = 0;
+            for (int64_t i = 0; i < kChunk; ++i) {
+              double want = 0;
+              for (int q = 0; q < world; ++q) want += value(q, me.rank, i);
+              if (got.data_ptr<double>()[i] != want && wrong++ < 3) {
+                ADD_FAILURE() << "world " << world << " rank " << me.rank << " "
+                              << dtype_name(dtype) << " [" << i << "]: got "
+                              << got.data_ptr<double>()[i] << ", want " << want;
+              }
+            }
+            EXPECT_EQ(wrong, 0) << "world " << world << " rank " << me.rank;
+            // The inputs are left as they were.
+            EXPECT_EQ(inputs[0].to(kFloat64).data_ptr<double>()[8], value(me.rank, 0, 8));
+
+            // all_gather_into_tensor and all_gather of inputs[1].
+            Tensor whole = zeros({world * kChunk}, dtype);
+            EMBER_RETURN_IF_ERROR(Finish(me.group->allgather_into_tensor(whole, inputs[1])));
+            std::vector<Tensor> parts;
+            for (int q = 0; q < world; ++q) parts.push_back(zeros({kChunk}, dtype));
+            EMBER_RETURN_IF_ERROR(Finish(me.group->allgather(parts, inputs[1])));
+            const Tensor gathered = whole.to(kFloat64);
+            for (int q = 0; q < world; ++q) {
+              const Tensor part = parts[q].to(kFloat64);
+              for (int64_t i : {int64_t{0}, int64_t{1} << 17, kChunk - 1}) {
+                EXPECT_EQ(gathered.data_ptr<double>()[q * kChunk + i], value(q, 1, i))
+                    << "world " << world << " rank " << me.rank << " from " << q << " [" << i
+                    << "]";
+                EXPECT_EQ(part.data_ptr<double>()[i], value(q, 1, i));
+              }
+            }
+          }
+          return absl::OkStatus();
+        },
+        Gloo());
+    EXPECT_TRUE(s.ok()) << "world " << world << ": " << s;
+  }
+}
+
 TEST(GlooBackendTest, MismatchedSizesFailInsteadOfHanging) {
   RunRanksOptions options = Gloo();
   options.timeout = absl::Seconds(2);
