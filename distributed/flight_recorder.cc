@@ -42,7 +42,8 @@ namespace ember::distributed {
 // A dump is one text file per process holding every group's ring. It is
 // written with write(2) from a fixed buffer and integer formatting of our
 // own, so the same code runs in a signal handler: the SIGUSR1 handler (the
-// launcher sends it to the surviving workers when one fails) and the
+// launcher sends it to the surviving workers when one fails), the SIGTERM
+// handler (mpirun stops the survivors of a failed job with it) and the
 // fatal-signal handlers (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) write the
 // dump without locks or allocation, then hand the signal on. The path is
 // computed ahead of time (when a recorder is created, or the rank is set),
@@ -225,6 +226,8 @@ const char* SignalText(int sig) {
       return "fatal signal SIGABRT";
     case SIGUSR1:
       return "SIGUSR1";
+    case SIGTERM:
+      return "SIGTERM";
   }
   return "signal";
 }
@@ -238,6 +241,26 @@ void OnSigusr1(int sig, siginfo_t* info, void* context) {
     if (prev.sa_sigaction != nullptr) prev.sa_sigaction(sig, info, context);
   } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN &&
              prev.sa_handler != nullptr) {
+    prev.sa_handler(sig);
+  }
+  errno = saved;
+}
+
+// SIGTERM (mpirun stopping the rest of a job after a rank died, a batch
+// system, a launcher): the dump, then the action that was in place: a
+// handler is called; the default is restored and the signal raised again
+// (delivered when this returns), so the process still ends by SIGTERM. An
+// ignored SIGTERM gets no handler (install_flight_recorder_signal_handlers).
+void OnSigterm(int sig, siginfo_t* info, void* context) {
+  const int saved = errno;
+  WriteDump("SIGTERM", strlen("SIGTERM"), /*locked=*/false);
+  const struct sigaction& prev = g_previous[sig];
+  if (prev.sa_flags & SA_SIGINFO) {
+    if (prev.sa_sigaction != nullptr) prev.sa_sigaction(sig, info, context);
+  } else if (prev.sa_handler == SIG_DFL) {
+    sigaction(sig, &prev, nullptr);
+    raise(sig);
+  } else if (prev.sa_handler != SIG_IGN) {
     prev.sa_handler(sig);
   }
   errno = saved;
@@ -499,6 +522,11 @@ void install_flight_recorder_signal_handlers() {
     struct sigaction current {};
     if (sigaction(sig, nullptr, &current) != 0) return;
     if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == handler) return;
+    // An ignored SIGTERM stays ignored (and so stays ignored in programs
+    // this one execs, as nohup arranges).
+    if (sig == SIGTERM && !(current.sa_flags & SA_SIGINFO) && current.sa_handler == SIG_IGN) {
+      return;
+    }
     struct sigaction action {};
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_SIGINFO | flags;
@@ -507,6 +535,7 @@ void install_flight_recorder_signal_handlers() {
     sigaction(sig, &action, nullptr);
   };
   install(SIGUSR1, &OnSigusr1, SA_RESTART);
+  install(SIGTERM, &OnSigterm, SA_RESTART);
   for (int sig : kFatalSignals) install(sig, &OnFatal, SA_ONSTACK);
 }
 

@@ -31,8 +31,9 @@
 // Dumps (Note [Flight recorder dumps]) hold every group of the process, in
 // the text format that distributed/README.md ("Flight recorder") describes;
 // they are written when an op fails or times out (once per group, for its
-// first failure), when a group is aborted, on a fatal signal, on SIGUSR1, and
-// by dump_flight_recorders().
+// first failure), when a group is aborted, on a fatal signal, on SIGUSR1, on
+// SIGTERM (then the process ends by it as before), and by
+// dump_flight_recorders().
 //
 // Thread-safety: every method is thread-safe. The fatal-signal and SIGUSR1
 // dumps read the ring without its lock; an entry being written at that very
@@ -178,11 +179,12 @@ std::string flight_recorder_dump_path();
 // dump); returns the path. `reason` is recorded in the file.
 absl::StatusOr<std::string> dump_flight_recorders(std::string_view reason);
 
-// Installs the SIGUSR1 and fatal-signal dumps (called whenever a recorder is
-// created, unless EMBER_FR_SIGNALS=0). A handler found in place (installed
-// before, or since the last call) is chained: SIGUSR1's is called after the
-// dump; for a fatal signal the earlier action is restored and the signal
-// raised again.
+// Installs the SIGUSR1, SIGTERM and fatal-signal dumps (called whenever a
+// recorder is created, unless EMBER_FR_SIGNALS=0). A handler found in place
+// (installed before, or since the last call) is chained: SIGUSR1's and
+// SIGTERM's are called after the dump; for a fatal signal, and for SIGTERM's
+// default action, the earlier action is restored and the signal raised
+// again. An ignored SIGTERM is left ignored, without a dump.
 void install_flight_recorder_signal_handlers();
 
 }  // namespace ember::distributed

@@ -224,5 +224,41 @@ TEST(FlightRecorderTest, SignalsDumpAndChainToEarlierHandlers) {
   EXPECT_TRUE(absl::EndsWith(text, "end\n"));
 }
 
+// In a child: SIGTERM (as mpirun sends the rest of a job when a rank dies)
+// dumps and still ends the process by SIGTERM; an ignored SIGTERM stays
+// ignored.
+TEST(FlightRecorderTest, SigtermDumpsAndStillTerminates) {
+  const std::string dir = TempDir();
+  const std::string pattern = absl::StrCat(dir, "/term_%p_r%r");
+  for (const bool ignored : {false, true}) {
+    SCOPED_TRACE(ignored ? "SIGTERM ignored" : "SIGTERM default");
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      if (ignored) signal(SIGTERM, SIG_IGN);
+      setenv("TORCH_FR_DUMP_TEMP_FILE", pattern.c_str(), 1);
+      auto backend = find_backend("tcp");
+      auto pg = (*backend)->create({.store = std::make_shared<HashStore>()});
+      if (!pg.ok() || !Finish((*pg)->allreduce(ones({5}))).ok()) _exit(3);
+      raise(SIGTERM);
+      _exit(ignored ? 0 : 4);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    const std::string path = absl::StrCat(dir, "/term_", child, "_r0");
+    if (ignored) {
+      ASSERT_TRUE(WIFEXITED(status));
+      EXPECT_EQ(WEXITSTATUS(status), 0);
+      EXPECT_EQ(ReadFile(path), "");
+      continue;
+    }
+    ASSERT_TRUE(WIFSIGNALED(status)) << "exit code " << WEXITSTATUS(status);
+    EXPECT_EQ(WTERMSIG(status), SIGTERM);
+    const std::string text = ReadFile(path);
+    EXPECT_THAT(text, HasSubstr("reason=\"SIGTERM\""));
+    EXPECT_THAT(text, HasSubstr("op=all_reduce dtype=float32 in_numel=5"));
+  }
+}
+
 }  // namespace
 }  // namespace ember::distributed
