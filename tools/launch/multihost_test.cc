@@ -5,16 +5,23 @@
 // skips with a message where namespaces cannot be made. A second case
 // rendezvous by IP multicast across the two hosts, ranks assigned. Then
 // post-mortems across the hosts (a rank on the second host stalled,
-// stopped, killed, or passing another size; tcp and gloo), and an elastic
-// job that loses a host.
+// stopped, killed, or passing another size; tcp and gloo), the same for an
+// mpi job at 2 and 4 ranks (mpirun on host 0 reaching host 1 through a
+// launch agent in ssh's place), and an elastic job that loses a host.
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -96,6 +103,8 @@ class TwoHosts {
   }
   ~TwoHosts() {
     for (const std::string& name : created_) Run({ip_, "netns", "del", name});
+    for (const std::string& path : files_) std::remove(path.c_str());
+    for (const std::string& name : created_) rmdir(absl::StrCat("/etc/netns/", name).c_str());
   }
 
   // An empty string, or why the namespaces could not be made.
@@ -133,6 +142,30 @@ class TwoHosts {
     return "";
   }
 
+  // Names each namespace's host after the namespace in an /etc/hosts of its
+  // own (`ip netns exec` mounts /etc/netns/<name>/hosts over /etc/hosts), as
+  // a cluster's DNS would: a program that runs with the namespace's name as
+  // its host name (unshare --uts) finds the other host by name.
+  std::string AddHostNames() {
+    const std::string hosts = absl::StrCat("127.0.0.1 localhost\n", addresses_[0], " ", names_[0],
+                                           "\n", addresses_[1], " ", names_[1], "\n");
+    for (const std::string& name : names_) {
+      const std::string dir = absl::StrCat("/etc/netns/", name);
+      mkdir("/etc/netns", 0755);
+      if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::StrCat("cannot create ", dir, ": ", strerror(errno));
+      }
+      files_.push_back(dir + "/hosts");
+      std::ofstream out(files_.back());
+      out << hosts;
+      if (!out.good()) return absl::StrCat("cannot write ", files_.back());
+    }
+    return "";
+  }
+
+  // The subnet of the veth link, for Open MPI's *_if_include.
+  std::string Subnet() const { return addresses_[0].substr(0, addresses_[0].rfind('.')) + ".0/24"; }
+
   // Bytes sent over the veth end of `host` so far.
   int64_t TxBytes(int host) const {
     auto [code, out] = Run({ip_, "netns", "exec", names_[host], "cat",
@@ -146,7 +179,7 @@ class TwoHosts {
 
  private:
   std::string ip_;
-  std::vector<std::string> names_, addresses_, created_;
+  std::vector<std::string> names_, addresses_, created_, files_;
 };
 
 // Makes the two hosts, or says why not (then the caller skips).
@@ -303,6 +336,230 @@ TEST(MultiHostTest, AnotherSizeOnTheOtherHostIsNamed) {
   EXPECT_NE(logs.node1.find("rank 3 ran all_reduce of 64 B float32"), std::string::npos)
       << logs.node1;
 }
+
+// --- mpi across the two hosts ----------------------------------------------------------
+// mpirun runs on host 0 and reaches host 1 through a launch agent (Open
+// MPI's plm_rsh_agent, ssh's place) that enters host 1's namespace; each
+// host runs under its own name (unshare --uts; AddHostNames), so Open MPI
+// keeps the hosts apart and the ranks on host 1 find the group's store on
+// rank 0's host by name (Note [mpi's store]). Open MPI's TCP (its own
+// wire-up and the ranks' traffic) is pinned to the veth link. The ranks run
+// distributed/mpi:fault_worker with a 3 s timeout; the faulty rank is the
+// last one, on host 1.
+
+std::optional<std::string> FindProgram(const char* name) {
+  for (const char* dir : {"/usr/bin/", "/bin/", "/usr/sbin/", "/usr/local/bin/"}) {
+    const std::string path = absl::StrCat(dir, name);
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return std::nullopt;
+}
+
+struct MpiJob {
+  int exit_code = -1;
+  std::string output;  // mpirun's and the ranks'
+  std::string dumps;   // the directory of the ranks' flight recorder dumps
+};
+
+// Runs an mpirun job of `ranks` ranks (half on each host) of fault_worker
+// with `fault`; `mpirun_args` and `env` (NAME=VALUE, passed to the ranks)
+// are added.
+MpiJob RunMpiOnTwoHosts(const TwoHosts& hosts, const std::string& mpirun, int ranks,
+                        const std::string& fault, const std::vector<std::string>& mpirun_args = {},
+                        const std::vector<std::string>& env = {}) {
+  const std::string tmp = std::getenv("TEST_TMPDIR");
+  const std::string name = absl::StrCat("mpi_", fault, "_", ranks, "_", mpirun_args.size());
+  MpiJob job;
+  job.dumps = absl::StrCat(tmp, "/", name, "_dumps");
+  mkdir(job.dumps.c_str(), 0755);
+  const std::string agent = absl::StrCat(tmp, "/mpi_agent.sh");
+  {
+    // ssh's place: "<agent> <host> <command...>"; the host's namespace and
+    // name, then the command through a shell, as ssh runs it.
+    std::ofstream out(agent);
+    out << "#!/bin/sh\n"
+        << "case \"$1\" in\n  " << hosts.name(0) << "|" << hosts.name(1) << ") ;;\n"
+        << "  *) echo \"mpi_agent.sh: no host '$1'\" >&2; exit 1 ;;\nesac\n"
+        << "host=$1\nshift\n"
+        << "exec " << hosts.ip() << " netns exec \"$host\" unshare --uts /bin/sh -c "
+        << "'hostname \"$0\" && exec /bin/sh -c \"$1\"' \"$host\" \"$*\"\n";
+  }
+  chmod(agent.c_str(), 0755);
+  const std::string hostfile = absl::StrCat(tmp, "/mpi_hosts");
+  {
+    std::ofstream out(hostfile);
+    out << hosts.name(0) << " slots=" << ranks / 2 << "\n"
+        << hosts.name(1) << " slots=" << ranks / 2 << "\n";
+  }
+  char shm[] = "/tmp/ember-mh-XXXXXX";  // vader's segments, this job's own
+  if (mkdtemp(shm) == nullptr) return job;
+  std::vector<std::string> argv = {
+      hosts.ip(), "netns", "exec", hosts.name(0), "unshare", "--uts", "/bin/sh", "-c",
+      "hostname \"$0\" && exec \"$@\"", hosts.name(0), mpirun, "--allow-run-as-root", "-np",
+      absl::StrCat(ranks), "--hostfile", hostfile, "--mca", "plm_rsh_agent", agent, "--mca",
+      "oob_tcp_if_include", hosts.Subnet(), "--mca", "btl_tcp_if_include", hosts.Subnet(), "--mca",
+      "btl", "self,vader,tcp", "--mca", "btl_vader_backing_directory", shm, "--timeout", "60",
+      "-x", absl::StrCat("TORCH_FR_DUMP_TEMP_FILE=", job.dumps, "/trace_")};
+  for (const std::string& e : env) argv.insert(argv.end(), {"-x", e});
+  argv.insert(argv.end(), mpirun_args.begin(), mpirun_args.end());
+  argv.insert(argv.end(), {Runfile("distributed/mpi/fault_worker"), "--fault=" + fault});
+  const std::string log = absl::StrCat(tmp, "/", name, ".log");
+  job.exit_code = Wait(Spawn(argv, log), absl::Seconds(90));
+  job.output = ReadFile(log);
+  Run({"/bin/rm", "-rf", shm});
+  return job;
+}
+
+// fr_trace over a job's dumps.
+std::string Trace(const std::string& dumps, int ranks) {
+  auto [code, out] =
+      Run({Runfile("tools/launch/fr_trace"), absl::StrCat("--world_size=", ranks), dumps});
+  EXPECT_EQ(code, 0) << out;
+  return out;
+}
+
+// fr_trace's words for all_reduce #3 that every rank but the last entered.
+std::string EnteredByAllButTheLast(int ranks) {
+  std::vector<int> others;
+  for (int r = 0; r + 1 < ranks; ++r) others.push_back(r);
+  return absl::StrCat("all_reduce #3 (group 0, 32 B float32): ", others.size() == 1 ? "rank " : "ranks ",
+                      absl::StrJoin(others, ", "), " entered it; rank ", ranks - 1);
+}
+
+// Each rank r but the last reported all_reduce #3's failure, from its host,
+// within the timeout (3 s) + 2 s, with text(r) in its error.
+void ExpectSurvivorsName(const TwoHosts& hosts, const MpiJob& job, int ranks,
+                         const std::function<std::string(int)>& text) {
+  for (int r = 0; r + 1 < ranks; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    const std::string head = absl::StrCat("mpi_fault_worker rank ", r, " of ", ranks, " on ",
+                                          hosts.name(r < ranks / 2 ? 0 : 1),
+                                          ": all_reduce #3 failed after ");
+    const size_t at = job.output.find(head);
+    ASSERT_NE(at, std::string::npos) << job.output;
+    const std::string line = job.output.substr(at, job.output.find('\n', at) - at);
+    ASSERT_TRUE(std::isdigit(static_cast<unsigned char>(line[head.size()]))) << line;
+    const long long ms = std::atoll(line.c_str() + head.size());
+    EXPECT_LT(ms, 5000) << line;
+    std::printf("%s\n", line.substr(0, head.size() + 12).c_str());  // the figure, for the log
+    EXPECT_NE(line.find(text(r)), std::string::npos) << line;
+  }
+}
+
+class MpiMultiHostTest : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (std::string why = MakeHosts(hosts_); !why.empty()) GTEST_SKIP() << why;
+    std::optional<std::string> mpirun = FindProgram("mpirun");
+    if (!mpirun) GTEST_SKIP() << "Open MPI's mpirun is not installed (apt-get install openmpi-bin)";
+    if (!FindProgram("unshare")) GTEST_SKIP() << "util-linux's unshare is not installed";
+    if (std::string why = hosts_->AddHostNames(); !why.empty()) GTEST_SKIP() << why;
+    mpirun_ = *mpirun;
+  }
+  int ranks() const { return GetParam(); }
+  std::string last() const { return absl::StrCat("rank ", ranks() - 1); }
+  // The desync report that names the last rank, stopped after collective #2.
+  std::function<std::string(int)> Behind() const {
+    return [text = absl::StrCat("desync report: ", last(),
+                                " is behind: its last collective is #2 all_reduce")](int) {
+      return text;
+    };
+  }
+
+  std::unique_ptr<TwoHosts> hosts_;
+  std::string mpirun_;
+};
+
+// The job runs at all across the hosts: every rank's all_reduce #3 succeeds.
+TEST_P(MpiMultiHostTest, RunsAcrossTheHosts) {
+  MpiJob job = RunMpiOnTwoHosts(*hosts_, mpirun_, ranks(), "none");
+  EXPECT_EQ(job.exit_code, 0) << job.output;
+  for (int r = 0; r < ranks(); ++r) {
+    EXPECT_NE(job.output.find(absl::StrCat("mpi_fault_worker rank ", r, " of ", ranks(), " on ",
+                                           hosts_->name(r < ranks() / 2 ? 0 : 1),
+                                           ": all_reduce #3 succeeded")),
+              std::string::npos)
+        << job.output;
+  }
+}
+
+// The last rank stays in its own code: the others time out, and their desync
+// reports, read from the store on host 0, name it and its last collective;
+// fr_trace over the dumps (the stalled rank's written when mpirun stops it
+// with SIGTERM) names it and all_reduce #3.
+TEST_P(MpiMultiHostTest, AStalledRankOnTheOtherHostIsNamed) {
+  MpiJob job = RunMpiOnTwoHosts(*hosts_, mpirun_, ranks(), "skip");
+  EXPECT_NE(job.exit_code, 0) << job.output;
+  ExpectSurvivorsName(*hosts_, job, ranks(), [](int) { return "all_reduce (collective #3)"; });
+  ExpectSurvivorsName(*hosts_, job, ranks(), Behind());
+  EXPECT_NE(Trace(job.dumps, ranks()).find(EnteredByAllButTheLast(ranks()) + " never did"),
+            std::string::npos)
+      << Trace(job.dumps, ranks());
+}
+
+// The last rank is SIGSTOPped (mpirun continues and stops it when the job
+// fails): named as a stalled one is.
+TEST_P(MpiMultiHostTest, AStoppedRankOnTheOtherHostIsNamed) {
+  MpiJob job = RunMpiOnTwoHosts(*hosts_, mpirun_, ranks(), "sigstop");
+  EXPECT_NE(job.exit_code, 0) << job.output;
+  ExpectSurvivorsName(*hosts_, job, ranks(), Behind());
+  EXPECT_NE(Trace(job.dumps, ranks()).find(EnteredByAllButTheLast(ranks()) + " never did"),
+            std::string::npos)
+      << Trace(job.dumps, ranks());
+}
+
+// The last rank passes 16 elements instead of 8. Under
+// TORCH_DISTRIBUTED_DEBUG=DETAIL the ranks compare the call through the
+// group's store (Note [Call checks]) and every other rank names its call.
+// (mpi has no in-band check at the default level: there MPI itself reports
+// MPI_ERR_TRUNCATE, naming no rank.)
+TEST_P(MpiMultiHostTest, AnotherSizeOnTheOtherHostIsNamedUnderDetail) {
+  MpiJob job = RunMpiOnTwoHosts(*hosts_, mpirun_, ranks(), "other_size", {},
+                                {"TORCH_DISTRIBUTED_DEBUG=DETAIL"});
+  EXPECT_NE(job.exit_code, 0) << job.output;
+  ExpectSurvivorsName(*hosts_, job, ranks(), [&](int r) {
+    return absl::StrCat("mismatched collectives: all_reduce (collective #3): ", last(),
+                        " ran all_reduce of 64 B float32 (SUM) but this rank (", r,
+                        ") ran all_reduce of 32 B float32 (SUM)");
+  });
+}
+
+// The last rank is SIGKILLed, with mpirun's defaults: mpirun names it and
+// stops the others (SIGCONT, SIGTERM a second later, SIGKILL a second after
+// that: odls_base_sigkill_timeout=1) before their timeout, so they report
+// nothing themselves; but each dumps its flight recorder on the SIGTERM, and
+// fr_trace over the dumps names the killed rank and all_reduce #3.
+TEST_P(MpiMultiHostTest, AKilledRankOnTheOtherHostIsNamedByMpirunAndTheDumps) {
+  MpiJob job = RunMpiOnTwoHosts(*hosts_, mpirun_, ranks(), "sigkill");
+  EXPECT_NE(job.exit_code, 0) << job.output;
+  EXPECT_NE(job.output.find(absl::StrCat("process ", last(), " with PID")), std::string::npos)
+      << job.output;
+  EXPECT_NE(job.output.find(absl::StrCat("on node ", hosts_->name(1), " exited on signal 9")),
+            std::string::npos)
+      << job.output;
+  const std::string trace = Trace(job.dumps, ranks());
+  EXPECT_NE(trace.find(EnteredByAllButTheLast(ranks()) + " left no dump"), std::string::npos)
+      << trace;
+  EXPECT_NE(trace.find("dumped on: SIGTERM"), std::string::npos) << trace;
+}
+
+// The same with --mca odls_base_sigkill_timeout 6 (longer than the timeout
+// + 2 s): mpirun waits before its SIGTERM, the others reach their timeout,
+// and their desync reports name the killed rank.
+TEST_P(MpiMultiHostTest, AKilledRankOnTheOtherHostIsNamedByTheSurvivorsGivenTime) {
+  MpiJob job = RunMpiOnTwoHosts(*hosts_, mpirun_, ranks(), "sigkill",
+                                {"--mca", "odls_base_sigkill_timeout", "6"});
+  EXPECT_NE(job.exit_code, 0) << job.output;
+  ExpectSurvivorsName(*hosts_, job, ranks(), Behind());
+  EXPECT_NE(Trace(job.dumps, ranks()).find(EnteredByAllButTheLast(ranks()) + " left no dump"),
+            std::string::npos)
+      << Trace(job.dumps, ranks());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, MpiMultiHostTest, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat(info.param, "Ranks");
+                         });
 
 // An elastic job across the two hosts: two launchers on host 0 (one serves
 // the rendezvous endpoint) and one on host 1, --nnodes=2:3. Host 1's launcher
