@@ -128,6 +128,12 @@ constexpr absl::Duration kBackstop = absl::Seconds(3);
 
 char* Data(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
 Tensor Staging(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+// Whether two contiguous tensors' bytes overlap.
+bool Overlap(const Tensor& a, const Tensor& b) {
+  const char* a0 = static_cast<const char*>(a.raw_data());
+  const char* b0 = static_cast<const char*>(b.raw_data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
 void CopyBack(const Tensor& user, const Tensor& staging) {
   if (!staging.is_same(user)) user.copy_(staging);
 }
@@ -638,50 +644,53 @@ struct Segments {
 
 int Mod(int v, int n) { return ((v % n) + n) % n; }
 
-// The reduce_scatter ring of Note [Rings over gloo's buffers] over `flat`
-// (size chunks of `chunk` elements, reduced in place); chunk `rank` ends up
-// reduced.
+// The reduce_scatter ring of Note [Rings over gloo's buffers]: `in` holds
+// this rank's size() input chunks of `chunk` elements (contiguous, left as
+// they are), `out` receives chunk `rank` reduced.
 void RingReduceScatter(::gloo::Context& context, const GlooProcessGroup::OpContext& ctx,
-                       const Tensor& flat, int64_t chunk, ReduceOp op) {
+                       const std::vector<Tensor>& in, const Tensor& out, ReduceOp op) {
   const int n = context.size, r = context.rank;
-  const auto item = static_cast<int64_t>(flat.element_size());
+  const Dtype dtype = out.dtype();
+  const int64_t chunk = out.numel();
+  const auto item = static_cast<int64_t>(out.element_size());
   const int64_t chunk_bytes = chunk * item;
-  if (n == 1 || chunk_bytes == 0) return;
+  if (chunk_bytes == 0) return;
   const Segments seg(chunk, item);
   const uint64_t slot = kReduceScatterSlot | static_cast<uint64_t>(ctx.tag);
   const int next = Mod(r + 1, n), prev = Mod(r - 1, n);
-  char* data = static_cast<char*>(flat.raw_data());
+  // Step s receives into scratch chunk s, adds its own input there and
+  // forwards it, except in the last step, which adds into `out`.
   const auto scratch_bytes = static_cast<size_t>((n - 1) * chunk_bytes);
   std::unique_ptr<char[]> scratch(new char[scratch_bytes]);
-  auto sends = context.createUnboundBuffer(data, static_cast<size_t>(n * chunk_bytes));
-  auto recvs = context.createUnboundBuffer(scratch.get(), scratch_bytes);
+  auto partial = context.createUnboundBuffer(scratch.get(), scratch_bytes);
+  const Tensor& first = in[Mod(r - 1, n)];
+  auto first_send = context.createUnboundBuffer(first.raw_data(), first.nbytes());
+  auto at = [&](int s, int64_t k) { return s * chunk_bytes + seg.offset(k) * item; };
+  auto bytes = [&](int64_t k) { return static_cast<size_t>(seg.size(k) * item); };
   // Every receive, in the order the sender posts its sends.
   for (int s = 0; s + 1 < n; ++s) {
-    for (int64_t k = 0; k < seg.count; ++k) {
-      recvs->recv(prev, slot, static_cast<size_t>(s * chunk_bytes + seg.offset(k) * item),
-                  static_cast<size_t>(seg.size(k) * item));
-    }
+    for (int64_t k = 0; k < seg.count; ++k) partial->recv(prev, slot, at(s, k), bytes(k));
   }
-  auto send = [&](int c, int64_t k) {
-    sends->send(next, slot, static_cast<size_t>(c * chunk_bytes + seg.offset(k) * item),
-                static_cast<size_t>(seg.size(k) * item));
-  };
-  for (int64_t k = 0; k < seg.count; ++k) send(Mod(r - 1, n), k);
-  int64_t posted = seg.count;
+  for (int64_t k = 0; k < seg.count; ++k) first_send->send(next, slot, at(0, k), bytes(k));
+  int64_t forwarded = 0;
   for (int s = 0; s + 1 < n; ++s) {
-    const int c = Mod(r - s - 2, n);
+    const char* mine = static_cast<const char*>(in[Mod(r - s - 2, n)].raw_data());
     for (int64_t k = 0; k < seg.count; ++k) {
-      recvs->waitRecv(Left(ctx.deadline));
-      const int64_t at = seg.offset(k) * item;
-      ReduceInto(op, flat.dtype(), data + c * chunk_bytes + at,
-                 scratch.get() + s * chunk_bytes + at, seg.size(k));
-      if (s + 2 < n) {  // the next step sends what this one reduced
-        send(c, k);
-        ++posted;
+      partial->waitRecv(Left(ctx.deadline));
+      char* got = scratch.get() + at(s, k);
+      const int64_t offset = seg.offset(k) * item;
+      if (s + 2 < n) {
+        ReduceInto(op, dtype, got, mine + offset, seg.size(k));
+        partial->send(next, slot, at(s, k), bytes(k));  // the next step's message
+        ++forwarded;
+      } else {
+        ReduceTo(op, dtype, static_cast<char*>(out.raw_data()) + offset, got, mine + offset,
+                 seg.size(k));
       }
     }
   }
-  for (int64_t i = 0; i < posted; ++i) sends->waitSend(Left(ctx.deadline));
+  for (int64_t k = 0; k < seg.count; ++k) first_send->waitSend(Left(ctx.deadline));
+  for (int64_t i = 0; i < forwarded; ++i) partial->waitSend(Left(ctx.deadline));
 }
 
 // The all_gather ring of Note [Rings over gloo's buffers] over `out` (size
@@ -835,29 +844,44 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduceScatter(
   EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduceScatter, options.op));
   const ReduceOp op = options.op;
   const int64_t n = given.numel();
-  // The concatenated inputs, reduced in place (Note [Rings over gloo's
-  // buffers]).
-  // Device inputs are concatenated on their device, then staged as one.
-  Tensor flat = empty({size() * n}, TensorOptions(given.dtype()).device(inputs[0].device()));
-  for (int p = 0; p < size(); ++p) {
-    flat.narrow(0, p * n, n).copy_(inputs[p].reshape({n}));
-  }
   auto stage = std::make_shared<DeviceStaging>();
-  EMBER_ASSIGN_OR_RETURN(flat, stage->Input(flat));
+  // Contiguous host inputs, one per rank. Device inputs are concatenated on
+  // their device, then staged as one.
+  std::vector<Tensor> ins;
+  if (std::all_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.is_cpu(); })) {
+    for (const Tensor& t : inputs) ins.push_back(Staging(t));
+  } else {
+    Tensor flat = empty({size() * n}, TensorOptions(given.dtype()).device(inputs[0].device()));
+    for (int p = 0; p < size(); ++p) flat.narrow(0, p * n, n).copy_(inputs[p].reshape({n}));
+    EMBER_ASSIGN_OR_RETURN(flat, stage->Input(flat));
+    for (int p = 0; p < size(); ++p) ins.push_back(flat.narrow(0, p * n, n));
+  }
   EMBER_ASSIGN_OR_RETURN(const Tensor output, stage->Output(given));
   const bool ring = check_calls_;  // every rank is Ember
-  return Enqueue(OpType::kReduceScatter, options.timeout,
-                 Call{output.dtype(), output.nbytes(), -1, op},
-                 [this, output, flat, op, n, ring](const OpContext& ctx) -> absl::Status {
-                   if (size() > 1 && ring) {
-                     RingReduceScatter(*context_, ctx, flat, n, op);
-                   } else if (size() > 1) {
-                     GlooAllReduce(context_, ctx, flat, op);
-                   }
-                   output.copy_(flat.narrow(0, rank() * n, n).view(output.sizes()));
-                   return absl::OkStatus();
-                 },
-                 stage);
+  return Enqueue(
+      OpType::kReduceScatter, options.timeout, Call{output.dtype(), output.nbytes(), -1, op},
+      [this, output, ins, op, n, ring](const OpContext& ctx) -> absl::Status {
+        if (size() == 1) {
+          output.copy_(ins[0].view(output.sizes()));
+        } else if (ring) {  // Note [Rings over gloo's buffers]
+          // The ring writes its result while it still reads the inputs, so
+          // an output that shares memory with one gets a buffer of its own.
+          Tensor out = Staging(output);
+          if (std::any_of(ins.begin(), ins.end(), [&](const Tensor& t) { return Overlap(t, out); })) {
+            out = empty(output.sizes(), TensorOptions(output.dtype()));
+          }
+          RingReduceScatter(*context_, ctx, ins, out, op);
+          CopyBack(output, out);
+        } else {
+          // As PyTorch: all_reduce the concatenated inputs, keep this rank's part.
+          Tensor flat = empty({size() * n}, TensorOptions(output.dtype()));
+          for (int p = 0; p < size(); ++p) flat.narrow(0, p * n, n).copy_(ins[p].reshape({n}));
+          GlooAllReduce(context_, ctx, flat, op);
+          output.copy_(flat.narrow(0, rank() * n, n).view(output.sizes()));
+        }
+        return absl::OkStatus();
+      },
+      stage);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllToAll(absl::Span<const Tensor> outputs,

@@ -183,6 +183,24 @@ TEST(GlooBackendTest, RingsMoveChunksOfSeveralSegments) {
             // The inputs are left as they were.
             EXPECT_EQ(inputs[0].to(kFloat64).data_ptr<double>()[8], value(me.rank, 0, 8));
 
+            // In place: the inputs are views of one buffer and the output is
+            // this rank's view.
+            Tensor flat = empty({world * 1000}, dtype);
+            std::vector<Tensor> views;
+            for (int j = 0; j < world; ++j) {
+              views.push_back(flat.narrow(0, j * 1000, 1000));
+              views.back().copy_(inputs[j].narrow(0, 0, 1000));
+            }
+            Tensor mine = views[me.rank];
+            EMBER_RETURN_IF_ERROR(
+                Finish(me.group->reduce_scatter(mine, views, {.op = ReduceOp::kSum})));
+            const Tensor in_place = mine.to(kFloat64);
+            for (int64_t i : {int64_t{0}, int64_t{6}, int64_t{999}}) {
+              double want = 0;
+              for (int q = 0; q < world; ++q) want += value(q, me.rank, i);
+              EXPECT_EQ(in_place.data_ptr<double>()[i], want) << "in place [" << i << "]";
+            }
+
             // all_gather_into_tensor and all_gather of inputs[1].
             Tensor whole = zeros({world * kChunk}, dtype);
             EMBER_RETURN_IF_ERROR(Finish(me.group->allgather_into_tensor(whole, inputs[1])));
