@@ -81,8 +81,9 @@ MpirunResult RunThisTestUnderMpirun(int ranks, const std::string& gtest_filter,
                                    // side by side) share, and the jobs then map each other's.
                                    "--mca", "btl_vader_backing_directory", dir,
                                    // mpirun ends the job itself a little before the test gives up.
-                                   "--timeout", absl::StrCat(std::max(seconds - 10, 10)),
-                                   SelfPath(), absl::StrCat("--gtest_filter=", gtest_filter)};
+                                   "--timeout", absl::StrCat(std::max(seconds - 10, 10))};
+  args.insert(args.end(), options.mpirun_args.begin(), options.mpirun_args.end());
+  args.insert(args.end(), {SelfPath(), absl::StrCat("--gtest_filter=", gtest_filter)});
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     bool drop = false;

@@ -21,6 +21,7 @@
 #define EMBER_DISTRIBUTED_MPI_MPIRUN_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -38,6 +39,9 @@ struct MpirunOptions {
   // over the job, so a rank outside a test's world size must call it too).
   // Off for a test that starts MPI itself.
   bool start_mpi = true;
+  // More mpirun flags (after the helper's own), e.g. {"--mca",
+  // "odls_base_sigkill_timeout", "6"}.
+  std::vector<std::string> mpirun_args;
 };
 
 MpirunResult RunThisTestUnderMpirun(int ranks, const std::string& gtest_filter,
