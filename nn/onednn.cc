@@ -82,9 +82,35 @@ __attribute__((target("avx512f"), always_inline)) inline void SwapBlocks(__m512 
   }
 }
 
+// Note [Streaming weight copies]
+// A layer's weights, in either layout, are copied once per training step
+// (the forward's blocked copy, backward data's tile transpose of it, the
+// gradient back to OIHW). A large copy does not stay in cache for the
+// primitive that reads it, so ordinary stores pay to read every destination
+// line before overwriting it. Copies of at least kStreamBytes with 64-byte
+// aligned destinations are written with non-temporal stores instead, which
+// skip that read: 512x512x3x3 into OIhw16i16o took 1.0-1.4 ms with ordinary
+// stores and oneDNN's reorder 1.1-1.3 ms, against 0.4-0.6 ms streamed.
+inline constexpr size_t kStreamBytes = size_t{1} << 20;
+
+bool Streams(const void* dst, size_t bytes) {
+  return bytes >= kStreamBytes && reinterpret_cast<uintptr_t>(dst) % 64 == 0;
+}
+
+// *p = v; through a non-temporal store when kStream (p 64-byte aligned).
+template <bool kStream>
+__attribute__((target("avx512f"), always_inline)) inline void Store(float* p, __m512 v) {
+  if constexpr (kStream) {
+    _mm512_stream_ps(p, v);
+  } else {
+    _mm512_storeu_ps(p, v);
+  }
+}
+
 // plain[O][I][K] = blocked[O/16][I/16][K][16 i][16 o] (Note [Weight gradients
 // out of OIhw16i16o]); O and I multiples of 16.
-__attribute__((target("avx512f"))) void UnblockOIhw16i16o(const float* blocked, float* plain,
+template <bool kStream>
+__attribute__((target("avx512f"))) void UnblockOIhw16i16oTo(const float* blocked, float* plain,
                                                           int64_t o_size, int64_t i_size,
                                                           int64_t k_size) {
   const int64_t ik = i_size * k_size;
@@ -104,7 +130,7 @@ __attribute__((target("avx512f"))) void UnblockOIhw16i16o(const float* blocked, 
         SwapBlocks<2>(r);
         SwapBlocks<1>(r);
 #pragma GCC unroll 16
-        for (int o = 0; o < 16; ++o) _mm512_storeu_ps(rows + o * ik + col * 16, r[o]);
+        for (int o = 0; o < 16; ++o) Store<kStream>(rows + o * ik + col * 16, r[o]);
       }
     }
   }
@@ -113,7 +139,8 @@ __attribute__((target("avx512f"))) void UnblockOIhw16i16o(const float* blocked, 
 // blocked[O/16][I/16][K][16 i][16 o] = plain[O][I][K], the inverse of
 // UnblockOIhw16i16o: the forward's weight layout, made once per weight
 // version (Note [oneDNN weight cache]); O and I multiples of 16.
-__attribute__((target("avx512f"))) void BlockOIhw16i16o(const float* plain, float* blocked,
+template <bool kStream>
+__attribute__((target("avx512f"))) void BlockOIhw16i16oTo(const float* plain, float* blocked,
                                                         int64_t o_size, int64_t i_size,
                                                         int64_t k_size) {
   const int64_t ik = i_size * k_size;
@@ -132,7 +159,7 @@ __attribute__((target("avx512f"))) void BlockOIhw16i16o(const float* plain, floa
 #pragma GCC unroll 16
         for (int j = 0; j < 16; ++j) {
           const int64_t c = col * 16 + j;  // = i * K + k
-          _mm512_storeu_ps(tile + ((c % k_size) * 16 + c / k_size) * 16, r[j]);
+          Store<kStream>(tile + ((c % k_size) * 16 + c / k_size) * 16, r[j]);
         }
       }
     }
@@ -141,7 +168,8 @@ __attribute__((target("avx512f"))) void BlockOIhw16i16o(const float* plain, floa
 
 // dst = src with every 16x16 tile transposed: OIhw16i16o <-> OIhw16o16i,
 // whose tiles sit at the same offsets; `floats` a multiple of 256.
-__attribute__((target("avx512f"))) void TransposeTiles(const float* src, float* dst,
+template <bool kStream>
+__attribute__((target("avx512f"))) void TransposeTilesTo(const float* src, float* dst,
                                                        int64_t floats) {
   for (int64_t t = 0; t < floats; t += 256) {
     __m512 r[16];
@@ -152,7 +180,33 @@ __attribute__((target("avx512f"))) void TransposeTiles(const float* src, float* 
     SwapBlocks<2>(r);
     SwapBlocks<1>(r);
 #pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) _mm512_storeu_ps(dst + t + j * 16, r[j]);
+    for (int j = 0; j < 16; ++j) Store<kStream>(dst + t + j * 16, r[j]);
+  }
+}
+
+// The three weight copies, streamed where Streams() says so.
+void UnblockOIhw16i16o(const float* blocked, float* plain, int64_t o, int64_t i, int64_t k) {
+  if (Streams(plain, sizeof(float) * o * i * k)) {
+    UnblockOIhw16i16oTo<true>(blocked, plain, o, i, k);
+    _mm_sfence();
+  } else {
+    UnblockOIhw16i16oTo<false>(blocked, plain, o, i, k);
+  }
+}
+void BlockOIhw16i16o(const float* plain, float* blocked, int64_t o, int64_t i, int64_t k) {
+  if (Streams(blocked, sizeof(float) * o * i * k)) {
+    BlockOIhw16i16oTo<true>(plain, blocked, o, i, k);
+    _mm_sfence();
+  } else {
+    BlockOIhw16i16oTo<false>(plain, blocked, o, i, k);
+  }
+}
+void TransposeTiles(const float* src, float* dst, int64_t floats) {
+  if (Streams(dst, sizeof(float) * floats)) {
+    TransposeTilesTo<true>(src, dst, floats);
+    _mm_sfence();
+  } else {
+    TransposeTilesTo<false>(src, dst, floats);
   }
 }
 
