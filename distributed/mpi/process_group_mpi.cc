@@ -37,6 +37,31 @@ namespace ember::distributed::mpi {
 //    if the group is destroyed while a collective is still inside MPI, the
 //    rank can neither finish it nor finalize MPI, so the destructor calls
 //    MPI_Abort and the job ends (PyTorch's abort() calls MPI_Abort at once).
+//
+// Note [mpi post-mortems]
+// What names the faulty rank of an mpi job (README.md in this directory has
+// the mpirun flags; post_mortem_test and tools/launch:multihost_test check
+// each case):
+//  - a rank stuck in its own code, or stopped: the others' collectives time
+//    out as above; their errors carry the desync report (Note [Desync
+//    reports]) read from the group's store (Note [mpi's store]), and their
+//    flight recorder dumps (written at that first failure) let fr_trace
+//    name the rank and the collective;
+//  - a rank that dies: mpirun ends the job. Each of its daemons sends the
+//    ranks it started SIGCONT, then SIGTERM odls_base_sigkill_timeout
+//    seconds later (1 by default), then SIGKILL as long again after that.
+//    The flight recorder dumps on that SIGTERM (Note [Flight recorder
+//    dumps]), so fr_trace over the dumps names the dead rank (the one that
+//    left no dump) and the collective the others were in, even though they
+//    were stopped before their timeout. With odls_base_sigkill_timeout
+//    longer than the timeout (+ 2 s), the others time out first and their
+//    errors' desync reports name the dead rank too;
+//  - another op, size or dtype: only TORCH_DISTRIBUTED_DEBUG=DETAIL names
+//    the rank and both calls (the ranks compare through the store before MPI
+//    sees the call; Note [Call checks]). At the default level this backend
+//    sends no call words of its own, and MPI reports what it sees
+//    (MPI_ERR_TRUNCATE on the ranks that receive the larger message, a
+//    timeout on the others), naming no rank.
 
 namespace {
 
