@@ -19,6 +19,7 @@
 // Run by Bazel, this binary starts itself again under mpirun (mpirun.h) for
 // each case; inside the job it runs that case's MpiFaultJob test.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -210,6 +211,18 @@ TEST_F(MpiFaultJob, Sigkill) {
   _exit(HasFailure() ? 1 : 0);
 }
 
+// The last rank crashes (SIGSEGV) where all_reduce #3 is due. Open MPI's
+// own SIGSEGV handler (installed by MPI_Init) prints a backtrace after the
+// flight recorder's dump (the recorder, installed later, chains to it).
+TEST_F(MpiFaultJob, Sigsegv) {
+  RunUpToTheFault([]() -> absl::Status {
+    const rlimit no_core{0, 0};  // a core file would only slow the test
+    setrlimit(RLIMIT_CORE, &no_core);
+    raise(SIGSEGV);
+    return absl::OkStatus();
+  });
+}
+
 // --- Outside: the jobs -----------------------------------------------------------------
 
 class MpiPostMortem : public ::testing::Test {
@@ -329,6 +342,22 @@ TEST_P(MpiPostMortemAtRanks, MismatchesFailEveryRankAtOnceUnderDetail) {
     SCOPED_TRACE(name);
     ExpectPassed(Job(name, GetParam()));
   }
+}
+
+// A fatal signal in a rank leaves its dump, which names the signal and
+// where the rank got to; mpirun names the rank and the signal, and fr_trace
+// over the dumps (the others' written on mpirun's SIGTERM) says that every
+// other rank entered all_reduce #3 and the crashed one never did.
+TEST_P(MpiPostMortemAtRanks, CrashedRankLeavesADump) {
+  const int ranks = GetParam();
+  MpirunResult job = Job("Sigsegv", ranks);
+  EXPECT_NE(job.exit_code, 0) << job.output;
+  EXPECT_FALSE(job.timed_out) << job.output;
+  EXPECT_THAT(job.output, HasSubstr(absl::StrCat("rank ", ranks - 1))) << job.output;
+  EXPECT_THAT(job.output, HasSubstr("signal 11")) << job.output;
+  const std::string trace = Trace();
+  EXPECT_THAT(trace, HasSubstr(EnteredByAllButTheLast("never did"))) << trace;
+  EXPECT_THAT(trace, HasSubstr("dumped on: fatal signal SIGSEGV")) << trace;
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, MpiPostMortemAtRanks, ::testing::Values(2, 4),
