@@ -15,6 +15,8 @@
 //   6, mpirun waits longer than the timeout + 2 s before that SIGTERM and
 //   the others' desync reports name the killed rank (Note [mpi
 //   post-mortems] in process_group_mpi.cc);
+// - crashed (SIGSEGV): its own dump names the signal, under Open MPI's own
+//   handler;
 // - with MASTER_ADDR and MASTER_PORT set, the store is served there.
 // Run by Bazel, this binary starts itself again under mpirun (mpirun.h) for
 // each case; inside the job it runs that case's MpiFaultJob test.
