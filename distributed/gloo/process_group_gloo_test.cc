@@ -225,6 +225,36 @@ TEST(GlooBackendTest, RingsMoveChunksOfSeveralSegments) {
   }
 }
 
+// A rank that never joins: the ring's own wait (the call check, which would
+// otherwise time out first, is off) fails with the op and the rank named.
+TEST(GlooBackendTest, RingsTimeOutNamingTheMissingRank) {
+  ScopedEnv env("EMBER_GLOO_CHECK_COLLECTIVES", "0");
+  for (bool gather : {false, true}) {
+    RunRanksOptions options = Gloo();
+    options.timeout = absl::Milliseconds(600);
+    std::vector<absl::Status> results = RunRanksEach(
+        2,
+        [gather](Rank& me) -> absl::Status {
+          if (me.rank == 1) {
+            absl::SleepFor(absl::Seconds(2));  // never joins
+            return absl::OkStatus();
+          }
+          const absl::Time start = absl::Now();
+          Tensor out = zeros({gather ? 8 : 4});
+          absl::Status s =
+              gather ? Finish(me.group->allgather_into_tensor(out, ones({4})))
+                     : Finish(me.group->reduce_scatter(out, {ones({4}), ones({4})}));
+          EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
+          return s;
+        },
+        options);
+    const std::string op = gather ? "all_gather_into_tensor" : "reduce_scatter";
+    EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded) << results[0];
+    EXPECT_THAT(std::string(results[0].message()), HasSubstr(op));
+    EXPECT_THAT(std::string(results[0].message()), HasSubstr("rank 1"));
+  }
+}
+
 TEST(GlooBackendTest, MismatchedSizesFailInsteadOfHanging) {
   RunRanksOptions options = Gloo();
   options.timeout = absl::Seconds(2);
