@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -124,6 +125,25 @@ onednn::WeightVersion VersionOf(const Tensor& weight) {
   return {weight.impl()->version_counter(), weight.version()};
 }
 
+// Note [Strided 1x1 convolutions to one pixel]
+// A 1x1 convolution with stride and no padding reads only x[:, :, ::sh,
+// ::sw]; when that is a single pixel per plane (ResNet-18's last
+// downsample on 32x32 images: 2x2 planes, stride 2), it is the same
+// convolution at stride 1 over [N, C, 1, 1], whose NCHW bytes are oneDNN's
+// nChw16c bytes, so no activation is reordered (Note [Activations in
+// nChw16c] in onednn.cc): the forward gathers x[n][c][0][0], backward data
+// scatters its [N, C] result into a zeroed input gradient.
+bool StridedOneByOneToOnePixel(const ConvShape& s) {
+  return s.kh == 1 && s.kw == 1 && s.padding == Int2{0, 0} && s.groups == 1 && s.l() == 1 &&
+         s.h * s.w > 1;
+}
+
+// The geometry of that stride-1 convolution over [N, C, 1, 1].
+onednn::ConvGeometry OnePixelGeometry(const ConvShape& s) {
+  return {.n = s.n, .c = s.c, .h = 1, .w = 1, .o = s.o, .kh = 1, .kw = 1, .oh = 1, .ow = 1,
+          .stride = {1, 1}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1};
+}
+
 // y = conv(x, w) + bias (bias may be undefined).
 Tensor ConvForward(const Tensor& input, const Tensor& weight, const Tensor& bias,
                    const ConvParams& p) {
@@ -134,9 +154,15 @@ Tensor ConvForward(const Tensor& input, const Tensor& weight, const Tensor& bias
   if (out.numel() == 0) return out;
   if (UseOneDnn(x)) {
     Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
-    onednn::ConvForward(GeometryOf(s), x.data_ptr<float>(), w.data_ptr<float>(),
-                        b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>(),
-                        /*relu=*/false, VersionOf(weight));
+    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+    if (StridedOneByOneToOnePixel(s)) {
+      Tensor corner = x.view({s.n * s.c, s.h * s.w}).select(1, 0).contiguous();  // [N * C]
+      onednn::ConvForward(OnePixelGeometry(s), corner.data_ptr<float>(), w.data_ptr<float>(), bp,
+                          out.data_ptr<float>(), /*relu=*/false, VersionOf(weight));
+      return out;
+    }
+    onednn::ConvForward(GeometryOf(s), x.data_ptr<float>(), w.data_ptr<float>(), bp,
+                        out.data_ptr<float>(), /*relu=*/false, VersionOf(weight));
     return out;
   }
   if (bias.defined()) out.copy_(bias.detach().view({1, s.o, 1, 1}));
@@ -165,6 +191,14 @@ Tensor ConvInputGrad(const Tensor& grad, const Tensor& weight, const IntVector& 
   // a few channels (3-channel 7x7 stride 2: 2.9x, conv_benchmark's conv1).
   const bool few_channels = s.groups == 1 && s.c <= 4;
   if (UseOneDnn(go) && !few_channels && s.n * s.c * s.h * s.w > 0 && go.numel() > 0) {
+    if (StridedOneByOneToOnePixel(s)) {
+      Tensor corner = empty({s.n * s.c}, go.options());
+      onednn::ConvBackwardData(OnePixelGeometry(s), go.data_ptr<float>(), w.data_ptr<float>(),
+                               corner.data_ptr<float>(), VersionOf(weight));
+      Tensor gx = zeros(x_sizes, go.options());
+      gx.view({s.n * s.c, s.h * s.w}).select(1, 0).copy_(corner);
+      return gx;
+    }
     Tensor gx = empty(x_sizes, go.options());
     onednn::ConvBackwardData(GeometryOf(s), go.data_ptr<float>(), w.data_ptr<float>(),
                              gx.data_ptr<float>(), VersionOf(weight));
@@ -235,15 +269,17 @@ Tensor OnePixelWeightGrad(const Tensor& x, const Tensor& go, const ConvShape& s)
   internal::VisitNnDtype(x.dtype(), "conv2d weight gradient", [&]<typename T>() {
     const T* gp = g.data_ptr<T>();
     T* out = gw.data_ptr<T>();
-    std::vector<int64_t> slot(k, -1);  // tap -> its column among the T, or -1
-    for (int64_t j = 0; j < t; ++j) slot[taps[j][0] * s.kw + taps[j][1]] = j;
+    std::vector<int64_t> at(t);  // each inside tap's place among the k
+    for (int64_t j = 0; j < t; ++j) at[j] = taps[j][0] * s.kw + taps[j][1];
+    // A row of gw is zeroed and filled while it is in cache.
     parallel_for(0, s.o, std::max<int64_t>(1, kDefaultGrainSize / (s.c * k)),
                  [&](int64_t begin, int64_t end) {
                    for (int64_t o = begin; o < end; ++o) {
+                     T* row = out + o * s.c * k;
+                     std::memset(row, 0, sizeof(T) * s.c * k);
                      for (int64_t c = 0; c < s.c; ++c) {
                        const T* from = gp + (o * s.c + c) * t;
-                       T* to = out + (o * s.c + c) * k;
-                       for (int64_t q = 0; q < k; ++q) to[q] = slot[q] < 0 ? T(0) : from[slot[q]];
+                       for (int64_t j = 0; j < t; ++j) row[c * k + at[j]] = from[j];
                      }
                    }
                  });
