@@ -28,7 +28,12 @@
 // step's oneDNN primitives alone: every convolution's forward, backward data
 // (except the first layer's, whose input needs none) and backward weights,
 // every batch norm's forward and backward and the max pool's forward and
-// backward, run back to back on buffers in their preferred layouts. Counter
+// backward, run back to back on buffers in their preferred layouts; 3: path
+// 1 plus the elementwise work it leaves out, as oneDNN primitives on NCHW
+// (every ReLU's forward and backward, the residual adds, SGD's update of
+// the convolution weights). Neither counts what no primitive does: zero_grad,
+// the gradient accumulation into .grad, the classifier, the loss, autograd,
+// and the per-step weight reorders that changing weights need. Counter
 // median_ms: the median step of 30 after 5 warm-up steps (the protocol of
 // ddp_benchmark and the PyTorch scripts).
 #include <omp.h>
@@ -313,14 +318,65 @@ std::vector<Bound> StepPrimitives(int64_t n) {
   return all;
 }
 
+// The step's elementwise work as oneDNN primitives on NCHW, which
+// StepPrimitives leaves out: every ReLU's forward and backward (after each
+// batch norm but the downsamples'), each residual block's add, and SGD's
+// update of every convolution weight (w += -lr * g, a sum primitive).
+std::vector<Bound> ElementwisePrimitives(int64_t n) {
+  std::vector<Bound> all;
+  int64_t params = 0;
+  for (const Shape& sh : kShapes) {
+    params += sh.o * sh.c * sh.k * sh.k * sh.count;
+    const int64_t oh = OutSize(sh);
+    memory::desc data({n, sh.o, oh, oh}, dt::f32, tag::nchw);
+    if (sh.k != 1) {  // ReLU after this convolution's batch norm
+      dnnl::eltwise_forward::primitive_desc fwd(
+          dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training,
+                                      dnnl::algorithm::eltwise_relu, data, 0.0f),
+          Engine());
+      dnnl::eltwise_backward::primitive_desc bwd(
+          dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu, data, data, 0.0f), Engine(),
+          fwd);
+      Bound f{dnnl::eltwise_forward(fwd), {{DNNL_ARG_SRC, Filled(data)}, {DNNL_ARG_DST, Filled(data)}}};
+      Bound b{dnnl::eltwise_backward(bwd),
+              {{DNNL_ARG_SRC, Filled(data)},
+               {DNNL_ARG_DIFF_DST, Filled(data)},
+               {DNNL_ARG_DIFF_SRC, Filled(data)}}};
+      for (int64_t i = 0; i < sh.count; ++i) {
+        all.push_back(f);
+        all.push_back(b);
+      }
+    }
+    if (sh.k == 3 && sh.stride == 1) {  // the blocks' residual adds (two per stage)
+      dnnl::binary::primitive_desc add(
+          dnnl::binary::desc(dnnl::algorithm::binary_add, data, data, data), Engine());
+      Bound a{dnnl::binary(add),
+              {{DNNL_ARG_SRC_0, Filled(data)}, {DNNL_ARG_SRC_1, Filled(data)},
+               {DNNL_ARG_DST, Filled(data)}}};
+      for (int i = 0; i < 2; ++i) all.push_back(a);
+    }
+  }
+  memory::desc flat({params}, dt::f32, tag::x);
+  dnnl::sum::primitive_desc sgd({1.0f, -0.01f}, {flat, flat}, Engine());
+  memory weights = Filled(flat);
+  all.push_back({dnnl::sum(sgd),
+                 {{DNNL_ARG_MULTIPLE_SRC, weights},
+                  {DNNL_ARG_MULTIPLE_SRC + 1, Filled(flat)},
+                  {DNNL_ARG_DST, weights}}});
+  return all;
+}
+
 void BM_ResNetStep(benchmark::State& state) {
   const int64_t batch = state.range(0);
   const int threads = static_cast<int>(state.range(1));
   const int path = static_cast<int>(state.range(2));
   SetThreads(threads);
   std::vector<double> ms;
-  if (path == 1) {
+  if (path == 1 || path == 3) {
     std::vector<Bound> prims = StepPrimitives(batch);
+    if (path == 3) {
+      for (Bound& b : ElementwisePrimitives(batch)) prims.push_back(b);
+    }
     dnnl::stream stream(Engine());
     for (auto _ : state) {
       const absl::Time start = absl::Now();
@@ -350,7 +406,7 @@ void BM_ResNetStep(benchmark::State& state) {
 void StepArgs(benchmark::internal::Benchmark* b) {
   for (int64_t batch : {16, 64}) {
     for (int threads : {1, 2}) {
-      for (int path : {0, 1, 2}) b->Args({batch, threads, path});
+      for (int path : {0, 1, 2, 3}) b->Args({batch, threads, path});
     }
   }
 }

@@ -54,9 +54,12 @@ const dnnl::engine& Engine() {
 // matrix; its transpose, 16K rows of 16 output channels, is the blocked tile
 // column by column: row i * K + k is the blocked vector at (k * 16 + i) * 16.
 // So UnblockOIhw16i16o loads 16 such vectors, transposes them in registers
-// and stores 16 contiguous row pieces (1.0-1.4 ms for 512x512x3x3). Used
-// when the CPU has AVX-512 and the layout is exactly that, with O and I
-// multiples of 16; other layouts take oneDNN's reorder.
+// and stores 16 contiguous row pieces (1.0-1.4 ms for 512x512x3x3). The
+// forward's weights go the other way, OIHW into OIhw16i16o, by the inverse
+// (BlockOIhw16i16o: the same transposes, loads and stores swapped). Large
+// copies stream their stores (Note [Streaming weight copies]). Used when the
+// CPU has AVX-512 and the layout is exactly that, with O and I multiples of
+// 16; other layouts take oneDNN's reorder.
 
 // r[0..15] = their transpose, by four rounds that swap the off-diagonal b x b
 // blocks of every 2b x 2b block (b = 8, 4, 2, 1).
@@ -216,9 +219,10 @@ void TransposeTiles(const float* src, float* dst, int64_t floats) {
 // its input in and its output back. For a block of 16 channels that is a
 // transpose of a 16 x HW matrix (16 planes) into HW x 16, done here 16
 // columns at a time in registers (masked at the end of a plane), in place of
-// oneDNN's reorder, which measured 2-4x slower on ResNet-18's small planes
-// (16x64x8x8: 11-17 us; 16x256x2x2: 16 us). With a 1x1 plane the two layouts
-// are the same bytes and nothing is copied. Used when the CPU has AVX-512
+// oneDNN's reorder: as fast as it on planes of 16 pixels or more (16x64x8x8:
+// 6.6 us both ways), 1.3-2.5x faster on 2x2 planes (16x256x2x2: 2.5 against
+// 3.5 us in, 6.1 against 15.4 us back). With a 1x1 plane the two layouts are
+// the same bytes and nothing is copied at all. Used when the CPU has AVX-512
 // and C is a multiple of 16; otherwise oneDNN's reorder runs.
 
 // blocked[b][p][16] = plain[b * 16 + j][p] for `blocks` blocks of 16 planes

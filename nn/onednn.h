@@ -23,8 +23,12 @@
 //   a primitive, once built, is executed concurrently by any thread);
 // - lets oneDNN choose its preferred (blocked) layouts, and reorders Ember's
 //   NCHW / OIHW buffers into them and the results back, through reorder
-//   primitives cached with it; a weight whose version the caller gives is
-//   reordered once per version and layout (Note [oneDNN weight cache]);
+//   primitives cached with it, or, for the layouts AVX-512 machines get
+//   (nChw16c activations, OIhw16i16o weights), through Ember's own register
+//   transposes (Notes [Activations in nChw16c], [Weight gradients out of
+//   OIhw16i16o] and [Streaming weight copies] in onednn.cc); a weight whose
+//   version the caller gives is reordered once per version and layout
+//   (Note [oneDNN weight cache]);
 // - takes every temporary buffer, oneDNN's scratchpad included (the
 //   primitives are built in user scratchpad mode), from Ember's CPU allocator,
 //   whose large block cache makes the per-call buffers cheap;
