@@ -635,7 +635,8 @@ constexpr int64_t kRingSegmentBytes = int64_t{1} << 20;
 // kRingSegmentBytes (at least one item each).
 struct Segments {
   Segments(int64_t chunk, int64_t item_bytes)
-      : chunk(chunk), per(std::max<int64_t>(1, kRingSegmentBytes / item_bytes)),
+      : chunk(chunk),
+        per(std::max<int64_t>(1, kRingSegmentBytes / item_bytes)),
         count((chunk + per - 1) / per) {}
   int64_t offset(int64_t k) const { return k * per; }
   int64_t size(int64_t k) const { return std::min(per, chunk - k * per); }
@@ -867,7 +868,8 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduceScatter(
           // The ring writes its result while it still reads the inputs, so
           // an output that shares memory with one gets a buffer of its own.
           Tensor out = Staging(output);
-          if (std::any_of(ins.begin(), ins.end(), [&](const Tensor& t) { return Overlap(t, out); })) {
+          if (std::any_of(ins.begin(), ins.end(),
+                          [&](const Tensor& t) { return Overlap(t, out); })) {
             out = empty(output.sizes(), TensorOptions(output.dtype()));
           }
           RingReduceScatter(*context_, ctx, ins, out, op);

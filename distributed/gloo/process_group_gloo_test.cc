@@ -241,9 +241,8 @@ TEST(GlooBackendTest, RingsTimeOutNamingTheMissingRank) {
           }
           const absl::Time start = absl::Now();
           Tensor out = zeros({gather ? 8 : 4});
-          absl::Status s =
-              gather ? Finish(me.group->allgather_into_tensor(out, ones({4})))
-                     : Finish(me.group->reduce_scatter(out, {ones({4}), ones({4})}));
+          absl::Status s = gather ? Finish(me.group->allgather_into_tensor(out, ones({4})))
+                                  : Finish(me.group->reduce_scatter(out, {ones({4}), ones({4})}));
           EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
           return s;
         },
