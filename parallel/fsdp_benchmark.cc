@@ -435,6 +435,7 @@ int main(int argc, char** argv) {
   ember::parallel::Check(dist::destroy_process_group(), "destroy_process_group");
   int status = 0;
   waitpid(child, &status, 0);
+  rmdir(dir);  // the store's file is gone with the group; its directory is left
   benchmark::Shutdown();
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
