@@ -231,8 +231,9 @@ Tensor ConvInputGrad(const Tensor& grad, const Tensor& weight, const IntVector& 
 // the T taps that land inside the image, spread into OIHW with zeros at the
 // other taps: written once, in Ember's layout. oneDNN's primitive computes
 // every tap and writes its blocked layout, which then has to come back to
-// OIHW (512x512x3x3 at batch 16: 1.1-1.3 ms for the primitive alone; this
-// path measured ~0.5 ms, see conv_benchmark's BM_Conv rows).
+// OIHW (512x512x3x3 at batch 16: 1.0-1.1 ms for the primitive alone, this
+// path 0.41-0.47 ms; 256x512x3x3 at stride 2: 1.0 against 0.6 ms; in
+// conv_benchmark's BM_Conv rows).
 bool OnePixelOutput(const ConvShape& s) { return s.groups == 1 && s.l() == 1 && s.n > 0; }
 
 Tensor OnePixelWeightGrad(const Tensor& x, const Tensor& go, const ConvShape& s) {

@@ -8,8 +8,10 @@
 // on 3x32x32 images at batch 16 (the shapes of //parallel:ddp_benchmark's
 // ResNet rows; kShapes, by layer) on one thread. pass 0: forward, 1: backward
 // data (nn::grad::conv2d_input), 2: backward weights (nn::grad::conv2d_weight).
-// path 0: Ember's conv2d (oneDNN inside, Ember's NCHW tensors reordered in
-// and out); 1: the oneDNN primitive alone, built with oneDNN's preferred
+// path 0: Ember's conv2d as it runs (oneDNN inside, Ember's NCHW tensors
+// reordered in and out; Ember's own kernels where they measured faster:
+// conv1's backward data, the weight gradients of one-pixel outputs); 1:
+// the oneDNN primitive alone, built with oneDNN's preferred
 // layouts and run on buffers already in them, so it holds only the
 // primitive's own work; 2: Ember's own im2col + OpenBLAS kernels
 // (EMBER_ONEDNN off), the path oneDNN replaced.
