@@ -228,5 +228,6 @@ int main(int argc, char** argv) {
   Announce(kStop, 0);
   Group().reset();
   for (pid_t pid : children) waitpid(pid, nullptr, 0);
+  rmdir(dir);  // the store's file is gone with the group; its directory is left
   return 0;
 }
