@@ -93,7 +93,13 @@ __attribute__((target("avx512f"), always_inline)) inline void SwapBlocks(__m512 
 // line before overwriting it. Copies of at least kStreamBytes with 64-byte
 // aligned destinations are written with non-temporal stores instead, which
 // skip that read: 512x512x3x3 into OIhw16i16o took 1.0-1.4 ms with ordinary
-// stores and oneDNN's reorder 1.1-1.3 ms, against 0.4-0.6 ms streamed.
+// stores and oneDNN's reorder 1.1-1.3 ms, against 0.4-0.6 ms streamed. With
+// source and destination out of cache, as in a training step, streaming is
+// faster for all three copies from 1 MiB up (blocking 2x, the tile transpose
+// 1.3-1.5x, unblocking 1.2x); when the destination is already in cache (a
+// buffer reused call after call, as in conv_benchmark's BM_Conv rows) the
+// transpose and unblocking are up to 1.5x slower streamed, which costs
+// layer3's backward weights there about 2%.
 inline constexpr size_t kStreamBytes = size_t{1} << 20;
 
 bool Streams(const void* dst, size_t bytes) {
