@@ -140,8 +140,19 @@ bool StridedOneByOneToOnePixel(const ConvShape& s) {
 
 // The geometry of that stride-1 convolution over [N, C, 1, 1].
 onednn::ConvGeometry OnePixelGeometry(const ConvShape& s) {
-  return {.n = s.n, .c = s.c, .h = 1, .w = 1, .o = s.o, .kh = 1, .kw = 1, .oh = 1, .ow = 1,
-          .stride = {1, 1}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1};
+  return {.n = s.n,
+          .c = s.c,
+          .h = 1,
+          .w = 1,
+          .o = s.o,
+          .kh = 1,
+          .kw = 1,
+          .oh = 1,
+          .ow = 1,
+          .stride = {1, 1},
+          .padding = {0, 0},
+          .dilation = {1, 1},
+          .groups = 1};
 }
 
 // y = conv(x, w) + bias (bias may be undefined).

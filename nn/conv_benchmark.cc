@@ -339,7 +339,8 @@ std::vector<Bound> ElementwisePrimitives(int64_t n) {
       dnnl::eltwise_backward::primitive_desc bwd(
           dnnl::eltwise_backward::desc(dnnl::algorithm::eltwise_relu, data, data, 0.0f), Engine(),
           fwd);
-      Bound f{dnnl::eltwise_forward(fwd), {{DNNL_ARG_SRC, Filled(data)}, {DNNL_ARG_DST, Filled(data)}}};
+      Bound f{dnnl::eltwise_forward(fwd),
+              {{DNNL_ARG_SRC, Filled(data)}, {DNNL_ARG_DST, Filled(data)}}};
       Bound b{dnnl::eltwise_backward(bwd),
               {{DNNL_ARG_SRC, Filled(data)},
                {DNNL_ARG_DIFF_DST, Filled(data)},
@@ -353,7 +354,8 @@ std::vector<Bound> ElementwisePrimitives(int64_t n) {
       dnnl::binary::primitive_desc add(
           dnnl::binary::desc(dnnl::algorithm::binary_add, data, data, data), Engine());
       Bound a{dnnl::binary(add),
-              {{DNNL_ARG_SRC_0, Filled(data)}, {DNNL_ARG_SRC_1, Filled(data)},
+              {{DNNL_ARG_SRC_0, Filled(data)},
+               {DNNL_ARG_SRC_1, Filled(data)},
                {DNNL_ARG_DST, Filled(data)}}};
       for (int i = 0; i < 2; ++i) all.push_back(a);
     }

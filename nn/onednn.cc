@@ -120,8 +120,8 @@ __attribute__((target("avx512f"), always_inline)) inline void Store(float* p, __
 // out of OIhw16i16o]); O and I multiples of 16.
 template <bool kStream>
 __attribute__((target("avx512f"))) void UnblockOIhw16i16oTo(const float* blocked, float* plain,
-                                                          int64_t o_size, int64_t i_size,
-                                                          int64_t k_size) {
+                                                            int64_t o_size, int64_t i_size,
+                                                            int64_t k_size) {
   const int64_t ik = i_size * k_size;
   for (int64_t ob = 0; ob < o_size / 16; ++ob) {
     for (int64_t ib = 0; ib < i_size / 16; ++ib) {
@@ -150,8 +150,8 @@ __attribute__((target("avx512f"))) void UnblockOIhw16i16oTo(const float* blocked
 // version (Note [oneDNN weight cache]); O and I multiples of 16.
 template <bool kStream>
 __attribute__((target("avx512f"))) void BlockOIhw16i16oTo(const float* plain, float* blocked,
-                                                        int64_t o_size, int64_t i_size,
-                                                        int64_t k_size) {
+                                                          int64_t o_size, int64_t i_size,
+                                                          int64_t k_size) {
   const int64_t ik = i_size * k_size;
   for (int64_t ob = 0; ob < o_size / 16; ++ob) {
     for (int64_t ib = 0; ib < i_size / 16; ++ib) {
@@ -179,7 +179,7 @@ __attribute__((target("avx512f"))) void BlockOIhw16i16oTo(const float* plain, fl
 // whose tiles sit at the same offsets; `floats` a multiple of 256.
 template <bool kStream>
 __attribute__((target("avx512f"))) void TransposeTilesTo(const float* src, float* dst,
-                                                       int64_t floats) {
+                                                         int64_t floats) {
   for (int64_t t = 0; t < floats; t += 256) {
     __m512 r[16];
 #pragma GCC unroll 16
