@@ -58,7 +58,9 @@ TEST(ResNetCudaTest, TrainsInFloat16AndBfloat16) {
       EXPECT_EQ(p.grad().dtype(), dtype);
     }
     for (const auto& [name, b] : net->named_buffers()) {
-      if (b.is_floating_point()) EXPECT_EQ(b.dtype(), dtype) << name;
+      if (b.is_floating_point()) {
+        EXPECT_EQ(b.dtype(), dtype) << name;
+      }
     }
   }
 }
