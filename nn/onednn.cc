@@ -564,6 +564,27 @@ void CopyIn(const Arg& a, dnnl::stream& stream, const void* plain, void* buffer)
   stream.wait();
 }
 
+// CopyIn's way back: fills Ember's `plain` buffer with output `a` from
+// `buffer`, where the primitive wrote it in its layout.
+void CopyOut(const Arg& a, dnnl::stream& stream, const void* buffer, void* plain) {
+  const auto* from = static_cast<const float*>(buffer);
+  auto* to = static_cast<float*>(plain);
+  const memory::dims d = a.user.dims();
+  switch (a.copy) {
+    case Arg::Copy::kOIhw16i16o:
+      UnblockOIhw16i16o(from, to, d[0], d[1], d[2] * d[3]);
+      return;
+    case Arg::Copy::kNChw16c:
+      TransposePlanesParallel<false>(from, to, d[0] * d[1] / 16, d[2] * d[3]);
+      return;
+    case Arg::Copy::kReorder:
+      break;
+  }
+  const dnnl::engine& eng = Engine();
+  memory inner(a.inner, eng, const_cast<void*>(buffer)), user(a.user, eng, plain);
+  a.reorder->execute(stream, inner, user);
+}
+
 // Runs `e` on Ember's buffers: `in[i]` for e.inputs[i], `out[i]` for
 // e.outputs[i], reordering where the layouts differ; temporaries and the
 // scratchpad come from Ember's CPU allocator. Input `weight`, when `version`
@@ -626,24 +647,7 @@ void Execute(const Entry& e, const std::vector<const void*>& in, const std::vect
     e.primitive.execute(stream, args);
     stream.wait();
     for (size_t i = 0; i < e.outputs.size(); ++i) {
-      const Arg& a = e.outputs[i];
-      if (!a.reorder) continue;
-      const auto* from = static_cast<const float*>(inner_out[i]);
-      auto* to = static_cast<float*>(out[i]);
-      const memory::dims d = a.user.dims();
-      switch (a.copy) {
-        case Arg::Copy::kOIhw16i16o:
-          UnblockOIhw16i16o(from, to, d[0], d[1], d[2] * d[3]);
-          break;
-        case Arg::Copy::kNChw16c:
-          TransposePlanesParallel<false>(from, to, d[0] * d[1] / 16, d[2] * d[3]);
-          break;
-        case Arg::Copy::kReorder: {
-          memory inner(a.inner, eng, inner_out[i]), user(a.user, eng, out[i]);
-          a.reorder->execute(stream, inner, user);
-          break;
-        }
-      }
+      if (e.outputs[i].reorder) CopyOut(e.outputs[i], stream, inner_out[i], out[i]);
     }
     stream.wait();
   } catch (const dnnl::error& err) {
