@@ -38,13 +38,15 @@ class ArchiveTest : public ::testing::Test {
     }
     return out;
   }
-  absl::Status Refused(const std::string& format, const std::vector<ArchiveEntry>& entries) {
+  // Extracts an archive of `entries`, expects it refused with nothing
+  // written, and returns the refusal's message.
+  std::string Refused(const std::string& format, const std::vector<ArchiveEntry>& entries) {
     std::string archive = base_ + "/a." + format;
     EXPECT_TRUE(WriteArchive(archive, format, entries).ok());
     absl::Status s = extract_archive(archive, dest_);
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
     EXPECT_THAT(Written(), ::testing::IsEmpty());
-    return s;
+    return std::string(s.message());
   }
   std::string base_;
   std::string dest_;
@@ -70,21 +72,23 @@ TEST_F(ArchiveTest, ExtractsZipAndTarGz) {
 }
 
 TEST_F(ArchiveTest, RefusesDotDotTraversal) {
-  absl::Status s = Refused("zip", {{"top/ok.txt", "fine"}, {"top/../../escape.txt", "pwned"}});
-  EXPECT_THAT(s.message(), HasSubstr("'top/../../escape.txt'"));
-  EXPECT_THAT(s.message(), HasSubstr("nothing was extracted"));
+  std::string message =
+      Refused("zip", {{"top/ok.txt", "fine"}, {"top/../../escape.txt", "pwned"}});
+  EXPECT_THAT(message, HasSubstr("'top/../../escape.txt'"));
+  EXPECT_THAT(message, HasSubstr("nothing was extracted"));
   Refused("tar.gz", {{"top/ok.txt", "fine"}, {"top/sub/../../../escape.txt", "pwned"}});
 }
 
 TEST_F(ArchiveTest, RefusesAbsolutePaths) {
-  absl::Status s = Refused("tar.gz", {{"top/ok.txt", "fine"}, {base_ + "/abs.txt", "pwned"}});
-  EXPECT_THAT(s.message(), HasSubstr("absolute path"));
+  std::string message =
+      Refused("tar.gz", {{"top/ok.txt", "fine"}, {base_ + "/abs.txt", "pwned"}});
+  EXPECT_THAT(message, HasSubstr("absolute path"));
 }
 
 TEST_F(ArchiveTest, RefusesSymlinksPointingOut) {
-  absl::Status s =
+  std::string message =
       Refused("tar.gz", {{"top/"}, {"top/out", "", "../.."}, {"top/out/escape.txt", "pwned"}});
-  EXPECT_THAT(s.message(), HasSubstr("symbolic link to '../..'"));
+  EXPECT_THAT(message, HasSubstr("symbolic link to '../..'"));
   Refused("tar.gz", {{"top/etc", "", "/etc"}});
   Refused("zip", {{"top/a/b", "", "../../../x"}});
   // "." components do not count as depth.
@@ -93,9 +97,9 @@ TEST_F(ArchiveTest, RefusesSymlinksPointingOut) {
 }
 
 TEST_F(ArchiveTest, RefusesHardlinksPointingOut) {
-  absl::Status s =
+  std::string message =
       Refused("tar.gz", {{"top/ok.txt", "fine"}, {"top/passwd", "", "", "/etc/passwd"}});
-  EXPECT_THAT(s.message(), HasSubstr("hard link"));
+  EXPECT_THAT(message, HasSubstr("hard link"));
   Refused("tar.gz", {{"top/ok.txt", "fine"}, {"top/x", "", "", "../outside"}});
 }
 

@@ -105,8 +105,12 @@ std::vector<Tensor> RunConv(const Case& c, Dtype dtype, Layout layout) {
     xin = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
     win = w.transpose(2, 3).contiguous().transpose(2, 3);
     gy = gy.transpose(2, 3).contiguous().transpose(2, 3);
-    if (x.size(2) * x.size(3) > 1) EXPECT_FALSE(xin.is_contiguous()) << c.name;
-    if (w.size(2) * w.size(3) > 1) EXPECT_FALSE(win.is_contiguous()) << c.name;
+    if (x.size(2) * x.size(3) > 1) {
+      EXPECT_FALSE(xin.is_contiguous()) << c.name;
+    }
+    if (w.size(2) * w.size(3) > 1) {
+      EXPECT_FALSE(win.is_contiguous()) << c.name;
+    }
   }
   Tensor y = functional::conv2d(xin, win, b, c.stride, c.padding, c.dilation, c.groups);
   y.backward(gy);

@@ -236,7 +236,9 @@ TEST_P(ProcessGroupSuite, WorkResultIsWhatTheOpWrote) {
         EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Work> work, me.group->allreduce(t));
         EMBER_RETURN_IF_ERROR(work->synchronize());
         EXPECT_EQ(work->result().size(), 1u);
-        if (work->result().size() == 1) EXPECT_TRUE(work->result()[0].is_same(t));
+        if (work->result().size() == 1) {
+          EXPECT_TRUE(work->result()[0].is_same(t));
+        }
         std::vector<Tensor> outs;
         for (int r = 0; r < world; ++r) outs.push_back(zeros({3}));
         EMBER_ASSIGN_OR_RETURN(work, me.group->allgather(outs, Input(me.rank, 3, kFloat32)));

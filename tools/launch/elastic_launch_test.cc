@@ -167,7 +167,9 @@ TEST(ElasticLaunchTest, ALostNodeAndANewNodeEachStartARoundAndTrainingGoesOn) {
   std::printf("from a new node's start to its first step: %.1f s\n",
               absl::ToDoubleSeconds(absl::Now() - started));
   for (size_t i = 0; i < nodes.size(); ++i) {
-    if (i != victim) EXPECT_EQ(Wait(nodes[i], absl::Seconds(120)), 0) << ReadFile(nodes[i].log);
+    if (i != victim) {
+      EXPECT_EQ(Wait(nodes[i], absl::Seconds(120)), 0) << ReadFile(nodes[i].log);
+    }
   }
   EXPECT_EQ(Wait(late, absl::Seconds(120)), 0) << ReadFile(late.log);
   // Every round resumed at or before where the previous one stopped (the
