@@ -178,6 +178,11 @@ class CudaGuardImpl final : public DeviceGuardImpl {
     return ember::Stream(device, CurrentStreamIds()[device.index()]);
   }
 
+  absl::StatusOr<ember::Stream> GetStreamFromPool(Device device, bool high_priority) override {
+    EMBER_ASSIGN_OR_RETURN(const Stream s, get_stream_from_pool(high_priority, device.index()));
+    return s.unwrap();
+  }
+
   ember::Stream ExchangeStream(ember::Stream stream) override {
     const Device device = stream.device();
     CheckIndex("StreamGuard", device);

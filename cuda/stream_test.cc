@@ -143,6 +143,26 @@ TEST(CudaStreamTest, PoolStreamsAreDistinctAndReusedRoundRobin) {
   EXPECT_TRUE(Contains(unknown.status().message(), "cuda:0 has no stream 999")) << unknown.status();
 }
 
+// tensor/stream.h's device-generic get_stream_from_pool reaches the same
+// pools through the registered guard: distinct pool streams, the
+// high-priority pool when asked, the current device for a device without
+// an index.
+TEST(CudaStreamTest, TheGenericPoolIsTheDevicesPool) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  absl::StatusOr<ember::Stream> a = ember::get_stream_from_pool(kCuda0);
+  absl::StatusOr<ember::Stream> b = ember::get_stream_from_pool(Device(DeviceType::kCUDA));
+  absl::StatusOr<ember::Stream> high = ember::get_stream_from_pool(kCuda0, true);
+  ASSERT_TRUE(a.ok() && b.ok() && high.ok()) << a.status() << b.status() << high.status();
+  EXPECT_NE(*a, *b);
+  EXPECT_NE(a->id(), 0);
+  EXPECT_EQ(b->device(), kCuda0);
+  absl::StatusOr<Stream> wrapped = Stream::wrap(*high);
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status();
+  int least = 0, greatest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&least, &greatest), cudaSuccess);
+  EXPECT_EQ(wrapped->priority(), greatest);
+}
+
 // A user stream runs a long kernel; the default stream waits on an event
 // recorded after it, so the default stream's copy sees the kernel's store.
 TEST(CudaStreamTest, DefaultStreamWaitsOnAnEventOfAUserStream) {

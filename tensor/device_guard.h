@@ -71,6 +71,12 @@ class DeviceGuardImpl {
   virtual absl::Status SynchronizeStream(Stream stream) { return absl::OkStatus(); }
   // True when the work queued on `stream` has finished.
   virtual bool QueryStream(Stream stream) const { return true; }
+  // A stream of `device` (which has an index) for work beside the caller's
+  // streams (c10's getStreamFromGlobalPool): the next of the backend's pool
+  // of that priority. By default the one stream.
+  virtual absl::StatusOr<Stream> GetStreamFromPool(Device device, bool high_priority) {
+    return Stream(device, 0);
+  }
 
   // A new event on `device`; `enable_timing` allows ElapsedTime on it.
   virtual absl::StatusOr<void*> CreateEvent(Device device, bool enable_timing);

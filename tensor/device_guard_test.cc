@@ -61,6 +61,7 @@ TEST(DeviceGuardTest, RegisteredTypeSetsAndRestoresTheThreadsDevice) {
 
 TEST(StreamTest, CpuHasOneStreamAndNoEvents) {
   EXPECT_EQ(current_stream(kCPU), Stream(kCPU, 0));
+  EXPECT_EQ(get_stream_from_pool(kCPU).value(), Stream(kCPU, 0));
   EXPECT_TRUE(synchronize(current_stream(kCPU)).ok());
   { StreamGuard guard(Stream(kCPU, 0)); }
   Event event(DeviceType::kCPU, /*enable_timing=*/true);
@@ -97,6 +98,11 @@ TEST(StreamTest, SynchronousDefaultsOfARegisteredType) {
     EXPECT_EQ(current_stream(Device(DeviceType::kCUDA)), Stream(Device(DeviceType::kCUDA, 1), 0));
   }
   EXPECT_EQ(PerThreadDevices::current(), Device(DeviceType::kCUDA, 0));
+  // The pool is the one stream; a device without an index is the current one.
+  EXPECT_EQ(get_stream_from_pool(Device(DeviceType::kCUDA), /*high_priority=*/true).value(),
+            Stream(Device(DeviceType::kCUDA, 0), 0));
+  EXPECT_EQ(get_stream_from_pool(Device(DeviceType::kCUDA, 1)).value(),
+            Stream(Device(DeviceType::kCUDA, 1), 0));
   Event event(DeviceType::kCUDA);
   EXPECT_EQ(event.record(Stream(Device(DeviceType::kCUDA, 1), 0)).code(),
             absl::StatusCode::kUnimplemented);

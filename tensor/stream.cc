@@ -24,6 +24,12 @@ absl::Status synchronize(Stream stream) {
   return impl == nullptr ? absl::OkStatus() : impl->SynchronizeStream(stream);
 }
 
+absl::StatusOr<Stream> get_stream_from_pool(Device device, bool high_priority) {
+  DeviceGuardImpl* impl = GetDeviceGuardImpl(device.type());
+  if (impl == nullptr) return Stream(device, 0);
+  return impl->GetStreamFromPool(WithIndex(impl, device), high_priority);
+}
+
 StreamGuard::StreamGuard(Stream stream)
     : previous_device_(stream.device()), previous_stream_(stream) {
   impl_ = GetDeviceGuardImpl(stream.device().type());

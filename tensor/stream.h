@@ -36,6 +36,12 @@ Stream current_stream(Device device);
 // Blocks until the work queued on `stream` has finished.
 absl::Status synchronize(Stream stream);
 
+// A stream of `device` (its current device of that type when `device` has
+// no index) for work beside the caller's: the next stream of the backend's
+// pool (torch.cuda.Stream(), c10's getStreamFromPool), high priority if
+// asked. Stream(device, 0) for a type without an implementation.
+absl::StatusOr<Stream> get_stream_from_pool(Device device, bool high_priority = false);
+
 // Scoped: `stream` is the current stream of its device, and that device the
 // current device, until the guard ends; then both are restored. A no-op for
 // a type without an implementation.

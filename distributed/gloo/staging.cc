@@ -15,12 +15,16 @@ namespace ember::distributed::gloo {
 // Note [gloo on device tensors]
 // gloo moves host memory only. For an op on device (CUDA) tensors the gloo
 // backend does what PyTorch's ProcessGroupGloo does for CUDA tensors, with
-// the copies ordered on the stream the caller was using:
-// - At the call, on the caller's thread: each device tensor gets a pinned
-//   host stand-in. One the op reads is filled by a non-blocking copy queued on
-//   the device's current stream, so it sees every kernel queued before the
-//   call; an event recorded after the copies marks "inputs ready". The stream
-//   is remembered: it is the op's stream from then on.
+// the copies on a side stream of the device's pool, ordered after the work
+// the caller had queued:
+// - At the call, on the caller's thread: the op takes a stream from the
+//   device's pool (get_stream_from_pool), which waits for everything queued
+//   so far on the caller's current stream; that side stream is the op's
+//   stream from then on, so the caller's own stream carries none of the
+//   op's copies and goes on with its kernels. Each device tensor gets a
+//   pinned host stand-in. One the op reads is filled by a non-blocking copy
+//   queued on the op's stream, so it sees every kernel queued before the
+//   call; an event recorded after the copies marks "inputs ready".
 // - On the group's worker, in call order with the other collectives: the
 //   job waits for "inputs ready" (polling the event, bounded by the op's
 //   deadline, so a stuck device cannot hang the worker), runs the gloo
@@ -70,10 +74,19 @@ absl::StatusOr<Tensor> DeviceStaging::Stage(const Tensor& t, bool read, bool wri
   if (t.device().is_cpu()) return t;
   if (!device_) {
     device_ = t.device();
-    stream_ = current_stream(t.device());
     ready_ = Event(t.device().type());
-    absl::MutexLock lock(&mu_);
-    done_ = Event(t.device().type());
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = Event(t.device().type());
+    }
+    // The op's stream: a side stream that first waits for the caller's.
+    const Stream caller = current_stream(t.device());
+    EMBER_ASSIGN_OR_RETURN(stream_, get_stream_from_pool(t.device()));
+    if (stream_ != caller) {
+      Event queued(t.device().type());
+      EMBER_RETURN_IF_ERROR(queued.record(caller));
+      EMBER_RETURN_IF_ERROR(queued.block(stream_));
+    }
   } else if (*device_ != t.device()) {
     return absl::InvalidArgumentError(
         absl::StrCat("gloo backend: the op's tensors are on ", device_->str(), " and ",
@@ -82,6 +95,7 @@ absl::StatusOr<Tensor> DeviceStaging::Stage(const Tensor& t, bool read, bool wri
   Tensor host;
   EMBER_RETURN_IF_ERROR(Catch("staging a device tensor in pinned host memory", [&] {
     host = empty(t.sizes(), TensorOptions(t.dtype()).pinned_memory(true));
+    StreamGuard on(stream_);
     if (read) host.copy_(t, /*non_blocking=*/true);
   }));
   if (read) EMBER_RETURN_IF_ERROR(ready_.record(stream_));

@@ -55,9 +55,9 @@ class DeviceStaging {
 
   // The host tensor the op uses for `t`: `t` itself on the CPU; for a device
   // tensor, a contiguous pinned host tensor of its shape and dtype.
-  // Input: the op reads it; filled by a copy queued now on the device's
-  // current stream (of the calling thread), so it sees every write queued
-  // before the call.
+  // Input: the op reads it; filled by a copy queued now on the op's side
+  // stream, which first waits for the device's current stream (of the
+  // calling thread), so it sees every write queued before the call.
   absl::StatusOr<Tensor> Input(const Tensor& t) { return Stage(t, true, false); }
   // Output: the op writes it; copied back into `t` by CopyBack.
   absl::StatusOr<Tensor> Output(const Tensor& t) { return Stage(t, false, true); }
@@ -75,8 +75,8 @@ class DeviceStaging {
   // naming `what` when they have not by `deadline`.
   absl::Status WaitForInputs(absl::Time deadline, std::string_view what) const;
   // After the op: queues the copies of the Output/InOut host tensors back to
-  // their device tensors on the stream the inputs were copied on, without
-  // waiting, and marks the end of them for BlockCurrentStream.
+  // their device tensors on the op's side stream, without waiting, and
+  // marks the end of them for BlockCurrentStream.
   absl::Status CopyBack() ABSL_LOCKS_EXCLUDED(mu_);
   // Makes the calling thread's current stream on the device wait for the
   // copies back (the host does not wait). OK with nothing copied back.
