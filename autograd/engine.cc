@@ -68,11 +68,13 @@ class GraphRoot final : public Node {
 // kernels queue on the stream its forward used. A gradient is ready on the
 // producing thread's current stream of its device when the producer returns
 // (the producer's own stream for its device; the caller's current stream for
-// the root gradients). Before it enters the consumer's input buffer, the
-// stream the consumer will read it on (the consumer's stream for that input
-// when on the same device, else the ready stream) waits on an event recorded
-// on the ready stream when the two differ, and sums in the buffer run on
-// that stream. The streams where results land, those of AccumulateGrad-like
+// the root gradients). A gradient is on its consumer's device (as torch's
+// validate_outputs: a scalar on another device is moved there, anything
+// else there is the producer's error, naming both devices). Before it
+// enters the consumer's input buffer, the stream the consumer will read it
+// on (the consumer's stream for that input) waits on an event recorded on
+// the ready stream when the two differ, and sums in the buffer run on that
+// stream. The streams where results land, those of AccumulateGrad-like
 // nodes (no next edges) and of gradients captured for grad(), are leaf
 // streams: when the graph is done the owner's current stream of each leaf
 // stream's device waits on it, so backward()'s .grad and grad()'s results are
@@ -316,6 +318,14 @@ Tensor MatchInputLayout(Tensor grad, const Node& producer, const Edge& edge, siz
     grad = SumToSize(grad, meta.shape);
   }
   if (grad.dtype() != meta.dtype) grad = grad.to(meta.dtype);
+  if (grad.device() != meta.device) {
+    // As torch's validate_outputs: a scalar moves, anything else is the
+    // producer's error.
+    EMBER_CHECK(grad.dim() == 0, "Function ", producer.name(), " returned an invalid gradient at index ",
+                index, " - expected device ", meta.device.str(), " but got ",
+                grad.device().str());
+    grad = grad.to(meta.device);
+  }
   return grad;
 }
 
@@ -448,11 +458,11 @@ void RunNode(GraphTask& task, Node* fn) {
           Tensor& slot = next.buffer[edge.input_nr];
           std::optional<StreamGuard> sum_stream;
           if (const std::optional<Stream>& ready = produced[i].ready; ready.has_value()) {
-            // Note [Backward streams]: the consumer's stream for this input.
+            // Note [Backward streams]: the consumer's stream for this input
+            // (MatchInputLayout has put the gradient on its device).
             Stream target = *ready;
             if (edge.input_nr < consumer->num_inputs()) {
-              const InputMetadata& meta = consumer->input_metadata(edge.input_nr);
-              if (meta.device == grad.device()) target = meta.stream;
+              target = consumer->input_metadata(edge.input_nr).stream;
             }
             if (target != *ready) {
               WaitStream(target, *ready);

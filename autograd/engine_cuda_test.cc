@@ -134,6 +134,28 @@ TEST(EngineCudaTest, AnErrorOnADeviceWorkerReachesTheCaller) {
   EXPECT_THAT(Values(z.grad().cpu()), Pointwise(DoubleNear(0), std::vector<double>(8, 3.0)));
 }
 
+// Returns its gradient on the CPU: an error for a tensor with dimensions, a
+// scalar is moved to the input's device (as torch does).
+struct GradOnTheCpu : Function<GradOnTheCpu> {
+  static Tensor forward(AutogradContext*, const Tensor& x) { return x.clone(); }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    return {grads[0].cpu()};
+  }
+};
+
+TEST(EngineCudaTest, AGradientOnAnotherDeviceIsRefusedUnlessItIsAScalar) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  Tensor x = randn({4}, TensorOptions(kFloat64)).to(kCuda0).requires_grad_();
+  EXPECT_THAT(ErrorOf([&] { GradOnTheCpu::apply(x).sum().backward(); }),
+              HasSubstr("returned an invalid gradient at index 0 - expected device cuda:0 but "
+                        "got cpu"));
+  Tensor s = tensor({2.5}, TensorOptions(kFloat64)).view({}).to(kCuda0).requires_grad_();
+  (GradOnTheCpu::apply(s) * 3.0).backward();
+  ASSERT_TRUE(s.grad().defined());
+  EXPECT_TRUE(s.grad().is_cuda());
+  EXPECT_THAT(Values(s.grad().cpu()), Pointwise(DoubleNear(0), std::vector<double>{3.0}));
+}
+
 TEST(EngineCudaTest, CpuNodesStayOnTheCallingThread) {
   EMBER_SKIP_WITHOUT_CUDA();
   Tensor w = randn({4}, TensorOptions(kFloat64)).requires_grad_();
