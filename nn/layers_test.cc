@@ -440,6 +440,41 @@ TEST(BatchNormTest, SecondDerivativesMatchFiniteDifferences) {
       {Randn64({5, 2})});
 }
 
+// A batch large enough for the kernels' 8-lane sums (529 values per plane)
+// and for their channels to split over the pool (40 channels of 1058
+// values): the kernels' gradients equal the formula's as tensor ops (the
+// graph create_graph records, BatchNormRecordedBackward), and the running
+// statistics the batch's mean and unbiased variance.
+TEST(BatchNormTest, LargeBatchesMatchTheFormulaAsTensorOps) {
+  manual_seed(23);
+  for (bool training : {true, false}) {
+    SCOPED_TRACE(training ? "training" : "eval");
+    Tensor x = Randn64({2, 40, 23, 23}) * 2.0 + 0.5;
+    x.requires_grad_(true);
+    Tensor w = Randn64({40}).requires_grad_(true), b = Randn64({40}).requires_grad_(true);
+    Tensor rm = Randn64({40}), rv = rand({40}, kFloat64) + 0.5;
+    Tensor rm0 = rm.clone(), rv0 = rv.clone();
+    Tensor y = functional::batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5);
+    Tensor seed = Randn64({2, 40, 23, 23});
+    std::vector<Tensor> kernel = autograd::grad({y}, {x, w, b}, {seed}, /*retain_graph=*/true);
+    std::vector<Tensor> formula =
+        autograd::grad({y}, {x, w, b}, {seed}, std::nullopt, /*create_graph=*/true);
+    for (size_t i = 0; i < 3; ++i) {
+      SCOPED_TRACE(i);
+      ExpectNear(Values(kernel[i]), Values(formula[i].detach()), 1e-9);
+    }
+    if (training) {
+      ExpectNear(Values(rm), Values(rm0 * 0.9 + x.detach().mean({0, 2, 3}) * 0.1), 1e-12);
+      ExpectNear(Values(rv), Values(rv0 * 0.9 + x.detach().var({0, 2, 3}) * 0.1), 1e-12);
+    } else {
+      Tensor want = (x.detach() - rm.view({1, 40, 1, 1})) / (rv.view({1, 40, 1, 1}) + 1e-5).sqrt() *
+                        w.detach().view({1, 40, 1, 1}) +
+                    b.detach().view({1, 40, 1, 1});
+      ExpectNear(Values(y.detach()), Values(want), 1e-12);
+    }
+  }
+}
+
 TEST(BatchNormTest, RefusesOneValuePerChannelInTraining) {
   BatchNorm1d bn(4);
   EXPECT_THAT(
