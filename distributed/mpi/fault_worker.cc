@@ -27,18 +27,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
 #include "distributed/distributed.h"
+#include "distributed/testing/flags.h"
 #include "tensor/factories.h"
 
 namespace {
 
-std::string Flag(int argc, char** argv, const std::string& name, const std::string& fallback) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind(prefix, 0) == 0) return arg.substr(prefix.size());
-  }
-  return fallback;
-}
+using ::ember::distributed::testing::Flag;
 
 [[noreturn]] void End(int code) {
   std::fflush(nullptr);

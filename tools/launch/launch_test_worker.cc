@@ -31,17 +31,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "distributed/rendezvous.h"
+#include "distributed/testing/flags.h"
 
 namespace {
 
-std::string Flag(int argc, char** argv, const std::string& name) {
-  std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg.rfind(prefix, 0) == 0) return arg.substr(prefix.size());
-  }
-  return "";
-}
+using ::ember::distributed::testing::Flag;
 
 std::string Env(const char* name) {
   const char* value = std::getenv(name);

@@ -19,19 +19,13 @@
 #include "absl/time/clock.h"
 #include "distributed/distributed.h"
 #include "distributed/error_file.h"
+#include "distributed/testing/flags.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
 
 namespace {
 
-std::string Flag(int argc, char** argv, const std::string& name, const std::string& fallback) {
-  const std::string prefix = "--" + name + "=";
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg.rfind(prefix, 0) == 0) return arg.substr(prefix.size());
-  }
-  return fallback;
-}
+using ::ember::distributed::testing::Flag;
 
 }  // namespace
 
