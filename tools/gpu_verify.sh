@@ -24,7 +24,8 @@
 # lib/ (Ember's own shared libraries and the Debian ones the binaries link,
 # stripped), lib/fallback/ (libstdc++ and libgcc_s, used only where the
 # machine's own are too old) and lib/cudart/ (the CUDA runtime, used only where
-# the machine has none). cuBLAS, cuDNN and NCCL are far too large to carry:
+# the machine has none) and data/ (the tests' data files at their workspace
+# paths, which run.sh links into each test's working folder). cuBLAS, cuDNN and NCCL are far too large to carry:
 # run.sh finds them on the GPU machine (see tools/gpu_verify_run.sh). Beside
 # them, the PyTorch peers run.sh runs when the machine's python3 has torch
 # with CUDA: torch_train_step.py (nn/cuda/: the training-step benchmarks) and
@@ -64,10 +65,13 @@ mapfile -t benchmarks < <(query "attr(tags, '\\bbenchmark\\b', kind('cc_binary r
 ((${#tests[@]} > 0)) || die "no GPU tests found"
 mapfile -t medium < <(query "attr(size, 'medium', set(${tests[*]}))")
 mapfile -t large < <(query "attr(size, 'large|enormous', set(${tests[*]}))")
-mapfile -t with_data < <(query "attr(data, '[^][]', set(${tests[*]} ${benchmarks[*]}))")
-for t in "${with_data[@]}"; do
-  echo "gpu_verify.sh: note: $t has data files, which the bundle does not carry" >&2
-done
+# Their data files: the bundle carries the source files (under data/, at
+# their workspace paths, which is where a test finds them in its runfiles);
+# a target that needs a built file or another rule as data cannot run there.
+mapfile -t data_files < <(query "kind('source file', labels(data, set(${tests[*]} ${benchmarks[*]})))")
+mapfile -t data_rules < <(query "kind(rule, labels(data, set(${tests[*]} ${benchmarks[*]})))")
+((${#data_rules[@]} == 0)) ||
+  die "GPU targets take rules as data (${data_rules[*]}); the bundle carries only source files"
 echo "gpu_verify.sh: ${#tests[@]} GPU tests, ${#benchmarks[@]} GPU benchmarks"
 
 bazel build --noshow_progress "${tests[@]}" "${benchmarks[@]}"
@@ -76,7 +80,12 @@ bin_dir=$(bazel info bazel-bin 2>/dev/null)
 # ---- Stage and pack ----
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/bin" "$stage/lib/fallback" "$stage/lib/cudart"
+mkdir -p "$stage/bin" "$stage/lib/fallback" "$stage/lib/cudart" "$stage/data"
+for f in "${data_files[@]}"; do
+  f="${f#//}" f="${f/://}" f="${f#/}"
+  mkdir -p "$stage/data/$(dirname "$f")"
+  cp -L "$f" "$stage/data/$f"
+done
 # A binary's name in the bundle: the target's name, or, where two GPU targets
 # share it (hub's and distributed/checkpoint's checkpoint_cuda_test), its
 # package too, with / as _ (hub_checkpoint_cuda_test).
@@ -143,7 +152,7 @@ mkdir -p "$out"
 # once (53 MiB at xz's default 8 MiB dictionary, 40 MiB at 192 MiB). One
 # thread: xz's threads compress blocks apart, which loses the repeats.
 # Unpacking needs 192 MiB of memory.
-tar -C "$stage" -cf - bin lib | xz -T1 --lzma2=preset=6,dict=192MiB >"$out/payload.tar.xz"
+tar -C "$stage" -cf - bin lib data | xz -T1 --lzma2=preset=6,dict=192MiB >"$out/payload.tar.xz"
 cp tools/gpu_verify_run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
 cp nn/cuda/torch_train_step.py "$out/torch_train_step.py"

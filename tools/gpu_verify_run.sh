@@ -145,6 +145,9 @@ run_timed() {
   ((limit >= 5)) || return 125
   local tmp
   tmp="$(mktemp -d "$work/tmp.XXXXXX")"
+  # The working folder holds the data files where Bazel's runfiles would.
+  local d
+  for d in "$work/data"/*; do [[ ! -e "$d" ]] || ln -s "$d" "$tmp/"; done
   (cd "$tmp" && TEST_TMPDIR="$tmp" timeout -k 10 "$limit" "$@") >"$work/out.txt" 2>&1
   local rc=$?
   cat "$work/out.txt" >>"$logfile"

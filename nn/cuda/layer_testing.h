@@ -33,8 +33,13 @@ inline const Device kGpu(DeviceType::kCUDA, 0);
 
 using LayerFn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-// The elements of a tensor (any device) in row-major order, as doubles.
+// The elements of a tensor (any device) in row-major order, as doubles; an
+// undefined tensor (a gradient that never arrived) fails the test.
 inline std::vector<double> HostValues(const Tensor& t) {
+  if (!t.defined()) {
+    ADD_FAILURE() << "expected a defined tensor";
+    return {};
+  }
   Tensor c = t.detach().to(kCPU).to(kFloat64).contiguous();
   const double* p = c.data_ptr<double>();
   return std::vector<double>(p, p + c.numel());

@@ -105,7 +105,8 @@ TEST(PoolingCudaTest, MaxPoolBackwardIsDeterministicAndInTheCpusOrder) {
     x.narrow(2, 5, 1).narrow(3, 4, 1).fill_(5.0);  // the peak of every plane
     Tensor seed = randn(functional::max_pool2d(x, o).sizes()) * 1e3;
     auto grad_on = [&](Device device) {
-      Tensor leaf = x.to(device).requires_grad_(true);
+      // detach(): x.to(kCPU) is x itself, which must stay a constant.
+      Tensor leaf = x.detach().to(device).requires_grad_(true);
       functional::max_pool2d(leaf, o).backward(seed.to(device));
       return testing::HostValues(leaf.grad());
     };
