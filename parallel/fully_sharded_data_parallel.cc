@@ -80,10 +80,16 @@ void PointInto(const Tensor& param, const Tensor& buffer, int64_t element_offset
       nullptr);
 }
 
-// Frees what `param`'s storage points at (Note [Flat parameters]).
+// Frees what `param`'s storage points at (Note [Flat parameters]). The
+// empty allocation keeps the storage's device: a tensor's device is its
+// storage's, and the parameter's AccumulateGrad recorded that device when
+// it was made (in Build, while the unit is sharded), so a freed parameter on
+// cuda:N must still say cuda:N (torch frees by resizing the storage to zero
+// bytes, which keeps the device too).
 void PointAtNothing(const Tensor& param) {
   Storage storage = param.storage();
-  storage.set_data_ptr(DataPtr(), nullptr);
+  const Device device = storage.device();
+  storage.set_data_ptr(DataPtr(nullptr, nullptr, nullptr, device), nullptr);
 }
 
 // Counts a new value of the unit's parameters in their version counters

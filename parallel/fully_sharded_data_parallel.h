@@ -51,9 +51,11 @@
 // all_gather_into_tensor) into one buffer of the compute dtype and points each
 // parameter's storage into it (Storage::set_data_ptr: every view the
 // autograd graph saved sees the same bytes); resharding points them at
-// nothing again, freeing the buffer once nothing holds it. Reading a module
-// parameter of a sharded unit outside forward and backward is invalid (its
-// data pointer is null); full_state_dict() gives the values. Each time a
+// nothing again (an empty allocation on the same device: a parameter never
+// changes device, which its AccumulateGrad recorded), freeing the buffer
+// once nothing holds it. Reading a module parameter of a sharded unit
+// outside forward and backward is invalid (its data pointer is null);
+// full_state_dict() gives the values. Each time a
 // unit's forward starts, its parameters' version counters count a new value
 // (their bytes changed with no in-place op on them), so that what a kernel
 // keeps per parameter version is not reused across steps.

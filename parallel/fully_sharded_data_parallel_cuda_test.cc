@@ -16,6 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "autograd/node.h"
+#include "autograd/variable.h"
 #include "cuda/device.h"
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
@@ -67,6 +69,25 @@ Batch GlobalBatch(int step, Device device) {
           randint(0, kClasses, {kGlobalBatch}, {}, &gen).to(device)};
 }
 
+// The module's own parameters, freed while their unit is sharded, still say
+// `device`, and so does what their AccumulateGrad nodes expect (a gradient on
+// another device than that is refused in backward).
+absl::Status ModuleParametersAreOn(nn::Module& model, Device device, const std::string& when) {
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (p.device() != device) {
+      return absl::InternalError(absl::StrCat(when, ": parameter '", name, "' says ",
+                                              p.device().str(), ", expected ", device.str()));
+    }
+    const Device expected = autograd::GradAccumulator(p)->input_metadata(0).device;
+    if (expected != device) {
+      return absl::InternalError(absl::StrCat(when, ": the AccumulateGrad of '", name,
+                                              "' expects a gradient on ", expected.str(),
+                                              ", the parameter is on ", device.str()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Trains 3 steps fully sharded with `strategy` on `world` ranks over
 // `backend`, every module on `device`, against one module on the whole
 // batch; fails unless every rank's full state dict is within tolerance.
@@ -98,6 +119,7 @@ absl::Status TrainAndCompare(const std::string& backend, int world, Device devic
                                                       ", expected ", device.str()));
             }
           }
+          EMBER_RETURN_IF_ERROR(ModuleParametersAreOn(*model, device, "after fully_shard"));
           nn::optim::SGD opt(fsdp->parameters(), {.lr = 0.1, .momentum = 0.9});
           const int64_t n = kGlobalBatch / me.world_size;
           for (int step = 0; step < 3; ++step) {
@@ -110,6 +132,7 @@ absl::Status TrainAndCompare(const std::string& backend, int world, Device devic
             nn::functional::cross_entropy(out, global.y.narrow(0, me.rank * n, n)).backward();
             opt.step();
           }
+          EMBER_RETURN_IF_ERROR(ModuleParametersAreOn(*model, device, "after 3 steps"));
           EMBER_ASSIGN_OR_RETURN(trained[me.rank], fsdp->full_state_dict());
           return absl::OkStatus();
         });
