@@ -27,7 +27,8 @@ namespace ember::nn::internal {
 
 // {out (the input's shape), mean [C], invstd [C]}: the statistics the
 // output was normalised with (the batch's in training, the running ones in
-// eval), of the input's dtype, for the backward.
+// eval), of the input's dtype or a wider one (CUDA's float32 for float16
+// and bfloat16 inputs), for the backward.
 using BatchNormForwardFn = std::array<Tensor, 3>(const Tensor& input, const Tensor& weight,
                                                  const Tensor& bias, const Tensor& running_mean,
                                                  const Tensor& running_var, bool training,

@@ -12,15 +12,30 @@
 // through cudnnBatchNormalizationForwardInference; its backward has constant
 // statistics, gx = g * weight * invstd with per-channel sums for weight and
 // bias, which are tensor ops on the device (cuDNN's backward is for batch
-// statistics only). cuDNN wants the scale, bias and statistics in the
-// parameter dtype (internal::ParamDtype: the input's, float32 for float16
-// and bfloat16 inputs), so an absent weight or bias is ones or zeros, weight
-// and bias of another dtype go through converted copies (their gradients
-// come back in their own dtype), and running statistics of another dtype (or
-// not contiguous) go through a converted copy written back after the update.
-// Training saves the statistics in the parameter dtype, which cuDNN's
-// backward takes; eval saves them in the input's (its backward is tensor ops
-// on the input's dtype).
+// statistics only; Note [Eval backward in the parameter dtype]). cuDNN wants
+// the scale, bias and statistics in the parameter dtype
+// (internal::ParamDtype: the input's, float32 for float16 and bfloat16
+// inputs), so an absent weight or bias is ones or zeros, weight and bias of
+// another dtype go through converted copies (their gradients come back in
+// their own dtype), and running statistics of another dtype (or not
+// contiguous) go through a converted copy written back after the update.
+// Both modes save the statistics in the parameter dtype: cuDNN's backward
+// takes them so in training, and eval's backward computes in it.
+//
+// Note [Eval backward in the parameter dtype]
+// With constant statistics, grad_weight = invstd * sum(g * (x - mean)) over
+// a channel's N * S elements. Its terms are as large as g and x, and their
+// sum is often much smaller (they cancel), so each term must not be
+// rounded: with x - mean and g * (x - mean) formed in bfloat16 (8 bits),
+// their roundings add up to errors of several percent of a small sum. So
+// for float16 and bfloat16 inputs the eval backward converts g and x to
+// float32 and computes x - mean, the products, the sums (float
+// accumulation), weight * invstd and g * scale in float32 from float32
+// statistics, rounding each gradient once to the input's dtype, as torch's
+// batch_norm backward does in its float accumulation type. float32 and
+// float64 inputs compute in their own dtype (no copies). The cost is
+// float32 temporaries of g and x (4 bytes an element each) during the
+// backward.
 #include <cudnn.h>
 
 #include <array>
@@ -69,7 +84,7 @@ std::array<Tensor, 3> BatchNormForwardCuda(const Tensor& x, const Tensor& weight
           x.raw_data(), xd.get(), out.raw_data(), bnd.get(), w.raw_data(), b.raw_data(),
           mean.raw_data(), var.raw_data(), eps));
     }
-    return {out, mean.to(x.dtype()), invstd.to(x.dtype())};
+    return {out, mean, invstd};
   }
   // The layer has checked N * S > 1.
   const TensorOptions stats = x.options().dtype(param);
@@ -107,14 +122,22 @@ std::array<Tensor, 3> BatchNormBackwardCuda(const Tensor& g, const Tensor& x, co
   const int64_t n = x.size(0), c = x.size(1), s = x.numel() / std::max<int64_t>(n * c, 1);
   std::array<Tensor, 3> grads;
   if (!training || x.numel() == 0) {
-    // Constant statistics: an affine map per channel.
-    const Tensor g3 = g.view({n, c, s}), x3 = x.view({n, c, s});
-    Tensor scale = weight.defined() ? weight * invstd : invstd;
-    if (needs[0]) grads[0] = (g3 * scale.view({1, c, 1})).view(x.sizes());
-    if (needs[1] && weight.defined()) {
-      grads[1] = (g3 * (x3 - mean.view({1, c, 1}))).sum({0, 2}) * invstd;
+    // Constant statistics: an affine map per channel, computed in the
+    // parameter dtype (Note [Eval backward in the parameter dtype]).
+    const Dtype param = internal::ParamDtype(x.dtype());
+    const Tensor gp = g.view({n, c, s}).to(param);
+    const Tensor is = invstd.to(param);
+    if (needs[0]) {
+      const Tensor scale = weight.defined() ? weight.to(param) * is : is;
+      grads[0] = (gp * scale.view({1, c, 1})).to(x.dtype()).view(x.sizes());
     }
-    if (needs[2]) grads[2] = g3.sum({0, 2});
+    if (needs[1] && weight.defined()) {
+      // A new tensor (x itself is not written), multiplied in place.
+      Tensor terms = x.view({n, c, s}).to(param) - mean.to(param).view({1, c, 1});
+      terms.mul_(gp);
+      grads[1] = (terms.sum({0, 2}) * is).to(x.dtype());
+    }
+    if (needs[2]) grads[2] = gp.sum({0, 2}).to(x.dtype());
     return grads;
   }
   internal::TensorDescriptor xd, bnd;

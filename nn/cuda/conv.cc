@@ -1,7 +1,8 @@
 // conv2d's CUDA kernels through cuDNN (nn/conv_kernels.h): the convolution,
 // its input gradient (also nn's transposed convolution) and its weight
-// gradient with the bias's, for float32, float64, float16 and bfloat16, any
-// stride, padding, dilation and groups. float16 and bfloat16 convolutions
+// gradient (the bias's by Ember's own reduction: Note [conv2d bias
+// gradient]), for float32, float64, float16 and bfloat16, any stride,
+// padding, dilation and groups. float16 and bfloat16 convolutions
 // accumulate in float (as torch's) on the tensor cores; float32 ones may use
 // TF32 unless set_allow_tf32(false).
 //
@@ -183,8 +184,18 @@ IntVector SizesOf(const Tensor& t) { return IntVector(t.sizes().begin(), t.sizes
 // cuDNN's descriptors hold int dimensions and strides, so a batch whose input
 // or output has more than INT_MAX elements runs as consecutive chunks of whole
 // samples (as torch splits it): each chunk is a convolution of its own shape
-// (its algorithm cached as any other), and the weight and bias gradients add
-// the chunks' parts (cuDNN's beta = 1 after the first).
+// (its algorithm cached as any other), and the weight gradient adds the
+// chunks' parts (cuDNN's beta = 1 after the first).
+//
+// Note [conv2d bias gradient]
+// The bias's gradient, grad_output summed over N, OH and OW, is Ember's own
+// CUDA reduction (go.sum({0, 2, 3}); Note [CUDA reduction strategy] in
+// cuda/reduce_kernels.cu), one call over the whole batch for every dtype:
+// float accumulation for float16, bfloat16 and float32, double for float64,
+// rounded once to the bias's dtype (the input's), as the CPU kernel computes
+// it. cuDNN's cudnnConvolutionBackwardBias is not used: cuDNN 9 (on an
+// H200) answers CUDNN_STATUS_NOT_SUPPORTED for float16 and bfloat16, and a
+// reduction needs no int-sized chunks.
 
 // The most samples of `x` / `y` sizes one cuDNN call takes.
 int64_t BatchChunk(const IntVector& x, const IntVector& y, const char* op) {
@@ -312,10 +323,10 @@ Tensor ConvWeightGradCuda(const Tensor& input, const Tensor& grad, const IntVect
   internal::DataType(x.dtype(), op);
   DeviceGuard guard(x.device());
   Tensor gw = empty(w_sizes, x.options());
-  if (grad_bias != nullptr) *grad_bias = empty({w_sizes[0]}, x.options());
+  // Note [conv2d bias gradient]: Ember's reduction, not cuDNN's.
+  if (grad_bias != nullptr) *grad_bias = go.sum(/*dims=*/{0, 2, 3});
   if (go.numel() == 0 || x.numel() == 0) {  // Sums without terms.
     gw.fill_(0);
-    if (grad_bias != nullptr) grad_bias->fill_(0);
     return gw;
   }
   const IntVector x_sizes = SizesOf(x);
@@ -324,15 +335,9 @@ Tensor ConvWeightGradCuda(const Tensor& input, const Tensor& grad, const IntVect
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
     Conv c(x.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
-    // The first chunk writes the gradients, the others add to them.
+    // The first chunk writes the weight gradient, the others add to it.
     const void* beta = start == 0 ? c.scalars.zero() : c.scalars.one();
     Tensor xc = x.narrow(0, start, len), goc = go.narrow(0, start, len);
-    if (grad_bias != nullptr) {
-      internal::TensorDescriptor bd;
-      bd.Set(c.type, {1, w_sizes[0], 1, 1}, op);
-      EMBER_CUDA_CHECK(cudnnConvolutionBackwardBias(h, c.scalars.one(), c.y.get(), goc.raw_data(),
-                                                    beta, bd.get(), grad_bias->raw_data()));
-    }
     const Algo a = AlgoCache::Get().Find(x.device(), Direction::kWeightGrad, c, [&] {
       cudnnConvolutionBwdFilterAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
       int count = 0;
