@@ -2,8 +2,10 @@
 // tensors, every elementwise operation of an update fused into one pass, many
 // tensors a launch (Note [Multi-tensor launches] in optim_kernels.h). The
 // formulas are nn/optim's (sgd.h, adam.h), computed in float for the 16-bit
-// dtypes and in the tensor's dtype otherwise; a value a tensor stores is
-// read back as stored, as the CPU's tensor ops do.
+// dtypes and in the tensor's dtype otherwise (Note [16-bit optimizer math] in
+// nn/optim/fused_kernels.cc): an element's parameter, gradient and states are
+// read once, the whole update runs on those values, and each result is
+// rounded once, as it is stored; no value is read back rounded within a step.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -33,12 +35,10 @@ template <typename T>
 __device__ __forceinline__ Math<T> Load(const T* p, int64_t i) {
   return static_cast<Math<T>>(p[i]);
 }
-// Stores v as T and returns the value stored.
+// Stores v rounded to T (the value computed with stays unrounded).
 template <typename T>
-__device__ __forceinline__ Math<T> Store(T* p, int64_t i, Math<T> v) {
-  const T t = static_cast<T>(v);
-  p[i] = t;
-  return static_cast<Math<T>>(t);
+__device__ __forceinline__ void Store(T* p, int64_t i, Math<T> v) {
+  p[i] = static_cast<T>(v);
 }
 
 __device__ __forceinline__ float Sqrt(float x) { return sqrtf(x); }
@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kThreads) SgdKernel(TensorTable<3> table, SgdS
     M d = sign * Load(g, i);
     if (wd != M(0)) d += wd * pi;
     if constexpr (kMomentum) {
-      const M b = Store(buf, i, s.first_step ? d : momentum * Load(buf, i) + keep * d);
+      const M b = s.first_step ? d : momentum * Load(buf, i) + keep * d;
+      Store(buf, i, b);
       d = s.nesterov ? d + momentum * b : b;
     }
     Store(p, i, pi - lr * d);
@@ -99,16 +100,19 @@ __global__ void __launch_bounds__(kThreads) AdamKernel(TensorTable<5> table, Ada
     if (s.maximize) gi = -gi;
     if (wd != M(0)) {
       if (s.decoupled) {
-        pi = Store(p, i, pi * decay);
+        pi *= decay;
       } else {
         gi += wd * pi;
       }
     }
-    const M mi = Store(m, i, beta1 * Load(m, i) + one_minus_beta1 * gi);
-    M second = Store(v, i, beta2 * Load(v, i) + one_minus_beta2 * (gi * gi));
+    const M mi = beta1 * Load(m, i) + one_minus_beta1 * gi;
+    Store(m, i, mi);
+    M second = beta2 * Load(v, i) + one_minus_beta2 * (gi * gi);
+    Store(v, i, second);
     if constexpr (kAmsgrad) {
       const M previous = Load(vmax, i);
-      second = Store(vmax, i, previous > second ? previous : second);
+      second = previous > second ? previous : second;
+      Store(vmax, i, second);
     }
     const M denom = Sqrt(second) / bc2_sqrt + eps;
     Store(p, i, pi - step_size * (mi / denom));

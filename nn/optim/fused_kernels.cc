@@ -38,8 +38,30 @@ void CheckStepLists(const char* op, const std::vector<Tensor>& params,
   }
 }
 
+// Note [16-bit optimizer math]
+// float16 and bfloat16 parameters step in float32, as PyTorch's optimizers
+// do (opmath): the parameter, gradient and states are read as float32, the
+// update runs there, and each result is rounded once, as it is stored. In
+// float16 itself Adam's eps (1e-8) rounds to 0, and a second moment that
+// underflows (a gradient under about 0.005) then divides by zero: inf, then
+// NaN. The CUDA kernels compute the same way (nn/cuda/optim_kernels.cu).
+namespace {
+bool IsSixteenBit(const Tensor& t) { return t.dtype() == kFloat16 || t.dtype() == kBFloat16; }
+Tensor AsFloat32(const Tensor& t) { return t.defined() ? t.to(kFloat32) : t; }
+void StoreBack(const Tensor& dst, const Tensor& src) {
+  if (dst.defined() && !src.is_same(dst)) dst.copy_(src);
+}
+}  // namespace
+
 void SgdStepWithTensorOps(const Tensor& p, const Tensor& grad, const Tensor& buf,
                           const SgdStepArgs& a) {
+  if (IsSixteenBit(p)) {
+    const Tensor p32 = AsFloat32(p), buf32 = AsFloat32(buf);
+    SgdStepWithTensorOps(p32, AsFloat32(grad), buf32, a);
+    StoreBack(p, p32);
+    StoreBack(buf, buf32);
+    return;
+  }
   Tensor d = a.maximize ? grad.neg() : grad;
   if (a.weight_decay != 0.0) d = d.add(p, a.weight_decay);
   if (a.momentum != 0.0) {
@@ -56,6 +78,16 @@ void SgdStepWithTensorOps(const Tensor& p, const Tensor& grad, const Tensor& buf
 void AdamStepWithTensorOps(const Tensor& p, const Tensor& grad_in, const Tensor& exp_avg,
                            const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq,
                            const AdamStepArgs& a) {
+  if (IsSixteenBit(p)) {  // Note [16-bit optimizer math]
+    const Tensor p32 = AsFloat32(p), m32 = AsFloat32(exp_avg), v32 = AsFloat32(exp_avg_sq),
+                 vmax32 = AsFloat32(max_exp_avg_sq);
+    AdamStepWithTensorOps(p32, AsFloat32(grad_in), m32, v32, vmax32, a);
+    StoreBack(p, p32);
+    StoreBack(exp_avg, m32);
+    StoreBack(exp_avg_sq, v32);
+    StoreBack(max_exp_avg_sq, vmax32);
+    return;
+  }
   Tensor grad = a.maximize ? grad_in.neg() : grad_in;
   if (a.weight_decay != 0.0) {
     if (a.decoupled) {
