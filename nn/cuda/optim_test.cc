@@ -2,6 +2,7 @@
 // kernels, against the same optimizer stepping copies on the CPU; the launch
 // plan's cover of every chunk and the slots' registration run without a
 // device too.
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <map>
@@ -169,6 +170,9 @@ void ExpectClose(const Params& params, double tolerance) {
     if (want.numel() == 0) continue;
     const double diff = (got - want).abs().max().item<double>();
     const double scale = 1.0 + want.abs().max().item<double>();
+    // inf <= inf would pass: the inputs are finite, so must the results be.
+    EXPECT_TRUE(std::isfinite(scale) && std::isfinite(diff))
+        << "parameter " << i << ": max |cpu| " << scale - 1 << ", max |gpu - cpu| " << diff;
     EXPECT_LE(diff, tolerance * scale) << "parameter " << i << " of shape "
                                        << ShapeToString(want.sizes());
   }
