@@ -4,14 +4,24 @@
 // from or to pageable memory they wait; a pinned block freed while its copy
 // is queued is not handed out again; Tensor::to/cuda/cpu. Without a device,
 // the errors; every GPU case skips, saying why.
+//
+// "Returns while the stream is busy" is checked behind a StreamGate
+// (cuda/testing/stream_gate.h), which holds the stream until the test opens
+// it, so the check cannot race the GPU; the kernels and allocations the copy
+// needs are made before the gate closes (a first launch may load its module
+// and synchronize the context, which would wait for the gate). "Waits" is
+// checked behind a kernel that spins for a set time: a copy that returns
+// only after it finished has waited.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "cuda/device.h"
 #include "cuda/stream.h"
+#include "cuda/testing/stream_gate.h"
 #include "cuda/testing_kernels.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -24,14 +34,19 @@
 namespace ember::cuda {
 namespace {
 
+using ::ember::cuda::testing::StreamGate;
 using ::ember::testing::ErrorOf;
 using ::ember::testing::Values;
 using ::testing::HasSubstr;
 
 const Device kCuda0(DeviceType::kCUDA, 0);
 
-// Long enough that the host reaches its check while the stream still runs.
+// How long Occupy keeps a stream busy: a copy that returns only after that
+// has waited for the stream.
 constexpr int64_t kBusyNanoseconds = 300'000'000;
+// How long a gate holds its stream when the test does not open it (a call
+// under test waited for the stream): the test then fails instead of hanging.
+constexpr absl::Duration kGateGiveUp = absl::Seconds(10);
 
 // A device int for the spinning kernel to store into.
 class DeviceSlot {
@@ -77,21 +92,31 @@ TEST(CopyTest, NonBlockingFromPinnedReturnsBeforeTheStreamRuns) {
   EMBER_SKIP_WITHOUT_CUDA();
   const Tensor host = arange(1 << 20).to(kFloat32).pin_memory();
   ASSERT_TRUE(host.is_pinned());
-  DeviceSlot slot;
   const Stream stream = Current();
   const TensorOptions f32 = TensorOptions().device(kCuda0);
   WarmCaches({{1 << 20, f32}, {1 << 20, f32}});
   Tensor wide = empty({1 << 20}, TensorOptions(kFloat64).device(kCuda0));
-  Occupy(stream, slot);
-  const Tensor dev = host.to(kCuda0, /*non_blocking=*/true);
-  EXPECT_FALSE(stream.query()) << "the copy waited for the stream";
+  wide.copy_(host);  // loads the converting kernel while the stream is idle
   ASSERT_TRUE(stream.synchronize().ok());
-  EXPECT_EQ(Values(dev.cpu()), Values(host));
+  {
+    StreamGate gate(kGateGiveUp);
+    ASSERT_TRUE(gate.Close(stream.stream()).ok());
+    const Tensor dev = host.to(kCuda0, /*non_blocking=*/true);
+    EXPECT_FALSE(stream.query()) << "the copy ran before the gate opened";
+    EXPECT_FALSE(gate.gave_up()) << "the copy waited for the stream";
+    gate.Open();
+    ASSERT_TRUE(stream.synchronize().ok());
+    EXPECT_EQ(Values(dev.cpu()), Values(host));
+  }
 
   // With a conversion on the device after it (float32 -> float64), too.
-  Occupy(stream, slot);
+  wide.zero_();
+  StreamGate gate(kGateGiveUp);
+  ASSERT_TRUE(gate.Close(stream.stream()).ok());
   wide.copy_(host, /*non_blocking=*/true);
-  EXPECT_FALSE(stream.query());
+  EXPECT_FALSE(stream.query()) << "the copy ran before the gate opened";
+  EXPECT_FALSE(gate.gave_up()) << "the copy or its conversion waited for the stream";
+  gate.Open();
   ASSERT_TRUE(stream.synchronize().ok());
   EXPECT_EQ(Values(wide.cpu()), Values(host));
 }
@@ -121,10 +146,13 @@ TEST(CopyTest, NonBlockingToTheHostLandsInPinnedMemoryWithoutWaiting) {
   DeviceSlot slot;
   const Stream stream = Current();
   WarmCaches({{1 << 20, TensorOptions().pinned_memory(true)}});
-  Occupy(stream, slot);
+  StreamGate gate(kGateGiveUp);
+  ASSERT_TRUE(gate.Close(stream.stream()).ok());
   const Tensor host = dev.to(kCPU, /*non_blocking=*/true);
   EXPECT_TRUE(host.is_pinned());
-  EXPECT_FALSE(stream.query()) << "the copy to pinned memory waited for the stream";
+  EXPECT_FALSE(stream.query()) << "the copy ran before the gate opened";
+  EXPECT_FALSE(gate.gave_up()) << "the copy to pinned memory waited for the stream";
+  gate.Open();
   ASSERT_TRUE(stream.synchronize().ok());
   EXPECT_EQ(Values(host), Values(arange(1 << 20).to(kFloat32)));
 
@@ -145,19 +173,21 @@ TEST(CopyTest, APinnedBlockFreedWhileItsCopyIsQueuedIsNotReused) {
   EMBER_SKIP_WITHOUT_CUDA();
   const int64_t n = 1 << 18;
   Tensor dev = empty({n}, TensorOptions().device(kCuda0));
-  DeviceSlot slot;
   const Stream stream = Current();
   const TensorOptions pinned_options = TensorOptions().pinned_memory(true);
-  WarmCaches({{n, pinned_options}});
+  WarmCaches({{n, pinned_options}, {n, pinned_options}});  // `pinned`, then `next`
   Tensor pinned = full({n}, 7.0, pinned_options);
   Tensor next_values = full({n}, 9.0);
-  Occupy(stream, slot);
+  StreamGate gate(kGateGiveUp);
+  ASSERT_TRUE(gate.Close(stream.stream()).ok());
   const void* freed = pinned.raw_data();
   dev.copy_(pinned, /*non_blocking=*/true);
-  pinned = Tensor();  // freed while the copy still waits behind the spinning kernel
+  pinned = Tensor();  // freed while the copy still waits behind the gate
   Tensor next = empty({n}, pinned_options);
   EXPECT_NE(next.raw_data(), freed) << "the pinned block was handed out with its copy queued";
   next.copy_(next_values);  // what reusing the block would have let into the copy
+  EXPECT_FALSE(gate.gave_up()) << "a call waited for the stream";
+  gate.Open();
   ASSERT_TRUE(stream.synchronize().ok());
   EXPECT_EQ(Values(dev.cpu()), std::vector<double>(n, 7.0));
 }
@@ -169,16 +199,18 @@ TEST(CopyTest, CopiesRunOnTheCurrentStream) {
   absl::StatusOr<Stream> main_stream = default_stream(0);
   ASSERT_TRUE(main_stream.ok());
   const Tensor host = arange(1 << 16).to(kFloat32).pin_memory();
-  DeviceSlot slot;
+  StreamGate gate(kGateGiveUp);
   Tensor dev;
   {
     StreamGuard guard(*side);
     WarmCaches({{1 << 16, TensorOptions().device(kCuda0)}});  // cached for the side stream
-    Occupy(*side, slot);
+    ASSERT_TRUE(gate.Close(side->stream()).ok());
     dev = host.to(kCuda0, /*non_blocking=*/true);
   }
-  EXPECT_FALSE(side->query()) << "the copy did not queue behind the side stream's work";
+  EXPECT_FALSE(side->query()) << "the copy did not queue behind the side stream's gate";
   EXPECT_TRUE(main_stream->query()) << "the copy ran on the default stream";
+  EXPECT_FALSE(gate.gave_up()) << "the copy waited for the side stream";
+  gate.Open();
   ASSERT_TRUE(side->synchronize().ok());
   EXPECT_EQ(Values(dev.cpu()), Values(host));
 }

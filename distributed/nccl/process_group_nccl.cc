@@ -59,11 +59,18 @@ namespace ember::distributed::nccl {
 // the op, its sequence number and the timeout, and then the group does what
 // TORCH_NCCL_ASYNC_ERROR_HANDLING says (process_group_nccl.h). An aborted
 // communicator stops its kernels, so the GPU is not left spinning on a peer
-// that will never come.
+// that will never come. Where the group aborts, it is marked aborted before
+// the op fails, so whoever sees the failure finds later ops refused. The
+// Work's own deadline (what a blocking wait() or a polling is_completed()
+// enforce) is kBackstop after the op's, so that the watchdog's error, and the
+// abort that follows it, is what they see; the backstop only covers a
+// watchdog that is itself stuck.
 
 namespace {
 
 constexpr absl::Duration kWatchdogInterval = absl::Milliseconds(100);
+// How long after an op's deadline its Work gives up by itself.
+constexpr absl::Duration kBackstop = absl::Seconds(3);
 // How long the destructor waits for ops in flight before aborting.
 constexpr absl::Duration kDestroyGrace = absl::Seconds(10);
 
@@ -170,12 +177,14 @@ PendingSplits& Pending() {
 // the watchdog needs to name it.
 class NcclProcessGroup::NcclWork : public RecvWork {
  public:
+  // `deadline`: when the watchdog fails the op (now + `timeout`).
   NcclWork(OpType op, absl::Time deadline, int64_t seq, std::string what, absl::Duration timeout,
            std::shared_ptr<CommSet> comms, bool blocking_wait)
-      : RecvWork(op, deadline),
+      : RecvWork(op, deadline + kBackstop),
         seq_(seq),
         what_(std::move(what)),
         timeout_(timeout),
+        timeout_at_(deadline),
         comms_(std::move(comms)),
         blocking_wait_(blocking_wait) {}
 
@@ -218,6 +227,7 @@ class NcclProcessGroup::NcclWork : public RecvWork {
   int64_t seq_;
   std::string what_;
   absl::Duration timeout_;
+  absl::Time timeout_at_;  // the watchdog's deadline; Work's is kBackstop later
   absl::Time started_ = absl::Now();
   std::shared_ptr<CommSet> comms_;
   bool blocking_wait_;
@@ -350,15 +360,20 @@ NcclProcessGroup::~NcclProcessGroup() {
 
 void NcclProcessGroup::abort() { AbortAll(absl::AbortedError("abort() was called")); }
 
+void NcclProcessGroup::MarkAborted(const absl::Status& cause) {
+  absl::MutexLock lock(&mu_);
+  if (aborted_.ok()) {
+    aborted_ = absl::AbortedError(
+        absl::StrCat("the nccl group ", prefix_, " was aborted: ", cause.message()));
+  }
+}
+
 void NcclProcessGroup::AbortAll(const absl::Status& cause) {
+  MarkAborted(cause);
   std::vector<std::shared_ptr<NcclWork>> works;
   std::vector<std::shared_ptr<CommSet>> sets;
   {
     absl::MutexLock lock(&mu_);
-    if (aborted_.ok()) {
-      aborted_ = absl::AbortedError(
-          absl::StrCat("the nccl group ", prefix_, " was aborted: ", cause.message()));
-    }
     works.swap(in_flight_);
     for (auto& [key, set] : comms_) sets.push_back(set);
   }
@@ -553,7 +568,7 @@ void NcclProcessGroup::WatchdogLoop() {
         finished.push_back(work);
         continue;
       }
-      if (absl::Now() > work->deadline()) {
+      if (absl::Now() > work->timeout_at_) {
         HandleFailure(
             work,
             absl::DeadlineExceededError(absl::StrCat(
@@ -575,6 +590,11 @@ void NcclProcessGroup::WatchdogLoop() {
 }
 
 void NcclProcessGroup::HandleFailure(const std::shared_ptr<NcclWork>& work, absl::Status status) {
+  // Note [NCCL watchdog]: aborted before the op fails, where the group aborts.
+  if (env_.async_error_handling == AsyncErrorHandling::kCleanUpOnly ||
+      env_.async_error_handling == AsyncErrorHandling::kTearDown) {
+    MarkAborted(status);
+  }
   work->Finish(status);
   std::fprintf(stderr, "ember nccl: %s\n", std::string(status.message()).c_str());
   switch (env_.async_error_handling) {

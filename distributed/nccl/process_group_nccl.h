@@ -226,8 +226,12 @@ class NcclProcessGroup : public ProcessGroup {
   int BarrierDevice();
   void WatchdogLoop();
   // Fails `work` with `status`, then does what TORCH_NCCL_ASYNC_ERROR_HANDLING
-  // says.
+  // says; where that is an abort (1 or 2), the group is marked aborted before
+  // `work` fails.
   void HandleFailure(const std::shared_ptr<NcclWork>& work, absl::Status status);
+  // Refuses later ops with kAborted naming `cause` (the first cause wins).
+  void MarkAborted(const absl::Status& cause);
+  // MarkAborted, then aborts every communicator and fails every op in flight.
   void AbortAll(const absl::Status& cause);
 
   const std::shared_ptr<Store> store_;

@@ -12,15 +12,17 @@
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
-#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "cuda/device.h"
 #include "cuda/stream.h"
+#include "cuda/testing/stream_gate.h"
 #include "distributed/backend_registry.h"
 #include "distributed/hash_store.h"
 #include "distributed/testing/ranks.h"
@@ -326,33 +328,38 @@ TEST(NcclOneGpuTest, CpuTensorsAreRefusedByTheSupportTable) {
   EXPECT_THAT(w.status().message(), HasSubstr("'nccl'"));
 }
 
-// Blocks a stream for `ms` milliseconds from the host.
-void CUDART_CB SleepOnStream(void* ms) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(reinterpret_cast<intptr_t>(ms)));
-}
-
 TEST(NcclOneGpuTest, TheWatchdogFailsAStuckOpAndAbortsTheGroup) {
   SKIP_WITHOUT_GPUS(1);
   ScopedEnv mode("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2");  // abort, keep the process
+  ScopedEnv blocking("TORCH_NCCL_BLOCKING_WAIT", nullptr), legacy("NCCL_BLOCKING_WAIT", nullptr);
   auto pg = OneRank();
   Tensor x = ones({16}, Cuda());
+  // Op #0 makes the communicator and loads NCCL's kernels while the stream
+  // is idle: neither may wait for the stream the gate holds.
+  Finish(*pg->allreduce(x));
   absl::StatusOr<cuda::Stream> current = cuda::current_stream(0);
   ASSERT_TRUE(current.ok());
-  // The op waits for the caller's stream, which a host function holds for 3 s.
-  ASSERT_EQ(cudaLaunchHostFunc(current->stream(), SleepOnStream,
-                               reinterpret_cast<void*>(intptr_t{3000})),
-            cudaSuccess);
+  // Op #1 waits for the caller's stream, which the gate holds until opened.
+  cuda::testing::StreamGate gate;
+  ASSERT_TRUE(gate.Close(current->stream()).ok());
   auto work = pg->allreduce(x, {.timeout = absl::Milliseconds(300)});
   ASSERT_TRUE(work.ok()) << work.status();
-  absl::Status s = (*work)->wait(absl::Seconds(20));
+  // wait() does not block the host (TORCH_NCCL_BLOCKING_WAIT unset): the
+  // host learns of the failure once the watchdog reports it.
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (!(*work)->is_completed() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+  absl::Status s = (*work)->wait();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(s.message(), HasSubstr("all_reduce"));
-  EXPECT_THAT(s.message(), HasSubstr("op #0 of group default_pg/"));
+  EXPECT_THAT(s.message(), HasSubstr("op #1 of group default_pg/"));
   EXPECT_THAT(s.message(), HasSubstr("300ms"));
+  EXPECT_THAT(s.message(), HasSubstr("Watchdog caught collective operation timeout"));
   // Mode 2 aborted the group: later ops fail at once.
   absl::StatusOr<std::shared_ptr<Work>> later = pg->allreduce(x);
   ASSERT_FALSE(later.ok());
   EXPECT_EQ(later.status().code(), absl::StatusCode::kAborted);
+  EXPECT_FALSE(gate.gave_up()) << "a call waited for the stream the gate held";
+  gate.Open();
   ASSERT_TRUE(cuda::synchronize(0).ok());
 }
 
