@@ -52,33 +52,47 @@ __global__ void MaxPoolKernel(PoolShape s, MaxWindow win, const T* x, T* out, in
 // `i`: o * stride - padding + k * dilation == i for some k < kernel, so
 // o in [ceil((i + padding - (kernel - 1) * dilation) / stride),
 // floor((i + padding) / stride)], clamped to [0, n).
-__device__ void WindowsHolding(int64_t i, int64_t kernel, int64_t stride, int64_t padding,
-                               int64_t dilation, int64_t n, int64_t* first, int64_t* last) {
-  const int64_t low = i + padding - (kernel - 1) * dilation;
+template <typename I>
+__device__ __forceinline__ void WindowsHolding(I i, I kernel, I stride, I padding, I dilation, I n,
+                                               I* first, I* last) {
+  const I low = i + padding - (kernel - 1) * dilation;
   *first = low <= 0 ? 0 : (low + stride - 1) / stride;
-  const int64_t high = (i + padding) / stride;
+  const I high = (i + padding) / stride;
   *last = high < n - 1 ? high : n - 1;
 }
 
 // One thread per input element: the sum, in output order, of the gradients
-// of the outputs whose argmax it is (the CPU's order; no atomics).
-template <typename T>
-__global__ void MaxPoolBackwardKernel(PoolShape s, MaxWindow win, const T* g,
+// of the outputs whose argmax it is (the CPU's order; no atomics). Index
+// arithmetic in I: int32_t when every index fits (LaunchMaxPoolBackward),
+// which spares the 64-bit divisions that dominated the kernel's time.
+template <typename T, typename I>
+__global__ void MaxPoolBackwardKernel(PoolShape s64, MaxWindow w64, const T* g,
                                       const int64_t* indices, T* gx) {
-  const int64_t total = s.planes * s.h * s.w;
-  EMBER_GRID_STRIDE(i, total) {
-    const int64_t ix = i % s.w, iy = (i / s.w) % s.h, plane = i / (s.w * s.h);
-    const int64_t here = iy * s.w + ix, base = plane * s.oh * s.ow;
-    int64_t oy0, oy1, ox0, ox1;
-    WindowsHolding(iy, win.kernel[0], win.stride[0], win.padding[0], win.dilation[0], s.oh, &oy0,
-                   &oy1);
-    WindowsHolding(ix, win.kernel[1], win.stride[1], win.padding[1], win.dilation[1], s.ow, &ox0,
-                   &ox1);
+  const I h = static_cast<I>(s64.h), w = static_cast<I>(s64.w);
+  const I oh = static_cast<I>(s64.oh), ow = static_cast<I>(s64.ow);
+  const I total = static_cast<I>(s64.planes) * h * w;
+  I k[2], st[2], pad[2], dil[2];
+  for (int d = 0; d < 2; ++d) {
+    k[d] = static_cast<I>(w64.kernel[d]);
+    st[d] = static_cast<I>(w64.stride[d]);
+    pad[d] = static_cast<I>(w64.padding[d]);
+    dil[d] = static_cast<I>(w64.dilation[d]);
+  }
+  const I step = static_cast<I>(gridDim.x) * static_cast<I>(blockDim.x);
+  for (I i = static_cast<I>(blockIdx.x) * static_cast<I>(blockDim.x) + static_cast<I>(threadIdx.x);
+       i < total; i += step) {
+    const I row = i / w, ix = i - row * w;
+    const I plane = row / h, iy = row - plane * h;
+    const int64_t here = static_cast<int64_t>(iy) * w + ix;
+    const I base = plane * oh * ow;
+    I oy0, oy1, ox0, ox1;
+    WindowsHolding<I>(iy, k[0], st[0], pad[0], dil[0], oh, &oy0, &oy1);
+    WindowsHolding<I>(ix, k[1], st[1], pad[1], dil[1], ow, &ox0, &ox1);
     T sum = 0;
-    for (int64_t oy = oy0; oy <= oy1; ++oy) {
-      for (int64_t ox = ox0; ox <= ox1; ++ox) {
-        const int64_t o = base + oy * s.ow + ox;
-        if (indices[o] == here) sum += g[o];
+    for (I oy = oy0; oy <= oy1; ++oy) {
+      for (I ox = ox0; ox <= ox1; ++ox) {
+        const I o = base + oy * ow + ox;
+        if (__ldg(indices + o) == here) sum += __ldg(g + o);
       }
     }
     gx[i] = sum;
@@ -166,12 +180,20 @@ cudaError_t LaunchMaxPoolBackward(cudaStream_t stream, bool is_double, const Poo
                                   void* gx) {
   const int64_t n = s.planes * s.h * s.w;
   if (n == 0) return cudaSuccess;
+  // 32-bit indices when the input, the outputs and a grid's worth of
+  // overshoot past either stay below 2^31.
+  const int64_t limit = (int64_t{1} << 31) - int64_t{BlocksFor(n)} * kThreads;
+  const bool narrow = n < limit && s.planes * s.oh * s.ow < limit;
+  auto launch = [&](auto t, auto i) {
+    using T = decltype(t);
+    using I = decltype(i);
+    MaxPoolBackwardKernel<T, I><<<BlocksFor(n), kThreads, 0, stream>>>(
+        s, win, static_cast<const T*>(g), indices, static_cast<T*>(gx));
+  };
   if (is_double) {
-    MaxPoolBackwardKernel<double><<<BlocksFor(n), kThreads, 0, stream>>>(
-        s, win, static_cast<const double*>(g), indices, static_cast<double*>(gx));
+    narrow ? launch(double{}, int32_t{}) : launch(double{}, int64_t{});
   } else {
-    MaxPoolBackwardKernel<float><<<BlocksFor(n), kThreads, 0, stream>>>(
-        s, win, static_cast<const float*>(g), indices, static_cast<float*>(gx));
+    narrow ? launch(float{}, int32_t{}) : launch(float{}, int64_t{});
   }
   return cudaGetLastError();
 }
