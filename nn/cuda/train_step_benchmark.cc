@@ -1,6 +1,8 @@
 // Training steps on cuda:0, the GPU figures of BENCHMARKS.md:
 //   BM_ResNet18Step       ResNet-18, batch 64, 3x224x224, fp32, SGD: against
-//                         PyTorch eager on the same GPU (torch_train_step.py)
+//                         PyTorch eager on the same GPU (torch_train_step.py);
+//                         host_ms (and its forward and backward parts) is
+//                         the time the host takes to enqueue a step
 //   BM_Mlp512Step         the 4x512 MLP of nn/benchmark_mlp.h, batch 64, fp32,
 //                         SGD: against PyTorch's; host_us is the time the host
 //                         takes to enqueue a step
@@ -65,18 +67,28 @@ void Figure(const char* name, double value) {
   std::fflush(stdout);
 }
 
-// One training step; returns the host's time to enqueue it (ms), then waits
-// for the device.
-double Step(Module& model, optim::SGD& opt, const Tensor& x, const Tensor& y, bool float_loss) {
+// The host's times (ms) to enqueue one step and its parts: while the host
+// enqueues more slowly than the device runs, the device waits.
+struct HostTimes {
+  double forward = 0, backward = 0, step = 0;
+};
+
+// One training step; returns the host's times to enqueue it, then waits for
+// the device.
+HostTimes Step(Module& model, optim::SGD& opt, const Tensor& x, const Tensor& y,
+               bool float_loss) {
   const double start = Now();
   opt.zero_grad();
   Tensor logits = model(x);
   if (float_loss) logits = logits.to(kFloat32);
-  functional::cross_entropy(logits, y).backward();
+  Tensor loss = functional::cross_entropy(logits, y);
+  const double forward = Now();
+  loss.backward();
+  const double backward = Now();
   opt.step();
-  const double enqueued = Now() - start;
+  const HostTimes t{forward - start, backward - forward, Now() - start};
   Sync();
-  return enqueued;
+  return t;
 }
 
 constexpr int kWarmupSteps = 5;
@@ -103,14 +115,21 @@ void ResNet18Step(benchmark::State& state) {
   Tensor x = randn({kBatch, 3, kImage, kImage}).to(kGpu);
   Tensor y = randint(0, kClasses, {kBatch}).to(kGpu);
   for (int i = 0; i < kWarmupSteps; ++i) Step(*net, opt, x, y, false);
-  std::vector<double> ms;
+  std::vector<double> ms, host, forward, backward;
   for (auto _ : state) {
     const double start = Now();
-    Step(*net, opt, x, y, false);
+    const HostTimes t = Step(*net, opt, x, y, false);
     ms.push_back(Now() - start);
+    host.push_back(t.step);
+    forward.push_back(t.forward);
+    backward.push_back(t.backward);
   }
   state.counters["median_ms"] = Median(ms);
+  state.counters["host_ms"] = Median(host);
+  state.counters["host_forward_ms"] = Median(forward);
+  state.counters["host_backward_ms"] = Median(backward);
   Figure("resnet18_step_b64_fp32_ms", Median(ms));
+  Figure("resnet18_step_b64_fp32_host_ms", Median(host));
 }
 void BM_ResNet18Step(benchmark::State& state) { Guarded(state, &ResNet18Step); }
 BENCHMARK(BM_ResNet18Step)->Iterations(25)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -127,7 +146,7 @@ void Mlp512Step(benchmark::State& state) {
   std::vector<double> ms, host;
   for (auto _ : state) {
     const double start = Now();
-    host.push_back(Step(*mlp, opt, x, y, false));
+    host.push_back(Step(*mlp, opt, x, y, false).step);
     ms.push_back(Now() - start);
   }
   state.counters["median_us"] = Median(ms) * 1e3;
