@@ -110,6 +110,47 @@ def small_add_host_us(calls=20000):
     return elapsed / calls * 1e6
 
 
+def layer_host_us(layer, calls=2000):
+    """Median host microseconds per call of one of ResNet-18's layer1 layers
+    on a batch of 2 (train_step_benchmark's BM_LayerHost), synchronising,
+    untimed, every 64 calls."""
+    dev = torch.device("cuda:0")
+    torch.manual_seed(0)
+    x = torch.randn(2, 64, 56, 56, device=dev)
+    w = torch.randn(64, 64, 3, 3, device=dev) * 0.05
+    mean, var = torch.zeros(64, device=dev), torch.ones(64, device=dev)
+    gamma, beta = torch.ones(64, device=dev), torch.zeros(64, device=dev)
+    leaf, wleaf = x.detach().requires_grad_(), w.detach().requires_grad_()
+    F = torch.nn.functional
+
+    def call():
+        if layer == "conv2d":
+            return F.conv2d(x, w, None, 1, 1)
+        if layer == "conv2d_fwd_bwd":
+            y = F.conv2d(leaf, wleaf, None, 1, 1)
+            y.sum().backward()
+            return y
+        if layer == "batch_norm":
+            return F.batch_norm(x, mean, var, gamma, beta, True)
+        return torch.relu(x)
+
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    us = []
+    for i in range(calls):
+        start = time.perf_counter()
+        call()
+        us.append((time.perf_counter() - start) * 1e6)
+        if (i + 1) % 64 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(us)
+
+
+LAYERS = ("conv2d", "conv2d_fwd_bwd", "batch_norm", "relu")
+
+
 def measure():
     """Every figure; one that fails (say, out of memory) is reported and left
     out, and the others are still measured."""
@@ -143,8 +184,12 @@ def measure():
     def small_add():
         figures["small_add_host_us"] = small_add_host_us()
 
+    def layers():
+        for layer in LAYERS:
+            figures[f"layer_host_{layer}_us"] = layer_host_us(layer)
+
     failed = 0
-    for case in (resnet, mlp512, mlp4096, small_add):
+    for case in (resnet, mlp512, mlp4096, small_add, layers):
         try:
             case()
         except Exception as e:  # noqa: BLE001 (report and go on)
@@ -182,6 +227,10 @@ def report(ember, torch_figures):
          "mlp512_step_b64_fp32_host_us", False, ""),
         ("host time per small op enqueued (us) vs PyTorch", "small_add_host_us",
          "small_add_host_us", False, "Ember <= 5 us"),
+    ] + [
+        (f"host time per {layer} call, batch 2 (us) vs PyTorch", f"layer_host_{layer}_us",
+         f"layer_host_{layer}_us", False, "") for layer in LAYERS
+    ] + [
         ("4x4096 MLP step, batch 4096 bf16 (ms) vs its GEMMs in cuBLAS",
          "mlp4096_step_b4096_bf16_ms", "mlp4096_gemms_b4096_bf16_ms", True, "<= 1.15"),
         ("4x4096 MLP step, batch 4096 bf16 (ms) vs PyTorch", "mlp4096_step_b4096_bf16_ms",

@@ -6,6 +6,11 @@
 //   BM_Mlp512Step         the 4x512 MLP of nn/benchmark_mlp.h, batch 64, fp32,
 //                         SGD: against PyTorch's; host_us is the time the host
 //                         takes to enqueue a step
+//   BM_LayerHost/<layer>  the host's time per call of one of ResNet-18's
+//                         layers on a small batch (so the device keeps up):
+//                         conv2d forward, conv2d forward and backward through
+//                         autograd, batch_norm forward in training, relu;
+//                         against PyTorch's same calls (torch_train_step.py)
 //   BM_Mlp4096Bf16Step    a 4x4096 MLP (10-way head), batch 4096, bfloat16:
 //                         against the same step's GEMMs alone, issued
 //                         straight to cuBLAS (cublasGemmEx, bf16 in and out,
@@ -32,8 +37,11 @@
 #include "benchmark/benchmark.h"
 #include "cuda/device.h"
 #include "hub/resnet.h"
+#include "nn/activation.h"
 #include "nn/benchmark_mlp.h"
+#include "nn/conv.h"
 #include "nn/loss.h"
+#include "nn/normalization.h"
 #include "nn/optim/sgd.h"
 #include "tensor/factories.h"
 
@@ -156,6 +164,61 @@ void Mlp512Step(benchmark::State& state) {
 }
 void BM_Mlp512Step(benchmark::State& state) { Guarded(state, &Mlp512Step); }
 BENCHMARK(BM_Mlp512Step)->Iterations(300)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The host's time per call of one layer of ResNet-18's layer1 (64 channels,
+// 56x56) on a batch of 2, in microseconds: the calls are enqueued without a
+// synchronisation, which comes (untimed) every 64 calls so the queue stays
+// short. Layers: 0 conv2d 3x3 forward, 1 conv2d forward and backward
+// (input and weight gradients) through autograd, 2 batch_norm forward in
+// training mode, 3 relu.
+const char* const kHostLayers[] = {"conv2d", "conv2d_fwd_bwd", "batch_norm", "relu"};
+
+void LayerHost(benchmark::State& state) {
+  const int layer = static_cast<int>(state.range(0));
+  manual_seed(0);
+  const TensorOptions on_gpu = TensorOptions(kFloat32).device(kGpu);
+  Tensor x = randn({2, 64, 56, 56}).to(kGpu);
+  Tensor w = (randn({64, 64, 3, 3}) * 0.05).to(kGpu);
+  Tensor mean = zeros({64}, on_gpu), var = ones({64}, on_gpu);
+  Tensor gamma = ones({64}, on_gpu), beta = zeros({64}, on_gpu);
+  Tensor leaf = x.detach().requires_grad_(true), wleaf = w.detach().requires_grad_(true);
+  auto call = [&] {
+    switch (layer) {
+      case 0:
+        return functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+      case 1: {
+        Tensor y = functional::conv2d(leaf, wleaf, Tensor(), {1, 1}, {1, 1});
+        y.sum().backward();
+        return y;
+      }
+      case 2:
+        return functional::batch_norm(x, mean, var, gamma, beta, true);
+      default:
+        return functional::relu(x);
+    }
+  };
+  for (int i = 0; i < 20; ++i) call();
+  Sync();
+  std::vector<double> us;
+  for (auto _ : state) {
+    const double start = Now();
+    call();
+    const double ms = Now() - start;
+    state.SetIterationTime(ms / 1e3);
+    us.push_back(ms * 1e3);
+    if (us.size() % 64 == 0) Sync();
+  }
+  Sync();
+  state.SetLabel(kHostLayers[layer]);
+  state.counters["median_us"] = Median(us);
+  Figure((std::string("layer_host_") + kHostLayers[layer] + "_us").c_str(), Median(us));
+}
+void BM_LayerHost(benchmark::State& state) { Guarded(state, &LayerHost); }
+BENCHMARK(BM_LayerHost)
+    ->DenseRange(0, 3)
+    ->Iterations(2000)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // The GEMMs of one step of an MLP of `layers` (in, out) pairs at `batch`,
 // bf16, issued straight to cuBLAS on the default stream: per layer the
