@@ -12,6 +12,7 @@
 #                 nothing set up would (no GPU here: the GPU cases skip)
 #   # on the GPU machine, with the folder copied there:
 #   bundle/run.sh [--budget SECONDS] [--log FILE] [--no-memcheck] [--filter REGEX]
+#                 [--exclude REGEX]
 #
 # Which targets: a GPU test is a cc_test tagged "gpu" (every cuda_cc_test
 # is; a test of another rule with GPU cases says so with tags = ["gpu"]); a

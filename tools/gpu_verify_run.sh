@@ -5,6 +5,7 @@
 # the time budget allows, and ends with one line: `N passed, M failed, K skipped`.
 #
 #   run.sh [--budget SECONDS] [--log FILE] [--no-memcheck] [--filter REGEX]
+#          [--exclude REGEX]
 #     --budget     seconds for everything (default 450: done within 8 minutes
 #                  with unpacking and the CUDA libraries' first load); the
 #                  tests stop starting when a third of it (at most 150 s) is
@@ -12,6 +13,8 @@
 #     --log        the whole log (default $OUT/gpu_verify.log when $OUT is a
 #                  folder, else gpu_verify.log beside this script)
 #     --filter     run only the binaries whose name matches REGEX (grep -E)
+#     --exclude    leave out the binaries whose name matches REGEX (the
+#                  peers are named torch_train_step and torch_cuda_queue)
 #
 # Counting: every GoogleTest case of the first pass (a binary that crashes,
 # times out or prints no summary counts as one failure); every benchmark
@@ -34,13 +37,15 @@ budget=450
 logfile=""
 memcheck=1
 filter=""
+exclude=""
 while (($#)); do
   case "$1" in
     --budget) budget="$2"; shift 2 ;;
     --log) logfile="$2"; shift 2 ;;
     --no-memcheck) memcheck=0; shift ;;
     --filter) filter="$2"; shift 2 ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    --exclude) exclude="$2"; shift 2 ;;
+    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -119,6 +124,14 @@ if [[ -n "$filter" ]]; then
   mapfile -t tests < <(printf '%s\n' "${tests[@]}" | grep -E "^[^ ]*($filter)[^ ]* " || true)
   mapfile -t benchmarks < <(printf '%s\n' "${benchmarks[@]}" | grep -E "^[^ ]*($filter)[^ ]* " || true)
 fi
+if [[ -n "$exclude" ]]; then
+  mapfile -t tests < <(printf '%s\n' "${tests[@]}" | grep -vE "^[^ ]*($exclude)[^ ]* " || true)
+  mapfile -t benchmarks < <(printf '%s\n' "${benchmarks[@]}" | grep -vE "^[^ ]*($exclude)[^ ]* " || true)
+fi
+# Whether the peer named $1 runs under --filter and --exclude.
+peer_selected() {
+  { [[ -z "$filter" ]] || grep -qE "$filter" <<<"$1"; } && { [[ -z "$exclude" ]] || ! grep -qE "$exclude" <<<"$1"; }
+}
 
 # The machine's libstdc++ serves when it is new enough; otherwise the
 # bundle's (which needs glibc 2.36).
@@ -220,7 +233,7 @@ done
 say ""
 say "=== PyTorch side by side (torch_train_step.py: the same steps in PyTorch eager, then the ratios)"
 peer="$here/torch_train_step.py"
-if [[ -n "$filter" ]] && ! grep -qE "$filter" <<<"torch_train_step"; then
+if ! peer_selected torch_train_step; then
   : # filtered out
 elif [[ ! -f "$peer" ]]; then
   skipped=$((skipped + 1)); say "SKIP PyTorch peer: $peer is missing"
@@ -248,7 +261,7 @@ say ""
 say "=== CUDA tensors through a Queue beside torch.multiprocessing (cuda_queue_benchmark, torch_cuda_queue.py)"
 qpeer="$here/torch_cuda_queue.py"
 qbin="$work/bin/cuda_queue_benchmark"
-if [[ -n "$filter" ]] && ! grep -qE "$filter" <<<"torch_cuda_queue"; then
+if ! peer_selected torch_cuda_queue; then
   : # filtered out
 elif ((gpus == 0)) || [[ ! -f "$qpeer" || ! -x "$qbin" ]]; then
   skipped=$((skipped + 1)); say "SKIP torch_cuda_queue: no GPU, or no $qpeer or $qbin"
