@@ -1,7 +1,7 @@
 // Device side of copy_out and fill_out (Note [CUDA loops] in loops.cuh): one
 // kernel converts between any two dtypes with run-time switches on both, so
-// that 100 dtype pairs cost one instantiation; same-dtype copies move raw
-// elements of 1, 2, 4 or 8 bytes.
+// that 100 dtype pairs cost one instantiation; same-dtype copies and fills
+// move raw elements of 1, 2, 4 or 8 bytes, in 16-byte vectors where they can.
 #include "cuda/loops.cuh"
 
 namespace ember::cuda::kernels {
@@ -93,34 +93,29 @@ struct ConvertBody {
   }
 };
 
+// Between dtypes: the scalar path (Note [CUDA loops]).
+__global__ void ConvertKernel(Geometry<2> g, ConvertBody body) { ForEachElement<2>(g, body); }
+
+// Raw elements of one width: ForEachValue (the vector path where it applies).
 template <typename W>
-struct RawBody {
-  char* out;
-  const char* src;
-  __device__ void operator()(const int64_t (&off)[2]) {
-    *reinterpret_cast<W*>(out + off[0]) = *reinterpret_cast<const W*>(src + off[1]);
-  }
+struct RawOf {
+  __device__ W operator()(W x) const { return x; }
 };
 
-template <typename Body>
-__global__ void CopyKernel(Geometry<2> g, int64_t out_size, int64_t src_size, Body body) {
-  const int64_t sizes[2] = {out_size, src_size};
-  ForEachElement<2>(g, sizes, body);
+template <typename W>
+__global__ void RawCopyKernel(Geometry<2> g, char* out, const char* src) {
+  ForEachValue(g, RawOf<W>{}, reinterpret_cast<W*>(out), reinterpret_cast<const W*>(src));
 }
 
 template <typename W>
-struct FillBody {
-  char* out;
+struct FillOf {
   W value;
-  __device__ void operator()(const int64_t (&off)[1]) {
-    *reinterpret_cast<W*>(out + off[0]) = value;
-  }
+  __device__ W operator()() const { return value; }
 };
 
 template <typename W>
-__global__ void FillKernel(Geometry<1> g, FillBody<W> body) {
-  const int64_t sizes[1] = {sizeof(W)};
-  ForEachElement<1>(g, sizes, body);
+__global__ void FillKernel(Geometry<1> g, FillOf<W> f, char* out) {
+  ForEachValue(g, f, reinterpret_cast<W*>(out));
 }
 
 // Calls f.template operator()<W>() with W an unsigned type of `bytes` bytes.
@@ -143,14 +138,15 @@ void VisitWidth(int64_t bytes, F&& f) {
 cudaError_t LaunchCopy(cudaStream_t stream, const Geometry<2>& g, char* out, int out_dtype,
                        const char* src, int src_dtype) {
   if (g.numel == 0) return cudaSuccess;
-  const int64_t os = ElementSize(out_dtype), ss = ElementSize(src_dtype);
   if (out_dtype == src_dtype) {
-    VisitWidth(os, [&]<typename W>() {
-      CopyKernel<<<GridFor(g.numel), kThreads, 0, stream>>>(g, os, ss, RawBody<W>{out, src});
+    VisitWidth(ElementSize(out_dtype), [&]<typename W>() {
+      const unsigned grid =
+          GridForValues(g, reinterpret_cast<const W*>(out), reinterpret_cast<const W*>(src));
+      RawCopyKernel<W><<<grid, kThreads, 0, stream>>>(g, out, src);
     });
   } else {
-    CopyKernel<<<GridFor(g.numel), kThreads, 0, stream>>>(
-        g, os, ss, ConvertBody{out, src, out_dtype, src_dtype});
+    ConvertKernel<<<GridFor(g.numel), kThreads, 0, stream>>>(
+        g, ConvertBody{out, src, out_dtype, src_dtype});
   }
   return cudaGetLastError();
 }
@@ -160,7 +156,8 @@ cudaError_t LaunchFill(cudaStream_t stream, const Geometry<1>& g, char* out, int
   if (g.numel == 0) return cudaSuccess;
   VisitWidth(ElementSize(out_dtype), [&]<typename W>() {
     const W v = static_cast<W>(value.bits);  // The value's bytes (little-endian).
-    FillKernel<W><<<GridFor(g.numel), kThreads, 0, stream>>>(g, FillBody<W>{out, v});
+    const unsigned grid = GridForValues(g, reinterpret_cast<const W*>(out));
+    FillKernel<W><<<grid, kThreads, 0, stream>>>(g, FillOf<W>{v}, out);
   });
   return cudaGetLastError();
 }

@@ -102,30 +102,34 @@ __device__ __forceinline__ T UnaryIntegral(int op, T x) {
   }
 }
 
+// Every unary op but logical_not (ForEachValue's f; Note [CUDA loops]).
 template <typename T>
-struct UnaryBody {
+struct UnaryOf {
   int op;
-  char* out;
-  const char* in;
-  __device__ void operator()(const int64_t (&off)[2]) {
-    const T x = *reinterpret_cast<const T*>(in + off[1]);
-    if (op == kLogicalNot) {
-      *reinterpret_cast<bool*>(out + off[0]) = !Cast<bool>(x);
-    } else if constexpr (kIsFloat<T>) {
-      *reinterpret_cast<T*>(out + off[0]) =
-          Cast<T>(UnaryFloat<Math<T>>(op, static_cast<Math<T>>(x)));
+  __device__ T operator()(T x) const {
+    if constexpr (kIsFloat<T>) {
+      return Cast<T>(UnaryFloat<Math<T>>(op, static_cast<Math<T>>(x)));
     } else if constexpr (std::is_same_v<T, bool>) {
-      *reinterpret_cast<bool*>(out + off[0]) = x;  // sign
+      return x;  // sign
     } else {
-      *reinterpret_cast<T*>(out + off[0]) = UnaryIntegral<T>(op, x);
+      return UnaryIntegral<T>(op, x);
     }
   }
 };
 
 template <typename T>
-__global__ void UnaryKernel(Geometry<2> g, UnaryBody<T> body) {
-  const int64_t sizes[2] = {body.op == kLogicalNot ? 1 : int64_t{sizeof(T)}, int64_t{sizeof(T)}};
-  ForEachElement<2>(g, sizes, body);
+struct LogicalNotOf {
+  __device__ bool operator()(T x) const { return !Cast<bool>(x); }
+};
+
+template <typename T>
+__global__ void UnaryKernel(Geometry<2> g, int op, char* out, const char* in) {
+  const T* x = reinterpret_cast<const T*>(in);
+  if (op == kLogicalNot) {
+    ForEachValue(g, LogicalNotOf<T>{}, reinterpret_cast<bool*>(out), x);
+  } else {
+    ForEachValue(g, UnaryOf<T>{op}, reinterpret_cast<T*>(out), x);
+  }
 }
 
 // ---- binary -----------------------------------------------------------------------------
@@ -192,22 +196,26 @@ __device__ __forceinline__ M Arith(int op, M x, M y) {
   }
 }
 
+// The bool-returning binary ops (op >= kEq).
 template <typename T>
-struct BinaryBody {
+struct CompareOf {
+  int op;
+  __device__ bool operator()(T a, T b) const {
+    using M = Math<T>;
+    return Compare<M>(op, static_cast<M>(a), static_cast<M>(b));
+  }
+};
+
+// The others, returning T.
+template <typename T>
+struct ArithOf {
   int op;
   bool has_alpha;
   Math<T> alpha;  // Already negated for kSub on floats.
-  char* out;
-  const char* a;
-  const char* b;
-  __device__ void operator()(const int64_t (&off)[3]) {
+  __device__ T operator()(T a, T b) const {
     using M = Math<T>;
-    const M x = static_cast<M>(*reinterpret_cast<const T*>(a + off[1]));
-    const M y = static_cast<M>(*reinterpret_cast<const T*>(b + off[2]));
-    if (op >= kEq) {
-      *reinterpret_cast<bool*>(out + off[0]) = Compare<M>(op, x, y);
-      return;
-    }
+    const M x = static_cast<M>(a);
+    const M y = static_cast<M>(b);
     M r;
     if (has_alpha) {
       if constexpr (std::is_same_v<T, bool>) {
@@ -220,62 +228,58 @@ struct BinaryBody {
     } else {
       r = Arith<T, M>(op, x, y);
     }
-    *reinterpret_cast<T*>(out + off[0]) = Cast<T>(r);
+    return Cast<T>(r);
   }
 };
 
 template <typename T>
-__global__ void BinaryKernel(Geometry<3> g, BinaryBody<T> body) {
-  const int64_t sizes[3] = {body.op >= kEq ? 1 : int64_t{sizeof(T)}, int64_t{sizeof(T)},
-                            int64_t{sizeof(T)}};
-  ForEachElement<3>(g, sizes, body);
+__global__ void BinaryKernel(Geometry<3> g, ArithOf<T> f, char* out, const char* a,
+                             const char* b) {
+  const T* x = reinterpret_cast<const T*>(a);
+  const T* y = reinterpret_cast<const T*>(b);
+  if (f.op >= kEq) {
+    ForEachValue(g, CompareOf<T>{f.op}, reinterpret_cast<bool*>(out), x, y);
+  } else {
+    ForEachValue(g, f, reinterpret_cast<T*>(out), x, y);
+  }
 }
 
 // ---- where / clamp ------------------------------------------------------------------------
 
+// Both values are read (each operand's own memory); the result is the chosen
+// one's bits.
 template <typename T>
-struct WhereBody {
-  char* out;
-  const char* cond;
-  const char* a;
-  const char* b;
-  __device__ void operator()(const int64_t (&off)[4]) {
-    *reinterpret_cast<T*>(out + off[0]) = *reinterpret_cast<const bool*>(cond + off[1])
-                                              ? *reinterpret_cast<const T*>(a + off[2])
-                                              : *reinterpret_cast<const T*>(b + off[3]);
-  }
+struct WhereOf {
+  __device__ T operator()(bool c, T a, T b) const { return c ? a : b; }
 };
 
 template <typename T>
-__global__ void WhereKernel(Geometry<4> g, WhereBody<T> body) {
-  const int64_t sizes[4] = {sizeof(T), 1, sizeof(T), sizeof(T)};
-  ForEachElement<4>(g, sizes, body);
+__global__ void WhereKernel(Geometry<4> g, char* out, const char* cond, const char* a,
+                            const char* b) {
+  ForEachValue(g, WhereOf<T>{}, reinterpret_cast<T*>(out), reinterpret_cast<const bool*>(cond),
+               reinterpret_cast<const T*>(a), reinterpret_cast<const T*>(b));
 }
 
 // Floats compare in Math<T> (NaN stays NaN), integers in int64 so that a bound
 // outside T's range clamps nothing; min > max gives max, as torch.
 template <typename T>
-struct ClampBody {
+struct ClampOf {
   using M = std::conditional_t<kIsFloat<T>, Math<T>, int64_t>;
   bool has_min;
   bool has_max;
   M lo;
   M hi;
-  char* out;
-  const char* in;
-  __device__ void operator()(const int64_t (&off)[2]) {
-    const T v = *reinterpret_cast<const T*>(in + off[1]);
+  __device__ T operator()(T v) const {
     M x = static_cast<M>(v);
     if (has_min && x < lo) x = lo;
     if (has_max && x > hi) x = hi;
-    *reinterpret_cast<T*>(out + off[0]) = Cast<T>(x);
+    return Cast<T>(x);
   }
 };
 
 template <typename T>
-__global__ void ClampKernel(Geometry<2> g, ClampBody<T> body) {
-  const int64_t sizes[2] = {sizeof(T), sizeof(T)};
-  ForEachElement<2>(g, sizes, body);
+__global__ void ClampKernel(Geometry<2> g, ClampOf<T> f, char* out, const char* in) {
+  ForEachValue(g, f, reinterpret_cast<T*>(out), reinterpret_cast<const T*>(in));
 }
 
 }  // namespace
@@ -284,7 +288,11 @@ cudaError_t LaunchUnary(cudaStream_t stream, int op, const Geometry<2>& g, char*
                         const char* in, int dtype) {
   if (g.numel == 0) return cudaSuccess;
   VisitCode(dtype, [&]<typename T>() {
-    UnaryKernel<T><<<GridFor(g.numel), kThreads, 0, stream>>>(g, UnaryBody<T>{op, out, in});
+    const T* x = reinterpret_cast<const T*>(in);
+    const unsigned grid = op == kLogicalNot
+                              ? GridForValues(g, reinterpret_cast<const bool*>(out), x)
+                              : GridForValues(g, reinterpret_cast<const T*>(out), x);
+    UnaryKernel<T><<<grid, kThreads, 0, stream>>>(g, op, out, in);
   });
   return cudaGetLastError();
 }
@@ -303,8 +311,11 @@ cudaError_t LaunchBinary(cudaStream_t stream, int op, const Geometry<3>& g, char
     } else {
       alpha = static_cast<M>(alpha_int);
     }
-    BinaryKernel<T><<<GridFor(g.numel), kThreads, 0, stream>>>(
-        g, BinaryBody<T>{op, has_alpha, alpha, out, a, b});
+    const T* x = reinterpret_cast<const T*>(a);
+    const T* y = reinterpret_cast<const T*>(b);
+    const unsigned grid = op >= kEq ? GridForValues(g, reinterpret_cast<const bool*>(out), x, y)
+                                    : GridForValues(g, reinterpret_cast<const T*>(out), x, y);
+    BinaryKernel<T><<<grid, kThreads, 0, stream>>>(g, ArithOf<T>{op, has_alpha, alpha}, out, a, b);
   });
   return cudaGetLastError();
 }
@@ -313,7 +324,10 @@ cudaError_t LaunchWhere(cudaStream_t stream, const Geometry<4>& g, char* out, co
                         const char* a, const char* b, int dtype) {
   if (g.numel == 0) return cudaSuccess;
   VisitCode(dtype, [&]<typename T>() {
-    WhereKernel<T><<<GridFor(g.numel), kThreads, 0, stream>>>(g, WhereBody<T>{out, cond, a, b});
+    const unsigned grid = GridForValues(
+        g, reinterpret_cast<const T*>(out), reinterpret_cast<const bool*>(cond),
+        reinterpret_cast<const T*>(a), reinterpret_cast<const T*>(b));
+    WhereKernel<T><<<grid, kThreads, 0, stream>>>(g, out, cond, a, b);
   });
   return cudaGetLastError();
 }
@@ -324,7 +338,7 @@ cudaError_t LaunchClamp(cudaStream_t stream, const Geometry<2>& g, char* out, co
   if (g.numel == 0) return cudaSuccess;
   VisitCode(dtype, [&]<typename T>() {
     if constexpr (!std::is_same_v<T, bool>) {
-      using M = typename ClampBody<T>::M;
+      using M = typename ClampOf<T>::M;
       M lo, hi;
       if constexpr (kIsFloat<T>) {
         lo = static_cast<M>(min_float);
@@ -333,8 +347,10 @@ cudaError_t LaunchClamp(cudaStream_t stream, const Geometry<2>& g, char* out, co
         lo = min_int;
         hi = max_int;
       }
-      ClampKernel<T><<<GridFor(g.numel), kThreads, 0, stream>>>(
-          g, ClampBody<T>{has_min, has_max, lo, hi, out, in});
+      const unsigned grid =
+          GridForValues(g, reinterpret_cast<const T*>(out), reinterpret_cast<const T*>(in));
+      ClampKernel<T><<<grid, kThreads, 0, stream>>>(g, ClampOf<T>{has_min, has_max, lo, hi}, out,
+                                                    in);
     }
   });
   return cudaGetLastError();
