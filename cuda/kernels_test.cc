@@ -21,6 +21,7 @@
 #include "cuda/device.h"
 #include "cuda/host_allocator.h"
 #include "cuda/loops.cuh"
+#include "cuda/reduce_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensor/factories.h"
@@ -126,6 +127,44 @@ Tensor MmRightColumnMajor(const std::vector<Tensor>& in) {
 // split path's partial sums matter.
 Tensor SplitRowsHalfInput() { return rand({1 << 22}).mul(0.02).to(kFloat16); }
 Tensor SplitRowsHalfSum(const std::vector<Tensor>& in) { return in[0].view({2, 1 << 21}).sum({1}); }
+
+// The ReduceArgs that reduce_out (reduce_kernels.cc) builds to sum a
+// contiguous tensor of `sizes` over `dims`, for `sm_count` SMs.
+cuda::kernels::ReduceArgs SumArgs(const SizeVector& sizes, const std::vector<int64_t>& dims,
+                                  Dtype dtype, int sm_count) {
+  cuda::kernels::ReduceArgs a;
+  a.op = cuda::kernels::kSum;
+  a.dtype = cuda::internal::DtypeCode(dtype);
+  a.sm_count = sm_count;
+  const int64_t es = cuda::kernels::ElementSize(a.dtype);
+  SizeVector out_sizes = sizes, reduced_sizes = sizes;
+  for (int64_t d : dims) out_sizes[d] = 1;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (out_sizes[d] != 1) reduced_sizes[d] = 1;
+  }
+  const SizeVector self_strides = ContiguousStrides(sizes);
+  const SizeVector out_strides = ContiguousStrides(out_sizes);
+  const int ndim = static_cast<int>(sizes.size());
+  const int64_t* kept_strides[2] = {out_strides.data(), self_strides.data()};
+  const int64_t* reduced_strides[1] = {self_strides.data()};
+  EXPECT_TRUE(
+      cuda::kernels::MakeGeometry<2>(ndim, out_sizes.data(), kept_strides, {es, es}, a.kept));
+  EXPECT_TRUE(
+      cuda::kernels::MakeGeometry<1>(ndim, reduced_sizes.data(), reduced_strides, {es}, a.reduced));
+  return a;
+}
+
+// The SM count of cuda:0, which LaunchReduce plans for.
+int DeviceSmCount() {
+  cudaDeviceProp prop;
+  EXPECT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  return prop.multiProcessorCount;
+}
+
+// Input of a column-split reduction: few outputs (below the SMs' threads),
+// many rows.
+Tensor ColumnInput(Dtype dtype) { return randn({2048, 1024}).to(dtype); }
+Tensor ColumnSum(const std::vector<Tensor>& in) { return in[0].sum({0}); }
 
 // A [rows, cols] tensor of `dtype` with varied values (negatives, zero,
 // fractions for floats; small magnitudes so products stay exact).
@@ -398,6 +437,59 @@ TEST(KernelsTest, LargeReductionsTakeEachPathAndMatchTheCpu) {
         return in[0].view({64, 1 << 16}).sum({0});
       },
       "outer integer reduction");
+  // Fewer outputs than the device's threads, adjacent in the input: each
+  // output's rows cut into ranges, one thread each, folded in order.
+  const int sms = DeviceSmCount();
+  ASSERT_EQ(cuda::kernels::PlanReduce(SumArgs({2048, 1024}, {0}, kBFloat16, sms)).path,
+            cuda::kernels::ReducePath::kColumns);
+  for (Dtype d : {kFloat32, kBFloat16, kFloat16, kFloat64}) {
+    const std::string what(dtype_name(d));
+    ExpectComputesSameAsCpu({ColumnInput(d)}, &ColumnSum, "column sum " + what, 10);
+    ExpectSameAsCpu(
+        {ColumnInput(d)}, [](const auto& in) { return in[0].mean({0}); }, "column mean " + what,
+        10);
+    ExpectSameAsCpu(
+        {ColumnInput(d)}, [](const auto& in) { return in[0].amax({0}); }, "column amax " + what);
+  }
+  ExpectSameAsCpu(
+      {big.mul(10).to(kInt32)},
+      [](const auto& in) {
+        return in[0].view({4096, 1024}).sum({0});
+      },
+      "column integer sum");
+  ExpectSameAsCpu(
+      {big.mul(0.1).add(1)},
+      [](const auto& in) {
+        return in[0].view({1024, 4096}).prod(0);
+      },
+      "column prod");
+  // Reduced dims that do not merge, kept dims in two parts, an
+  // output count that is not a multiple of a block, and a range shorter than
+  // the unrolled loads.
+  ExpectSameAsCpu(
+      {big},
+      [](const auto& in) {
+        return in[0].narrow(0, 0, 8 * 1024 * 96).view({8, 1024, 96}).narrow(1, 0, 500).sum({0, 1});
+      },
+      "column sum over two dims");
+  ExpectSameAsCpu(
+      {big},
+      [](const auto& in) {
+        return in[0].narrow(0, 0, 16 * 300 * 40).view({16, 300, 40}).sum({1});
+      },
+      "column sum, kept dims apart");
+  ExpectSameAsCpu(
+      {big},
+      [](const auto& in) {
+        return in[0].narrow(0, 0, 20 * 1000).view({20, 1000}).sum({0});
+      },
+      "short columns");
+  ExpectSameAsCpu(
+      {big},
+      [](const auto& in) {
+        return in[0].view({4096, 1024}).t().contiguous().t().sum({1});
+      },
+      "column sum of a transposed input");
 }
 
 TEST(KernelsTest, MaxAndMinAlongADimMatchTheCpuWithTiesAndNans) {
@@ -571,6 +663,74 @@ TEST(KernelsTest, GeometryRefusesTwentySixUnmergeableDimsNamingTheLimit) {
   ASSERT_TRUE(cuda::kernels::MakeGeometry<2>(26, sizes.data(), contiguous, {4, 4}, g));
   EXPECT_EQ(g.ndim, 1);
   EXPECT_TRUE(g.contiguous);
+}
+
+// ---- The reductions' plan (host-side, runs everywhere) ----
+
+TEST(KernelsTest, ReducePlanCutsOuterReductionsWithFewOutputsIntoColumnRanges) {
+  using cuda::kernels::PlanReduce;
+  using cuda::kernels::ReducePath;
+  // A Linear's bias gradient on 132 SMs: 4096 outputs want 132 * 1024 / 4096
+  // = 33 ranges of ceil(4096 / 33) = 125 rows (the last 96).
+  const auto bias = PlanReduce(SumArgs({4096, 4096}, {0}, kBFloat16, 132));
+  EXPECT_EQ(bias.path, ReducePath::kColumns);
+  EXPECT_EQ(bias.splits, 33);
+  EXPECT_EQ(bias.chunk, 125);
+  // Kept dims in two parts ([16, 300, 40] over dim 1: 640 outputs, 40
+  // adjacent): 212 ranges by threads, at most 300 / 16 = 18 by rows; 17 rows
+  // each.
+  const auto apart = PlanReduce(SumArgs({16, 300, 40}, {1}, kFloat32, 132));
+  EXPECT_EQ(apart.path, ReducePath::kColumns);
+  EXPECT_EQ(apart.splits, 18);
+  EXPECT_EQ(apart.chunk, 17);
+  // Too few rows to share: one range.
+  const auto short_rows = PlanReduce(SumArgs({20, 1000}, {0}, kFloat32, 132));
+  EXPECT_EQ(short_rows.path, ReducePath::kColumns);
+  EXPECT_EQ(short_rows.splits, 1);
+  EXPECT_EQ(short_rows.chunk, 20);
+  // Very few adjacent outputs over very many rows: at most 1024 ranges.
+  const auto capped = PlanReduce(SumArgs({1 << 22, 32}, {0}, kFloat32, 132));
+  EXPECT_EQ(capped.path, ReducePath::kColumns);
+  EXPECT_EQ(capped.splits, 1024);
+  EXPECT_EQ(capped.chunk, 4096);
+  // Enough outputs to fill 132 SMs of 256 threads: one thread per output,
+  // every row.
+  const auto many = PlanReduce(SumArgs({64, 1 << 16}, {0}, kFloat32, 132));
+  EXPECT_EQ(many.path, ReducePath::kThreadPerOutput);
+  EXPECT_EQ(many.splits, 1);
+  // Under a warp of adjacent outputs, and conv2d's bias gradient (the
+  // innermost reduced dim is contiguous): blocks, as before. [32, 64, 28,
+  // 28] over {0, 2, 3}: 64 outputs, min(ceil(528 / 64), 25088 / 4096) = 6
+  // blocks each.
+  EXPECT_EQ(PlanReduce(SumArgs({100000, 8}, {0}, kFloat32, 132)).path, ReducePath::kBlocks);
+  const auto conv = PlanReduce(SumArgs({32, 64, 28, 28}, {0, 2, 3}, kFloat32, 132));
+  EXPECT_EQ(conv.path, ReducePath::kBlocks);
+  EXPECT_EQ(conv.splits, 6);
+  // Full sums: CUB for float32 and float64, blocks otherwise.
+  EXPECT_EQ(PlanReduce(SumArgs({1000, 1000}, {0, 1}, kFloat32, 132)).path, ReducePath::kCub);
+  EXPECT_EQ(PlanReduce(SumArgs({1000, 1000}, {0, 1}, kBFloat16, 132)).path, ReducePath::kBlocks);
+  // Every column plan covers the rows with non-empty ranges.
+  for (int64_t rows : {1, 15, 16, 17, 100, 4095, 4096, 100003}) {
+    for (int64_t cols : {32, 33, 1000, 33791}) {
+      for (int sms : {1, 108, 132}) {
+        const auto plan = PlanReduce(SumArgs({rows, cols}, {0}, kFloat32, sms));
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + " on " +
+                     std::to_string(sms) + " SMs");
+        if (cols >= sms * 256) {
+          EXPECT_EQ(plan.path, ReducePath::kThreadPerOutput);
+          continue;
+        }
+        ASSERT_EQ(plan.path, ReducePath::kColumns);
+        EXPECT_GE(plan.splits, 1);
+        EXPECT_LE(plan.splits, 1024);
+        EXPECT_GE(plan.splits * plan.chunk, rows);
+        EXPECT_LT((plan.splits - 1) * plan.chunk, rows);
+        if (plan.splits > 1) {
+          EXPECT_GE(plan.chunk, 16);
+        }
+      }
+    }
+  }
 }
 
 // 25 dims that cannot be merged made contiguous on the device (torch's

@@ -7,15 +7,27 @@
 // - a full sum or mean of a contiguous float32/float64 tensor goes to
 //   cub::DeviceReduce::Sum;
 // - an "outer" reduction (the reduced dims are strided, the kept innermost
-//   dim is contiguous in the input, and there are enough outputs to fill the
-//   device) runs one thread per output, so a warp reads adjacent elements;
+//   dim is contiguous in the input) runs one thread per output, so a warp
+//   reads adjacent elements: when there are enough outputs to fill the
+//   device, each thread folds all its output's reduced elements
+//   (ThreadReduceKernel); when there are fewer, but a warp's worth of
+//   adjacent ones (the kept innermost dim has at least 32), the reduced
+//   elements are cut into consecutive ranges, each range of each output one
+//   thread (ColumnReduceKernel, a grid of column tiles by ranges: the bias
+//   gradient of a Linear, a [batch, features] sum over the batch), and a
+//   second kernel folds each output's ranges' results in range order;
 // - everything else runs one block per output; when there are too few
 //   outputs to fill the device each output is split over several blocks,
 //   whose partial results a second kernel folds in order.
+// PlanReduce (reduce_plan.h) makes the choice, on the host.
 // Accumulators: float for 16-bit floats and float32, double for float64,
 // int64 for integers and bool (sums and products wrap around, as the CPU's
-// uint64 ones do). The partitioning depends only on the shapes and the
-// device's SM count, so the same input gives the same bits every time.
+// uint64 ones do). A thread folding elements in sequence (the thread and
+// column kernels) flushes its running value into a second accumulator every
+// 64 elements and that into a third every 4096, so that long sums keep their
+// precision. The partitioning depends only on the shapes and the device's SM
+// count, and every fold has a fixed order (no atomics), so the same input
+// gives the same bits every time.
 // Max and min propagate NaN; arg reductions keep the first index of the best
 // value and of the first NaN, combining (value, index) pairs with an
 // associative rule so the block's grouping does not change the answer.
@@ -23,6 +35,7 @@
 #include <cub/device/device_reduce.cuh>
 
 #include "cuda/loops.cuh"
+#include "cuda/reduce_plan.h"
 
 namespace ember::cuda::kernels {
 namespace {
@@ -150,14 +163,18 @@ __global__ void BlockReduceKernel(ReduceArgs a, int64_t splits, Acc<T>* partial)
   }
 }
 
+// Folds each output's `splits` partial results in order: output o's s-th
+// at partial[o * output_stride + s * split_stride].
 template <typename T>
-__global__ void FoldPartialsKernel(ReduceArgs a, int64_t splits, const Acc<T>* partial) {
+__global__ void FoldPartialsKernel(ReduceArgs a, int64_t splits, const Acc<T>* partial,
+                                   int64_t output_stride, int64_t split_stride) {
   using A = Acc<T>;
   const Combiner<A> combine{a.op};
   for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < a.kept.numel;
        o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    A v = partial[o * splits];
-    for (int64_t s = 1; s < splits; ++s) v = combine(v, partial[o * splits + s]);
+    const Acc<T>* p = partial + o * output_stride;
+    A v = p[0];
+    for (int64_t s = 1; s < splits; ++s) v = combine(v, p[s * split_stride]);
     int64_t off[2];
     OffsetsOf<2>(a.kept, o, off);
     WriteOut<T>(a, off[0], v);
@@ -189,33 +206,62 @@ __global__ void ThreadReduceKernel(ReduceArgs a) {
   }
 }
 
+// One thread per (output, range of the reduced elements): blockIdx.y is the
+// range, threads of a block adjacent outputs. Folds the range in order, as
+// ThreadReduceKernel folds a whole output, loading kUnroll elements before
+// combining them (in order) so that many loads are in flight. A single range
+// is written out; several go to partial[range * kept.numel + output] for
+// FoldPartialsKernel.
+template <typename T>
+__global__ void ColumnReduceKernel(ReduceArgs a, int64_t chunk, Acc<T>* partial) {
+  using A = Acc<T>;
+  constexpr int kUnroll = 64 / static_cast<int>(sizeof(A));  // 16 floats or 8 doubles/int64s
+  const Combiner<A> combine{a.op};
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (o >= a.kept.numel) return;
+  int64_t off[2];
+  OffsetsOf<2>(a.kept, o, off);
+  const char* base = a.self + off[1];
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t end = begin + chunk < a.reduced.numel ? begin + chunk : a.reduced.numel;
+  A l1 = Identity<A>(a.op), l2 = l1, l3 = l1;
+  auto fold = [&](int64_t j, A v) {  // j: v's index within the range
+    l1 = combine(l1, v);
+    if ((j & 63) == 63) {
+      l2 = combine(l2, l1);
+      l1 = Identity<A>(a.op);
+      if ((j & 4095) == 4095) {
+        l3 = combine(l3, l2);
+        l2 = Identity<A>(a.op);
+      }
+    }
+  };
+  int64_t j = 0;
+  const int64_t count = end - begin;
+  for (; j + kUnroll <= count; j += kUnroll) {
+    A v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      v[u] = LoadAcc<T>(base + ReducedOffset(a.reduced, begin + j + u));
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) fold(j + u, v[u]);
+  }
+  for (; j < count; ++j) fold(j, LoadAcc<T>(base + ReducedOffset(a.reduced, begin + j)));
+  const A v = combine(l3, combine(l2, l1));
+  if (gridDim.y == 1) {
+    WriteOut<T>(a, off[0], v);
+  } else {
+    partial[static_cast<int64_t>(blockIdx.y) * a.kept.numel + o] = v;
+  }
+}
+
 template <typename T>
 __global__ void DivideKernel(T* out, int64_t n) {
   *out = *out / static_cast<T>(n);
 }
 
-bool UsesCub(const ReduceArgs& a) {
-  return a.kept.numel == 1 && (a.op == kSum || a.op == kMean) &&
-         (a.dtype == kF32 || a.dtype == kF64) && a.reduced.contiguous;
-}
-
-bool UsesThreadPerOutput(const ReduceArgs& a) {
-  const int64_t es = ElementSize(a.dtype);
-  const bool reduced_contiguous = a.reduced.ndim >= 1 && a.reduced.strides[0][0] == es;
-  const bool kept_contiguous = a.kept.ndim >= 1 && a.kept.strides[1][0] == es;
-  return !reduced_contiguous && kept_contiguous &&
-         a.kept.numel >= static_cast<int64_t>(a.sm_count) * kThreads;
-}
-
-// Blocks per output for the block kernel (Note [CUDA reduction strategy]).
-int64_t SplitsFor(const ReduceArgs& a) {
-  const int64_t target = static_cast<int64_t>(a.sm_count) * 4;
-  if (a.kept.numel >= target) return 1;
-  const int64_t by_blocks = (target + a.kept.numel - 1) / a.kept.numel;
-  const int64_t by_work = a.reduced.numel / (kThreads * 16);  // >= 16 elements per thread
-  const int64_t s = by_blocks < by_work ? by_blocks : by_work;
-  return s > 1 ? s : 1;
-}
+static_assert(kReduceBlockThreads == kThreads, "reduce_plan.h plans blocks of kThreads");
 
 template <typename T>
 size_t CubBytes(const ReduceArgs& a) {
@@ -307,34 +353,49 @@ __global__ void ArgReduceKernel(bool is_max, Geometry<3> kept, char* values, cha
 
 size_t ReduceWorkspaceBytes(const ReduceArgs& a) {
   if (a.kept.numel == 0 || a.reduced.numel == 0) return 0;
-  if (UsesCub(a)) return a.dtype == kF32 ? CubBytes<float>(a) : CubBytes<double>(a);
-  if (UsesThreadPerOutput(a)) return 0;
-  const int64_t splits = SplitsFor(a);
-  if (splits == 1) return 0;
+  const ReducePlan plan = PlanReduce(a);
+  if (plan.path == ReducePath::kCub) {
+    return a.dtype == kF32 ? CubBytes<float>(a) : CubBytes<double>(a);
+  }
+  if (plan.splits == 1) return 0;
   size_t acc = 8;  // int64 and double accumulators
   if (a.dtype == kF32 || a.dtype == kF16 || a.dtype == kBF16) acc = 4;
-  return static_cast<size_t>(a.kept.numel * splits) * acc;
+  return static_cast<size_t>(a.kept.numel * plan.splits) * acc;
 }
 
 cudaError_t LaunchReduce(cudaStream_t stream, const ReduceArgs& a, void* workspace) {
   if (a.kept.numel == 0 || a.reduced.numel == 0) return cudaSuccess;
-  if (UsesCub(a)) {
+  const ReducePlan plan = PlanReduce(a);
+  if (plan.path == ReducePath::kCub) {
     return a.dtype == kF32 ? CubSum<float>(stream, a, workspace)
                            : CubSum<double>(stream, a, workspace);
   }
   VisitCode(a.dtype, [&]<typename T>() {
-    if (UsesThreadPerOutput(a)) {
+    auto* partial = static_cast<Acc<T>*>(workspace);
+    const int64_t splits = plan.splits;
+    if (plan.path == ReducePath::kThreadPerOutput) {
       ThreadReduceKernel<T><<<GridFor(a.kept.numel), kThreads, 0, stream>>>(a);
       return;
     }
-    const int64_t splits = SplitsFor(a);
+    if (plan.path == ReducePath::kColumns) {
+      // kept.numel < sm_count * kThreads and splits <= kColumnMaxSplits:
+      // both grid dims are small.
+      const int threads = ThreadsFor(a.kept.numel);
+      const dim3 grid(static_cast<unsigned>((a.kept.numel + threads - 1) / threads),
+                      static_cast<unsigned>(splits));
+      ColumnReduceKernel<T><<<grid, threads, 0, stream>>>(a, plan.chunk, partial);
+      if (splits > 1) {
+        FoldPartialsKernel<T>
+            <<<GridFor(a.kept.numel), kThreads, 0, stream>>>(a, splits, partial, 1, a.kept.numel);
+      }
+      return;
+    }
     const int64_t items = a.kept.numel * splits;
     const unsigned blocks = static_cast<unsigned>(items < (1 << 30) ? items : (1 << 30));
-    const int64_t chunk = (a.reduced.numel + splits - 1) / splits;
-    auto* partial = static_cast<Acc<T>*>(workspace);
-    BlockReduceKernel<T><<<blocks, ThreadsFor(chunk), 0, stream>>>(a, splits, partial);
+    BlockReduceKernel<T><<<blocks, ThreadsFor(plan.chunk), 0, stream>>>(a, splits, partial);
     if (splits > 1) {
-      FoldPartialsKernel<T><<<GridFor(a.kept.numel), kThreads, 0, stream>>>(a, splits, partial);
+      FoldPartialsKernel<T>
+          <<<GridFor(a.kept.numel), kThreads, 0, stream>>>(a, splits, partial, splits, 1);
     }
   });
   return cudaGetLastError();
