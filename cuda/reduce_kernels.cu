@@ -236,18 +236,20 @@ __global__ void ColumnReduceKernel(ReduceArgs a, int64_t chunk, Acc<T>* partial)
       }
     }
   };
-  int64_t j = 0;
+  // Groups of kUnroll loads, the last one partial (its loads predicated, so
+  // a range's tail is in flight at once too).
   const int64_t count = end - begin;
-  for (; j + kUnroll <= count; j += kUnroll) {
+  for (int64_t j = 0; j < count; j += kUnroll) {
     A v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      v[u] = LoadAcc<T>(base + ReducedOffset(a.reduced, begin + j + u));
+      if (j + u < count) v[u] = LoadAcc<T>(base + ReducedOffset(a.reduced, begin + j + u));
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) fold(j + u, v[u]);
+    for (int u = 0; u < kUnroll; ++u) {
+      if (j + u < count) fold(j + u, v[u]);
+    }
   }
-  for (; j < count; ++j) fold(j, LoadAcc<T>(base + ReducedOffset(a.reduced, begin + j)));
   const A v = combine(l3, combine(l2, l1));
   if (gridDim.y == 1) {
     WriteOut<T>(a, off[0], v);
