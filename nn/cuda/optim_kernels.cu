@@ -19,15 +19,21 @@ namespace {
 
 constexpr int kThreads = 512;
 
+// The tensors a table of N pointers a tensor holds: SGD's three, Adam's five.
+template <int N>
+inline constexpr int kTableTensors = N <= 3 ? kMaxSgdTensors : kMaxTensors;
+
 // A launch's table: N pointers a tensor (parameter, gradient, states).
 template <int N>
 struct TensorTable {
-  void* ptrs[N][kMaxTensors];
-  int64_t numels[kMaxTensors];
+  void* ptrs[N][kTableTensors<N>];
+  int64_t numels[kTableTensors<N>];
   uint8_t block_tensor[kMaxBlocks];
   int32_t block_chunk[kMaxBlocks];
 };
 static_assert(sizeof(TensorTable<5>) + sizeof(AdamScalars) <= 4000,
+              "a launch's arguments must stay within 4 KiB");
+static_assert(sizeof(TensorTable<3>) + sizeof(SgdScalars) <= 4000,
               "a launch's arguments must stay within 4 KiB");
 
 // The arithmetic type of an element type (float for the 16-bit floats).
@@ -265,16 +271,19 @@ cudaError_t LaunchSgdStep(cudaStream_t stream, int dtype, int64_t n, void* const
   void* const* const lists[3] = {params, grads, buffers};
   const bool momentum = s.momentum != 0.0;
   return VisitStepDtype(dtype, [&]<typename T>() {
-    return PlanMultiTensorLaunches(n, numels, [&](const LaunchPlan& plan) {
-      const TensorTable<3> table = TableOf<3>(plan, lists, numels);
-      if (momentum) {
-        SgdKernel<T, true><<<plan.num_blocks, kThreads, 0, stream>>>(table, s);
-      } else {
-        SgdKernel<T, false><<<plan.num_blocks, kThreads, 0, stream>>>(table, s);
-      }
-      ++*launches;
-      return cudaGetLastError();
-    });
+    return PlanMultiTensorLaunches(
+        n, numels,
+        [&](const LaunchPlan& plan) {
+          const TensorTable<3> table = TableOf<3>(plan, lists, numels);
+          if (momentum) {
+            SgdKernel<T, true><<<plan.num_blocks, kThreads, 0, stream>>>(table, s);
+          } else {
+            SgdKernel<T, false><<<plan.num_blocks, kThreads, 0, stream>>>(table, s);
+          }
+          ++*launches;
+          return cudaGetLastError();
+        },
+        kTableTensors<3>);
   });
 }
 
@@ -285,6 +294,7 @@ cudaError_t LaunchAdamStep(cudaStream_t stream, int dtype, int64_t n, void* cons
   void* const* const lists[5] = {params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs};
   return VisitStepDtype(dtype, [&]<typename T>() {
     return PlanMultiTensorLaunches(n, numels, [&](const LaunchPlan& plan) {
+      static_assert(kTableTensors<5> == kMaxTensors, "the plan's default");
       const TensorTable<5> table = TableOf<5>(plan, lists, numels);
       if (s.amsgrad) {
         AdamKernel<T, true><<<plan.num_blocks, kThreads, 0, stream>>>(table, s);

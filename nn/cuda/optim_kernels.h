@@ -8,10 +8,10 @@
 // kChunkSize elements of one tensor, found through a table passed by value
 // as a kernel argument (the tensors' pointers and sizes, and for every block
 // its tensor and chunk), so no launch needs a device-side buffer. A table
-// holds at most kMaxTensors tensors and kMaxBlocks blocks, which keeps the
-// largest (Adam with amsgrad: five pointers a tensor) under the 4 KiB of
-// kernel arguments every architecture accepts; a longer list takes several
-// launches. PlanMultiTensorLaunches cuts a list into launches (a tensor
+// holds at most kMaxBlocks blocks and kMaxTensors tensors for Adam (five
+// pointers a tensor), kMaxSgdTensors for SGD (three), which keeps each under
+// the 4 KiB of kernel arguments every architecture accepts; a longer list
+// takes several launches. PlanMultiTensorLaunches cuts a list into launches (a tensor
 // larger than one table continues in the next), on the host, where the CPU
 // tests check it.
 #ifndef EMBER_NN_CUDA_OPTIM_KERNELS_H_
@@ -24,6 +24,7 @@
 namespace ember::nn::cuda::kernels {
 
 inline constexpr int kMaxTensors = 36;
+inline constexpr int kMaxSgdTensors = 64;
 inline constexpr int kMaxBlocks = 320;
 inline constexpr int64_t kChunkSize = 65536;
 
@@ -35,17 +36,20 @@ enum StepDtype : int { kStepFloat32, kStepFloat64, kStepFloat16, kStepBFloat16 }
 struct LaunchPlan {
   int num_tensors = 0;
   int num_blocks = 0;
-  int64_t tensors[kMaxTensors] = {};
+  int64_t tensors[kMaxSgdTensors] = {};
   uint8_t block_tensor[kMaxBlocks] = {};
   int32_t block_chunk[kMaxBlocks] = {};
 };
-static_assert(kMaxTensors <= 256, "block_tensor is a byte");
+static_assert(kMaxTensors <= kMaxSgdTensors && kMaxSgdTensors <= 256,
+              "plans hold either table's tensors; block_tensor is a byte");
 
 // Calls launch(plan) for each launch that steps the `n` tensors of
-// `numels` elements (empty tensors are left out), in order; stops at the
-// first launch that returns an error and returns it.
+// `numels` elements (empty tensors are left out), at most `max_tensors`
+// (kMaxTensors or kMaxSgdTensors) a launch, in order; stops at the first
+// launch that returns an error and returns it.
 template <typename Launch>
-cudaError_t PlanMultiTensorLaunches(int64_t n, const int64_t* numels, Launch&& launch) {
+cudaError_t PlanMultiTensorLaunches(int64_t n, const int64_t* numels, Launch&& launch,
+                                    int max_tensors = kMaxTensors) {
   LaunchPlan plan;
   int slot = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -58,7 +62,7 @@ cudaError_t PlanMultiTensorLaunches(int64_t n, const int64_t* numels, Launch&& l
       plan.block_chunk[plan.num_blocks] = static_cast<int32_t>(c);
       ++plan.num_blocks;
       const bool last_chunk = c + 1 == chunks;
-      if (plan.num_blocks == kMaxBlocks || (last_chunk && slot + 1 == kMaxTensors)) {
+      if (plan.num_blocks == kMaxBlocks || (last_chunk && slot + 1 == max_tensors)) {
         if (cudaError_t e = launch(static_cast<const LaunchPlan&>(plan)); e != cudaSuccess) return e;
         plan.num_blocks = 0;
         // A tensor cut in the middle continues as the next table's first.
