@@ -30,6 +30,17 @@ Geometry<N> Make(const std::vector<int64_t>& sizes,
   return g;
 }
 
+// The element strides of a contiguous tensor of `sizes` (outermost first).
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t s = 1;
+  for (int d = static_cast<int>(sizes.size()) - 1; d >= 0; --d) {
+    strides[d] = s;
+    s *= sizes[d];
+  }
+  return strides;
+}
+
 // Byte offsets of element i, unravelled from the outermost-first shape.
 std::vector<int64_t> Unravel(int64_t i, const std::vector<int64_t>& sizes,
                              const std::vector<std::vector<int64_t>>& element_strides,
@@ -72,11 +83,7 @@ TEST(LoopsTest, Offsets32AgreeWithOffsetsOfAndTheShapeOnRandomGeometries) {
     for (auto& s : sizes) s = 1 + static_cast<int64_t>(rng() % 9);
     // Operand 0 contiguous; the others permuted, broadcast or spread out.
     std::vector<std::vector<int64_t>> strides(3, std::vector<int64_t>(ndim));
-    int64_t s0 = 1;
-    for (int d = ndim - 1; d >= 0; --d) {
-      strides[0][d] = s0;
-      s0 *= sizes[d];
-    }
+    strides[0] = ContiguousStrides(sizes);
     for (int k = 1; k < 3; ++k) {
       for (int d = 0; d < ndim; ++d) {
         const uint64_t kind = rng() % 4;
@@ -205,11 +212,7 @@ TEST(LoopsTest, VectorChunksAreConsecutiveElementsOnRandomGeometries) {
     for (auto& s : sizes) s = 1 + static_cast<int64_t>(rng() % 6);
     sizes[ndim - 1] = V * (1 + static_cast<int64_t>(rng() % 4)) + (rng() % 3 == 0 ? 1 : 0);
     std::vector<std::vector<int64_t>> strides(3, std::vector<int64_t>(ndim));
-    int64_t s0 = 1;
-    for (int d = ndim - 1; d >= 0; --d) {
-      strides[0][d] = s0;
-      s0 *= sizes[d];
-    }
+    strides[0] = ContiguousStrides(sizes);
     for (int k = 1; k < 3; ++k) {
       const bool fixed_inner = rng() % 3 == 0;
       int64_t s = 1;
