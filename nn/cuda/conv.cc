@@ -20,7 +20,11 @@
 // settings (nn/cuda/cudnn.h), so later calls of a shape go straight to the
 // convolution. Operands are made contiguous (NCHW); empty shapes are answered
 // without cuDNN, which refuses zero-sized dimensions; batches past cuDNN's int
-// dimensions run in chunks (Note [cuDNN batch chunks]).
+// dimensions run in chunks (Note [cuDNN batch chunks]). Under
+// set_graph_api(true) (and not set_benchmark(true)) each chunk runs through
+// a cached graph-API execution plan instead where cuDNN builds one for its
+// shape (Note [cuDNN graph API] in conv_graph.cc), with the bias added by
+// Ember's own broadcast add.
 #include <cudnn.h>
 
 #include <algorithm>
@@ -32,6 +36,7 @@
 
 #include "cuda/status.h"
 #include "nn/conv_kernels.h"
+#include "nn/cuda/conv_graph.h"
 #include "nn/cuda/cudnn.h"
 #include "tensor/device_guard.h"
 #include "tensor/error.h"
@@ -43,8 +48,7 @@ namespace {
 
 using ::ember::nn::internal::ConvParams;
 using IntVector = std::vector<int64_t>;
-
-enum class Direction { kForward, kInputGrad, kWeightGrad };
+using Direction = internal::ConvDirection;
 
 struct Algo {
   int algo;
@@ -226,11 +230,20 @@ Tensor ConvForwardCuda(const Tensor& input, const Tensor& weight, const Tensor& 
   }
   Tensor b = bias.defined() ? bias.contiguous() : Tensor();
   cudnnHandle_t h = internal::Handle(x.device());
-  const int64_t n = x_sizes[0], chunk = BatchChunk(x_sizes, SizesOf(y), op);
+  const IntVector y_sizes = SizesOf(y);
+  const int64_t n = x_sizes[0], chunk = BatchChunk(x_sizes, y_sizes, op);
+  const bool graph = graph_api() && !benchmark();
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
-    Conv c(x.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
     Tensor xc = x.narrow(0, start, len), yc = y.narrow(0, start, len);
+    if (graph && internal::GraphConvolution(Direction::kForward, h, x.device(), x.dtype(),
+                                            WithBatch(x_sizes, len), w_sizes,
+                                            WithBatch(y_sizes, len), p, xc.raw_data(),
+                                            w.raw_data(), yc.raw_data(), /*accumulate=*/false)) {
+      if (b.defined()) yc.add_(b.view({1, w_sizes[0], 1, 1}));
+      continue;
+    }
+    Conv c(x.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
     const Algo a = AlgoCache::Get().Find(x.device(), Direction::kForward, c, [&] {
       cudnnConvolutionFwdAlgoPerf_t perfs[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       int count = 0;
@@ -279,13 +292,20 @@ Tensor ConvInputGradCuda(const Tensor& grad, const Tensor& weight, const IntVect
     gx.fill_(0);
     return gx;
   }
-  const IntVector w_sizes = SizesOf(w);
+  const IntVector w_sizes = SizesOf(w), y_sizes = SizesOf(go);
   cudnnHandle_t h = internal::Handle(go.device());
-  const int64_t n = x_sizes[0], chunk = BatchChunk(x_sizes, SizesOf(go), op);
+  const int64_t n = x_sizes[0], chunk = BatchChunk(x_sizes, y_sizes, op);
+  const bool graph = graph_api() && !benchmark();
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
-    Conv c(go.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
     Tensor goc = go.narrow(0, start, len), gxc = gx.narrow(0, start, len);
+    if (graph && internal::GraphConvolution(Direction::kInputGrad, h, go.device(), go.dtype(),
+                                            WithBatch(x_sizes, len), w_sizes,
+                                            WithBatch(y_sizes, len), p, gxc.raw_data(),
+                                            w.raw_data(), goc.raw_data(), /*accumulate=*/false)) {
+      continue;
+    }
+    Conv c(go.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
     const Algo a = AlgoCache::Get().Find(go.device(), Direction::kInputGrad, c, [&] {
       cudnnConvolutionBwdDataAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       int count = 0;
@@ -329,15 +349,23 @@ Tensor ConvWeightGradCuda(const Tensor& input, const Tensor& grad, const IntVect
     gw.fill_(0);
     return gw;
   }
-  const IntVector x_sizes = SizesOf(x);
+  const IntVector x_sizes = SizesOf(x), y_sizes = SizesOf(go);
   cudnnHandle_t h = internal::Handle(x.device());
-  const int64_t n = x_sizes[0], chunk = BatchChunk(x_sizes, SizesOf(go), op);
+  const int64_t n = x_sizes[0], chunk = BatchChunk(x_sizes, y_sizes, op);
+  const bool graph = graph_api() && !benchmark();
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t len = std::min(chunk, n - start);
-    Conv c(x.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
-    // The first chunk writes the weight gradient, the others add to it.
-    const void* beta = start == 0 ? c.scalars.zero() : c.scalars.one();
     Tensor xc = x.narrow(0, start, len), goc = go.narrow(0, start, len);
+    // The first chunk writes the weight gradient, the others add to it.
+    if (graph && internal::GraphConvolution(Direction::kWeightGrad, h, x.device(), x.dtype(),
+                                            WithBatch(x_sizes, len), w_sizes,
+                                            WithBatch(y_sizes, len), p, xc.raw_data(),
+                                            gw.raw_data(), goc.raw_data(),
+                                            /*accumulate=*/start != 0)) {
+      continue;
+    }
+    Conv c(x.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);
+    const void* beta = start == 0 ? c.scalars.zero() : c.scalars.one();
     const Algo a = AlgoCache::Get().Find(x.device(), Direction::kWeightGrad, c, [&] {
       cudnnConvolutionBwdFilterAlgoPerf_t perfs[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
       int count = 0;

@@ -6,7 +6,10 @@
 // batches; the transposed form (grad::conv2d_input) and the weight
 // correlation (grad::conv2d_weight) on their own; gradcheck and second
 // derivatives in float64 through the device; benchmarked (timed)
-// algorithms; a side stream. Without a device the GPU cases skip, saying
+// algorithms; a side stream. Every GPU case of ConvCudaTest runs twice: on
+// the legacy path and through the graph API's cached execution plans
+// (set_graph_api(true), Note [cuDNN graph API]), which must build a plan in
+// every direction and dtype. Without a device the GPU cases skip, saying
 // why; the registration, dtype, batch-chunk, switch and cuDNN-version cases
 // run everywhere.
 #include "nn/conv.h"
@@ -14,6 +17,7 @@
 #include <cudnn.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/conv_kernels.h"
+#include "nn/cuda/conv_graph.h"
 #include "nn/cuda/cudnn.h"
 #include "nn/cuda/layer_testing.h"
 #include "tensor/error.h"
@@ -43,15 +48,30 @@ using ::testing::HasSubstr;
 using testing::kGpu;
 
 // Full float32 products (TF32 off) for comparisons at float32 precision;
-// restores torch's defaults (TF32 allowed, no benchmarking) afterwards.
-class ConvCudaTest : public ::testing::Test {
+// restores torch's defaults (TF32 allowed, no benchmarking) and the graph-API
+// setting afterwards. The parameter: whether the case runs through the graph
+// API (set_graph_api).
+class ConvCudaTest : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override { cudnn::set_allow_tf32(false); }
+  void SetUp() override {
+    graph_api_was_ = cudnn::graph_api();
+    cudnn::set_allow_tf32(false);
+    cudnn::set_graph_api(GetParam());
+  }
   void TearDown() override {
     cudnn::set_allow_tf32(true);
     cudnn::set_benchmark(false);
+    cudnn::set_graph_api(graph_api_was_);
   }
+
+ private:
+  bool graph_api_was_ = false;
 };
+
+INSTANTIATE_TEST_SUITE_P(CudnnApis, ConvCudaTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "GraphApi" : "Legacy");
+                         });
 
 double Rtol(Dtype dtype) { return dtype == kFloat64 ? 1e-10 : 1e-4; }
 
@@ -120,6 +140,16 @@ TEST(ConvCudaRegistrationTest, BenchmarkIsOffByDefaultAndCanBeTurnedOn) {
   cudnn::set_benchmark(false);
 }
 
+TEST(ConvCudaRegistrationTest, GraphApiFollowsTheEnvironmentAndCanBeSwitched) {
+  EXPECT_EQ(cudnn::graph_api(),
+            cudnn::internal::GraphApiSetting(std::getenv("EMBER_CUDNN_GRAPH_API")));
+  const bool was = cudnn::graph_api();
+  cudnn::set_graph_api(!was);
+  EXPECT_EQ(cudnn::graph_api(), !was);
+  cudnn::set_graph_api(was);
+  EXPECT_EQ(cudnn::graph_api(), was);
+}
+
 TEST(ConvCudaRegistrationTest, WithoutADeviceACudaInputFailsSayingWhy) {
   if (::ember::testing::CudaUnavailableReason().empty()) GTEST_SKIP() << "a CUDA device is usable";
   try {
@@ -157,7 +187,7 @@ const std::vector<Case>& Cases() {
   return cases;
 }
 
-TEST_F(ConvCudaTest, MatchesTheCpuForwardAndBackward) {
+TEST_P(ConvCudaTest, MatchesTheCpuForwardAndBackward) {
   EMBER_SKIP_WITHOUT_CUDA();
   for (Dtype dtype : {kFloat32, kFloat64}) {
     for (const Case& c : Cases()) {
@@ -178,7 +208,7 @@ TEST_F(ConvCudaTest, MatchesTheCpuForwardAndBackward) {
 // float16 and bfloat16 on the tensor cores against float32 on the CPU from
 // the same rounded values: within the output dtype's rounding (8 and 11
 // mantissa bits) of sums accumulated in float.
-TEST_F(ConvCudaTest, HalfAndBfloat16MatchTheCpuWithinTheirPrecision) {
+TEST_P(ConvCudaTest, HalfAndBfloat16MatchTheCpuWithinTheirPrecision) {
   EMBER_SKIP_WITHOUT_CUDA();
   for (auto [dtype, rtol] : {std::pair{kFloat16, 4e-3}, std::pair{kBFloat16, 3e-2}}) {
     for (const Case& c : Cases()) {
@@ -194,7 +224,7 @@ TEST_F(ConvCudaTest, HalfAndBfloat16MatchTheCpuWithinTheirPrecision) {
   }
 }
 
-TEST_F(ConvCudaTest, NonContiguousInputAndWeight) {
+TEST_P(ConvCudaTest, NonContiguousInputAndWeight) {
   EMBER_SKIP_WITHOUT_CUDA();
   // x is stored [N, W, H, C] and weight [kw, kh, O, C]; the layer sees
   // permuted views of them.
@@ -208,7 +238,7 @@ TEST_F(ConvCudaTest, NonContiguousInputAndWeight) {
       {x, w}, {true, true}, "permuted", Rtol(kFloat32));
 }
 
-TEST_F(ConvCudaTest, ThreeDimensionalInputAndEmptyBatch) {
+TEST_P(ConvCudaTest, ThreeDimensionalInputAndEmptyBatch) {
   EMBER_SKIP_WITHOUT_CUDA();
   ExpectMatchesCpu(
       [](const std::vector<Tensor>& in) { return functional::conv2d(in[0], in[1], in[2]); },
@@ -228,7 +258,7 @@ TEST_F(ConvCudaTest, ThreeDimensionalInputAndEmptyBatch) {
   ExpectClose(b.grad(), zeros({2}), 0, "bias gradient of an empty batch");
 }
 
-TEST_F(ConvCudaTest, TransposedFormAndWeightCorrelationMatchTheCpu) {
+TEST_P(ConvCudaTest, TransposedFormAndWeightCorrelationMatchTheCpu) {
   EMBER_SKIP_WITHOUT_CUDA();
   for (const Case& c : Cases()) {
     const int64_t oh =
@@ -251,7 +281,7 @@ TEST_F(ConvCudaTest, TransposedFormAndWeightCorrelationMatchTheCpu) {
   }
 }
 
-TEST_F(ConvCudaTest, GradcheckOnTheDeviceInFloat64) {
+TEST_P(ConvCudaTest, GradcheckOnTheDeviceInFloat64) {
   EMBER_SKIP_WITHOUT_CUDA();
   const TensorOptions f64(kFloat64);
   ExpectGradcheckOnDevice(
@@ -261,7 +291,7 @@ TEST_F(ConvCudaTest, GradcheckOnTheDeviceInFloat64) {
       {randn({2, 4, 5, 6}, f64), randn({4, 2, 2, 3}, f64), randn({4}, f64)});
 }
 
-TEST_F(ConvCudaTest, SecondDerivativesOnTheDeviceInFloat64) {
+TEST_P(ConvCudaTest, SecondDerivativesOnTheDeviceInFloat64) {
   EMBER_SKIP_WITHOUT_CUDA();
   // Note [Convolution double backward]: every derivative is one of the three
   // kernels, here all on the device.
@@ -278,7 +308,7 @@ TEST_F(ConvCudaTest, SecondDerivativesOnTheDeviceInFloat64) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
-TEST_F(ConvCudaTest, BenchmarkedAlgorithmsMatchTheCpu) {
+TEST_P(ConvCudaTest, BenchmarkedAlgorithmsMatchTheCpu) {
   EMBER_SKIP_WITHOUT_CUDA();
   // Timed choices (cudnnFind*AlgorithmEx) for shapes no other case used.
   cudnn::set_benchmark(true);
@@ -295,7 +325,7 @@ TEST_F(ConvCudaTest, BenchmarkedAlgorithmsMatchTheCpu) {
   cudnn::set_benchmark(false);
 }
 
-TEST_F(ConvCudaTest, Tf32StaysWithinItsPrecision) {
+TEST_P(ConvCudaTest, Tf32StaysWithinItsPrecision) {
   EMBER_SKIP_WITHOUT_CUDA();
   cudnn::set_allow_tf32(true);
   ExpectMatchesCpu(
@@ -306,7 +336,7 @@ TEST_F(ConvCudaTest, Tf32StaysWithinItsPrecision) {
       "TF32 allowed", 3e-2);
 }
 
-TEST_F(ConvCudaTest, OnASideStreamAsOnTheDefaultStream) {
+TEST_P(ConvCudaTest, OnASideStreamAsOnTheDefaultStream) {
   EMBER_SKIP_WITHOUT_CUDA();
   Tensor x = randn({2, 3, 9, 9}).to(kGpu), w = randn({4, 3, 3, 3}).to(kGpu);
   Tensor expected = functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
@@ -324,7 +354,7 @@ TEST_F(ConvCudaTest, OnASideStreamAsOnTheDefaultStream) {
   ExpectClose(y, expected.to(kCPU), 1e-6, "side stream");
 }
 
-TEST_F(ConvCudaTest, ThreadsOnStreamsOfTheirOwn) {
+TEST_P(ConvCudaTest, ThreadsOnStreamsOfTheirOwn) {
   EMBER_SKIP_WITHOUT_CUDA();
   // Note [cuDNN handles and workspaces]: each thread its handle per stream.
   Tensor x = randn({2, 3, 9, 9}).to(kGpu), w = randn({4, 3, 3, 3}).to(kGpu);
@@ -366,7 +396,7 @@ TEST_F(ConvCudaTest, ThreadsOnStreamsOfTheirOwn) {
   }
 }
 
-TEST_F(ConvCudaTest, AWeightOnAnotherDeviceIsRefusedNamingBoth) {
+TEST_P(ConvCudaTest, AWeightOnAnotherDeviceIsRefusedNamingBoth) {
   EMBER_SKIP_WITHOUT_CUDA();
   try {
     functional::conv2d(randn({1, 2, 4, 4}).to(kGpu), randn({3, 2, 3, 3}));
@@ -375,6 +405,61 @@ TEST_F(ConvCudaTest, AWeightOnAnotherDeviceIsRefusedNamingBoth) {
     EXPECT_THAT(e.what(), HasSubstr("conv2d: expected weight on cuda:0"));
     EXPECT_THAT(e.what(), HasSubstr("it is on cpu"));
   }
+}
+
+// Turns the graph API on for a scope; restores it, and TF32, afterwards.
+class GraphApiOn {
+ public:
+  GraphApiOn() : was_(cudnn::graph_api()) { cudnn::set_graph_api(true); }
+  ~GraphApiOn() {
+    cudnn::set_graph_api(was_);
+    cudnn::set_allow_tf32(true);
+  }
+
+ private:
+  bool was_;
+};
+
+// The graph API must build its own plans (not leave every shape to the
+// legacy path, which would pass the cases above as well): one per direction
+// for an ungrouped convolution in each dtype, float32 with TF32 off and on.
+TEST(ConvCudaGraphApiTest, BuildsAPlanInEveryDirectionAndDtype) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  GraphApiOn on;
+  struct Run {
+    Dtype dtype;
+    bool tf32;
+    int64_t channels;  // A shape no other case uses, so its plans are new.
+  };
+  for (const Run& run : {Run{kFloat32, false, 5}, Run{kFloat32, true, 6}, Run{kFloat64, false, 7},
+                         Run{kFloat16, false, 8}, Run{kBFloat16, false, 9}}) {
+    cudnn::set_allow_tf32(run.tf32);
+    const std::string what =
+        std::string(dtype_name(run.dtype)) + (run.tf32 ? " (TF32 allowed)" : "");
+    const cudnn::internal::GraphPlanStats before = cudnn::internal::GraphStats();
+    Tensor x = randn({3, run.channels, 13, 11}).to(run.dtype).to(kGpu).requires_grad_(true);
+    Tensor w = randn({7, run.channels, 3, 3}).to(run.dtype).to(kGpu).requires_grad_(true);
+    functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1}).sum().backward();
+    const cudnn::internal::GraphPlanStats after = cudnn::internal::GraphStats();
+    EXPECT_EQ(after.fallbacks, before.fallbacks)
+        << what << ": a shape was left to the legacy path: " << after.last_fallback;
+    EXPECT_EQ(after.plans - before.plans, 3) << what << "; last fallback: " << after.last_fallback;
+    ASSERT_TRUE(x.grad().defined() && w.grad().defined()) << what;
+  }
+}
+
+// A plan is looked up, not rebuilt: the same call again adds no plan.
+TEST(ConvCudaGraphApiTest, ASecondCallOfAShapeReusesItsPlan) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  GraphApiOn on;
+  Tensor x = randn({2, 3, 10, 10}).to(kGpu), w = randn({4, 3, 5, 5}).to(kGpu);
+  const Tensor first = functional::conv2d(x, w, Tensor(), {2, 2}, {2, 2}).to(kCPU);
+  const cudnn::internal::GraphPlanStats built = cudnn::internal::GraphStats();
+  const Tensor second = functional::conv2d(x, w, Tensor(), {2, 2}, {2, 2}).to(kCPU);
+  const cudnn::internal::GraphPlanStats again = cudnn::internal::GraphStats();
+  EXPECT_EQ(again.plans, built.plans);
+  EXPECT_EQ(again.fallbacks, built.fallbacks);
+  ExpectClose(second, first, 0, "the same plan twice");
 }
 
 }  // namespace

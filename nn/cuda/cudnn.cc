@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <utility>
 
 #include "cuda/kernels.h"
@@ -17,6 +19,11 @@ namespace {
 
 std::atomic<bool> tf32_allowed{true};
 std::atomic<bool> benchmark_on{false};
+
+std::atomic<bool>& GraphApiOn() {
+  static std::atomic<bool> on{internal::GraphApiSetting(std::getenv("EMBER_CUDNN_GRAPH_API"))};
+  return on;
+}
 
 // Handles no thread holds, per device (Note [cuDNN handles and workspaces]).
 class HandlePool {
@@ -64,8 +71,14 @@ void set_allow_tf32(bool allow) { tf32_allowed.store(allow); }
 bool allow_tf32() { return tf32_allowed.load(); }
 void set_benchmark(bool on) { benchmark_on.store(on); }
 bool benchmark() { return benchmark_on.load(); }
+void set_graph_api(bool on) { GraphApiOn().store(on); }
+bool graph_api() { return GraphApiOn().load(); }
 
 namespace internal {
+
+bool GraphApiSetting(const char* value) {
+  return value != nullptr && std::string_view(value) != "" && std::string_view(value) != "0";
+}
 
 cudnnHandle_t Handle(Device device) {
   thread_local ThreadHandles mine;

@@ -3,6 +3,7 @@
 //
 //   ember::nn::cudnn::set_allow_tf32(false);  // float32 convolutions in full float32
 //   ember::nn::cudnn::set_benchmark(true);    // time the algorithms of each new shape
+//   ember::nn::cudnn::set_graph_api(true);    // convolutions through cached graph-API plans
 //
 // Note [cuDNN handles and workspaces]
 // A cudnnHandle_t is bound to a device and a stream and may be used by one
@@ -46,7 +47,22 @@ bool allow_tf32();
 void set_benchmark(bool on);
 bool benchmark();
 
+// Whether conv2d runs through cuDNN's graph ("backend") API: execution plans
+// built once per shape and cached, so a call costs the host only a variant
+// pack and cudnnBackendExecute (Note [cuDNN graph API] in conv_graph.cc).
+// Off by default, or as the environment variable EMBER_CUDNN_GRAPH_API says
+// at start-up (unset, empty or 0: off; anything else: on). A shape the graph
+// API builds no plan for runs on the legacy path; under set_benchmark(true)
+// every convolution does (the legacy path's cudnnFind* times the
+// algorithms).
+void set_graph_api(bool on);
+bool graph_api();
+
 namespace internal {
+
+// set_graph_api's start-up value for EMBER_CUDNN_GRAPH_API's `value` (null
+// when unset): false for null, "" and "0", true otherwise.
+bool GraphApiSetting(const char* value);
 
 // The calling thread's handle for `device` (which must be current), bound to
 // its current stream (Note [cuDNN handles and workspaces]).

@@ -2,7 +2,10 @@
 //   BM_ResNet18Step       ResNet-18, batch 64, 3x224x224, fp32, SGD: against
 //                         PyTorch eager on the same GPU (torch_train_step.py);
 //                         host_ms (and its forward and backward parts) is
-//                         the time the host takes to enqueue a step
+//                         the time the host takes to enqueue a step;
+//                         BM_ResNet18StepGraph the same with conv2d through
+//                         cuDNN's graph API (set_graph_api(true), figures
+//                         suffixed _graph), in the same binary
 //   BM_Mlp512Step         the 4x512 MLP of nn/benchmark_mlp.h, batch 64, fp32,
 //                         SGD: against PyTorch's; host_us is the time the host
 //                         takes to enqueue a step
@@ -10,7 +13,9 @@
 //                         layers on a small batch (so the device keeps up):
 //                         conv2d forward, conv2d forward and backward through
 //                         autograd, batch_norm forward in training, relu;
-//                         against PyTorch's same calls (torch_train_step.py)
+//                         against PyTorch's same calls (torch_train_step.py);
+//                         and the two conv2d calls again through cuDNN's
+//                         graph API (conv2d_graph, conv2d_fwd_bwd_graph)
 //   BM_Mlp4096Bf16Step    a 4x4096 MLP (10-way head), batch 4096, bfloat16:
 //                         against the same step's GEMMs alone, issued
 //                         straight to cuBLAS (cublasGemmEx, bf16 in and out,
@@ -40,6 +45,7 @@
 #include "nn/activation.h"
 #include "nn/benchmark_mlp.h"
 #include "nn/conv.h"
+#include "nn/cuda/cudnn.h"
 #include "nn/loss.h"
 #include "nn/normalization.h"
 #include "nn/optim/sgd.h"
@@ -113,7 +119,22 @@ void Guarded(benchmark::State& state, void (*run)(benchmark::State&)) {
   }
 }
 
-void ResNet18Step(benchmark::State& state) {
+// Sets cuDNN's graph-API switch for a scope, restoring it afterwards.
+class GraphApi {
+ public:
+  explicit GraphApi(bool on) : was_(cudnn::graph_api()) { cudnn::set_graph_api(on); }
+  ~GraphApi() { cudnn::set_graph_api(was_); }
+  GraphApi(const GraphApi&) = delete;
+  GraphApi& operator=(const GraphApi&) = delete;
+
+ private:
+  bool was_;
+};
+
+// `graph`: conv2d through cuDNN's graph API; its figures end in _graph.
+void ResNet18Step(benchmark::State& state, bool graph) {
+  GraphApi api(graph);
+  const std::string suffix = graph ? "_graph" : "";
   constexpr int64_t kBatch = 64, kImage = 224, kClasses = 1000;
   manual_seed(0);
   auto net = std::make_shared<hub::ResNet18>(hub::ResNetOptions{.num_classes = kClasses});
@@ -136,11 +157,17 @@ void ResNet18Step(benchmark::State& state) {
   state.counters["host_ms"] = Median(host);
   state.counters["host_forward_ms"] = Median(forward);
   state.counters["host_backward_ms"] = Median(backward);
-  Figure("resnet18_step_b64_fp32_ms", Median(ms));
-  Figure("resnet18_step_b64_fp32_host_ms", Median(host));
+  Figure(("resnet18_step_b64_fp32_ms" + suffix).c_str(), Median(ms));
+  Figure(("resnet18_step_b64_fp32_host_ms" + suffix).c_str(), Median(host));
 }
-void BM_ResNet18Step(benchmark::State& state) { Guarded(state, &ResNet18Step); }
+void BM_ResNet18Step(benchmark::State& state) {
+  Guarded(state, [](benchmark::State& s) { ResNet18Step(s, false); });
+}
 BENCHMARK(BM_ResNet18Step)->Iterations(25)->Unit(benchmark::kMillisecond)->UseRealTime();
+void BM_ResNet18StepGraph(benchmark::State& state) {
+  Guarded(state, [](benchmark::State& s) { ResNet18Step(s, true); });
+}
+BENCHMARK(BM_ResNet18StepGraph)->Iterations(25)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void Mlp512Step(benchmark::State& state) {
   constexpr int64_t kBatch = 64, kClasses = 10;
@@ -170,11 +197,14 @@ BENCHMARK(BM_Mlp512Step)->Iterations(300)->Unit(benchmark::kMicrosecond)->UseRea
 // synchronisation, which comes (untimed) every 64 calls so the queue stays
 // short. Layers: 0 conv2d 3x3 forward, 1 conv2d forward and backward
 // (input and weight gradients) through autograd, 2 batch_norm forward in
-// training mode, 3 relu.
-const char* const kHostLayers[] = {"conv2d", "conv2d_fwd_bwd", "batch_norm", "relu"};
+// training mode, 3 relu, 4 and 5 the same as 0 and 1 through cuDNN's graph
+// API (set_graph_api(true)).
+const char* const kHostLayers[] = {"conv2d",     "conv2d_fwd_bwd", "batch_norm",
+                                   "relu",       "conv2d_graph",   "conv2d_fwd_bwd_graph"};
 
 void LayerHost(benchmark::State& state) {
   const int layer = static_cast<int>(state.range(0));
+  GraphApi api(layer >= 4);
   manual_seed(0);
   const TensorOptions on_gpu = TensorOptions(kFloat32).device(kGpu);
   Tensor x = randn({2, 64, 56, 56}).to(kGpu);
@@ -185,8 +215,10 @@ void LayerHost(benchmark::State& state) {
   auto call = [&] {
     switch (layer) {
       case 0:
+      case 4:
         return functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
-      case 1: {
+      case 1:
+      case 5: {
         Tensor y = functional::conv2d(leaf, wleaf, Tensor(), {1, 1}, {1, 1});
         y.sum().backward();
         return y;
@@ -215,7 +247,7 @@ void LayerHost(benchmark::State& state) {
 }
 void BM_LayerHost(benchmark::State& state) { Guarded(state, &LayerHost); }
 BENCHMARK(BM_LayerHost)
-    ->DenseRange(0, 3)
+    ->DenseRange(0, 5)
     ->Iterations(2000)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
