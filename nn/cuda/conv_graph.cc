@@ -1,13 +1,12 @@
 // Note [cuDNN graph API]
-// Why: a convolution call on the legacy path (conv.cc) builds five
-// descriptors, looks its algorithm up and calls cudnnConvolution*, and
-// cuDNN then resolves the algorithm to a kernel again on every call; on an
-// H200 that costs about 56 us of host time per conv2d forward call against
-// torch's 30 us, and ResNet-18's training step is bound by the host. Torch
-// runs convolutions through cuDNN's graph ("backend") API instead, whose
-// finalized execution plan is the kernel choice itself: built once per shape
-// and cached, a call only packs its data pointers (a variant pack) and
-// executes the plan.
+// Why: host time. A convolution call on the legacy path (conv.cc) builds
+// five descriptors, looks its algorithm up and calls cudnnConvolution*; on
+// an H200 a conv2d forward call costs about 56 us of host time against
+// torch's 30 us (train_step_benchmark's BM_LayerHost), and ResNet-18's
+// training step is bound by the host. Torch runs convolutions through
+// cuDNN's graph ("backend") API instead: a finalized execution plan, built
+// once per shape and cached, is executed with a variant pack (the call's
+// data pointers and workspace), and nothing else is built per call.
 //
 // What: under set_graph_api(true) (nn/cuda/cudnn.h; benchmarking keeps the
 // legacy path, whose cudnnFind* times the algorithms), each batch chunk's
@@ -23,8 +22,9 @@
 // the fallback list): the first engine configuration that RefusesEngine lets
 // through (no TF32 for float32 unless allowed), whose execution plan
 // finalizes and whose workspace the device can allocate becomes the plan.
-// Groups need nothing of their own: cuDNN reads them off the channel
-// dimensions of x [N, C, H, W] and w [O, C/g, kh, kw]. When no
+// Groups have no attribute of their own: the graph API takes them from the
+// channel dimensions of x [N, C, H, W] and w [O, C/g, kh, kw] (as torch
+// relies on). When no
 // configuration qualifies, or any cuDNN call of the building fails, the key
 // is cached as "legacy" and the caller runs that shape on the legacy path
 // ever after (GraphStats counts both and keeps the last reason). A call then
@@ -323,14 +323,17 @@ bool Build(const Shape& s, Plan* plan, std::string* why) {
       continue;
     }
     for (cudnnBackendDescriptor_t cfg : cfgs) {
-      std::vector<cudnnBackendNumericalNote_t> notes;
-      if (!Notes(owned, cfg, &notes, why)) {
-        refused = *why;
-        continue;
-      }
-      if (RefusesEngine(notes, type, tf32)) {
-        refused = "its engines use TF32 (turned off) or convert float32 inputs down";
-        continue;
+      // The notes matter only where RefusesEngine may refuse: float32, TF32 off.
+      if (type == CUDNN_DATA_FLOAT && !tf32) {
+        std::vector<cudnnBackendNumericalNote_t> notes;
+        if (!Notes(owned, cfg, &notes, why)) {
+          refused = *why;
+          continue;
+        }
+        if (RefusesEngine(notes, type, tf32)) {
+          refused = "an engine using TF32 (turned off) or lower-precision inputs was refused";
+          continue;
+        }
       }
       cudnnBackendDescriptor_t candidate = nullptr;
       int64_t bytes = 0, count = 0;

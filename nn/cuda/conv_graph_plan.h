@@ -38,17 +38,19 @@ inline int64_t Alignment(uintptr_t address) {
 }
 
 // Whether an engine whose numerical notes are `notes` must be refused for
-// data of `type` (as torch filters cuDNN's engine configurations): for
-// float32, an engine that converts its inputs down (to float16) always, and
-// one on the tensor cores (TF32 products) unless `allow_tf32`. float64,
-// float16 and bfloat16 take any engine (their tensor-core engines keep the
-// precision their legacy algorithms have).
+// data of `type`, as torch filters cuDNN's engine configurations: for
+// float32 with TF32 off (`allow_tf32` false), one on the tensor cores (TF32
+// products) or one that converts its inputs to a lower precision. float32
+// with TF32 allowed, float64, float16 and bfloat16 take any engine, as on
+// the legacy path.
 inline bool RefusesEngine(const std::vector<cudnnBackendNumericalNote_t>& notes,
                           cudnnDataType_t type, bool allow_tf32) {
-  if (type != CUDNN_DATA_FLOAT) return false;
+  if (type != CUDNN_DATA_FLOAT || allow_tf32) return false;
   for (cudnnBackendNumericalNote_t note : notes) {
-    if (note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return true;
-    if (note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE && !allow_tf32) return true;
+    if (note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE ||
+        note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) {
+      return true;
+    }
   }
   return false;
 }

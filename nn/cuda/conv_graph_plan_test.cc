@@ -48,10 +48,10 @@ TEST(ConvGraphPlanTest, Float32RefusesTensorCoresOnlyWithoutTf32) {
   EXPECT_FALSE(RefusesEngine(winograd, CUDNN_DATA_FLOAT, false));
 }
 
-TEST(ConvGraphPlanTest, Float32AlwaysRefusesInputsConvertedDown) {
-  const Notes down = {CUDNN_NUMERICAL_NOTE_TENSOR_CORE, CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS};
-  EXPECT_TRUE(RefusesEngine(down, CUDNN_DATA_FLOAT, /*allow_tf32=*/true));
-  EXPECT_TRUE(RefusesEngine(down, CUDNN_DATA_FLOAT, false));
+TEST(ConvGraphPlanTest, Float32WithoutTf32RefusesInputsConvertedDown) {
+  const Notes down = {CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS};
+  EXPECT_TRUE(RefusesEngine(down, CUDNN_DATA_FLOAT, /*allow_tf32=*/false));
+  EXPECT_FALSE(RefusesEngine(down, CUDNN_DATA_FLOAT, /*allow_tf32=*/true));
 }
 
 TEST(ConvGraphPlanTest, OtherDtypesTakeAnyEngine) {
