@@ -238,6 +238,34 @@ TEST_P(ConvCudaTest, NonContiguousInputAndWeight) {
       {x, w}, {true, true}, "permuted", Rtol(kFloat32));
 }
 
+TEST_P(ConvCudaTest, OperandsOffsetFromTheirAllocationMatchTheCpu) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  // Contiguous views one element into their storage, so their pointers are
+  // aligned to the element only (the graph API's plans are per alignment).
+  auto offset = [](const Tensor& storage, IntArrayRef sizes) {
+    return storage.narrow(0, 1, storage.numel() - 1).view(sizes);
+  };
+  for (Dtype dtype : {kFloat32, kFloat64}) {
+    const TensorOptions opts(dtype);
+    const std::string what(dtype_name(dtype));
+    const Tensor xs = randn({1 + 2 * 3 * 9 * 9}, opts), ws = randn({1 + 4 * 3 * 3 * 3}, opts);
+    const Tensor gs = randn({1 + 2 * 4 * 9 * 9}, opts);
+    const Tensor x_cpu = offset(xs, {2, 3, 9, 9}), w_cpu = offset(ws, {4, 3, 3, 3});
+    const Tensor go_cpu = offset(gs, {2, 4, 9, 9});
+    const Tensor x = offset(xs.to(kGpu), {2, 3, 9, 9}), w = offset(ws.to(kGpu), {4, 3, 3, 3});
+    const Tensor go = offset(gs.to(kGpu), {2, 4, 9, 9});
+    ExpectClose(functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1}),
+                functional::conv2d(x_cpu, w_cpu, Tensor(), {1, 1}, {1, 1}), Rtol(dtype),
+                what + " forward");
+    ExpectClose(grad::conv2d_input({2, 3, 9, 9}, w, go, {1, 1}, {1, 1}),
+                grad::conv2d_input({2, 3, 9, 9}, w_cpu, go_cpu, {1, 1}, {1, 1}), Rtol(dtype),
+                what + " input gradient");
+    ExpectClose(grad::conv2d_weight(x, {4, 3, 3, 3}, go, {1, 1}, {1, 1}),
+                grad::conv2d_weight(x_cpu, {4, 3, 3, 3}, go_cpu, {1, 1}, {1, 1}), Rtol(dtype),
+                what + " weight gradient");
+  }
+}
+
 TEST_P(ConvCudaTest, ThreeDimensionalInputAndEmptyBatch) {
   EMBER_SKIP_WITHOUT_CUDA();
   ExpectMatchesCpu(
@@ -446,6 +474,26 @@ TEST(ConvCudaGraphApiTest, BuildsAPlanInEveryDirectionAndDtype) {
     EXPECT_EQ(after.plans - before.plans, 3) << what << "; last fallback: " << after.last_fallback;
     ASSERT_TRUE(x.grad().defined() && w.grad().defined()) << what;
   }
+}
+
+// Note [cuDNN batch chunks]: a weight gradient's later chunks add to it
+// (beta 1), a plan of its own; batches large enough to chunk are too large
+// for a test, so the call is made directly.
+TEST(ConvCudaGraphApiTest, AWeightGradientChunkAddsToWhatTheGradientHolds) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  GraphApiOn on;
+  const TensorOptions f64(kFloat64);
+  const Tensor x = randn({2, 3, 7, 6}, f64), go = randn({2, 4, 5, 4}, f64);
+  const Tensor prior = randn({4, 3, 3, 3}, f64);
+  const Tensor expected = prior + grad::conv2d_weight(x, {4, 3, 3, 3}, go);
+  Tensor xd = x.to(kGpu), god = go.to(kGpu), gw = prior.to(kGpu);
+  const ::ember::nn::internal::ConvParams p{{1, 1}, {0, 0}, {1, 1}, 1};
+  ASSERT_TRUE(cudnn::internal::GraphConvolution(
+      cudnn::internal::ConvDirection::kWeightGrad, cudnn::internal::Handle(kGpu), kGpu, kFloat64,
+      {2, 3, 7, 6}, {4, 3, 3, 3}, {2, 4, 5, 4}, p, xd.raw_data(), gw.raw_data(), god.raw_data(),
+      /*accumulate=*/true))
+      << cudnn::internal::GraphStats().last_fallback;
+  ExpectClose(gw, expected, Rtol(kFloat64), "prior + weight gradient");
 }
 
 // A plan is looked up, not rebuilt: the same call again adds no plan.
