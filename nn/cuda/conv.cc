@@ -238,8 +238,8 @@ Tensor ConvForwardCuda(const Tensor& input, const Tensor& weight, const Tensor& 
     Tensor xc = x.narrow(0, start, len), yc = y.narrow(0, start, len);
     if (graph && internal::GraphConvolution(Direction::kForward, h, x.device(), x.dtype(),
                                             WithBatch(x_sizes, len), w_sizes,
-                                            WithBatch(y_sizes, len), p, xc.raw_data(),
-                                            w.raw_data(), yc.raw_data(), /*accumulate=*/false)) {
+                                            WithBatch(y_sizes, len), p, xc.raw_data(), w.raw_data(),
+                                            yc.raw_data(), /*accumulate=*/false)) {
       if (b.defined()) yc.add_(b.view({1, w_sizes[0], 1, 1}));
       continue;
     }
@@ -357,11 +357,11 @@ Tensor ConvWeightGradCuda(const Tensor& input, const Tensor& grad, const IntVect
     const int64_t len = std::min(chunk, n - start);
     Tensor xc = x.narrow(0, start, len), goc = go.narrow(0, start, len);
     // The first chunk writes the weight gradient, the others add to it.
-    if (graph && internal::GraphConvolution(Direction::kWeightGrad, h, x.device(), x.dtype(),
-                                            WithBatch(x_sizes, len), w_sizes,
-                                            WithBatch(y_sizes, len), p, xc.raw_data(),
-                                            gw.raw_data(), goc.raw_data(),
-                                            /*accumulate=*/start != 0)) {
+    if (graph &&
+        internal::GraphConvolution(Direction::kWeightGrad, h, x.device(), x.dtype(),
+                                   WithBatch(x_sizes, len), w_sizes, WithBatch(y_sizes, len), p,
+                                   xc.raw_data(), gw.raw_data(), goc.raw_data(),
+                                   /*accumulate=*/start != 0)) {
       continue;
     }
     Conv c(x.dtype(), WithBatch(x_sizes, len), w_sizes, p, op);

@@ -99,8 +99,8 @@ bool Ok(cudnnStatus_t s, const char* what, std::string* why) {
   return false;
 }
 
-#define EMBER_GRAPH_TRY(call, what) \
-  do {                              \
+#define EMBER_GRAPH_TRY(call, what)           \
+  do {                                        \
     if (!Ok((call), what, why)) return false; \
   } while (0)
 
@@ -123,9 +123,9 @@ bool MakeTensor(Descriptors& owned, cudnnDataType_t type, int64_t uid, const Int
   const IntVector strides = PackedStrides(dims);
   cudnnBackendDescriptor_t t = nullptr;
   EMBER_GRAPH_TRY(owned.Create(CUDNN_BACKEND_TENSOR_DESCRIPTOR, &t), "creating a tensor");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1,
-                                           &type),
-                  "a tensor's data type");
+  EMBER_GRAPH_TRY(
+      cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type),
+      "a tensor's data type");
   EMBER_GRAPH_TRY(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64,
                                            static_cast<int64_t>(dims.size()), dims.data()),
                   "a tensor's dimensions");
@@ -135,8 +135,8 @@ bool MakeTensor(Descriptors& owned, cudnnDataType_t type, int64_t uid, const Int
   EMBER_GRAPH_TRY(
       cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid),
       "a tensor's uid");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64,
-                                           1, &alignment),
+  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1,
+                                           &alignment),
                   "a tensor's alignment");
   EMBER_GRAPH_TRY(cudnnBackendFinalize(t), "finalizing a tensor");
   *out = t;
@@ -159,17 +159,17 @@ bool MakeConvolution(Descriptors& owned, const Shape& s, cudnnBackendDescriptor_
   EMBER_GRAPH_TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_CONV_MODE,
                                            CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode),
                   "the convolution mode");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS,
-                                           CUDNN_TYPE_INT64, 1, &spatial),
+  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64,
+                                           1, &spatial),
                   "the spatial dims");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64,
-                                           2, dilations),
-                  "the dilations");
+  EMBER_GRAPH_TRY(
+      cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilations),
+      "the dilations");
   EMBER_GRAPH_TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
                                            CUDNN_TYPE_INT64, 2, strides),
                   "the strides");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
-                                           CUDNN_TYPE_INT64, 2, paddings),
+  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64,
+                                           2, paddings),
                   "the paddings before");
   EMBER_GRAPH_TRY(cudnnBackendSetAttribute(c, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
                                            CUDNN_TYPE_INT64, 2, paddings),
@@ -182,8 +182,7 @@ bool MakeConvolution(Descriptors& owned, const Shape& s, cudnnBackendDescriptor_
 // The direction's operation on tensors x, w, y and convolution `conv`.
 bool MakeOperation(Descriptors& owned, const Shape& s, cudnnBackendDescriptor_t x,
                    cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y,
-                   cudnnBackendDescriptor_t conv, cudnnBackendDescriptor_t* out,
-                   std::string* why) {
+                   cudnnBackendDescriptor_t conv, cudnnBackendDescriptor_t* out, std::string* why) {
   cudnnBackendDescriptorType_t kind;
   cudnnBackendAttributeName_t alpha_name, beta_name, conv_name, x_name, w_name, y_name;
   switch (s.direction) {
@@ -251,13 +250,14 @@ bool Notes(Descriptors& owned, cudnnBackendDescriptor_t cfg,
   EMBER_GRAPH_TRY(cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE,
                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &count, &engine),
                   "an engine configuration's engine");
-  notes->assign(static_cast<size_t>(CUDNN_NUMERICAL_NOTE_TYPE_COUNT), CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
-  EMBER_GRAPH_TRY(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-                                           CUDNN_TYPE_NUMERICAL_NOTE,
-                                           CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes->data()),
-                  "an engine's numerical notes");
-  notes->resize(static_cast<size_t>(std::max<int64_t>(0, std::min<int64_t>(
-                                        count, CUDNN_NUMERICAL_NOTE_TYPE_COUNT))));
+  notes->assign(static_cast<size_t>(CUDNN_NUMERICAL_NOTE_TYPE_COUNT),
+                CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
+  EMBER_GRAPH_TRY(
+      cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes->data()),
+      "an engine's numerical notes");
+  notes->resize(static_cast<size_t>(
+      std::max<int64_t>(0, std::min<int64_t>(count, CUDNN_NUMERICAL_NOTE_TYPE_COUNT))));
   return true;
 }
 
@@ -283,10 +283,10 @@ bool Heuristics(Descriptors& owned, cudnnBackendDescriptor_t graph, cudnnBackend
                     "creating an engine configuration");
   }
   if (cfgs->empty()) return true;
-  EMBER_GRAPH_TRY(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count,
-                                           cfgs->data()),
-                  "the heuristics' results");
+  EMBER_GRAPH_TRY(
+      cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                               count, &count, cfgs->data()),
+      "the heuristics' results");
   cfgs->resize(static_cast<size_t>(std::max<int64_t>(0, std::min<int64_t>(count, cfgs->size()))));
   return true;
 }
@@ -418,7 +418,9 @@ class PlanCache {
 // A variant pack, destroyed with the object.
 class VariantPack {
  public:
-  VariantPack() { EMBER_CUDA_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &d_)); }
+  VariantPack() {
+    EMBER_CUDA_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &d_));
+  }
   ~VariantPack() { cudnnBackendDestroyDescriptor(d_); }
   VariantPack(const VariantPack&) = delete;
   VariantPack& operator=(const VariantPack&) = delete;
@@ -438,13 +440,13 @@ bool GraphConvolution(ConvDirection direction, cudnnHandle_t handle, Device devi
   const std::array<int64_t, 3> alignments = {Alignment(reinterpret_cast<uintptr_t>(x)),
                                              Alignment(reinterpret_cast<uintptr_t>(w)),
                                              Alignment(reinterpret_cast<uintptr_t>(y))};
-  const IntVector key = GraphPlanKey(
-      device.index(), reinterpret_cast<uintptr_t>(handle), direction, static_cast<int>(dtype),
-      allow_tf32(), accumulate, x_sizes, w_sizes, p,
-      IntVector(alignments.begin(), alignments.end()));
+  const IntVector key = GraphPlanKey(device.index(), reinterpret_cast<uintptr_t>(handle), direction,
+                                     static_cast<int>(dtype), allow_tf32(), accumulate, x_sizes,
+                                     w_sizes, p, IntVector(alignments.begin(), alignments.end()));
   const Plan* plan = PlanCache::Get().Find(key, [&](Plan* out, std::string* why) {
-    const Shape s{direction, handle,  device,     DataType(dtype, "conv2d"), x_sizes, w_sizes,
-                  y_sizes,   p,       alignments, accumulate};
+    const Shape s{direction,  handle,    device,  DataType(dtype, "conv2d"),
+                  x_sizes,    w_sizes,   y_sizes, p,
+                  alignments, accumulate};
     return Build(s, out, why);
   });
   if (plan == nullptr) return false;

@@ -68,12 +68,8 @@ inline std::vector<int64_t> GraphPlanKey(int device, uintptr_t handle, ConvDirec
                                          const std::vector<int64_t>& w_sizes,
                                          const ::ember::nn::internal::ConvParams& p,
                                          const std::vector<int64_t>& alignments) {
-  std::vector<int64_t> key = {device,
-                              static_cast<int64_t>(handle),
-                              static_cast<int64_t>(direction),
-                              dtype,
-                              allow_tf32 ? 1 : 0,
-                              accumulate ? 1 : 0};
+  std::vector<int64_t> key = {device, static_cast<int64_t>(handle), static_cast<int64_t>(direction),
+                              dtype,  allow_tf32 ? 1 : 0,           accumulate ? 1 : 0};
   key.reserve(key.size() + x_sizes.size() + w_sizes.size() + 7 + alignments.size());
   key.insert(key.end(), x_sizes.begin(), x_sizes.end());
   key.insert(key.end(), w_sizes.begin(), w_sizes.end());

@@ -67,8 +67,8 @@ TEST(ConvGraphPlanTest, TheKeyTellsApartEverythingAPlanDependsOn) {
   const IntVector x = {2, 64, 56, 56}, w = {64, 64, 3, 3}, aligned = {16, 16, 16};
   const IntVector key =
       GraphPlanKey(0, 0x1000, ConvDirection::kForward, 0, true, false, x, w, p, aligned);
-  EXPECT_EQ(key, (IntVector{0, 0x1000, 0, 0, 1, 0, 2, 64, 56, 56, 64, 64, 3, 3, 1, 1, 1, 1, 1, 1,
-                            1, 16, 16, 16}));
+  EXPECT_EQ(key, (IntVector{0, 0x1000, 0, 0, 1, 0, 2, 64, 56, 56, 64, 64,
+                            3, 3,      1, 1, 1, 1, 1, 1,  1,  16, 16, 16}));
   auto differs = [&](const IntVector& other) { EXPECT_NE(other, key); };
   differs(GraphPlanKey(1, 0x1000, ConvDirection::kForward, 0, true, false, x, w, p, aligned));
   differs(GraphPlanKey(0, 0x2000, ConvDirection::kForward, 0, true, false, x, w, p, aligned));

@@ -51,7 +51,7 @@ bool benchmark();
 // built once per shape and cached, so a call costs the host only a variant
 // pack and cudnnBackendExecute (Note [cuDNN graph API] in conv_graph.cc).
 // Off by default, or as the environment variable EMBER_CUDNN_GRAPH_API says
-// at start-up (unset, empty or 0: off; anything else: on). A shape the graph
+// when the switch is first read (unset, empty or 0: off; anything else: on). A shape the graph
 // API builds no plan for runs on the legacy path; under set_benchmark(true)
 // every convolution does (the legacy path's cudnnFind* times the
 // algorithms).
@@ -60,7 +60,7 @@ bool graph_api();
 
 namespace internal {
 
-// set_graph_api's start-up value for EMBER_CUDNN_GRAPH_API's `value` (null
+// set_graph_api's initial value for EMBER_CUDNN_GRAPH_API's `value` (null
 // when unset): false for null, "" and "0", true otherwise.
 bool GraphApiSetting(const char* value);
 

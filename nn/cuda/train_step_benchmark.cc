@@ -199,8 +199,8 @@ BENCHMARK(BM_Mlp512Step)->Iterations(300)->Unit(benchmark::kMicrosecond)->UseRea
 // (input and weight gradients) through autograd, 2 batch_norm forward in
 // training mode, 3 relu, 4 and 5 the same as 0 and 1 through cuDNN's graph
 // API (set_graph_api(true)).
-const char* const kHostLayers[] = {"conv2d",     "conv2d_fwd_bwd", "batch_norm",
-                                   "relu",       "conv2d_graph",   "conv2d_fwd_bwd_graph"};
+const char* const kHostLayers[] = {"conv2d", "conv2d_fwd_bwd", "batch_norm",
+                                   "relu",   "conv2d_graph",   "conv2d_fwd_bwd_graph"};
 
 void LayerHost(benchmark::State& state) {
   const int layer = static_cast<int>(state.range(0));
