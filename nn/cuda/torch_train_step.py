@@ -221,6 +221,10 @@ def report(ember, torch_figures):
          "resnet18_step_b64_fp32_ms", False, "<= 1.10"),
         ("  its host time to enqueue a step (ms) vs PyTorch", "resnet18_step_b64_fp32_host_ms",
          "resnet18_step_b64_fp32_host_ms", False, ""),
+        ("  the same step, convolutions by cuDNN's graph API", "resnet18_step_b64_fp32_ms_graph",
+         "resnet18_step_b64_fp32_ms", False, "<= 1.10"),
+        ("    its host time", "resnet18_step_b64_fp32_host_ms_graph",
+         "resnet18_step_b64_fp32_host_ms", False, ""),
         ("4x512 MLP step, batch 64 fp32 (us) vs PyTorch", "mlp512_step_b64_fp32_us",
          "mlp512_step_b64_fp32_us", False, "<= 1.50"),
         ("  its host time to enqueue a step (us) vs PyTorch", "mlp512_step_b64_fp32_host_us",
@@ -230,6 +234,9 @@ def report(ember, torch_figures):
     ] + [
         (f"host time per {layer} call, batch 2 (us) vs PyTorch", f"layer_host_{layer}_us",
          f"layer_host_{layer}_us", False, "") for layer in LAYERS
+    ] + [
+        (f"host time per {layer} call, cuDNN's graph API, vs PyTorch", f"layer_host_{layer}_graph_us",
+         f"layer_host_{layer}_us", False, "") for layer in ("conv2d", "conv2d_fwd_bwd")
     ] + [
         ("4x4096 MLP step, batch 4096 bf16 (ms) vs its GEMMs in cuBLAS",
          "mlp4096_step_b4096_bf16_ms", "mlp4096_gemms_b4096_bf16_ms", True, "<= 1.15"),
