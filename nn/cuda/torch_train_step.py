@@ -235,8 +235,9 @@ def report(ember, torch_figures):
         (f"host time per {layer} call, batch 2 (us) vs PyTorch", f"layer_host_{layer}_us",
          f"layer_host_{layer}_us", False, "") for layer in LAYERS
     ] + [
-        (f"host time per {layer} call, cuDNN's graph API, vs PyTorch", f"layer_host_{layer}_graph_us",
-         f"layer_host_{layer}_us", False, "") for layer in ("conv2d", "conv2d_fwd_bwd")
+        (f"host time per {layer} call, cuDNN's graph API, vs PyTorch",
+         f"layer_host_{layer}_graph_us", f"layer_host_{layer}_us", False, "")
+        for layer in ("conv2d", "conv2d_fwd_bwd")
     ] + [
         ("4x4096 MLP step, batch 4096 bf16 (ms) vs its GEMMs in cuBLAS",
          "mlp4096_step_b4096_bf16_ms", "mlp4096_gemms_b4096_bf16_ms", True, "<= 1.15"),
