@@ -649,7 +649,12 @@ const AutogradHooksInterface& RequireAutogradHooks(const char* method) {
 void SetAutogradHooks(const AutogradHooksInterface* hooks) { g_autograd_hooks = hooks; }
 const AutogradHooksInterface* GetAutogradHooks() { return g_autograd_hooks; }
 
-bool Tensor::requires_grad() const { return impl_->requires_grad(); }
+void Tensor::ThrowUndefined(const char* call) {
+  EMBER_FAIL(call, "() called on an undefined tensor (a Tensor() that holds no data, such as "
+                   "the grad() of a tensor no backward reached); check defined() first");
+}
+
+bool Tensor::requires_grad() const { return Impl("requires_grad").requires_grad(); }
 
 const Tensor& Tensor::requires_grad_(bool requires_grad) const {
   RequireAutogradHooks("requires_grad_").SetRequiresGrad(*this, requires_grad);
@@ -657,7 +662,7 @@ const Tensor& Tensor::requires_grad_(bool requires_grad) const {
 }
 
 Tensor Tensor::grad() const {
-  if (impl_->autograd_meta() == nullptr) return Tensor();
+  if (Impl("grad").autograd_meta() == nullptr) return Tensor();
   return RequireAutogradHooks("grad").Grad(*this);
 }
 
@@ -666,14 +671,14 @@ void Tensor::set_grad(const Tensor& grad) const {
 }
 
 bool Tensor::is_leaf() const {
-  if (!impl_->requires_grad()) return true;
+  if (!Impl("is_leaf").requires_grad()) return true;
   // A view's history may be regenerated from its base's (Note [View tracking]).
   if (impl_->is_view()) return grad_fn() == nullptr;
   return impl_->autograd_meta()->is_leaf();
 }
 
 std::shared_ptr<AutogradNodeInterface> Tensor::grad_fn() const {
-  if (!impl_->requires_grad()) return nullptr;
+  if (!Impl("grad_fn").requires_grad()) return nullptr;
   return RequireAutogradHooks("grad_fn").GradFn(*this);
 }
 

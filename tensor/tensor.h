@@ -278,7 +278,9 @@ struct MinMaxResult;
 
 class Tensor {
  public:
-  // An undefined tensor (defined() is false).
+  // An undefined tensor (defined() is false). Asking it for anything but
+  // defined(), impl() and is_same() throws ember::Error naming the call, as
+  // torch's "called on an undefined Tensor".
   Tensor() = default;
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
@@ -289,31 +291,31 @@ class Tensor {
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
   // --- Metadata -----------------------------------------------------------
-  IntArrayRef sizes() const { return impl_->sizes(); }
-  IntArrayRef strides() const { return impl_->strides(); }
+  IntArrayRef sizes() const { return Impl("sizes").sizes(); }
+  IntArrayRef strides() const { return Impl("strides").strides(); }
   int64_t size(int64_t dim) const;
   int64_t stride(int64_t dim) const;
-  int64_t dim() const { return impl_->dim(); }
-  int64_t numel() const { return impl_->numel(); }
-  Dtype dtype() const { return impl_->dtype(); }
-  Device device() const { return impl_->device(); }
+  int64_t dim() const { return Impl("dim").dim(); }
+  int64_t numel() const { return Impl("numel").numel(); }
+  Dtype dtype() const { return Impl("dtype").dtype(); }
+  Device device() const { return Impl("device").device(); }
   TensorOptions options() const { return TensorOptions(dtype()).device(device()); }
-  const Storage& storage() const { return impl_->storage(); }
-  int64_t storage_offset() const { return impl_->storage_offset(); }
-  bool is_contiguous() const { return impl_->is_contiguous(); }
+  const Storage& storage() const { return Impl("storage").storage(); }
+  int64_t storage_offset() const { return Impl("storage_offset").storage_offset(); }
+  bool is_contiguous() const { return Impl("is_contiguous").is_contiguous(); }
   bool is_cpu() const { return device().is_cpu(); }
   bool is_cuda() const { return device().is_cuda(); }
   bool is_floating_point() const { return ember::is_floating_point(dtype()); }
   size_t element_size() const { return ember::element_size(dtype()); }
   size_t nbytes() const { return numel() * element_size(); }
-  uint32_t version() const { return impl_->version(); }
+  uint32_t version() const { return Impl("version").version(); }
   // Typed pointer to element 0; T must match dtype().
   template <typename T>
   T* data_ptr() const {
     CheckDataPtrType(kDtypeOf<T>);
-    return static_cast<T*>(impl_->data());
+    return static_cast<T*>(impl_->data());  // CheckDataPtrType checked impl_
   }
-  void* raw_data() const { return impl_->data(); }
+  void* raw_data() const { return Impl("raw_data").data(); }
   // The value of a one-element tensor, converted to T.
   template <typename T>
   T item() const {
@@ -523,8 +525,8 @@ class Tensor {
   // Whether this tensor is the output of a view op, and the tensor whose
   // memory it shares (undefined when not a view), as torch's is_view() and
   // _base (Note [View tracking]).
-  bool is_view() const { return impl_->is_view(); }
-  Tensor _base() const { return Tensor(impl_->view_base()); }
+  bool is_view() const { return Impl("is_view").is_view(); }
+  Tensor _base() const { return Tensor(Impl("_base").view_base()); }
   // A tensor sharing data and version counter, outside any graph.
   Tensor detach() const;
   // Takes this tensor out of the graph (it becomes a leaf that does not
@@ -539,6 +541,12 @@ class Tensor {
                 bool create_graph = false) const;
 
  private:
+  // *impl_, or an ember::Error naming `call` for an undefined tensor.
+  TensorImpl& Impl(const char* call) const {
+    if (impl_ == nullptr) [[unlikely]] ThrowUndefined(call);
+    return *impl_;
+  }
+  [[noreturn]] static void ThrowUndefined(const char* call);
   void CheckDataPtrType(Dtype requested) const;
   std::shared_ptr<TensorImpl> impl_;
 };

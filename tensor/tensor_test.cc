@@ -54,6 +54,19 @@ TEST(TensorTest, FactoriesFillAndShapes) {
   EXPECT_THAT(ErrorOf([] { empty({2, -1}); }), HasSubstr("negative dimension -1"));
 }
 
+TEST(TensorTest, AnUndefinedTensorThrowsNamingTheCall) {
+  const Tensor none;
+  EXPECT_FALSE(none.defined());
+  EXPECT_EQ(none.impl(), nullptr);
+  EXPECT_THAT(ErrorOf([&] { none.sizes(); }),
+              HasSubstr("sizes() called on an undefined tensor"));
+  EXPECT_THAT(ErrorOf([&] { none.dtype(); }), HasSubstr("dtype() called on an undefined tensor"));
+  EXPECT_THAT(ErrorOf([&] { none.requires_grad(); }), HasSubstr("check defined() first"));
+  // Ops check their operands with their own words.
+  EXPECT_THAT(ErrorOf([&] { none.add(ones({2})); }), HasSubstr("must be defined"));
+  EXPECT_THAT(ErrorOf([&] { none.detach(); }), HasSubstr("called on an undefined tensor"));
+}
+
 TEST(TensorTest, ArangeLinspaceEye) {
   Tensor a = arange(5);
   EXPECT_EQ(a.dtype(), kInt64);
