@@ -42,10 +42,7 @@ struct GatherBody {
 
 template <typename W>
 __global__ void GatherKernel(Geometry<3> g, GatherBody<W> body) {
-  // Never contiguous (operand 2 is a position, not an element), so the sizes
-  // are not used.
-  const int64_t sizes[3] = {sizeof(W), sizeof(W), 1};
-  ForEachElement<3>(g, sizes, body);
+  ForEachElement<3>(g, body);
 }
 
 }  // namespace

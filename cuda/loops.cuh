@@ -391,13 +391,6 @@ __device__ __forceinline__ void ForEachElement(const Geometry<N>& g, F& f) {
   }
 }
 
-// The same, for callers that pass the element sizes (the geometry's strides
-// already hold them).
-template <int N, typename F>
-__device__ __forceinline__ void ForEachElement(const Geometry<N>& g, const int64_t (&)[N], F& f) {
-  ForEachElement<N>(g, f);
-}
-
 // V elements of type T, aligned to their size, so that nvcc loads and stores
 // them as one vector (V * sizeof(T) is 1 to 16 bytes).
 template <typename T, int V>
