@@ -181,6 +181,28 @@ __global__ void FoldPartialsKernel(ReduceArgs a, int64_t splits, const Acc<T>* p
   }
 }
 
+// One thread's fold of elements in sequence (the thread and column kernels):
+// the running value is flushed into a second accumulator every 64 elements
+// and that into a third every 4096, so that long sums keep their precision.
+// Add(j, v) takes the j-th element (j counting from 0 in the sequence).
+template <typename A>
+struct SequentialFold {
+  Combiner<A> combine;
+  A l1 = Identity<A>(combine.op), l2 = l1, l3 = l1;
+  __device__ __forceinline__ void Add(int64_t j, A v) {
+    l1 = combine(l1, v);
+    if ((j & 63) == 63) {
+      l2 = combine(l2, l1);
+      l1 = Identity<A>(combine.op);
+      if ((j & 4095) == 4095) {
+        l3 = combine(l3, l2);
+        l2 = Identity<A>(combine.op);
+      }
+    }
+  }
+  __device__ __forceinline__ A Result() const { return combine(l3, combine(l2, l1)); }
+};
+
 template <typename T>
 __global__ void ThreadReduceKernel(ReduceArgs a) {
   using A = Acc<T>;
@@ -190,19 +212,11 @@ __global__ void ThreadReduceKernel(ReduceArgs a) {
     int64_t off[2];
     OffsetsOf<2>(a.kept, o, off);
     const char* base = a.self + off[1];
-    A l1 = Identity<A>(a.op), l2 = l1, l3 = l1;
+    SequentialFold<A> fold{combine};
     for (int64_t j = 0; j < a.reduced.numel; ++j) {
-      l1 = combine(l1, LoadAcc<T>(base + ReducedOffset(a.reduced, j)));
-      if ((j & 63) == 63) {
-        l2 = combine(l2, l1);
-        l1 = Identity<A>(a.op);
-        if ((j & 4095) == 4095) {
-          l3 = combine(l3, l2);
-          l2 = Identity<A>(a.op);
-        }
-      }
+      fold.Add(j, LoadAcc<T>(base + ReducedOffset(a.reduced, j)));
     }
-    WriteOut<T>(a, off[0], combine(l3, combine(l2, l1)));
+    WriteOut<T>(a, off[0], fold.Result());
   }
 }
 
@@ -224,18 +238,7 @@ __global__ void ColumnReduceKernel(ReduceArgs a, int64_t chunk, Acc<T>* partial)
   const char* base = a.self + off[1];
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk;
   const int64_t end = begin + chunk < a.reduced.numel ? begin + chunk : a.reduced.numel;
-  A l1 = Identity<A>(a.op), l2 = l1, l3 = l1;
-  auto fold = [&](int64_t j, A v) {  // j: v's index within the range
-    l1 = combine(l1, v);
-    if ((j & 63) == 63) {
-      l2 = combine(l2, l1);
-      l1 = Identity<A>(a.op);
-      if ((j & 4095) == 4095) {
-        l3 = combine(l3, l2);
-        l2 = Identity<A>(a.op);
-      }
-    }
-  };
+  SequentialFold<A> fold{combine};  // indices within the range
   // Groups of kUnroll loads, the last one partial (its loads predicated, so
   // a range's tail is in flight at once too).
   const int64_t count = end - begin;
@@ -247,10 +250,10 @@ __global__ void ColumnReduceKernel(ReduceArgs a, int64_t chunk, Acc<T>* partial)
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (j + u < count) fold(j + u, v[u]);
+      if (j + u < count) fold.Add(j + u, v[u]);
     }
   }
-  const A v = combine(l3, combine(l2, l1));
+  const A v = fold.Result();
   if (gridDim.y == 1) {
     WriteOut<T>(a, off[0], v);
   } else {
