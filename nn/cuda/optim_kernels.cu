@@ -79,13 +79,12 @@ __device__ __forceinline__ int BlockRange(const TensorTable<N>& table, int64_t& 
 // elements of a chunk. op is the same per-element function on both paths, so
 // an element's result does not depend on the path.
 template <typename T>
-inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+inline constexpr int kVec = ::ember::cuda::kernels::VecOf<T>();  // 16 bytes of T
 static_assert(kChunkSize % 16 == 0, "chunks of every dtype start 16-byte aligned");
 
+// One 16-byte vector of T (loops.cuh's chunk of kVec<T> elements).
 template <typename T>
-struct alignas(16) Vec {
-  T e[kVec<T>];
-};
+using Vec = ::ember::cuda::kernels::Chunk<T, kVec<T>>;
 
 // Steps elements [begin, end) of operands ptrs[0..used-1]; those whose bit is
 // set in `written` are stored back (Note [Vectorized optimizer steps]).
@@ -110,10 +109,10 @@ __device__ __forceinline__ void StepChunk(T* const* ptrs, int used, unsigned wri
       for (int e = 0; e < kVec<T>; ++e) {
         T element[N];
 #pragma unroll
-        for (int k = 0; k < N; ++k) element[k] = x[k].e[e];
+        for (int k = 0; k < N; ++k) element[k] = x[k].v[e];
         op(element);
 #pragma unroll
-        for (int k = 0; k < N; ++k) x[k].e[e] = element[k];
+        for (int k = 0; k < N; ++k) x[k].v[e] = element[k];
       }
 #pragma unroll
       for (int k = 0; k < N; ++k) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -291,32 +292,24 @@ TEST_F(OptimOnCudaTest, UnalignedParametersMatchCpu) {
       }
       return params;
     };
-    {
+    // Three steps of optimizer `opt` (a std::type_identity) on both devices.
+    auto compare = [&](auto opt, const auto& options, const char* name) {
+      using Opt = typename decltype(opt)::type;
       Params params = make();
-      SGD cpu(params.cpu, SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
-      SGD gpu(params.gpu, SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+      Opt cpu(params.cpu, options);
+      Opt gpu(params.gpu, options);
       for (int step = 0; step < 3; ++step) {
         SetGrads(params, dtype, SIZE_MAX);
         cpu.step();
         const int64_t before = kernels::StepLaunchCount();
         gpu.step();
-        EXPECT_GT(kernels::StepLaunchCount(), before) << "SGD step " << step;
+        EXPECT_GT(kernels::StepLaunchCount(), before) << name << " step " << step;
       }
       ExpectClose(params, dtype == kFloat64 ? 1e-12 : tolerance);
-    }
-    {
-      Params params = make();
-      Adam cpu(params.cpu, AdamOptions{.lr = 0.01, .amsgrad = true});
-      Adam gpu(params.gpu, AdamOptions{.lr = 0.01, .amsgrad = true});
-      for (int step = 0; step < 3; ++step) {
-        SetGrads(params, dtype, SIZE_MAX);
-        cpu.step();
-        const int64_t before = kernels::StepLaunchCount();
-        gpu.step();
-        EXPECT_GT(kernels::StepLaunchCount(), before) << "Adam step " << step;
-      }
-      ExpectClose(params, dtype == kFloat64 ? 1e-12 : tolerance);
-    }
+    };
+    compare(std::type_identity<SGD>(), SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01},
+            "SGD");
+    compare(std::type_identity<Adam>(), AdamOptions{.lr = 0.01, .amsgrad = true}, "Adam");
   }
 }
 
