@@ -6,7 +6,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +18,7 @@
 #include "cuda/device.h"
 #include "cuda/host_allocator.h"
 #include "cuda/stream.h"
+#include "cuda/testing/stream_gate.h"
 #include "gtest/gtest.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -192,30 +192,19 @@ TEST(CachingAllocatorTest, BadDeviceIndexOrStreamIsInvalidArgument) {
   EXPECT_TRUE(absl::IsInvalidArgument(p.status())) << p.status();
 }
 
-// Holds a stream's queue until released (or 30 s passed), like a long kernel.
-struct Gate {
-  std::atomic<bool> open{false};
-  static void CUDART_CB Wait(void* arg) {
-    auto* gate = static_cast<Gate*>(arg);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!gate->open.load() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-};
-
 TEST(CachingAllocatorTest, RecordedStreamKeepsPinnedBlockUntilItsWorkFinishes) {
   EMBER_SKIP_WITHOUT_CUDA();
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   DataPtr a = pinned_allocator()->Allocate(4096);
   void* a_ptr = a.get();
   ASSERT_TRUE(host_record_stream(a, kDefaultStream).ok());
-  Gate gate;
-  ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, &Gate::Wait, &gate), cudaSuccess);
+  ::ember::cuda::testing::StreamGate gate;
+  ASSERT_TRUE(gate.Close(cudaStreamLegacy).ok());
   a.Reset();  // The default stream has not reached the event recorded now.
   DataPtr b = pinned_allocator()->Allocate(4096);
   EXPECT_NE(b.get(), a_ptr) << "reused while the default stream may still copy from it";
-  gate.open = true;
+  EXPECT_FALSE(gate.gave_up());
+  gate.Open();
   ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
   DataPtr c = pinned_allocator()->Allocate(4096);
   EXPECT_EQ(c.get(), a_ptr);
@@ -335,12 +324,12 @@ TEST(CachingAllocatorTest, OutOfMemoryWaitsForRecordedStreamsBeforeFailing) {
     absl::StatusOr<DataPtr> a = caching_allocator_alloc(40 * kMiB, 0);
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_TRUE(record_stream(*a, *side).ok());
-    Gate gate;  // The side stream is busy with `a` until the gate opens.
-    ASSERT_EQ(cudaLaunchHostFunc(side->stream(), &Gate::Wait, &gate), cudaSuccess);
+    ::ember::cuda::testing::StreamGate gate;  // The side stream is busy with `a` until the gate opens.
+    ASSERT_TRUE(gate.Close(side->stream()).ok());
     a->Reset();  // Pending on the side stream.
     std::thread opener([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      gate.open = true;
+      gate.Open();
     });
     absl::StatusOr<DataPtr> b = caching_allocator_alloc(40 * kMiB, 0, kDefaultStream);
     opener.join();

@@ -8,13 +8,10 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
-#include <atomic>
-#include <chrono>
 #include <cmath>
 #include <functional>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cuda/caching_allocator.h"
@@ -22,6 +19,7 @@
 #include "cuda/host_allocator.h"
 #include "cuda/loops.cuh"
 #include "cuda/reduce_plan.h"
+#include "cuda/testing/stream_gate.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensor/factories.h"
@@ -786,18 +784,6 @@ TEST(KernelsTest, MatmulsOnTwoDevicesInOneThreadUseTheirOwnWorkspaces) {
   ASSERT_TRUE(cuda::synchronize(1).ok());
 }
 
-// Holds a stream's queue until released (or 30 s passed), as a long kernel.
-struct Gate {
-  std::atomic<bool> open{false};
-  static void CUDART_CB Wait(void* arg) {
-    auto* gate = static_cast<Gate*>(arg);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!gate->open.load() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-  }
-};
-
 // A pinned host tensor that a copy used is recorded against the copy's
 // stream: freed while that stream still has work queued, its block is not
 // handed out again until the work is done.
@@ -814,12 +800,13 @@ TEST(KernelsTest, PinnedBlocksOfACopyWaitForTheCopysStream) {
     } else {
       pinned.copy_(dev);
     }
-    Gate gate;  // Work queued on the copy's stream after the copy.
-    ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, &Gate::Wait, &gate), cudaSuccess);
+    ::ember::cuda::testing::StreamGate gate;  // Work queued on the copy's stream after the copy.
+    ASSERT_TRUE(gate.Close(cudaStreamLegacy).ok());
     pinned = Tensor();  // Freed: an event on the default stream guards it.
     const Tensor next = empty({1024}, TensorOptions(kFloat32).pinned_memory(true));
     EXPECT_NE(next.raw_data(), block) << "reused while the copy's stream had work queued";
-    gate.open = true;
+    EXPECT_FALSE(gate.gave_up());
+    gate.Open();
     ASSERT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
     const Tensor later = empty({1024}, TensorOptions(kFloat32).pinned_memory(true));
     EXPECT_EQ(later.raw_data(), block) << "reused once the stream's work finished";
