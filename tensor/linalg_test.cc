@@ -12,6 +12,7 @@
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
+#include "tensor/thread_pool.h"
 
 namespace ember {
 namespace {
@@ -312,6 +313,41 @@ TEST(LinalgTest, GemmOutIntoStridedOutputs) {
   Tensor ibuf = zeros({2, 5, 3}, kInt32);
   ops::gemm_out(ibuf.transpose(1, 2), ia, ib, 0, 1);
   EXPECT_EQ(Values(ibuf.transpose(1, 2)), RefBmm(Values(ia), Values(ib), 2, 3, 4, 5));
+}
+
+// Products large enough to split over the intra-op pool (Note [BLAS on the
+// team]): by rows when C is tall, by columns when it is wide, each with
+// transposed operands, a column-major output and beta != 0, on sizes that
+// leave a partial block at the end.
+TEST(LinalgTest, LargeProductsSplitOverThreads) {
+  manual_seed(15);
+  const int threads = get_num_threads();
+  set_num_threads(3);
+  struct Case {
+    int64_t n, m, k;
+  };
+  for (Case cs : {Case{301, 40, 400}, Case{40, 301, 400}}) {
+    for (Dtype dt : {kFloat32, kFloat64}) {
+      SCOPED_TRACE(::testing::Message()
+                   << cs.n << "x" << cs.k << " @ " << cs.k << "x" << cs.m << " " << dtype_name(dt));
+      Tensor a = randn({cs.n, cs.k}, dt), b = randn({cs.k, cs.m}, dt);
+      const std::vector<double> want = RefBmm(Values(a), Values(b), 1, cs.n, cs.k, cs.m);
+      const double tol = dt == kFloat32 ? 1e-4 : 1e-12;
+      Tensor at = a.t().contiguous().t(), bt = b.t().contiguous().t();
+      for (const Tensor& x : {a, at}) {
+        for (const Tensor& y : {b, bt}) {
+          ExpectNear(Values(x.mm(y)), want, tol);
+          // Column-major C, accumulated onto ones.
+          Tensor out = ones({cs.m, cs.n}, dt).t();
+          ops::gemm_out(out.unsqueeze(0), x.unsqueeze(0), y.unsqueeze(0), 1, 1);
+          std::vector<double> plus_one = want;
+          for (double& v : plus_one) v += 1;
+          ExpectNear(Values(out), plus_one, tol);
+        }
+      }
+    }
+  }
+  set_num_threads(threads);
 }
 
 // outer is unsqueeze + mul (an elementwise op).

@@ -1,5 +1,6 @@
 #include "tensor/thread_pool.h"
 
+#include <omp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,16 +23,32 @@ TEST(ThreadPoolTest, CoversRangeExactlyOnce) {
   for (auto& h : hits) ASSERT_EQ(h.load(), 1);
 }
 
-// set_num_threads bounds OpenBLAS's own pool too (torch.set_num_threads
-// does the same for its BLAS), so one thread per process means one thread.
-TEST(ThreadPoolTest, SetNumThreadsBoundsBlasThreads) {
-  set_num_threads(1);
-  EXPECT_EQ(openblas_get_num_threads(), 1);
+// OpenBLAS stays on the calling thread whatever set_num_threads says: its
+// own pool would spin against the intra-op team (Note [BLAS on the team]).
+TEST(ThreadPoolTest, BlasRunsOnTheCallingThread) {
   set_num_threads(2);
   EXPECT_EQ(get_num_threads(), 2);
-  EXPECT_EQ(openblas_get_num_threads(), 2);
+  EXPECT_EQ(openblas_get_num_threads(), 1);
   set_num_threads(1);
   EXPECT_EQ(openblas_get_num_threads(), 1);
+}
+
+// parallel_for's chunks and oneDNN's primitives share OpenMP's team (Note
+// [One team for every op]); inside a body an OpenMP library gets one thread.
+TEST(ThreadPoolTest, ChunksRunOnTheOpenMpTeam) {
+  set_num_threads(3);
+  EXPECT_EQ(internal::openmp_threads(), 3);
+  std::atomic<int> chunks{0}, on_team{0}, nested{0};
+  parallel_for(0, 3000, 1000, [&](int64_t, int64_t) {
+    ++chunks;
+    if (omp_in_parallel() && omp_get_num_threads() == 3) ++on_team;
+    if (internal::openmp_threads() == 1) ++nested;
+  });
+  EXPECT_EQ(chunks.load(), 3);
+  EXPECT_EQ(on_team.load(), 3);
+  EXPECT_EQ(nested.load(), 3);
+  set_num_threads(1);
+  EXPECT_EQ(internal::openmp_threads(), 1);
 }
 
 // A forked child inherits none of its parent's workers; its parallel_for must
@@ -47,12 +64,17 @@ TEST(ThreadPoolTest, ForkedChildGetsAFreshPool) {
   if (pid == 0) {
     alarm(20);  // A hang fails the test instead of stalling it.
     std::atomic<int64_t> covered{0};
-    std::atomic<int> chunks{0};
+    std::atomic<int> chunks{0}, on_team{0};
     parallel_for(0, 1 << 20, 1024, [&](int64_t b, int64_t e) {
       covered += e - b;
       ++chunks;
+      if (omp_in_parallel()) ++on_team;
     });
-    _exit(covered.load() == (1 << 20) && chunks.load() == 4 ? 0 : 1);
+    // The parent's OpenMP team is gone: the chunks ran on fresh workers of
+    // Ember's own, and OpenMP libraries get one thread.
+    bool ok = covered.load() == (1 << 20) && chunks.load() == 4 && on_team.load() == 0 &&
+              internal::openmp_threads() == 1;
+    _exit(ok ? 0 : 1);
   }
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);

@@ -7,8 +7,9 @@
 // transpose flag and leading dimension describing them; others are copied to
 // contiguous first. A batch whose second operand is shared (batch stride 0,
 // as in a [B, n, k] @ [k, m] matmul) and whose first operand and output rows
-// are evenly spaced is folded into one (B*n) x k @ k x m call. OpenBLAS runs
-// its own threads; it is not called from the intra-op pool.
+// are evenly spaced is folded into one (B*n) x k @ k x m call. Each OpenBLAS
+// call runs on one thread; large products are split over the intra-op pool
+// (Note [BLAS on the team]).
 // float16 / bfloat16 are computed in float32 through sgemm (as torch
 // accumulates them in float) and rounded once at the end. Integer dtypes use a
 // plain row-by-row loop accumulating in 64 bits (wrapping as int64 does).
@@ -30,6 +31,34 @@ using Layout = BlasMatrixLayout;
 
 bool FitsBlasInt(int64_t v) { return v <= INT_MAX; }
 
+// Note [BLAS on the team]
+// Debian's OpenBLAS is the pthread build: with several threads it keeps a
+// pool of its own, whose workers spin (sched_yield) for up to 2^28 cycles
+// after every call (OPENBLAS_THREAD_TIMEOUT), on the cores the OpenMP team
+// running every other op needs next (Note [One team for every op] in
+// tensor/thread_pool.cc): a 2-thread training step that calls BLAS once
+// runs the rest of its ops against that spin. So OpenBLAS runs on the
+// calling thread (the intra-op pool sets it to one thread when it starts; a
+// program that sets more itself gets one call on them), and a product of at
+// least kGemmGrain multiply-adds per chunk is split into blocks of rows or
+// columns of C (whichever C has more of) over parallel_for, one
+// single-threaded call per block. The blocks are multiples of kGemmBlock
+// rows or columns, so each call keeps whole vector tiles.
+constexpr int64_t kGemmGrain = int64_t{1} << 21;
+constexpr int64_t kGemmBlock = 16;
+
+template <typename T>
+void BlasCall(bool a_row_major, bool b_row_major, int64_t n, int64_t m, int64_t k, T alpha,
+              const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const CBLAS_TRANSPOSE ta = a_row_major ? CblasNoTrans : CblasTrans;
+  const CBLAS_TRANSPOSE tb = b_row_major ? CblasNoTrans : CblasTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
 template <typename T>
 void BlasGemm(bool row_major_c, bool a_row_major, bool b_row_major, int64_t n, int64_t m, int64_t k,
               T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c,
@@ -38,14 +67,37 @@ void BlasGemm(bool row_major_c, bool a_row_major, bool b_row_major, int64_t n, i
                   FitsBlasInt(ldb) && FitsBlasInt(ldc),
               "gemm: matrix dimensions (", n, "x", k, " @ ", k, "x", m,
               ") exceed what OpenBLAS can index");
-  const CBLAS_ORDER order = row_major_c ? CblasRowMajor : CblasColMajor;
-  const CBLAS_TRANSPOSE ta = a_row_major == row_major_c ? CblasNoTrans : CblasTrans;
-  const CBLAS_TRANSPOSE tb = b_row_major == row_major_c ? CblasNoTrans : CblasTrans;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(order, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else {
-    cblas_dgemm(order, ta, tb, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (!row_major_c) {
+    // A column-major C is the row-major C^T = B^T A^T; a transposed
+    // operand's layout flips.
+    BlasGemm<T>(true, !b_row_major, !a_row_major, m, n, k, alpha, b, ldb, a, lda, beta, c, ldc);
+    return;
   }
+  if (openblas_get_num_threads() > 1) {
+    // Someone set OpenBLAS's own threads (openblas_set_num_threads): one
+    // call on them, as asked.
+    BlasCall<T>(a_row_major, b_row_major, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const bool by_rows = n >= m;
+  const int64_t extent = by_rows ? n : m, other = by_rows ? m : n;
+  const int64_t blocks = (extent + kGemmBlock - 1) / kGemmBlock;
+  const int64_t per_block = kGemmBlock * other * k;
+  const int64_t grain = (kGemmGrain + per_block - 1) / per_block;
+  parallel_for(0, blocks, grain, [&](int64_t first, int64_t last) {
+    const int64_t begin = first * kGemmBlock, end = std::min(extent, last * kGemmBlock);
+    if (by_rows) {
+      // Rows [begin, end) of C take the same rows of A.
+      const T* a_rows = a_row_major ? a + begin * lda : a + begin;
+      BlasCall<T>(a_row_major, b_row_major, end - begin, m, k, alpha, a_rows, lda, b, ldb, beta,
+                  c + begin * ldc, ldc);
+    } else {
+      // Columns [begin, end) of C take the same columns of B.
+      const T* b_cols = b_row_major ? b + begin : b + begin * ldb;
+      BlasCall<T>(a_row_major, b_row_major, n, end - begin, k, alpha, a, lda, b_cols, ldb, beta,
+                  c + begin, ldc);
+    }
+  });
 }
 
 // out = beta * out (beta == 0 writes zeros, ignoring NaNs in out).

@@ -22,8 +22,7 @@ contain those libraries.
 oneDNN (libdnnl, nn's convolutions) is not among the modules: no release
 tool links nn (`bazel query 'somepath(//tools/release:hub,
 //third_party/dnnl)'` is empty for all three), and Debian's libdnnl-dev ships
-no libdnnl.a, so a tool that did would load libdnnl.so.2 (and libgomp) at
-run time; release_test's list of the libraries each binary loads would then
+no libdnnl.a, so a tool that did would load libdnnl.so.2 at run time; release_test's list of the libraries each binary loads would then
 fail. Programs that use nn link oneDNN as a shared library, through the
 consumer workspace (tools/release/consumer_archive_test.sh builds //:ember,
 nn included, against the source archive).
@@ -33,9 +32,10 @@ nn included, against the source archive).
 _MODULES = ["grpc++", "protobuf", "libcurl", "libarchive", "openblas"]
 
 # What the static archives need that their pkg-config files do not name:
-# the C++ runtime (Bazel's toolchain links -lstdc++), and libquadmath, which
-# libgfortran.a (OpenBLAS's LAPACK) calls.
-_RUNTIME = ["stdc++", "quadmath"]
+# the C++ runtime (Bazel's toolchain links -lstdc++), libquadmath, which
+# libgfortran.a (OpenBLAS's LAPACK) calls, and GNU OpenMP, which Ember's
+# intra-op pool runs on (//third_party/openmp's -lgomp).
+_RUNTIME = ["stdc++", "quadmath", "gomp"]
 
 # glibc's libraries, which stay shared: the release binaries need only glibc.
 _GLIBC = ["c", "m", "pthread", "dl", "rt", "util", "resolv", "anl"]
