@@ -277,6 +277,28 @@ TEST(ConvOneDnnWeightCacheTest, RepeatedForwardsKeepOneBlockedCopy) {
   EXPECT_EQ(onednn::CachedWeights(), before + 2);
 }
 
+TEST(ConvOneDnnWeightCacheTest, LargeWeightsAreCopiedOnSeveralThreads) {
+  // A 64x512x3x3 weight (1.2 MB: streamed) is blocked, tile-transposed and
+  // its gradient unblocked in parts of 16 output channels split across the
+  // threads (nn/onednn.cc); every pass must still equal float64's.
+  onednn::SetEnabled(true);
+  autograd::NoGradGuard no_grad;
+  const int before = get_num_threads();
+  set_num_threads(2);
+  manual_seed(3);
+  Tensor x = randn({2, 512, 3, 3}), w = randn({64, 512, 3, 3}) * 0.05;
+  Tensor gy = randn({2, 64, 3, 3});
+  const Tensor x64 = x.to(kFloat64), w64 = w.to(kFloat64), gy64 = gy.to(kFloat64);
+  ExpectSame(functional::conv2d(x, w, Tensor(), {1, 1}, {1, 1}), Float64Conv(x, w), "forward");
+  ExpectSame(grad::conv2d_input(x.sizes(), w, gy, {1, 1}, {1, 1}),
+             grad::conv2d_input(x.sizes(), w64, gy64, {1, 1}, {1, 1}).to(kFloat32),
+             "backward data");
+  ExpectSame(grad::conv2d_weight(x, w.sizes(), gy, {1, 1}, {1, 1}),
+             grad::conv2d_weight(x64, w.sizes(), gy64, {1, 1}, {1, 1}).to(kFloat32),
+             "backward weights");
+  set_num_threads(before);
+}
+
 TEST(ConvOneDnnWeightCacheTest, InPlaceUpdatesAreSeen) {
   onednn::SetEnabled(true);
   manual_seed(2);
@@ -405,41 +427,51 @@ TEST(MaxPoolKernelTest, MatchesTheWindowDefinition) {
       {{2, 3}, {1, 2}, {0, 1}, {1, 1}, false}, {{3, 2}, {2, 3}, {1, 1}, {2, 1}, true},
       {{2, 2}, {3, 3}, {1, 0}, {1, 2}, true},  {{5, 5}, {1, 1}, {2, 2}, {1, 1}, false},
   };
+  // The second size has planes enough to split across three threads.
+  struct Size {
+    int64_t n, c, h, w;
+    int threads;
+  };
+  const int before = get_num_threads();
   manual_seed(6);
-  for (Dtype dtype : {kFloat32, kFloat64}) {
-    for (const Geometry& g : geometries) {
-      const int64_t n = 2, c = 3, h = 9, w = 11;
-      // Values from a small set, so that windows hold ties; some NaNs.
-      Tensor x = randint(0, 5, {n, c, h, w}).to(dtype);
-      std::vector<double> xs = Values(x);
-      for (int64_t i : {7, 50, 51, 140, 300}) xs[i] = std::nan("");
-      x = tensor(xs, SizeVector{n, c, h, w}, TensorOptions(kFloat64)).to(dtype).requires_grad_();
-      const MaxPool2dOptions o{.kernel_size = g.kernel,
-                               .stride = g.stride,
-                               .padding = g.padding,
-                               .dilation = g.dilation,
-                               .ceil_mode = g.ceil_mode};
-      Tensor y = functional::max_pool2d(x, o);
-      const auto [want, where] = ReferenceMaxPool(xs, n * c, h, w, o, y.size(2), y.size(3));
-      const std::vector<double> got = Values(y);
-      ASSERT_EQ(got.size(), want.size());
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_TRUE(std::isnan(got[i]) == std::isnan(want[i]) &&
-                    (std::isnan(got[i]) || got[i] == want[i]))
-            << "output " << i << ": got " << got[i] << ", want " << want[i];
+  for (const Size& size : {Size{2, 3, 9, 11, 1}, Size{2, 48, 32, 32, 3}}) {
+    set_num_threads(size.threads);
+    for (Dtype dtype : {kFloat32, kFloat64}) {
+      for (const Geometry& g : geometries) {
+        const int64_t n = size.n, c = size.c, h = size.h, w = size.w;
+        // Values from a small set, so that windows hold ties; some NaNs.
+        Tensor x = randint(0, 5, {n, c, h, w}).to(dtype);
+        std::vector<double> xs = Values(x);
+        for (int64_t i : {7, 50, 51, 140, 300}) xs[i] = std::nan("");
+        x = tensor(xs, SizeVector{n, c, h, w}, TensorOptions(kFloat64)).to(dtype).requires_grad_();
+        const MaxPool2dOptions o{.kernel_size = g.kernel,
+                                 .stride = g.stride,
+                                 .padding = g.padding,
+                                 .dilation = g.dilation,
+                                 .ceil_mode = g.ceil_mode};
+        Tensor y = functional::max_pool2d(x, o);
+        const auto [want, where] = ReferenceMaxPool(xs, n * c, h, w, o, y.size(2), y.size(3));
+        const std::vector<double> got = Values(y);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_TRUE(std::isnan(got[i]) == std::isnan(want[i]) &&
+                      (std::isnan(got[i]) || got[i] == want[i]))
+              << "output " << i << ": got " << got[i] << ", want " << want[i];
+        }
+        // The gradient of output i lands at where[i], scaled by i + 1.
+        const int64_t out_numel = static_cast<int64_t>(got.size());
+        Tensor gy = arange(1, out_numel + 1).to(dtype).view(y.sizes());
+        y.backward(gy);
+        std::vector<double> want_grad(xs.size(), 0.0);
+        const int64_t plane_out = y.size(2) * y.size(3);
+        for (int64_t i = 0; i < out_numel; ++i) {
+          want_grad[(i / plane_out) * h * w + where[i]] += static_cast<double>(i + 1);
+        }
+        EXPECT_EQ(Values(x.grad()), want_grad);
       }
-      // The gradient of output i lands at where[i], scaled by i + 1.
-      const int64_t out_numel = static_cast<int64_t>(got.size());
-      Tensor gy = arange(1, out_numel + 1).to(dtype).view(y.sizes());
-      y.backward(gy);
-      std::vector<double> want_grad(xs.size(), 0.0);
-      const int64_t plane_out = y.size(2) * y.size(3);
-      for (int64_t i = 0; i < out_numel; ++i) {
-        want_grad[(i / plane_out) * h * w + where[i]] += static_cast<double>(i + 1);
-      }
-      EXPECT_EQ(Values(x.grad()), want_grad);
     }
   }
+  set_num_threads(before);
 }
 
 TEST(ConvOneDnnTest, ForkedChildConvolvesWithSeveralThreads) {

@@ -2,7 +2,6 @@
 
 #include <immintrin.h>
 #include <omp.h>
-#include <pthread.h>
 
 #include <algorithm>
 #include <array>
@@ -193,30 +192,47 @@ __attribute__((target("avx512f"))) void TransposeTilesTo(const float* src, float
   }
 }
 
-// The three weight copies, streamed where Streams() says so.
+// The three weight copies, streamed where Streams() says so, split across
+// Ember's threads by blocks of 16 output channels (tiles for
+// TransposeTiles); each thread's streaming stores are fenced before it
+// finishes its part.
+inline constexpr int64_t kCopyGrain = kDefaultGrainSize * 4;  // floats per part
+
 void UnblockOIhw16i16o(const float* blocked, float* plain, int64_t o, int64_t i, int64_t k) {
-  if (Streams(plain, sizeof(float) * o * i * k)) {
-    UnblockOIhw16i16oTo<true>(blocked, plain, o, i, k);
-    _mm_sfence();
-  } else {
-    UnblockOIhw16i16oTo<false>(blocked, plain, o, i, k);
-  }
+  const bool stream = Streams(plain, sizeof(float) * o * i * k);
+  const int64_t per_block = 16 * i * k;
+  parallel_for(0, o / 16, std::max<int64_t>(1, kCopyGrain / per_block), [&](int64_t b, int64_t e) {
+    if (stream) {
+      UnblockOIhw16i16oTo<true>(blocked + b * per_block, plain + b * per_block, (e - b) * 16, i, k);
+      _mm_sfence();
+    } else {
+      UnblockOIhw16i16oTo<false>(blocked + b * per_block, plain + b * per_block, (e - b) * 16, i,
+                                 k);
+    }
+  });
 }
 void BlockOIhw16i16o(const float* plain, float* blocked, int64_t o, int64_t i, int64_t k) {
-  if (Streams(blocked, sizeof(float) * o * i * k)) {
-    BlockOIhw16i16oTo<true>(plain, blocked, o, i, k);
-    _mm_sfence();
-  } else {
-    BlockOIhw16i16oTo<false>(plain, blocked, o, i, k);
-  }
+  const bool stream = Streams(blocked, sizeof(float) * o * i * k);
+  const int64_t per_block = 16 * i * k;
+  parallel_for(0, o / 16, std::max<int64_t>(1, kCopyGrain / per_block), [&](int64_t b, int64_t e) {
+    if (stream) {
+      BlockOIhw16i16oTo<true>(plain + b * per_block, blocked + b * per_block, (e - b) * 16, i, k);
+      _mm_sfence();
+    } else {
+      BlockOIhw16i16oTo<false>(plain + b * per_block, blocked + b * per_block, (e - b) * 16, i, k);
+    }
+  });
 }
 void TransposeTiles(const float* src, float* dst, int64_t floats) {
-  if (Streams(dst, sizeof(float) * floats)) {
-    TransposeTilesTo<true>(src, dst, floats);
-    _mm_sfence();
-  } else {
-    TransposeTilesTo<false>(src, dst, floats);
-  }
+  const bool stream = Streams(dst, sizeof(float) * floats);
+  parallel_for(0, floats / 256, kCopyGrain / 256, [&](int64_t b, int64_t e) {
+    if (stream) {
+      TransposeTilesTo<true>(src + b * 256, dst + b * 256, (e - b) * 256);
+      _mm_sfence();
+    } else {
+      TransposeTilesTo<false>(src + b * 256, dst + b * 256, (e - b) * 256);
+    }
+  });
 }
 
 // Note [Activations in nChw16c]
@@ -364,26 +380,13 @@ Arg MakeArg(int id, const memory::desc& user, const memory::desc& inner, bool in
   return a;
 }
 
-// Whether this process has run a primitive on several OpenMP threads, and
-// whether it is a child forked after that (Note [oneDNN kernels]).
-std::atomic<bool> g_omp_team_started{false};
-std::atomic<bool> g_forked_after_team{false};
-
-// Sets the calling thread's OpenMP thread count to Ember's setting and
-// returns it. oneDNN fixes a primitive's thread count when it builds it, so
-// the count is part of every cache key.
+// Sets the calling thread's OpenMP thread count to the team Ember's ops may
+// use here (internal::openmp_threads(): one inside a parallel_for body and
+// in a child forked after the team started) and returns it. oneDNN fixes a
+// primitive's thread count when it builds it, so the count is part of every
+// cache key.
 int64_t MatchThreads() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    pthread_atfork(nullptr, nullptr, [] {
-      if (g_omp_team_started.load(std::memory_order_relaxed)) {
-        g_forked_after_team.store(true, std::memory_order_relaxed);
-      }
-    });
-  });
-  int n = in_parallel_region() ? 1 : get_num_threads();
-  if (g_forked_after_team.load(std::memory_order_relaxed)) n = 1;
-  if (n > 1) g_omp_team_started.store(true, std::memory_order_relaxed);
+  int n = ember::internal::openmp_threads();
   if (omp_get_max_threads() != n) omp_set_num_threads(n);
   return n;
 }

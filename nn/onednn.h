@@ -33,12 +33,13 @@
 //   primitives are built in user scratchpad mode), from Ember's CPU allocator,
 //   whose large block cache makes the per-call buffers cheap;
 // - runs on as many threads as ember::get_num_threads() (one inside a
-//   parallel_for body): this oneDNN is the OpenMP build, so the calling
-//   thread's OpenMP thread count is set to that before the primitive runs.
-//   GNU OpenMP's threads do not survive fork() and its runtime hangs in a
-//   child that reuses them, so a child forked after this process ran a
-//   primitive on several threads runs its primitives on one (a child forked
-//   before that, and a spawned one, keeps the setting).
+//   parallel_for body): this oneDNN is the OpenMP build, the same team of
+//   threads Ember's parallel_for runs on (Note [One team for every op] in
+//   tensor/thread_pool.cc), so the calling thread's OpenMP thread count is
+//   set to internal::openmp_threads() before the primitive runs. That is one
+//   in a child forked after the team started: GNU OpenMP's threads do not
+//   survive fork() and its runtime hangs in a child that reuses them (a
+//   child forked before that, and a spawned one, keeps the setting).
 // EMBER_ONEDNN=0 in the environment (or SetEnabled(false)) sends every call
 // back to nn's own kernels, which the benchmarks compare against.
 //

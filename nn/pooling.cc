@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -16,6 +16,7 @@
 #include "nn/pooling_kernels.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
+#include "tensor/thread_pool.h"
 
 namespace ember::nn {
 namespace {
@@ -80,8 +81,15 @@ Tensor With4d(const Tensor& x, F f) {
 // as its backward. The backward kernels run directly unless create_graph
 // asks for a graph.
 
+// Planes per parallel_for chunk: about kDefaultGrainSize elements. Every
+// plane is computed whole by one thread, so the split changes no result.
+int64_t PlaneGrain(int64_t plane_elements) {
+  return std::max<int64_t>(1, kDefaultGrainSize / std::max<int64_t>(1, plane_elements));
+}
+
 // gx[plane, indices[plane, j]] += g[plane, j] into an input-shaped zero tensor.
-// Serial over the outputs (so in their order); the window is not needed.
+// Planes split across threads, each serial over its outputs (so in their
+// order); the window is not needed.
 Tensor MaxPoolScatter(const Tensor& grad, const Tensor& indices, const IntVector& sizes,
                       const internal::MaxPoolWindow& /*window*/) {
   Tensor g = grad.detach().contiguous();
@@ -92,12 +100,14 @@ Tensor MaxPoolScatter(const Tensor& grad, const Tensor& indices, const IntVector
     const T* pg = g.data_ptr<T>();
     const int64_t* pi = indices.data_ptr<int64_t>();
     T* px = gx.data_ptr<T>();
-    for (int64_t plane = 0; plane < planes; ++plane) {
-      for (int64_t j = 0; j < l; ++j) {
-        const int64_t idx = pi[plane * l + j];
-        if (idx >= 0) px[plane * hw + idx] += pg[plane * l + j];
+    parallel_for(0, planes, PlaneGrain(hw), [&](int64_t first, int64_t last) {
+      for (int64_t plane = first; plane < last; ++plane) {
+        for (int64_t j = 0; j < l; ++j) {
+          const int64_t idx = pi[plane * l + j];
+          if (idx >= 0) px[plane * hw + idx] += pg[plane * l + j];
+        }
       }
-    }
+    });
   });
   return gx;
 }
@@ -112,12 +122,14 @@ Tensor MaxPoolGather(const Tensor& input, const Tensor& indices) {
     const T* px = x.data_ptr<T>();
     const int64_t* pi = indices.data_ptr<int64_t>();
     T* po = out.data_ptr<T>();
-    for (int64_t plane = 0; plane < planes; ++plane) {
-      for (int64_t j = 0; j < l; ++j) {
-        const int64_t idx = pi[plane * l + j];
-        po[plane * l + j] = idx >= 0 ? px[plane * hw + idx] : T(0);
+    parallel_for(0, planes, PlaneGrain(hw), [&](int64_t first, int64_t last) {
+      for (int64_t plane = first; plane < last; ++plane) {
+        for (int64_t j = 0; j < l; ++j) {
+          const int64_t idx = pi[plane * l + j];
+          po[plane * l + j] = idx >= 0 ? px[plane * hw + idx] : T(0);
+        }
       }
-    }
+    });
   });
   return out;
 }
@@ -153,36 +165,39 @@ std::array<Tensor, 2> MaxPool2dCpu(const Tensor& input, Int2 kernel, Int2 stride
       first[kj] = off >= 0 ? 0 : (-off + sx - 1) / sx;
       last[kj] = off >= w ? 0 : std::min(ow, (w - 1 - off) / sx + 1);
     }
-    for (int64_t plane = 0; plane < n * c; ++plane) {
-      const T* in = px + plane * h * w;
-      for (int64_t oy = 0; oy < oh; ++oy) {
-        T* __restrict best = po + (plane * oh + oy) * ow;
-        int64_t* __restrict best_index = pi + (plane * oh + oy) * ow;
-        std::fill(best, best + ow, -std::numeric_limits<T>::infinity());
-        std::fill(best_index, best_index + ow, int64_t{-1});
-        for (int64_t ki = 0; ki < kh; ++ki) {
-          const int64_t iy = oy * sy - pad_y + ki * dy;
-          if (iy < 0 || iy >= h) continue;
-          const T* __restrict row = in + iy * w;
-          for (int64_t kj = 0; kj < kw; ++kj) {
-            const int64_t off = kj * dx - pad_x;
-            for (int64_t ox = first[kj]; ox < last[kj]; ++ox) {
-              const int64_t ix = ox * sx + off;
-              const T v = row[ix];
-              const T b = best[ox];
-              const int64_t i = best_index[ox];
-              // All ones where this tap wins: no window value yet, a larger
-              // value, or the first NaN.
-              const int64_t take = -static_cast<int64_t>((i < 0) | (v > b) | ((v != v) & (b == b)));
-              best[ox] =
-                  std::bit_cast<T>((std::bit_cast<Bits<T>>(v) & static_cast<Bits<T>>(take)) |
-                                   (std::bit_cast<Bits<T>>(b) & ~static_cast<Bits<T>>(take)));
-              best_index[ox] = ((iy * w + ix) & take) | (i & ~take);
+    parallel_for(0, n * c, PlaneGrain(h * w), [&](int64_t first_plane, int64_t last_plane) {
+      for (int64_t plane = first_plane; plane < last_plane; ++plane) {
+        const T* in = px + plane * h * w;
+        for (int64_t oy = 0; oy < oh; ++oy) {
+          T* __restrict best = po + (plane * oh + oy) * ow;
+          int64_t* __restrict best_index = pi + (plane * oh + oy) * ow;
+          std::fill(best, best + ow, -std::numeric_limits<T>::infinity());
+          std::fill(best_index, best_index + ow, int64_t{-1});
+          for (int64_t ki = 0; ki < kh; ++ki) {
+            const int64_t iy = oy * sy - pad_y + ki * dy;
+            if (iy < 0 || iy >= h) continue;
+            const T* __restrict row = in + iy * w;
+            for (int64_t kj = 0; kj < kw; ++kj) {
+              const int64_t off = kj * dx - pad_x;
+              for (int64_t ox = first[kj]; ox < last[kj]; ++ox) {
+                const int64_t ix = ox * sx + off;
+                const T v = row[ix];
+                const T b = best[ox];
+                const int64_t i = best_index[ox];
+                // All ones where this tap wins: no window value yet, a larger
+                // value, or the first NaN.
+                const int64_t take =
+                    -static_cast<int64_t>((i < 0) | (v > b) | ((v != v) & (b == b)));
+                best[ox] =
+                    std::bit_cast<T>((std::bit_cast<Bits<T>>(v) & static_cast<Bits<T>>(take)) |
+                                     (std::bit_cast<Bits<T>>(b) & ~static_cast<Bits<T>>(take)));
+                best_index[ox] = ((iy * w + ix) & take) | (i & ~take);
+              }
             }
           }
         }
       }
-    }
+    });
   });
   return {out, indices};
 }
@@ -249,8 +264,8 @@ std::vector<Tensor> MaxPoolScatterFunction::backward(AutogradContext* ctx,
                                                      std::vector<Tensor> grad_outputs) {
   std::vector<Tensor> grads(4);
   if (!grad_outputs[0].defined()) return grads;
-  grads[0] =
-      MaxPoolGatherFunction::apply(grad_outputs[0], ctx->get_saved_variables()[0], SavedWindow(ctx));
+  grads[0] = MaxPoolGatherFunction::apply(grad_outputs[0], ctx->get_saved_variables()[0],
+                                          SavedWindow(ctx));
   return grads;
 }
 
@@ -273,8 +288,8 @@ struct MaxPool2dFunction : autograd::Function<MaxPool2dFunction> {
     const internal::MaxPoolWindow window = SavedWindow(ctx);
     grads[0] = autograd::GradMode::is_enabled()
                    ? MaxPoolScatterFunction::apply(grad_outputs[0], indices, sizes, window)
-                   : internal::max_pool2d_scatter(indices.device())(
-                         grad_outputs[0].detach(), indices, sizes, window);
+                   : internal::max_pool2d_scatter(indices.device())(grad_outputs[0].detach(),
+                                                                    indices, sizes, window);
     return grads;
   }
 };
@@ -324,19 +339,21 @@ Tensor AvgPool(const Tensor& input, const AvgPlan& p) {
   internal::VisitNnDtype(x.dtype(), "avg_pool2d", [&]<typename T>() {
     const T* px = x.data_ptr<T>();
     T* po = out.data_ptr<T>();
-    for (int64_t plane = 0; plane < n * c; ++plane) {
-      const T* in = px + plane * h * w;
-      for (int64_t oy = 0; oy < oh; ++oy) {
-        for (int64_t ox = 0; ox < ow; ++ox) {
-          T sum = 0;
-          for (int64_t iy = p.ys[oy]; iy < p.ye[oy]; ++iy) {
-            for (int64_t ix = p.xs[ox]; ix < p.xe[ox]; ++ix) sum += in[iy * w + ix];
+    parallel_for(0, n * c, PlaneGrain(h * w), [&](int64_t first_plane, int64_t last_plane) {
+      for (int64_t plane = first_plane; plane < last_plane; ++plane) {
+        const T* in = px + plane * h * w;
+        for (int64_t oy = 0; oy < oh; ++oy) {
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            T sum = 0;
+            for (int64_t iy = p.ys[oy]; iy < p.ye[oy]; ++iy) {
+              for (int64_t ix = p.xs[ox]; ix < p.xe[ox]; ++ix) sum += in[iy * w + ix];
+            }
+            const int64_t count = p.yc[oy] * p.xc[ox];
+            po[(plane * oh + oy) * ow + ox] = count > 0 ? sum / static_cast<T>(count) : T(0);
           }
-          const int64_t count = p.yc[oy] * p.xc[ox];
-          po[(plane * oh + oy) * ow + ox] = count > 0 ? sum / static_cast<T>(count) : T(0);
         }
       }
-    }
+    });
   });
   return out;
 }
@@ -350,19 +367,21 @@ Tensor AvgPoolAdjoint(const Tensor& grad, const AvgPlan& p) {
   internal::VisitNnDtype(g.dtype(), "avg_pool2d backward", [&]<typename T>() {
     const T* pg = g.data_ptr<T>();
     T* px = gx.data_ptr<T>();
-    for (int64_t plane = 0; plane < planes; ++plane) {
-      T* out = px + plane * p.sizes[2] * w;
-      for (int64_t oy = 0; oy < oh; ++oy) {
-        for (int64_t ox = 0; ox < ow; ++ox) {
-          const int64_t count = p.yc[oy] * p.xc[ox];
-          if (count == 0) continue;
-          const T share = pg[(plane * oh + oy) * ow + ox] / static_cast<T>(count);
-          for (int64_t iy = p.ys[oy]; iy < p.ye[oy]; ++iy) {
-            for (int64_t ix = p.xs[ox]; ix < p.xe[ox]; ++ix) out[iy * w + ix] += share;
+    parallel_for(0, planes, PlaneGrain(p.sizes[2] * w), [&](int64_t first, int64_t last) {
+      for (int64_t plane = first; plane < last; ++plane) {
+        T* out = px + plane * p.sizes[2] * w;
+        for (int64_t oy = 0; oy < oh; ++oy) {
+          for (int64_t ox = 0; ox < ow; ++ox) {
+            const int64_t count = p.yc[oy] * p.xc[ox];
+            if (count == 0) continue;
+            const T share = pg[(plane * oh + oy) * ow + ox] / static_cast<T>(count);
+            for (int64_t iy = p.ys[oy]; iy < p.ye[oy]; ++iy) {
+              for (int64_t ix = p.xs[ox]; ix < p.xe[ox]; ++ix) out[iy * w + ix] += share;
+            }
           }
         }
       }
-    }
+    });
   });
   return gx;
 }
@@ -415,10 +434,10 @@ std::vector<Tensor> AvgPoolFunction::backward(AutogradContext* ctx,
   std::vector<Tensor> grads(2);
   if (!grad_outputs[0].defined()) return grads;
   const AvgPlan plan = LoadPlan(ctx);
-  grads[0] = autograd::GradMode::is_enabled() ? AvgPoolAdjointFunction::apply(grad_outputs[0], plan)
-                                              : internal::avg_pool2d_adjoint(
-                                                    grad_outputs[0].device())(
-                                                    grad_outputs[0].detach(), plan);
+  grads[0] =
+      autograd::GradMode::is_enabled()
+          ? AvgPoolAdjointFunction::apply(grad_outputs[0], plan)
+          : internal::avg_pool2d_adjoint(grad_outputs[0].device())(grad_outputs[0].detach(), plan);
   return grads;
 }
 

@@ -9,6 +9,7 @@
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
+#include "tensor/thread_pool.h"
 
 namespace ember::nn::optim::internal {
 
@@ -115,8 +116,8 @@ namespace {
 // Note [Fused SGD]
 // On the CPU with contiguous float32/float64 parameters, gradients and
 // buffers (the common case) the whole update, weight decay and momentum
-// included, is one loop over the elements; it computes exactly the formulas
-// of SgdStepWithTensorOps, in the same order.
+// included, is one loop over the elements, split across Ember's threads; it
+// computes exactly the formulas of SgdStepWithTensorOps, in the same order.
 template <typename T>
 void FusedSgd(T* __restrict p, const T* __restrict g, T* __restrict buf, int64_t n,
               const SgdStepArgs& a) {
@@ -161,8 +162,12 @@ void SgdStepCpu(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
     }
     VisitFloatingDtype(p.dtype(), "SGD", [&]<typename T>() {
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-        FusedSgd<T>(p.data_ptr<T>(), g.data_ptr<T>(), buf ? buf->data_ptr<T>() : nullptr,
-                    p.numel(), a);
+        T* pp = p.data_ptr<T>();
+        const T* pg = g.data_ptr<T>();
+        T* pb = buf ? buf->data_ptr<T>() : nullptr;
+        parallel_for(0, p.numel(), kDefaultGrainSize, [&](int64_t begin, int64_t end) {
+          FusedSgd<T>(pp + begin, pg + begin, pb ? pb + begin : nullptr, end - begin, a);
+        });
       }
     });
     BumpVersion(p);

@@ -15,6 +15,7 @@
 #include "nn/optim/lr_scheduler.h"
 #include "nn/optim/sgd.h"
 #include "tensor/factories.h"
+#include "tensor/thread_pool.h"
 
 namespace ember::nn::optim {
 namespace {
@@ -88,6 +89,31 @@ TEST(SgdTest, FollowsTheDocumentedRule) {
     ExpectNear(RunSteps<SGD>(kP0, kGrads, o), SgdReference(o));
     ExpectNear(RunSteps<SGD>(kP0, kGrads, o, /*transposed=*/true), SgdReference(o));
   }
+}
+
+// A parameter large enough that the fused loop splits across threads: every
+// part follows the rule.
+TEST(SgdTest, LargeParametersSplitAcrossThreadsFollowTheRule) {
+  const int threads = get_num_threads();
+  set_num_threads(3);
+  const int64_t n = 100003;
+  std::vector<double> p0(n);
+  std::vector<std::vector<double>> grads(3, std::vector<double>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    p0[i] = std::sin(0.001 * i);
+    for (int k = 0; k < 3; ++k) grads[k][i] = std::cos(0.002 * i + k);
+  }
+  const SGDOptions o{.lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true};
+  std::vector<double> want = p0, buf(n);
+  for (int k = 0; k < 3; ++k) {
+    for (int64_t i = 0; i < n; ++i) {
+      double d = grads[k][i] + o.weight_decay * want[i];
+      buf[i] = k == 0 ? d : o.momentum * buf[i] + (1 - o.dampening) * d;
+      want[i] -= o.lr * (d + o.momentum * buf[i]);
+    }
+  }
+  ExpectNear(RunSteps<SGD>(p0, grads, o), want);
+  set_num_threads(threads);
 }
 
 // Adam / AdamW by the documented rule.
