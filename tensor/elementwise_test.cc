@@ -645,6 +645,29 @@ TEST(WhereTest, EveryDtypeBroadcastingAndPromotion) {
               HasSubstr("where: shapes [3] and [2] are not broadcastable"));
 }
 
+// Runs longer than the loop's chunk (cpu/loops.h) with an operand broadcast
+// along them, in each position: every element against its own formula.
+TEST(WhereTest, LongRunsWithABroadcastOperand) {
+  const int64_t n = 1000;
+  std::vector<double> xs(n), ys(n), cs(n);
+  for (int64_t i = 0; i < n; ++i) {
+    xs[i] = static_cast<double>(i);
+    ys[i] = -static_cast<double>(i) - 1;
+    cs[i] = (i * 7) % 3 == 0 ? 1 : 0;
+  }
+  Tensor x = tensor(xs), y = tensor(ys);
+  Tensor c = tensor(cs).gt(0.5);
+  Tensor s = scalar_tensor(0.5, kFloat64);
+  const std::vector<double> a = Values(where(c, x, s)), b = Values(where(c, s, y)),
+                            m = Values(x * s), d = Values(s - x);
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(a[i], cs[i] ? xs[i] : 0.5) << i;
+    ASSERT_EQ(b[i], cs[i] ? 0.5 : ys[i]) << i;
+    ASSERT_EQ(m[i], xs[i] * 0.5) << i;
+    ASSERT_EQ(d[i], 0.5 - xs[i]) << i;
+  }
+}
+
 // --- clamp -----------------------------------------------------------------------
 
 TEST(ClampTest, BoundsEveryDtypeAndNaN) {

@@ -16,6 +16,8 @@
 //                                 are part of the cost)
 //   BM_AddInPlace/threads:{1,0}   a.add_(b)
 //   BM_MemcpyL2, BM_AddOutL2      the same on 128 KiB operands (cache-resident)
+//   BM_MulScalarOutL2,            a * 0.5 and where(c, a, 0) with the scalar a
+//   BM_WhereScalarOutL2           0-dim tensor broadcast along the run
 // threads:0 means the default pool size (all cores).
 //
 //   bazel run -c opt //tensor/cpu:elementwise_benchmark --
@@ -143,6 +145,35 @@ void BM_AddOutL2(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 3 * kSmallBytes);
 }
 BENCHMARK(BM_AddOutL2);
+
+// The same with a 0-dim (broadcast) operand: a * 0.5 (two inputs) and
+// where(c, a, 0) (three, as ReLU's backward), against BM_AddOutL2's loop.
+void BM_MulScalarOutL2(benchmark::State& state) {
+  Tensor a = full({kSmallNumel}, 1.0f);
+  Tensor half = full({}, 0.5f).expand({kSmallNumel});
+  Tensor out = zeros({kSmallNumel});
+  for (auto _ : state) {
+    ops::binary_out(BinaryOp::kMul, out, a, half);
+    benchmark::DoNotOptimize(out.raw_data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * kSmallBytes);
+}
+BENCHMARK(BM_MulScalarOutL2);
+
+void BM_WhereScalarOutL2(benchmark::State& state) {
+  Tensor a = full({kSmallNumel}, 1.0f);
+  Tensor c = randn({kSmallNumel}).gt(0);
+  Tensor zero = zeros({}).expand({kSmallNumel});
+  Tensor out = zeros({kSmallNumel});
+  for (auto _ : state) {
+    ops::where_out(out, c, a, zero);
+    benchmark::DoNotOptimize(out.raw_data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 9 * kSmallBytes / 4);
+}
+BENCHMARK(BM_WhereScalarOutL2);
 
 }  // namespace
 }  // namespace ember

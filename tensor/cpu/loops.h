@@ -12,8 +12,9 @@
 //
 // Map builds on it for typed kernels: out[i] = f(in0[i], in1[i], ...), with a
 // plain indexed loop when every operand is contiguous (the compiler vectorises
-// it), a loop with one operand held constant when it is broadcast along the
-// run, and a strided loop otherwise.
+// it), the same loop over chunks when some inputs are broadcast along the run
+// (their value copied into a chunk-sized buffer), and a strided loop
+// otherwise.
 //
 //   ember::cpu::Map<float, float, float>(out, {a, b},
 //       [](float x, float y) { return x + y; });
@@ -114,22 +115,26 @@ inline void MapRun(char** p, const int64_t* s, int64_t n, F& f, std::index_seque
     for (int64_t i = 0; i < n; ++i) out[i] = f(std::get<I>(in)[i]...);
     return;
   }
-  if constexpr (sizeof...(In) == 2) {
-    // One side broadcast along the run (tensor op scalar): keep it in a register.
-    using A = std::tuple_element_t<0, std::tuple<In...>>;
-    using B = std::tuple_element_t<1, std::tuple<In...>>;
-    if (s[0] == kOutSize && s[1] == int64_t{sizeof(A)} && s[2] == 0) {
-      const A* a = reinterpret_cast<const A*>(p[1]);
-      const B b = *reinterpret_cast<const B*>(p[2]);
-      for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b);
-      return;
+  // Inputs broadcast along the run (stride 0: a 0-dim scalar, an expanded
+  // dim) beside contiguous ones: each broadcast value is copied into a
+  // chunk-sized buffer once per run, so every chunk is the contiguous loop
+  // above, which the compiler vectorises.
+  const bool dense_or_broadcast =
+      s[0] == kOutSize && ((s[I + 1] == int64_t{sizeof(In)} || s[I + 1] == 0) && ...);
+  if (dense_or_broadcast) {
+    constexpr int64_t kChunk = 256;
+    std::tuple<std::array<In, kChunk>...> held;
+    ((s[I + 1] == 0 ? std::get<I>(held).fill(*reinterpret_cast<const In*>(p[I + 1])) : void()),
+     ...);
+    for (int64_t start = 0; start < n; start += kChunk) {
+      const int64_t len = std::min(kChunk, n - start);
+      std::tuple<const In*...> in{(s[I + 1] == 0
+                                       ? std::get<I>(held).data()
+                                       : reinterpret_cast<const In*>(p[I + 1]) + start)...};
+      Out* o = out + start;
+      for (int64_t i = 0; i < len; ++i) o[i] = f(std::get<I>(in)[i]...);
     }
-    if (s[0] == kOutSize && s[1] == 0 && s[2] == int64_t{sizeof(B)}) {
-      const A a = *reinterpret_cast<const A*>(p[1]);
-      const B* b = reinterpret_cast<const B*>(p[2]);
-      for (int64_t i = 0; i < n; ++i) out[i] = f(a, b[i]);
-      return;
-    }
+    return;
   }
   for (int64_t i = 0; i < n; ++i) {
     *reinterpret_cast<Out*>(p[0] + i * s[0]) =
