@@ -48,10 +48,10 @@ void BasicBlock::reset() {
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
-  Tensor out = (*bn1_)((*conv1_)(x)).relu();
+  Tensor out = nn::functional::relu((*bn1_)((*conv1_)(x)));
   out = (*bn2_)((*conv2_)(out));
   Tensor identity = downsample_ ? (*downsample_)(x) : x;
-  return (out + identity).relu();
+  return nn::functional::relu(out + identity);
 }
 
 ResNet18::ResNet18(ResNetOptions options) : options_(options) { reset(); }
@@ -71,7 +71,7 @@ Tensor ResNet18::forward(const Tensor& x) {
   // Children are looked up by name on every call (Note [Replacing a child]):
   // a scan of seven names per lookup, so a replaced child is always the one
   // called.
-  Tensor out = (*child("bn1"))((*child("conv1"))(x)).relu();
+  Tensor out = nn::functional::relu((*child("bn1"))((*child("conv1"))(x)));
   out = nn::functional::max_pool2d(
       out, nn::MaxPool2dOptions{
                .kernel_size = {3, 3}, .stride = {2, 2}, .padding = {1, 1}});

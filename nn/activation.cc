@@ -5,6 +5,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "tensor/factories.h"
+#include "tensor/thread_pool.h"
 
 namespace ember::nn {
 namespace {
@@ -24,14 +25,17 @@ struct ReluFunction : autograd::Function<ReluFunction> {
   static Tensor forward(AutogradContext* ctx, const Tensor& input) {
     Tensor out = empty(input.sizes(), input.options());
     VisitFloat(input.dtype(), [&]<typename T>() {
-      const T* __restrict x = input.data_ptr<T>();
-      T* __restrict y = out.data_ptr<T>();
-      const int64_t n = input.numel();
-      // Branch-free (vectorises); NaN stays NaN, as in torch.
-      for (int64_t i = 0; i < n; ++i) {
-        const T v = x[i];
-        y[i] = v < T(0) ? T(0) : v;
-      }
+      const T* x = input.data_ptr<T>();
+      T* y = out.data_ptr<T>();
+      parallel_for(0, input.numel(), kDefaultGrainSize, [&](int64_t begin, int64_t end) {
+        const T* __restrict in = x + begin;
+        T* __restrict res = y + begin;
+        // Branch-free (vectorises); NaN stays NaN, as in torch.
+        for (int64_t i = 0; i < end - begin; ++i) {
+          const T v = in[i];
+          res[i] = v < T(0) ? T(0) : v;
+        }
+      });
     });
     ctx->save_for_backward({out});
     return out;
@@ -46,14 +50,18 @@ struct ReluFunction : autograd::Function<ReluFunction> {
     }
     Tensor gx = empty(out.sizes(), out.options());
     VisitFloat(out.dtype(), [&]<typename T>() {
-      const T* __restrict y = out.data_ptr<T>();
-      const T* __restrict pg = g.data_ptr<T>();
-      T* __restrict px = gx.data_ptr<T>();
-      const int64_t n = out.numel();
-      for (int64_t i = 0; i < n; ++i) {
-        const T grad = pg[i];  // Loaded unconditionally, so the loop vectorises.
-        px[i] = y[i] > T(0) ? grad : T(0);
-      }
+      const T* y = out.data_ptr<T>();
+      const T* pg = g.data_ptr<T>();
+      T* px = gx.data_ptr<T>();
+      parallel_for(0, out.numel(), kDefaultGrainSize, [&](int64_t begin, int64_t end) {
+        const T* __restrict res = y + begin;
+        const T* __restrict grads = pg + begin;
+        T* __restrict gin = px + begin;
+        for (int64_t i = 0; i < end - begin; ++i) {
+          const T grad = grads[i];  // Loaded unconditionally, so the loop vectorises.
+          gin[i] = res[i] > T(0) ? grad : T(0);
+        }
+      });
     });
     return {gx};
   }

@@ -22,6 +22,7 @@
 #include "nn/pooling.h"
 #include "nn/testing.h"
 #include "tensor/factories.h"
+#include "tensor/thread_pool.h"
 
 namespace ember::nn {
 namespace {
@@ -133,6 +134,24 @@ TEST(ActivationTest, ValuesAndReluGradient) {
   // Non-contiguous input takes the tensor-op path and agrees.
   Tensor m = randn({3, 4});
   EXPECT_TRUE(functional::relu(m.t()).equal(m.t().relu()));
+}
+
+TEST(ActivationTest, ReluOnSeveralThreadsMatchesItsDefinition) {
+  // Large enough to split across the intra-op pool: each element, forward
+  // and backward, by its definition.
+  const int threads = get_num_threads();
+  set_num_threads(3);
+  const int64_t n = 100003;
+  Tensor x = randn({n}).requires_grad_();
+  Tensor g = randn({n});
+  Tensor y = functional::relu(x);
+  y.backward(g);
+  const std::vector<double> xs = Values(x), ys = Values(y), gs = Values(g), gx = Values(x.grad());
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(ys[i], xs[i] > 0 ? xs[i] : 0.0) << i;
+    ASSERT_EQ(gx[i], xs[i] > 0 ? gs[i] : 0.0) << i;
+  }
+  set_num_threads(threads);
 }
 
 TEST(ActivationTest, ReluSecondDerivativesMatchFiniteDifferences) {
