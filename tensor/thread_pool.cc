@@ -24,8 +24,8 @@
 // every primitive the team's threads spin-wait for the next region
 // (GOMP_SPINCOUNT) while the pool's workers need those cores for the batch
 // norm, ReLU or optimizer step that follows; with one team the next op's
-// region finds the spinning threads ready. PyTorch's at::parallel_for runs
-// on OpenMP for the same reason.
+// region finds the spinning threads ready. (PyTorch's at::parallel_for runs
+// on OpenMP too, its default parallel backend.)
 //
 // GNU OpenMP's team does not survive fork(): a region in the child waits
 // forever for its parent's threads. A child forked after the team started
