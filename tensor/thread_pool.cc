@@ -121,12 +121,16 @@ class Pool {
 };
 
 std::atomic<int>& NumThreads() {
-  static std::atomic<int> n{[] {
-    openblas_set_num_threads(1);  // Note [BLAS on the team]
-    return DefaultThreads();
-  }()};
+  static std::atomic<int> n{DefaultThreads()};
   return n;
 }
+
+// OpenBLAS on the calling thread from the start, before any product (Note
+// [BLAS on the team] in tensor/cpu/linalg_kernels.cc).
+const bool g_blas_on_calling_thread = [] {
+  openblas_set_num_threads(1);
+  return true;
+}();
 
 }  // namespace
 

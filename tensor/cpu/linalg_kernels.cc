@@ -38,7 +38,7 @@ bool FitsBlasInt(int64_t v) { return v <= INT_MAX; }
 // running every other op needs next (Note [One team for every op] in
 // tensor/thread_pool.cc): a 2-thread training step that calls BLAS once
 // runs the rest of its ops against that spin. So OpenBLAS runs on the
-// calling thread (the intra-op pool sets it to one thread when it starts; a
+// calling thread (the intra-op pool sets it to one thread when it loads; a
 // program that sets more itself gets one call on them), and a product of at
 // least kGemmGrain multiply-adds per chunk is split into blocks of rows or
 // columns of C (whichever C has more of) over parallel_for, one
