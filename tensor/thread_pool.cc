@@ -121,16 +121,14 @@ class Pool {
 };
 
 std::atomic<int>& NumThreads() {
-  static std::atomic<int> n{DefaultThreads()};
+  static std::atomic<int> n{[] {
+    // Note [BLAS on the team]. Here, not in a static initialiser: in a
+    // static binary OpenBLAS may not be initialised yet when those run.
+    openblas_set_num_threads(1);
+    return DefaultThreads();
+  }()};
   return n;
 }
-
-// OpenBLAS on the calling thread from the start, before any product (Note
-// [BLAS on the team] in tensor/cpu/linalg_kernels.cc).
-const bool g_blas_on_calling_thread = [] {
-  openblas_set_num_threads(1);
-  return true;
-}();
 
 }  // namespace
 

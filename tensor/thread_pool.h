@@ -14,8 +14,8 @@
 // primitives run on (Note [One team for every op] in thread_pool.cc). The
 // pool size defaults to OMP_NUM_THREADS when set (as PyTorch's intra-op
 // pool does), else to the number of cores; set_num_threads changes it, as
-// torch.set_num_threads. BLAS runs on the calling thread (this library sets
-// OpenBLAS to one thread when it loads) and large products are split over
+// torch.set_num_threads. BLAS runs on the calling thread (the pool sets
+// OpenBLAS to one thread when it starts) and large products are split over
 // this pool (Note [BLAS on the team] in tensor/cpu/linalg_kernels.cc), so
 // that set_num_threads(1) means one thread for every op, as the Hogwild and
 // DDP recipes expect. Work

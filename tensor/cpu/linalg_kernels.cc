@@ -38,7 +38,7 @@ bool FitsBlasInt(int64_t v) { return v <= INT_MAX; }
 // running every other op needs next (Note [One team for every op] in
 // tensor/thread_pool.cc): a 2-thread training step that calls BLAS once
 // runs the rest of its ops against that spin. So OpenBLAS runs on the
-// calling thread (the intra-op pool sets it to one thread when it loads; a
+// calling thread (the intra-op pool sets it to one thread when it starts; a
 // program that sets more itself gets one call on them), and a product of at
 // least kGemmGrain multiply-adds per chunk is split into blocks of rows or
 // columns of C (whichever C has more of) over parallel_for, one
@@ -73,9 +73,10 @@ void BlasGemm(bool row_major_c, bool a_row_major, bool b_row_major, int64_t n, i
     BlasGemm<T>(true, !b_row_major, !a_row_major, m, n, k, alpha, b, ldb, a, lda, beta, c, ldc);
     return;
   }
-  if (openblas_get_num_threads() > 1) {
-    // Someone set OpenBLAS's own threads (openblas_set_num_threads): one
-    // call on them, as asked.
+  // One call on one thread, or on OpenBLAS's own threads where a program set
+  // them (openblas_set_num_threads). get_num_threads() comes first: the
+  // pool's start sets OpenBLAS to one thread.
+  if (get_num_threads() == 1 || openblas_get_num_threads() > 1) {
     BlasCall<T>(a_row_major, b_row_major, n, m, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
