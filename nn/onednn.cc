@@ -14,6 +14,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -193,46 +194,40 @@ __attribute__((target("avx512f"))) void TransposeTilesTo(const float* src, float
 }
 
 // The three weight copies, streamed where Streams() says so, split across
-// Ember's threads by blocks of 16 output channels (tiles for
-// TransposeTiles); each thread's streaming stores are fenced before it
-// finishes its part.
-inline constexpr int64_t kCopyGrain = kDefaultGrainSize * 4;  // floats per part
+// Ember's threads in parts of 16 output channels (of one 16x16 tile for
+// TransposeTiles). CopyInParts runs copy(kStream, first float, parts) on
+// each thread's share and fences its streaming stores before it finishes.
+inline constexpr int64_t kCopyGrain = kDefaultGrainSize * 4;  // floats per share
+
+template <typename Copy>
+void CopyInParts(int64_t parts, int64_t part_floats, bool stream, const Copy& copy) {
+  parallel_for(0, parts, std::max<int64_t>(1, kCopyGrain / part_floats), [&](int64_t b, int64_t e) {
+    if (stream) {
+      copy(std::true_type{}, b * part_floats, e - b);
+      _mm_sfence();
+    } else {
+      copy(std::false_type{}, b * part_floats, e - b);
+    }
+  });
+}
 
 void UnblockOIhw16i16o(const float* blocked, float* plain, int64_t o, int64_t i, int64_t k) {
-  const bool stream = Streams(plain, sizeof(float) * o * i * k);
-  const int64_t per_block = 16 * i * k;
-  parallel_for(0, o / 16, std::max<int64_t>(1, kCopyGrain / per_block), [&](int64_t b, int64_t e) {
-    if (stream) {
-      UnblockOIhw16i16oTo<true>(blocked + b * per_block, plain + b * per_block, (e - b) * 16, i, k);
-      _mm_sfence();
-    } else {
-      UnblockOIhw16i16oTo<false>(blocked + b * per_block, plain + b * per_block, (e - b) * 16, i,
-                                 k);
-    }
-  });
+  CopyInParts(o / 16, 16 * i * k, Streams(plain, sizeof(float) * o * i * k),
+              [&](auto stream, int64_t at, int64_t parts) {
+                UnblockOIhw16i16oTo<stream()>(blocked + at, plain + at, parts * 16, i, k);
+              });
 }
 void BlockOIhw16i16o(const float* plain, float* blocked, int64_t o, int64_t i, int64_t k) {
-  const bool stream = Streams(blocked, sizeof(float) * o * i * k);
-  const int64_t per_block = 16 * i * k;
-  parallel_for(0, o / 16, std::max<int64_t>(1, kCopyGrain / per_block), [&](int64_t b, int64_t e) {
-    if (stream) {
-      BlockOIhw16i16oTo<true>(plain + b * per_block, blocked + b * per_block, (e - b) * 16, i, k);
-      _mm_sfence();
-    } else {
-      BlockOIhw16i16oTo<false>(plain + b * per_block, blocked + b * per_block, (e - b) * 16, i, k);
-    }
-  });
+  CopyInParts(o / 16, 16 * i * k, Streams(blocked, sizeof(float) * o * i * k),
+              [&](auto stream, int64_t at, int64_t parts) {
+                BlockOIhw16i16oTo<stream()>(plain + at, blocked + at, parts * 16, i, k);
+              });
 }
 void TransposeTiles(const float* src, float* dst, int64_t floats) {
-  const bool stream = Streams(dst, sizeof(float) * floats);
-  parallel_for(0, floats / 256, kCopyGrain / 256, [&](int64_t b, int64_t e) {
-    if (stream) {
-      TransposeTilesTo<true>(src + b * 256, dst + b * 256, (e - b) * 256);
-      _mm_sfence();
-    } else {
-      TransposeTilesTo<false>(src + b * 256, dst + b * 256, (e - b) * 256);
-    }
-  });
+  CopyInParts(floats / 256, 256, Streams(dst, sizeof(float) * floats),
+              [&](auto stream, int64_t at, int64_t parts) {
+                TransposeTilesTo<stream()>(src + at, dst + at, parts * 256);
+              });
 }
 
 // Note [Activations in nChw16c]
