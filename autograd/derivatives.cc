@@ -343,7 +343,9 @@ Tensor UnaryFormula(UnaryOp op, const Tensor& g, const Tensor& x, const Tensor& 
     case UnaryOp::kSigmoid:
       return g * (y * (1 - y));
     case UnaryOp::kRelu:
-      return where(y.gt(0), g, ZeroLike());
+      // As torch's threshold_backward: zero where the result is <= 0, so a
+      // NaN result passes its gradient through.
+      return where(y.le(0), ZeroLike(), g);
     case UnaryOp::kGelu: {
       constexpr double kInvSqrt2 = 0.70710678118654752440;
       constexpr double kInvSqrt2Pi = 0.39894228040143267794;

@@ -46,7 +46,7 @@ struct ReluFunction : autograd::Function<ReluFunction> {
     Tensor g = grad_outputs[0].contiguous();
     // A graph of the backward (create_graph) needs differentiable ops.
     if (autograd::GradMode::is_enabled() || g.dtype() != out.dtype()) {
-      return {where(out.gt(0), g, zeros({}, g.options()))};
+      return {where(out.le(0), zeros({}, g.options()), g)};
     }
     Tensor gx = empty(out.sizes(), out.options());
     VisitFloat(out.dtype(), [&]<typename T>() {
@@ -58,8 +58,11 @@ struct ReluFunction : autograd::Function<ReluFunction> {
         const T* __restrict grads = pg + begin;
         T* __restrict gin = px + begin;
         for (int64_t i = 0; i < end - begin; ++i) {
-          const T grad = grads[i];  // Loaded unconditionally, so the loop vectorises.
-          gin[i] = res[i] > T(0) ? grad : T(0);
+          // As torch's threshold_backward: zero where the result is <= 0 (a
+          // NaN result passes its gradient). The gradient is loaded
+          // unconditionally, so the loop vectorises.
+          const T grad = grads[i];
+          gin[i] = res[i] <= T(0) ? T(0) : grad;
         }
       });
     });

@@ -131,6 +131,13 @@ TEST(ActivationTest, ValuesAndReluGradient) {
   ExpectGradientsMatch([](const std::vector<Tensor>& in) { return functional::relu(in[0]); },
                        {tensor({-2.0, -0.5, 0.25, 1.5}).view({2, 2})});
   EXPECT_TRUE(std::isnan(functional::relu(tensor({NAN})).item<double>()));
+  // A NaN output passes its gradient, as torch's threshold_backward (both
+  // paths: nn's kernel, and the tensor op's derivative).
+  for (bool tensor_op : {false, true}) {
+    Tensor v = tensor({NAN, -1.0f, 2.0f}).requires_grad_();
+    (tensor_op ? v.relu() : functional::relu(v)).sum().backward();
+    EXPECT_EQ(Values(v.grad()), (std::vector<double>{1, 0, 1})) << "tensor op " << tensor_op;
+  }
   // Non-contiguous input takes the tensor-op path and agrees.
   Tensor m = randn({3, 4});
   EXPECT_TRUE(functional::relu(m.t()).equal(m.t().relu()));
