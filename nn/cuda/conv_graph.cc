@@ -179,41 +179,49 @@ bool MakeConvolution(Descriptors& owned, const Shape& s, cudnnBackendDescriptor_
   return true;
 }
 
+// The descriptor type of a direction's operation and the names of its
+// attributes. x and y are the convolution's input and output whichever of
+// them is the gradient (dx for backward data, dy for both backwards; w is
+// dw for backward weights).
+struct OperationNames {
+  cudnnBackendDescriptorType_t kind;
+  cudnnBackendAttributeName_t alpha, beta, conv, x, w, y;
+};
+
+OperationNames NamesOf(ConvDirection direction) {
+  switch (direction) {
+    case ConvDirection::kForward:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y};
+    case ConvDirection::kInputGrad:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY};
+    default:
+      return {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+              CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY};
+  }
+}
+
 // The direction's operation on tensors x, w, y and convolution `conv`.
 bool MakeOperation(Descriptors& owned, const Shape& s, cudnnBackendDescriptor_t x,
                    cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y,
                    cudnnBackendDescriptor_t conv, cudnnBackendDescriptor_t* out, std::string* why) {
-  cudnnBackendDescriptorType_t kind;
-  cudnnBackendAttributeName_t alpha_name, beta_name, conv_name, x_name, w_name, y_name;
-  switch (s.direction) {
-    case ConvDirection::kForward:
-      kind = CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR;
-      alpha_name = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA;
-      beta_name = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA;
-      conv_name = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC;
-      x_name = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X;
-      w_name = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W;
-      y_name = CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y;
-      break;
-    case ConvDirection::kInputGrad:
-      kind = CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR;
-      alpha_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA;
-      beta_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA;
-      conv_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC;
-      x_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX;
-      w_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W;
-      y_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY;
-      break;
-    default:
-      kind = CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR;
-      alpha_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA;
-      beta_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA;
-      conv_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC;
-      x_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X;
-      w_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW;
-      y_name = CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY;
-      break;
-  }
+  const OperationNames names = NamesOf(s.direction);
   // The scaling factors in double for float64 data, float otherwise (as the
   // legacy path's Scalars).
   const bool in_double = s.type == CUDNN_DATA_DOUBLE;
@@ -223,18 +231,18 @@ bool MakeOperation(Descriptors& owned, const Shape& s, cudnnBackendDescriptor_t 
   const void* alpha = in_double ? static_cast<const void*>(&d_alpha) : &f_alpha;
   const void* beta = in_double ? static_cast<const void*>(&d_beta) : &f_beta;
   cudnnBackendDescriptor_t op = nullptr;
-  EMBER_GRAPH_TRY(owned.Create(kind, &op), "creating the operation");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, x_name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x),
+  EMBER_GRAPH_TRY(owned.Create(names.kind, &op), "creating the operation");
+  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, names.x, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x),
                   "the operation's x");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, w_name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w),
+  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, names.w, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w),
                   "the operation's w");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, y_name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y),
+  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, names.y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y),
                   "the operation's y");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, conv_name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv),
+  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, names.conv, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv),
                   "the operation's convolution");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, alpha_name, scalar_type, 1, alpha),
+  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, names.alpha, scalar_type, 1, alpha),
                   "the operation's alpha");
-  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, beta_name, scalar_type, 1, beta),
+  EMBER_GRAPH_TRY(cudnnBackendSetAttribute(op, names.beta, scalar_type, 1, beta),
                   "the operation's beta");
   EMBER_GRAPH_TRY(cudnnBackendFinalize(op), "finalizing the operation");
   *out = op;
