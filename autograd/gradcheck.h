@@ -22,7 +22,7 @@
 //
 // Inputs may live on any device: elements are perturbed with tensor ops
 // (a no-grad fill_ of a 0-dim view) and values are read back on the host, so
-// the same check runs on cuda:N (autograd/device_ops_test.cc).
+// the same check runs on cuda:N (nn/device_ops_test.cc).
 // Inputs must be float64 (float32 differences are too coarse) and must not
 // overlap themselves (an expanded tensor would perturb several elements at
 // once); violations are reported as InvalidArgument. A mismatch is reported

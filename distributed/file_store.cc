@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "distributed/store_util.h"
@@ -48,9 +48,16 @@ constexpr char kMagic[8] = {'E', 'M', 'B', 'R', 'F', 'S', '0', '1'};
 constexpr int64_t kHeaderBytes = 8;
 constexpr int64_t kRecordHeaderBytes = 9;
 
+// A failed system call on the store's file, "FileStore <path>: <what>
+// failed: <strerror>", worded by absl::ErrnoToStatus (which reads the errno
+// text thread-safely). The code stays kUnavailable whatever the errno, not
+// ErrnoToStatus's code for it: the environment's failures are kUnavailable
+// (distributed/README.md "Errors"), and a path that cannot be opened (ENOENT,
+// kNotFound to ErrnoToStatus) must read so (file_store_test).
 absl::Status ErrnoError(std::string_view what, const std::string& path, int err) {
   return absl::UnavailableError(
-      absl::StrCat("FileStore ", path, ": ", std::string(what), " failed: ", strerror(err)));
+      absl::ErrnoToStatus(err, absl::StrCat("FileStore ", path, ": ", std::string(what), " failed"))
+          .message());
 }
 
 uint32_t ReadLe32(const char* p) {

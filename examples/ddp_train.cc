@@ -25,13 +25,13 @@
 #include "absl/time/clock.h"
 #include "autograd/grad_mode.h"
 #include "distributed/distributed.h"
-#include "hub/checkpoint.h"
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
 #include "parallel/distributed_data_parallel.h"
+#include "serialization/serialization.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
@@ -140,8 +140,7 @@ absl::Status Train(const Options& options) {
     ember::autograd::NoGradGuard no_grad;
     const double accuracy = (*model)(x).argmax(1).eq(y).to(ember::kFloat32).mean().item<double>();
     std::printf("held-out accuracy: %.4f\n", accuracy);
-    EMBER_RETURN_IF_ERROR(
-        ember::hub::save_checkpoint(ddp->module()->state_dict(), options.checkpoint));
+    EMBER_RETURN_IF_ERROR(ember::save(ddp->module()->state_dict(), options.checkpoint));
     std::printf("saved checkpoint to %s\n", options.checkpoint.c_str());
   }
   return dist::destroy_process_group();

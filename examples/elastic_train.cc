@@ -7,8 +7,8 @@
 //
 //   bazel build //tools/launch //examples:elastic_train
 //   # on each node (1 to 3 of them), the same command:
-//   bazel-bin/tools/launch/launch --nproc_per_node=2 --nnodes=1:3 \
-//       --rdzv_endpoint=HEAD_HOST:29400 --rdzv_id=mlp bazel-bin/examples/elastic_train
+//   rdzv="--nnodes=1:3 --rdzv_endpoint=HEAD_HOST:29400 --rdzv_id=mlp"
+//   bazel-bin/tools/launch/launch --nproc_per_node=2 $rdzv bazel-bin/examples/elastic_train
 //
 // Options: --steps=N (300), --batch=N (per rank, 32), --save_every=N (20),
 // --checkpoint=PATH (elastic_train.pt), --step_delay_ms=N (0; slows steps
@@ -33,13 +33,13 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "distributed/distributed.h"
-#include "hub/checkpoint.h"
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
 #include "parallel/distributed_data_parallel.h"
+#include "serialization/serialization.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
@@ -116,13 +116,14 @@ struct Task {
 // ("optim.<index>.<name>") and the next step ("step").
 absl::Status Save(const std::string& path, ember::nn::Module& model,
                   const ember::nn::optim::Optimizer& optimizer, int next_step) {
-  ember::hub::StateDict sd;
+  ember::StateDict sd;
   for (auto& [name, t] : model.state_dict()) sd.emplace_back(name, t);
   for (const auto& p : optimizer.state_dict().state) {
-    for (const auto& [name, t] : p.values) sd.emplace_back(absl::StrCat("optim.", p.index, ".", name), t);
+    for (const auto& [name, t] : p.values)
+      sd.emplace_back(absl::StrCat("optim.", p.index, ".", name), t);
   }
   sd.emplace_back("step", ember::full({1}, next_step, ember::TensorOptions(ember::kInt64)));
-  return ember::hub::save_checkpoint(sd, path);
+  return ember::save(sd, path);
 }
 
 // The step to start from: 1 without a checkpoint, else the saved one, with
@@ -130,8 +131,8 @@ absl::Status Save(const std::string& path, ember::nn::Module& model,
 absl::StatusOr<int> Resume(const std::string& path, ember::nn::Module& model,
                            ember::nn::optim::Optimizer& optimizer) {
   if (access(path.c_str(), R_OK) != 0) return 1;
-  EMBER_ASSIGN_OR_RETURN(ember::hub::StateDict sd, ember::hub::load_checkpoint(path));
-  ember::nn::StateDict params;
+  EMBER_ASSIGN_OR_RETURN(ember::StateDict sd, ember::load(path));
+  ember::StateDict params;
   ember::nn::optim::OptimizerStateDict opt = optimizer.state_dict();
   int step = 1;
   for (auto& [name, t] : sd) {
@@ -146,7 +147,9 @@ absl::StatusOr<int> Resume(const std::string& path, ember::nn::Module& model,
       }
       ember::nn::optim::OptimizerStateDict::ParamState* state = nullptr;
       for (auto& s : opt.state) state = s.index == index ? &s : state;
-      if (state == nullptr) state = &opt.state.emplace_back(ember::nn::optim::OptimizerStateDict::ParamState{index, {}});
+      if (state == nullptr)
+        state =
+            &opt.state.emplace_back(ember::nn::optim::OptimizerStateDict::ParamState{index, {}});
       state->values.emplace_back(parts[1], t);
     } else {
       params.emplace_back(name, t);
@@ -174,8 +177,8 @@ absl::Status Train(const Options& options) {
   EMBER_ASSIGN_OR_RETURN(int first_step, Resume(options.checkpoint, *model, optimizer));
   EMBER_ASSIGN_OR_RETURN(auto ddp, ember::parallel::DistributedDataParallel::create(model));
   if (rank == 0) {
-    std::printf("round %s (restart %s): %d processes, resuming at step %d\n",
-                round ? round : "-", restarts ? restarts : "0", world, first_step);
+    std::printf("round %s (restart %s): %d processes, resuming at step %d\n", round ? round : "-",
+                restarts ? restarts : "0", world, first_step);
     std::fflush(stdout);
   }
   std::ofstream log;

@@ -8,10 +8,9 @@
 // and optimizer state both, and goes on training.
 //
 //   bazel build //tools/launch //examples:fsdp_train
-//   bazel-bin/tools/launch/launch --nproc_per_node=2 bazel-bin/examples/fsdp_train \
-//       --steps=200 --checkpoint_dir=/tmp/fsdp_ckpt
-//   bazel-bin/tools/launch/launch --nproc_per_node=1 bazel-bin/examples/fsdp_train \
-//       --steps=200 --checkpoint_dir=/tmp/fsdp_ckpt --resume
+//   fsdp="bazel-bin/examples/fsdp_train --steps=200 --checkpoint_dir=/tmp/fsdp_ckpt"
+//   bazel-bin/tools/launch/launch --nproc_per_node=2 $fsdp
+//   bazel-bin/tools/launch/launch --nproc_per_node=1 $fsdp --resume
 //
 // The task (as ddp_train's): label = argmax(x W) for a fixed random W; each
 // rank draws its own samples. Rank 0 prints the loss, the held-out accuracy

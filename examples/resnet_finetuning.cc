@@ -11,11 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "hub/builders.h"
-#include "hub/checkpoint.h"
 #include "hub/load.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
+#include "serialization/serialization.h"
 #include "tensor/factories.h"
 
 namespace ember::examples {
@@ -28,8 +28,7 @@ absl::Status PublishRepository(const std::string& dir) {
   manual_seed(0);
   absl::StatusOr<std::shared_ptr<nn::Module>> pretrained = hub::build("resnet18", {});
   if (!pretrained.ok()) return pretrained.status();
-  absl::Status saved =
-      hub::save_checkpoint((*pretrained)->state_dict(), dir + "/weights/resnet18.pt");
+  absl::Status saved = ember::save((*pretrained)->state_dict(), dir + "/weights/resnet18.pt");
   if (!saved.ok()) return saved;
   std::ofstream(dir + "/hubconf.textproto") << R"pb(
     dependencies: "resnet18"
@@ -71,7 +70,8 @@ absl::StatusOr<FinetuneResult> finetune_resnet(const FinetuneOptions& options) {
   for (const Tensor& p : pretrained) p.requires_grad_(false);
 
   // model.fc = nn.Linear(512, 2): only the new layer requires grad.
-  std::shared_ptr<nn::Linear> fc = model->replace_module("fc", std::make_shared<nn::Linear>(512, 2));
+  std::shared_ptr<nn::Linear> fc =
+      model->replace_module("fc", std::make_shared<nn::Linear>(512, 2));
   // model.to(device): parameters and buffers (the batch-norm statistics) move.
   model->to(options.device);
   // The new head took the old one's place: the trunk's tensors, then fc's.

@@ -14,10 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "hub/hub_dir.h"
-#include "hub/printable.h"
+#include "serialization/printable.h"
 #include "tensor/status_macros.h"
 
 namespace ember::hub {
+
+using ::ember::serialization::escape_for_terminal;
+
 namespace {
 
 struct ReaderDeleter {

@@ -5,8 +5,8 @@
 //   #include <filesystem>
 //   #include <fstream>
 //   #include "hub/archive.h"
-//   #include "hub/zip.h"
-//   ember::hub::ZipWriter zip;  // a repository archive, as GitHub serves one
+//   #include "serialization/zip.h"
+//   ember::serialization::ZipWriter zip;  // a repository archive, as GitHub serves one
 //   zip.add("models-1.0/hubconf.textproto", "entry_points { name: \"mlp\" builder: \"mlp\" }\n");
 //   EMBER_ASSIGN_OR_RETURN(std::string bytes, std::move(zip).finish());
 //   std::string dir = std::filesystem::temp_directory_path() / "x";

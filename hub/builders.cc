@@ -8,11 +8,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "hub/load_state_dict_from_url.h"
-#include "hub/resnet.h"
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/conv.h"
 #include "nn/linear.h"
+#include "nn/models/resnet.h"
 #include "nn/pooling.h"
 #include "tensor/error.h"
 #include "tensor/status_macros.h"
@@ -32,8 +32,7 @@ absl::StatusOr<ModulePtr> BuildMlp(const Kwargs& kwargs) {
   auto net = std::make_shared<nn::Sequential>();
   for (int64_t i = 0; i < depth; ++i) {
     bool last = i + 1 == depth;
-    net->push_back(std::make_shared<nn::Linear>(i == 0 ? in : hidden,
-                                                last ? out : hidden));
+    net->push_back(std::make_shared<nn::Linear>(i == 0 ? in : hidden, last ? out : hidden));
     if (!last) net->push_back(std::make_shared<nn::ReLU>());
   }
   return net;
@@ -45,23 +44,20 @@ absl::StatusOr<ModulePtr> BuildSmallCnn(const Kwargs& kwargs) {
   int64_t classes = r.positive_int("num_classes", 4);
   EMBER_RETURN_IF_ERROR(r.finish());
   return std::make_shared<nn::Sequential>(std::vector<ModulePtr>{
-      std::make_shared<nn::Conv2d>(in, 8, 3, 1, 1),
-      std::make_shared<nn::ReLU>(), std::make_shared<nn::MaxPool2d>(2),
-      std::make_shared<nn::Conv2d>(8, 16, 3, 1, 1),
-      std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::AdaptiveAvgPool2d>(nn::Int2{1, 1}),
-      std::make_shared<nn::Flatten>(),
-      std::make_shared<nn::Linear>(16, classes)});
+      std::make_shared<nn::Conv2d>(in, 8, 3, 1, 1), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Conv2d>(8, 16, 3, 1, 1),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::AdaptiveAvgPool2d>(nn::Int2{1, 1}),
+      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(16, classes)});
 }
 
 absl::StatusOr<ModulePtr> BuildResNet18(const Kwargs& kwargs) {
   KwargsReader r("resnet18", kwargs);
-  ResNetOptions options;
+  nn::models::ResNetOptions options;
   options.num_classes = r.positive_int("num_classes", options.num_classes);
   options.width = r.positive_int("width", options.width);
   options.in_channels = r.positive_int("in_channels", options.in_channels);
   EMBER_RETURN_IF_ERROR(r.finish());
-  return std::make_shared<ResNet18>(options);
+  return std::make_shared<nn::models::ResNet18>(options);
 }
 
 struct Registered {
@@ -108,8 +104,7 @@ int64_t KwargsReader::positive_int(const std::string& name, int64_t fallback) {
   if (v == nullptr || *v <= 0) {
     if (error_.empty()) {
       error_ =
-          absl::StrCat("builder ", builder_, ": argument '", name,
-                       "' must be a positive int, got ",
+          absl::StrCat("builder ", builder_, ": argument '", name, "' must be a positive int, got ",
                        v ? absl::StrCat(*v) : "a " + ArgTypeName(it->second));
     }
     return fallback;
@@ -122,8 +117,8 @@ absl::Status KwargsReader::finish() const {
   for (const auto& [name, value] : kwargs_) {
     if (std::find(read_.begin(), read_.end(), name) == read_.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("builder ", builder_, " got an unexpected argument '",
-                       name, "' (it takes: ", absl::StrJoin(read_, ", "), ")"));
+          absl::StrCat("builder ", builder_, " got an unexpected argument '", name,
+                       "' (it takes: ", absl::StrJoin(read_, ", "), ")"));
     }
   }
   return absl::OkStatus();
@@ -133,9 +128,9 @@ absl::Status register_builder(const std::string& name, Builder builder) {
   return Register(name, {std::move(builder), std::nullopt});
 }
 
-absl::Status register_builder(const std::string& name, Builder builder,
-                              PublishedWeights weights) {
-  if (weights.file_name.find('/') != std::string::npos || hash_prefix_from_file_name(weights.file_name).size() < 8) {
+absl::Status register_builder(const std::string& name, Builder builder, PublishedWeights weights) {
+  if (weights.file_name.find('/') != std::string::npos ||
+      hash_prefix_from_file_name(weights.file_name).size() < 8) {
     return absl::InvalidArgumentError(absl::StrCat(
         "builder ", name, ": weights file name '", weights.file_name,
         "' must carry the file's SHA-256 as name-<first 8+ hex digits>.ext, as torchvision "
@@ -166,8 +161,7 @@ std::vector<std::string> builder_names() {
   return names;
 }
 
-absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name,
-                                                  const Kwargs& kwargs) {
+absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name, const Kwargs& kwargs) {
   Builder builder;
   {
     Registry& r = GetRegistry();
@@ -176,16 +170,15 @@ absl::StatusOr<std::shared_ptr<nn::Module>> build(const std::string& name,
     if (it != r.builders.end()) builder = it->second.builder;
   }
   if (!builder) {
-    return absl::NotFoundError(absl::StrCat(
-        "no builder named '", name, "' is registered (registered: ",
-        absl::StrJoin(builder_names(), ", "), ")"));
+    return absl::NotFoundError(
+        absl::StrCat("no builder named '", name,
+                     "' is registered (registered: ", absl::StrJoin(builder_names(), ", "), ")"));
   }
   try {
     return builder(kwargs);
   } catch (const Error& e) {  // a layer's argument check (ember::Error) becomes
                               // a Status here
-    return absl::InvalidArgumentError(
-        absl::StrCat("builder ", name, ": ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat("builder ", name, ": ", e.what()));
   }
 }
 

@@ -16,8 +16,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "hub/printable.h"
 #include "hub/sha256.h"
+#include "serialization/printable.h"
 
 // Note [Download safety]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -36,6 +36,9 @@
 //   file; only a verified file is renamed over `dest`.
 
 namespace ember::hub {
+
+using ::ember::serialization::escape_for_terminal;
+
 namespace {
 
 struct CurlDeleter {
@@ -217,7 +220,7 @@ absl::Status check_url_scheme(absl::string_view url) {
 }
 
 absl::Status download_url_to_file(const std::string& url, const std::string& dest,
-                               const DownloadOptions& options) {
+                                  const DownloadOptions& options) {
   if (absl::Status s = check_url_scheme(url); !s.ok()) return s;
   GlobalInitOnce();
   std::string ca_bundle = options.ca_bundle;

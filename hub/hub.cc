@@ -4,8 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "hub/printable.h"
+#include "hub/hubconf_py.h"
 #include "hub/repo_ref.h"
+#include "serialization/printable.h"
 #include "tensor/status_macros.h"
 
 namespace ember::hub {
@@ -33,15 +34,6 @@ absl::StatusOr<Repository> open_repository(const std::string& repo, const HubOpt
   return r;
 }
 
-absl::StatusOr<const EntryPoint*> get_entry_point(const Repository& repo, const std::string& entry) {
-  if (const EntryPoint* e = FindEntryPoint(repo.conf, entry)) return e;
-  std::vector<std::string> names;
-  for (const EntryPoint& e : repo.conf.entry_points()) names.push_back(e.name());
-  return absl::NotFoundError(absl::StrCat("cannot find callable ", entry, " in hubconf of ",
-                                          repo.dir, " (entry points: ", absl::StrJoin(names, ", "),
-                                          ")"));
-}
-
 absl::StatusOr<std::vector<std::string>> list(const std::string& repo, const HubOptions& options) {
   EMBER_ASSIGN_OR_RETURN(Repository r, open_repository(repo, options));
   std::vector<std::string> names;
@@ -52,7 +44,7 @@ absl::StatusOr<std::vector<std::string>> list(const std::string& repo, const Hub
 absl::StatusOr<std::string> help(const std::string& repo, const std::string& entry,
                                  const HubOptions& options) {
   EMBER_ASSIGN_OR_RETURN(Repository r, open_repository(repo, options));
-  EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, get_entry_point(r, entry));
+  EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, get_entry_point(r.conf, entry, r.dir));
   return e->doc();
 }
 

@@ -12,7 +12,8 @@
 // A repository is "owner/repo[:ref]" fetched into the hub directory
 // (repo_cache.h), or, with source = kLocal, a directory on disk used as is
 // (torch.hub's source='local'). Either way its root holds hubconf.textproto
-// (hubconf.h) or a PyTorch-hub hubconf.py (hubconf_py.h). Loading models (load) lives in hub/load.h, which needs nn/.
+// (hubconf.h) or a PyTorch-hub hubconf.py (hubconf_py.h). Loading models (load) lives in
+// hub/load.h, which needs nn/.
 //
 // Errors: everything here reads the network, files or a published config, so
 // failures are absl::Status (see hub/README.md for the codes).
@@ -69,9 +70,6 @@ absl::StatusOr<std::vector<std::string>> list(const std::string& repo,
 // that exist.
 absl::StatusOr<std::string> help(const std::string& repo, const std::string& entry,
                                  const HubOptions& options = {});
-
-// The entry point `entry` of `conf`; NotFound listing those that exist.
-absl::StatusOr<const EntryPoint*> get_entry_point(const Repository& repo, const std::string& entry);
 
 }  // namespace ember::hub
 

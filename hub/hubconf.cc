@@ -1,9 +1,7 @@
 #include "hub/hubconf.h"
 
 #include <algorithm>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -11,11 +9,13 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
-#include "hub/hubconf_py.h"
-#include "hub/printable.h"
+#include "serialization/printable.h"
 #include "tensor/status_macros.h"
 
 namespace ember::hub {
+
+using ::ember::serialization::escape_for_terminal;
+
 namespace {
 
 // Keeps the first parse error with its position (protobuf would otherwise
@@ -157,25 +157,16 @@ absl::StatusOr<HubConf> parse_hubconf(absl::string_view text, absl::string_view 
   return conf;
 }
 
-absl::StatusOr<HubConf> read_hubconf(const std::string& repo_dir) {
-  for (const char* file : {kHubConfFile, kHubConfPyFile}) {
-    const std::string path = absl::StrCat(repo_dir, "/", file);
-    std::ifstream in(path, std::ios::binary);
-    if (!in) continue;
-    std::stringstream text;
-    text << in.rdbuf();
-    if (file == kHubConfFile) return parse_hubconf(text.str(), path);
-    return parse_hubconf_py(text.str(), path);
-  }
-  return absl::NotFoundError(absl::StrCat("no ", kHubConfFile, " or ", kHubConfPyFile, " in ",
-                                          repo_dir, ": the repository publishes no entry points"));
-}
-
-const EntryPoint* FindEntryPoint(const HubConf& conf, absl::string_view name) {
+absl::StatusOr<const EntryPoint*> get_entry_point(const HubConf& conf, absl::string_view name,
+                                                  absl::string_view where) {
+  std::vector<std::string> names;
   for (const EntryPoint& e : conf.entry_points()) {
     if (e.name() == name) return &e;
+    names.push_back(e.name());
   }
-  return nullptr;
+  return absl::NotFoundError(absl::StrCat("cannot find callable ", escape_for_terminal(name),
+                                          " in hubconf of ", where,
+                                          " (entry points: ", absl::StrJoin(names, ", "), ")"));
 }
 
 absl::Status check_dependencies(const HubConf& conf, const std::vector<std::string>& available) {

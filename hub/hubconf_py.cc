@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -12,9 +14,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "hub/hubconf.h"
-#include "hub/printable.h"
+#include "serialization/printable.h"
 
 namespace ember::hub {
+
+using ::ember::serialization::append_utf8;
+using ::ember::serialization::parse_hex_digits;
+
 namespace {
 
 struct Token {
@@ -385,9 +391,9 @@ absl::StatusOr<HubConf> parse_hubconf_py(absl::string_view text, absl::string_vi
         return s;
       }
       entries[name.text] =
-          Entry{doc ? CleanDoc(*doc) : "",
-                k + 2 < line.size() && IsOp(line[k + 2], '(') ? PositionalParameters(line, k + 2)
-                                                               : std::vector<std::string>{}};
+          Entry{doc ? CleanDoc(*doc) : "", k + 2 < line.size() && IsOp(line[k + 2], '(')
+                                               ? PositionalParameters(line, k + 2)
+                                               : std::vector<std::string>{}};
     } else if (std::optional<std::vector<std::string>> imported = ImportedNames(line)) {
       // What an imported name is (a function, a class, a constant) is not
       // known without running Python; it is listed, and loads when a
@@ -420,6 +426,20 @@ absl::StatusOr<HubConf> parse_hubconf_py(absl::string_view text, absl::string_vi
   }
   for (const std::string& d : dependencies) conf.add_python_dependencies(d);
   return conf;
+}
+
+absl::StatusOr<HubConf> read_hubconf(const std::string& repo_dir) {
+  for (const char* file : {kHubConfFile, kHubConfPyFile}) {
+    const std::string path = absl::StrCat(repo_dir, "/", file);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) continue;
+    std::stringstream text;
+    text << in.rdbuf();
+    if (file == kHubConfFile) return parse_hubconf(text.str(), path);
+    return parse_hubconf_py(text.str(), path);
+  }
+  return absl::NotFoundError(absl::StrCat("no ", kHubConfFile, " or ", kHubConfPyFile, " in ",
+                                          repo_dir, ": the repository publishes no entry points"));
 }
 
 }  // namespace ember::hub

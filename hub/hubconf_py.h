@@ -45,13 +45,18 @@
 // (builders.h), and with pretrained = true loads the weights that builder
 // publishes (load.h).
 //
-// Thread-safety: a free function on values; safe from any thread.
+// read_hubconf reads a repository's hubconf in either format: the
+// textproto (hubconf.h) when there is one, this reader otherwise.
+//
+// Thread-safety: free functions; safe from any thread.
 #ifndef EMBER_HUB_HUBCONF_PY_H_
 #define EMBER_HUB_HUBCONF_PY_H_
 
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "hub/hubconf.pb.h"
+#include "hub/hubconf.h"
 
 namespace ember::hub {
 
@@ -62,6 +67,10 @@ inline constexpr char kHubConfPyFile[] = "hubconf.py";
 // Errors: InvalidArgument naming the line for an unterminated string or
 // bracket, or an entry point name that is not an ASCII identifier.
 absl::StatusOr<HubConf> parse_hubconf_py(absl::string_view text, absl::string_view source);
+
+// Reads and parses <repo_dir>/hubconf.textproto, or, when there is none,
+// <repo_dir>/hubconf.py. NotFound when the repository publishes neither.
+absl::StatusOr<HubConf> read_hubconf(const std::string& repo_dir);
 
 }  // namespace ember::hub
 

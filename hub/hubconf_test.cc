@@ -19,6 +19,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// The entry point `name` of `conf`, or null when get_entry_point finds none.
+const EntryPoint* Entry(const HubConf& conf, absl::string_view name) {
+  absl::StatusOr<const EntryPoint*> e = get_entry_point(conf, name, "test");
+  return e.ok() ? *e : nullptr;
+}
+
 constexpr char kGood[] = R"pb(
   dependencies: "mlp"
   entry_points {
@@ -38,12 +44,15 @@ TEST(HubConfTest, ParsesEntryPoints) {
   absl::StatusOr<HubConf> conf = parse_hubconf(kGood, "x/hubconf.textproto");
   ASSERT_TRUE(conf.ok()) << conf.status();
   ASSERT_EQ(conf->entry_points_size(), 2);
-  const EntryPoint* e = FindEntryPoint(*conf, "tiny_mlp");
+  const EntryPoint* e = Entry(*conf, "tiny_mlp");
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->doc(), "A two-layer perceptron.");
   EXPECT_EQ(e->kwargs().at("hidden").int_value(), 8);
   EXPECT_EQ(e->weights().file(), "weights/tiny_mlp.safetensors");
-  EXPECT_EQ(FindEntryPoint(*conf, "nope"), nullptr);
+  absl::StatusOr<const EntryPoint*> missing = get_entry_point(*conf, "nope", "alice/models");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(missing.status().message(),
+            "cannot find callable nope in hubconf of alice/models (entry points: tiny_mlp, fresh)");
 }
 
 TEST(HubConfTest, SyntaxErrorNamesSourceAndLine) {
@@ -135,8 +144,8 @@ TEST(HubConfNamesTest, PositionalParametersAreDistinctIdentifiers) {
       "r/hubconf.textproto");
   ASSERT_TRUE(conf.ok()) << conf.status();
   EXPECT_THAT(conf->entry_points(0).positional(), ElementsAre("pretrained", "hidden"));
-  conf = parse_hubconf(
-      "entry_points { name: \"m\" builder: \"mlp\" positional: \"a b\" }", "r/hubconf.textproto");
+  conf = parse_hubconf("entry_points { name: \"m\" builder: \"mlp\" positional: \"a b\" }",
+                       "r/hubconf.textproto");
   EXPECT_EQ(conf.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(conf.status().message(),
               HasSubstr("r/hubconf.textproto: entry point 'm': positional parameter 'a b' is not "
@@ -187,12 +196,12 @@ TEST(HubConfPyTest, ReadsAVisionRepositoryWithoutRunningIt) {
   // Sorted, as torch.hub.list; names from `from m import` (under their
   // alias), but no `import m`, private helpers or imports, nested defs,
   // methods or defs inside strings.
-  EXPECT_THAT(names, ElementsAre("ResNet", "deeplab", "entry_with_r_string",
-                                 "load_state_dict_from_url", "load_weights", "mlp",
-                                 "mobilenet_v2", "resnet18", "small_cnn"));
+  EXPECT_THAT(names,
+              ElementsAre("ResNet", "deeplab", "entry_with_r_string", "load_state_dict_from_url",
+                          "load_weights", "mlp", "mobilenet_v2", "resnet18", "small_cnn"));
   // What positional arguments bind to: the parameters before *, *args, **.
   auto positional = [&](const char* name) {
-    const EntryPoint* e = FindEntryPoint(*conf, name);
+    const EntryPoint* e = Entry(*conf, name);
     return std::vector<std::string>(e->positional().begin(), e->positional().end());
   };
   EXPECT_THAT(positional("resnet18"), ElementsAre("pretrained", "progress"));
@@ -201,9 +210,9 @@ TEST(HubConfPyTest, ReadsAVisionRepositoryWithoutRunningIt) {
   EXPECT_THAT(positional("mlp"), ElementsAre("in_features"));
   EXPECT_THAT(positional("entry_with_r_string"), ::testing::IsEmpty());
   EXPECT_THAT(positional("deeplab"), ::testing::IsEmpty());  // imported: unknown
-  EXPECT_EQ(FindEntryPoint(*conf, "deeplab")->doc(), "");
+  EXPECT_EQ(Entry(*conf, "deeplab")->doc(), "");
   EXPECT_THAT(conf->python_dependencies(), ElementsAre("torch", "torchvision"));
-  EXPECT_EQ(FindEntryPoint(*conf, "resnet18")->doc(),
+  EXPECT_EQ(Entry(*conf, "resnet18")->doc(),
             "ResNet-18 model from\n"
             "`\"Deep Residual Learning for Image Recognition\" "
             "<https://arxiv.org/pdf/1512.03385.pdf>`_\n"
@@ -211,15 +220,15 @@ TEST(HubConfPyTest, ReadsAVisionRepositoryWithoutRunningIt) {
             "Args:\n"
             "    pretrained (bool): If True, returns a model pre-trained on ImageNet\n"
             "    progress (bool): If True, displays a progress bar of the download to stderr");
-  EXPECT_EQ(FindEntryPoint(*conf, "mobilenet_v2")->doc(),
+  EXPECT_EQ(Entry(*conf, "mobilenet_v2")->doc(),
             "MobileNetV2: \"Inverted Residuals and Linear Bottlenecks\".\n"
             "\n"
             "Triple-single-quoted, with a 'quoted' word and a tab        escape.\n"
             "    Indented more: kept relative.");
-  EXPECT_EQ(FindEntryPoint(*conf, "small_cnn")->doc(),
+  EXPECT_EQ(Entry(*conf, "small_cnn")->doc(),
             "A decorated def with its docstring on the same line.");
-  EXPECT_EQ(FindEntryPoint(*conf, "mlp")->doc(), "");
-  EXPECT_EQ(FindEntryPoint(*conf, "entry_with_r_string")->doc(), "Raw: \\d+ stays as written.");
+  EXPECT_EQ(Entry(*conf, "mlp")->doc(), "");
+  EXPECT_EQ(Entry(*conf, "entry_with_r_string")->doc(), "Raw: \\d+ stays as written.");
 }
 
 // Python's ast on the same file: top-level defs and `from m import` names
@@ -288,17 +297,17 @@ from .again import coroutine
   EXPECT_EQ(EntriesByEmber(*conf), python);
   // And what Python says, written out, so that a broken Python check
   // cannot pass an empty agreement.
-  const EntryPoint* e = FindEntryPoint(*conf, "posonly");
+  const EntryPoint* e = Entry(*conf, "posonly");
   ASSERT_NE(e, nullptr);
   EXPECT_THAT(e->positional(), ElementsAre("a", "b", "c"));
-  EXPECT_THAT(FindEntryPoint(*conf, "defaults_with_commas")->positional(),
-              ElementsAre("s", "t", "u"));
-  EXPECT_EQ(FindEntryPoint(*conf, "b_model")->doc(), "Redefined after its import: the def wins.");
-  EXPECT_EQ(FindEntryPoint(*conf, "coroutine")->doc(), "");  // re-imported last
-  EXPECT_EQ(FindEntryPoint(*conf, "annotations"), nullptr);
-  EXPECT_EQ(FindEntryPoint(*conf, "osp"), nullptr);
-  EXPECT_NE(FindEntryPoint(*conf, "renamed"), nullptr);
-  EXPECT_NE(FindEntryPoint(*conf, "sibling"), nullptr);
+  EXPECT_THAT(Entry(*conf, "defaults_with_commas")->positional(), ElementsAre("s", "t", "u"));
+  EXPECT_EQ(Entry(*conf, "b_model")->doc(), "Redefined after its import: the def wins.");
+  EXPECT_EQ(Entry(*conf, "coroutine")->doc(), "");  // re-imported last
+  EXPECT_EQ(get_entry_point(*conf, "annotations", "test").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(get_entry_point(*conf, "osp", "test").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(get_entry_point(*conf, "renamed", "test").ok());
+  EXPECT_TRUE(get_entry_point(*conf, "sibling", "test").ok());
 }
 
 TEST(HubConfPyTest, TextprotoWinsWhenBothExist) {

@@ -8,14 +8,17 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "hub/checkpoint.h"
 #include "hub/load_state_dict_from_url.h"
-#include "hub/printable.h"
 #include "hub/repo_cache.h"
 #include "hub/sha256.h"
+#include "serialization/printable.h"
+#include "serialization/serialization.h"
 #include "tensor/status_macros.h"
 
 namespace ember::hub {
+
+using ::ember::serialization::escape_for_terminal;
+
 namespace {
 
 Arg FromProto(const ArgValue& v) {
@@ -32,7 +35,7 @@ Arg FromProto(const ArgValue& v) {
 }
 
 absl::StatusOr<StateDict> EntryWeights(const Repository& repo, const EntryPoint& e,
-                                           const LoadOptions& options, bool progress) {
+                                       const LoadOptions& options, bool progress) {
   const Weights& w = e.weights();
   if (const std::string origin = url_origin(w.url()); absl::StartsWith(origin, "http://")) {
     // Plain http only from the host of a plain-http base URL the user chose
@@ -64,7 +67,7 @@ absl::StatusOr<StateDict> EntryWeights(const Repository& repo, const EntryPoint&
                                               "'; reload the repository with force_reload"));
     }
   }
-  return load_checkpoint(path);
+  return ember::load(path);
 }
 
 // Note [Builder weights]
@@ -79,8 +82,8 @@ absl::StatusOr<StateDict> EntryWeights(const Repository& repo, const EntryPoint&
 //
 // The weights a builder publishes, from the base URL the caller chose or the
 // builder's own.
-absl::StatusOr<StateDict> BuilderWeights(const PublishedWeights& w,
-                                         const LoadOptions& options, bool progress) {
+absl::StatusOr<StateDict> BuilderWeights(const PublishedWeights& w, const LoadOptions& options,
+                                         bool progress) {
   std::string base = options.weights_base_url;
   if (base.empty()) {
     const char* env = std::getenv(kWeightsBaseUrlEnv);
@@ -126,8 +129,7 @@ absl::StatusOr<CallArguments> BindArguments(const std::string& repo, const Entry
     return absl::InvalidArgumentError(absl::StrCat(
         who, " takes ", e.positional_size(), " positional argument",
         e.positional_size() == 1 ? "" : "s",
-        e.positional().empty() ? ""
-                               : absl::StrCat(" (", absl::StrJoin(e.positional(), ", "), ")"),
+        e.positional().empty() ? "" : absl::StrCat(" (", absl::StrJoin(e.positional(), ", "), ")"),
         " but ", options.args.size(), options.args.size() == 1 ? " was" : " were",
         " given; pass the others in kwargs"));
   }
@@ -136,9 +138,9 @@ absl::StatusOr<CallArguments> BindArguments(const std::string& repo, const Entry
   for (size_t i = 0; i < options.args.size(); ++i) {
     const std::string& name = e.positional(static_cast<int>(i));
     if (!call.kwargs.emplace(name, options.args[i]).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, " got multiple values for argument '", name, "' (positional argument ",
-                       i + 1, " and a kwarg); give it once"));
+      return absl::InvalidArgumentError(absl::StrCat(who, " got multiple values for argument '",
+                                                     name, "' (positional argument ", i + 1,
+                                                     " and a kwarg); give it once"));
     }
   }
   call.pretrained = options.pretrained;
@@ -148,9 +150,8 @@ absl::StatusOr<CallArguments> BindArguments(const std::string& repo, const Entry
     if (it == call.kwargs.end()) continue;
     const bool* value = std::get_if<bool>(&it->second);
     if (value == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(who, ": argument '", own,
-                                                     "' must be a bool, got ",
-                                                     ArgText(it->second)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": argument '", own, "' must be a bool, got ", ArgText(it->second)));
     }
     if (it->first == "pretrained") {
       if (options.pretrained) {
@@ -173,7 +174,7 @@ absl::StatusOr<std::shared_ptr<nn::Module>> load(const std::string& repo, const 
                                                  const LoadOptions& options) {
   EMBER_ASSIGN_OR_RETURN(Repository r, open_repository(repo, options));
   EMBER_RETURN_IF_ERROR(check_dependencies(r.conf, builder_names()));
-  EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, get_entry_point(r, entry));
+  EMBER_ASSIGN_OR_RETURN(const EntryPoint* e, get_entry_point(r.conf, entry, r.dir));
   if (e->python()) {
     const std::vector<std::string> builders = builder_names();
     if (std::find(builders.begin(), builders.end(), e->builder()) == builders.end()) {

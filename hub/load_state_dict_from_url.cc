@@ -7,10 +7,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "hub/checkpoint.h"
 #include "hub/file_lock.h"
 #include "hub/hub_dir.h"
 #include "hub/sha256.h"
+#include "serialization/serialization.h"
 #include "tensor/status_macros.h"
 
 namespace ember::hub {
@@ -38,7 +38,7 @@ std::string hash_prefix_from_file_name(const std::string& file_name) {
 }
 
 absl::StatusOr<std::string> download_checkpoint(const std::string& url,
-                                               const LoadFromUrlOptions& options) {
+                                                const LoadFromUrlOptions& options) {
   EMBER_RETURN_IF_ERROR(check_url_scheme(url));
   std::string model_dir = options.model_dir;
   if (model_dir.empty()) {
@@ -103,9 +103,9 @@ absl::StatusOr<std::string> download_checkpoint(const std::string& url,
 }
 
 absl::StatusOr<StateDict> load_state_dict_from_url(const std::string& url,
-                                               const LoadFromUrlOptions& options) {
+                                                   const LoadFromUrlOptions& options) {
   EMBER_ASSIGN_OR_RETURN(std::string path, download_checkpoint(url, options));
-  return load_checkpoint(path);
+  return ember::load(path);
 }
 
 }  // namespace ember::hub

@@ -5,7 +5,7 @@
 //   ember::hub::LoadFromUrlOptions opts;
 //   opts.check_hash = true;  // "resnet18-f37072fd.pth": the SHA-256 starts f37072fd
 //   EMBER_ASSIGN_OR_RETURN(
-//       ember::hub::StateDict sd,
+//       ember::StateDict sd,
 //       ember::hub::load_state_dict_from_url(
 //           "https://download.pytorch.org/models/resnet18-f37072fd.pth", opts));
 //   ```
@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "hub/download.h"
-#include "hub/state_dict.h"
+#include "serialization/state_dict.h"
 
 namespace ember::hub {
 
@@ -59,7 +59,7 @@ std::string hash_prefix_from_file_name(const std::string& file_name);
 absl::StatusOr<std::string> download_checkpoint(const std::string& url,
                                                 const LoadFromUrlOptions& options = {});
 
-// download_checkpoint, then load_checkpoint (checkpoint.h) on the file.
+// download_checkpoint, then ember::load (serialization/serialization.h) on the file.
 absl::StatusOr<StateDict> load_state_dict_from_url(const std::string& url,
                                                    const LoadFromUrlOptions& options = {});
 

@@ -37,14 +37,13 @@ class LoadFromUrlTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name();
     hub_dir_ = base_ + "/hub";
     set_dir(hub_dir_);
-    fixture_ = *ReadFile("hub/testdata/tensors.pt");
+    fixture_ = *ReadFile("serialization/testdata/tensors.pt");
     digest_ = sha256_hex(fixture_);
     good_name_ = "tensors-" + digest_.substr(0, 10) + ".pt";
     ASSERT_TRUE(WriteFile(base_ + "/www/w/" + good_name_, fixture_).ok());
     ASSERT_TRUE(WriteFile(base_ + "/www/w/tensors-00000000.pt", fixture_).ok());
     ASSERT_TRUE(WriteFile(base_ + "/www/w/plain.pt", fixture_).ok());
-    absl::StatusOr<TestServer> s =
-        TestServer::Start(base_ + "/www", base_ + "/server");
+    absl::StatusOr<TestServer> s = TestServer::Start(base_ + "/www", base_ + "/server");
     ASSERT_TRUE(s.ok()) << s.status();
     server_.emplace(std::move(*s));
     options_.download.ca_bundle = server_->ca_bundle();
@@ -79,15 +78,12 @@ TEST_F(LoadFromUrlTest, DownloadsIntoCheckpointsAndReusesTheFile) {
   ASSERT_TRUE(sd.ok()) << sd.status();
   EXPECT_EQ(*server_->RequestCount("/w/" + good_name_), 1);
   server_.reset();  // offline: the cached file still loads
-  EXPECT_TRUE(
-      load_state_dict_from_url("https://127.0.0.1:1/w/" + good_name_, options_)
-          .ok());
+  EXPECT_TRUE(load_state_dict_from_url("https://127.0.0.1:1/w/" + good_name_, options_).ok());
 }
 
 TEST_F(LoadFromUrlTest, HashMismatchOnDownloadLeavesNoCacheEntry) {
   absl::Status s =
-      load_state_dict_from_url(server_->url("/w/tensors-00000000.pt"), options_)
-          .status();
+      load_state_dict_from_url(server_->url("/w/tensors-00000000.pt"), options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("'00000000'"));
   EXPECT_THAT(s.message(), HasSubstr(digest_));
@@ -97,8 +93,7 @@ TEST_F(LoadFromUrlTest, HashMismatchOnDownloadLeavesNoCacheEntry) {
 TEST_F(LoadFromUrlTest, CachedFileIsCheckedBeforeLoading) {
   std::string cached = hub_dir_ + "/checkpoints/" + good_name_;
   ASSERT_TRUE(WriteFile(cached, "tampered").ok());
-  absl::Status s =
-      load_state_dict_from_url(server_->url("/w/" + good_name_), options_).status();
+  absl::Status s = load_state_dict_from_url(server_->url("/w/" + good_name_), options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(s.message(), HasSubstr("delete it to download it again"));
   EXPECT_EQ(*ReadFile(cached), "tampered");  // left for inspection
@@ -108,8 +103,7 @@ TEST_F(LoadFromUrlTest, CachedFileIsCheckedBeforeLoading) {
 TEST_F(LoadFromUrlTest, HubconfSha256IsCheckedToo) {
   options_.check_hash = false;
   options_.sha256 = "ffffffff";
-  absl::Status s =
-      load_state_dict_from_url(server_->url("/w/plain.pt"), options_).status();
+  absl::Status s = load_state_dict_from_url(server_->url("/w/plain.pt"), options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(Cache(), ::testing::IsEmpty());
   options_.sha256 = digest_.substr(0, 16);
@@ -117,8 +111,7 @@ TEST_F(LoadFromUrlTest, HubconfSha256IsCheckedToo) {
 }
 
 TEST_F(LoadFromUrlTest, CheckHashNeedsAHashInTheName) {
-  absl::Status s =
-      load_state_dict_from_url(server_->url("/w/plain.pt"), options_).status();
+  absl::Status s = load_state_dict_from_url(server_->url("/w/plain.pt"), options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("'plain.pt'"));
   options_.check_hash = false;
@@ -129,8 +122,7 @@ TEST_F(LoadFromUrlTest, InterruptedDownloadLeavesNothing) {
   options_.download.max_attempts = 2;
   options_.model_dir = base_ + "/models";
   absl::Status s =
-      load_state_dict_from_url(server_->url("/cut/w/" + good_name_), options_)
-          .status();
+      load_state_dict_from_url(server_->url("/cut/w/" + good_name_), options_).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(base_ + "/models"))

@@ -14,11 +14,11 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "hub/checkpoint.h"
 #include "hub/hub_dir.h"
 #include "hub/sha256.h"
 #include "hub/testing/test_server.h"
 #include "nn/module.h"
+#include "serialization/serialization.h"
 #include "tensor/factories.h"
 
 namespace ember::hub {
@@ -69,7 +69,7 @@ class LoadTest : public ::testing::Test {
         build("resnet18", {{"num_classes", int64_t{5}}, {"width", int64_t{4}}});
     ASSERT_TRUE(resnet.ok()) << resnet.status();
     std::string resnet_file = tmp + "/resnet_tiny.safetensors";
-    ASSERT_TRUE(save_checkpoint((*resnet)->state_dict(), resnet_file).ok());
+    ASSERT_TRUE(ember::save((*resnet)->state_dict(), resnet_file).ok());
 
     std::string hubconf = R"conf(
       dependencies: "mlp"
@@ -169,7 +169,7 @@ TEST_F(LoadTest, TorchvisionResNet18WeightsGiveTorchvisionOutputs) {
   absl::StatusOr<std::shared_ptr<nn::Module>> model =
       build("resnet18", {{"num_classes", int64_t{10}}});
   ASSERT_TRUE(model.ok()) << model.status();
-  absl::StatusOr<StateDict> weights = load_checkpoint(*base_ + "/resnet18.pt");
+  absl::StatusOr<StateDict> weights = ember::load(*base_ + "/resnet18.pt");
   ASSERT_TRUE(weights.ok()) << weights.status();
   ASSERT_TRUE((*model)->load_state_dict(*weights).ok());
   (*model)->eval();
@@ -187,7 +187,7 @@ TEST_F(LoadTest, HubLoadedModelMatchesTheSameWeightsLoadedDirectly) {
   absl::StatusOr<std::shared_ptr<nn::Module>> direct =
       build("resnet18", {{"num_classes", int64_t{5}}, {"width", int64_t{4}}});
   ASSERT_TRUE(direct.ok());
-  absl::StatusOr<StateDict> weights = load_checkpoint(*base_ + "/resnet_tiny.safetensors");
+  absl::StatusOr<StateDict> weights = ember::load(*base_ + "/resnet_tiny.safetensors");
   ASSERT_TRUE(weights.ok()) << weights.status();
   ASSERT_TRUE((*direct)->load_state_dict(*weights).ok());
   (*hub_model)->eval();
@@ -391,8 +391,7 @@ TEST_F(LoadTest, HubconfPyPretrainedWeightsFromTheBuilderTorchvisionWrote) {
   // name at an address that does not answer (port 1) unless overridden.
   static const bool registered = [&] {
     return register_builder(
-               "tv_resnet18",
-               [](const Kwargs& kw) { return build("resnet18", kw); },
+               "tv_resnet18", [](const Kwargs& kw) { return build("resnet18", kw); },
                PublishedWeights{name, "https://127.0.0.1:1/models"})
         .ok();
   }();

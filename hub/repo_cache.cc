@@ -10,7 +10,7 @@
 #include "hub/archive.h"
 #include "hub/file_lock.h"
 #include "hub/hub_dir.h"
-#include "hub/hubconf.h"
+#include "hub/hubconf_py.h"
 #include "tensor/status_macros.h"
 
 namespace ember::hub {

@@ -52,7 +52,7 @@ const bool kCodecRegistered = [] {
          fds.push_back(c.fd());
          return std::string();
        },
-       .decode = [](std::vector<UniqueFd> fds, std::string_view) -> absl::StatusOr<Value> {
+       .decode = [](std::vector<base::UniqueFd> fds, std::string_view) -> absl::StatusOr<Value> {
          return Value(Connection(std::move(fds[0])));
        },
        .fds = 1});
@@ -62,7 +62,7 @@ const bool kCodecRegistered = [] {
 }  // namespace
 
 absl::Status Connection::send_bytes(std::string_view bytes, absl::Span<const int> fds,
-                                   absl::Duration timeout) {
+                                    absl::Duration timeout) {
   if (!valid()) return absl::FailedPreconditionError("Send on a closed connection");
   if (bytes.size() > kMaxMessageBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -163,7 +163,7 @@ absl::StatusOr<Value> Connection::recv(absl::Duration timeout) {
       return absl::InternalError(absl::StrCat("recvmsg: ", std::strerror(errno)));
     }
     // Take ownership of every descriptor first, so that no path leaks one.
-    std::vector<UniqueFd> fds;
+    std::vector<base::UniqueFd> fds;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -221,7 +221,7 @@ absl::StatusOr<std::pair<Connection, Connection>> Pipe(bool duplex) {
     ::shutdown(sv[0], SHUT_WR);
     ::shutdown(sv[1], SHUT_RD);
   }
-  return std::make_pair(Connection(UniqueFd(sv[0])), Connection(UniqueFd(sv[1])));
+  return std::make_pair(Connection(base::UniqueFd(sv[0])), Connection(base::UniqueFd(sv[1])));
 }
 
 }  // namespace ember::multiprocessing

@@ -46,7 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "multiprocessing/unique_fd.h"
+#include "base/unique_fd.h"
 #include "multiprocessing/value.h"
 
 namespace ember::multiprocessing {
@@ -58,7 +58,7 @@ inline constexpr size_t kMaxMessageFds = 253;
 class Connection {
  public:
   Connection() = default;
-  explicit Connection(UniqueFd fd) : fd_(std::make_shared<UniqueFd>(std::move(fd))) {}
+  explicit Connection(base::UniqueFd fd) : fd_(std::make_shared<base::UniqueFd>(std::move(fd))) {}
 
   // Sends `value`, moving its tensors to shared memory. Blocks while the
   // socket is full, up to `timeout` (DeadlineExceeded). Errors: those of
@@ -88,7 +88,7 @@ class Connection {
   }
 
  private:
-  std::shared_ptr<UniqueFd> fd_;
+  std::shared_ptr<base::UniqueFd> fd_;
 };
 
 // A connected pair. Duplex: both ends send and receive; otherwise the first

@@ -166,8 +166,8 @@ class CudaSharingHandler final : public SharingHandler {
           cudaEventCreateWithFlags(&sent.event, cudaEventDisableTiming | cudaEventInterprocess),
           "cudaEventCreateWithFlags"));
       EMBER_ASSIGN_OR_RETURN(cuda::Stream current, cuda::current_stream(device));
-      EMBER_RETURN_IF_ERROR(cuda::runtime_status(cudaEventRecord(sent.event, current.stream()),
-                                                 "cudaEventRecord"));
+      EMBER_RETURN_IF_ERROR(
+          cuda::runtime_status(cudaEventRecord(sent.event, current.stream()), "cudaEventRecord"));
       return cuda::runtime_status(cudaIpcGetEventHandle(&w.event, sent.event),
                                   "cudaIpcGetEventHandle");
     }));
@@ -207,8 +207,8 @@ class CudaSharingHandler final : public SharingHandler {
   absl::StatusOr<Storage> Import(ReceivedStorage received) override {
     EMBER_ASSIGN_OR_RETURN(Wire w, Parse(received.handle));
     if (w.nbytes != received.nbytes) {
-      return Malformed(absl::StrCat("it describes ", w.nbytes, " bytes, the message ",
-                                    received.nbytes));
+      return Malformed(
+          absl::StrCat("it describes ", w.nbytes, " bytes, the message ", received.nbytes));
     }
     if (kill(w.producer_pid, 0) != 0 && errno == ESRCH) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -216,14 +216,15 @@ class CudaSharingHandler final : public SharingHandler {
           ") has exited, and its CUDA memory with it; keep a producer of CUDA tensors alive "
           "until its consumers are done with them"));
     }
-    EMBER_ASSIGN_OR_RETURN(int device, cuda::internal::CheckDevice("receiving a CUDA tensor", w.device));
+    EMBER_ASSIGN_OR_RETURN(int device,
+                           cuda::internal::CheckDevice("receiving a CUDA tensor", w.device));
     EMBER_ASSIGN_OR_RETURN(std::shared_ptr<internal::IpcRefCounters> counters,
                            OpenCounters(w.counters));
     EMBER_ASSIGN_OR_RETURN(std::shared_ptr<OpenSegment> segment, OpenSegmentOf(w));
     EMBER_RETURN_IF_ERROR(cuda::internal::OnDevice(device, [&]() -> absl::Status {
       cudaEvent_t event = nullptr;
-      EMBER_RETURN_IF_ERROR(cuda::runtime_status(cudaIpcOpenEventHandle(&event, w.event),
-                                                 "cudaIpcOpenEventHandle"));
+      EMBER_RETURN_IF_ERROR(
+          cuda::runtime_status(cudaIpcOpenEventHandle(&event, w.event), "cudaIpcOpenEventHandle"));
       EMBER_ASSIGN_OR_RETURN(cuda::Stream current, cuda::current_stream(device));
       absl::Status waited = cuda::runtime_status(cudaStreamWaitEvent(current.stream(), event, 0),
                                                  "cudaStreamWaitEvent");
@@ -287,9 +288,9 @@ class CudaSharingHandler final : public SharingHandler {
   }
 
   absl::StatusOr<std::shared_ptr<OpenSegment>> OpenSegmentOf(const Wire& w) {
-    const std::string key = absl::StrCat(
-        w.producer_pid, ":", w.device, ":",
-        std::string(reinterpret_cast<const char*>(&w.memory), sizeof(w.memory)));
+    const std::string key =
+        absl::StrCat(w.producer_pid, ":", w.device, ":",
+                     std::string(reinterpret_cast<const char*>(&w.memory), sizeof(w.memory)));
     absl::MutexLock lock(&mu_);
     if (auto it = segments_.find(key); it != segments_.end()) {
       if (std::shared_ptr<OpenSegment> open = it->second.lock()) return open;
@@ -335,15 +336,10 @@ namespace internal {
 namespace {
 constexpr size_t kFileBytes = IpcRefCounters::kSlots * sizeof(int64_t);
 
-absl::Status Errno(const std::string& what, int err) {
-  return absl::Status(err == ENOENT ? absl::StatusCode::kNotFound
-                                    : absl::StatusCode::kUnavailable,
-                      absl::StrCat(what, ": ", std::strerror(err)));
-}
-
 absl::StatusOr<int64_t*> Map(int fd, const std::string& name) {
   void* p = mmap(nullptr, kFileBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return Errno(absl::StrCat("mmap of CUDA IPC counters ", name), errno);
+  if (p == MAP_FAILED)
+    return absl::ErrnoToStatus(errno, absl::StrCat("mmap of CUDA IPC counters ", name));
   return static_cast<int64_t*>(p);
 }
 }  // namespace
@@ -352,12 +348,13 @@ absl::StatusOr<std::unique_ptr<IpcRefCounters>> IpcRefCounters::Create(const std
   static std::atomic<int> next{0};
   const std::string name = absl::StrCat(prefix, "_", getpid(), "_", next++);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return Errno(absl::StrCat("creating CUDA IPC counters ", name), errno);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("creating CUDA IPC counters ", name));
   if (ftruncate(fd, kFileBytes) != 0) {
     const int err = errno;
     close(fd);
     shm_unlink(name.c_str());
-    return Errno(absl::StrCat("sizing CUDA IPC counters ", name, " (is /dev/shm full?)"), err);
+    return absl::ErrnoToStatus(
+        err, absl::StrCat("sizing CUDA IPC counters ", name, " (is /dev/shm full?)"));
   }
   absl::StatusOr<int64_t*> counters = Map(fd, name);
   close(fd);
@@ -371,15 +368,15 @@ absl::StatusOr<std::unique_ptr<IpcRefCounters>> IpcRefCounters::Create(const std
 absl::StatusOr<std::unique_ptr<IpcRefCounters>> IpcRefCounters::Open(const std::string& name) {
   int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
-    return Errno(absl::StrCat("opening CUDA IPC counters ", name,
-                              " (has the process that sent the tensor exited?)"),
-                 errno);
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("opening CUDA IPC counters ", name,
+                                            " (has the process that sent the tensor exited?)"));
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != kFileBytes) {
     close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat("CUDA IPC counters ", name, " have the wrong size; not an Ember counter file"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA IPC counters ", name, " have the wrong size; not an Ember counter file"));
   }
   absl::StatusOr<int64_t*> counters = Map(fd, name);
   close(fd);

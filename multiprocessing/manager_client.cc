@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/unique_fd.h"
 #include "multiprocessing/manager_protocol.h"
-#include "multiprocessing/unique_fd.h"
 #include "tensor/status_macros.h"
 
 extern char** environ;
@@ -39,7 +39,7 @@ constexpr absl::Duration kStartTimeout = absl::Seconds(10);
 struct State {
   std::mutex mu;
   std::string socket_path;  // inherited by forked children
-  UniqueFd conn;
+  base::UniqueFd conn;
   pid_t conn_pid = 0;
   FrameReader reader;
 };
@@ -77,32 +77,27 @@ absl::Duration GraceFromEnv() {
 absl::StatusOr<std::string> StartManager() {
   EMBER_ASSIGN_OR_RETURN(std::string binary, FindManagerBinary());
   std::string base = "/tmp";
-  if (const char* t = std::getenv("TMPDIR");
-      t != nullptr && *t != '\0' && std::strlen(t) < 60) {
+  if (const char* t = std::getenv("TMPDIR"); t != nullptr && *t != '\0' && std::strlen(t) < 60) {
     base = t;
   }
   std::string dir = base + "/ember-shm-XXXXXX";
   if (::mkdtemp(dir.data()) == nullptr) {  // mode 0700
-    return absl::UnavailableError(
-        absl::StrCat("shm manager: cannot create a directory in '", base,
-                     "': ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("shm manager: cannot create a directory in '", base,
+                                               "': ", std::strerror(errno)));
   }
   std::string socket = dir + "/manager.sock";
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) {
     ::rmdir(dir.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("shm manager: pipe: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("shm manager: pipe: ", std::strerror(errno)));
   }
-  UniqueFd ready_read(ready[0]);
-  UniqueFd ready_write(ready[1]);
+  base::UniqueFd ready_read(ready[0]);
+  base::UniqueFd ready_write(ready[1]);
   constexpr int kReadyFd = 3;  // where the daemon finds the pipe
-  std::string args[] = {
-      binary, "--socket=" + socket,
-      absl::StrCat("--grace_ms=", absl::ToInt64Milliseconds(GraceFromEnv())),
-      absl::StrCat("--ready_fd=", kReadyFd)};
-  char* argv[] = {args[0].data(), args[1].data(), args[2].data(),
-                  args[3].data(), nullptr};
+  std::string args[] = {binary, "--socket=" + socket,
+                        absl::StrCat("--grace_ms=", absl::ToInt64Milliseconds(GraceFromEnv())),
+                        absl::StrCat("--ready_fd=", kReadyFd)};
+  char* argv[] = {args[0].data(), args[1].data(), args[2].data(), args[3].data(), nullptr};
   // posix_spawn, not fork: it runs no atfork handlers, and this runs with the
   // client's lock held. The daemon forks once more itself, so it is nobody's
   // child here and never becomes our zombie.
@@ -115,8 +110,8 @@ absl::StatusOr<std::string> StartManager() {
   ready_write.reset();
   if (err != 0) {
     ::rmdir(dir.c_str());
-    return absl::UnavailableError(absl::StrCat(
-        "shm manager: cannot run '", binary, "': ", std::strerror(err)));
+    return absl::UnavailableError(
+        absl::StrCat("shm manager: cannot run '", binary, "': ", std::strerror(err)));
   }
   while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
   }
@@ -124,12 +119,11 @@ absl::StatusOr<std::string> StartManager() {
   absl::Time deadline = absl::Now() + kStartTimeout;
   while (reply.find('\n') == std::string::npos) {
     pollfd p{ready_read.get(), POLLIN, 0};
-    int ms =
-        static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    int ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
     if (ms <= 0) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "shm manager '", binary, "' did not report ready within ",
-          absl::FormatDuration(kStartTimeout)));
+      return absl::DeadlineExceededError(absl::StrCat("shm manager '", binary,
+                                                      "' did not report ready within ",
+                                                      absl::FormatDuration(kStartTimeout)));
     }
     if (::poll(&p, 1, ms) <= 0) continue;
     char buf[256];
@@ -140,13 +134,12 @@ absl::StatusOr<std::string> StartManager() {
   if (reply != "ok\n") {
     ::rmdir(dir.c_str());
     return absl::UnavailableError(absl::StrCat(
-        "shm manager '", binary,
-        "' failed to start: ", reply.empty() ? "it exited" : reply));
+        "shm manager '", binary, "' failed to start: ", reply.empty() ? "it exited" : reply));
   }
   return socket;
 }
 
-absl::StatusOr<UniqueFd> Connect(const std::string& path) {
+absl::StatusOr<base::UniqueFd> Connect(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -154,15 +147,11 @@ absl::StatusOr<UniqueFd> Connect(const std::string& path) {
         absl::StrCat("shm manager socket path '", path, "' is too long"));
   }
   std::strcpy(addr.sun_path, path.c_str());
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid())
+  base::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::UnavailableError(
-        absl::StrCat("socket: ", std::strerror(errno)));
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) !=
-      0) {
-    return absl::UnavailableError(
-        absl::StrCat("shm manager at '", path,
-                     "' is not reachable: ", std::strerror(errno)));
+        absl::StrCat("shm manager at '", path, "' is not reachable: ", std::strerror(errno)));
   }
   return fd;
 }
@@ -172,11 +161,9 @@ absl::Status Exchange(State& s, const std::string& frame, bool want_ack) {
   absl::Time deadline = absl::Now() + kAckTimeout;
   EMBER_RETURN_IF_ERROR(WriteAll(s.conn.get(), frame, deadline));
   if (!want_ack) return absl::OkStatus();
-  EMBER_ASSIGN_OR_RETURN(Frame reply,
-                         ReadFrame(s.conn.get(), s.reader, deadline));
+  EMBER_ASSIGN_OR_RETURN(Frame reply, ReadFrame(s.conn.get(), s.reader, deadline));
   if (reply.type == FrameType::kError) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shm manager refused: ", reply.payload));
+    return absl::InvalidArgumentError(absl::StrCat("shm manager refused: ", reply.payload));
   }
   if (reply.type != FrameType::kAck) {
     return absl::InternalError("shm manager answered with an unexpected frame");
@@ -190,12 +177,11 @@ absl::Status EnsureConnectedLocked(State& s) {
   s.conn.reset();  // closes a descriptor inherited from the parent
   s.reader = FrameReader();
   if (s.socket_path.empty()) {
-    if (const char* env = std::getenv("EMBER_SHM_MANAGER_SOCKET");
-        env && *env) {
+    if (const char* env = std::getenv("EMBER_SHM_MANAGER_SOCKET"); env && *env) {
       s.socket_path = env;
     }
   }
-  absl::StatusOr<UniqueFd> fd = absl::UnavailableError("no daemon yet");
+  absl::StatusOr<base::UniqueFd> fd = absl::UnavailableError("no daemon yet");
   if (!s.socket_path.empty()) fd = Connect(s.socket_path);
   if (!fd.ok()) {  // none yet, or it left after its grace period
     EMBER_ASSIGN_OR_RETURN(s.socket_path, StartManager());
@@ -204,9 +190,8 @@ absl::Status EnsureConnectedLocked(State& s) {
   }
   s.conn = std::move(*fd);
   s.conn_pid = ::getpid();
-  absl::Status hello =
-      Exchange(s, EncodeFrame(FrameType::kHello, absl::StrCat(::getpid())),
-               /*want_ack=*/true);
+  absl::Status hello = Exchange(s, EncodeFrame(FrameType::kHello, absl::StrCat(::getpid())),
+                                /*want_ack=*/true);
   if (!hello.ok()) s.conn.reset();
   return hello;
 }
@@ -220,8 +205,7 @@ absl::Status RegisterRegion(const std::string& name) {
   absl::Status status;
   for (int attempt = 0; attempt < 2; ++attempt) {
     status = EnsureConnectedLocked(s);
-    if (status.ok())
-      status = Exchange(s, EncodeFrame(FrameType::kRegister, name), true);
+    if (status.ok()) status = Exchange(s, EncodeFrame(FrameType::kRegister, name), true);
     if (status.ok() || absl::IsInvalidArgument(status)) return status;
     s.conn.reset();
   }
@@ -260,22 +244,19 @@ absl::StatusOr<std::string> FindManagerBinary() {
   std::vector<std::string> tried;
   if (const char* env = std::getenv("EMBER_SHM_MANAGER"); env && *env) {
     if (IsExecutable(env)) return std::string(env);
-    return absl::NotFoundError(
-        absl::StrCat("$EMBER_SHM_MANAGER='", env,
-                     "' is not an executable file; point it at the "
-                     "shm_manager binary or unset it"));
+    return absl::NotFoundError(absl::StrCat("$EMBER_SHM_MANAGER='", env,
+                                            "' is not an executable file; point it at the "
+                                            "shm_manager binary or unset it"));
   }
   std::string exe = SelfExe();
   std::string dir = exe.substr(0, exe.rfind('/'));
   const std::string rel = "ember/tools/shm_manager/shm_manager";
   std::vector<std::string> candidates = {dir + "/shm_manager"};
   for (const char* var : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
-    if (const char* v = std::getenv(var); v && *v)
-      candidates.push_back(absl::StrCat(v, "/", rel));
+    if (const char* v = std::getenv(var); v && *v) candidates.push_back(absl::StrCat(v, "/", rel));
   }
   candidates.push_back(exe + ".runfiles/" + rel);
-  candidates.push_back(
-      dir + "/../tools/shm_manager/shm_manager");  // bazel-bin layout
+  candidates.push_back(dir + "/../tools/shm_manager/shm_manager");  // bazel-bin layout
   for (const std::string& c : candidates) {
     if (IsExecutable(c)) return c;
     tried.push_back(c);

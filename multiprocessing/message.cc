@@ -104,9 +104,9 @@ struct HandleOf<std::shared_ptr<const T>> : std::bool_constant<internal::kIsHand
   using Type = T;
 };
 
-constexpr const char* kChannelNames[] = {"connection", "simple_queue", "queue", "lock",
-                                         "rlock",      "semaphore",    "bounded_semaphore",
-                                         "event",      "condition",    "barrier"};
+constexpr const char* kChannelNames[] = {
+    "connection", "simple_queue",      "queue", "lock",      "rlock",
+    "semaphore",  "bounded_semaphore", "event", "condition", "barrier"};
 static_assert(std::size(kChannelNames) == kNumChannelKinds);
 
 struct Encoder {
@@ -193,7 +193,7 @@ struct Encoder {
 struct Decoder {
   Reader in;
   std::vector<Storage> storages;
-  std::vector<UniqueFd> channel_fds;  // those after the storages', in order
+  std::vector<base::UniqueFd> channel_fds;  // those after the storages', in order
   size_t next_channel_fd = 0;
 
   absl::StatusOr<Value> Decode(int depth) {
@@ -277,7 +277,7 @@ struct Decoder {
       return Malformed(absl::StrCat("a ", kChannelNames[kind], " with ", nfds, " descriptors (",
                                     channel_fds.size() - next_channel_fd, " left)"));
     }
-    std::vector<UniqueFd> fds;
+    std::vector<base::UniqueFd> fds;
     for (uint8_t k = 0; k < nfds; ++k) fds.push_back(std::move(channel_fds[next_channel_fd++]));
     return codec.decode(std::move(fds), state);
   }
@@ -389,7 +389,7 @@ void AbandonMessage(EncodedMessage& message) {
   message.fds.clear();
 }
 
-absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<UniqueFd> fds) {
+absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<base::UniqueFd> fds) {
   Decoder dec{Reader(bytes), {}};
   uint32_t magic = 0, count = 0;
   uint16_t version = 0, flags = 0;
@@ -418,7 +418,8 @@ absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<UniqueFd
                                     fds.size() - next_fd, " arrived"));
     }
     for (uint8_t k = 0; k < nfds; ++k) r.fds.push_back(std::move(fds[next_fd++]));
-    EMBER_ASSIGN_OR_RETURN(SharingHandler * h, get_sharing_handler(static_cast<DeviceType>(device)));
+    EMBER_ASSIGN_OR_RETURN(SharingHandler * h,
+                           get_sharing_handler(static_cast<DeviceType>(device)));
     EMBER_ASSIGN_OR_RETURN(Storage s, h->Import(std::move(r)));
     dec.storages.push_back(std::move(s));
   }

@@ -29,8 +29,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/unique_fd.h"
 #include "multiprocessing/sharing.h"
-#include "multiprocessing/unique_fd.h"
 #include "multiprocessing/value.h"
 #include "tensor/tensor.h"
 
@@ -61,7 +61,8 @@ struct ChannelCodec {
   // and returns its state bytes; FailedPrecondition for a closed channel.
   absl::StatusOr<std::string> (*encode)(const Value& value, std::vector<int>& fds) = nullptr;
   // Rebuilds the channel from its descriptors (now this process's) and state.
-  absl::StatusOr<Value> (*decode)(std::vector<UniqueFd> fds, std::string_view state) = nullptr;
+  absl::StatusOr<Value> (*decode)(std::vector<base::UniqueFd> fds,
+                                  std::string_view state) = nullptr;
   uint8_t fds = 0;  // descriptors per channel of this kind
 };
 // Called at start-up by connection.cc, queue.cc and synchronize.cc.
@@ -78,7 +79,7 @@ absl::StatusOr<EncodedMessage> EncodeMessage(const Value& value);
 // Drops the references an encoded message took, for one never delivered.
 void AbandonMessage(EncodedMessage& message);
 // Rebuilds a value; `fds` are the descriptors that arrived with `bytes`.
-absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<UniqueFd> fds);
+absl::StatusOr<Value> DecodeMessage(std::string_view bytes, std::vector<base::UniqueFd> fds);
 
 }  // namespace ember::multiprocessing
 

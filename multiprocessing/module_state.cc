@@ -9,7 +9,7 @@
 
 namespace ember::multiprocessing {
 
-absl::StatusOr<Value> share_state(const NamedTensors& state) {
+absl::StatusOr<Value> share_state(const StateDict& state) {
   Value::Dict dict;
   for (const auto& [name, t] : state) {
     EMBER_RETURN_IF_ERROR(share_memory_(t));
@@ -18,7 +18,7 @@ absl::StatusOr<Value> share_state(const NamedTensors& state) {
   return Value(std::move(dict));
 }
 
-absl::Status load_shared_state(const NamedTensors& state, const Value& shared) {
+absl::Status load_shared_state(const StateDict& state, const Value& shared) {
   if (!shared.is<Value::Dict>()) {
     return absl::InvalidArgumentError(
         absl::StrCat("load_shared_state: expected the dict share_state made, got a ",

@@ -22,8 +22,8 @@
 //   // replica->weight() now views the bytes of model->weight()
 //   ```
 //
-// `state` is nn::StateDict (the module's state_dict(): tensors sharing
-// storage with the module); this layer takes its type without depending on
+// `state` is the module's state_dict() (tensors sharing storage with the
+// module), an ember::StateDict; this layer takes it without depending on
 // nn. Thread-safety: as the tensors'; do not run the module meanwhile.
 #ifndef EMBER_MULTIPROCESSING_MODULE_STATE_H_
 #define EMBER_MULTIPROCESSING_MODULE_STATE_H_
@@ -35,18 +35,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "multiprocessing/value.h"
+#include "serialization/state_dict.h"
 #include "tensor/tensor.h"
 
 namespace ember::multiprocessing {
-
-// nn::StateDict.
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // Moves every tensor of `state` into shared memory (a no-op for those already
 // there, e.g. after Module::share_memory()) and returns them as a dict from
 // name to tensor, ready to be passed to a child. Errors: those of
 // share_memory_.
-absl::StatusOr<Value> share_state(const NamedTensors& state);
+absl::StatusOr<Value> share_state(const StateDict& state);
 
 // Points every tensor of `state` (the child's own module's state_dict()) at
 // the shared bytes of the tensor under the same name in `shared` (a dict from
@@ -54,7 +52,7 @@ absl::StatusOr<Value> share_state(const NamedTensors& state);
 // match in dtype, sizes, strides, offset and storage size. InvalidArgument
 // naming every missing, unexpected or mismatched entry; nothing is changed
 // then.
-absl::Status load_shared_state(const NamedTensors& state, const Value& shared);
+absl::Status load_shared_state(const StateDict& state, const Value& shared);
 
 }  // namespace ember::multiprocessing
 

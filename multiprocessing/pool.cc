@@ -22,9 +22,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/unique_fd.h"
 #include "multiprocessing/connection.h"
 #include "multiprocessing/process.h"
-#include "multiprocessing/unique_fd.h"
 #include "tensor/status_macros.h"
 
 namespace ember::multiprocessing {
@@ -137,17 +137,17 @@ absl::Status PoolWorkerEntry(int rank, absl::Span<const Value> args) {
     Value::List results;
     results.reserve(list.size());
     for (size_t i = 0; i < list.size(); ++i) {
-      absl::Span<const Value> call_args =
-          items != nullptr ? absl::Span<const Value>(&list[i], 1) : absl::MakeConstSpan(list[i].list());
+      absl::Span<const Value> call_args = items != nullptr ? absl::Span<const Value>(&list[i], 1)
+                                                           : absl::MakeConstSpan(list[i].list());
       absl::StatusOr<Value> r = fn.ok() ? RunGuarded(*fn, call_args) : fn.status();
       if (!r.ok()) {
         std::string message(r.status().message());
         if (message.empty()) message = absl::StatusCodeToString(r.status().code());
-        EMBER_RETURN_IF_ERROR(conn.send(Value(Value::Dict{
-            {"chunk", *id},
-            {"item", Value(static_cast<int64_t>(i))},
-            {"error", Value(std::move(message))},
-            {"code", Value(static_cast<int64_t>(r.status().code()))}})));
+        EMBER_RETURN_IF_ERROR(conn.send(
+            Value(Value::Dict{{"chunk", *id},
+                              {"item", Value(static_cast<int64_t>(i))},
+                              {"error", Value(std::move(message))},
+                              {"code", Value(static_cast<int64_t>(r.status().code()))}})));
         results.clear();
         break;
       }
@@ -184,8 +184,8 @@ struct PoolJob {
   bool done = false;
   absl::StatusOr<Value> result;
   // Filled as chunks come back (handler thread, under mu).
-  std::string name;  // the function
-  std::string fn;    // how messages name it: 'name'
+  std::string name;     // the function
+  std::string fn;       // how messages name it: 'name'
   bool single = false;  // apply: the result is the one value
   Value::List results;
   size_t chunks_left = 0;
@@ -246,7 +246,7 @@ struct PoolState {
   PoolOptions options;
   int processes = 0;
   Context context{StartMethod::kFork};
-  UniqueFd wake;  // an eventfd: new work or a new state
+  base::UniqueFd wake;  // an eventfd: new work or a new state
 
   std::mutex mu;  // guards the fields below
   std::condition_variable cv;
@@ -304,8 +304,8 @@ bool Complete(Chunk& chunk, const Value& reply, const Worker& w) {
   const int64_t at = offset != nullptr ? offset->as<int64_t>().value_or(-1) : -1;
   if (results == nullptr || at < 0 ||
       static_cast<size_t>(at) + results->list().size() > chunk.size) {
-    job.Finish(absl::InternalError(absl::StrCat("Pool: worker ", w.index,
-                                                " sent a malformed reply for ", job.fn)));
+    job.Finish(absl::InternalError(
+        absl::StrCat("Pool: worker ", w.index, " sent a malformed reply for ", job.fn)));
     return true;
   }
   chunk.received += results->list().size();
@@ -343,7 +343,8 @@ void PoolState::HandlerMain() {
       // (Note [Pool]).
       Connection worker_end = std::move(pair.second);
       EMBER_ASSIGN_OR_RETURN(
-          w->process, context.process(kWorkerEntry, {Value(worker_end), Value(maxtasks)}, w->index));
+          w->process,
+          context.process(kWorkerEntry, {Value(worker_end), Value(maxtasks)}, w->index));
     }
     w->conn = std::move(pair.first);
     workers.push_back(std::move(w));
@@ -452,7 +453,8 @@ void PoolState::HandlerMain() {
         Worker& w = *wp;
         while (!pending.empty() && pending.front().job->is_done()) pending.pop_front();
         if (pending.empty()) break;
-        if (w.hung_up || w.held.size() >= kChunksPerWorker || (maxtasks > 0 && w.sent >= maxtasks)) {
+        if (w.hung_up || w.held.size() >= kChunksPerWorker ||
+            (maxtasks > 0 && w.sent >= maxtasks)) {
           continue;
         }
         Chunk& c = pending.front();
@@ -485,9 +487,9 @@ void PoolState::HandlerMain() {
           continue;
         }
         if (!sent.ok()) {
-          c.job->Finish(absl::Status(sent.code(), absl::StrCat("Pool: sending ", c.job->fn,
-                                                               Items(c), " to a worker: ",
-                                                               sent.message())));
+          c.job->Finish(
+              absl::Status(sent.code(), absl::StrCat("Pool: sending ", c.job->fn, Items(c),
+                                                     " to a worker: ", sent.message())));
           pending.pop_front();
           progress = true;
           continue;
@@ -518,8 +520,8 @@ void PoolState::HandlerMain() {
     fds.clear();
     fds.push_back({wake.get(), POLLIN, 0});
     for (auto& w : workers) fds.push_back({w->conn.fd(), POLLIN, 0});
-    const int wait_ms = static_cast<int>(std::max<int64_t>(
-        1, absl::ToInt64Milliseconds(next_liveness - absl::Now()) + 1));
+    const int wait_ms = static_cast<int>(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(next_liveness - absl::Now()) + 1));
     if (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR) {
       std::fprintf(stderr, "ember Pool: poll: %s\n", std::strerror(errno));
       absl::SleepFor(absl::Milliseconds(10));
@@ -556,10 +558,10 @@ absl::Status AsyncResult::wait(absl::Duration timeout) const {
   auto done = [&] { return job_->done; };
   if (timeout == absl::InfiniteDuration()) {
     job_->cv.wait(lock, done);
-  } else if (!job_->cv.wait_for(lock, absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())),
-                                done)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "AsyncResult: ", job_->fn, " not ready after ", absl::FormatDuration(timeout)));
+  } else if (!job_->cv.wait_for(
+                 lock, absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())), done)) {
+    return absl::DeadlineExceededError(absl::StrCat("AsyncResult: ", job_->fn, " not ready after ",
+                                                    absl::FormatDuration(timeout)));
   }
   return absl::OkStatus();
 }
@@ -599,7 +601,7 @@ absl::StatusOr<Pool> Pool::create(PoolOptions options) {
         "Pool: maxtasksperchild must be at least 1 (or unset), got ", *options.maxtasksperchild));
   }
   EMBER_ASSIGN_OR_RETURN(Context context, get_context(options.start_method));
-  UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  base::UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) {
     return absl::ResourceExhaustedError(absl::StrCat("Pool: eventfd: ", std::strerror(errno)));
   }
@@ -676,8 +678,9 @@ absl::StatusOr<AsyncResult> Pool::Submit(const std::string& fn, Value::List payl
     std::lock_guard lock(s.mu);
     if (s.run != PoolRun::kRun) {
       return absl::FailedPreconditionError(
-          absl::StrCat("Pool.", what, ": the pool is not running (close() or terminate() was "
-                                      "called)"));
+          absl::StrCat("Pool.", what,
+                       ": the pool is not running (close() or terminate() was "
+                       "called)"));
     }
     size_t start = 0;
     for (Value::List& slice : slices) {
@@ -708,8 +711,7 @@ absl::StatusOr<AsyncResult> Pool::apply_async(const std::string& fn, Value::List
   return Submit(fn, std::move(one), /*star=*/true, 1, /*single=*/true);
 }
 
-absl::StatusOr<Value> Pool::apply(const std::string& fn, Value::List args,
-                                  absl::Duration timeout) {
+absl::StatusOr<Value> Pool::apply(const std::string& fn, Value::List args, absl::Duration timeout) {
   EMBER_ASSIGN_OR_RETURN(AsyncResult r, apply_async(fn, std::move(args)));
   return Take(r, timeout);
 }
@@ -726,17 +728,15 @@ absl::StatusOr<Value::List> Pool::map(const std::string& fn, Value::List items, 
 }
 
 absl::StatusOr<AsyncResult> Pool::starmap_async(const std::string& fn,
-                                                std::vector<Value::List> arg_lists,
-                                                int chunksize) {
+                                                std::vector<Value::List> arg_lists, int chunksize) {
   Value::List payload;
   payload.reserve(arg_lists.size());
   for (Value::List& a : arg_lists) payload.push_back(Value(std::move(a)));
   return Submit(fn, std::move(payload), /*star=*/true, chunksize, /*single=*/false);
 }
 
-absl::StatusOr<Value::List> Pool::starmap(const std::string& fn,
-                                          std::vector<Value::List> arg_lists, int chunksize,
-                                          absl::Duration timeout) {
+absl::StatusOr<Value::List> Pool::starmap(const std::string& fn, std::vector<Value::List> arg_lists,
+                                          int chunksize, absl::Duration timeout) {
   EMBER_ASSIGN_OR_RETURN(AsyncResult r, starmap_async(fn, std::move(arg_lists), chunksize));
   return TakeList(r, timeout);
 }
@@ -769,9 +769,9 @@ absl::Status Pool::join(absl::Duration timeout) {
     auto finished = [&] { return s.finished; };
     if (timeout == absl::InfiniteDuration()) {
       s.cv.wait(lock, finished);
-    } else if (!s.cv.wait_for(
-                   lock, absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())),
-                   finished)) {
+    } else if (!s.cv.wait_for(lock,
+                              absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())),
+                              finished)) {
       return absl::DeadlineExceededError(absl::StrCat(
           "Pool.join: the workers are still working after ", absl::FormatDuration(timeout)));
     }

@@ -101,7 +101,7 @@ absl::StatusOr<Connection> InheritedArgumentsSocket() {
                                                    var == nullptr ? "" : var, "'"));
   }
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  return Connection(UniqueFd(fd));
+  return Connection(base::UniqueFd(fd));
 }
 
 // The arguments a child was started with, from the socket its parent sends
@@ -321,7 +321,7 @@ std::string DescribeForkserverEnd(pid_t server) {
 // failure goes). Returns the child's pid and the connection its end will be
 // reported on.
 absl::StatusOr<std::pair<pid_t, Connection>> StartFromForkserver(const std::string& entry, int rank,
-                                                                 UniqueFd error_pipe,
+                                                                 base::UniqueFd error_pipe,
                                                                  const Connection& arguments) {
   EMBER_ASSIGN_OR_RETURN(auto reports, Pipe(/*duplex=*/false));
   // A descriptor crosses a message as a Connection; this one is a pipe.
@@ -453,7 +453,7 @@ void ServeRequest(const Value& request, const sigset_t& child_mask,
   sigemptyset(&sigchld);
   sigaddset(&sigchld, SIGCHLD);
   ::sigprocmask(SIG_BLOCK, &sigchld, &child_mask);
-  UniqueFd exits(::signalfd(-1, &sigchld, SFD_CLOEXEC | SFD_NONBLOCK));
+  base::UniqueFd exits(::signalfd(-1, &sigchld, SFD_CLOEXEC | SFD_NONBLOCK));
   if (!exits.valid()) {
     std::fprintf(stderr, "ember forkserver: signalfd: %s\n", std::strerror(errno));
     ::_exit(1);
@@ -524,7 +524,7 @@ void maybe_run_spawned_child() {
     }
     ::fcntl(fd, F_SETFD, FD_CLOEXEC);
     ::unsetenv("EMBER_MP_FORKSERVER_FD");
-    ServeForks(Connection(UniqueFd(fd)));
+    ServeForks(Connection(base::UniqueFd(fd)));
   }
   const char* name = std::getenv("EMBER_MP_ENTRY_POINT");
   if (name == nullptr) return;
@@ -548,7 +548,7 @@ absl::StatusOr<Process> Process::start(std::function<absl::Status()> fn) {
   if (::pipe2(p, O_CLOEXEC) != 0) {
     return absl::UnavailableError(absl::StrCat("Process: pipe: ", std::strerror(errno)));
   }
-  UniqueFd read_end(p[0]), write_end(p[1]);
+  base::UniqueFd read_end(p[0]), write_end(p[1]);
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t parent = ::getpid();
@@ -590,7 +590,7 @@ absl::StatusOr<Process> Process::StartExecuted(StartMethod method, const std::st
   if (::pipe2(p, O_CLOEXEC) != 0) {
     return absl::UnavailableError(absl::StrCat("Process: pipe: ", std::strerror(errno)));
   }
-  UniqueFd read_end(p[0]), write_end(p[1]);
+  base::UniqueFd read_end(p[0]), write_end(p[1]);
   // The arguments travel on a socket the child inherits (spawn) or is
   // handed by the forkserver.
   EMBER_ASSIGN_OR_RETURN(auto arguments, Pipe(/*duplex=*/true));

@@ -85,8 +85,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "base/unique_fd.h"
 #include "multiprocessing/connection.h"
-#include "multiprocessing/unique_fd.h"
 #include "multiprocessing/value.h"
 
 namespace ember::multiprocessing {
@@ -162,7 +162,7 @@ class Process {
   void KillAndReap();
 
   pid_t pid_ = -1;
-  UniqueFd error_pipe_;  // the child's failure message arrives here
+  base::UniqueFd error_pipe_;  // the child's failure message arrives here
   // A forkserver's child: the server reports its end here (only the server
   // can wait for it); closed for the other methods.
   Connection reports_;

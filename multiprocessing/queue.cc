@@ -27,9 +27,7 @@ absl::Status SimpleQueue::put(const Value& value, absl::Duration timeout) {
   return ends_->put.send(value, timeout);
 }
 
-absl::StatusOr<Value> SimpleQueue::get(absl::Duration timeout) {
-  return ends_->get.recv(timeout);
-}
+absl::StatusOr<Value> SimpleQueue::get(absl::Duration timeout) { return ends_->get.recv(timeout); }
 
 bool SimpleQueue::empty() const { return !ends_->get.poll(); }
 
@@ -43,7 +41,7 @@ absl::StatusOr<std::string> SimpleQueue::Encode(const Value& value, std::vector<
   return std::string();
 }
 
-absl::StatusOr<Value> SimpleQueue::Decode(std::vector<UniqueFd> fds, std::string_view) {
+absl::StatusOr<Value> SimpleQueue::Decode(std::vector<base::UniqueFd> fds, std::string_view) {
   SimpleQueue q;
   q.ends_ =
       std::make_shared<Ends>(Ends{Connection(std::move(fds[0])), Connection(std::move(fds[1]))});
@@ -63,13 +61,13 @@ struct Queue::Shared {
     sem_t free_slots;
     std::atomic<int64_t> size;
   };
-  UniqueFd fd;
+  base::UniqueFd fd;
   Page* page = nullptr;
   ~Shared() {
     if (page != nullptr) ::munmap(page, sizeof(Page));
   }
   // Maps the page of `fd` (one created by Create, or received).
-  absl::Status Map(UniqueFd page_fd) {
+  absl::Status Map(base::UniqueFd page_fd) {
     void* p = ::mmap(nullptr, sizeof(Page), PROT_READ | PROT_WRITE, MAP_SHARED, page_fd.get(), 0);
     if (p == MAP_FAILED) {
       return absl::ResourceExhaustedError(absl::StrCat("Queue: mmap: ", std::strerror(errno)));
@@ -84,7 +82,7 @@ absl::StatusOr<Queue> Queue::create(int64_t maxsize) {
   Queue q;
   EMBER_ASSIGN_OR_RETURN(q.queue_, SimpleQueue::create());
   q.maxsize_ = maxsize > 0 ? maxsize : 0;
-  UniqueFd fd(::memfd_create("ember_queue", MFD_CLOEXEC));
+  base::UniqueFd fd(::memfd_create("ember_queue", MFD_CLOEXEC));
   if (!fd.valid() || ::ftruncate(fd.get(), sizeof(Shared::Page)) != 0) {
     return absl::ResourceExhaustedError(
         absl::StrCat("Queue: cannot create its shared page: ", std::strerror(errno),
@@ -153,7 +151,7 @@ absl::StatusOr<std::string> Queue::Encode(const Value& value, std::vector<int>& 
   return std::string(reinterpret_cast<const char*>(&q.maxsize_), sizeof(q.maxsize_));
 }
 
-absl::StatusOr<Value> Queue::Decode(std::vector<UniqueFd> fds, std::string_view state) {
+absl::StatusOr<Value> Queue::Decode(std::vector<base::UniqueFd> fds, std::string_view state) {
   Queue q;
   if (state.size() != sizeof(q.maxsize_)) {
     return absl::InvalidArgumentError(

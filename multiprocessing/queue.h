@@ -44,8 +44,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/unique_fd.h"
 #include "multiprocessing/connection.h"
-#include "multiprocessing/unique_fd.h"
 #include "multiprocessing/value.h"
 
 namespace ember::multiprocessing {
@@ -71,7 +71,7 @@ class SimpleQueue {
   friend class Queue;
   // How a SimpleQueue crosses a message (message.h): its two sockets.
   static absl::StatusOr<std::string> Encode(const Value& value, std::vector<int>& fds);
-  static absl::StatusOr<Value> Decode(std::vector<UniqueFd> fds, std::string_view state);
+  static absl::StatusOr<Value> Decode(std::vector<base::UniqueFd> fds, std::string_view state);
   static const bool kCodecRegistered;
 
   struct Ends {
@@ -100,7 +100,7 @@ class Queue {
  private:
   // How a Queue crosses a message: its sockets, its page's memfd, maxsize.
   static absl::StatusOr<std::string> Encode(const Value& value, std::vector<int>& fds);
-  static absl::StatusOr<Value> Decode(std::vector<UniqueFd> fds, std::string_view state);
+  static absl::StatusOr<Value> Decode(std::vector<base::UniqueFd> fds, std::string_view state);
   static const bool kCodecRegistered;
 
   struct Shared;

@@ -112,7 +112,7 @@ void BM_SocketPingPong(benchmark::State& state) {
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
     return state.SkipWithError("socketpair");
   }
-  UniqueFd parent_end(sv[0]), child_end(sv[1]);
+  base::UniqueFd parent_end(sv[0]), child_end(sv[1]);
   char buf[64] = {};
   absl::StatusOr<Process> child = Process::start([&]() -> absl::Status {
     while (true) {
@@ -178,7 +178,7 @@ void BM_EncodeImport(benchmark::State& state) {
   for (auto _ : state) {
     absl::StatusOr<EncodedMessage> m = EncodeMessage(Value(t));
     if (!m.ok()) return state.SkipWithError("encode");
-    std::vector<UniqueFd> fds;
+    std::vector<base::UniqueFd> fds;
     for (int fd : m->fds) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
     absl::StatusOr<Value> v = DecodeMessage(m->bytes, std::move(fds));
     if (!v.ok()) return state.SkipWithError("decode");

@@ -21,9 +21,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/shared_mapping.h"
 #include "multiprocessing/manager_client.h"
 #include "multiprocessing/manager_protocol.h"
-#include "multiprocessing/shared_mapping.h"
 #include "tensor/status_macros.h"
 
 namespace ember::multiprocessing {
@@ -256,8 +256,9 @@ pid_t SharedSegment::ForkToExec() {
   return pid;
 }
 
-SharedSegment::SharedSegment(SharingStrategy strategy, void* base, size_t capacity, UniqueFd fd,
-                             std::string name, std::string key, bool created_here)
+SharedSegment::SharedSegment(SharingStrategy strategy, void* base, size_t capacity,
+                             base::UniqueFd fd, std::string name, std::string key,
+                             bool created_here)
     : strategy_(strategy),
       base_(base),
       capacity_(capacity),
@@ -321,8 +322,9 @@ SharedSegment::~SharedSegment() {
 }
 
 absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(SharingStrategy strategy,
-                                                                  UniqueFd fd, std::string name,
-                                                                  std::string key, off_t size) {
+                                                                  base::UniqueFd fd,
+                                                                  std::string name, std::string key,
+                                                                  off_t size) {
   const std::string what =
       name.empty() ? std::string("received descriptor") : "region '" + name + "'";
   if (size < 64 || (size - 64) % kHeaderAlign != 0) {
@@ -348,7 +350,8 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Map(SharingStrateg
 
 absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Adopt(SharingStrategy strategy,
                                                                     void* base, size_t mapped,
-                                                                    UniqueFd fd, std::string name,
+                                                                    base::UniqueFd fd,
+                                                                    std::string name,
                                                                     std::string key) {
   auto* h = reinterpret_cast<Header*>(static_cast<char*>(base) + mapped - 64);
   if (h->magic != kSegmentMagic || HeaderOffset(h->capacity) + 64 != mapped) {
@@ -371,7 +374,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(SharingStra
                                                                      size_t capacity) {
   SegmentTables& t = SegmentTables::Get();
   const size_t mapped = MappedBytes(capacity);
-  UniqueFd fd;
+  base::UniqueFd fd;
   std::string name;
   if (strategy == SharingStrategy::kFileDescriptor) {
     fd.reset(::memfd_create("ember_shm", MFD_CLOEXEC));
@@ -412,8 +415,8 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Create(SharingStra
   };
   const std::string what = absl::StrCat("a storage of ", capacity, " bytes (",
                                         name.empty() ? "memfd" : "/dev/shm" + name, ")");
-  if (absl::Status s = reserve_pages(fd.get(), mapped, what); !s.ok()) return fail(s);
-  absl::StatusOr<void*> mapping = map_shared(fd.get(), mapped, what);
+  if (absl::Status s = base::reserve_pages(fd.get(), mapped, what); !s.ok()) return fail(s);
+  absl::StatusOr<void*> mapping = base::map_shared(fd.get(), mapped, what);
   if (!mapping.ok()) return fail(mapping.status());
   void* base = *mapping;
   auto* h = reinterpret_cast<Header*>(static_cast<char*>(base) + HeaderOffset(capacity));
@@ -461,7 +464,7 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::Acquire(SharingStr
   return Create(strategy, capacity);
 }
 
-absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportFd(UniqueFd fd) {
+absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportFd(base::UniqueFd fd) {
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
     return absl::InvalidArgumentError(
@@ -508,11 +511,11 @@ absl::StatusOr<std::shared_ptr<SharedSegment>> SharedSegment::ImportName(const s
     }
   }
   if (kept.base != nullptr) {
-    return Adopt(SharingStrategy::kFileSystem, kept.base, kept.mapped, UniqueFd(), name, key);
+    return Adopt(SharingStrategy::kFileSystem, kept.base, kept.mapped, base::UniqueFd(), name, key);
   }
   // Keep the daemon alive while this process maps regions.
   EMBER_RETURN_IF_ERROR(ConnectToManager());
-  UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
+  base::UniqueFd fd(::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
   if (!fd.valid()) {
     if (errno == EMFILE || errno == ENFILE) {
       return DescriptorLimitError(absl::StrCat("cannot open shared-memory region '", name, "'"));

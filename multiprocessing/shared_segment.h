@@ -30,7 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "multiprocessing/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace ember::multiprocessing {
 
@@ -57,7 +57,7 @@ class SharedSegment {
   // mapped once: the existing segment is returned (Note [Dedup]).
   // Errors: InvalidArgument for a descriptor or region that is not an Ember
   // segment, NotFound for a name that no longer exists.
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> ImportFd(UniqueFd fd);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> ImportFd(base::UniqueFd fd);
   static absl::StatusOr<std::shared_ptr<SharedSegment>> ImportName(const std::string& name);
 
   SharedSegment(const SharedSegment&) = delete;
@@ -96,18 +96,18 @@ class SharedSegment {
 
  private:
   struct Header;
-  SharedSegment(SharingStrategy strategy, void* base, size_t capacity, UniqueFd fd,
+  SharedSegment(SharingStrategy strategy, void* base, size_t capacity, base::UniqueFd fd,
                 std::string name, std::string key, bool created_here);
   static absl::StatusOr<std::shared_ptr<SharedSegment>> Create(SharingStrategy strategy,
                                                                size_t capacity);
   // Maps a received region of `size` bytes (or reuses a kept mapping).
-  static absl::StatusOr<std::shared_ptr<SharedSegment>> Map(SharingStrategy strategy, UniqueFd fd,
-                                                            std::string name, std::string key,
-                                                            off_t size);
+  static absl::StatusOr<std::shared_ptr<SharedSegment>> Map(SharingStrategy strategy,
+                                                            base::UniqueFd fd, std::string name,
+                                                            std::string key, off_t size);
   // Wraps a mapping of a received region, checking its header, and records
   // it in the process-wide tables.
   static absl::StatusOr<std::shared_ptr<SharedSegment>> Adopt(SharingStrategy strategy, void* base,
-                                                              size_t mapped, UniqueFd fd,
+                                                              size_t mapped, base::UniqueFd fd,
                                                               std::string name, std::string key);
   Header* header() const;
   // Drops this mapping's reference (once); true when that was the last
@@ -118,7 +118,7 @@ class SharedSegment {
   SharingStrategy strategy_;
   void* base_;
   size_t capacity_;
-  UniqueFd fd_;
+  base::UniqueFd fd_;
   std::string name_;
   std::string key_;    // dedup key: "fd:<dev>:<ino>" or "name:<name>"
   pid_t creator_pid_;  // 0 when received

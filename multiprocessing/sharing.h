@@ -38,7 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "multiprocessing/unique_fd.h"
+#include "base/unique_fd.h"
 #include "tensor/device.h"
 #include "tensor/storage.h"
 #include "tensor/tensor.h"
@@ -90,7 +90,7 @@ struct ExportedStorage {
 struct ReceivedStorage {
   uint64_t nbytes = 0;
   std::string handle;
-  std::vector<UniqueFd> fds;
+  std::vector<base::UniqueFd> fds;
 };
 
 // Shares storages of one device type across processes.

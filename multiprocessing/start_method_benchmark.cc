@@ -2,8 +2,9 @@
 // method (fork is the baseline; BENCHMARKS.md gives the others as ratios of
 // it).
 //
-//   bazel run //multiprocessing:start_method_benchmark -- --benchmark_repetitions=5 \
+//   bazel run //multiprocessing:start_method_benchmark -- --benchmark_repetitions=5
 //     --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
+//   (one command line)
 //
 // Every case runs a registered entry point through Context::process: fork
 // forks this process; spawn forks and execs this binary, whose main() runs

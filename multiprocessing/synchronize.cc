@@ -74,7 +74,7 @@ class SyncPage {
   // A new zeroed page of `size` bytes holding `kind`.
   static absl::StatusOr<std::shared_ptr<SyncPage>> Create(SyncKind kind, size_t size,
                                                           const char* what) {
-    UniqueFd fd(::memfd_create(what, MFD_CLOEXEC));
+    base::UniqueFd fd(::memfd_create(what, MFD_CLOEXEC));
     if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
       return absl::ResourceExhaustedError(
           absl::StrCat(what, ": cannot create its shared page: ", std::strerror(errno),
@@ -87,8 +87,8 @@ class SyncPage {
   }
 
   // The page of a received descriptor, checked to hold `kind`.
-  static absl::StatusOr<std::shared_ptr<SyncPage>> Open(UniqueFd fd, SyncKind kind, size_t size,
-                                                        const char* what) {
+  static absl::StatusOr<std::shared_ptr<SyncPage>> Open(base::UniqueFd fd, SyncKind kind,
+                                                        size_t size, const char* what) {
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0 || st.st_size != static_cast<off_t>(size)) {
       return absl::InvalidArgumentError(
@@ -115,7 +115,7 @@ class SyncPage {
   SyncKind kind() { return header()->kind; }
 
  private:
-  static absl::StatusOr<std::shared_ptr<SyncPage>> Map(UniqueFd fd, size_t size,
+  static absl::StatusOr<std::shared_ptr<SyncPage>> Map(base::UniqueFd fd, size_t size,
                                                        const char* what) {
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) {
@@ -129,7 +129,7 @@ class SyncPage {
   }
   SyncPage() = default;
 
-  UniqueFd fd_;
+  base::UniqueFd fd_;
   void* addr_ = nullptr;
   size_t size_ = 0;
 };
@@ -217,9 +217,7 @@ struct MutexPage {
   std::atomic<int32_t> dead_owner;  // set once an owner died holding it (-1: pid unknown)
 };
 
-const char* MutexName(SyncPage& page) {
-  return page.kind() == SyncKind::kRLock ? "RLock" : "Lock";
-}
+const char* MutexName(SyncPage& page) { return page.kind() == SyncKind::kRLock ? "RLock" : "Lock"; }
 
 absl::StatusOr<std::shared_ptr<SyncPage>> CreateMutex(SyncKind kind) {
   const char* name = kind == SyncKind::kRLock ? "RLock" : "Lock";
@@ -243,8 +241,7 @@ absl::StatusOr<std::shared_ptr<SyncPage>> CreateMutex(SyncKind kind) {
 
 absl::Status DeadOwner(const char* name, int32_t pid) {
   return absl::AbortedError(absl::StrCat(
-      name, ": ",
-      pid > 0 ? absl::StrCat("process ", pid) : std::string("a process (pid unknown)"),
+      name, ": ", pid > 0 ? absl::StrCat("process ", pid) : std::string("a process (pid unknown)"),
       " died while holding this lock, so what it guarded may be half-updated; the lock cannot be "
       "acquired any more (create a new one)"));
 }
@@ -269,13 +266,14 @@ absl::Status DeadOwner(const char* name, int32_t pid) {
       return DeadOwner(name, m->dead_owner.load());
     case EBUSY:
     case ETIMEDOUT:
-      return absl::DeadlineExceededError(absl::StrCat(
-          name, ".acquire: still held by process ", m->owner_pid.load(), " after ",
-          absl::FormatDuration(std::max(timeout, absl::ZeroDuration()))));
+      return absl::DeadlineExceededError(
+          absl::StrCat(name, ".acquire: still held by process ", m->owner_pid.load(), " after ",
+                       absl::FormatDuration(std::max(timeout, absl::ZeroDuration()))));
     case EDEADLK:
       return absl::FailedPreconditionError(
-          absl::StrCat(name, ".acquire: this thread already holds the lock, and a Lock is not "
-                             "reentrant (use RLock to acquire it again)"));
+          absl::StrCat(name,
+                       ".acquire: this thread already holds the lock, and a Lock is not "
+                       "reentrant (use RLock to acquire it again)"));
     case EAGAIN:
       return absl::ResourceExhaustedError(
           absl::StrCat(name, ".acquire: the maximum recursion depth is reached"));
@@ -359,8 +357,8 @@ constexpr int64_t kMaxSemaphoreValue = INT_MAX;
 absl::StatusOr<std::shared_ptr<SyncPage>> CreateSemaphore(SyncKind kind, int64_t value) {
   const char* name = kind == SyncKind::kBoundedSemaphore ? "BoundedSemaphore" : "Semaphore";
   if (value < 0 || value > kMaxSemaphoreValue) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": value must be in [0, ",
-                                                   kMaxSemaphoreValue, "], got ", value));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": value must be in [0, ", kMaxSemaphoreValue, "], got ", value));
   }
   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<SyncPage> page,
                          SyncPage::Create(kind, sizeof(SemaphorePage), name));
@@ -429,11 +427,11 @@ struct BarrierPage {
   pthread_mutex_t mu;  // robust; guards everything below but `wake`
   std::atomic<int32_t> mu_owner;
   uint32_t parties;
-  uint32_t count;        // arrived in the current generation
-  uint64_t generation;   // advances when a generation passes or breaks
-  uint64_t passed;       // the last generation that passed (~0: none)
-  uint32_t broken;       // until reset
-  char reason[256];      // why it broke
+  uint32_t count;              // arrived in the current generation
+  uint64_t generation;         // advances when a generation passes or breaks
+  uint64_t passed;             // the last generation that passed (~0: none)
+  uint32_t broken;             // until reset
+  char reason[256];            // why it broke
   std::atomic<uint32_t> wake;  // bumped at every advance (the futex word)
   struct Party {
     int32_t pid;
@@ -471,10 +469,9 @@ BarrierGuard::BarrierGuard(BarrierPage* b) : b_(b) {
   const int r = ::pthread_mutex_lock(&b->mu);
   if (r == EOWNERDEAD) {  // Note [Dead processes]
     ::pthread_mutex_consistent(&b->mu);
-    BreakLocked(b,
-                absl::StrCat("process ", b->mu_owner.load(),
-                             " died while updating the barrier's state"),
-                /*stay_broken=*/true);
+    BreakLocked(
+        b, absl::StrCat("process ", b->mu_owner.load(), " died while updating the barrier's state"),
+        /*stay_broken=*/true);
   }
   b->mu_owner.store(Me().pid);
 }
@@ -539,8 +536,8 @@ struct SyncCodec {
   }
 
   template <typename T>
-  static absl::StatusOr<Value> DecodeOne(std::vector<UniqueFd> fds, SyncKind kind, size_t size,
-                                         const char* what) {
+  static absl::StatusOr<Value> DecodeOne(std::vector<base::UniqueFd> fds, SyncKind kind,
+                                         size_t size, const char* what) {
     T t;
     std::shared_ptr<SyncPage>* slot;
     if constexpr (std::is_same_v<T, BoundedSemaphore>) {
@@ -552,15 +549,16 @@ struct SyncCodec {
     return Value(std::move(t));
   }
 
-  static absl::StatusOr<Value> DecodeCondition(std::vector<UniqueFd> fds, std::string_view state) {
+  static absl::StatusOr<Value> DecodeCondition(std::vector<base::UniqueFd> fds,
+                                               std::string_view state) {
     if (state.size() != 1 || (state[0] != 'r' && state[0] != 'l')) {
       return absl::InvalidArgumentError("malformed message: a condition's state is not valid");
     }
     Condition c;
     const bool recursive = state[0] == 'r';
-    EMBER_ASSIGN_OR_RETURN(c.lock_, SyncPage::Open(std::move(fds[0]),
-                                                   recursive ? SyncKind::kRLock : SyncKind::kLock,
-                                                   sizeof(MutexPage), "condition's lock"));
+    EMBER_ASSIGN_OR_RETURN(
+        c.lock_, SyncPage::Open(std::move(fds[0]), recursive ? SyncKind::kRLock : SyncKind::kLock,
+                                sizeof(MutexPage), "condition's lock"));
     EMBER_ASSIGN_OR_RETURN(c.page_, SyncPage::Open(std::move(fds[1]), SyncKind::kCondition,
                                                    sizeof(WordPage), "condition"));
     return Value(std::move(c));
@@ -570,30 +568,29 @@ struct SyncCodec {
     auto one = [](ChannelKind kind, auto decode) {
       RegisterChannelCodec(kind, {.encode = &SyncCodec::Encode, .decode = decode, .fds = 1});
     };
-    one(ChannelKind::kLock, [](std::vector<UniqueFd> fds, std::string_view) {
+    one(ChannelKind::kLock, [](std::vector<base::UniqueFd> fds, std::string_view) {
       return DecodeOne<Lock>(std::move(fds), SyncKind::kLock, sizeof(MutexPage), "lock");
     });
-    one(ChannelKind::kRLock, [](std::vector<UniqueFd> fds, std::string_view) {
+    one(ChannelKind::kRLock, [](std::vector<base::UniqueFd> fds, std::string_view) {
       return DecodeOne<RLock>(std::move(fds), SyncKind::kRLock, sizeof(MutexPage), "rlock");
     });
-    one(ChannelKind::kSemaphore, [](std::vector<UniqueFd> fds, std::string_view) {
+    one(ChannelKind::kSemaphore, [](std::vector<base::UniqueFd> fds, std::string_view) {
       return DecodeOne<Semaphore>(std::move(fds), SyncKind::kSemaphore, sizeof(SemaphorePage),
                                   "semaphore");
     });
-    one(ChannelKind::kBoundedSemaphore, [](std::vector<UniqueFd> fds, std::string_view) {
+    one(ChannelKind::kBoundedSemaphore, [](std::vector<base::UniqueFd> fds, std::string_view) {
       return DecodeOne<BoundedSemaphore>(std::move(fds), SyncKind::kBoundedSemaphore,
                                          sizeof(SemaphorePage), "bounded_semaphore");
     });
-    one(ChannelKind::kEvent, [](std::vector<UniqueFd> fds, std::string_view) {
+    one(ChannelKind::kEvent, [](std::vector<base::UniqueFd> fds, std::string_view) {
       return DecodeOne<Event>(std::move(fds), SyncKind::kEvent, sizeof(WordPage), "event");
     });
-    one(ChannelKind::kBarrier, [](std::vector<UniqueFd> fds, std::string_view) {
-      return DecodeOne<Barrier>(std::move(fds), SyncKind::kBarrier, sizeof(BarrierPage),
-                                "barrier");
+    one(ChannelKind::kBarrier, [](std::vector<base::UniqueFd> fds, std::string_view) {
+      return DecodeOne<Barrier>(std::move(fds), SyncKind::kBarrier, sizeof(BarrierPage), "barrier");
     });
-    RegisterChannelCodec(ChannelKind::kCondition, {.encode = &SyncCodec::Encode,
-                                                   .decode = &SyncCodec::DecodeCondition,
-                                                   .fds = 2});
+    RegisterChannelCodec(
+        ChannelKind::kCondition,
+        {.encode = &SyncCodec::Encode, .decode = &SyncCodec::DecodeCondition, .fds = 2});
     return true;
   }
 };
@@ -684,7 +681,6 @@ absl::Status Event::wait(absl::Duration timeout) {
 
 // --- Condition -------------------------------------------------------------------
 
-
 absl::StatusOr<Condition> Condition::create() {
   EMBER_ASSIGN_OR_RETURN(RLock lock, RLock::create());
   return create(lock);
@@ -740,8 +736,7 @@ absl::Status Condition::wait(absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-absl::Status Condition::wait_for(const std::function<bool()>& predicate,
-                                 absl::Duration timeout) {
+absl::Status Condition::wait_for(const std::function<bool()>& predicate, absl::Duration timeout) {
   const absl::Time deadline = DeadlineOf(timeout);
   while (!predicate()) {
     const absl::Duration left = deadline == absl::InfiniteFuture()
@@ -778,8 +773,7 @@ absl::Status Condition::notify_all() { return notify(INT_MAX); }
 absl::StatusOr<Barrier> Barrier::create(int parties) {
   (void)kCodecsRegistered;
   if (parties < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Barrier: parties must be >= 1, got ", parties));
+    return absl::InvalidArgumentError(absl::StrCat("Barrier: parties must be >= 1, got ", parties));
   }
   Barrier b;
   EMBER_ASSIGN_OR_RETURN(b.page_,
@@ -831,16 +825,15 @@ absl::StatusOr<int> Barrier::wait(absl::Duration timeout) {
       return Broken(b->reason);
     }
     if (pid_t ended = EndedParty(b); ended != 0) {
-      BreakLocked(b,
-                  absl::StrCat("process ", ended,
-                               ", a party of this barrier, ended before reaching it"),
-                  /*stay_broken=*/true);
+      BreakLocked(
+          b, absl::StrCat("process ", ended, ", a party of this barrier, ended before reaching it"),
+          /*stay_broken=*/true);
       return Broken(b->reason);
     }
     if (absl::Now() >= deadline) {
       const std::string why =
-          absl::StrCat("process ", me, " timed out after ", absl::FormatDuration(timeout),
-                       " with ", b->count, " of ", b->parties, " parties waiting");
+          absl::StrCat("process ", me, " timed out after ", absl::FormatDuration(timeout), " with ",
+                       b->count, " of ", b->parties, " parties waiting");
       BreakLocked(b, why, /*stay_broken=*/true);
       return absl::DeadlineExceededError(
           absl::StrCat("Barrier.wait: ", why, "; the barrier is now broken"));

@@ -65,7 +65,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "multiprocessing/unique_fd.h"
+#include "base/unique_fd.h"
 #include "multiprocessing/value.h"
 
 namespace ember::multiprocessing {

@@ -51,7 +51,7 @@
 #include "absl/time/clock.h"
 #include "autograd/grad_mode.h"
 #include "benchmark/benchmark.h"
-#include "hub/resnet.h"
+#include "nn/models/resnet.h"
 #include "nn/conv.h"
 #include "nn/loss.h"
 #include "nn/onednn.h"
@@ -391,7 +391,7 @@ void BM_ResNetStep(benchmark::State& state) {
   } else {
     onednn::SetEnabled(path == 0);
     manual_seed(0);
-    auto net = std::make_shared<hub::ResNet18>(hub::ResNetOptions{.num_classes = kClasses});
+    auto net = std::make_shared<nn::models::ResNet18>(nn::models::ResNetOptions{.num_classes = kClasses});
     optim::SGD opt(net->parameters(), {.lr = 0.01});
     Tensor x = randn({batch, 3, kImage, kImage});
     Tensor y = randint(0, kClasses, {batch});

@@ -21,14 +21,14 @@
 //   auto net = std::make_shared<Net>();
 //   ember::Tensor y = (*net)(ember::randn({32, 784}));  // runs hooks around forward()
 //   for (auto& [name, p] : net->named_parameters()) std::cout << name << "\n";  // fc1.weight ...
-//   ember::nn::StateDict sd = net->state_dict();
+//   ember::StateDict sd = net->state_dict();
 //   auto other = std::make_shared<Net>();
 //   EMBER_RETURN_IF_ERROR(other->load_state_dict(sd));          // strict by default
 //   std::shared_ptr<ember::nn::Module> replica = net->clone();  // deep copy
 //   ```
 //
 // Fine-tuning, torch's `model.fc = nn.Linear(512, 2)`, works on a model that
-// allows it (Note [Replacing a child]; hub/resnet.h shows it on ResNet18).
+// allows it (Note [Replacing a child]; nn/models/resnet.h shows it on ResNet18).
 //
 // A module owns, in registration order, named parameters (leaf tensors that
 // require grad), named buffers (state such as running means) and named child
@@ -101,13 +101,10 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "serialization/state_dict.h"
 #include "tensor/tensor.h"
 
 namespace ember::nn {
-
-// An ordered name -> tensor list: state_dict() output and load_state_dict()
-// input. Keys are dotted paths ("layer1.0.conv1.weight").
-using StateDict = std::vector<std::pair<std::string, Tensor>>;
 
 class Module;
 

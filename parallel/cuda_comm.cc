@@ -37,9 +37,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cuda/device.h"
+#include "cuda/nccl_dtype.h"
 #include "cuda/status.h"
 #include "cuda/stream.h"
-#include "distributed/nccl/communicator.h"
 #include "parallel/comm.h"
 #include "parallel/warning.h"
 #include "tensor/device_guard.h"
@@ -49,13 +49,11 @@
 namespace ember::parallel {
 namespace {
 
-// NCCL's type for coalesced copies and sums: distributed/nccl's mapping,
-// except bool (a byte sum is no "or"); none for what NCCL lacks (int16).
+// NCCL's type for coalesced copies and sums: cuda::nccl_type, except bool
+// (a byte sum is no "or"); none for what NCCL lacks (int16).
 std::optional<ncclDataType_t> NcclType(Dtype dtype) {
   if (dtype == Dtype::kBool) return std::nullopt;
-  absl::StatusOr<ncclDataType_t> type = distributed::nccl::nccl_dtype(dtype);
-  if (!type.ok()) return std::nullopt;
-  return *type;
+  return cuda::nccl_type(dtype);
 }
 
 cudaStream_t CurrentStream(int device) {

@@ -17,7 +17,7 @@
 // for the buckets after the graph, which includes waiting for the slower
 // rank).
 //
-// The ResNet rows do the same for torchvision's ResNet-18 (hub/resnet.h) with
+// The ResNet rows do the same for torchvision's ResNet-18 (nn/models/resnet.h) with
 // 10 classes on 3x32x32 images, batch 8 per rank (16 in all): the larger
 // model of parallel/torch_ddp_resnet.py, which runs the PyTorch side.
 //
@@ -38,7 +38,7 @@
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
 #include "distributed/distributed.h"
-#include "hub/resnet.h"
+#include "nn/models/resnet.h"
 #include "nn/activation.h"
 #include "nn/benchmark_mlp.h"
 #include "nn/container.h"
@@ -78,7 +78,7 @@ void Check(const absl::Status& s, const char* what) {
 std::shared_ptr<nn::Module> Make(Model model) {
   manual_seed(0);
   if (model == Model::kMlp) return nn::benchmark_mlp(kWidth, kHidden, kClasses);
-  return std::make_shared<hub::ResNet18>(hub::ResNetOptions{.num_classes = kClasses});
+  return std::make_shared<nn::models::ResNet18>(nn::models::ResNetOptions{.num_classes = kClasses});
 }
 
 // A batch of `n` inputs for `model`.

@@ -1,5 +1,5 @@
 // DistributedDataParallel's cost on a GPU: the training step of
-// torchvision's ResNet-18 (hub/resnet.h, 1000 classes, 3x224x224, fp32, SGD
+// torchvision's ResNet-18 (nn/models/resnet.h, 1000 classes, 3x224x224, fp32, SGD
 // lr 0.01) on cuda:0 wrapped in DDP with one rank over nccl (world size 1),
 // against the plain module's step, in the same iterations. What DDP adds is
 // its own machinery: the gradient hooks, the copies into the buckets and
@@ -29,7 +29,7 @@
 #include "cuda/device.h"
 #include "distributed/backend_registry.h"
 #include "distributed/hash_store.h"
-#include "hub/resnet.h"
+#include "nn/models/resnet.h"
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
 #include "parallel/distributed_data_parallel.h"
@@ -90,7 +90,7 @@ void BM_ResNet18DdpStepVsPlain(benchmark::State& state) {
   }
 
   manual_seed(0);
-  auto plain = std::make_shared<hub::ResNet18>(hub::ResNetOptions{.num_classes = kClasses});
+  auto plain = std::make_shared<nn::models::ResNet18>(nn::models::ResNetOptions{.num_classes = kClasses});
   plain->to(kGpu);
   plain->train();
   std::shared_ptr<nn::Module> wrapped = plain->clone(kGpu);

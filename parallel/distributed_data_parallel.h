@@ -7,7 +7,7 @@
 //
 //   ```cpp compile-only
 //   #include "distributed/distributed.h"
-//   #include "hub/checkpoint.h"
+//   #include "serialization/serialization.h"
 //   #include "nn/activation.h"
 //   #include "nn/container.h"
 //   #include "nn/linear.h"
@@ -30,7 +30,7 @@
 //     opt.step();
 //   }
 //   if (ember::distributed::get_rank() == 0) {
-//     EMBER_RETURN_IF_ERROR(ember::hub::save_checkpoint(ddp->module()->state_dict(), "model.pt"));
+//     EMBER_RETURN_IF_ERROR(ember::save(ddp->module()->state_dict(), "model.pt"));
 //   }
 //   ```
 //

@@ -6,7 +6,7 @@
 //   bazel run -c opt //parallel:fsdp_benchmark -- --benchmark_filter=Mlp
 //
 // Models: the 4x512 ReLU MLP of nn/benchmark_mlp.h (batch 32 per rank; units:
-// each Linear) and ResNet-18 of hub/resnet.h with 10 classes on 3x32x32
+// each Linear) and ResNet-18 of nn/models/resnet.h with 10 classes on 3x32x32
 // images (batch 8 per rank; units: each BasicBlock, the stem and fc in the
 // root), SGD lr 0.01 momentum 0.9, cross-entropy. Protocol of
 // ddp_benchmark.cc: a fresh model per row, every step timed, the median of
@@ -52,7 +52,7 @@
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
 #include "distributed/distributed.h"
-#include "hub/resnet.h"
+#include "nn/models/resnet.h"
 #include "nn/benchmark_mlp.h"
 #include "nn/container.h"
 #include "nn/linear.h"
@@ -128,7 +128,7 @@ void Check(const absl::Status& s, const char* what) {
 std::shared_ptr<nn::Module> Make(Model model) {
   manual_seed(0);
   if (model == Model::kMlp) return nn::benchmark_mlp(512, 4, kClasses);
-  return std::make_shared<hub::ResNet18>(hub::ResNetOptions{.num_classes = kClasses});
+  return std::make_shared<nn::models::ResNet18>(nn::models::ResNetOptions{.num_classes = kClasses});
 }
 
 std::vector<std::shared_ptr<nn::Module>> Units(Model model, nn::Module& net) {

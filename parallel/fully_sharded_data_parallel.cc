@@ -729,7 +729,7 @@ Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_ty
   return full({}, total, TensorOptions().dtype(kFloat32).device(device_));
 }
 
-absl::StatusOr<nn::StateDict> FullyShardedDataParallel::full_state_dict() {
+absl::StatusOr<ember::StateDict> FullyShardedDataParallel::full_state_dict() {
   CheckUsable();
   if (in_iteration_) {
     return absl::FailedPreconditionError(
@@ -758,7 +758,7 @@ absl::StatusOr<nn::StateDict> FullyShardedDataParallel::full_state_dict() {
                          .clone());
     }
   }
-  nn::StateDict state;
+  ember::StateDict state;
   for (auto& [key, value] : module_->state_dict()) {
     auto it = values.find(key);
     state.emplace_back(key, it != values.end() ? it->second : value.clone());
@@ -766,7 +766,7 @@ absl::StatusOr<nn::StateDict> FullyShardedDataParallel::full_state_dict() {
   return state;
 }
 
-absl::Status FullyShardedDataParallel::load_full_state_dict(const nn::StateDict& state) {
+absl::Status FullyShardedDataParallel::load_full_state_dict(const ember::StateDict& state) {
   if (in_iteration_) {
     return absl::FailedPreconditionError(
         "FullyShardedDataParallel::load_full_state_dict: called between a forward and its "

@@ -29,7 +29,7 @@
 //     fsdp->clip_grad_norm_(1.0);                                      // the global norm
 //     opt.step();                                                      // local shards only
 //   }
-//   EMBER_ASSIGN_OR_RETURN(ember::nn::StateDict full, fsdp->full_state_dict());  // plain keys
+//   EMBER_ASSIGN_OR_RETURN(ember::StateDict full, fsdp->full_state_dict());  // plain keys
 //   ```
 //
 // Note [Flat parameters]
@@ -246,10 +246,10 @@ class FullyShardedDataParallel : public nn::Module {
   // Every parameter and persistent buffer under the wrapped module's plain
   // keys, whole, on every rank (all-gathers each unit; torch's
   // FULL_STATE_DICT with rank0_only off). Blocks up to the group's timeout.
-  absl::StatusOr<nn::StateDict> full_state_dict();
+  absl::StatusOr<ember::StateDict> full_state_dict();
   // Loads a full state dict (keys of the wrapped module): each rank keeps
   // its shard of every parameter, buffers are copied. No communication.
-  absl::Status load_full_state_dict(const nn::StateDict& state);
+  absl::Status load_full_state_dict(const ember::StateDict& state);
 
   // Per unit, in the order of parameters(): its layout.
   const std::vector<FlatParamInfo>& flat_param_infos() const { return infos_; }

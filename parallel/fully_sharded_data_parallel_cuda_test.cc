@@ -100,7 +100,7 @@ absl::Status TrainAndCompare(const std::string& backend, int world, Device devic
   for (int r = 0; r < world; ++r) {
     models.push_back(std::static_pointer_cast<Net>(reference->clone(device)));
   }
-  std::vector<nn::StateDict> trained(world);
+  std::vector<ember::StateDict> trained(world);
   testing::RunRanksOptions rank_options;
   rank_options.backend = backend;
   EMBER_RETURN_IF_ERROR(testing::RunRanks(
@@ -215,7 +215,7 @@ TEST(FsdpCudaTest, NcclOneRankPerGpuMatchesOneProcess) {
                                         global.y.narrow(0, me.rank * per, per))
               .backward();
           opt.step();
-          EMBER_ASSIGN_OR_RETURN(nn::StateDict state, fsdp->full_state_dict());
+          EMBER_ASSIGN_OR_RETURN(ember::StateDict state, fsdp->full_state_dict());
           return state.empty() ? absl::InternalError("empty state dict") : absl::OkStatus();
         });
       },

@@ -23,7 +23,7 @@
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "hub/resnet.h"
+#include "nn/models/resnet.h"
 #include "nn/clip_grad.h"
 #include "nn/container.h"
 #include "nn/linear.h"
@@ -68,7 +68,7 @@ enum class Model { kMlp, kResNet };
 std::shared_ptr<nn::Module> Make(Model model) {
   manual_seed(0);
   if (model == Model::kMlp) return std::make_shared<Mlp>();
-  auto net = std::make_shared<hub::ResNet18>(hub::ResNetOptions{.num_classes = kClasses, .width = 4});
+  auto net = std::make_shared<nn::models::ResNet18>(nn::models::ResNetOptions{.num_classes = kClasses, .width = 4});
   // Batch statistics would differ between a rank's part of the batch and
   // the whole batch; with running statistics the layers are the same
   // function of each sample, so the three ways of training must agree.
@@ -111,7 +111,7 @@ absl::Status Guard(const std::function<absl::Status()>& body) {
 
 // The largest |a - b| relative to the largest |b|, over every parameter of
 // `reference` found in `state`.
-absl::StatusOr<double> RelativeDifference(const nn::StateDict& state, const nn::Module& reference) {
+absl::StatusOr<double> RelativeDifference(const ember::StateDict& state, const nn::Module& reference) {
   std::unordered_map<std::string, Tensor> by_name(state.begin(), state.end());
   double worst = 0;
   for (const auto& [name, p] : reference.named_parameters()) {
@@ -190,7 +190,7 @@ absl::Status TrainAndCompare(testing::Rank& me, const Case& c, bool adam = false
       nn::functional::cross_entropy((*reference)(global.x), global.y).backward();
       ref_opt->step();
     }
-    EMBER_ASSIGN_OR_RETURN(nn::StateDict state, fsdp->full_state_dict());
+    EMBER_ASSIGN_OR_RETURN(ember::StateDict state, fsdp->full_state_dict());
     EMBER_ASSIGN_OR_RETURN(double vs_ddp, RelativeDifference(state, *ddp_model));
     EMBER_ASSIGN_OR_RETURN(double vs_one, RelativeDifference(state, *reference));
     std::fprintf(stderr, "relative difference: vs DDP %.3g, vs one process %.3g\n", vs_ddp, vs_one);
@@ -314,7 +314,7 @@ TEST(FsdpTest, NoSyncAccumulatesUntilTheNextSynchronisedBackward) {
         nn::functional::cross_entropy((*reference)(b.x), b.y).backward();
       }
       ref_opt.step();
-      EMBER_ASSIGN_OR_RETURN(nn::StateDict state, fsdp->full_state_dict());
+      EMBER_ASSIGN_OR_RETURN(ember::StateDict state, fsdp->full_state_dict());
       EMBER_ASSIGN_OR_RETURN(double diff, RelativeDifference(state, *reference));
       if (!(diff <= kVsOneProcess)) {
         return absl::InternalError(absl::StrCat("after accumulation: relative difference ", diff));
@@ -348,7 +348,7 @@ TEST(FsdpTest, ClipGradNormUsesTheGlobalNormOverShards) {
         }
         opt.step();
         ref_opt.step();
-        EMBER_ASSIGN_OR_RETURN(nn::StateDict state, fsdp->full_state_dict());
+        EMBER_ASSIGN_OR_RETURN(ember::StateDict state, fsdp->full_state_dict());
         EMBER_ASSIGN_OR_RETURN(double diff, RelativeDifference(state, *reference));
         if (!(diff <= kVsOneProcess)) {
           return absl::InternalError(absl::StrCat("after clipping: relative difference ", diff));
@@ -389,7 +389,7 @@ TEST(FsdpTest, MixedPrecisionComputesInBfloat16WithFloat32MasterParameters) {
         nn::functional::cross_entropy((*reference)(global.x), global.y).backward();
         ref_opt.step();
       }
-      EMBER_ASSIGN_OR_RETURN(nn::StateDict state, fsdp->full_state_dict());
+      EMBER_ASSIGN_OR_RETURN(ember::StateDict state, fsdp->full_state_dict());
       for (const auto& [name, value] : state) {
         if (value.dtype() != kFloat32) return absl::InternalError(name + " is not fp32");
       }
@@ -560,7 +560,7 @@ TEST(FsdpTest, FullStateDictLoadsIntoAPlainModuleAndBack) {
       std::vector<std::shared_ptr<nn::Module>> units = {model->fc1};
       EMBER_ASSIGN_OR_RETURN(auto fsdp, FullyShardedDataParallel::create(
                                             model, {.process_group = me.group, .units = units}));
-      EMBER_ASSIGN_OR_RETURN(nn::StateDict state, fsdp->full_state_dict());
+      EMBER_ASSIGN_OR_RETURN(ember::StateDict state, fsdp->full_state_dict());
       manual_seed(10);
       Mlp rank0;
       EMBER_ASSIGN_OR_RETURN(double diff, RelativeDifference(state, rank0));
@@ -570,10 +570,10 @@ TEST(FsdpTest, FullStateDictLoadsIntoAPlainModuleAndBack) {
       manual_seed(99);
       Mlp fresh;
       EMBER_RETURN_IF_ERROR(fsdp->load_full_state_dict(fresh.state_dict()));
-      EMBER_ASSIGN_OR_RETURN(nn::StateDict back, fsdp->full_state_dict());
+      EMBER_ASSIGN_OR_RETURN(ember::StateDict back, fsdp->full_state_dict());
       EMBER_ASSIGN_OR_RETURN(diff, RelativeDifference(back, fresh));
       if (diff != 0) return absl::InternalError(absl::StrCat("load_full_state_dict: ", diff));
-      nn::StateDict wrong = fresh.state_dict();
+      ember::StateDict wrong = fresh.state_dict();
       wrong.pop_back();
       const absl::Status refused = fsdp->load_full_state_dict(wrong);
       if (refused.ok() || !absl::StrContains(refused.message(), "missing key 'fc3.bias'")) {

@@ -25,19 +25,19 @@ std::vector<Tensor> OptimizerParams(const nn::optim::Optimizer& optimizer) {
 
 // For each of the optimizer's parameters, the key of the same tensor among
 // `candidates` (by identity).
-absl::StatusOr<std::vector<dcp::ParamKey>> OptimizerKeys(
+absl::StatusOr<std::vector<ParamKey>> OptimizerKeys(
     const nn::optim::Optimizer& optimizer,
-    const std::vector<std::pair<Tensor, dcp::ParamKey>>& candidates) {
-  std::vector<dcp::ParamKey> keys;
+    const std::vector<std::pair<Tensor, ParamKey>>& candidates) {
+  std::vector<ParamKey> keys;
   const std::vector<Tensor> params = OptimizerParams(optimizer);
   for (size_t i = 0; i < params.size(); ++i) {
     auto it = std::find_if(candidates.begin(), candidates.end(),
                            [&](const auto& c) { return c.first.is_same(params[i]); });
     if (it == candidates.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "get_state_dict: the optimizer's parameter ", i,
-          " is not a parameter of the model (build the optimizer from the model's "
-          "parameters(); for FullyShardedDataParallel, from the wrapper's)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("get_state_dict: the optimizer's parameter ", i,
+                       " is not a parameter of the model (build the optimizer from the model's "
+                       "parameters(); for FullyShardedDataParallel, from the wrapper's)"));
     }
     keys.push_back(it->second);
   }
@@ -57,11 +57,11 @@ absl::StatusOr<ModelStateDict> get_state_dict(FullyShardedDataParallel& model,
   ModelStateDict out;
   const std::vector<Tensor> flats = model.parameters();
   const std::vector<FlatParamInfo>& infos = model.flat_param_infos();
-  std::vector<std::pair<Tensor, dcp::ParamKey>> candidates;
+  std::vector<std::pair<Tensor, ParamKey>> candidates;
   for (size_t u = 0; u < infos.size() && u < flats.size(); ++u) {
     const FlatParamInfo& info = infos[u];
     const Tensor flat = flats[u].detach();
-    dcp::ParamKey key;
+    ParamKey key;
     key.key = info.module_name.empty() ? "<root unit>" : info.module_name;
     for (size_t i = 0; i < info.names.size(); ++i) {
       int64_t numel = 1;
@@ -99,10 +99,10 @@ absl::StatusOr<ModelStateDict> get_state_dict(DistributedDataParallel& model,
 absl::StatusOr<ModelStateDict> get_state_dict(nn::Module& model,
                                               const nn::optim::Optimizer* optimizer) {
   ModelStateDict out;
-  std::vector<std::pair<Tensor, dcp::ParamKey>> candidates;
+  std::vector<std::pair<Tensor, ParamKey>> candidates;
   for (const auto& [name, p] : model.named_parameters()) {
     out.model.emplace_back(name, dcp::replicated(p.detach()));
-    candidates.emplace_back(p, dcp::ParamKey{.key = name});
+    candidates.emplace_back(p, ParamKey{.key = name});
   }
   AddBuffers(model, out.model);
   if (optimizer != nullptr) {
@@ -116,7 +116,7 @@ absl::Status save_state_dict(const ModelStateDict& state, const nn::optim::Optim
   dcp::StateDict items = state.model;
   if (optimizer != nullptr) {
     EMBER_ASSIGN_OR_RETURN(dcp::StateDict optim,
-                           dcp::get_optimizer_state_dict(*optimizer, state.optimizer));
+                           get_optimizer_state_dict(*optimizer, state.optimizer));
     items.insert(items.end(), optim.begin(), optim.end());
   }
   return dcp::save(items, options);
@@ -126,7 +126,7 @@ absl::Status load_state_dict(const ModelStateDict& state, nn::optim::Optimizer* 
                              const dcp::CheckpointOptions& options) {
   EMBER_RETURN_IF_ERROR(dcp::load(state.model, options));
   if (optimizer != nullptr) {
-    EMBER_RETURN_IF_ERROR(dcp::set_optimizer_state_dict(*optimizer, state.optimizer, options));
+    EMBER_RETURN_IF_ERROR(set_optimizer_state_dict(*optimizer, state.optimizer, options));
   }
   return absl::OkStatus();
 }

@@ -6,7 +6,8 @@
 //   namespace dcp = ember::distributed::checkpoint;
 //   // 4 ranks, fully sharded:
 //   EMBER_ASSIGN_OR_RETURN(auto state, ember::parallel::get_state_dict(*fsdp, &adam));
-//   EMBER_RETURN_IF_ERROR(ember::parallel::save_state_dict(state, adam, {.path = dir, .process_group = pg}));
+//   EMBER_RETURN_IF_ERROR(ember::parallel::save_state_dict(state, adam, {.path = dir,
+//   .process_group = pg}));
 //   // Later, 3 ranks of DistributedDataParallel (or one plain module):
 //   EMBER_ASSIGN_OR_RETURN(auto mine, ember::parallel::get_state_dict(*ddp, &adam));
 //   EMBER_RETURN_IF_ERROR(ember::parallel::load_state_dict(mine, &adam, {.path = dir}));
@@ -36,11 +37,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "distributed/checkpoint/checkpoint.h"
-#include "distributed/checkpoint/optimizer_state.h"
 #include "nn/module.h"
 #include "nn/optim/optimizer.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/fully_sharded_data_parallel.h"
+#include "parallel/optimizer_state.h"
 
 namespace ember::parallel {
 
@@ -49,7 +50,7 @@ struct ModelStateDict {
   distributed::checkpoint::StateDict model;
   // How the optimizer's parameters are saved, one per parameter in the
   // optimizer's order; empty when no optimizer was given.
-  std::vector<distributed::checkpoint::ParamKey> optimizer;
+  std::vector<ParamKey> optimizer;
 };
 
 // This rank's shards of a fully sharded model (Note [Checkpoint names of a

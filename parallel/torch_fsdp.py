@@ -17,7 +17,7 @@ before the model was built to the end (PyTorch keeps no statistics of its CPU
 allocator, so this is the closest measure of the peak; it includes freed
 memory that malloc kept).
 
-  python parallel/torch_fsdp.py [mlp|resnet]...   # with PyTorch 2.x from PyPI
+  "$(tools/install_peers.sh --python)" parallel/torch_fsdp.py [mlp|resnet]...  # the PyTorch 2.x peer
 """
 import os
 import resource

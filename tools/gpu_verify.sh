@@ -88,8 +88,8 @@ for f in "${data_files[@]}"; do
   cp -L "$f" "$stage/data/$f"
 done
 # A binary's name in the bundle: the target's name, or, where two GPU targets
-# share it (hub's and distributed/checkpoint's checkpoint_cuda_test), its
-# package too, with / as _ (hub_checkpoint_cuda_test).
+# of different packages share it, its package too, with / as _
+# (nn_models_resnet_cuda_test for //nn/models:resnet_cuda_test).
 declare -A name_count=()
 for t in "${tests[@]}" "${benchmarks[@]}"; do
   n="${t##*:}"

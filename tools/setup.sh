@@ -4,7 +4,8 @@
 # which Debian does not ship. Without the toolkit Ember builds without CUDA
 # support (tools/cuda_configure.bzl); this script says so once, and how to get
 # it. Safe to re-run; when nothing is missing it only says so. Needs root (or
-# passwordless sudo) only when it has to install.
+# passwordless sudo) only when it has to install. The PyTorch 2.x peer, which
+# Debian does not ship, is tools/install_peers.sh's.
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
@@ -24,6 +25,8 @@ PACKAGES=(
   openssl python3-torch python3-torchvision
   # `ip netns` for the two-host test of tools/launch (multihost_test).
   iproute2
+  # The virtual environment of the PyTorch 2.x peer (tools/install_peers.sh).
+  python3-venv
 )
 # Where the build looks for the toolkit (tools/cuda_configure.bzl reads the
 # same variables).

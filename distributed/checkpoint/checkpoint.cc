@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/unique_fd.h"
 #include "distributed/checkpoint/crc32c.h"
 #include "distributed/checkpoint/metadata.h"
 #include "tensor/error.h"
@@ -130,8 +131,9 @@ struct Piece {
 // or not yet (to load: the pieces cover all of it).
 Item OnHost(const Item& item, bool with_values) {
   if (!item.tensor.defined() || item.tensor.is_cpu()) return item;
-  Tensor host = with_values ? item.tensor.detach().to(kCPU)
-                            : empty(item.tensor.sizes(), TensorOptions().dtype(item.tensor.dtype()));
+  Tensor host = with_values
+                    ? item.tensor.detach().to(kCPU)
+                    : empty(item.tensor.sizes(), TensorOptions().dtype(item.tensor.dtype()));
   return Item{std::move(host), item.placement};
 }
 
@@ -166,10 +168,10 @@ absl::StatusOr<std::vector<Piece>> Pieces(const std::string& key, const Item& it
     }
     const int64_t total = Numel(p.global_shape);
     if (p.flat_offset + t.numel() > total) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state_dict[\"", key, "\"]: flat shard [", p.flat_offset, ", ",
-          p.flat_offset + t.numel(), ") leaves the global tensor of shape ",
-          ShapeToString(p.global_shape), " (", total, " elements)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("state_dict[\"", key, "\"]: flat shard [", p.flat_offset, ", ",
+                       p.flat_offset + t.numel(), ") leaves the global tensor of shape ",
+                       ShapeToString(p.global_shape), " (", total, " elements)"));
     }
     std::vector<Box> boxes;
     if (p.global_shape.empty()) {
@@ -191,17 +193,17 @@ absl::StatusOr<std::vector<Piece>> Pieces(const std::string& key, const Item& it
   }
   if (p.offsets.size() != p.global_shape.size() ||
       t.dim() != static_cast<int64_t>(p.global_shape.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "state_dict[\"", key, "\"]: local tensor of shape ", ShapeToString(t.sizes()),
-        ", offsets ", ShapeToString(p.offsets), " and global shape ",
-        ShapeToString(p.global_shape), " must have the same number of dimensions"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("state_dict[\"", key, "\"]: local tensor of shape ", ShapeToString(t.sizes()),
+                     ", offsets ", ShapeToString(p.offsets), " and global shape ",
+                     ShapeToString(p.global_shape), " must have the same number of dimensions"));
   }
   for (size_t d = 0; d < p.offsets.size(); ++d) {
     if (p.offsets[d] < 0 || p.offsets[d] + t.size(d) > p.global_shape[d]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state_dict[\"", key, "\"]: the local tensor of shape ", ShapeToString(t.sizes()),
-          " at offsets ", ShapeToString(p.offsets), " leaves the global shape ",
-          ShapeToString(p.global_shape), " in dim ", d));
+      return absl::InvalidArgumentError(
+          absl::StrCat("state_dict[\"", key, "\"]: the local tensor of shape ",
+                       ShapeToString(t.sizes()), " at offsets ", ShapeToString(p.offsets),
+                       " leaves the global shape ", ShapeToString(p.global_shape), " in dim ", d));
     }
   }
   Box box{p.offsets, SizeVector(t.sizes().begin(), t.sizes().end())};
@@ -281,8 +283,8 @@ absl::StatusOr<std::vector<std::string>> AllGatherBytes(ProcessGroup& pg, const 
                                                         absl::string_view step) {
   const int n = pg.size();
   auto fail = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("distributed checkpoint save, ", step,
-                                               " (rank ", pg.rank(), "): ", s.message()));
+    return absl::Status(s.code(), absl::StrCat("distributed checkpoint save, ", step, " (rank ",
+                                               pg.rank(), "): ", s.message()));
   };
   Tensor len = full({1}, static_cast<int64_t>(mine.size()), kInt64);
   std::vector<Tensor> lens;
@@ -307,8 +309,7 @@ absl::StatusOr<std::vector<std::string>> AllGatherBytes(ProcessGroup& pg, const 
   }
   std::vector<std::string> out;
   for (int r = 0; r < n; ++r) {
-    out.emplace_back(static_cast<const char*>(bufs[r].raw_data()),
-                     lens[r].data_ptr<int64_t>()[0]);
+    out.emplace_back(static_cast<const char*>(bufs[r].raw_data()), lens[r].data_ptr<int64_t>()[0]);
   }
   return out;
 }
@@ -369,8 +370,8 @@ absl::StatusOr<RankPlan> DecodePlan(absl::string_view bytes, int rank) {
     p.entries.push_back(std::move(e));
   }
   if (!r.ok()) {
-    return absl::DataLossError(absl::StrCat("distributed checkpoint save: rank ", rank,
-                                            "'s plan arrived malformed"));
+    return absl::DataLossError(
+        absl::StrCat("distributed checkpoint save: rank ", rank, "'s plan arrived malformed"));
   }
   return p;
 }
@@ -400,9 +401,9 @@ absl::StatusOr<std::vector<Assignment>> GlobalPlan(const std::vector<RankPlan>& 
   for (int r = 1; r < world; ++r) {
     for (const EntryPlan& e : plans[r].entries) {
       if (!by_key[0].count(e.key)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "distributed checkpoint save: rank ", r, " saves \"", e.key,
-            "\" but rank 0 does not; every rank must pass the same keys"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("distributed checkpoint save: rank ", r, " saves \"", e.key,
+                         "\" but rank 0 does not; every rank must pass the same keys"));
       }
     }
   }
@@ -414,16 +415,16 @@ absl::StatusOr<std::vector<Assignment>> GlobalPlan(const std::vector<RankPlan>& 
     for (int r = 0; r < world; ++r) {
       auto it = by_key[r].find(e0.key);
       if (it == by_key[r].end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "distributed checkpoint save: rank 0 saves \"", e0.key, "\" but rank ", r,
-            " does not; every rank must pass the same keys"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("distributed checkpoint save: rank 0 saves \"", e0.key, "\" but rank ", r,
+                         " does not; every rank must pass the same keys"));
       }
       const EntryPlan& e = *it->second;
       if (e.dtype != e0.dtype || e.global_shape != e0.global_shape) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "distributed checkpoint save: \"", e0.key, "\" is ", std::string(dtype_name(e0.dtype)), " ",
-            ShapeToString(e0.global_shape), " on rank 0 but ", std::string(dtype_name(e.dtype)), " ",
-            ShapeToString(e.global_shape), " on rank ", r,
+            "distributed checkpoint save: \"", e0.key, "\" is ", std::string(dtype_name(e0.dtype)),
+            " ", ShapeToString(e0.global_shape), " on rank 0 but ",
+            std::string(dtype_name(e.dtype)), " ", ShapeToString(e.global_shape), " on rank ", r,
             "; every rank must describe the same global tensor"));
       }
       for (const Box& b : e.boxes) {
@@ -443,20 +444,20 @@ absl::StatusOr<std::vector<Assignment>> GlobalPlan(const std::vector<RankPlan>& 
       for (size_t j = 0; j < i; ++j) {
         Box both;
         if (Intersect(distinct[i].first, distinct[j].first, &both) && Numel(both.sizes) > 0) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "distributed checkpoint save: \"", e0.key, "\": the piece ",
-              BoxToString(distinct[i].first), " of rank ", distinct[i].second[0],
-              " overlaps the piece ", BoxToString(distinct[j].first), " of rank ",
-              distinct[j].second[0], " without being equal to it"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("distributed checkpoint save: \"", e0.key, "\": the piece ",
+                           BoxToString(distinct[i].first), " of rank ", distinct[i].second[0],
+                           " overlaps the piece ", BoxToString(distinct[j].first), " of rank ",
+                           distinct[j].second[0], " without being equal to it"));
         }
       }
     }
     const int64_t total = Numel(e0.global_shape);
     if (covered != total) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "distributed checkpoint save: the ranks' pieces of \"", e0.key, "\" (shape ",
-          ShapeToString(e0.global_shape), ") cover ", covered, " of its ", total,
-          " elements; every element must be held by some rank"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("distributed checkpoint save: the ranks' pieces of \"", e0.key, "\" (shape ",
+                       ShapeToString(e0.global_shape), ") cover ", covered, " of its ", total,
+                       " elements; every element must be held by some rank"));
     }
     const int64_t elem = static_cast<int64_t>(element_size(e0.dtype));
     for (auto& [box, holders] : distinct) {
@@ -473,43 +474,12 @@ absl::StatusOr<std::vector<Assignment>> GlobalPlan(const std::vector<RankPlan>& 
 
 // --- Files -------------------------------------------------------------------------
 
-absl::Status ErrnoStatus(int err, absl::string_view what, absl::string_view path) {
-  std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  if (err == EACCES || err == EPERM || err == EROFS) return absl::PermissionDeniedError(msg);
-  if (err == ENOENT) return absl::NotFoundError(msg);
-  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
-}
-
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      Reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { Reset(); }
-  int get() const { return fd_; }
-  void Reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
 absl::Status WriteAll(int fd, const char* data, size_t n, const std::string& path) {
   while (n > 0) {
     const ssize_t w = ::write(fd, data, std::min<size_t>(n, size_t{1} << 30));
     if (w < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "cannot write", path);
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", path));
     }
     data += w;
     n -= static_cast<size_t>(w);
@@ -518,17 +488,19 @@ absl::Status WriteAll(int fd, const char* data, size_t n, const std::string& pat
 }
 
 absl::Status SyncDir(const std::string& dir) {
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return ErrnoStatus(errno, "cannot open directory", dir);
-  if (::fsync(fd.get()) != 0) return ErrnoStatus(errno, "cannot fsync directory", dir);
+  base::UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open directory ", dir));
+  if (::fsync(fd.get()) != 0)
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot fsync directory ", dir));
   return absl::OkStatus();
 }
 
 absl::Status WriteFile(const std::string& path, absl::string_view bytes, bool sync) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return ErrnoStatus(errno, "cannot create", path);
+  base::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", path));
   EMBER_RETURN_IF_ERROR(WriteAll(fd.get(), bytes.data(), bytes.size(), path));
-  if (sync && ::fsync(fd.get()) != 0) return ErrnoStatus(errno, "cannot fsync", path);
+  if (sync && ::fsync(fd.get()) != 0)
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot fsync ", path));
   return absl::OkStatus();
 }
 
@@ -543,19 +515,19 @@ absl::StatusOr<std::vector<std::pair<size_t, ChunkMetadata>>> WritePieces(
   std::vector<std::pair<size_t, ChunkMetadata>> out;
   const std::string name = DataFileName(rank);
   const std::string path = absl::StrCat(temp_dir, "/", name);
-  Fd fd;
+  base::UniqueFd fd;
   int64_t offset = 0;
   const int64_t block = std::max<int64_t>(options.checksum_block_bytes, 4096);
   for (const Assignment& a : plan) {
     if (a.writer != rank) continue;
     if (fd.get() < 0) {
-      fd = Fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-      if (fd.get() < 0) return ErrnoStatus(errno, "cannot create", path);
+      fd = base::UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", path));
     }
     const std::string& key = keys0[a.key_index].key;
     const std::vector<Piece>& pieces = mine.at(key);
-    auto piece = std::find_if(pieces.begin(), pieces.end(),
-                              [&](const Piece& p) { return p.box == a.box; });
+    auto piece =
+        std::find_if(pieces.begin(), pieces.end(), [&](const Piece& p) { return p.box == a.box; });
     EMBER_INTERNAL_ASSERT(piece != pieces.end(), "a planned piece is not held by its writer");
     const Tensor data = piece->local.contiguous();
     const char* bytes = static_cast<const char*>(data.raw_data());
@@ -575,7 +547,7 @@ absl::StatusOr<std::vector<std::pair<size_t, ChunkMetadata>>> WritePieces(
     out.emplace_back(a.key_index, std::move(ch));
   }
   if (fd.get() >= 0 && options.sync_files && ::fsync(fd.get()) != 0) {
-    return ErrnoStatus(errno, "cannot fsync", path);
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot fsync ", path));
   }
   return out;
 }
@@ -642,7 +614,7 @@ absl::Status Commit(const std::string& temp_dir, const std::string& path, const 
   if (!exists) {
     if (::rename(temp_dir.c_str(), path.c_str()) == 0) return absl::OkStatus();
     if (errno != EEXIST && errno != ENOTEMPTY) {
-      return ErrnoStatus(errno, absl::StrCat("cannot rename ", temp_dir, " to"), path);
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot rename ", temp_dir, " to ", path));
     }
   }
   if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
@@ -650,14 +622,15 @@ absl::Status Commit(const std::string& temp_dir, const std::string& path, const 
     return absl::OkStatus();
   }
   if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
-    return ErrnoStatus(errno, absl::StrCat("cannot exchange ", temp_dir, " with"), path);
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot exchange ", temp_dir, " with ", path));
   }
   const std::string old = absl::StrCat(path, ".old-", id);
   if (::rename(path.c_str(), old.c_str()) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("cannot move the old checkpoint to ", old, ":"), path);
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("cannot move the old checkpoint to ", old, ": ", path));
   }
   if (::rename(temp_dir.c_str(), path.c_str()) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("cannot rename ", temp_dir, " to"), path);
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot rename ", temp_dir, " to ", path));
   }
   fs::remove_all(old, ec);
   return absl::OkStatus();
@@ -670,8 +643,8 @@ void RemoveStaleTempDirs(const std::string& path) {
   const std::string tmp = p.filename().string() + ".tmp-";
   const std::string old = p.filename().string() + ".old-";
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(p.parent_path().empty() ? "." : p.parent_path(),
-                                                  ec)) {
+  for (const auto& entry :
+       fs::directory_iterator(p.parent_path().empty() ? "." : p.parent_path(), ec)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(tmp, 0) == 0 || name.rfind(old, 0) == 0) fs::remove_all(entry.path(), ec);
   }
@@ -695,8 +668,9 @@ absl::Status CheckDestination(const std::string& path) {
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) return absl::OkStatus();
   if (!fs::is_directory(st)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "distributed checkpoint: ", path, " exists and is not a directory; refusing to replace it"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("distributed checkpoint: ", path,
+                     " exists and is not a directory; refusing to replace it"));
   }
   if (!fs::is_empty(path, ec) && !fs::exists(fs::path(path) / kMetadataFileName, ec)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -715,8 +689,9 @@ class FileCache {
     auto it = fds_.find(name);
     if (it != fds_.end()) return it->second.get();
     const std::string path = absl::StrCat(dir_, "/", name);
-    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) return ErrnoStatus(errno, "cannot open checkpoint file", path);
+    base::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0)
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot open checkpoint file ", path));
     const int raw = fd.get();
     fds_.emplace(name, std::move(fd));
     return raw;
@@ -725,22 +700,22 @@ class FileCache {
 
  private:
   std::string dir_;
-  std::map<std::string, Fd> fds_;
+  std::map<std::string, base::UniqueFd> fds_;
 };
 
 absl::Status ReadAt(int fd, char* dst, int64_t n, int64_t offset, const std::string& path) {
   int64_t done = 0;
   while (done < n) {
-    const ssize_t r = ::pread(fd, dst + done, std::min<int64_t>(n - done, int64_t{1} << 30),
-                              offset + done);
+    const ssize_t r =
+        ::pread(fd, dst + done, std::min<int64_t>(n - done, int64_t{1} << 30), offset + done);
     if (r < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus(errno, "cannot read", path);
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
     }
     if (r == 0) {
       return absl::DataLossError(absl::StrCat("checkpoint file ", path, " is truncated: bytes [",
-                                              offset, ", ", offset + n, ") were expected, it ends at ",
-                                              offset + done));
+                                              offset, ", ", offset + n,
+                                              ") were expected, it ends at ", offset + done));
     }
     done += r;
   }
@@ -879,8 +854,8 @@ absl::Status save(const StateDict& state_dict, const CheckpointOptions& options)
   }
   for (int r = 0; r < world; ++r) {
     if (!plans[r].error.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "distributed checkpoint save to ", path, " failed on rank ", r, ": ", plans[r].error));
+      return absl::InvalidArgumentError(absl::StrCat("distributed checkpoint save to ", path,
+                                                     " failed on rank ", r, ": ", plans[r].error));
     }
   }
   EMBER_ASSIGN_OR_RETURN(std::vector<Assignment> global, GlobalPlan(plans));
@@ -938,17 +913,16 @@ absl::Status save(const StateDict& state_dict, const CheckpointOptions& options)
       std::error_code ec;
       fs::remove_all(temp_dir, ec);
     }
-    return absl::InternalError(absl::StrCat("distributed checkpoint save to ", path,
-                                            " failed; the previous checkpoint is unchanged: ",
-                                            absl::StrJoin(failures, "; ")));
+    return absl::InternalError(absl::StrCat(
+        "distributed checkpoint save to ", path,
+        " failed; the previous checkpoint is unchanged: ", absl::StrJoin(failures, "; ")));
   }
   absl::Status committed = absl::OkStatus();
   if (rank == 0) {
     for (auto& [key, tm] : md.tensors) {
-      std::sort(tm.chunks.begin(), tm.chunks.end(), [](const ChunkMetadata& a,
-                                                       const ChunkMetadata& b) {
-        return a.offsets < b.offsets;
-      });
+      std::sort(
+          tm.chunks.begin(), tm.chunks.end(),
+          [](const ChunkMetadata& a, const ChunkMetadata& b) { return a.offsets < b.offsets; });
     }
     committed = WriteFile(absl::StrCat(temp_dir, "/", kMetadataFileName), encode_metadata(md),
                           options.sync_files);
@@ -965,9 +939,9 @@ absl::Status save(const StateDict& state_dict, const CheckpointOptions& options)
   }
   if (pg == nullptr) return committed;
   // 4. Rank 0's outcome, so that every rank returns it.
-  EMBER_ASSIGN_OR_RETURN(std::vector<std::string> outcome,
-                         AllGatherBytes(*pg, rank == 0 ? committed.ToString() : "",
-                                        options.timeout, "committing"));
+  EMBER_ASSIGN_OR_RETURN(
+      std::vector<std::string> outcome,
+      AllGatherBytes(*pg, rank == 0 ? committed.ToString() : "", options.timeout, "committing"));
   if (rank == 0) return committed;
   if (outcome[0] != absl::OkStatus().ToString()) {
     return absl::InternalError(absl::StrCat("distributed checkpoint save to ", path,
@@ -982,12 +956,10 @@ absl::Status load(const StateDict& state_dict, const CheckpointOptions& options)
   for (const auto& [key, item] : state_dict) {
     const TensorMetadata* tm = md.find(key);
     if (tm == nullptr) {
-      return absl::NotFoundError(absl::StrCat("distributed checkpoint ", options.path,
-                                              " has no tensor \"", key, "\" (it has ",
-                                              md.tensors.size(), " tensors",
-                                              md.tensors.empty() ? "" : ", the first \"",
-                                              md.tensors.empty() ? "" : md.tensors[0].first,
-                                              md.tensors.empty() ? "" : "\"", ")"));
+      return absl::NotFoundError(absl::StrCat(
+          "distributed checkpoint ", options.path, " has no tensor \"", key, "\" (it has ",
+          md.tensors.size(), " tensors", md.tensors.empty() ? "" : ", the first \"",
+          md.tensors.empty() ? "" : md.tensors[0].first, md.tensors.empty() ? "" : "\"", ")"));
     }
     const Item host = OnHost(item, /*with_values=*/false);
     EMBER_ASSIGN_OR_RETURN(std::vector<Piece> pieces, Pieces(key, host));

@@ -1,6 +1,6 @@
 // Save and load throughput of a distributed checkpoint against writing and
-// reading one torch.save file of the same state (hub::save_checkpoint /
-// load_checkpoint), in the same binary. The state: 8 float32 tensors of
+// reading one torch.save file of the same state (ember::save /
+// ember::load), in the same binary. The state: 8 float32 tensors of
 // 8 MiB (64 MiB). Files go to $EMBER_BENCH_DIR, else the system temp
 // directory.
 //
@@ -18,7 +18,7 @@
 #include "benchmark/benchmark.h"
 #include "distributed/checkpoint/checkpoint.h"
 #include "distributed/testing/ranks.h"
-#include "hub/checkpoint.h"
+#include "serialization/serialization.h"
 #include "tensor/factories.h"
 
 namespace ember::distributed::checkpoint {
@@ -62,14 +62,12 @@ StateDict Rows(int r, int world) {
   return sd;
 }
 
-void Report(benchmark::State& state) {
-  state.SetBytesProcessed(state.iterations() * kBytes);
-}
+void Report(benchmark::State& state) { state.SetBytesProcessed(state.iterations() * kBytes); }
 
 void BM_TorchSave(benchmark::State& state) {
   const std::string path = Dir() + "/state.pt";
   for (auto _ : state) {
-    absl::Status s = hub::save_checkpoint(State(), path);
+    absl::Status s = ember::save(State(), path);
     if (!s.ok()) state.SkipWithError(s.ToString().c_str());
   }
   Report(state);
@@ -77,9 +75,9 @@ void BM_TorchSave(benchmark::State& state) {
 
 void BM_TorchLoad(benchmark::State& state) {
   const std::string path = Dir() + "/state_load.pt";
-  (void)hub::save_checkpoint(State(), path);
+  (void)ember::save(State(), path);
   for (auto _ : state) {
-    auto sd = hub::load_checkpoint(path);
+    auto sd = ember::load(path);
     if (!sd.ok()) state.SkipWithError(sd.status().ToString().c_str());
     benchmark::DoNotOptimize(sd);
   }
@@ -166,7 +164,8 @@ void BM_DcpLoadColumnHalves(benchmark::State& state) {
   std::vector<StateDict> halves(2);
   for (int h = 0; h < 2; ++h) {
     for (const auto& [k, t] : State()) {
-      halves[h].push_back({k, shard(empty({kRows, kCols / 2}), {kRows, kCols}, {0, h * kCols / 2})});
+      halves[h].push_back(
+          {k, shard(empty({kRows, kCols / 2}), {kRows, kCols}, {0, h * kCols / 2})});
     }
   }
   for (auto _ : state) {

@@ -6,11 +6,14 @@
 # ROUNDS times on the same machine, files in DIR.
 #
 #   distributed/checkpoint/compare_with_torch.sh [PYTHON] [DIR] [ROUNDS]
+#
+# PYTHON defaults to the PyTorch 2.x peer that tools/install_peers.sh installs
+# (or EMBER_TORCH2_PYTHON), found as the tests find it.
 set -eu
-PYTHON=${1:-/work/venv-torch2/bin/python}
+cd "$(dirname "$0")/../.."
+PYTHON=${1:-$(tools/install_peers.sh --python)}
 DIR=${2:-${TMPDIR:-/tmp}/dcp_compare}
 ROUNDS=${3:-3}
-cd "$(dirname "$0")/../.."
 bazel build -c opt //distributed/checkpoint:checkpoint_benchmark
 BIN=$(bazel info -c opt bazel-bin)/distributed/checkpoint/checkpoint_benchmark
 mkdir -p "$DIR"

@@ -15,12 +15,12 @@
 //
 // Why a converter and not PyTorch's directory format itself: README.md,
 // "PyTorch interoperability". The torch.save side is hub's reader and writer
-// (hub/checkpoint.h), the one place Ember reads and writes that format; the
+// (serialization/serialization.h), the one place Ember reads and writes that format; the
 // checkpoint core does not depend on hub.
 //
 // Both functions hold the whole state dict in memory (as PyTorch's do; run
 // them on one rank). Errors: read_metadata's, load's and save's; hub's
-// load_checkpoint / save_checkpoint errors for the torch.save file.
+// ember::load / ember::save errors for the torch.save file.
 // Thread-safety: free functions.
 #ifndef EMBER_DISTRIBUTED_CHECKPOINT_FORMAT_UTILS_H_
 #define EMBER_DISTRIBUTED_CHECKPOINT_FORMAT_UTILS_H_

@@ -1,7 +1,8 @@
 // Converters to and from one torch.save file, and through them
 // torch.distributed.checkpoint in both directions. PyTorch's side runs on a
-// PyTorch 2.x interpreter (EMBER_TORCH2_PYTHON, else /work/venv-torch2/bin/python);
-// without one those cases skip, saying why.
+// PyTorch 2.x interpreter, the peer tools/install_peers.sh installs (found
+// through //base/testing:peers; EMBER_TORCH2_PYTHON names another); without
+// one those cases skip, saying why.
 #include "distributed/checkpoint/format_utils.h"
 
 #include <sys/wait.h>
@@ -13,11 +14,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/testing/peers.h"
 #include "distributed/checkpoint/checkpoint.h"
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "hub/checkpoint.h"
+#include "serialization/serialization.h"
 #include "tensor/factories.h"
 
 namespace ember::distributed::checkpoint {
@@ -70,8 +72,8 @@ void SaveSharded(const std::string& path) {
     StateDict sd = {
         {"layer.weight", shard(e[0].second.narrow(0, 5 * r, 5), {10, 6}, {5 * r, 0})},
         {"layer.bias", replicated(e[1].second)},
-        {"embed", flat_shard(e[2].second.view({35}).narrow(0, 18 * r, r == 0 ? 18 : 17), {5, 7},
-                             18 * r)},
+        {"embed",
+         flat_shard(e[2].second.view({35}).narrow(0, 18 * r, r == 0 ? 18 : 17), {5, 7}, 18 * r)},
         {"steps", replicated(e[3].second)},
     };
     return save(sd, {.path = path, .process_group = me.group});
@@ -79,24 +81,24 @@ void SaveSharded(const std::string& path) {
   ASSERT_TRUE(s.ok()) << s;
 }
 
+// The PyTorch 2.x interpreter; empty when there is none.
 std::string TorchPython() {
-  const char* env = std::getenv("EMBER_TORCH2_PYTHON");
-  return env ? env : "/work/venv-torch2/bin/python";
+  absl::StatusOr<std::string> py = ::ember::testing::torch2_python();
+  return py.ok() ? *py : "";
 }
 
 // Empty when PyTorch 2.x with torch.distributed.checkpoint can run here,
 // else why not.
 std::string NoTorchReason() {
-  const std::string py = TorchPython();
-  if (::access(py.c_str(), X_OK) != 0) {
-    return absl::StrCat(py, " does not exist; set EMBER_TORCH2_PYTHON to a PyTorch 2.x "
-                            "interpreter to run PyTorch's side");
-  }
-  const std::string cmd = absl::StrCat(
-      py, " -c 'import torch.distributed.checkpoint.format_utils' >/dev/null 2>&1");
+  absl::StatusOr<std::string> found = ::ember::testing::torch2_python();
+  if (!found.ok()) return std::string(found.status().message());
+  const std::string& py = *found;
+  const std::string cmd =
+      absl::StrCat(py, " -c 'import torch.distributed.checkpoint.format_utils' >/dev/null 2>&1");
   if (std::system(cmd.c_str()) != 0) {
-    return absl::StrCat(py, " cannot import torch.distributed.checkpoint.format_utils "
-                            "(PyTorch 2.x is needed)");
+    return absl::StrCat(py,
+                        " cannot import torch.distributed.checkpoint.format_utils "
+                        "(PyTorch 2.x is needed)");
   }
   return "";
 }
@@ -111,7 +113,7 @@ TEST(FormatUtilsTest, ShardedCheckpointToOneFileAndBack) {
   const std::string dir = FreshDir("roundtrip");
   SaveSharded(dir + "/ckpt");
   ASSERT_TRUE(dcp_to_torch_save(dir + "/ckpt", dir + "/model.pt").ok());
-  absl::StatusOr<hub::StateDict> file = hub::load_checkpoint(dir + "/model.pt");
+  absl::StatusOr<ember::StateDict> file = ember::load(dir + "/model.pt");
   ASSERT_TRUE(file.ok()) << file.status();
   ExpectSame(*file, "the torch.save file");
   EXPECT_EQ((*file)[0].first, "layer.weight") << "the checkpoint's key order";
@@ -132,9 +134,8 @@ TEST(FormatUtilsTest, PyTorchReadsWhatEmberWrites) {
   ASSERT_TRUE(dcp_to_torch_save(dir + "/ckpt", dir + "/model.pt").ok());
   EXPECT_EQ(RunTorch(absl::StrCat("check_torch_save ", dir, "/model.pt")), 0);
   // Into PyTorch's own distributed checkpoint, read back by dcp.load.
-  EXPECT_EQ(RunTorch(absl::StrCat("torch_save_to_torch_dcp ", dir, "/model.pt ", dir,
-                                  "/torch_dcp")),
-            0);
+  EXPECT_EQ(
+      RunTorch(absl::StrCat("torch_save_to_torch_dcp ", dir, "/model.pt ", dir, "/torch_dcp")), 0);
 }
 
 TEST(FormatUtilsTest, EmberReadsWhatPyTorchWrites) {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "distributed/backend_util.h"
 #include "distributed/gloo/device.h"
 #include "distributed/gloo/staging.h"
 #include "distributed/gloo/store_adapter.h"
@@ -127,15 +128,11 @@ constexpr uint64_t kCheckSlot = uint64_t{0xE4} << 56;
 constexpr absl::Duration kBackstop = absl::Seconds(3);
 
 char* Data(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
-Tensor Staging(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 // Whether two contiguous tensors' bytes overlap.
 bool Overlap(const Tensor& a, const Tensor& b) {
   const char* a0 = static_cast<const char*>(a.raw_data());
   const char* b0 = static_cast<const char*>(b.raw_data());
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-void CopyBack(const Tensor& user, const Tensor& staging) {
-  if (!staging.is_same(user)) user.copy_(staging);
 }
 
 std::chrono::milliseconds Left(absl::Time deadline) {
@@ -160,12 +157,12 @@ std::function<void(void*, const void*, const void*, size_t)> ReduceFunction(Redu
   };
 }
 
-absl::Status RefuseAvg(OpType op, ReduceOp reduce) {
-  if (reduce != ReduceOp::kAvg) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      op_type_name(op),
-      ": ReduceOp.AVG is not supported by the 'gloo' backend (as in PyTorch); use SUM and "
-      "divide by the group size, or the 'tcp' backend"));
+// The queue's admission (Note [Op queues]): a collective whose timeout
+// passed while it waited for its turn fails without running.
+absl::Status StartsInTime(const OpQueue::Op& op) {
+  if (absl::Now() < op.deadline) return absl::OkStatus();
+  return absl::DeadlineExceededError(
+      absl::StrCat(op.what, ": its timeout passed before it could start"));
 }
 
 // The call check's words of one collective (Note [gloo exceptions]):
@@ -232,15 +229,8 @@ SupportTable GlooSupportTable() {
 
 absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::create(
     const BackendOptions& options) {
+  EMBER_RETURN_IF_ERROR(CheckBackendOptions("gloo", options));
   const int rank = options.rank, n = options.size;
-  if (options.store == nullptr) {
-    return absl::InvalidArgumentError("gloo backend: no store was given");
-  }
-  if (n < 1 || rank < 0 || rank >= n) {
-    return absl::InvalidArgumentError(absl::StrCat("gloo backend: rank ", rank,
-                                                   " is invalid for world size ", n,
-                                                   " (need 0 <= rank < world_size)"));
-  }
   // Note [Joining PyTorch ranks]: the mesh and sequence-number keys are
   // PyTorch's; Ember's own keys live under "ember_gloo/".
   const std::string prefix = options.store_prefix + kEmberKeys;
@@ -314,21 +304,21 @@ GlooProcessGroup::GlooProcessGroup(const BackendOptions& options,
       context_(std::move(context)),
       check_calls_(std::all_of(peers.begin(), peers.end(), [](const Peer& p) { return p.ember; })),
       device_description_(std::move(device_description)),
-      peers_(std::move(peers)) {
+      peers_(std::move(peers)),
+      queue_({.admit = &StartsInTime}) {
   PublishProgress(options.store, prefix_);
-  worker_ = std::thread([this] { WorkerLoop(); });
 }
 
 GlooProcessGroup::~GlooProcessGroup() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    for (Queued& q : queue_) {
-      q.work->Finish(absl::AbortedError("the process group was destroyed"));
+    for (OpQueue::Op& op : queue_.TakeQueued()) {
+      op.work->Finish(absl::AbortedError("the process group was destroyed"));
     }
-    queue_.clear();
+    queue_.Stop();
   }
-  worker_.join();
+  queue_.Join();
   // Each waiter takes p2p_mu_ once its wait returns, so they are joined
   // outside it (joining under it deadlocks with a waiter that just finished).
   std::vector<std::unique_ptr<PendingP2P>> pending;
@@ -349,12 +339,11 @@ void GlooProcessGroup::abort() {
   {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = aborted;
-    for (Queued& q : queue_) q.work->Finish(aborted);
-    queue_.clear();
+    for (OpQueue::Op& op : queue_.TakeQueued()) op.work->Finish(aborted);
     // The running collective cannot be interrupted inside gloo; its Work
     // fails now (the job holds the tensors, so gloo may finish writing into
     // them safely) and the worker moves on when gloo returns.
-    if (running_) running_->Finish(aborted);
+    if (const std::shared_ptr<Work> running = queue_.running().work) running->Finish(aborted);
   }
   absl::MutexLock lock(&p2p_mu_);
   for (auto& p : p2p_) {
@@ -399,44 +388,25 @@ std::shared_ptr<Work> GlooProcessGroup::Enqueue(OpType op,
   const int64_t seq = next_seq_++;
   if (check != nullptr) PostCheck(*context_, rank(), size(), seq, *check);
   const uint32_t tag = static_cast<uint32_t>(seq) & ~kCheckTagBit;
-  queue_.push_back(
-      {work,
-       {op, seq, tag, deadline, absl::StrCat(op_type_name(op), " (collective #", seq, ")")},
-       std::move(call),
-       std::move(job)});
+  OpContext context{op, seq, tag, deadline,
+                    absl::StrCat(op_type_name(op), " (collective #", seq, ")")};
+  std::string what = context.what;
+  queue_.Push({.work = work,
+               .what = std::move(what),
+               .deadline = deadline,
+               .run = [this, context = std::move(context), job = std::move(job)] {
+                 return RunJob(context, job);
+               }});
   return work;
 }
 
-void GlooProcessGroup::WorkerLoop() {
-  while (true) {
-    Queued item;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
-      mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;
-      item = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = item.work;
-    }
-    absl::Status status;
-    if (absl::Now() >= item.context.deadline) {
-      status = absl::DeadlineExceededError(
-          absl::StrCat(item.context.what, ": its timeout passed before it could start"));
-    } else {
-      item.work->MarkStarted();
-      try {
-        status = item.job(item.context);
-      } catch (const ::gloo::IoException& e) {
-        status = Translate(item.context, e.what(), /*io_error=*/true);
-      } catch (const std::exception& e) {
-        status = Translate(item.context, e.what(), /*io_error=*/false);
-      }
-    }
-    item.work->Finish(status);
-    absl::MutexLock lock(&mu_);
-    running_ = nullptr;
+absl::Status GlooProcessGroup::RunJob(const OpContext& ctx, const Job& job) {
+  try {
+    return job(ctx);
+  } catch (const ::gloo::IoException& e) {
+    return Translate(ctx, e.what(), /*io_error=*/true);
+  } catch (const std::exception& e) {
+    return Translate(ctx, e.what(), /*io_error=*/false);
   }
 }
 
@@ -518,7 +488,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoBroadcast(
   auto stage = std::make_shared<DeviceStaging>();
   EMBER_ASSIGN_OR_RETURN(const Tensor tensor,
                          rank() == root ? stage->Input(given) : stage->Output(given));
-  Tensor staging = Staging(tensor);
+  Tensor staging = ContiguousStaging(tensor);
   return Enqueue(OpType::kBroadcast, options.timeout, Call{tensor.dtype(), tensor.nbytes(), root},
                  [this, tensor, staging, root](const OpContext& ctx) -> absl::Status {
                    ::gloo::BroadcastOptions opts(context_);
@@ -527,7 +497,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoBroadcast(
                    opts.setTag(ctx.tag);
                    opts.setTimeout(Left(ctx.deadline));
                    ::gloo::broadcast(opts);
-                   CopyBack(tensor, staging);
+                   CopyBackFromStaging(tensor, staging);
                    return absl::OkStatus();
                  },
                  stage);
@@ -552,15 +522,15 @@ void GlooAllReduce(const std::shared_ptr<::gloo::Context>& context,
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllReduce(
     const Tensor& given, const AllReduceOptions& options) {
-  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kAllReduce, options.op));
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kAllReduce, options.op, "gloo"));
   const ReduceOp op = options.op;
   auto stage = std::make_shared<DeviceStaging>();
   EMBER_ASSIGN_OR_RETURN(const Tensor tensor, stage->InOut(given));
-  Tensor staging = Staging(tensor);
+  Tensor staging = ContiguousStaging(tensor);
   return Enqueue(OpType::kAllReduce, options.timeout, Call{tensor.dtype(), tensor.nbytes(), -1, op},
                  [this, tensor, staging, op](const OpContext& ctx) -> absl::Status {
                    if (size() > 1) GlooAllReduce(context_, ctx, staging, op);
-                   CopyBack(tensor, staging);
+                   CopyBackFromStaging(tensor, staging);
                    return absl::OkStatus();
                  },
                  stage);
@@ -568,7 +538,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllReduce(
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduce(const Tensor& given,
                                                                  const ReduceOptions& options) {
-  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduce, options.op));
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduce, options.op, "gloo"));
   const ReduceOp op = options.op;
   const int root = options.root;
   auto stage = std::make_shared<DeviceStaging>();
@@ -578,7 +548,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduce(const Tensor& g
   // (a staged device tensor's stand-in is private already, and is still
   // being filled, so it is not read here).
   Tensor staging =
-      rank() == root || stage->active() ? Staging(tensor) : tensor.contiguous().clone();
+      rank() == root || stage->active() ? ContiguousStaging(tensor) : tensor.contiguous().clone();
   return Enqueue(OpType::kReduce, options.timeout, Call{tensor.dtype(), tensor.nbytes(), root, op},
                  [this, tensor, staging, op, root](const OpContext& ctx) -> absl::Status {
                    if (size() == 1) return absl::OkStatus();
@@ -592,7 +562,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduce(const Tensor& g
                    opts.setTag(ctx.tag);
                    opts.setTimeout(Left(ctx.deadline));
                    ::gloo::reduce(opts);
-                   if (rank() == root) CopyBack(tensor, staging);
+                   if (rank() == root) CopyBackFromStaging(tensor, staging);
                    return absl::OkStatus();
                  },
                  stage);
@@ -753,7 +723,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllGather(
   auto stage = std::make_shared<DeviceStaging>();
   EMBER_ASSIGN_OR_RETURN(std::vector<Tensor> outs, stage->Outputs(outputs));
   EMBER_ASSIGN_OR_RETURN(const Tensor input, stage->Input(given));
-  Tensor in = Staging(input);
+  Tensor in = ContiguousStaging(input);
   Tensor flat = empty({size() * input.numel()}, TensorOptions(input.dtype()));
   return Enqueue(OpType::kAllGather, options.timeout, Call{input.dtype(), input.nbytes()},
                  [this, outs, in, flat](const OpContext& ctx) -> absl::Status {
@@ -772,12 +742,12 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoAllGatherIntoTensor(
   auto stage = std::make_shared<DeviceStaging>();
   EMBER_ASSIGN_OR_RETURN(const Tensor input, stage->Input(given_input));
   EMBER_ASSIGN_OR_RETURN(const Tensor output, stage->Output(given_output));
-  Tensor in = Staging(input);
-  Tensor out = Staging(output);
+  Tensor in = ContiguousStaging(input);
+  Tensor out = ContiguousStaging(output);
   return Enqueue(OpType::kAllGatherIntoTensor, options.timeout, Call{input.dtype(), input.nbytes()},
                  [this, output, in, out](const OpContext& ctx) -> absl::Status {
                    GlooAllGather(context_, ctx, in, out, check_calls_);
-                   CopyBack(output, out);
+                   CopyBackFromStaging(output, out);
                    return absl::OkStatus();
                  },
                  stage);
@@ -790,7 +760,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoGather(absl::Span<cons
   auto stage = std::make_shared<DeviceStaging>();
   EMBER_ASSIGN_OR_RETURN(std::vector<Tensor> outs, stage->Outputs(outputs));
   EMBER_ASSIGN_OR_RETURN(const Tensor input, stage->Input(given));
-  Tensor in = Staging(input);
+  Tensor in = ContiguousStaging(input);
   Tensor flat;
   if (rank() == root) flat = empty({size() * input.numel()}, TensorOptions(input.dtype()));
   return Enqueue(OpType::kGather, options.timeout, Call{input.dtype(), input.nbytes(), root},
@@ -821,8 +791,8 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoScatter(const Tensor& 
   EMBER_ASSIGN_OR_RETURN(const Tensor output, stage->Output(given));
   EMBER_ASSIGN_OR_RETURN(const std::vector<Tensor> staged_inputs, stage->Inputs(inputs));
   std::vector<Tensor> ins;
-  for (const Tensor& t : staged_inputs) ins.push_back(Staging(t));
-  Tensor out = Staging(output);
+  for (const Tensor& t : staged_inputs) ins.push_back(ContiguousStaging(t));
+  Tensor out = ContiguousStaging(output);
   return Enqueue(OpType::kScatter, options.timeout, Call{output.dtype(), output.nbytes(), root},
                  [this, output, ins, out, root](const OpContext& ctx) -> absl::Status {
                    ::gloo::ScatterOptions opts(context_);
@@ -834,7 +804,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoScatter(const Tensor& 
                    opts.setTag(ctx.tag);
                    opts.setTimeout(Left(ctx.deadline));
                    ::gloo::scatter(opts);
-                   CopyBack(output, out);
+                   CopyBackFromStaging(output, out);
                    return absl::OkStatus();
                  },
                  stage);
@@ -842,7 +812,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoScatter(const Tensor& 
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduceScatter(
     const Tensor& given, absl::Span<const Tensor> inputs, const ReduceScatterOptions& options) {
-  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduceScatter, options.op));
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduceScatter, options.op, "gloo"));
   const ReduceOp op = options.op;
   const int64_t n = given.numel();
   auto stage = std::make_shared<DeviceStaging>();
@@ -850,7 +820,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduceScatter(
   // their device, then staged as one.
   std::vector<Tensor> ins;
   if (std::all_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.is_cpu(); })) {
-    for (const Tensor& t : inputs) ins.push_back(Staging(t));
+    for (const Tensor& t : inputs) ins.push_back(ContiguousStaging(t));
   } else {
     Tensor flat = empty({size() * n}, TensorOptions(given.dtype()).device(inputs[0].device()));
     for (int p = 0; p < size(); ++p) flat.narrow(0, p * n, n).copy_(inputs[p].reshape({n}));
@@ -867,13 +837,13 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoReduceScatter(
         } else if (ring) {  // Note [Rings over gloo's buffers]
           // The ring writes its result while it still reads the inputs, so
           // an output that shares memory with one gets a buffer of its own.
-          Tensor out = Staging(output);
+          Tensor out = ContiguousStaging(output);
           if (std::any_of(ins.begin(), ins.end(),
                           [&](const Tensor& t) { return Overlap(t, out); })) {
             out = empty(output.sizes(), TensorOptions(output.dtype()));
           }
           RingReduceScatter(*context_, ctx, ins, out, op);
-          CopyBack(output, out);
+          CopyBackFromStaging(output, out);
         } else {
           // As PyTorch: all_reduce the concatenated inputs, keep this rank's part.
           Tensor flat = empty({size() * n}, TensorOptions(output.dtype()));
@@ -981,12 +951,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoMonitoredBarrier(
                        if (!wait_all) break;
                      }
                    }
-                   if (!missing.empty()) {
-                     return absl::DeadlineExceededError(absl::StrCat(
-                         "monitored_barrier: rank", missing.size() > 1 ? "s " : " ",
-                         absl::StrJoin(missing, ", "), " failed to pass monitoredBarrier in ",
-                         absl::ToInt64Milliseconds(timeout), " ms"));
-                   }
+                   if (!missing.empty()) return MonitoredBarrierTimeout(missing, timeout);
                    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> releases(n);
                    for (int p = 1; p < n; ++p) {
                      releases[p] = context_->createUnboundBuffer(&byte, 1);
@@ -1059,7 +1024,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoSend(const Tensor& ten
   if (absl::Status ready = stage.WaitForInputs(deadline, what); !ready.ok()) {
     return Work::Completed(OpType::kSend, ready);
   }
-  Tensor data = Staging(host);
+  Tensor data = ContiguousStaging(host);
   std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
   try {
     buffer = context_->createUnboundBuffer(Data(data), data.nbytes());
@@ -1090,7 +1055,7 @@ absl::StatusOr<std::shared_ptr<RecvWork>> GlooProcessGroup::DoRecv(const Tensor&
   auto stage = std::make_shared<DeviceStaging>();
   EMBER_ASSIGN_OR_RETURN(const Tensor host, stage->Output(tensor));
   if (stage->active()) work->set_staging(stage);
-  Tensor staging = Staging(host);
+  Tensor staging = ContiguousStaging(host);
   const std::string what =
       absl::StrCat("recv from ", DescribePeer(src), " (tag ", options.tag, ")");
   const uint64_t slot = static_cast<uint32_t>(options.tag);
@@ -1115,7 +1080,7 @@ absl::StatusOr<std::shared_ptr<RecvWork>> GlooProcessGroup::DoRecv(const Tensor&
              int from = -1;
              absl::Status s = WaitP2P([&] { return b.waitRecv(&from, Left(deadline)); }, what);
              if (s.ok()) {
-               CopyBack(host, staging);
+               CopyBackFromStaging(host, staging);
                s = stage->CopyBack();
                work->set_source(from);
              }

@@ -57,7 +57,6 @@
 #ifndef EMBER_DISTRIBUTED_GLOO_PROCESS_GROUP_GLOO_H_
 #define EMBER_DISTRIBUTED_GLOO_PROCESS_GROUP_GLOO_H_
 
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -67,6 +66,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "distributed/backend_registry.h"
+#include "distributed/op_queue.h"
 #include "distributed/process_group.h"
 
 namespace gloo {
@@ -160,12 +160,6 @@ class GlooProcessGroup : public ProcessGroup {
     std::vector<int64_t> sends;     // all_to_all: elements to each rank
     std::vector<int64_t> receives;  // all_to_all: elements from each rank
   };
-  struct Queued {
-    std::shared_ptr<Work> work;
-    OpContext context;
-    std::optional<Call> call;
-    Job job;
-  };
   // Where each rank runs, for naming peers in errors.
   struct Peer {
     bool ember = true;  // false: the rank wrote no Ember record (a PyTorch process)
@@ -189,7 +183,8 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout,
                                 std::optional<Call> call, Job job,
                                 std::shared_ptr<DeviceStaging> stage = nullptr);
-  void WorkerLoop();
+  // On the worker: runs `job`, turning what gloo throws into its status.
+  absl::Status RunJob(const OpContext& ctx, const Job& job);
   // The status of a job that threw `what` (Note [gloo exceptions]).
   absl::Status Translate(const OpContext& ctx, const std::string& what, bool io_error);
   // "rank 2 (pid 4711 on this host, stopped)".
@@ -210,13 +205,14 @@ class GlooProcessGroup : public ProcessGroup {
   const std::string device_description_;
   const std::vector<Peer> peers_;
 
+  // Held while an op is numbered and queued (so numbers follow the queue's
+  // order) and while abort() fails what is queued.
   absl::Mutex mu_;
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<Work> running_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
-  std::thread worker_;
+  // The collectives, in call order on one worker (Note [Op queues]).
+  OpQueue queue_;
 
   absl::Mutex p2p_mu_;
   std::vector<std::unique_ptr<PendingP2P>> p2p_ ABSL_GUARDED_BY(p2p_mu_);

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "distributed/backend_util.h"
 #include "distributed/mpi/runtime.h"
 #include "distributed/tcp_store.h"
 #include "tensor/factories.h"
@@ -87,11 +88,6 @@ class TimedWork : public Base {
   const std::string timeout_message_;
 };
 
-Tensor Staging(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
-void CopyBack(const Tensor& user, const Tensor& staging) {
-  if (!staging.is_same(user)) user.copy_(staging);
-}
-
 // MPI counts are ints.
 absl::StatusOr<int> Count(OpType op, int64_t numel) {
   if (numel > INT_MAX) {
@@ -100,14 +96,6 @@ absl::StatusOr<int> Count(OpType op, int64_t numel) {
         INT_MAX, "); split the tensor or use the 'tcp' or 'gloo' backend"));
   }
   return static_cast<int>(numel);
-}
-
-absl::Status RefuseAvg(OpType op, ReduceOp reduce) {
-  if (reduce != ReduceOp::kAvg) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      op_type_name(op),
-      ": ReduceOp.AVG is not supported by the 'mpi' backend (as in PyTorch); use SUM and "
-      "divide by the group size, or the 'tcp' backend"));
 }
 
 // Send buffers of sends that were still posted when their group was aborted
@@ -349,35 +337,36 @@ MpiProcessGroup::MpiProcessGroup(const BackendOptions& options, MPI_Comm comm,
                                  std::vector<int> world_ranks)
     : ProcessGroup(options.rank, options.size, "mpi", MpiSupportTable(), options.timeout),
       comm_(comm),
-      world_ranks_(std::move(world_ranks)) {
+      world_ranks_(std::move(world_ranks)),
+      poll_(kFirstPoll),
+      // No admission hook: every collective runs, even past its deadline
+      // (Note [MPI timeouts]).
+      queue_({.poll = [this](bool woken) { return Poll(woken); }}) {
   PublishProgress(options.store, options.store_prefix);
-  worker_ = std::thread([this] { WorkerLoop(); });
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
   absl::Time limit = absl::Now() + kAbortGrace;
   {
     absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    for (Queued& q : queue_) {
-      q.work->Finish(absl::AbortedError(absl::StrCat(q.what, ": the process group was destroyed")));
+    for (OpQueue::Op& op : queue_.TakeQueued()) {
+      op.work->Finish(
+          absl::AbortedError(absl::StrCat(op.what, ": the process group was destroyed")));
     }
-    queue_.clear();
-    if (running_ && aborted_.ok()) limit = std::max(limit, running_->deadline());
+    queue_.Stop();
+    const OpQueue::Running running = queue_.running();
+    if (running.work && aborted_.ok()) limit = std::max(limit, running.work->deadline());
   }
   // Note [MPI timeouts]: a worker still inside MPI at the limit never returns.
-  mu_.Lock();
-  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return worker_done_; };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&done), limit)) {
+  if (!queue_.WaitUntilStopped(limit)) {
     fprintf(stderr,
             "ember: mpi backend: the process group is destroyed while %s is still inside MPI, "
             "which cannot cancel it; calling MPI_Abort to end the job\n",
-            running_what_.c_str());
+            queue_.running().what.c_str());
     fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  mu_.Unlock();
-  worker_.join();
+  queue_.Join();
   // What is still posted: receives are cancelled, sends keep their buffers.
   std::vector<std::shared_ptr<PendingP2P>> pending;
   {
@@ -404,16 +393,16 @@ void MpiProcessGroup::abort() {
   OnAbort();
   absl::MutexLock lock(&mu_);
   if (aborted_.ok()) aborted_ = absl::AbortedError("the process group was aborted");
-  for (Queued& q : queue_)
-    q.work->Finish(absl::AbortedError(absl::StrCat(q.what, ": ", aborted_.message())));
-  queue_.clear();
-  if (running_) {
-    running_->Finish(absl::AbortedError(absl::StrCat(running_what_, ": ", aborted_.message())));
+  for (OpQueue::Op& op : queue_.TakeQueued()) {
+    op.work->Finish(absl::AbortedError(absl::StrCat(op.what, ": ", aborted_.message())));
+  }
+  if (const OpQueue::Running running = queue_.running(); running.work) {
+    running.work->Finish(absl::AbortedError(absl::StrCat(running.what, ": ", aborted_.message())));
   }
   for (auto& p : p2p_) {
     p->work->Finish(absl::AbortedError(absl::StrCat(p->what, ": ", aborted_.message())));
   }
-  p2p_posted_ = true;  // the worker cancels the receives
+  queue_.Wake();  // the worker cancels the receives
 }
 
 std::string MpiProcessGroup::DescribePeer(int rank) const {
@@ -441,49 +430,18 @@ std::shared_ptr<Work> MpiProcessGroup::Enqueue(OpType op,
     return work;
   }
   ++next_seq_;
-  queue_.push_back({work, what, std::move(job)});
+  queue_.Push(
+      {.work = work, .what = what, .deadline = deadline, .run = [what, job = std::move(job)] {
+         return job(what);
+       }});
   return work;
 }
 
-void MpiProcessGroup::WorkerLoop() {
-  absl::Duration poll = kFirstPoll;
-  while (true) {
-    Queued item;
-    bool have = false;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty() || p2p_posted_;
-      };
-      if (p2p_.empty()) {
-        mu_.Await(absl::Condition(&ready));
-      } else {
-        mu_.AwaitWithTimeout(absl::Condition(&ready), poll);
-      }
-      if (p2p_posted_) poll = kFirstPoll;
-      p2p_posted_ = false;
-      if (!queue_.empty()) {
-        item = std::move(queue_.front());
-        queue_.pop_front();
-        running_ = item.work;
-        running_what_ = item.what;
-        have = true;
-      } else if (stopping_) {
-        worker_done_ = true;
-        return;
-      }
-    }
-    if (have) {
-      // Runs even past its deadline (Note [MPI timeouts]).
-      item.work->MarkStarted();
-      absl::Status status = item.job(item.what);
-      item.work->Finish(std::move(status));
-      absl::MutexLock lock(&mu_);
-      running_ = nullptr;
-      running_what_.clear();
-    }
-    poll = PollP2P() ? kFirstPoll : std::min(poll * 2, kLongestPoll);
-  }
+absl::Duration MpiProcessGroup::Poll(bool woken) {
+  if (woken) poll_ = kFirstPoll;
+  poll_ = PollP2P() ? kFirstPoll : std::min(poll_ * 2, kLongestPoll);
+  absl::MutexLock lock(&mu_);
+  return p2p_.empty() ? absl::InfiniteDuration() : poll_;
 }
 
 bool MpiProcessGroup::PollP2P() {
@@ -537,7 +495,7 @@ bool MpiProcessGroup::PollP2P() {
   }
   for (Completion& c : finished) {
     if (c.status.ok() && c.p2p->recv) {
-      CopyBack(c.p2p->user, c.p2p->staging);
+      CopyBackFromStaging(c.p2p->user, c.p2p->staging);
       c.p2p->recv->set_source(c.source);
     }
     c.p2p->work->Finish(std::move(c.status));
@@ -557,41 +515,41 @@ absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoBroadcast(
   const int root = options.root;
   return Enqueue(OpType::kBroadcast, options.timeout,
                  [this, tensor, n, root](const std::string& what) -> absl::Status {
-                   Tensor data = Staging(tensor);
+                   Tensor data = ContiguousStaging(tensor);
                    EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Bcast", [&] {
                      return MPI_Bcast(data.raw_data(), n, MpiType(data.dtype()), root, comm_);
                    }));
-                   CopyBack(tensor, data);
+                   CopyBackFromStaging(tensor, data);
                    return absl::OkStatus();
                  });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoAllReduce(
     const Tensor& tensor, const AllReduceOptions& options) {
-  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kAllReduce, options.op));
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kAllReduce, options.op, "mpi"));
   EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kAllReduce, tensor.numel()));
   const ReduceOp op = options.op;
   return Enqueue(OpType::kAllReduce, options.timeout,
                  [this, tensor, n, op](const std::string& what) -> absl::Status {
-                   Tensor data = Staging(tensor);
+                   Tensor data = ContiguousStaging(tensor);
                    EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Allreduce", [&] {
                      return MPI_Allreduce(MPI_IN_PLACE, data.raw_data(), n, MpiType(data.dtype()),
                                           MpiOp(op, data.dtype()), comm_);
                    }));
-                   CopyBack(tensor, data);
+                   CopyBackFromStaging(tensor, data);
                    return absl::OkStatus();
                  });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoReduce(const Tensor& tensor,
                                                                 const ReduceOptions& options) {
-  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduce, options.op));
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduce, options.op, "mpi"));
   EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kReduce, tensor.numel()));
   const ReduceOp op = options.op;
   const int root = options.root;
   return Enqueue(OpType::kReduce, options.timeout,
                  [this, tensor, n, op, root](const std::string& what) -> absl::Status {
-                   Tensor data = Staging(tensor);
+                   Tensor data = ContiguousStaging(tensor);
                    const bool is_root = rank() == root;
                    EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Reduce", [&] {
                      // The root reduces in place; the others' tensors are only read.
@@ -599,7 +557,7 @@ absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoReduce(const Tensor& te
                                        is_root ? data.raw_data() : nullptr, n,
                                        MpiType(data.dtype()), MpiOp(op, data.dtype()), root, comm_);
                    }));
-                   if (is_root) CopyBack(tensor, data);
+                   if (is_root) CopyBackFromStaging(tensor, data);
                    return absl::OkStatus();
                  });
 }
@@ -611,7 +569,7 @@ absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoAllGather(
   std::vector<Tensor> outs(outputs.begin(), outputs.end());
   return Enqueue(OpType::kAllGather, options.timeout,
                  [this, outs, input, n](const std::string& what) -> absl::Status {
-                   Tensor in = Staging(input);
+                   Tensor in = ContiguousStaging(input);
                    Tensor flat = empty({size() * input.numel()}, TensorOptions(input.dtype()));
                    const MPI_Datatype type = MpiType(input.dtype());
                    EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Allgather", [&] {
@@ -630,13 +588,13 @@ absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoAllGatherIntoTensor(
   EMBER_RETURN_IF_ERROR(Count(OpType::kAllGatherIntoTensor, output.numel()).status());
   return Enqueue(OpType::kAllGatherIntoTensor, options.timeout,
                  [this, output, input, n](const std::string& what) -> absl::Status {
-                   Tensor in = Staging(input);
-                   Tensor out = Staging(output);
+                   Tensor in = ContiguousStaging(input);
+                   Tensor out = ContiguousStaging(output);
                    const MPI_Datatype type = MpiType(input.dtype());
                    EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Allgather", [&] {
                      return MPI_Allgather(in.raw_data(), n, type, out.raw_data(), n, type, comm_);
                    }));
-                   CopyBack(output, out);
+                   CopyBackFromStaging(output, out);
                    return absl::OkStatus();
                  });
 }
@@ -650,7 +608,7 @@ absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoGather(absl::Span<const
   std::vector<Tensor> outs(outputs.begin(), outputs.end());
   return Enqueue(OpType::kGather, options.timeout,
                  [this, outs, input, n, root](const std::string& what) -> absl::Status {
-                   Tensor in = Staging(input);
+                   Tensor in = ContiguousStaging(input);
                    const bool is_root = rank() == root;
                    Tensor flat;
                    if (is_root)
@@ -684,20 +642,20 @@ absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoScatter(const Tensor& o
                        flat.narrow(0, p * int64_t{n}, n).copy_(ins[p].reshape({n}));
                      }
                    }
-                   Tensor out = Staging(output);
+                   Tensor out = ContiguousStaging(output);
                    const MPI_Datatype type = MpiType(output.dtype());
                    EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Scatter", [&] {
                      return MPI_Scatter(is_root ? flat.raw_data() : nullptr, n, type,
                                         out.raw_data(), n, type, root, comm_);
                    }));
-                   CopyBack(output, out);
+                   CopyBackFromStaging(output, out);
                    return absl::OkStatus();
                  });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoReduceScatter(
     const Tensor& output, absl::Span<const Tensor> inputs, const ReduceScatterOptions& options) {
-  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduceScatter, options.op));
+  EMBER_RETURN_IF_ERROR(RefuseAvg(OpType::kReduceScatter, options.op, "mpi"));
   EMBER_ASSIGN_OR_RETURN(const int n, Count(OpType::kReduceScatter, output.numel()));
   EMBER_RETURN_IF_ERROR(Count(OpType::kReduceScatter, output.numel() * size()).status());
   const ReduceOp op = options.op;
@@ -708,13 +666,13 @@ absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoReduceScatter(
                    for (int p = 0; p < size(); ++p) {
                      flat.narrow(0, p * int64_t{n}, n).copy_(ins[p].reshape({n}));
                    }
-                   Tensor out = Staging(output);
+                   Tensor out = ContiguousStaging(output);
                    EMBER_RETURN_IF_ERROR(CallMpi(what, "MPI_Reduce_scatter_block", [&] {
                      return MPI_Reduce_scatter_block(flat.raw_data(), out.raw_data(), n,
                                                      MpiType(out.dtype()), MpiOp(op, out.dtype()),
                                                      comm_);
                    }));
-                   CopyBack(output, out);
+                   CopyBackFromStaging(output, out);
                    return absl::OkStatus();
                  });
 }
@@ -801,7 +759,7 @@ absl::StatusOr<std::shared_ptr<MpiProcessGroup::PendingP2P>> MpiProcessGroup::Po
                      "cancel a send, so it stays posted)"));
   }
   p->user = tensor;
-  p->staging = Staging(tensor);
+  p->staging = ContiguousStaging(tensor);
   p->count = n;
   {
     absl::MutexLock lock(&mu_);
@@ -828,7 +786,7 @@ absl::StatusOr<std::shared_ptr<MpiProcessGroup::PendingP2P>> MpiProcessGroup::Po
   }
   absl::MutexLock lock(&mu_);
   p2p_.push_back(p);
-  p2p_posted_ = true;
+  queue_.Wake();
   return p;
 }
 

@@ -60,16 +60,15 @@
 
 #include <mpi.h>
 
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "distributed/backend_registry.h"
+#include "distributed/op_queue.h"
 #include "distributed/process_group.h"
 
 namespace ember::distributed::mpi {
@@ -133,11 +132,6 @@ class MpiProcessGroup : public ProcessGroup {
  private:
   // Runs on the worker; `what` names the op ("all_reduce (collective #3)").
   using Job = std::function<absl::Status(const std::string& what)>;
-  struct Queued {
-    std::shared_ptr<Work> work;
-    std::string what;
-    Job job;
-  };
   // A posted send or receive, completed by the worker.
   struct PendingP2P {
     MPI_Request request = MPI_REQUEST_NULL;
@@ -157,7 +151,9 @@ class MpiProcessGroup : public ProcessGroup {
 
   MpiProcessGroup(const BackendOptions& options, MPI_Comm comm, std::vector<int> world_ranks);
   std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout, Job job);
-  void WorkerLoop();
+  // The queue's poll (Note [Op queues]): PollP2P, then how long the worker
+  // may wait before polling again, backing off while nothing completes.
+  absl::Duration Poll(bool woken);
   // Tests the posted sends and receives (cancelling receives that were
   // aborted or timed out); true when one finished.
   bool PollP2P();
@@ -169,17 +165,16 @@ class MpiProcessGroup : public ProcessGroup {
   const MPI_Comm comm_;
   const std::vector<int> world_ranks_;  // MPI_COMM_WORLD rank of each member
 
+  // Held while an op is numbered and queued (so numbers follow the queue's
+  // order) and while abort() fails what is queued.
   absl::Mutex mu_;
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<Work> running_ ABSL_GUARDED_BY(mu_);
-  std::string running_what_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<PendingP2P>> p2p_ ABSL_GUARDED_BY(mu_);
-  bool p2p_posted_ ABSL_GUARDED_BY(mu_) = false;  // wakes the worker
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool worker_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
-  std::thread worker_;
+  absl::Duration poll_;  // the worker's polling interval (Poll only)
+  // The collectives, in call order on one worker that also completes the
+  // posted sends and receives (Note [Op queues]).
+  OpQueue queue_;
 };
 
 }  // namespace ember::distributed::mpi

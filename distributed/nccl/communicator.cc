@@ -3,11 +3,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cuda/device.h"
+#include "cuda/nccl_dtype.h"
 #include "cuda/status.h"
 #include "tensor/status_macros.h"
 
@@ -234,27 +236,7 @@ absl::StatusOr<ncclUniqueId> exchange_unique_id(Store& store, const std::string&
 }
 
 absl::StatusOr<ncclDataType_t> nccl_dtype(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kFloat32:
-      return ncclFloat32;
-    case Dtype::kFloat64:
-      return ncclFloat64;
-    case Dtype::kFloat16:
-      return ncclFloat16;
-    case Dtype::kBFloat16:
-      return ncclBfloat16;
-    case Dtype::kInt64:
-      return ncclInt64;
-    case Dtype::kInt32:
-      return ncclInt32;
-    case Dtype::kInt8:
-      return ncclInt8;
-    case Dtype::kUInt8:
-    case Dtype::kBool:
-      return ncclUint8;
-    case Dtype::kInt16:
-      break;
-  }
+  if (std::optional<ncclDataType_t> type = cuda::nccl_type(dtype)) return *type;
   return absl::InvalidArgumentError(
       absl::StrCat("NCCL has no ", std::string(dtype_name(dtype)),
                    " type, so the nccl backend cannot reduce it; convert the tensor to int32 "

@@ -123,8 +123,9 @@ class NcclComm {
 absl::StatusOr<ncclUniqueId> exchange_unique_id(Store& store, const std::string& key,
                                                 bool is_root, absl::Duration timeout);
 
-// NCCL's type for `dtype` (bool travels as uint8). kInvalidArgument for a
-// dtype NCCL has no type for (int16), naming it and what to use instead.
+// NCCL's type for `dtype` (bool travels as uint8; the table is
+// cuda::nccl_type, cuda/nccl_dtype.h). kInvalidArgument for a dtype NCCL has
+// no type for (int16), naming it and what to use instead.
 absl::StatusOr<ncclDataType_t> nccl_dtype(Dtype dtype);
 // NCCL's reduction for `op` on `dtype`: on bool SUM and MAX are "or" (max),
 // PRODUCT and MIN "and" (min), as in PyTorch; AVG is ncclAvg.

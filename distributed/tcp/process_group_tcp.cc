@@ -11,8 +11,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "distributed/backend_util.h"
 #include "distributed/peer_process.h"
 #include "distributed/reduce.h"
 #include "distributed/tcp/algorithms.h"
@@ -41,12 +41,6 @@ std::vector<Target> Targets(const std::vector<Tensor>& tensors) {
   std::vector<Target> targets;
   for (const Tensor& t : tensors) targets.push_back({Data(t), t.nbytes()});
   return targets;
-}
-
-// A contiguous tensor to work on (t itself when already contiguous).
-Tensor Staging(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
-void CopyBack(const Tensor& user, const Tensor& staging) {
-  if (!staging.is_same(user)) user.copy_(staging);
 }
 
 std::string OpCodeName(uint8_t code) {
@@ -137,15 +131,8 @@ SupportTable TcpSupportTable() { return SupportTable().allow_all(DeviceType::kCP
 
 absl::StatusOr<std::shared_ptr<TcpProcessGroup>> TcpProcessGroup::create(
     const BackendOptions& options, const TcpOptions& tcp) {
+  EMBER_RETURN_IF_ERROR(CheckBackendOptions("tcp", options));
   const int rank = options.rank, n = options.size;
-  if (options.store == nullptr) {
-    return absl::InvalidArgumentError("tcp backend: no store was given");
-  }
-  if (n < 1 || rank < 0 || rank >= n) {
-    return absl::InvalidArgumentError(absl::StrCat("tcp backend: rank ", rank,
-                                                   " is invalid for world size ", n,
-                                                   " (need 0 <= rank < world_size)"));
-  }
   Store& store = *options.store;
   const std::string prefix = options.store_prefix + "tcp/";
   const absl::Time deadline = absl::Now() + options.timeout;
@@ -296,18 +283,13 @@ TcpProcessGroup::TcpProcessGroup(const BackendOptions& options, std::shared_ptr<
     : ProcessGroup(options.rank, options.size, "tcp", TcpSupportTable(), options.timeout),
       mesh_(std::move(mesh)),
       arena_(std::move(arena)),
-      transports_(std::move(transports)) {
+      transports_(std::move(transports)),
+      queue_({.admit = [this](const OpQueue::Op&) { return Admit(); }}) {
   PublishProgress(options.store, options.store_prefix);
-  worker_ = std::thread([this] { WorkerLoop(); });
 }
 
-TcpProcessGroup::~TcpProcessGroup() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  worker_.join();
-}
+// What is still queued runs first (Note [Op queues]).
+TcpProcessGroup::~TcpProcessGroup() { queue_.Join(); }
 
 std::string TcpProcessGroup::TransportTo(int peer) const {
   return peer >= 0 && peer < static_cast<int>(transports_.size()) ? transports_[peer] : "none";
@@ -338,7 +320,11 @@ std::shared_ptr<Work> TcpProcessGroup::Enqueue(OpType op,
   if (const CallFingerprint* call = IssuingCall(); call != nullptr && collective && size() > 1) {
     check = *call;
   }
-  queue_.push_back({work, {op, seq, deadline, std::move(what)}, std::move(job), std::move(check)});
+  Queued item{{op, seq, deadline, what}, std::move(job), std::move(check)};
+  queue_.Push({.work = work,
+               .what = std::move(what),
+               .deadline = deadline,
+               .run = [this, item = std::move(item)] { return Run(item); }});
   return work;
 }
 
@@ -405,32 +391,20 @@ absl::Status TcpProcessGroup::RunChecked(const Queued& item) {
   return status;
 }
 
-void TcpProcessGroup::WorkerLoop() {
-  while (true) {
-    Queued item;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
-      mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;  // stopping, and nothing left
-      item = std::move(queue_.front());
-      queue_.pop_front();
-      if (!aborted_.ok()) {
-        item.work->Finish(aborted_);
-        continue;
-      }
-    }
-    absl::Status status;
-    item.work->MarkStarted();
-    try {
-      status = RunChecked(item);
-    } catch (const std::exception& e) {
-      status = absl::InternalError(absl::StrCat(item.context.what, ": ", e.what()));
-    }
-    if (!status.ok() && item.context.seq >= 0) mesh_->Poison(item.context.seq, status);
-    item.work->Finish(status);
+absl::Status TcpProcessGroup::Admit() {
+  absl::MutexLock lock(&mu_);
+  return aborted_;
+}
+
+absl::Status TcpProcessGroup::Run(const Queued& item) {
+  absl::Status status;
+  try {
+    status = RunChecked(item);
+  } catch (const std::exception& e) {
+    status = absl::InternalError(absl::StrCat(item.context.what, ": ", e.what()));
   }
+  if (!status.ok() && item.context.seq >= 0) mesh_->Poison(item.context.seq, status);
+  return status;
 }
 
 // --- The ops ------------------------------------------------------------------------
@@ -442,7 +416,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoBroadcast(
                  [this, tensor, root](const OpContext& ctx) -> absl::Status {
                    Mesh& m = *mesh_;
                    const int n = size();
-                   Tensor data = Staging(tensor);
+                   Tensor data = ContiguousStaging(tensor);
                    std::vector<std::optional<absl::Span<const char>>> sends(n);
                    std::vector<std::optional<Target>> recvs(n);
                    if (rank() == root) {
@@ -451,7 +425,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoBroadcast(
                      recvs[root] = Target{Data(data), data.nbytes()};
                    }
                    EMBER_RETURN_IF_ERROR(Exchange(m, ctx, 0, sends, recvs));
-                   if (rank() != root) CopyBack(tensor, data);
+                   if (rank() != root) CopyBackFromStaging(tensor, data);
                    return absl::OkStatus();
                  });
 }
@@ -494,7 +468,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllReduce(
   return Enqueue(
       OpType::kAllReduce, options.timeout, true,
       [this, tensor, op](const OpContext& ctx) -> absl::Status {
-        Tensor data = Staging(tensor);
+        Tensor data = ContiguousStaging(tensor);
         const AllReduceKind kind = ChooseAllReduce(data.nbytes());
         if (arena_ && kind != AllReduceKind::kArena) {
           arena_->AnnounceElsewhere(ctx.seq, data.nbytes(), data.dtype(), op);
@@ -514,7 +488,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllReduce(
             break;
         }
         EMBER_RETURN_IF_ERROR(status);
-        CopyBack(tensor, data);
+        CopyBackFromStaging(tensor, data);
         return absl::OkStatus();
       });
 }
@@ -528,7 +502,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoReduce(const Tensor& te
                    Mesh& m = *mesh_;
                    const int n = size(), r = rank();
                    // Non-roots reduce in a scratch copy: their tensor is left as it was.
-                   Tensor data = r == root ? Staging(tensor) : tensor.clone();
+                   Tensor data = r == root ? ContiguousStaging(tensor) : tensor.clone();
                    if (!data.is_contiguous()) data = data.contiguous();
                    if (n == 1) return absl::OkStatus();
                    const size_t elem = data.element_size();
@@ -550,7 +524,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoReduce(const Tensor& te
                      sends[root] = absl::Span<const char>(Data(data) + own.offset, own.nbytes);
                    }
                    EMBER_RETURN_IF_ERROR(Exchange(m, ctx, n - 1, sends, recvs));
-                   if (r == root) CopyBack(tensor, data);
+                   if (r == root) CopyBackFromStaging(tensor, data);
                    return absl::OkStatus();
                  });
 }
@@ -558,32 +532,32 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoReduce(const Tensor& te
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllGather(
     absl::Span<const Tensor> outputs, const Tensor& input, const AllGatherOptions& options) {
   std::vector<Tensor> outs(outputs.begin(), outputs.end());
-  return Enqueue(
-      OpType::kAllGather, options.timeout, true,
-      [this, outs, input](const OpContext& ctx) -> absl::Status {
-        std::vector<Tensor> staged;
-        for (const Tensor& t : outs) staged.push_back(Staging(t));
-        EMBER_RETURN_IF_ERROR(AllGatherInto(*mesh_, ctx, Targets(staged), Bytes(Staging(input))));
-        for (size_t i = 0; i < outs.size(); ++i) CopyBack(outs[i], staged[i]);
-        return absl::OkStatus();
-      });
+  return Enqueue(OpType::kAllGather, options.timeout, true,
+                 [this, outs, input](const OpContext& ctx) -> absl::Status {
+                   std::vector<Tensor> staged;
+                   for (const Tensor& t : outs) staged.push_back(ContiguousStaging(t));
+                   EMBER_RETURN_IF_ERROR(AllGatherInto(*mesh_, ctx, Targets(staged),
+                                                       Bytes(ContiguousStaging(input))));
+                   for (size_t i = 0; i < outs.size(); ++i) CopyBackFromStaging(outs[i], staged[i]);
+                   return absl::OkStatus();
+                 });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllGatherIntoTensor(
     const Tensor& output, const Tensor& input, const AllGatherOptions& options) {
-  return Enqueue(
-      OpType::kAllGatherIntoTensor, options.timeout, true,
-      [this, output, input](const OpContext& ctx) -> absl::Status {
-        const int n = size();
-        Tensor out = Staging(output);
-        Tensor flat = out.reshape({out.numel()});
-        const int64_t m = input.numel();
-        std::vector<Tensor> parts;
-        for (int p = 0; p < n; ++p) parts.push_back(flat.narrow(0, p * m, m));
-        EMBER_RETURN_IF_ERROR(AllGatherInto(*mesh_, ctx, Targets(parts), Bytes(Staging(input))));
-        CopyBack(output, out);
-        return absl::OkStatus();
-      });
+  return Enqueue(OpType::kAllGatherIntoTensor, options.timeout, true,
+                 [this, output, input](const OpContext& ctx) -> absl::Status {
+                   const int n = size();
+                   Tensor out = ContiguousStaging(output);
+                   Tensor flat = out.reshape({out.numel()});
+                   const int64_t m = input.numel();
+                   std::vector<Tensor> parts;
+                   for (int p = 0; p < n; ++p) parts.push_back(flat.narrow(0, p * m, m));
+                   EMBER_RETURN_IF_ERROR(
+                       AllGatherInto(*mesh_, ctx, Targets(parts), Bytes(ContiguousStaging(input))));
+                   CopyBackFromStaging(output, out);
+                   return absl::OkStatus();
+                 });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoGather(absl::Span<const Tensor> outputs,
@@ -594,13 +568,13 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoGather(absl::Span<const
   return Enqueue(OpType::kGather, options.timeout, true,
                  [this, outs, input, root](const OpContext& ctx) -> absl::Status {
                    const int n = size(), r = rank();
-                   Tensor in = Staging(input);
+                   Tensor in = ContiguousStaging(input);
                    std::vector<std::optional<absl::Span<const char>>> sends(n);
                    std::vector<std::optional<Target>> recvs(n);
                    std::vector<Tensor> staged;
                    if (r == root) {
                      for (int p = 0; p < n; ++p) {
-                       staged.push_back(Staging(outs[p]));
+                       staged.push_back(ContiguousStaging(outs[p]));
                        recvs[p] = Target{Data(staged[p]), staged[p].nbytes()};
                      }
                      std::memcpy(Data(staged[r]), in.raw_data(), in.nbytes());
@@ -608,7 +582,8 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoGather(absl::Span<const
                      sends[root] = Bytes(in);
                    }
                    EMBER_RETURN_IF_ERROR(Exchange(*mesh_, ctx, 0, sends, recvs));
-                   for (size_t i = 0; i < staged.size(); ++i) CopyBack(outs[i], staged[i]);
+                   for (size_t i = 0; i < staged.size(); ++i)
+                     CopyBackFromStaging(outs[i], staged[i]);
                    return absl::OkStatus();
                  });
 }
@@ -621,13 +596,13 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoScatter(const Tensor& o
   return Enqueue(OpType::kScatter, options.timeout, true,
                  [this, output, ins, root](const OpContext& ctx) -> absl::Status {
                    const int n = size(), r = rank();
-                   Tensor out = Staging(output);
+                   Tensor out = ContiguousStaging(output);
                    std::vector<std::optional<absl::Span<const char>>> sends(n);
                    std::vector<std::optional<Target>> recvs(n);
                    std::vector<Tensor> staged;
                    if (r == root) {
                      for (int p = 0; p < n; ++p) {
-                       staged.push_back(Staging(ins[p]));
+                       staged.push_back(ContiguousStaging(ins[p]));
                        sends[p] = Bytes(staged[p]);
                      }
                      std::memcpy(Data(out), staged[r].raw_data(), out.nbytes());
@@ -635,7 +610,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoScatter(const Tensor& o
                      recvs[root] = Target{Data(out), out.nbytes()};
                    }
                    EMBER_RETURN_IF_ERROR(Exchange(*mesh_, ctx, 0, sends, recvs));
-                   CopyBack(output, out);
+                   CopyBackFromStaging(output, out);
                    return absl::OkStatus();
                  });
 }
@@ -647,13 +622,13 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoReduceScatter(
   return Enqueue(OpType::kReduceScatter, options.timeout, true,
                  [this, output, ins, op](const OpContext& ctx) -> absl::Status {
                    const int n = size(), r = rank();
-                   Tensor out = Staging(output);
+                   Tensor out = ContiguousStaging(output);
                    std::vector<Tensor> staged;
                    std::vector<std::optional<absl::Span<const char>>> sends(n);
                    std::vector<std::optional<Target>> recvs(n);
                    std::vector<std::string> received(n);
                    for (int p = 0; p < n; ++p) {
-                     staged.push_back(Staging(ins[p]));
+                     staged.push_back(ContiguousStaging(ins[p]));
                      sends[p] = Bytes(staged[p]);
                      if (p != r) {
                        received[p].resize(out.nbytes());
@@ -671,7 +646,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoReduceScatter(
                      ReduceInto(op, out.dtype(), Data(out), part(p), out.numel());
                    }
                    if (op == ReduceOp::kAvg) DivideBy(out.dtype(), Data(out), out.numel(), n);
-                   CopyBack(output, out);
+                   CopyBackFromStaging(output, out);
                    return absl::OkStatus();
                  });
 }
@@ -688,8 +663,8 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllToAll(absl::Span<con
                    std::vector<std::optional<absl::Span<const char>>> sends(n);
                    std::vector<std::optional<Target>> recvs(n);
                    for (int p = 0; p < n; ++p) {
-                     in_staged.push_back(Staging(ins[p]));
-                     out_staged.push_back(Staging(outs[p]));
+                     in_staged.push_back(ContiguousStaging(ins[p]));
+                     out_staged.push_back(ContiguousStaging(outs[p]));
                      sends[p] = Bytes(in_staged[p]);
                      recvs[p] = Target{Data(out_staged[p]), out_staged[p].nbytes()};
                    }
@@ -700,7 +675,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoAllToAll(absl::Span<con
                    }
                    std::memcpy(Data(out_staged[r]), in_staged[r].raw_data(), in_staged[r].nbytes());
                    EMBER_RETURN_IF_ERROR(Exchange(*mesh_, ctx, 0, sends, recvs));
-                   for (int p = 0; p < n; ++p) CopyBack(outs[p], out_staged[p]);
+                   for (int p = 0; p < n; ++p) CopyBackFromStaging(outs[p], out_staged[p]);
                    return absl::OkStatus();
                  });
 }
@@ -745,12 +720,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoMonitoredBarrier(
                      missing.push_back(p);
                      if (!wait_all) break;
                    }
-                   if (!missing.empty()) {
-                     return absl::DeadlineExceededError(absl::StrCat(
-                         "monitored_barrier: rank", missing.size() > 1 ? "s " : " ",
-                         absl::StrJoin(missing, ", "), " failed to pass monitoredBarrier in ",
-                         absl::ToInt64Milliseconds(timeout), " ms"));
-                   }
+                   if (!missing.empty()) return MonitoredBarrierTimeout(missing, timeout);
                    for (int p = 1; p < n; ++p) EMBER_RETURN_IF_ERROR(SendTo(m, ctx, p, 1, {}));
                    return absl::OkStatus();
                  });
@@ -759,7 +729,7 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoMonitoredBarrier(
 absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoSend(const Tensor& tensor, int dst,
                                                               const P2POptions& options) {
   const int tag = options.tag;
-  Tensor data = Staging(tensor);
+  Tensor data = ContiguousStaging(tensor);
   return Enqueue(OpType::kSend, options.timeout, false,
                  [this, data, dst, tag](const OpContext& ctx) -> absl::Status {
                    absl::Status s = mesh_->Send(dst, {MessageKind::kP2P, tag, 0}, kAnyOp,
@@ -800,11 +770,11 @@ class TcpRecvWork : public RecvWork {
 absl::StatusOr<std::shared_ptr<RecvWork>> TcpProcessGroup::DoRecv(const Tensor& tensor, int src,
                                                                   const P2POptions& options) {
   auto work = std::make_shared<TcpRecvWork>(DeadlineFor(options.timeout), mesh_, src, options.tag);
-  Tensor staging = Staging(tensor);
+  Tensor staging = ContiguousStaging(tensor);
   std::weak_ptr<TcpRecvWork> weak = work;
   RecvDone done = [weak, tensor, staging](const absl::Status& status, int from) {
     absl::Status s = status;
-    if (s.ok()) CopyBack(tensor, staging);
+    if (s.ok()) CopyBackFromStaging(tensor, staging);
     if (auto w = weak.lock()) {
       w->set_source(from);
       w->Finish(s);

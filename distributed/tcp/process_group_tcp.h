@@ -43,16 +43,16 @@
 #define EMBER_DISTRIBUTED_TCP_PROCESS_GROUP_TCP_H_
 
 #include <atomic>
-#include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "distributed/backend_registry.h"
+#include "distributed/op_queue.h"
 #include "distributed/process_group.h"
 #include "distributed/tcp/algorithms.h"
 #include "distributed/tcp/mesh.h"
@@ -131,8 +131,8 @@ class TcpProcessGroup : public ProcessGroup {
 
  private:
   using Job = std::function<absl::Status(const OpContext&)>;
+  // A queued op as its job sees it (its Work is the queue's).
   struct Queued {
-    std::shared_ptr<Work> work;
     OpContext context;
     Job job;
     // The call check's fingerprint (Note [Call checks] in process_group.cc).
@@ -144,7 +144,12 @@ class TcpProcessGroup : public ProcessGroup {
   // Queues `job`; a collective takes the next sequence number.
   std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout,
                                 bool collective, Job job);
-  void WorkerLoop();
+  // The queue's admission (Note [Op queues]): after abort(), every op still
+  // queued, or queued later, fails in its turn with abort's status.
+  absl::Status Admit();
+  // On the worker: RunChecked; a collective that failed then tells every
+  // peer (Mesh::Poison), so that their receives for it fail at once.
+  absl::Status Run(const Queued& item);
   // Runs `item`'s job; with a call check, first sends its words to every
   // peer ahead of the collective's messages and compares theirs before
   // returning (Note [Call checks] in process_group.cc).
@@ -160,12 +165,13 @@ class TcpProcessGroup : public ProcessGroup {
   // Null unless every rank is on this host (TcpOptions::arena).
   const std::unique_ptr<ShmArena> arena_;
   const std::vector<std::string> transports_;
-  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // Held while an op is numbered and queued, so numbers follow the queue's
+  // order.
   absl::Mutex mu_;
-  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
-  std::thread worker_;
+  // Every op, in call order on one worker (Note [Op queues]).
+  OpQueue queue_;
 };
 
 }  // namespace ember::distributed::tcp

@@ -34,11 +34,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "multiprocessing/shared_mapping.h"
+#include "base/shared_mapping.h"
 
 namespace ember::distributed::tcp {
 
-using multiprocessing::SharedMapping;
+using base::SharedMapping;
 
 // "<pid>:<fd>": how peers on this host find `mapping`.
 std::string LocatorOf(const SharedMapping& mapping);

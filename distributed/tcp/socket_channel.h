@@ -20,11 +20,11 @@
 
 #include "absl/status/statusor.h"
 #include "distributed/tcp/channel.h"
-#include "multiprocessing/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace ember::distributed::tcp {
 
-using multiprocessing::UniqueFd;
+using base::UniqueFd;
 
 // A listening TCP socket on every interface and a kernel-chosen port.
 class Listener {

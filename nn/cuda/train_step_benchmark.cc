@@ -41,7 +41,7 @@
 
 #include "benchmark/benchmark.h"
 #include "cuda/device.h"
-#include "hub/resnet.h"
+#include "nn/models/resnet.h"
 #include "nn/activation.h"
 #include "nn/benchmark_mlp.h"
 #include "nn/conv.h"
@@ -137,7 +137,7 @@ void ResNet18Step(benchmark::State& state, bool graph) {
   const std::string suffix = graph ? "_graph" : "";
   constexpr int64_t kBatch = 64, kImage = 224, kClasses = 1000;
   manual_seed(0);
-  auto net = std::make_shared<hub::ResNet18>(hub::ResNetOptions{.num_classes = kClasses});
+  auto net = std::make_shared<nn::models::ResNet18>(nn::models::ResNetOptions{.num_classes = kClasses});
   net->to(kGpu);
   net->train();
   optim::SGD opt(net->parameters(), {.lr = 0.01});

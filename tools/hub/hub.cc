@@ -25,10 +25,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_join.h"
-#include "hub/checkpoint.h"
 #include "hub/hub_dir.h"
 #include "hub/load_state_dict_from_url.h"
-#include "hub/printable.h"
+#include "serialization/printable.h"
+#include "serialization/serialization.h"
 #include "tools/version.h"
 
 namespace {
@@ -57,7 +57,7 @@ int Usage(const std::string& why) {
 // Names, docs and messages come from repositories and checkpoints: printed
 // escaped, so that they cannot drive the terminal (printable.h).
 int Failed(const absl::Status& status) {
-  std::cerr << "hub: " << ember::hub::escape_for_terminal(status.message()) << "\n";
+  std::cerr << "hub: " << ember::serialization::escape_for_terminal(status.message()) << "\n";
   return 1;
 }
 
@@ -110,19 +110,20 @@ int Main(std::vector<std::string> args) {
       absl::StatusOr<ember::hub::Repository> repo =
           ember::hub::open_repository(positional[0], options);
       if (!repo.ok()) return Failed(repo.status());
-      std::cout << ember::hub::escape_for_terminal(repo->dir) << "\n";
+      std::cout << ember::serialization::escape_for_terminal(repo->dir) << "\n";
       return 0;
     }
     absl::StatusOr<std::vector<std::string>> names = ember::hub::list(positional[0], options);
     if (!names.ok()) return Failed(names.status());
-    for (const std::string& n : *names) std::cout << ember::hub::escape_for_terminal(n) << "\n";
+    for (const std::string& n : *names)
+      std::cout << ember::serialization::escape_for_terminal(n) << "\n";
     return 0;
   }
   if (command == "help") {
     if (positional.size() != 2) return Usage("help takes a repository and an entry point");
     absl::StatusOr<std::string> doc = ember::hub::help(positional[0], positional[1], options);
     if (!doc.ok()) return Failed(doc.status());
-    std::cout << ember::hub::escape_for_terminal(*doc, /*keep_newlines=*/true) << "\n";
+    std::cout << ember::serialization::escape_for_terminal(*doc, /*keep_newlines=*/true) << "\n";
     return 0;
   }
   if (command == "weights") {
@@ -130,11 +131,11 @@ int Main(std::vector<std::string> args) {
     weights.download = options.download;
     absl::StatusOr<std::string> path = ember::hub::download_checkpoint(positional[0], weights);
     if (!path.ok()) return Failed(path.status());
-    absl::StatusOr<ember::hub::StateDict> sd = ember::hub::load_checkpoint(*path);
+    absl::StatusOr<ember::StateDict> sd = ember::load(*path);
     if (!sd.ok()) return Failed(sd.status());
-    std::cout << ember::hub::escape_for_terminal(*path) << "\n";
+    std::cout << ember::serialization::escape_for_terminal(*path) << "\n";
     for (const auto& [name, t] : *sd) {
-      std::cout << ember::hub::escape_for_terminal(name) << " " << t.dtype() << " ["
+      std::cout << ember::serialization::escape_for_terminal(name) << " " << t.dtype() << " ["
                 << absl::StrJoin(t.sizes(), ", ") << "]\n";
     }
     return 0;

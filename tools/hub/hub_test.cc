@@ -21,9 +21,9 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "hub/checkpoint.h"
 #include "hub/sha256.h"
 #include "hub/testing/test_server.h"
+#include "serialization/serialization.h"
 #include "tensor/factories.h"
 
 namespace ember::hub {
@@ -66,19 +66,19 @@ class HubBinaryTest : public ::testing::Test {
                                "entry_points { name: \"../../x\\x1b[2J\" builder: \"mlp\" }"}})
                     .ok());
     std::string escapes_path = tmp + "/escapes.safetensors";
-    ASSERT_TRUE(save_checkpoint({{"w\x1b[2J", ::ember::zeros({2})}}, escapes_path).ok());
+    ASSERT_TRUE(ember::save({{"w\x1b[2J", ::ember::zeros({2})}}, escapes_path).ok());
     std::string escapes = *ReadFile(escapes_path);
     ASSERT_TRUE(
         WriteFile(tmp + "/www/w/escapes-" + sha256_hex(escapes).substr(0, 8) + ".safetensors",
                   escapes)
             .ok());
     escapes_name_ = new std::string("escapes-" + sha256_hex(escapes).substr(0, 8) + ".safetensors");
-    std::string weights = *ReadFile("hub/testdata/tensors.pt");
+    std::string weights = *ReadFile("serialization/testdata/tensors.pt");
     name_ = new std::string("tensors-" + sha256_hex(weights).substr(0, 8) + ".pt");
     ASSERT_TRUE(WriteFile(tmp + "/www/w/" + *name_, weights).ok());
     // A 1 MB checkpoint for the progress bar (served slowly under /slow/).
     std::string big_path = tmp + "/big.safetensors";
-    ASSERT_TRUE(save_checkpoint({{"w", ::ember::zeros({250000})}}, big_path).ok());
+    ASSERT_TRUE(ember::save({{"w", ::ember::zeros({250000})}}, big_path).ok());
     std::string big = *ReadFile(big_path);
     big_name_ = new std::string("big-" + sha256_hex(big).substr(0, 8) + ".safetensors");
     big_size_ = big.size();
@@ -285,7 +285,7 @@ TEST_F(HubBinaryTest, SmallDownloadOnATerminal) {
   Result r = RunOnTerminal({"weights", server_->url("/w/" + *name_), "--model-dir", dir});
   ASSERT_EQ(r.code, 0) << r.err;
   // Its size in kB, one decimal, so a small file does not read "0.0 MB".
-  size_t size = ReadFile("hub/testdata/tensors.pt")->size();
+  size_t size = ReadFile("serialization/testdata/tensors.pt")->size();
   ASSERT_LT(size, 1000000u);
   char kb[32];
   std::snprintf(kb, sizeof kb, "%.1f/%.1f kB", size / 1e3, size / 1e3);
@@ -318,7 +318,7 @@ TEST_F(HubBinaryTest, NetworkFailureExitsOne) {
 
 TEST_F(HubBinaryTest, HashMismatchExitsOneAndKeepsFiles) {
   // Served under a name whose hash digits are wrong: nothing is cached.
-  std::string weights = *ReadFile("hub/testdata/tensors.pt");
+  std::string weights = *ReadFile("serialization/testdata/tensors.pt");
   ASSERT_TRUE(WriteFile(*base_ + "/www/w/bad-00000000.pt", weights).ok());
   std::string dir = *base_ + "/mismatch";
   Result r =

@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "multiprocessing/manager_protocol.h"
-#include "multiprocessing/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace ember::shm_manager {
 namespace {
@@ -34,7 +34,7 @@ using multiprocessing::EncodeFrame;
 using multiprocessing::Frame;
 using multiprocessing::FrameReader;
 using multiprocessing::FrameType;
-using multiprocessing::UniqueFd;
+using base::UniqueFd;
 
 // Note [Reaping a dead manager]
 // A daemon killed outright (SIGKILL, OOM) can no longer unlink the regions of

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "multiprocessing/manager_protocol.h"
 #include "multiprocessing/testing.h"
-#include "multiprocessing/unique_fd.h"
+#include "base/unique_fd.h"
 #include "tools/shm_manager/testing.h"
 
 namespace ember::shm_manager::testing {

@@ -33,13 +33,13 @@
 #include "multiprocessing/manager_client.h"
 #include "multiprocessing/manager_protocol.h"
 #include "multiprocessing/testing.h"
-#include "multiprocessing/unique_fd.h"
+#include "base/unique_fd.h"
 
 extern char** environ;
 
 namespace ember::shm_manager::testing {
 
-using multiprocessing::UniqueFd;
+using base::UniqueFd;
 
 inline bool PathExists(const std::string& path) {
   struct stat st;
