@@ -14,7 +14,7 @@
 # XDG_CACHE_HOME of the `bazel test` command (env_inherit in BUILD.bazel; the
 # account's home directory when no HOME came through), which is the .bazelrc
 # files' ~/.cache/ember/bazel-disk when both have their usual values.
-# Ember's own build never fills it for this test: there Ember is the main
+# What Ember's own build puts there is of no use here: there Ember is the main
 # repository, here it is @ember (external/ember/... paths, no -Werror), so
 # none of their actions are the same. Runs of this test share theirs, and so
 # do builds of examples/consumer from a checkout (.ci/run's last steps: there
