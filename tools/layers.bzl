@@ -69,5 +69,6 @@ def layer_api(area):
     return ["//tools:%s_users" % area]
 
 def lower_tests():
-    """The visibility of a `for_lower_tests` target (see Note [Layers])."""
+    """The visibility of a testonly target any test may use: a
+    `for_lower_tests` target (see Note [Layers]), the no-CUDA test case."""
     return ["//visibility:public"]
