@@ -300,6 +300,16 @@ absl::StatusOr<std::string> FileStore::compare_set(std::string_view key, std::st
   });
 }
 
+absl::Status FileStore::append(std::string_view key, std::string_view value) {
+  EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+  return Update([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    auto it = data_.find(key);
+    std::string combined = it == data_.end() ? std::string() : it->second;
+    combined.append(value);
+    return Append('S', key, combined);
+  });
+}
+
 absl::StatusOr<bool> FileStore::delete_key(std::string_view key) {
   EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   return Update([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::StatusOr<bool> {

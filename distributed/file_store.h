@@ -55,6 +55,7 @@ class FileStore : public Store {
   absl::Status set(std::string_view key, std::string_view value) override;
   absl::StatusOr<std::string> get(std::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> add(std::string_view key, int64_t delta) override;
+  absl::Status append(std::string_view key, std::string_view value) override;
   absl::StatusOr<std::string> compare_set(std::string_view key, std::string_view expected,
                                           std::string_view desired) override;
   absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;

@@ -68,12 +68,22 @@ absl::Status HashStore::wait(absl::Span<const std::string> keys, absl::Duration 
   return internal::MissingKeysError("HashStore", missing, timeout);
 }
 
-bool HashStore::check(absl::Span<const std::string_view> keys) {
+absl::StatusOr<bool> HashStore::check(absl::Span<const std::string> keys) {
+  for (const std::string& key : keys) EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
   absl::MutexLock lock(&mu_);
-  for (std::string_view key : keys) {
+  for (const std::string& key : keys) {
     if (!data_.contains(key)) return false;
   }
   return true;
+}
+
+absl::Status HashStore::append(std::string_view key, std::string_view value) {
+  EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+  absl::MutexLock lock(&mu_);
+  auto it = data_.find(key);
+  if (it == data_.end()) it = data_.emplace(std::string(key), std::string()).first;
+  it->second.append(value);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> HashStore::delete_key(std::string_view key) {

@@ -49,9 +49,8 @@ class HashStore : public Store {
   using Store::get;
   using Store::wait;
 
-  // Whether every key in `keys` is set, without waiting (torch's
-  // Store.check). Used by TcpStoreServer, which tracks its waits itself.
-  bool check(absl::Span<const std::string_view> keys);
+  absl::StatusOr<bool> check(absl::Span<const std::string> keys) override;
+  absl::Status append(std::string_view key, std::string_view value) override;
 
  private:
   absl::Mutex mu_;

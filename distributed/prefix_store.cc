@@ -61,4 +61,37 @@ absl::StatusOr<bool> PrefixStore::delete_key(std::string_view key) {
 
 absl::StatusOr<int64_t> PrefixStore::num_keys() { return store_->num_keys(); }
 
+absl::StatusOr<std::vector<std::string>> PrefixStore::FullKeys(
+    absl::Span<const std::string> keys) const {
+  std::vector<std::string> full;
+  full.reserve(keys.size());
+  for (const std::string& key : keys) {
+    EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+    full.push_back(Full(key));
+  }
+  return full;
+}
+
+absl::StatusOr<bool> PrefixStore::check(absl::Span<const std::string> keys) {
+  EMBER_ASSIGN_OR_RETURN(std::vector<std::string> full, FullKeys(keys));
+  return store_->check(full);
+}
+
+absl::Status PrefixStore::append(std::string_view key, std::string_view value) {
+  EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+  return store_->append(Full(key), value);
+}
+
+absl::StatusOr<std::vector<std::string>> PrefixStore::multi_get(
+    absl::Span<const std::string> keys, absl::Duration timeout) {
+  EMBER_ASSIGN_OR_RETURN(std::vector<std::string> full, FullKeys(keys));
+  return store_->multi_get(full, timeout);
+}
+
+absl::Status PrefixStore::multi_set(absl::Span<const std::string> keys,
+                                    absl::Span<const std::string> values) {
+  EMBER_ASSIGN_OR_RETURN(std::vector<std::string> full, FullKeys(keys));
+  return store_->multi_set(full, values);
+}
+
 }  // namespace ember::distributed

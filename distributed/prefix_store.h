@@ -42,8 +42,17 @@ class PrefixStore : public Store {
   absl::Status wait(absl::Span<const std::string> keys, absl::Duration timeout) override;
   absl::StatusOr<bool> delete_key(std::string_view key) override;
   absl::StatusOr<int64_t> num_keys() override;
+  // Forwarded as one call each, so the wrapped store's own (a TcpStore's
+  // single message, its atomic append) is used.
+  absl::StatusOr<bool> check(absl::Span<const std::string> keys) override;
+  absl::Status append(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::vector<std::string>> multi_get(absl::Span<const std::string> keys,
+                                                     absl::Duration timeout) override;
+  absl::Status multi_set(absl::Span<const std::string> keys,
+                         absl::Span<const std::string> values) override;
 
   using Store::get;
+  using Store::multi_get;
   using Store::wait;
 
   const std::string& prefix() const { return prefix_; }
@@ -51,6 +60,7 @@ class PrefixStore : public Store {
 
  private:
   std::string Full(std::string_view key) const;
+  absl::StatusOr<std::vector<std::string>> FullKeys(absl::Span<const std::string> keys) const;
 
   const std::string prefix_;
   const std::shared_ptr<Store> store_;

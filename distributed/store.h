@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -78,6 +79,29 @@ class Store {
 
   // The number of keys stored.
   virtual absl::StatusOr<int64_t> num_keys() = 0;
+
+  // torch's extended Store API. check, multi_get and multi_set are built here
+  // from the calls above (so every store has them); a store that can do
+  // better overrides them (TcpStore sends each as one message). append must
+  // be atomic, which no combination of the calls above is (two appends of
+  // equal bytes look alike to compare_set), so each store defines it.
+
+  // Whether every key in `keys` is set now, without waiting (torch's check).
+  virtual absl::StatusOr<bool> check(absl::Span<const std::string> keys);
+
+  // Appends `value` to the value of `key` (a missing key is set to `value`).
+  virtual absl::Status append(std::string_view key, std::string_view value) = 0;
+
+  // The values of `keys`, in order, waiting up to `timeout` for all of them.
+  virtual absl::StatusOr<std::vector<std::string>> multi_get(absl::Span<const std::string> keys,
+                                                             absl::Duration timeout);
+  absl::StatusOr<std::vector<std::string>> multi_get(absl::Span<const std::string> keys) {
+    return multi_get(keys, timeout());
+  }
+
+  // Sets keys[i] to values[i]; kInvalidArgument when the counts differ.
+  virtual absl::Status multi_set(absl::Span<const std::string> keys,
+                                 absl::Span<const std::string> values);
 
   // The default timeout of the calls above that take none.
   absl::Duration timeout() const { return timeout_; }

@@ -1,7 +1,7 @@
 // Latency of one store operation (Set, Get of a present key, Add) for each
 // Store, next to the baseline a networked store cannot beat: one 32-byte
 // request/reply round trip over a loopback TCP socket with an echo thread.
-// TcpStore's figure over the baseline is the cost of gRPC and the server.
+// TcpStore's figure over the baseline is the cost of its client and server.
 //
 //   bazel run //distributed:store_benchmark
 #include <netinet/in.h>

@@ -271,5 +271,65 @@ TEST_P(StoreConformanceTest, ConcurrentClientsAddAndElectOneLeader) {
   EXPECT_TRUE(clients[2]->wait({"done/0", "done/1", "done/2", "done/3"}, kShort).ok());
 }
 
+TEST_P(StoreConformanceTest, CheckAppendMultiGetMultiSet) {
+  std::shared_ptr<Store> store = NewClient();
+  EXPECT_FALSE(store->check({"x"}).value());
+  EXPECT_TRUE(store->check({}).value());
+  ASSERT_TRUE(store->append("x", "ab").ok());  // a missing key is set
+  ASSERT_TRUE(store->append("x", "cd").ok());
+  EXPECT_EQ(store->get("x", kShort).value(), "abcd");
+  EXPECT_TRUE(store->check({"x"}).value());
+  ASSERT_TRUE(store->multi_set({"m/1", "m/2", "m/3"}, {"one", "", "three"}).ok());
+  EXPECT_THAT(store->multi_get({"m/3", "m/1", "m/2"}, kShort).value(),
+              ::testing::ElementsAre("three", "one", ""));
+  EXPECT_FALSE(store->check({"m/1", "m/4"}).value());
+  absl::StatusOr<std::vector<std::string>> missing = store->multi_get({"m/1", "m/4"}, kShort);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded) << missing.status();
+  EXPECT_THAT(missing.status().message(), AllOf(HasSubstr("m/4"), Not(HasSubstr("m/1"))));
+  EXPECT_EQ(store->multi_set({"a", "b"}, {"1"}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(StoreConformanceTest, AppendsFromManyClientsAllLand) {
+  constexpr int kClients = 4;
+  constexpr int kAppendsEach = 25;
+  std::vector<std::shared_ptr<Store>> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back(NewClient());
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      for (int n = 0; n < kAppendsEach; ++n) ASSERT_TRUE(clients[i]->append("log", "x").ok());
+      // A call with a reply: a TcpStore's appends (which have none, as in
+      // c10d) have reached the server once it returns.
+      ASSERT_TRUE(clients[i]->check({"log"}).ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(clients[0]->get("log", kShort).value(), std::string(kClients * kAppendsEach, 'x'));
+}
+
+// One client shared by threads: a thread waiting for a key does not hold up
+// the thread that sets it, and each thread reads its own writes.
+TEST_P(StoreConformanceTest, ThreadsOfOneClientWaitAndSetAtOnce) {
+  std::shared_ptr<Store> store = NewClient();
+  constexpr int kWaiters = 8;
+  std::vector<std::thread> waiters;
+  std::atomic<int> woken{0};
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.emplace_back([&, i] {
+      absl::StatusOr<std::string> value = store->get("go/" + std::to_string(i % 2), kLong);
+      if (value.ok() && *value == "now") ++woken;
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  for (int n = 0; n < 20; ++n) {
+    ASSERT_TRUE(store->set("mine", std::to_string(n)).ok());
+    EXPECT_EQ(store->get("mine", kShort).value(), std::to_string(n));
+  }
+  ASSERT_TRUE(store->set("go/0", "now").ok());
+  ASSERT_TRUE(store->set("go/1", "now").ok());
+  for (std::thread& t : waiters) t.join();
+  EXPECT_EQ(woken.load(), kWaiters);
+}
+
 }  // namespace
 }  // namespace ember::distributed::testing

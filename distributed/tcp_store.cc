@@ -1,614 +1,514 @@
+// TcpStore: the client. The server is tcp_store_server.cc.
 #include "distributed/tcp_store.h"
 
 #include <errno.h>
-#include <malloc.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <set>
-#include <thread>
+#include <random>
 #include <utility>
-#include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "distributed/hash_store.h"
+#include "base/unique_fd.h"
 #include "distributed/store_util.h"
-#include "distributed/tcp_store.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
+#include "distributed/tcp_store_wire.h"
 #include "tensor/status_macros.h"
 
-// Note [TcpStore protocol]
-// Each Store operation is one unary gRPC call (tcp_store.proto). A client's
-// first call is Hello, which carries a magic string and the protocol
-// version; a server of another version, or something that is not a TcpStore
-// at all, fails the handshake and Create reports it, rather than the first
-// real operation failing strangely. Hello waits for the server to come up
-// (wait-for-ready, with reconnection backoff capped at one second), so
-// clients may start before rank 0.
-//
-// Bounds: both ends cap messages at max_message_bytes, so a client or a
-// stranger announcing a huge message is refused by gRPC's framing before
-// the server allocates it; garbage on the port is an HTTP/2 protocol error
-// that closes that connection only. SO_REUSEPORT is turned off so that a
-// second server on a port in use fails instead of sharing it.
-//
-// Waits happen on the server (Get and Wait send their timeout), so a wake-up
-// costs one reply, not a poll. The server indexes each pending wait by the
-// keys it still misses; a Set, Add or CompareSet completes the waits whose
-// last missing key it sets, and one timer thread ends the waits whose timeout
-// passed. A timeout's error names the first few missing keys and their count
-// (internal::MissingKeysError), so it fits in gRPC's status metadata however
-// many and however long the keys are. A wait whose call is cancelled (the
-// client gave up or its connection closed) is dropped at once; destroying the
-// server ends the pending ones with kUnavailable. The client's own deadline
-// is the wait's timeout plus a grace for the reply; if that passes, the
-// server is deemed gone (kUnavailable), which is different from keys that did
-// not appear (kDeadlineExceeded, from the server).
-
-// Note [TcpStore server limits]
-// Whatever clients send, what the server keeps is bounded:
-// - Pending Get/Wait calls run on gRPC's callback API, so a wait holds a small
-//   reactor and an index entry, not a thread. Their number is capped
-//   server-wide (max_pending_waits), per connection
-//   (max_pending_waits_per_connection, the connection being gRPC's peer
-//   address) and by the bytes of the keys they hold (max_pending_wait_bytes).
-//   A wait over a limit fails at once with kResourceExhausted naming the
-//   limit; it never queues.
-// - HTTP/2 caps the calls in flight on one connection
-//   (max_streams_per_connection). It is kept above the per-connection wait
-//   limit, so a client whose waits hit their limit still has streams for the
-//   Set that would wake them.
-// - Messages are capped at max_message_bytes both ways, request headers at
-//   16 KiB, and gRPC's transport buffers draw from a resource quota of
-//   max_buffer_bytes.
-// - A connection that does not finish its handshake within 20 s is closed;
-//   keepalive pings (every 30 s, 10 s to answer) find peers that vanished
-//   without closing, whose waits are then cancelled.
-// - glibc's malloc keeps freed memory for reuse, so a burst of waits would
-//   leave the process that much larger for good. Once waits that held at
-//   least 4 MiB (by the estimate above) have fallen to a quarter of that
-//   peak, the timer thread calls malloc_trim a second later, which hands the
-//   free pages back; the flood test checks that resident memory returns.
+// Note [TcpStore client connections]
+// A TcpStore keeps one primary connection, on which every call that the
+// server answers at once runs, one call at a time: set, add, compare_set,
+// check, and get and wait when their keys are there. So calls of one store
+// reach the server in the order they were made, whichever thread made them,
+// and a get sees the store's own earlier set (SET has no reply; the server
+// handles one connection's requests in order). A get or wait whose keys are
+// missing learns so on the primary connection (Ember's server: EMBER_GET /
+// EMBER_WAIT with a zero timeout; PyTorch's: CHECK), then waits on a side
+// connection of its own, taken from the idle ones or opened, so that other
+// threads go on using the store meanwhile, the one that sets the key among
+// them. A connection on which a call failed on the way (no reply in time, the
+// server closed it) is dropped; the next call opens another, within the
+// store's timeout. Before a call that expects no reply, the primary
+// connection is polled: data or an end of file where nothing is owed means
+// the server went away, and the call reconnects (or fails kUnavailable)
+// rather than writing into a dead socket.
 
 namespace ember::distributed {
 namespace {
 
-constexpr char kMagic[] = "ember-tcp-store";
-constexpr uint32_t kProtocolVersion = 1;
+using wire::Query;
+
 constexpr absl::Duration kReplyGrace = absl::Seconds(5);
-constexpr absl::Duration kWaitSlice = absl::Milliseconds(100);
 constexpr absl::Duration kLongestWait = absl::Hours(24 * 100);
-// Server channel arguments; see Note [TcpStore server limits].
-constexpr int kMaxMetadataBytes = 16 << 10;
-constexpr int kHandshakeTimeoutMs = 20'000;
-constexpr int kKeepaliveMs = 30'000;
-constexpr int kKeepaliveTimeoutMs = 10'000;
-// What a waited-for key costs beyond twice its bytes (its string in the
-// request, its view, the allocator's overhead).
-constexpr int64_t kBytesPerKey = 64;
-// After waits holding this much have mostly ended, the server returns freed
-// memory to the system, kTrimDelay later (connections close after their calls).
-constexpr int64_t kTrimAfterBytes = int64_t{4} << 20;
-constexpr absl::Duration kTrimDelay = absl::Seconds(1);
+constexpr absl::Duration kMaxConnectBackoff = absl::Seconds(1);
+constexpr size_t kIdleSideConnections = 4;
+constexpr char kKeyPrefix[] = "/";  // as torch's TCPStore
+constexpr char kInitKey[] = "init/";
 
-absl::Status FromGrpc(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+std::string Wire(std::string_view key) { return kKeyPrefix + std::string(key); }
+
+// Failures of the way to the server (as opposed to the store's own errors)
+// carry this payload; the connection they happened on is dropped.
+constexpr char kTransportPayload[] = "ember.distributed.TcpStore/transport";
+
+absl::Status Marked(absl::Status status) {
+  status.SetPayload(kTransportPayload, absl::Cord());
+  return status;
+}
+absl::Status Transport(std::string why) { return Marked(absl::UnavailableError(std::move(why))); }
+absl::Status NoReply() { return Marked(absl::DeadlineExceededError("no reply")); }
+const absl::Status& StatusOf(const absl::Status& status) { return status; }
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& result) {
+  return result.status();
+}
+bool IsTransport(const absl::Status& status) {
+  return status.GetPayload(kTransportPayload).has_value();
 }
 
-grpc::Status ToGrpc(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
-std::string_view View(const std::string& bytes) { return std::string_view(bytes); }
-
-// Abseil's containers hash absl::string_view, which is not std::string_view here.
-absl::string_view AbslView(std::string_view bytes) {
-  return absl::string_view(bytes.data(), bytes.size());
-}
-
-// The result of binding `port` on every interface, to name the cause when
-// gRPC cannot listen (gRPC itself reports only that it failed).
-std::string BindProblem(int port) {
-  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int err = 0;
-  if (fd >= 0) {
-    int zero = 0, one = 1;
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in6 addr = {};
-    addr.sin6_family = AF_INET6;
-    addr.sin6_port = htons(port);
-    addr.sin6_addr = in6addr_any;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) err = errno;
-  } else {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return strerror(errno);
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in addr = {};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) err = errno;
-  }
-  close(fd);
-  if (err == EADDRINUSE) return absl::StrCat("port ", port, " is already in use");
-  if (err != 0) return absl::StrCat("binding port ", port, " failed: ", strerror(err));
-  return absl::StrCat("gRPC could not listen on port ", port);
-}
-
-class StoreService;
-
-// One Get or Wait that is waiting on the server: the reactor of its call,
-// owned by gRPC until OnDone. The keys point into the request, which lives as
-// long as the call.
-class PendingWait final : public grpc::ServerUnaryReactor {
+// One connection to the server: a socket and what was read from it but not
+// yet taken. Errors are kUnavailable with the reason alone; the store adds
+// its name and the call.
+class Connection {
  public:
-  PendingWait(StoreService* service, std::vector<std::string_view> keys, absl::Duration timeout,
-              std::string peer, wire::GetReply* get_reply)
-      : service_(service),
-        keys_(std::move(keys)),
-        timeout_(timeout),
-        peer_(std::move(peer)),
-        get_reply_(get_reply) {}
+  explicit Connection(base::UniqueFd fd) : fd_(std::move(fd)) {}
 
-  void OnCancel() override;
-  void OnDone() override { delete this; }
-
- private:
-  friend class StoreService;
-  StoreService* const service_;
-  const std::vector<std::string_view> keys_;
-  const absl::Duration timeout_;
-  const std::string peer_;
-  wire::GetReply* const get_reply_;  // Get: the value goes here; Wait: null
-  // Guarded by the service's mutex:
-  size_t missing_ = 0;  // distinct keys not set yet
-  absl::Time deadline_;
-  int64_t bytes_ = 0;      // what this wait counts against max_pending_wait_bytes
-  bool finished_ = false;  // Finish was called, or is about to be
-};
-
-// The service, on gRPC's callback API: a Get or Wait whose keys are missing
-// holds no thread while it waits (Note [TcpStore server limits]).
-class StoreService final : public wire::TcpStoreService::CallbackService {
- public:
-  explicit StoreService(const TcpStoreServerOptions& options)
-      : options_(options), timer_([this] { ExpireWaits(); }) {}
-  ~StoreService() override { Stop(); }
-
-  // Ends every pending wait with kUnavailable and refuses new ones.
-  void Stop() {
-    std::vector<std::pair<PendingWait*, grpc::Status>> done;
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-      timer_changed_.Signal();
-      std::vector<PendingWait*> all;
-      for (const auto& [deadline, wait] : deadlines_) all.push_back(wait);
-      for (PendingWait* wait : all) {
-        done.emplace_back(wait, grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                             "the store's server is shutting down"));
-        Forget(wait);
+  absl::Status Send(std::string_view bytes, absl::Time deadline) {
+    while (!bytes.empty()) {
+      ssize_t n = send(fd_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        bytes.remove_prefix(n);
+        continue;
       }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        EMBER_RETURN_IF_ERROR(Poll(POLLOUT, deadline));
+        continue;
+      }
+      return Transport(absl::StrCat("sending failed: ", strerror(errno)));
     }
-    FinishAll(done);
-    if (timer_.joinable()) timer_.join();
+    return absl::OkStatus();
   }
 
-  int64_t num_pending_waits() const {
-    absl::MutexLock lock(&mu_);
-    return static_cast<int64_t>(deadlines_.size());
+  template <typename T>
+  absl::StatusOr<T> Read(absl::Time deadline) {
+    EMBER_RETURN_IF_ERROR(Fill(sizeof(T), deadline));
+    T value;
+    std::memcpy(&value, buffer_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return value;
   }
 
-  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* context,
-                                  const wire::HelloRequest* request,
-                                  wire::HelloReply* reply) override {
-    reply->set_magic(kMagic);
-    reply->set_version(kProtocolVersion);
-    if (request->magic() != kMagic || request->version() != kProtocolVersion) {
-      return Done(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                        absl::StrCat("this TcpStore server speaks protocol ",
-                                                     kProtocolVersion, "; the client sent magic '",
-                                                     request->magic().substr(0, 32), "' version ",
-                                                     request->version(),
-                                                     ". Build every rank from the same Ember")));
+  absl::StatusOr<std::string> ReadBytes(int64_t max, absl::Time deadline) {
+    EMBER_ASSIGN_OR_RETURN(uint64_t length, Read<uint64_t>(deadline));
+    if (length > static_cast<uint64_t>(max)) {
+      return Transport(absl::StrCat("the server announced a value of ", length,
+                                    " bytes, more than max_message_bytes (", max, ")"));
     }
-    return Done(context, grpc::Status::OK);
+    EMBER_RETURN_IF_ERROR(Fill(length, deadline));
+    std::string bytes = buffer_.substr(pos_, length);
+    pos_ += length;
+    return bytes;
   }
 
-  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
-                                const wire::SetRequest* request, wire::SetReply*) override {
-    return Mutate(context, request->key(),
-                  [&] { return store_.set(View(request->key()), View(request->value())); });
+  // An Ember extension's status: OK, or the code and its detail.
+  absl::StatusOr<std::pair<absl::StatusCode, std::string>> ReadStatus(int64_t max,
+                                                                      absl::Time deadline) {
+    EMBER_ASSIGN_OR_RETURN(uint8_t code, Read<uint8_t>(deadline));
+    if (code == 0) return std::make_pair(absl::StatusCode::kOk, std::string());
+    EMBER_ASSIGN_OR_RETURN(std::string detail, ReadBytes(max, deadline));
+    return std::make_pair(static_cast<absl::StatusCode>(code), std::move(detail));
   }
 
-  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context,
-                                const wire::AddRequest* request, wire::AddReply* reply) override {
-    return Mutate(context, request->key(), [&]() -> absl::Status {
-      EMBER_ASSIGN_OR_RETURN(int64_t value, store_.add(View(request->key()), request->delta()));
-      reply->set_value(value);
-      return absl::OkStatus();
-    });
-  }
-
-  grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext* context,
-                                       const wire::CompareSetRequest* request,
-                                       wire::CompareSetReply* reply) override {
-    return Mutate(context, request->key(), [&]() -> absl::Status {
-      EMBER_ASSIGN_OR_RETURN(*reply->mutable_value(),
-                             store_.compare_set(View(request->key()), View(request->expected()),
-                                               View(request->desired())));
-      return absl::OkStatus();
-    });
-  }
-
-  grpc::ServerUnaryReactor* DeleteKey(grpc::CallbackServerContext* context,
-                                      const wire::DeleteKeyRequest* request,
-                                      wire::DeleteKeyReply* reply) override {
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<bool> deleted = store_.delete_key(View(request->key()));
-    if (deleted.ok()) reply->set_deleted(*deleted);
-    return Done(context, ToGrpc(deleted.status()));
-  }
-
-  grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* context,
-                                    const wire::NumKeysRequest*,
-                                    wire::NumKeysReply* reply) override {
-    absl::MutexLock lock(&mu_);
-    reply->set_num_keys(store_.num_keys().value());
-    return Done(context, grpc::Status::OK);
-  }
-
-  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
-                                const wire::GetRequest* request, wire::GetReply* reply) override {
-    return StartWait(context, {View(request->key())}, request->timeout_us(), reply);
-  }
-
-  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* context,
-                                 const wire::WaitRequest* request, wire::WaitReply*) override {
-    std::vector<std::string_view> keys(request->keys().begin(), request->keys().end());
-    return StartWait(context, std::move(keys), request->timeout_us(), nullptr);
-  }
-
-  // PendingWait::OnCancel: the client gave up or went away.
-  void Cancel(PendingWait* wait) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (wait->finished_) return;
-      Forget(wait);
-    }
-    wait->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the wait"));
+  // Whether the server closed the connection (or sent what nobody asked for)
+  // while it was idle.
+  bool Broken() {
+    if (pos_ < buffer_.size()) return true;
+    pollfd p = {fd_.get(), POLLIN | POLLRDHUP, 0};
+    return poll(&p, 1, 0) != 0;
   }
 
  private:
-  using Finished = std::vector<std::pair<PendingWait*, grpc::Status>>;
-
-  static grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* context,
-                                        const grpc::Status& status) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(status);
-    return reactor;
-  }
-
-  // Runs `op` (which may set `key`) and wakes the waits it completes.
-  template <typename Op>
-  grpc::ServerUnaryReactor* Mutate(grpc::CallbackServerContext* context, const std::string& key,
-                                   Op op) {
-    Finished done;
-    absl::Status status;
-    {
-      absl::MutexLock lock(&mu_);
-      status = op();
-      if (status.ok()) KeySet(key, done);
-    }
-    FinishAll(done);
-    return Done(context, ToGrpc(status));
-  }
-
-  static void FinishAll(const Finished& done) {
-    for (const auto& [wait, status] : done) wait->Finish(status);
-  }
-
-  bool IsSet(std::string_view key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return store_.check(absl::MakeConstSpan(&key, 1));
-  }
-
-  grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
-                                      std::vector<std::string_view> keys, int64_t timeout_us,
-                                      wire::GetReply* get_reply) {
-    for (std::string_view key : keys) {
-      if (absl::Status s = internal::CheckKey(key); !s.ok()) return Done(context, ToGrpc(s));
-    }
-    const absl::Duration timeout =
-        std::clamp(absl::Microseconds(timeout_us), absl::ZeroDuration(), kLongestWait);
-    auto* wait = new PendingWait(this, std::move(keys), timeout, context->peer(), get_reply);
-    absl::ReleasableMutexLock lock(&mu_);
-    std::vector<std::string_view> missing;
-    {
-      absl::flat_hash_set<absl::string_view> seen;
-      for (std::string_view key : wait->keys_) {
-        if (!IsSet(key) && seen.insert(AbslView(key)).second) missing.push_back(key);
-      }
-    }
-    grpc::Status refused;
-    if (missing.empty()) {
-      wait->finished_ = true;
-      if (get_reply != nullptr)
-        get_reply->set_value(*store_.get(wait->keys_[0], absl::ZeroDuration()));
-    } else if (stopping_) {
-      refused = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the store's server is shutting down");
-    } else if (timeout == absl::ZeroDuration()) {
-      refused = ToGrpc(MissingError(*wait));
-    } else {
-      refused = Admit(*wait);
-    }
-    if (!wait->finished_ && refused.ok()) {
-      wait->missing_ = missing.size();
-      wait->deadline_ = absl::Now() + timeout;
-      for (std::string_view key : missing) waiting_[AbslView(key)].insert(wait);
-      deadlines_.emplace(wait->deadline_, wait);
-      pending_per_peer_[wait->peer_]++;
-      pending_bytes_ += wait->bytes_;
-      held_bytes_high_ = std::max(held_bytes_high_, pending_bytes_);
-      if (deadlines_.begin()->second == wait) timer_changed_.Signal();
-      // OnCancel may run once the reactor is returned; it takes the lock.
-      lock.Release();
-      return wait;
-    }
-    wait->finished_ = true;
-    lock.Release();
-    wait->Finish(refused);
-    return wait;
-  }
-
-  // Whether one more wait fits the limits; see Note [TcpStore server limits].
-  grpc::Status Admit(PendingWait& wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    wait.bytes_ = static_cast<int64_t>(sizeof(PendingWait));
-    for (std::string_view key : wait.keys_)
-      wait.bytes_ += static_cast<int64_t>(key.size() + sizeof(key));
-    auto refuse = [&](std::string_view what) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("the store's server refuses this wait: ", std::string(what),
-                                       "; finish or cancel earlier waits, or raise the limit in "
-                                       "TcpStoreServerOptions (see distributed/README.md)"));
-    };
-    if (static_cast<int64_t>(deadlines_.size()) >= options_.max_pending_waits) {
-      return refuse(absl::StrCat(
-          deadlines_.size(), " waits are pending, max_pending_waits=", options_.max_pending_waits));
-    }
-    auto it = pending_per_peer_.find(wait.peer_);
-    int64_t mine = it == pending_per_peer_.end() ? 0 : it->second;
-    if (mine >= options_.max_pending_waits_per_connection) {
-      return refuse(absl::StrCat("this connection (", wait.peer_, ") has ", mine,
-                                 " waits pending, max_pending_waits_per_connection=",
-                                 options_.max_pending_waits_per_connection));
-    }
-    if (pending_bytes_ + wait.bytes_ > options_.max_pending_wait_bytes) {
-      return refuse(absl::StrCat("pending waits hold ", pending_bytes_, " bytes and this one ",
-                                 wait.bytes_,
-                                 ", max_pending_wait_bytes=", options_.max_pending_wait_bytes));
-    }
-    return grpc::Status::OK;
-  }
-
-  // kDeadlineExceeded naming the keys of `wait` that are still missing.
-  absl::Status MissingError(const PendingWait& wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<std::string> missing;
-    absl::flat_hash_set<absl::string_view> seen;
-    for (std::string_view key : wait.keys_) {
-      if (!IsSet(key) && seen.insert(AbslView(key)).second) missing.emplace_back(key);
-    }
-    return internal::MissingKeysError("", missing, wait.timeout_);
-  }
-
-  // `key` may have been set: completes the waits that were missing only it.
-  void KeySet(const std::string& key, Finished& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!IsSet(key)) return;  // a CompareSet that did not match sets nothing
-    auto it = waiting_.find(AbslView(key));
-    if (it == waiting_.end()) return;
-    absl::flat_hash_set<PendingWait*> waits = std::move(it->second);
-    waiting_.erase(it);
-    for (PendingWait* wait : waits) {
-      if (--wait->missing_ > 0) continue;
-      if (wait->get_reply_ != nullptr) {
-        wait->get_reply_->set_value(*store_.get(wait->keys_[0], absl::ZeroDuration()));
-      }
-      Forget(wait);
-      done.emplace_back(wait, grpc::Status::OK);
-    }
-  }
-
-  // Drops `wait` from every index; the caller finishes it.
-  void Forget(PendingWait* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    wait->finished_ = true;
-    if (wait->missing_ > 0) {
-      for (std::string_view key : wait->keys_) {
-        auto it = waiting_.find(AbslView(key));
-        if (it == waiting_.end()) continue;
-        it->second.erase(wait);
-        if (it->second.empty()) waiting_.erase(it);
-      }
-    }
-    deadlines_.erase({wait->deadline_, wait});
-    auto peer = pending_per_peer_.find(wait->peer_);
-    if (peer != pending_per_peer_.end() && --peer->second == 0) pending_per_peer_.erase(peer);
-    pending_bytes_ -= wait->bytes_;
-    if (held_bytes_high_ >= kTrimAfterBytes && pending_bytes_ <= held_bytes_high_ / 4 &&
-        trim_at_ == absl::InfiniteFuture()) {
-      trim_at_ = absl::Now() + kTrimDelay;
-      timer_changed_.Signal();
-    }
-  }
-
-  // The timer thread: ends waits whose timeout passed, and hands the memory
-  // of a burst of waits back to the system (Note [TcpStore server limits]).
-  void ExpireWaits() {
+  absl::Status Poll(short events, absl::Time deadline) {
     while (true) {
-      Finished done;
-      bool trim = false;
-      {
-        absl::MutexLock lock(&mu_);
-        if (stopping_) return;
-        absl::Time wake = trim_at_;
-        if (!deadlines_.empty()) wake = std::min(wake, deadlines_.begin()->first);
-        timer_changed_.WaitWithDeadline(&mu_, wake);
-        const absl::Time now = absl::Now();
-        while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
-          PendingWait* wait = deadlines_.begin()->second;
-          done.emplace_back(wait, ToGrpc(MissingError(*wait)));
-          Forget(wait);
-        }
-        if (now >= trim_at_) {
-          trim = true;
-          trim_at_ = absl::InfiniteFuture();
-          held_bytes_high_ = pending_bytes_;
-        }
-      }
-      FinishAll(done);
-      if (trim) malloc_trim(0);
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return NoReply();
+      pollfd p = {fd_.get(), events, 0};
+      int ms = static_cast<int>(std::min<int64_t>(
+          absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 60'000));
+      int rc = poll(&p, 1, ms);
+      if (rc > 0) return absl::OkStatus();
+      if (rc < 0 && errno != EINTR) return Transport(absl::StrCat("poll: ", strerror(errno)));
     }
   }
 
-  const TcpStoreServerOptions options_;
-  mutable absl::Mutex mu_;
-  HashStore store_ ABSL_GUARDED_BY(mu_);  // its own lock is taken inside mu_
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // The pending waits: by missing key, by deadline, per connection, and the
-  // bytes they hold.
-  absl::flat_hash_map<std::string, absl::flat_hash_set<PendingWait*>> waiting_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, PendingWait*>> deadlines_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int64_t> pending_per_peer_ ABSL_GUARDED_BY(mu_);
-  int64_t pending_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t held_bytes_high_ ABSL_GUARDED_BY(mu_) = 0;  // pending_bytes_' peak since the last trim
-  absl::Time trim_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  absl::CondVar timer_changed_;
-  std::thread timer_;  // last: starts after the members it uses
+  absl::Status Fill(size_t n, absl::Time deadline) {
+    if (pos_ > 0 && pos_ == buffer_.size()) {
+      buffer_.clear();
+      pos_ = 0;
+    }
+    while (buffer_.size() - pos_ < n) {
+      char chunk[64 << 10];
+      size_t want = std::min(sizeof(chunk), n - (buffer_.size() - pos_));
+      want = std::max<size_t>(want, 4096);
+      ssize_t got = recv(fd_.get(), chunk, std::min(want, sizeof(chunk)), MSG_DONTWAIT);
+      if (got > 0) {
+        buffer_.append(chunk, got);
+        continue;
+      }
+      if (got == 0) return Transport("the server closed the connection");
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return Transport(absl::StrCat("receiving failed: ", strerror(errno)));
+      EMBER_RETURN_IF_ERROR(Poll(POLLIN, deadline));
+    }
+    return absl::OkStatus();
+  }
+
+  base::UniqueFd fd_;
+  std::string buffer_;
+  size_t pos_ = 0;
 };
 
-void PendingWait::OnCancel() { service_->Cancel(this); }
+// One connect attempt to any address of host:port, until `deadline`.
+absl::StatusOr<base::UniqueFd> ConnectOnce(const std::string& host, int port, absl::Time deadline) {
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  std::string bare = host;
+  if (bare.size() >= 2 && bare.front() == '[' && bare.back() == ']')
+    bare = bare.substr(1, bare.size() - 2);
+  int rc = getaddrinfo(bare.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (rc != 0) return Transport(absl::StrCat("cannot resolve '", host, "': ", gai_strerror(rc)));
+  std::string last = "no address";
+  base::UniqueFd connected;
+  for (addrinfo* ai = found; ai != nullptr && !connected.valid(); ai = ai->ai_next) {
+    base::UniqueFd fd(
+        socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
+    if (!fd.valid()) {
+      last = strerror(errno);
+      continue;
+    }
+    if (connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        last = strerror(errno);
+        continue;
+      }
+      pollfd p = {fd.get(), POLLOUT, 0};
+      const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+      int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 10'000));
+      if (poll(&p, 1, ms) <= 0) {
+        last = "connecting timed out";
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        last = strerror(err);
+        continue;
+      }
+    }
+    int one = 1;
+    setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    connected = std::move(fd);
+  }
+  freeaddrinfo(found);
+  if (!connected.valid()) return Transport(last);
+  return connected;
+}
+
+struct Opened {
+  std::unique_ptr<Connection> connection;
+  bool ember = false;
+};
+
+// Connects (again and again, as the server may not be up yet) and shakes
+// hands (Note [TcpStore protocol] in tcp_store_server.cc).
+absl::StatusOr<Opened> Open(const std::string& host, int port, absl::Time deadline,
+                            const std::string& name) {
+  absl::Duration backoff = absl::Milliseconds(10);
+  std::string last;
+  while (true) {
+    absl::StatusOr<base::UniqueFd> fd = ConnectOnce(host, port, deadline);
+    if (fd.ok()) {
+      auto connection = std::make_unique<Connection>(std::move(*fd));
+      static thread_local std::mt19937 random(std::random_device{}());
+      const uint32_t nonce = static_cast<uint32_t>(random());
+      std::string hello;
+      wire::PutQuery(hello, Query::kValidate);
+      wire::PutValue<uint32_t>(hello, wire::kValidationMagic);
+      wire::PutQuery(hello, Query::kPing);
+      wire::PutValue<uint32_t>(hello, nonce);
+      wire::PutQuery(hello, Query::kCheck);
+      wire::PutValue<uint64_t>(hello, 1);
+      wire::PutBytes(hello, wire::kExtensionProbeKey);
+      absl::Status sent = connection->Send(hello, deadline);
+      absl::StatusOr<uint32_t> echo =
+          sent.ok() ? connection->Read<uint32_t>(deadline) : absl::StatusOr<uint32_t>(sent);
+      if (echo.ok() && *echo != nonce) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            name, ": the other end is not a TCPStore server (the handshake's PING came back as ",
+            *echo, ", not ", nonce, "); check MASTER_ADDR and MASTER_PORT"));
+      }
+      absl::StatusOr<uint8_t> probe =
+          echo.ok() ? connection->Read<uint8_t>(deadline) : absl::StatusOr<uint8_t>(echo.status());
+      if (probe.ok()) {
+        return Opened{std::move(connection),
+                      *probe == static_cast<uint8_t>(wire::CheckReply::kReady)};
+      }
+      last = absl::StrCat("the handshake failed: ", probe.status().message());
+      if (absl::IsDeadlineExceeded(probe.status()) || absl::Now() >= deadline) break;
+    } else {
+      last = std::string(fd.status().message());
+    }
+    if (absl::Now() + backoff >= deadline) break;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, kMaxConnectBackoff);
+  }
+  return absl::UnavailableError(absl::StrCat(name, ": no store server answered by the deadline (",
+                                             last,
+                                             "); is rank 0 up, and is the address right?"));
+}
 
 }  // namespace
 
-struct TcpStoreServer::Impl {
-  explicit Impl(const TcpStoreServerOptions& options) : service(options) {}
-  StoreService service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-};
-
-TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-TcpStoreServer::~TcpStoreServer() {
-  impl_->service.Stop();
-  impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  impl_->server->Wait();
-}
-
-int TcpStoreServer::port() const { return impl_->port; }
-
-int64_t TcpStoreServer::num_pending_waits() const { return impl_->service.num_pending_waits(); }
-
-absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(
-    const TcpStoreServerOptions& options) {
-  if (options.port < 0 || options.port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TcpStoreServer: port ", options.port, " is not in [0, 65535]"));
-  }
-  for (auto [name, value] :
-       {std::pair<const char*, int64_t>{"max_message_bytes", options.max_message_bytes},
-        {"max_pending_waits", options.max_pending_waits},
-        {"max_pending_waits_per_connection", options.max_pending_waits_per_connection},
-        {"max_pending_wait_bytes", options.max_pending_wait_bytes},
-        {"max_streams_per_connection", options.max_streams_per_connection},
-        {"max_buffer_bytes", options.max_buffer_bytes}}) {
-    if (value < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("TcpStoreServer: ", name, "=", value, " must be at least 1"));
-    }
-  }
-  auto impl = std::make_unique<Impl>(options);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(options.bind_address, ":", options.port),
-                           grpc::InsecureServerCredentials(), &impl->port);
-  builder.RegisterService(&impl->service);
-  // Note [TcpStore server limits].
-  builder.SetMaxReceiveMessageSize(
-      static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
-  builder.SetMaxSendMessageSize(
-      static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(
-      GRPC_ARG_MAX_CONCURRENT_STREAMS,
-      static_cast<int>(std::min<int64_t>(options.max_streams_per_connection, INT32_MAX)));
-  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, kMaxMetadataBytes);
-  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, kHandshakeTimeoutMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  grpc::ResourceQuota quota("ember-tcp-store");
-  quota.Resize(static_cast<size_t>(options.max_buffer_bytes));
-  builder.SetResourceQuota(quota);
-  impl->server = builder.BuildAndStart();
-  if (impl->server == nullptr || impl->port == 0) {
-    if (impl->server != nullptr) impl->server->Shutdown();
-    return absl::UnavailableError(
-        absl::StrCat("TcpStore: cannot serve on ", options.bind_address, ":", options.port, ": ",
-                     BindProblem(options.port),
-                     "; pick another port (MASTER_PORT) or stop the process using it"));
-  }
-  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
-}
-
 struct TcpStore::Impl {
+  const Store* owner = nullptr;            // whose timeout() bounds reconnects
   std::unique_ptr<TcpStoreServer> server;  // with is_server
   std::string host;
   int port = 0;
   std::string name;  // "TcpStore host:port", the prefix of every error
   int64_t max_message_bytes = 0;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<wire::TcpStoreService::Stub> stub;
+  bool ember = false;
 
-  // Runs one call with `deadline`; errors get the store's name, and a reply
-  // that never came becomes kUnavailable.
-  template <typename Call>
-  absl::Status Run(std::string_view op, absl::Duration deadline, Call call) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(deadline, kLongestWait)));
-    absl::Time end = absl::Now() + deadline;
-    grpc::Status status = call(&context);
-    if (status.ok()) return absl::OkStatus();
-    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && absl::Now() >= end) {
-      return absl::UnavailableError(
-          absl::StrCat(name, ": the server did not answer ", std::string(op), " within ",
-                       absl::FormatDuration(deadline), " (is rank 0 alive?)"));
+  // What calls that do not wait may take: the store's timeout().
+  absl::Duration CallTimeout() const { return std::clamp(owner->timeout(), absl::Milliseconds(1), kLongestWait); }
+
+  absl::Mutex primary_mu;
+  std::unique_ptr<Connection> primary ABSL_GUARDED_BY(primary_mu);
+  absl::Mutex side_mu;
+  std::vector<std::unique_ptr<Connection>> idle_sides ABSL_GUARDED_BY(side_mu);
+
+  absl::StatusOr<std::unique_ptr<Connection>> Connect(absl::Duration timeout) {
+    EMBER_ASSIGN_OR_RETURN(Opened opened, Open(host, port, absl::Now() + timeout, name));
+    return std::move(opened.connection);
+  }
+
+  // A failure on the way becomes kUnavailable naming the store and the call.
+  absl::Status Failed(std::string_view op, const absl::Status& status, absl::Duration waited) {
+    if (!IsTransport(status)) return status;
+    if (absl::IsDeadlineExceeded(status)) {
+      return absl::UnavailableError(absl::StrCat(name, ": the server did not answer ", std::string(op),
+                                                 " within ", absl::FormatDuration(waited),
+                                                 " (is rank 0 alive?)"));
     }
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      return absl::UnavailableError(
-          absl::StrCat(name, ": ", std::string(op),
-                       " failed, the server is unreachable: ", status.error_message()));
+    if (status.code() == absl::StatusCode::kUnavailable) {
+      return absl::UnavailableError(absl::StrCat(name, ": ", std::string(op), " failed, the server is unreachable: ",
+                                                 status.message()));
     }
-    return absl::Status(FromGrpc(status).code(), absl::StrCat(name, ": ", status.error_message()));
+    return status;
+  }
+
+  // Runs `exchange(connection, deadline)` on the primary connection, with
+  // `reply_within` for its reply. A transport failure drops the connection.
+  template <typename Exchange>
+  auto OnPrimary(std::string_view op, absl::Duration reply_within, Exchange exchange)
+      -> decltype(exchange(std::declval<Connection&>(), absl::Time())) {
+    absl::MutexLock lock(&primary_mu);
+    if (primary != nullptr && primary->Broken()) primary.reset();
+    if (primary == nullptr) {
+      absl::StatusOr<std::unique_ptr<Connection>> connected = Connect(CallTimeout());
+      if (!connected.ok()) return connected.status();
+      primary = std::move(*connected);
+    }
+    auto result = exchange(*primary, absl::Now() + reply_within);
+    if (!result.ok() && IsTransport(StatusOf(result))) {
+      primary.reset();
+      return Failed(op, StatusOf(result), reply_within);
+    }
+    return result;
+  }
+
+  // Runs `exchange` on a side connection (Note [TcpStore client
+  // connections]); `keep` says whether the connection may be used again.
+  template <typename Exchange>
+  auto OnSide(std::string_view op, absl::Duration reply_within, Exchange exchange)
+      -> decltype(exchange(std::declval<Connection&>(), absl::Time(), std::declval<bool&>())) {
+    std::unique_ptr<Connection> side;
+    {
+      absl::MutexLock lock(&side_mu);
+      while (!idle_sides.empty() && side == nullptr) {
+        side = std::move(idle_sides.back());
+        idle_sides.pop_back();
+        if (side->Broken()) side.reset();
+      }
+    }
+    if (side == nullptr) {
+      absl::StatusOr<std::unique_ptr<Connection>> connected = Connect(CallTimeout());
+      if (!connected.ok()) return connected.status();
+      side = std::move(*connected);
+    }
+    bool keep = true;
+    auto result = exchange(*side, absl::Now() + reply_within, keep);
+    if (!result.ok() && IsTransport(StatusOf(result))) return Failed(op, StatusOf(result), reply_within);
+    if (keep) {
+      absl::MutexLock lock(&side_mu);
+      if (idle_sides.size() < kIdleSideConnections) idle_sides.push_back(std::move(side));
+    }
+    return result;
   }
 
   absl::Status CheckSize(std::string_view key, size_t value_bytes) const {
     EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
-    // Leave room for the message's own framing.
+    // Leave room for the request's own framing.
     if (static_cast<int64_t>(key.size() + value_bytes) + 1024 > max_message_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, ": key '", std::string(key.substr(0, 64)), "' with ", key.size() + value_bytes,
-          " bytes of key and value exceeds ", "max_message_bytes (", max_message_bytes, ")"));
+          name, ": key '", internal::KeyForMessage(key), "' with ", key.size() + value_bytes,
+          " bytes of key and value exceeds max_message_bytes (", max_message_bytes, ")"));
     }
     return absl::OkStatus();
+  }
+
+  // The reply of an Ember wait (EMBER_GET / EMBER_WAIT) past its status: the
+  // value for a get. kDeadlineExceeded names the missing ones of `keys`.
+  absl::StatusOr<std::string> EmberWaitReply(Connection& c, absl::Time deadline, bool get,
+                                             absl::Span<const std::string> keys,
+                                             absl::Duration timeout) {
+    EMBER_ASSIGN_OR_RETURN(auto status, c.ReadStatus(max_message_bytes, deadline));
+    auto [code, detail] = std::move(status);
+    if (code == absl::StatusCode::kOk) {
+      if (!get) return std::string();
+      return c.ReadBytes(max_message_bytes, deadline);
+    }
+    if (code == absl::StatusCode::kDeadlineExceeded) {
+      std::vector<std::string> missing;
+      for (size_t at = 0; at + sizeof(uint64_t) <= detail.size(); at += sizeof(uint64_t)) {
+        uint64_t index = 0;
+        std::memcpy(&index, detail.data() + at, sizeof(index));
+        if (index < keys.size()) missing.push_back(keys[index]);
+      }
+      return internal::MissingKeysError(name, missing, timeout);
+    }
+    if (code == absl::StatusCode::kUnavailable) return Transport(detail);
+    return absl::Status(code, absl::StrCat(name, ": ", detail));
+  }
+
+  // Waits on the server until every key of `keys` (their wire forms in
+  // `wire_keys`) is there, up to `timeout`; a get also returns the first
+  // key's value.
+  absl::StatusOr<std::string> WaitFor(std::string_view op, absl::Span<const std::string> keys,
+                                      const std::vector<std::string>& wire_keys,
+                                      absl::Duration timeout, bool get) {
+    timeout = std::clamp(timeout, absl::ZeroDuration(), kLongestWait);
+    if (ember) {
+      auto request = [&](absl::Duration t) {
+        std::string r;
+        if (get) {
+          wire::PutQuery(r, Query::kEmberGet);
+          wire::PutBytes(r, wire_keys[0]);
+        } else {
+          wire::PutQuery(r, Query::kEmberWait);
+          wire::PutValue<uint64_t>(r, wire_keys.size());
+          for (const std::string& k : wire_keys) wire::PutBytes(r, k);
+        }
+        wire::PutValue<int64_t>(r, absl::ToInt64Microseconds(t));
+        return r;
+      };
+      absl::StatusOr<std::string> now =
+          OnPrimary(op, CallTimeout(), [&](Connection& c, absl::Time deadline) -> absl::StatusOr<std::string> {
+            EMBER_RETURN_IF_ERROR(c.Send(request(absl::ZeroDuration()), deadline));
+            return EmberWaitReply(c, deadline, get, keys, timeout);
+          });
+      if (!absl::IsDeadlineExceeded(now.status()) || timeout == absl::ZeroDuration()) return now;
+      return OnSide(op, timeout + kReplyGrace, [&](Connection& c, absl::Time deadline, bool&) -> absl::StatusOr<std::string> {
+        EMBER_RETURN_IF_ERROR(c.Send(request(timeout), deadline));
+        return EmberWaitReply(c, deadline, get, keys, timeout);
+      });
+    }
+    // PyTorch's server: CHECK, then WAIT by the client's clock.
+    auto check = [&](const std::vector<std::string>& which) -> absl::StatusOr<bool> {
+      return OnPrimary(op, CallTimeout(), [&](Connection& c, absl::Time deadline) -> absl::StatusOr<bool> {
+        std::string r;
+        wire::PutQuery(r, Query::kCheck);
+        wire::PutValue<uint64_t>(r, which.size());
+        for (const std::string& k : which) wire::PutBytes(r, k);
+        EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+        EMBER_ASSIGN_OR_RETURN(uint8_t ready, c.Read<uint8_t>(deadline));
+        return ready == static_cast<uint8_t>(wire::CheckReply::kReady);
+      });
+    };
+    auto fetch = [&](Connection& c, absl::Time deadline) -> absl::StatusOr<std::string> {
+      if (!get) return std::string();
+      std::string r;
+      wire::PutQuery(r, Query::kGet);
+      wire::PutBytes(r, wire_keys[0]);
+      EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+      return c.ReadBytes(max_message_bytes, deadline);
+    };
+    EMBER_ASSIGN_OR_RETURN(bool ready, check(wire_keys));
+    if (ready) return OnPrimary(op, CallTimeout(), fetch);
+    bool timed_out = false;
+    if (timeout > absl::ZeroDuration()) {
+      absl::StatusOr<std::string> waited =
+          OnSide(op, timeout, [&](Connection& c, absl::Time deadline, bool& keep) -> absl::StatusOr<std::string> {
+            std::string r;
+            wire::PutQuery(r, Query::kWait);
+            wire::PutValue<uint64_t>(r, wire_keys.size());
+            for (const std::string& k : wire_keys) wire::PutBytes(r, k);
+            EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+            absl::StatusOr<uint8_t> reply = c.Read<uint8_t>(deadline);
+            if (absl::IsDeadlineExceeded(reply.status())) {
+              keep = false;  // closing it ends the wait on the server
+              timed_out = true;
+              return std::string();
+            }
+            EMBER_RETURN_IF_ERROR(reply.status());
+            return fetch(c, absl::Now() + CallTimeout());
+          });
+      if (!timed_out) return waited;
+    }
+    // Which keys are missing: one CHECK each, sent together.
+    absl::StatusOr<std::vector<std::string>> missing = OnPrimary(
+        op, CallTimeout(),
+        [&](Connection& c, absl::Time deadline) -> absl::StatusOr<std::vector<std::string>> {
+          std::string r;
+          for (const std::string& k : wire_keys) {
+            wire::PutQuery(r, Query::kCheck);
+            wire::PutValue<uint64_t>(r, 1);
+            wire::PutBytes(r, k);
+          }
+          EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+          std::vector<std::string> absent;
+          for (size_t i = 0; i < keys.size(); ++i) {
+            EMBER_ASSIGN_OR_RETURN(uint8_t ready, c.Read<uint8_t>(deadline));
+            if (ready != static_cast<uint8_t>(wire::CheckReply::kReady)) absent.push_back(keys[i]);
+          }
+          return absent;
+        });
+    if (!missing.ok()) return missing.status();
+    if (missing->empty()) return WaitFor(op, keys, wire_keys, absl::ZeroDuration(), get);
+    return internal::MissingKeysError(name, *missing, timeout);
+  }
+
+  // Sends `request`, which has no reply, on the primary connection.
+  absl::Status Post(std::string_view op, const std::string& request) {
+    return OnPrimary(op, CallTimeout(), [&](Connection& c, absl::Time deadline) {
+      return c.Send(request, deadline);
+    });
   }
 };
 
@@ -617,6 +517,7 @@ TcpStore::~TcpStore() = default;
 
 int TcpStore::port() const { return impl_->port; }
 const std::string& TcpStore::host() const { return impl_->host; }
+bool TcpStore::server_is_ember() const { return impl_->ember; }
 
 absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions& options) {
   if (options.host.empty())
@@ -624,6 +525,14 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions
   if (options.port < 0 || options.port > 65535 || (options.port == 0 && !options.is_server)) {
     return absl::InvalidArgumentError(
         absl::StrCat("TcpStore: port ", options.port, " is not a server port in [1, 65535]"));
+  }
+  if (options.max_message_bytes < 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TcpStore: max_message_bytes=", options.max_message_bytes, " must be at least 4096"));
+  }
+  if (options.num_workers.has_value() && *options.num_workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TcpStore: num_workers=", *options.num_workers, " must be at least 1"));
   }
   auto impl = std::make_unique<Impl>();
   impl->host = options.host;
@@ -637,133 +546,325 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions
     impl->port = impl->server->port();
   }
   bool ipv6_literal = impl->host.find(':') != std::string::npos && impl->host.front() != '[';
-  std::string target = ipv6_literal ? absl::StrCat("[", impl->host, "]:", impl->port)
-                                    : absl::StrCat(impl->host, ":", impl->port);
-  impl->name = "TcpStore " + target;
-
-  grpc::ChannelArguments args;
-  int max_bytes = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
-  args.SetMaxReceiveMessageSize(max_bytes);
-  args.SetMaxSendMessageSize(max_bytes);
-  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // one connection per TcpStore
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  impl->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-  impl->stub = wire::TcpStoreService::NewStub(impl->channel);
-
-  wire::HelloRequest hello;
-  hello.set_magic(kMagic);
-  hello.set_version(kProtocolVersion);
-  wire::HelloReply reply;
-  grpc::ClientContext context;
-  context.set_wait_for_ready(true);
-  context.set_deadline(absl::ToChronoTime(absl::Now() + std::min(options.timeout, kLongestWait)));
-  grpc::Status status = impl->stub->Hello(&context, hello, &reply);
-  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-      status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    return absl::UnavailableError(absl::StrCat(
-        impl->name, ": no store server answered within ", absl::FormatDuration(options.timeout),
-        " (", status.error_message(), "); is rank 0 up, and is the address right?"));
-  }
-  if (!status.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(impl->name, ": handshake failed: ", status.error_message()));
-  }
-  if (reply.magic() != kMagic || reply.version() != kProtocolVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(impl->name, ": the server is not a TcpStore of protocol ", kProtocolVersion,
-                     " (it answered version ", reply.version(), ")"));
+  impl->name = ipv6_literal ? absl::StrCat("TcpStore [", impl->host, "]:", impl->port)
+                            : absl::StrCat("TcpStore ", impl->host, ":", impl->port);
+  {
+    EMBER_ASSIGN_OR_RETURN(
+        Opened opened,
+        Open(impl->host, impl->port,
+             absl::Now() + std::clamp(options.timeout, absl::Milliseconds(1), kLongestWait),
+             impl->name));
+    impl->ember = opened.ember;
+    absl::MutexLock lock(&impl->primary_mu);
+    impl->primary = std::move(opened.connection);
   }
   auto store = std::unique_ptr<TcpStore>(new TcpStore(std::move(impl)));
   store->set_timeout(options.timeout);
+  store->impl_->owner = store.get();
+  if (options.num_workers.has_value() && options.wait_for_workers) {
+    // As torch's TCPStore: every client counts itself in; the server's own
+    // waits for the rest.
+    const absl::Time deadline = absl::Now() + options.timeout;
+    EMBER_ASSIGN_OR_RETURN(int64_t joined, store->RawAdd(kInitKey, 1));
+    while (options.is_server && joined < *options.num_workers) {
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            store->impl_->name, ": timed out after ", absl::FormatDuration(options.timeout),
+            " waiting for clients: ", joined, " of ", *options.num_workers, " joined"));
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+      EMBER_ASSIGN_OR_RETURN(joined, store->RawAdd(kInitKey, 0));
+    }
+  }
   return store;
+}
+
+absl::StatusOr<int64_t> TcpStore::RawAdd(const std::string& wire_key, int64_t delta) {
+  const bool ember = impl_->ember;
+  return impl_->OnPrimary(
+      "add", timeout(), [&](Connection& c, absl::Time deadline) -> absl::StatusOr<int64_t> {
+        std::string r;
+        wire::PutQuery(r, ember ? Query::kEmberAdd : Query::kAdd);
+        wire::PutBytes(r, wire_key);
+        wire::PutValue<int64_t>(r, delta);
+        EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+        if (ember) {
+          EMBER_ASSIGN_OR_RETURN(auto status, c.ReadStatus(impl_->max_message_bytes, deadline));
+          auto [code, detail] = std::move(status);
+          const std::string_view key = std::string_view(wire_key).substr(
+              wire_key.rfind(kKeyPrefix, 0) == 0 ? 1 : 0);
+          if (code == absl::StatusCode::kDataLoss) return internal::ParseCounter(key, detail).status();
+          if (code == absl::StatusCode::kOutOfRange) {
+            int64_t value = 0;
+            if (!absl::SimpleAtoi(detail, &value)) return absl::DataLossError(detail);
+            return internal::AddToCounter(key, value, delta).status();
+          }
+          if (code != absl::StatusCode::kOk) return absl::Status(code, detail);
+        }
+        absl::StatusOr<int64_t> value = c.Read<int64_t>(deadline);
+        if (!ember && value.status().code() == absl::StatusCode::kUnavailable) {
+          return Transport(absl::StrCat(value.status().message(),
+                                        " (PyTorch's server closes the connection on an add to a "
+                                        "value that is not a decimal integer)"));
+        }
+        return value;
+      });
 }
 
 absl::Status TcpStore::set(std::string_view key, std::string_view value) {
   EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, value.size()));
-  wire::SetRequest request;
-  request.set_key(std::string(key));
-  request.set_value(std::string(value));
-  wire::SetReply reply;
-  return impl_->Run("Set", timeout(),
-                    [&](grpc::ClientContext* c) { return impl_->stub->Set(c, request, &reply); });
+  std::string r;
+  wire::PutQuery(r, Query::kSet);
+  wire::PutBytes(r, Wire(key));
+  wire::PutBytes(r, value);
+  return impl_->Post("set", r);
 }
 
 absl::StatusOr<std::string> TcpStore::get(std::string_view key, absl::Duration timeout) {
   EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, 0));
-  timeout = std::clamp(timeout, absl::ZeroDuration(), kLongestWait);
-  wire::GetRequest request;
-  request.set_key(std::string(key));
-  request.set_timeout_us(absl::ToInt64Microseconds(timeout));
-  wire::GetReply reply;
-  EMBER_RETURN_IF_ERROR(impl_->Run("Get", timeout + kReplyGrace, [&](grpc::ClientContext* c) {
-    return impl_->stub->Get(c, request, &reply);
-  }));
-  return std::move(*reply.mutable_value());
+  const std::string user_key(key);
+  return impl_->WaitFor("get", absl::MakeConstSpan(&user_key, 1), {Wire(key)}, timeout, true);
 }
 
 absl::StatusOr<int64_t> TcpStore::add(std::string_view key, int64_t delta) {
   EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, 0));
-  wire::AddRequest request;
-  request.set_key(std::string(key));
-  request.set_delta(delta);
-  wire::AddReply reply;
-  EMBER_RETURN_IF_ERROR(impl_->Run("Add", timeout(), [&](grpc::ClientContext* c) {
-    return impl_->stub->Add(c, request, &reply);
-  }));
-  return reply.value();
+  return RawAdd(Wire(key), delta);
 }
 
 absl::StatusOr<std::string> TcpStore::compare_set(std::string_view key, std::string_view expected,
                                                  std::string_view desired) {
   EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, expected.size() + desired.size()));
-  wire::CompareSetRequest request;
-  request.set_key(std::string(key));
-  request.set_expected(std::string(expected));
-  request.set_desired(std::string(desired));
-  wire::CompareSetReply reply;
-  EMBER_RETURN_IF_ERROR(impl_->Run("CompareSet", timeout(), [&](grpc::ClientContext* c) {
-    return impl_->stub->CompareSet(c, request, &reply);
-  }));
-  return std::move(*reply.mutable_value());
+  return impl_->OnPrimary("compare_set", timeout(), [&](Connection& c, absl::Time deadline) -> absl::StatusOr<std::string> {
+    std::string r;
+    wire::PutQuery(r, Query::kCompareSet);
+    wire::PutBytes(r, Wire(key));
+    wire::PutBytes(r, expected);
+    wire::PutBytes(r, desired);
+    EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+    return c.ReadBytes(impl_->max_message_bytes, deadline);
+  });
 }
 
 absl::Status TcpStore::wait(absl::Span<const std::string> keys, absl::Duration timeout) {
-  wire::WaitRequest request;
+  std::vector<std::string> wire_keys;
+  wire_keys.reserve(keys.size());
   size_t bytes = 0;
   for (const std::string& key : keys) {
     EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
-    bytes += key.size() + 8;
-    request.add_keys(key);
+    bytes += key.size() + 9;
+    wire_keys.push_back(Wire(key));
   }
-  if (!keys.empty()) EMBER_RETURN_IF_ERROR(impl_->CheckSize(keys.front(), bytes));
-  timeout = std::clamp(timeout, absl::ZeroDuration(), kLongestWait);
-  request.set_timeout_us(absl::ToInt64Microseconds(timeout));
-  wire::WaitReply reply;
-  return impl_->Run("Wait", timeout + kReplyGrace,
-                    [&](grpc::ClientContext* c) { return impl_->stub->Wait(c, request, &reply); });
+  if (keys.empty()) return absl::OkStatus();
+  EMBER_RETURN_IF_ERROR(impl_->CheckSize(keys.front(), bytes));
+  return impl_->WaitFor("wait", keys, wire_keys, timeout, false).status();
 }
 
 absl::StatusOr<bool> TcpStore::delete_key(std::string_view key) {
   EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, 0));
-  wire::DeleteKeyRequest request;
-  request.set_key(std::string(key));
-  wire::DeleteKeyReply reply;
-  EMBER_RETURN_IF_ERROR(impl_->Run("DeleteKey", timeout(), [&](grpc::ClientContext* c) {
-    return impl_->stub->DeleteKey(c, request, &reply);
-  }));
-  return reply.deleted();
+  return impl_->OnPrimary(
+      "delete_key", timeout(), [&](Connection& c, absl::Time deadline) -> absl::StatusOr<bool> {
+        std::string r;
+        wire::PutQuery(r, Query::kDeleteKey);
+        wire::PutBytes(r, Wire(key));
+        EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+        EMBER_ASSIGN_OR_RETURN(int64_t deleted, c.Read<int64_t>(deadline));
+        return deleted == 1;
+      });
 }
 
 absl::StatusOr<int64_t> TcpStore::num_keys() {
-  wire::NumKeysRequest request;
-  wire::NumKeysReply reply;
-  EMBER_RETURN_IF_ERROR(impl_->Run("NumKeys", timeout(), [&](grpc::ClientContext* c) {
-    return impl_->stub->NumKeys(c, request, &reply);
-  }));
-  return reply.num_keys();
+  return impl_->OnPrimary("num_keys", timeout(), [&](Connection& c, absl::Time deadline) -> absl::StatusOr<int64_t> {
+    std::string r;
+    wire::PutQuery(r, Query::kNumKeys);
+    EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+    return c.Read<int64_t>(deadline);
+  });
+}
+
+absl::StatusOr<bool> TcpStore::check(absl::Span<const std::string> keys) {
+  size_t bytes = 0;
+  for (const std::string& key : keys) {
+    EMBER_RETURN_IF_ERROR(internal::CheckKey(key));
+    bytes += key.size() + 9;
+  }
+  if (!keys.empty()) EMBER_RETURN_IF_ERROR(impl_->CheckSize(keys.front(), bytes));
+  return impl_->OnPrimary(
+      "check", timeout(), [&](Connection& c, absl::Time deadline) -> absl::StatusOr<bool> {
+        std::string r;
+        wire::PutQuery(r, Query::kCheck);
+        wire::PutValue<uint64_t>(r, keys.size());
+        for (const std::string& key : keys) wire::PutBytes(r, Wire(key));
+        EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+        EMBER_ASSIGN_OR_RETURN(uint8_t ready, c.Read<uint8_t>(deadline));
+        return ready == static_cast<uint8_t>(wire::CheckReply::kReady);
+      });
+}
+
+absl::Status TcpStore::append(std::string_view key, std::string_view value) {
+  EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, value.size()));
+  std::string r;
+  wire::PutQuery(r, Query::kAppend);
+  wire::PutBytes(r, Wire(key));
+  wire::PutBytes(r, value);
+  return impl_->Post("append", r);
+}
+
+absl::StatusOr<std::vector<std::string>> TcpStore::multi_get(absl::Span<const std::string> keys,
+                                                             absl::Duration timeout) {
+  EMBER_RETURN_IF_ERROR(wait(keys, timeout));
+  return impl_->OnPrimary(
+      "multi_get", this->timeout(),
+      [&](Connection& c, absl::Time deadline) -> absl::StatusOr<std::vector<std::string>> {
+        std::string r;
+        wire::PutQuery(r, Query::kMultiGet);
+        wire::PutValue<uint64_t>(r, keys.size());
+        for (const std::string& key : keys) wire::PutBytes(r, Wire(key));
+        EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+        std::vector<std::string> values;
+        values.reserve(keys.size());
+        for (size_t i = 0; i < keys.size(); ++i) {
+          EMBER_ASSIGN_OR_RETURN(std::string value, c.ReadBytes(impl_->max_message_bytes, deadline));
+          values.push_back(std::move(value));
+        }
+        return values;
+      });
+}
+
+absl::Status TcpStore::multi_set(absl::Span<const std::string> keys,
+                                 absl::Span<const std::string> values) {
+  if (keys.size() != values.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("multi_set: ", keys.size(), " keys but ",
+                                                   values.size(), " values; pass one per key"));
+  }
+  size_t bytes = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    EMBER_RETURN_IF_ERROR(internal::CheckKey(keys[i]));
+    bytes += keys[i].size() + values[i].size() + 17;
+  }
+  if (keys.empty()) return absl::OkStatus();
+  EMBER_RETURN_IF_ERROR(impl_->CheckSize(keys.front(), bytes));
+  std::string r;
+  wire::PutQuery(r, Query::kMultiSet);
+  wire::PutValue<uint64_t>(r, keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    wire::PutBytes(r, Wire(keys[i]));
+    wire::PutBytes(r, values[i]);
+  }
+  return impl_->Post("multi_set", r);
+}
+
+absl::Status TcpStore::queue_push(std::string_view key, std::string_view value) {
+  EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, value.size()));
+  std::string r;
+  wire::PutQuery(r, Query::kQueuePush);
+  wire::PutBytes(r, Wire(key));
+  wire::PutBytes(r, value);
+  return impl_->Post("queue_push", r);
+}
+
+absl::StatusOr<std::string> TcpStore::queue_pop(std::string_view key, bool block,
+                                               absl::Duration timeout) {
+  EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, 0));
+  const std::string wire_key = Wire(key);
+  const std::string user_key(key);
+  timeout = std::clamp(timeout, absl::ZeroDuration(), kLongestWait);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    absl::StatusOr<std::optional<std::string>> popped = impl_->OnPrimary(
+        "queue_pop", this->timeout(),
+        [&](Connection& c, absl::Time reply_by) -> absl::StatusOr<std::optional<std::string>> {
+          std::string r;
+          wire::PutQuery(r, Query::kQueuePop);
+          wire::PutBytes(r, wire_key);
+          EMBER_RETURN_IF_ERROR(c.Send(r, reply_by));
+          EMBER_ASSIGN_OR_RETURN(int64_t length, c.Read<int64_t>(reply_by));
+          if (length <= 0) return std::optional<std::string>();
+          EMBER_ASSIGN_OR_RETURN(std::string value, c.ReadBytes(impl_->max_message_bytes, reply_by));
+          return std::optional<std::string>(std::move(value));
+        });
+    if (!popped.ok()) return popped.status();
+    if (popped->has_value()) return std::move(**popped);
+    if (!block) {
+      return absl::NotFoundError(absl::StrCat(impl_->name, ": queue '",
+                                              internal::KeyForMessage(key), "' is empty"));
+    }
+    // Wait for a push (which wakes one waiter), then try again: another
+    // client may have taken the value first.
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    absl::StatusOr<std::string> pushed = impl_->WaitFor(
+        "queue_pop", absl::MakeConstSpan(&user_key, 1), {wire_key}, left, false);
+    if (absl::IsDeadlineExceeded(pushed.status())) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          impl_->name, ": queue '", internal::KeyForMessage(key), "' stayed empty for ",
+          absl::FormatDuration(timeout)));
+    }
+    if (!pushed.ok()) return pushed.status();
+  }
+}
+
+absl::StatusOr<int64_t> TcpStore::queue_len(std::string_view key) {
+  EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, 0));
+  return impl_->OnPrimary("queue_len", timeout(), [&](Connection& c, absl::Time deadline) -> absl::StatusOr<int64_t> {
+    std::string r;
+    wire::PutQuery(r, Query::kQueueLen);
+    wire::PutBytes(r, Wire(key));
+    EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+    return c.Read<int64_t>(deadline);
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> TcpStore::list_keys() {
+  return impl_->OnPrimary(
+      "list_keys", timeout(),
+      [&](Connection& c, absl::Time deadline) -> absl::StatusOr<std::vector<std::string>> {
+        std::string r;
+        wire::PutQuery(r, Query::kListKeys);
+        EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+        EMBER_ASSIGN_OR_RETURN(int64_t count, c.Read<int64_t>(deadline));
+        if (count < 0 || static_cast<uint64_t>(count) > uint64_t{1} << 32)
+          return Transport(absl::StrCat("the server announced ", count, " keys"));
+        std::vector<std::string> keys;
+        for (int64_t i = 0; i < count; ++i) {
+          absl::StatusOr<std::string> key = c.ReadBytes(impl_->max_message_bytes, deadline);
+          if (!key.ok()) return key.status();
+          keys.push_back(absl::StartsWith(*key, kKeyPrefix) ? key->substr(1) : *key);
+        }
+        return keys;
+      });
+}
+
+absl::Status TcpStore::barrier(std::string_view key, int64_t world_size, absl::Duration timeout) {
+  EMBER_RETURN_IF_ERROR(impl_->CheckSize(key, 0));
+  if (world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(impl_->name, ": barrier world_size=", world_size, " must be at least 1"));
+  }
+  timeout = std::clamp(timeout, absl::ZeroDuration(), kLongestWait);
+  const std::string wire_key = Wire(key);
+  bool timed_out = false;
+  absl::StatusOr<bool> done = impl_->OnSide(
+      "barrier", timeout, [&](Connection& c, absl::Time deadline, bool& keep) -> absl::StatusOr<bool> {
+        std::string r;
+        wire::PutQuery(r, Query::kBarrier);
+        wire::PutBytes(r, wire_key);
+        wire::PutValue<int64_t>(r, world_size);
+        EMBER_RETURN_IF_ERROR(c.Send(r, deadline));
+        absl::StatusOr<uint8_t> reply = c.Read<uint8_t>(deadline);
+        if (absl::IsDeadlineExceeded(reply.status())) {
+          keep = false;  // closing it ends the wait on the server
+          timed_out = true;
+          return false;
+        }
+        EMBER_RETURN_IF_ERROR(reply.status());
+        return true;
+      });
+  if (!done.ok()) return done.status();
+  if (!timed_out) return absl::OkStatus();
+  absl::StatusOr<std::string> arrived = get(key, absl::ZeroDuration());
+  return absl::DeadlineExceededError(absl::StrCat(
+      impl_->name, ": barrier '", internal::KeyForMessage(key), "' timed out after ",
+      absl::FormatDuration(timeout), " with ", arrived.value_or("?"), " of ", world_size,
+      " arrived"));
 }
 
 }  // namespace ember::distributed

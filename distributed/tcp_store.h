@@ -1,6 +1,9 @@
 // TcpStore: a Store served over the network by one process (rank 0, or the
-// launcher) to every rank of a job (torch.distributed's TCPStore). The wire
-// is gRPC (distributed/tcp_store.proto); gRPC stays out of this header.
+// launcher) to every rank of a job (torch.distributed's TCPStore). It speaks
+// c10d's TCPStore protocol, so PyTorch ranks, torchrun and Ember's ranks can
+// share one store whichever of them serves it; between Ember's own ends a few
+// extensions make waits and Add one round trip with Ember's errors
+// (tcp_store_wire.h, Note [TcpStore protocol] in tcp_store_server.cc).
 //
 //   ```cpp
 //   #include "distributed/tcp_store.h"
@@ -20,21 +23,33 @@
 //                          dist::TcpStoreServer::start({.port = 0}));  // server->port()
 //   ```
 //
-// See Note [TcpStore protocol] in tcp_store.cc for the handshake, message
-// bounds and how waits end.
+// Keys: a client sends each key with a '/' in front, as PyTorch's TCPStore
+// does, so `set("a", ...)` here and `store.get("a")` in Python meet.
 //
-// Blocking: Create waits up to options.timeout for the server to answer the
-// handshake (it may start later than the clients). Every call carries a
-// deadline: its own timeout for Get/Wait (plus a short grace for the reply),
-// the store's timeout() otherwise.
+// Writes: set, append, multi_set and queue_push have no reply on the wire (as
+// in c10d): they return once sent. They reach the server before any later
+// call of the same store, so the store reads its own writes; another client
+// sees them once a call of this store that has a reply (get, add, check, ...)
+// has returned, or by waiting for them, as ranks do.
+//
+// Blocking: create() waits up to options.timeout for the server to accept
+// and answer the handshake (it may start later than the clients). Every call
+// carries a deadline: its own timeout for get/wait (plus a short grace for the
+// reply), the store's timeout() otherwise. Calls from several threads run at
+// once, each on a connection of its own (the store keeps the idle ones), so a
+// thread waiting for a key never holds up the thread that sets it.
 // Errors: as store.h, and
 //   kUnavailable         - the server cannot be reached or went away; the port
 //                          to serve on is in use (the message names the port).
-//   kFailedPrecondition  - the other end is not a TcpStore of this version.
+//   kFailedPrecondition  - the other end does not speak the TCPStore protocol.
 //   kInvalidArgument     - a key or value larger than max_message_bytes.
-//   kResourceExhausted   - Get/Wait: the server holds as many waits as its
+//   kResourceExhausted   - get/wait: the server holds as many waits as its
 //                          limits allow (TcpStoreServerOptions); the message
 //                          names the limit. Nothing was waited for.
+// Served by PyTorch's server, the calls behave as PyTorch's own client does:
+// waits end by the client's clock, and an add on a value that is not a
+// decimal integer loses the connection (kUnavailable), as PyTorch's server
+// drops it.
 //
 // Thread-safety: TcpStore and TcpStoreServer are thread-safe.
 #ifndef EMBER_DISTRIBUTED_TCP_STORE_H_
@@ -42,8 +57,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -54,21 +71,24 @@ namespace ember::distributed {
 inline constexpr int64_t kDefaultMaxStoreMessageBytes = int64_t{64} << 20;
 
 struct TcpStoreServerOptions {
-  std::string bind_address = "[::]";  // every interface (IPv4 too)
+  std::string bind_address = "[::]";  // every interface (IPv4 too); or an address
   int port = 0;                       // 0: a free port, see port()
-  int64_t max_message_bytes = kDefaultMaxStoreMessageBytes;
+  int64_t max_message_bytes = kDefaultMaxStoreMessageBytes;  // one request's keys and values
   // What clients can make the server hold (Note [TcpStore server limits] in
-  // tcp_store.cc). A Get or Wait beyond a limit fails at once with
-  // kResourceExhausted naming the limit; other calls are not affected.
-  int64_t max_pending_waits = 16384;                    // Get/Wait calls waiting, server-wide
+  // tcp_store_server.cc). A wait beyond a limit is refused at once (Ember's
+  // clients: kResourceExhausted naming the limit; PyTorch's: the connection
+  // is closed); other calls are not affected.
+  int64_t max_pending_waits = 16384;                    // waits pending, server-wide
   int64_t max_pending_waits_per_connection = 256;       // ... from one client connection
   int64_t max_pending_wait_bytes = int64_t{256} << 20;  // keys those waits hold
-  int64_t max_streams_per_connection = 512;       // concurrent calls of one connection (HTTP/2)
-  int64_t max_buffer_bytes = int64_t{256} << 20;  // gRPC's transport buffers (resource quota)
+  // Replies a connection has not read yet; beyond this the server reads no
+  // more of that connection's requests until the client catches up.
+  int64_t max_buffer_bytes = int64_t{64} << 20;
 };
 
-// Serves one store until destroyed. Destruction ends waits in progress with
-// kUnavailable and returns within about a second.
+// Serves one store until destroyed, from one thread whatever the number of
+// clients. Destruction ends waits in progress (Ember's clients see
+// kUnavailable) and closes every connection.
 class TcpStoreServer {
  public:
   // Fails with kUnavailable naming the port if it cannot be listened on (in
@@ -81,8 +101,10 @@ class TcpStoreServer {
 
   int port() const;
 
-  // The Get and Wait calls waiting for keys now (for monitoring and tests).
+  // The waits (get, wait, barrier, queue_pop) pending now, and the client
+  // connections open now (for monitoring and tests).
   int64_t num_pending_waits() const;
+  int64_t num_connections() const;
 
  private:
   struct Impl;
@@ -96,6 +118,11 @@ struct TcpStoreOptions {
   bool is_server = false;                         // also serve the store (torch's is_master)
   absl::Duration timeout = kDefaultStoreTimeout;  // connect, and the default timeout()
   int64_t max_message_bytes = kDefaultMaxStoreMessageBytes;
+  // As torch's TCPStore: with num_workers, each client counts itself in the
+  // key "init/" once connected, and with wait_for_workers the server's own
+  // client (is_server) waits, up to timeout, until num_workers have.
+  std::optional<int64_t> num_workers;
+  bool wait_for_workers = true;
 };
 
 class TcpStore : public Store {
@@ -115,8 +142,40 @@ class TcpStore : public Store {
   absl::StatusOr<bool> delete_key(std::string_view key) override;
   absl::StatusOr<int64_t> num_keys() override;
 
+  // The extended API in one message each (c10d's CHECK, APPEND, MULTI_GET,
+  // MULTI_SET).
+  absl::StatusOr<bool> check(absl::Span<const std::string> keys) override;
+  absl::Status append(std::string_view key, std::string_view value) override;
+  absl::StatusOr<std::vector<std::string>> multi_get(absl::Span<const std::string> keys,
+                                                     absl::Duration timeout) override;
+  absl::Status multi_set(absl::Span<const std::string> keys,
+                         absl::Span<const std::string> values) override;
+
   using Store::get;
+  using Store::multi_get;
   using Store::wait;
+
+  // torch's queue API: queues live beside the keys, under the same names.
+  // queue_pop with `block` waits up to `timeout` for a value (a wait on the
+  // queue's name, which a push wakes once); without, an empty queue is
+  // kNotFound.
+  absl::Status queue_push(std::string_view key, std::string_view value);
+  absl::StatusOr<std::string> queue_pop(std::string_view key, bool block, absl::Duration timeout);
+  absl::StatusOr<std::string> queue_pop(std::string_view key, bool block = true) {
+    return queue_pop(key, block, timeout());
+  }
+  absl::StatusOr<int64_t> queue_len(std::string_view key);
+
+  // Every key stored, as set (torch's list_keys).
+  absl::StatusOr<std::vector<std::string>> list_keys();
+
+  // Counts this caller in at `key` and waits, up to `timeout`, until
+  // `world_size` callers have (torch's Store.barrier).
+  absl::Status barrier(std::string_view key, int64_t world_size, absl::Duration timeout);
+
+  // Whether the server answers Ember's extensions (an Ember server) or only
+  // c10d's protocol (PyTorch's).
+  bool server_is_ember() const;
 
   // The server's port (the chosen one when is_server and port 0).
   int port() const;
@@ -125,6 +184,8 @@ class TcpStore : public Store {
  private:
   struct Impl;
   explicit TcpStore(std::unique_ptr<Impl> impl);
+  // add on a key as the wire names it (torch's "init/" has no '/' in front).
+  absl::StatusOr<int64_t> RawAdd(const std::string& wire_key, int64_t delta);
   std::unique_ptr<Impl> impl_;
 };
 
