@@ -10,7 +10,8 @@
 //       [--ops=20000] [--clients=256,1024,4096] [--processes=1,8] [--port=P]
 //
 // With --port, the clients use the server at 127.0.0.1:P (PyTorch's, say)
-// instead of starting Ember's.
+// instead of starting Ember's. --serve_for=S only serves, for S seconds,
+// printing the port first (for PyTorch's clients: torch_store_bench.py --port).
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -109,6 +110,7 @@ double BarrierSeconds(int port, int clients, int processes, const std::string& r
 int Main(int argc, char** argv) {
   int ops = 20000;
   int port = 0;
+  int serve_for = 0;
   std::vector<int> clients = {256, 1024, 4096};
   std::vector<int> processes = {1, 8};
   for (int i = 1; i < argc; ++i) {
@@ -119,6 +121,7 @@ int Main(int argc, char** argv) {
     };
     if (const char* v = value("--ops")) ops = std::atoi(v);
     else if (const char* v = value("--port")) port = std::atoi(v);
+    else if (const char* v = value("--serve_for")) serve_for = std::atoi(v);
     else if (const char* v = value("--clients")) clients = Ints(v);
     else if (const char* v = value("--processes")) processes = Ints(v);
     else {
@@ -137,6 +140,12 @@ int Main(int argc, char** argv) {
     options.max_pending_waits = 1 << 20;
     server = TcpStoreServer::start(options).value();
     port = server->port();
+  }
+  if (serve_for > 0) {
+    std::printf("%d\n", port);
+    std::fflush(stdout);
+    absl::SleepFor(absl::Seconds(serve_for));
+    return 0;
   }
   std::unique_ptr<TcpStore> store = Client(port);
   const std::string value(32, 'v');

@@ -419,7 +419,7 @@ TEST(TcpStoreTest, TimeoutErrorNamesTheServerAndTheKey) {
 
 // Child processes: the test re-runs this binary with one test selected and
 // an environment variable set (a forked copy of a process that already runs
-// gRPC threads must not use gRPC). Returns the child's pid.
+// the server's thread starts clean). Returns the child's pid.
 pid_t StartChild(const std::string& gtest_filter, const char* env_name,
                  const std::string& env_value) {
   pid_t pid = fork();

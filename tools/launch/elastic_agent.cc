@@ -58,8 +58,7 @@ bool IsLocal(const std::string& host) {
 }
 
 // Whether a listening socket could bind `port` on every address now (so
-// that a launcher that cannot serve does not ask gRPC, which logs its
-// failure).
+// that a launcher that cannot serve finds out before it starts serving).
 bool PortFree(int port) {
   int fd = socket(AF_INET6, SOCK_STREAM, 0);
   if (fd < 0) return false;

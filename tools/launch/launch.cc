@@ -418,8 +418,8 @@ class Supervisor {
 
   bool Start(Worker& worker) {
     // Everything the child needs is built before fork: with --serve_store the
-    // launcher runs gRPC threads, and a forked child may only make
-    // async-signal-safe calls.
+    // launcher runs the store's server thread, and a forked child may only
+    // make async-signal-safe calls.
     std::vector<std::string> env_strings;
     for (char** e = environ; *e != nullptr; ++e) {
       std::string_view entry(*e);
@@ -673,10 +673,16 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  std::optional<std::string> executable = Resolve(options->program[0]);
+  const std::vector<std::string> command = ProgramCommand(*options);
+  std::optional<std::string> executable = Resolve(command[0]);
   if (!executable) {
-    Say(absl::StrCat("cannot run '", options->program[0], "': no such executable file",
-                     options->program[0].find('/') == std::string::npos ? " on PATH" : ""));
+    Say(absl::StrCat("cannot run '", command[0], "': no such executable file",
+                     command[0].find('/') == std::string::npos ? " on PATH" : "",
+                     command.size() > 1 ? " (python programs run with python3 from PATH)" : ""));
+    return 2;
+  }
+  if (command.size() == 3 && access(command[2].c_str(), R_OK) != 0) {
+    Say(absl::StrCat("cannot run '", command[2], "': ", strerror(errno)));
     return 2;
   }
   sigset_t handled;

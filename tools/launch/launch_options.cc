@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -76,14 +77,17 @@ absl::Status ParseRdzvConf(const std::string& text, LaunchOptions& options) {
 std::string Usage() {
   return "usage: launch [--nproc_per_node=N] [--nnodes=M] [--node_rank=K] [--master_addr=ADDR]\n"
          "              [--master_port=PORT] [--use_env] [--max_restarts=R] [--serve_store]\n"
-         "              program [args...]\n"
+         "              [-m | --no-python] program [args...]\n"
          "       launch [--nproc_per_node=N] --nnodes=MIN:MAX --rdzv_endpoint=HOST[:PORT]\n"
          "              [--rdzv_id=JOB] [--rdzv_backend=c10d] [--rdzv_conf=KEY=SECONDS,...]\n"
          "              [--max_restarts=R] [--monitor_interval=SECONDS] [--local_addr=ADDR]\n"
          "              program [args...]\n"
          "Starts N workers of `program` on this node (node K of M) with MASTER_ADDR, MASTER_PORT,\n"
          "WORLD_SIZE, RANK and LOCAL_RANK set for env:// rendezvous; passes --local_rank=i unless\n"
-         "--use_env. --serve_store: node 0's launcher serves the store for Ember programs.\n"
+         "--use_env. --serve_store: node 0's launcher serves the store (Ember's and PyTorch's\n"
+         "env:// connect to it).\n"
+         "A program ending in .py runs as `python3 -u program` (python3 from PATH), a module\n"
+         "given with -m as `python3 -u -m module`; --no-python runs the program as it is.\n"
          "Elastic: the launchers meet at HOST:PORT (served by the launcher there), wait for MIN\n"
          "nodes (30 s more for up to MAX), and start a new round when a node is lost or joins.\n"
          "Defaults: 1 process, 1 node, node 0, 127.0.0.1:29500, no restarts.\n"
@@ -102,6 +106,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
       ++i;
       break;
     }
+    if (arg == "-m" || arg == "--module") {
+      options.module = true;
+      continue;
+    }
     if (arg.rfind("--", 0) != 0) break;  // the program
     std::string name = arg.substr(2);
     std::optional<std::string> value;
@@ -110,9 +118,12 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
       name = name.substr(0, eq);
     }
     if (name == "help") return UsageError("help requested");
-    if (name == "use_env" || name == "serve_store") {
+    if (name == "use_env" || name == "serve_store" || name == "no_python" ||
+        name == "no-python") {
       if (value) return UsageError(absl::StrCat("--", name, " takes no value"));
-      (name == "use_env" ? options.use_env : options.serve_store) = true;
+      (name == "use_env" ? options.use_env
+       : name == "serve_store" ? options.serve_store
+                               : options.no_python) = true;
       continue;
     }
     if (!value) {
@@ -168,6 +179,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
   }
   options.program.assign(args.begin() + i, args.end());
   if (options.program.empty()) return UsageError("no program to launch");
+  if (options.module && options.no_python)
+    return UsageError("-m and --no-python exclude each other: a module needs python");
   if (options.min_nodes != options.max_nodes && !options.elastic()) {
     return UsageError(absl::StrCat("--nnodes=", options.min_nodes, ":", options.max_nodes,
                                    " needs --rdzv_endpoint=HOST[:PORT], where the launchers meet"));
@@ -179,12 +192,19 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
   return options;
 }
 
+std::vector<std::string> ProgramCommand(const LaunchOptions& options) {
+  const std::string& program = options.program[0];
+  if (options.module) return {"python3", "-u", "-m", program};
+  if (!options.no_python && absl::EndsWith(program, ".py")) return {"python3", "-u", program};
+  return {program};
+}
+
 WorkerSpec MakeWorkerSpec(const LaunchOptions& options, int local_rank, int restart_count,
                           bool omp_num_threads_set) {
   WorkerSpec spec;
   spec.local_rank = local_rank;
   spec.rank = options.node_rank * options.nproc_per_node + local_rank;
-  spec.argv.push_back(options.program[0]);
+  spec.argv = ProgramCommand(options);
   if (!options.use_env) spec.argv.push_back(absl::StrCat("--local_rank=", local_rank));
   spec.argv.insert(spec.argv.end(), options.program.begin() + 1, options.program.end());
   spec.env["MASTER_ADDR"] = options.master_addr;
@@ -197,7 +217,12 @@ WorkerSpec MakeWorkerSpec(const LaunchOptions& options, int local_rank, int rest
   spec.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
   spec.env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
   if (!omp_num_threads_set && options.nproc_per_node > 1) spec.env["OMP_NUM_THREADS"] = "1";
-  if (options.serve_store) spec.env["EMBER_STORE_SERVED_BY_LAUNCHER"] = "1";
+  if (options.serve_store) {
+    spec.env["EMBER_STORE_SERVED_BY_LAUNCHER"] = "1";
+    // PyTorch's env:// then connects every rank to the launcher's store too,
+    // as under torchrun's agent store.
+    spec.env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  }
   return spec;
 }
 

@@ -16,8 +16,9 @@
 // --serve_store (an Ember extension): the launcher of node 0 serves the
 // job's TcpStore on master_port itself, afresh for every attempt, and sets
 // EMBER_STORE_SERVED_BY_LAUNCHER=1 so that Ember's env:// rendezvous connects
-// rank 0 to it instead of serving. The store then outlives any worker. Only
-// for Ember programs: PyTorch's TCPStore does not speak the gRPC protocol.
+// rank 0 to it instead of serving, and TORCHELASTIC_USE_AGENT_STORE=True so
+// that PyTorch's env:// does the same (the store speaks c10d's protocol). The
+// store then outlives any worker.
 //
 // Thread-safety: plain functions on values.
 #ifndef EMBER_TOOLS_LAUNCH_LAUNCH_OPTIONS_H_
@@ -64,7 +65,18 @@ struct LaunchOptions {
   // How long workers get to exit after SIGTERM before SIGKILL.
   absl::Duration stop_grace = absl::Seconds(10);
   std::vector<std::string> program;  // the program and its own arguments
+  // How the program runs, as torchrun has it: a program ending in ".py" runs
+  // as `python3 -u program` (python3 from PATH) unless --no-python; with -m
+  // (--module) the program is a module, `python3 -u -m program`. Anything
+  // else is an executable, run as it is.
+  bool module = false;
+  bool no_python = false;
 };
+
+// The command line that runs options.program, before its own arguments:
+// {"python3", "-u", "train.py"}, {"python3", "-u", "-m", "pkg.train"} or
+// {"./trainer"}.
+std::vector<std::string> ProgramCommand(const LaunchOptions& options);
 
 // The usage text printed for --help and after a usage error.
 std::string Usage();

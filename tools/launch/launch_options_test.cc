@@ -45,8 +45,25 @@ TEST(LaunchOptionsTest, WorkerSpec) {
   EXPECT_THAT(MakeWorkerSpec(options, 0, 2, true).argv, ElementsAre("prog", "a"));
   EXPECT_EQ(MakeWorkerSpec(options, 0, 2, true).env.at("TORCHELASTIC_RESTART_COUNT"), "2");
   EXPECT_FALSE(MakeWorkerSpec(options, 0, 0, true).env.contains("EMBER_STORE_SERVED_BY_LAUNCHER"));
+  EXPECT_FALSE(MakeWorkerSpec(options, 0, 0, true).env.contains("TORCHELASTIC_USE_AGENT_STORE"));
   options.serve_store = true;
   EXPECT_EQ(MakeWorkerSpec(options, 0, 0, true).env.at("EMBER_STORE_SERVED_BY_LAUNCHER"), "1");
+  EXPECT_EQ(MakeWorkerSpec(options, 0, 0, true).env.at("TORCHELASTIC_USE_AGENT_STORE"), "True");
+}
+
+TEST(LaunchOptionsTest, PythonProgramsRunAsTorchrunRunsThem) {
+  LaunchOptions script = ParseLaunchArgs({"--use_env", "train.py", "--lr=1"}).value();
+  EXPECT_THAT(MakeWorkerSpec(script, 0, 0, true).argv,
+              ElementsAre("python3", "-u", "train.py", "--lr=1"));
+  LaunchOptions module = ParseLaunchArgs({"-m", "pkg.train", "x"}).value();
+  EXPECT_THAT(MakeWorkerSpec(module, 1, 0, true).argv,
+              ElementsAre("python3", "-u", "-m", "pkg.train", "--local_rank=1", "x"));
+  LaunchOptions as_is = ParseLaunchArgs({"--no-python", "--use_env", "./run.py"}).value();
+  EXPECT_THAT(MakeWorkerSpec(as_is, 0, 0, true).argv, ElementsAre("./run.py"));
+  LaunchOptions binary = ParseLaunchArgs({"--use_env", "./trainer"}).value();
+  EXPECT_THAT(MakeWorkerSpec(binary, 0, 0, true).argv, ElementsAre("./trainer"));
+  EXPECT_THAT(ParseLaunchArgs({"-m", "--no-python", "p"}).status().message(),
+              HasSubstr("-m and --no-python exclude each other"));
 }
 
 TEST(LaunchOptionsTest, ErrorsNameTheOption) {

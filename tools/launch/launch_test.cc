@@ -271,6 +271,50 @@ TEST(LaunchTest, MaxRestartsRestartsAFailedAttempt) {
   EXPECT_THAT(ReadFile(no_restarts.stderr_path), HasSubstr("exited with code 5"));
 }
 
+// Python programs as torchrun runs them: `python3 -u script`, `-m module`,
+// and --no-python for a script that is its own executable.
+TEST(LaunchTest, RunsPythonScriptsAndModulesAsTorchrunDoes) {
+  if (std::system("python3 -c pass 2>/dev/null") != 0) GTEST_SKIP() << "no python3 on PATH";
+  std::string out = FreshDir("python");
+  const std::string script = out + "/train.py";
+  {
+    std::ofstream py(script);
+    py << "import os, sys\n"
+       << "path = os.path.join(" << '"' << out << '"' << ", 'rank' + os.environ['RANK'])\n"
+       << "open(path, 'w').write(' '.join([os.environ['WORLD_SIZE'], str(int('-u' in sys.orig_argv)),"
+       << " os.path.basename(sys.argv[0])] + sys.argv[1:]))\n";
+  }
+  Launched launched = Start({"--nproc_per_node=2", "--use_env", script, "--lr=0.1"});
+  ASSERT_EQ(Finish(launched), 0) << ReadFile(launched.stderr_path);
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_EQ(ReadFile(absl::StrCat(out, "/rank", rank)), "2 1 train.py --lr=0.1");
+
+  // -m: a module on PYTHONPATH (the launcher passes its environment on).
+  std::string module_dir = FreshDir("module");
+  {
+    std::ofstream py(module_dir + "/ember_launch_probe.py");
+    py << "import os, sys\n"
+       << "open(os.path.join(" << '"' << module_dir << '"'
+       << ", 'rank' + os.environ['RANK']), 'w').write(' '.join(sys.argv[1:]))\n";
+  }
+  setenv("PYTHONPATH", module_dir.c_str(), 1);
+  launched = Start({"--nproc_per_node=2", "-m", "ember_launch_probe", "--epochs=3"});
+  ASSERT_EQ(Finish(launched), 0) << ReadFile(launched.stderr_path);
+  unsetenv("PYTHONPATH");
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(ReadFile(absl::StrCat(module_dir, "/rank", rank)),
+              absl::StrCat("--local_rank=", rank, " --epochs=3"));
+  }
+
+  // --no-python: the script is run as it is (here it is not executable).
+  launched = Start({"--no-python", script});
+  EXPECT_EQ(Finish(launched), 2);
+  EXPECT_THAT(ReadFile(launched.stderr_path), HasSubstr("cannot run"));
+  launched = Start({"--nproc_per_node=1", out + "/missing.py"});
+  EXPECT_EQ(Finish(launched), 2);
+  EXPECT_THAT(ReadFile(launched.stderr_path), HasSubstr("missing.py"));
+}
+
 TEST(LaunchTest, UsageErrorsNameTheProblem) {
   struct Case {
     std::vector<std::string> args;
@@ -284,6 +328,7 @@ TEST(LaunchTest, UsageErrorsNameTheProblem) {
       {{"--colour=red", "true"}, "unknown option --colour"},
       {{"--master_addr"}, "--master_addr needs a value"},
       {{"no-such-program-anywhere"}, "cannot run 'no-such-program-anywhere'"},
+      {{"-m", "--no-python", "pkg"}, "-m and --no-python exclude each other"},
   };
   for (const Case& c : cases) {
     Launched launched = Start(c.args);
