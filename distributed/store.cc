@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
+#include "distributed/store_util.h"
 
 namespace ember::distributed {
 
@@ -30,10 +30,9 @@ absl::StatusOr<std::vector<std::string>> Store::multi_get(absl::Span<const std::
 
 absl::Status Store::multi_set(absl::Span<const std::string> keys,
                               absl::Span<const std::string> values) {
-  if (keys.size() != values.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("multi_set: ", keys.size(), " keys but ",
-                                                   values.size(), " values; pass one per key"));
-  }
+  if (absl::Status counts = internal::CheckOneValuePerKey(keys.size(), values.size());
+      !counts.ok())
+    return counts;
   for (size_t i = 0; i < keys.size(); ++i) {
     if (absl::Status set_one = set(keys[i], values[i]); !set_one.ok()) return set_one;
   }

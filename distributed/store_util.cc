@@ -21,6 +21,12 @@ absl::Status CheckKey(std::string_view key) {
   return absl::OkStatus();
 }
 
+absl::Status CheckOneValuePerKey(size_t keys, size_t values) {
+  if (keys == values) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("multi_set: ", keys, " keys but ", values, " values; pass one per key"));
+}
+
 absl::StatusOr<int64_t> ParseCounter(std::string_view key, std::string_view value) {
   int64_t counter = 0;
   if (!absl::SimpleAtoi(absl::string_view(value.data(), value.size()), &counter)) {

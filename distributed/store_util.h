@@ -18,6 +18,9 @@ namespace ember::distributed::internal {
 // kInvalidArgument for an empty key.
 absl::Status CheckKey(std::string_view key);
 
+// kInvalidArgument unless multi_set has one value per key.
+absl::Status CheckOneValuePerKey(size_t keys, size_t values);
+
 // The counter held at `key` (its value `value` must be a decimal integer, as
 // Add writes it); kDataLoss naming the key otherwise.
 absl::StatusOr<int64_t> ParseCounter(std::string_view key, std::string_view value);

@@ -732,10 +732,7 @@ absl::StatusOr<std::vector<std::string>> TcpStore::multi_get(absl::Span<const st
 
 absl::Status TcpStore::multi_set(absl::Span<const std::string> keys,
                                  absl::Span<const std::string> values) {
-  if (keys.size() != values.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("multi_set: ", keys.size(), " keys but ",
-                                                   values.size(), " values; pass one per key"));
-  }
+  EMBER_RETURN_IF_ERROR(internal::CheckOneValuePerKey(keys.size(), values.size()));
   size_t bytes = 0;
   for (size_t i = 0; i < keys.size(); ++i) {
     EMBER_RETURN_IF_ERROR(internal::CheckKey(keys[i]));
