@@ -11,12 +11,6 @@
 // waits at most its timeout), keeps no wait behind once the streams close,
 // and afterwards serves a normal client correctly, with the keys that client
 // set before untouched.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -30,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "distributed/tcp_store.h"
 #include "distributed/tcp_store_wire.h"
+#include "distributed/testing/store_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -274,43 +269,12 @@ TEST(TcpStoreFuzzTest, ParserNeverOverreadsNorAcceptsAnEmptyRequest) {
 // A validated connection; replies are read as the protocol shapes them.
 class Stream {
  public:
-  explicit Stream(int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr = {};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    std::string r;
-    wire::PutQuery(r, Query::kValidate);
-    wire::PutValue<uint32_t>(r, wire::kValidationMagic);
-    Send(r);
-  }
-  ~Stream() { close(fd_); }
+  explicit Stream(int port) : wire_(port) {}
 
-  bool connected() const { return connected_; }
-
-  void Send(std::string_view bytes) {
-    while (!bytes.empty()) {
-      ssize_t n = send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-      if (n <= 0) return;
-      bytes.remove_prefix(n);
-    }
-  }
-
+  bool connected() const { return wire_.ok(); }
+  void Send(std::string_view bytes) { wire_.Send(bytes); }
   std::optional<std::string> Read(size_t n, absl::Time end) {
-    while (buffer_.size() < n) {
-      pollfd p = {fd_, POLLIN, 0};
-      int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(end - absl::Now())));
-      if (poll(&p, 1, ms) <= 0) return std::nullopt;
-      char chunk[64 << 10];
-      ssize_t got = recv(fd_, chunk, sizeof(chunk), 0);
-      if (got <= 0) return std::nullopt;
-      buffer_.append(chunk, got);
-    }
-    std::string out = buffer_.substr(0, n);
-    buffer_.erase(0, n);
-    return out;
+    return wire_.Read(n, std::max(end - absl::Now(), absl::ZeroDuration()));
   }
   template <typename T>
   std::optional<T> Value(absl::Time end) {
@@ -381,9 +345,7 @@ class Stream {
   }
 
  private:
-  int fd_ = -1;
-  bool connected_ = false;
-  std::string buffer_;
+  testing::StoreWire wire_;
 };
 
 TEST(TcpStoreFuzzTest, ServerAnswersRandomAndMutatedRequestsAndStaysCorrect) {

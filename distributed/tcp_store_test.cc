@@ -30,6 +30,7 @@
 #include "distributed/store_testing.h"
 #include "distributed/tcp_store_wire.h"
 #include "distributed/testing/free_port.h"
+#include "distributed/testing/store_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -66,20 +67,6 @@ INSTANTIATE_TEST_SUITE_P(All, StoreConformanceTest,
                              "TcpStore",
                              [] { return std::unique_ptr<StoreHarness>(new TcpStoreHarness); }}),
                          testing::StoreImplName);
-
-// A connected TCP socket to 127.0.0.1:port, or -1.
-int Connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 TEST(TcpStoreTest, ServerOwnerIsAClientOfItsOwnServer) {
   TcpStoreOptions options;
@@ -145,86 +132,7 @@ int64_t ResidentBytes() {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
-// A raw connection that speaks the wire protocol byte by byte
-// (tcp_store_wire.h), validated unless asked not to be.
-class Raw {
- public:
-  explicit Raw(int port, bool validate = true) : fd_(Connect(port)) {
-    if (validate) {
-      std::string r;
-      wire::PutQuery(r, wire::Query::kValidate);
-      wire::PutValue<uint32_t>(r, wire::kValidationMagic);
-      Send(r);
-    }
-  }
-  ~Raw() {
-    if (fd_ >= 0) close(fd_);
-  }
-  Raw(const Raw&) = delete;
-  Raw& operator=(const Raw&) = delete;
-
-  bool ok() const { return fd_ >= 0; }
-
-  // Sends as much of `bytes` as the peer takes within a few seconds.
-  size_t Send(std::string_view bytes) {
-    size_t sent = 0;
-    const absl::Time end = absl::Now() + absl::Seconds(5);
-    while (sent < bytes.size() && absl::Now() < end) {
-      ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) {
-        sent += n;
-        continue;
-      }
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break;
-      pollfd p = {fd_, POLLOUT, 0};
-      poll(&p, 1, 50);
-    }
-    return sent;
-  }
-
-  // Exactly `n` bytes, or nullopt if they did not come within `wait`.
-  std::optional<std::string> Read(size_t n, absl::Duration wait = absl::Seconds(10)) {
-    const absl::Time end = absl::Now() + wait;
-    while (buffer_.size() < n) {
-      pollfd p = {fd_, POLLIN, 0};
-      int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(end - absl::Now())));
-      if (poll(&p, 1, ms) <= 0) return std::nullopt;
-      char chunk[4096];
-      ssize_t got = recv(fd_, chunk, sizeof(chunk), 0);
-      if (got <= 0) return std::nullopt;
-      buffer_.append(chunk, got);
-    }
-    std::string out = buffer_.substr(0, n);
-    buffer_.erase(0, n);
-    return out;
-  }
-
-  template <typename T>
-  std::optional<T> ReadValue(absl::Duration wait = absl::Seconds(10)) {
-    std::optional<std::string> bytes = Read(sizeof(T), wait);
-    if (!bytes) return std::nullopt;
-    T value;
-    std::memcpy(&value, bytes->data(), sizeof(T));
-    return value;
-  }
-
-  // Whether the server closes the connection within `wait`.
-  bool Closed(absl::Duration wait = absl::Seconds(10)) {
-    const absl::Time end = absl::Now() + wait;
-    while (absl::Now() < end) {
-      pollfd p = {fd_, POLLIN, 0};
-      if (poll(&p, 1, 50) <= 0) continue;
-      char chunk[4096];
-      ssize_t got = recv(fd_, chunk, sizeof(chunk), 0);
-      if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return true;
-    }
-    return false;
-  }
-
- private:
-  int fd_;
-  std::string buffer_;
-};
+using Raw = testing::StoreWire;
 
 std::string SetRequest(std::string_view key, std::string_view value) {
   std::string r;
