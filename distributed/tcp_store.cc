@@ -39,10 +39,11 @@
 // threads go on using the store meanwhile, the one that sets the key among
 // them. A connection on which a call failed on the way (no reply in time, the
 // server closed it) is dropped; the next call opens another, within the
-// store's timeout. Before a call that expects no reply, the primary
-// connection is polled: data or an end of file where nothing is owed means
-// the server went away, and the call reconnects (or fails kUnavailable)
-// rather than writing into a dead socket.
+// store's timeout. Before a call that expects no reply, and before any call
+// once the connection has been idle for kIdleCheck, the primary connection
+// is polled: data or an end of file where nothing is owed means the server
+// went away, and the call reconnects (or fails kUnavailable) rather than
+// writing into a dead socket.
 
 namespace ember::distributed {
 namespace {
@@ -53,6 +54,9 @@ constexpr absl::Duration kReplyGrace = absl::Seconds(5);
 constexpr absl::Duration kLongestWait = absl::Hours(24 * 100);
 constexpr absl::Duration kMaxConnectBackoff = absl::Seconds(1);
 constexpr size_t kIdleSideConnections = 4;
+// A primary connection idle this long is checked before a call with a reply
+// too (the server may have gone away meanwhile); busy, only before writes.
+constexpr absl::Duration kIdleCheck = absl::Milliseconds(100);
 constexpr char kKeyPrefix[] = "/";  // as torch's TCPStore
 constexpr char kInitKey[] = "init/";
 
@@ -131,6 +135,10 @@ class Connection {
     return std::make_pair(static_cast<absl::StatusCode>(code), std::move(detail));
   }
 
+  // How long since the last call on it ended.
+  absl::Duration IdleFor() const { return absl::Now() - last_used_; }
+  void Used() { last_used_ = absl::Now(); }
+
   // Whether the server closed the connection (or sent what nobody asked for)
   // while it was idle.
   bool Broken() {
@@ -159,19 +167,18 @@ class Connection {
       pos_ = 0;
     }
     while (buffer_.size() - pos_ < n) {
+      // A reply is awaited: wait for it first, then read what came (one
+      // poll and one recv per reply, not a recv that finds nothing).
+      EMBER_RETURN_IF_ERROR(Poll(POLLIN, deadline));
       char chunk[64 << 10];
-      size_t want = std::min(sizeof(chunk), n - (buffer_.size() - pos_));
-      want = std::max<size_t>(want, 4096);
-      ssize_t got = recv(fd_.get(), chunk, std::min(want, sizeof(chunk)), MSG_DONTWAIT);
+      ssize_t got = recv(fd_.get(), chunk, sizeof(chunk), MSG_DONTWAIT);
       if (got > 0) {
         buffer_.append(chunk, got);
         continue;
       }
       if (got == 0) return Transport("the server closed the connection");
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        return Transport(absl::StrCat("receiving failed: ", strerror(errno)));
-      EMBER_RETURN_IF_ERROR(Poll(POLLIN, deadline));
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return Transport(absl::StrCat("receiving failed: ", strerror(errno)));
     }
     return absl::OkStatus();
   }
@@ -179,6 +186,7 @@ class Connection {
   base::UniqueFd fd_;
   std::string buffer_;
   size_t pos_ = 0;
+  absl::Time last_used_ = absl::Now();
 };
 
 // One connect attempt to any address of host:port, until `deadline`.
@@ -324,12 +332,17 @@ struct TcpStore::Impl {
   }
 
   // Runs `exchange(connection, deadline)` on the primary connection, with
-  // `reply_within` for its reply. A transport failure drops the connection.
+  // `reply_within` for its reply. A transport failure drops the connection
+  // (the next call opens another). With `check_first` (calls that have no
+  // reply), a connection the server closed is found and replaced first.
   template <typename Exchange>
-  auto OnPrimary(std::string_view op, absl::Duration reply_within, Exchange exchange)
+  auto OnPrimary(std::string_view op, absl::Duration reply_within, Exchange exchange,
+                 bool check_first = false)
       -> decltype(exchange(std::declval<Connection&>(), absl::Time())) {
     absl::MutexLock lock(&primary_mu);
-    if (primary != nullptr && primary->Broken()) primary.reset();
+    if (primary != nullptr && (check_first || primary->IdleFor() > kIdleCheck) &&
+        primary->Broken())
+      primary.reset();
     if (primary == nullptr) {
       absl::StatusOr<std::unique_ptr<Connection>> connected = Connect(CallTimeout());
       if (!connected.ok()) return connected.status();
@@ -340,6 +353,7 @@ struct TcpStore::Impl {
       primary.reset();
       return Failed(op, StatusOf(result), reply_within);
     }
+    primary->Used();
     return result;
   }
 
@@ -506,9 +520,10 @@ struct TcpStore::Impl {
 
   // Sends `request`, which has no reply, on the primary connection.
   absl::Status Post(std::string_view op, const std::string& request) {
-    return OnPrimary(op, CallTimeout(), [&](Connection& c, absl::Time deadline) {
-      return c.Send(request, deadline);
-    });
+    return OnPrimary(
+        op, CallTimeout(),
+        [&](Connection& c, absl::Time deadline) { return c.Send(request, deadline); },
+        /*check_first=*/true);
   }
 };
 
