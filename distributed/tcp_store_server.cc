@@ -203,6 +203,8 @@ class Loop {
   void Reply(Connection& connection, std::string_view bytes);
 
   bool Ready(std::string_view key) const;
+  void PutValueAt(std::string& reply, std::string_view key) const;
+  std::string DoneReply(const Wait& wait) const;
   void Written(std::string_view key);
   void Pushed(std::string_view key);
   void StartWait(Connection& connection, Wait::Kind kind, std::vector<std::string> keys,
@@ -570,6 +572,24 @@ bool Loop::Ready(std::string_view key) const {
   return queue != queues_.end() && !queue->second.empty();
 }
 
+// The value at `key`, "" when absent (as c10d's GET replies).
+void Loop::PutValueAt(std::string& reply, std::string_view key) const {
+  auto it = data_.find(AbslView(key));
+  wire::PutBytes(reply, it == data_.end() ? std::string_view() : std::string_view(it->second));
+}
+
+// The reply of a wait whose keys are all there.
+std::string Loop::DoneReply(const Wait& wait) const {
+  std::string reply;
+  if (wait.kind == Wait::Kind::kC10d || wait.kind == Wait::Kind::kBarrier) {
+    wire::PutU8(reply, static_cast<uint8_t>(wire::WaitReply::kStopWaiting));
+    return reply;
+  }
+  wire::PutU8(reply, 0);
+  if (wait.kind == Wait::Kind::kEmberGet) PutValueAt(reply, wait.keys[0]);
+  return reply;
+}
+
 void Loop::Handle(Connection& connection, const wire::Request& request) {
   if (!connection.validated) {
     if (request.query != Query::kValidate || request.word != wire::kValidationMagic) {
@@ -623,16 +643,11 @@ void Loop::Handle(Connection& connection, const wire::Request& request) {
       }
       break;
     }
-    case Query::kGet: {
-      auto it = data_.find(AbslView(request.key));
-      wire::PutBytes(reply, it == data_.end() ? std::string_view() : std::string_view(it->second));
+    case Query::kGet:
+      PutValueAt(reply, request.key);
       break;
-    }
     case Query::kMultiGet:
-      for (std::string_view key : request.keys) {
-        auto it = data_.find(AbslView(key));
-        wire::PutBytes(reply, it == data_.end() ? std::string_view() : std::string_view(it->second));
-      }
+      for (std::string_view key : request.keys) PutValueAt(reply, key);
       break;
     case Query::kAdd:
     case Query::kEmberAdd: {
@@ -765,16 +780,7 @@ void Loop::StartWait(Connection& connection, Wait::Kind kind, std::vector<std::s
   }
   std::string reply;
   if (missing.empty()) {
-    if (c10d) {
-      wire::PutU8(reply, static_cast<uint8_t>(wire::WaitReply::kStopWaiting));
-    } else {
-      wire::PutU8(reply, 0);
-      if (kind == Wait::Kind::kEmberGet) {
-        auto it = data_.find(AbslView(wait->keys[0]));
-        wire::PutBytes(reply, it == data_.end() ? std::string_view() : std::string_view(it->second));
-      }
-    }
-    Reply(connection, reply);
+    Reply(connection, DoneReply(*wait));
     return;
   }
   if (!c10d && timeout <= absl::ZeroDuration()) {
@@ -859,16 +865,7 @@ void Loop::Pushed(std::string_view key) {
 
 void Loop::Complete(Wait* wait) {
   Connection& connection = *wait->connection;
-  std::string reply;
-  if (wait->kind == Wait::Kind::kC10d || wait->kind == Wait::Kind::kBarrier) {
-    wire::PutU8(reply, static_cast<uint8_t>(wire::WaitReply::kStopWaiting));
-  } else {
-    wire::PutU8(reply, 0);
-    if (wait->kind == Wait::Kind::kEmberGet) {
-      auto it = data_.find(AbslView(wait->keys[0]));
-      wire::PutBytes(reply, it == data_.end() ? std::string_view() : std::string_view(it->second));
-    }
-  }
+  const std::string reply = DoneReply(*wait);
   Unlink(wait);
   delete wait;
   Reply(connection, reply);
