@@ -48,8 +48,15 @@ namespace ember::distributed {
 // dump without locks or allocation, then hand the signal on. The path is
 // computed ahead of time (when a recorder is created, or the rank is set),
 // because getenv and gethostname are not async-signal-safe. Each dump goes
-// to "<path>.tmp" and is renamed over the path, so a reader sees a whole
-// dump or the previous one.
+// to a temporary file and is renamed over the path, so a reader sees a whole
+// dump or the previous one. Dumps can overlap: a signal arrives while a
+// failed op's dump is being written (the launcher's SIGUSR1 reaches a rank
+// that is dumping its own error), or two threads take signals at once. Each
+// writer therefore claims a temporary name of its own ("<path>.tmp",
+// "<path>.1.tmp", ...) with one lock-free bit of g_dump_slots; sharing one
+// would let the second writer truncate the first's file and the first's
+// remaining bytes land in the middle of the renamed dump. Whichever finishes
+// last is the dump on disk; every one is whole.
 
 namespace {
 
@@ -60,8 +67,11 @@ std::atomic<int> g_rank{-1};
 std::atomic<int> g_next_group{0};
 // The dump's path, its temporary name and this host's name, precomputed for
 // the signal handlers (Note [Flight recorder dumps]).
+constexpr int kDumpSlots = 4;  // writers at once: the op's, and signals over it
 char g_path[1024];
-char g_tmp_path[1040];
+char g_tmp_paths[kDumpSlots][1040];
+std::atomic<unsigned> g_dump_slots{0};  // bit i: g_tmp_paths[i] is being written
+static_assert(std::atomic<unsigned>::is_always_lock_free, "claimed from signal handlers");
 char g_host[256];
 
 int64_t NowNanos() {
@@ -173,15 +183,38 @@ void RefreshDumpPath() {
   absl::MutexLock lock(&g_registry_mu);
   CopyTruncated(g_host, sizeof(g_host), host);
   CopyTruncated(g_path, sizeof(g_path), path);
-  CopyTruncated(g_tmp_path, sizeof(g_tmp_path), path + ".tmp");
+  for (int i = 0; i < kDumpSlots; ++i) {
+    CopyTruncated(g_tmp_paths[i], sizeof(g_tmp_paths[i]),
+                  i == 0 ? path + ".tmp" : absl::StrCat(path, ".", i, ".tmp"));
+  }
 }
 
 // The whole dump: header, every registered recorder, "end". Signal-safe
 // when !locked.
+// Claims a temporary name no other writer is using; -1 when all are taken.
+int ClaimDumpSlot() {
+  unsigned busy = g_dump_slots.load();
+  while (true) {
+    int slot = 0;
+    while (slot < kDumpSlots && (busy & (1u << slot)) != 0) ++slot;
+    if (slot == kDumpSlots) return -1;
+    if (g_dump_slots.compare_exchange_weak(busy, busy | (1u << slot))) return slot;
+  }
+}
+
 bool WriteDump(const char* reason, size_t reason_len, bool locked) {
   if (g_path[0] == '\0') return false;
-  const int fd = open(g_tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
+  const int slot = ClaimDumpSlot();
+  if (slot < 0) {
+    errno = EBUSY;
+    return false;
+  }
+  const char* tmp_path = g_tmp_paths[slot];
+  const int fd = open(tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    g_dump_slots.fetch_and(~(1u << slot));
+    return false;
+  }
   {
     FdWriter w(fd);
     w.Str("# Ember flight recorder dump, format 1 (distributed/README.md, \"Flight recorder\")\n");
@@ -203,7 +236,9 @@ bool WriteDump(const char* reason, size_t reason_len, bool locked) {
     w.Str("end\n");
   }
   close(fd);
-  return rename(g_tmp_path, g_path) == 0;
+  const bool renamed = rename(tmp_path, g_path) == 0;
+  g_dump_slots.fetch_and(~(1u << slot));
+  return renamed;
 }
 
 // --- Signals --------------------------------------------------------------------

@@ -8,10 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -186,6 +190,71 @@ TEST(FlightRecorderTest, AFailedCollectiveDumpsItsRanksRecorder) {
   EXPECT_THAT(text, HasSubstr("seq=1 kind=collective op=all_reduce dtype=float32 in_numel=8"));
   EXPECT_THAT(text, HasSubstr("state=failed"));
   EXPECT_THAT(text, HasSubstr("rank 1"));  // the error names the missing rank
+}
+
+// Dumps that overlap (SIGUSR1 reaching a thread in the middle of writing a
+// dump, as the launcher's request reaches a rank dumping its own error) each
+// leave a whole dump: one header, one process line, every op, "end" last.
+TEST(FlightRecorderTest, ASignalDuringADumpLeavesAWholeDump) {
+  const std::string dir = TempDir();
+  setenv("TORCH_FR_DUMP_TEMP_FILE", absl::StrCat(dir, "/overlap_").c_str(), 1);
+  setenv("TORCH_FR_BUFFER_SIZE", "4000", 1);
+  // Counts the signals handled (the recorder's handler chains to it), so
+  // that the next is sent only after the last dump: a handler is slower than
+  // a sender that does not wait.
+  static std::atomic<int> handled{0};
+  signal(SIGUSR1, [](int) { handled.fetch_add(1); });
+  auto pg = GroupOfOne();
+  unsetenv("TORCH_FR_BUFFER_SIZE");
+  pg->flight_recorder().set_group_name("grp_overlap");
+  constexpr int kOps = 3000;
+  for (int i = 0; i < kOps; ++i) ASSERT_TRUE(Finish(pg->allreduce(ones({2}))).ok());
+  auto whole = [](const std::string& text) -> std::string {
+    size_t ops = 0;
+    for (size_t at = text.find("\nop group=grp_overlap "); at != std::string::npos;
+         at = text.find("\nop group=grp_overlap ", at + 1)) {
+      ++ops;
+    }
+    size_t processes = 0;
+    for (size_t at = text.find("process rank="); at != std::string::npos;
+         at = text.find("process rank=", at + 1)) {
+      ++processes;
+    }
+    if (!absl::StartsWith(text, "# Ember flight recorder dump")) return "no header first";
+    if (processes != 1) return absl::StrCat(processes, " process lines");
+    if (ops != static_cast<size_t>(kOps)) return absl::StrCat(ops, " ops of ", kOps);
+    if (!absl::EndsWith(text, "\nend\n") || text.find("\nend\n") != text.size() - 5) {
+      return "'end' is not the last line, once";
+    }
+    return "";
+  };
+  std::atomic<bool> done{false};
+  std::vector<std::string> broken;
+  std::thread dumper([&] {
+    for (int i = 0; i < 300; ++i) {
+      absl::StatusOr<std::string> path = dump_flight_recorders("overlap");
+      std::string why = path.ok() ? whole(ReadFile(*path)) : std::string(path.status().message());
+      if (!why.empty() && broken.size() < 3) broken.push_back(absl::StrCat("dump ", i, ": ", why));
+    }
+    done = true;
+  });
+  int signals = 0;
+  while (!done) {
+    const int before = handled.load();
+    pthread_kill(dumper.native_handle(), SIGUSR1);
+    ++signals;
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (handled.load() == before && !done && absl::Now() < until) {
+      absl::SleepFor(absl::Microseconds(50));
+    }
+    absl::SleepFor(absl::Microseconds(50 * (signals % 20)));  // land anywhere in a dump
+  }
+  dumper.join();
+  signal(SIGUSR1, SIG_IGN);
+  EXPECT_GT(signals, 10);
+  EXPECT_THAT(broken, ::testing::IsEmpty());
+  EXPECT_EQ(whole(ReadFile(flight_recorder_dump_path())), "");
+  unsetenv("TORCH_FR_DUMP_TEMP_FILE");
 }
 
 // In a child: a SIGUSR1 handler the program had is still called after the

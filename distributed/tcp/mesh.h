@@ -156,7 +156,9 @@ inline constexpr size_t kDirectBytes = 256 << 10;
 class Mesh {
  public:
   // `channels[rank()]` is null; `op_names` maps op codes to names for
-  // messages. Starts one reader thread per peer.
+  // messages. Starts one reader thread per peer. Receive callbacks run on
+  // those threads, so nothing a callback releases may own the Mesh: the
+  // destructor joins the readers, and a reader cannot join itself.
   Mesh(int rank, std::vector<std::unique_ptr<Channel>> channels, std::vector<PeerInfo> peers,
        std::function<std::string(uint8_t)> op_names);
   ~Mesh();

@@ -742,24 +742,29 @@ absl::StatusOr<std::shared_ptr<Work>> TcpProcessGroup::DoSend(const Tensor& tens
 
 namespace {
 
-// irecv's Work: at its deadline it cancels the posted receive.
+// irecv's Work: at its deadline it cancels the posted receive. It holds the
+// mesh weakly: the receive's callback runs on a mesh reader thread and may
+// drop the last reference to this Work, which must not destroy the mesh
+// there (a reader cannot join itself). A mesh already gone has failed the
+// receive (Mesh::~Mesh aborts what is pending).
 class TcpRecvWork : public RecvWork {
  public:
-  TcpRecvWork(absl::Time deadline, std::shared_ptr<Mesh> mesh, int src, int tag)
+  TcpRecvWork(absl::Time deadline, std::weak_ptr<Mesh> mesh, int src, int tag)
       : RecvWork(OpType::kRecv, deadline), mesh_(std::move(mesh)), src_(src), tag_(tag) {}
   void set_recv(std::shared_ptr<PendingRecv> recv) { recv_ = std::move(recv); }
 
  protected:
   void OnDeadline() override {
-    if (recv_) {
-      mesh_->Cancel(
-          recv_, absl::DeadlineExceededError(absl::StrCat("recv from ", mesh_->DescribePeer(src_),
+    std::shared_ptr<Mesh> mesh = mesh_.lock();
+    if (recv_ && mesh) {
+      mesh->Cancel(
+          recv_, absl::DeadlineExceededError(absl::StrCat("recv from ", mesh->DescribePeer(src_),
                                                           " (tag ", tag_, "): timed out")));
     }
   }
 
  private:
-  std::shared_ptr<Mesh> mesh_;
+  std::weak_ptr<Mesh> mesh_;
   int src_;
   int tag_;
   std::shared_ptr<PendingRecv> recv_;

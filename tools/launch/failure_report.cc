@@ -176,7 +176,8 @@ void AddMessage(std::vector<std::string>& lines, const WorkerReport& w) {
 std::vector<std::string> FailureSummary(const WorkerReport& first,
                                         const std::vector<WorkerReport>& others,
                                         const std::optional<flight::Verdict>& verdict,
-                                        const std::string& dump_dir) {
+                                        const std::string& dump_dir,
+                                        const std::string& dump_problem) {
   std::vector<std::string> lines;
   lines.push_back("==== failure summary ====");
   // A rank SIGKILLed leaves no dump, so the analyser cannot see it and
@@ -211,6 +212,9 @@ std::vector<std::string> FailureSummary(const WorkerReport& first,
   }
   if (verdict) {
     lines.push_back(absl::StrCat("flight recorder (", dump_dir, "): ", verdict->text));
+  } else if (!dump_problem.empty()) {
+    lines.push_back(absl::StrCat("flight recorder (", dump_dir,
+                                 "): the dumps could not be read: ", dump_problem));
   }
   lines.push_back("=========================");
   return lines;

@@ -77,11 +77,14 @@ struct WorkerReport {
 };
 
 // The summary, as lines without the "launch: " prefix. `verdict` is the
-// analyser's, when dumps were found in `dump_dir`.
+// analyser's, when dumps were found in `dump_dir`; `dump_problem`, when not
+// empty, says why the dumps there could not be read (the summary then names
+// the first failure as the root cause and says so).
 std::vector<std::string> FailureSummary(const WorkerReport& first,
                                         const std::vector<WorkerReport>& others,
                                         const std::optional<flight::Verdict>& verdict,
-                                        const std::string& dump_dir = "");
+                                        const std::string& dump_dir = "",
+                                        const std::string& dump_problem = "");
 
 }  // namespace ember::launch
 

@@ -134,6 +134,11 @@ TEST(FailureReportTest, TheSummaryPutsTheRootCauseFirst) {
   // Without a verdict the first failure is the root cause.
   lines = FailureSummary(first, {}, std::nullopt);
   EXPECT_EQ(lines[1], "root cause: rank 0 (local_rank 0, pid 40 on n1) exited with code 1");
+  // Dumps that could not be read are said to be so, not passed over.
+  lines = FailureSummary(first, {}, std::nullopt, "/tmp/d", "/tmp/d/fr_1: no 'end' line");
+  EXPECT_EQ(lines[1], "root cause: rank 0 (local_rank 0, pid 40 on n1) exited with code 1");
+  EXPECT_EQ(lines[lines.size() - 2],
+            "flight recorder (/tmp/d): the dumps could not be read: /tmp/d/fr_1: no 'end' line");
 }
 
 TEST(FailureReportTest, ASigkilledRankIsTheRootCauseWhenTheDumpsBlameTheRankWaitingForIt) {

@@ -375,14 +375,20 @@ class Supervisor {
       others.push_back(std::move(r));
     }
     std::optional<flight::Verdict> verdict;
+    std::string dump_problem;
     if (!dump_dir_.empty()) {
       absl::StatusOr<std::vector<flight::RankDump>> dumps = flight::ReadDumps({dump_dir_});
-      if (dumps.ok() && !dumps->empty()) {
+      if (!dumps.ok()) {
+        dump_problem = std::string(dumps.status().message());
+      } else if (!dumps->empty()) {
         // Only this node's dumps are here: name missing ranks on one node only.
         verdict = flight::Analyse(*dumps, options_.nnodes == 1 ? options_.nproc_per_node : 0);
       }
     }
-    for (const std::string& line : FailureSummary(first, others, verdict, dump_dir_)) Say(line);
+    for (const std::string& line :
+         FailureSummary(first, others, verdict, dump_dir_, dump_problem)) {
+      Say(line);
+    }
   }
 
   // Asks the workers that catch SIGUSR1 to dump their flight recorders and
