@@ -112,12 +112,12 @@ TEST_P(CallCheckTest, SameBytesOtherDtypeFailsOnEveryRankWithOneMessage) {
   for (int r = 0; r < 3; ++r) {
     EXPECT_TRUE(absl::IsFailedPrecondition(results[r])) << r << ": " << results[r];
   }
-  EXPECT_THAT(results[0].message(),
+  EXPECT_THAT(std::string(results[0].message()),
               HasSubstr("mismatched collectives: all_reduce (collective #1): rank 2 ran "
                         "all_reduce of 32 B int32 (SUM) but this rank (0) ran all_reduce of 32 B "
                         "float32 (SUM); every rank must run the same collectives in the same "
                         "order with tensors of the same size and dtype"));
-  EXPECT_THAT(results[2].message(),
+  EXPECT_THAT(std::string(results[2].message()),
               HasSubstr("rank 0 ran all_reduce of 32 B float32 (SUM) but this rank (2) ran "
                         "all_reduce of 32 B int32 (SUM)"));
 }

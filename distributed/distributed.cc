@@ -447,6 +447,36 @@ absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src, c
   return r.group->recv(tensor, from, {.tag = tag});
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Work>>> batch_isend_irecv(absl::Span<const P2POp> ops) {
+  if (ops.empty()) {
+    return absl::InvalidArgumentError(
+        "batch_isend_irecv: the list of ops is empty; pass at least one P2POp");
+  }
+  EMBER_ASSIGN_OR_RETURN(Resolved r, Resolve(ops[0].group));
+  std::vector<P2PRequest> requests;
+  requests.reserve(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& op = ops[i];
+    if (i > 0 && op.group != ops[0].group) {
+      EMBER_ASSIGN_OR_RETURN(Resolved other, Resolve(op.group));
+      if (other.group != r.group) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch_isend_irecv: op ", i, " uses another group than op 0 (ranks [",
+            absl::StrJoin(other.members, ", "), "] against [", absl::StrJoin(r.members, ", "),
+            "]); all ops need to use the same group"));
+      }
+    }
+    const bool is_send = op.op == P2POp::Kind::kIsend;
+    const std::string what = absl::StrCat("batch_isend_irecv: op ", i, is_send ? " (isend) dst" : " (irecv) src");
+    EMBER_ASSIGN_OR_RETURN(int peer, r.GroupRank(op.peer, what.c_str()));
+    requests.push_back({.op = is_send ? OpType::kSend : OpType::kRecv,
+                        .tensor = op.tensor,
+                        .peer = peer,
+                        .options = {.tag = op.tag}});
+  }
+  return r.group->batch_p2p(requests);
+}
+
 absl::Status send(const Tensor& tensor, int dst, const Group& group, int tag) {
   return WaitFor(isend(tensor, dst, group, tag));
 }

@@ -116,6 +116,24 @@ absl::StatusOr<std::shared_ptr<Work>> isend(const Tensor& tensor, int dst,
 absl::StatusOr<std::shared_ptr<RecvWork>> irecv(const Tensor& tensor, int src = kAnySource,
                                                 const Group& group = nullptr, int tag = 0);
 
+// One op of batch_isend_irecv (torch's P2POp): an isend of `tensor` to, or
+// an irecv into it from, global rank `peer` of `group`.
+struct P2POp {
+  enum class Kind { kIsend, kIrecv };
+  Kind op = Kind::kIsend;
+  Tensor tensor;
+  int peer = -1;
+  Group group = nullptr;  // the default group when null
+  int tag = 0;
+};
+// Issues the isends and irecvs of `ops`, all of one group, as one batch
+// (ProcessGroup::batch_p2p: nccl groups them in one ncclGroupStart/End; the
+// other backends issue them in order) and returns one Work per op, in
+// order: wait on each. Nothing is issued when an op is refused: an empty
+// list, ops of different groups (all ops need to use the same group, as in
+// torch), a peer outside the group, or what isend and irecv refuse.
+absl::StatusOr<std::vector<std::shared_ptr<Work>>> batch_isend_irecv(absl::Span<const P2POp> ops);
+
 // --- Collectives ----------------------------------------------------------------
 absl::Status broadcast(const Tensor& tensor, int src, const Group& group = nullptr);
 absl::Status all_reduce(const Tensor& tensor, ReduceOp op = ReduceOp::kSum,

@@ -173,6 +173,85 @@ TEST(DistributedTest, CollectivesAndPointToPointOnTheDefaultGroup) {
   for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << results[r].output;
 }
 
+// batch_isend_irecv around a ring of 4 ranks, over tcp and gloo: even
+// ranks list their irecv first and odd ranks their isend first (a batch
+// pairs them whatever the order), a second batch on a new group of ranks
+// {1, 3}, and every refusal, which issues nothing (the ring after them
+// still pairs up).
+TEST(DistributedTest, BatchIsendIrecvAroundARing) {
+  for (const std::string backend : {"tcp", "gloo"}) {
+    SCOPED_TRACE(backend);
+    RunRanksOptions options;
+    options.make_group = false;
+    std::vector<ProcessResult> results = RunRankProcesses(
+        4,
+        [&backend](Rank& me) -> absl::Status {
+          EMBER_RETURN_IF_ERROR(init_process_group(
+              {.backend = backend,
+               .init_method = absl::StrCat("file://", me.temp_dir, "/rendezvous"),
+               .world_size = me.world_size,
+               .rank = me.rank,
+               .timeout = absl::Seconds(20)}));
+          const int rank = get_rank();
+          const int next = (rank + 1) % 4, prev = (rank + 3) % 4;
+          Tensor out = full({3}, 10 * rank, kFloat32);
+          Tensor in = zeros({3}, kFloat32);
+          std::vector<P2POp> ring = {{.op = P2POp::Kind::kIsend, .tensor = out, .peer = next},
+                                     {.op = P2POp::Kind::kIrecv, .tensor = in, .peer = prev}};
+          if (rank % 2 == 0) std::swap(ring[0], ring[1]);
+          EMBER_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Work>> works,
+                                 batch_isend_irecv(ring));
+          EMBER_RETURN_IF_ERROR(Check(works.size() == 2, "one Work per op"));
+          for (const auto& w : works) EMBER_RETURN_IF_ERROR(w->wait());
+          EMBER_RETURN_IF_ERROR(Check(in.equal(full({3}, 10 * prev, kFloat32)), "ring value"));
+
+          // Refusals: nothing is issued.
+          absl::StatusOr<std::vector<std::shared_ptr<Work>>> bad = batch_isend_irecv({});
+          EMBER_RETURN_IF_ERROR(Check(bad.status().code() == absl::StatusCode::kInvalidArgument &&
+                                          absl::StrContains(bad.status().message(), "empty"),
+                                      "an empty batch"));
+          EMBER_ASSIGN_OR_RETURN(Group odd, new_group({1, 3}));
+          Tensor spare = zeros({3}, kFloat32);
+          if (rank == 1 || rank == 3) {
+            bad = batch_isend_irecv(std::vector<P2POp>{
+                {.op = P2POp::Kind::kIsend, .tensor = out, .peer = next},
+                {.op = P2POp::Kind::kIrecv, .tensor = spare, .peer = 4 - rank, .group = odd}});
+            EMBER_RETURN_IF_ERROR(
+                Check(absl::StrContains(bad.status().message(), "all ops need to use the same group"),
+                      std::string("two groups: ") + std::string(bad.status().message())));
+            bad = batch_isend_irecv(std::vector<P2POp>{
+                {.op = P2POp::Kind::kIsend, .tensor = out, .peer = 0, .group = odd}});
+            EMBER_RETURN_IF_ERROR(
+                Check(absl::StrContains(bad.status().message(), "is not a member of the group"),
+                      std::string("a peer outside: ") + std::string(bad.status().message())));
+            // A batch on the new group: 1 and 3 swap values.
+            EMBER_ASSIGN_OR_RETURN(
+                works, batch_isend_irecv(std::vector<P2POp>{
+                           {.op = P2POp::Kind::kIrecv, .tensor = spare, .peer = 4 - rank, .group = odd},
+                           {.op = P2POp::Kind::kIsend, .tensor = out, .peer = 4 - rank, .group = odd}}));
+            for (const auto& w : works) EMBER_RETURN_IF_ERROR(w->wait());
+            EMBER_RETURN_IF_ERROR(
+                Check(spare.equal(full({3}, 10 * (4 - rank), kFloat32)), "swap on the new group"));
+          }
+          bad = batch_isend_irecv(std::vector<P2POp>{
+              {.op = P2POp::Kind::kIsend, .tensor = out, .peer = next},
+              {.op = P2POp::Kind::kIsend, .tensor = out, .peer = rank}});
+          EMBER_RETURN_IF_ERROR(
+              Check(absl::StrContains(bad.status().message(), "cannot send to itself"),
+                    std::string("to itself: ") + std::string(bad.status().message())));
+          // Op 0 of the refused batch was not issued: the ring pairs up as
+          // before.
+          in.zero_();
+          EMBER_ASSIGN_OR_RETURN(works, batch_isend_irecv(ring));
+          for (const auto& w : works) EMBER_RETURN_IF_ERROR(w->wait());
+          EMBER_RETURN_IF_ERROR(Check(in.equal(full({3}, 10 * prev, kFloat32)), "second ring"));
+          return destroy_process_group();
+        },
+        options, absl::Seconds(60));
+    for (const ProcessResult& r : results) EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+}
+
 TEST(DistributedTest, NewGroupMembersAndNonMembers) {
   RunRanksOptions options;
   options.make_group = false;

@@ -70,9 +70,15 @@ bool WriteJson(char* buf, size_t cap, const char* message, size_t message_len, c
   size_t len = 0;
   len = AppendRaw(buf, len, cap, "{\"message\": {\"message\": \"");
   len = AppendEscaped(buf, len, cap, message, message_len);
-  len = AppendRaw(buf, len, cap, "\", \"extraInfo\": {\"py_callstack\": \"");
-  len = AppendEscaped(buf, len, cap, stack, stack_len);
-  len = AppendRaw(buf, len, cap, "\", \"timestamp\": \"");
+  // Without a stack there is no py_callstack: torchrun's summary then shows
+  // the message, where it would show an empty traceback.
+  len = AppendRaw(buf, len, cap, "\", \"extraInfo\": {");
+  if (stack_len > 0) {
+    len = AppendRaw(buf, len, cap, "\"py_callstack\": \"");
+    len = AppendEscaped(buf, len, cap, stack, stack_len);
+    len = AppendRaw(buf, len, cap, "\", ");
+  }
+  len = AppendRaw(buf, len, cap, "\"timestamp\": \"");
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   len = AppendInt(buf, len, cap, static_cast<uint64_t>(ts.tv_sec), 10);

@@ -21,6 +21,8 @@
 //   {"message": {"message": "<Status or exception text>",
 //                "extraInfo": {"py_callstack": "<stack, for a signal>",
 //                              "timestamp": "<unix seconds>"}}}
+// (py_callstack only when there is a stack: torchrun's summary shows it in
+// place of the message when present.)
 // Without TORCHELASTIC_ERROR_FILE nothing is written; the failure is still
 // printed to stderr.
 //

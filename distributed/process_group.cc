@@ -757,4 +757,57 @@ absl::StatusOr<std::shared_ptr<RecvWork>> ProcessGroup::recv(const Tensor& tenso
   return Recorded(WithResult(DoRecv(tensor, src, options), {tensor}), flight, t0);
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Work>>> ProcessGroup::batch_p2p(
+    absl::Span<const P2PRequest> ops) {
+  if (ops.empty()) {
+    return absl::InvalidArgumentError(
+        "batch_isend_irecv: the list of ops is empty; pass at least one isend or irecv");
+  }
+  // Every op is checked before the first is issued: a bad one leaves no
+  // half-issued batch behind.
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2PRequest& op = ops[i];
+    const std::string what = absl::StrCat("op ", i);
+    if (op.op == OpType::kSend) {
+      EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kSend, op.tensor, what + " tensor"));
+      EMBER_RETURN_IF_ERROR(CheckRank(OpType::kSend, op.peer, what + " dst"));
+      if (op.peer == rank_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch_isend_irecv: ", what, " sends to rank ", op.peer,
+            ", this rank; a rank cannot send to itself"));
+      }
+    } else if (op.op == OpType::kRecv) {
+      EMBER_RETURN_IF_ERROR(CheckTensor(OpType::kRecv, op.tensor, what + " tensor"));
+      if (op.peer != kAnySource) {
+        EMBER_RETURN_IF_ERROR(CheckRank(OpType::kRecv, op.peer, what + " src"));
+        if (op.peer == rank_) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "batch_isend_irecv: ", what, " receives from rank ", op.peer,
+              ", this rank; a rank cannot receive from itself"));
+        }
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("batch_isend_irecv: ", what, " is ",
+                                                     op_type_name(op.op),
+                                                     "; only isend and irecv may be batched"));
+    }
+  }
+  return DoBatchP2P(ops);
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<Work>>> ProcessGroup::DoBatchP2P(
+    absl::Span<const P2PRequest> ops) {
+  std::vector<std::shared_ptr<Work>> works;
+  for (const P2PRequest& op : ops) {
+    if (op.op == OpType::kSend) {
+      EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Work> work, send(op.tensor, op.peer, op.options));
+      works.push_back(std::move(work));
+    } else {
+      EMBER_ASSIGN_OR_RETURN(std::shared_ptr<RecvWork> work, recv(op.tensor, op.peer, op.options));
+      works.push_back(std::move(work));
+    }
+  }
+  return works;
+}
+
 }  // namespace ember::distributed

@@ -281,6 +281,15 @@ class CallFingerprint {
 class RecvWork;
 struct BackendOptions;  // backend_registry.h
 
+// One op of a batch of point-to-point ops (ProcessGroup::batch_p2p; torch's
+// P2POp), in the group's ranks.
+struct P2PRequest {
+  OpType op = OpType::kSend;  // kSend or kRecv
+  Tensor tensor;
+  int peer = -1;  // the destination or the source (kAnySource for a kRecv)
+  P2POptions options;
+};
+
 class ProcessGroup {
  public:
   ProcessGroup(int rank, int size, std::string backend, SupportTable support,
@@ -343,6 +352,15 @@ class ProcessGroup {
                                              const P2POptions& options = {});
   absl::StatusOr<std::shared_ptr<RecvWork>> recv(const Tensor& tensor, int src,
                                                  const P2POptions& options = {});
+  // A batch of sends and receives (torch's batch_isend_irecv): every op is
+  // checked as send and recv check theirs before any is issued; then they
+  // are issued together and one Work per op comes back, in order. Backends
+  // that can issue them as one group (nccl: one ncclGroupStart/End, where
+  // every op's Work is the batch's) override DoBatchP2P; the default issues
+  // them one by one in order through send and recv, which return before
+  // the peer has received, so a batch may pair sends and receives in any
+  // order on either side.
+  absl::StatusOr<std::vector<std::shared_ptr<Work>>> batch_p2p(absl::Span<const P2PRequest> ops);
 
   // Fails every pending and future op of this group with kAborted and wakes
   // every waiter. Never blocks for long. Backends call OnAbort() first.
@@ -399,6 +417,9 @@ class ProcessGroup {
                                                        const P2POptions& options) = 0;
   virtual absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor& tensor, int src,
                                                            const P2POptions& options) = 0;
+  // `ops` are checked and not empty. The default: send / recv, in order.
+  virtual absl::StatusOr<std::vector<std::shared_ptr<Work>>> DoBatchP2P(
+      absl::Span<const P2PRequest> ops);
 
   // Note [Call checks]: for a backend's Do* (on the calling thread): the
   // fingerprint of the collective being issued, which the backend compares

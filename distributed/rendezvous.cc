@@ -74,6 +74,9 @@ constexpr char kAnnounceMagic[] = "ember-rendezvous-1";
 // Set to 1 by `launch --serve_store`: the launcher serves the TcpStore, so
 // rank 0 connects to it like every other rank.
 constexpr char kServedByLauncherEnv[] = "EMBER_STORE_SERVED_BY_LAUNCHER";
+// Set to True by torchrun's agent (and `launch --serve_store`), which then
+// serves the store at MASTER_ADDR:MASTER_PORT.
+constexpr char kAgentStoreEnv[] = "TORCHELASTIC_USE_AGENT_STORE";
 
 std::string RandomToken() {
   std::random_device device;
@@ -279,7 +282,11 @@ absl::StatusOr<Plan> MakePlan(const RendezvousOptions& options) {
     EMBER_ASSIGN_OR_RETURN(Given rank_given, Merge(options, given_rank, "RANK", env_rank));
     plan.where = absl::StrCat("env:// (MASTER_ADDR=", addr.value_or("unset, rank 0"),
                               " MASTER_PORT=", plan.port, ")");
-    plan.served_elsewhere = env(kServedByLauncherEnv).value_or("0") == "1";
+    // Under torchrun (or `launch --serve_store`) the agent serves the store
+    // at MASTER_ADDR:MASTER_PORT: TORCHELASTIC_USE_AGENT_STORE=True, as
+    // PyTorch reads it.
+    plan.served_elsewhere = env(kServedByLauncherEnv).value_or("0") == "1" ||
+                            (addr.has_value() && env(kAgentStoreEnv).value_or("") == "True");
     EMBER_RETURN_IF_ERROR(
         CheckRankAndWorldSize(options, rank_given, world_size, false, "RANK", "WORLD_SIZE", plan));
     return plan;
@@ -654,6 +661,11 @@ absl::StatusOr<RendezvousResult> rendezvous(const RendezvousOptions& options) {
     store_options.port = plan.port;
     store_options.is_server = serving;
     store_options.timeout = options.timeout;
+    // A client counts itself in at torch's "init/", as PyTorch's env:// and
+    // tcp:// ranks do: a PyTorch rank 0 serving the store waits for that
+    // count. The serving rank here does not wait on it; the join below is
+    // its wait, with its own report of who is missing.
+    if (!serving) store_options.num_workers = plan.world_size;
     EMBER_ASSIGN_OR_RETURN(store, TcpStore::create(store_options));
   }
   store->set_timeout(options.timeout);

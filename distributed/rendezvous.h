@@ -17,8 +17,11 @@
 //   env://                 MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK from
 //                          the environment (options may give the last two;
 //                          rank 0 serves the TcpStore unless
-//                          EMBER_STORE_SERVED_BY_LAUNCHER=1, set by
-//                          `launch --serve_store`, which serves it instead).
+//                          EMBER_STORE_SERVED_BY_LAUNCHER=1 (set by
+//                          `launch --serve_store`) or
+//                          TORCHELASTIC_USE_AGENT_STORE=True with MASTER_ADDR
+//                          set (torchrun's agent): the launcher serves it
+//                          then, and every rank connects).
 //   tcp://host:port        rank 0 serves a TCP store on port; explicit ranks.
 //   tcp://<multicast>:port ranks are assigned in the order processes arrive;
 //                          group_name lets several jobs share the address.

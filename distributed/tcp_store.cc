@@ -2,6 +2,7 @@
 #include "distributed/tcp_store.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -44,6 +45,13 @@
 // is polled: data or an end of file where nothing is owed means the server
 // went away, and the call reconnects (or fails kUnavailable) rather than
 // writing into a dead socket.
+//
+// A reply is read with one blocking recv bounded by SO_RCVTIMEO (the socket
+// is blocking once connected; sends pass MSG_DONTWAIT), rather than a poll
+// and then a recv: one system call per reply. The receive timeout is set
+// again only when the one in place could outlast the call's deadline by
+// more than kReceiveSlack, or is far shorter than what is left, so calls
+// with the store's usual timeout set it once.
 
 namespace ember::distributed {
 namespace {
@@ -57,6 +65,9 @@ constexpr size_t kIdleSideConnections = 4;
 // A primary connection idle this long is checked before a call with a reply
 // too (the server may have gone away meanwhile); busy, only before writes.
 constexpr absl::Duration kIdleCheck = absl::Milliseconds(100);
+// How far a blocking receive may outlast its call's deadline (Note [TcpStore
+// client connections]).
+constexpr absl::Duration kReceiveSlack = absl::Milliseconds(10);
 constexpr char kKeyPrefix[] = "/";  // as torch's TCPStore
 constexpr char kInitKey[] = "init/";
 
@@ -161,17 +172,33 @@ class Connection {
     }
   }
 
+  // Bounds the blocking recv by what is left until `deadline` (Note
+  // [TcpStore client connections]): set again only when needed.
+  absl::Status BoundReceive(absl::Time deadline) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return NoReply();
+    if (receive_timeout_ <= left + kReceiveSlack && receive_timeout_ * 2 >= left) {
+      return absl::OkStatus();
+    }
+    const absl::Duration bound = std::min(left, absl::Hours(24));
+    const timeval tv = absl::ToTimeval(std::max(bound, absl::Milliseconds(1)));
+    if (setsockopt(fd_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
+      return Transport(absl::StrCat("setsockopt(SO_RCVTIMEO): ", strerror(errno)));
+    }
+    receive_timeout_ = bound;
+    return absl::OkStatus();
+  }
+
   absl::Status Fill(size_t n, absl::Time deadline) {
     if (pos_ > 0 && pos_ == buffer_.size()) {
       buffer_.clear();
       pos_ = 0;
     }
     while (buffer_.size() - pos_ < n) {
-      // A reply is awaited: wait for it first, then read what came (one
-      // poll and one recv per reply, not a recv that finds nothing).
-      EMBER_RETURN_IF_ERROR(Poll(POLLIN, deadline));
+      // A reply is awaited: one blocking recv, bounded by the deadline.
+      EMBER_RETURN_IF_ERROR(BoundReceive(deadline));
       char chunk[64 << 10];
-      ssize_t got = recv(fd_.get(), chunk, sizeof(chunk), MSG_DONTWAIT);
+      ssize_t got = recv(fd_.get(), chunk, sizeof(chunk), 0);
       if (got > 0) {
         buffer_.append(chunk, got);
         continue;
@@ -187,6 +214,7 @@ class Connection {
   std::string buffer_;
   size_t pos_ = 0;
   absl::Time last_used_ = absl::Now();
+  absl::Duration receive_timeout_ = absl::ZeroDuration();  // SO_RCVTIMEO; zero: unset
 };
 
 // One connect attempt to any address of host:port, until `deadline`.
@@ -232,6 +260,13 @@ absl::StatusOr<base::UniqueFd> ConnectOnce(const std::string& host, int port, ab
     }
     int one = 1;
     setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    // Blocking from here: replies are read by a recv bounded with
+    // SO_RCVTIMEO (Note [TcpStore client connections]).
+    const int flags = fcntl(fd.get(), F_GETFL);
+    if (flags < 0 || fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+      last = absl::StrCat("fcntl: ", strerror(errno));
+      continue;
+    }
     connected = std::move(fd);
   }
   freeaddrinfo(found);

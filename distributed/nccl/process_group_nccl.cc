@@ -927,6 +927,75 @@ absl::StatusOr<std::shared_ptr<RecvWork>> NcclProcessGroup::DoRecv(const Tensor&
   return std::static_pointer_cast<RecvWork>(work);
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Work>>> NcclProcessGroup::DoBatchP2P(
+    absl::Span<const P2PRequest> ops) {
+  // Every op on the group's communicator of op 0's device, inside the one
+  // ncclGroupStart/End that Run makes: NCCL pairs each ncclSend with its
+  // peer's ncclRecv within a group call whatever the order, so a batch may
+  // list sends and receives in any order on either side.
+  const int device = ops[0].tensor.device().index();
+  int sends = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2PRequest& op = ops[i];
+    if (op.tensor.device().index() != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch_isend_irecv: op ", i, "'s tensor is on cuda:", op.tensor.device().index(),
+          " but op 0's is on cuda:", device, "; the nccl backend runs a batch on one device"));
+    }
+    if (op.op == OpType::kRecv && op.peer == kAnySource) {
+      return absl::UnimplementedError(absl::StrCat(
+          "batch_isend_irecv: op ", i, " receives from any source, which the nccl backend does "
+          "not support (NCCL needs the sender's rank); name the source rank"));
+    }
+    if (op.op == OpType::kSend) ++sends;
+  }
+  struct Move {
+    bool send;
+    Tensor tensor;  // the caller's
+    Tensor buf;     // contiguous: the tensor itself, or a staging copy
+    ncclDataType_t type;
+    size_t count;
+    int peer;
+  };
+  std::vector<Move> moves;
+  Launch launch{.op = ops[0].op,
+                .what = absl::StrCat("batch_isend_irecv (", sends, " sends, ",
+                                     ops.size() - sends, " recvs)"),
+                .timeout = ops[0].options.timeout};
+  for (const P2PRequest& op : ops) {
+    const bool send = op.op == OpType::kSend;
+    Tensor buf = send                         ? op.tensor.contiguous()
+                 : op.tensor.is_contiguous() ? op.tensor
+                                             : empty(op.tensor.sizes(), op.tensor.options());
+    auto [type, count] = MoveType(buf);
+    moves.push_back({send, op.tensor, buf, type, count, op.peer});
+    launch.tensors.push_back(op.tensor);
+    launch.tensors.push_back(buf);
+    launch.result.push_back(op.tensor);
+  }
+  launch.issue = [moves](size_t, ncclComm_t comm, cudaStream_t stream) -> absl::Status {
+    for (const Move& m : moves) {
+      if (m.send) {
+        EMBER_RETURN_IF_ERROR(
+            Nccl(ncclSend(m.buf.raw_data(), m.count, m.type, m.peer, comm, stream), "ncclSend"));
+      } else {
+        EMBER_RETURN_IF_ERROR(
+            Nccl(ncclRecv(m.buf.raw_data(), m.count, m.type, m.peer, comm, stream), "ncclRecv"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  launch.after = [moves](size_t) {
+    for (const Move& m : moves) {
+      if (!m.send && !m.buf.is_same(m.tensor)) m.tensor.copy_(m.buf);
+    }
+  };
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<CommSet> comms, CollectiveComms({device}));
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<NcclWork> work, Run(comms, std::move(launch)));
+  // The batch is one NCCL group: every op's Work is the batch's.
+  return std::vector<std::shared_ptr<Work>>(ops.size(), std::static_pointer_cast<Work>(work));
+}
+
 // --- Multi-GPU ops -----------------------------------------------------------------
 
 namespace {

@@ -186,6 +186,10 @@ class NcclProcessGroup : public ProcessGroup {
                                                const P2POptions& options) override;
   absl::StatusOr<std::shared_ptr<RecvWork>> DoRecv(const Tensor& tensor, int src,
                                                    const P2POptions& options) override;
+  // One NCCL group call on the group's communicator for every op of the
+  // batch (torch's coalesced batch_isend_irecv).
+  absl::StatusOr<std::vector<std::shared_ptr<Work>>> DoBatchP2P(
+      absl::Span<const P2PRequest> ops) override;
 
  private:
   class NcclWork;

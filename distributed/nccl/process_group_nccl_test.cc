@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -319,6 +320,25 @@ TEST(NcclOneGpuTest, MultiGpuOpsOverEveryLocalGpu) {
   EXPECT_THAT(bad.status().message(), HasSubstr("two tensors are on cuda:0"));
 }
 
+TEST(NcclOneGpuTest, ABatchReceivingFromAnySourceIsRefused) {
+  SKIP_WITHOUT_GPUS(1);
+  absl::Status s = testing::RunRanks(
+      1,
+      [](testing::Rank& me) -> absl::Status {
+        Tensor t = zeros({4}, TensorOptions(kFloat32).device(Device(DeviceType::kCUDA, 0)));
+        absl::StatusOr<std::vector<std::shared_ptr<Work>>> works =
+            me.group->batch_p2p(std::vector<P2PRequest>{
+                {.op = OpType::kRecv, .tensor = t, .peer = kAnySource}});
+        if (works.status().code() != absl::StatusCode::kUnimplemented ||
+            !absl::StrContains(works.status().message(), "any source")) {
+          return absl::InternalError(absl::StrCat("got ", works.status().ToString()));
+        }
+        return absl::OkStatus();
+      },
+      {.backend = "nccl"});
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(NcclOneGpuTest, CpuTensorsAreRefusedByTheSupportTable) {
   SKIP_WITHOUT_GPUS(1);
   auto pg = OneRank();
@@ -433,6 +453,41 @@ TEST(NcclTwoGpuTest, TwoRanksEachOnItsGpu) {
           EMBER_RETURN_IF_ERROR(recv->wait());
           EMBER_RETURN_IF_ERROR(cuda::synchronize(me.rank));
           if (got.to(Device(DeviceType::kCPU)).max().item<float>() != 42.0f) return absl::InternalError("wrong recv");
+        }
+        return absl::OkStatus();
+      },
+      {.backend = "nccl"});
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// batch_isend_irecv as one NCCL group: rank 0 lists its send first and rank
+// 1 its receive first, one receiver not contiguous; every op's Work is the
+// batch's.
+TEST(NcclTwoGpuTest, BatchP2PIsOneGroupCallInAnyOrder) {
+  SKIP_WITHOUT_GPUS(2);
+  absl::Status s = testing::RunRanks(
+      2,
+      [](testing::Rank& me) -> absl::Status {
+        EMBER_RETURN_IF_ERROR(cuda::set_device(me.rank));
+        const Device dev(DeviceType::kCUDA, me.rank);
+        const TensorOptions on = TensorOptions(kFloat32).device(dev);
+        const int peer = 1 - me.rank;
+        Tensor out = full({64}, 10.0 + me.rank, on);
+        Tensor grid = zeros({8, 8}, on);
+        Tensor in = grid.t();  // not contiguous
+        std::vector<P2PRequest> ops = {{.op = OpType::kSend, .tensor = out, .peer = peer},
+                                       {.op = OpType::kRecv, .tensor = in, .peer = peer}};
+        if (me.rank == 1) std::swap(ops[0], ops[1]);
+        EMBER_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Work>> works, me.group->batch_p2p(ops));
+        if (works.size() != 2 || works[0] != works[1]) {
+          return absl::InternalError("expected the batch's one Work for both ops");
+        }
+        EMBER_RETURN_IF_ERROR(works[0]->wait());
+        EMBER_RETURN_IF_ERROR(cuda::synchronize(me.rank));
+        const float want = 10.0f + peer;
+        Tensor got = in.to(Device(DeviceType::kCPU));
+        if (got.min().item<float>() != want || got.max().item<float>() != want) {
+          return absl::InternalError(absl::StrCat("batch received ", got.ToString()));
         }
         return absl::OkStatus();
       },

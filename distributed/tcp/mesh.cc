@@ -238,7 +238,7 @@ absl::Status Mesh::PostError(int src, const MessageKey& key) const {
   if (key.kind == MessageKind::kCollective) {
     if (!first_failure_.ok()) return first_failure_;
     auto it = poisoned_.find(key.tag);
-    if (it != poisoned_.end()) return it->second;
+    if (it != poisoned_.end() && Poisonable(key)) return it->second;
   }
   return absl::OkStatus();
 }
@@ -612,16 +612,14 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
       absl::MutexLock lock(&mu_);
       poisoned_.emplace(h.tag, reason);
       for (auto it = posted_.begin(); it != posted_.end();) {
-        if ((*it)->key_.kind == MessageKind::kCollective && (*it)->key_.tag == h.tag) {
+        if (Poisonable((*it)->key_) && (*it)->key_.tag == h.tag) {
           failed.push_back(*it);
           it = posted_.erase(it);
         } else {
           ++it;
         }
       }
-      unexpected_.remove_if([&](const auto& u) {
-        return u->key.kind == MessageKind::kCollective && u->key.tag == h.tag;
-      });
+      unexpected_.remove_if([&](const auto& u) { return Poisonable(u->key) && u->key.tag == h.tag; });
     }
     for (auto& recv : failed) Finish(recv, reason, peer);
     return absl::OkStatus();
@@ -637,7 +635,7 @@ absl::Status Mesh::ReadMessage(int peer, Channel& channel) {
     if (it != posted_.end()) {
       target = *it;
       posted_.erase(it);
-    } else if (!(key.kind == MessageKind::kCollective && poisoned_.count(key.tag))) {
+    } else if (!(Poisonable(key) && poisoned_.count(key.tag))) {
       stash = std::make_shared<Unexpected>();
       stash->src = peer;
       stash->key = key;

@@ -75,6 +75,18 @@ struct MessageKey {
   friend bool operator==(const MessageKey&, const MessageKey&) = default;
 };
 
+// The step of a collective's call-check words (Note [Call checks] in
+// process_group.cc), which every rank sends before any of the collective's
+// data. A poisoned collective (Mesh::Poison) fails and drops its data
+// messages, not these: they are on their way whatever failed later, and
+// each rank's check needs every peer's words to name the same culprit.
+inline constexpr int32_t kCallCheckStep = -1;
+
+// Whether a poison of collective `key.tag` fails and drops `key`'s message.
+inline bool Poisonable(const MessageKey& key) {
+  return key.kind == MessageKind::kCollective && key.step != kCallCheckStep;
+}
+
 // Receives `n` bytes at `offset` of the payload. Offsets of all but the last
 // piece are multiples of 8, so pieces never split an element.
 using Sink = std::function<void(size_t offset, const char* data, size_t n)>;

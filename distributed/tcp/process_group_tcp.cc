@@ -340,7 +340,6 @@ std::shared_ptr<Work> TcpProcessGroup::Enqueue(OpType op,
 absl::Status TcpProcessGroup::RunChecked(const Queued& item) {
   const OpContext& ctx = item.context;
   if (!item.check) return item.job(ctx);
-  constexpr int32_t kCallCheckStep = -1;
   const std::vector<int64_t>& words = item.check->words();
   const int n = size(), r = rank();
   const size_t count = words.size();

@@ -403,6 +403,54 @@ TEST_P(ProcessGroupSuite, SendRecvWithTagsAndAnySource) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// batch_p2p: every rank sends to and receives from every other in one
+// batch, even ranks listing their receives first and odd ranks their sends
+// (a batch pairs them whatever the order); one receiver is not contiguous.
+// A batch with an op that is not a send or receive, or an empty one, is
+// refused before anything is issued.
+TEST_P(ProcessGroupSuite, BatchP2PPairsSendsAndReceivesInAnyOrder) {
+  const int world = GetParam().world_size;
+  if (world == 1) GTEST_SKIP() << "point-to-point needs two ranks";
+  absl::Status s = RunRanks(
+      world,
+      [&](Rank& me) -> absl::Status {
+        std::vector<Tensor> outs(world), ins(world);
+        std::vector<P2PRequest> sends, recvs;
+        for (int peer = 0; peer < world; ++peer) {
+          if (peer == me.rank) continue;
+          outs[peer] = full({4}, 100 * me.rank + peer, kInt64);
+          ins[peer] = peer == 0 ? zeros({4, 2}, kInt64).select(1, 1) : zeros({4}, kInt64);
+          sends.push_back({.op = OpType::kSend, .tensor = outs[peer], .peer = peer,
+                           .options = {.tag = 3}});
+          recvs.push_back({.op = OpType::kRecv, .tensor = ins[peer], .peer = peer,
+                           .options = {.tag = 3}});
+        }
+        std::vector<P2PRequest> ops = me.rank % 2 == 0 ? recvs : sends;
+        for (const P2PRequest& op : me.rank % 2 == 0 ? sends : recvs) ops.push_back(op);
+
+        Tensor t = zeros({4}, kInt64);
+        absl::StatusOr<std::vector<std::shared_ptr<Work>>> bad =
+            me.group->batch_p2p(std::vector<P2PRequest>{
+                ops[0], {.op = OpType::kBroadcast, .tensor = t, .peer = 0}});
+        EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_THAT(std::string(bad.status().message()),
+                    HasSubstr("op 1 is broadcast; only isend and irecv may be batched"));
+        EXPECT_EQ(me.group->batch_p2p({}).status().code(), absl::StatusCode::kInvalidArgument);
+
+        EMBER_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Work>> works, me.group->batch_p2p(ops));
+        EXPECT_EQ(works.size(), ops.size());
+        for (const auto& w : works) EMBER_RETURN_IF_ERROR(w->wait());
+        for (int peer = 0; peer < world; ++peer) {
+          if (peer == me.rank) continue;
+          EXPECT_EQ(Values(ins[peer]), std::vector<double>(4, 100 * peer + me.rank))
+              << "from rank " << peer;
+        }
+        return absl::OkStatus();
+      },
+      Options());
+  EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST_P(ProcessGroupFailureSuite, TimeoutNamesTheMissingPeerAndTheOp) {
   absl::Status s = AllReduceWithoutRank1(GetParam(), 4);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;

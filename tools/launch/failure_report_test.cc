@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -82,6 +84,12 @@ TEST(FailureReportTest, ReadsTheErrorFileThatRecordWrites) {
   ASSERT_TRUE(message.has_value());
   EXPECT_EQ(*message,
             "DEADLINE_EXCEEDED: all_reduce (collective #3): timed out \"waiting\"\nfor rank 1");
+  // No stack, so no py_callstack: torchrun's summary would show an empty
+  // traceback in place of the message.
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  EXPECT_THAT(text.str(), ::testing::Not(HasSubstr("py_callstack")));
+  EXPECT_THAT(text.str(), HasSubstr("\"extraInfo\": {\"timestamp\": \""));
   EXPECT_FALSE(ReadErrorFile(path + ".absent").has_value());
 }
 

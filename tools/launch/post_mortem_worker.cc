@@ -7,6 +7,7 @@
 //   other_op     runs a broadcast instead
 //   other_size   passes 16 elements instead of 8
 //   other_dtype  passes int64 instead of float32
+// Without a fault every rank checks the result (world_size^4 everywhere).
 // main runs through distributed::record, so a failure lands in
 // TORCHELASTIC_ERROR_FILE. Flags: --backend=tcp|gloo.
 #include <signal.h>
@@ -52,6 +53,13 @@ int main(int argc, char** argv) {
       if (fault == "other_dtype") return dist::all_reduce(ember::ones({8}, ember::kInt64));
     }
     EMBER_RETURN_IF_ERROR(dist::all_reduce(t));
+    // Four sums of ones over the world: world^4 in every element.
+    const double world = dist::get_world_size();
+    const double want = world * world * world * world;
+    if (t.max().item<double>() != want || t.min().item<double>() != want) {
+      return absl::InternalError(absl::StrCat("rank ", rank, ": all_reduce gave ", t.ToString(),
+                                              ", want ", want, " everywhere"));
+    }
     return dist::destroy_process_group();
   });
 }
