@@ -112,11 +112,7 @@ void KeepUntilExit(Tensor buffer) {
 
 SupportTable MpiSupportTable() {
   SupportTable table;
-  for (int op = 0; op < kNumOpTypes; ++op) {
-    if (static_cast<OpType>(op) != OpType::kMonitoredBarrier) {
-      table.allow(static_cast<OpType>(op), DeviceType::kCPU);
-    }
-  }
+  for (int op = 0; op < kNumOpTypes; ++op) table.allow(static_cast<OpType>(op), DeviceType::kCPU);
   return table;
 }
 
@@ -316,6 +312,10 @@ absl::StatusOr<std::shared_ptr<MpiProcessGroup>> MpiProcessGroup::create(
   }
   EMBER_RETURN_IF_ERROR(CallMpi("mpi backend: creating the group", "MPI_Comm_set_errhandler",
                                 [&] { return MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN); }));
+  // Note [MPI monitored barriers]: their messages on a communicator of their own.
+  MPI_Comm barrier_comm = MPI_COMM_NULL;
+  EMBER_RETURN_IF_ERROR(CallMpi("mpi backend: creating the group", "MPI_Comm_dup",
+                                [&] { return MPI_Comm_dup(comm, &barrier_comm); }));
   BackendOptions with_store = options;
   const char* own_store = std::getenv("EMBER_MPI_STORE");
   if (with_store.store == nullptr && n > 1 &&
@@ -324,19 +324,22 @@ absl::StatusOr<std::shared_ptr<MpiProcessGroup>> MpiProcessGroup::create(
         StoreOverMpi(comm, rank, whole_world, options.timeout);
     if (!store.ok()) {
       CallMpi("mpi backend: creating the group", "MPI_Comm_free", [&] {
+        MPI_Comm_free(&barrier_comm);
         return MPI_Comm_free(&comm);
       }).IgnoreError();
       return store.status();
     }
     with_store.store = *std::move(store);
   }
-  return std::shared_ptr<MpiProcessGroup>(new MpiProcessGroup(with_store, comm, std::move(ranks)));
+  return std::shared_ptr<MpiProcessGroup>(
+      new MpiProcessGroup(with_store, comm, barrier_comm, std::move(ranks)));
 }
 
 MpiProcessGroup::MpiProcessGroup(const BackendOptions& options, MPI_Comm comm,
-                                 std::vector<int> world_ranks)
+                                 MPI_Comm barrier_comm, std::vector<int> world_ranks)
     : ProcessGroup(options.rank, options.size, "mpi", MpiSupportTable(), options.timeout),
       comm_(comm),
+      barrier_comm_(barrier_comm),
       world_ranks_(std::move(world_ranks)),
       poll_(kFirstPoll),
       // No admission hook: every collective runs, even past its deadline
@@ -386,6 +389,8 @@ MpiProcessGroup::~MpiProcessGroup() {
     }
   }
   MPI_Comm comm = comm_;
+  MPI_Comm_free(&comm);
+  comm = barrier_comm_;
   MPI_Comm_free(&comm);
 }
 
@@ -725,10 +730,121 @@ absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoBarrier(const BarrierOp
   });
 }
 
+// Note [MPI monitored barriers]
+// PyTorch's mpi backend has no monitored_barrier; this one is gloo's
+// protocol over MPI point-to-point: every rank but 0 sends rank 0 one byte
+// and waits for one back; rank 0 waits, up to the timeout, for every rank's
+// byte, then answers each. Unlike MPI_Barrier, every wait here is a posted
+// request tested until a deadline, so rank 0 can stop and name the ranks
+// that never came; receives left unmatched are cancelled, and sends are
+// from static storage, so one left posted reads valid memory for as long
+// as it lives. The messages travel on a communicator of the group's own
+// (duplicated when the group is made), so they never match the caller's
+// sends and receives whatever their tags, and with tags from the group's
+// count of monitored barriers, so a rank that arrives after rank 0 gave up
+// cannot be taken for one arriving at the next barrier.
 absl::StatusOr<std::shared_ptr<Work>> MpiProcessGroup::DoMonitoredBarrier(
     const MonitoredBarrierOptions& options) {
-  // Refused by the support table before this is reached.
-  return absl::UnimplementedError("monitored_barrier is not supported by the 'mpi' backend");
+  const bool wait_all = options.wait_all_ranks;
+  const absl::Duration timeout = options.timeout.value_or(this->timeout());
+  const int64_t number = monitored_barriers_++;
+  // The Work outlives the barrier's own waits (rank 0's timeout, the
+  // others' a second more), so the error it reports is the barrier's.
+  return Enqueue(OpType::kMonitoredBarrier, timeout + absl::Seconds(2),
+                 [this, wait_all, timeout, number](const std::string& what) -> absl::Status {
+                   return MonitoredBarrier(what, number, timeout, wait_all);
+                 });
+}
+
+absl::Status MpiProcessGroup::MonitoredBarrier(const std::string& what, int64_t number,
+                                               absl::Duration timeout, bool wait_all) {
+  static char kByte = 0;  // what every send carries (static: see the Note)
+  const int n = size(), r = rank();
+  const int span = std::max(MaxTag() / 2, 1);
+  const int arrive_tag = static_cast<int>(2 * (number % span));
+  const int release_tag = arrive_tag + 1;
+  const absl::Time deadline = absl::Now() + timeout;
+  // Tests `requests` until every one completed or `until`; those not
+  // completed are cancelled (receives) or freed (sends) and reported.
+  auto wait_until = [&](std::vector<MPI_Request>& requests, bool receives,
+                        absl::Time until) -> absl::StatusOr<std::vector<bool>> {
+    std::vector<bool> done(requests.size(), false);
+    absl::Duration pause = absl::Microseconds(50);
+    while (true) {
+      bool all = true;
+      {
+        absl::MutexLock mpi(&MpiLock());
+        if (MpiFinalized()) return absl::FailedPreconditionError(what + ": MPI was finalized");
+        for (size_t i = 0; i < requests.size(); ++i) {
+          if (done[i] || requests[i] == MPI_REQUEST_NULL) {
+            done[i] = true;
+            continue;
+          }
+          int flag = 0;
+          const int rc = MPI_Test(&requests[i], &flag, MPI_STATUS_IGNORE);
+          if (rc != MPI_SUCCESS) return MpiStatus(rc, what, "MPI_Test");
+          done[i] = flag != 0;
+          all = all && done[i];
+        }
+        if (all || absl::Now() >= until) {
+          for (size_t i = 0; i < requests.size(); ++i) {
+            if (done[i]) continue;
+            if (receives) {
+              MPI_Cancel(&requests[i]);
+              MPI_Wait(&requests[i], MPI_STATUS_IGNORE);
+            } else {
+              MPI_Request_free(&requests[i]);
+            }
+          }
+          return done;
+        }
+      }
+      absl::SleepFor(pause);
+      pause = std::min(pause * 2, absl::Milliseconds(5));
+    }
+  };
+  auto post = [&](bool receive, int peer, int tag, char* into,
+                  MPI_Request* request) -> absl::Status {
+    return CallMpi(what, receive ? "MPI_Irecv" : "MPI_Isend", [&] {
+      return receive ? MPI_Irecv(into, 1, MPI_CHAR, peer, tag, barrier_comm_, request)
+                     : MPI_Isend(&kByte, 1, MPI_CHAR, peer, tag, barrier_comm_, request);
+    });
+  };
+  if (r != 0) {
+    char ack = 0;
+    std::vector<MPI_Request> sent(1, MPI_REQUEST_NULL), got(1, MPI_REQUEST_NULL);
+    EMBER_RETURN_IF_ERROR(post(true, 0, release_tag, &ack, &got[0]));
+    EMBER_RETURN_IF_ERROR(post(false, 0, arrive_tag, nullptr, &sent[0]));
+    // Rank 0 judges who is missing; wait a little longer for its answer.
+    EMBER_ASSIGN_OR_RETURN(std::vector<bool> released,
+                           wait_until(got, true, deadline + absl::Seconds(1)));
+    EMBER_RETURN_IF_ERROR(wait_until(sent, false, absl::Now()).status());
+    if (!released[0]) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ": ", DescribePeer(0), " did not release this rank within ",
+          absl::FormatDuration(timeout), " (rank 0's error names the ranks it waited for)"));
+    }
+    return absl::OkStatus();
+  }
+  std::vector<char> bytes(n);
+  std::vector<MPI_Request> arrivals(n, MPI_REQUEST_NULL);
+  for (int p = 1; p < n; ++p) {
+    EMBER_RETURN_IF_ERROR(post(true, p, arrive_tag, &bytes[p], &arrivals[p]));
+  }
+  EMBER_ASSIGN_OR_RETURN(std::vector<bool> arrived, wait_until(arrivals, true, deadline));
+  std::vector<int> missing;
+  for (int p = 1; p < n; ++p) {
+    if (!arrived[p]) missing.push_back(p);
+  }
+  if (!missing.empty()) {
+    if (!wait_all) missing.resize(1);  // the first, as gloo's rank 0 stops there
+    return MonitoredBarrierTimeout(missing, timeout);
+  }
+  std::vector<MPI_Request> releases(n, MPI_REQUEST_NULL);
+  for (int p = 1; p < n; ++p) {
+    EMBER_RETURN_IF_ERROR(post(false, p, release_tag, nullptr, &releases[p]));
+  }
+  return wait_until(releases, false, deadline + absl::Seconds(1)).status();
 }
 
 // --- Point-to-point ----------------------------------------------------------------

@@ -22,10 +22,11 @@
 // Ops: broadcast, all_reduce and reduce (SUM, PRODUCT, MIN, MAX; on bool
 // "or" and "and"), all_gather, all_gather_into_tensor, gather, scatter,
 // reduce_scatter (MPI_Reduce_scatter_block), all_to_all (MPI_Alltoallv, so
-// uneven sizes too), barrier, send and recv (tags in [0, MPI_TAG_UB], any
-// source) for every dtype Ember has: float16 and bfloat16 travel as 2-byte
-// types of Ember's own and reduce in float (runtime.h). ReduceOp::kAvg is
-// refused with kUnimplemented and monitored_barrier is not supported, as in
+// uneven sizes too), barrier, monitored_barrier (which PyTorch's mpi
+// backend lacks: Note [MPI monitored barriers] in process_group_mpi.cc),
+// send and recv (tags in [0, MPI_TAG_UB], any source) for every dtype Ember
+// has: float16 and bfloat16 travel as 2-byte types of Ember's own and reduce
+// in float (runtime.h). ReduceOp::kAvg is refused with kUnimplemented, as in
 // PyTorch's mpi backend. At most 2^31-1 elements per rank and op (MPI's int
 // counts).
 //
@@ -60,6 +61,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -149,7 +151,8 @@ class MpiProcessGroup : public ProcessGroup {
     int source = -1;
   };
 
-  MpiProcessGroup(const BackendOptions& options, MPI_Comm comm, std::vector<int> world_ranks);
+  MpiProcessGroup(const BackendOptions& options, MPI_Comm comm, MPI_Comm barrier_comm,
+                  std::vector<int> world_ranks);
   std::shared_ptr<Work> Enqueue(OpType op, const std::optional<absl::Duration>& timeout, Job job);
   // The queue's poll (Note [Op queues]): PollP2P, then how long the worker
   // may wait before polling again, backing off while nothing completes.
@@ -161,14 +164,20 @@ class MpiProcessGroup : public ProcessGroup {
                                                       const P2POptions& options);
   // "rank 2 (MPI_COMM_WORLD rank 5)".
   std::string DescribePeer(int rank) const;
+  // The worker's part of monitored barrier `number` (Note [MPI monitored
+  // barriers] in process_group_mpi.cc).
+  absl::Status MonitoredBarrier(const std::string& what, int64_t number, absl::Duration timeout,
+                                bool wait_all);
 
   const MPI_Comm comm_;
+  const MPI_Comm barrier_comm_;  // monitored barriers' messages only
   const std::vector<int> world_ranks_;  // MPI_COMM_WORLD rank of each member
 
   // Held while an op is numbered and queued (so numbers follow the queue's
   // order) and while abort() fails what is queued.
   absl::Mutex mu_;
   int64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> monitored_barriers_{0};  // numbers them, in call order
   std::vector<std::shared_ptr<PendingP2P>> p2p_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   absl::Duration poll_;  // the worker's polling interval (Poll only)
