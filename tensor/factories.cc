@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <numeric>
 #include <sstream>
 #include <string>
 
@@ -155,10 +157,10 @@ Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
 // --- Random ---------------------------------------------------------------------
 
 Generator::Generator(uint64_t seed, Device device)
-    : device_(device), engine_(seed), seed_(seed) {}
+    : device_(device), engine_(static_cast<uint32_t>(seed)), seed_(seed) {}
 
 void Generator::SeedLocked(uint64_t seed) {
-  if (device_.is_cpu()) engine_.seed(seed);
+  if (device_.is_cpu()) engine_.seed(static_cast<uint32_t>(seed));
   seed_ = seed;
   offset_ = 0;
   spare_normal_.reset();
@@ -265,7 +267,7 @@ void Generator::set_state(const Tensor& state) {
   }
   std::istringstream in(bytes);
   uint64_t seed = 0;
-  std::mt19937_64 engine;
+  std::mt19937 engine;
   int has_spare = 0;
   std::string spare_text;
   in >> seed >> engine >> has_spare >> spare_text;
@@ -281,9 +283,20 @@ void Generator::set_state(const Tensor& state) {
   if (has_spare) spare_normal_ = spare;
 }
 
+uint32_t Generator::random() {
+  CheckCpu("random");
+  return static_cast<uint32_t>(engine_());
+}
+
+uint64_t Generator::random64() {
+  CheckCpu("random64");
+  const uint64_t high = engine_();
+  return (high << 32) | static_cast<uint32_t>(engine_());
+}
+
 double Generator::NextDouble() {
-  CheckCpu("NextDouble");
-  return static_cast<double>(engine_() >> 11) * (1.0 / 9007199254740992.0);
+  constexpr uint64_t kLow53 = (uint64_t{1} << 53) - 1;
+  return static_cast<double>(random64() & kLow53) * (1.0 / 9007199254740992.0);
 }
 
 double Generator::NextNormal() {
@@ -302,14 +315,9 @@ double Generator::NextNormal() {
 
 int64_t Generator::NextInt(int64_t low, int64_t high) {
   CheckCpu("NextInt");
-  uint64_t range = static_cast<uint64_t>(high - low);
-  // Rejection sampling removes modulo bias.
-  uint64_t limit = UINT64_MAX - UINT64_MAX % range;
-  uint64_t x;
-  do {
-    x = engine_();
-  } while (x >= limit);
-  return low + static_cast<int64_t>(x % range);
+  const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+  const uint64_t x = range >= (uint64_t{1} << 32) ? random64() : random();
+  return static_cast<int64_t>(static_cast<uint64_t>(low) + x % range);
 }
 
 Generator& default_generator() {
@@ -478,6 +486,31 @@ Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions optio
   return FreshRandom(sizes, options, gen, "randint", [&](const Tensor& out, Generator* g) {
     ops::random_out(out, low, high, g);
   });
+}
+
+Tensor randperm(int64_t n, TensorOptions options, Generator* gen) {
+  EMBER_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  CheckPlacement(options, "randperm");
+  if (!options.has_dtype()) options = options.dtype(kInt64);
+  Generator* g = gen != nullptr ? gen : &default_generator();
+  EMBER_CHECK(g->device().is_cpu(), "randperm: draws on a CPU generator, and this one is for ",
+              g->device().str(), "; pass a CPU Generator or none");
+  std::vector<int64_t> p(static_cast<size_t>(n));
+  std::iota(p.begin(), p.end(), int64_t{0});
+  {
+    // PyTorch's CPU kernel: a 32-bit draw per swap below 2^32 / 20
+    // elements, a 64-bit one above.
+    std::lock_guard<std::mutex> lock(g->mutex());
+    const bool wide = n >= static_cast<int64_t>(std::numeric_limits<uint32_t>::max() / 20);
+    for (int64_t i = 0; i + 1 < n; ++i) {
+      const uint64_t rest = static_cast<uint64_t>(n - i);
+      const int64_t z = static_cast<int64_t>((wide ? g->random64() : g->random()) % rest);
+      std::swap(p[i], p[i + z]);
+    }
+  }
+  Tensor out = tensor(p);
+  if (options.dtype() != kInt64) out = out.to(options.dtype());
+  return Finish(options.device().is_cpu() ? std::move(out) : out.to(options.device()), options);
 }
 
 // --- Caller memory ----------------------------------------------------------------

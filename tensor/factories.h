@@ -30,9 +30,16 @@
 //
 // Note [Random numbers]
 // A Generator belongs to a device type, as torch.Generator does. The CPU's
-// is a 64-bit Mersenne Twister with Ember's own, platform-independent
-// distributions, drawn on the host in row-major order (the values differ
-// from PyTorch's). A device's is counter-based Philox4x32-10, PyTorch's
+// is PyTorch's CPU engine: the 32-bit Mersenne Twister (MT19937) seeded with
+// the seed's low 32 bits; a 64-bit draw is two 32-bit ones, the first the
+// high word (random() and random64(), as torch's CPUGeneratorImpl). Draws
+// happen on the host in row-major order. randint, randperm and float64
+// uniform draw as PyTorch's CPU kernels do (a 32-bit draw modulo the range
+// below 2^32, else a 64-bit one; Fisher-Yates with a draw modulo the rest;
+// the low 53 bits of a 64-bit draw), so a seed gives PyTorch's values and a
+// sampler shuffled here visits the data in PyTorch's order. normal and the
+// other dtypes' uniform keep Ember's own distributions on the same draws
+// (Box-Muller on 53-bit doubles). A device's is counter-based Philox4x32-10, PyTorch's
 // CUDA generator: its state is a seed and an offset, nothing else. A kernel
 // that draws asks philox_engine_inputs(increment) for the seed and the
 // offset to start from, and the offset moves on by `increment` (rounded up
@@ -127,11 +134,16 @@ class Generator {
   void set_offset(uint64_t offset);
 
   // --- CPU draws (the caller holds mutex()) -------------------------------
-  // Uniform in [0, 1) with 53 random bits.
+  // The engine's next 32 bits, and 64 bits from two 32-bit draws (the first
+  // the high word): torch's CPUGeneratorImpl random() and random64().
+  uint32_t random();
+  uint64_t random64();
+  // Uniform in [0, 1): the low 53 bits of random64() (PyTorch's double).
   double NextDouble();
   // Standard normal (Box-Muller on NextDouble).
   double NextNormal();
-  // Uniform integer in [low, high).
+  // Integer in [low, high) as torch.randint draws it: random() modulo the
+  // range below 2^32, random64() modulo it above.
   int64_t NextInt(int64_t low, int64_t high);
   std::mutex& mutex() { return mu_; }
 
@@ -141,7 +153,7 @@ class Generator {
   void SeedLocked(uint64_t seed);
 
   Device device_;
-  std::mt19937_64 engine_;
+  std::mt19937 engine_;  // seeded with the seed's low 32 bits
   uint64_t seed_;
   uint64_t offset_ = 0;  // device generators: the next kernel's Philox offset
   std::optional<double> spare_normal_;
@@ -185,6 +197,10 @@ Tensor randn_like(const Tensor& t, TensorOptions options = {}, Generator* gen = 
 // Uniform integers in [low, high); int64 unless told.
 Tensor randint(int64_t low, int64_t high, IntArrayRef sizes, TensorOptions options = {},
                Generator* gen = nullptr);
+// A random permutation of 0..n-1 (torch.randperm): int64 unless told, drawn
+// on the CPU generator as PyTorch's CPU kernel draws it (Note [Random
+// numbers]); a tensor for another device is drawn on the host and copied.
+Tensor randperm(int64_t n, TensorOptions options = {}, Generator* gen = nullptr);
 // In place: uniform in [from, to) and normal(mean, std).
 Tensor uniform_(const Tensor& t, double from = 0.0, double to = 1.0, Generator* gen = nullptr);
 Tensor normal_(const Tensor& t, double mean = 0.0, double std = 1.0, Generator* gen = nullptr);

@@ -3,12 +3,16 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace ember::testing {
 namespace {
@@ -69,6 +73,31 @@ absl::StatusOr<std::string> torch2_python() {
                                             "tools/install_peers.sh"));
   }
   return python;
+}
+
+absl::StatusOr<std::string> run_torch2(const std::string& script,
+                                       const std::vector<std::string>& args) {
+  absl::StatusOr<std::string> python = torch2_python();
+  if (!python.ok()) return python.status();
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string err_path =
+      absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/run_torch2.", ::getpid(), ".stderr");
+  const std::string command = absl::StrCat(*python, " ", script, args.empty() ? "" : " ",
+                                           absl::StrJoin(args, " "), " 2>", err_path);
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return absl::InternalError(absl::StrCat("could not run ", command));
+  std::string out;
+  char buffer[65536];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, n);
+  const int status = ::pclose(pipe);
+  std::ostringstream err;
+  err << std::ifstream(err_path).rdbuf();
+  std::remove(err_path.c_str());
+  if (status != 0) {
+    return absl::InternalError(absl::StrCat(command, " failed (wait status ", status,
+                                            "); its stderr:\n", err.str()));
+  }
+  return out;
 }
 
 }  // namespace ember::testing

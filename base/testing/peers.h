@@ -20,6 +20,7 @@
 #define EMBER_BASE_TESTING_PEERS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -38,6 +39,14 @@ std::string torch2_peer_dir();
 // a message (for GTEST_SKIP) that says what is missing and which command
 // installs it.
 absl::StatusOr<std::string> torch2_python();
+
+// Runs `script` (a path; the test's data) with `args` on the PyTorch 2.x
+// interpreter and returns what it wrote to stdout. The errors of
+// torch2_python() (NotFound: skip), and Internal naming the command, its
+// exit status and its stderr when it fails. The arguments are passed
+// through the shell: plain words only (numbers, paths without spaces).
+absl::StatusOr<std::string> run_torch2(const std::string& script,
+                                       const std::vector<std::string>& args = {});
 
 }  // namespace ember::testing
 

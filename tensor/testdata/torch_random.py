@@ -1,0 +1,37 @@
+"""PyTorch's side of tensor/torch_random_test.cc: what torch's CPU generator
+draws for a list of cases, one per line, as "<case words>: <values>".
+
+Floats are written with float.hex, so the comparison is exact.
+"""
+import torch
+
+SEEDS = [0, 1, 42, 2**32 + 7, 67280421310721]
+
+
+def gen(seed):
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def main():
+    for seed in SEEDS:
+        for n in [0, 1, 2, 3, 10, 100, 1000, 12345]:
+            values = torch.randperm(n, generator=gen(seed)).tolist()
+            print(f"randperm {n} {seed}:", *values)
+        for low, high, count in [(0, 37, 50), (-5, 5, 20), (0, 2**40, 20), (10, 11, 5),
+                                 (-2**62, 2**62, 10)]:
+            values = torch.randint(low, high, (count,), generator=gen(seed)).tolist()
+            print(f"randint {low} {high} {count} {seed}:", *values)
+        values = torch.rand(20, dtype=torch.float64, generator=gen(seed)).tolist()
+        print(f"rand64 20 {seed}:", *[v.hex() for v in values])
+        # What DataLoader draws its base seed with.
+        value = torch.empty((), dtype=torch.int64).random_(generator=gen(seed)).item()
+        print(f"random_int64 {seed}:", value)
+    # The default generator after manual_seed.
+    torch.manual_seed(7)
+    print("default_randperm 20 7:", *torch.randperm(20).tolist())
+
+
+if __name__ == "__main__":
+    main()
