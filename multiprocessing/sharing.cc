@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "multiprocessing/shared_segment.h"
 #include "tensor/error.h"
+#include "tensor/shape.h"
 #include "tensor/status_macros.h"
 #include "tensor/thread_pool.h"
 
@@ -209,6 +210,23 @@ absl::Status share_memory_(const Tensor& t) {
     return absl::InvalidArgumentError("share_memory_: the tensor is undefined");
   }
   return share_memory_(t.storage());
+}
+
+absl::StatusOr<Tensor> empty_shared(IntArrayRef sizes, Dtype dtype) {
+  int64_t numel = 1;
+  for (int64_t d : sizes) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("empty_shared: negative size in ", ShapeToString(sizes)));
+    }
+    numel *= d;
+  }
+  const size_t nbytes = static_cast<size_t>(numel) * element_size(dtype);
+  const SharingStrategy strategy = g_strategy.load();
+  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<SharedSegment> seg,
+                         SharedSegment::Acquire(strategy, nbytes));
+  Storage storage(MakeDataPtr(std::move(seg)), nbytes, AllocatorFor(strategy));
+  return Tensor(MakeTensorImpl(std::move(storage), dtype, sizes, ContiguousStrides(sizes), 0));
 }
 
 bool is_shared(const Storage& storage) {

@@ -67,6 +67,12 @@ absl::Status share_memory_(const Storage& storage);
 bool is_shared(const Tensor& t);
 bool is_shared(const Storage& storage);
 
+// A new contiguous CPU tensor (uninitialised) whose storage is created in
+// shared memory with the current strategy, without the copy share_memory_
+// makes (torch's storage._new_shared): what a DataLoader worker collates a
+// batch into. Errors as share_memory_'s.
+absl::StatusOr<Tensor> empty_shared(IntArrayRef sizes, Dtype dtype);
+
 // Makes `storage` use the bytes of the shared storage `shared` in place (its
 // own bytes are freed): every tensor viewing `storage` then reads and writes
 // the same shared memory as `shared`, in this process and in every other

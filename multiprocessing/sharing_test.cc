@@ -72,6 +72,29 @@ TEST_P(SharingTest, ShareMemoryMovesInPlaceAndViewsFollow) {
   EXPECT_EQ(Values(t.select(1, 1)), (std::vector<double>{-1, -1, -1}));
 }
 
+TEST_P(SharingTest, EmptySharedIsBornInSharedMemoryAndAChildsWritesAreSeen) {
+  absl::StatusOr<Tensor> t = empty_shared({2, 3}, kFloat64);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(is_shared(*t));
+  EXPECT_EQ(t->sizes(), (SizeVector{2, 3}));
+  EXPECT_EQ(t->dtype(), kFloat64);
+  EXPECT_TRUE(t->is_contiguous());
+  Tensor shared = *t;
+  absl::StatusOr<Process> child = Process::start([shared]() -> absl::Status {
+    shared.fill_(2.5);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(child.ok()) << child.status();
+  ASSERT_TRUE(child->join(absl::Seconds(10)).ok());
+  EXPECT_EQ(Values(*t), (std::vector<double>(6, 2.5)));
+  absl::StatusOr<Tensor> zero = empty_shared({0, 4}, kFloat32);
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->numel(), 0);
+  absl::StatusOr<Tensor> bad = empty_shared({2, -1}, kFloat32);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("negative size in [2, -1]"));
+}
+
 TEST_P(SharingTest, EveryDtypeViewsAndEmptyTensorsCrossAndWritesAreSeenBothWays) {
   std::vector<Tensor> sent;
   Value::List message;

@@ -26,6 +26,7 @@ LAYERS = {
     "autograd": ["tensor", "cuda"],
     "multiprocessing": ["tensor", "cuda", "serialization"],
     "distributed": ["tensor", "cuda", "serialization"],
+    "data": ["tensor", "cuda", "serialization", "multiprocessing", "distributed"],
     "nn": ["tensor", "cuda", "serialization", "autograd", "multiprocessing"],
     "hub": ["tensor", "cuda", "serialization", "autograd", "multiprocessing", "nn"],
     "parallel": [
