@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <map>
@@ -127,6 +128,22 @@ struct LoaderState {
   std::shared_ptr<WorkerPool> persistent;
   bool pin_memory = false;
 
+  // Progress through the epoch, for state_dict (Note [Resuming a loader]).
+  Tensor epoch_generator_state;  // the generator's, when the epoch began
+  bool in_epoch = false;
+  int64_t batches_taken = 0;  // of the order the epoch drew
+  int64_t samples_taken = 0;
+  std::vector<std::string> worker_rng;  // after each worker's last batch taken
+  std::optional<StateDict> resume;      // loaded, for the next iter()
+  bool resume_by_sampler = false;       // the sampler leaves out what was taken
+
+  Generator& generator() {
+    return options.generator != nullptr ? *options.generator : default_generator();
+  }
+  Sampler* IndexSampler() const {
+    return batch_sampler != nullptr ? batch_sampler->sampler().get() : sampler.get();
+  }
+
   bool batching() const { return options.batch_size.has_value() || batch_sampler != nullptr; }
 
   absl::StatusOr<Sample> Collate(std::vector<Sample> samples) {
@@ -213,6 +230,14 @@ absl::Status WorkerLoop(LoaderState& state, int id, uint64_t base_seed, mp::Simp
     const int64_t task_id = *parts[1].get_if<int64_t>();
     std::vector<int64_t> indices;
     for (const mp::Value& v : parts[2].list()) indices.push_back(*v.get_if<int64_t>());
+    if (parts.size() > 3) {
+      // A resumed epoch: where this worker's generator stood after its
+      // last batch the loop took (Note [Resuming a loader]).
+      const std::string& rng = *parts[3].get_if<std::string>();
+      Tensor bytes = empty({static_cast<int64_t>(rng.size())}, kUInt8);
+      std::memcpy(bytes.raw_data(), rng.data(), rng.size());
+      default_generator().set_state(bytes);
+    }
     if (state.iterable != nullptr && task_token != token) {
       absl::StatusOr<SampleStream> fresh = Guarded(
           [&]() -> absl::StatusOr<SampleStream> { return state.iterable->iter(); });
@@ -239,6 +264,8 @@ absl::Status WorkerLoop(LoaderState& state, int id, uint64_t base_seed, mp::Simp
     } else {
       reply["batch"] = **std::move(batch);
     }
+    const Tensor rng = default_generator().get_state();
+    reply["rng"] = std::string(static_cast<const char*>(rng.raw_data()), rng.numel());
     absl::Status sent = out.put(mp::Value(std::move(reply)));
     if (!sent.ok()) {
       // The batch could not cross (e.g. shared memory or descriptors ran
@@ -275,6 +302,23 @@ absl::StatusOr<std::shared_ptr<WorkerPool>> StartPool(const std::shared_ptr<Load
 
 }  // namespace
 
+// Note [Resuming a loader]
+// state_dict() records where the loop stands in the order the epoch drew:
+// the state of the loader's generator when the epoch began (before the
+// base seed), the batches and samples the loop took, and each worker's
+// generator state after the last batch the loop took from it (workers put
+// their generator's state in every reply). load_state_dict() keeps it for
+// the next iter(), which sets the generator back and draws the same base
+// seed and order, then leaves out the taken batches without fetching them.
+// Tasks go round the workers as the uninterrupted epoch sent them (batch k
+// to worker k % num_workers), and each worker's first task carries its
+// saved generator state, so a batch drawn with random numbers in a worker
+// (augmentations) is the one the uninterrupted run made. Batches that
+// were prefetched and not taken are simply made again. A sampler may resume
+// by itself instead (Sampler::load_state): DistributedSampler leaves out
+// the epoch's positions every rank took and splits the rest over the new
+// world size, so the loader skips nothing.
+
 // --- One epoch ------------------------------------------------------------------
 
 struct DataLoaderIterator::Epoch {
@@ -294,12 +338,15 @@ struct DataLoaderIterator::Epoch {
   int64_t to_yield = 0;    // in order: the next task id to return
   int next_worker = 0;
   std::vector<bool> active;                          // workers still given tasks
+  std::vector<std::string> resume_rng;  // per worker, sent with its first task
   std::map<int64_t, int> outstanding;                // task id -> worker
   // A worker's answer to a task: a batch, an error, or the end of its
   // stream (nothing to return).
   struct Result {
     bool end = false;
     absl::StatusOr<Sample> batch;
+    int worker = -1;
+    std::string rng;  // the worker's generator state after this batch
   };
   std::map<int64_t, Result> ready;                   // results not yet returned
   std::deque<int64_t> arrival;                       // their ids as they came
@@ -326,8 +373,12 @@ struct DataLoaderIterator::Epoch {
       if (state->map != nullptr) {
         for (int64_t i : tasks[sent]) indices.emplace_back(i);
       }
-      EMBER_RETURN_IF_ERROR(pool->index_queues[w].put(
-          mp::Value::List{mp::Value(token), mp::Value(sent), mp::Value(std::move(indices))}));
+      mp::Value::List message{mp::Value(token), mp::Value(sent), mp::Value(std::move(indices))};
+      if (w < static_cast<int>(resume_rng.size()) && !resume_rng[w].empty()) {
+        message.emplace_back(std::move(resume_rng[w]));
+        resume_rng[w].clear();
+      }
+      EMBER_RETURN_IF_ERROR(pool->index_queues[w].put(mp::Value(std::move(message))));
       outstanding[sent++] = w;
     }
     return absl::OkStatus();
@@ -384,17 +435,21 @@ struct DataLoaderIterator::Epoch {
       const int64_t task = IntOf(*got, "task");
       const int64_t worker = IntOf(*got, "worker");
       outstanding.erase(task);
+      Result r{.batch = Sample(), .worker = static_cast<int>(worker)};
+      if (const mp::Value* rng = got->find("rng"); rng != nullptr && rng->is<std::string>()) {
+        r.rng = *rng->get_if<std::string>();
+      }
       if (got->find("end") != nullptr) {
         if (worker >= 0 && worker < static_cast<int64_t>(active.size())) active[worker] = false;
-        ready[task] = Result{.end = true, .batch = Sample()};
+        r.end = true;
       } else if (const mp::Value* error = got->find("error")) {
         const auto code = static_cast<absl::StatusCode>(IntOf(*got, "code"));
-        ready[task] = Result{.batch = absl::Status(
-                                 code, absl::StrCat("DataLoader worker ", worker, ", ",
-                                                    *error->get_if<std::string>()))};
+        r.batch = absl::Status(code, absl::StrCat("DataLoader worker ", worker, ", ",
+                                                  *error->get_if<std::string>()));
       } else {
-        ready[task] = Result{.batch = *got->find("batch")};
+        r.batch = *got->find("batch");
       }
+      ready[task] = std::move(r);
       arrival.push_back(task);
       return absl::OkStatus();
     }
@@ -419,35 +474,44 @@ struct DataLoaderIterator::Epoch {
         arrival.erase(std::find(arrival.begin(), arrival.end(), *pick));
         if (state->options.in_order) ++to_yield;
         if (r.end) continue;
+        Took(*pick);
+        if (r.worker >= 0 && r.worker < static_cast<int>(state->worker_rng.size())) {
+          state->worker_rng[r.worker] = std::move(r.rng);
+        }
         if (!r.batch.ok()) return r.batch.status();
         return std::optional<Sample>(state->Pin(*std::move(r.batch)));
       }
-      if (outstanding.empty() && !MoreTasks()) {
-        done = true;
-        return std::optional<Sample>();
-      }
+      if (outstanding.empty() && !MoreTasks()) return End();
       EMBER_RETURN_IF_ERROR(ReceiveOne(deadline, state->options.in_order
                                                      ? to_yield
                                                      : outstanding.begin()->first));
     }
   }
 
+  // The loop took task `task` (Note [Resuming a loader]).
+  void Took(int64_t task) {
+    ++state->batches_taken;
+    if (state->map != nullptr) state->samples_taken += static_cast<int64_t>(tasks[task].size());
+  }
+
+  absl::StatusOr<std::optional<Sample>> End() {
+    done = true;
+    state->in_epoch = false;
+    return std::optional<Sample>();
+  }
+
   absl::StatusOr<std::optional<Sample>> NextHere() {
     if (state->map != nullptr) {
-      if (next_task >= static_cast<int64_t>(tasks.size())) {
-        done = true;
-        return std::optional<Sample>();
-      }
+      if (next_task >= static_cast<int64_t>(tasks.size())) return End();
+      Took(next_task);
       absl::StatusOr<std::optional<Sample>> b = state->Fetch(tasks[next_task++], nullptr);
       if (!b.ok()) return b.status();
       return std::optional<Sample>(state->Pin(**std::move(b)));
     }
     absl::StatusOr<std::optional<Sample>> b = state->Fetch({}, &stream);
     if (!b.ok()) return b.status();
-    if (!b->has_value()) {
-      done = true;
-      return b;
-    }
+    if (!b->has_value()) return End();
+    Took(0);
     return std::optional<Sample>(state->Pin(**std::move(b)));
   }
 };
@@ -597,15 +661,95 @@ std::optional<int64_t> DataLoader::size() const {
   return state_->options.drop_last ? *n / b : (*n + b - 1) / b;
 }
 
+namespace {
+
+Tensor BytesTensor(const std::string& bytes) {
+  Tensor t = empty({static_cast<int64_t>(bytes.size())}, kUInt8);
+  if (!bytes.empty()) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::string WorkerKey(int w) { return absl::StrCat("worker_rng_state.", w); }
+
+}  // namespace
+
+StateDict DataLoader::state_dict() const {
+  LoaderState& st = *state_;
+  StateDict out;
+  out.emplace_back("generator_state",
+                   st.in_epoch ? st.epoch_generator_state : st.generator().get_state());
+  out.emplace_back("batches_taken", internal::StateValue(st.in_epoch ? st.batches_taken : 0));
+  out.emplace_back("samples_taken", internal::StateValue(st.in_epoch ? st.samples_taken : 0));
+  out.emplace_back("num_workers", internal::StateValue(st.options.num_workers));
+  if (!st.in_epoch) return out;
+  for (size_t w = 0; w < st.worker_rng.size(); ++w) {
+    if (st.worker_rng[w].empty()) continue;
+    Tensor rng = BytesTensor(st.worker_rng[w]);
+    out.emplace_back(WorkerKey(static_cast<int>(w)), rng);
+  }
+  if (Sampler* sampler = st.IndexSampler()) sampler->save_state(st.samples_taken, out);
+  return out;
+}
+
+absl::Status DataLoader::load_state_dict(const StateDict& state) {
+  LoaderState& st = *state_;
+  if (st.iterable != nullptr) {
+    return absl::UnimplementedError(
+        "DataLoader::load_state_dict: an IterableDataset's stream has no state to resume "
+        "from; resume a map-style dataset, or skip batches yourself");
+  }
+  const Tensor* gen = internal::FindState(state, "generator_state");
+  if (gen == nullptr || !gen->defined() || gen->dtype() != kUInt8 || gen->dim() != 1) {
+    return absl::InvalidArgumentError(
+        "DataLoader::load_state_dict: the state has no 'generator_state' (a 1-D uint8 tensor); "
+        "pass what DataLoader::state_dict() returned");
+  }
+  EMBER_ASSIGN_OR_RETURN(int64_t batches, internal::StateInt(state, "batches_taken"));
+  EMBER_RETURN_IF_ERROR(internal::StateInt(state, "samples_taken").status());
+  EMBER_RETURN_IF_ERROR(internal::StateInt(state, "num_workers").status());
+  const int64_t per_epoch = st.batch_sampler != nullptr ? st.batch_sampler->size()
+                                                        : st.sampler->size();
+  const bool by_sampler = internal::FindState(state, "sampler.consumed") != nullptr;
+  if (!by_sampler && (batches < 0 || batches > per_epoch)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DataLoader::load_state_dict: the state says ", batches,
+        " batches of the epoch were taken, but an epoch of this loader has ", per_epoch,
+        "; it was saved for another dataset or batch size"));
+  }
+  try {
+    Generator probe(0, st.generator().device());
+    probe.set_state(*gen);  // refuses bytes that are not a generator state
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("DataLoader::load_state_dict: ", e.what()));
+  }
+  bool by_itself = false;
+  if (Sampler* sampler = st.IndexSampler()) {
+    EMBER_ASSIGN_OR_RETURN(by_itself, sampler->load_state(state));
+  }
+  st.resume = state;
+  st.resume_by_sampler = by_itself;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DataLoaderIterator> DataLoader::iter() {
   LoaderState& st = *state_;
   auto epoch = std::make_unique<DataLoaderIterator::Epoch>();
   epoch->state = state_;
+  std::optional<StateDict> resume = std::move(st.resume);
+  st.resume.reset();
+  int64_t skip = 0;
+  int64_t taken_before = 0;  // batches the saved epoch had taken
+  if (resume) {
+    st.generator().set_state(*internal::FindState(*resume, "generator_state"));
+    taken_before = *internal::StateInt(*resume, "batches_taken");
+    skip = st.resume_by_sampler ? 0 : taken_before;
+  }
+  st.epoch_generator_state = st.generator().get_state();
   const bool reuse = st.persistent != nullptr && st.persistent->failure.ok();
   // torch draws the base seed when an iterator is made (for persistent
   // workers, once), before the sampler draws its order.
-  Generator& gen = st.options.generator != nullptr ? *st.options.generator : default_generator();
-  const uint64_t base_seed = reuse ? st.persistent->base_seed : internal::DrawSeed(gen);
+  const uint64_t base_seed =
+      reuse ? st.persistent->base_seed : internal::DrawSeed(st.generator());
   if (st.map != nullptr) {
     if (st.batch_sampler != nullptr) {
       epoch->tasks = st.batch_sampler->batches();
@@ -613,6 +757,13 @@ absl::StatusOr<DataLoaderIterator> DataLoader::iter() {
       for (int64_t i : st.sampler->indices()) epoch->tasks.push_back({i});
     }
   }
+  skip = std::min<int64_t>(skip, epoch->tasks.size());
+  st.batches_taken = skip;
+  st.samples_taken = 0;
+  for (int64_t t = 0; t < skip; ++t) st.samples_taken += epoch->tasks[t].size();
+  epoch->tasks.erase(epoch->tasks.begin(), epoch->tasks.begin() + skip);
+  st.in_epoch = true;
+  st.worker_rng.assign(st.options.num_workers, std::string());
   if (st.options.num_workers == 0) {
     if (st.iterable != nullptr) {
       absl::StatusOr<SampleStream> s =
@@ -622,6 +773,19 @@ absl::StatusOr<DataLoaderIterator> DataLoader::iter() {
     }
     return DataLoaderIterator(std::move(epoch));
   }
+  if (resume && *internal::StateInt(*resume, "num_workers") == st.options.num_workers) {
+    // Each worker goes on from where its generator stood after the last
+    // batch the loop took from it, and the tasks go round as they would
+    // have (batch k to worker k % num_workers).
+    for (int w = 0; w < st.options.num_workers; ++w) {
+      if (const Tensor* rng = internal::FindState(*resume, WorkerKey(w))) {
+        st.worker_rng[w] = std::string(static_cast<const char*>(rng->contiguous().raw_data()),
+                                       rng->numel());
+      }
+    }
+    epoch->resume_rng = st.worker_rng;
+  }
+  epoch->next_worker = static_cast<int>(taken_before % st.options.num_workers);
   if (reuse) {
     epoch->pool = st.persistent;
   } else {

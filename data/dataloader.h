@@ -73,6 +73,7 @@
 #include "data/collate.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "serialization/state_dict.h"
 #include "tensor/factories.h"
 
 namespace ember::data {
@@ -143,6 +144,25 @@ class DataLoader {
   // starts the workers (unless persistent ones are running). Errors:
   // those of starting a process or creating its queues.
   absl::StatusOr<DataLoaderIterator> iter();
+  // Resuming mid-epoch (Note [Resuming a loader] in dataloader.cc). Where
+  // the loop stands, as named tensors that ember::save and distributed
+  // checkpoints store beside a model's: the state of the generator the loader
+  // draws from when the epoch began, the batches and samples the loop has
+  // taken, each worker's generator state after the last batch taken from
+  // it, and the sampler's part (DistributedSampler: the positions of the
+  // epoch all ranks took).
+  StateDict state_dict() const;
+  // Takes such a state (into a new loader over the same dataset, in a new
+  // process, at another world size): the next iter() yields the rest of the
+  // saved epoch, the batches the uninterrupted run would have yielded (with
+  // a DistributedSampler at another world size: the samples no rank took,
+  // split over the new ranks). The loader's generator (options.generator,
+  // or the default generator) is set back to its saved state first and
+  // draws the epoch again. InvalidArgument naming a missing or malformed
+  // entry (nothing changes then); Unimplemented for an iterable dataset,
+  // whose stream has no state to resume from.
+  absl::Status load_state_dict(const StateDict& state);
+
   // torch's len(loader): batches per epoch (samples without batching);
   // nullopt for an iterable dataset without a size.
   std::optional<int64_t> size() const;

@@ -19,6 +19,16 @@
 // then every num_replicas-th index from `rank`. The same seed and epoch give
 // the indices torch's sampler gives every rank.
 //
+// Resuming (save_state / load_state, through DataLoader::state_dict): the
+// state is the epoch, the seed and how many positions of the epoch's global
+// order every rank together consumed (consumed * num_replicas, ranks
+// stepping in lockstep as DDP does). A sampler that loads it leaves those
+// positions out of that epoch's next indices() and splits the rest over its
+// own num_replicas, padded from the order's start as torch pads, so a job
+// resumed at another world size sees every sample of the epoch once; at
+// the same world size it yields exactly the indices the uninterrupted run
+// would have.
+//
 // With num_replicas or rank unset, the default process group gives them
 // (get_world_size(), get_rank()); unset without an initialised group, or a
 // rank outside [0, num_replicas), throws ember::Error saying which, as
@@ -45,19 +55,31 @@ struct DistributedSamplerOptions {
 class DistributedSampler : public Sampler {
  public:
   explicit DistributedSampler(int64_t dataset_size, DistributedSamplerOptions options = {});
-  // Indices per rank per epoch (torch's num_samples).
-  int64_t size() const override { return num_samples_; }
+  // Indices per rank per epoch (torch's num_samples; after a resumed
+  // start, those left).
+  int64_t size() const override;
   std::vector<int64_t> indices() override;
-  // The epoch the next indices() shuffles for.
-  void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  // The epoch the next indices() shuffles for. A resumed start (below)
+  // belongs to one epoch and is dropped when another is set.
+  void set_epoch(int64_t epoch) {
+    if (epoch != epoch_) start_ = 0;
+    epoch_ = epoch;
+  }
   int64_t epoch() const { return epoch_; }
   int num_replicas() const { return num_replicas_; }
   int rank() const { return rank_; }
-  // num_samples * num_replicas.
-  int64_t total_size() const { return total_size_; }
+  // size() * num_replicas.
+  int64_t total_size() const { return size() * num_replicas_; }
   // The whole epoch's order before it is split over ranks (padded or cut
   // to total_size()): rank r's indices are every num_replicas-th from r.
   std::vector<int64_t> global_indices() const;
+  // Positions of this epoch's global order already consumed (a resumed
+  // start; 0 otherwise). The next indices() begins after them, once.
+  int64_t start() const { return start_; }
+  void set_start(int64_t start);
+
+  void save_state(int64_t consumed, StateDict& out) const override;
+  absl::StatusOr<bool> load_state(const StateDict& in) override;
 
  private:
   int64_t dataset_size_;
@@ -67,8 +89,9 @@ class DistributedSampler : public Sampler {
   uint64_t seed_;
   bool drop_last_;
   int64_t epoch_ = 0;
-  int64_t num_samples_;
-  int64_t total_size_;
+  int64_t start_ = 0;
+  // What indices() drew last: its start (for save_state).
+  int64_t drawn_start_ = 0;
 };
 
 }  // namespace ember::data

@@ -6,11 +6,31 @@
 #include <numeric>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
 
 namespace ember::data {
 namespace internal {
+
+const Tensor* FindState(const StateDict& state, const std::string& key) {
+  for (const auto& [name, t] : state) {
+    if (name == key) return &t;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<int64_t> StateInt(const StateDict& state, const std::string& key) {
+  const Tensor* t = FindState(state, key);
+  if (t == nullptr || !t->defined() || t->numel() != 1 || is_floating_point(t->dtype())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the loader state has no integer '", key, "'", t == nullptr ? "" : " (it holds another kind of tensor)",
+        "; pass what DataLoader::state_dict() returned"));
+  }
+  return t->to(kInt64).item<int64_t>();
+}
+
+Tensor StateValue(int64_t value) { return full({}, value, kInt64); }
 
 uint64_t DrawSeed(Generator& generator) {
   std::lock_guard<std::mutex> lock(generator.mutex());

@@ -30,8 +30,11 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "serialization/state_dict.h"
 #include "tensor/factories.h"
 
 namespace ember::data {
@@ -43,6 +46,16 @@ class Sampler {
   virtual int64_t size() const = 0;
   // One epoch's indices, in order.
   virtual std::vector<int64_t> indices() = 0;
+
+  // Resuming mid-epoch (DataLoader::state_dict, Note [Resuming a loader] in
+  // dataloader.cc). save_state adds the sampler's part of a loader's state,
+  // given how many of the last indices() the loop consumed; load_state
+  // takes it back, returning true when the sampler resumes by itself (its
+  // next indices() leaves out what was consumed), false when the loader is
+  // to replay the epoch's order from its generator and skip the consumed
+  // batches. The default saves nothing and returns false.
+  virtual void save_state(int64_t consumed, StateDict& out) const {}
+  virtual absl::StatusOr<bool> load_state(const StateDict& in) { return false; }
 };
 
 // 0, 1, ..., n - 1.
@@ -134,6 +147,14 @@ class BatchSampler {
 };
 
 namespace internal {
+// The tensor under `key` in a loader's state, or null.
+const Tensor* FindState(const StateDict& state, const std::string& key);
+// The integer under `key`: InvalidArgument naming the key when it is absent
+// or not a one-element integer tensor.
+absl::StatusOr<int64_t> StateInt(const StateDict& state, const std::string& key);
+// A one-element int64 tensor, how integers are saved in a loader's state.
+Tensor StateValue(int64_t value);
+
 // A fresh seed from the default generator, drawn as torch's int64 random_()
 // draws it (a 64-bit draw modulo 2^63): what torch's samplers and loader
 // take when they are given no generator.
