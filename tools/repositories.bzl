@@ -70,6 +70,7 @@ _SYSTEM_LIBRARIES = {
     "dnnl": ("libdnnl-dev", ["usr/include/oneapi/dnnl/dnnl.hpp", "usr/lib/x86_64-linux-gnu/libdnnl.so"]),
     "curl": ("libcurl4-openssl-dev", ["usr/include/x86_64-linux-gnu/curl/curl.h", "usr/lib/x86_64-linux-gnu/libcurl.so"]),
     "libarchive": ("libarchive-dev", ["usr/include/archive.h", "usr/lib/x86_64-linux-gnu/libarchive.so"]),
+    "jpeg": ("libjpeg62-turbo-dev", ["usr/include/jpeglib.h", "usr/lib/x86_64-linux-gnu/libjpeg.so"]),
 }
 
 _SYSTEM_LIBRARY_BZL = '''"""A system library's stand-in in the third_party wrappers' deps."""

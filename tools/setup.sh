@@ -20,6 +20,8 @@ PACKAGES=(
   libopenmpi-dev libssl-dev
   # oneDNN, the CPU convolution primitives nn/ uses.
   libdnnl-dev
+  # libjpeg-turbo, the JPEG decoder of data/'s image folders.
+  libjpeg62-turbo-dev
   # hub/ tests: openssl makes the loopback HTTPS server's certificate;
   # python3-torch(vision) check Ember's checkpoints and ResNet-18 against PyTorch.
   openssl python3-torch python3-torchvision
