@@ -303,4 +303,47 @@ absl::StatusOr<Sample> ImageFolder::get(int64_t index) {
   return Sample(Sample::List{Sample(*std::move(image)), Sample(label)});
 }
 
+absl::StatusOr<std::shared_ptr<ImageRecords>> ImageRecords::open(const std::string& path,
+                                                                  ImageFolderOptions options) {
+  // The same checks of the options as ImageFolder's, without a folder.
+  if (options.size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ImageRecords: options out of range: size ", options.size, " (>= 1)"));
+  }
+  absl::StatusOr<std::shared_ptr<RecordDataset>> records = RecordDataset::open(path);
+  if (!records.ok()) return records.status();
+  std::shared_ptr<ImageRecords> out(new ImageRecords());
+  out->options_ = options;
+  out->records_ = *std::move(records);
+  return out;
+}
+
+int64_t ImageRecords::size() const { return records_->size(); }
+
+absl::StatusOr<Sample> ImageRecords::get(int64_t index) {
+  absl::StatusOr<std::string_view> bytes = records_->bytes(index);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<Tensor> image = random_resized_crop_jpeg(
+      *bytes, options_, absl::StrCat(records_->path(), " record ", index));
+  if (!image.ok()) return image.status();
+  return Sample(Sample::List{Sample(*std::move(image)), Sample(records_->label(index))});
+}
+
+absl::StatusOr<int64_t> write_image_folder_records(const std::string& root,
+                                                   const std::string& out) {
+  absl::StatusOr<std::shared_ptr<ImageFolder>> folder = ImageFolder::create(root);
+  if (!folder.ok()) return folder.status();
+  absl::StatusOr<RecordWriter> writer = RecordWriter::create(out);
+  if (!writer.ok()) return writer.status();
+  for (const auto& [path, label] : (*folder)->samples()) {
+    absl::StatusOr<std::string> bytes = ReadFile(path);
+    if (!bytes.ok()) return bytes.status();
+    absl::Status appended = writer->append(*bytes, label);
+    if (!appended.ok()) return appended;
+  }
+  absl::Status closed = writer->close();
+  if (!closed.ok()) return closed;
+  return (*folder)->size();
+}
+
 }  // namespace ember::data

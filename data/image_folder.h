@@ -46,6 +46,7 @@
 
 #include "absl/status/statusor.h"
 #include "data/dataset.h"
+#include "data/record_file.h"
 #include "tensor/tensor.h"
 
 namespace ember::data {
@@ -93,6 +94,30 @@ class ImageFolder : public Dataset {
   std::map<std::string, int64_t> class_to_idx_;
   std::vector<std::pair<std::string, int64_t>> samples_;
 };
+
+// An ImageFolder packed in a record file (record_file.h; the tool
+// //data:make_records writes one): sample i is record i's picture with
+// ImageFolder's augmentation, and its label. Decoding reads the mapped
+// bytes in place.
+class ImageRecords : public Dataset {
+ public:
+  static absl::StatusOr<std::shared_ptr<ImageRecords>> open(const std::string& path,
+                                                            ImageFolderOptions options = {});
+  int64_t size() const override;
+  absl::StatusOr<Sample> get(int64_t index) override;
+
+ private:
+  ImageRecords() = default;
+  ImageFolderOptions options_;
+  std::shared_ptr<RecordDataset> records_;
+};
+
+// Writes every image of the ImageFolder under `root` (each file's bytes as
+// they are, labelled with its class index, in the folder's order) to the
+// record file `out`; returns how many. The errors of ImageFolder::create,
+// of reading a file and of RecordWriter.
+absl::StatusOr<int64_t> write_image_folder_records(const std::string& root,
+                                                   const std::string& out);
 
 // The augmentation of one picture (what ImageFolder::get applies after
 // reading the file), for pictures from elsewhere.
