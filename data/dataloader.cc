@@ -43,6 +43,8 @@ namespace mp = ::ember::multiprocessing;
 namespace {
 
 constexpr absl::Duration kStatusCheckInterval = absl::Milliseconds(100);
+// The entry point of workers started by spawn or forkserver.
+constexpr char kWorkerEntryPoint[] = "ember.data.worker";
 constexpr absl::Duration kStopGrace = absl::Seconds(1);
 
 absl::Status Annotate(const absl::Status& s, const std::string& where) {
@@ -288,17 +290,56 @@ absl::StatusOr<std::shared_ptr<WorkerPool>> StartPool(const std::shared_ptr<Load
     EMBER_ASSIGN_OR_RETURN(mp::SimpleQueue q, mp::SimpleQueue::create());
     pool->index_queues.push_back(q);
   }
+  const std::string& method = state->options.multiprocessing_context;
   for (int id = 0; id < state->options.num_workers; ++id) {
     mp::SimpleQueue in = pool->index_queues[id];
     mp::SimpleQueue out = pool->results;
-    LoaderState* st = state.get();
-    absl::StatusOr<mp::Process> p =
-        mp::Process::start([st, id, base_seed, in, out] { return WorkerLoop(*st, id, base_seed, in, out); });
+    absl::StatusOr<mp::Process> p = absl::UnknownError("no start method");
+    if (method.empty() || method == "fork") {
+      LoaderState* st = state.get();
+      p = mp::Process::start(
+          [st, id, base_seed, in, out] { return WorkerLoop(*st, id, base_seed, in, out); });
+    } else {
+      // A fresh process rebuilds the dataset from its recipe (checked by
+      // create()) and gets what its loop needs of the options.
+      const Recipe recipe = *state->map->recipe();
+      std::vector<mp::Value> args = {
+          mp::Value(recipe.factory), recipe.args, mp::Value(state->options.num_workers),
+          mp::Value(static_cast<int64_t>(base_seed)), mp::Value(state->batching()),
+          mp::Value(in), mp::Value(out)};
+      p = method == "spawn" ? mp::Process::start_spawn(kWorkerEntryPoint, id, std::move(args))
+                            : mp::Process::start_forkserver(kWorkerEntryPoint, id, std::move(args));
+    }
     if (!p.ok()) return Annotate(p.status(), absl::StrCat("DataLoader: starting worker ", id));
     pool->processes.push_back(*std::move(p));
   }
   return pool;
 }
+
+// A worker started by spawn or forkserver (the arguments StartPool sends).
+absl::Status SpawnedWorker(int id, absl::Span<const mp::Value> args) {
+  if (args.size() != 7) return absl::InvalidArgumentError("DataLoader worker: bad arguments");
+  EMBER_ASSIGN_OR_RETURN(std::string factory, args[0].as<std::string>());
+  EMBER_ASSIGN_OR_RETURN(int64_t num_workers, args[2].as<int64_t>());
+  EMBER_ASSIGN_OR_RETURN(int64_t base_seed, args[3].as<int64_t>());
+  EMBER_ASSIGN_OR_RETURN(bool batching, args[4].as<bool>());
+  EMBER_ASSIGN_OR_RETURN(mp::SimpleQueue in, args[5].as<mp::SimpleQueue>());
+  EMBER_ASSIGN_OR_RETURN(mp::SimpleQueue out, args[6].as<mp::SimpleQueue>());
+  LoaderState state;
+  absl::StatusOr<std::shared_ptr<Dataset>> dataset = rebuild_dataset({factory, args[1]});
+  if (!dataset.ok()) {
+    const absl::Status why = Annotate(dataset.status(), "rebuilding the dataset");
+    out.put(mp::Value::Dict{{"fatal", std::string(why.message())}, {"worker", id}},
+            absl::Seconds(10))
+        .IgnoreError();
+    return why;
+  }
+  state.map = *std::move(dataset);
+  state.options.num_workers = static_cast<int>(num_workers);
+  if (!batching) state.options.batch_size.reset();
+  return WorkerLoop(state, id, static_cast<uint64_t>(base_seed), in, out);
+}
+EMBER_REGISTER_ENTRY_POINT(kWorkerEntryPoint, SpawnedWorker);
 
 }  // namespace
 
@@ -563,17 +604,25 @@ absl::Status CheckOptions(const DataLoaderOptions& o, bool iterable) {
                                "loading (num_workers > 0), but got num_workers=",
                                o.num_workers));
   }
-  if (!o.multiprocessing_context.empty() && o.multiprocessing_context != "fork") {
-    if (o.multiprocessing_context == "spawn" || o.multiprocessing_context == "forkserver") {
-      return absl::UnimplementedError(absl::StrCat(
-          "DataLoader: multiprocessing_context '", o.multiprocessing_context,
-          "' would rebuild the dataset in a fresh process, which a C++ dataset object cannot "
-          "be sent to; use 'fork' (the workers then share the dataset's memory copy-on-write)"));
-    }
+  const std::string& method = o.multiprocessing_context;
+  if (!method.empty() && method != "fork" && method != "spawn" && method != "forkserver") {
     return refuse(absl::StrCat("multiprocessing_context option should specify a valid start "
                                "method in ['fork', 'spawn', 'forkserver'], but got "
                                "multiprocessing_context='",
-                               o.multiprocessing_context, "'"));
+                               method, "'"));
+  }
+  if (method == "spawn" || method == "forkserver") {
+    if (iterable) {
+      return absl::UnimplementedError(absl::StrCat(
+          "DataLoader: an IterableDataset's workers can only be forked (its stream has no "
+          "recipe to rebuild it from); use multiprocessing_context 'fork'"));
+    }
+    if (o.collate_fn || o.worker_init_fn) {
+      return refuse(absl::StrCat(
+          "multiprocessing_context '", method, "' starts fresh processes, to which ",
+          o.collate_fn ? "collate_fn" : "worker_init_fn",
+          " (a C++ function) cannot be sent; use 'fork', or leave it unset"));
+    }
   }
   if (o.batch_size && *o.batch_size <= 0) {
     return refuse(absl::StrCat("batch_size should be a positive integer value, but got "
@@ -616,6 +665,14 @@ absl::StatusOr<DataLoader> DataLoader::create(std::shared_ptr<Dataset> dataset,
                                               DataLoaderOptions options) {
   if (dataset == nullptr) return absl::InvalidArgumentError("DataLoader: the dataset is null");
   EMBER_RETURN_IF_ERROR(CheckOptions(options, /*iterable=*/false));
+  if ((options.multiprocessing_context == "spawn" ||
+       options.multiprocessing_context == "forkserver") &&
+      !dataset->recipe()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DataLoader: multiprocessing_context '", options.multiprocessing_context,
+        "' rebuilds the dataset in each worker from its recipe(), and this dataset has none; "
+        "give it one (Dataset::recipe, EMBER_REGISTER_DATASET_FACTORY) or use 'fork'"));
+  }
   auto state = std::make_shared<LoaderState>();
   state->map = std::move(dataset);
   state->pin_memory = options.pin_memory;

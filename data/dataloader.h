@@ -29,8 +29,9 @@
 // `generator` (or the default generator), then the sampler's order, so a
 // seed gives torch's order (Note [Random numbers] in tensor/factories.h).
 //
-// Workers (Note [DataLoader workers] in dataloader.cc): num_workers forked
-// processes, each with its own copy of the dataset, its Ember generators
+// Workers (Note [DataLoader workers] in dataloader.cc): num_workers
+// processes (forked, or started by spawn or forkserver and given the
+// dataset's recipe()), each with its own copy of the dataset, its Ember generators
 // seeded with base_seed + id (so workers never draw the same numbers), and
 // get_worker_info() set. The loop keeps prefetch_factor batches per worker
 // requested, round robin; a worker collates a batch straight into shared
@@ -96,7 +97,11 @@ struct DataLoaderOptions {
   // Runs in each worker after seeding, before its first batch; a failure
   // is reported by next() as the worker's.
   std::function<absl::Status(int worker_id)> worker_init_fn;
-  // The start method of the workers: "fork" (also when empty).
+  // The start method of the workers: "fork" (also when empty), "spawn" or
+  // "forkserver". The last two start fresh processes of this binary (its
+  // main() calls multiprocessing::maybe_run_spawned_child() first), which
+  // rebuild the dataset from its recipe() (tensors arrive in shared
+  // memory); collate_fn and worker_init_fn must be unset for them.
   std::string multiprocessing_context;
   // Not owned. Draws the base seed and the shuffle order; null: the
   // default generator.

@@ -5,16 +5,19 @@
 #include "data/dataloader.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "data/dataset.h"
@@ -406,6 +409,49 @@ TEST(DataLoaderTest, WorkersDieWithTheProcessThatStartedThem) {
   }
 }
 
+int OpenDescriptors() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += e.exists() ? 1 : 0;
+  return n;
+}
+
+// The loop holds every batch, each a shared region with its descriptor, in
+// a process whose descriptor limit is nearly reached: a clear error naming
+// the limit, not "received 0 items of ancdata".
+TEST(DataLoaderTest, ADescriptorLimitReachedIsNamed) {
+  absl::StatusOr<mp::Process> child = mp::Process::start([]() -> absl::Status {
+    absl::StatusOr<DataLoader> loader =
+        DataLoader::create(Numbers(400), {.batch_size = 2, .num_workers = 2});
+    if (!loader.ok()) return loader.status();
+    absl::StatusOr<DataLoaderIterator> it = loader->iter();
+    if (!it.ok()) return it.status();
+    std::vector<Sample> held;
+    absl::StatusOr<std::optional<Sample>> b = it->next();
+    if (!b.ok()) return b.status();
+    held.push_back(**b);
+    const rlimit low{static_cast<rlim_t>(OpenDescriptors() + 8),
+                     static_cast<rlim_t>(OpenDescriptors() + 8)};
+    if (::setrlimit(RLIMIT_NOFILE, &low) != 0) return absl::InternalError("setrlimit");
+    for (int i = 0; i < 200; ++i) {
+      b = it->next();
+      if (!b.ok()) {
+        if (b.status().code() == absl::StatusCode::kResourceExhausted &&
+            absl::StrContains(b.status().message(), "RLIMIT_NOFILE")) {
+          return absl::OkStatus();
+        }
+        return b.status();
+      }
+      if (!b->has_value()) break;
+      held.push_back(**b);
+    }
+    return absl::InternalError("the limit was never reached");
+  });
+  ASSERT_TRUE(child.ok()) << child.status();
+  absl::StatusOr<mp::ExitStatus> end = child->join(absl::Seconds(60));
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_TRUE(end->ok()) << end->str() << ": " << child->error_message();
+}
+
 TEST(DataLoaderTest, WithoutBatchingSamplesComeAsTheyAre) {
   absl::StatusOr<DataLoader> loader =
       DataLoader::create(Numbers(5), {.batch_size = std::nullopt, .num_workers = 2});
@@ -444,8 +490,15 @@ TEST(DataLoaderTest, RefusesWhatTorchRefuses) {
               HasSubstr("persistent_workers option needs num_workers > 0"));
   EXPECT_THAT(message({.batch_size = std::nullopt, .drop_last = true}),
               HasSubstr("mutually exclusive with drop_last"));
-  EXPECT_THAT(message({.num_workers = 1, .multiprocessing_context = "spawn"}),
-              HasSubstr("use 'fork'"));
+  EXPECT_THAT(message({.num_workers = 1,
+                       .worker_init_fn = [](int) { return absl::OkStatus(); },
+                       .multiprocessing_context = "spawn"}),
+              HasSubstr("worker_init_fn (a C++ function) cannot be sent"));
+  absl::StatusOr<DataLoader> no_recipe =
+      DataLoader::create(std::make_shared<Tripwire>(4, 0, Tripwire::Act::kNothing),
+                         {.num_workers = 1, .multiprocessing_context = "forkserver"});
+  EXPECT_THAT(std::string(no_recipe.status().message()),
+              HasSubstr("this dataset has none; give it one"));
   EXPECT_THAT(message({.num_workers = 1, .multiprocessing_context = "thread"}),
               HasSubstr("but got multiprocessing_context='thread'"));
   absl::StatusOr<DataLoader> l =

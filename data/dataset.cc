@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -23,6 +26,73 @@ absl::Status OutOfRange(const char* what, int64_t index, int64_t size) {
                                             " is out of range for a dataset of ", size,
                                             " samples"));
 }
+
+std::map<std::string, DatasetFactory>& Factories() {
+  static auto* factories = new std::map<std::string, DatasetFactory>();
+  return *factories;
+}
+
+std::mutex& FactoriesMu() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+
+}  // namespace
+
+void register_dataset_factory(const std::string& name, DatasetFactory factory) {
+  std::lock_guard<std::mutex> lock(FactoriesMu());
+  Factories()[name] = factory;
+}
+
+absl::StatusOr<std::shared_ptr<Dataset>> rebuild_dataset(const Recipe& recipe) {
+  DatasetFactory factory = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(FactoriesMu());
+    auto it = Factories().find(recipe.factory);
+    if (it != Factories().end()) factory = it->second;
+  }
+  if (factory == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "no dataset factory is registered as '", recipe.factory,
+        "' in this binary; register it with EMBER_REGISTER_DATASET_FACTORY"));
+  }
+  return factory(recipe.args);
+}
+
+namespace {
+
+absl::StatusOr<std::shared_ptr<Dataset>> MakeTensorDataset(const Sample& args) {
+  std::vector<Tensor> tensors;
+  for (const Sample& t : args.list()) {
+    absl::StatusOr<Tensor> tensor = t.as<Tensor>();
+    if (!tensor.ok()) return tensor.status();
+    tensors.push_back(*tensor);
+  }
+  try {
+    return std::shared_ptr<Dataset>(std::make_shared<TensorDataset>(std::move(tensors)));
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+}
+EMBER_REGISTER_DATASET_FACTORY("ember.data.TensorDataset", MakeTensorDataset);
+
+absl::StatusOr<std::shared_ptr<Dataset>> MakeSubset(const Sample& args) {
+  const Sample* factory = args.find("factory");
+  const Sample* inner = args.find("args");
+  const Sample* indices = args.find("indices");
+  if (factory == nullptr || !factory->is<std::string>() || inner == nullptr ||
+      indices == nullptr || !indices->is<Tensor>()) {
+    return absl::InvalidArgumentError("Subset's recipe: expected factory, args and indices");
+  }
+  absl::StatusOr<std::shared_ptr<Dataset>> base =
+      rebuild_dataset({*factory->get_if<std::string>(), *inner});
+  if (!base.ok()) return base.status();
+  const Tensor t = indices->get_if<Tensor>()->contiguous();
+  return std::shared_ptr<Dataset>(std::make_shared<Subset>(
+      *std::move(base),
+      std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel())));
+}
+EMBER_REGISTER_DATASET_FACTORY("ember.data.Subset", MakeSubset);
 
 }  // namespace
 
@@ -50,6 +120,11 @@ TensorDataset::TensorDataset(std::vector<Tensor> tensors) : tensors_(std::move(t
   size_ = tensors_[0].size(0);
 }
 
+std::optional<Recipe> TensorDataset::recipe() const {
+  Sample::List tensors(tensors_.begin(), tensors_.end());
+  return Recipe{"ember.data.TensorDataset", Sample(std::move(tensors))};
+}
+
 absl::StatusOr<Sample> TensorDataset::get(int64_t index) {
   if (index < 0 || index >= size_) return OutOfRange("TensorDataset", index, size_);
   Sample::List parts;
@@ -63,6 +138,14 @@ absl::StatusOr<Sample> TensorDataset::get(int64_t index) {
 Subset::Subset(std::shared_ptr<Dataset> dataset, std::vector<int64_t> indices)
     : dataset_(std::move(dataset)), indices_(std::move(indices)) {
   EMBER_CHECK(dataset_ != nullptr, "Subset: the dataset is null");
+}
+
+std::optional<Recipe> Subset::recipe() const {
+  std::optional<Recipe> inner = dataset_->recipe();
+  if (!inner) return std::nullopt;
+  return Recipe{"ember.data.Subset", Sample::Dict{{"factory", inner->factory},
+                                                  {"args", inner->args},
+                                                  {"indices", Sample(tensor(indices_))}}};
 }
 
 absl::StatusOr<Sample> Subset::get(int64_t index) {

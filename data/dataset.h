@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <variant>
 #include <vector>
 
@@ -46,6 +47,15 @@ namespace ember::data {
 
 using Sample = multiprocessing::Value;
 
+// How to build a dataset again in a fresh process (a DataLoader worker
+// started with the spawn or forkserver method), as pickling is for torch's:
+// the name of a registered factory and the Value it takes (tensors travel
+// in shared memory).
+struct Recipe {
+  std::string factory;
+  Sample args;
+};
+
 // A map-style dataset (torch.utils.data.Dataset): size() samples, each got
 // by its index.
 class Dataset {
@@ -56,7 +66,24 @@ class Dataset {
   // __getitem__ for 0 <= index < size(); OutOfRange (naming the index and
   // the size) otherwise, by convention.
   virtual absl::StatusOr<Sample> get(int64_t index) = 0;
+  // The recipe that rebuilds this dataset elsewhere, or nullopt (the
+  // default) when it has none: then its workers can only be forked.
+  virtual std::optional<Recipe> recipe() const { return std::nullopt; }
 };
+
+// What a recipe names: builds the dataset from its args.
+using DatasetFactory = absl::StatusOr<std::shared_ptr<Dataset>> (*)(const Sample& args);
+// Registers `factory` under `name` (at start-up, e.g. through the macro
+// below, so that a spawned worker, which runs the same binary, has it).
+void register_dataset_factory(const std::string& name, DatasetFactory factory);
+#define EMBER_REGISTER_DATASET_FACTORY(name, fn)                 \
+  static const bool ember_dataset_factory_##fn = [] {           \
+    ::ember::data::register_dataset_factory(name, fn);          \
+    return true;                                                \
+  }()
+// Builds a dataset from its recipe: NotFound naming the factory when none is
+// registered under its name, else the factory's own errors.
+absl::StatusOr<std::shared_ptr<Dataset>> rebuild_dataset(const Recipe& recipe);
 
 // The next sample of a stream, or nullopt at its end.
 using SampleStream = std::function<absl::StatusOr<std::optional<Sample>>()>;
@@ -103,6 +130,7 @@ class TensorDataset : public Dataset {
   explicit TensorDataset(std::vector<Tensor> tensors);
   int64_t size() const override { return size_; }
   absl::StatusOr<Sample> get(int64_t index) override;
+  std::optional<Recipe> recipe() const override;
   const std::vector<Tensor>& tensors() const { return tensors_; }
 
  private:
@@ -116,6 +144,8 @@ class Subset : public Dataset {
   Subset(std::shared_ptr<Dataset> dataset, std::vector<int64_t> indices);
   int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
   absl::StatusOr<Sample> get(int64_t index) override;
+  // The inner dataset's recipe and the indices (nullopt without the former).
+  std::optional<Recipe> recipe() const override;
   const std::vector<int64_t>& indices() const { return indices_; }
   const std::shared_ptr<Dataset>& dataset() const { return dataset_; }
 

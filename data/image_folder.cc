@@ -215,7 +215,86 @@ bool IsJpeg(const std::filesystem::path& p) {
   return ext == ".jpg" || ext == ".jpeg";
 }
 
+// ImageFolderOptions as a recipe's Value, and back.
+Sample OptionsValue(const ImageFolderOptions& o) {
+  const Sample::List mean(o.mean.begin(), o.mean.end()), std(o.std.begin(), o.std.end());
+  return Sample::Dict{{"size", o.size},
+                      {"scale", Sample::List{o.scale.first, o.scale.second}},
+                      {"ratio", Sample::List{o.ratio.first, o.ratio.second}},
+                      {"flip_p", o.flip_p},
+                      {"mean", Sample(mean)},
+                      {"std", Sample(std)}};
+}
+
+absl::StatusOr<ImageFolderOptions> OptionsOf(const Sample& v) {
+  ImageFolderOptions o;
+  auto number = [&](const Sample* s) -> std::optional<double> {
+    if (s == nullptr) return std::nullopt;
+    if (const double* d = s->get_if<double>()) return *d;
+    if (const int64_t* i = s->get_if<int64_t>()) return static_cast<double>(*i);
+    return std::nullopt;
+  };
+  const Sample* scale = v.find("scale");
+  const Sample* ratio = v.find("ratio");
+  const Sample* mean = v.find("mean");
+  const Sample* std = v.find("std");
+  if (!number(v.find("size")) || !number(v.find("flip_p")) || scale == nullptr ||
+      scale->list().size() != 2 || ratio == nullptr || ratio->list().size() != 2 ||
+      mean == nullptr || mean->list().size() != 3 || std == nullptr || std->list().size() != 3) {
+    return absl::InvalidArgumentError("ImageFolder's recipe: malformed options");
+  }
+  o.size = static_cast<int64_t>(*number(v.find("size")));
+  o.flip_p = *number(v.find("flip_p"));
+  o.scale = {*number(&scale->list()[0]), *number(&scale->list()[1])};
+  o.ratio = {*number(&ratio->list()[0]), *number(&ratio->list()[1])};
+  for (int c = 0; c < 3; ++c) {
+    o.mean[c] = static_cast<float>(*number(&mean->list()[c]));
+    o.std[c] = static_cast<float>(*number(&std->list()[c]));
+  }
+  return o;
+}
+
+absl::StatusOr<std::shared_ptr<Dataset>> RescanFolder(const Sample& args) {
+  const Sample* root = args.find("root");
+  const Sample* options = args.find("options");
+  if (root == nullptr || !root->is<std::string>() || options == nullptr) {
+    return absl::InvalidArgumentError("ImageFolder's recipe: expected root and options");
+  }
+  absl::StatusOr<ImageFolderOptions> o = OptionsOf(*options);
+  if (!o.ok()) return o.status();
+  absl::StatusOr<std::shared_ptr<ImageFolder>> f =
+      ImageFolder::create(*root->get_if<std::string>(), *o);
+  if (!f.ok()) return f.status();
+  return std::shared_ptr<Dataset>(*std::move(f));
+}
+EMBER_REGISTER_DATASET_FACTORY("ember.data.ImageFolder", RescanFolder);
+
+absl::StatusOr<std::shared_ptr<Dataset>> ReopenImageRecords(const Sample& args) {
+  const Sample* path = args.find("path");
+  const Sample* options = args.find("options");
+  if (path == nullptr || !path->is<std::string>() || options == nullptr) {
+    return absl::InvalidArgumentError("ImageRecords' recipe: expected path and options");
+  }
+  absl::StatusOr<ImageFolderOptions> o = OptionsOf(*options);
+  if (!o.ok()) return o.status();
+  absl::StatusOr<std::shared_ptr<ImageRecords>> r =
+      ImageRecords::open(*path->get_if<std::string>(), *o);
+  if (!r.ok()) return r.status();
+  return std::shared_ptr<Dataset>(*std::move(r));
+}
+EMBER_REGISTER_DATASET_FACTORY("ember.data.ImageRecords", ReopenImageRecords);
+
 }  // namespace
+
+std::optional<Recipe> ImageFolder::recipe() const {
+  return Recipe{"ember.data.ImageFolder",
+                Sample::Dict{{"root", root_}, {"options", OptionsValue(options_)}}};
+}
+
+std::optional<Recipe> ImageRecords::recipe() const {
+  return Recipe{"ember.data.ImageRecords",
+                Sample::Dict{{"path", records_->path()}, {"options", OptionsValue(options_)}}};
+}
 
 absl::StatusOr<Tensor> decode_jpeg(std::string_view bytes, std::string_view what) {
   absl::StatusOr<Decoded> d =
@@ -261,6 +340,7 @@ absl::StatusOr<std::shared_ptr<ImageFolder>> ImageFolder::create(const std::stri
     return absl::NotFoundError(absl::StrCat("ImageFolder: ", root, " is not a directory"));
   }
   std::shared_ptr<ImageFolder> folder(new ImageFolder());
+  folder->root_ = root;
   folder->options_ = options;
   for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
     if (e.is_directory()) folder->classes_.push_back(e.path().filename().string());

@@ -81,6 +81,8 @@ class ImageFolder : public Dataset {
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   // [image, label]; errors name the file.
   absl::StatusOr<Sample> get(int64_t index) override;
+  // Scans the same root with the same options.
+  std::optional<Recipe> recipe() const override;
 
   // torchvision's classes, class_to_idx and samples (path, label).
   const std::vector<std::string>& classes() const { return classes_; }
@@ -89,6 +91,7 @@ class ImageFolder : public Dataset {
 
  private:
   ImageFolder() = default;
+  std::string root_;
   ImageFolderOptions options_;
   std::vector<std::string> classes_;
   std::map<std::string, int64_t> class_to_idx_;
@@ -105,6 +108,7 @@ class ImageRecords : public Dataset {
                                                             ImageFolderOptions options = {});
   int64_t size() const override;
   absl::StatusOr<Sample> get(int64_t index) override;
+  std::optional<Recipe> recipe() const override;
 
  private:
   ImageRecords() = default;

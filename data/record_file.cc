@@ -175,6 +175,23 @@ int64_t RecordDataset::label(int64_t index) const {
   return static_cast<int64_t>(Get64(index_ + index * kEntry + 16));
 }
 
+std::optional<Recipe> RecordDataset::recipe() const {
+  return Recipe{"ember.data.RecordDataset", Sample(path_)};
+}
+
+namespace {
+
+absl::StatusOr<std::shared_ptr<Dataset>> ReopenRecords(const Sample& args) {
+  absl::StatusOr<std::string> path = args.as<std::string>();
+  if (!path.ok()) return path.status();
+  absl::StatusOr<std::shared_ptr<RecordDataset>> ds = RecordDataset::open(*path);
+  if (!ds.ok()) return ds.status();
+  return std::shared_ptr<Dataset>(*std::move(ds));
+}
+EMBER_REGISTER_DATASET_FACTORY("ember.data.RecordDataset", ReopenRecords);
+
+}  // namespace
+
 absl::StatusOr<Sample> RecordDataset::get(int64_t index) {
   absl::StatusOr<std::string_view> b = bytes(index);
   if (!b.ok()) return b.status();

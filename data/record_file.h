@@ -74,6 +74,8 @@ class RecordDataset : public Dataset {
   static absl::StatusOr<std::shared_ptr<RecordDataset>> open(const std::string& path);
   int64_t size() const override { return count_; }
   absl::StatusOr<Sample> get(int64_t index) override;
+  // Opens the same file again.
+  std::optional<Recipe> recipe() const override;
   // The record's bytes (a view of the mapping) and its label.
   absl::StatusOr<std::string_view> bytes(int64_t index) const;
   int64_t label(int64_t index) const;
