@@ -107,7 +107,7 @@ class WhoGotIt : public Dataset {
 TEST(DataLoaderTest, WorkersGiveTheLoopsBatchesInItsOrder) {
   auto ds = Numbers(103);
   std::vector<std::vector<Sample>> runs;
-  for (int workers : {0, 1, 3, 16}) {
+  for (int workers : {0, 1, 3, 16, 64}) {
     Generator g(5);
     absl::StatusOr<DataLoader> loader = DataLoader::create(
         ds, {.batch_size = 8, .shuffle = true, .num_workers = workers, .generator = &g});
@@ -450,6 +450,75 @@ TEST(DataLoaderTest, ADescriptorLimitReachedIsNamed) {
   absl::StatusOr<mp::ExitStatus> end = child->join(absl::Seconds(60));
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_TRUE(end->ok()) << end->str() << ": " << child->error_message();
+}
+
+// Shared memory that cannot hold a batch (here: a file size limit on the
+// workers, which posix_fallocate meets as /dev/shm full would be met): an
+// error naming the size, the free space and what to do, never a SIGBUS.
+TEST(DataLoaderTest, SharedMemoryTooSmallForABatchIsExplained) {
+  absl::StatusOr<mp::Process> child = mp::Process::start([]() -> absl::Status {
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit small{1 << 20, 1 << 20};
+    if (::setrlimit(RLIMIT_FSIZE, &small) != 0) return absl::InternalError("setrlimit");
+    auto big = std::make_shared<TensorDataset>(std::vector<Tensor>{zeros({8, 1 << 18})});
+    absl::StatusOr<DataLoader> loader =
+        DataLoader::create(big, {.batch_size = 4, .num_workers = 1});  // 4 MiB batches
+    if (!loader.ok()) return loader.status();
+    absl::StatusOr<DataLoaderIterator> it = loader->iter();
+    if (!it.ok()) return it.status();
+    absl::StatusOr<std::optional<Sample>> b = it->next();
+    if (b.ok()) return absl::InternalError("a 4 MiB batch fit under a 1 MiB limit");
+    const std::string m(b.status().message());
+    if (b.status().code() != absl::StatusCode::kResourceExhausted ||
+        !absl::StrContains(m, "4194304 bytes") || !absl::StrContains(m, "free in /dev/shm") ||
+        !absl::StrContains(m, "--shm-size")) {
+      return absl::InternalError("unexpected: " + b.status().ToString());
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(child.ok()) << child.status();
+  absl::StatusOr<mp::ExitStatus> end = child->join(absl::Seconds(60));
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_TRUE(end->ok()) << end->str() << ": " << child->error_message();
+}
+
+// The file_system strategy: batches cross as named /dev/shm regions, and a
+// killed worker's regions are gone once everyone let go of them (the shm
+// manager unlinks those of dead processes).
+TEST(DataLoaderTest, TheFileSystemStrategyCarriesBatchesAndLeavesNothingBehind) {
+  const std::string prefix = absl::StrCat("/ember_dltest_", ::getpid());
+  ASSERT_TRUE(mp::set_sharing_strategy("file_system").ok());
+  ASSERT_TRUE(mp::set_shared_memory_prefix(prefix).ok());
+  {
+    absl::StatusOr<DataLoader> loader =
+        DataLoader::create(Numbers(40), {.batch_size = 4, .num_workers = 2});
+    ASSERT_TRUE(loader.ok());
+    std::vector<Sample> batches = Drain(*loader);
+    ASSERT_EQ(batches.size(), 10u);
+    EXPECT_TRUE(mp::is_shared(Part(batches[3], 0)));
+    EXPECT_TRUE(Part(batches[9], 1).equal(tensor(std::vector<int64_t>{36, 37, 38, 39})));
+
+    absl::StatusOr<DataLoader> killed = DataLoader::create(
+        std::make_shared<Tripwire>(40, 9, Tripwire::Act::kKill), {.batch_size = 2, .num_workers = 2});
+    ASSERT_TRUE(killed.ok());
+    absl::StatusOr<DataLoaderIterator> it = killed->iter();
+    absl::Status failure;
+    for (int b = 0; b < 20 && failure.ok(); ++b) failure = it->next().status();
+    EXPECT_EQ(failure.code(), absl::StatusCode::kAborted) << failure;
+  }
+  mp::empty_shared_memory_cache();
+  ASSERT_TRUE(mp::set_sharing_strategy("file_descriptor").ok());
+  const std::string stem = prefix.substr(1);
+  auto left = [&] {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      n += e.path().filename().string().rfind(stem, 0) == 0;
+    }
+    return n;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (left() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(left(), 0) << "regions named " << prefix << "* are left in /dev/shm";
 }
 
 TEST(DataLoaderTest, WithoutBatchingSamplesComeAsTheyAre) {

@@ -3,8 +3,8 @@
 // random linear map of the input), each rank's share chosen by a
 // DistributedSampler reshuffled every epoch, batches made by two worker
 // processes per rank. --stop_after=N stops the job after N steps (as a
-// preemption would), with a checkpoint of the model, the epoch and the
-// loader's state; started again, on any number of processes, it resumes
+// preemption would), with a distributed checkpoint of the model, the epoch
+// and the loader's state; started again, on any number of processes, it resumes
 // mid-epoch: the samples no rank trained on in that epoch are split over
 // the new ranks, none lost, none trained on twice (but torch's padding).
 //
@@ -14,7 +14,8 @@
 //   $launch --nproc_per_node=3 $program                  # resumed on 3
 //
 // Options: --epochs=N (3), --batch=N (per rank, 16), --workers=N (2),
-// --stop_after=N (0: never), --checkpoint=PATH (ddp_data_train.pt),
+// --stop_after=N (0: never), --checkpoint=DIR (ddp_data_train.ckpt, a
+// distributed checkpoint),
 // --seen=DIR (each rank appends the index of every sample it trained on to
 // DIR/seen.<world>.<rank>). Exits non-zero, with the error, when anything
 // fails.
@@ -34,6 +35,7 @@
 #include "autograd/grad_mode.h"
 #include "data/dataloader.h"
 #include "data/distributed_sampler.h"
+#include "distributed/checkpoint/checkpoint.h"
 #include "distributed/distributed.h"
 #include "nn/activation.h"
 #include "nn/container.h"
@@ -41,12 +43,13 @@
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
 #include "parallel/distributed_data_parallel.h"
-#include "serialization/serialization.h"
+#include "serialization/state_dict.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
 
 namespace data = ember::data;
+namespace dcp = ember::distributed::checkpoint;
 namespace dist = ember::distributed;
 using ember::Tensor;
 
@@ -62,7 +65,7 @@ struct Options {
   int batch = 16;
   int workers = 2;
   int stop_after = 0;
-  std::string checkpoint = "ddp_data_train.pt";
+  std::string checkpoint = "ddp_data_train.ckpt";
   std::string seen;
 };
 
@@ -108,33 +111,34 @@ std::shared_ptr<data::TensorDataset> MakeDataset(int64_t n, uint64_t seed) {
       std::vector<Tensor>{x, x.matmul(teacher).argmax(1), ember::arange(n)});
 }
 
-// The checkpoint: the model's parameters, "epoch" and the loader's state
-// under "loader." (rank 0's: every rank has taken as many batches).
-absl::Status Save(const std::string& path, ember::nn::Module& model, int epoch,
+// The checkpoint, a distributed checkpoint (a directory) that every rank
+// saves together: the model's parameters, "epoch" and the loader's state
+// under "loader.", each replicated (every rank has taken as many batches;
+// rank 0's copy is written).
+absl::Status Save(const std::string& dir, ember::nn::Module& model, int epoch,
                   const data::DataLoader& loader) {
-  ember::StateDict sd = model.state_dict();
-  sd.emplace_back("epoch", ember::full({}, epoch, ember::kInt64));
-  for (auto& [name, t] : loader.state_dict()) sd.emplace_back(kLoaderPrefix + name, t);
-  const std::string partial = path + ".partial";
-  EMBER_RETURN_IF_ERROR(ember::save(sd, partial));
-  if (std::rename(partial.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", partial, " to ", path));
+  EMBER_ASSIGN_OR_RETURN(dist::Group group, dist::get_default_group());
+  dcp::StateDict sd;
+  for (auto& [name, t] : model.state_dict()) sd.emplace_back(name, dcp::replicated(t));
+  sd.emplace_back("epoch", dcp::replicated(ember::full({1}, epoch, ember::kInt64)));
+  for (auto& [name, t] : loader.state_dict()) {
+    sd.emplace_back(kLoaderPrefix + name, dcp::replicated(t));
   }
-  return absl::OkStatus();
+  return dcp::save(sd, {.path = dir, .process_group = group});
 }
 
 // The epoch to start in: 0 without a checkpoint, else the saved one, with
 // the model and the loader restored.
-absl::StatusOr<int> Resume(const std::string& path, ember::nn::Module& model,
+absl::StatusOr<int> Resume(const std::string& dir, ember::nn::Module& model,
                            data::DataLoader& loader) {
-  if (::access(path.c_str(), R_OK) != 0) return 0;
-  EMBER_ASSIGN_OR_RETURN(ember::StateDict sd, ember::load(path));
+  if (::access(dir.c_str(), R_OK) != 0) return 0;
+  EMBER_ASSIGN_OR_RETURN(auto sd, dcp::load_full_state_dict(dir));
   ember::StateDict params, loader_state;
   int epoch = 0;
   for (auto& [name, t] : sd) {
     absl::string_view rest = name;
     if (name == "epoch") {
-      epoch = static_cast<int>(t.item<int64_t>());
+      epoch = static_cast<int>(t.data_ptr<int64_t>()[0]);
     } else if (absl::ConsumePrefix(&rest, kLoaderPrefix)) {
       loader_state.emplace_back(std::string(rest), t);
     } else {
@@ -196,20 +200,19 @@ absl::Status Train(const Options& o) {
         seen.flush();
       }
       if (o.stop_after > 0 && ++steps == o.stop_after) {
+        EMBER_RETURN_IF_ERROR(Save(o.checkpoint, *model, epoch, loader));
         if (rank == 0) {
-          EMBER_RETURN_IF_ERROR(Save(o.checkpoint, *model, epoch, loader));
           std::printf("stopped after %d steps in epoch %d; checkpoint %s\n", steps, epoch,
                       o.checkpoint.c_str());
         }
-        EMBER_RETURN_IF_ERROR(dist::barrier());
         return dist::destroy_process_group();
       }
     }
     if (rank == 0) {
       std::printf("epoch %d  mean loss %.4f over %d steps\n", epoch,
                   batches > 0 ? loss_sum / batches : 0.0, batches);
-      EMBER_RETURN_IF_ERROR(Save(o.checkpoint, *model, epoch + 1, loader));
     }
+    EMBER_RETURN_IF_ERROR(Save(o.checkpoint, *model, epoch + 1, loader));
   }
   if (rank == 0) {
     ember::autograd::NoGradGuard no_grad;

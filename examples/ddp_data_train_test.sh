@@ -13,7 +13,7 @@ port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' \
     2>/dev/null || echo $((20000 + RANDOM % 20000))
 }
-args=(--epochs=1 --batch=16 --checkpoint="$dir/ckpt.pt" --seen="$dir")
+args=(--epochs=1 --batch=16 --checkpoint="$dir/ckpt" --seen="$dir")
 "$launch" --nproc_per_node=4 --master_port="$(port)" "$program" "${args[@]}" --stop_after=5
 "$launch" --nproc_per_node=3 --master_port="$(port)" "$program" "${args[@]}" | tee "$dir/resumed.out"
 first="$(cat "$dir"/seen.4.* | wc -l)"

@@ -217,16 +217,76 @@ void Generator::set_offset(uint64_t offset) {
   offset_ = offset;
 }
 
+namespace {
+
+// Note [The CPU generator's state]
+// get_state() of a CPU generator is torch.get_rng_state()'s layout, 5,056
+// bytes (PyTorch's CPUGeneratorImplState, little-endian x86-64): the initial
+// seed (uint64 at 0), `left` and `seeded` (int32 at 8 and 12), `next`
+// (uint64 at 16), the 624 engine words (each a uint64 at 24 + 8 i), the
+// cached double normal (normal_y, double at 5024; normal_is_valid, int32
+// at 5040; normal_x and normal_rho at 5016 and 5032 are always 0) and a
+// float normal PyTorch caches (5048, valid flag at 5052), which Ember never
+// has. So a state moves between Ember and PyTorch both ways. PyTorch's
+// engine counts `left` down to a refill and `next` up through the words;
+// std::mt19937 keeps one index p (libstdc++ writes the 624 words, then p,
+// as its textual state): p = next, left = 625 - next, except right after
+// seeding, where PyTorch has left 1, next 0 and std::mt19937 p = 624.
+constexpr int64_t kCpuStateSize = 5056;
+constexpr int kWords = 624;
+
+template <typename T>
+void PutLE(std::string& b, size_t at, T v) {
+  std::memcpy(&b[at], &v, sizeof v);
+}
+
+template <typename T>
+T GetLE(const std::string& b, size_t at) {
+  T v;
+  std::memcpy(&v, &b[at], sizeof v);
+  return v;
+}
+
+// The engine's 624 words and index, from its textual state.
+bool EngineWords(const std::mt19937& engine, std::vector<uint32_t>& words, size_t& index) {
+  std::stringstream text;
+  text << engine;
+  words.resize(kWords);
+  for (uint32_t& w : words) text >> w;
+  text >> index;
+  return static_cast<bool>(text);
+}
+
+// Whether `words` are MT19937's words right after seeding with `seed`.
+bool Freshly(const std::vector<uint32_t>& words, uint32_t seed) {
+  uint32_t x = seed;
+  if (words[0] != x) return false;
+  for (int i = 1; i < kWords; ++i) {
+    x = 1812433253u * (x ^ (x >> 30)) + static_cast<uint32_t>(i);
+    if (words[i] != x) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Tensor Generator::get_state() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string bytes;
   if (device_.is_cpu()) {
-    // Text: the seed, the engine (operator<< of the standard), then the
-    // spare normal, if any, exactly (hex float).
-    std::ostringstream out;
-    out << seed_ << ' ' << engine_ << ' ' << (spare_normal_ ? 1 : 0) << ' ' << std::hexfloat
-        << spare_normal_.value_or(0.0);
-    bytes = out.str();
+    // Note [The CPU generator's state].
+    std::vector<uint32_t> words;
+    size_t p = 0;
+    EMBER_CHECK(EngineWords(engine_, words, p), "Generator::get_state: unreadable engine state");
+    const bool fresh = p == kWords && Freshly(words, static_cast<uint32_t>(seed_));
+    bytes.assign(kCpuStateSize, '\0');
+    PutLE<uint64_t>(bytes, 0, seed_);
+    PutLE<int32_t>(bytes, 8, fresh ? 1 : static_cast<int32_t>(kWords + 1 - p));
+    PutLE<int32_t>(bytes, 12, 1);
+    PutLE<uint64_t>(bytes, 16, fresh ? 0 : p);
+    for (int i = 0; i < kWords; ++i) PutLE<uint64_t>(bytes, 24 + 8 * i, words[i]);
+    PutLE<double>(bytes, 5024, spare_normal_.value_or(0.0));
+    PutLE<int32_t>(bytes, 5040, spare_normal_ ? 1 : 0);
   } else {
     bytes.resize(kPhiloxStateSize);
     for (int i = 0; i < 8; ++i) {
@@ -265,22 +325,36 @@ void Generator::set_state(const Tensor& state) {
     offset_ = offset;
     return;
   }
-  std::istringstream in(bytes);
-  uint64_t seed = 0;
+  // Note [The CPU generator's state].
+  EMBER_CHECK(c.numel() == kCpuStateSize, "Generator::set_state: ", c.numel(),
+              " bytes are not a CPU generator's state, which is ", kCpuStateSize,
+              " bytes (torch.get_rng_state()'s layout); pass what get_state() or "
+              "torch.get_rng_state() returned");
+  const int32_t left = GetLE<int32_t>(bytes, 8);
+  const uint64_t next = GetLE<uint64_t>(bytes, 16);
+  const bool fresh = left == 1 && next == 0;
+  EMBER_CHECK(fresh || (next >= 1 && next <= kWords && left == kWords + 1 - static_cast<int64_t>(next)),
+              "Generator::set_state: the state's position (left ", left, ", next ", next,
+              ") is not one an MT19937 engine can be in; the bytes are not a CPU generator's "
+              "state");
+  std::ostringstream text;
+  for (int i = 0; i < kWords; ++i) {
+    const uint64_t w = GetLE<uint64_t>(bytes, 24 + 8 * i);
+    EMBER_CHECK(w <= 0xffffffffu, "Generator::set_state: engine word ", i, " (", w,
+                ") does not fit 32 bits; the bytes are not a CPU generator's state");
+    text << w << ' ';
+  }
+  text << (fresh ? kWords : next);
   std::mt19937 engine;
-  int has_spare = 0;
-  std::string spare_text;
-  in >> seed >> engine >> has_spare >> spare_text;
-  char* end = nullptr;
-  const double spare = in ? std::strtod(spare_text.c_str(), &end) : 0.0;
-  EMBER_CHECK(in && (has_spare == 0 || has_spare == 1) && end != nullptr && *end == '\0',
-              "Generator::set_state: ", c.numel(),
-              " bytes that are not a CPU generator's state; pass what get_state() returned");
+  std::istringstream in(text.str());
+  in >> engine;
+  EMBER_CHECK(static_cast<bool>(in), "Generator::set_state: the engine words could not be read");
+  const bool has_spare = GetLE<int32_t>(bytes, 5040) != 0;
   std::lock_guard<std::mutex> lock(mu_);
-  seed_ = seed;
+  seed_ = GetLE<uint64_t>(bytes, 0);
   engine_ = engine;
   spare_normal_.reset();
-  if (has_spare) spare_normal_ = spare;
+  if (has_spare) spare_normal_ = GetLE<double>(bytes, 5024);
 }
 
 uint32_t Generator::random() {

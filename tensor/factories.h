@@ -113,11 +113,13 @@ class Generator {
   // returns the seed.
   uint64_t seed();
   // torch.Generator.get_state(): a uint8 CPU tensor that set_state restores
-  // exactly. A device generator's is kPhiloxStateSize bytes; the CPU's, the
-  // engine's state as text.
+  // exactly. A device generator's is kPhiloxStateSize bytes; the CPU's is
+  // torch.get_rng_state()'s 5,056 bytes, so states move between Ember and
+  // PyTorch both ways (Note [The CPU generator's state] in factories.cc).
   Tensor get_state() const;
   // Throws, saying what is wrong, for a tensor that is not a uint8 CPU
-  // tensor of this generator's state (size, or an unparsable CPU state).
+  // tensor of this generator's state (its size, or an engine position or
+  // word no MT19937 state has).
   void set_state(const Tensor& state);
 
   // --- Device generators (Philox) ----------------------------------------

@@ -28,6 +28,17 @@ def main():
         # What DataLoader draws its base seed with.
         value = torch.empty((), dtype=torch.int64).random_(generator=gen(seed)).item()
         print(f"random_int64 {seed}:", value)
+    # Generator states (torch.get_rng_state()'s bytes, hex): right after
+    # seeding, after some draws, and with a cached double normal; then what a
+    # generator set to a state draws next.
+    for seed, draws in [(5, 0), (5, 9), (123, 700), (7, -1)]:
+        g = gen(seed)
+        if draws > 0:
+            torch.randint(0, 10, (draws,), generator=g)
+        elif draws < 0:
+            torch.randn(3, dtype=torch.float64, generator=g)
+        print(f"state {seed} {draws}:", g.get_state().numpy().tobytes().hex())
+        print(f"after_state {seed} {draws}:", *torch.randperm(20, generator=g).tolist())
     # The default generator after manual_seed.
     torch.manual_seed(7)
     print("default_randperm 20 7:", *torch.randperm(20).tolist())
