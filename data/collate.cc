@@ -13,21 +13,22 @@ namespace ember::data {
 namespace {
 
 absl::Status Mismatch(const std::string& where, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("default_collate: ", what, " (at ",
-                                                 where.empty() ? "the sample" : where, ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("default_collate: ", what, " (at ", where.empty() ? "the sample" : where, ")"));
 }
 
 absl::StatusOr<Sample> StackTensors(const std::vector<Sample>& samples, const std::string& where) {
   const Tensor& first = *samples[0].get_if<Tensor>();
   for (size_t i = 1; i < samples.size(); ++i) {
     const Tensor& t = *samples[i].get_if<Tensor>();
-    if (t.sizes() != first.sizes() || t.dtype() != first.dtype() ||
-        t.device() != first.device()) {
-      return Mismatch(where, absl::StrCat(
-          "stack expects each tensor to be equal size, dtype and device, but got ",
-          ShapeToString(first.sizes()), " ", std::string(dtype_name(first.dtype())), " on ",
-          first.device().str(), " at entry 0 and ", ShapeToString(t.sizes()), " ",
-          std::string(dtype_name(t.dtype())), " on ", t.device().str(), " at entry ", i));
+    if (t.sizes() != first.sizes() || t.dtype() != first.dtype() || t.device() != first.device()) {
+      return Mismatch(
+          where,
+          absl::StrCat("stack expects each tensor to be equal size, dtype and device, but got ",
+                       ShapeToString(first.sizes()), " ", std::string(dtype_name(first.dtype())),
+                       " on ", first.device().str(), " at entry 0 and ", ShapeToString(t.sizes()),
+                       " ", std::string(dtype_name(t.dtype())), " on ", t.device().str(),
+                       " at entry ", i));
     }
   }
   SizeVector sizes{static_cast<int64_t>(samples.size())};
@@ -56,8 +57,9 @@ absl::StatusOr<Sample> Collate(const std::vector<Sample>& samples, const std::st
   const Sample& first = samples[0];
   for (size_t i = 1; i < samples.size(); ++i) {
     if (samples[i].kind() != first.kind()) {
-      return Mismatch(where, absl::StrCat("sample 0 holds a ", std::string(first.kind()), " and sample ", i,
-                                          " a ", std::string(samples[i].kind())));
+      return Mismatch(
+          where, absl::StrCat("sample 0 holds a ", std::string(first.kind()), " and sample ", i,
+                              " a ", std::string(samples[i].kind())));
     }
   }
   if (first.is<Tensor>()) return StackTensors(samples, where);
@@ -73,9 +75,10 @@ absl::StatusOr<Sample> Collate(const std::vector<Sample>& samples, const std::st
     const size_t n = first.list().size();
     for (size_t i = 1; i < samples.size(); ++i) {
       if (samples[i].list().size() != n) {
-        return Mismatch(where, absl::StrCat("each element in list of batch should be of equal "
-                                            "size: sample 0 has ", n, " and sample ", i, " has ",
-                                            samples[i].list().size()));
+        return Mismatch(where,
+                        absl::StrCat("each element in list of batch should be of equal "
+                                     "size: sample 0 has ",
+                                     n, " and sample ", i, " has ", samples[i].list().size()));
       }
     }
     Sample::List out;
@@ -96,8 +99,8 @@ absl::StatusOr<Sample> Collate(const std::vector<Sample>& samples, const std::st
       for (size_t i = 0; i < samples.size(); ++i) {
         const Sample* v = samples[i].find(key);
         if (v == nullptr) {
-          return Mismatch(where, absl::StrCat("sample ", i, " has no key '", key,
-                                              "', which sample 0 has"));
+          return Mismatch(
+              where, absl::StrCat("sample ", i, " has no key '", key, "', which sample 0 has"));
         }
         column.push_back(*v);
       }
@@ -107,7 +110,8 @@ absl::StatusOr<Sample> Collate(const std::vector<Sample>& samples, const std::st
     return Sample(std::move(out));
   }
   return Mismatch(where, absl::StrCat("batch must contain tensors, numbers, strings, dicts or "
-                                      "lists; found ", std::string(first.kind())));
+                                      "lists; found ",
+                                      std::string(first.kind())));
 }
 
 }  // namespace

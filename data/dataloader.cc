@@ -37,8 +37,10 @@ namespace mp = ::ember::multiprocessing;
 // sees a new token restarts its stream. The loop waits for results in
 // slices of kStatusCheckInterval and, between slices, checks that every
 // worker is alive, so a killed worker is reported within one slice and
-// never hangs the loop. None on an index queue stops its worker; workers
-// still running a moment later are killed. Process (multiprocessing/) sets
+// never hangs the loop (a batch whose regions vanished with its killed
+// worker reports that death too). None on an index queue stops its worker;
+// workers still running a moment later are killed, and the result queue is
+// drained, releasing the regions of batches nobody took. Process (multiprocessing/) sets
 // PR_SET_PDEATHSIG, so workers die with the process that started them.
 namespace {
 
@@ -70,11 +72,11 @@ absl::Status ExplainShm(const absl::Status& s) {
                                               " bytes free in /dev/shm")
                                : std::string("/dev/shm unreadable");
   return absl::Status(
-      s.code(), absl::StrCat(s.message(), " (", free, ", sharing strategy ",
-                             mp::get_sharing_strategy(),
-                             "); use a smaller batch_size, fewer workers or a smaller "
-                             "prefetch_factor, or give the machine or container more shared "
-                             "memory (docker run --shm-size)"));
+      s.code(),
+      absl::StrCat(s.message(), " (", free, ", sharing strategy ", mp::get_sharing_strategy(),
+                   "); use a smaller batch_size, fewer workers or a smaller "
+                   "prefetch_factor, or give the machine or container more shared "
+                   "memory (docker run --shm-size)"));
 }
 
 // Copies every tensor of `batch` into pinned host memory.
@@ -111,21 +113,35 @@ struct WorkerPool {
   ~WorkerPool() { Stop(); }
 
   void Stop() {
-    for (mp::SimpleQueue& q : index_queues) q.put(mp::Value(), absl::Milliseconds(100)).IgnoreError();
+    for (mp::SimpleQueue& q : index_queues)
+      q.put(mp::Value(), absl::Milliseconds(100)).IgnoreError();
     const absl::Time deadline = absl::Now() + kStopGrace;
     for (mp::Process& p : processes) {
       p.join(std::max(absl::ZeroDuration(), deadline - absl::Now())).IgnoreError();
     }
     processes.clear();  // kills and reaps any still running
     index_queues.clear();
+    // Batches still in the result queue hold references to their shared
+    // regions (file_system: named files in /dev/shm); receiving and dropping
+    // them releases those, so nothing is left behind. A batch whose creator
+    // was killed may be gone already; that is an error to skip, not to stop.
+    if (processes_stopped_once_) return;
+    processes_stopped_once_ = true;
+    for (int n = 0; n < kMaxDrained; ++n) {
+      absl::StatusOr<mp::Value> left = results.get(absl::ZeroDuration());
+      if (!left.ok() && left.status().code() == absl::StatusCode::kDeadlineExceeded) break;
+    }
   }
+
+  static constexpr int kMaxDrained = 1 << 16;
+  bool processes_stopped_once_ = false;
 };
 
 struct LoaderState {
   std::shared_ptr<Dataset> map;
   std::shared_ptr<IterableDataset> iterable;
   DataLoaderOptions options;
-  std::shared_ptr<Sampler> sampler;            // map-style
+  std::shared_ptr<Sampler> sampler;             // map-style
   std::shared_ptr<BatchSampler> batch_sampler;  // map-style with batching
   std::shared_ptr<WorkerPool> persistent;
   bool pin_memory = false;
@@ -173,8 +189,8 @@ struct LoaderState {
         if (!s->has_value()) break;
         samples.push_back(**std::move(s));
       }
-      if (samples.empty() || (options.drop_last && batching() &&
-                              static_cast<int64_t>(samples.size()) < want)) {
+      if (samples.empty() ||
+          (options.drop_last && batching() && static_cast<int64_t>(samples.size()) < want)) {
         return std::nullopt;
       }
     }
@@ -241,10 +257,11 @@ absl::Status WorkerLoop(LoaderState& state, int id, uint64_t base_seed, mp::Simp
       default_generator().set_state(bytes);
     }
     if (state.iterable != nullptr && task_token != token) {
-      absl::StatusOr<SampleStream> fresh = Guarded(
-          [&]() -> absl::StatusOr<SampleStream> { return state.iterable->iter(); });
+      absl::StatusOr<SampleStream> fresh =
+          Guarded([&]() -> absl::StatusOr<SampleStream> { return state.iterable->iter(); });
       ended = false;
-      stream_error = fresh.ok() ? absl::OkStatus() : Annotate(fresh.status(), "the dataset's iter()");
+      stream_error =
+          fresh.ok() ? absl::OkStatus() : Annotate(fresh.status(), "the dataset's iter()");
       if (fresh.ok()) stream = *std::move(fresh);
     }
     token = task_token;
@@ -273,10 +290,12 @@ absl::Status WorkerLoop(LoaderState& state, int id, uint64_t base_seed, mp::Simp
       // The batch could not cross (e.g. shared memory or descriptors ran
       // out while sending): report that instead.
       absl::Status explained = ExplainShm(sent);
-      EMBER_RETURN_IF_ERROR(out.put(mp::Value::Dict{
-          {"token", token}, {"task", task_id}, {"worker", id},
-          {"error", absl::StrCat("sending the batch: ", explained.message())},
-          {"code", static_cast<int64_t>(explained.code())}}));
+      EMBER_RETURN_IF_ERROR(out.put(
+          mp::Value::Dict{{"token", token},
+                          {"task", task_id},
+                          {"worker", id},
+                          {"error", absl::StrCat("sending the batch: ", explained.message())},
+                          {"code", static_cast<int64_t>(explained.code())}}));
     }
   }
 }
@@ -303,10 +322,13 @@ absl::StatusOr<std::shared_ptr<WorkerPool>> StartPool(const std::shared_ptr<Load
       // A fresh process rebuilds the dataset from its recipe (checked by
       // create()) and gets what its loop needs of the options.
       const Recipe recipe = *state->map->recipe();
-      std::vector<mp::Value> args = {
-          mp::Value(recipe.factory), recipe.args, mp::Value(state->options.num_workers),
-          mp::Value(static_cast<int64_t>(base_seed)), mp::Value(state->batching()),
-          mp::Value(in), mp::Value(out)};
+      std::vector<mp::Value> args = {mp::Value(recipe.factory),
+                                     recipe.args,
+                                     mp::Value(state->options.num_workers),
+                                     mp::Value(static_cast<int64_t>(base_seed)),
+                                     mp::Value(state->batching()),
+                                     mp::Value(in),
+                                     mp::Value(out)};
       p = method == "spawn" ? mp::Process::start_spawn(kWorkerEntryPoint, id, std::move(args))
                             : mp::Process::start_forkserver(kWorkerEntryPoint, id, std::move(args));
     }
@@ -375,12 +397,12 @@ struct DataLoaderIterator::Epoch {
   std::shared_ptr<WorkerPool> pool;
   bool persistent = false;
   int64_t token = 0;
-  int64_t sent = 0;        // tasks sent so far (their ids are 0..sent-1)
-  int64_t to_yield = 0;    // in order: the next task id to return
+  int64_t sent = 0;      // tasks sent so far (their ids are 0..sent-1)
+  int64_t to_yield = 0;  // in order: the next task id to return
   int next_worker = 0;
-  std::vector<bool> active;                          // workers still given tasks
+  std::vector<bool> active;             // workers still given tasks
   std::vector<std::string> resume_rng;  // per worker, sent with its first task
-  std::map<int64_t, int> outstanding;                // task id -> worker
+  std::map<int64_t, int> outstanding;   // task id -> worker
   // A worker's answer to a task: a batch, an error, or the end of its
   // stream (nothing to return).
   struct Result {
@@ -389,8 +411,8 @@ struct DataLoaderIterator::Epoch {
     int worker = -1;
     std::string rng;  // the worker's generator state after this batch
   };
-  std::map<int64_t, Result> ready;                   // results not yet returned
-  std::deque<int64_t> arrival;                       // their ids as they came
+  std::map<int64_t, Result> ready;  // results not yet returned
+  std::deque<int64_t> arrival;      // their ids as they came
   absl::Status failure;
 
   ~Epoch() {
@@ -461,16 +483,25 @@ struct DataLoaderIterator::Epoch {
       absl::StatusOr<mp::Value> got = pool->results.get(std::min(left, kStatusCheckInterval));
       if (!got.ok()) {
         if (got.status().code() != absl::StatusCode::kDeadlineExceeded) {
+          // A batch can fail to arrive because its worker died meanwhile
+          // (its regions went with it, unlinked as its connections closed,
+          // a moment before it can be reaped): the death is the error to
+          // report, when there is one within a grace.
+          const absl::Time until = absl::Now() + kStopGrace;
+          do {
+            EMBER_RETURN_IF_ERROR(CheckWorkers());
+            absl::SleepFor(absl::Milliseconds(10));
+          } while (absl::IsNotFound(got.status()) && absl::Now() < until);
           return Fail(Annotate(got.status(), "DataLoader: receiving a batch"));
         }
         EMBER_RETURN_IF_ERROR(CheckWorkers());
         continue;
       }
       if (const mp::Value* fatal = got->find("fatal")) {
-        return Fail(absl::AbortedError(absl::StrCat(
-            "DataLoader worker ", IntOf(*got, "worker"), ": worker_init_fn failed: ",
-            fatal->is<std::string>() ? *fatal->get_if<std::string>() : "",
-            "; the other workers were stopped")));
+        return Fail(absl::AbortedError(
+            absl::StrCat("DataLoader worker ", IntOf(*got, "worker"), ": worker_init_fn failed: ",
+                         fatal->is<std::string>() ? *fatal->get_if<std::string>() : "",
+                         "; the other workers were stopped")));
       }
       if (IntOf(*got, "token") != token) continue;  // a dropped epoch's
       const int64_t task = IntOf(*got, "task");
@@ -485,8 +516,8 @@ struct DataLoaderIterator::Epoch {
         r.end = true;
       } else if (const mp::Value* error = got->find("error")) {
         const auto code = static_cast<absl::StatusCode>(IntOf(*got, "code"));
-        r.batch = absl::Status(code, absl::StrCat("DataLoader worker ", worker, ", ",
-                                                  *error->get_if<std::string>()));
+        r.batch = absl::Status(
+            code, absl::StrCat("DataLoader worker ", worker, ", ", *error->get_if<std::string>()));
       } else {
         r.batch = *got->find("batch");
       }
@@ -523,9 +554,8 @@ struct DataLoaderIterator::Epoch {
         return std::optional<Sample>(state->Pin(*std::move(r.batch)));
       }
       if (outstanding.empty() && !MoreTasks()) return End();
-      EMBER_RETURN_IF_ERROR(ReceiveOne(deadline, state->options.in_order
-                                                     ? to_yield
-                                                     : outstanding.begin()->first));
+      EMBER_RETURN_IF_ERROR(
+          ReceiveOne(deadline, state->options.in_order ? to_yield : outstanding.begin()->first));
     }
   }
 
@@ -589,27 +619,30 @@ absl::Status CheckOptions(const DataLoaderOptions& o, bool iterable) {
         "to enable multiprocessing, otherwise leave prefetch_factor unset");
   }
   if (o.prefetch_factor && *o.prefetch_factor < 0) {
-    return refuse(absl::StrCat("prefetch_factor option should be non-negative, got ",
-                               *o.prefetch_factor));
+    return refuse(
+        absl::StrCat("prefetch_factor option should be non-negative, got ", *o.prefetch_factor));
   }
   if (o.prefetch_factor && *o.prefetch_factor == 0) {
-    return refuse("prefetch_factor=0 would never request a batch; leave it unset (2) or give a "
-                  "positive number");
+    return refuse(
+        "prefetch_factor=0 would never request a batch; leave it unset (2) or give a "
+        "positive number");
   }
   if (o.persistent_workers && o.num_workers == 0) {
     return refuse("persistent_workers option needs num_workers > 0");
   }
   if (!o.multiprocessing_context.empty() && o.num_workers == 0) {
-    return refuse(absl::StrCat("multiprocessing_context can only be used with multi-process "
-                               "loading (num_workers > 0), but got num_workers=",
-                               o.num_workers));
+    return refuse(
+        absl::StrCat("multiprocessing_context can only be used with multi-process "
+                     "loading (num_workers > 0), but got num_workers=",
+                     o.num_workers));
   }
   const std::string& method = o.multiprocessing_context;
   if (!method.empty() && method != "fork" && method != "spawn" && method != "forkserver") {
-    return refuse(absl::StrCat("multiprocessing_context option should specify a valid start "
-                               "method in ['fork', 'spawn', 'forkserver'], but got "
-                               "multiprocessing_context='",
-                               method, "'"));
+    return refuse(
+        absl::StrCat("multiprocessing_context option should specify a valid start "
+                     "method in ['fork', 'spawn', 'forkserver'], but got "
+                     "multiprocessing_context='",
+                     method, "'"));
   }
   if (method == "spawn" || method == "forkserver") {
     if (iterable) {
@@ -618,21 +651,23 @@ absl::Status CheckOptions(const DataLoaderOptions& o, bool iterable) {
           "recipe to rebuild it from); use multiprocessing_context 'fork'"));
     }
     if (o.collate_fn || o.worker_init_fn) {
-      return refuse(absl::StrCat(
-          "multiprocessing_context '", method, "' starts fresh processes, to which ",
-          o.collate_fn ? "collate_fn" : "worker_init_fn",
-          " (a C++ function) cannot be sent; use 'fork', or leave it unset"));
+      return refuse(
+          absl::StrCat("multiprocessing_context '", method, "' starts fresh processes, to which ",
+                       o.collate_fn ? "collate_fn" : "worker_init_fn",
+                       " (a C++ function) cannot be sent; use 'fork', or leave it unset"));
     }
   }
   if (o.batch_size && *o.batch_size <= 0) {
-    return refuse(absl::StrCat("batch_size should be a positive integer value, but got "
-                               "batch_size=",
-                               *o.batch_size));
+    return refuse(
+        absl::StrCat("batch_size should be a positive integer value, but got "
+                     "batch_size=",
+                     *o.batch_size));
   }
   if (iterable) {
     if (o.shuffle) {
-      return refuse("DataLoader with IterableDataset: expected unspecified shuffle option, but "
-                    "got shuffle=true");
+      return refuse(
+          "DataLoader with IterableDataset: expected unspecified shuffle option, but "
+          "got shuffle=true");
     }
     if (o.sampler) {
       return refuse("DataLoader with IterableDataset: expected unspecified sampler option");
@@ -644,12 +679,14 @@ absl::Status CheckOptions(const DataLoaderOptions& o, bool iterable) {
   if (o.sampler && o.shuffle) return refuse("sampler option is mutually exclusive with shuffle");
   if (o.batch_sampler &&
       (o.batch_size != std::optional<int64_t>(1) || o.shuffle || o.sampler || o.drop_last)) {
-    return refuse("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, "
-                  "and drop_last");
+    return refuse(
+        "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, "
+        "and drop_last");
   }
   if (!o.batch_size && !o.batch_sampler && o.drop_last) {
-    return refuse("batch_size=None option disables auto-batching and is mutually exclusive with "
-                  "drop_last");
+    return refuse(
+        "batch_size=None option disables auto-batching and is mutually exclusive with "
+        "drop_last");
   }
   return absl::OkStatus();
 }
@@ -764,14 +801,14 @@ absl::Status DataLoader::load_state_dict(const StateDict& state) {
   EMBER_ASSIGN_OR_RETURN(int64_t batches, internal::StateInt(state, "batches_taken"));
   EMBER_RETURN_IF_ERROR(internal::StateInt(state, "samples_taken").status());
   EMBER_RETURN_IF_ERROR(internal::StateInt(state, "num_workers").status());
-  const int64_t per_epoch = st.batch_sampler != nullptr ? st.batch_sampler->size()
-                                                        : st.sampler->size();
+  const int64_t per_epoch =
+      st.batch_sampler != nullptr ? st.batch_sampler->size() : st.sampler->size();
   const bool by_sampler = internal::FindState(state, "sampler.consumed") != nullptr;
   if (!by_sampler && (batches < 0 || batches > per_epoch)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DataLoader::load_state_dict: the state says ", batches,
-        " batches of the epoch were taken, but an epoch of this loader has ", per_epoch,
-        "; it was saved for another dataset or batch size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DataLoader::load_state_dict: the state says ", batches,
+                     " batches of the epoch were taken, but an epoch of this loader has ",
+                     per_epoch, "; it was saved for another dataset or batch size"));
   }
   try {
     Generator probe(0, st.generator().device());
@@ -805,8 +842,7 @@ absl::StatusOr<DataLoaderIterator> DataLoader::iter() {
   const bool reuse = st.persistent != nullptr && st.persistent->failure.ok();
   // torch draws the base seed when an iterator is made (for persistent
   // workers, once), before the sampler draws its order.
-  const uint64_t base_seed =
-      reuse ? st.persistent->base_seed : internal::DrawSeed(st.generator());
+  const uint64_t base_seed = reuse ? st.persistent->base_seed : internal::DrawSeed(st.generator());
   if (st.map != nullptr) {
     if (st.batch_sampler != nullptr) {
       epoch->tasks = st.batch_sampler->batches();
@@ -836,8 +872,8 @@ absl::StatusOr<DataLoaderIterator> DataLoader::iter() {
     // have (batch k to worker k % num_workers).
     for (int w = 0; w < st.options.num_workers; ++w) {
       if (const Tensor* rng = internal::FindState(*resume, WorkerKey(w))) {
-        st.worker_rng[w] = std::string(static_cast<const char*>(rng->contiguous().raw_data()),
-                                       rng->numel());
+        st.worker_rng[w] =
+            std::string(static_cast<const char*>(rng->contiguous().raw_data()), rng->numel());
       }
     }
     epoch->resume_rng = st.worker_rng;

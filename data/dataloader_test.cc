@@ -129,8 +129,8 @@ TEST(DataLoaderTest, WorkersGiveTheLoopsBatchesInItsOrder) {
 }
 
 TEST(DataLoaderTest, OutOfOrderDeliveryGivesEveryBatchOnce) {
-  absl::StatusOr<DataLoader> loader = DataLoader::create(
-      Numbers(64), {.batch_size = 4, .num_workers = 3, .in_order = false});
+  absl::StatusOr<DataLoader> loader =
+      DataLoader::create(Numbers(64), {.batch_size = 4, .num_workers = 3, .in_order = false});
   ASSERT_TRUE(loader.ok());
   std::vector<int64_t> seen;
   for (const Sample& b : Drain(*loader)) {
@@ -143,9 +143,8 @@ TEST(DataLoaderTest, OutOfOrderDeliveryGivesEveryBatchOnce) {
 }
 
 TEST(DataLoaderTest, EachWorkerIsSeededWithBaseSeedPlusItsId) {
-  absl::StatusOr<DataLoader> loader =
-      DataLoader::create(std::make_shared<WhoGotIt>(8), {.batch_size = std::nullopt,
-                                                        .num_workers = 2});
+  absl::StatusOr<DataLoader> loader = DataLoader::create(
+      std::make_shared<WhoGotIt>(8), {.batch_size = std::nullopt, .num_workers = 2});
   ASSERT_TRUE(loader.ok());
   std::vector<Sample> samples = Drain(*loader);
   ASSERT_EQ(samples.size(), 8u);
@@ -174,9 +173,9 @@ TEST(DataLoaderTest, TheWorkerSeedIsTheOneItsGeneratorsDrawFrom) {
     }
   };
   Generator loader_gen(77);
-  absl::StatusOr<DataLoader> loader = DataLoader::create(
-      std::make_shared<SeedAndDraw>(),
-      {.batch_size = std::nullopt, .num_workers = 2, .generator = &loader_gen});
+  absl::StatusOr<DataLoader> loader =
+      DataLoader::create(std::make_shared<SeedAndDraw>(),
+                         {.batch_size = std::nullopt, .num_workers = 2, .generator = &loader_gen});
   ASSERT_TRUE(loader.ok());
   std::vector<Sample> s = Drain(*loader);
   ASSERT_EQ(s.size(), 2u);
@@ -191,9 +190,9 @@ TEST(DataLoaderTest, TheWorkerSeedIsTheOneItsGeneratorsDrawFrom) {
 
 TEST(DataLoaderTest, AFailedGetNamesWorkerAndIndexAndTheEpochGoesOn) {
   for (int workers : {0, 2}) {
-    absl::StatusOr<DataLoader> loader = DataLoader::create(
-        std::make_shared<Tripwire>(20, 13, Tripwire::Act::kFail),
-        {.batch_size = 4, .num_workers = workers});
+    absl::StatusOr<DataLoader> loader =
+        DataLoader::create(std::make_shared<Tripwire>(20, 13, Tripwire::Act::kFail),
+                           {.batch_size = 4, .num_workers = workers});
     ASSERT_TRUE(loader.ok());
     absl::StatusOr<DataLoaderIterator> it = loader->iter();
     ASSERT_TRUE(it.ok());
@@ -214,9 +213,9 @@ TEST(DataLoaderTest, AFailedGetNamesWorkerAndIndexAndTheEpochGoesOn) {
 
 TEST(DataLoaderTest, AThrownErrorIsReportedAsAStatus) {
   for (int workers : {0, 1}) {
-    absl::StatusOr<DataLoader> loader = DataLoader::create(
-        std::make_shared<Tripwire>(4, 2, Tripwire::Act::kThrow),
-        {.batch_size = 2, .num_workers = workers});
+    absl::StatusOr<DataLoader> loader =
+        DataLoader::create(std::make_shared<Tripwire>(4, 2, Tripwire::Act::kThrow),
+                           {.batch_size = 2, .num_workers = workers});
     ASSERT_TRUE(loader.ok());
     absl::StatusOr<DataLoaderIterator> it = loader->iter();
     ASSERT_TRUE(it->next().ok());
@@ -236,8 +235,7 @@ bool Gone(pid_t pid) {
 
 TEST(DataLoaderTest, AKilledWorkerIsNamedWithItsPidAndSignalAndTheOthersStop) {
   absl::StatusOr<DataLoader> loader = DataLoader::create(
-      std::make_shared<Tripwire>(40, 9, Tripwire::Act::kKill),
-      {.batch_size = 2, .num_workers = 3});
+      std::make_shared<Tripwire>(40, 9, Tripwire::Act::kKill), {.batch_size = 2, .num_workers = 3});
   ASSERT_TRUE(loader.ok());
   absl::StatusOr<DataLoaderIterator> it = loader->iter();
   ASSERT_TRUE(it.ok());
@@ -259,9 +257,9 @@ TEST(DataLoaderTest, AKilledWorkerIsNamedWithItsPidAndSignalAndTheOthersStop) {
 }
 
 TEST(DataLoaderTest, TimeoutNamesTheBatchAndTheWorker) {
-  absl::StatusOr<DataLoader> loader = DataLoader::create(
-      std::make_shared<Tripwire>(4, 0, Tripwire::Act::kSleep),
-      {.batch_size = 2, .num_workers = 1, .timeout = absl::Milliseconds(300)});
+  absl::StatusOr<DataLoader> loader =
+      DataLoader::create(std::make_shared<Tripwire>(4, 0, Tripwire::Act::kSleep),
+                         {.batch_size = 2, .num_workers = 1, .timeout = absl::Milliseconds(300)});
   ASSERT_TRUE(loader.ok());
   absl::StatusOr<DataLoaderIterator> it = loader->iter();
   absl::StatusOr<std::optional<Sample>> b = it->next();
@@ -330,8 +328,8 @@ TEST(DataLoaderTest, AnIterableSplitByWorkerInfoIsYieldedOnce) {
     }
   }
   // Unsplit, every worker yields the whole stream (as torch).
-  absl::StatusOr<DataLoader> loader = DataLoader::create(
-      std::make_shared<Stream>(10, false), {.batch_size = 4, .num_workers = 2});
+  absl::StatusOr<DataLoader> loader =
+      DataLoader::create(std::make_shared<Stream>(10, false), {.batch_size = 4, .num_workers = 2});
   ASSERT_TRUE(loader.ok());
   std::multiset<int64_t> seen = Values(Drain(*loader));
   EXPECT_EQ(seen.size(), 20u);
@@ -348,9 +346,9 @@ std::set<int64_t> Pids(const std::vector<Sample>& samples) {
 }
 
 TEST(DataLoaderTest, PersistentWorkersServeEveryEpochAndSurviveADroppedOne) {
-  absl::StatusOr<DataLoader> persistent = DataLoader::create(
-      std::make_shared<WhoGotIt>(12), {.batch_size = 3, .num_workers = 2,
-                                       .persistent_workers = true});
+  absl::StatusOr<DataLoader> persistent =
+      DataLoader::create(std::make_shared<WhoGotIt>(12),
+                         {.batch_size = 3, .num_workers = 2, .persistent_workers = true});
   ASSERT_TRUE(persistent.ok());
   const std::set<int64_t> first = Pids(Drain(*persistent));
   EXPECT_EQ(first.size(), 2u);
@@ -411,7 +409,8 @@ TEST(DataLoaderTest, WorkersDieWithTheProcessThatStartedThem) {
 
 int OpenDescriptors() {
   int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += e.exists() ? 1 : 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd"))
+    n += e.exists() ? 1 : 0;
   return n;
 }
 
@@ -486,7 +485,9 @@ TEST(DataLoaderTest, SharedMemoryTooSmallForABatchIsExplained) {
 // killed worker's regions are gone once everyone let go of them (the shm
 // manager unlinks those of dead processes).
 TEST(DataLoaderTest, TheFileSystemStrategyCarriesBatchesAndLeavesNothingBehind) {
-  const std::string prefix = absl::StrCat("/ember_dltest_", ::getpid());
+  // Unique across runs: in a sandbox this process's pid repeats.
+  const std::string prefix =
+      absl::StrCat("/ember_dltest_", ::getpid(), "_", absl::ToUnixNanos(absl::Now()) % 1000000007);
   ASSERT_TRUE(mp::set_sharing_strategy("file_system").ok());
   ASSERT_TRUE(mp::set_shared_memory_prefix(prefix).ok());
   {
@@ -498,8 +499,9 @@ TEST(DataLoaderTest, TheFileSystemStrategyCarriesBatchesAndLeavesNothingBehind) 
     EXPECT_TRUE(mp::is_shared(Part(batches[3], 0)));
     EXPECT_TRUE(Part(batches[9], 1).equal(tensor(std::vector<int64_t>{36, 37, 38, 39})));
 
-    absl::StatusOr<DataLoader> killed = DataLoader::create(
-        std::make_shared<Tripwire>(40, 9, Tripwire::Act::kKill), {.batch_size = 2, .num_workers = 2});
+    absl::StatusOr<DataLoader> killed =
+        DataLoader::create(std::make_shared<Tripwire>(40, 9, Tripwire::Act::kKill),
+                           {.batch_size = 2, .num_workers = 2});
     ASSERT_TRUE(killed.ok());
     absl::StatusOr<DataLoaderIterator> it = killed->iter();
     absl::Status failure;
@@ -518,7 +520,13 @@ TEST(DataLoaderTest, TheFileSystemStrategyCarriesBatchesAndLeavesNothingBehind) 
   };
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (left() > 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_EQ(left(), 0) << "regions named " << prefix << "* are left in /dev/shm";
+  std::string names;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().rfind(stem, 0) == 0)
+      names += e.path().filename().string() + " ";
+  }
+  EXPECT_EQ(left(), 0) << "regions named " << prefix << "* are left in /dev/shm: " << names
+                       << " (this process is " << ::getpid() << ")";
 }
 
 TEST(DataLoaderTest, WithoutBatchingSamplesComeAsTheyAre) {
@@ -572,8 +580,7 @@ TEST(DataLoaderTest, RefusesWhatTorchRefuses) {
               HasSubstr("but got multiprocessing_context='thread'"));
   absl::StatusOr<DataLoader> l =
       DataLoader::create(std::make_shared<Stream>(3, false), {.shuffle = true});
-  EXPECT_THAT(std::string(l.status().message()),
-              HasSubstr("expected unspecified shuffle option"));
+  EXPECT_THAT(std::string(l.status().message()), HasSubstr("expected unspecified shuffle option"));
 }
 
 }  // namespace

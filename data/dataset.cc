@@ -22,9 +22,8 @@ std::optional<WorkerInfo>& CurrentWorker() {
 }
 
 absl::Status OutOfRange(const char* what, int64_t index, int64_t size) {
-  return absl::OutOfRangeError(absl::StrCat(what, ": index ", index,
-                                            " is out of range for a dataset of ", size,
-                                            " samples"));
+  return absl::OutOfRangeError(absl::StrCat(
+      what, ": index ", index, " is out of range for a dataset of ", size, " samples"));
 }
 
 std::map<std::string, DatasetFactory>& Factories() {
@@ -52,9 +51,9 @@ absl::StatusOr<std::shared_ptr<Dataset>> rebuild_dataset(const Recipe& recipe) {
     if (it != Factories().end()) factory = it->second;
   }
   if (factory == nullptr) {
-    return absl::NotFoundError(absl::StrCat(
-        "no dataset factory is registered as '", recipe.factory,
-        "' in this binary; register it with EMBER_REGISTER_DATASET_FACTORY"));
+    return absl::NotFoundError(
+        absl::StrCat("no dataset factory is registered as '", recipe.factory,
+                     "' in this binary; register it with EMBER_REGISTER_DATASET_FACTORY"));
   }
   return factory(recipe.args);
 }
@@ -80,8 +79,8 @@ absl::StatusOr<std::shared_ptr<Dataset>> MakeSubset(const Sample& args) {
   const Sample* factory = args.find("factory");
   const Sample* inner = args.find("args");
   const Sample* indices = args.find("indices");
-  if (factory == nullptr || !factory->is<std::string>() || inner == nullptr ||
-      indices == nullptr || !indices->is<Tensor>()) {
+  if (factory == nullptr || !factory->is<std::string>() || inner == nullptr || indices == nullptr ||
+      !indices->is<Tensor>()) {
     return absl::InvalidArgumentError("Subset's recipe: expected factory, args and indices");
   }
   absl::StatusOr<std::shared_ptr<Dataset>> base =
@@ -110,8 +109,8 @@ void set_worker_info(const WorkerInfo& info) { CurrentWorker() = info; }
 TensorDataset::TensorDataset(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {
   EMBER_CHECK(!tensors_.empty(), "TensorDataset: needs at least one tensor");
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    EMBER_CHECK(tensors_[i].defined() && tensors_[i].dim() > 0, "TensorDataset: tensor ", i,
-                " is ", tensors_[i].defined() ? "0-dimensional" : "undefined",
+    EMBER_CHECK(tensors_[i].defined() && tensors_[i].dim() > 0, "TensorDataset: tensor ", i, " is ",
+                tensors_[i].defined() ? "0-dimensional" : "undefined",
                 "; every tensor needs a first dimension to index");
     EMBER_CHECK(tensors_[i].size(0) == tensors_[0].size(0),
                 "TensorDataset: size mismatch between tensors: tensor 0 has ", tensors_[0].size(0),
@@ -208,9 +207,9 @@ absl::StatusOr<std::vector<std::shared_ptr<Subset>>> random_split(
   }
   const int64_t total = std::accumulate(parts.begin(), parts.end(), int64_t{0});
   if (total != n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "random_split: the lengths sum to ", total, " but the dataset has ", n,
-        " samples; give lengths that sum to its size, or fractions that sum to 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("random_split: the lengths sum to ", total, " but the dataset has ", n,
+                     " samples; give lengths that sum to its size, or fractions that sum to 1"));
   }
   const Tensor perm = randperm(total, {}, &generator);
   const int64_t* p = perm.data_ptr<int64_t>();

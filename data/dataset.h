@@ -76,10 +76,10 @@ using DatasetFactory = absl::StatusOr<std::shared_ptr<Dataset>> (*)(const Sample
 // Registers `factory` under `name` (at start-up, e.g. through the macro
 // below, so that a spawned worker, which runs the same binary, has it).
 void register_dataset_factory(const std::string& name, DatasetFactory factory);
-#define EMBER_REGISTER_DATASET_FACTORY(name, fn)                 \
-  static const bool ember_dataset_factory_##fn = [] {           \
-    ::ember::data::register_dataset_factory(name, fn);          \
-    return true;                                                \
+#define EMBER_REGISTER_DATASET_FACTORY(name, fn)       \
+  static const bool ember_dataset_factory_##fn = [] {  \
+    ::ember::data::register_dataset_factory(name, fn); \
+    return true;                                       \
   }()
 // Builds a dataset from its recipe: NotFound naming the factory when none is
 // registered under its name, else the factory's own errors.

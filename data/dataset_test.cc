@@ -92,8 +92,8 @@ TEST(DefaultCollateTest, StacksTensorsAndTurnsNumbersIntoTensors) {
   ASSERT_TRUE(batch.ok()) << batch.status();
   const Sample::List& b = batch->list();
   ASSERT_EQ(b.size(), 6u);
-  EXPECT_TRUE(b[0].get_if<Tensor>()->equal(
-      tensor(std::vector<float>{0, 0, 1, 1, 2, 2}, SizeVector{3, 2})));
+  EXPECT_TRUE(
+      b[0].get_if<Tensor>()->equal(tensor(std::vector<float>{0, 0, 1, 1, 2, 2}, SizeVector{3, 2})));
   EXPECT_TRUE(b[1].get_if<Tensor>()->equal(tensor(std::vector<int64_t>{0, 1, 2})));
   EXPECT_EQ(b[2].get_if<Tensor>()->dtype(), kFloat64);
   EXPECT_TRUE(b[2].get_if<Tensor>()->equal(tensor(std::vector<double>{0, 0.5, 1})));
@@ -102,8 +102,8 @@ TEST(DefaultCollateTest, StacksTensorsAndTurnsNumbersIntoTensors) {
   ASSERT_EQ(b[4].list().size(), 3u);
   EXPECT_EQ(*b[4].list()[2].get_if<std::string>(), "s2");
   EXPECT_TRUE(b[5].find("y")->get_if<Tensor>()->equal(tensor(std::vector<int64_t>{10, 11, 12})));
-  EXPECT_TRUE(b[5].find("z")->list()[1].get_if<Tensor>()->equal(
-      tensor(std::vector<int64_t>{0, -1, -2})));
+  EXPECT_TRUE(
+      b[5].find("z")->list()[1].get_if<Tensor>()->equal(tensor(std::vector<int64_t>{0, -1, -2})));
 }
 
 TEST(DefaultCollateTest, MismatchesNameWhereAndWhat) {
@@ -112,13 +112,15 @@ TEST(DefaultCollateTest, MismatchesNameWhereAndWhat) {
     EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument);
     return std::string(b.status().message());
   };
-  EXPECT_THAT(message({Sample::List{Sample(zeros({3}))}, Sample::List{Sample(zeros({4}))}}),
-              HasSubstr("[3] float32 on cpu at entry 0 and [4] float32 on cpu at entry 1 (at [0])"));
+  EXPECT_THAT(
+      message({Sample::List{Sample(zeros({3}))}, Sample::List{Sample(zeros({4}))}}),
+      HasSubstr("[3] float32 on cpu at entry 0 and [4] float32 on cpu at entry 1 (at [0])"));
   EXPECT_THAT(message({Sample::List{Sample(1), Sample(2)}, Sample::List{Sample(1)}}),
               HasSubstr("sample 0 has 2 and sample 1 has 1"));
   EXPECT_THAT(message({Sample::Dict{{"a", Sample(1)}}, Sample::Dict{{"b", Sample(1)}}}),
               HasSubstr("sample 1 has no key 'a'"));
-  EXPECT_THAT(message({Sample(1), Sample(1.5)}), HasSubstr("sample 0 holds a int and sample 1 a double"));
+  EXPECT_THAT(message({Sample(1), Sample(1.5)}),
+              HasSubstr("sample 0 holds a int and sample 1 a double"));
   EXPECT_THAT(message({Sample(), Sample()}), HasSubstr("found none"));
   EXPECT_THAT(message({}), HasSubstr("no samples"));
 }

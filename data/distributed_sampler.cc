@@ -17,7 +17,8 @@ int FromGroup(const std::optional<int>& given, const char* what) {
   if (given) return *given;
   EMBER_CHECK(distributed::is_initialized(), "DistributedSampler: ", what,
               " was not given and the default process group is not initialised; call "
-              "init_process_group first or pass ", what);
+              "init_process_group first or pass ",
+              what);
   return std::string_view(what) == "num_replicas" ? distributed::get_world_size()
                                                   : distributed::get_rank();
 }
@@ -34,8 +35,10 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, DistributedSamplerO
       shuffle_(options.shuffle),
       seed_(options.seed),
       drop_last_(options.drop_last) {
-  EMBER_CHECK(dataset_size_ >= 0, "DistributedSampler: the dataset size must be non-negative, "
-              "got ", dataset_size_);
+  EMBER_CHECK(dataset_size_ >= 0,
+              "DistributedSampler: the dataset size must be non-negative, "
+              "got ",
+              dataset_size_);
   EMBER_CHECK(num_replicas_ > 0, "DistributedSampler: num_replicas must be positive, got ",
               num_replicas_);
   EMBER_CHECK(rank_ >= 0 && rank_ < num_replicas_, "DistributedSampler: Invalid rank ", rank_,
@@ -91,8 +94,9 @@ std::vector<int64_t> DistributedSampler::indices() {
 void DistributedSampler::save_state(int64_t consumed, StateDict& out) const {
   out.emplace_back("sampler.epoch", internal::StateValue(epoch_));
   out.emplace_back("sampler.seed", internal::StateValue(static_cast<int64_t>(seed_)));
-  out.emplace_back("sampler.consumed",
-                   internal::StateValue(std::min(dataset_size_, drawn_start_ + consumed * num_replicas_)));
+  out.emplace_back(
+      "sampler.consumed",
+      internal::StateValue(std::min(dataset_size_, drawn_start_ + consumed * num_replicas_)));
 }
 
 absl::StatusOr<bool> DistributedSampler::load_state(const StateDict& in) {
@@ -101,16 +105,17 @@ absl::StatusOr<bool> DistributedSampler::load_state(const StateDict& in) {
   EMBER_ASSIGN_OR_RETURN(int64_t seed, internal::StateInt(in, "sampler.seed"));
   EMBER_ASSIGN_OR_RETURN(int64_t consumed, internal::StateInt(in, "sampler.consumed"));
   if (static_cast<uint64_t>(seed) != seed_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DistributedSampler: the loader state was saved with seed ", seed,
-        " and this sampler has seed ", seed_, "; the epoch's order would differ, so the "
-        "consumed samples cannot be left out: give the sampler the saved seed"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DistributedSampler: the loader state was saved with seed ", seed,
+                     " and this sampler has seed ", seed_,
+                     "; the epoch's order would differ, so the "
+                     "consumed samples cannot be left out: give the sampler the saved seed"));
   }
   if (consumed < 0 || consumed > dataset_size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "DistributedSampler: the loader state says ", consumed,
-        " samples of the epoch were consumed, but the dataset has ", dataset_size_,
-        "; it was saved for another dataset"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("DistributedSampler: the loader state says ", consumed,
+                     " samples of the epoch were consumed, but the dataset has ", dataset_size_,
+                     "; it was saved for another dataset"));
   }
   epoch_ = epoch;
   start_ = consumed;

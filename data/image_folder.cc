@@ -76,8 +76,8 @@ absl::StatusOr<Decoded> Decode(std::string_view bytes, std::string_view what,
   s->err.pub.emit_message = EmitMessage;
   if (setjmp(s->err.jump)) {
     jpeg_destroy_decompress(&s->d);
-    return absl::InvalidArgumentError(absl::StrCat(
-        std::string(what), ": not a JPEG libjpeg-turbo can decode: ", s->err.message));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": not a JPEG libjpeg-turbo can decode: ", s->err.message));
   }
   jpeg_decompress_struct& d = s->d;
   Decoded& out = s->out;
@@ -135,7 +135,8 @@ Box CropBox(int64_t width, int64_t height, const ImageFolderOptions& o) {
   const double area = static_cast<double>(width) * height;
   const double lr0 = std::log(o.ratio.first), lr1 = std::log(o.ratio.second);
   for (int attempt = 0; attempt < 10; ++attempt) {
-    const double target = area * (o.scale.first + (o.scale.second - o.scale.first) * g.NextDouble());
+    const double target =
+        area * (o.scale.first + (o.scale.second - o.scale.first) * g.NextDouble());
     const double aspect = std::exp(lr0 + (lr1 - lr0) * g.NextDouble());
     const int64_t w = std::llround(std::sqrt(target * aspect));
     const int64_t h = std::llround(std::sqrt(target / aspect));
@@ -297,8 +298,12 @@ std::optional<Recipe> ImageRecords::recipe() const {
 }
 
 absl::StatusOr<Tensor> decode_jpeg(std::string_view bytes, std::string_view what) {
-  absl::StatusOr<Decoded> d =
-      Decode(bytes, what, [](int64_t w, int64_t h) { return Box{0, 0, w, h}; }, 0);
+  absl::StatusOr<Decoded> d = Decode(
+      bytes, what,
+      [](int64_t w, int64_t h) {
+        return Box{0, 0, w, h};
+      },
+      0);
   if (!d.ok()) return d.status();
   Tensor out = empty({3, d->height, d->width}, kUInt8);
   uint8_t* dst = out.data_ptr<uint8_t>();
@@ -324,15 +329,15 @@ absl::StatusOr<Tensor> random_resized_crop_jpeg(std::string_view bytes,
 absl::StatusOr<std::shared_ptr<ImageFolder>> ImageFolder::create(const std::string& root,
                                                                  ImageFolderOptions options) {
   const ImageFolderOptions& o = options;
-  if (o.size < 1 || !(o.scale.first > 0 && o.scale.first <= o.scale.second &&
-                      o.scale.second <= 1) ||
+  if (o.size < 1 ||
+      !(o.scale.first > 0 && o.scale.first <= o.scale.second && o.scale.second <= 1) ||
       !(o.ratio.first > 0 && o.ratio.first <= o.ratio.second) || o.flip_p < 0 || o.flip_p > 1 ||
       o.std[0] == 0 || o.std[1] == 0 || o.std[2] == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "ImageFolder: options out of range: size ", o.size, " (>= 1), scale (", o.scale.first,
-        ", ", o.scale.second, ") (within (0, 1], low <= high), ratio (", o.ratio.first, ", ",
-        o.ratio.second, ") (positive, low <= high), flip_p ", o.flip_p,
-        " (in [0, 1]), std (", o.std[0], ", ", o.std[1], ", ", o.std[2], ") (non-zero)"));
+        "ImageFolder: options out of range: size ", o.size, " (>= 1), scale (", o.scale.first, ", ",
+        o.scale.second, ") (within (0, 1], low <= high), ratio (", o.ratio.first, ", ",
+        o.ratio.second, ") (positive, low <= high), flip_p ", o.flip_p, " (in [0, 1]), std (",
+        o.std[0], ", ", o.std[1], ", ", o.std[2], ") (non-zero)"));
   }
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -347,16 +352,16 @@ absl::StatusOr<std::shared_ptr<ImageFolder>> ImageFolder::create(const std::stri
   }
   std::sort(folder->classes_.begin(), folder->classes_.end());
   if (folder->classes_.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ImageFolder: ", root, " has no class directories (expected ", root, "/<class>/<image>.jpg)"));
+    return absl::InvalidArgumentError(absl::StrCat("ImageFolder: ", root,
+                                                   " has no class directories (expected ", root,
+                                                   "/<class>/<image>.jpg)"));
   }
   for (size_t label = 0; label < folder->classes_.size(); ++label) {
     const std::string& name = folder->classes_[label];
     folder->class_to_idx_[name] = static_cast<int64_t>(label);
     std::vector<std::string> files;
-    for (const fs::directory_entry& e :
-         fs::recursive_directory_iterator(fs::path(root) / name,
-                                          fs::directory_options::follow_directory_symlink, ec)) {
+    for (const fs::directory_entry& e : fs::recursive_directory_iterator(
+             fs::path(root) / name, fs::directory_options::follow_directory_symlink, ec)) {
       if (e.is_regular_file() && IsJpeg(e.path())) files.push_back(e.path().string());
     }
     std::sort(files.begin(), files.end());
@@ -371,9 +376,8 @@ absl::StatusOr<std::shared_ptr<ImageFolder>> ImageFolder::create(const std::stri
 
 absl::StatusOr<Sample> ImageFolder::get(int64_t index) {
   if (index < 0 || index >= size()) {
-    return absl::OutOfRangeError(absl::StrCat("ImageFolder: index ", index,
-                                              " is out of range for a dataset of ", size(),
-                                              " samples"));
+    return absl::OutOfRangeError(absl::StrCat(
+        "ImageFolder: index ", index, " is out of range for a dataset of ", size(), " samples"));
   }
   const auto& [path, label] = samples_[index];
   absl::StatusOr<std::string> bytes = ReadFile(path);
@@ -384,7 +388,7 @@ absl::StatusOr<Sample> ImageFolder::get(int64_t index) {
 }
 
 absl::StatusOr<std::shared_ptr<ImageRecords>> ImageRecords::open(const std::string& path,
-                                                                  ImageFolderOptions options) {
+                                                                 ImageFolderOptions options) {
   // The same checks of the options as ImageFolder's, without a folder.
   if (options.size < 1) {
     return absl::InvalidArgumentError(
@@ -403,8 +407,8 @@ int64_t ImageRecords::size() const { return records_->size(); }
 absl::StatusOr<Sample> ImageRecords::get(int64_t index) {
   absl::StatusOr<std::string_view> bytes = records_->bytes(index);
   if (!bytes.ok()) return bytes.status();
-  absl::StatusOr<Tensor> image = random_resized_crop_jpeg(
-      *bytes, options_, absl::StrCat(records_->path(), " record ", index));
+  absl::StatusOr<Tensor> image =
+      random_resized_crop_jpeg(*bytes, options_, absl::StrCat(records_->path(), " record ", index));
   if (!image.ok()) return image.status();
   return Sample(Sample::List{Sample(*std::move(image)), Sample(records_->label(index))});
 }

@@ -120,8 +120,7 @@ class ImageRecords : public Dataset {
 // they are, labelled with its class index, in the folder's order) to the
 // record file `out`; returns how many. The errors of ImageFolder::create,
 // of reading a file and of RecordWriter.
-absl::StatusOr<int64_t> write_image_folder_records(const std::string& root,
-                                                   const std::string& out);
+absl::StatusOr<int64_t> write_image_folder_records(const std::string& root, const std::string& out);
 
 // The augmentation of one picture (what ImageFolder::get applies after
 // reading the file), for pictures from elsewhere.

@@ -12,10 +12,8 @@
 #include <string>
 #include <vector>
 
-// jpeglib.h needs FILE and size_t declared first.
-#include <jpeglib.h>
-
 #include "data/dataloader.h"
+#include "data/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensor/factories.h"
@@ -26,49 +24,14 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-// A w x h picture of f(x, y) = {r, g, b}, as JPEG bytes (quality 95, or
-// grayscale from r).
-std::string Encode(int w, int h, const std::function<std::array<int, 3>(int, int)>& f,
-                   bool gray = false) {
-  const int comps = gray ? 1 : 3;
-  std::vector<unsigned char> pixels(w * h * comps);
-  for (int y = 0; y < h; ++y) {
-    for (int x = 0; x < w; ++x) {
-      const std::array<int, 3> v = f(x, y);
-      for (int c = 0; c < comps; ++c) pixels[(y * w + x) * comps + c] = v[c];
-    }
-  }
-  jpeg_compress_struct c;
-  jpeg_error_mgr err;
-  c.err = jpeg_std_error(&err);
-  jpeg_create_compress(&c);
-  unsigned char* out = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&c, &out, &size);
-  c.image_width = w;
-  c.image_height = h;
-  c.input_components = comps;
-  c.in_color_space = gray ? JCS_GRAYSCALE : JCS_RGB;
-  jpeg_set_defaults(&c);
-  jpeg_set_quality(&c, 95, TRUE);
-  jpeg_start_compress(&c, TRUE);
-  while (c.next_scanline < c.image_height) {
-    JSAMPROW row = &pixels[c.next_scanline * w * comps];
-    jpeg_write_scanlines(&c, &row, 1);
-  }
-  jpeg_finish_compress(&c);
-  jpeg_destroy_compress(&c);
-  std::string bytes(reinterpret_cast<char*>(out), size);
-  std::free(out);
-  return bytes;
-}
+using ::ember::data::testing::EncodeJpeg;
 
 std::array<int, 3> Gradient(int x, int y, int w, int h) {
   return {x * 255 / (w - 1), y * 255 / (h - 1), 128};
 }
 
 TEST(DecodeJpegTest, GivesUint8ChwRgbCloseToThePicture) {
-  const std::string bytes = Encode(40, 30, [](int x, int y) { return Gradient(x, y, 40, 30); });
+  const std::string bytes = EncodeJpeg(40, 30, [](int x, int y) { return Gradient(x, y, 40, 30); });
   absl::StatusOr<Tensor> t = decode_jpeg(bytes);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->sizes(), (SizeVector{3, 30, 40}));
@@ -86,8 +49,12 @@ TEST(DecodeJpegTest, GivesUint8ChwRgbCloseToThePicture) {
 }
 
 TEST(DecodeJpegTest, GrayscaleBecomesThreeEqualChannels) {
-  const std::string bytes =
-      Encode(16, 16, [](int x, int) { return std::array<int, 3>{x * 16, 0, 0}; }, true);
+  const std::string bytes = EncodeJpeg(
+      16, 16,
+      [](int x, int) {
+        return std::array<int, 3>{x * 16, 0, 0};
+      },
+      true);
   absl::StatusOr<Tensor> t = decode_jpeg(bytes);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->size(0), 3);
@@ -100,7 +67,7 @@ TEST(DecodeJpegTest, BadAndTruncatedBytesNameTheFile) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.status().message()),
               HasSubstr("cat.jpg: not a JPEG libjpeg-turbo can decode: "));
-  const std::string whole = Encode(64, 64, [](int x, int y) { return Gradient(x, y, 64, 64); });
+  const std::string whole = EncodeJpeg(64, 64, [](int x, int y) { return Gradient(x, y, 64, 64); });
   absl::StatusOr<Tensor> cut = decode_jpeg(whole.substr(0, whole.size() / 2), "dog.jpg");
   EXPECT_EQ(cut.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(cut.status().message()), HasSubstr("dog.jpg: "));
@@ -120,7 +87,7 @@ fs::path Fresh(const std::string& name) {
 
 TEST(ImageFolderTest, FindsClassesAndImagesAsTorchvisionDoes) {
   const fs::path root = Fresh("scan");
-  const std::string jpg = Encode(8, 8, [](int, int) { return std::array<int, 3>{1, 2, 3}; });
+  const std::string jpg = EncodeJpeg(8, 8, [](int, int) { return std::array<int, 3>{1, 2, 3}; });
   Write(root / "zebra" / "2.jpg", jpg);
   Write(root / "zebra" / "1.JPEG", jpg);
   Write(root / "ant" / "sub" / "b.jpeg", jpg);
@@ -153,7 +120,7 @@ TEST(ImageFolderTest, FindsClassesAndImagesAsTorchvisionDoes) {
 // The whole picture (scale 1, its own aspect ratio) at its own size: the
 // output is the decoded picture normalised, mirrored with flip_p = 1.
 TEST(ImageFolderTest, AWholeCropIsTheNormalisedPictureAndFlipMirrorsIt) {
-  const std::string bytes = Encode(32, 32, [](int x, int y) { return Gradient(x, y, 32, 32); });
+  const std::string bytes = EncodeJpeg(32, 32, [](int x, int y) { return Gradient(x, y, 32, 32); });
   absl::StatusOr<Tensor> decoded = decode_jpeg(bytes);
   ASSERT_TRUE(decoded.ok());
   ImageFolderOptions o{.size = 32, .scale = {1, 1}, .ratio = {1, 1}, .flip_p = 0};
@@ -166,8 +133,7 @@ TEST(ImageFolderTest, AWholeCropIsTheNormalisedPictureAndFlipMirrorsIt) {
   for (int c = 0; c < 3; ++c) {
     for (int y = 0; y < 32; ++y) {
       for (int x = 0; x < 32; ++x) {
-        const double want =
-            ((*decoded)[c][y][x].item<double>() / 255.0 - o.mean[c]) / o.std[c];
+        const double want = ((*decoded)[c][y][x].item<double>() / 255.0 - o.mean[c]) / o.std[c];
         ASSERT_NEAR((*plain)[c][y][x].item<double>(), want, 1e-4) << c << " " << y << " " << x;
         ASSERT_NEAR((*flipped)[c][y][31 - x].item<double>(), want, 1e-4);
       }
@@ -179,7 +145,7 @@ TEST(ImageFolderTest, AWholeCropIsTheNormalisedPictureAndFlipMirrorsIt) {
 // pixel still shows the picture where it maps to.
 TEST(ImageFolderTest, ADownscaledDecodeMapsTheCropWhereItBelongs) {
   const int w = 1600, h = 1200;
-  const std::string bytes = Encode(w, h, [](int x, int y) { return Gradient(x, y, w, h); });
+  const std::string bytes = EncodeJpeg(w, h, [](int x, int y) { return Gradient(x, y, w, h); });
   ImageFolderOptions o{.size = 224, .scale = {1, 1}, .ratio = {4.0 / 3, 4.0 / 3}, .flip_p = 0};
   absl::StatusOr<Tensor> out = random_resized_crop_jpeg(bytes, o);
   ASSERT_TRUE(out.ok()) << out.status();
@@ -199,14 +165,12 @@ TEST(ImageFolderTest, ADataLoaderBatchesAugmentedImagesFromWorkers) {
   const fs::path root = Fresh("loader");
   for (int i = 0; i < 10; ++i) {
     Write(root / (i % 2 ? "odd" : "even") / (std::to_string(i) + ".jpg"),
-          Encode(120 + i, 90, [&](int x, int y) { return Gradient(x, y, 120 + i, 90); }));
+          EncodeJpeg(120 + i, 90, [&](int x, int y) { return Gradient(x, y, 120 + i, 90); }));
   }
   Write(root / "odd" / "broken.jpg", "not a jpeg");
-  absl::StatusOr<std::shared_ptr<ImageFolder>> f =
-      ImageFolder::create(root.string(), {.size = 64});
+  absl::StatusOr<std::shared_ptr<ImageFolder>> f = ImageFolder::create(root.string(), {.size = 64});
   ASSERT_TRUE(f.ok()) << f.status();
-  absl::StatusOr<DataLoader> loader =
-      DataLoader::create(*f, {.batch_size = 4, .num_workers = 2});
+  absl::StatusOr<DataLoader> loader = DataLoader::create(*f, {.batch_size = 4, .num_workers = 2});
   ASSERT_TRUE(loader.ok());
   absl::StatusOr<DataLoaderIterator> it = loader->iter();
   int images = 0;

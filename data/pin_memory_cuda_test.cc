@@ -19,8 +19,8 @@ TEST(PinMemoryCudaTest, BatchesArriveInPinnedMemoryAndCopyToTheDevice) {
   auto ds = std::make_shared<TensorDataset>(
       std::vector<Tensor>{arange(64, kFloat32).reshape({16, 4}), arange(16)});
   for (int workers : {0, 2}) {
-    absl::StatusOr<DataLoader> loader = DataLoader::create(
-        ds, {.batch_size = 4, .num_workers = workers, .pin_memory = true});
+    absl::StatusOr<DataLoader> loader =
+        DataLoader::create(ds, {.batch_size = 4, .num_workers = workers, .pin_memory = true});
     ASSERT_TRUE(loader.ok()) << loader.status();
     absl::StatusOr<DataLoaderIterator> it = loader->iter();
     ASSERT_TRUE(it.ok());

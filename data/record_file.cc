@@ -70,8 +70,7 @@ absl::Status RecordWriter::append(std::string_view bytes, int64_t label) {
   }
   if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) {
     return absl::UnavailableError(absl::StrCat("RecordWriter: writing record ", size(), " to ",
-                                               path_, ".partial failed: ",
-                                               std::strerror(errno)));
+                                               path_, ".partial failed: ", std::strerror(errno)));
   }
   index_.insert(index_.end(), {offset_, bytes.size(), static_cast<uint64_t>(label)});
   offset_ += bytes.size();
@@ -94,8 +93,8 @@ absl::Status RecordWriter::close() {
   const std::string partial = path_ + ".partial";
   if (!written || !closed || std::rename(partial.c_str(), path_.c_str()) != 0) {
     std::remove(partial.c_str());
-    return absl::UnavailableError(absl::StrCat("RecordWriter: finishing ", path_,
-                                               " failed: ", std::strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat("RecordWriter: finishing ", path_, " failed: ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
@@ -131,18 +130,20 @@ absl::StatusOr<std::shared_ptr<RecordDataset>> RecordDataset::open(const std::st
   const auto* p = static_cast<const uint8_t*>(mapping->base);
   if (p == nullptr || std::memcmp(p, kMagic, sizeof kMagic) != 0 ||
       std::memcmp(p + size - sizeof kMagic, kMagic, sizeof kMagic) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RecordDataset: ", path, " is not an Ember record file (", size,
-        " bytes, no EMBREC01 at its start and end); write one with RecordWriter or "
-        "//data:make_records"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RecordDataset: ", path, " is not an Ember record file (", size,
+                     " bytes, no EMBREC01 at its start and end); write one with RecordWriter or "
+                     "//data:make_records"));
   }
   const uint64_t count = Get64(p + size - kFooter);
   const uint64_t index_at = Get64(p + size - kFooter + 8);
   if (index_at < sizeof kMagic || count > size / kEntry ||
       index_at + count * kEntry + kFooter != size) {
-    return absl::DataLossError(absl::StrCat("RecordDataset: ", path, " is damaged: its footer "
-                                            "says ", count, " records indexed at byte ",
-                                            index_at, " of ", size));
+    return absl::DataLossError(absl::StrCat("RecordDataset: ", path,
+                                            " is damaged: its footer "
+                                            "says ",
+                                            count, " records indexed at byte ", index_at, " of ",
+                                            size));
   }
   std::shared_ptr<RecordDataset> ds(new RecordDataset());
   ds->path_ = path;
@@ -162,9 +163,8 @@ absl::StatusOr<std::shared_ptr<RecordDataset>> RecordDataset::open(const std::st
 
 absl::StatusOr<std::string_view> RecordDataset::bytes(int64_t index) const {
   if (index < 0 || index >= count_) {
-    return absl::OutOfRangeError(absl::StrCat("RecordDataset: index ", index,
-                                              " is out of range for a dataset of ", count_,
-                                              " samples"));
+    return absl::OutOfRangeError(absl::StrCat(
+        "RecordDataset: index ", index, " is out of range for a dataset of ", count_, " samples"));
   }
   const uint64_t at = Get64(index_ + index * kEntry);
   const uint64_t length = Get64(index_ + index * kEntry + 8);
@@ -197,8 +197,8 @@ absl::StatusOr<Sample> RecordDataset::get(int64_t index) {
   if (!b.ok()) return b.status();
   // A view of the mapping, which it keeps alive.
   std::shared_ptr<Mapping> keep = mapping_;
-  Tensor t = from_blob(const_cast<char*>(b->data()), {static_cast<int64_t>(b->size())},
-                       kUInt8, [keep](void*) {});
+  Tensor t = from_blob(const_cast<char*>(b->data()), {static_cast<int64_t>(b->size())}, kUInt8,
+                       [keep](void*) {});
   return Sample(Sample::List{Sample(std::move(t)), Sample(label(index))});
 }
 

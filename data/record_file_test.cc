@@ -9,12 +9,10 @@
 #include <fstream>
 #include <string>
 
-// jpeglib.h needs FILE and size_t declared first.
-#include <jpeglib.h>
-
 #include "absl/strings/str_cat.h"
 #include "data/dataloader.h"
 #include "data/image_folder.h"
+#include "data/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -100,29 +98,9 @@ TEST(RecordFileTest, ForeignAndDamagedFilesAreNamed) {
 }
 
 std::string Jpeg(int w, int h, int shade) {
-  std::vector<unsigned char> rgb(w * h * 3, static_cast<unsigned char>(shade));
-  jpeg_compress_struct c;
-  jpeg_error_mgr err;
-  c.err = jpeg_std_error(&err);
-  jpeg_create_compress(&c);
-  unsigned char* out = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&c, &out, &size);
-  c.image_width = w;
-  c.image_height = h;
-  c.input_components = 3;
-  c.in_color_space = JCS_RGB;
-  jpeg_set_defaults(&c);
-  jpeg_start_compress(&c, TRUE);
-  while (c.next_scanline < c.image_height) {
-    JSAMPROW row = &rgb[c.next_scanline * w * 3];
-    jpeg_write_scanlines(&c, &row, 1);
-  }
-  jpeg_finish_compress(&c);
-  jpeg_destroy_compress(&c);
-  std::string bytes(reinterpret_cast<char*>(out), size);
-  std::free(out);
-  return bytes;
+  return testing::EncodeJpeg(w, h, [&](int, int) {
+    return std::array<int, 3>{shade, shade, shade};
+  });
 }
 
 TEST(RecordFileTest, MakeRecordsPacksAnImageFolderThatImageRecordsServes) {
@@ -136,9 +114,10 @@ TEST(RecordFileTest, MakeRecordsPacksAnImageFolderThatImageRecordsServes) {
   const std::string out = Tmp("folder.records");
   const std::string tool = "data/make_records";
   ASSERT_EQ(std::system(absl::StrCat(tool, " --root=", root.string(), " --out=", out).c_str()), 0);
-  EXPECT_NE(std::system(absl::StrCat(tool, " --root=", Tmp("nowhere"), " --out=", out,
-                                     " 2>/dev/null").c_str()),
-            0);
+  EXPECT_NE(
+      std::system(
+          absl::StrCat(tool, " --root=", Tmp("nowhere"), " --out=", out, " 2>/dev/null").c_str()),
+      0);
 
   absl::StatusOr<std::shared_ptr<ImageRecords>> images =
       ImageRecords::open(out, {.size = 32, .flip_p = 0});

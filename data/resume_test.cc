@@ -43,7 +43,8 @@ std::string Text(const Sample& batch) {
   std::string out;
   for (size_t part = 0; part < batch.list().size(); ++part) {
     const Tensor t = *batch.list()[part].get_if<Tensor>();
-    for (int64_t i = 0; i < t.numel(); ++i) out += std::to_string(t.to(kFloat64).data_ptr<double>()[i]) + " ";
+    for (int64_t i = 0; i < t.numel(); ++i)
+      out += std::to_string(t.to(kFloat64).data_ptr<double>()[i]) + " ";
     out += "| ";
   }
   return out;
@@ -70,12 +71,12 @@ TEST(ResumeTest, TheRestOfTheEpochAndTheNextAreTheUninterruptedRunsThroughAFile)
     // Without workers the draws would come from the loop's own default
     // generator, which the training loop shares; only workers' are the
     // loader's to restore.
-    std::shared_ptr<Dataset> ds = workers > 0
-        ? std::shared_ptr<Dataset>(std::make_shared<Noisy>(50))
-        : std::make_shared<TensorDataset>(std::vector<Tensor>{arange(50)});
+    std::shared_ptr<Dataset> ds =
+        workers > 0 ? std::shared_ptr<Dataset>(std::make_shared<Noisy>(50))
+                    : std::make_shared<TensorDataset>(std::vector<Tensor>{arange(50)});
     auto options = [&](Generator* g) {
-      return DataLoaderOptions{.batch_size = 4, .shuffle = true, .num_workers = workers,
-                               .generator = g};
+      return DataLoaderOptions{
+          .batch_size = 4, .shuffle = true, .num_workers = workers, .generator = g};
     };
     Generator g1(11);
     absl::StatusOr<DataLoader> whole = DataLoader::create(ds, options(&g1));
@@ -110,8 +111,8 @@ TEST(ResumeTest, TheRestOfTheEpochAndTheNextAreTheUninterruptedRunsThroughAFile)
 TEST(ResumeTest, ASecondSaveInAResumedEpochResumesToo) {
   auto ds = std::make_shared<Noisy>(30);
   auto make = [&](Generator* g) {
-    return DataLoader::create(ds, {.batch_size = 2, .shuffle = true, .num_workers = 2,
-                                   .generator = g});
+    return DataLoader::create(ds,
+                              {.batch_size = 2, .shuffle = true, .num_workers = 2, .generator = g});
   };
   Generator g1(3);
   absl::StatusOr<DataLoader> whole = make(&g1);

@@ -23,9 +23,10 @@ const Tensor* FindState(const StateDict& state, const std::string& key) {
 absl::StatusOr<int64_t> StateInt(const StateDict& state, const std::string& key) {
   const Tensor* t = FindState(state, key);
   if (t == nullptr || !t->defined() || t->numel() != 1 || is_floating_point(t->dtype())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the loader state has no integer '", key, "'", t == nullptr ? "" : " (it holds another kind of tensor)",
-        "; pass what DataLoader::state_dict() returned"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the loader state has no integer '", key, "'",
+                     t == nullptr ? "" : " (it holds another kind of tensor)",
+                     "; pass what DataLoader::state_dict() returned"));
   }
   return t->to(kInt64).item<int64_t>();
 }
@@ -66,9 +67,10 @@ RandomSampler::RandomSampler(int64_t n, RandomSamplerOptions options)
       replacement_(options.replacement),
       generator_(options.generator) {
   EMBER_CHECK(n_ > 0, "RandomSampler: the dataset is empty (", n_, " samples); nothing to draw");
-  EMBER_CHECK(num_samples_ > 0, "RandomSampler: num_samples should be a positive integer value, "
-              "but got num_samples=", num_samples_,
-              options.num_samples ? "" : " (the dataset's size)");
+  EMBER_CHECK(num_samples_ > 0,
+              "RandomSampler: num_samples should be a positive integer value, "
+              "but got num_samples=",
+              num_samples_, options.num_samples ? "" : " (the dataset's size)");
 }
 
 std::vector<int64_t> RandomSampler::indices() {
@@ -109,18 +111,21 @@ WeightedRandomSampler::WeightedRandomSampler(std::vector<double> weights, int64_
       num_samples_(num_samples),
       replacement_(replacement),
       generator_(generator) {
-  EMBER_CHECK(num_samples_ > 0, "WeightedRandomSampler: num_samples should be a positive integer "
-              "value, but got num_samples=", num_samples_);
+  EMBER_CHECK(num_samples_ > 0,
+              "WeightedRandomSampler: num_samples should be a positive integer "
+              "value, but got num_samples=",
+              num_samples_);
   EMBER_CHECK(!weights_.empty(), "WeightedRandomSampler: weights is empty");
   double sum = 0;
   int64_t positive = 0;
   for (size_t i = 0; i < weights_.size(); ++i) {
-    EMBER_CHECK(std::isfinite(weights_[i]) && weights_[i] >= 0, "WeightedRandomSampler: weight ",
-                i, " is ", weights_[i], "; weights must be finite and non-negative");
+    EMBER_CHECK(std::isfinite(weights_[i]) && weights_[i] >= 0, "WeightedRandomSampler: weight ", i,
+                " is ", weights_[i], "; weights must be finite and non-negative");
     sum += weights_[i];
     positive += weights_[i] > 0;
   }
-  EMBER_CHECK(sum > 0, "WeightedRandomSampler: the weights sum to 0; at least one must be "
+  EMBER_CHECK(sum > 0,
+              "WeightedRandomSampler: the weights sum to 0; at least one must be "
               "positive");
   EMBER_CHECK(replacement_ || num_samples_ <= positive, "WeightedRandomSampler: cannot draw ",
               num_samples_, " samples without replacement from ", positive,
@@ -142,8 +147,7 @@ std::vector<int64_t> WeightedRandomSampler::indices() {
     for (double& c : cumulative) c /= sum;
     for (int64_t k = 0; k < num_samples_; ++k) {
       const double u = g.NextDouble();
-      out.push_back(std::lower_bound(cumulative.begin(), cumulative.end(), u) -
-                    cumulative.begin());
+      out.push_back(std::lower_bound(cumulative.begin(), cumulative.end(), u) - cumulative.begin());
     }
     return out;
   }
@@ -163,8 +167,10 @@ std::vector<int64_t> WeightedRandomSampler::indices() {
 BatchSampler::BatchSampler(std::shared_ptr<Sampler> sampler, int64_t batch_size, bool drop_last)
     : sampler_(std::move(sampler)), batch_size_(batch_size), drop_last_(drop_last) {
   EMBER_CHECK(sampler_ != nullptr, "BatchSampler: the sampler is null");
-  EMBER_CHECK(batch_size_ > 0, "BatchSampler: batch_size should be a positive integer value, but "
-              "got batch_size=", batch_size_);
+  EMBER_CHECK(batch_size_ > 0,
+              "BatchSampler: batch_size should be a positive integer value, but "
+              "got batch_size=",
+              batch_size_);
 }
 
 int64_t BatchSampler::size() const {

@@ -92,8 +92,8 @@ std::string Epoch(DataLoader& loader) {
     EXPECT_TRUE(b.ok()) << b.status();
     if (!b.ok() || !b->has_value()) break;
     const Tensor t = *(*b)->get_if<Tensor>();
-    batches.push_back(Joined(std::vector<int64_t>(t.data_ptr<int64_t>(),
-                                                  t.data_ptr<int64_t>() + t.numel())));
+    batches.push_back(
+        Joined(std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel())));
   }
   return absl::StrJoin(batches, " | ");
 }

@@ -74,9 +74,11 @@ TEST_P(SpawnTest, WorkersRebuildATensorDatasetAndGiveForksBatches) {
   std::vector<std::vector<std::string>> runs;
   for (const std::string& method : {std::string("fork"), GetParam()}) {
     Generator g(9);
-    absl::StatusOr<DataLoader> loader = DataLoader::create(
-        ds, {.batch_size = 8, .shuffle = true, .num_workers = 2,
-             .multiprocessing_context = method, .generator = &g});
+    absl::StatusOr<DataLoader> loader = DataLoader::create(ds, {.batch_size = 8,
+                                                                .shuffle = true,
+                                                                .num_workers = 2,
+                                                                .multiprocessing_context = method,
+                                                                .generator = &g});
     ASSERT_TRUE(loader.ok()) << loader.status();
     runs.push_back(Epoch(*loader));
   }
@@ -92,8 +94,9 @@ TEST_P(SpawnTest, ARegisteredFactoryRebuildsACustomDataset) {
   const std::vector<std::string> batches = Epoch(*loader);
   ASSERT_EQ(batches.size(), 5u);
   // Batch 1 is samples 4..7 (times 7), made by worker 1.
-  EXPECT_EQ(batches[1], "28.000000 35.000000 42.000000 49.000000 | 1.000000 1.000000 1.000000 "
-                        "1.000000 | ");
+  EXPECT_EQ(batches[1],
+            "28.000000 35.000000 42.000000 49.000000 | 1.000000 1.000000 1.000000 "
+            "1.000000 | ");
 }
 
 TEST_P(SpawnTest, ARecordFileIsOpenedAgainInEachWorker) {
@@ -107,8 +110,8 @@ TEST_P(SpawnTest, ARecordFileIsOpenedAgainInEachWorker) {
   absl::StatusOr<std::shared_ptr<RecordDataset>> records = RecordDataset::open(path);
   ASSERT_TRUE(records.ok());
   absl::StatusOr<DataLoader> loader = DataLoader::create(
-      *records, {.batch_size = std::nullopt, .num_workers = 2,
-                 .multiprocessing_context = GetParam()});
+      *records,
+      {.batch_size = std::nullopt, .num_workers = 2, .multiprocessing_context = GetParam()});
   ASSERT_TRUE(loader.ok()) << loader.status();
   absl::StatusOr<DataLoaderIterator> it = loader->iter();
   for (int i = 0; i < 6; ++i) {

@@ -36,8 +36,8 @@ class Rows : public Dataset {
   explicit Rows(Tensor rows) : rows_(std::move(rows)) {}
   int64_t size() const override { return rows_.size(0); }
   absl::StatusOr<Sample> get(int64_t index) override {
-    return Sample(Sample::List{Sample(rows_.select(0, index)),
-                               Sample(static_cast<int64_t>(::getpid()))});
+    return Sample(
+        Sample::List{Sample(rows_.select(0, index)), Sample(static_cast<int64_t>(::getpid()))});
   }
 
  private:
@@ -109,8 +109,9 @@ int Main(int argc, char** argv) {
       priv += (m["Private_Clean"] + m["Private_Dirty"]) / 1e3;
     }
     const double n = static_cast<double>(pids.size());
-    std::printf("workers %d: per worker resident %.1f MB, private %.1f MB (%.2f%% of the dataset)\n",
-                w, rss / n, priv / n, 100 * priv / n / dataset_mb);
+    std::printf(
+        "workers %d: per worker resident %.1f MB, private %.1f MB (%.2f%% of the dataset)\n", w,
+        rss / n, priv / n, 100 * priv / n / dataset_mb);
   }
   return 0;
 }

@@ -156,12 +156,12 @@ absl::Status Train(const Options& o) {
   const int world = dist::get_world_size();
 
   auto sampler = std::make_shared<data::DistributedSampler>(kSamples);  // the group's size, rank
-  EMBER_ASSIGN_OR_RETURN(data::DataLoader loader,
-                         data::DataLoader::create(MakeDataset(kSamples, 1234),
-                                                  {.batch_size = o.batch,
-                                                   .sampler = sampler,
-                                                   .num_workers = o.workers,
-                                                   .persistent_workers = o.workers > 0}));
+  EMBER_ASSIGN_OR_RETURN(
+      data::DataLoader loader,
+      data::DataLoader::create(MakeDataset(kSamples, 1234), {.batch_size = o.batch,
+                                                             .sampler = sampler,
+                                                             .num_workers = o.workers,
+                                                             .persistent_workers = o.workers > 0}));
   auto model =
       std::make_shared<ember::nn::Sequential>(std::vector<std::shared_ptr<ember::nn::Module>>{
           std::make_shared<ember::nn::Linear>(kFeatures, 64), std::make_shared<ember::nn::ReLU>(),

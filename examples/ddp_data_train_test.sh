@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the DataLoader-fed DDP example as a preempted job would run: 4
-# processes stopped after 5 steps of the first epoch (a checkpoint with the
-# loader's state), then resumed on 3 processes to the end of that epoch.
+# processes stopped after 5 steps of the first epoch (a distributed
+# checkpoint with the loader's state), then resumed by an elastic launch on
+# 3 processes to the end of that epoch.
 # Fails unless both runs exit cleanly and, over both, every one of the
 # 1,200 samples was trained on, and only 2 twice: the padding
 # DistributedSampler adds because the 880 samples left do not divide by 3.
@@ -15,7 +16,10 @@ port() {
 }
 args=(--epochs=1 --batch=16 --checkpoint="$dir/ckpt" --seen="$dir")
 "$launch" --nproc_per_node=4 --master_port="$(port)" "$program" "${args[@]}" --stop_after=5
-"$launch" --nproc_per_node=3 --master_port="$(port)" "$program" "${args[@]}" | tee "$dir/resumed.out"
+# The resumed job runs as an elastic one (a rendezvous of 1 to 2 nodes; this
+# host alone joins it).
+"$launch" --nproc_per_node=3 --nnodes=1:2 --rdzv_endpoint="127.0.0.1:$(port)" --rdzv_id=data \
+  --rdzv_conf=join_timeout=15,last_call_timeout=1 "$program" "${args[@]}" | tee "$dir/resumed.out"
 first="$(cat "$dir"/seen.4.* | wc -l)"
 second="$(cat "$dir"/seen.3.* | wc -l)"
 # 4 ranks x 5 steps x 16; then the 880 left over 3 ranks: 294 each.

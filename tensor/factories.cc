@@ -333,10 +333,10 @@ void Generator::set_state(const Tensor& state) {
   const int32_t left = GetLE<int32_t>(bytes, 8);
   const uint64_t next = GetLE<uint64_t>(bytes, 16);
   const bool fresh = left == 1 && next == 0;
-  EMBER_CHECK(fresh || (next >= 1 && next <= kWords && left == kWords + 1 - static_cast<int64_t>(next)),
-              "Generator::set_state: the state's position (left ", left, ", next ", next,
-              ") is not one an MT19937 engine can be in; the bytes are not a CPU generator's "
-              "state");
+  EMBER_CHECK(
+      fresh || (next >= 1 && next <= kWords && left == kWords + 1 - static_cast<int64_t>(next)),
+      "Generator::set_state: the state's position (left ", left, ", next ", next,
+      ") is not one an MT19937 engine can be in; the bytes are not a CPU generator's state");
   std::ostringstream text;
   for (int i = 0; i < kWords; ++i) {
     const uint64_t w = GetLE<uint64_t>(bytes, 24 + 8 * i);

@@ -6,8 +6,8 @@
 // without it the test skips, saying so.
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -93,8 +93,7 @@ TEST_F(TorchRandomTest, RandintIsTorchsBelowAndAbove32Bits) {
   for (const Case& c : cases_) {
     if (c.words[0] != "randint") continue;
     Generator g(Seed(c.words[4]));
-    EXPECT_EQ(Words(randint(Int(c.words[1]), Int(c.words[2]), {Int(c.words[3])}, {}, &g)),
-              c.values)
+    EXPECT_EQ(Words(randint(Int(c.words[1]), Int(c.words[2]), {Int(c.words[3])}, {}, &g)), c.values)
         << "randint(" << c.words[1] << ", " << c.words[2] << ") seed " << c.words[4];
     ++checked;
   }
@@ -209,7 +208,8 @@ TEST(GeneratorStateTest, ARoundTripRestoresTheSequenceAndBadBytesAreRefused) {
     g.set_state(zeros({10}, kUInt8));
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("10 bytes are not a CPU generator's state, which is 5056 bytes"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(
+                              "10 bytes are not a CPU generator's state, which is 5056 bytes"));
   }
 }
 
