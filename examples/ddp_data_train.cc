@@ -12,6 +12,7 @@
 //   launch=bazel-bin/tools/launch/launch program=bazel-bin/examples/ddp_data_train
 //   $launch --nproc_per_node=4 $program --stop_after=5   # interrupted
 //   $launch --nproc_per_node=3 $program                  # resumed on 3
+//   # or resumed by an elastic launch (--nnodes=MIN:MAX --rdzv_endpoint=...)
 //
 // Options: --epochs=N (3), --batch=N (per rank, 16), --workers=N (2),
 // --stop_after=N (0: never), --checkpoint=DIR (ddp_data_train.ckpt, a
