@@ -14,9 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "data/benchmark_flags.h"
 #include "data/dataloader.h"
 #include "tensor/factories.h"
 
@@ -35,15 +34,6 @@ class Ready : public Dataset {
   Tensor image_;
 };
 
-std::vector<int> Ints(const std::string& list) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(list, ',')) {
-    int value = 0;
-    if (absl::SimpleAtoi(part, &value)) out.push_back(value);
-  }
-  return out;
-}
-
 int Main(int argc, char** argv) {
   std::vector<int> workers = {0, 1, 2};
   int batches = 200, batch = 64, repeats = 3;
@@ -54,7 +44,7 @@ int Main(int argc, char** argv) {
       return arg.rfind(prefix, 0) == 0 ? argv[i] + prefix.size() : nullptr;
     };
     if (const char* v = value("--workers")) {
-      workers = Ints(v);
+      workers = IntList(v);
     } else if (const char* v = value("--batches")) {
       batches = std::atoi(v);
     } else if (const char* v = value("--batch")) {

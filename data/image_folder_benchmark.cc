@@ -13,9 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "data/benchmark_flags.h"
 #include "data/dataloader.h"
 #include "data/image_folder.h"
 
@@ -33,11 +32,7 @@ int Main(int argc, char** argv) {
     } else if (arg.rfind("--repeats=", 0) == 0) {
       repeats = std::atoi(argv[i] + 10);
     } else if (arg.rfind("--workers=", 0) == 0) {
-      workers.clear();
-      for (absl::string_view w : absl::StrSplit(arg.substr(10), ',')) {
-        int v = 0;
-        if (absl::SimpleAtoi(w, &v)) workers.push_back(v);
-      }
+      workers = IntList(arg.substr(10));
     } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;

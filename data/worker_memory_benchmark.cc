@@ -20,8 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "data/benchmark_flags.h"
 #include "data/dataloader.h"
 #include "tensor/factories.h"
 
@@ -66,11 +65,7 @@ int Main(int argc, char** argv) {
     if (arg.rfind("--gib=", 0) == 0) {
       gib = std::atof(argv[i] + 6);
     } else if (arg.rfind("--workers=", 0) == 0) {
-      workers.clear();
-      for (absl::string_view w : absl::StrSplit(arg.substr(10), ',')) {
-        int v = 0;
-        if (absl::SimpleAtoi(w, &v)) workers.push_back(v);
-      }
+      workers = IntList(arg.substr(10));
     } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
