@@ -8,6 +8,8 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tensor/ops.h"
@@ -380,11 +382,20 @@ double Generator::NextNormal() {
     spare_normal_.reset();
     return v;
   }
-  double u1 = 1.0 - NextDouble();  // (0, 1]: log is finite.
-  double u2 = NextDouble();
-  double r = std::sqrt(-2.0 * std::log(u1));
-  spare_normal_ = r * std::sin(2.0 * M_PI * u2);
-  return r * std::cos(2.0 * M_PI * u2);
+  // PyTorch's normal_distribution<double>: the first draw is the angle, the
+  // second the radius (log1p(-u) is finite on [0, 1)).
+  const double u1 = NextDouble();
+  const double u2 = NextDouble();
+  const double r = std::sqrt(-2.0 * std::log1p(-u2));
+  const double theta = 2.0 * M_PI * u1;
+  spare_normal_ = r * std::sin(theta);
+  return r * std::cos(theta);
+}
+
+double Generator::NextUniform(int mantissa_bits) {
+  if (mantissa_bits >= 53) return NextDouble();
+  const uint32_t mask = (uint32_t{1} << mantissa_bits) - 1;
+  return static_cast<double>(random() & mask) * std::ldexp(1.0, -mantissa_bits);
 }
 
 int64_t Generator::NextInt(int64_t low, int64_t high) {
@@ -484,12 +495,85 @@ void DrawCpu(const Tensor& out, Generator* gen, Source source) {
   if (!host.is_same(out)) ops::copy_out(out, host);
 }
 
+// The significand bits PyTorch's uniform draw keeps for a dtype: 53 of a
+// 64-bit draw for float64, else as many as the dtype's significand holds of
+// a 32-bit draw (24 float32, 11 float16, 8 bfloat16).
+int UniformBits(Dtype dtype) {
+  switch (dtype) {
+    case kFloat64:
+      return 53;
+    case kFloat16:
+      return 11;
+    case kBFloat16:
+      return 8;
+    default:
+      return 24;
+  }
+}
+
+// Note [PyTorch's CPU draws]
+// uniform_ and normal_ on the CPU draw what PyTorch's CPU kernels draw for
+// the same generator state, so a seed gives PyTorch's numbers (float64
+// exactly; float32 normals within an ulp or two, PyTorch computing log, sin
+// and cos with vectorised approximations). uniform: a draw of the dtype's
+// significand bits (UniformBits) scaled into [from, to), the arithmetic in
+// float64 as PyTorch's CPU accumulate type. normal: for a contiguous output
+// of at least 16 elements, every element first gets a uniform draw of its
+// dtype, then each block of 16 becomes 16 normals by Box-Muller in the
+// dtype's own arithmetic (element j and j + 8 from one pair), the last,
+// partial block redrawn as a whole block ending at the last element;
+// smaller or non-contiguous outputs take one float64 normal per element
+// (NextNormal, which keeps the second of each pair for the next call).
 void UniformCpu(const Tensor& out, double from, double to, Generator* gen) {
-  DrawCpu(out, gen, [&](Generator& g) { return from + (to - from) * g.NextDouble(); });
+  const int bits = UniformBits(out.dtype());
+  // PyTorch holds the bounds in the dtype and subtracts them there (float16
+  // and bfloat16 through float, rounded back).
+  double lo = from, span = to - from;
+  VisitDtype(out.dtype(), [&]<typename T>() {
+    lo = CastTo<double>(CastTo<T>(from));
+    if constexpr (std::is_floating_point_v<T>) {
+      span = static_cast<double>(CastTo<T>(to) - CastTo<T>(from));
+    } else {
+      span = CastTo<double>(CastTo<T>(CastTo<float>(CastTo<T>(to)) - CastTo<float>(CastTo<T>(from))));
+    }
+  });
+  DrawCpu(out, gen, [&](Generator& g) { return g.NextUniform(bits) * span + lo; });
+}
+
+template <typename T>
+void NormalFill(T* data, int64_t n, double mean, double std, Generator& g, int bits) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  std::vector<A> u(static_cast<size_t>(n));
+  for (A& x : u) x = static_cast<A>(g.NextUniform(bits));
+  const A m = static_cast<A>(mean), s = static_cast<A>(std);
+  auto block = [&](int64_t at) {
+    for (int64_t j = 0; j < 8; ++j) {
+      const A u1 = A(1) - u[at + j];
+      const A u2 = u[at + j + 8];
+      const A radius = std::sqrt(A(-2) * std::log(u1));
+      const A theta = static_cast<A>(2.0 * M_PI) * u2;
+      u[at + j] = radius * std::cos(theta) * s + m;
+      u[at + j + 8] = radius * std::sin(theta) * s + m;
+    }
+  };
+  for (int64_t at = 0; at + 16 <= n; at += 16) block(at);
+  if (n % 16 != 0) {
+    for (int64_t j = n - 16; j < n; ++j) u[j] = static_cast<A>(g.NextUniform(bits));
+    block(n - 16);
+  }
+  for (int64_t i = 0; i < n; ++i) data[i] = CastTo<T>(u[i]);
 }
 
 void NormalCpu(const Tensor& out, double mean, double std, Generator* gen) {
-  DrawCpu(out, gen, [&](Generator& g) { return mean + std * g.NextNormal(); });
+  if (out.numel() < 16 || !out.is_contiguous()) {
+    DrawCpu(out, gen, [&](Generator& g) { return mean + std * g.NextNormal(); });
+    return;
+  }
+  const int bits = UniformBits(out.dtype());
+  VisitDtype(out.dtype(), [&]<typename T>() {
+    std::lock_guard<std::mutex> lock(gen->mutex());
+    NormalFill(out.data_ptr<T>(), out.numel(), mean, std, *gen, bits);
+  });
 }
 
 void RandomCpu(const Tensor& out, int64_t low, int64_t high, Generator* gen) {

@@ -37,9 +37,9 @@
 // uniform draw as PyTorch's CPU kernels do (a 32-bit draw modulo the range
 // below 2^32, else a 64-bit one; Fisher-Yates with a draw modulo the rest;
 // the low 53 bits of a 64-bit draw), so a seed gives PyTorch's values and a
-// sampler shuffled here visits the data in PyTorch's order. normal and the
-// other dtypes' uniform keep Ember's own distributions on the same draws
-// (Box-Muller on 53-bit doubles). A device's is counter-based Philox4x32-10, PyTorch's
+// sampler shuffled here visits the data in PyTorch's order; uniform and
+// normal of every floating dtype draw as PyTorch's CPU kernels too (Note
+// [PyTorch's CPU draws] in factories.cc). A device's is counter-based Philox4x32-10, PyTorch's
 // CUDA generator: its state is a seed and an offset, nothing else. A kernel
 // that draws asks philox_engine_inputs(increment) for the seed and the
 // offset to start from, and the offset moves on by `increment` (rounded up
@@ -142,7 +142,12 @@ class Generator {
   uint64_t random64();
   // Uniform in [0, 1): the low 53 bits of random64() (PyTorch's double).
   double NextDouble();
-  // Standard normal (Box-Muller on NextDouble).
+  // Uniform in [0, 1) with `mantissa_bits` significant bits, as PyTorch's
+  // uniform draw for a dtype with that significand: NextDouble() for 53,
+  // else the low bits of random() (24 for float32).
+  double NextUniform(int mantissa_bits);
+  // Standard normal as PyTorch's normal_distribution<double>: Box-Muller on
+  // two NextDouble() draws, the pair's second value kept for the next call.
   double NextNormal();
   // Integer in [low, high) as torch.randint draws it: random() modulo the
   // range below 2^32, random64() modulo it above.

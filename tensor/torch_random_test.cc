@@ -1,10 +1,12 @@
 // The CPU generator against PyTorch 2.x's (Note [Random numbers] in
-// factories.h): for the same seed, randperm, randint and float64 rand give
-// torch's values exactly, and two 32-bit draws make torch's 64-bit one (what
+// factories.h): for the same seed, randperm, randint, float64 rand, uniform_
+// and randn give torch's values exactly (float32's uniform and normal within
+// two ulps), and two 32-bit draws make torch's 64-bit one (what
 // DataLoader draws its base seed with). torch's side is
 // testdata/torch_random.py, run on the peer tools/install_peers.sh installs;
 // without it the test skips, saying so.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/testing/peers.h"
 #include "gmock/gmock.h"
@@ -114,6 +117,52 @@ TEST_F(TorchRandomTest, Float64RandIsTorchsBitForBit) {
     ++checked;
   }
   EXPECT_EQ(checked, 5);
+}
+
+// Note [PyTorch's CPU draws] in factories.cc: float64 bit for bit; float32
+// within two ulps (torch's vectorised log, sin and cos).
+void ExpectTorchs(const Tensor& t, const Case& c, const std::string& what) {
+  const Tensor d = t.to(kFloat64).contiguous();
+  ASSERT_EQ(static_cast<size_t>(d.numel()), c.values.size()) << what;
+  for (int64_t i = 0; i < d.numel(); ++i) {
+    const double want = std::strtod(c.values[i].c_str(), nullptr);
+    const double got = d.data_ptr<double>()[i];
+    if (t.dtype() == kFloat64) {
+      EXPECT_EQ(got, want) << what << " element " << i;
+    } else {
+      EXPECT_NEAR(got, want, 2.5e-7 * std::max(1.0, std::abs(want))) << what << " element " << i;
+    }
+  }
+}
+
+TEST_F(TorchRandomTest, UniformOfEachFloatDtypeIsTorchs) {
+  int checked = 0;
+  for (const Case& c : cases_) {
+    if (c.words[0] != "uniform") continue;
+    Generator g(Seed(c.words[3]));
+    const Dtype dtype = c.words[1] == "float32" ? kFloat32 : kFloat64;
+    const Tensor t = uniform_(empty({Int(c.words[2])}, dtype), -0.3, 0.7, &g);
+    ExpectTorchs(t, c, absl::StrCat("uniform_ ", c.words[1], " n=", c.words[2], " seed ",
+                                    c.words[3]));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 70);
+}
+
+TEST_F(TorchRandomTest, RandnOfEachFloatDtypeIsTorchsAcrossTheSixteenElementFill) {
+  int checked = 0;
+  for (const Case& c : cases_) {
+    if (c.words[0] != "randn") continue;
+    Generator g(Seed(c.words[3]));
+    const Dtype dtype = c.words[1] == "float32" ? kFloat32 : kFloat64;
+    const Tensor first = randn({Int(c.words[2])}, dtype, &g);
+    const Tensor second = randn({3}, dtype, &g);
+    ExpectTorchs(cat({first, second}), c,
+                 absl::StrCat("randn ", c.words[1], " n=", c.words[2], " then 3, seed ",
+                              c.words[3]));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 70);
 }
 
 TEST_F(TorchRandomTest, SixtyFourBitDrawsAreTorchs) {

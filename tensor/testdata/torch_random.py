@@ -25,6 +25,18 @@ def main():
             print(f"randint {low} {high} {count} {seed}:", *values)
         values = torch.rand(20, dtype=torch.float64, generator=gen(seed)).tolist()
         print(f"rand64 20 {seed}:", *[v.hex() for v in values])
+        # uniform_ and normal_ of float32 and float64, sizes on both sides of
+        # the 16-element fill; two calls on one generator (the cached normal).
+        for dtype in ["float32", "float64"]:
+            for n in [1, 3, 15, 16, 17, 40, 100]:
+                g = gen(seed)
+                t = torch.empty(n, dtype=getattr(torch, dtype)).uniform_(-0.3, 0.7, generator=g)
+                print(f"uniform {dtype} {n} {seed}:", *[v.hex() for v in t.double().tolist()])
+                g = gen(seed)
+                first = torch.randn(n, dtype=getattr(torch, dtype), generator=g)
+                second = torch.randn(3, dtype=getattr(torch, dtype), generator=g)
+                values = torch.cat([first, second]).double().tolist()
+                print(f"randn {dtype} {n} {seed}:", *[v.hex() for v in values])
         # What DataLoader draws its base seed with.
         value = torch.empty((), dtype=torch.int64).random_(generator=gen(seed)).item()
         print(f"random_int64 {seed}:", value)
