@@ -359,6 +359,13 @@ void Work::AttachRecord(std::shared_ptr<FlightRecorder> recorder, int64_t id,
 
 void Work::OnDeadline() {}
 
+std::shared_ptr<Future> Work::get_future() {
+  std::shared_ptr<Work> self = shared_from_this();
+  return Future::FromOp([self](absl::Duration timeout) { return self->wait(timeout); },
+                        [self] { return self->is_completed(); },
+                        [self] { return self->result(); });
+}
+
 std::shared_ptr<Work> Work::Completed(OpType op, absl::Status status) {
   auto work = std::make_shared<Work>(op, absl::Now());
   work->Finish(std::move(status));

@@ -63,6 +63,7 @@
 #include "distributed/debug.h"
 #include "distributed/desync.h"
 #include "distributed/flight_recorder.h"
+#include "distributed/future.h"
 #include "distributed/store.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
@@ -110,7 +111,7 @@ class SupportTable {
 
 // The outcome of one asynchronous op (torch's Work). Created by backends;
 // completed exactly once, with OK or the op's error.
-class Work {
+class Work : public std::enable_shared_from_this<Work> {
  public:
   // `deadline`: when Wait gives up on the op. Backends that enforce the op's
   // timeout themselves pass a later backstop, so that their error (which
@@ -154,6 +155,12 @@ class Work {
   // barriers. Set by ProcessGroup when the op is queued.
   const std::vector<Tensor>& result() const { return result_; }
   void set_result(std::vector<Tensor> tensors) { result_ = std::move(tensors); }
+
+  // torch's Work.get_future(): a Future (distributed/future.h) that
+  // completes when the op does, with result() as its value; its wait() is
+  // this Work's wait() (on nccl, the caller's stream waits). The future
+  // holds this Work alive.
+  std::shared_ptr<Future> get_future();
 
   // For backends: completes the work (the first call wins) and wakes
   // waiters.

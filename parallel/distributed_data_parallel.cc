@@ -316,6 +316,10 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
   return output;
 }
 
+absl::Status DistributedDataParallel::register_comm_hook(CommHook hook) {
+  return reducer_->RegisterCommHook(std::move(hook));
+}
+
 DdpLoggingData DistributedDataParallel::get_ddp_logging_data() const {
   return {.world_size = group_->size(),
           .bucket_bytes = reducer_->bucket_bytes(),

@@ -65,6 +65,10 @@
 // reducer.h). A module whose tensors span devices, or device_ids that are not
 // the module's device, is refused with the devices named.
 //
+// Communication hooks (register_comm_hook): a hook replaces the division
+// and all_reduce of each bucket, e.g. to compress it (fp16, bf16, PowerSGD;
+// parallel/comm_hooks.h), as torch's DDP communication hooks.
+//
 // Limits: one device per process, a module with one input and one output
 // tensor (Module's interface), buckets fixed at construction (torch rebuilds them after the first iteration from the
 // order gradients arrived in). Parameters must not be replaced (to(),
@@ -175,6 +179,15 @@ class DistributedDataParallel : public nn::Module {
     bool previous_;
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+
+  // torch's register_comm_hook: `hook` reduces each gradient bucket in place
+  // of the built-in all_reduce, from the next backward on (Note
+  // [Communication hooks] in parallel/reducer.h; PyTorch's built-in hooks,
+  // PowerSGD among them, are in parallel/comm_hooks.h). The state torch
+  // passes beside the hook is whatever the hook captures.
+  // FailedPrecondition when a hook is already registered (one per module,
+  // as torch) or between a forward and its backward.
+  absl::Status register_comm_hook(CommHook hook);
 
   DdpLoggingData get_ddp_logging_data() const;
 

@@ -12,6 +12,7 @@
 #include "autograd/variable.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
+#include "tensor/shape.h"
 #include "tensor/stream.h"
 
 namespace ember::parallel {
@@ -179,8 +180,9 @@ void Reducer::PrepareForBackward(const Tensor& output) {
   if (absl::Status waited = WaitAll(); !waited.ok()) Fail(waited);
   for (Bucket& bucket : buckets_) {
     bucket.pending = bucket.slots.size();
-    bucket.work.reset();
+    bucket.future.reset();
   }
+  control_pending_ = false;
   std::fill(ready_.begin(), ready_.end(), false);
   std::fill(used_.begin(), used_.end(), false);
   unused_.clear();
@@ -252,52 +254,132 @@ void Reducer::MarkReady(size_t index) {
 
 void Reducer::LaunchReadyBuckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    Bucket& bucket = buckets_[next_bucket_];
-    if (next_bucket_ + 1 == buckets_.size()) {
-      // The control values (Note [Gradient buckets]), written where the
-      // bucket lives. The error flag is a fill, which on a device queues on
-      // the current stream without waiting; the "used" marks come from the
-      // host (on a device, a copy that waits, as PyTorch's local_used_map).
-      Tensor control = bucket.flat.narrow(0, bucket.grad_elements, control_elements_);
-      control.narrow(0, 0, 1).fill_(local_missing_ ? 1.0 : 0.0);
-      if (options_.find_unused_parameters) {
-        Tensor marks = zeros({control_elements_ - 1});
-        float* m = marks.data_ptr<float>();
-        for (size_t i = 0; i < used_.size(); ++i) m[i] = used_[i] ? 1.0f : 0.0f;
-        control.narrow(0, 1, control_elements_ - 1).copy_(marks);
-      }
-    }
-    // Divided by the world size, then summed, as PyTorch's reducer does: every
-    // backend reduces with SUM (gloo and NCCL before 2.10 have no AVG), and
-    // the division before the sum keeps large gradients from overflowing.
-    bucket.flat.div_(group_->size());
-    absl::StatusOr<std::shared_ptr<distributed::Work>> work =
-        group_->allreduce(bucket.flat, {.op = distributed::ReduceOp::kSum});
-    bucket.work =
-        work.ok() ? *std::move(work)
-                  : distributed::Work::Completed(distributed::OpType::kAllReduce, work.status());
+    LaunchBucket(next_bucket_);
     ++next_bucket_;
   }
 }
 
+void Reducer::LaunchBucket(size_t b) {
+  Bucket& bucket = buckets_[b];
+  const bool last = b + 1 == buckets_.size();
+  Tensor control;
+  if (last) {
+    // The control values (Note [Gradient buckets]), written where the
+    // bucket lives. The error flag is a fill, which on a device queues on
+    // the current stream without waiting; the "used" marks come from the
+    // host (on a device, a copy that waits, as PyTorch's local_used_map).
+    control = bucket.flat.narrow(0, bucket.grad_elements, control_elements_);
+    control.narrow(0, 0, 1).fill_(local_missing_ ? 1.0 : 0.0);
+    if (options_.find_unused_parameters) {
+      Tensor marks = zeros({control_elements_ - 1});
+      float* m = marks.data_ptr<float>();
+      for (size_t i = 0; i < used_.size(); ++i) m[i] = used_[i] ? 1.0f : 0.0f;
+      control.narrow(0, 1, control_elements_ - 1).copy_(marks);
+    }
+  }
+  if (!comm_hook_) {
+    // Divided by the world size, then summed, as PyTorch's reducer does:
+    // every backend reduces with SUM (gloo and NCCL before 2.10 have no
+    // AVG), and the division before the sum keeps large gradients from
+    // overflowing. The control values ride along.
+    bucket.flat.div_(group_->size());
+    absl::StatusOr<std::shared_ptr<distributed::Work>> work =
+        group_->allreduce(bucket.flat, {.op = distributed::ReduceOp::kSum});
+    bucket.future = work.ok() ? (*work)->get_future() : distributed::Future::Failed(work.status());
+    return;
+  }
+  std::vector<Tensor> gradients, parameters;
+  for (size_t index : bucket.slots) {
+    gradients.push_back(slots_[index].view);
+    parameters.push_back(slots_[index].param);
+  }
+  GradBucket view(b, last, bucket.flat.narrow(0, 0, bucket.grad_elements), std::move(gradients),
+                  std::move(parameters), group_);
+  std::shared_ptr<distributed::Future> future;
+  try {
+    future = comm_hook_(view);
+    if (future == nullptr) {
+      future = distributed::Future::Failed(
+          absl::InvalidArgumentError("the communication hook returned a null future"));
+    }
+  } catch (const Error& e) {
+    future = distributed::Future::Failed(absl::InternalError(
+        absl::StrCat("the communication hook threw: ", e.what())));
+  }
+  bucket.future = std::move(future);
+  control_pending_ = last;
+}
+
 absl::Status Reducer::WaitAll() {
   absl::Status first;
+  auto note = [&](size_t b, const absl::Status& status) {
+    if (status.ok() || !first.ok()) return;
+    first = absl::Status(
+        status.code(), absl::StrCat("DistributedDataParallel: the gradient ",
+                                    comm_hook_ ? "communication hook" : "all_reduce",
+                                    " of bucket ", b, " of ", buckets_.size(), " failed on rank ",
+                                    group_->rank(), ": ", status.message()));
+  };
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b].work == nullptr) continue;
-    absl::Status status = buckets_[b].work->wait();
-    if (!status.ok() && first.ok()) {
-      first = absl::Status(
-          status.code(), absl::StrCat("DistributedDataParallel: the gradient all_reduce of bucket ",
-                                      b, " of ", buckets_.size(), " failed on rank ",
-                                      group_->rank(), ": ", status.message()));
+    Bucket& bucket = buckets_[b];
+    if (bucket.future == nullptr) continue;
+    const absl::Status status = bucket.future->wait();
+    note(b, status);
+    if (!status.ok() || !comm_hook_) continue;
+    // The hook's result becomes the bucket's gradients.
+    const Tensor grads = bucket.flat.narrow(0, 0, bucket.grad_elements);
+    const std::vector<Tensor>& value = bucket.future->value();
+    if (value.size() != 1 || !value[0].defined() || value[0].numel() != bucket.grad_elements ||
+        value[0].dtype() != grads.dtype() || value[0].device() != grads.device()) {
+      note(b, absl::InvalidArgumentError(absl::StrCat(
+                  "the communication hook's future completed with ",
+                  value.size() == 1 && value[0].defined()
+                      ? absl::StrCat(std::string(dtype_name(value[0].dtype())), " ",
+                                     ShapeToString(value[0].sizes()), " on ",
+                                     value[0].device().str())
+                      : absl::StrCat(value.size(), " tensors"),
+                  ", but the bucket holds ", bucket.grad_elements, " ",
+                  std::string(dtype_name(grads.dtype())), " elements on ", grads.device().str(),
+                  "; a hook's future must complete with one tensor of the bucket's size, dtype "
+                  "and device (usually bucket.buffer() reduced in place)")));
+      continue;
     }
+    if (value[0].raw_data() != grads.raw_data()) grads.copy_(value[0].reshape({-1}));
+  }
+  if (control_pending_) {
+    // After every hook's chain (Note [Communication hooks]).
+    control_pending_ = false;
+    const Bucket& last = buckets_.back();
+    absl::StatusOr<std::shared_ptr<distributed::Work>> work = group_->allreduce(
+        last.flat.narrow(0, last.grad_elements, control_elements_), {.op = distributed::ReduceOp::kSum});
+    note(buckets_.size() - 1, work.ok() ? (*work)->wait() : work.status());
   }
   return first;
 }
 
+absl::Status Reducer::RegisterCommHook(CommHook hook) {
+  if (!hook) {
+    return absl::InvalidArgumentError(
+        "DistributedDataParallel::register_comm_hook: the hook is empty");
+  }
+  if (comm_hook_) {
+    return absl::FailedPreconditionError(
+        "DistributedDataParallel: register_comm_hook can only be called once; this module "
+        "already has a communication hook");
+  }
+  if (expect_hooks_) {
+    return absl::FailedPreconditionError(
+        "DistributedDataParallel: register_comm_hook was called between a forward and its "
+        "backward; register the hook before the first forward, or between iterations");
+  }
+  comm_hook_ = std::move(hook);
+  return absl::OkStatus();
+}
+
 void Reducer::Fail(absl::Status status) {
   failure_ = status;
-  for (Bucket& bucket : buckets_) bucket.work.reset();
+  for (Bucket& bucket : buckets_) bucket.future.reset();
+  control_pending_ = false;
   EMBER_FAIL(status.message(), " [", absl::StatusCodeToString(status.code()), "]");
 }
 
@@ -322,7 +404,8 @@ void Reducer::Finalize() {
   stats_.backward_compute_time += graph_done - first_hook_time_;
   stats_.backward_comm_wait_time += absl::Now() - graph_done;
   if (!waited.ok()) Fail(waited);
-  for (Bucket& bucket : buckets_) bucket.work.reset();
+  for (Bucket& bucket : buckets_) bucket.future.reset();
+  control_pending_ = false;
 
   if (!missing.empty()) {
     EMBER_FAIL(

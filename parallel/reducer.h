@@ -96,11 +96,71 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "autograd/node.h"
+#include "distributed/future.h"
 #include "distributed/process_group.h"
 #include "tensor/stream.h"
 #include "tensor/tensor.h"
 
 namespace ember::parallel {
+
+// Note [Communication hooks]
+// A communication hook replaces a bucket's reduction (torch's
+// register_comm_hook): once a bucket's gradients are all in its flat tensor,
+// the reducer calls hook(bucket) on the thread running backward, with the
+// bucket's gradients summed locally and not divided by the world size, and
+// the hook returns a Future (distributed/future.h) whose value()[0] is the
+// reduced bucket: a tensor of the bucket's element count and dtype, usually
+// its buffer() written in place (then nothing is copied). Hooks are called
+// in bucket order, so the collective each starts at once overlaps the rest
+// of backward; the steps chained after it run when the end of backward
+// waits for each future in bucket order (Note [Futures run their steps when
+// asked]), so every rank issues a hook's later collectives at the same
+// point, whatever finished first. The result is then copied into the bucket
+// unless it is the bucket. Without a hook the reducer's own reduction is
+// torch's allreduce hook: divide by the world size, all_reduce SUM. The
+// control values (Note [Gradient buckets]) are never given to a hook: they
+// ride in the last bucket's all_reduce without one, and get an all_reduce
+// of their own after every hook's future with one. A hook that throws,
+// returns a null future, a future that fails or a tensor of the wrong size
+// fails backward with an ember::Error naming the bucket.
+
+// What a communication hook receives (torch.distributed.GradBucket).
+class GradBucket {
+ public:
+  GradBucket(size_t index, bool is_last, Tensor buffer, std::vector<Tensor> gradients,
+             std::vector<Tensor> parameters, std::shared_ptr<distributed::ProcessGroup> group)
+      : index_(index),
+        is_last_(is_last),
+        buffer_(std::move(buffer)),
+        gradients_(std::move(gradients)),
+        parameters_(std::move(parameters)),
+        group_(std::move(group)) {}
+
+  // The bucket's place in launch order (0 first); the same on every rank.
+  size_t index() const { return index_; }
+  // Whether it is the last bucket of the iteration.
+  bool is_last() const { return is_last_; }
+  // The bucket's gradients, flat (1-D), summed over this rank's backward.
+  const Tensor& buffer() const { return buffer_; }
+  // Per parameter of the bucket, its gradient: a view of buffer() in the
+  // parameter's shape, in the order they sit in buffer().
+  const std::vector<Tensor>& gradients() const { return gradients_; }
+  const std::vector<Tensor>& parameters() const { return parameters_; }
+  // The group the gradients are averaged over (the DDP's).
+  const std::shared_ptr<distributed::ProcessGroup>& process_group() const { return group_; }
+
+ private:
+  size_t index_;
+  bool is_last_;
+  Tensor buffer_;
+  std::vector<Tensor> gradients_;
+  std::vector<Tensor> parameters_;
+  std::shared_ptr<distributed::ProcessGroup> group_;
+};
+
+// A communication hook (Note [Communication hooks]); parallel/comm_hooks.h
+// has PyTorch's built-in ones.
+using CommHook = std::function<std::shared_ptr<distributed::Future>(GradBucket& bucket)>;
 
 struct ReducerOptions {
   int64_t bucket_cap_bytes = int64_t{25} << 20;
@@ -179,6 +239,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // a peer failed.
   void DisarmHooks();
 
+  // Replaces the buckets' reduction from the next backward pass on (Note
+  // [Communication hooks]). FailedPrecondition when a hook is already
+  // registered (torch allows one) or a backward pass is armed.
+  absl::Status RegisterCommHook(CommHook hook);
+
   // Per bucket, the indices (into the synchronised parameters) it holds,
   // in the order they sit in its flat tensor.
   std::vector<std::vector<size_t>> bucket_indices() const;
@@ -198,7 +263,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     Tensor flat;
     int64_t grad_elements = 0;  // before the control values (last bucket)
     size_t pending = 0;
-    std::shared_ptr<distributed::Work> work;
+    // The reduction in flight: the hook's future, or the all_reduce's.
+    std::shared_ptr<distributed::Future> future;
   };
 
   Reducer(std::shared_ptr<distributed::ProcessGroup> group, ReducerOptions options)
@@ -209,7 +275,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void MarkReady(size_t index);
   void LaunchReadyBuckets();
   void Finalize();
-  // Waits for every launched bucket; the first failure, annotated.
+  // Starts bucket `b`'s reduction: the hook, or divide and all_reduce.
+  void LaunchBucket(size_t b);
+  // Waits for every launched bucket and copies a hook's results into the
+  // buckets; the first failure, annotated.
   absl::Status WaitAll();
   [[noreturn]] void Fail(absl::Status status);
   // Throws when the reduced error flag says some rank missed gradients.
@@ -226,6 +295,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // them stay the ones backward reaches.
   std::vector<std::shared_ptr<autograd::Node>> accumulators_;
   int64_t control_elements_ = 0;  // after the gradients in the last bucket
+  CommHook comm_hook_;
+  // With a hook: the last bucket has been launched and the control values
+  // still need their own all_reduce (Note [Communication hooks]).
+  bool control_pending_ = false;
 
   // Per iteration.
   bool expect_hooks_ = false;
