@@ -10,7 +10,8 @@
 //   if (static_cast<float>(b) != 1.5f) return absl::InternalError("1.5 did not round trip");
 //   ```
 //
-// Trivially copyable value types; thread-compatible.
+// Trivially copyable value types; thread-compatible. HalfToFloat and
+// FloatToHalf convert arrays (what the kernels use for whole tensors).
 #ifndef EMBER_TENSOR_HALF_H_
 #define EMBER_TENSOR_HALF_H_
 
@@ -98,6 +99,12 @@ struct BFloat16 {
     return internal::BitsFloat(static_cast<uint32_t>(bits) << 16);
   }
 };
+
+// Block conversions between Half and float: the same values as the scalar
+// conversions above (round to nearest even; a NaN stays a NaN), with the
+// CPU's F16C instructions when it has them, eight values at a time.
+void HalfToFloat(const Half* in, float* out, int64_t n);
+void FloatToHalf(const float* in, Half* out, int64_t n);
 
 }  // namespace ember
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -25,6 +26,41 @@ TEST(HalfTest, EveryHalfRoundTripsThroughFloat) {
     }
     ASSERT_EQ(f, expected) << "bits " << bits;
     ASSERT_EQ(Half(f).bits, bits) << "bits " << bits;
+  }
+}
+
+// The block conversions (F16C where the CPU has it) give the scalar
+// conversions' values for every half, and for floats across the range, at
+// lengths that leave a tail after the eight-wide blocks.
+TEST(HalfTest, BlockConversionsAreTheScalarOnes) {
+  std::vector<Half> halves;
+  for (uint32_t bits = 0; bits <= 0xffff; ++bits) halves.push_back(Half::FromBits(bits));
+  std::vector<float> floats(halves.size());
+  HalfToFloat(halves.data(), floats.data(), static_cast<int64_t>(halves.size()));
+  for (size_t i = 0; i < halves.size(); ++i) {
+    const float want = static_cast<float>(halves[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(floats[i])) << i;
+    } else {
+      ASSERT_EQ(floats[i], want) << "bits " << i;
+    }
+  }
+  std::vector<float> in;
+  for (float f = -70000.f; f < 70000.f; f += 0.77f) in.push_back(f);
+  for (float f = 1e-8f; f < 1e-3f; f *= 1.01f) in.push_back(f);
+  in.push_back(std::numeric_limits<float>::infinity());
+  in.push_back(std::numeric_limits<float>::quiet_NaN());
+  in.push_back(1e30f);
+  for (int64_t n : {int64_t{0}, int64_t{5}, int64_t{13}, static_cast<int64_t>(in.size())}) {
+    std::vector<Half> out(static_cast<size_t>(n));
+    FloatToHalf(in.data(), out.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(in[i])) {
+        ASSERT_TRUE(std::isnan(static_cast<float>(out[i])));
+      } else {
+        ASSERT_EQ(out[i].bits, Half(in[i]).bits) << in[i];
+      }
+    }
   }
 }
 

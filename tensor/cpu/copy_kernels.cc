@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "tensor/cpu/loops.h"
+#include "tensor/half.h"
 #include "tensor/ops.h"
 
 namespace ember::cpu {
@@ -14,6 +15,18 @@ void CopyOut(const Tensor& out, const Tensor& src) {
   if (out.dtype() == src.dtype() && out.is_contiguous() && src.is_contiguous()) {
     std::memcpy(out.raw_data(), src.raw_data(), out.nbytes());
     return;
+  }
+  // float16 <-> float32 of whole contiguous tensors: the block conversions
+  // (F16C).
+  if (out.is_contiguous() && src.is_contiguous() && out.numel() == src.numel()) {
+    if (out.dtype() == kFloat32 && src.dtype() == kFloat16) {
+      HalfToFloat(src.data_ptr<Half>(), out.data_ptr<float>(), out.numel());
+      return;
+    }
+    if (out.dtype() == kFloat16 && src.dtype() == kFloat32) {
+      FloatToHalf(src.data_ptr<float>(), out.data_ptr<Half>(), out.numel());
+      return;
+    }
   }
   VisitDtype(out.dtype(), [&]<typename D>() {
     VisitDtype(src.dtype(), [&]<typename S>() {

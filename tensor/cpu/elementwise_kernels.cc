@@ -9,10 +9,12 @@
 // instead of being undefined behaviour. Contiguous runs are plain indexed
 // loops that the compiler vectorises (cpu::Map); large tensors are split over
 // the intra-op thread pool.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
 #include "tensor/cpu/loops.h"
+#include "tensor/half.h"
 #include "tensor/int_math.h"
 #include "tensor/ops.h"
 
@@ -121,11 +123,49 @@ void UnaryOut(UnaryOp op, const Tensor& out, const Tensor& in) {
 
 // --- binary_out --------------------------------------------------------------------
 
+// float16 arithmetic on contiguous operands of one size (or a one-element
+// second operand, a scalar's): converted to float a block at a time with
+// the block conversions (F16C), computed in float, converted back; the same
+// values as converting element by element.
+template <typename F>
+bool MapHalfBlocks(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  const int64_t n = out.numel();
+  // A scalar operand arrives as one element, or broadcast (every stride 0).
+  const bool b_one = b.numel() == 1 || std::all_of(b.strides().begin(), b.strides().end(),
+                                                    [](int64_t st) { return st == 0; });
+  if (!out.is_contiguous() || !a.is_contiguous() || a.numel() != n ||
+      !(b_one || (b.is_contiguous() && b.numel() == n))) {
+    return false;
+  }
+  constexpr int64_t kBlock = 512;
+  float x[kBlock], y[kBlock];
+  const Half* pa = a.data_ptr<Half>();
+  const Half* pb = b.data_ptr<Half>();
+  Half* po = out.data_ptr<Half>();
+  const bool scalar = b_one;
+  const float b0 = static_cast<float>(pb[0]);
+  for (int64_t at = 0; at < n; at += kBlock) {
+    const int64_t m = std::min(kBlock, n - at);
+    HalfToFloat(pa + at, x, m);
+    if (scalar) {
+      for (int64_t i = 0; i < m; ++i) x[i] = f(x[i], b0);
+    } else {
+      HalfToFloat(pb + at, y, m);
+      for (int64_t i = 0; i < m; ++i) x[i] = f(x[i], y[i]);
+    }
+    FloatToHalf(x, po + at, m);
+  }
+  return true;
+}
+
 template <typename T, typename F>
 void MapArith(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   if constexpr (std::is_same_v<OpMath<T>, T>) {
     Map<T, T, T>(out, {a, b}, f);
   } else {
+    if constexpr (std::is_same_v<T, Half>) {
+      if (MapHalfBlocks(out, a, b, f)) return;
+    }
     using M = OpMath<T>;
     Map<T, T, T>(out, {a, b},
                  [f](T x, T y) { return CastTo<T>(f(static_cast<M>(x), static_cast<M>(y))); });
