@@ -19,11 +19,15 @@ TEST(GlooTest, RingAllreduceBetweenTwoThreads) {
   attr.hostname = "127.0.0.1";
   auto device = gloo::transport::tcp::CreateDevice(attr);
   std::vector<std::vector<float>> data(kWorld);
+  // The contexts outlive both threads: a rank that finished first and closed
+  // its connections could fail the other's last receive.
+  std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts(kWorld);
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < kWorld; ++rank) {
     data[rank] = {1.0f * (rank + 1), 10.0f * (rank + 1), -1.0f};
+    contexts[rank] = std::make_shared<gloo::rendezvous::Context>(rank, kWorld);
     ranks.emplace_back([&, rank] {
-      auto context = std::make_shared<gloo::rendezvous::Context>(rank, kWorld);
+      const std::shared_ptr<gloo::rendezvous::Context>& context = contexts[rank];
       context->setTimeout(std::chrono::seconds(30));
       context->connectFullMesh(store, device);
       std::vector<float*> ptrs = {data[rank].data()};
