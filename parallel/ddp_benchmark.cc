@@ -17,6 +17,10 @@
 // for the buckets after the graph, which includes waiting for the slower
 // rank).
 //
+// The BM_DdpHookStep rows run the MLP's DDP step with a communication hook
+// (bf16 and fp16 compression, PowerSGD of rank 4) beside the same step
+// without one; parallel/torch_ddp_hooks.py is PyTorch's side.
+//
 // The ResNet rows do the same for torchvision's ResNet-18 (nn/models/resnet.h) with
 // 10 classes on 3x32x32 images, batch 8 per rank (16 in all): the larger
 // model of parallel/torch_ddp_resnet.py, which runs the PyTorch side.
@@ -45,6 +49,7 @@
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
+#include "parallel/comm_hooks.h"
 #include "parallel/distributed_data_parallel.h"
 #include "tensor/factories.h"
 #include "tensor/thread_pool.h"
@@ -63,7 +68,16 @@ constexpr int kClasses = 10;
 constexpr int64_t kResNetGlobalBatch = 16;
 constexpr int64_t kImageSize = 32;
 
-enum Command : int64_t { kStop = 0, kDdpSteps = 1, kAllReduceBuckets = 2, kResNetDdpSteps = 3 };
+enum Command : int64_t {
+  kStop = 0,
+  kDdpSteps = 1,
+  kAllReduceBuckets = 2,
+  kResNetDdpSteps = 3,
+  kHookDdpSteps = 4,
+};
+
+// The communication hooks of the BM_DdpHookStep rows (parallel/comm_hooks.h).
+enum Hook : int64_t { kNoHook = 0, kBf16 = 1, kFp16 = 2, kPowerSgd4 = 3 };
 
 // The two models and their inputs.
 enum class Model { kMlp, kResNet18 };
@@ -101,12 +115,21 @@ double MedianMs(std::vector<double> ms) {
 // One rank's DDP training loop.
 class DdpRunner {
  public:
-  DdpRunner(bool as_view, Model model = Model::kMlp) {
+  DdpRunner(bool as_view, Model model = Model::kMlp, Hook hook = kNoHook) {
     dist::Group group = *dist::get_default_group();
     auto ddp = DistributedDataParallel::create(
         Make(model), {.process_group = group, .gradient_as_bucket_view = as_view});
     Check(ddp.status(), "create");
     ddp_ = *std::move(ddp);
+    if (hook == kBf16) Check(ddp_->register_comm_hook(comm_hooks::bf16_compress_hook()), "hook");
+    if (hook == kFp16) Check(ddp_->register_comm_hook(comm_hooks::fp16_compress_hook()), "hook");
+    if (hook == kPowerSgd4) {
+      // PowerSGD from the third step, so that the timed steps all compress.
+      auto state = comm_hooks::PowerSGDState::create(
+          nullptr, {.matrix_approximation_rank = 4, .start_powerSGD_iter = 2});
+      Check(state.status(), "PowerSGDState");
+      Check(ddp_->register_comm_hook(comm_hooks::powerSGD_hook(*state)), "hook");
+    }
     opt_ = std::make_unique<nn::optim::SGD>(ddp_->parameters(), nn::optim::SGDOptions{.lr = 0.01});
     manual_seed(100 + group->rank());
     x_ = Inputs(model, GlobalBatch(model) / kWorld);
@@ -173,6 +196,9 @@ void Follow() {
     } else if (m[0] == kResNetDdpSteps) {
       DdpRunner runner(m[2] != 0, Model::kResNet18);
       for (int64_t i = 0; i < m[1]; ++i) runner.Step();
+    } else if (m[0] == kHookDdpSteps) {
+      DdpRunner runner(false, Model::kMlp, static_cast<Hook>(m[2]));
+      for (int64_t i = 0; i < m[1]; ++i) runner.Step();
     } else if (m[0] == kAllReduceBuckets) {
       AllReduceRunner runner;
       for (int64_t i = 0; i < m[1]; ++i) runner.Step();
@@ -220,9 +246,11 @@ BENCHMARK(BM_ResNetOneProcessStep)
     ->UseRealTime();
 
 // Rank 0's side of `steps` DDP steps (rank 1 runs the same, told by `command`).
-void DdpSteps(benchmark::State& state, Command command, Model model, bool as_view) {
-  Tell(command, state.max_iterations, as_view ? 1 : 0);
-  DdpRunner runner(as_view, model);
+void DdpSteps(benchmark::State& state, Command command, Model model, bool as_view,
+              Hook hook = kNoHook) {
+  Tell(command, state.max_iterations,
+       command == kHookDdpSteps ? static_cast<int64_t>(hook) : (as_view ? 1 : 0));
+  DdpRunner runner(as_view, model, hook);
   std::vector<double> ms;
   for (auto _ : state) ms.push_back(runner.Step());
   state.counters["median_ms"] = MedianMs(ms);
@@ -239,6 +267,21 @@ void BM_DdpStep(benchmark::State& state) {
   DdpSteps(state, kDdpSteps, Model::kMlp, state.range(0) != 0);
 }
 BENCHMARK(BM_DdpStep)->Arg(0)->Arg(1)->Iterations(30)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Argument: the communication hook (Hook): none, bf16_compress_hook,
+// fp16_compress_hook, powerSGD_hook of rank 4; the MLP. torch_ddp_hooks.py
+// runs PyTorch's DDP with the same hooks.
+void BM_DdpHookStep(benchmark::State& state) {
+  DdpSteps(state, kHookDdpSteps, Model::kMlp, false, static_cast<Hook>(state.range(0)));
+}
+BENCHMARK(BM_DdpHookStep)
+    ->Arg(kNoHook)
+    ->Arg(kBf16)
+    ->Arg(kFp16)
+    ->Arg(kPowerSgd4)
+    ->Iterations(30)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_ResNetDdpStep(benchmark::State& state) {
   DdpSteps(state, kResNetDdpSteps, Model::kResNet18, /*as_view=*/false);
