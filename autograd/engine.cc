@@ -17,6 +17,7 @@
 #include "absl/container/inlined_vector.h"
 #include "autograd/anomaly_mode.h"
 #include "autograd/grad_mode.h"
+#include "autograd/saved_tensors_hooks.h"
 #include "autograd/variable.h"
 #include "tensor/device_guard.h"
 #include "tensor/factories.h"
@@ -88,9 +89,16 @@ thread_local std::optional<Device> t_worker_device;
 
 std::atomic<bool> g_cpu_nodes_on_worker{false};
 
+std::atomic<uint64_t> g_next_graph_task_id{1};
+
 struct GraphTask : std::enable_shared_from_this<GraphTask> {
+  // Unique in the process (internal::CurrentGraphTaskId).
+  uint64_t id = g_next_graph_task_id.fetch_add(1, std::memory_order_relaxed);
   bool keep_graph = false;
   bool create_graph = false;
+  // The saved-tensor hooks of the calling thread, under which every node of
+  // the task runs, on any thread (Note [Saved-tensor hooks]).
+  std::shared_ptr<const internal::SavedTensorHooksState> hooks_state;
   // Where the NodeTasks live: in the nodes (claimed by this run), or, when
   // another run holds some of them, in `tasks`.
   bool in_nodes = true;
@@ -423,6 +431,7 @@ void RunNode(GraphTask& task, Node* fn) {
       lock.unlock();
       RunningTask running(&task);
       AutoGradMode grad_mode(task.create_graph);
+      internal::ScopedSavedTensorHooksState hooks_state(task.hooks_state);
       const std::optional<Stream> stream = fn->stream();
       std::optional<StreamGuard> stream_guard;
       if (stream.has_value() && HasStreams(stream->device())) stream_guard.emplace(*stream);
@@ -599,6 +608,7 @@ variable_list RunBackward(const edge_list& roots, variable_list inputs, bool kee
   auto task = std::make_shared<GraphTask>();
   task->keep_graph = keep_graph;
   task->create_graph = create_graph;
+  task->hooks_state = internal::CurrentSavedTensorHooksState();
   task->captured.resize(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].is_valid()) continue;
@@ -644,6 +654,8 @@ variable_list grad(const variable_list& outputs, const variable_list& inputs,
 
 namespace internal {
 void SetCpuNodesOnWorkerForTesting(bool enabled) { g_cpu_nodes_on_worker.store(enabled); }
+
+uint64_t CurrentGraphTaskId() { return t_running_tasks.empty() ? 0 : t_running_tasks.back()->id; }
 }  // namespace internal
 
 void queue_callback(std::function<void()> callback) {

@@ -31,7 +31,9 @@
 // nothing of the graph runs any more. Hooks and custom Functions run on the
 // thread of their node and may call backward again (re-entrant backward).
 // Grad mode during backward is `create_graph`: when true, the backward
-// formulas record their own graph, giving higher-order gradients.
+// formulas record their own graph, giving higher-order gradients. Every
+// node runs under the saved-tensor hooks of the calling thread (Note
+// [Saved-tensor hooks] in saved_tensors_hooks.h), on whichever thread it runs.
 // Callbacks queued during backward (queue_callback, from any node's thread)
 // run on the calling thread after the last node, before backward returns.
 //
@@ -42,6 +44,7 @@
 #ifndef EMBER_AUTOGRAD_ENGINE_H_
 #define EMBER_AUTOGRAD_ENGINE_H_
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 
@@ -93,6 +96,12 @@ namespace internal {
 // of Note [Device workers] (hand-off, errors, re-entrant calls, hooks) runs
 // on machines without a device. Process-wide; off by default.
 void SetCpuNodesOnWorkerForTesting(bool enabled);
+
+// The id of the backward run (graph task) whose node runs on this thread, or
+// of the one this thread is running (torch's _current_graph_task_id); 0 when
+// none is. Ids are unique in the process. checkpoint() recomputes once per
+// backward run by it.
+uint64_t CurrentGraphTaskId();
 }  // namespace internal
 
 }  // namespace ember::autograd

@@ -241,12 +241,16 @@ struct Function {
         SetHistory(out, node);
       }
     }
-    for (const Tensor& t : ctx.to_save_) {
+    // Out of the context first: saving may throw (a pack hook, Note
+    // [Saved-tensor hooks]), and the node must not be left holding its own
+    // outputs (they hold the node: a cycle that would never be freed).
+    const variable_list to_save = std::move(ctx.to_save_);
+    ctx.to_save_.clear();
+    for (const Tensor& t : to_save) {
       bool is_output = false;
       for (const Tensor& out : outputs) is_output = is_output || (t.defined() && out.is_same(t));
       ctx.saved_.emplace_back(t, is_output);
     }
-    ctx.to_save_.clear();
   }
 };
 

@@ -175,9 +175,11 @@ variable_list AccumulateGrad::apply(variable_list&& grads) {
   return {};
 }
 
-std::string DescribeTensor(const Tensor& t) {
+std::string DescribeTensor(const Tensor& t) { return DescribeTensor(t.dtype(), t.sizes()); }
+
+std::string DescribeTensor(Dtype dtype, IntArrayRef shape) {
   std::string_view type;
-  switch (t.dtype()) {
+  switch (dtype) {
     case kFloat32:
       type = "float";
       break;
@@ -200,10 +202,10 @@ std::string DescribeTensor(const Tensor& t) {
       type = "bool";
       break;
     default:
-      type = dtype_name(t.dtype());
+      type = dtype_name(dtype);
       break;
   }
-  return ::ember::internal::Concat("[", type, " ", ShapeToString(t.sizes()), "]");
+  return ::ember::internal::Concat("[", type, " ", ShapeToString(shape), "]");
 }
 
 }  // namespace ember::autograd

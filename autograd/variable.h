@@ -115,6 +115,7 @@ class AccumulateGrad final : public Node {
 
 // "[float [3, 4]]": how autograd's messages name a tensor.
 std::string DescribeTensor(const Tensor& t);
+std::string DescribeTensor(Dtype dtype, IntArrayRef shape);
 
 }  // namespace ember::autograd
 
