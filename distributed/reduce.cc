@@ -15,25 +15,26 @@ void Apply(void* out, const void* a, const void* b, int64_t n, F f) {
   for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
 }
 
-// float16 SUM a block at a time through float (the block conversions,
-// F16C): the same values as element by element.
+// float16 / bfloat16 SUM a block at a time through float (the block
+// conversions, F16C for float16): the same values as element by element.
+template <typename T>
 void SumHalf(void* out, const void* acc, const void* in, int64_t n) {
   constexpr int64_t kBlock = 512;
   float x[kBlock], y[kBlock];
   for (int64_t at = 0; at < n; at += kBlock) {
     const int64_t m = std::min(kBlock, n - at);
-    HalfToFloat(static_cast<const Half*>(acc) + at, x, m);
-    HalfToFloat(static_cast<const Half*>(in) + at, y, m);
+    HalfToFloat(static_cast<const T*>(acc) + at, x, m);
+    HalfToFloat(static_cast<const T*>(in) + at, y, m);
     for (int64_t i = 0; i < m; ++i) x[i] += y[i];
-    FloatToHalf(x, static_cast<Half*>(out) + at, m);
+    FloatToHalf(x, static_cast<T*>(out) + at, m);
   }
 }
 
 template <typename T>
 void ReduceTyped(ReduceOp op, void* out, const void* acc, const void* in, int64_t n) {
   using M = OpMath<T>;
-  if constexpr (std::is_same_v<T, Half>) {
-    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) return SumHalf(out, acc, in, n);
+  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+    if (op == ReduceOp::kSum || op == ReduceOp::kAvg) return SumHalf<T>(out, acc, in, n);
   }
   if constexpr (std::is_same_v<T, bool>) {
     if (op == ReduceOp::kProduct || op == ReduceOp::kMin) {

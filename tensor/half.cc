@@ -42,4 +42,14 @@ void FloatToHalf(const float* in, Half* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = Half(in[i]);
 }
 
+void HalfToFloat(const BFloat16* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = internal::BitsFloat(static_cast<uint32_t>(in[i].bits) << 16);
+  }
+}
+
+void FloatToHalf(const float* in, BFloat16* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i].bits = internal::FloatToBFloat16Bits(in[i]);
+}
+
 }  // namespace ember

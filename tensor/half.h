@@ -105,6 +105,9 @@ struct BFloat16 {
 // CPU's F16C instructions when it has them, eight values at a time.
 void HalfToFloat(const Half* in, float* out, int64_t n);
 void FloatToHalf(const float* in, Half* out, int64_t n);
+// The same for BFloat16 (plain loops the compiler vectorises).
+void HalfToFloat(const BFloat16* in, float* out, int64_t n);
+void FloatToHalf(const float* in, BFloat16* out, int64_t n);
 
 }  // namespace ember
 

@@ -64,6 +64,28 @@ TEST(HalfTest, BlockConversionsAreTheScalarOnes) {
   }
 }
 
+TEST(HalfTest, BFloat16BlockConversionsAreTheScalarOnes) {
+  std::vector<BFloat16> halves;
+  for (uint32_t bits = 0; bits <= 0xffff; ++bits) halves.push_back(BFloat16::FromBits(bits));
+  std::vector<float> floats(halves.size());
+  HalfToFloat(halves.data(), floats.data(), static_cast<int64_t>(halves.size()));
+  std::vector<BFloat16> back(halves.size());
+  FloatToHalf(floats.data(), back.data(), static_cast<int64_t>(floats.size()));
+  for (size_t i = 0; i < halves.size(); ++i) {
+    const float want = static_cast<float>(halves[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(floats[i])) << i;
+      continue;
+    }
+    ASSERT_EQ(floats[i], want) << "bits " << i;
+    ASSERT_EQ(back[i].bits, BFloat16(floats[i]).bits) << "bits " << i;
+  }
+  const float in[] = {1.00390625f, 1.01171875f, -3.3e38f, 1e-40f, 0.1f};
+  BFloat16 out[5];
+  FloatToHalf(in, out, 5);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(out[i].bits, BFloat16(in[i]).bits) << in[i];
+}
+
 TEST(HalfTest, FloatToHalfRoundsToNearestEven) {
   // Sweep floats densely around every half boundary region and compare with
   // the compiler's conversion.

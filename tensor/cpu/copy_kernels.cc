@@ -16,8 +16,8 @@ void CopyOut(const Tensor& out, const Tensor& src) {
     std::memcpy(out.raw_data(), src.raw_data(), out.nbytes());
     return;
   }
-  // float16 <-> float32 of whole contiguous tensors: the block conversions
-  // (F16C).
+  // float16 / bfloat16 <-> float32 of whole contiguous tensors: the block
+  // conversions (F16C for float16).
   if (out.is_contiguous() && src.is_contiguous() && out.numel() == src.numel()) {
     if (out.dtype() == kFloat32 && src.dtype() == kFloat16) {
       HalfToFloat(src.data_ptr<Half>(), out.data_ptr<float>(), out.numel());
@@ -25,6 +25,14 @@ void CopyOut(const Tensor& out, const Tensor& src) {
     }
     if (out.dtype() == kFloat16 && src.dtype() == kFloat32) {
       FloatToHalf(src.data_ptr<float>(), out.data_ptr<Half>(), out.numel());
+      return;
+    }
+    if (out.dtype() == kFloat32 && src.dtype() == kBFloat16) {
+      HalfToFloat(src.data_ptr<BFloat16>(), out.data_ptr<float>(), out.numel());
+      return;
+    }
+    if (out.dtype() == kBFloat16 && src.dtype() == kFloat32) {
+      FloatToHalf(src.data_ptr<float>(), out.data_ptr<BFloat16>(), out.numel());
       return;
     }
   }

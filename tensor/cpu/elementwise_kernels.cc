@@ -123,11 +123,11 @@ void UnaryOut(UnaryOp op, const Tensor& out, const Tensor& in) {
 
 // --- binary_out --------------------------------------------------------------------
 
-// float16 arithmetic on contiguous operands of one size (or a one-element
-// second operand, a scalar's): converted to float a block at a time with
-// the block conversions (F16C), computed in float, converted back; the same
-// values as converting element by element.
-template <typename F>
+// float16 and bfloat16 arithmetic on contiguous operands of one size (or a
+// one-element second operand, a scalar's): converted to float a block at a
+// time with the block conversions (F16C for float16), computed in float,
+// converted back; the same values as converting element by element.
+template <typename T, typename F>
 bool MapHalfBlocks(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   const int64_t n = out.numel();
   // A scalar operand arrives as one element, or broadcast (every stride 0).
@@ -139,9 +139,9 @@ bool MapHalfBlocks(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   }
   constexpr int64_t kBlock = 512;
   float x[kBlock], y[kBlock];
-  const Half* pa = a.data_ptr<Half>();
-  const Half* pb = b.data_ptr<Half>();
-  Half* po = out.data_ptr<Half>();
+  const T* pa = a.data_ptr<T>();
+  const T* pb = b.data_ptr<T>();
+  T* po = out.data_ptr<T>();
   const bool scalar = b_one;
   const float b0 = static_cast<float>(pb[0]);
   for (int64_t at = 0; at < n; at += kBlock) {
@@ -163,8 +163,8 @@ void MapArith(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   if constexpr (std::is_same_v<OpMath<T>, T>) {
     Map<T, T, T>(out, {a, b}, f);
   } else {
-    if constexpr (std::is_same_v<T, Half>) {
-      if (MapHalfBlocks(out, a, b, f)) return;
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      if (MapHalfBlocks<T>(out, a, b, f)) return;
     }
     using M = OpMath<T>;
     Map<T, T, T>(out, {a, b},
