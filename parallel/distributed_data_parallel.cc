@@ -260,32 +260,80 @@ absl::StatusOr<std::shared_ptr<DistributedDataParallel>> DistributedDataParallel
   ddp->reducer_ = Reducer::Create(ddp->module_->named_parameters(), group,
                                   {.bucket_cap_bytes = std::max<int64_t>(cap, 1),
                                    .find_unused_parameters = options.find_unused_parameters,
-                                   .gradient_as_bucket_view = options.gradient_as_bucket_view});
+                                   .gradient_as_bucket_view = options.gradient_as_bucket_view,
+                                   .static_graph = options.static_graph});
   // TORCH_DISTRIBUTED_DEBUG=INFO: the construction log PyTorch prints.
   if (distributed::debug_level_from_env() != distributed::DebugLevel::kOff) {
     std::fprintf(stderr,
                  "[rank %d] DDP Initialized with: backend: %s, world_size: %d, bucket_cap_bytes: "
                  "%lld, bucket_sizes: [%s], find_unused_parameters: %d, "
-                 "gradient_as_bucket_view: %d, broadcast_buffers: %d\n",
+                 "gradient_as_bucket_view: %d, broadcast_buffers: %d, static_graph: %d\n",
                  group->rank(), group->backend().c_str(), group->size(),
                  static_cast<long long>(std::max<int64_t>(cap, 1)),
                  absl::StrJoin(ddp->reducer_->bucket_bytes(), ", ").c_str(),
                  options.find_unused_parameters, options.gradient_as_bucket_view,
-                 options.broadcast_buffers);
+                 options.broadcast_buffers, options.static_graph);
   }
   return ddp;
 }
 
+int DistributedDataParallel::FindCommonRank(bool candidate) {
+  Tensor rank = full({1}, static_cast<int64_t>(candidate ? group_->rank() : -1),
+                     TensorOptions().dtype(kInt64).device(device_));
+  const absl::Status status = WaitFor(group_->allreduce(rank, {.op = distributed::ReduceOp::kMax}));
+  if (!status.ok()) {
+    EMBER_FAIL("DistributedDataParallel: agreeing on the rank to broadcast from failed: ",
+               status.ToString());
+  }
+  const int64_t common = rank.cpu().item<int64_t>();
+  EMBER_CHECK(common >= 0, "DistributedDataParallel: no rank was a candidate to broadcast from");
+  return static_cast<int>(common);
+}
+
+void DistributedDataParallel::BroadcastBuffers(int root) {
+  const std::vector<Tensor> buffers = module_->buffers();
+  if (buffers.empty()) return;
+  const absl::Status status = BroadcastFrom(*group_, root, buffers);
+  if (!status.ok()) {
+    EMBER_FAIL("DistributedDataParallel: broadcasting the buffers from rank ", root,
+               " failed: ", status.ToString());
+  }
+}
+
 Tensor DistributedDataParallel::forward(const Tensor& input) {
-  if (options_.broadcast_buffers && group_->size() > 1) {
-    const std::vector<Tensor> buffers = module_->buffers();
-    if (!buffers.empty()) {
-      const absl::Status status = BroadcastFromRank0(*group_, buffers);
-      if (!status.ok()) {
-        EMBER_FAIL("DistributedDataParallel: broadcasting the buffers from rank 0 failed: ",
-                   status.ToString());
-      }
+  const bool sync = autograd::GradMode::is_enabled() && require_backward_grad_sync_;
+  const bool joining = join_config().enable;
+  JoinNotice notice;
+  if (joining) {
+    // Note [Join] in parallel/join.h: this rank is still training.
+    absl::StatusOr<JoinNotice> notified = Join::notify_join_context(*this);
+    if (!notified.ok()) {
+      EMBER_FAIL(notified.status().message(), " [",
+                 absl::StatusCodeToString(notified.status().code()), "]");
     }
+    notice = *std::move(notified);
+  }
+  const bool sync_buffers = options_.broadcast_buffers && group_->size() > 1 &&
+                            require_forward_param_sync_ && !module_->buffers().empty();
+  if (sync_buffers) {
+    // Under a Join rank 0 may have joined with stale buffers: the highest
+    // rank still training is the authority (torch's _sync_buffers).
+    BroadcastBuffers(joining ? FindCommonRank(true) : 0);
+  }
+  if (joining) {
+    // Tells the joined ranks whether to shadow this iteration's backward;
+    // nobody here needs the sum, so it is not waited for until the next
+    // forward replaces it.
+    if (sync_flag_.work != nullptr) (void)sync_flag_.work->wait();
+    sync_flag_.count = full({1}, sync ? 1.0f : 0.0f, TensorOptions().dtype(kFloat32).device(device_));
+    absl::StatusOr<std::shared_ptr<distributed::Work>> flag =
+        group_->allreduce(sync_flag_.count, {.op = distributed::ReduceOp::kSum});
+    if (!flag.ok()) {
+      EMBER_FAIL("DistributedDataParallel: telling the joined ranks whether to synchronise "
+                 "failed: ",
+                 flag.status().ToString());
+    }
+    sync_flag_.work = *std::move(flag);
   }
   // torch's DDP moves the inputs to device_ids[0] when device_ids is given.
   const bool move_input = !options_.device_ids.empty() && input.defined() &&
@@ -295,7 +343,19 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
       output.device() != *options_.output_device) {
     output = output.to(*options_.output_device);
   }
-  if (autograd::GradMode::is_enabled() && require_backward_grad_sync_) {
+  require_forward_param_sync_ = sync;
+  if (sync) {
+    int divisor = group_->size();
+    if (notice.work != nullptr && !divide_by_initial_world_size_) {
+      // Divide by the ranks still training (Join's divide_by_initial_world_size = false).
+      const absl::Status counted = notice.work->wait();
+      if (!counted.ok()) {
+        EMBER_FAIL("DistributedDataParallel: counting the ranks still training failed: ",
+                   counted.ToString());
+      }
+      divisor = static_cast<int>(notice.count.cpu().item<float>() + 0.5f);
+    }
+    if (absl::Status set = reducer_->SetDivisor(divisor); !set.ok()) EMBER_FAIL(set.message());
     // TORCH_DISTRIBUTED_DEBUG=INFO: timing statistics at PyTorch's sampled
     // iterations (10, 20, 50, 100, then every 100).
     const ReducerStats stats = reducer_->stats();
@@ -318,6 +378,67 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
 
 absl::Status DistributedDataParallel::register_comm_hook(CommHook hook) {
   return reducer_->RegisterCommHook(std::move(hook));
+}
+
+// Note [Join] in parallel/join.h: a joined rank's side of each iteration of
+// the ranks still training, in the order their forward and backward issue
+// it.
+class DistributedDataParallel::DdpJoinHook : public JoinHook {
+ public:
+  explicit DdpJoinHook(DistributedDataParallel* ddp) : ddp_(ddp) {}
+
+  absl::Status main_hook() override {
+    return Guard([&] {
+      DistributedDataParallel& ddp = *ddp_;
+      if (ddp.options_.broadcast_buffers && ddp.group_->size() > 1 &&
+          ddp.require_forward_param_sync_ && !ddp.module_->buffers().empty()) {
+        ddp.BroadcastBuffers(ddp.FindCommonRank(false));
+      }
+      Tensor flag = zeros({1}, TensorOptions().dtype(kFloat32).device(ddp.device_));
+      absl::Status status = WaitFor(ddp.group_->allreduce(flag, {.op = distributed::ReduceOp::kSum}));
+      if (!status.ok()) return status;
+      const bool some_rank_syncs = flag.cpu().item<float>() != 0;
+      ddp.require_forward_param_sync_ = some_rank_syncs;
+      if (!some_rank_syncs) return absl::OkStatus();
+      return ddp.reducer_->ShadowBackward();
+    });
+  }
+
+  absl::Status post_hook(bool is_last_joiner) override {
+    return Guard([&] {
+      DistributedDataParallel& ddp = *ddp_;
+      const int root = ddp.FindCommonRank(is_last_joiner);
+      std::vector<Tensor> state = ddp.module_->parameters();
+      if (ddp.options_.broadcast_buffers) {
+        for (const Tensor& b : ddp.module_->buffers()) state.push_back(b);
+      }
+      autograd::NoGradGuard no_grad;
+      return BroadcastFrom(*ddp.group_, root, state);
+    });
+  }
+
+ private:
+  // The DDP helpers throw ember::Error; a hook reports a Status.
+  template <typename F>
+  static absl::Status Guard(F&& f) {
+    try {
+      return f();
+    } catch (const Error& e) {
+      return absl::InternalError(e.what());
+    }
+  }
+
+  DistributedDataParallel* ddp_;
+};
+
+std::unique_ptr<JoinHook> DistributedDataParallel::join_hook(const JoinOptions& options) {
+  divide_by_initial_world_size_ = options.divide_by_initial_world_size;
+  return std::make_unique<DdpJoinHook>(this);
+}
+
+absl::StatusOr<std::unique_ptr<Join>> DistributedDataParallel::join(JoinOptions options) {
+  return Join::create({std::static_pointer_cast<DistributedDataParallel>(shared_from_this())},
+                      options);
 }
 
 DdpLoggingData DistributedDataParallel::get_ddp_logging_data() const {

@@ -69,6 +69,23 @@
 // and all_reduce of each bucket, e.g. to compress it (fp16, bf16, PowerSGD;
 // parallel/comm_hooks.h), as torch's DDP communication hooks.
 //
+// Uneven inputs (parallel/join.h): DistributedDataParallel is a Joinable.
+// Inside a Join, each forward first notifies the join context, takes the
+// buffers from the highest rank still training rather than from rank 0
+// (which may have joined with stale buffers), and tells the joined ranks
+// whether this iteration synchronises gradients; a joined rank's main hook
+// issues the same buffer broadcast and, when some rank synchronises, one
+// reduction of zeros per bucket (through the communication hook if there is
+// one); the post hook broadcasts the parameters and buffers of the highest
+// rank among the last to join to every rank (torch's _sync_final_model).
+// As in torch, buffers are broadcast at a forward only when the previous
+// forward synchronised gradients (its require_forward_param_sync), so
+// every rank, joined or not, agrees on that broadcast.
+//
+// static_graph (Note [Static graphs] in parallel/reducer.h): the first
+// synchronised backward counts each parameter's gradient accumulations and
+// finds the parameters no rank uses; later ones need no graph walk.
+//
 // Limits: one device per process, a module with one input and one output
 // tensor (Module's interface), buckets fixed at construction (torch rebuilds them after the first iteration from the
 // order gradients arrived in). Parameters must not be replaced (to(),
@@ -102,6 +119,7 @@
 #include "absl/time/time.h"
 #include "distributed/process_group.h"
 #include "nn/module.h"
+#include "parallel/join.h"
 #include "parallel/reducer.h"
 #include "tensor/tensor.h"
 
@@ -130,6 +148,9 @@ struct DistributedDataParallelOptions {
   // Make every parameter's grad() a view of its bucket, saving one copy of
   // the gradients each way (torch's gradient_as_bucket_view).
   bool gradient_as_bucket_view = false;
+  // torch's static_graph: the set of parameters used, and how often, is the
+  // same every iteration (Note [Static graphs] in parallel/reducer.h).
+  bool static_graph = false;
 };
 
 // What torch's _get_ddp_logging_data reports that is useful here.
@@ -139,7 +160,7 @@ struct DdpLoggingData {
   ReducerStats stats;                 // summed over synchronised iterations
 };
 
-class DistributedDataParallel : public nn::Module {
+class DistributedDataParallel : public nn::Module, public Joinable {
  public:
   // Wraps `module` (see above; blocks for the shape check and the initial
   // broadcast, up to the group's timeout).
@@ -191,7 +212,18 @@ class DistributedDataParallel : public nn::Module {
 
   DdpLoggingData get_ddp_logging_data() const;
 
+  // torch's ddp.join(...): a Join of this module alone (parallel/join.h).
+  absl::StatusOr<std::unique_ptr<Join>> join(JoinOptions options = {});
+
+  // Joinable (Note [Join] in parallel/join.h).
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
+  Device join_device() const override { return device_; }
+  std::shared_ptr<distributed::ProcessGroup> join_process_group() const override {
+    return group_;
+  }
+
  private:
+  class DdpJoinHook;
   DistributedDataParallel(std::shared_ptr<nn::Module> module,
                           std::shared_ptr<distributed::ProcessGroup> group,
                           DistributedDataParallelOptions options);
@@ -202,6 +234,19 @@ class DistributedDataParallel : public nn::Module {
   Device device_;
   std::shared_ptr<Reducer> reducer_;
   bool require_backward_grad_sync_ = true;
+  // Whether the next forward broadcasts the buffers: the previous forward
+  // synchronised gradients (torch's require_forward_param_sync).
+  bool require_forward_param_sync_ = true;
+  // Join: the hook's divide_by_initial_world_size, and the forward's
+  // "synchronise this iteration" all_reduce in flight.
+  bool divide_by_initial_world_size_ = true;
+  JoinNotice sync_flag_;
+
+  // The rank a broadcast comes from: the highest group rank for which
+  // `candidate` holds (an all_reduce MAX). Throws ember::Error.
+  int FindCommonRank(bool candidate);
+  // Broadcasts the buffers from `root` when there are any. Throws.
+  void BroadcastBuffers(int root);
 };
 
 }  // namespace ember::parallel

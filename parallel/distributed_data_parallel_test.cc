@@ -335,6 +335,89 @@ TEST_P(DdpTest, FindUnusedParametersHandlesParametersSomeRanksDoNotUse) {
       RankOptions()));
 }
 
+TEST_P(DdpTest, StaticGraphMatchesOneProcess) {
+  ExpectAllSucceeded(testing::RunRankProcesses(
+      world(),
+      [](testing::Rank& me) -> absl::Status {
+        EMBER_RETURN_IF_ERROR(
+            TrainAndCompare(me, {.bucket_cap_mb = 0.0001, .static_graph = true}, 4));
+        return TrainAndCompare(
+            me, {.bucket_cap_mb = 0.0001, .gradient_as_bucket_view = true, .static_graph = true},
+            3);
+      },
+      RankOptions()));
+}
+
+TEST_P(DdpTest, StaticGraphFindsTheUnusedParametersInItsFirstIteration) {
+  // No rank ever uses `extra`: without find_unused_parameters and with no
+  // graph walk, static_graph learns it from the first iteration's counts.
+  ExpectAllSucceeded(testing::RunRankProcesses(
+      world(),
+      [](testing::Rank& me) {
+        return Guard([&]() -> absl::Status {
+          manual_seed(4);
+          auto model = std::make_shared<Net>(8, /*with_extra=*/true);
+          EMBER_ASSIGN_OR_RETURN(
+              auto ddp, DistributedDataParallel::create(model, {.process_group = me.group,
+                                                                .bucket_cap_mb = 0.0001,
+                                                                .static_graph = true}));
+          auto reference = model->clone();
+          nn::optim::SGD opt(ddp->parameters(), {.lr = 0.5});
+          nn::optim::SGD ref_opt(reference->parameters(), {.lr = 0.5});
+          for (int step = 0; step < 4; ++step) {
+            const Batch global = GlobalBatch(step);
+            const Batch local = Shard(global, me.rank, me.world_size);
+            opt.zero_grad();
+            nn::functional::cross_entropy((*ddp)(local.x), local.y).backward();
+            if (model->extra->weight().grad().defined()) {
+              return absl::InternalError(
+                  absl::StrCat("step ", step, ": the unused extra.weight got a gradient"));
+            }
+            opt.step();
+            ref_opt.zero_grad();
+            nn::functional::cross_entropy((*reference)(global.x), global.y).backward();
+            ref_opt.step();
+          }
+          EMBER_RETURN_IF_ERROR(
+              ExpectSameParameters(*model, *reference, 1e-5, "static graph vs one process"));
+          return ExpectEqualAcrossRanks(*me.group, *model);
+        });
+      },
+      RankOptions()));
+}
+
+TEST_P(DdpTest, StaticGraphRefusesAGraphThatChanges) {
+  for (bool first_uses_extra : {false, true}) {
+    const auto results = testing::RunRankProcesses(
+        world(),
+        [&](testing::Rank& me) {
+          return Guard([&]() -> absl::Status {
+            auto model = std::make_shared<Net>(8, /*with_extra=*/true);
+            EMBER_ASSIGN_OR_RETURN(
+                auto ddp, DistributedDataParallel::create(
+                              model, {.process_group = me.group, .static_graph = true}));
+            model->use_extra = first_uses_extra;
+            EMBER_RETURN_IF_ERROR(Step(*ddp, me));
+            model->use_extra = !first_uses_extra;
+            EMBER_RETURN_IF_ERROR(Step(*ddp, me));
+            return absl::InternalError("a changed graph was accepted");
+          });
+        },
+        RankOptions());
+    for (int r = 0; r < world(); ++r) {
+      EXPECT_EQ(results[r].exit_code, 1) << Describe(results);
+      EXPECT_THAT(results[r].output, HasSubstr("static_graph = true")) << Describe(results);
+      EXPECT_THAT(results[r].output, HasSubstr("the graph is not static")) << Describe(results);
+      EXPECT_THAT(results[r].output,
+                  HasSubstr(first_uses_extra
+                                ? "than in the first iteration: extra.weight (0 of 1), "
+                                  "extra.bias (0 of 1)"
+                                : "parameter 'extra."))
+          << Describe(results);
+    }
+  }
+}
+
 TEST_P(DdpTest, RanksThatDisagreeOnUsedParametersFailInsteadOfHanging) {
   const auto results = testing::RunRankProcesses(
       world(),

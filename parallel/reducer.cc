@@ -44,8 +44,8 @@ absl::Status WaitFor(const absl::StatusOr<std::shared_ptr<distributed::Work>>& w
   return (*work)->wait();
 }
 
-absl::Status BroadcastFromRank0(distributed::ProcessGroup& group,
-                                const std::vector<Tensor>& tensors) {
+absl::Status BroadcastFrom(distributed::ProcessGroup& group, int root,
+                           const std::vector<Tensor>& tensors) {
   // One flat tensor per (device, dtype), in first-seen order, so that every
   // rank issues the same broadcasts; it lives where its tensors do, so a
   // device backend (nccl) moves it without staging.
@@ -61,7 +61,7 @@ absl::Status BroadcastFromRank0(distributed::ProcessGroup& group,
     int64_t total = 0;
     for (const Tensor& t : list) total += t.numel();
     Tensor flat = empty({total}, TensorOptions().dtype(key.second).device(key.first));
-    if (group.rank() == 0) {
+    if (group.rank() == root) {
       int64_t offset = 0;
       for (const Tensor& t : list) {
         flat.narrow(0, offset, t.numel()).copy_(t.reshape({t.numel()}));
@@ -70,9 +70,9 @@ absl::Status BroadcastFromRank0(distributed::ProcessGroup& group,
     }
     // On a device, wait() makes the current stream wait for the broadcast
     // (nccl, gloo's staging): the copies below queue after it.
-    absl::Status status = WaitFor(group.broadcast(flat, {.root = 0}));
+    absl::Status status = WaitFor(group.broadcast(flat, {.root = root}));
     if (!status.ok()) return status;
-    if (group.rank() == 0) continue;
+    if (group.rank() == root) continue;
     int64_t offset = 0;
     for (const Tensor& t : list) {
       t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
@@ -86,6 +86,7 @@ std::shared_ptr<Reducer> Reducer::Create(std::vector<std::pair<std::string, Tens
                                          std::shared_ptr<distributed::ProcessGroup> group,
                                          ReducerOptions options) {
   std::shared_ptr<Reducer> reducer(new Reducer(std::move(group), options));
+  reducer->divisor_ = reducer->group_->size();
   reducer->Build(std::move(params));
   reducer->RegisterHooks();
   return reducer;
@@ -133,8 +134,8 @@ void Reducer::Build(std::vector<std::pair<std::string, Tensor>> params) {
   std::stable_sort(closed.begin(), closed.end(), [](const Open& a, const Open& b) {
     return a.first_position < b.first_position;
   });
-  control_elements_ =
-      1 + (options_.find_unused_parameters ? static_cast<int64_t>(slots_.size()) : 0);
+  with_used_marks_ = options_.find_unused_parameters || options_.static_graph;
+  control_elements_ = 1 + (with_used_marks_ ? static_cast<int64_t>(slots_.size()) : 0);
   for (size_t b = 0; b < closed.size(); ++b) {
     Bucket bucket;
     bucket.slots = closed[b].slots;
@@ -154,6 +155,9 @@ void Reducer::Build(std::vector<std::pair<std::string, Tensor>> params) {
   }
   ready_.assign(slots_.size(), false);
   used_.assign(slots_.size(), false);
+  static_counts_.assign(slots_.size(), 0);
+  static_used_.assign(slots_.size(), false);
+  remaining_.assign(slots_.size(), 0);
 }
 
 void Reducer::RegisterHooks() {
@@ -178,18 +182,18 @@ void Reducer::PrepareForBackward(const Tensor& output) {
   // in flight; their buffers are about to be reused.
   CheckDeferredFlag(/*block=*/false);
   if (absl::Status waited = WaitAll(); !waited.ok()) Fail(waited);
-  for (Bucket& bucket : buckets_) {
-    bucket.pending = bucket.slots.size();
-    bucket.future.reset();
-  }
-  control_pending_ = false;
-  std::fill(ready_.begin(), ready_.end(), false);
-  std::fill(used_.begin(), used_.end(), false);
-  unused_.clear();
-  next_bucket_ = 0;
-  local_missing_ = false;
-  end_of_backward_.Done();
+  ResetIteration();
   expect_hooks_ = true;
+  if (options_.static_graph) {
+    // Note [Static graphs]: the counting pass marks nothing in advance; the
+    // later ones know their unused parameters from it, without a graph walk.
+    if (!static_counted_) return;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      remaining_[i] = static_counts_[i];
+      if (static_counts_[i] == 0) unused_.push_back(i);
+    }
+    return;
+  }
   if (!options_.find_unused_parameters) return;
   // Walk the graph of `output`: the AccumulateGrad nodes it reaches.
   std::unordered_set<const autograd::Node*> seen;
@@ -217,6 +221,20 @@ void Reducer::PrepareForBackward(const Tensor& output) {
   }
 }
 
+void Reducer::ResetIteration() {
+  for (Bucket& bucket : buckets_) {
+    bucket.pending = bucket.slots.size();
+    bucket.future.reset();
+  }
+  control_pending_ = false;
+  std::fill(ready_.begin(), ready_.end(), false);
+  std::fill(used_.begin(), used_.end(), false);
+  unused_.clear();
+  next_bucket_ = 0;
+  local_missing_ = false;
+  end_of_backward_.Done();
+}
+
 void Reducer::OnGradReady(size_t index) {
   if (!expect_hooks_) return;
   if (!end_of_backward_.queued()) {
@@ -226,6 +244,23 @@ void Reducer::OnGradReady(size_t index) {
       if (std::shared_ptr<Reducer> reducer = weak.lock()) reducer->Finalize();
     });
     for (size_t i : unused_) MarkReady(i);
+  }
+  if (options_.static_graph) {
+    // Note [Static graphs].
+    used_[index] = true;
+    if (!static_counted_) {
+      ++static_counts_[index];
+      return;
+    }
+    if (remaining_[index] == 0) {
+      EMBER_FAIL("DistributedDataParallel: static_graph = true, but parameter '",
+                 slots_[index].name, "' got more gradient accumulations in this backward pass "
+                 "than the ", static_counts_[index],
+                 " of the first iteration: the graph is not static. Wrap the module without "
+                 "static_graph (find_unused_parameters = true handles graphs that change)");
+    }
+    if (--remaining_[index] == 0) MarkReady(index);
+    return;
   }
   if (ready_[index]) {
     EMBER_FAIL("DistributedDataParallel: parameter '", slots_[index].name,
@@ -270,7 +305,7 @@ void Reducer::LaunchBucket(size_t b) {
     // host (on a device, a copy that waits, as PyTorch's local_used_map).
     control = bucket.flat.narrow(0, bucket.grad_elements, control_elements_);
     control.narrow(0, 0, 1).fill_(local_missing_ ? 1.0 : 0.0);
-    if (options_.find_unused_parameters) {
+    if (with_used_marks_) {
       Tensor marks = zeros({control_elements_ - 1});
       float* m = marks.data_ptr<float>();
       for (size_t i = 0; i < used_.size(); ++i) m[i] = used_[i] ? 1.0f : 0.0f;
@@ -282,7 +317,7 @@ void Reducer::LaunchBucket(size_t b) {
     // every backend reduces with SUM (gloo and NCCL before 2.10 have no
     // AVG), and the division before the sum keeps large gradients from
     // overflowing. The control values ride along.
-    bucket.flat.div_(group_->size());
+    bucket.flat.div_(divisor_);
     absl::StatusOr<std::shared_ptr<distributed::Work>> work =
         group_->allreduce(bucket.flat, {.op = distributed::ReduceOp::kSum});
     bucket.future = work.ok() ? (*work)->get_future() : distributed::Future::Failed(work.status());
@@ -387,9 +422,20 @@ void Reducer::Finalize() {
   expect_hooks_ = false;
   end_of_backward_.Done();
   const absl::Time graph_done = absl::Now();
+  const bool counting = options_.static_graph && !static_counted_;
   std::vector<std::string> missing;
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!ready_[i]) missing.push_back(slots_[i].name);
+    if (ready_[i]) continue;
+    if (counting) {
+      // Note [Static graphs]: the counting pass reduces every bucket now,
+      // in order; a parameter without a gradient is unused, not an error.
+      MarkReady(i);
+    } else if (options_.static_graph) {
+      missing.push_back(absl::StrCat(slots_[i].name, " (", static_counts_[i] - remaining_[i],
+                                     " of ", static_counts_[i], ")"));
+    } else {
+      missing.push_back(slots_[i].name);
+    }
   }
   if (!missing.empty()) {
     // Launch what this rank owes anyway, flagged, so that no rank waits for
@@ -407,6 +453,14 @@ void Reducer::Finalize() {
   for (Bucket& bucket : buckets_) bucket.future.reset();
   control_pending_ = false;
 
+  if (!missing.empty() && options_.static_graph) {
+    EMBER_FAIL(
+        "DistributedDataParallel: static_graph = true, but parameters got fewer gradient "
+        "accumulations in this backward pass on rank ",
+        group_->rank(), " than in the first iteration: ", absl::StrJoin(missing, ", "),
+        ": the graph is not static. Wrap the module without static_graph "
+        "(find_unused_parameters = true handles graphs that change)");
+  }
   if (!missing.empty()) {
     EMBER_FAIL(
         "DistributedDataParallel: parameters that got no gradient in this backward pass on "
@@ -419,7 +473,7 @@ void Reducer::Finalize() {
   const Bucket& last = buckets_.back();
   const Tensor control = last.flat.narrow(0, last.grad_elements, control_elements_);
   Tensor marks;  // the reduced control values on the host, when read now
-  if (control.is_cpu() || options_.find_unused_parameters) {
+  if (control.is_cpu() || options_.find_unused_parameters || counting) {
     // On a device this waits for the reduction, as PyTorch's reducer does for
     // the used-parameter map of find_unused_parameters.
     marks = control.cpu().to(kFloat32).contiguous();
@@ -438,9 +492,18 @@ void Reducer::Finalize() {
                                      recorded.message())));
     }
   }
+  if (counting) {
+    for (size_t i = 0; i < slots_.size(); ++i) static_used_[i] = marks.data_ptr<float>()[1 + i] > 0;
+    static_counted_ = true;
+  }
   for (size_t i = 0; i < slots_.size(); ++i) {
-    // find_unused_parameters: no rank produced a gradient; leave grad() as it is.
-    if (options_.find_unused_parameters && !(marks.data_ptr<float>()[1 + i] > 0)) continue;
+    // No rank produced a gradient (find_unused_parameters: this pass;
+    // static_graph: the first); leave grad() as it is.
+    if (options_.static_graph ? !static_used_[i]
+                              : options_.find_unused_parameters &&
+                                    !(marks.data_ptr<float>()[1 + i] > 0)) {
+      continue;
+    }
     Slot& slot = slots_[i];
     const Tensor grad = slot.param.grad();
     if (options_.gradient_as_bucket_view) {
@@ -482,6 +545,47 @@ void Reducer::CheckDeferredFlag(bool block) {
                                                  ready.message())));
   }
   CheckPeerFlag(flag.to(kFloat32).contiguous().data_ptr<float>()[0], /*deferred=*/true);
+}
+
+absl::Status Reducer::ShadowBackward() {
+  if (!failure_.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "DistributedDataParallel: cannot shadow the other ranks' backward pass: an earlier "
+        "gradient all_reduce failed (",
+        failure_.ToString(), ")"));
+  }
+  absl::Status status = WaitAll();
+  ResetIteration();
+  expect_hooks_ = false;
+  // With gradient_as_bucket_view the buckets are this rank's grad(): keep
+  // them, and reduce zeros in their place.
+  std::vector<Tensor> kept;
+  for (Bucket& bucket : buckets_) {
+    if (options_.gradient_as_bucket_view) kept.push_back(bucket.flat.clone());
+    bucket.flat.zero_();
+    bucket.pending = 0;
+  }
+  if (status.ok()) {
+    for (size_t b = 0; b < buckets_.size(); ++b) LaunchBucket(b);
+    next_bucket_ = buckets_.size();
+    status = WaitAll();
+  }
+  for (Bucket& bucket : buckets_) bucket.future.reset();
+  control_pending_ = false;
+  for (size_t b = 0; b < kept.size(); ++b) buckets_[b].flat.copy_(kept[b]);
+  if (!status.ok()) failure_ = status;
+  return status;
+}
+
+absl::Status Reducer::SetDivisor(int divisor) {
+  if (divisor < 1 || divisor > group_->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DistributedDataParallel: the gradient divisor must be between 1 and the "
+                     "group's size ",
+                     group_->size(), ", got ", divisor));
+  }
+  divisor_ = divisor;
+  return absl::OkStatus();
 }
 
 void Reducer::DisarmHooks() {

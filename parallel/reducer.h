@@ -167,7 +167,25 @@ struct ReducerOptions {
   int64_t first_bucket_cap_bytes = int64_t{1} << 20;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
+  // Note [Static graphs].
+  bool static_graph = false;
 };
+
+// Note [Static graphs]
+// With static_graph (torch's DDP static_graph=True) the user promises that
+// every iteration uses the same parameters, each the same number of times.
+// The first synchronised backward launches nothing while it runs: it counts
+// how often each parameter's gradient is accumulated (a parameter inside
+// several reentrant backward passes is accumulated once per pass) and, at
+// its end, reduces every bucket with the "used" marks of every parameter
+// (torch's delayed all_reduce of the first static iteration). The
+// parameters no rank used are then known without walking any graph: from
+// the second iteration on they are marked ready at the first hook with
+// zeros, a parameter is ready at its counted accumulation, and the marks of
+// the first iteration decide which grad() to leave alone, as
+// find_unused_parameters does each iteration. An iteration whose
+// accumulations differ from the first's throws, naming the parameters, since
+// the ranks' collectives would no longer match.
 
 // Timings summed over the iterations that synchronised gradients.
 struct ReducerStats {
@@ -214,9 +232,15 @@ class EndOfBackward {
 // Work's wait() returns.
 absl::Status WaitFor(const absl::StatusOr<std::shared_ptr<distributed::Work>>& work);
 
-// Copies rank 0's values into `tensors` on every rank: one broadcast per
-// dtype through a flat staging tensor. Blocks up to the group's timeout.
-absl::Status BroadcastFromRank0(distributed::ProcessGroup& group, const std::vector<Tensor>& tensors);
+// Copies group rank `root`'s values into `tensors` on every rank: one
+// broadcast per (device, dtype) through a flat staging tensor. Blocks up to
+// the group's timeout.
+absl::Status BroadcastFrom(distributed::ProcessGroup& group, int root,
+                           const std::vector<Tensor>& tensors);
+inline absl::Status BroadcastFromRank0(distributed::ProcessGroup& group,
+                                       const std::vector<Tensor>& tensors) {
+  return BroadcastFrom(group, 0, tensors);
+}
 
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
@@ -238,6 +262,19 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // a device, if it has arrived (Note [Device control values]), and throws if
   // a peer failed.
   void DisarmHooks();
+
+  // Join (parallel/join.h), on a rank that has run out of inputs: issues
+  // every collective a synchronised backward pass issues (each bucket's
+  // reduction, through the hook if one is registered, and the control values),
+  // contributing zeros, and waits for them. The gradients of this rank are
+  // not touched. The group's error, annotated, when a collective fails (the
+  // reducer is then unusable, as after a failed backward).
+  absl::Status ShadowBackward();
+  // The number the built-in reduction divides each bucket by, from the next
+  // bucket launched on: the group's size unless set (Join's
+  // divide_by_initial_world_size = false sets the number of ranks still
+  // training). InvalidArgument unless 1 <= divisor <= the group's size.
+  absl::Status SetDivisor(int divisor);
 
   // Replaces the buckets' reduction from the next backward pass on (Note
   // [Communication hooks]). FailedPrecondition when a hook is already
@@ -281,6 +318,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // buckets; the first failure, annotated.
   absl::Status WaitAll();
   [[noreturn]] void Fail(absl::Status status);
+  // Clears the per-iteration state before a pass (or its shadow).
+  void ResetIteration();
   // Throws when the reduced error flag says some rank missed gradients.
   void CheckPeerFlag(float flag, bool deferred);
   // Reads the flag a device pass left behind (Note [Device control values]);
@@ -295,7 +334,15 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // them stay the ones backward reaches.
   std::vector<std::shared_ptr<autograd::Node>> accumulators_;
   int64_t control_elements_ = 0;  // after the gradients in the last bucket
+  bool with_used_marks_ = false;  // find_unused_parameters or static_graph
+  int divisor_ = 0;               // of the built-in reduction; set by Create
   CommHook comm_hook_;
+  // Note [Static graphs]: whether the counting iteration has run, and per
+  // slot the accumulations it counted and the reduced "used" marks.
+  bool static_counted_ = false;
+  std::vector<int> static_counts_;
+  std::vector<bool> static_used_;
+  std::vector<int> remaining_;  // per slot, accumulations still to come this pass
   // With a hook: the last bucket has been launched and the control values
   // still need their own all_reduce (Note [Communication hooks]).
   bool control_pending_ = false;
