@@ -472,6 +472,27 @@ absl::StatusOr<std::vector<Assignment>> GlobalPlan(const std::vector<RankPlan>& 
   return out;
 }
 
+// 64-bit FNV-1a: a digest every rank computes alike (absl::Hash is seeded
+// per process).
+uint64_t Fnv1a(absl::string_view bytes, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// The digest of a rank's layout: its plan without the temporary directory
+// (which changes every save). 0 is never a layout's digest: it marks a rank
+// that cannot reuse (an error in its state dict).
+uint64_t LayoutDigest(const RankPlan& plan) {
+  if (!plan.error.empty()) return 0;
+  RankPlan layout = plan;
+  layout.temp_dir.clear();
+  const uint64_t h = Fnv1a(EncodePlan(layout));
+  return h == 0 ? 1 : h;
+}
+
 // --- Files -------------------------------------------------------------------------
 
 absl::Status WriteAll(int fd, const char* data, size_t n, const std::string& path) {
@@ -793,7 +814,92 @@ absl::Status LoadPiece(const std::string& key, const TensorMetadata& tm, const B
   return absl::OkStatus();
 }
 
+// Note [Collective-free saves] in checkpoint.h.
+absl::Status SaveCollectiveFree(const StateDict& state_dict, const CheckpointOptions& options) {
+  const int rank = options.process_group ? options.process_group->rank() : 0;
+  const int world = options.process_group ? options.process_group->size() : 1;
+  const std::string path = fs::path(options.path).lexically_normal().string();
+  auto fail = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("distributed checkpoint collective-free save to ",
+                                               path, " (rank ", rank, "): ", s.message()));
+  };
+  if (path.empty() || path == ".") {
+    return absl::InvalidArgumentError(
+        "distributed checkpoint: CheckpointOptions.path is empty; name the checkpoint "
+        "directory");
+  }
+  RankPlan plan;
+  std::map<std::string, std::vector<Piece>> pieces;
+  std::vector<Assignment> mine;
+  for (const auto& [key, item] : state_dict) {
+    if (pieces.count(key)) {
+      return fail(absl::InvalidArgumentError(absl::StrCat("the key \"", key, "\" appears twice")));
+    }
+    absl::StatusOr<std::vector<Piece>> p = Pieces(key, OnHost(item, /*with_values=*/true));
+    if (!p.ok()) return fail(p.status());
+    EntryPlan e{key, item.tensor.dtype(), GlobalShape(item), {}};
+    // A replicated item is the same everywhere: rank 0 writes it.
+    if (item.placement.has_value() || rank == 0) {
+      for (const Piece& piece : *p) {
+        e.boxes.push_back(piece.box);
+        mine.push_back({plan.entries.size(), piece.box, rank});
+      }
+    }
+    plan.entries.push_back(std::move(e));
+    pieces[key] = std::move(*p);
+  }
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (!fs::is_directory(path, ec)) {
+    return fail(absl::InternalError(absl::StrCat("cannot create the directory: ", ec.message())));
+  }
+  const std::string part = absl::StrCat(path, "/", kMetadataPartPrefix, rank, ".json");
+  if (fs::exists(part, ec) || fs::exists(fs::path(path) / kMetadataFileName, ec)) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "the directory already holds ", fs::exists(part, ec) ? "this rank's part" : "a checkpoint",
+        "; collective-free saves need a directory of their own per save (e.g. one per step)")));
+  }
+  absl::StatusOr<std::vector<std::pair<size_t, ChunkMetadata>>> written =
+      WritePieces(mine, rank, path, plan.entries, pieces, options);
+  if (!written.ok()) return fail(written.status());
+  std::vector<std::pair<size_t, ChunkMetadata>> chunks = *std::move(written);
+  Metadata md;
+  md.world_size = world;
+  for (const EntryPlan& e : plan.entries) {
+    md.tensors.push_back({e.key, TensorMetadata{e.dtype, e.global_shape, {}}});
+  }
+  for (auto& [k, ch] : chunks) md.tensors[k].second.chunks.push_back(std::move(ch));
+  const std::string temp = absl::StrCat(part, ".tmp-", NewId());
+  absl::Status wrote = WriteFile(temp, encode_metadata(md), options.sync_files);
+  if (wrote.ok() && ::rename(temp.c_str(), part.c_str()) != 0) {
+    wrote = absl::ErrnoToStatus(errno, absl::StrCat("cannot rename ", temp, " to ", part));
+  }
+  if (wrote.ok() && options.sync_files) wrote = SyncDir(path);
+  if (!wrote.ok()) {
+    fs::remove(temp, ec);
+    return fail(wrote);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+// Note [Cached save plans] in checkpoint.h.
+struct SavePlanCache::State {
+  bool valid = false;
+  int world = 0;
+  std::vector<RankPlan> plans;  // temp_dir cleared
+  std::vector<Assignment> global;
+  std::vector<uint64_t> digests;  // per rank
+  uint64_t digest_of_all = 0;     // of `digests`: which plan this cache holds
+  int64_t hits = 0;
+  int64_t misses = 0;
+};
+
+SavePlanCache::SavePlanCache() : state_(std::make_unique<State>()) {}
+SavePlanCache::~SavePlanCache() = default;
+int64_t SavePlanCache::hits() const { return state_->hits; }
+int64_t SavePlanCache::misses() const { return state_->misses; }
 
 Item replicated(Tensor tensor) { return Item{std::move(tensor), std::nullopt}; }
 
@@ -812,6 +918,7 @@ Item flat_shard(Tensor local, SizeVector global_shape, int64_t flat_offset) {
 }
 
 absl::Status save(const StateDict& state_dict, const CheckpointOptions& options) {
+  if (options.collective_free) return SaveCollectiveFree(state_dict, options);
   ProcessGroup* pg = options.process_group.get();
   const int rank = pg ? pg->rank() : 0;
   const int world = pg ? pg->size() : 1;
@@ -842,23 +949,77 @@ absl::Status save(const StateDict& state_dict, const CheckpointOptions& options)
   if (rank == 0) plan.temp_dir = absl::StrCat(path, ".tmp-", NewId());
 
   std::vector<RankPlan> plans;
-  if (pg == nullptr) {
-    plans.push_back(plan);
-  } else {
+  std::vector<Assignment> global;
+  SavePlanCache::State* cache = options.plan_cache ? options.plan_cache->state_.get() : nullptr;
+  bool reused = false;
+  if (pg != nullptr && cache != nullptr) {
+    // Note [Cached save plans]: one digest each, and rank 0's directory.
+    ByteWriter w;
+    w.Int(static_cast<int64_t>(LayoutDigest(plan)));
+    w.Int(cache->valid && cache->world == world ? static_cast<int64_t>(cache->digest_of_all) : 0);
+    w.Str(plan.temp_dir);
     EMBER_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                           AllGatherBytes(*pg, EncodePlan(plan), options.timeout, "planning"));
+                           AllGatherBytes(*pg, w.Take(), options.timeout, "checking the plan"));
+    reused = cache->valid && cache->world == world;
+    std::string temp_dir0;
+    for (int r = 0; r < world && reused; ++r) {
+      ByteReader in(all[r]);
+      const auto digest = static_cast<uint64_t>(in.Int());
+      const auto of_all = static_cast<uint64_t>(in.Int());
+      const std::string dir = in.Str();
+      if (r == 0) temp_dir0 = dir;
+      reused = in.ok() && digest != 0 && digest == cache->digests[r] &&
+               of_all == cache->digest_of_all;
+    }
+    if (reused) {
+      plans = cache->plans;
+      plans[0].temp_dir = temp_dir0;
+      global = cache->global;
+      ++cache->hits;
+    }
+  }
+  if (!reused) {
+    if (pg == nullptr) {
+      plans.push_back(plan);
+    } else {
+      EMBER_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                             AllGatherBytes(*pg, EncodePlan(plan), options.timeout, "planning"));
+      for (int r = 0; r < world; ++r) {
+        EMBER_ASSIGN_OR_RETURN(RankPlan p, DecodePlan(all[r], r));
+        plans.push_back(std::move(p));
+      }
+    }
     for (int r = 0; r < world; ++r) {
-      EMBER_ASSIGN_OR_RETURN(RankPlan p, DecodePlan(all[r], r));
-      plans.push_back(std::move(p));
+      if (!plans[r].error.empty()) {
+        if (cache != nullptr) cache->valid = false;
+        return absl::InvalidArgumentError(absl::StrCat("distributed checkpoint save to ", path,
+                                                       " failed on rank ", r, ": ",
+                                                       plans[r].error));
+      }
+    }
+    absl::StatusOr<std::vector<Assignment>> planned = GlobalPlan(plans);
+    if (!planned.ok()) {
+      if (cache != nullptr) cache->valid = false;
+      return planned.status();
+    }
+    global = *std::move(planned);
+    if (cache != nullptr && pg != nullptr) {
+      ++cache->misses;
+      cache->valid = true;
+      cache->world = world;
+      cache->plans = plans;
+      cache->global = global;
+      cache->digests.clear();
+      std::string all_digests;
+      for (RankPlan& p : cache->plans) {
+        p.temp_dir.clear();
+        cache->digests.push_back(LayoutDigest(p));
+        all_digests += absl::StrCat(cache->digests.back(), ",");
+      }
+      cache->digest_of_all = Fnv1a(all_digests);
+      if (cache->digest_of_all == 0) cache->digest_of_all = 1;
     }
   }
-  for (int r = 0; r < world; ++r) {
-    if (!plans[r].error.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("distributed checkpoint save to ", path,
-                                                     " failed on rank ", r, ": ", plans[r].error));
-    }
-  }
-  EMBER_ASSIGN_OR_RETURN(std::vector<Assignment> global, GlobalPlan(plans));
   const std::string temp_dir = plans[0].temp_dir;
   const std::string id = temp_dir.substr(temp_dir.size() - 16);
 

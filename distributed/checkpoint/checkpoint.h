@@ -116,6 +116,19 @@ Item flat_shard(Tensor local, SizeVector global_shape, int64_t flat_offset);
 // Keys in order; each key at most once.
 using StateDict = std::vector<std::pair<std::string, Item>>;
 
+// Note [Cached save plans]
+// Planning a save exchanges every rank's layout (per key the dtype, global
+// shape and boxes) and assigns each distinct piece a writer: bytes and work
+// that grow with the number of keys and ranks, and are the same at every save
+// of an unchanged model. A SavePlanCache given to save() keeps the last
+// plan: the next save first all_gathers one digest of each rank's layout
+// (and of the cache itself), and when none changed and every rank's cache
+// holds the same plan, reuses it without sending a layout; otherwise it
+// plans as without a cache and keeps the new plan. Every rank decides from
+// the same gathered digests, so all reuse or all replan. Use one cache per
+// process group and sequence of saves (AsyncCheckpointer keeps one).
+class SavePlanCache;
+
 struct CheckpointOptions {
   // The checkpoint directory (created by save, replaced whole if present).
   std::string path;
@@ -131,7 +144,47 @@ struct CheckpointOptions {
   // Bytes covered by each CRC-32C of a piece's data (the smallest unit a
   // load reads and verifies).
   int64_t checksum_block_bytes = int64_t{1} << 20;
+  // Note [Cached save plans]; null: every save plans afresh.
+  std::shared_ptr<SavePlanCache> plan_cache;
+  // Note [Collective-free saves]: no collective at all; `process_group`
+  // (if given) only names this rank and the world size.
+  bool collective_free = false;
 };
+
+class SavePlanCache {
+ public:
+  SavePlanCache();
+  ~SavePlanCache();
+  SavePlanCache(const SavePlanCache&) = delete;
+  SavePlanCache& operator=(const SavePlanCache&) = delete;
+
+  // Saves that reused the cached plan, and saves that planned afresh.
+  int64_t hits() const;
+  int64_t misses() const;
+
+  struct State;  // checkpoint.cc's
+
+ private:
+  friend absl::Status save(const StateDict& state_dict, const CheckpointOptions& options);
+  std::unique_ptr<State> state_;
+};
+
+// Note [Collective-free saves]
+// For jobs where a save's collectives cost too much (many ranks) or cannot
+// be afforded (a rank saving alone, e.g. on its way out): every rank writes
+// every piece it holds (a replicated item on rank 0 only) into `path`, which
+// must be a new directory or one holding only other ranks' parts of the same
+// save, as its data file and its part of the metadata
+// (metadata.rank<r>.json, renamed into place after its data is written and
+// synced). No rank plans with another, so nothing checks at save time that
+// the ranks agree; load() and load_full_state_dict() merge the parts,
+// refuse a checkpoint until every rank's part is there (NotFound naming the
+// missing ranks: a save still running, or a rank that died), refuse parts
+// that disagree on a key's dtype or shape, read identical pieces of several
+// ranks once, and fail (DataLoss) where the pieces leave a tensor uncovered.
+// A rank's part is whole or absent, never torn; a directory that already
+// holds this rank's part (or a collective checkpoint) is refused:
+// collective-free saves need a directory per save ("/ckpt/step100").
 
 // Saves `state_dict` (see above). Collective: blocks until every rank of the
 // group has written its pieces and rank 0 has committed, or an error; every

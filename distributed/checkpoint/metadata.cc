@@ -1,7 +1,9 @@
 #include "distributed/checkpoint/metadata.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -11,6 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "tensor/shape.h"
 #include "tensor/status_macros.h"
 
 namespace ember::distributed::checkpoint {
@@ -423,11 +428,109 @@ absl::StatusOr<Metadata> decode_metadata(absl::string_view json, absl::string_vi
   return md;
 }
 
+namespace {
+
+// The text of `path`; NotFound when it does not exist.
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, " does not exist"));
+    return absl::InternalError(absl::StrCat("cannot open ", path, ": ", std::strerror(err)));
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  if (in.bad()) return absl::InternalError(absl::StrCat("cannot read ", path));
+  return buf.str();
+}
+
+// Note [Collective-free saves] in checkpoint.h: the parts' union.
+absl::StatusOr<Metadata> MergeParts(const std::string& dir, Metadata first) {
+  const std::string part0 = absl::StrCat(dir, "/", kMetadataPartPrefix, 0, ".json");
+  const int world = first.world_size;
+  if (world < 1 || world > (1 << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(part0, " claims a world size of ", world));
+  }
+  Metadata merged = std::move(first);
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < merged.tensors.size(); ++i) index[merged.tensors[i].first] = i;
+  std::vector<int> missing;
+  for (int r = 1; r < world; ++r) {
+    const std::string path = absl::StrCat(dir, "/", kMetadataPartPrefix, r, ".json");
+    absl::StatusOr<std::string> text = ReadText(path);
+    if (absl::IsNotFound(text.status())) {
+      missing.push_back(r);
+      continue;
+    }
+    if (!text.ok()) return text.status();
+    EMBER_ASSIGN_OR_RETURN(Metadata part, decode_metadata(*text, path));
+    if (part.world_size != world) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, " was saved by a world of ", part.world_size, " ranks but ", part0, " by ", world,
+          "; the directory mixes two collective-free saves"));
+    }
+    for (auto& [key, tm] : part.tensors) {
+      auto it = index.find(key);
+      if (it == index.end()) {
+        index[key] = merged.tensors.size();
+        merged.tensors.emplace_back(key, std::move(tm));
+        continue;
+      }
+      TensorMetadata& have = merged.tensors[it->second].second;
+      if (have.dtype != tm.dtype || have.global_shape != tm.global_shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "collective-free checkpoint ", dir, ": \"", key, "\" is ",
+            std::string(dtype_name(have.dtype)), " ", ShapeToString(have.global_shape),
+            " in an earlier rank's part but ", std::string(dtype_name(tm.dtype)), " ",
+            ShapeToString(tm.global_shape), " in rank ", r, "'s"));
+      }
+      for (ChunkMetadata& ch : tm.chunks) {
+        const bool seen = std::any_of(have.chunks.begin(), have.chunks.end(), [&](const auto& c) {
+          return c.offsets == ch.offsets && c.sizes == ch.sizes;
+        });
+        if (!seen) have.chunks.push_back(std::move(ch));
+      }
+    }
+  }
+  if (!missing.empty()) {
+    std::vector<std::string> names;
+    for (int r : missing) names.push_back(absl::StrCat(r));
+    return absl::NotFoundError(absl::StrCat(
+        "collective-free checkpoint ", dir, " is incomplete: the parts of rank",
+        missing.size() > 1 ? "s " : " ", absl::StrJoin(names, ", "), " of ", world,
+        " are missing (their save is still running, failed, or the rank died)"));
+  }
+  return merged;
+}
+
+}  // namespace
+
 absl::StatusOr<Metadata> read_metadata(const std::string& checkpoint_dir) {
   const std::string path = absl::StrCat(checkpoint_dir, "/", kMetadataFileName);
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int err = errno;
+    const std::string part0 = absl::StrCat(checkpoint_dir, "/", kMetadataPartPrefix, 0, ".json");
+    if (err == ENOENT) {
+      absl::StatusOr<std::string> text = ReadText(part0);
+      if (text.ok()) {
+        EMBER_ASSIGN_OR_RETURN(Metadata first, decode_metadata(*text, part0));
+        return MergeParts(checkpoint_dir, std::move(first));
+      }
+      if (!absl::IsNotFound(text.status())) return text.status();
+      // Other ranks' parts without rank 0's: an incomplete collective-free save.
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator(checkpoint_dir, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind(kMetadataPartPrefix, 0) == 0 && absl::EndsWith(name, ".json")) {
+          return absl::NotFoundError(absl::StrCat(
+              "collective-free checkpoint ", checkpoint_dir,
+              " is incomplete: the part of rank 0 is missing (its save is still running, "
+              "failed, or the rank died)"));
+        }
+      }
+    }
     if (err == ENOENT) {
       return absl::NotFoundError(absl::StrCat(
           "no distributed checkpoint at ", checkpoint_dir, ": ", path,

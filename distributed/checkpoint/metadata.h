@@ -30,6 +30,9 @@ namespace ember::distributed::checkpoint {
 
 // The metadata file's name inside a checkpoint directory.
 inline constexpr char kMetadataFileName[] = "metadata.json";
+// A collective-free save's part of rank r: kMetadataPartPrefix + r + ".json"
+// (Note [Collective-free saves] in checkpoint.h).
+inline constexpr char kMetadataPartPrefix[] = "metadata.rank";
 // The "format" field and the version this code writes (and reads).
 inline constexpr char kFormatName[] = "ember-distributed-checkpoint";
 inline constexpr int kFormatVersion = 1;
@@ -66,7 +69,11 @@ std::string encode_metadata(const Metadata& metadata);
 // `source` and what is malformed (not JSON, a missing field, an unknown
 // dtype, a chunk outside its tensor, a newer version).
 absl::StatusOr<Metadata> decode_metadata(absl::string_view json, absl::string_view source);
-// Reads <checkpoint_dir>/metadata.json. NotFound when it is absent.
+// Reads <checkpoint_dir>/metadata.json, or, when the directory holds a
+// collective-free save instead, merges its ranks' parts (every part's tensors
+// in rank order, identical chunks once). NotFound when neither is there, or
+// when some rank's part is missing (naming the ranks); InvalidArgument for
+// parts that disagree on the world size or a key's dtype or shape.
 absl::StatusOr<Metadata> read_metadata(const std::string& checkpoint_dir);
 
 // The dtype whose dtype_name() is `name` ("float32", ...).
