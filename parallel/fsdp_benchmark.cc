@@ -1,6 +1,8 @@
 // FullyShardedDataParallel step beside DistributedDataParallel's on the same
 // model, 2 ranks as processes on this host over gloo (one thread each), in
-// one binary, so the figure is the ratio FSDP / DDP measured in the same run:
+// one binary, so the figure is the ratio FSDP / DDP measured in the same run;
+// and the *4Ranks rows: HYBRID_SHARD (2 shard groups of 2, replicated) beside
+// FULL_SHARD over all 4 ranks, same batch per rank:
 //
 //   bazel run -c opt //parallel:fsdp_benchmark
 //   bazel run -c opt //parallel:fsdp_benchmark -- --benchmark_filter=Mlp
@@ -34,9 +36,10 @@
 // parallel/torch_fsdp.py runs PyTorch's fully_shard (FSDP2) and DDP over gloo
 // on the same models and protocol.
 //
-// The process running the benchmarks is rank 0; it forks rank 1 before
-// anything else, which follows its lead: before each row rank 0 broadcasts
-// what to run and how many steps (untimed).
+// The process running the benchmarks is rank 0; it forks ranks 1-3 before
+// anything else, which follow its lead: before each row rank 0 broadcasts
+// what to run, on how many ranks and how many steps (untimed). The 2-rank
+// rows run on the group of ranks 0 and 1; ranks 2 and 3 wait for the next row.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,7 +72,9 @@ namespace {
 
 namespace dist = ::ember::distributed;
 
-constexpr int kWorld = 2;
+constexpr int kProcesses = 4;
+// Ranks 0 and 1: the group of the 2-rank rows (made at start-up).
+dist::Group pair_group;
 constexpr int kClasses = 10;
 
 // Live and peak bytes of tensor memory (tensor/allocator.h keeps no such
@@ -153,11 +158,13 @@ double MedianMs(std::vector<double> ms) {
   return ms.empty() ? 0 : ms[ms.size() / 2];
 }
 
-// Arguments of a row: model, and for FSDP the strategy and forward_prefetch.
+// Arguments of a row: model, and for FSDP the strategy and forward_prefetch;
+// the ranks it runs on (2: ranks 0 and 1; 4: all, HYBRID_SHARD as 2 x 2).
 struct Row {
   Model model = Model::kMlp;
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   bool forward_prefetch = true;
+  int64_t ranks = 2;
 };
 
 struct Result {
@@ -176,24 +183,28 @@ enum class Mode { kDdp, kFsdp, kComputeOnly };
 // DDP's step under no_sync (no communication).
 Result Train(const Row& row, Mode mode, int64_t steps) {
   const bool fsdp = mode == Mode::kFsdp;
-  dist::Group group = *dist::get_default_group();
+  Result result;
+  if (dist::get_rank() >= row.ranks) return result;  // not in this row
+  dist::Group group = row.ranks == kProcesses ? *dist::get_default_group() : pair_group;
   manual_seed(100 + group->rank());
   const Tensor x = Inputs(row.model);
   const Tensor y = randint(0, kClasses, {LocalBatch(row.model)});
   const size_t before = counting->live();
   counting->ResetPeak();
-  Result result;
   std::vector<double> ms;
   {
     auto model = Make(row.model);
     std::shared_ptr<nn::Module> wrapped;
     std::shared_ptr<FullyShardedDataParallel> sharded;
     if (fsdp) {
+      // HYBRID_SHARD makes its groups from the default group (all ranks).
+      const bool hybrid = is_hybrid_strategy(row.strategy);
       auto created = FullyShardedDataParallel::create(
-          model, {.process_group = group,
+          model, {.process_group = hybrid ? nullptr : group,
                   .sharding_strategy = row.strategy,
                   .units = Units(row.model, *model),
-                  .forward_prefetch = row.forward_prefetch});
+                  .forward_prefetch = row.forward_prefetch,
+                  .shard_group_size = hybrid ? 2 : 0});
       Check(created.status(), "FullyShardedDataParallel::create");
       sharded = *created;
       wrapped = sharded;
@@ -231,7 +242,8 @@ Result Train(const Row& row, Mode mode, int64_t steps) {
 // The collectives of one FULL_SHARD step of `model` alone, back to back:
 // per unit two all_gathers (forward and backward) and one reduce_scatter.
 double Collectives(Model model, int64_t steps) {
-  dist::Group group = *dist::get_default_group();
+  if (dist::get_rank() >= 2) return 0;
+  dist::Group group = pair_group;
   auto net = Make(model);
   auto created = FullyShardedDataParallel::create(
       net, {.process_group = group, .units = Units(model, *net)});
@@ -257,7 +269,7 @@ double Collectives(Model model, int64_t steps) {
     }
     for (size_t u = 0; u < shards.size(); ++u) {
       std::vector<Tensor> inputs;
-      for (int r = 0; r < kWorld; ++r) {
+      for (int r = 0; r < group->size(); ++r) {
         inputs.push_back(grads[u].narrow(0, r * shards[u].numel(), shards[u].numel()));
       }
       Tensor out = empty({shards[u].numel()});
@@ -270,22 +282,23 @@ double Collectives(Model model, int64_t steps) {
 }
 
 void Tell(Command command, int64_t steps, const Row& row) {
-  Tensor message = zeros({5}, TensorOptions().dtype(kInt64));
+  Tensor message = zeros({6}, TensorOptions().dtype(kInt64));
   int64_t* m = message.data_ptr<int64_t>();
   m[0] = command;
   m[1] = steps;
   m[2] = static_cast<int64_t>(row.model);
   m[3] = static_cast<int64_t>(row.strategy);
   m[4] = row.forward_prefetch ? 1 : 0;
+  m[5] = row.ranks;
   Check(dist::broadcast(message, 0), "broadcast command");
 }
 
 void Follow() {
   for (;;) {
-    Tensor message = zeros({5}, TensorOptions().dtype(kInt64));
+    Tensor message = zeros({6}, TensorOptions().dtype(kInt64));
     Check(dist::broadcast(message, 0), "receive command");
     const int64_t* m = message.data_ptr<int64_t>();
-    const Row row{static_cast<Model>(m[2]), static_cast<ShardingStrategy>(m[3]), m[4] != 0};
+    const Row row{static_cast<Model>(m[2]), static_cast<ShardingStrategy>(m[3]), m[4] != 0, m[5]};
     if (m[0] == kStop) return;
     if (m[0] == kDdpSteps) Train(row, Mode::kDdp, m[1]);
     if (m[0] == kFsdpSteps) Train(row, Mode::kFsdp, m[1]);
@@ -332,14 +345,14 @@ void ComputeRow(benchmark::State& state, Model model, int64_t steps) {
   state.counters["median_ms"] = r.median_ms;
 }
 
-void FsdpRow(benchmark::State& state, Model model, int64_t steps) {
-  const Row row{model, static_cast<ShardingStrategy>(state.range(0)), state.range(1) != 0};
+void FsdpRow(benchmark::State& state, Model model, int64_t steps, int64_t ranks = 2) {
+  const Row row{model, static_cast<ShardingStrategy>(state.range(0)), state.range(1) != 0, ranks};
   Result r;
   for (auto _ : state) {
     Tell(kFsdpSteps, steps, row);
     r = Train(row, Mode::kFsdp, steps);
   }
-  if (row.strategy == ShardingStrategy::kFullShard && row.forward_prefetch) {
+  if (row.strategy == ShardingStrategy::kFullShard && row.forward_prefetch && ranks == 2) {
     full_shard_ms = r.median_ms;
   }
   Report(state, r, true);
@@ -363,6 +376,7 @@ constexpr int64_t kResNetSteps = 15;
 void BM_MlpDdp(benchmark::State& state) { DdpRow(state, Model::kMlp, kMlpSteps); }
 void BM_MlpFsdp(benchmark::State& state) { FsdpRow(state, Model::kMlp, kMlpSteps); }
 void BM_MlpCompute(benchmark::State& state) { ComputeRow(state, Model::kMlp, kMlpSteps); }
+void BM_MlpFsdp4Ranks(benchmark::State& state) { FsdpRow(state, Model::kMlp, kMlpSteps, 4); }
 void BM_MlpCollectives(benchmark::State& state) {
   CollectivesRow(state, Model::kMlp, kMlpSteps);
 }
@@ -397,6 +411,14 @@ BENCHMARK(BM_MlpDdp)->Name("BM_MlpDdp/warmup")->Iterations(1)->Unit(benchmark::k
 EMBER_FSDP_ROWS(Mlp);
 BENCHMARK(BM_MlpDdp)->Name("BM_MlpDdp/again")->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 EMBER_FSDP_ROWS(ResNet);
+// 4 ranks: FULL_SHARD over all 4, HYBRID_SHARD as 2 shard groups of 2
+// (strategy 3), each with forward_prefetch.
+BENCHMARK(BM_MlpFsdp4Ranks)
+    ->Args({0, 1})
+    ->Args({3, 1})
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_ResNetDdp)
     ->Name("BM_ResNetDdp/again")
     ->Iterations(1)
@@ -412,8 +434,17 @@ int main(int argc, char** argv) {
   const char* dir = mkdtemp(dir_template);
   if (dir == nullptr) return 1;
   const std::string init = ::absl::StrCat("file://", dir, "/store");
-  const pid_t child = fork();
-  const int rank = child == 0 ? 1 : 0;
+  int rank = 0;
+  std::vector<pid_t> children;
+  for (int r = 1; r < ember::parallel::kProcesses; ++r) {
+    const pid_t child = fork();
+    if (child == 0) {
+      rank = r;
+      children.clear();
+      break;
+    }
+    children.push_back(child);
+  }
   ember::set_num_threads(1);
   ember::parallel::counting = new ember::parallel::CountingAllocator(ember::GetCpuAllocator());
   ember::SetAllocator(ember::DeviceType::kCPU, ember::parallel::counting);
@@ -421,10 +452,13 @@ int main(int argc, char** argv) {
   ember::parallel::Check(
       dist::init_process_group({.backend = backend != nullptr ? backend : "gloo",
                                 .init_method = init,
-                                .world_size = ember::parallel::kWorld,
+                                .world_size = ember::parallel::kProcesses,
                                 .rank = rank}),
       "init_process_group");
-  if (rank == 1) {
+  absl::StatusOr<dist::Group> pair = dist::new_group({0, 1});
+  ember::parallel::Check(pair.status(), "new_group({0, 1})");
+  ember::parallel::pair_group = *pair;
+  if (rank != 0) {
     ember::parallel::Follow();
     ember::parallel::Check(dist::destroy_process_group(), "destroy_process_group");
     _exit(0);
@@ -433,9 +467,13 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   ember::parallel::Tell(ember::parallel::kStop, 0, {});
   ember::parallel::Check(dist::destroy_process_group(), "destroy_process_group");
-  int status = 0;
-  waitpid(child, &status, 0);
+  int failed = 0;
+  for (pid_t child : children) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+  }
   rmdir(dir);  // the store's file is gone with the group; its directory is left
   benchmark::Shutdown();
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  return failed;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <unordered_map>
@@ -20,6 +21,7 @@
 #include "tensor/shape.h"
 #include "tensor/status_macros.h"
 #include "tensor/storage.h"
+#include "tensor/stream.h"
 
 namespace ember::parallel {
 
@@ -31,8 +33,17 @@ const char* sharding_strategy_name(ShardingStrategy strategy) {
       return "SHARD_GRAD_OP";
     case ShardingStrategy::kNoShard:
       return "NO_SHARD";
+    case ShardingStrategy::kHybridShard:
+      return "HYBRID_SHARD";
+    case ShardingStrategy::kHybridShardZero2:
+      return "_HYBRID_SHARD_ZERO2";
   }
   return "?";
+}
+
+bool is_hybrid_strategy(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::kHybridShard ||
+         strategy == ShardingStrategy::kHybridShardZero2;
 }
 
 // One unit's state (Note [Flat parameters], Note [FSDP iteration]).
@@ -61,6 +72,8 @@ struct FullyShardedDataParallel::Unit {
   bool reduced = false;  // this iteration's reduction was issued
   Tensor reduce_input, reduce_output;
   std::shared_ptr<distributed::Work> reduce_work;
+  // Hybrid strategies: the all_reduce of reduce_output over the replicate group.
+  std::shared_ptr<distributed::Work> replicate_work;
 
   bool empty() const { return params.empty(); }
 };
@@ -108,12 +121,192 @@ bool IsFloating(Dtype d) {
   return d == kFloat32 || d == kFloat64 || d == kFloat16 || d == kBFloat16;
 }
 
+// torch's gradient pre-divide factor for `world` data-parallel ranks: the
+// smallest power of two f with world % f != 0 or world / f <= f (4 ranks: 2;
+// 6 ranks: 4); the post-divide factor is world / f.
+double PredivideFactor(int world) {
+  int factor = 1;
+  while (world % factor == 0 && world / factor > factor) factor *= 2;
+  return factor;
+}
+
+constexpr const char* kWho = "FullyShardedDataParallel: ";
+
+// The size of a shard group made from the default group (Note [Hybrid
+// sharding]): shard_group_size, device_mesh_shape[1] or LOCAL_WORLD_SIZE.
+absl::StatusOr<int> ShardGroupSize(const FullyShardOptions& options, int world) {
+  int size = 0;
+  std::string from;
+  if (!options.device_mesh_shape.empty()) {
+    const std::vector<int>& mesh = options.device_mesh_shape;
+    if (mesh.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kWho, "device_mesh_shape must be 2-D {replicas, shards} for ",
+          sharding_strategy_name(options.sharding_strategy), ", got ", mesh.size(),
+          " dimensions [", absl::StrJoin(mesh, ", "), "]"));
+    }
+    if (mesh[0] <= 0 || mesh[1] <= 0 || mesh[0] * mesh[1] != world) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kWho, "device_mesh_shape [", mesh[0], ", ", mesh[1], "] holds ", mesh[0] * mesh[1],
+          " ranks but the world size is ", world,
+          "; give {replicas, shards} with replicas * shards == world size"));
+    }
+    size = mesh[1];
+    from = "device_mesh_shape[1]";
+  }
+  if (options.shard_group_size != 0) {
+    if (size != 0 && options.shard_group_size != size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kWho, "shard_group_size ", options.shard_group_size,
+          " disagrees with device_mesh_shape [", options.device_mesh_shape[0], ", ",
+          options.device_mesh_shape[1], "]; give one of them"));
+    }
+    size = options.shard_group_size;
+    from = "shard_group_size";
+  }
+  if (size == 0) {
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    if (local == nullptr || *local == '\0') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kWho, sharding_strategy_name(options.sharding_strategy),
+          " needs its two groups: pass options.hybrid_process_groups, shard_group_size or "
+          "device_mesh_shape, or run under the launcher (which sets LOCAL_WORLD_SIZE)"));
+    }
+    char* end = nullptr;
+    const long parsed = std::strtol(local, &end, 10);
+    if (*end != '\0' || parsed <= 0 || parsed > world) {
+      return absl::InvalidArgumentError(absl::StrCat(kWho, "LOCAL_WORLD_SIZE='", local,
+                                                     "' is not a rank count in 1..", world));
+    }
+    size = static_cast<int>(parsed);
+    from = "LOCAL_WORLD_SIZE";
+  }
+  if (size <= 0 || world % size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWho, "the world size ", world, " is not divisible by the shard group size ", size,
+        " (", from, "); ", sharding_strategy_name(options.sharding_strategy),
+        " needs world size = shard group size x replicas"));
+  }
+  return size;
+}
+
+// Checks the 2-D layout of `shard` x `replicate` (collective over both
+// groups): every member of a replicate group holds the same position in its
+// shard group, every member of a shard group the same position in its
+// replicate group, and together they cover the world.
+absl::Status CheckHybridLayout(distributed::ProcessGroup& shard,
+                               distributed::ProcessGroup& replicate, Device device) {
+  if (shard.rank() < 0 || replicate.rank() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWho, "this process is not a member of its ", shard.rank() < 0 ? "shard" : "replicate",
+        " group (rank -1 in it); pass the groups that contain this rank"));
+  }
+  if (distributed::is_initialized()) {
+    const int world = distributed::get_world_size();
+    if (shard.size() * replicate.size() != world) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kWho, "the shard group (", shard.size(), " ranks) times the replicate group (",
+          replicate.size(), " ranks) is ", shard.size() * replicate.size(),
+          " ranks, but the world size is ", world,
+          "; the groups must cover the world once (world size = shards x replicas)"));
+    }
+  }
+  auto positions = [&](distributed::ProcessGroup& over, int mine,
+                       std::vector<int64_t>& out) -> absl::Status {
+    Tensor all = empty({over.size()}, TensorOptions().dtype(kInt64).device(device));
+    Tensor me = full({1}, mine, TensorOptions().dtype(kInt64).device(device));
+    EMBER_RETURN_IF_ERROR(WaitFor(over.allgather_into_tensor(all, me)));
+    Tensor host = all.cpu();
+    out.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + over.size());
+    return absl::OkStatus();
+  };
+  std::vector<int64_t> shard_ranks, replicate_ranks;
+  EMBER_RETURN_IF_ERROR(positions(replicate, shard.rank(), shard_ranks));
+  EMBER_RETURN_IF_ERROR(positions(shard, replicate.rank(), replicate_ranks));
+  const bool shard_ok = std::all_of(shard_ranks.begin(), shard_ranks.end(),
+                                    [&](int64_t r) { return r == shard_ranks.front(); });
+  const bool replicate_ok = std::all_of(replicate_ranks.begin(), replicate_ranks.end(),
+                                        [&](int64_t r) { return r == replicate_ranks.front(); });
+  if (!shard_ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWho, "the members of this rank's replicate group hold shard group ranks [",
+        absl::StrJoin(shard_ranks, ", "),
+        "]; every member of a replicate group must hold the same shard (the same rank in "
+        "its shard group), as in a 2-D layout"));
+  }
+  if (!replicate_ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWho, "the members of this rank's shard group hold replicate group ranks [",
+        absl::StrJoin(replicate_ranks, ", "),
+        "]; every member of a shard group must hold the same rank in its replicate group, as "
+        "in a 2-D layout"));
+  }
+  return absl::OkStatus();
+}
+
+// This rank's (shard, replicate) groups for a hybrid strategy: the given
+// ones, or new groups over the default group (Note [Hybrid sharding]).
+absl::StatusOr<HybridShardGroups> MakeHybridGroups(const FullyShardOptions& options) {
+  const HybridShardGroups& given = options.hybrid_process_groups;
+  if (options.process_group != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWho, sharding_strategy_name(options.sharding_strategy),
+        " shards within one group and replicates across another: pass both as "
+        "options.hybrid_process_groups {shard, replicate} (torch's process_group=(intra_node, "
+        "inter_node)), not options.process_group"));
+  }
+  if ((given.shard == nullptr) != (given.replicate == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWho, "hybrid_process_groups has a ", given.shard == nullptr ? "replicate" : "shard",
+        " group but no ", given.shard == nullptr ? "shard" : "replicate",
+        " group; pass both, or neither to make them from the default group"));
+  }
+  if (given.shard != nullptr) {
+    if (!options.device_mesh_shape.empty() || options.shard_group_size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kWho, "pass either hybrid_process_groups or a layout (shard_group_size, "
+                "device_mesh_shape), not both"));
+    }
+    return given;
+  }
+  absl::StatusOr<distributed::Group> world_group = distributed::get_default_group();
+  if (!world_group.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kWho, "making the ", sharding_strategy_name(options.sharding_strategy),
+        " groups needs the default group (new_group); call init_process_group first or pass "
+        "options.hybrid_process_groups (",
+        world_group.status().message(), ")"));
+  }
+  const int world = (*world_group)->size();
+  const int rank = (*world_group)->rank();
+  EMBER_ASSIGN_OR_RETURN(const int shards, ShardGroupSize(options, world));
+  const int replicas = world / shards;
+  HybridShardGroups made;
+  // Collective: every rank makes every group, in this order.
+  for (int block = 0; block < replicas; ++block) {
+    std::vector<int> ranks;
+    for (int i = 0; i < shards; ++i) ranks.push_back(block * shards + i);
+    EMBER_ASSIGN_OR_RETURN(distributed::Group group, distributed::new_group(ranks));
+    if (rank / shards == block) made.shard = group;
+  }
+  for (int position = 0; position < shards; ++position) {
+    std::vector<int> ranks;
+    for (int block = 0; block < replicas; ++block) ranks.push_back(block * shards + position);
+    EMBER_ASSIGN_OR_RETURN(distributed::Group group, distributed::new_group(ranks));
+    if (rank % shards == position) made.replicate = group;
+  }
+  return made;
+}
+
 }  // namespace
 
 FullyShardedDataParallel::FullyShardedDataParallel(
     std::shared_ptr<nn::Module> module, std::shared_ptr<distributed::ProcessGroup> group,
-    FullyShardOptions options)
-    : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {}
+    std::shared_ptr<distributed::ProcessGroup> replicate, FullyShardOptions options)
+    : module_(std::move(module)),
+      group_(std::move(group)),
+      replicate_(std::move(replicate)),
+      options_(std::move(options)) {}
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (nn::HookHandle& handle : hook_handles_) handle.remove();
@@ -121,12 +314,12 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (auto& unit : units_) {
     if (unit->gather_work != nullptr) (void)unit->gather_work->wait();
     if (unit->reduce_work != nullptr) (void)unit->reduce_work->wait();
+    if (unit->replicate_work != nullptr) (void)unit->replicate_work->wait();
   }
 }
 
 absl::StatusOr<std::shared_ptr<FullyShardedDataParallel>> FullyShardedDataParallel::create(
     std::shared_ptr<nn::Module> module, FullyShardOptions options) {
-  constexpr const char* kWho = "FullyShardedDataParallel: ";
   if (module == nullptr) return absl::InvalidArgumentError(absl::StrCat(kWho, "the module is null"));
   if (options.min_num_params < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -142,8 +335,27 @@ absl::StatusOr<std::shared_ptr<FullyShardedDataParallel>> FullyShardedDataParall
                        std::string(dtype_name(*d))));
     }
   }
+  const bool hybrid = is_hybrid_strategy(options.sharding_strategy);
+  if (!hybrid && (options.hybrid_process_groups.shard != nullptr ||
+                  options.hybrid_process_groups.replicate != nullptr ||
+                  options.shard_group_size != 0 || !options.device_mesh_shape.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWho, "hybrid_process_groups, shard_group_size and device_mesh_shape are for "
+              "HYBRID_SHARD and _HYBRID_SHARD_ZERO2, but the strategy is ",
+        sharding_strategy_name(options.sharding_strategy)));
+  }
+  if (options.shard_group_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWho, "shard_group_size must be > 0 (0: from device_mesh_shape or LOCAL_WORLD_SIZE), got ",
+        options.shard_group_size));
+  }
   std::shared_ptr<distributed::ProcessGroup> group = options.process_group;
-  if (group == nullptr) {
+  std::shared_ptr<distributed::ProcessGroup> replicate;
+  if (hybrid) {
+    EMBER_ASSIGN_OR_RETURN(HybridShardGroups groups, MakeHybridGroups(options));
+    group = std::move(groups.shard);
+    replicate = std::move(groups.replicate);
+  } else if (group == nullptr) {
     absl::StatusOr<distributed::Group> found = distributed::get_default_group();
     if (!found.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -236,11 +448,16 @@ absl::StatusOr<std::shared_ptr<FullyShardedDataParallel>> FullyShardedDataParall
     }
   }
 
+  if (hybrid) EMBER_RETURN_IF_ERROR(CheckHybridLayout(*group, *replicate, device));
+
   if (options.sync_module_states) {
     std::vector<Tensor> state;
     for (const auto& [name, p] : params) state.push_back(p);
     for (const Tensor& b : module->buffers()) state.push_back(b);
-    absl::Status synced = BroadcastFromRank0(*group, state);
+    // Hybrid: across the replicate group first, so that each shard group's
+    // rank 0 holds the world's rank 0 values before its own broadcast (torch's order).
+    absl::Status synced = hybrid ? BroadcastFromRank0(*replicate, state) : absl::OkStatus();
+    if (synced.ok()) synced = BroadcastFromRank0(*group, state);
     if (!synced.ok()) {
       return absl::Status(synced.code(), absl::StrCat(kWho, "broadcasting rank 0's parameters "
                                                             "and buffers failed: ",
@@ -248,7 +465,7 @@ absl::StatusOr<std::shared_ptr<FullyShardedDataParallel>> FullyShardedDataParall
     }
   }
   std::shared_ptr<FullyShardedDataParallel> fsdp(
-      new FullyShardedDataParallel(std::move(module), group, std::move(options)));
+      new FullyShardedDataParallel(std::move(module), group, replicate, std::move(options)));
   EMBER_RETURN_IF_ERROR(fsdp->Build(unit_modules, unit_names));
   return fsdp;
 }
@@ -260,6 +477,13 @@ absl::Status FullyShardedDataParallel::Build(
   const int rank = group_->rank();
   const bool sharded = options_.sharding_strategy != ShardingStrategy::kNoShard;
   device_ = module_->parameters().front().device();  // create() checked: one device
+  // Note [CPU offload]: on the CPU the shards are where offloading would put them.
+  offload_ = options_.cpu_offload.offload_params && !device_.is_cpu();
+  if (replicate_ != nullptr) {
+    const int data_parallel = world * replicate_->size();
+    predivide_ = PredivideFactor(data_parallel);
+    postdivide_ = data_parallel / predivide_;
+  }
   for (size_t u = 0; u < unit_modules.size(); ++u) {
     auto unit = std::make_unique<Unit>();
     unit->index = u;
@@ -309,6 +533,7 @@ absl::Status FullyShardedDataParallel::Build(
     }
     Tensor flat = sharded ? full.narrow(0, rank * unit.shard_numel, unit.shard_numel).clone()
                           : full;
+    if (offload_) flat = flat.cpu().pin_memory();  // Note [CPU offload]
     unit.flat = register_parameter(absl::StrCat("flat_param_", unit.index), flat);
     FlatParamInfo info;
     info.module_name = unit.name;
@@ -337,7 +562,7 @@ absl::Status FullyShardedDataParallel::Build(
     Unit& unit = *unit_ptr;
     if (unit.empty() && unit.param_names.empty()) continue;
     for (const std::string& name : unit.param_names) unit.params.push_back(by_name.at(name));
-    if (sharded || converted) {
+    if (sharded || converted || offload_) {
       for (const Tensor& p : unit.params) PointAtNothing(p);
       unit.state = Unit::State::kSharded;
     } else {
@@ -405,10 +630,44 @@ void FullyShardedDataParallel::Fail(const std::string& what, const absl::Status&
   EMBER_FAIL(failure_.message(), " [", absl::StatusCodeToString(failure_.code()), "]");
 }
 
+bool FullyShardedDataParallel::ReshardsAfterForward() const {
+  return options_.sharding_strategy == ShardingStrategy::kFullShard ||
+         options_.sharding_strategy == ShardingStrategy::kHybridShard;
+}
+
+bool FullyShardedDataParallel::FreesUnsharded() const {
+  return options_.sharding_strategy != ShardingStrategy::kNoShard ||
+         options_.mixed_precision.param_dtype.has_value() || offload_;
+}
+
+// Note [CPU offload]: the pinned host shard is copied on a side stream of the
+// compute device; the current stream (where the all_gather and the compute
+// are queued) waits for the copy, and the copy's memory is kept from reuse
+// until the current stream's work so far is done.
+Tensor FullyShardedDataParallel::ToComputeDevice(const Tensor& host) const {
+  absl::StatusOr<Stream> side = get_stream_from_pool(device_);
+  if (!side.ok() || side->device() != device_) return host.to(device_);
+  const Stream main = current_stream(device_);
+  if (*side == main) return host.to(device_, /*non_blocking=*/true);
+  Tensor out;
+  {
+    StreamGuard guard(*side);
+    out = host.to(device_, /*non_blocking=*/true);
+  }
+  Event copied(device_.type());
+  absl::Status status = copied.record(*side);
+  if (status.ok()) status = copied.block(main);
+  EMBER_CHECK(status.ok(), "FullyShardedDataParallel: ordering the copy of an offloaded shard to ",
+              device_.str(), " before the current stream failed: ", status.ToString());
+  out.record_stream(main);
+  return out;
+}
+
 void FullyShardedDataParallel::Unshard(Unit& unit) {
   if (unit.empty() || unit.state != Unit::State::kSharded) return;
   const Dtype compute = ComputeDtype();
   Tensor shard = unit.flat.detach();
+  if (offload_) shard = ToComputeDevice(shard);
   if (shard.dtype() != compute) shard = shard.to(compute);
   if (options_.sharding_strategy == ShardingStrategy::kNoShard) {
     // Only with mixed precision: the low-precision copy.
@@ -471,7 +730,9 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
     end_of_backward_.Done();
     for (auto& unit : units_) {
       if (unit->reduce_work != nullptr) (void)unit->reduce_work->wait();
+      if (unit->replicate_work != nullptr) (void)unit->replicate_work->wait();
       unit->reduce_work.reset();
+      unit->replicate_work.reset();
       Reshard(*unit);
     }
   }
@@ -551,7 +812,7 @@ void FullyShardedDataParallel::OnUnitForwardEnd(size_t index, const Tensor& outp
     Reshard(unit);
     return;
   }
-  if (options_.sharding_strategy == ShardingStrategy::kFullShard) {
+  if (ReshardsAfterForward()) {
     if (kept_gathered_.has_value() && *kept_gathered_ != index) {
       Reshard(*units_[*kept_gathered_]);
     }
@@ -597,10 +858,7 @@ void FullyShardedDataParallel::OnGradReady(size_t unit_index, size_t param) {
   unit.ready[param] = true;
   if (--unit.pending != 0) return;
   if (sync_gradients_) ReduceGradients(unit);
-  if (options_.sharding_strategy != ShardingStrategy::kNoShard ||
-      options_.mixed_precision.param_dtype.has_value()) {
-    Reshard(unit);
-  }
+  if (FreesUnsharded()) Reshard(unit);
 }
 
 void FullyShardedDataParallel::ReduceGradients(Unit& unit) {
@@ -623,8 +881,13 @@ void FullyShardedDataParallel::ReduceGradients(Unit& unit) {
     flat_grad.narrow(0, unit.numel, unit.padded_numel - unit.numel).zero_();
   }
   // Divided by the world size, then summed, as the DDP reducer (Note
-  // [Gradient buckets]): every backend has SUM.
-  flat_grad.div_(group_->size());
+  // [Gradient buckets]): every backend has SUM. Hybrid: torch's pre-divide
+  // factor here, the rest after the replicate all_reduce (Note [Hybrid sharding]).
+  if (replicate_ != nullptr) {
+    if (predivide_ > 1) flat_grad.div_(predivide_);
+  } else {
+    flat_grad.div_(group_->size());
+  }
   absl::StatusOr<std::shared_ptr<distributed::Work>> work;
   distributed::OpType op;
   if (options_.sharding_strategy == ShardingStrategy::kNoShard) {
@@ -649,8 +912,7 @@ void FullyShardedDataParallel::FinishBackward() {
   end_of_backward_.Done();
   if (!in_iteration_) return;
   const absl::Time graph_done = absl::Now();
-  const bool free_after = options_.sharding_strategy != ShardingStrategy::kNoShard ||
-                          options_.mixed_precision.param_dtype.has_value();
+  const bool free_after = FreesUnsharded();
   if (sync_gradients_) {
     // Units whose parameters got no gradient on this rank: zeros, so that
     // every rank issues the same collectives.
@@ -669,15 +931,48 @@ void FullyShardedDataParallel::FinishBackward() {
                                                                    : "reduce_scatter",
           " of unit ", unit->index, " ('", unit->name, "')");
     }
+    if (replicate_ != nullptr && failed.ok()) {
+      // Note [Hybrid sharding]: the reduced shard, summed over its replicas;
+      // issued in unit order, the same on every rank.
+      absl::StatusOr<std::shared_ptr<distributed::Work>> work =
+          replicate_->allreduce(unit->reduce_output, {.op = distributed::ReduceOp::kSum});
+      unit->replicate_work =
+          work.ok() ? *std::move(work)
+                    : distributed::Work::Completed(distributed::OpType::kAllReduce, work.status());
+    }
+  }
+  for (auto& unit : units_) {
+    if (unit->replicate_work == nullptr) continue;
+    absl::Status status = unit->replicate_work->wait();
+    unit->replicate_work.reset();
+    if (!status.ok() && failed.ok()) {
+      failed = status;
+      failed_what = absl::StrCat("the gradient all_reduce over the replicate group of unit ",
+                                 unit->index, " ('", unit->name, "')");
+    }
+    if (postdivide_ > 1) unit->reduce_output.div_(postdivide_);
   }
   stats_.reduce_wait_time += absl::Now() - graph_done;
   if (!failed.ok()) Fail(failed_what, failed);
+  std::vector<Tensor> reduced_grads(units_.size());
+  for (auto& unit : units_) {
+    if (unit->reduce_work == nullptr) continue;
+    Tensor reduced = unit->reduce_output;
+    if (reduced.dtype() != unit->flat.dtype()) reduced = reduced.to(unit->flat.dtype());
+    // Note [CPU offload]: into pinned host memory without waiting; one
+    // synchronisation below covers every unit's copy.
+    if (offload_) reduced = reduced.to(kCPU, /*non_blocking=*/true);
+    reduced_grads[unit->index] = reduced;
+  }
+  if (offload_) {
+    const absl::Status copied = synchronize(current_stream(device_));
+    if (!copied.ok()) Fail("copying the reduced gradients to the CPU", copied);
+  }
   for (auto& unit : units_) {
     if (free_after) Reshard(*unit);
     if (unit->reduce_work == nullptr) continue;
     unit->reduce_work.reset();
-    Tensor reduced = unit->reduce_output;
-    if (reduced.dtype() != unit->flat.dtype()) reduced = reduced.to(unit->flat.dtype());
+    const Tensor& reduced = reduced_grads[unit->index];
     const Tensor grad = unit->flat.grad();
     if (grad.defined()) {
       grad.add_(reduced);
@@ -739,11 +1034,15 @@ absl::StatusOr<ember::StateDict> FullyShardedDataParallel::full_state_dict() {
   std::unordered_map<std::string, Tensor> values;
   for (const auto& unit : units_) {
     if (unit->empty()) continue;
-    Tensor whole = unit->flat.detach();
+    // On the compute device (Note [CPU offload]), as torch's FULL_STATE_DICT
+    // without offload_to_cpu.
+    Tensor local = unit->flat.detach();
+    if (offload_) local = local.to(device_);
+    Tensor whole = local;
     if (options_.sharding_strategy != ShardingStrategy::kNoShard) {
       whole = empty({unit->padded_numel},
                     TensorOptions().dtype(unit->flat.dtype()).device(device_));
-      absl::Status status = WaitFor(group_->allgather_into_tensor(whole, unit->flat.detach()));
+      absl::Status status = WaitFor(group_->allgather_into_tensor(whole, local));
       if (!status.ok()) {
         return absl::Status(status.code(),
                             absl::StrCat("FullyShardedDataParallel::full_state_dict: the "

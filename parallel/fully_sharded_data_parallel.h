@@ -93,7 +93,59 @@
 // parameters after its forward and gathers them again for its backward;
 // SHARD_GRAD_OP keeps them from forward to the end of the unit's backward;
 // NO_SHARD keeps every parameter whole on every rank and all-reduces
-// gradients, as DDP.
+// gradients, as DDP. HYBRID_SHARD and _HYBRID_SHARD_ZERO2 are FULL_SHARD and
+// SHARD_GRAD_OP within a shard group, whose shards are replicated across a
+// replicate group (Note [Hybrid sharding]).
+//
+// Note [Hybrid sharding]
+// The world is a 2-D layout: R replicate groups' worth of shard groups of S
+// ranks each (S x R = world size). Each unit is sharded over this rank's
+// shard group exactly as FULL_SHARD shards it over a group of S (shard sizes
+// ceil(numel / S)); the members of a replicate group hold the same shard.
+// The groups are given (hybrid_process_groups: torch's process_group=(intra,
+// inter), any 2-D layout), or create() makes them over the default group
+// with new_group: shard groups of S consecutive ranks {0..S-1}, {S..2S-1},
+// ..., then replicate groups {i, i+S, i+2S, ...}, all shard groups first,
+// each in ascending order (torch's order). new_group is collective over the
+// whole job, so every rank of the job must call create() with a hybrid
+// strategy, with the same layout, at the same point (each call makes S + R
+// new groups; with given groups, every rank must have made them in the same
+// order too). S comes from shard_group_size, else device_mesh_shape {R, S},
+// else LOCAL_WORLD_SIZE (one node's processes, as torch's default of one
+// node's devices; torch counts devices, which on the CPU gives S = 1); with
+// none of them create() refuses rather than guess. create() checks the
+// layout (collective over both groups): S x R equals the world size (when a
+// default group exists), and every member of a replicate group has the same
+// rank in its shard group, and vice versa.
+// Gradients: divided by torch's pre-divide factor f of the S x R world (the
+// smallest power of two with (S x R) % f != 0 or (S x R) / f <= f),
+// reduce-scattered over the shard group, all-reduced (SUM) over the replicate
+// group, divided by (S x R) / f: torch's placement, so that rounding matches
+// (the other strategies divide by the world size once, before the reduction).
+// The all_reduces are issued in unit order once the backward graph is done,
+// each after its unit's reduce_scatter completed. clip_grad_norm_ sums over
+// the shard group only (replicas hold the same shards); full_state_dict
+// gathers within the shard group. sync_module_states broadcasts over the
+// whole world: from the replicate group's rank 0, then from the shard
+// group's rank 0 (torch's order), so every rank ends with world rank 0's
+// values when rank 0 is in the first shard group.
+//
+// Note [CPU offload]
+// cpu_offload.offload_params (torch's CPUOffload(offload_params=True)) on a
+// module on a GPU: each flat parameter shard is moved to pinned host memory
+// after sharding, so parameters() are CPU tensors and the optimizer steps
+// them (and keeps its state) on the CPU. Each unshard copies the shard to
+// the compute device on a side stream (the current stream waits for it by
+// an event) before casting and all-gathering it there; gradients are reduced
+// on the device, copied without waiting into pinned host memory, and one
+// synchronisation of the current stream at the end of backward precedes
+// adding them to the CPU flat gradients. full_state_dict() gathers on the
+// compute device and returns its values there. With a module on the CPU the
+// shards are already where offloading would put them: the option is
+// accepted and changes nothing (no pinning). torch 2.15 on a machine
+// without a CUDA driver fails there at the first forward, when it pins the
+// shard ("Found no NVIDIA driver on your system..."); where it can pin, its
+// placement is the same as this.
 //
 // no_sync(): a forward inside it (decided at forward time, as torch) leaves
 // the unsharded gradients accumulating in the module's parameters (full
@@ -110,8 +162,14 @@
 // Errors: create() returns absl::Status (kInvalidArgument for a null module,
 // a unit that is not a submodule of it, a parameter that does not require
 // grad, one that does not own its storage, min_num_params < 0 or a
-// non-floating mixed-precision dtype; kFailedPrecondition without a process
-// group; the group's errors for the initial broadcast). forward() and
+// non-floating mixed-precision dtype; for the hybrid strategies, a world size
+// not divisible by the shard group size, a device_mesh_shape that is not 2-D
+// or does not hold the world, groups that do not cover the world or whose
+// ranks do not form a 2-D layout, options.process_group instead of
+// hybrid_process_groups, only one of the two groups, or no layout at all;
+// hybrid options with another strategy; kFailedPrecondition without a
+// process group, or without a default group for hybrid groups to be made
+// from; the group's errors for the initial broadcast and the layout check). forward() and
 // backward() throw ember::Error: a failed or timed-out collective (the
 // process group's message, naming the unit); after one, every later
 // iteration is refused, since the ranks no longer agree on the sequence.
@@ -138,10 +196,32 @@
 
 namespace ember::parallel {
 
-// torch.distributed.fsdp.ShardingStrategy.
-enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard };
-// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD".
+// torch.distributed.fsdp.ShardingStrategy. kHybridShard and
+// kHybridShardZero2 are torch's HYBRID_SHARD and _HYBRID_SHARD_ZERO2: FULL_SHARD
+// and SHARD_GRAD_OP within a shard group, replicated across a replicate group
+// (Note [Hybrid sharding]).
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, kHybridShardZero2 };
+// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2".
 const char* sharding_strategy_name(ShardingStrategy strategy);
+// kHybridShard or kHybridShardZero2.
+bool is_hybrid_strategy(ShardingStrategy strategy);
+
+// torch.distributed.fsdp.CPUOffload (Note [CPU offload]).
+struct CPUOffload {
+  // The flat parameter shards and their gradients live in (pinned) host
+  // memory and the optimizer steps them there; each unshard copies the shard
+  // to the compute device. A no-op in placement for a module on the CPU.
+  bool offload_params = false;
+};
+
+// torch's process_group=(intra_node_group, inter_node_group) for the hybrid
+// strategies: this rank's two groups. Both or neither.
+struct HybridShardGroups {
+  // The ranks that shard each unit among themselves (torch's intra-node group).
+  std::shared_ptr<distributed::ProcessGroup> shard;
+  // The ranks that hold the same shard (torch's inter-node group).
+  std::shared_ptr<distributed::ProcessGroup> replicate;
+};
 
 // torch.distributed.fsdp.MixedPrecision (param_dtype, reduce_dtype).
 struct MixedPrecision {
@@ -152,7 +232,8 @@ struct MixedPrecision {
 };
 
 struct FullyShardOptions {
-  // The group to shard over; null: the default group.
+  // The group to shard over; null: the default group. Must be null for the
+  // hybrid strategies, which take hybrid_process_groups.
   std::shared_ptr<distributed::ProcessGroup> process_group;
   ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
   // Submodules that become units (torch's ModuleWrapPolicy, by instance).
@@ -167,8 +248,22 @@ struct FullyShardOptions {
   // BackwardPrefetch.BACKWARD_PRE: issue the next unit's all_gather before
   // the current unit's backward computes (torch's default).
   bool backward_prefetch = true;
-  // Broadcast rank 0's parameters and buffers before sharding.
+  // Broadcast rank 0's parameters and buffers before sharding (the hybrid
+  // strategies: over the whole world, through the replicate group and then
+  // the shard group, as torch).
   bool sync_module_states = true;
+  CPUOffload cpu_offload;
+  // The hybrid strategies (Note [Hybrid sharding]): the two groups, or, when
+  // both are null, groups that create() makes from the default group: shard
+  // groups of shard_group_size consecutive ranks, taken from, in order,
+  // shard_group_size (> 0), device_mesh_shape[1], or the LOCAL_WORLD_SIZE
+  // environment variable that the launcher sets (torch's default: one node's
+  // devices).
+  HybridShardGroups hybrid_process_groups;
+  int shard_group_size = 0;
+  // torch's 2-D device_mesh, by shape only: {replicas, shards}, whose product
+  // is the world size (dim 0 replicates, dim 1 shards, as torch).
+  std::vector<int> device_mesh_shape;
 };
 
 // One unit's flat parameter: what a checkpoint or a test needs to map this
@@ -208,7 +303,11 @@ class FullyShardedDataParallel : public nn::Module {
   std::string name() const override { return "FullyShardedDataParallel"; }
 
   const std::shared_ptr<nn::Module>& module() const { return module_; }
+  // The group each unit is sharded over (the hybrid strategies: the shard
+  // group, as torch's FSDP.process_group).
   const std::shared_ptr<distributed::ProcessGroup>& process_group() const { return group_; }
+  // The hybrid strategies: the group holding this rank's shard; else null.
+  const std::shared_ptr<distributed::ProcessGroup>& replicate_group() const { return replicate_; }
   ShardingStrategy sharding_strategy() const { return options_.sharding_strategy; }
 
   // torch's no_sync(): while the guard lives, forward() does not arm the
@@ -259,6 +358,7 @@ class FullyShardedDataParallel : public nn::Module {
   struct Unit;
   FullyShardedDataParallel(std::shared_ptr<nn::Module> module,
                            std::shared_ptr<distributed::ProcessGroup> group,
+                           std::shared_ptr<distributed::ProcessGroup> replicate,
                            FullyShardOptions options);
   absl::Status Build(const std::vector<std::shared_ptr<nn::Module>>& unit_modules,
                      const std::vector<std::string>& unit_names);
@@ -277,10 +377,24 @@ class FullyShardedDataParallel : public nn::Module {
   void ReduceGradients(Unit& unit);
   void FinishBackward();
   void QueueFinishBackward();
+  // FULL_SHARD and HYBRID_SHARD: free a unit's gathered parameters after its forward.
+  bool ReshardsAfterForward() const;
+  // Whether the module's parameters point into a gathered copy (freed after
+  // use) rather than into the flat parameter itself.
+  bool FreesUnsharded() const;
+  Tensor ToComputeDevice(const Tensor& host) const;
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<distributed::ProcessGroup> group_;
-  Device device_;  // where the parameters live: flat shards, gathers, gradients
+  std::shared_ptr<distributed::ProcessGroup> replicate_;  // hybrid strategies only
+  // The compute device: gathers and gradients (and the flat shards, unless
+  // they are offloaded to the CPU).
+  Device device_;
+  bool offload_ = false;  // cpu_offload on a module not on the CPU
+  // Gradient division before and after the reduction (hybrid strategies:
+  // torch's gradient pre- and post-divide factors).
+  double predivide_ = 1;
+  double postdivide_ = 1;
   FullyShardOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;  // units_[0]: the root
   std::vector<FlatParamInfo> infos_;

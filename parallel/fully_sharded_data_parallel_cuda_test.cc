@@ -4,7 +4,8 @@
 // is initialised. Each rank trains its share of the batch, sharded; one module
 // trains on the whole batch beside them on the same device; after three SGD
 // steps with momentum every rank's full state dict must be within 1e-5
-// relative of it (fp32). The CPU side runs the same scenarios on the CPU
+// relative of it (fp32); with CPU offload too, the flat shards and their
+// gradients in pinned host memory. The CPU side runs the same scenarios on the CPU
 // (gloo) everywhere; the GPU side skips without a usable GPU (or with too
 // few), saying so.
 #include <algorithm>
@@ -91,8 +92,13 @@ absl::Status ModuleParametersAreOn(nn::Module& model, Device device, const std::
 // Trains 3 steps fully sharded with `strategy` on `world` ranks over
 // `backend`, every module on `device`, against one module on the whole
 // batch; fails unless every rank's full state dict is within tolerance.
+// With `offload` (CPUOffload(offload_params=True)) and a GPU module, the flat
+// shards and their gradients must be in pinned host memory; with a CPU
+// module, in ordinary CPU memory (a no-op in placement).
 absl::Status TrainAndCompare(const std::string& backend, int world, Device device,
-                             ShardingStrategy strategy) {
+                             ShardingStrategy strategy, bool offload = false) {
+  const bool on_host = offload && !device.is_cpu();
+  const Device flat_device = on_host ? Device(kCPU) : device;
   manual_seed(5);
   auto reference = std::make_shared<Net>();
   reference->to(device);
@@ -112,11 +118,13 @@ absl::Status TrainAndCompare(const std::string& backend, int world, Device devic
                                  fully_shard(model, {.process_group = me.group,
                                                      .sharding_strategy = strategy,
                                                      .units = {model->fc1, model->fc2},
-                                                     .forward_prefetch = true}));
+                                                     .forward_prefetch = true,
+                                                     .cpu_offload = {.offload_params = offload}}));
           for (const Tensor& p : fsdp->parameters()) {
-            if (p.device() != device) {
-              return absl::InternalError(absl::StrCat("a flat shard is on ", p.device().str(),
-                                                      ", expected ", device.str()));
+            if (p.device() != flat_device || (flat_device.is_cpu() && p.is_pinned() != on_host)) {
+              return absl::InternalError(absl::StrCat(
+                  "a flat shard is on ", p.device().str(), p.is_cpu() && p.is_pinned() ? " (pinned)" : "",
+                  ", expected ", flat_device.str(), on_host ? " (pinned)" : ""));
             }
           }
           EMBER_RETURN_IF_ERROR(ModuleParametersAreOn(*model, device, "after fully_shard"));
@@ -130,6 +138,13 @@ absl::Status TrainAndCompare(const std::string& backend, int world, Device devic
               return absl::InternalError(absl::StrCat("the output is on ", out.device().str()));
             }
             nn::functional::cross_entropy(out, global.y.narrow(0, me.rank * n, n)).backward();
+            for (const Tensor& p : fsdp->parameters()) {
+              if (!p.grad().defined() || p.grad().device() != flat_device) {
+                return absl::InternalError(absl::StrCat(
+                    "a flat gradient is ", p.grad().defined() ? p.grad().device().str() : "missing",
+                    ", expected on ", flat_device.str()));
+              }
+            }
             opt.step();
           }
           EMBER_RETURN_IF_ERROR(ModuleParametersAreOn(*model, device, "after 3 steps"));
@@ -187,6 +202,25 @@ TEST(FsdpCudaTest, GlooTwoRanksSharingCuda0MatchOneProcess) {
   RunAll("gloo", 2, kCPU);
   EMBER_SKIP_WITHOUT_GPUS(1);
   RunAll("gloo", 2, Cuda(0));
+}
+
+// CPU offload: shards and gradients in pinned host memory, the optimizer
+// stepping them there, each unshard copying the shard to the GPU (on a side
+// stream) before its all_gather; the CPU side checks the CPU module's no-op.
+void RunAllOffloaded(const std::string& backend, int world, Device device) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                    ShardingStrategy::kNoShard}) {
+    const absl::Status s = TrainAndCompare(backend, world, device, strategy, /*offload=*/true);
+    EXPECT_TRUE(s.ok()) << backend << ", " << world << " ranks on " << device.str() << ", "
+                        << sharding_strategy_name(strategy) << " with cpu_offload: " << s;
+  }
+}
+
+TEST(FsdpCudaTest, CpuOffloadKeepsShardsInPinnedHostMemoryAndMatchesOneProcess) {
+  RunAllOffloaded("gloo", 2, kCPU);
+  EMBER_SKIP_WITHOUT_GPUS(1);
+  RunAllOffloaded("nccl", 1, Cuda(0));
+  RunAllOffloaded("gloo", 2, Cuda(0));
 }
 
 TEST(FsdpCudaTest, NcclOneRankPerGpuMatchesOneProcess) {

@@ -17,7 +17,11 @@ before the model was built to the end (PyTorch keeps no statistics of its CPU
 allocator, so this is the closest measure of the peak; it includes freed
 memory that malloc kept).
 
-  "$(tools/install_peers.sh --python)" parallel/torch_fsdp.py [mlp|resnet]...  # the PyTorch 2.x peer
+The rows "mlp4" (fsdp_benchmark.cc's BM_MlpFsdp4Ranks): the MLP on 4 ranks,
+fully_shard over all 4 and HSDP (fully_shard on a 2-D DeviceMesh of 2
+replicas x 2 shards: torch's HYBRID_SHARD), same batch per rank.
+
+  "$(tools/install_peers.sh --python)" parallel/torch_fsdp.py [mlp|resnet|mlp4]...  # the PyTorch 2.x peer
 """
 import os
 import resource
@@ -110,10 +114,10 @@ def rss_mib():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def worker(rank, model, kind, port, queue):
+def worker(rank, model, kind, port, queue, world):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(100 + rank)
     x, y = inputs(model)
     rss_before = rss_mib()
@@ -122,9 +126,13 @@ def worker(rank, model, kind, port, queue):
         net = nn.parallel.DistributedDataParallel(net)
     else:
         from torch.distributed.fsdp import fully_shard
+        mesh = None
+        if kind == "fully_shard_hybrid":
+            from torch.distributed.device_mesh import init_device_mesh
+            mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("replicate", "shard"))
         for unit in units(model, net):
-            fully_shard(unit)
-        fully_shard(net)
+            fully_shard(unit, mesh=mesh)
+        fully_shard(net, mesh=mesh)
     opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     steps = 30 if model == "mlp" else 15
     times = []
@@ -144,10 +152,11 @@ def worker(rank, model, kind, port, queue):
     dist.destroy_process_group()
 
 
-def measure(model, kind, port):
+def measure(model, kind, port, world=WORLD):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, model, kind, port, queue)) for r in range(WORLD)]
+    procs = [ctx.Process(target=worker, args=(r, model, kind, port, queue, world))
+             for r in range(world)]
     for p in procs:
         p.start()
     result = queue.get(timeout=900)
@@ -161,6 +170,13 @@ if __name__ == "__main__":
     print(f"torch {torch.__version__}, gloo, {WORLD} ranks, 1 thread each")
     port = 29600 + os.getpid() % 1000
     for model in models:
+        if model == "mlp4":
+            for kind in ("fully_shard", "fully_shard_hybrid"):
+                port += 1
+                ms, state, peak = measure("mlp", kind, port, world=4)
+                print(f"mlp 4 ranks {kind}: median_ms={ms:.2f} state_MiB={state:.2f} "
+                      f"rss_peak_MiB={peak:.1f}", flush=True)
+            continue
         for kind in ("ddp", "fully_shard", "ddp"):
             port += 1
             ms, state, peak = measure(model, kind, port)
