@@ -1,7 +1,10 @@
 // PyTorch and Ember ranks in one gloo group (Note [Joining PyTorch ranks] in
 // process_group_gloo.cc): the ranks are forked processes over an Ember
-// FileStore; the PyTorch ones exec python3 on testdata/torch_rank.py, the
-// Ember ones call init_process_group("gloo") on the same store. Both sides
+// FileStore, or over the TCPStore that rank 0 hosts (init_method env://,
+// MASTER_ADDR/MASTER_PORT; Ember's TcpStore or PyTorch's); the PyTorch ones
+// exec python3 (PyTorch 1.13, or the PyTorch 2.15 peer) on
+// testdata/torch_rank.py, the Ember ones call init_process_group("gloo") on
+// the same store. Both sides
 // run the same op sequence (every collective PyTorch's gloo backend has,
 // send/recv, a new_group) and check every result themselves.
 #include <unistd.h>
@@ -12,8 +15,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/testing/peers.h"
 #include "distributed/distributed.h"
 #include "distributed/file_store.h"
+#include "distributed/testing/free_port.h"
 #include "distributed/testing/ranks.h"
 #include "gtest/gtest.h"
 #include "tensor/factories.h"
@@ -22,6 +27,7 @@
 namespace ember::distributed::gloo {
 namespace {
 
+using ::ember::distributed::testing::FreePort;
 using ::ember::distributed::testing::ProcessResult;
 using ::ember::distributed::testing::Rank;
 using ::ember::distributed::testing::RunRankProcesses;
@@ -108,28 +114,56 @@ absl::Status RunEmberRank(int rank, int world) {
   return barrier();
 }
 
+// Which PyTorch the PyTorch ranks run, and how every rank finds the store.
+enum class Peer { kTorch1, kTorch2 };
+enum class Rendezvous { kFileStore, kEnv };
+
 // Runs a job of `world` ranks, `torch_ranks` of them PyTorch processes.
-void RunMixedJob(int world, const std::set<int>& torch_ranks) {
-  if (!HaveTorch()) GTEST_SKIP() << "python3-torch is not installed; no PyTorch rank can join";
+void RunMixedJob(int world, const std::set<int>& torch_ranks, Peer peer = Peer::kTorch1,
+                 Rendezvous rendezvous = Rendezvous::kFileStore) {
+  std::string python = "/usr/bin/python3";
+  if (peer == Peer::kTorch2) {
+    absl::StatusOr<std::string> p = ember::testing::torch2_python();
+    if (!p.ok()) GTEST_SKIP() << p.status().message();
+    python = *p;
+  } else if (!HaveTorch()) {
+    GTEST_SKIP() << "python3-torch is not installed; no PyTorch rank can join";
+  }
+  const std::string port = std::to_string(FreePort());
   RunRanksOptions options;
   options.make_group = false;
   std::vector<ProcessResult> results = RunRankProcesses(
       world,
       [&](Rank& me) -> absl::Status {
         const std::string store_path = me.temp_dir + "/store";
+        if (rendezvous == Rendezvous::kEnv) {
+          setenv("MASTER_ADDR", "127.0.0.1", 1);
+          setenv("MASTER_PORT", port.c_str(), 1);
+        }
         if (torch_ranks.contains(me.rank)) {
           const std::string rank = std::to_string(me.rank), size = std::to_string(world);
-          execl("/usr/bin/python3", "python3", kTorchRank, store_path.c_str(), rank.c_str(),
-                size.c_str(), static_cast<char*>(nullptr));
-          return absl::InternalError(absl::StrCat("exec of python3 failed: ", strerror(errno)));
+          const std::string where = rendezvous == Rendezvous::kEnv ? "env" : store_path;
+          // argv[0] is the interpreter's path, so that a virtual environment's
+          // python finds its own site-packages.
+          execl(python.c_str(), python.c_str(), kTorchRank, where.c_str(), rank.c_str(), size.c_str(),
+                static_cast<char*>(nullptr));
+          return absl::InternalError(absl::StrCat("exec of ", python, " failed: ", strerror(errno)));
         }
-        EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
-                               FileStore::open(store_path, absl::Seconds(60)));
-        EMBER_RETURN_IF_ERROR(init_process_group({.backend = "gloo",
-                                                  .world_size = world,
-                                                  .rank = me.rank,
-                                                  .timeout = absl::Seconds(60),
-                                                  .store = store}));
+        if (rendezvous == Rendezvous::kEnv) {
+          EMBER_RETURN_IF_ERROR(init_process_group({.backend = "gloo",
+                                                    .init_method = "env://",
+                                                    .world_size = world,
+                                                    .rank = me.rank,
+                                                    .timeout = absl::Seconds(60)}));
+        } else {
+          EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
+                                 FileStore::open(store_path, absl::Seconds(60)));
+          EMBER_RETURN_IF_ERROR(init_process_group({.backend = "gloo",
+                                                    .world_size = world,
+                                                    .rank = me.rank,
+                                                    .timeout = absl::Seconds(60),
+                                                    .store = store}));
+        }
         EMBER_RETURN_IF_ERROR(RunEmberRank(me.rank, world));
         return destroy_process_group();
       },
@@ -143,6 +177,29 @@ void RunMixedJob(int world, const std::set<int>& torch_ranks) {
 TEST(TorchInteropTest, PyTorchRankZeroAndAnEmberRank) { RunMixedJob(2, {0}); }
 
 TEST(TorchInteropTest, EmberRanksZeroAndTwoAroundAPyTorchRank) { RunMixedJob(3, {1}); }
+
+// The same with PyTorch 2.15 ranks, over the FileStore and over env://
+// with Ember (rank 0) or PyTorch (rank 0) hosting the TCPStore. Disabled:
+// they fail today (run them with --gtest_also_run_disabled_tests). PyTorch
+// 2.15 links a newer gloo than Debian's libgloo, whose full-mesh rendezvous
+// keys differ ("<group>/cpu//0/<rank>" there, "<group>/0/rank_<rank>" in
+// libgloo's), and its TCPStore client is disconnected by Ember's server
+// during env:// init.
+TEST(TorchInteropTest, DISABLED_Torch2RankZeroAndAnEmberRank) {
+  RunMixedJob(2, {0}, Peer::kTorch2);
+}
+
+TEST(TorchInteropTest, DISABLED_Torch2EmberRanksZeroAndTwoAroundAPyTorchRank) {
+  RunMixedJob(3, {1}, Peer::kTorch2);
+}
+
+TEST(TorchInteropTest, DISABLED_Torch2OverEmbersTcpStore) {
+  RunMixedJob(3, {1, 2}, Peer::kTorch2, Rendezvous::kEnv);
+}
+
+TEST(TorchInteropTest, DISABLED_Torch2OverPyTorchsTcpStore) {
+  RunMixedJob(3, {0, 2}, Peer::kTorch2, Rendezvous::kEnv);
+}
 
 }  // namespace
 }  // namespace ember::distributed::gloo

@@ -1,9 +1,12 @@
 """One PyTorch rank of a gloo group shared with Ember ranks.
 
 usage: torch_rank.py STORE_PATH RANK WORLD_SIZE
+       torch_rank.py env RANK WORLD_SIZE
 
 Joins through the Ember FileStore at STORE_PATH (EmberFileStore below, a
-torch.distributed.Store over Ember's file format), runs the op sequence that
+torch.distributed.Store over Ember's file format), or with "env" through
+init_method env:// (MASTER_ADDR and MASTER_PORT name a TCPStore that rank 0
+hosts, Ember's or PyTorch's), runs the op sequence that
 distributed/gloo/torch_interop_test.cc runs on its Ember ranks, and checks
 every result. Exit status: 0 when every result matched, 1 with a message on
 stderr when one did not, 77 when python3-torch is missing.
@@ -175,12 +178,18 @@ def run(rank, world):
 
 def main():
     path, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    store = EmberFileStore(path)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
+    store = None
+    if path == "env":
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
+    else:
+        store = EmberFileStore(path)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))
     run(rank, world)
     dist.destroy_process_group()
-    store.close()
+    if store is not None:
+        store.close()
     print(f"torch rank {rank}: every result matched")
 
 
