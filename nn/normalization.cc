@@ -540,10 +540,11 @@ void BatchNorm2d::CheckInputDim(const Tensor& input) const {
 
 // --- LayerNorm -----------------------------------------------------------------
 
-LayerNorm::LayerNorm(SizeVector normalized_shape, double eps, bool elementwise_affine)
+LayerNorm::LayerNorm(SizeVector normalized_shape, double eps, bool elementwise_affine, bool bias)
     : normalized_shape_(std::move(normalized_shape)),
       eps_(eps),
-      elementwise_affine_(elementwise_affine) {
+      elementwise_affine_(elementwise_affine),
+      bias_(bias) {
   EMBER_CHECK(!normalized_shape_.empty(), "LayerNorm: normalized_shape must not be empty");
   reset();
 }
@@ -551,15 +552,16 @@ LayerNorm::LayerNorm(SizeVector normalized_shape, double eps, bool elementwise_a
 void LayerNorm::reset() {
   register_parameter("weight",
                      elementwise_affine_ ? ember::empty(IntArrayRef(normalized_shape_)) : Tensor());
-  register_parameter("bias",
-                     elementwise_affine_ ? ember::empty(IntArrayRef(normalized_shape_)) : Tensor());
+  register_parameter("bias", elementwise_affine_ && bias_
+                                 ? ember::empty(IntArrayRef(normalized_shape_))
+                                 : Tensor());
   if (!InClone()) reset_parameters();
 }
 
 void LayerNorm::reset_parameters() {
   if (!elementwise_affine_) return;
   init::ones_(weight());
-  init::zeros_(bias());
+  if (bias().defined()) init::zeros_(bias());
 }
 
 Tensor LayerNorm::forward(const Tensor& input) {

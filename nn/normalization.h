@@ -106,10 +106,12 @@ class BatchNorm2d : public Cloneable<BatchNorm2d, BatchNormBase> {
   void CheckInputDim(const Tensor& input) const override;
 };
 
+// bias = false (torch's LayerNorm(..., bias=False)) keeps the weight and no
+// bias.
 class LayerNorm : public Cloneable<LayerNorm> {
  public:
   explicit LayerNorm(SizeVector normalized_shape, double eps = 1e-5,
-                     bool elementwise_affine = true);
+                     bool elementwise_affine = true, bool bias = true);
 
   void reset() override;
   void reset_parameters();
@@ -125,6 +127,7 @@ class LayerNorm : public Cloneable<LayerNorm> {
   SizeVector normalized_shape_;
   double eps_;
   bool elementwise_affine_;
+  bool bias_ = true;
 };
 
 }  // namespace ember::nn

@@ -1,0 +1,578 @@
+#include "nn/attention.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "autograd/function.h"
+#include "autograd/grad_mode.h"
+#include "nn/dropout.h"
+#include "tensor/error.h"
+#include "tensor/factories.h"
+#include "tensor/shape.h"
+#include "tensor/thread_pool.h"
+
+namespace ember::nn {
+namespace {
+
+using autograd::AutogradContext;
+using internal::kKeyBlock;
+using internal::kQueryBlock;
+
+constexpr char kOp[] = "scaled_dot_product_attention";
+
+// --- Block products ------------------------------------------------------------------
+
+// C[m x n] = alpha * op(A) op(B) + beta * C, row-major, on the calling thread.
+template <typename T>
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : c[i * ldc + j] * beta;
+    }
+    return;
+  }
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+  }
+}
+
+// --- Masks ---------------------------------------------------------------------------
+
+// An attention mask read in place through its strides: `base[bh]` is the
+// offset of (batch x head) bh's [L, S] matrix, row_stride and col_stride its
+// strides (0 where the mask broadcasts).
+template <typename T>
+struct MaskView {
+  const bool* bools = nullptr;
+  const T* floats = nullptr;
+  std::vector<int64_t> base;
+  int64_t row_stride = 0;
+  int64_t col_stride = 0;
+  bool causal = false;
+
+  // Masks the block of scores s[nr x nc] (leading dim ld) of bh's rows
+  // i0.. and columns j0..: causal and false entries become -inf, float
+  // entries are added.
+  void Apply(T* s, int64_t ld, int64_t bh, int64_t i0, int64_t nr, int64_t j0, int64_t nc) const {
+    constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+    for (int64_t r = 0; r < nr; ++r) {
+      T* row = s + r * ld;
+      const int64_t i = i0 + r;
+      if (causal) {
+        for (int64_t c = std::max<int64_t>(0, i + 1 - j0); c < nc; ++c) row[c] = kNegInf;
+      }
+      if (bools != nullptr) {
+        const bool* m = bools + base[bh] + i * row_stride + j0 * col_stride;
+        for (int64_t c = 0; c < nc; ++c) {
+          if (!m[c * col_stride]) row[c] = kNegInf;
+        }
+      } else if (floats != nullptr) {
+        const T* m = floats + base[bh] + i * row_stride + j0 * col_stride;
+        for (int64_t c = 0; c < nc; ++c) row[c] += m[c * col_stride];
+      }
+    }
+  }
+};
+
+// `mask` is undefined or has shape [batch..., L, S] with prod(batch) == bh.
+template <typename T>
+MaskView<T> MakeMaskView(const Tensor& mask, int64_t bh, bool causal) {
+  MaskView<T> view;
+  view.causal = causal;
+  if (!mask.defined()) return view;
+  const int64_t nd = mask.dim();
+  if (mask.dtype() == kBool) {
+    view.bools = mask.data_ptr<bool>();
+  } else {
+    view.floats = mask.data_ptr<T>();
+  }
+  view.row_stride = mask.stride(nd - 2);
+  view.col_stride = mask.stride(nd - 1);
+  view.base.resize(bh);
+  for (int64_t flat = 0; flat < bh; ++flat) {
+    int64_t rest = flat, offset = 0;
+    for (int64_t d = nd - 3; d >= 0; --d) {
+      offset += (rest % mask.size(d)) * mask.stride(d);
+      rest /= mask.size(d);
+    }
+    view.base[flat] = offset;
+  }
+  return view;
+}
+
+// --- The fused kernels (Note [Fused attention on the CPU]) ---------------------------
+
+struct Dims {
+  int64_t batch, heads, kv_heads, L, S, E, Ev;
+  int64_t group() const { return heads / kv_heads; }
+  int64_t query_blocks() const { return (L + kQueryBlock - 1) / kQueryBlock; }
+  int64_t key_blocks() const { return (S + kKeyBlock - 1) / kKeyBlock; }
+  // The keys query rows [i0, i0 + nr) may attend.
+  int64_t key_end(bool causal, int64_t i0, int64_t nr) const {
+    return causal ? std::min(S, i0 + nr) : S;
+  }
+};
+
+// out [B, H, L, Ev], lse [B, H, L] (+inf for rows with nothing to attend).
+template <typename T>
+void ForwardKernel(const Dims& d, const T* q, const T* k, const T* v, const MaskView<T>& mask,
+                   T scale, T* out, T* lse) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const int64_t tasks = d.batch * d.heads * d.query_blocks();
+  parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> s(kQueryBlock * kKeyBlock), acc(kQueryBlock * d.Ev);
+    std::vector<T> m(kQueryBlock), l(kQueryBlock);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t bh = t / d.query_blocks(), i0 = (t % d.query_blocks()) * kQueryBlock;
+      const int64_t b = bh / d.heads, h = bh % d.heads, hk = h / d.group();
+      const int64_t nr = std::min(kQueryBlock, d.L - i0);
+      const T* qp = q + (bh * d.L + i0) * d.E;
+      const T* kp = k + (b * d.kv_heads + hk) * d.S * d.E;
+      const T* vp = v + (b * d.kv_heads + hk) * d.S * d.Ev;
+      std::fill(m.begin(), m.end(), kNegInf);
+      std::fill(l.begin(), l.end(), T(0));
+      std::fill(acc.begin(), acc.end(), T(0));
+      const int64_t key_end = d.key_end(mask.causal, i0, nr);
+      for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+        const int64_t nc = std::min(kKeyBlock, key_end - j0);
+        Gemm<T>(false, true, nr, nc, d.E, scale, qp, std::max<int64_t>(1, d.E), kp + j0 * d.E,
+                std::max<int64_t>(1, d.E), T(0), s.data(), kKeyBlock);
+        mask.Apply(s.data(), kKeyBlock, bh, i0, nr, j0, nc);
+        for (int64_t r = 0; r < nr; ++r) {
+          T* row = s.data() + r * kKeyBlock;
+          T block_max = kNegInf;
+          for (int64_t c = 0; c < nc; ++c) block_max = std::max(block_max, row[c]);
+          const T m_new = std::max(m[r], block_max);
+          if (m_new == kNegInf) {  // Nothing to attend yet in this row.
+            std::fill(row, row + nc, T(0));
+            continue;
+          }
+          const T alpha = std::exp(m[r] - m_new);  // 0 while m[r] is -inf.
+          T sum = 0;
+          for (int64_t c = 0; c < nc; ++c) {
+            row[c] = std::exp(row[c] - m_new);
+            sum += row[c];
+          }
+          l[r] = l[r] * alpha + sum;
+          m[r] = m_new;
+          if (alpha != T(1)) {
+            T* a = acc.data() + r * d.Ev;
+            for (int64_t e = 0; e < d.Ev; ++e) a[e] *= alpha;
+          }
+        }
+        Gemm<T>(false, false, nr, d.Ev, nc, T(1), s.data(), kKeyBlock, vp + j0 * d.Ev,
+                std::max<int64_t>(1, d.Ev), T(1), acc.data(), std::max<int64_t>(1, d.Ev));
+      }
+      T* op = out + (bh * d.L + i0) * d.Ev;
+      T* lp = lse + bh * d.L + i0;
+      for (int64_t r = 0; r < nr; ++r) {
+        const bool empty = l[r] == T(0);
+        const T inv = empty ? T(0) : T(1) / l[r];
+        for (int64_t e = 0; e < d.Ev; ++e) op[r * d.Ev + e] = acc[r * d.Ev + e] * inv;
+        lp[r] = empty ? std::numeric_limits<T>::infinity() : m[r] + std::log(l[r]);
+      }
+    }
+  });
+}
+
+// Recomputes the probabilities of a block from the logsumexp: s holds the
+// masked scores on entry and P on return.
+template <typename T>
+void Probabilities(T* s, int64_t nr, int64_t nc, const T* lse) {
+  for (int64_t r = 0; r < nr; ++r) {
+    T* row = s + r * kKeyBlock;
+    const T shift = lse[r];
+    if (shift == std::numeric_limits<T>::infinity()) {
+      std::fill(row, row + nc, T(0));
+      continue;
+    }
+    for (int64_t c = 0; c < nc; ++c) row[c] = std::exp(row[c] - shift);
+  }
+}
+
+// dS = P * (dP - D), in place in dp.
+template <typename T>
+void ScoreGradients(const T* p, T* dp, int64_t nr, int64_t nc, const T* delta) {
+  for (int64_t r = 0; r < nr; ++r) {
+    for (int64_t c = 0; c < nc; ++c) {
+      const int64_t i = r * kKeyBlock + c;
+      dp[i] = p[i] * (dp[i] - delta[r]);
+    }
+  }
+}
+
+// dq [B, H, L, E], dk [B, Hk, S, E], dv [B, Hk, S, Ev] (each may be null).
+template <typename T>
+void BackwardKernel(const Dims& d, const T* q, const T* k, const T* v, const T* out, const T* grad,
+                    const T* lse, const MaskView<T>& mask, T scale, T* dq, T* dk, T* dv) {
+  // D = rowsum(dO * O), once per row.
+  std::vector<T> delta(d.batch * d.heads * d.L);
+  parallel_for(0, d.batch * d.heads * d.L, std::max<int64_t>(1, kDefaultGrainSize / (d.Ev + 1)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t row = begin; row < end; ++row) {
+                   T sum = 0;
+                   for (int64_t e = 0; e < d.Ev; ++e) {
+                     sum += grad[row * d.Ev + e] * out[row * d.Ev + e];
+                   }
+                   delta[row] = sum;
+                 }
+               });
+  const int64_t ld_e = std::max<int64_t>(1, d.E), ld_ev = std::max<int64_t>(1, d.Ev);
+  if (dk != nullptr || dv != nullptr) {
+    // Pass 1: dK and dV per (batch, key/value head, key block).
+    const int64_t tasks = d.batch * d.kv_heads * d.key_blocks();
+    parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> s(kQueryBlock * kKeyBlock), dp(kQueryBlock * kKeyBlock);
+      std::vector<T> dk_acc(kKeyBlock * d.E), dv_acc(kKeyBlock * d.Ev);
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t bhk = t / d.key_blocks(), j0 = (t % d.key_blocks()) * kKeyBlock;
+        const int64_t b = bhk / d.kv_heads, hk = bhk % d.kv_heads;
+        const int64_t nc = std::min(kKeyBlock, d.S - j0);
+        const T* kp = k + (bhk * d.S + j0) * d.E;
+        const T* vp = v + (bhk * d.S + j0) * d.Ev;
+        std::fill(dk_acc.begin(), dk_acc.end(), T(0));
+        std::fill(dv_acc.begin(), dv_acc.end(), T(0));
+        for (int64_t h = hk * d.group(); h < (hk + 1) * d.group(); ++h) {
+          const int64_t bh = b * d.heads + h;
+          // Under the causal mask rows before j0 see none of these keys.
+          const int64_t i_start = mask.causal ? (j0 / kQueryBlock) * kQueryBlock : 0;
+          for (int64_t i0 = i_start; i0 < d.L; i0 += kQueryBlock) {
+            const int64_t nr = std::min(kQueryBlock, d.L - i0);
+            const T* qp = q + (bh * d.L + i0) * d.E;
+            const T* gp = grad + (bh * d.L + i0) * d.Ev;
+            Gemm<T>(false, true, nr, nc, d.E, scale, qp, ld_e, kp, ld_e, T(0), s.data(), kKeyBlock);
+            mask.Apply(s.data(), kKeyBlock, bh, i0, nr, j0, nc);
+            Probabilities(s.data(), nr, nc, lse + bh * d.L + i0);
+            Gemm<T>(true, false, nc, d.Ev, nr, T(1), s.data(), kKeyBlock, gp, ld_ev, T(1),
+                    dv_acc.data(), ld_ev);
+            Gemm<T>(false, true, nr, nc, d.Ev, T(1), gp, ld_ev, vp, ld_ev, T(0), dp.data(),
+                    kKeyBlock);
+            ScoreGradients(s.data(), dp.data(), nr, nc, delta.data() + bh * d.L + i0);
+            Gemm<T>(true, false, nc, d.E, nr, scale, dp.data(), kKeyBlock, qp, ld_e, T(1),
+                    dk_acc.data(), ld_e);
+          }
+        }
+        if (dk != nullptr)
+          std::copy(dk_acc.begin(), dk_acc.begin() + nc * d.E, dk + (bhk * d.S + j0) * d.E);
+        if (dv != nullptr) {
+          std::copy(dv_acc.begin(), dv_acc.begin() + nc * d.Ev, dv + (bhk * d.S + j0) * d.Ev);
+        }
+      }
+    });
+  }
+  if (dq != nullptr) {
+    // Pass 2: dQ per (batch, head, query block).
+    const int64_t tasks = d.batch * d.heads * d.query_blocks();
+    parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> s(kQueryBlock * kKeyBlock), dp(kQueryBlock * kKeyBlock);
+      std::vector<T> dq_acc(kQueryBlock * d.E);
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t bh = t / d.query_blocks(), i0 = (t % d.query_blocks()) * kQueryBlock;
+        const int64_t b = bh / d.heads, h = bh % d.heads, hk = h / d.group();
+        const int64_t nr = std::min(kQueryBlock, d.L - i0);
+        const T* qp = q + (bh * d.L + i0) * d.E;
+        const T* gp = grad + (bh * d.L + i0) * d.Ev;
+        const T* kp = k + (b * d.kv_heads + hk) * d.S * d.E;
+        const T* vp = v + (b * d.kv_heads + hk) * d.S * d.Ev;
+        std::fill(dq_acc.begin(), dq_acc.end(), T(0));
+        const int64_t key_end = d.key_end(mask.causal, i0, nr);
+        for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+          const int64_t nc = std::min(kKeyBlock, key_end - j0);
+          Gemm<T>(false, true, nr, nc, d.E, scale, qp, ld_e, kp + j0 * d.E, ld_e, T(0), s.data(),
+                  kKeyBlock);
+          mask.Apply(s.data(), kKeyBlock, bh, i0, nr, j0, nc);
+          Probabilities(s.data(), nr, nc, lse + bh * d.L + i0);
+          Gemm<T>(false, true, nr, nc, d.Ev, T(1), gp, ld_ev, vp + j0 * d.Ev, ld_ev, T(0),
+                  dp.data(), kKeyBlock);
+          ScoreGradients(s.data(), dp.data(), nr, nc, delta.data() + bh * d.L + i0);
+          Gemm<T>(false, false, nr, d.E, nc, scale, dp.data(), kKeyBlock, kp + j0 * d.E, ld_e, T(1),
+                  dq_acc.data(), ld_e);
+        }
+        std::copy(dq_acc.begin(), dq_acc.begin() + nr * d.E, dq + (bh * d.L + i0) * d.E);
+      }
+    });
+  }
+}
+
+template <typename F>
+void VisitFloat(Dtype dtype, F&& f) {
+  if (dtype == kFloat32) {
+    f.template operator()<float>();
+  } else {
+    EMBER_INTERNAL_ASSERT(dtype == kFloat64, "fused attention on ", dtype_name(dtype));
+    f.template operator()<double>();
+  }
+}
+
+Dims DimsOf(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return Dims{.batch = q.size(0),
+              .heads = q.size(1),
+              .kv_heads = k.size(1),
+              .L = q.size(2),
+              .S = k.size(2),
+              .E = q.size(3),
+              .Ev = v.size(3)};
+}
+
+// --- The composed path ---------------------------------------------------------------
+
+// k [B, Hk, S, X] -> [B, Hq, S, X], each key/value head repeated for its
+// group of query heads (torch's repeat_interleave on dim -3).
+Tensor RepeatHeads(const Tensor& k, int64_t heads) {
+  const int64_t kv_heads = k.size(1);
+  if (kv_heads == heads) return k;
+  const int64_t group = heads / kv_heads;
+  return k.unsqueeze(2)
+      .expand({k.size(0), kv_heads, group, k.size(2), k.size(3)})
+      .reshape({k.size(0), heads, k.size(2), k.size(3)});
+}
+
+// The inverse's adjoint: [B, Hq, S, X] -> [B, Hk, S, X], summing each group.
+Tensor SumHeadGroups(const Tensor& g, int64_t kv_heads) {
+  const int64_t heads = g.size(1);
+  if (kv_heads == heads) return g;
+  return g.reshape({g.size(0), kv_heads, heads / kv_heads, g.size(2), g.size(3)}).sum({2});
+}
+
+// softmax(q k^T * scale + mask) in recorded tensor ops, rows with nothing to
+// attend set to 0. q [B, H, L, E], k [B, H, S, E]; mask undefined or
+// broadcastable to [B, H, L, S].
+Tensor ComposedProbabilities(const Tensor& q, const Tensor& k, const Tensor& mask, bool causal,
+                             double scale) {
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  Tensor s = q.matmul(k.transpose(-2, -1)) * scale;
+  if (causal) {
+    const TensorOptions index = TensorOptions(kInt64).device(q.device());
+    Tensor above = arange(k.size(2), index).unsqueeze(0).gt(arange(q.size(2), index).unsqueeze(1));
+    s = s.masked_fill(above, neg_inf);
+  }
+  if (mask.defined()) {
+    s = mask.dtype() == kBool ? s.masked_fill(mask.logical_not(), neg_inf) : s + mask;
+  }
+  Tensor dead;
+  {
+    autograd::NoGradGuard no_grad;
+    dead = s.detach().amax({-1}, /*keepdim=*/true).eq(neg_inf);
+  }
+  return s.masked_fill(dead, 0.0).softmax(-1).masked_fill(dead, 0.0);
+}
+
+// --- The fused Function ----------------------------------------------------------------
+
+// q [B, H, L, E], k [B, Hk, S, E], v [B, Hk, S, Ev] contiguous; mask
+// undefined or [batch..., L, S] (any strides) of bool or q's dtype, not
+// requiring grad.
+struct FusedAttention : autograd::Function<FusedAttention> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& mask, bool causal, double scale) {
+    const Dims d = DimsOf(q, k, v);
+    Tensor out = empty({d.batch, d.heads, d.L, d.Ev}, q.options());
+    Tensor lse = empty({d.batch, d.heads, d.L}, q.options());
+    VisitFloat(q.dtype(), [&]<typename T>() {
+      const MaskView<T> view = MakeMaskView<T>(mask, d.batch * d.heads, causal);
+      ForwardKernel<T>(d, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), view,
+                       static_cast<T>(scale), out.data_ptr<T>(), lse.data_ptr<T>());
+    });
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["out"] = out.detach();
+    ctx->saved_data["lse"] = lse;
+    ctx->saved_data["mask"] = mask;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    return out;
+  }
+
+  static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
+    std::vector<Tensor> saved = ctx->get_saved_variables();
+    const Tensor& q = saved[0];
+    const Tensor& k = saved[1];
+    const Tensor& v = saved[2];
+    const Tensor& mask = std::get<Tensor>(ctx->saved_data["mask"]);
+    const bool causal = std::get<bool>(ctx->saved_data["causal"]);
+    const double scale = std::get<double>(ctx->saved_data["scale"]);
+    const bool need_q = ctx->needs_input_grad(0), need_k = ctx->needs_input_grad(1),
+               need_v = ctx->needs_input_grad(2);
+    const Tensor& grad = grad_outputs[0];
+    if (autograd::GradMode::is_enabled()) {
+      // create_graph: recorded ops, so the gradients have gradients.
+      const int64_t heads = q.size(1), kv_heads = k.size(1);
+      Tensor k_rep = RepeatHeads(k, heads), v_rep = RepeatHeads(v, heads);
+      Tensor m4 = mask.defined() ? mask.reshape({q.size(0), heads, q.size(2), k.size(2)}) : mask;
+      Tensor p = ComposedProbabilities(q, k_rep, m4, causal, scale);
+      Tensor dq, dk, dv;
+      if (need_v) dv = SumHeadGroups(p.transpose(-2, -1).matmul(grad), kv_heads);
+      if (need_q || need_k) {
+        Tensor dp = grad.matmul(v_rep.transpose(-2, -1));
+        Tensor ds = p * (dp - (dp * p).sum({-1}, /*keepdim=*/true));
+        if (need_q) dq = ds.matmul(k_rep) * scale;
+        if (need_k) dk = SumHeadGroups(ds.transpose(-2, -1).matmul(q) * scale, kv_heads);
+      }
+      return {dq, dk, dv, Tensor(), Tensor(), Tensor()};
+    }
+    const Tensor& out = std::get<Tensor>(ctx->saved_data["out"]);
+    const Tensor& lse = std::get<Tensor>(ctx->saved_data["lse"]);
+    const Dims d = DimsOf(q, k, v);
+    Tensor g = grad.contiguous();
+    Tensor dq = need_q ? empty_like(q) : Tensor();
+    Tensor dk = need_k || need_v ? empty_like(k) : Tensor();
+    Tensor dv = need_k || need_v ? empty_like(v) : Tensor();
+    VisitFloat(q.dtype(), [&]<typename T>() {
+      const MaskView<T> view = MakeMaskView<T>(mask, d.batch * d.heads, causal);
+      BackwardKernel<T>(
+          d, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(), g.data_ptr<T>(),
+          lse.data_ptr<T>(), view, static_cast<T>(scale), need_q ? dq.data_ptr<T>() : nullptr,
+          dk.defined() ? dk.data_ptr<T>() : nullptr, dv.defined() ? dv.data_ptr<T>() : nullptr);
+    });
+    return {dq, need_k ? dk : Tensor(), need_v ? dv : Tensor(), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+SizeVector Prefix(const Tensor& t, int64_t keep_trailing) {
+  return SizeVector(t.sizes().begin(), t.sizes().end() - keep_trailing);
+}
+
+int64_t Product(const SizeVector& s) {
+  int64_t n = 1;
+  for (int64_t x : s) n *= x;
+  return n;
+}
+
+}  // namespace
+
+namespace functional {
+
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const ScaledDotProductAttentionOptions& options) {
+  EMBER_CHECK(query.defined() && key.defined() && value.defined(), kOp,
+              ": query, key and value must be defined tensors");
+  EMBER_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
+              "Expected query, key, and value to all be at least 2 dimensional, but got "
+              "query.dim: ",
+              query.dim(), " key.dim: ", key.dim(), " and value.dim: ", value.dim(), " instead.");
+  EMBER_CHECK(query.dtype() == key.dtype() && query.dtype() == value.dtype(),
+              "Expected query, key, and value to have the same dtype, but got query.dtype: ",
+              dtype_name(query.dtype()), " key.dtype: ", dtype_name(key.dtype()),
+              " and value.dtype: ", dtype_name(value.dtype()), " instead.");
+  EMBER_CHECK(query.device() == key.device() && query.device() == value.device(),
+              "Expected query, key, and value to have the same device type, but got query.device: ",
+              query.device().str(), " key.device: ", key.device().str(),
+              " and value.device: ", value.device().str(), " instead.");
+  EMBER_CHECK(query.is_floating_point(), kOp, ": expected floating point query, key and value, ",
+              "but got ", dtype_name(query.dtype()), "; convert them with .to(ember::kFloat32)");
+  const int64_t L = query.size(-2), E = query.size(-1), S = key.size(-2), Ev = value.size(-1);
+  EMBER_CHECK(key.size(-1) == E, kOp, ": the last dim of query (", E, ") and key (", key.size(-1),
+              ") must match: query ", ShapeToString(query.sizes()), ", key ",
+              ShapeToString(key.sizes()));
+  EMBER_CHECK(value.size(-2) == S, kOp,
+              ": key and value must have the same sequence length (dim "
+              "-2), but got key ",
+              ShapeToString(key.sizes()), " and value ", ShapeToString(value.sizes()));
+  EMBER_CHECK(options.dropout_p >= 0.0 && options.dropout_p <= 1.0,
+              "dropout probability has to be between 0 and 1, but got ", options.dropout_p);
+  const Tensor& mask = options.attn_mask;
+  EMBER_CHECK(!(mask.defined() && options.is_causal),
+              "_scaled_dot_product_attention: Explicit attn_mask should not be set when "
+              "is_causal=True");
+  if (mask.defined()) {
+    EMBER_CHECK(mask.dtype() == kBool || mask.dtype() == query.dtype(),
+                "Expected attn_mask dtype to be bool or float or to match query dtype, but got "
+                "attn_mask.dtype: ",
+                dtype_name(mask.dtype()), " and query.dtype: ", dtype_name(query.dtype()),
+                " instead.");
+    EMBER_CHECK(mask.device() == query.device(), kOp, ": expected attn_mask on ",
+                query.device().str(), " (the query's device), but it is on ", mask.device().str());
+  }
+
+  // Heads of a GQA group (dim -3), and the batch dims that broadcast.
+  bool grouped = false;
+  if (options.enable_gqa && query.dim() >= 3 && key.dim() >= 3 && value.dim() >= 3) {
+    const int64_t hq = query.size(-3), hk = key.size(-3), hv = value.size(-3);
+    EMBER_CHECK(hq % hk == 0 && hq % hv == 0,
+                "Number of heads in key and value must divide the number of heads in query: "
+                "query has ",
+                hq, ", key ", hk, ", value ", hv);
+    EMBER_CHECK(hk == hv, kOp,
+                ": with enable_gqa, key and value must have the same number of "
+                "heads (dim -3), but got ",
+                hk, " and ", hv);
+    grouped = hk != hq;
+  }
+  const int64_t trailing = grouped ? 3 : 2;
+  SizeVector outer =
+      BroadcastShapes(BroadcastShapes(Prefix(query, trailing), Prefix(key, trailing), kOp),
+                      Prefix(value, trailing), kOp);
+  const int64_t heads = grouped ? query.size(-3) : 1, kv_heads = grouped ? key.size(-3) : 1;
+  const int64_t batch = Product(outer);
+  auto full = [&](SizeVector tail) {
+    SizeVector s = outer;
+    s.insert(s.end(), tail.begin(), tail.end());
+    return s;
+  };
+  SizeVector q_shape = grouped ? full({heads, L, E}) : full({L, E});
+  SizeVector k_shape = grouped ? full({kv_heads, S, E}) : full({S, E});
+  SizeVector v_shape = grouped ? full({kv_heads, S, Ev}) : full({S, Ev});
+  SizeVector out_shape = grouped ? full({heads, L, Ev}) : full({L, Ev});
+  SizeVector mask_shape = grouped ? full({heads, L, S}) : full({L, S});
+
+  Tensor m;
+  if (mask.defined()) {
+    bool fits = mask.dim() <= static_cast<int64_t>(mask_shape.size());
+    for (int64_t i = 1; fits && i <= mask.dim(); ++i) {
+      const int64_t got = mask.size(-i), want = mask_shape[mask_shape.size() - i];
+      fits = got == want || got == 1;
+    }
+    EMBER_CHECK(fits, kOp, ": attn_mask of shape ", ShapeToString(mask.sizes()),
+                " doesn't broadcast to the attention weights' shape ", ShapeToString(mask_shape),
+                " ([..., L, S])");
+    m = mask.expand(mask_shape);
+  }
+
+  Tensor q4 = query.expand(q_shape).reshape({batch, heads, L, E});
+  Tensor k4 = key.expand(k_shape).reshape({batch, kv_heads, S, E});
+  Tensor v4 = value.expand(v_shape).reshape({batch, kv_heads, S, Ev});
+  const double scale =
+      options.scale.has_value() ? *options.scale : 1.0 / std::sqrt(static_cast<double>(E));
+
+  const Dtype dtype = query.dtype();
+  const bool low_precision = query.is_cpu() && (dtype == kFloat16 || dtype == kBFloat16);
+  const bool mask_needs_grad = m.defined() && m.requires_grad() && autograd::GradMode::is_enabled();
+  const bool fused = query.is_cpu() && options.dropout_p == 0.0 && !mask_needs_grad &&
+                     (dtype == kFloat32 || dtype == kFloat64 || low_precision);
+  Tensor out;
+  if (fused) {
+    if (low_precision) {
+      q4 = q4.to(kFloat32);
+      k4 = k4.to(kFloat32);
+      v4 = v4.to(kFloat32);
+      if (m.defined() && m.dtype() != kBool) m = m.to(kFloat32);
+    }
+    Tensor mask_in = m.defined() ? m.detach() : Tensor();
+    out = FusedAttention::apply(q4.contiguous(), k4.contiguous(), v4.contiguous(), mask_in,
+                                options.is_causal, scale);
+    if (low_precision) out = out.to(dtype);
+  } else {
+    Tensor m4 = m.defined() ? m.reshape({batch, heads, L, S}) : m;
+    Tensor p = ComposedProbabilities(q4, RepeatHeads(k4, heads), m4, options.is_causal, scale);
+    if (options.dropout_p > 0.0) p = dropout(p, options.dropout_p, true, options.generator);
+    out = p.matmul(RepeatHeads(v4, heads));
+  }
+  return out.reshape(out_shape);
+}
+
+}  // namespace functional
+}  // namespace ember::nn
