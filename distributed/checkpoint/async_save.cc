@@ -1,5 +1,8 @@
 #include "distributed/checkpoint/async_save.h"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -140,7 +143,10 @@ absl::StatusOr<std::shared_ptr<Future>> AsyncCheckpointer::async_save(
   save->path = options.path;
   CheckpointOptions background = options;
   if (plan_cache_ != nullptr && background.plan_cache == nullptr) background.plan_cache = plan_cache_;
-  writer_ = std::thread([save, staged = std::move(staged), background]() {
+  const int nice = options_.writer_nice;
+  writer_ = std::thread([save, staged = std::move(staged), background, nice]() {
+    // Below the training threads (Note [Asynchronous saves]).
+    if (nice != 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), nice);
     absl::Status status = checkpoint::save(staged, background);
     absl::MutexLock lock(&save->mu);
     save->status = std::move(status);

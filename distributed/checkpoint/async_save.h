@@ -41,7 +41,10 @@
 // checkpoint.cc) holds as for a synchronous save: a failed or killed write
 // leaves the previous checkpoint at its path. Every collective of that save
 // is bounded by the group's timeout, so the background write ends, and with
-// it every wait, even when a peer dies.
+// it every wait, even when a peer dies. The writer thread runs at a lower
+// priority (writer_nice), so that on a machine whose cores the training
+// keeps busy the save takes the time the training leaves rather than the
+// training's.
 //
 // The background save issues its collectives on options.process_group from
 // its own thread. A process group runs collectives in the order each rank
@@ -81,6 +84,9 @@ struct AsyncSaveOptions {
   // Reuse save plans across saves of the same layout (Note [Cached save
   // plans]).
   bool cache_plans = true;
+  // The writer thread's nice value (setpriority): how far below the
+  // training threads it runs. 0 keeps the caller's.
+  int writer_nice = 10;
 };
 
 class AsyncCheckpointer {
