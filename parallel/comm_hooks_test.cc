@@ -33,6 +33,7 @@
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/rank_testing.h"
 #include "serialization/serialization.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -40,6 +41,9 @@
 
 namespace ember::parallel {
 namespace {
+
+using ::ember::parallel::rank_testing::Guard;
+using ::ember::parallel::rank_testing::Get;
 
 namespace testing = ::ember::distributed::testing;
 namespace hooks = comm_hooks;
@@ -58,46 +62,9 @@ std::shared_ptr<nn::Sequential> Mlp() {
   return m;
 }
 
-// The tensor called `name` in `sd`; undefined when there is none.
-Tensor Get(const StateDict& sd, const std::string& name) {
-  for (const auto& [key, t] : sd) {
-    if (key == name) return t;
-  }
-  return Tensor();
-}
-
-absl::Status Guard(const std::function<absl::Status()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    return absl::InternalError(e.what());
-  }
-}
-
 // torch's run, once per test binary.
-struct TorchRun {
-  absl::Status status;
-  std::string dir;
-};
-const TorchRun& Torch() {
-  static const TorchRun* run = [] {
-    auto* r = new TorchRun;
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    r->dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/torch_comm_hooks");
-    if (std::system(absl::StrCat("rm -rf '", r->dir, "' && mkdir -p '", r->dir, "'").c_str()) !=
-        0) {
-      r->status = absl::InternalError("cannot make " + r->dir);
-      return r;
-    }
-    absl::StatusOr<std::string> out =
-        ::ember::testing::run_torch2("parallel/testdata/torch_comm_hooks.py", {r->dir});
-    r->status = out.ok() ? absl::OkStatus() : out.status();
-    if (out.ok() && out->find("done") == std::string::npos) {
-      r->status = absl::InternalError(absl::StrCat("torch_comm_hooks.py printed: ", *out));
-    }
-    return r;
-  }();
-  return *run;
+const rank_testing::TorchRun& Torch() {
+  return rank_testing::RunTorchOnce("parallel/testdata/torch_comm_hooks.py", "torch_comm_hooks");
 }
 
 using HookFactory = std::function<absl::StatusOr<CommHook>()>;
@@ -167,7 +134,7 @@ Agreement Compare(const StateDict& ours, const StateDict& theirs, const StateDic
 class TorchHooksTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const TorchRun& run = Torch();
+    const rank_testing::TorchRun& run = Torch();
     if (absl::IsNotFound(run.status)) GTEST_SKIP() << run.status.message();
     ASSERT_TRUE(run.status.ok()) << run.status;
   }

@@ -23,6 +23,7 @@
 #include "nn/optim/sgd.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/join.h"
+#include "parallel/rank_testing.h"
 #include "serialization/serialization.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -30,6 +31,9 @@
 
 namespace ember::parallel {
 namespace {
+
+using ::ember::parallel::rank_testing::Get;
+using ::ember::parallel::rank_testing::Guard;
 
 namespace testing = ::ember::distributed::testing;
 
@@ -48,44 +52,10 @@ class Net : public nn::Module {
   std::shared_ptr<nn::Linear> fc1, fc2, extra;
 };
 
-Tensor Get(const StateDict& sd, const std::string& name) {
-  for (const auto& [key, t] : sd) {
-    if (key == name) return t;
-  }
-  return Tensor();
-}
-
-absl::Status Guard(const std::function<absl::Status()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    return absl::InternalError(e.what());
-  }
-}
-
-struct TorchRun {
-  absl::Status status;
-  std::string dir;
-};
-const TorchRun& Torch() {
-  static const TorchRun* run = [] {
-    auto* r = new TorchRun;
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    r->dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/torch_ddp_controls");
-    if (std::system(absl::StrCat("rm -rf '", r->dir, "' && mkdir -p '", r->dir, "'").c_str()) !=
-        0) {
-      r->status = absl::InternalError("cannot make " + r->dir);
-      return r;
-    }
-    absl::StatusOr<std::string> out =
-        ::ember::testing::run_torch2("parallel/testdata/torch_ddp_controls.py", {r->dir});
-    r->status = out.ok() ? absl::OkStatus() : out.status();
-    if (out.ok() && out->find("done") == std::string::npos) {
-      r->status = absl::InternalError(absl::StrCat("torch_ddp_controls.py printed: ", *out));
-    }
-    return r;
-  }();
-  return *run;
+// torch's run, once per test binary.
+const rank_testing::TorchRun& Torch() {
+  return rank_testing::RunTorchOnce("parallel/testdata/torch_ddp_controls.py",
+                                    "torch_ddp_controls");
 }
 
 struct Config {
@@ -140,7 +110,7 @@ absl::StatusOr<StateDict> TrainLikeTorch(const Config& config) {
 class DdpControlsTorchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const TorchRun& run = Torch();
+    const rank_testing::TorchRun& run = Torch();
     if (absl::IsNotFound(run.status)) GTEST_SKIP() << run.status.message();
     ASSERT_TRUE(run.status.ok()) << run.status;
   }

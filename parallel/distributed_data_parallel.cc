@@ -325,13 +325,15 @@ Tensor DistributedDataParallel::forward(const Tensor& input) {
     // nobody here needs the sum, so it is not waited for until the next
     // forward replaces it.
     if (sync_flag_.work != nullptr) (void)sync_flag_.work->wait();
-    sync_flag_.count = full({1}, sync ? 1.0f : 0.0f, TensorOptions().dtype(kFloat32).device(device_));
+    sync_flag_.count =
+        full({1}, sync ? 1.0f : 0.0f, TensorOptions().dtype(kFloat32).device(device_));
     absl::StatusOr<std::shared_ptr<distributed::Work>> flag =
         group_->allreduce(sync_flag_.count, {.op = distributed::ReduceOp::kSum});
     if (!flag.ok()) {
-      EMBER_FAIL("DistributedDataParallel: telling the joined ranks whether to synchronise "
-                 "failed: ",
-                 flag.status().ToString());
+      EMBER_FAIL(
+          "DistributedDataParallel: telling the joined ranks whether to synchronise "
+          "failed: ",
+          flag.status().ToString());
     }
     sync_flag_.work = *std::move(flag);
   }
@@ -395,7 +397,8 @@ class DistributedDataParallel::DdpJoinHook : public JoinHook {
         ddp.BroadcastBuffers(ddp.FindCommonRank(false));
       }
       Tensor flag = zeros({1}, TensorOptions().dtype(kFloat32).device(ddp.device_));
-      absl::Status status = WaitFor(ddp.group_->allreduce(flag, {.op = distributed::ReduceOp::kSum}));
+      absl::Status status =
+          WaitFor(ddp.group_->allreduce(flag, {.op = distributed::ReduceOp::kSum}));
       if (!status.ok()) return status;
       const bool some_rank_syncs = flag.cpu().item<float>() != 0;
       ddp.require_forward_param_sync_ = some_rank_syncs;

@@ -87,8 +87,8 @@
 // finds the parameters no rank uses; later ones need no graph walk.
 //
 // Limits: one device per process, a module with one input and one output
-// tensor (Module's interface), buckets fixed at construction (torch rebuilds them after the first iteration from the
-// order gradients arrived in). Parameters must not be replaced (to(),
+// tensor (Module's interface), buckets fixed at construction (torch rebuilds them after the first
+// iteration from the order gradients arrived in). Parameters must not be replaced (to(),
 // set_parameter) after wrapping: the hooks watch the tensors present then.
 //
 // Errors: create() returns absl::Status (kInvalidArgument for a null module,
@@ -218,9 +218,7 @@ class DistributedDataParallel : public nn::Module, public Joinable {
   // Joinable (Note [Join] in parallel/join.h).
   std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
   Device join_device() const override { return device_; }
-  std::shared_ptr<distributed::ProcessGroup> join_process_group() const override {
-    return group_;
-  }
+  std::shared_ptr<distributed::ProcessGroup> join_process_group() const override { return group_; }
 
  private:
   class DdpJoinHook;

@@ -23,12 +23,17 @@
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
+#include "parallel/rank_testing.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
 
 namespace ember::parallel {
 namespace {
+
+using ::ember::parallel::rank_testing::Guard;
+using ::ember::parallel::rank_testing::Describe;
+using ::ember::parallel::rank_testing::ExpectAllSucceeded;
 
 namespace testing = ::ember::distributed::testing;
 using ::testing::HasSubstr;
@@ -93,15 +98,6 @@ Batch Shard(const Batch& b, int rank, int world) {
   return {b.x.narrow(0, rank * n, n), b.y.narrow(0, rank * n, n)};
 }
 
-// Runs `body` turning a thrown ember::Error into a status.
-absl::Status Guard(const std::function<absl::Status()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    return absl::InternalError(e.what());
-  }
-}
-
 // OK when `a` and `b` hold the same parameter values within `tolerance`.
 absl::Status ExpectSameParameters(const nn::Module& a, const nn::Module& b, double tolerance,
                                   const std::string& what) {
@@ -145,21 +141,6 @@ absl::Status ExpectEqualAcrossRanks(distributed::ProcessGroup& group, const nn::
   const double spread = (high - low).abs().max().item<double>();
   if (spread != 0) return absl::InternalError(absl::StrCat("ranks differ by ", spread));
   return absl::OkStatus();
-}
-
-std::string Describe(const std::vector<testing::ProcessResult>& results) {
-  std::vector<std::string> lines;
-  for (size_t r = 0; r < results.size(); ++r) {
-    lines.push_back(absl::StrCat("rank ", r, ": exit ", results[r].exit_code, " signal ",
-                                 results[r].signal, " output: ", results[r].output));
-  }
-  return absl::StrJoin(lines, "\n");
-}
-
-void ExpectAllSucceeded(const std::vector<testing::ProcessResult>& results) {
-  for (const testing::ProcessResult& r : results) {
-    EXPECT_EQ(r.exit_code, 0) << Describe(results);
-  }
 }
 
 class DdpTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {

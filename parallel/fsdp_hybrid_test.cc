@@ -30,6 +30,7 @@
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
 #include "parallel/fully_sharded_data_parallel.h"
+#include "parallel/rank_testing.h"
 #include "serialization/serialization.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -37,6 +38,11 @@
 
 namespace ember::parallel {
 namespace {
+
+using ::ember::parallel::rank_testing::Guard;
+using ::ember::parallel::rank_testing::Describe;
+using ::ember::parallel::rank_testing::ExpectAllSucceeded;
+using ::ember::parallel::rank_testing::Get;
 
 namespace dist = ::ember::distributed;
 namespace testing = ::ember::distributed::testing;
@@ -82,14 +88,6 @@ Batch Shard(const Batch& b, int rank, int world) {
   return {b.x.narrow(0, rank * n, n), b.y.narrow(0, rank * n, n)};
 }
 
-absl::Status Guard(const std::function<absl::Status()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    return absl::InternalError(e.what());
-  }
-}
-
 // The largest |a - b| relative to the largest |b|, over every parameter of
 // `reference` found in `state`.
 absl::StatusOr<double> RelativeDifference(const ember::StateDict& state,
@@ -104,19 +102,6 @@ absl::StatusOr<double> RelativeDifference(const ember::StateDict& state,
     worst = std::max(worst, diff / scale);
   }
   return worst;
-}
-
-std::string Describe(const std::vector<testing::ProcessResult>& results) {
-  std::vector<std::string> lines;
-  for (size_t r = 0; r < results.size(); ++r) {
-    lines.push_back(absl::StrCat("rank ", r, ": exit ", results[r].exit_code, " signal ",
-                                 results[r].signal, " output: ", results[r].output));
-  }
-  return absl::StrJoin(lines, "\n");
-}
-
-void ExpectAllSucceeded(const std::vector<testing::ProcessResult>& results) {
-  for (const testing::ProcessResult& r : results) EXPECT_EQ(r.exit_code, 0) << Describe(results);
 }
 
 // Runs `body` on `world` processes that have joined one job over `backend`
@@ -465,42 +450,15 @@ TEST(FsdpCpuOffloadTest, OnTheCpuIsAcceptedAndTrainsAsWithout) {
 
 // --- Against PyTorch 2.x's FSDP HYBRID_SHARD on the CPU over gloo ----------
 
-struct TorchRun {
-  absl::Status status;
-  std::string dir;
-};
-const TorchRun& Torch() {
-  static const TorchRun* run = [] {
-    auto* r = new TorchRun;
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    r->dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/torch_fsdp_hybrid");
-    if (std::system(absl::StrCat("rm -rf '", r->dir, "' && mkdir -p '", r->dir, "'").c_str()) !=
-        0) {
-      r->status = absl::InternalError("cannot make " + r->dir);
-      return r;
-    }
-    absl::StatusOr<std::string> out =
-        ::ember::testing::run_torch2("parallel/testdata/torch_fsdp_hybrid.py", {r->dir});
-    r->status = out.ok() ? absl::OkStatus() : out.status();
-    if (out.ok() && out->find("done") == std::string::npos) {
-      r->status = absl::InternalError(absl::StrCat("torch_fsdp_hybrid.py printed: ", *out));
-    }
-    return r;
-  }();
-  return *run;
-}
-
-Tensor Get(const StateDict& sd, const std::string& name) {
-  for (const auto& [key, t] : sd) {
-    if (key == name) return t;
-  }
-  return Tensor();
+// torch's run, once per test binary.
+const rank_testing::TorchRun& Torch() {
+  return rank_testing::RunTorchOnce("parallel/testdata/torch_fsdp_hybrid.py", "torch_fsdp_hybrid");
 }
 
 class TorchHybridTest : public ::testing::TestWithParam<ShardingStrategy> {
  protected:
   void SetUp() override {
-    const TorchRun& run = Torch();
+    const rank_testing::TorchRun& run = Torch();
     if (absl::IsNotFound(run.status)) GTEST_SKIP() << run.status.message();
     ASSERT_TRUE(run.status.ok()) << run.status;
   }

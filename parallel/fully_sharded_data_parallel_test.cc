@@ -31,6 +31,7 @@
 #include "nn/optim/adam.h"
 #include "nn/optim/sgd.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/rank_testing.h"
 #include "tensor/allocator.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -38,6 +39,10 @@
 
 namespace ember::parallel {
 namespace {
+
+using ::ember::parallel::rank_testing::Guard;
+using ::ember::parallel::rank_testing::Describe;
+using ::ember::parallel::rank_testing::ExpectAllSucceeded;
 
 namespace testing = ::ember::distributed::testing;
 using ::testing::HasSubstr;
@@ -101,14 +106,6 @@ Batch Shard(const Batch& b, int rank, int world) {
   return {b.x.narrow(0, rank * n, n), b.y.narrow(0, rank * n, n)};
 }
 
-absl::Status Guard(const std::function<absl::Status()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    return absl::InternalError(e.what());
-  }
-}
-
 // The largest |a - b| relative to the largest |b|, over every parameter of
 // `reference` found in `state`.
 absl::StatusOr<double> RelativeDifference(const ember::StateDict& state, const nn::Module& reference) {
@@ -122,19 +119,6 @@ absl::StatusOr<double> RelativeDifference(const ember::StateDict& state, const n
     worst = std::max(worst, diff / scale);
   }
   return worst;
-}
-
-std::string Describe(const std::vector<testing::ProcessResult>& results) {
-  std::vector<std::string> lines;
-  for (size_t r = 0; r < results.size(); ++r) {
-    lines.push_back(absl::StrCat("rank ", r, ": exit ", results[r].exit_code, " signal ",
-                                 results[r].signal, " output: ", results[r].output));
-  }
-  return absl::StrJoin(lines, "\n");
-}
-
-void ExpectAllSucceeded(const std::vector<testing::ProcessResult>& results) {
-  for (const testing::ProcessResult& r : results) EXPECT_EQ(r.exit_code, 0) << Describe(results);
 }
 
 // Note [Tolerance against one process]

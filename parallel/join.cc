@@ -65,8 +65,7 @@ absl::StatusOr<std::unique_ptr<Join>> Join::create(
   if (group == nullptr) {
     return absl::InvalidArgumentError("Join: joinable 0 has no process group");
   }
-  std::unique_ptr<Join> join(
-      new Join(joinables, options, group, joinables.front()->join_device()));
+  std::unique_ptr<Join> join(new Join(joinables, options, group, joinables.front()->join_device()));
   for (const std::shared_ptr<Joinable>& joinable : joinables) {
     join->hooks_.push_back(joinable->join_hook(options));
   }
@@ -114,8 +113,7 @@ absl::Status Join::join() {
       if (!told.ok()) {
         return Annotate(told.status(), "telling the ranks still training to stop");
       }
-      return absl::OutOfRangeError(absl::StrCat("Rank ", group_->rank(),
-                                                " exhausted all inputs."));
+      return absl::OutOfRangeError(absl::StrCat("Rank ", group_->rank(), " exhausted all inputs."));
     }
     for (size_t i = 0; i < hooks_.size(); ++i) {
       if (absl::Status shadow = hooks_[i]->main_hook(); !shadow.ok()) {

@@ -23,12 +23,17 @@
 #include "nn/optim/sgd.h"
 #include "parallel/comm_hooks.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/rank_testing.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
 
 namespace ember::parallel {
 namespace {
+
+using ::ember::parallel::rank_testing::Describe;
+using ::ember::parallel::rank_testing::ExpectAllSucceeded;
+using ::ember::parallel::rank_testing::Guard;
 
 namespace testing = ::ember::distributed::testing;
 using ::testing::HasSubstr;
@@ -67,14 +72,6 @@ Batch RankBatch(int step, int rank) {
   return {randn({kPerRank, kInputs}, {}, &gen), randint(0, kClasses, {kPerRank}, {}, &gen)};
 }
 
-absl::Status Guard(const std::function<absl::Status()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    return absl::InternalError(e.what());
-  }
-}
-
 absl::Status ExpectSameParameters(const nn::Module& a, const nn::Module& b, double tolerance) {
   const auto pa = a.named_parameters();
   const auto pb = b.named_parameters();
@@ -86,19 +83,6 @@ absl::Status ExpectSameParameters(const nn::Module& a, const nn::Module& b, doub
     }
   }
   return absl::OkStatus();
-}
-
-std::string Describe(const std::vector<testing::ProcessResult>& results) {
-  std::vector<std::string> lines;
-  for (size_t r = 0; r < results.size(); ++r) {
-    lines.push_back(absl::StrCat("rank ", r, ": exit ", results[r].exit_code, " signal ",
-                                 results[r].signal, " output: ", results[r].output));
-  }
-  return absl::StrJoin(lines, "\n");
-}
-
-void ExpectAllSucceeded(const std::vector<testing::ProcessResult>& results) {
-  for (const testing::ProcessResult& r : results) EXPECT_EQ(r.exit_code, 0) << Describe(results);
 }
 
 struct Uneven {
@@ -130,7 +114,8 @@ absl::Status TrainUneven(testing::Rank& me, const Uneven& config) {
     nn::optim::SGD ref_opt(reference->parameters(), {.lr = 0.5});
     const int mine = config.steps(me.rank, me.world_size);
     int longest = 0;
-    for (int r = 0; r < me.world_size; ++r) longest = std::max(longest, config.steps(r, me.world_size));
+    for (int r = 0; r < me.world_size; ++r)
+      longest = std::max(longest, config.steps(r, me.world_size));
     {
       EMBER_ASSIGN_OR_RETURN(auto join, Join::create({ddp}, config.join));
       for (int step = 0; step < mine; ++step) {
@@ -202,8 +187,8 @@ TEST_P(JoinTest, GradientAsBucketViewAndFindUnusedParameters) {
 }
 
 TEST_P(JoinTest, CommunicationHooksAreShadowedToo) {
-  ExpectUneven({.ddp = {.bucket_cap_mb = 0.0001},
-                .hook = [] { return comm_hooks::allreduce_hook(); }});
+  ExpectUneven(
+      {.ddp = {.bucket_cap_mb = 0.0001}, .hook = [] { return comm_hooks::allreduce_hook(); }});
 }
 
 TEST_P(JoinTest, BuffersComeFromTheHighestRankStillTraining) {
@@ -212,8 +197,8 @@ TEST_P(JoinTest, BuffersComeFromTheHighestRankStillTraining) {
       [](testing::Rank& me) {
         return Guard([&]() -> absl::Status {
           auto model = std::make_shared<Net>();
-          EMBER_ASSIGN_OR_RETURN(auto ddp,
-                                 DistributedDataParallel::create(model, {.process_group = me.group}));
+          EMBER_ASSIGN_OR_RETURN(
+              auto ddp, DistributedDataParallel::create(model, {.process_group = me.group}));
           const int steps = 2 + me.rank;
           EMBER_ASSIGN_OR_RETURN(auto join, ddp->join());
           for (int step = 0; step < steps; ++step) {
@@ -251,8 +236,8 @@ TEST_P(JoinTest, NoSyncIterationsAreNotShadowedAsBackwardPasses) {
       [](testing::Rank& me) {
         return Guard([&]() -> absl::Status {
           auto model = std::make_shared<Net>();
-          EMBER_ASSIGN_OR_RETURN(auto ddp,
-                                 DistributedDataParallel::create(model, {.process_group = me.group}));
+          EMBER_ASSIGN_OR_RETURN(
+              auto ddp, DistributedDataParallel::create(model, {.process_group = me.group}));
           nn::optim::SGD opt(ddp->parameters(), {.lr = 0.1});
           EMBER_ASSIGN_OR_RETURN(auto join, ddp->join());
           for (int step = 0; step < 2 * (1 + me.rank); ++step) {
@@ -271,8 +256,10 @@ TEST_P(JoinTest, NoSyncIterationsAreNotShadowedAsBackwardPasses) {
           std::vector<Tensor> flat;
           for (const Tensor& p : model->parameters()) flat.push_back(p.detach().flatten());
           Tensor mine = cat(flat), high = mine.clone(), low = mine.clone();
-          EMBER_RETURN_IF_ERROR(testing::Finish(me.group->allreduce(high, {.op = distributed::ReduceOp::kMax})));
-          EMBER_RETURN_IF_ERROR(testing::Finish(me.group->allreduce(low, {.op = distributed::ReduceOp::kMin})));
+          EMBER_RETURN_IF_ERROR(
+              testing::Finish(me.group->allreduce(high, {.op = distributed::ReduceOp::kMax})));
+          EMBER_RETURN_IF_ERROR(
+              testing::Finish(me.group->allreduce(low, {.op = distributed::ReduceOp::kMin})));
           const double spread = (high - low).abs().max().item<double>();
           if (spread != 0) return absl::InternalError(absl::StrCat("ranks differ by ", spread));
           return absl::OkStatus();
@@ -287,8 +274,8 @@ TEST_P(JoinTest, ThrowOnEarlyTerminationFailsEveryRank) {
       [](testing::Rank& me) {
         return Guard([&]() -> absl::Status {
           auto model = std::make_shared<Net>();
-          EMBER_ASSIGN_OR_RETURN(auto ddp,
-                                 DistributedDataParallel::create(model, {.process_group = me.group}));
+          EMBER_ASSIGN_OR_RETURN(
+              auto ddp, DistributedDataParallel::create(model, {.process_group = me.group}));
           EMBER_ASSIGN_OR_RETURN(auto join, ddp->join({.throw_on_early_termination = true}));
           const int steps = me.rank == 0 ? 2 : 5;
           for (int step = 0; step < steps; ++step) {
@@ -318,12 +305,13 @@ TEST_P(JoinTest, DisabledJoinIssuesNothing) {
   ExpectUneven({.steps = [](int, int) { return 2; }, .join = {.enable = false}});
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, JoinTest,
-    ::testing::Combine(::testing::Values("tcp", "gloo"), ::testing::Values(2, 3)),
-    [](const auto& info) {
-      return absl::StrCat(std::get<0>(info.param), "_", std::get<1>(info.param), "ranks");
-    });
+INSTANTIATE_TEST_SUITE_P(Backends, JoinTest,
+                         ::testing::Combine(::testing::Values("tcp", "gloo"),
+                                            ::testing::Values(2, 3)),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param), "_",
+                                               std::get<1>(info.param), "ranks");
+                         });
 
 // A job of many ranks, each with its own number of steps.
 TEST(JoinScaleTest, ThirtyTwoRanksWithFourDifferentLengths) {
@@ -363,11 +351,11 @@ TEST(JoinErrorsTest, JoinablesOfDifferentGroupsAreRefused) {
                                                           .rank = me.rank,
                                                           .size = me.world_size,
                                                           .timeout = absl::Seconds(20)}));
-          EMBER_ASSIGN_OR_RETURN(auto b, DistributedDataParallel::create(
-                                             std::make_shared<Net>(), {.process_group = other}));
+          EMBER_ASSIGN_OR_RETURN(auto b, DistributedDataParallel::create(std::make_shared<Net>(),
+                                                                         {.process_group = other}));
           absl::StatusOr<std::unique_ptr<Join>> join = Join::create({a, b});
-          if (join.ok() || join.status().message().find("multiple process groups") ==
-                               std::string::npos) {
+          if (join.ok() ||
+              join.status().message().find("multiple process groups") == std::string::npos) {
             return absl::InternalError(absl::StrCat("got ", join.status().ToString()));
           }
           // The refused Join left the modules outside any join context.

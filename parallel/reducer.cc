@@ -254,8 +254,10 @@ void Reducer::OnGradReady(size_t index) {
     }
     if (remaining_[index] == 0) {
       EMBER_FAIL("DistributedDataParallel: static_graph = true, but parameter '",
-                 slots_[index].name, "' got more gradient accumulations in this backward pass "
-                 "than the ", static_counts_[index],
+                 slots_[index].name,
+                 "' got more gradient accumulations in this backward pass "
+                 "than the ",
+                 static_counts_[index],
                  " of the first iteration: the graph is not static. Wrap the module without "
                  "static_graph (find_unused_parameters = true handles graphs that change)");
     }
@@ -499,9 +501,9 @@ void Reducer::Finalize() {
   for (size_t i = 0; i < slots_.size(); ++i) {
     // No rank produced a gradient (find_unused_parameters: this pass;
     // static_graph: the first); leave grad() as it is.
-    if (options_.static_graph ? !static_used_[i]
-                              : options_.find_unused_parameters &&
-                                    !(marks.data_ptr<float>()[1 + i] > 0)) {
+    if (options_.static_graph
+            ? !static_used_[i]
+            : options_.find_unused_parameters && !(marks.data_ptr<float>()[1 + i] > 0)) {
       continue;
     }
     Slot& slot = slots_[i];

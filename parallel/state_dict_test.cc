@@ -32,12 +32,15 @@
 #include "nn/normalization.h"
 #include "nn/optim/adam.h"
 #include "nn/optim/sgd.h"
+#include "parallel/rank_testing.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
 
 namespace ember::parallel {
 namespace {
+
+using ::ember::parallel::rank_testing::Guard;
 
 namespace fs = std::filesystem;
 namespace testing = ::ember::distributed::testing;
@@ -112,14 +115,6 @@ const Batch& HeldOut() {
 double HeldOutLoss(const std::function<Tensor(const Tensor&)>& forward) {
   autograd::NoGradGuard no_grad;
   return nn::functional::cross_entropy(forward(HeldOut().x), HeldOut().y).item<double>();
-}
-
-absl::Status Guard(const std::function<absl::Status()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    return absl::InternalError(e.what());
-  }
 }
 
 std::string Dir() {

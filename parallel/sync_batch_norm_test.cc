@@ -32,6 +32,7 @@
 #include "nn/normalization.h"
 #include "nn/optim/sgd.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/rank_testing.h"
 #include "parallel/sync_batch_norm_testing.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -39,6 +40,10 @@
 
 namespace ember::parallel {
 namespace {
+
+using ::ember::parallel::rank_testing::Guard;
+using ::ember::parallel::rank_testing::Describe;
+using ::ember::parallel::rank_testing::ExpectAllSucceeded;
 
 namespace testing = ::ember::distributed::testing;
 using ::testing::HasSubstr;
@@ -74,15 +79,6 @@ const std::vector<Case>& Cases() {
        kFloat64},
   };
   return cases;
-}
-
-// Runs `body`, turning a thrown ember::Error into a status.
-absl::Status Guard(const std::function<absl::Status()>& body) {
-  try {
-    return body();
-  } catch (const Error& e) {
-    return absl::InternalError(e.what());
-  }
 }
 
 // OK when |a - b| <= atol + rtol |b| everywhere (and the shapes agree).
@@ -228,19 +224,6 @@ absl::Status TrainAndCompare(testing::Rank& me, const Case& c, int steps) {
     }
     return absl::OkStatus();
   });
-}
-
-std::string Describe(const std::vector<testing::ProcessResult>& results) {
-  std::vector<std::string> lines;
-  for (size_t r = 0; r < results.size(); ++r) {
-    lines.push_back(absl::StrCat("rank ", r, ": exit ", results[r].exit_code, " signal ",
-                                 results[r].signal, " output: ", results[r].output));
-  }
-  return absl::StrJoin(lines, "\n");
-}
-
-void ExpectAllSucceeded(const std::vector<testing::ProcessResult>& results) {
-  for (const testing::ProcessResult& r : results) EXPECT_EQ(r.exit_code, 0) << Describe(results);
 }
 
 class SyncBatchNormTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {

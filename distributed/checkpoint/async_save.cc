@@ -21,14 +21,13 @@ struct AsyncCheckpointer::Save {
 
   absl::Status Wait(absl::Duration timeout) {
     absl::MutexLock lock(&mu);
-    const absl::Time deadline = timeout == absl::InfiniteDuration()
-                                    ? absl::InfiniteFuture()
-                                    : absl::Now() + timeout;
+    const absl::Time deadline =
+        timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
     auto finished = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return done; };
     if (!mu.AwaitWithDeadline(absl::Condition(&finished), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the asynchronous save to ", path, " is still being written after ",
-          absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat("the asynchronous save to ", path,
+                                                      " is still being written after ",
+                                                      absl::FormatDuration(timeout)));
     }
     seen = true;
     return status;
@@ -90,23 +89,22 @@ absl::StatusOr<std::shared_ptr<Future>> AsyncCheckpointer::async_save(
   for (size_t i = 0; i < state_dict.size(); ++i) {
     const auto& [key, item] = state_dict[i];
     if (!item.tensor.defined()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("distributed checkpoint async_save: the tensor of \"", key,
-                       "\" is undefined"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "distributed checkpoint async_save: the tensor of \"", key, "\" is undefined"));
     }
     for (size_t j = 0; j < i; ++j) {
       if (state_dict[j].first == key) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "distributed checkpoint async_save: the key \"", key, "\" appears twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("distributed checkpoint async_save: the key \"", key, "\" appears twice"));
       }
     }
     bytes += static_cast<int64_t>(item.tensor.nbytes());
   }
   if (options_.max_staging_bytes > 0 && bytes > options_.max_staging_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "distributed checkpoint async_save: the state dict holds ", bytes,
-        " bytes, more than max_staging_bytes (", options_.max_staging_bytes,
-        "); raise the limit, save synchronously, or save fewer tensors at a time"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("distributed checkpoint async_save: the state dict holds ", bytes,
+                     " bytes, more than max_staging_bytes (", options_.max_staging_bytes,
+                     "); raise the limit, save synchronously, or save fewer tensors at a time"));
   }
   bool reuse = options_.reuse_staging_buffers && staged_.size() == state_dict.size();
   for (size_t i = 0; reuse && i < state_dict.size(); ++i) {
@@ -142,7 +140,8 @@ absl::StatusOr<std::shared_ptr<Future>> AsyncCheckpointer::async_save(
   auto save = std::make_shared<Save>();
   save->path = options.path;
   CheckpointOptions background = options;
-  if (plan_cache_ != nullptr && background.plan_cache == nullptr) background.plan_cache = plan_cache_;
+  if (plan_cache_ != nullptr && background.plan_cache == nullptr)
+    background.plan_cache = plan_cache_;
   const int nice = options_.writer_nice;
   writer_ = std::thread([save, staged = std::move(staged), background, nice]() {
     // Below the training threads (Note [Asynchronous saves]).

@@ -1,8 +1,8 @@
 // Training time lost per checkpoint: a loop of steps that each compute on
 // and update a 64 MiB state (8 float32 tensors of 8 MiB: four 512x512
 // products, then every state tensor updated in place), saving the state
-// every `--every` steps (not after the last step), timed without checkpoints, with synchronous saves
-// and with async saves (AsyncCheckpointer). Lost per checkpoint = (loop time
+// every `--every` steps (not after the last step), timed without checkpoints, with synchronous
+// saves and with async saves (AsyncCheckpointer). Lost per checkpoint = (loop time
 // - loop time without checkpoints) / checkpoints. testdata/
 // torch_async_save_bench.py runs the same loop with PyTorch's dcp.save and
 // dcp.async_save. Files go to $EMBER_BENCH_DIR, else the system temp
@@ -57,14 +57,16 @@ double Loop(Mode mode, std::vector<Tensor>& state, const Tensor& a, int steps, i
     for (size_t i = 0; i < state.size(); ++i) {
       sd.push_back({absl::StrCat("layers.", i, ".weight"), replicated(state[i])});
     }
-    const std::string path = absl::StrCat(dir, "/", mode == Mode::kSync ? "s" : "a", round, "_", step);
+    const std::string path =
+        absl::StrCat(dir, "/", mode == Mode::kSync ? "s" : "a", round, "_", step);
     const absl::Time call = absl::Now();
     if (mode == Mode::kSync) {
       if (absl::Status s = save(sd, {.path = path}); !s.ok()) {
         std::fprintf(stderr, "save: %s\n", s.ToString().c_str());
         std::exit(1);
       }
-    } else if (absl::StatusOr<std::shared_ptr<Future>> f = checkpointer.async_save(sd, {.path = path});
+    } else if (absl::StatusOr<std::shared_ptr<Future>> f =
+                   checkpointer.async_save(sd, {.path = path});
                !f.ok()) {
       std::fprintf(stderr, "async_save: %s\n", f.status().ToString().c_str());
       std::exit(1);

@@ -134,7 +134,8 @@ TEST(AsyncSaveTest, BadInputIsRefusedBeforeAnythingIsStaged) {
       limited.async_save({{"w", replicated(Values(300, 0))}}, {.path = dir + "/big"});
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(big.status().message(), HasSubstr("holds 1200 bytes, more than max_staging_bytes (1000)"));
+  EXPECT_THAT(big.status().message(),
+              HasSubstr("holds 1200 bytes, more than max_staging_bytes (1000)"));
   EXPECT_EQ(limited.staging_bytes(), 0);
   absl::StatusOr<std::shared_ptr<Future>> twice = limited.async_save(
       {{"w", replicated(Values(3, 0))}, {"w", replicated(Values(3, 0))}}, {.path = dir + "/twice"});
@@ -157,30 +158,31 @@ StateDict Sharded(int rank, int world, double start) {
 TEST(AsyncSaveTest, RanksSaveShardsInTheBackgroundAndReuseThePlan) {
   const std::string dir = FreshDir("ranks");
   for (int world : {2, 3}) {
-    ASSERT_TRUE(RunRanks(world, [&](Rank& me) -> absl::Status {
-      AsyncCheckpointer checkpointer;
-      for (int i = 0; i < 3; ++i) {
-        StateDict sd = Sharded(me.rank, world, 100.0 * i);
-        EMBER_ASSIGN_OR_RETURN(
-            auto f, checkpointer.async_save(sd, {.path = absl::StrCat(dir, "/", world, "_", i),
-                                                 .process_group = me.group}));
-        sd[0].second.tensor.fill_(-5);  // the live shard changes at once
-      }
-      EMBER_RETURN_IF_ERROR(checkpointer.wait());
-      // The first save planned; the two after it reused the plan.
-      if (checkpointer.plan_cache()->misses() != 1 || checkpointer.plan_cache()->hits() != 2) {
-        return absl::InternalError(absl::StrCat("plan cache: ", checkpointer.plan_cache()->hits(),
-                                                " hits, ", checkpointer.plan_cache()->misses(),
-                                                " misses"));
-      }
-      return absl::OkStatus();
-    }).ok());
+    ASSERT_TRUE(
+        RunRanks(world, [&](Rank& me) -> absl::Status {
+          AsyncCheckpointer checkpointer;
+          for (int i = 0; i < 3; ++i) {
+            StateDict sd = Sharded(me.rank, world, 100.0 * i);
+            EMBER_ASSIGN_OR_RETURN(
+                auto f, checkpointer.async_save(sd, {.path = absl::StrCat(dir, "/", world, "_", i),
+                                                     .process_group = me.group}));
+            sd[0].second.tensor.fill_(-5);  // the live shard changes at once
+          }
+          EMBER_RETURN_IF_ERROR(checkpointer.wait());
+          // The first save planned; the two after it reused the plan.
+          if (checkpointer.plan_cache()->misses() != 1 || checkpointer.plan_cache()->hits() != 2) {
+            return absl::InternalError(
+                absl::StrCat("plan cache: ", checkpointer.plan_cache()->hits(), " hits, ",
+                             checkpointer.plan_cache()->misses(), " misses"));
+          }
+          return absl::OkStatus();
+        }).ok());
     for (int i = 0; i < 3; ++i) {
       absl::StatusOr<Tensor> w = LoadWhole(absl::StrCat(dir, "/", world, "_", i), "w");
       ASSERT_TRUE(w.ok()) << w.status();
-      EXPECT_TRUE(ExpectEqual("w", *w,
-                              arange(10 * world, kFloat32).add(100.0 * i).view({2 * world, 5}))
-                      .ok());
+      EXPECT_TRUE(
+          ExpectEqual("w", *w, arange(10 * world, kFloat32).add(100.0 * i).view({2 * world, 5}))
+              .ok());
     }
   }
 }
@@ -224,21 +226,24 @@ TEST(AsyncSaveTest, ACachedPlanIsReplannedWhenOneRankChangesItsLayout) {
 TEST(AsyncSaveTest, ADeadPeerFailsTheBackgroundSaveWithinTheTimeout) {
   const std::string dir = FreshDir("dead");
   ASSERT_TRUE(RunRanks(2, [&](Rank& me) -> absl::Status {
-    if (me.rank == 1) return absl::OkStatus();  // never saves: as good as dead
-    AsyncCheckpointer checkpointer;
-    EMBER_ASSIGN_OR_RETURN(auto f, checkpointer.async_save(Sharded(0, 2, 0),
-                                                           {.path = dir + "/x",
-                                                            .process_group = me.group,
-                                                            .timeout = absl::Seconds(2)}));
-    const absl::Status status = f->wait(absl::Seconds(30));
-    const bool still_running =
-        status.message().find("is still being written") != std::string::npos;
-    if (status.ok() || still_running) {
-      return absl::InternalError(absl::StrCat("the save did not fail in time: ", status.ToString()));
-    }
-    if (fs::exists(dir + "/x")) return absl::InternalError("a failed save left a checkpoint");
-    return absl::OkStatus();
-  }).ok());
+                if (me.rank == 1) return absl::OkStatus();  // never saves: as good as dead
+                AsyncCheckpointer checkpointer;
+                EMBER_ASSIGN_OR_RETURN(
+                    auto f,
+                    checkpointer.async_save(Sharded(0, 2, 0), {.path = dir + "/x",
+                                                               .process_group = me.group,
+                                                               .timeout = absl::Seconds(2)}));
+                const absl::Status status = f->wait(absl::Seconds(30));
+                const bool still_running =
+                    status.message().find("is still being written") != std::string::npos;
+                if (status.ok() || still_running) {
+                  return absl::InternalError(
+                      absl::StrCat("the save did not fail in time: ", status.ToString()));
+                }
+                if (fs::exists(dir + "/x"))
+                  return absl::InternalError("a failed save left a checkpoint");
+                return absl::OkStatus();
+              }).ok());
 }
 
 TEST(AsyncSaveTest, TheProcessWideAsyncSaveWrites) {

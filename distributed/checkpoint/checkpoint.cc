@@ -968,8 +968,8 @@ absl::Status save(const StateDict& state_dict, const CheckpointOptions& options)
       const auto of_all = static_cast<uint64_t>(in.Int());
       const std::string dir = in.Str();
       if (r == 0) temp_dir0 = dir;
-      reused = in.ok() && digest != 0 && digest == cache->digests[r] &&
-               of_all == cache->digest_of_all;
+      reused =
+          in.ok() && digest != 0 && digest == cache->digests[r] && of_all == cache->digest_of_all;
     }
     if (reused) {
       plans = cache->plans;
@@ -992,9 +992,8 @@ absl::Status save(const StateDict& state_dict, const CheckpointOptions& options)
     for (int r = 0; r < world; ++r) {
       if (!plans[r].error.empty()) {
         if (cache != nullptr) cache->valid = false;
-        return absl::InvalidArgumentError(absl::StrCat("distributed checkpoint save to ", path,
-                                                       " failed on rank ", r, ": ",
-                                                       plans[r].error));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "distributed checkpoint save to ", path, " failed on rank ", r, ": ", plans[r].error));
       }
     }
     absl::StatusOr<std::vector<Assignment>> planned = GlobalPlan(plans);

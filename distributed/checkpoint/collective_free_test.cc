@@ -82,9 +82,9 @@ TEST(CollectiveFreeTest, LoadsReshardLikeAnyCheckpoint) {
   for (auto [start, rows] : {std::pair<int64_t, int64_t>{0, 4}, {4, 2}}) {
     Tensor mine = zeros({rows, 5}, kFloat32);
     Tensor bias = zeros({5}, kFloat64);
-    ASSERT_TRUE(load({{"w", shard(mine, {6, 5}, {start, 0})}, {"bias", replicated(bias)}},
-                     {.path = path})
-                    .ok());
+    ASSERT_TRUE(
+        load({{"w", shard(mine, {6, 5}, {start, 0})}, {"bias", replicated(bias)}}, {.path = path})
+            .ok());
     EXPECT_TRUE(mine.equal(Weight(3).narrow(0, start, rows)));
     EXPECT_TRUE(bias.equal(Bias()));
   }
@@ -127,12 +127,12 @@ TEST(CollectiveFreeTest, ADirectoryIsWrittenOnce) {
 TEST(CollectiveFreeTest, PartsThatDisagreeAreRefusedAtLoad) {
   const std::string path = FreshDir("disagree") + "/ckpt";
   ASSERT_TRUE(RunRanks(2, [&](Rank& me) -> absl::Status {
-    StateDict sd = Held(me.rank, 2);
-    if (me.rank == 1) {  // another global shape for the same key
-      sd[0].second = shard(zeros({2, 5}), {5, 5}, {2, 0});
-    }
-    return save(sd, {.path = path, .process_group = me.group, .collective_free = true});
-  }).ok());
+                StateDict sd = Held(me.rank, 2);
+                if (me.rank == 1) {  // another global shape for the same key
+                  sd[0].second = shard(zeros({2, 5}), {5, 5}, {2, 0});
+                }
+                return save(sd, {.path = path, .process_group = me.group, .collective_free = true});
+              }).ok());
   absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> got = load_full_state_dict(path);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
@@ -145,11 +145,11 @@ TEST(CollectiveFreeTest, ReplicasOfOnePieceAreReadOnce) {
   // each piece is written twice, and loads read one copy.
   const std::string path = FreshDir("replicas") + "/ckpt";
   ASSERT_TRUE(RunRanks(4, [&](Rank& me) -> absl::Status {
-    const int shard_index = me.rank % 2;
-    return save({{"w", shard(Weight(2).narrow(0, 2 * shard_index, 2).clone(), {4, 5},
-                             {2 * shard_index, 0})}},
-                {.path = path, .process_group = me.group, .collective_free = true});
-  }).ok());
+                const int shard_index = me.rank % 2;
+                return save({{"w", shard(Weight(2).narrow(0, 2 * shard_index, 2).clone(), {4, 5},
+                                         {2 * shard_index, 0})}},
+                            {.path = path, .process_group = me.group, .collective_free = true});
+              }).ok());
   absl::StatusOr<Metadata> md = read_metadata(path);
   ASSERT_TRUE(md.ok()) << md.status();
   EXPECT_EQ(md->tensors[0].second.chunks.size(), 2u);
@@ -161,11 +161,12 @@ TEST(CollectiveFreeTest, ReplicasOfOnePieceAreReadOnce) {
 TEST(CollectiveFreeTest, ACoverageGapIsDataLossAtLoad) {
   const std::string path = FreshDir("gap") + "/ckpt";
   ASSERT_TRUE(RunRanks(2, [&](Rank& me) -> absl::Status {
-    // Rank 1 holds rows [3, 4) only: row 2 of the [4, 5] weight is nobody's.
-    StateDict sd = Held(me.rank, 2);
-    if (me.rank == 1) sd[0].second = shard(Weight(2).narrow(0, 3, 1).clone(), {4, 5}, {3, 0});
-    return save(sd, {.path = path, .process_group = me.group, .collective_free = true});
-  }).ok());
+                // Rank 1 holds rows [3, 4) only: row 2 of the [4, 5] weight is nobody's.
+                StateDict sd = Held(me.rank, 2);
+                if (me.rank == 1)
+                  sd[0].second = shard(Weight(2).narrow(0, 3, 1).clone(), {4, 5}, {3, 0});
+                return save(sd, {.path = path, .process_group = me.group, .collective_free = true});
+              }).ok());
   absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> got = load_full_state_dict(path);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);

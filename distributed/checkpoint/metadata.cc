@@ -11,9 +11,9 @@
 #include <variant>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "tensor/shape.h"
 #include "tensor/status_macros.h"
@@ -449,8 +449,7 @@ absl::StatusOr<Metadata> MergeParts(const std::string& dir, Metadata first) {
   const std::string part0 = absl::StrCat(dir, "/", kMetadataPartPrefix, 0, ".json");
   const int world = first.world_size;
   if (world < 1 || world > (1 << 24)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(part0, " claims a world size of ", world));
+    return absl::InvalidArgumentError(absl::StrCat(part0, " claims a world size of ", world));
   }
   Metadata merged = std::move(first);
   std::map<std::string, size_t> index;
@@ -466,9 +465,9 @@ absl::StatusOr<Metadata> MergeParts(const std::string& dir, Metadata first) {
     if (!text.ok()) return text.status();
     EMBER_ASSIGN_OR_RETURN(Metadata part, decode_metadata(*text, path));
     if (part.world_size != world) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, " was saved by a world of ", part.world_size, " ranks but ", part0, " by ", world,
-          "; the directory mixes two collective-free saves"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, " was saved by a world of ", part.world_size, " ranks but ", part0,
+                       " by ", world, "; the directory mixes two collective-free saves"));
     }
     for (auto& [key, tm] : part.tensors) {
       auto it = index.find(key);
@@ -479,11 +478,11 @@ absl::StatusOr<Metadata> MergeParts(const std::string& dir, Metadata first) {
       }
       TensorMetadata& have = merged.tensors[it->second].second;
       if (have.dtype != tm.dtype || have.global_shape != tm.global_shape) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "collective-free checkpoint ", dir, ": \"", key, "\" is ",
-            std::string(dtype_name(have.dtype)), " ", ShapeToString(have.global_shape),
-            " in an earlier rank's part but ", std::string(dtype_name(tm.dtype)), " ",
-            ShapeToString(tm.global_shape), " in rank ", r, "'s"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("collective-free checkpoint ", dir, ": \"", key, "\" is ",
+                         std::string(dtype_name(have.dtype)), " ", ShapeToString(have.global_shape),
+                         " in an earlier rank's part but ", std::string(dtype_name(tm.dtype)), " ",
+                         ShapeToString(tm.global_shape), " in rank ", r, "'s"));
       }
       for (ChunkMetadata& ch : tm.chunks) {
         const bool seen = std::any_of(have.chunks.begin(), have.chunks.end(), [&](const auto& c) {
@@ -496,10 +495,10 @@ absl::StatusOr<Metadata> MergeParts(const std::string& dir, Metadata first) {
   if (!missing.empty()) {
     std::vector<std::string> names;
     for (int r : missing) names.push_back(absl::StrCat(r));
-    return absl::NotFoundError(absl::StrCat(
-        "collective-free checkpoint ", dir, " is incomplete: the parts of rank",
-        missing.size() > 1 ? "s " : " ", absl::StrJoin(names, ", "), " of ", world,
-        " are missing (their save is still running, failed, or the rank died)"));
+    return absl::NotFoundError(
+        absl::StrCat("collective-free checkpoint ", dir, " is incomplete: the parts of rank",
+                     missing.size() > 1 ? "s " : " ", absl::StrJoin(names, ", "), " of ", world,
+                     " are missing (their save is still running, failed, or the rank died)"));
   }
   return merged;
 }
