@@ -12,6 +12,7 @@
 #include "nn/container.h"
 #include "nn/conv.h"
 #include "nn/linear.h"
+#include "nn/models/gpt2.h"
 #include "nn/models/resnet.h"
 #include "nn/pooling.h"
 #include "tensor/error.h"
@@ -60,6 +61,23 @@ absl::StatusOr<ModulePtr> BuildResNet18(const Kwargs& kwargs) {
   return std::make_shared<nn::models::ResNet18>(options);
 }
 
+absl::StatusOr<std::shared_ptr<nn::Module>> BuildGpt2(const Kwargs& kwargs) {
+  KwargsReader r("gpt2", kwargs);
+  nn::models::GPT2Config config;
+  config.vocab_size = r.positive_int("vocab_size", config.vocab_size);
+  config.n_positions = r.positive_int("n_positions", config.n_positions);
+  config.n_embd = r.positive_int("n_embd", config.n_embd);
+  config.n_layer = r.positive_int("n_layer", config.n_layer);
+  config.n_head = r.positive_int("n_head", config.n_head);
+  EMBER_RETURN_IF_ERROR(r.finish());
+  if (config.n_embd % config.n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("builder gpt2: n_embd (", config.n_embd,
+                                                   ") must be divisible by n_head (",
+                                                   config.n_head, ")"));
+  }
+  return std::make_shared<nn::models::GPT2>(config);
+}
+
 struct Registered {
   Builder builder;
   std::optional<PublishedWeights> weights;
@@ -68,6 +86,7 @@ struct Registered {
 struct Registry {
   absl::Mutex mu;
   std::map<std::string, Registered> builders ABSL_GUARDED_BY(mu) = {
+      {"gpt2", {BuildGpt2, std::nullopt}},
       {"mlp", {BuildMlp, std::nullopt}},
       {"small_cnn", {BuildSmallCnn, std::nullopt}},
       // torchvision.models.ResNet18_Weights.IMAGENET1K_V1.

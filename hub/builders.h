@@ -24,8 +24,12 @@
 //              MaxPool2d(2), Conv2d(3x3, 16), ReLU, AdaptiveAvgPool2d(1),
 //              Flatten, Linear(16, num_classes))
 //   resnet18   num_classes=1000, width=64, in_channels=3 (resnet.h)
+//   gpt2       vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12,
+//              n_head=12 (nn/models/gpt2.h: Hugging Face's GPT-2 layout; its
+//              published weights are safetensors on the Hugging Face hub,
+//              which GPT2::from_safetensors reads from a local copy)
 // Each matches the torch.nn model of the same structure name for name, so
-// PyTorch state_dicts load into them.
+// PyTorch state_dicts load into them (gpt2: Hugging Face's GPT2Model names).
 //
 // A builder that mirrors a torchvision model may also say where torchvision
 // publishes that model's weights (as torchvision's own model code does):

@@ -352,6 +352,16 @@ TEST(BuilderWeightsTest, TorchvisionPublishesResNet18Here) {
   EXPECT_EQ(w->base_url + "/" + w->file_name,
             "https://download.pytorch.org/models/resnet18-f37072fd.pth");
   EXPECT_FALSE(builder_weights("mlp").has_value());
+  EXPECT_FALSE(builder_weights("gpt2").has_value());
+  // gpt2's arguments are GPT2Config's.
+  absl::StatusOr<std::shared_ptr<nn::Module>> gpt2 =
+      build("gpt2", {{"n_embd", int64_t{16}}, {"n_layer", int64_t{1}}, {"n_head", int64_t{2}},
+                     {"vocab_size", int64_t{11}}, {"n_positions", int64_t{8}}});
+  ASSERT_TRUE(gpt2.ok()) << gpt2.status();
+  EXPECT_EQ((*gpt2)->named_parameters().front().second.sizes(), (SizeVector{11, 16}));
+  absl::StatusOr<std::shared_ptr<nn::Module>> odd =
+      build("gpt2", {{"n_embd", int64_t{15}}, {"n_head", int64_t{2}}});
+  EXPECT_THAT(odd.status().message(), HasSubstr("n_embd (15) must be divisible by n_head (2)"));
   EXPECT_FALSE(builder_weights("no_such_builder").has_value());
   Builder any = [](const Kwargs&) { return build("mlp", {}); };
   absl::Status s = register_builder("bad_weights", any, PublishedWeights{"model.pth"});

@@ -1,9 +1,13 @@
 #include "nn/activation.h"
 
+#include <cmath>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/thread_pool.h"
 
@@ -81,4 +85,23 @@ Tensor relu(const Tensor& input) {
 }
 
 }  // namespace functional
+namespace functional {
+
+Tensor gelu(const Tensor& input, const std::string& approximate) {
+  if (approximate == "none") return input.gelu();
+  EMBER_CHECK(approximate == "tanh", "approximate argument must be either none or tanh, got '",
+              approximate, "'");
+  // Composed of differentiable ops, so autograd gives its derivative.
+  const double k = std::sqrt(2.0 / M_PI);
+  const Tensor inner = (input + input * input * input * 0.044715) * k;
+  return input * 0.5 * (inner.tanh() + 1.0);
+}
+
+}  // namespace functional
+
+GELU::GELU(std::string approximate) : approximate_(std::move(approximate)) {
+  EMBER_CHECK(approximate_ == "none" || approximate_ == "tanh",
+              "approximate argument must be either none or tanh, got '", approximate_, "'");
+}
+
 }  // namespace ember::nn

@@ -27,6 +27,10 @@ namespace ember::nn {
 
 namespace functional {
 Tensor relu(const Tensor& input);
+// torch.nn.functional.gelu: approximate "none" (the erf form) or "tanh"
+// (0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), GPT-2's "gelu_new").
+// Anything else throws ember::Error naming it, as torch's ValueError.
+Tensor gelu(const Tensor& input, const std::string& approximate = "none");
 }  // namespace functional
 
 class ReLU : public Cloneable<ReLU> {
@@ -36,12 +40,18 @@ class ReLU : public Cloneable<ReLU> {
   Tensor forward(const Tensor& input) override { return functional::relu(input); }
 };
 
-// The exact (erf) form, PyTorch's default approximate="none".
+// torch.nn.GELU(approximate): the exact (erf) form by default, or "tanh".
 class GELU : public Cloneable<GELU> {
  public:
-  GELU() = default;
+  explicit GELU(std::string approximate = "none");
   void reset() override {}
-  Tensor forward(const Tensor& input) override { return input.gelu(); }
+  Tensor forward(const Tensor& input) override {
+    return functional::gelu(input, approximate_);
+  }
+  const std::string& approximate() const { return approximate_; }
+
+ private:
+  std::string approximate_;
 };
 
 class Tanh : public Cloneable<Tanh> {
