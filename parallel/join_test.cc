@@ -24,6 +24,7 @@
 #include "parallel/comm_hooks.h"
 #include "parallel/distributed_data_parallel.h"
 #include "parallel/rank_testing.h"
+#include "parallel/zero_redundancy_optimizer.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
@@ -178,8 +179,8 @@ TEST_P(JoinTest, EvenInputsNeedNoShadowing) {
 }
 
 TEST_P(JoinTest, GradientAsBucketViewAndFindUnusedParameters) {
-  // The joined ranks' buckets are their grad(): shadowing must not touch
-  // them; and their zero "used" marks ride in the last bucket.
+  // The joined ranks' buckets are their grad(), which the shadow fills with
+  // the others' average; their zero "used" marks ride in the last bucket.
   ExpectUneven({.ddp = {.bucket_cap_mb = 0.0001,
                         .find_unused_parameters = true,
                         .gradient_as_bucket_view = true},
@@ -263,6 +264,56 @@ TEST_P(JoinTest, NoSyncIterationsAreNotShadowedAsBackwardPasses) {
           const double spread = (high - low).abs().max().item<double>();
           if (spread != 0) return absl::InternalError(absl::StrCat("ranks differ by ", spread));
           return absl::OkStatus();
+        });
+      },
+      RankOptions()));
+}
+
+TEST_P(JoinTest, ZeroRedundancyOptimizerStepsItsShareOnJoinedRanks) {
+  // DDP and ZeRO (SGD with momentum) in one Join: a joined rank's share of
+  // the parameters is still updated, with the others' averaged gradients,
+  // so every rank ends as one process on the batches of the ranks training.
+  ExpectAllSucceeded(testing::RunRankProcesses(
+      world(),
+      [](testing::Rank& me) {
+        return Guard([&]() -> absl::Status {
+          manual_seed(700 + me.rank);
+          auto model = std::make_shared<Net>();
+          EMBER_ASSIGN_OR_RETURN(auto ddp, DistributedDataParallel::create(
+                                               model, {.process_group = me.group,
+                                                       .bucket_cap_mb = 0.0001,
+                                                       .find_unused_parameters = true}));
+          model->use_extra = false;
+          auto reference = model->clone();
+          EMBER_ASSIGN_OR_RETURN(std::shared_ptr<ZeroRedundancyOptimizer> zero,
+                                 ZeroRedundancyOptimizer::Create<nn::optim::SGD>(
+                                     ddp->parameters(), {.lr = 0.5, .momentum = 0.9},
+                                     {.process_group = me.group}));
+          nn::optim::SGD ref_opt(reference->parameters(), {.lr = 0.5, .momentum = 0.9});
+          const int mine = 2 + 2 * me.rank;
+          {
+            EMBER_ASSIGN_OR_RETURN(auto join, Join::create({ddp, zero}));
+            for (int step = 0; step < mine; ++step) {
+              const Batch local = RankBatch(step, me.rank);
+              zero->zero_grad();
+              nn::functional::cross_entropy((*ddp)(local.x), local.y).backward();
+              EMBER_RETURN_IF_ERROR(zero->Step());
+            }
+            EMBER_RETURN_IF_ERROR(join->join());
+          }
+          for (int step = 0; step < 2 + 2 * (me.world_size - 1); ++step) {
+            Tensor loss;
+            for (int r = 0; r < me.world_size; ++r) {
+              if (step >= 2 + 2 * r) continue;
+              const Batch b = RankBatch(step, r);
+              Tensor l = nn::functional::cross_entropy((*reference)(b.x), b.y);
+              loss = loss.defined() ? loss + l : l;
+            }
+            ref_opt.zero_grad();
+            (loss / static_cast<double>(me.world_size)).backward();
+            ref_opt.step();
+          }
+          return ExpectSameParameters(*model, *reference, 1e-5);
         });
       },
       RankOptions()));

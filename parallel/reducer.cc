@@ -498,6 +498,10 @@ void Reducer::Finalize() {
     for (size_t i = 0; i < slots_.size(); ++i) static_used_[i] = marks.data_ptr<float>()[1 + i] > 0;
     static_counted_ = true;
   }
+  WriteGradients(marks);
+}
+
+void Reducer::WriteGradients(const Tensor& marks) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     // No rank produced a gradient (find_unused_parameters: this pass;
     // static_graph: the first); leave grad() as it is.
@@ -559,11 +563,7 @@ absl::Status Reducer::ShadowBackward() {
   absl::Status status = WaitAll();
   ResetIteration();
   expect_hooks_ = false;
-  // With gradient_as_bucket_view the buckets are this rank's grad(): keep
-  // them, and reduce zeros in their place.
-  std::vector<Tensor> kept;
   for (Bucket& bucket : buckets_) {
-    if (options_.gradient_as_bucket_view) kept.push_back(bucket.flat.clone());
     bucket.flat.zero_();
     bucket.pending = 0;
   }
@@ -574,9 +574,22 @@ absl::Status Reducer::ShadowBackward() {
   }
   for (Bucket& bucket : buckets_) bucket.future.reset();
   control_pending_ = false;
-  for (size_t b = 0; b < kept.size(); ++b) buckets_[b].flat.copy_(kept[b]);
-  if (!status.ok()) failure_ = status;
-  return status;
+  if (!status.ok()) {
+    failure_ = status;
+    return status;
+  }
+  // The others' average (this rank's share zero) becomes grad(), as after a
+  // synchronised backward, so an optimizer that steps here sees it.
+  const Bucket& last = buckets_.back();
+  Tensor marks;
+  if (options_.find_unused_parameters) {
+    marks = last.flat.narrow(0, last.grad_elements, control_elements_)
+                .cpu()
+                .to(kFloat32)
+                .contiguous();
+  }
+  WriteGradients(marks);
+  return absl::OkStatus();
 }
 
 absl::Status Reducer::SetDivisor(int divisor) {

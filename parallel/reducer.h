@@ -266,9 +266,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Join (parallel/join.h), on a rank that has run out of inputs: issues
   // every collective a synchronised backward pass issues (each bucket's
   // reduction, through the hook if one is registered, and the control values),
-  // contributing zeros, and waits for them. The gradients of this rank are
-  // not touched. The group's error, annotated, when a collective fails (the
-  // reducer is then unusable, as after a failed backward).
+  // contributing zeros, waits for them, and writes the result into grad()
+  // as the end of a synchronised backward does: the others' gradients,
+  // divided as theirs are, so that an optimizer stepping on this rank
+  // (ZeroRedundancyOptimizer's join hook) updates its share correctly. The
+  // group's error, annotated, when a collective fails (the reducer is then
+  // unusable, as after a failed backward).
   absl::Status ShadowBackward();
   // The number the built-in reduction divides each bucket by, from the next
   // bucket launched on: the group's size unless set (Join's
@@ -322,6 +325,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void ResetIteration();
   // Throws when the reduced error flag says some rank missed gradients.
   void CheckPeerFlag(float flag, bool deferred);
+  // Copies every bucket's reduced gradients into grad() (`marks`: the
+  // reduced control values on the host, read with find_unused_parameters).
+  void WriteGradients(const Tensor& marks);
   // Reads the flag a device pass left behind (Note [Device control values]);
   // without `block`, only when it has arrived.
   void CheckDeferredFlag(bool block);

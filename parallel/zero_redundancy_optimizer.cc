@@ -516,9 +516,31 @@ absl::Status ZeroRedundancyOptimizer::SyncParams() {
 }
 
 absl::Status ZeroRedundancyOptimizer::Step() {
+  // This rank still trains (Note [Join]); nothing unless this is the first
+  // joinable of an enabled Join.
+  absl::StatusOr<JoinNotice> notice = Join::notify_join_context(*this);
+  if (!notice.ok()) return notice.status();
   if (as_bucket_view_ && TrainableMask() != trainable_) BuildBuckets();
   local_->step();
   return SyncParams();
+}
+
+namespace {
+
+// A joined rank's share of each step of the ranks still training.
+class ZeroJoinHook : public JoinHook {
+ public:
+  explicit ZeroJoinHook(ZeroRedundancyOptimizer* zero) : zero_(zero) {}
+  absl::Status main_hook() override { return zero_->Step(); }
+
+ private:
+  ZeroRedundancyOptimizer* zero_;
+};
+
+}  // namespace
+
+std::unique_ptr<JoinHook> ZeroRedundancyOptimizer::join_hook(const JoinOptions&) {
+  return std::make_unique<ZeroJoinHook>(this);
 }
 
 void ZeroRedundancyOptimizer::step() {

@@ -57,8 +57,15 @@
 // load_state_dict(whole) on every rank takes each rank's own share.
 //
 // Not implemented: overlap_with_ddp (torch's step inside DDP's communication
-// hook); Create refuses it with kUnimplemented. Join hooks for uneven inputs
-// are not provided either.
+// hook); Create refuses it with kUnimplemented.
+//
+// Uneven inputs (parallel/join.h): ZeroRedundancyOptimizer is a Joinable,
+// as torch's. Its join hook runs Step() for each iteration the other ranks
+// still train, so the joined rank updates its share and broadcasts it as
+// their step expects. Put it after the DistributedDataParallel in the Join
+// (`Join::create({ddp, zero})`): DDP's hook first shadows backward, which
+// leaves the others' averaged gradients in the joined rank's grad(), so its
+// share is updated with them and every rank ends as one process would.
 //
 // Errors: Create returns kInvalidArgument for an empty parameter list (torch's
 // "ZeroRedundancyOptimizer got an empty parameter list"), an undefined or
@@ -94,6 +101,7 @@
 #include "absl/strings/str_cat.h"
 #include "distributed/process_group.h"
 #include "nn/optim/optimizer.h"
+#include "parallel/join.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
 
@@ -112,7 +120,7 @@ struct ZeroRedundancyOptimizerOptions {
   bool overlap_with_ddp = false;
 };
 
-class ZeroRedundancyOptimizer : public nn::optim::Optimizer {
+class ZeroRedundancyOptimizer : public nn::optim::Optimizer, public Joinable {
  public:
   // Builds this rank's local optimizer from its share of each parameter
   // group, in group order (a share may be empty). The optimizer must have
@@ -238,6 +246,13 @@ class ZeroRedundancyOptimizer : public nn::optim::Optimizer {
   int world_size() const { return world_size_; }
   const std::shared_ptr<distributed::ProcessGroup>& process_group() const { return group_; }
   bool parameters_as_bucket_view() const { return as_bucket_view_; }
+
+  // Joinable (see above): the hook runs Step().
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
+  Device join_device() const override { return default_device_; }
+  std::shared_ptr<distributed::ProcessGroup> join_process_group() const override {
+    return group_;
+  }
 
  private:
   ZeroRedundancyOptimizer() = default;
