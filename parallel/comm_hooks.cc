@@ -208,7 +208,6 @@ absl::StatusOr<std::shared_ptr<PowerSGDState>> PowerSGDState::create(
                options.compression_stats_logging_frequency);
   }
   std::shared_ptr<PowerSGDState> state(new PowerSGDState(std::move(group), options));
-  state->next_stats_report_ = 0;
   return state;
 }
 
