@@ -1,9 +1,11 @@
 #include "distributed/distributed.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -24,9 +26,14 @@
 // and a group's backend writes under "<name>/" (a mixed backend's, such as
 // "cpu:gloo,cuda:nccl", under "<name>/<device type>/"). Once a group exists, every
 // rank of the job (members of a new group or not) adds one to
-// "store_based_barrier_key:<counter after naming it>" and waits for the count
-// to reach the world size, so init_process_group and new_group return only
-// when every rank has the group. Backends placed by a launcher (mpi) skip the
+// "store_based_barrier_key:<counter after naming it>" (PyTorch 1.13's key)
+// and at PyTorch 2.x's ("store_based_barrier_key:0" for the default group,
+// "0//store_based_barrier_key:<name>" for a new one, where the rank that
+// brings the count to the world size sets "<key>:last_worker"); with
+// TORCH_DIST_INIT_BARRIER=1 it then waits for either count to reach the
+// world size, so init_process_group and new_group return only when every
+// rank has the group. Unset or 0 (PyTorch 2.x's default) it does not wait: PyTorch 2.x
+// ranks then count nothing. Backends placed by a launcher (mpi) skip the
 // store barrier, as PyTorch does. destroy_process_group restarts the counter:
 // initialising again on the same store needs a fresh store or a PrefixStore,
 // as in PyTorch (a count already past the world size says so).
@@ -46,41 +53,118 @@
 // without splitting ignore it, and the new group then meets through the
 // store as before.
 
+//
+// Note [Failing cleanly]
+// A peer that is dead (SIGKILL), stopped (SIGSTOP) or slow must never hold a
+// survivor longer than it asks for. ProcessGroup::abort() fails every
+// pending op of the group (queued, running, posted sends and receives, and
+// a thread blocked in Work::wait) with kAborted and its reason at once, and
+// every later op at once; it pulls the backend out of whatever it waits in:
+// tcp interrupts its channels (sockets shut down, shared-memory rings and
+// the all_reduce arena woken) and fails the mesh's posted receives; gloo
+// closes every pair of its context with an error (Note [Aborting gloo] in
+// gloo/process_group_gloo.cc), which gloo itself propagates to every buffer
+// waiting on the pair; mpi fails the Works but cannot take its worker out
+// of MPI (Note [MPI timeouts]), so destroying it while a collective is
+// inside MPI ends the job with MPI_Abort two seconds later; nccl aborts its
+// communicators (ncclCommAbort). The group's threads then end without
+// waiting for any peer, so its destructor is bounded too (gloo's failure
+// path polls the store in 20 ms slices and stops at the abort).
+// destroy_process_group calls ProcessGroup::shutdown() on every group it
+// destroys: abort() with "the process group was destroyed" as the reason
+// and no flight-recorder dump; tcp first says goodbye to its peers (a peer
+// whose channel is busy or full is skipped), so that they fail only what
+// they wait for from this rank. Handles the caller still holds stay aborted.
+//
+// Note [Shrinking groups]
+// shrink_group (PyTorch 2.x's torch.distributed.shrink_group) makes a group
+// of the survivors without re-initialising the process and without any
+// collective that involves the excluded ranks: each survivor derives the new
+// group's store prefix alone, "<old prefix>shrink:<excluded ranks>/", its
+// rank (its index among the survivors, in the old order) and the size, and
+// the backend's create meets only those ranks through the store. Before
+// that, the backend may do its part on the old group
+// (ProcessGroup::shrink_for_new_group: nccl's ncclCommShrink, Note [NCCL
+// shrunken groups]), and the old group is aborted: its ops can no longer
+// complete. Shrinking the default group makes the new group the default one,
+// renumbers get_rank()/get_world_size() and aborts every other group, as
+// PyTorch does; later new_group calls go on numbering groups as before (the
+// survivors made the same ones) and count only the survivors in their store
+// barrier. The store must outlive the excluded ranks: a TCPStore served by
+// an excluded rank is gone with it.
+
 namespace ember::distributed {
 namespace {
 
 constexpr char kRendezvousStorePrefix[] = "default_pg/";
 
-// The store-based barrier of Note [Store layout]. It polls the count, as
-// PyTorch's does, rather than waiting on a key the last rank sets (as the
-// rendezvous does): a PyTorch rank may be the last, and it sets no key.
-absl::Status StoreBarrier(Store& store, const std::string& key, int world_size,
-                          absl::Duration timeout, const char* what) {
+// Whether the store barrier waits (Note [Store layout]): TORCH_DIST_INIT_BARRIER,
+// read as PyTorch 2.x reads it: "1" waits, unset or "0" does not.
+absl::StatusOr<bool> BarrierWaits() {
+  const char* env = std::getenv("TORCH_DIST_INIT_BARRIER");
+  int value = 0;
+  if (env != nullptr && !absl::SimpleAtoi(env, &value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TORCH_DIST_INIT_BARRIER='", env, "' is not an integer; set it to 1 (barrier after "
+        "init_process_group and new_group) or 0 (none), or unset it"));
+  }
+  return value == 1;
+}
+
+// The store-based barrier of Note [Store layout], at both PyTorch
+// versions' keys: `key` as PyTorch 1.13 counts it (it polls the count, as
+// 1.13 does, rather than waiting on a key the last rank sets: a 1.13 rank
+// may be the last, and it sets no key), `torch2_key` as PyTorch 2.x counts
+// it (the rank whose add reaches the world size sets "<key>:last_worker",
+// which 2.x ranks wait for). Each job's ranks all count at one of the two,
+// so the barrier passes once either count reaches the world size. Every
+// rank counts itself in even when it does not wait, so that PyTorch ranks
+// that do wait are let through, and a count past the world size (a used
+// store) is refused either way.
+absl::Status StoreBarrier(Store& store, const std::string& key, const std::string& torch2_key,
+                          int world_size, absl::Duration timeout, const char* what) {
   const absl::Time deadline = absl::Now() + timeout;
+  EMBER_ASSIGN_OR_RETURN(const bool waits, BarrierWaits());
   EMBER_ASSIGN_OR_RETURN(int64_t arrived, store.add(key, 1));
+  EMBER_ASSIGN_OR_RETURN(int64_t arrived2, store.add(torch2_key, 1));
+  if (arrived2 == world_size) {
+    EMBER_RETURN_IF_ERROR(store.set(absl::StrCat(torch2_key, ":last_worker"), "1"));
+  }
   absl::Duration pause = absl::Microseconds(200);
-  while (arrived < world_size) {
+  while (waits && arrived < world_size && arrived2 < world_size) {
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(what, ": timed out after ", absl::FormatDuration(timeout),
-                       " waiting for every rank to create the group (", arrived, " of ",
-                       world_size, " ranks counted at store key '", key, "')"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ": timed out after ", absl::FormatDuration(timeout),
+          " waiting for every rank to create the group (", std::max(arrived, arrived2), " of ",
+          world_size, " ranks counted at store key '", arrived >= arrived2 ? key : torch2_key,
+          "')"));
     }
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(10));
     EMBER_ASSIGN_OR_RETURN(arrived, store.add(key, 0));
+    EMBER_ASSIGN_OR_RETURN(arrived2, store.add(torch2_key, 0));
   }
-  if (arrived > world_size) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": store key '", key, "' counts ", arrived, " ranks for a world of ", world_size,
-        "; the store holds an earlier job's groups: use a fresh store (or a PrefixStore) for "
-        "each init_process_group"));
+  for (const auto& [count, at] : {std::pair(arrived, &key), std::pair(arrived2, &torch2_key)}) {
+    if (count > world_size) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": store key '", *at, "' counts ", count, " ranks for a world of ", world_size,
+          "; the store holds an earlier job's groups: use a fresh store (or a PrefixStore) for "
+          "each init_process_group"));
+    }
   }
   return absl::OkStatus();
 }
 
 std::string BarrierKey(const std::string& prefix, int groups_made) {
   return absl::StrCat(prefix, "store_based_barrier_key:", groups_made);
+}
+
+// PyTorch 2.x's barrier key for group `group_id` (its name): the default
+// group's under the job's prefix, a new group's within the default group's
+// store (PrefixStore "0/", joined with "/").
+std::string Torch2BarrierKey(const std::string& prefix, int group_id) {
+  if (group_id == 0) return absl::StrCat(prefix, "store_based_barrier_key:0");
+  return absl::StrCat(prefix, "0//store_based_barrier_key:", group_id);
 }
 
 // The handle new_group returns to processes outside the group: every op
@@ -148,6 +232,14 @@ class NonMemberGroup : public ProcessGroup {
   absl::Status error_;
 };
 
+// What destroy_process_group and shrink_group need of a group.
+struct GroupRecord {
+  std::weak_ptr<ProcessGroup> handle;
+  const BackendInfo* backend = nullptr;
+  BackendOptions options;  // what its backend was given
+  std::string name;        // its flight-recorder name
+};
+
 struct State {
   absl::Mutex mu;
   Group world ABSL_GUARDED_BY(mu);
@@ -164,6 +256,8 @@ struct State {
   int next_group ABSL_GUARDED_BY(mu) = 0;  // the next group's name
   // Global ranks of each group's members, by group rank.
   std::map<const ProcessGroup*, std::vector<int>> members ABSL_GUARDED_BY(mu);
+  // How each group was made, for destroy_process_group and shrink_group.
+  std::map<const ProcessGroup*, GroupRecord> records ABSL_GUARDED_BY(mu);
 };
 
 State& GetState() {
@@ -284,7 +378,8 @@ absl::Status init_process_group(const InitOptions& options) {
   set_flight_recorder_rank(b.rank);
   world->flight_recorder().set_group_name("0");
   if (b.store && !backend->world_from_launcher) {
-    EMBER_RETURN_IF_ERROR(StoreBarrier(*b.store, BarrierKey(prefix, 1), b.size, timeout,
+    EMBER_RETURN_IF_ERROR(StoreBarrier(*b.store, BarrierKey(prefix, 1),
+                                       Torch2BarrierKey(prefix, 0), b.size, timeout,
                                        "init_process_group"));
   }
   s.world = world;
@@ -299,6 +394,7 @@ absl::Status init_process_group(const InitOptions& options) {
   std::vector<int> all(b.size);
   for (int i = 0; i < b.size; ++i) all[i] = i;
   s.members[world.get()] = std::move(all);
+  s.records[world.get()] = GroupRecord{world, backend, b, "0"};
   return absl::OkStatus();
 }
 
@@ -331,8 +427,7 @@ absl::StatusOr<Group> get_default_group() {
 
 absl::Status destroy_process_group(const Group& group) {
   State& s = GetState();
-  std::map<const ProcessGroup*, std::vector<int>> dropped;
-  Group world;
+  std::vector<Group> dropped;
   {
     absl::MutexLock lock(&s.mu);
     if (!s.world) return NotInitialized();
@@ -340,18 +435,170 @@ absl::Status destroy_process_group(const Group& group) {
       if (s.members.erase(group.get()) == 0) {
         return absl::InvalidArgumentError("destroy_process_group: unknown or destroyed group");
       }
-      return absl::OkStatus();
+      s.records.erase(group.get());
+      dropped.push_back(group);
+    } else {
+      dropped.push_back(std::move(s.world));
+      for (auto& [pg, record] : s.records) {
+        if (Group g = record.handle.lock(); g != nullptr && g != dropped[0]) dropped.push_back(g);
+      }
+      s.world = nullptr;
+      s.members.clear();
+      s.records.clear();
+      s.store = nullptr;
+      s.rank = -1;
+      s.size = 0;
     }
-    world = std::move(s.world);
-    s.world = nullptr;
-    s.members.clear();
-    s.store = nullptr;
-    s.rank = -1;
-    s.size = 0;
   }
-  // `world` (and groups the caller no longer holds) are released here,
-  // outside the lock: destruction joins the group's threads.
+  // Note [Failing cleanly]: outside the lock, every destroyed group is shut
+  // down (its pending ops fail with kAborted at once, whatever its peers
+  // do), and the default group (and groups the caller no longer holds) are
+  // released here: destruction joins the group's threads, which no longer
+  // wait for any peer.
+  for (const Group& g : dropped) g->shutdown();
+  dropped.clear();
   return absl::OkStatus();
+}
+
+absl::StatusOr<Group> shrink_group(std::vector<int> ranks_to_exclude, const Group& group,
+                                   int shrink_flags,
+                                   std::shared_ptr<const BackendSpecificOptions> pg_options) {
+  State& s = GetState();
+  if (shrink_flags != kShrinkDefault && shrink_flags != kShrinkAbort) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shrink_group: shrink_flags ", shrink_flags, " is not kShrinkDefault (", kShrinkDefault,
+        ") or kShrinkAbort (", kShrinkAbort, ")"));
+  }
+  if (ranks_to_exclude.empty()) {
+    return absl::InvalidArgumentError(
+        "shrink_group: ranks_to_exclude is empty; name at least one rank of the group to leave "
+        "out (e.g. the failed one)");
+  }
+  Group old;
+  GroupRecord record;
+  std::vector<int> members;
+  bool is_default = false;
+  int generation = 0, global_rank = -1;
+  {
+    absl::MutexLock lock(&s.mu);
+    if (!s.world) return NotInitialized();
+    global_rank = s.rank;
+    old = group ? group : s.world;
+    is_default = old == s.world;
+    generation = s.generation;
+    auto m = s.members.find(old.get());
+    auto r = s.records.find(old.get());
+    if (m == s.members.end() || r == s.records.end()) {
+      return absl::FailedPreconditionError(
+          "shrink_group: the group was destroyed (destroy_process_group) or is not a group of "
+          "this job");
+    }
+    members = m->second;
+    record = r->second;
+  }
+  const int size = old->size(), me = old->rank();
+  if (me < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shrink_group: rank ", global_rank, " is not a member of this group (ranks [",
+                     absl::StrJoin(members, ", "), "]); only its surviving members shrink it"));
+  }
+  if (size < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shrink_group: the group has ", size, " rank; shrinking needs at least 2 ranks"));
+  }
+  std::vector<int> excluded = ranks_to_exclude;
+  std::sort(excluded.begin(), excluded.end());
+  for (size_t i = 0; i < ranks_to_exclude.size(); ++i) {
+    const int rank = ranks_to_exclude[i];
+    if (rank < 0 || rank >= size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shrink_group: rank ", rank, " at index ", i,
+                       " of ranks_to_exclude is out of range for a group of size ", size,
+                       " (group ranks are 0..", size - 1, ")"));
+    }
+  }
+  for (size_t i = 1; i < excluded.size(); ++i) {
+    if (excluded[i] == excluded[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shrink_group: rank ", excluded[i], " is listed twice in ranks_to_exclude"));
+    }
+  }
+  if (static_cast<int>(excluded.size()) >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shrink_group: ranks_to_exclude names all ", size, " ranks; at least one must remain"));
+  }
+  if (std::binary_search(excluded.begin(), excluded.end(), me)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shrink_group: this rank (", me, " in the group) is in ranks_to_exclude; only the "
+        "surviving ranks call shrink_group, and an excluded rank should end its process"));
+  }
+  if (record.backend->world_from_launcher || !record.options.store) {
+    return absl::UnimplementedError(absl::StrCat(
+        "shrink_group: the '", record.backend->name, "' backend does not support shrinking (its "
+        "ranks were placed by a launcher and meet through no store); use tcp, gloo or nccl"));
+  }
+  // Note [Shrinking groups]: the survivors' group, renumbered in the old
+  // order, under a prefix every survivor derives alone.
+  BackendOptions b = record.options;
+  std::vector<int> survivors;  // global ranks
+  std::vector<int> kept;       // old group ranks
+  for (int r = 0; r < size; ++r) {
+    if (!std::binary_search(excluded.begin(), excluded.end(), r)) {
+      kept.push_back(r);
+      survivors.push_back(members[r]);
+    }
+  }
+  b.store_prefix = absl::StrCat(record.options.store_prefix, "shrink:",
+                                absl::StrJoin(excluded, ","), "/");
+  b.rank = static_cast<int>(std::find(kept.begin(), kept.end(), me) - kept.begin());
+  b.size = static_cast<int>(kept.size());
+  if (is_default) {
+    b.ranks.clear();
+  } else {
+    b.ranks = survivors;
+  }
+  if (pg_options != nullptr) b.pg_options = std::move(pg_options);
+  // The backend's part first (nccl shrinks the live communicator, stopping
+  // its kernels itself with kShrinkAbort); then the old group is aborted
+  // before the new one connects: its ops can no longer complete without the
+  // excluded ranks, and the survivors' waits for them must end now.
+  EMBER_RETURN_IF_ERROR(
+      old->shrink_for_new_group(b, excluded, shrink_flags == kShrinkAbort));
+  old->abort();
+  EMBER_ASSIGN_OR_RETURN(Group shrunk, record.backend->create(b));
+  const std::string name = absl::StrCat(record.name, ":shrunk");
+  shrunk->flight_recorder().set_group_name(name);
+  std::vector<Group> dropped;
+  {
+    absl::MutexLock lock(&s.mu);
+    if (!s.world || s.generation != generation) {
+      return absl::FailedPreconditionError(
+          "shrink_group: the default process group was destroyed while the group was being "
+          "shrunk; call init_process_group again");
+    }
+    s.members.erase(old.get());
+    s.records.erase(old.get());
+    if (is_default) {
+      // Every other group names ranks of the old world: they go, as in
+      // PyTorch, and the shrunken group is the world, renumbered.
+      for (auto& [pg, other] : s.records) {
+        if (Group g = other.handle.lock(); g != nullptr) dropped.push_back(g);
+      }
+      s.members.clear();
+      s.records.clear();
+      s.world = shrunk;
+      s.rank = b.rank;
+      s.size = b.size;
+      std::vector<int> all(b.size);
+      for (int i = 0; i < b.size; ++i) all[i] = i;
+      s.members[shrunk.get()] = std::move(all);
+    } else {
+      s.members[shrunk.get()] = survivors;
+    }
+    s.records[shrunk.get()] = GroupRecord{shrunk, record.backend, b, name};
+  }
+  for (const Group& g : dropped) g->abort();
+  return shrunk;
 }
 
 absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& options) {
@@ -359,7 +606,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
   BackendOptions b;
   const BackendInfo* backend = nullptr;
   int my_index = -1, my_rank = -1, world_size = 0, generation = 0, group_id = 0;
-  std::string barrier_key;
+  std::string barrier_key, torch2_barrier_key;
   Group split_from;  // Note [Splitting new groups]
   {
     absl::MutexLock lock(&s.mu);
@@ -394,6 +641,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
     b.store = s.store;
     b.store_prefix = absl::StrCat(s.prefix, id, "/");
     barrier_key = BarrierKey(s.prefix, id + 1);
+    torch2_barrier_key = Torch2BarrierKey(s.prefix, id);
     b.rank = my_index;
     b.size = static_cast<int>(ranks.size());
     b.ranks = ranks;
@@ -419,7 +667,8 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
   }
   group->flight_recorder().set_group_name(absl::StrCat(group_id));
   if (b.store && !backend->world_from_launcher) {
-    EMBER_RETURN_IF_ERROR(StoreBarrier(*b.store, barrier_key, world_size, b.timeout, "new_group"));
+    EMBER_RETURN_IF_ERROR(StoreBarrier(*b.store, barrier_key, torch2_barrier_key, world_size,
+                                       b.timeout, "new_group"));
   }
   absl::MutexLock lock(&s.mu);
   if (!s.world || s.generation != generation) {
@@ -428,6 +677,7 @@ absl::StatusOr<Group> new_group(std::vector<int> ranks, const NewGroupOptions& o
         "created; call init_process_group and new_group again");
   }
   s.members[group.get()] = ranks;
+  s.records[group.get()] = GroupRecord{group, backend, b, absl::StrCat(group_id)};
   return group;
 }
 

@@ -91,8 +91,48 @@ int get_world_size(const Group& group = nullptr);
 // The default group (for the ProcessGroup methods).
 absl::StatusOr<Group> get_default_group();
 // Destroys `group`, or every group and the default one when null. Ops
-// already issued on it finish or fail with kAborted.
+// already issued on it that have not completed fail with kAborted ("the
+// process group was destroyed") at once: wait for them first to have them
+// finish. Never waits for a peer: returns within moments even when a peer
+// is dead, stopped or slow (Note [Failing cleanly] in distributed.cc;
+// ProcessGroup::shutdown). Handles the caller still holds fail every op.
 absl::Status destroy_process_group(const Group& group = nullptr);
+
+// shrink_group's flags (torch.distributed.SHRINK_DEFAULT / SHRINK_ABORT):
+// kShrinkAbort aborts the group's pending ops before the survivors' group is
+// made; with kShrinkDefault the group is aborted once the backend has done
+// its part (nccl: ncclCommShrink with NCCL_SHRINK_DEFAULT wants no op
+// pending on it).
+inline constexpr int kShrinkDefault = 0x00;
+inline constexpr int kShrinkAbort = 0x01;
+
+// torch.distributed.shrink_group: a new group of the ranks of `group` (the
+// default group when null) that are not in `ranks_to_exclude` (ranks of that
+// group), renumbered 0..n-1 in their old order, made without the excluded
+// ranks and without re-initialising the process; only the surviving ranks
+// call it, each with the same list. The old group is aborted and destroyed
+// (its pending ops fail with kAborted). When the default group is shrunk
+// the new group becomes the default one: get_rank() and get_world_size()
+// then give the new numbering, and every other group is aborted and
+// destroyed, as in PyTorch, since its ranks no longer mean the same.
+// `pg_options`: the backend's options for the new group (the old group's
+// when null).
+//
+// tcp and gloo: the survivors meet through the group's store under a fresh
+// prefix that each derives alone ("<group prefix>shrink:<excluded>/"), so
+// the store must outlive the excluded ranks (host it on a survivor or
+// outside the job). nccl: ncclCommShrink on the group's communicator where
+// NCCL has it (2.27 and later), else the store. Blocks until the survivors
+// have connected or the group's timeout.
+//
+// Errors: kInvalidArgument for an empty list, a rank out of range (naming
+// it), a rank listed twice, a list that names every rank, a group of one,
+// or flags other than the two above; kFailedPrecondition when this rank is
+// itself excluded or not a member; kUnimplemented for a backend placed by a
+// launcher (mpi); the new group's creation errors otherwise.
+absl::StatusOr<Group> shrink_group(std::vector<int> ranks_to_exclude, const Group& group = nullptr,
+                                   int shrink_flags = kShrinkDefault,
+                                   std::shared_ptr<const BackendSpecificOptions> pg_options = nullptr);
 
 struct NewGroupOptions {
   std::optional<absl::Duration> timeout;                     // the default group's when unset
@@ -100,10 +140,11 @@ struct NewGroupOptions {
   std::shared_ptr<const BackendSpecificOptions> pg_options;  // as InitOptions'
 };
 // A group of the given global ranks (all ranks when empty). Every process
-// must call new_group, with the same ranks, in the same order. Every process
-// blocks until every rank of the job has its handle (members once the group's
-// ranks have connected; a store-based barrier, as in PyTorch); non-members
-// get a handle whose ops fail clearly.
+// must call new_group, with the same ranks, in the same order. Members block
+// until the group's ranks have connected; every rank then counts itself in
+// at PyTorch's store-based barrier and, with TORCH_DIST_INIT_BARRIER=1, waits
+// there until every rank of the job has its handle (PyTorch 2.x's default,
+// unset, does not wait). Non-members get a handle whose ops fail clearly.
 absl::StatusOr<Group> new_group(std::vector<int> ranks = {}, const NewGroupOptions& options = {});
 
 // --- Point-to-point (blocking forms wait for completion) ----------------------

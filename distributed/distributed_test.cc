@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -366,6 +368,26 @@ TEST(DistributedTest, StoreLayoutIsPyTorchsAndAUsedStoreIsRefused) {
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
   EXPECT_THAT(std::string(again.message()),
               AllOf(HasSubstr("store_based_barrier_key:1"), HasSubstr("fresh store")));
+  EXPECT_FALSE(is_initialized());
+}
+
+// TORCH_DIST_INIT_BARRIER, read as PyTorch 2.x reads it (Note [Store
+// layout]): 1 waits for every rank at the store barrier, unset or 0 counts
+// this rank in without waiting, anything else is refused by name.
+TEST(DistributedTest, InitBarrierFollowsTorchDistInitBarrier) {
+  for (const char* value : {"1", "0"}) {
+    setenv("TORCH_DIST_INIT_BARRIER", value, 1);
+    auto store = std::make_shared<HashStore>();
+    ASSERT_TRUE(init_process_group({.world_size = 1, .rank = 0, .store = store}).ok()) << value;
+    EXPECT_EQ(store->get("store_based_barrier_key:1", absl::ZeroDuration()).value_or(""), "1");
+    ASSERT_TRUE(destroy_process_group().ok());
+  }
+  setenv("TORCH_DIST_INIT_BARRIER", "yes", 1);
+  absl::Status bad =
+      init_process_group({.world_size = 1, .rank = 0, .store = std::make_shared<HashStore>()});
+  unsetenv("TORCH_DIST_INIT_BARRIER");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("TORCH_DIST_INIT_BARRIER='yes'"));
   EXPECT_FALSE(is_initialized());
 }
 

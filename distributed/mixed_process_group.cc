@@ -48,8 +48,15 @@ MixedProcessGroup::MixedProcessGroup(int rank, int size, std::string name, Suppo
       untyped_(untyped) {}
 
 void MixedProcessGroup::abort() {
+  // destroy_process_group's shutdown reaches the parts as theirs.
+  const bool destroying = shutting_down();
   for (const auto& g : groups_) {
-    if (g) g->abort();
+    if (!g) continue;
+    if (destroying) {
+      g->shutdown();
+    } else {
+      g->abort();
+    }
   }
 }
 
@@ -61,6 +68,19 @@ absl::Status MixedProcessGroup::split_for_new_group(const BackendOptions& group,
     if (!groups_[d]) continue;
     absl::Status s = groups_[d]->split_for_new_group(
         group, absl::StrCat(part, std::string(DeviceTypeName(static_cast<DeviceType>(d))), "/"));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MixedProcessGroup::shrink_for_new_group(const BackendOptions& group,
+                                                     absl::Span<const int> excluded,
+                                                     bool abort_first, const std::string& part) {
+  for (int d = 0; d < kNumDeviceTypes; ++d) {
+    if (!groups_[d]) continue;
+    absl::Status s = groups_[d]->shrink_for_new_group(
+        group, excluded, abort_first,
+        absl::StrCat(part, std::string(DeviceTypeName(static_cast<DeviceType>(d))), "/"));
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

@@ -54,6 +54,9 @@ class MixedProcessGroup : public ProcessGroup {
   // group's part for that backend will have ("cuda/").
   absl::Status split_for_new_group(const BackendOptions& group,
                                    const std::string& part) override;
+  // Passes shrink_group's hook on to each backend, as split_for_new_group.
+  absl::Status shrink_for_new_group(const BackendOptions& group, absl::Span<const int> excluded,
+                                    bool abort_first, const std::string& part) override;
 
  protected:
   absl::StatusOr<std::shared_ptr<Work>> DoBroadcast(const Tensor& tensor,

@@ -391,6 +391,17 @@ void ProcessGroup::OnAbort() {
       absl::StrCat("process group ", recorder_->group_name(), " (", backend_, ") was aborted"));
 }
 
+void ProcessGroup::shutdown() {
+  // A group aborted before keeps its reason; otherwise OnAbort finds the
+  // group already marked and dumps nothing.
+  if (!aborted_once_.exchange(true)) shut_down_.store(true);
+  abort();
+}
+
+std::string ProcessGroup::AbortReason() const {
+  return shut_down_.load() ? "the process group was destroyed" : "the process group was aborted";
+}
+
 void ProcessGroup::PublishProgress(std::shared_ptr<Store> store, const std::string& prefix) {
   debug_store_ = store;
   debug_prefix_ = prefix;

@@ -371,7 +371,30 @@ class ProcessGroup {
 
   // Fails every pending and future op of this group with kAborted and wakes
   // every waiter. Never blocks for long. Backends call OnAbort() first.
+  // Note [Failing cleanly] (distributed.cc): a pending op fails at once even
+  // when its peer is stopped or dead; the group's connections are shut down
+  // then, and its threads, sockets and shared memory are released when it
+  // is destroyed, which no longer waits for peers. Idempotent.
   virtual void abort() = 0;
+  // destroy_process_group's abort: abort(), with "the process group was
+  // destroyed" as the ops' reason and no flight-recorder dump (abort()
+  // called first keeps its own reason). Never blocks for long.
+  void shutdown();
+
+  // shrink_group's hook (Note [Shrinking groups] in distributed.cc): called
+  // on the group being shrunk, on every surviving rank, just before the
+  // shrunken group is made with the same backend; `group` is what that
+  // backend will be given, `excluded` the group ranks left out (sorted) and
+  // `part` as for split_for_new_group. A backend that can make the
+  // survivors' communicator from its own without the excluded ranks (nccl:
+  // ncclCommShrink) does this rank's part here; `abort_first` is
+  // shrink_group's kShrinkAbort. The default does nothing, and the new group
+  // meets through the store.
+  virtual absl::Status shrink_for_new_group(const BackendOptions& group,
+                                            absl::Span<const int> excluded, bool abort_first,
+                                            const std::string& part = "") {
+    return absl::OkStatus();
+  }
 
   // new_group's hook (Note [Splitting new groups] in distributed.cc): called
   // on the default group on every rank of the job, members of the new group
@@ -439,6 +462,11 @@ class ProcessGroup {
   // Backends call this at the start of abort(): dumps the flight recorders
   // (Note [Flight recorder dumps]).
   void OnAbort();
+  // What an aborted op's kAborted says: "the process group was aborted", or
+  // "the process group was destroyed" after shutdown().
+  std::string AbortReason() const;
+  // Whether the abort comes from shutdown() (destroy_process_group).
+  bool shutting_down() const { return shut_down_.load(); }
   // Backends with a store call this once: the group publishes its progress
   // under `prefix` and timeouts name the ranks that are behind (Note
   // [Desync reports]); TORCH_DISTRIBUTED_DEBUG=DETAIL's checks use the same
@@ -480,6 +508,7 @@ class ProcessGroup {
   std::string debug_prefix_;
   std::atomic<int64_t> fingerprint_seq_{0};
   std::atomic<bool> aborted_once_{false};
+  std::atomic<bool> shut_down_{false};  // shutdown() came before any abort()
 };
 
 // A receive's Work: also tells which rank the message came from (useful

@@ -39,6 +39,14 @@
 //      with different world sizes fail instead of waiting for each other;
 //   3. Add 1 to "rendezvous/joined"; the rank that brings it to world_size
 //      sets "rendezvous/complete", which every rank waits for.
+// PyTorch ranks (env://, tcp://) take none of these steps: they count
+// themselves in at the TcpStore's "init/" instead (a client as it connects,
+// a serving rank 0 before it waits for the others). So over a TCP store
+// every Ember rank counts in there too (clients as they connect, the
+// serving rank in step 3), and step 3 also ends once "init/" counts
+// world_size: a job whose other ranks are PyTorch processes. Steps 1 and 2
+// still check the Ember ranks among themselves. A store served by a
+// launcher keeps to step 3's own count ("init/" may count its agents).
 // A timeout in step 3 reads the counter and the rank claims to report
 // "k of N ranks joined" and which ranks are missing. The rank that serves the
 // store keeps serving for a short linger after its own timeout, so that the
@@ -329,8 +337,11 @@ absl::Status LingerIfServing(absl::Status join, bool serving, absl::Duration tim
 }
 
 // See Note [Rendezvous protocol].
-absl::Status Join(Store& store, Plan& plan, const RendezvousOptions& options,
-                  absl::Time deadline) {
+// `workers`, for a TCP store (env://, tcp://), is the job's TcpStore itself,
+// outside any group prefix, where PyTorch ranks count themselves in; `serving`
+// says this rank serves it.
+absl::Status Join(Store& store, Plan& plan, const RendezvousOptions& options, absl::Time deadline,
+                  TcpStore* workers = nullptr, bool serving = false) {
   const std::string token = RandomToken();
   if (plan.kind == Plan::Kind::kFile) {
     // Step 0 for file://: every process of the job ranks itself the same way.
@@ -377,9 +388,31 @@ absl::Status Join(Store& store, Plan& plan, const RendezvousOptions& options,
         absl::StrCat("rendezvous at ", plan.where, ": rank ", plan.rank, " has world_size ",
                      plan.world_size, " but another rank joined with world_size ", agreed));
   }
+  // The serving rank counts itself in at "init/" as a PyTorch rank 0 does
+  // (its clients did when they connected).
+  if (workers != nullptr && serving) EMBER_RETURN_IF_ERROR(workers->add_to_worker_count(1).status());
   EMBER_ASSIGN_OR_RETURN(int64_t joined, store.add("rendezvous/joined", 1));
   if (joined == plan.world_size) EMBER_RETURN_IF_ERROR(store.set("rendezvous/complete", "1"));
-  absl::Status done = store.wait({"rendezvous/complete"}, Remaining(deadline));
+  absl::Status done;
+  if (workers == nullptr) {
+    done = store.wait({"rendezvous/complete"}, Remaining(deadline));
+  } else {
+    // Step 3 with PyTorch ranks: they never add to "rendezvous/joined", but
+    // every rank of the job counts itself in at "init/".
+    absl::Duration pause = absl::Microseconds(500);
+    for (;;) {
+      EMBER_ASSIGN_OR_RETURN(bool complete, store.check({"rendezvous/complete"}));
+      if (complete) return absl::OkStatus();
+      EMBER_ASSIGN_OR_RETURN(int64_t counted, workers->add_to_worker_count(0));
+      if (counted >= plan.world_size) return absl::OkStatus();
+      if (absl::Now() >= deadline) {
+        done = absl::DeadlineExceededError("timed out");
+        break;
+      }
+      absl::SleepFor(std::min(pause, Remaining(deadline)));
+      pause = std::min(pause * 2, absl::Milliseconds(20));
+    }
+  }
   if (done.code() != absl::StatusCode::kDeadlineExceeded) return done;
   int64_t count = store.add("rendezvous/joined", 0).value_or(-1);
   std::vector<int> missing;
@@ -652,6 +685,7 @@ absl::StatusOr<RendezvousResult> rendezvous(const RendezvousOptions& options) {
     return MulticastRendezvous(options, std::move(plan), deadline);
 
   std::shared_ptr<Store> store;
+  TcpStore* workers = nullptr;  // `store`'s TcpStore, for Join's count of PyTorch ranks
   const bool serving = plan.kind != Plan::Kind::kFile && plan.rank == 0 && !plan.served_elsewhere;
   if (plan.kind == Plan::Kind::kFile) {
     EMBER_ASSIGN_OR_RETURN(store, FileStore::open(plan.path, options.timeout));
@@ -666,12 +700,16 @@ absl::StatusOr<RendezvousResult> rendezvous(const RendezvousOptions& options) {
     // count. The serving rank here does not wait on it; the join below is
     // its wait, with its own report of who is missing.
     if (!serving) store_options.num_workers = plan.world_size;
-    EMBER_ASSIGN_OR_RETURN(store, TcpStore::create(store_options));
+    EMBER_ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> tcp, TcpStore::create(store_options));
+    // Under a launcher's store (served elsewhere), "init/" may also count the
+    // launcher's own agents; the join there keeps to Ember's count.
+    if (!plan.served_elsewhere) workers = tcp.get();
+    store = std::move(tcp);
   }
   store->set_timeout(options.timeout);
   if (!options.group_name.empty()) store = std::make_shared<PrefixStore>(options.group_name, store);
-  EMBER_RETURN_IF_ERROR(
-      LingerIfServing(Join(*store, plan, options, deadline), serving, options.timeout));
+  EMBER_RETURN_IF_ERROR(LingerIfServing(Join(*store, plan, options, deadline, workers, serving),
+                                        serving, options.timeout));
   return RendezvousResult{store, plan.rank, plan.world_size};
 }
 

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -23,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "distributed/tcp_store.h"
 #include "distributed/testing/free_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -96,6 +98,40 @@ TEST(RendezvousThreadsTest, Tcp) {
         .init_method = url, .world_size = 3, .rank = r, .timeout = absl::Seconds(20)};
   });
   ExpectOneJob(results);
+}
+
+// PyTorch ranks join a TCP store only by counting themselves in at "init/"
+// as they connect (Note [Rendezvous protocol]); here two TcpStore clients
+// with num_workers stand in for them, as PyTorch's clients speak to the
+// same server. Rank 0's rendezvous completes on that count, and rank 0 has
+// counted itself in: three of three.
+TEST(RendezvousThreadsTest, TcpCompletesWithRanksThatOnlyCountInAtInit) {
+  const int port = FreePort();
+  std::optional<absl::StatusOr<RendezvousResult>> zero;
+  std::thread rank_zero([&] {
+    zero = rendezvous({.init_method = absl::StrCat("tcp://127.0.0.1:", port),
+                       .world_size = 3,
+                       .rank = 0,
+                       .timeout = absl::Seconds(30)});
+  });
+  std::vector<std::unique_ptr<TcpStore>> others;
+  for (int r = 1; r < 3; ++r) {
+    absl::StatusOr<std::unique_ptr<TcpStore>> client = absl::UnavailableError("not connected");
+    for (const absl::Time until = absl::Now() + absl::Seconds(30);
+         !client.ok() && absl::Now() < until;) {
+      client = TcpStore::create({.port = port, .timeout = absl::Seconds(1), .num_workers = 3});
+      if (!client.ok()) absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_TRUE(client.ok()) << client.status();
+    others.push_back(*std::move(client));
+  }
+  rank_zero.join();
+  ASSERT_TRUE(zero.has_value());
+  ASSERT_TRUE(zero->ok()) << zero->status();
+  EXPECT_EQ((*zero)->rank, 0);
+  EXPECT_EQ(others[0]->add_to_worker_count(0).value(), 3);
+  // Ember's own join count saw rank 0 alone.
+  EXPECT_EQ(others[0]->get("rendezvous/joined", absl::ZeroDuration()).value(), "1");
 }
 
 TEST(RendezvousThreadsTest, TcpQueryFields) {

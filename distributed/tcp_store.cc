@@ -629,6 +629,10 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::create(const TcpStoreOptions
   return store;
 }
 
+absl::StatusOr<int64_t> TcpStore::add_to_worker_count(int64_t delta) {
+  return RawAdd(kInitKey, delta);
+}
+
 absl::StatusOr<int64_t> TcpStore::RawAdd(const std::string& wire_key, int64_t delta) {
   const bool ember = impl_->ember;
   return impl_->OnPrimary(

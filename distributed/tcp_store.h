@@ -181,6 +181,12 @@ class TcpStore : public Store {
   int port() const;
   const std::string& host() const;
 
+  // Adds `delta` to the count of workers at torch's "init/" (the key that
+  // num_workers counts in, outside the '/' every other key starts with) and
+  // returns the count; 0 reads it. The rendezvous uses it to count PyTorch
+  // ranks, which join no other way (Note [Rendezvous protocol]).
+  absl::StatusOr<int64_t> add_to_worker_count(int64_t delta);
+
  private:
   struct Impl;
   explicit TcpStore(std::unique_ptr<Impl> impl);

@@ -20,6 +20,8 @@
 #include "absl/strings/str_split.h"
 #include "distributed/backend_util.h"
 #include "distributed/gloo/device.h"
+#include "distributed/gloo/mesh.h"
+#include "distributed/gloo/pair_abort.h"
 #include "distributed/gloo/staging.h"
 #include "distributed/gloo/store_adapter.h"
 #include "distributed/peer_process.h"
@@ -77,12 +79,14 @@ namespace ember::distributed::gloo {
 // consistent.
 
 // Note [Joining PyTorch ranks]
-// PyTorch's gloo backend and this one link the same libgloo, so their ranks
-// can share a group when they share a store and agree on every key and tag:
+// PyTorch's ranks can share a group with this backend's when they share a
+// store and agree on every key and tag:
 // - the group's keys are where PyTorch puts them (Note [Store layout] in
-//   distributed.cc): gloo's full-mesh rendezvous under "<group>/0/" (device
-//   0 of the group), and rank 0 writes the 8-byte "<group>/SEQ_NUM_STORE_KEY"
-//   that PyTorch's other ranks wait for;
+//   distributed.cc): the full mesh is met in each peer's gloo dialect (Note
+//   [Two gloo dialects] in mesh.cc: libgloo's rendezvous under "<group>/0/"
+//   for PyTorch 1.13, which links the same libgloo; the newer gloo's record
+//   for PyTorch 2.x), and rank 0 writes the 8-byte
+//   "<group>/SEQ_NUM_STORE_KEY" that PyTorch 1.13's other ranks wait for;
 // - collective #n (counting from 0 in the order issued) runs with gloo tag
 //   n and the same gloo algorithm PyTorch calls (gloo::allreduce with its
 //   default ring, gloo::broadcast, gloo::allgather over flat buffers, ...);
@@ -258,16 +262,21 @@ absl::StatusOr<std::shared_ptr<GlooProcessGroup>> GlooProcessGroup::create(
   }
   IgnoreSigpipeUnlessHandled();
   EMBER_ASSIGN_OR_RETURN(std::shared_ptr<::gloo::transport::Device> device, CreateDevice(choice));
-  auto context = std::make_shared<::gloo::rendezvous::Context>(rank, n);
-  context->setTimeout(Left(deadline));
-  GlooStore gloo_store(options.store, options.store_prefix + "0/", options.timeout);
-  try {
-    context->connectFullMesh(gloo_store, device);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("gloo backend: rank ", rank,
-                                               " could not connect to its peers over ",
-                                               choice.describe, ": ", e.what()));
+  // Each peer is met in its gloo's dialect (Note [Two gloo dialects] in
+  // mesh.cc): libgloo's for Ember and PyTorch 1.13 ranks, the newer one for
+  // PyTorch 2.x ranks.
+  absl::StatusOr<MeshResult> mesh = ConnectFullMesh({.store = options.store,
+                                                     .group_prefix = options.store_prefix,
+                                                     .rank = rank,
+                                                     .size = n,
+                                                     .device = device,
+                                                     .timeout = deadline - absl::Now(),
+                                                     .ember_record_prefix = prefix + "proc/"});
+  if (!mesh.ok()) {
+    return absl::Status(mesh.status().code(), absl::StrCat(mesh.status().message(), " (over ",
+                                                           choice.describe, ")"));
   }
+  std::shared_ptr<::gloo::Context> context = std::move(mesh->context);
   context->setTimeout(Clock(absl::ToInt64Milliseconds(options.timeout)));
 
   // Every Ember rank wrote its record before connecting, so a record missing
@@ -333,23 +342,55 @@ GlooProcessGroup::~GlooProcessGroup() {
   for (auto& p : pending) p->waiter.join();
 }
 
+// Note [Aborting gloo]: gloo has no call that stops an op, and a collective
+// waits inside gloo (in an unbound buffer's wait on one of the context's
+// pairs) until data comes or gloo's own timeout, the group's, passes: a
+// stopped peer would hold the worker, and with it the group's destructor,
+// for that long. abort() therefore fails the running collective's Work at
+// once (the job holds its tensors, so gloo may still write into them
+// safely), and then closes every pair of the context with an exception
+// (tcp::Pair::signalExceptionExternal, which gloo itself uses when a wait
+// times out): gloo fails every buffer and pending operation of the pair,
+// closes its socket and unregisters it from the device's loop, so the
+// worker's wait throws at once, Translate maps it to the abort's status,
+// and the queued ops fail in their turn. Posted sends and receives are woken
+// by abortWaitSend / abortWaitRecv. The pairs stay closed: a group is never
+// used again after abort().
 void GlooProcessGroup::abort() {
   OnAbort();
-  const absl::Status aborted = absl::AbortedError("the process group was aborted");
+  absl::Status aborted;
   {
     absl::MutexLock lock(&mu_);
-    if (aborted_.ok()) aborted_ = aborted;
+    if (aborted_.ok()) aborted_ = absl::AbortedError(AbortReason());
+    aborted = aborted_;
     for (OpQueue::Op& op : queue_.TakeQueued()) op.work->Finish(aborted);
-    // The running collective cannot be interrupted inside gloo; its Work
-    // fails now (the job holds the tensors, so gloo may finish writing into
-    // them safely) and the worker moves on when gloo returns.
     if (const std::shared_ptr<Work> running = queue_.running().work) running->Finish(aborted);
   }
+  ClosePairs(std::string(aborted.message()));
   absl::MutexLock lock(&p2p_mu_);
   for (auto& p : p2p_) {
     p->buffer->abortWaitRecv();
     p->buffer->abortWaitSend();
   }
+}
+
+bool GlooProcessGroup::Ending() {
+  absl::MutexLock lock(&mu_);
+  return !aborted_.ok() || stopping_;
+}
+
+absl::Status GlooProcessGroup::AbortedOr(absl::Status status, const std::string& what) {
+  if (status.ok()) return status;
+  absl::MutexLock lock(&mu_);
+  if (aborted_.ok()) return status;
+  return absl::Status(aborted_.code(), absl::StrCat(what, ": ", aborted_.message()));
+}
+
+void GlooProcessGroup::ClosePairs(const std::string& reason) {
+  absl::MutexLock lock(&close_mu_);
+  if (pairs_closed_) return;
+  pairs_closed_ = true;
+  (void)FailPairs(*context_, rank(), size(), reason);
 }
 
 // --- Execution ---------------------------------------------------------------------
@@ -432,10 +473,21 @@ std::vector<int> GlooProcessGroup::RanksThatDidNotFail(const OpContext& ctx) {
   const absl::Time until = absl::Now() + grace;
   for (int p = 0; p < size(); ++p) {
     if (p == rank()) continue;
-    if (!store_->get(absl::StrCat(key, p), std::max(until - absl::Now(), absl::ZeroDuration()))
-             .ok()) {
+    // A peer on this host whose process is gone cannot report: no grace.
+    if (peers_[p].same_host && peers_[p].pid != getpid() &&
+        ProcessState(peers_[p].pid) == "exited") {
       missing.push_back(p);
+      continue;
     }
+    // In short slices, so that abort() and the destructor, which wait for
+    // this worker, need not wait out the grace (Note [Aborting gloo]).
+    bool reported = false;
+    while (!reported) {
+      const absl::Duration left = std::max(until - absl::Now(), absl::ZeroDuration());
+      reported = store_->get(absl::StrCat(key, p), std::min(left, absl::Milliseconds(20))).ok();
+      if (reported || left <= absl::ZeroDuration() || Ending()) break;
+    }
+    if (!reported) missing.push_back(p);
   }
   return missing;
 }
@@ -476,6 +528,11 @@ absl::Status GlooProcessGroup::Translate(const OpContext& ctx, const std::string
     }
   } else {
     peers = timed_out ? "timed out" : "failed";
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok())  // aborted meanwhile
+      return absl::Status(aborted_.code(), absl::StrCat(ctx.what, ": ", aborted_.message()));
   }
   return absl::Status(code, absl::StrCat(ctx.what, ": ", peers, " (gloo: ", what, ")"));
 }
@@ -1033,9 +1090,11 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::DoSend(const Tensor& ten
     return Work::Completed(OpType::kSend,
                            absl::UnavailableError(absl::StrCat(what, ": ", e.what())));
   }
-  StartP2P(std::move(buffer), [work, data, deadline, what](::gloo::transport::UnboundBuffer& b) {
-    work->Finish(WaitP2P([&] { return b.waitSend(Left(deadline)); }, what));
-  });
+  StartP2P(std::move(buffer),
+           [this, work, data, deadline, what](::gloo::transport::UnboundBuffer& b) {
+             work->Finish(AbortedOr(WaitP2P([&] { return b.waitSend(Left(deadline)); }, what),
+                                    what));
+           });
   return work;
 }
 
@@ -1076,9 +1135,11 @@ absl::StatusOr<std::shared_ptr<RecvWork>> GlooProcessGroup::DoRecv(const Tensor&
     return work;
   }
   StartP2P(std::move(buffer),
-           [work, host, staging, stage, deadline, what](::gloo::transport::UnboundBuffer& b) {
+           [this, work, host, staging, stage, deadline,
+            what](::gloo::transport::UnboundBuffer& b) {
              int from = -1;
-             absl::Status s = WaitP2P([&] { return b.waitRecv(&from, Left(deadline)); }, what);
+             absl::Status s = AbortedOr(
+                 WaitP2P([&] { return b.waitRecv(&from, Left(deadline)); }, what), what);
              if (s.ok()) {
                CopyBackFromStaging(host, staging);
                s = stage->CopyBack();

@@ -100,9 +100,11 @@ class GlooProcessGroup : public ProcessGroup {
   // the options' timeout passes.
   static absl::StatusOr<std::shared_ptr<GlooProcessGroup>> create(const BackendOptions& options);
   // Fails what is still queued with kAborted and waits for the op running
-  // now (at most its timeout).
+  // now (at most its timeout; after abort() or shutdown(), not at all).
   ~GlooProcessGroup() override;
 
+  // Also closes the context's pairs, which pulls the running collective out
+  // of gloo at once, even when a peer is stopped (Note [Aborting gloo]).
   void abort() override;
   // Which address gloo uses, e.g. "hostname node7" (device.h).
   const std::string& device_description() const { return device_description_; }
@@ -196,6 +198,14 @@ class GlooProcessGroup : public ProcessGroup {
   void StartP2P(std::unique_ptr<::gloo::transport::UnboundBuffer> buffer,
                 std::function<void(::gloo::transport::UnboundBuffer&)> wait);
   void ReapP2P() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p2p_mu_);
+  // Note [Aborting gloo]: fails every pair of the context with `reason`,
+  // once.
+  void ClosePairs(const std::string& reason) ABSL_LOCKS_EXCLUDED(close_mu_);
+  // A failed send or receive of an aborted group fails with the abort's
+  // status (the closed pair's error is its echo); `status` otherwise.
+  absl::Status AbortedOr(absl::Status status, const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the group is aborted or being destroyed.
+  bool Ending() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::shared_ptr<Store> store_;
   const std::string prefix_;
@@ -216,6 +226,9 @@ class GlooProcessGroup : public ProcessGroup {
 
   absl::Mutex p2p_mu_;
   std::vector<std::unique_ptr<PendingP2P>> p2p_ ABSL_GUARDED_BY(p2p_mu_);
+
+  absl::Mutex close_mu_;
+  bool pairs_closed_ ABSL_GUARDED_BY(close_mu_) = false;
 };
 
 }  // namespace ember::distributed::gloo

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/testing/peers.h"
 #include "distributed/distributed.h"
 #include "distributed/file_store.h"
 #include "distributed/object_collectives.h"
@@ -95,8 +96,18 @@ absl::Status RunEmberRank(int r, int n) {
   return barrier();
 }
 
-void RunMixedJob(int world, const std::set<int>& torch_ranks) {
-  if (std::system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") != 0) {
+// Which PyTorch the PyTorch ranks run: 1.13 (/usr/bin/python3) or the
+// PyTorch 2.15 peer, whose newer gloo meets Ember's ranks in its own dialect
+// (Note [Two gloo dialects] in mesh.cc).
+enum class Peer { kTorch1, kTorch2 };
+
+void RunMixedJob(int world, const std::set<int>& torch_ranks, Peer peer = Peer::kTorch1) {
+  std::string python = "/usr/bin/python3";
+  if (peer == Peer::kTorch2) {
+    absl::StatusOr<std::string> p = ember::testing::torch2_python();
+    if (!p.ok()) GTEST_SKIP() << p.status().message();
+    python = *p;
+  } else if (std::system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") != 0) {
     GTEST_SKIP() << "python3-torch is not installed; no PyTorch rank can join";
   }
   RunRanksOptions options;
@@ -107,9 +118,11 @@ void RunMixedJob(int world, const std::set<int>& torch_ranks) {
         const std::string store_path = me.temp_dir + "/store";
         if (torch_ranks.contains(me.rank)) {
           const std::string rank = std::to_string(me.rank), size = std::to_string(world);
-          execl("/usr/bin/python3", "/usr/bin/python3", kTorchRank, store_path.c_str(),
-                rank.c_str(), size.c_str(), static_cast<char*>(nullptr));
-          return absl::InternalError(absl::StrCat("exec of python3 failed: ", strerror(errno)));
+          // argv[0] is the interpreter's path, so that a virtual environment's
+          // python finds its own site-packages.
+          execl(python.c_str(), python.c_str(), kTorchRank, store_path.c_str(), rank.c_str(),
+                size.c_str(), static_cast<char*>(nullptr));
+          return absl::InternalError(absl::StrCat("exec of ", python, " failed: ", strerror(errno)));
         }
         EMBER_ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
                                FileStore::open(store_path, absl::Seconds(60)));
@@ -135,6 +148,11 @@ TEST(TorchObjectsTest, PyTorchRankZeroAndAnEmberRank) { RunMixedJob(2, {0}); }
 // Ember rank 0, PyTorch ranks 1 (scatter source) and 2 (broadcast source,
 // gather destination), and an Ember rank 3 as rank 2's send/recv peer.
 TEST(TorchObjectsTest, TwoPyTorchAndTwoEmberRanks) { RunMixedJob(4, {1, 2}); }
+
+// The same with PyTorch 2.15 ranks.
+TEST(TorchObjectsTest, Torch2RankZeroAndAnEmberRank) { RunMixedJob(2, {0}, Peer::kTorch2); }
+
+TEST(TorchObjectsTest, TwoTorch2AndTwoEmberRanks) { RunMixedJob(4, {1, 2}, Peer::kTorch2); }
 
 }  // namespace
 }  // namespace ember::distributed::gloo

@@ -397,7 +397,7 @@ MpiProcessGroup::~MpiProcessGroup() {
 void MpiProcessGroup::abort() {
   OnAbort();
   absl::MutexLock lock(&mu_);
-  if (aborted_.ok()) aborted_ = absl::AbortedError("the process group was aborted");
+  if (aborted_.ok()) aborted_ = absl::AbortedError(AbortReason());
   for (OpQueue::Op& op : queue_.TakeQueued()) {
     op.work->Finish(absl::AbortedError(absl::StrCat(op.what, ": ", aborted_.message())));
   }

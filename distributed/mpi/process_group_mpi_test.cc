@@ -7,6 +7,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -312,6 +313,32 @@ TEST_F(MpiJobTest, AbortFailsPendingOpsAtOnceAndTheGroupCanBeDestroyed) {
       },
       MpiRanks());
   EXPECT_TRUE(s.ok()) << s;
+}
+
+// Note [Failing cleanly] on mpi, as far as a job can go on: shrink_group is
+// refused (Open MPI ends the whole job when a rank dies, so no survivors
+// could use it), and destroy_process_group fails a receive still posted with
+// kAborted and returns. (A collective still inside MPI cannot be pulled out:
+// destroying its group ends the job with MPI_Abort, Note [MPI timeouts].)
+TEST_F(MpiJobTest, ShrinkGroupIsRefusedAndDestroyFailsAPostedReceive) {
+  if (world_ < 2) GTEST_SKIP() << "needs two ranks";
+  ASSERT_TRUE(init_process_group({.backend = "mpi"}).ok());
+  absl::StatusOr<Group> shrunk = shrink_group({world_ - 1});
+  if (rank_ == world_ - 1) {
+    EXPECT_EQ(shrunk.status().code(), absl::StatusCode::kFailedPrecondition) << shrunk.status();
+  } else {
+    EXPECT_EQ(shrunk.status().code(), absl::StatusCode::kUnimplemented) << shrunk.status();
+    EXPECT_THAT(std::string(shrunk.status().message()),
+                HasSubstr("the 'mpi' backend does not support shrinking"));
+  }
+  ASSERT_TRUE(barrier().ok());
+  Tensor t = zeros({4}, kFloat32);
+  absl::StatusOr<std::shared_ptr<RecvWork>> recv = irecv(t, (rank_ + 1) % world_, nullptr, 77);
+  ASSERT_TRUE(recv.ok()) << recv.status();  // nobody sends with tag 77
+  ASSERT_TRUE(destroy_process_group().ok());
+  absl::Status r = (*recv)->wait();
+  EXPECT_EQ(r.code(), absl::StatusCode::kAborted) << r;
+  EXPECT_THAT(std::string(r.message()), HasSubstr("destroyed"));
 }
 
 // In a job of its own: the program starts MPI with too low a thread level.

@@ -157,6 +157,51 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::split(int color, int key,
 #endif
 }
 
+absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::shrink(absl::Span<const int> excluded,
+                                                           const CommConfig& config,
+                                                           bool abort_first, absl::Time deadline) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  if (aborted_.load()) {
+    return absl::AbortedError("ncclCommShrink: the parent communicator was aborted");
+  }
+  ncclConfig_t nccl_config = MakeConfig(config);
+  std::vector<int> ranks(excluded.begin(), excluded.end());
+  ncclComm_t raw = nullptr;
+  EMBER_RETURN_IF_ERROR(cuda::internal::OnDevice(device_, [&]() -> absl::Status {
+    ncclResult_t r = ncclCommShrink(comm_, ranks.data(), static_cast<int>(ranks.size()), &raw,
+                                    &nccl_config,
+                                    abort_first ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+    if (r == ncclInProgress) return absl::OkStatus();
+    return cuda::nccl_status(r, "ncclCommShrink");
+  }));
+  absl::Status ready = raw == nullptr
+                           ? absl::InternalError("ncclCommShrink returned no communicator")
+                           : absl::OkStatus();
+  std::unique_ptr<NcclComm> child;
+  int child_size = 0, child_rank = 0;
+  if (ready.ok()) {
+    child.reset(new NcclComm(raw, device_, 0, 0));
+    ready = child->WaitReady("ncclCommShrink", deadline);
+  }
+  if (ready.ok()) ready = cuda::nccl_status(ncclCommCount(raw, &child_size), "ncclCommCount");
+  if (ready.ok()) ready = cuda::nccl_status(ncclCommUserRank(raw, &child_rank), "ncclCommUserRank");
+  if (!ready.ok()) {
+    if (child != nullptr) child->abort();
+    return absl::Status(ready.code(),
+                        absl::StrCat(ready.message(), " while shrinking an NCCL communicator of ",
+                                     size_, " ranks on cuda:", device_, " by ", ranks.size(),
+                                     " ranks; every surviving rank must shrink it with the same "
+                                     "ranks_to_exclude"));
+  }
+  child->comm_ = nullptr;  // handed to the one that knows its size and rank
+  return std::unique_ptr<NcclComm>(new NcclComm(raw, device_, child_size, child_rank));
+#else
+  return absl::UnimplementedError(
+      absl::StrCat("ncclCommShrink needs NCCL 2.27 or later; this build has ", NCCL_MAJOR, ".",
+                   NCCL_MINOR, "; the shrunken group makes a new communicator instead"));
+#endif
+}
+
 NcclComm::~NcclComm() {
   if (comm_ == nullptr) return;
   if (aborted_.load()) return;  // ncclCommAbort freed it

@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "distributed/process_group.h"
 #include "distributed/store.h"
 #include "tensor/dtype.h"
@@ -82,6 +83,20 @@ class NcclComm {
   static constexpr int kNoColor = -1;  // NCCL_SPLIT_NOCOLOR
   absl::StatusOr<std::unique_ptr<NcclComm>> split(int color, int key, const CommConfig& config,
                                                   absl::Time deadline);
+
+  // Whether this NCCL has ncclCommShrink (2.27 and later).
+  static constexpr bool kCanShrink = NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0);
+  // ncclCommShrink: every surviving rank of this communicator calls it with
+  // the same `excluded` ranks (of this communicator, sorted); the excluded
+  // ranks do not take part. Returns the survivors' communicator, ranks
+  // renumbered in order, on this one's device. `abort_first`
+  // (NCCL_SHRINK_ABORT) stops the ops still running on this one first;
+  // without it none may be pending. Non-blocking like create:
+  // kDeadlineExceeded (after aborting what was made) past `deadline`;
+  // kUnimplemented without kCanShrink.
+  absl::StatusOr<std::unique_ptr<NcclComm>> shrink(absl::Span<const int> excluded,
+                                                   const CommConfig& config, bool abort_first,
+                                                   absl::Time deadline);
 
   // Destroys the communicator (ncclCommDestroy), or frees what is left of an
   // aborted one.

@@ -318,6 +318,49 @@ absl::Status NcclProcessGroup::split_for_new_group(const BackendOptions& group,
   return absl::OkStatus();
 }
 
+// Note [NCCL shrunken groups]
+// shrink_group calls shrink_for_new_group on the group being shrunk, on the
+// surviving ranks only. Like a split (Note [NCCL split groups]), the first
+// single-device communicator is shrunk, here with ncclCommShrink, which the
+// excluded (dead) ranks need not join, and the result waits in the same
+// table under the shrunken group's store and prefix until the group takes
+// it. With kShrinkAbort the parent's running kernels are stopped first
+// (NCCL_SHRINK_ABORT); shrink_group aborts the old group afterwards either
+// way. The GPU test is in process_group_nccl_test.cc.
+absl::Status NcclProcessGroup::shrink_for_new_group(const BackendOptions& group,
+                                                    absl::Span<const int> excluded,
+                                                    bool abort_first, const std::string& part) {
+  if (!NcclComm::kCanShrink) return absl::OkStatus();
+  std::shared_ptr<CommSet> parent;
+  {
+    absl::MutexLock lock(&mu_);
+    // An aborted group's communicators are gone (ncclCommAbort frees them):
+    // the shrunken group then makes its own through the store.
+    if (!aborted_.ok()) return absl::OkStatus();
+    for (const auto& [key, set] : comms_) {
+      if (set->number >= 0 && set->devices.size() == 1 &&
+          (parent == nullptr || set->number < parent->number)) {
+        parent = set;
+      }
+    }
+  }
+  if (parent == nullptr) return absl::OkStatus();
+  const auto* theirs = dynamic_cast<const NcclOptions*>(group.pg_options.get());
+  absl::StatusOr<std::unique_ptr<NcclComm>> comm =
+      parent->comms[0]->shrink(excluded, theirs != nullptr ? theirs->config : CommConfig{},
+                               abort_first, absl::Now() + group.timeout);
+  if (!comm.ok()) {
+    return absl::Status(comm.status().code(),
+                        absl::StrCat("shrink_group: shrinking ", parent->name, " of group ",
+                                     prefix_, ": ", comm.status().message()));
+  }
+  PendingSplits& pending = Pending();
+  absl::MutexLock lock(&pending.mu);
+  pending.by_group[{group.store.get(), group.store_prefix + part}] =
+      PendingSplit{this, std::move(*comm)};
+  return absl::OkStatus();
+}
+
 NcclProcessGroup::NcclProcessGroup(const BackendOptions& options, NcclEnvironment env,
                                    NcclOptions nccl_options)
     : ProcessGroup(options.rank, options.size, "nccl", NcclSupportTable(), options.timeout),

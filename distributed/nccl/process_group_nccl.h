@@ -136,6 +136,13 @@ class NcclProcessGroup : public ProcessGroup {
   // older than 2.18 (the new group then makes its own through the store).
   absl::Status split_for_new_group(const BackendOptions& group,
                                    const std::string& part) override;
+  // shrink_group's hook (Note [NCCL shrunken groups]): shrinks this group's
+  // first single-device communicator with ncclCommShrink (NCCL 2.27+) for the
+  // shrunken group, which takes it as the split ones; nothing when there is
+  // no communicator yet or NCCL is older (the new group then makes its own
+  // through the store, without the excluded ranks).
+  absl::Status shrink_for_new_group(const BackendOptions& group, absl::Span<const int> excluded,
+                                    bool abort_first, const std::string& part) override;
 
   // The multi-GPU ops (torch.distributed's deprecated *_multigpu): one tensor
   // per local GPU, each on a different device, the same list shape on every

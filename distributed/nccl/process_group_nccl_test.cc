@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -536,6 +537,54 @@ TEST(NcclTwoGpuTest, NewGroupsSplitTheDefaultGroupsCommunicator) {
         if (me.store->get("test/1/0", absl::ZeroDuration()).ok() ||
             me.store->get("test/2/0", absl::ZeroDuration()).ok()) {
           return absl::InternalError("a split group exchanged a ncclUniqueId");
+        }
+        return absl::OkStatus();
+      },
+      {.backend = "nccl"});
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// Note [NCCL shrunken groups]: the survivors shrink the group's
+// communicator with ncclCommShrink, which the excluded rank does not join,
+// and the shrunken group runs on it without a ncclUniqueId through the
+// store. Needs a GPU per rank (NCCL refuses two ranks on one GPU).
+TEST(NcclShrinkTest, SurvivorsShrinkTheCommunicatorWithoutTheExcludedRank) {
+  SKIP_WITHOUT_GPUS(2);
+  if (!NcclComm::kCanShrink) {
+    GTEST_SKIP() << "ncclCommShrink needs NCCL 2.27 or later; this build has " << NCCL_MAJOR << "."
+                 << NCCL_MINOR;
+  }
+  const int world = std::min(3, cuda::device_count());
+  const int excluded = world - 1;
+  absl::Status s = testing::RunRanks(
+      world,
+      [&](testing::Rank& me) -> absl::Status {
+        EMBER_RETURN_IF_ERROR(cuda::set_device(me.rank));
+        const Device dev(DeviceType::kCUDA, me.rank);
+        Tensor x = full({64}, me.rank + 1.0, TensorOptions(kFloat32).device(dev));
+        EMBER_ASSIGN_OR_RETURN(auto w, me.group->allreduce(x));  // the communicator exists
+        EMBER_RETURN_IF_ERROR(w->wait());
+        EMBER_RETURN_IF_ERROR(cuda::synchronize(me.rank));
+        if (me.rank == excluded) return absl::OkStatus();  // takes no part in the shrink
+        const BackendOptions survivors{.store = me.store,
+                                       .store_prefix = "test/shrink:2/",
+                                       .rank = me.rank,
+                                       .size = world - 1,
+                                       .timeout = absl::Seconds(60)};
+        const std::vector<int> out = {excluded};
+        EMBER_RETURN_IF_ERROR(me.group->shrink_for_new_group(survivors, out, false, ""));
+        EMBER_ASSIGN_OR_RETURN(auto shrunk, NcclProcessGroup::create(survivors));
+        Tensor y = full({64}, me.rank + 1.0, TensorOptions(kFloat32).device(dev));
+        EMBER_ASSIGN_OR_RETURN(auto w2, shrunk->allreduce(y));
+        EMBER_RETURN_IF_ERROR(w2->wait());
+        EMBER_RETURN_IF_ERROR(cuda::synchronize(me.rank));
+        // 1 + 2 (+ 3 excluded): the survivors' sum.
+        const float expected = world == 3 ? 3.0f : 1.0f;
+        if (y.to(Device(DeviceType::kCPU)).min().item<float>() != expected) {
+          return absl::InternalError("wrong all_reduce on the shrunken group");
+        }
+        if (me.store->get("test/shrink:2/0", absl::ZeroDuration()).ok()) {
+          return absl::InternalError("the shrunken group exchanged a ncclUniqueId");
         }
         return absl::OkStatus();
       },

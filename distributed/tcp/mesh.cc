@@ -435,6 +435,22 @@ void Mesh::Abort(const absl::Status& status) {
   for (auto& recv : posted) Finish(recv, status, -1);
 }
 
+void Mesh::SayGoodbye(absl::Time deadline) {
+  for (int peer = 0; peer < size(); ++peer) {
+    if (peer == rank_ || !channels_[peer]) continue;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!aborted_.ok()) return;
+      if (failed_peers_.count(peer) > 0) continue;
+    }
+    absl::Mutex& send_mu = *send_mu_[peer];
+    if (!send_mu.TryLock()) continue;  // mid-message: the peer learns from the abort
+    const WireHeader h{kMagic, static_cast<uint8_t>(MessageKind::kGoodbye), kAnyOp, 0, 0, 0, 0, 0};
+    (void)channels_[peer]->Write(&h, kHeaderBytes, deadline);
+    send_mu.Unlock();
+  }
+}
+
 void Mesh::FailPeer(int peer, const absl::Status& status) {
   const absl::Status error(status.code(),
                            absl::StrCat("lost ", DescribePeer(peer), ": ", status.message()));

@@ -203,6 +203,11 @@ class Mesh {
   void Poison(int64_t seq, const absl::Status& reason);
   // Fails every pending and future operation with `status`; wakes waiters.
   void Abort(const absl::Status& status);
+  // Before Abort when the group is destroyed: tells every peer this rank is
+  // leaving (their receives from it fail, no others), as the destructor
+  // does. Skips a peer whose channel is busy with another message or does
+  // not take the goodbye by `deadline`, so a stopped peer cannot hold it.
+  void SayGoodbye(absl::Time deadline);
 
   // Why collective `seq` cannot finish, when known: a mismatch seen here,
   // the poison a peer sent for it, else the first peer lost. Waits up to `settle` for a cause to

@@ -295,13 +295,26 @@ std::string TcpProcessGroup::TransportTo(int peer) const {
   return peer >= 0 && peer < static_cast<int>(transports_.size()) ? transports_[peer] : "none";
 }
 
+// Note [Failing cleanly] (distributed.cc): the mesh fails every posted
+// receive and interrupts every channel, which wakes the worker wherever it
+// waits (a socket, a shared-memory ring, the arena); queued ops then fail in
+// their turn through Admit, without touching a peer.
 void TcpProcessGroup::abort() {
   OnAbort();
+  absl::Status status;
+  bool first = false;
   {
     absl::MutexLock lock(&mu_);
-    if (aborted_.ok()) aborted_ = absl::AbortedError("the process group was aborted");
+    first = aborted_.ok();
+    if (first) aborted_ = absl::AbortedError(AbortReason());
+    status = aborted_;
   }
-  mesh_->Abort(absl::AbortedError("the process group was aborted"));
+  // destroy_process_group (shutdown) leaves as the destructor would: the
+  // peers fail only what they wait for from this rank.
+  if (first && shutting_down()) {
+    mesh_->SayGoodbye(absl::Now() + absl::Milliseconds(100));
+  }
+  mesh_->Abort(status);
   if (arena_) arena_->Interrupt();
 }
 

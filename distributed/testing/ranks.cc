@@ -231,13 +231,17 @@ std::vector<ProcessResult> RunRankProcesses(int world_size,
     for (int r = 0; r < world_size; ++r) {
       if (pids[r] <= 0) continue;
       int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG | WUNTRACED) != pids[r]) {
+      if (waitpid(pids[r], &status, WNOHANG | WUNTRACED | WCONTINUED) != pids[r]) {
         stopped += results[r].stopped;
         continue;
       }
       if (WIFSTOPPED(status)) {
         results[r].stopped = true;
         ++stopped;
+        continue;
+      }
+      if (WIFCONTINUED(status)) {  // a rank continued it (SIGCONT): running again
+        results[r].stopped = false;
         continue;
       }
       if (WIFEXITED(status)) results[r].exit_code = WEXITSTATUS(status);

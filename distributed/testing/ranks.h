@@ -82,7 +82,7 @@ std::vector<absl::Status> RunRanksEach(int world_size,
 struct ProcessResult {
   int exit_code = -1;    // when it exited
   int signal = 0;        // when a signal killed it
-  bool stopped = false;  // it was found stopped (and then killed)
+  bool stopped = false;  // it was found stopped, not continued since (and then killed)
   std::string output;    // what it wrote to stderr (its errors)
 };
 
