@@ -41,10 +41,11 @@
 // checkpoint.cc) holds as for a synchronous save: a failed or killed write
 // leaves the previous checkpoint at its path. Every collective of that save
 // is bounded by the group's timeout, so the background write ends, and with
-// it every wait, even when a peer dies. The writer thread runs at a lower
-// priority (writer_nice), so that on a machine whose cores the training
-// keeps busy the save takes the time the training leaves rather than the
-// training's.
+// it every wait, even when a peer dies. writer_nice can put the writer below
+// the training threads; on a machine whose every core the training keeps busy
+// that only stretches the write until the next save waits for it
+// (BENCHMARKS.md, "distributed/checkpoint: async_save"), so it is off by
+// default.
 //
 // The background save issues its collectives on options.process_group from
 // its own thread. A process group runs collectives in the order each rank
@@ -85,8 +86,8 @@ struct AsyncSaveOptions {
   // plans]).
   bool cache_plans = true;
   // The writer thread's nice value (setpriority): how far below the
-  // training threads it runs. 0 keeps the caller's.
-  int writer_nice = 10;
+  // training threads it runs; 0 keeps the caller's.
+  int writer_nice = 0;
 };
 
 class AsyncCheckpointer {
