@@ -34,6 +34,15 @@ def _copts(extra):
     own = ["-Werror"] if native.repository_name() == "@" else []
     return EMBER_COPTS + own + extra
 
+def execroot_path(path):
+    """path, relative to the calling BUILD file's package, as the compiler
+    sees it from the execution root: for flags that name a directory
+    (-idirafter), which Bazel does not rebase when Ember is @ember and its
+    files lie under external/ember/."""
+    repo = native.repository_name()
+    root = "" if repo == "@" else "external/" + repo[1:] + "/"
+    return root + native.package_name() + "/" + path
+
 def ember_cc_library(name, copts = [], linkopts = [], **kwargs):
     native.cc_library(
         name = name,
