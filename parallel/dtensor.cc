@@ -15,6 +15,7 @@
 #include "distributed/process_group.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
+#include "tensor/shape.h"
 #include "tensor/status_macros.h"
 
 namespace ember::parallel {
@@ -71,6 +72,40 @@ int64_t ShardSize(int64_t length, int64_t chunks, int64_t index) {
 int64_t ShardOffset(int64_t length, int64_t chunks, int64_t index) {
   const int64_t chunk = (length + chunks - 1) / chunks;
   return std::min(length, chunk * index);
+}
+
+absl::StatusOr<LocalShard> local_shard(const SizeVector& global_shape, const DeviceMesh& mesh,
+                                       const Placements& placements) {
+  if (static_cast<int>(placements.size()) != mesh.ndim()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_shard: ", placements.size(), " placements ",
+                     PlacementsString(placements), " for the ", mesh.ndim(), "-D mesh ",
+                     mesh.DebugString(), "; give one per mesh dimension"));
+  }
+  LocalShard out{global_shape, SizeVector(global_shape.size(), 0), global_shape};
+  std::vector<bool> sharded(global_shape.size(), false);
+  for (int m = 0; m < mesh.ndim(); ++m) {
+    const Placement& p = placements[m];
+    if (p.kind != Placement::Kind::kShard) continue;
+    const int64_t rank = static_cast<int64_t>(global_shape.size());
+    const int64_t d = p.dim < 0 ? p.dim + rank : p.dim;
+    if (d < 0 || d >= rank) {
+      return absl::InvalidArgumentError(absl::StrCat("local_shard: ", p.DebugString(),
+                                                     " of a tensor of shape ",
+                                                     ShapeToString(global_shape)));
+    }
+    if (sharded[d]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("local_shard: dimension ", d, " is sharded twice in ",
+                       PlacementsString(placements), "; nested sharding is not supported"));
+    }
+    sharded[d] = true;
+    EMBER_ASSIGN_OR_RETURN(const int64_t n, mesh.size(m));
+    EMBER_ASSIGN_OR_RETURN(const int index, mesh.get_local_rank(m));
+    out.offsets[d] = ShardOffset(global_shape[d], n, index);
+    out.sizes[d] = ShardSize(global_shape[d], n, index);
+  }
+  return out;
 }
 
 namespace {

@@ -112,6 +112,21 @@ std::string PlacementsString(const Placements& placements);
 int64_t ShardSize(int64_t length, int64_t chunks, int64_t index);
 int64_t ShardOffset(int64_t length, int64_t chunks, int64_t index);
 
+// Where this rank's local tensor lies in the whole tensor of shape
+// `global_shape` laid out as `placements` over `mesh` (torch's
+// compute_local_shape_and_global_offset): Shard(d) takes this rank's
+// torch.chunk of dimension d along its mesh dimension; Replicate and
+// Partial take the dimension whole.
+struct LocalShard {
+  SizeVector global_shape;
+  SizeVector offsets;
+  SizeVector sizes;
+};
+// InvalidArgument for placements that do not match the mesh's dimensions, a
+// shard dimension outside the shape, or one tensor dimension sharded twice.
+absl::StatusOr<LocalShard> local_shard(const SizeVector& global_shape, const DeviceMesh& mesh,
+                                       const Placements& placements);
+
 struct FromLocalOptions {
   // The global shape; unset: the local shape with each sharded dimension
   // times the mesh size along it (torch's assumption of even shards). Give

@@ -6,7 +6,11 @@
 // alone; each parameter a rank holds must be within 1e-5 relative
 // (max |a - b| / max |b|) of its part of the lone model's. The lone model's
 // parameters must have moved from their start (the check could fail), and a
-// layout on the wrong number of ranks is refused by name.
+// layout on the wrong number of ranks is refused by name. Checkpoints: two
+// steps in one layout (FSDP x TP, TP, one process) saved as a distributed
+// checkpoint with the optimizer's momentum, the third step in another layout
+// loaded from it, equal to three steps of one process.
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -112,6 +116,75 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GptParallelTest, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return absl::StrCat(info.param.layout, "_", info.param.backend);
                          });
+
+// Runs `body` on the ranks `layout` needs ("alone": in this process).
+void OnRanks(const std::string& layout, const std::string& backend,
+             const std::function<absl::Status()>& body) {
+  if (GptLayoutRanks(layout) == 1) {
+    EXPECT_TRUE(Guard(body).ok()) << Guard(body);
+    return;
+  }
+  RunRanksOptions options;
+  options.make_group = false;
+  ExpectAllSucceeded(RunRankProcesses(
+      GptLayoutRanks(layout),
+      [&](Rank& me) -> absl::Status {
+        EMBER_RETURN_IF_ERROR(Init(me, backend));
+        EMBER_RETURN_IF_ERROR(Guard(body));
+        return dist::destroy_process_group();
+      },
+      options, absl::Seconds(180)));
+}
+
+struct Reshard {
+  std::string saved_by;
+  std::string loaded_by;
+  std::string backend;
+};
+
+void PrintTo(const Reshard& c, std::ostream* os) {
+  *os << c.saved_by << " -> " << c.loaded_by << " over " << c.backend;
+}
+
+class GptCheckpointTest : public ::testing::TestWithParam<Reshard> {};
+
+// Two steps in one layout and a checkpoint (model and momentum), then the
+// third step in another layout from that checkpoint: the parameters equal
+// three steps of one process on the whole batch.
+TEST_P(GptCheckpointTest, ReshardsToAnotherLayout) {
+  const Reshard c = GetParam();
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/gpt_", c.saved_by, "_",
+                                       c.loaded_by, "_", c.backend);
+  const GptConfig config;
+  const Data d = MakeData(config);
+  OnRanks(c.saved_by, c.backend, [&]() -> absl::Status {
+    return TrainGpt(c.saved_by, config, d.init, d.tokens.narrow(0, 0, 2),
+                    d.targets.narrow(0, 0, 2), dir)
+        .status();
+  });
+  OnRanks(c.loaded_by, c.backend, [&]() -> absl::Status {
+    EMBER_ASSIGN_OR_RETURN(std::vector<LocalParameter> mine,
+                           ResumeGpt(c.loaded_by, config, dir, d.tokens.narrow(0, 2, 1),
+                                     d.targets.narrow(0, 2, 1)));
+    EMBER_ASSIGN_OR_RETURN(StateDict alone, TrainGptAlone(config, d.init, d.tokens, d.targets));
+    EMBER_ASSIGN_OR_RETURN(double rel, MaxRelativeDifference(mine, alone));
+    if (rel > 1e-5) {
+      return absl::InternalError(absl::StrCat(c.saved_by, " -> ", c.loaded_by,
+                                              ": relative difference ", rel));
+    }
+    return absl::OkStatus();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, GptCheckpointTest,
+    ::testing::Values(Reshard{"fsdp_tp", "alone", "gloo"}, Reshard{"fsdp_tp", "tp", "gloo"},
+                      Reshard{"fsdp_tp", "fsdp_tp", "tcp"}, Reshard{"tp", "fsdp_tp", "tcp"},
+                      Reshard{"alone", "fsdp_tp", "gloo"}),
+    [](const ::testing::TestParamInfo<Reshard>& info) {
+      return absl::StrCat(info.param.saved_by, "_to_", info.param.loaded_by, "_",
+                          info.param.backend);
+    });
 
 TEST(GptParallelErrorsTest, WrongRankCountAndUnknownLayout) {
   RunRanksOptions options;

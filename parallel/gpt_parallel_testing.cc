@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -14,6 +15,7 @@
 #include "nn/optim/sgd.h"
 #include "parallel/fully_sharded_data_parallel.h"
 #include "parallel/pipelining.h"
+#include "parallel/state_dict.h"
 #include "parallel/tensor_parallel_testing.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
@@ -72,52 +74,96 @@ std::vector<LocalParameter> TpParameters(const GptConfig& config,
   return out;
 }
 
-absl::StatusOr<std::vector<LocalParameter>> TrainTp(const GptConfig& config,
-                                                    const StateDict& init, const Tensor& tokens,
-                                                    const Tensor& targets) {
+// One rank's model in a layout whose ranks each run the whole forward
+// ("alone", "tp", "fsdp_tp"), with its optimizer.
+struct Replica {
+  std::shared_ptr<nn::Module> model;                // what forward runs
+  std::shared_ptr<FullyShardedDataParallel> fsdp;   // fsdp_tp: `model` itself
+  ParameterShards shards;                           // tp, fsdp_tp
+  std::unique_ptr<nn::optim::SGD> opt;
+  int64_t row_part = 0;   // this rank trains part row_part of row_parts of each batch
+  int64_t row_parts = 1;
+  int tp_rank = 0;
+  int tp_size = 1;
+};
+
+absl::StatusOr<Replica> MakeReplica(const std::string& layout, const GptConfig& config,
+                                    const StateDict& init) {
   EMBER_ASSIGN_OR_RETURN(auto gpt, GptFrom(config, init));
-  EMBER_ASSIGN_OR_RETURN(dist::DeviceMesh mesh, dist::init_device_mesh("cpu", {2}, {"tp"}));
-  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> tp,
-                         parallelize_module(gpt, mesh, GptTpPlan(config)));
-  nn::optim::SGD opt(tp->parameters(), Sgd(config));
-  for (int64_t s = 0; s < tokens.size(0); ++s) {
-    opt.zero_grad();
-    GptLoss((*tp)(tokens.select(0, s)), targets.select(0, s)).backward();
-    opt.step();
+  Replica r;
+  if (layout == "alone") {
+    r.model = gpt;
+  } else if (layout == "tp") {
+    EMBER_ASSIGN_OR_RETURN(dist::DeviceMesh mesh, dist::init_device_mesh("cpu", {2}, {"tp"}));
+    EMBER_ASSIGN_OR_RETURN(r.model, parallelize_module(gpt, mesh, GptTpPlan(config)));
+    EMBER_ASSIGN_OR_RETURN(r.shards, parameter_shards(gpt, mesh, GptTpPlan(config)));
+    EMBER_ASSIGN_OR_RETURN(r.tp_rank, mesh.get_local_rank("tp"));
+    r.tp_size = 2;
+  } else {
+    EMBER_ASSIGN_OR_RETURN(dist::DeviceMesh mesh,
+                           dist::init_device_mesh("cpu", {2, 2}, {"dp", "tp"}));
+    EMBER_ASSIGN_OR_RETURN(dist::DeviceMesh tp_mesh, mesh["tp"]);
+    EMBER_ASSIGN_OR_RETURN(dist::Group dp_group, mesh.get_group("dp"));
+    EMBER_ASSIGN_OR_RETURN(int dp_rank, mesh.get_local_rank("dp"));
+    EMBER_ASSIGN_OR_RETURN(r.tp_rank, mesh.get_local_rank("tp"));
+    r.tp_size = 2;
+    r.row_part = dp_rank;
+    r.row_parts = 2;
+    EMBER_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> tp,
+                           parallelize_module(gpt, tp_mesh, GptTpPlan(config)));
+    EMBER_ASSIGN_OR_RETURN(r.shards, parameter_shards(gpt, tp_mesh, GptTpPlan(config)));
+    std::vector<std::shared_ptr<nn::Module>> blocks;
+    for (int i = 1; i <= config.layers; ++i) blocks.push_back(tp->child(absl::StrCat(i)));
+    EMBER_ASSIGN_OR_RETURN(r.fsdp, fully_shard(tp, {.process_group = dp_group,
+                                                    .units = blocks,
+                                                    .sync_module_states = false}));
+    r.model = r.fsdp;
   }
-  EMBER_ASSIGN_OR_RETURN(int tp_rank, mesh.get_local_rank("tp"));
-  return TpParameters(config, tp->named_parameters(), tp_rank, 2);
+  r.opt = std::make_unique<nn::optim::SGD>(r.model->parameters(), Sgd(config));
+  return r;
 }
 
-absl::StatusOr<std::vector<LocalParameter>> TrainFsdpTp(const GptConfig& config,
-                                                        const StateDict& init,
-                                                        const Tensor& tokens,
-                                                        const Tensor& targets) {
-  EMBER_ASSIGN_OR_RETURN(auto gpt, GptFrom(config, init));
-  EMBER_ASSIGN_OR_RETURN(dist::DeviceMesh mesh,
-                         dist::init_device_mesh("cpu", {2, 2}, {"dp", "tp"}));
-  EMBER_ASSIGN_OR_RETURN(dist::DeviceMesh tp_mesh, mesh["tp"]);
-  EMBER_ASSIGN_OR_RETURN(dist::Group dp_group, mesh.get_group("dp"));
-  EMBER_ASSIGN_OR_RETURN(int dp_rank, mesh.get_local_rank("dp"));
-  EMBER_ASSIGN_OR_RETURN(int tp_rank, mesh.get_local_rank("tp"));
-  EMBER_ASSIGN_OR_RETURN(std::shared_ptr<nn::Module> tp,
-                         parallelize_module(gpt, tp_mesh, GptTpPlan(config)));
-  std::vector<std::shared_ptr<nn::Module>> blocks;
-  for (int i = 1; i <= config.layers; ++i) blocks.push_back(tp->child(absl::StrCat(i)));
-  EMBER_ASSIGN_OR_RETURN(auto fsdp, fully_shard(tp, {.process_group = dp_group,
-                                                     .units = blocks,
-                                                     .sync_module_states = false}));
-  nn::optim::SGD opt(fsdp->parameters(), Sgd(config));
-  const int64_t rows = tokens.size(1) / 2;
+void Train(Replica& r, const Tensor& tokens, const Tensor& targets) {
+  const int64_t rows = tokens.size(1) / r.row_parts;
   for (int64_t s = 0; s < tokens.size(0); ++s) {
-    opt.zero_grad();
-    Tensor x = tokens.select(0, s).narrow(0, dp_rank * rows, rows);
-    Tensor y = targets.select(0, s).narrow(0, dp_rank * rows, rows);
-    GptLoss((*fsdp)(x), y).backward();
-    opt.step();
+    r.opt->zero_grad();
+    Tensor x = tokens.select(0, s).narrow(0, r.row_part * rows, rows);
+    Tensor y = targets.select(0, s).narrow(0, r.row_part * rows, rows);
+    GptLoss((*r.model)(x), y).backward();
+    r.opt->step();
   }
-  EMBER_ASSIGN_OR_RETURN(StateDict full, fsdp->full_state_dict());
-  return TpParameters(config, full, tp_rank, 2);
+}
+
+absl::StatusOr<ModelStateDict> CheckpointState(Replica& r) {
+  if (r.fsdp != nullptr) return get_state_dict(*r.fsdp, r.opt.get(), r.shards);
+  return get_state_dict(*r.model, r.opt.get(), r.shards);
+}
+
+absl::StatusOr<std::vector<LocalParameter>> Parameters(const GptConfig& config, Replica& r) {
+  if (r.fsdp != nullptr) {
+    EMBER_ASSIGN_OR_RETURN(StateDict full, r.fsdp->full_state_dict());
+    return TpParameters(config, full, r.tp_rank, r.tp_size);
+  }
+  if (r.tp_size == 1) {
+    std::vector<LocalParameter> out;
+    for (const auto& [name, p] : r.model->named_parameters()) {
+      out.push_back({.name = name, .value = p.detach().clone()});
+    }
+    return out;
+  }
+  return TpParameters(config, r.model->named_parameters(), r.tp_rank, r.tp_size);
+}
+
+absl::Status CheckLayout(const std::string& layout, const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), layout) == allowed.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("no layout \"", layout, "\" here"));
+  }
+  const int world = dist::is_initialized() ? dist::get_world_size() : 1;
+  if (world != GptLayoutRanks(layout)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(layout, " runs on ", GptLayoutRanks(layout), " ranks, not ", world));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<LocalParameter>> TrainPp(const std::string& layout,
@@ -244,35 +290,58 @@ const std::vector<std::string>& GptLayouts() {
   return *layouts;
 }
 
-int GptLayoutRanks(const std::string& layout) { return layout == "fsdp_tp" ? 4 : 2; }
+
+int GptLayoutRanks(const std::string& layout) {
+  return layout == "fsdp_tp" ? 4 : layout == "alone" ? 1 : 2;
+}
 
 absl::StatusOr<std::vector<LocalParameter>> TrainGpt(const std::string& layout,
                                                      const GptConfig& config,
                                                      const StateDict& init, const Tensor& tokens,
-                                                     const Tensor& targets) {
-  if (std::find(GptLayouts().begin(), GptLayouts().end(), layout) == GptLayouts().end()) {
-    return absl::InvalidArgumentError(absl::StrCat("no layout \"", layout, "\""));
+                                                     const Tensor& targets,
+                                                     const std::string& save_to) {
+  std::vector<std::string> layouts = GptLayouts();
+  layouts.push_back("alone");
+  EMBER_RETURN_IF_ERROR(CheckLayout(layout, layouts));
+  if (absl::StartsWith(layout, "pp_")) {
+    if (!save_to.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(layout, " does not save checkpoints here"));
+    }
+    return TrainPp(layout, config, init, tokens, targets);
   }
-  if (dist::get_world_size() != GptLayoutRanks(layout)) {
-    return absl::InvalidArgumentError(absl::StrCat(layout, " runs on ", GptLayoutRanks(layout),
-                                                   " ranks, not ", dist::get_world_size()));
+  EMBER_ASSIGN_OR_RETURN(Replica r, MakeReplica(layout, config, init));
+  Train(r, tokens, targets);
+  if (!save_to.empty()) {
+    EMBER_ASSIGN_OR_RETURN(ModelStateDict state, CheckpointState(r));
+    distributed::checkpoint::CheckpointOptions options{.path = save_to};
+    if (dist::is_initialized()) {
+      EMBER_ASSIGN_OR_RETURN(options.process_group, dist::get_default_group());
+    }
+    EMBER_RETURN_IF_ERROR(save_state_dict(state, r.opt.get(), options));
   }
-  if (layout == "tp") return TrainTp(config, init, tokens, targets);
-  if (layout == "fsdp_tp") return TrainFsdpTp(config, init, tokens, targets);
-  return TrainPp(layout, config, init, tokens, targets);
+  return Parameters(config, r);
+}
+
+absl::StatusOr<std::vector<LocalParameter>> ResumeGpt(const std::string& layout,
+                                                      const GptConfig& config,
+                                                      const std::string& checkpoint,
+                                                      const Tensor& tokens,
+                                                      const Tensor& targets) {
+  EMBER_RETURN_IF_ERROR(CheckLayout(layout, {"alone", "tp", "fsdp_tp"}));
+  manual_seed(999);  // a start unlike the checkpoint's: the load must replace it
+  EMBER_ASSIGN_OR_RETURN(Replica r, MakeReplica(layout, config, MakeGpt(config)->state_dict()));
+  EMBER_ASSIGN_OR_RETURN(ModelStateDict state, CheckpointState(r));
+  EMBER_RETURN_IF_ERROR(load_state_dict(state, r.opt.get(), {.path = checkpoint}));
+  Train(r, tokens, targets);
+  return Parameters(config, r);
 }
 
 absl::StatusOr<StateDict> TrainGptAlone(const GptConfig& config, const StateDict& init,
                                         const Tensor& tokens, const Tensor& targets) {
-  EMBER_ASSIGN_OR_RETURN(auto gpt, GptFrom(config, init));
-  nn::optim::SGD opt(gpt->parameters(), Sgd(config));
-  for (int64_t s = 0; s < tokens.size(0); ++s) {
-    opt.zero_grad();
-    GptLoss((*gpt)(tokens.select(0, s)), targets.select(0, s)).backward();
-    opt.step();
-  }
+  EMBER_ASSIGN_OR_RETURN(Replica r, MakeReplica("alone", config, init));
+  Train(r, tokens, targets);
   StateDict out;
-  for (const auto& [name, p] : gpt->named_parameters()) out.push_back({name, p.detach()});
+  for (const auto& [name, p] : r.model->named_parameters()) out.push_back({name, p.detach()});
   return out;
 }
 

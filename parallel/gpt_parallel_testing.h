@@ -32,6 +32,7 @@
 //   "fsdp_tp"        4 ranks, a ("dp", "tp") mesh of 2 x 2: GptTpPlan over
 //                    "tp", then fully_shard over "dp" with each block a unit;
 //                    dp coordinate d trains rows [d B/2, (d + 1) B/2).
+//   "alone"          this process: the whole model on the whole batch.
 //
 // Thread-safety: plain functions; TrainGpt is collective.
 #ifndef EMBER_PARALLEL_GPT_PARALLEL_TESTING_H_
@@ -96,7 +97,7 @@ Tensor GptLoss(const Tensor& logits, const Tensor& targets);
 
 // "tp", "pp_gpipe", "pp_1f1b", "pp_interleaved", "pp_zero_bubble", "fsdp_tp".
 const std::vector<std::string>& GptLayouts();
-// The number of ranks a layout runs on.
+// The number of ranks a layout runs on ("alone": this process, no group).
 int GptLayoutRanks(const std::string& layout);
 
 // One parameter this rank holds after training: the part `index` of `count`
@@ -109,14 +110,30 @@ struct LocalParameter {
   int count = 1;
 };
 
-// Trains the model whose whole starting state is `init` in `layout` on the
-// default group (which must have GptLayoutRanks(layout) ranks), one step per
-// tokens.select(0, s) / targets.select(0, s) ([steps, batch, seq]), and
-// returns the parameters this rank holds at the end.
+// Trains the model whose whole starting state is `init` in `layout` (or
+// "alone") on the default group (which must have GptLayoutRanks(layout)
+// ranks), one step per tokens.select(0, s) / targets.select(0, s) ([steps,
+// batch, seq]), and returns the parameters this rank holds at the end.
+// `save_to` non-empty ("alone", "tp", "fsdp_tp"): then saves the model and
+// the optimizer's state there as one distributed checkpoint
+// (parallel/state_dict.h, with the tensor-parallel shards placed in the
+// whole tensors), collectively over the default group.
 absl::StatusOr<std::vector<LocalParameter>> TrainGpt(const std::string& layout,
                                                      const GptConfig& config,
                                                      const StateDict& init, const Tensor& tokens,
-                                                     const Tensor& targets);
+                                                     const Tensor& targets,
+                                                     const std::string& save_to = "");
+
+// Builds `layout` ("alone", "tp" or "fsdp_tp") from a start unlike any
+// checkpoint's, loads the model and the optimizer's state from the
+// distributed checkpoint at `checkpoint` (which any of those layouts may
+// have saved: it reshards), trains on tokens / targets as TrainGpt does and
+// returns the parameters this rank holds.
+absl::StatusOr<std::vector<LocalParameter>> ResumeGpt(const std::string& layout,
+                                                      const GptConfig& config,
+                                                      const std::string& checkpoint,
+                                                      const Tensor& tokens,
+                                                      const Tensor& targets);
 
 // The same training in this process alone: the whole model's final state.
 absl::StatusOr<StateDict> TrainGptAlone(const GptConfig& config, const StateDict& init,

@@ -73,7 +73,8 @@ void AddStateItems(const std::string& name, const Tensor& value, const Tensor& p
   for (const FlatSegment& seg : pk.segments) {
     out->push_back({StateKey(seg.key, name),
                     like_param ? flat_shard(value.narrow(0, seg.local_offset, seg.numel),
-                                            seg.global_shape, seg.flat_offset)
+                                            seg.global_shape, seg.flat_offset, seg.box_offsets,
+                                            seg.box_sizes)
                                : replicated(value)});
   }
 }
@@ -135,8 +136,9 @@ absl::Status set_optimizer_state_dict(nn::optim::Optimizer& optimizer,
         for (const FlatSegment& seg : pk.segments) {
           if (seg.numel == 0) continue;
           items.push_back(
-              {StateKey(seg.key, name), flat_shard(value.narrow(0, seg.local_offset, seg.numel),
-                                                   seg.global_shape, seg.flat_offset)});
+              {StateKey(seg.key, name),
+               flat_shard(value.narrow(0, seg.local_offset, seg.numel), seg.global_shape,
+                          seg.flat_offset, seg.box_offsets, seg.box_sizes)});
         }
       }
       ps.values.push_back({name, value});

@@ -50,13 +50,17 @@ namespace ember::parallel {
 // A piece of a flat parameter (FSDP's FlatParameter shard): elements
 // [local_offset, local_offset + numel) of the 1-D optimizer parameter are
 // elements [flat_offset, flat_offset + numel) of the original parameter
-// `key`, of shape `global_shape`, in row-major order.
+// `key`, of shape `global_shape`, in row-major order; or, when the
+// original parameter is itself a shard (tensor parallelism under FSDP), of
+// its box at `box_offsets` of sizes `box_sizes` in `key`.
 struct FlatSegment {
   std::string key;
   SizeVector global_shape;
   int64_t flat_offset = 0;
   int64_t local_offset = 0;
   int64_t numel = 0;
+  SizeVector box_offsets;  // empty: the whole of `key`
+  SizeVector box_sizes;
 };
 
 // How the optimizer's parameter at one overall position (PyTorch's

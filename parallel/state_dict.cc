@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "tensor/shape.h"
 #include "tensor/status_macros.h"
 
 namespace ember::parallel {
@@ -44,6 +45,25 @@ absl::StatusOr<std::vector<ParamKey>> OptimizerKeys(
   return keys;
 }
 
+// Re-places `segment` (a flat range of a whole original parameter) inside
+// its tensor-parallel box when `shards` lists the parameter.
+absl::Status PlaceInShard(const ParameterShards& shards, FlatSegment* segment) {
+  auto it = shards.find(segment->key);
+  if (it == shards.end()) return absl::OkStatus();
+  const LocalShard& shard = it->second;
+  if (shard.sizes != segment->global_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "get_state_dict: parameter '", segment->key, "' has shape ",
+        ShapeToString(segment->global_shape), " but its shard is ", ShapeToString(shard.sizes),
+        " of ", ShapeToString(shard.global_shape),
+        "; pass the parameter_shards of the plan that made the wrapped module"));
+  }
+  segment->global_shape = shard.global_shape;
+  segment->box_offsets = shard.offsets;
+  segment->box_sizes = shard.sizes;
+  return absl::OkStatus();
+}
+
 void AddBuffers(const nn::Module& module, dcp::StateDict& items) {
   for (const auto& [name, buffer] : module.named_buffers()) {
     if (buffer.defined()) items.emplace_back(name, dcp::replicated(buffer.detach()));
@@ -53,7 +73,8 @@ void AddBuffers(const nn::Module& module, dcp::StateDict& items) {
 }  // namespace
 
 absl::StatusOr<ModelStateDict> get_state_dict(FullyShardedDataParallel& model,
-                                              const nn::optim::Optimizer* optimizer) {
+                                              const nn::optim::Optimizer* optimizer,
+                                              const ParameterShards& shards) {
   ModelStateDict out;
   const std::vector<Tensor> flats = model.parameters();
   const std::vector<FlatParamInfo>& infos = model.flat_param_infos();
@@ -73,14 +94,17 @@ absl::StatusOr<ModelStateDict> get_state_dict(FullyShardedDataParallel& model,
       const int64_t count = std::max<int64_t>(0, end - begin);
       const int64_t local = count > 0 ? begin - info.shard_offset : 0;
       const int64_t within = count > 0 ? begin - info.offsets[i] : 0;
-      const SizeVector shape(info.shapes[i].begin(), info.shapes[i].end());
-      out.model.emplace_back(info.names[i],
-                             dcp::flat_shard(flat.narrow(0, local, count), shape, within));
-      key.segments.push_back({.key = info.names[i],
-                              .global_shape = shape,
-                              .flat_offset = within,
-                              .local_offset = local,
-                              .numel = count});
+      // A tensor-parallel parameter: the range indexes its box of the whole.
+      FlatSegment segment{.key = info.names[i],
+                          .global_shape = SizeVector(info.shapes[i].begin(), info.shapes[i].end()),
+                          .flat_offset = within,
+                          .local_offset = local,
+                          .numel = count};
+      EMBER_RETURN_IF_ERROR(PlaceInShard(shards, &segment));
+      out.model.emplace_back(
+          info.names[i], dcp::flat_shard(flat.narrow(0, local, count), segment.global_shape, within,
+                                         segment.box_offsets, segment.box_sizes));
+      key.segments.push_back(std::move(segment));
     }
     candidates.emplace_back(flats[u], std::move(key));
   }
@@ -97,12 +121,30 @@ absl::StatusOr<ModelStateDict> get_state_dict(DistributedDataParallel& model,
 }
 
 absl::StatusOr<ModelStateDict> get_state_dict(nn::Module& model,
-                                              const nn::optim::Optimizer* optimizer) {
+                                              const nn::optim::Optimizer* optimizer,
+                                              const ParameterShards& shards) {
   ModelStateDict out;
   std::vector<std::pair<Tensor, ParamKey>> candidates;
   for (const auto& [name, p] : model.named_parameters()) {
-    out.model.emplace_back(name, dcp::replicated(p.detach()));
-    candidates.emplace_back(p, ParamKey{.key = name});
+    auto it = shards.find(name);
+    if (it == shards.end()) {
+      out.model.emplace_back(name, dcp::replicated(p.detach()));
+      candidates.emplace_back(p, ParamKey{.key = name});
+      continue;
+    }
+    const LocalShard& shard = it->second;
+    if (!std::equal(shard.sizes.begin(), shard.sizes.end(), p.sizes().begin(), p.sizes().end())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "get_state_dict: parameter '", name, "' has shape ", ShapeToString(p.sizes()),
+          " but its shard is ", ShapeToString(shard.sizes), " of ",
+          ShapeToString(shard.global_shape), "; pass the parameter_shards of the plan that made "
+          "this module"));
+    }
+    dcp::Item item = dcp::shard(p.detach(), shard.global_shape, shard.offsets);
+    ParamKey key{.key = name};
+    key.placement = item.placement;
+    out.model.emplace_back(name, std::move(item));
+    candidates.emplace_back(p, std::move(key));
   }
   AddBuffers(model, out.model);
   if (optimizer != nullptr) {

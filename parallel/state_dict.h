@@ -20,7 +20,10 @@
 // rank's flat shard holds (a flat range, possibly empty, so that every rank
 // names every key; padding is never saved); its optimizer state the same way
 // (ParamKey::segments). DDP and plain modules save whole tensors, which every
-// rank holds alike (written once). Buffers are whole in every case. Loading
+// rank holds alike (written once). A tensor-parallel model (parameter_shards
+// given) saves each sharded parameter's box of the whole tensor, and under
+// FSDP the flat ranges of that box (torch's 2-D DTensor of FSDP x TP), so
+// its checkpoint has the whole model's keys and shapes. Buffers are whole in every case. Loading
 // reads only what this rank's own placement covers, so the placements of the
 // saving and the loading job need not match.
 //
@@ -32,6 +35,8 @@
 #ifndef EMBER_PARALLEL_STATE_DICT_H_
 #define EMBER_PARALLEL_STATE_DICT_H_
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,6 +45,7 @@
 #include "nn/module.h"
 #include "nn/optim/optimizer.h"
 #include "parallel/distributed_data_parallel.h"
+#include "parallel/dtensor.h"
 #include "parallel/fully_sharded_data_parallel.h"
 #include "parallel/optimizer_state.h"
 
@@ -53,16 +59,26 @@ struct ModelStateDict {
   std::vector<ParamKey> optimizer;
 };
 
+// The parameters of a model that are themselves shards of larger tensors
+// (tensor parallelism: tensor_parallel.h's parameter_shards), by name; the
+// others are whole.
+using ParameterShards = std::map<std::string, LocalShard>;
+
 // This rank's shards of a fully sharded model (Note [Checkpoint names of a
 // parallel model]); `optimizer`, when given, must optimise fsdp.parameters().
+// `shards`: the wrapped module's tensor-parallel parameters (FSDP x TP),
+// each saved as flat ranges of its box in the whole tensor.
 absl::StatusOr<ModelStateDict> get_state_dict(FullyShardedDataParallel& model,
-                                              const nn::optim::Optimizer* optimizer = nullptr);
+                                              const nn::optim::Optimizer* optimizer = nullptr,
+                                              const ParameterShards& shards = {});
 // DistributedDataParallel: its module's whole tensors, without "module.".
 absl::StatusOr<ModelStateDict> get_state_dict(DistributedDataParallel& model,
                                               const nn::optim::Optimizer* optimizer = nullptr);
-// A plain module: its whole tensors.
+// A plain module: its whole tensors, or for the parameters in `shards`
+// (a tensor-parallel copy) this rank's box of the whole.
 absl::StatusOr<ModelStateDict> get_state_dict(nn::Module& model,
-                                              const nn::optim::Optimizer* optimizer = nullptr);
+                                              const nn::optim::Optimizer* optimizer = nullptr,
+                                              const ParameterShards& shards = {});
 
 // Saves the model's items and `optimizer`'s state (when given: the one
 // get_state_dict described) as one distributed checkpoint; collective over

@@ -249,28 +249,32 @@ void RegisterHooks(const Styled& s, nn::Module& m, const DeviceMesh& mesh) {
       });
 }
 
-}  // namespace
+// A plan checked against `module`: its entries in order, and the entries
+// that shard parameters by module name.
+struct ResolvedPlan {
+  std::vector<Styled> entries;
+  std::map<std::string, Styled> sharding;
+};
 
-absl::StatusOr<std::shared_ptr<nn::Module>> parallelize_module(
-    const std::shared_ptr<nn::Module>& module, const DeviceMesh& device_mesh,
-    const ParallelizePlan& plan) {
-  if (module == nullptr) return absl::InvalidArgumentError("parallelize_module: module is null");
+absl::StatusOr<ResolvedPlan> Resolve(const std::shared_ptr<nn::Module>& module,
+                                     const DeviceMesh& device_mesh, const ParallelizePlan& plan,
+                                     const char* who) {
+  if (module == nullptr) return absl::InvalidArgumentError(absl::StrCat(who, ": module is null"));
   if (device_mesh.ndim() != 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("parallelize_module needs a 1-D DeviceMesh, got ", device_mesh.DebugString(),
+        absl::StrCat(who, " needs a 1-D DeviceMesh, got ", device_mesh.DebugString(),
                      "; pass the tensor-parallel dimension's sub-mesh, e.g. mesh[\"tp\"]"));
   }
   std::map<std::string, std::shared_ptr<nn::Module>> by_name;
   for (auto& [name, m] : module->named_modules()) by_name.emplace(name, m);
-  std::map<std::string, Styled> styled;  // the module styles that shard parameters
-  std::vector<Styled> entries;
+  ResolvedPlan out;
   for (const auto& [fqn, style] : plan) {
     auto it = by_name.find(fqn);
     if (it == by_name.end()) {
       std::vector<std::string> names;
       for (const auto& [name, m] : by_name) names.push_back(absl::StrCat("'", name, "'"));
       return absl::InvalidArgumentError(
-          absl::StrCat("parallelize_module: the plan names '", fqn, "', which is no submodule of ",
+          absl::StrCat(who, ": the plan names '", fqn, "', which is no submodule of ",
                        module->name(), "; its modules are ", absl::StrJoin(names, ", ")));
     }
     Styled s{.fqn = fqn, .style = style, .type = it->second->name(), .weight_shape = {}};
@@ -282,25 +286,40 @@ absl::StatusOr<std::shared_ptr<nn::Module>> parallelize_module(
     EMBER_RETURN_IF_ERROR(CheckSupported(s, *it->second, device_mesh));
     if (std::holds_alternative<ColwiseParallel>(style) ||
         std::holds_alternative<RowwiseParallel>(style)) {
-      if (styled.count(fqn) != 0) {
+      if (out.sharding.count(fqn) != 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("parallelize_module: '", fqn, "' is sharded twice by the plan"));
+            absl::StrCat(who, ": '", fqn, "' is sharded twice by the plan"));
       }
-      styled.emplace(fqn, s);
+      out.sharding.emplace(fqn, s);
     }
-    entries.push_back(std::move(s));
+    out.entries.push_back(std::move(s));
   }
+  return out;
+}
+
+// The placement of parameter `name` (dotted) under the plan; nullopt: whole.
+std::optional<Placement> PlacementOf(const ResolvedPlan& plan, const std::string& name) {
+  const size_t dot = name.rfind('.');
+  const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
+  const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);
+  auto it = plan.sharding.find(owner);
+  if (it == plan.sharding.end()) return std::nullopt;
+  return ParameterPlacement(it->second, leaf);
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<nn::Module>> parallelize_module(
+    const std::shared_ptr<nn::Module>& module, const DeviceMesh& device_mesh,
+    const ParallelizePlan& plan) {
+  EMBER_ASSIGN_OR_RETURN(ResolvedPlan resolved,
+                         Resolve(module, device_mesh, plan, "parallelize_module"));
   // This rank's parameters: shards where a style says so, copies elsewhere.
   std::vector<Tensor> params;
   try {
     autograd::NoGradGuard no_grad;
     for (const auto& [name, p] : module->named_parameters()) {
-      const size_t dot = name.rfind('.');
-      const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
-      const std::string leaf = dot == std::string::npos ? name : name.substr(dot + 1);
-      std::optional<Placement> placement;
-      auto it = styled.find(owner);
-      if (it != styled.end()) placement = ParameterPlacement(it->second, leaf);
+      const std::optional<Placement> placement = PlacementOf(resolved, name);
       Tensor local;
       if (placement.has_value()) {
         EMBER_ASSIGN_OR_RETURN(DTensor d, distribute_tensor(p.detach(), device_mesh, {*placement}));
@@ -316,11 +335,28 @@ absl::StatusOr<std::shared_ptr<nn::Module>> parallelize_module(
     std::shared_ptr<nn::Module> copy = module->replicate_for_data_parallel(params, buffers);
     std::map<std::string, std::shared_ptr<nn::Module>> copies;
     for (auto& [name, m] : copy->named_modules()) copies.emplace(name, m);
-    for (const Styled& s : entries) RegisterHooks(s, *copies.at(s.fqn), device_mesh);
+    for (const Styled& s : resolved.entries) RegisterHooks(s, *copies.at(s.fqn), device_mesh);
     return copy;
   } catch (const Error& e) {
     return absl::InvalidArgumentError(absl::StrCat("parallelize_module: ", e.what()));
   }
+}
+
+absl::StatusOr<std::map<std::string, LocalShard>> parameter_shards(
+    const std::shared_ptr<nn::Module>& module, const DeviceMesh& device_mesh,
+    const ParallelizePlan& plan) {
+  EMBER_ASSIGN_OR_RETURN(ResolvedPlan resolved,
+                         Resolve(module, device_mesh, plan, "parameter_shards"));
+  std::map<std::string, LocalShard> out;
+  for (const auto& [name, p] : module->named_parameters()) {
+    const std::optional<Placement> placement = PlacementOf(resolved, name);
+    if (!placement.has_value()) continue;
+    EMBER_ASSIGN_OR_RETURN(
+        LocalShard shard,
+        local_shard(SizeVector(p.sizes().begin(), p.sizes().end()), device_mesh, {*placement}));
+    out.emplace(name, std::move(shard));
+  }
+  return out;
 }
 
 namespace {

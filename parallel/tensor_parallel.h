@@ -81,6 +81,7 @@
 #define EMBER_PARALLEL_TENSOR_PARALLEL_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -135,6 +136,16 @@ using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
 // The sharded copy of `module` (Note [Sharded copies]). Collective in the
 // sense that every rank must make the same call; it communicates nothing.
 absl::StatusOr<std::shared_ptr<nn::Module>> parallelize_module(
+    const std::shared_ptr<nn::Module>& module, const DeviceMesh& device_mesh,
+    const ParallelizePlan& plan);
+
+// Where each parameter that parallelize_module(module, device_mesh, plan)
+// shards lies in the whole module's parameter on this rank (the copy's
+// parameter names are the module's); the parameters it leaves whole are
+// absent. What a checkpoint needs to save a tensor-parallel model's shards
+// as parts of whole tensors (parallel/state_dict.h). Communicates nothing;
+// the same errors as parallelize_module.
+absl::StatusOr<std::map<std::string, LocalShard>> parameter_shards(
     const std::shared_ptr<nn::Module>& module, const DeviceMesh& device_mesh,
     const ParallelizePlan& plan);
 

@@ -160,24 +160,42 @@ absl::StatusOr<std::vector<Piece>> Pieces(const std::string& key, const Item& it
     }
   }
   if (p.is_flat()) {
-    if (!p.offsets.empty() || t.dim() != 1) {
+    // The range indexes the box at p.offsets of sizes p.box_sizes, or the
+    // whole tensor when both are empty.
+    const bool in_box = !p.offsets.empty() || !p.box_sizes.empty();
+    const SizeVector& shape = in_box ? p.box_sizes : p.global_shape;
+    if (t.dim() != 1 || (in_box && (p.offsets.size() != p.global_shape.size() ||
+                                    p.box_sizes.size() != p.global_shape.size()))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "state_dict[\"", key, "\"]: a flat shard needs a 1-D local tensor and no offsets (got ",
-          "a local tensor of shape ", ShapeToString(t.sizes()), " and offsets ",
-          ShapeToString(p.offsets), ")"));
+          "state_dict[\"", key, "\"]: a flat shard needs a 1-D local tensor and, inside a box, ",
+          "one offset and one box size per dimension of the global shape ",
+          ShapeToString(p.global_shape), " (got a local tensor of shape ",
+          ShapeToString(t.sizes()), ", offsets ", ShapeToString(p.offsets), " and box sizes ",
+          ShapeToString(p.box_sizes), ")"));
     }
-    const int64_t total = Numel(p.global_shape);
+    for (size_t d = 0; in_box && d < p.offsets.size(); ++d) {
+      if (p.offsets[d] < 0 || p.box_sizes[d] < 0 || p.offsets[d] + p.box_sizes[d] > p.global_shape[d]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "state_dict[\"", key, "\"]: the box of sizes ", ShapeToString(p.box_sizes),
+            " at offsets ", ShapeToString(p.offsets), " leaves the global shape ",
+            ShapeToString(p.global_shape), " in dim ", d));
+      }
+    }
+    const int64_t total = Numel(shape);
     if (p.flat_offset + t.numel() > total) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("state_dict[\"", key, "\"]: flat shard [", p.flat_offset, ", ",
-                       p.flat_offset + t.numel(), ") leaves the global tensor of shape ",
-                       ShapeToString(p.global_shape), " (", total, " elements)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state_dict[\"", key, "\"]: flat shard [", p.flat_offset, ", ", p.flat_offset + t.numel(),
+          ") leaves the ", in_box ? "box" : "global tensor", " of shape ", ShapeToString(shape), " (",
+          total, " elements)"));
     }
     std::vector<Box> boxes;
-    if (p.global_shape.empty()) {
+    if (shape.empty()) {
       if (t.numel() == 1) boxes.push_back({});
     } else {
-      FlatToBoxes(p.global_shape, 0, {}, p.flat_offset, p.flat_offset + t.numel(), &boxes);
+      FlatToBoxes(shape, 0, {}, p.flat_offset, p.flat_offset + t.numel(), &boxes);
+    }
+    for (Box& b : boxes) {
+      for (size_t d = 0; in_box && d < b.offsets.size(); ++d) b.offsets[d] += p.offsets[d];
     }
     int64_t pos = 0;
     const int64_t stride = t.numel() > 0 ? t.stride(0) : 1;
@@ -910,10 +928,13 @@ Item shard(Tensor local, SizeVector global_shape, SizeVector offsets) {
   return Item{std::move(local), p};
 }
 
-Item flat_shard(Tensor local, SizeVector global_shape, int64_t flat_offset) {
+Item flat_shard(Tensor local, SizeVector global_shape, int64_t flat_offset,
+                SizeVector box_offsets, SizeVector box_sizes) {
   Placement p;
   p.global_shape = std::move(global_shape);
   p.flat_offset = flat_offset;
+  p.offsets = std::move(box_offsets);
+  p.box_sizes = std::move(box_sizes);
   return Item{std::move(local), p};
 }
 

@@ -29,7 +29,8 @@
 // replicated parameters, scalars) or this rank's piece of a global tensor,
 // placed as a box (sizes = the local tensor's, starting at `offsets`: the
 // chunk metadata of PyTorch's ShardedTensor and DTensor) or as a flat range of
-// the global tensor's row-major elements (FSDP's flattened parameters). On
+// the row-major elements of the global tensor or of one box of it (FSDP's
+// flattened parameters, alone or over tensor-parallel shards). On
 // disk every piece is a box; a flat range is stored as the few boxes that
 // tile it (Note [Flat ranges as boxes] in checkpoint.cc). Optimizer state goes
 // through the same StateDict: optimizer_state.h turns an optimizer's state
@@ -94,10 +95,13 @@ struct Placement {
   // Box form: the local tensor's sizes are the box's, starting at `offsets`
   // (one per dimension of global_shape).
   SizeVector offsets;
-  // Flat form, when >= 0 (then `offsets` is empty): the local tensor is 1-D
-  // and holds elements [flat_offset, flat_offset + numel) of the global
-  // tensor's row-major flattening.
+  // Flat form, when >= 0: the local tensor is 1-D and holds elements
+  // [flat_offset, flat_offset + numel) of the row-major flattening of the
+  // box at `offsets` of sizes `box_sizes` (a tensor-parallel shard that FSDP
+  // flattened and sharded again: torch's 2-D DTensor of FSDP x TP), or, when
+  // both are empty, of the whole global tensor.
   int64_t flat_offset = -1;
+  SizeVector box_sizes;
 
   bool is_flat() const { return flat_offset >= 0; }
 };
@@ -111,7 +115,10 @@ struct Item {
 // rank (DTensor's Replicate; in one process, simply the tensor), written once.
 Item replicated(Tensor tensor);
 Item shard(Tensor local, SizeVector global_shape, SizeVector offsets);
-Item flat_shard(Tensor local, SizeVector global_shape, int64_t flat_offset);
+// box_offsets / box_sizes: the box whose flattening the range indexes
+// (Placement's flat form); empty: the whole global tensor.
+Item flat_shard(Tensor local, SizeVector global_shape, int64_t flat_offset,
+                SizeVector box_offsets = {}, SizeVector box_sizes = {});
 
 // Keys in order; each key at most once.
 using StateDict = std::vector<std::pair<std::string, Item>>;

@@ -334,5 +334,42 @@ TEST(CheckpointTest, RefusesToReplaceWhatIsNotACheckpoint) {
   EXPECT_THAT(s.message(), HasSubstr("path is empty"));
 }
 
+// FSDP x TP's layout: a [6, 8] tensor split by columns over 2 "tp" ranks
+// (boxes [6, 4] at column 0 and 4), each box flattened and split over 2
+// "dp" ranks (12 elements each), on 4 ranks; loaded whole, by rows on 2
+// ranks, and as flat ranges of other boxes on 2 ranks.
+TEST(CheckpointTest, FlatRangesOfBoxesReshard) {
+  const std::string path = FreshDir("flat_in_box") + "/ckpt";
+  const Tensor g = Global({6, 8}, kFloat32, 100);
+  absl::Status s = RunRanks(4, [&](Rank& me) {
+    const int tp = me.rank % 2, dp = me.rank / 2;
+    const Tensor box = g.narrow(1, 4 * tp, 4);
+    return save({{"w", flat_shard(Flat(box, 12 * dp, 12).clone(), {6, 8}, 12 * dp, {0, 4 * tp},
+                                  {6, 4})}},
+                {.path = path, .process_group = me.group});
+  });
+  ASSERT_TRUE(s.ok()) << s;
+  absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> all = load_full_state_dict(path);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(ExpectEqual("whole", (*all)[0].second, g).ok());
+  for (int r = 0; r < 2; ++r) {
+    Tensor rows = zeros({3, 8});
+    ASSERT_TRUE(load({{"w", shard(rows, {6, 8}, {3 * r, 0})}}, {.path = path}).ok());
+    EXPECT_TRUE(ExpectEqual("rows", rows, Rows(g, 3 * r, 3)).ok());
+    // Rows [3r, 3r + 3) as a box, its last 10 elements as a flat range.
+    Tensor tail = zeros({10});
+    ASSERT_TRUE(load({{"w", flat_shard(tail, {6, 8}, 14, {3 * r, 0}, {3, 8})}}, {.path = path}).ok());
+    EXPECT_TRUE(ExpectEqual("flat tail", tail, Flat(Rows(g, 3 * r, 3), 14, 10)).ok());
+  }
+  // A box that leaves the global shape, and a range that leaves its box.
+  absl::Status bad = load({{"w", flat_shard(zeros({4}), {6, 8}, 0, {0, 6}, {6, 4})}}, {.path = path});
+  EXPECT_THAT(bad.message(), HasSubstr("the box of sizes [6, 4] at offsets [0, 6] leaves the "
+                                       "global shape [6, 8] in dim 1"));
+  bad = load({{"w", flat_shard(zeros({4}), {6, 8}, 22, {0, 0}, {6, 4})}}, {.path = path});
+  EXPECT_THAT(bad.message(), HasSubstr("flat shard [22, 26) leaves the box of shape [6, 4]"));
+  bad = load({{"w", flat_shard(zeros({4}), {6, 8}, 0, {0}, {6, 4})}}, {.path = path});
+  EXPECT_THAT(bad.message(), HasSubstr("one offset and one box size per dimension"));
+}
+
 }  // namespace
 }  // namespace ember::distributed::checkpoint
