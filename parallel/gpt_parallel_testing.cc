@@ -11,12 +11,11 @@
 #include "distributed/device_mesh.h"
 #include "distributed/distributed.h"
 #include "nn/loss.h"
-#include "nn/normalization.h"
+#include "nn/models/gpt.h"
 #include "nn/optim/sgd.h"
 #include "parallel/fully_sharded_data_parallel.h"
 #include "parallel/pipelining.h"
 #include "parallel/state_dict.h"
-#include "parallel/tensor_parallel_testing.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
 
@@ -224,25 +223,14 @@ absl::StatusOr<std::vector<LocalParameter>> TrainPp(const std::string& layout,
 
 }  // namespace
 
-void Embeddings::reset() {
-  wte = register_module("wte", std::make_shared<nn::Embedding>(vocab_, dim_));
-  wpe = register_module("wpe", std::make_shared<nn::Embedding>(seq_, dim_));
-}
-
-Tensor Embeddings::forward(const Tensor& tokens) {
-  Tensor positions = arange(tokens.size(1), TensorOptions().dtype(kInt64));
-  return (*wte)(tokens) + (*wpe)(positions);
-}
-
 std::shared_ptr<nn::Sequential> MakeGpt(const GptConfig& config) {
-  auto gpt = std::make_shared<nn::Sequential>();
-  gpt->push_back(std::make_shared<Embeddings>(config.vocab, config.seq, config.dim));
-  for (int i = 0; i < config.layers; ++i) {
-    gpt->push_back(std::make_shared<Block>(config.dim, config.head_dim, config.hidden));
-  }
-  gpt->push_back(std::make_shared<nn::LayerNorm>(SizeVector{config.dim}));
-  gpt->push_back(std::make_shared<nn::Linear>(config.dim, config.vocab));
-  return gpt;
+  return nn::models::make_gpt({.vocab_size = config.vocab,
+                               .block_size = config.seq,
+                               .n_embd = config.dim,
+                               .head_dim = config.head_dim,
+                               .hidden = config.hidden,
+                               .n_layer = config.layers,
+                               .causal = true});
 }
 
 ParallelizePlan GptTpPlan(const GptConfig& config) {

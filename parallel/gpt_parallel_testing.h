@@ -14,10 +14,10 @@
 //                                                          tokens, targets));
 //   EMBER_ASSIGN_OR_RETURN(double rel, MaxRelativeDifference(mine, alone));
 //
-// The model: Sequential("0": token and position embeddings, "1".."L": pre-
-// LayerNorm transformer blocks (testing::Block), "L+1": LayerNorm, "L+2":
-// the vocabulary head, Linear(dim, vocab)); the loss is cross_entropy (mean)
-// of the logits against the next tokens. Training: SGD with momentum,
+// The model: nn/models/gpt.h's causal GPT, Sequential("0": token and
+// position embeddings, "1".."L": pre-LayerNorm transformer blocks, "L+1":
+// LayerNorm, "L+2": the vocabulary head, Linear(dim, vocab)); the loss is
+// cross_entropy (mean) of the logits against the next tokens. Training: SGD with momentum,
 // `steps` batches of [batch, seq] tokens.
 //
 // Layouts (every rank of the default group calls TrainGpt with the same
@@ -45,7 +45,6 @@
 
 #include "absl/status/statusor.h"
 #include "nn/container.h"
-#include "nn/embedding.h"
 #include "nn/module.h"
 #include "parallel/tensor_parallel.h"
 #include "serialization/state_dict.h"
@@ -64,23 +63,7 @@ struct GptConfig {
   double momentum = 0.9;
 };
 
-// Token embedding "wte" [vocab, dim] plus position embedding "wpe" [seq, dim].
-class Embeddings : public nn::Cloneable<Embeddings> {
- public:
-  Embeddings(int64_t vocab, int64_t seq, int64_t dim) : vocab_(vocab), seq_(seq), dim_(dim) {
-    reset();
-  }
-  void reset() override;
-  // tokens: int64 [batch, seq'] with seq' <= seq.
-  Tensor forward(const Tensor& tokens) override;
-  std::shared_ptr<nn::Embedding> wte, wpe;
-
- private:
-  int64_t vocab_;
-  int64_t seq_;
-  int64_t dim_;
-};
-
+// nn::models::make_gpt of the config, causal.
 std::shared_ptr<nn::Sequential> MakeGpt(const GptConfig& config);
 
 // Colwise q, k, v and fc1, rowwise o and fc2 in every block; the token

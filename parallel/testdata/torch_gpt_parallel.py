@@ -1,5 +1,5 @@
 """PyTorch's side of parallel/gpt_parallel_torch_test.cc: the small GPT of
-parallel/gpt_parallel_testing.h trained in each layout of model parallelism
+parallel/gpt_parallel_testing.h (causal) trained in each layout of model parallelism
 with PyTorch 2.x on the CPU over gloo: torch.distributed.tensor.parallel
 (TP=2), torch.distributed.pipelining (GPipe, 1F1B, Interleaved1F1B,
 InterleavedZeroBubble on 2 ranks) and FSDP2's fully_shard over "dp" with
@@ -48,7 +48,7 @@ class Embeddings(torch.nn.Module):
 
 
 def make_gpt():
-    return torch.nn.Sequential(Embeddings(), *[Block(DIM, HEAD_DIM, HIDDEN) for _ in range(LAYERS)],
+    return torch.nn.Sequential(Embeddings(), *[Block(DIM, HEAD_DIM, HIDDEN, causal=True) for _ in range(LAYERS)],
                                torch.nn.LayerNorm(DIM), torch.nn.Linear(DIM, VOCAB))
 
 

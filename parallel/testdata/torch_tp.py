@@ -39,9 +39,10 @@ SIZES = (2, 4)
 
 
 class Attention(torch.nn.Module):
-    def __init__(self, dim, head_dim):
+    def __init__(self, dim, head_dim, causal=False):
         super().__init__()
         self.head_dim = head_dim
+        self.causal = causal
         self.q = torch.nn.Linear(dim, dim)
         self.k = torch.nn.Linear(dim, dim)
         self.v = torch.nn.Linear(dim, dim)
@@ -54,15 +55,15 @@ class Attention(torch.nn.Module):
             return t.reshape(b, s, t.shape[2] // self.head_dim, self.head_dim).transpose(1, 2)
 
         q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
-        a = F.scaled_dot_product_attention(q, k, v)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.o(a.transpose(1, 2).reshape(b, s, q.shape[1] * self.head_dim))
 
 
 class Block(torch.nn.Module):
-    def __init__(self, dim, head_dim, hidden):
+    def __init__(self, dim, head_dim, hidden, causal=False):
         super().__init__()
         self.ln1 = torch.nn.LayerNorm(dim)
-        self.attn = Attention(dim, head_dim)
+        self.attn = Attention(dim, head_dim, causal)
         self.ln2 = torch.nn.LayerNorm(dim)
         self.fc1 = torch.nn.Linear(dim, hidden)
         self.fc2 = torch.nn.Linear(hidden, dim)
