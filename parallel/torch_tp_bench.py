@@ -1,7 +1,7 @@
 """PyTorch's side of parallel/tp_benchmark.cc: the MLP Linear(1024, 4096) ->
 GELU -> Linear(4096, 1024) on a batch of 64 rows, one thread per process:
-one process on the whole model, then TP=2 (ColwiseParallel, RowwiseParallel)
-as two processes over gloo. Each row is the median of STEPS timed steps
+one process on the whole model, then TP=2 and TP=4 (ColwiseParallel,
+RowwiseParallel) as processes over gloo. Each row is the median of STEPS timed steps
 (forward, backward of (y * w).sum(), zero_grad) after 5 untimed ones.
 
 Usage: torch_tp_bench.py [STEPS]
@@ -39,15 +39,15 @@ def median_step_ms(model, steps):
     return statistics.median(ms)
 
 
-def run(rank, steps, store):
+def run(rank, n, steps, store):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=n)
     torch.manual_seed(0)
-    model = parallelize_module(mlp(), init_device_mesh("cpu", (2,)),
+    model = parallelize_module(mlp(), init_device_mesh("cpu", (n,)),
                                {"0": ColwiseParallel(), "2": RowwiseParallel()})
     ms = median_step_ms(model, steps)
     if rank == 0:
-        print(f"TpStep tp=2 batch={BATCH} median_ms={ms:.3f}", flush=True)
+        print(f"TpStep tp={n} batch={BATCH} median_ms={ms:.3f}", flush=True)
     dist.destroy_process_group()
 
 
@@ -56,9 +56,10 @@ def main():
     torch.set_num_threads(1)
     torch.manual_seed(0)
     print(f"OneProcessStep batch={BATCH} median_ms={median_step_ms(mlp(), steps):.3f}", flush=True)
-    with tempfile.TemporaryDirectory() as d:
-        mp.start_processes(run, args=(steps, os.path.join(d, "store")), nprocs=2, join=True,
-                           start_method="fork")
+    for n in (2, 4):
+        with tempfile.TemporaryDirectory() as d:
+            mp.start_processes(run, args=(n, steps, os.path.join(d, "store")), nprocs=n,
+                               join=True, start_method="fork")
 
 
 if __name__ == "__main__":

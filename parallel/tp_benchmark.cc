@@ -1,6 +1,6 @@
 // Tensor-parallel step of the MLP Linear(1024, 4096) -> GELU -> Linear(4096,
-// 1024) (ColwiseParallel, RowwiseParallel) at TP=2, two processes on this
-// host over tcp with one thread each, beside one process running the whole
+// 1024) (ColwiseParallel, RowwiseParallel) at TP=2 and TP=4, processes on
+// this host over tcp with one thread each, beside one process running the whole
 // MLP on the same batch of 64 rows with one thread: forward, backward of
 // (y * w).sum(), zero_grad. Prints the median step of `--steps` (default
 // 30, the first 5 not counted) for each. parallel/torch_tp_bench.py is
@@ -8,7 +8,8 @@
 //
 //   bazel run -c opt //parallel:tp_benchmark -- --steps=30
 //
-// Rank 0 runs the one-process rows first, then forks rank 1 for the TP rows.
+// Rank 0 runs the one-process row first, then forks the other ranks for
+// each TP row.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +63,50 @@ double MedianStepMs(ember::nn::Module& model, int steps) {
   return ms[ms.size() / 2];
 }
 
+// TP=n over n processes (this one rank 0, n - 1 forked); rank 0 prints the
+// median step. Returns 0, or non-zero when a rank failed.
+int RunTp(const std::shared_ptr<ember::nn::Module>& whole, int n, int steps) {
+  char dir_template[] = "/tmp/ember_tp_benchmark_XXXXXX";
+  const char* dir = mkdtemp(dir_template);
+  if (dir == nullptr) return 1;
+  std::vector<pid_t> children;
+  int rank = 0;
+  for (int r = 1; r < n; ++r) {
+    const pid_t child = fork();
+    if (child == 0) {
+      rank = r;
+      children.clear();
+      break;
+    }
+    children.push_back(child);
+  }
+  Check(dist::init_process_group({.backend = "tcp",
+                                  .init_method = absl::StrCat("file://", dir, "/store"),
+                                  .world_size = n,
+                                  .rank = rank}),
+        "init_process_group");
+  absl::StatusOr<dist::DeviceMesh> mesh = dist::init_device_mesh("cpu", {n}, {"tp"});
+  Check(mesh.status(), "init_device_mesh");
+  absl::StatusOr<std::shared_ptr<ember::nn::Module>> tp = par::parallelize_module(
+      whole, *mesh, {{"0", par::ColwiseParallel{}}, {"2", par::RowwiseParallel{}}});
+  Check(tp.status(), "parallelize_module");
+  const double tp_ms = MedianStepMs(**tp, steps);
+  if (rank == 0) {
+    std::printf("TpStep tp=%d batch=%lld median_ms=%.3f\n", n, static_cast<long long>(kBatch),
+                tp_ms);
+    std::fflush(stdout);
+  }
+  Check(dist::destroy_process_group(), "destroy_process_group");
+  if (rank != 0) _exit(0);
+  int failed = 0;
+  for (const pid_t child : children) {
+    int status = 0;
+    waitpid(child, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+  }
+  return failed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,28 +121,10 @@ int main(int argc, char** argv) {
               MedianStepMs(*whole, steps));
   std::fflush(stdout);
 
-  char dir_template[] = "/tmp/ember_tp_benchmark_XXXXXX";
-  const char* dir = mkdtemp(dir_template);
-  if (dir == nullptr) return 1;
-  const pid_t child = fork();
-  const int rank = child == 0 ? 1 : 0;
-  Check(dist::init_process_group({.backend = "tcp",
-                                  .init_method = absl::StrCat("file://", dir, "/store"),
-                                  .world_size = 2,
-                                  .rank = rank}),
-        "init_process_group");
-  absl::StatusOr<dist::DeviceMesh> mesh = dist::init_device_mesh("cpu", {2}, {"tp"});
-  Check(mesh.status(), "init_device_mesh");
-  absl::StatusOr<std::shared_ptr<ember::nn::Module>> tp = par::parallelize_module(
-      whole, *mesh, {{"0", par::ColwiseParallel{}}, {"2", par::RowwiseParallel{}}});
-  Check(tp.status(), "parallelize_module");
-  const double tp_ms = MedianStepMs(**tp, steps);
-  if (rank == 0) {
-    std::printf("TpStep tp=2 batch=%lld median_ms=%.3f\n", static_cast<long long>(kBatch), tp_ms);
+  for (const int n : {2, 4}) {
+    const int failed = RunTp(whole, n, steps);
+    if (failed != 0) return failed;
   }
-  Check(dist::destroy_process_group(), "destroy_process_group");
-  if (rank == 1) _exit(0);
-  int status = 0;
-  waitpid(child, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  return 0;
 }
+
