@@ -54,7 +54,16 @@ struct LighthouseServer::Impl final : pb::Lighthouse::Service {
 
   mutable absl::Mutex mu;
   std::map<std::string, absl::Time> last_seen ABSL_GUARDED_BY(mu);
-  std::map<std::string, QuorumMember> pending ABSL_GUARDED_BY(mu);
+  // A request waiting for the quorum; `token` tells a replica's newer
+  // request from an older one still unwinding.
+  struct Pending {
+    QuorumMember member;
+    grpc::ServerContext* context = nullptr;
+    absl::Time deadline;
+    int64_t token = 0;
+  };
+  std::map<std::string, Pending> pending ABSL_GUARDED_BY(mu);
+  int64_t next_token ABSL_GUARDED_BY(mu) = 0;
   absl::Time first_pending ABSL_GUARDED_BY(mu);
   int64_t generation ABSL_GUARDED_BY(mu) = 0;  // quorums decided
   std::set<std::string> previous_members ABSL_GUARDED_BY(mu);
@@ -64,6 +73,14 @@ struct LighthouseServer::Impl final : pb::Lighthouse::Service {
 
   // Decides the pending quorum when Note [Forming a quorum] says so.
   void MaybeDecide(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    // A request whose caller gave up is no member: drop it before counting.
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (it->second.deadline <= now || it->second.context->IsCancelled()) {
+        it = pending.erase(it);
+      } else {
+        ++it;
+      }
+    }
     if (static_cast<int>(pending.size()) < options.min_replicas) return;
     bool all_alive_pending = true;
     for (const auto& [id, seen] : last_seen) {
@@ -75,10 +92,10 @@ struct LighthouseServer::Impl final : pb::Lighthouse::Service {
     if (!all_alive_pending && now - first_pending < options.join_timeout) return;
     elastic::Quorum q;
     std::set<std::string> ids;
-    for (const auto& [id, member] : pending) {
-      q.members.push_back(member);
+    for (const auto& [id, p] : pending) {
+      q.members.push_back(p.member);
       ids.insert(id);
-      q.max_step = std::max(q.max_step, member.step);
+      q.max_step = std::max(q.max_step, p.member.step);
     }
     if (ids != previous_members || generation == 0) ++quorum_id;
     q.quorum_id = quorum_id;
@@ -86,6 +103,7 @@ struct LighthouseServer::Impl final : pb::Lighthouse::Service {
     decided = std::move(q);
     pending.clear();
     ++generation;
+    decided.decision = generation;
   }
 
   grpc::Status Quorum(grpc::ServerContext* context, const pb::QuorumRequest* request,
@@ -98,13 +116,16 @@ struct LighthouseServer::Impl final : pb::Lighthouse::Service {
     const absl::Time now = absl::Now();
     last_seen[m.replica_id()] = now;
     if (pending.empty()) first_pending = now;
-    pending[m.replica_id()] = {m.replica_id(), m.address(), m.step()};
+    const int64_t token = ++next_token;
+    pending[m.replica_id()] = {.member = {m.replica_id(), m.address(), m.step()},
+                               .context = context,
+                               .deadline = absl::FromChrono(context->deadline()),
+                               .token = token};
     const int64_t mine = generation;  // decided when generation moves past it
     MaybeDecide(now);
     while (generation == mine && !stopping) {
-      if (context->IsCancelled() ||
-          absl::FromChrono(context->deadline()) <= absl::Now()) {
-        pending.erase(m.replica_id());
+      auto it = pending.find(m.replica_id());
+      if (it == pending.end() || it->second.token != token) {  // dropped, or superseded
         return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                             absl::StrCat("no quorum with ", m.replica_id(), " decided in time"));
       }
@@ -119,6 +140,7 @@ struct LighthouseServer::Impl final : pb::Lighthouse::Service {
     }
     response->set_quorum_id(decided.quorum_id);
     response->set_max_step(decided.max_step);
+    response->set_decision(decided.decision);
     for (const QuorumMember& member : decided.members) {
       pb::Member* out = response->add_members();
       out->set_replica_id(member.replica_id);
@@ -225,6 +247,7 @@ absl::StatusOr<Quorum> LighthouseClient::quorum(const QuorumMember& me, absl::Du
   Quorum q;
   q.quorum_id = response.quorum_id();
   q.max_step = response.max_step();
+  q.decision = response.decision();
   for (const pb::Member& m : response.members()) {
     q.members.push_back({m.replica_id(), m.address(), m.step()});
   }

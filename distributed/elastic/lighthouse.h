@@ -63,6 +63,9 @@ struct Quorum {
   int64_t quorum_id = 0;
   std::vector<QuorumMember> members;  // sorted by replica_id
   int64_t max_step = 0;
+  // Unique to this decision (1, 2, ...), shared by its members even when
+  // quorum_id repeats: what names a process group made afresh.
+  int64_t decision = 0;
 };
 
 struct LighthouseOptions {

@@ -63,6 +63,7 @@ TEST(LighthouseTest, EveryLiveGroupInOneQuorumAndTheSameIdWhileTheyStay) {
   for (const auto& q : second) {
     ASSERT_TRUE(q.ok()) << q.status();
     EXPECT_EQ(q->quorum_id, first[0]->quorum_id) << "the same members keep the quorum id";
+    EXPECT_EQ(q->decision, first[0]->decision + 1);
   }
   EXPECT_EQ((*server)->quorums_decided(), 2);
 }

@@ -1,0 +1,301 @@
+#include "parallel/fault_tolerance.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "autograd/grad_mode.h"
+#include "distributed/backend_registry.h"
+#include "serialization/pickle_value.h"
+#include "tensor/error.h"
+#include "tensor/factories.h"
+#include "tensor/status_macros.h"
+
+namespace ember::parallel {
+namespace {
+
+namespace dist = ::ember::distributed;
+namespace elastic = ::ember::distributed::elastic;
+using ::ember::serialization::PickleValue;
+
+absl::Status Wait(absl::StatusOr<std::shared_ptr<dist::Work>> work, absl::Duration timeout) {
+  EMBER_RETURN_IF_ERROR(work.status());
+  return (*work)->wait(timeout);
+}
+
+// The state a recovering group loads: the step, the model's state_dict and
+// the optimizer's (Note [Steps that commit]).
+absl::StatusOr<PickleValue> StateOf(int64_t step, nn::Module& model,
+                                    const nn::optim::Optimizer* optimizer) {
+  PickleValue::Pairs params;
+  for (const auto& [name, t] : model.state_dict()) params.push_back({name, t.detach().contiguous()});
+  PickleValue::Items state, groups;
+  if (optimizer != nullptr) {
+    const nn::optim::OptimizerStateDict osd = optimizer->state_dict();
+    for (const auto& ps : osd.state) {
+      PickleValue::Pairs values;
+      for (const auto& [name, t] : ps.values) values.push_back({name, t.detach().contiguous()});
+      state.push_back(PickleValue::Tuple({ps.index, PickleValue::Dict(std::move(values))}));
+    }
+    for (const auto& g : osd.param_groups) {
+      PickleValue::Pairs options;
+      for (const auto& [name, v] : g.options) options.push_back({name, v});
+      PickleValue::Items indices(g.params.begin(), g.params.end());
+      groups.push_back(
+          PickleValue::Tuple({PickleValue::Dict(std::move(options)), PickleValue::List(indices)}));
+    }
+  }
+  return PickleValue::Dict({{"step", step},
+                            {"model", PickleValue::Dict(std::move(params))},
+                            {"optimizer_state", PickleValue::List(std::move(state))},
+                            {"param_groups", PickleValue::List(std::move(groups))}});
+}
+
+absl::Status LoadState(const PickleValue& v, nn::Module& model, nn::optim::Optimizer* optimizer,
+                       int64_t* step) {
+  try {
+    *step = v.at("step")->as_int();
+    StateDict sd;
+    for (const auto& [name, t] : v.at("model")->pairs()) sd.push_back({name.as_string(), t.as_tensor()});
+    EMBER_RETURN_IF_ERROR(model.load_state_dict(sd));
+    if (optimizer == nullptr) return absl::OkStatus();
+    nn::optim::OptimizerStateDict osd;
+    for (const PickleValue& ps : v.at("optimizer_state")->items()) {
+      nn::optim::OptimizerStateDict::ParamState one;
+      one.index = ps.items()[0].as_int();
+      for (const auto& [name, t] : ps.items()[1].pairs()) {
+        one.values.push_back({name.as_string(), t.as_tensor()});
+      }
+      osd.state.push_back(std::move(one));
+    }
+    for (const PickleValue& g : v.at("param_groups")->items()) {
+      nn::optim::OptimizerStateDict::Group group;
+      for (const auto& [name, value] : g.items()[0].pairs()) {
+        group.options.push_back({name.as_string(), value.kind() == PickleValue::Kind::kInt
+                                                       ? static_cast<double>(value.as_int())
+                                                       : value.as_float()});
+      }
+      for (const PickleValue& i : g.items()[1].items()) group.params.push_back(i.as_int());
+      osd.param_groups.push_back(std::move(group));
+    }
+    return optimizer->load_state_dict(osd);
+  } catch (const Error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the state received from a peer does not fit this model: ", e.what()));
+  }
+}
+
+std::string FromEnv(const std::string& given, const char* name) {
+  if (!given.empty()) return given;
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Manager>> Manager::create(std::shared_ptr<nn::Module> model,
+                                                         nn::optim::Optimizer* optimizer,
+                                                         ManagerOptions options) {
+  if (model == nullptr) return absl::InvalidArgumentError("Manager: model is null");
+  options.lighthouse = FromEnv(options.lighthouse, "TORCHFT_LIGHTHOUSE");
+  options.replica_id = FromEnv(options.replica_id, "REPLICA_GROUP_ID");
+  if (options.lighthouse.empty()) {
+    return absl::InvalidArgumentError(
+        "Manager: no lighthouse; set ManagerOptions.lighthouse or TORCHFT_LIGHTHOUSE "
+        "(host:port of tools/lighthouse)");
+  }
+  if (options.replica_id.empty()) {
+    return absl::InvalidArgumentError(
+        "Manager: no replica_id; set ManagerOptions.replica_id or REPLICA_GROUP_ID");
+  }
+  if (options.min_replicas < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Manager: min_replicas must be at least 1, got ", options.min_replicas));
+  }
+  EMBER_RETURN_IF_ERROR(dist::find_backend(options.backend).status());
+  std::unique_ptr<Manager> m(new Manager());
+  m->model_ = std::move(model);
+  m->optimizer_ = optimizer;
+  m->options_ = options;
+  EMBER_ASSIGN_OR_RETURN(m->own_store_, dist::TcpStore::create({.host = options.host,
+                                                                .port = 0,
+                                                                .is_server = true,
+                                                                .timeout = options.timeout}));
+  m->address_ = absl::StrCat(options.host, ":", m->own_store_->port());
+  EMBER_ASSIGN_OR_RETURN(m->lighthouse_, elastic::LighthouseClient::create(options.lighthouse));
+  Manager* self = m.get();
+  m->heartbeat_ = std::thread([self] {
+    do {
+      // A lighthouse that is down or slow is retried at the next beat.
+      self->lighthouse_->heartbeat(self->options_.replica_id, self->options_.heartbeat_interval * 5)
+          .IgnoreError();
+    } while (!self->stop_.WaitForNotificationWithTimeout(self->options_.heartbeat_interval));
+  });
+  return m;
+}
+
+Manager::~Manager() {
+  stop_.Notify();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (group_ != nullptr) group_->abort();
+}
+
+absl::Status Manager::start_quorum() {
+  error_ = absl::OkStatus();
+  EMBER_ASSIGN_OR_RETURN(elastic::Quorum q,
+                         lighthouse_->quorum({.replica_id = options_.replica_id,
+                                              .address = address_,
+                                              .step = step_},
+                                             options_.quorum_timeout));
+  absl::Status s = Reconfigure(q);
+  if (s.ok()) s = Recover(q);
+  if (!s.ok()) {
+    // The next quorum makes a new group; this step cannot commit.
+    report_error(s);
+    last_failed_ = true;
+  }
+  return s;
+}
+
+absl::Status Manager::Reconfigure(const elastic::Quorum& q) {
+  int rank = -1;
+  for (size_t i = 0; i < q.members.size(); ++i) {
+    if (q.members[i].replica_id == options_.replica_id) rank = static_cast<int>(i);
+  }
+  if (rank < 0) {
+    return absl::InternalError(absl::StrCat("the lighthouse's quorum ", q.quorum_id,
+                                            " does not list this replica group (",
+                                            options_.replica_id, ")"));
+  }
+  const bool same = group_ != nullptr && q.quorum_id == quorum_id_ && !last_failed_;
+  quorum_id_ = q.quorum_id;
+  rank_ = rank;
+  size_ = static_cast<int>(q.members.size());
+  if (same) return absl::OkStatus();
+  if (group_ != nullptr) group_->abort();
+  group_.reset();
+  // Every member meets at the first member's store, under this decision's
+  // prefix, so a group made again for the same members never sees old keys.
+  const std::string& leader = q.members[0].address;
+  const size_t colon = leader.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(leader.substr(colon + 1), &port)) {
+    return absl::InternalError(absl::StrCat("bad store address '", leader, "' in the quorum"));
+  }
+  EMBER_ASSIGN_OR_RETURN(std::unique_ptr<dist::TcpStore> store,
+                         dist::TcpStore::create({.host = leader.substr(0, colon),
+                                                 .port = port,
+                                                 .timeout = options_.timeout}));
+  group_store_ = std::move(store);
+  EMBER_ASSIGN_OR_RETURN(const dist::BackendInfo* backend, dist::find_backend(options_.backend));
+  EMBER_ASSIGN_OR_RETURN(group_, backend->create({.store = group_store_,
+                                                  .store_prefix = absl::StrCat("ft/", q.decision, "/"),
+                                                  .rank = rank_,
+                                                  .size = size_,
+                                                  .timeout = options_.timeout}));
+  decision_ = q.decision;
+  last_failed_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status Manager::Recover(const elastic::Quorum& q) {
+  bool anyone_behind = false;
+  int source = -1;
+  for (size_t i = 0; i < q.members.size(); ++i) {
+    if (q.members[i].step < q.max_step) anyone_behind = true;
+    if (source < 0 && q.members[i].step == q.max_step) source = static_cast<int>(i);
+  }
+  if (!anyone_behind) return absl::OkStatus();
+  // The source's state, pickled, in two broadcasts: its size, then its bytes.
+  std::string bytes;
+  if (rank_ == source) {
+    EMBER_ASSIGN_OR_RETURN(PickleValue state, StateOf(step_, *model_, optimizer_));
+    EMBER_ASSIGN_OR_RETURN(bytes, serialization::pickle_value(state));
+  }
+  Tensor size = tensor<int64_t>({static_cast<int64_t>(bytes.size())});
+  EMBER_RETURN_IF_ERROR(Wait(group_->broadcast(size, {.root = source}), options_.timeout));
+  const int64_t n = size.data_ptr<int64_t>()[0];
+  Tensor payload = empty({n}, TensorOptions().dtype(kUInt8));
+  if (rank_ == source) std::memcpy(payload.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  EMBER_RETURN_IF_ERROR(Wait(group_->broadcast(payload, {.root = source}), options_.timeout));
+  if (step_ == q.max_step) return absl::OkStatus();
+  EMBER_ASSIGN_OR_RETURN(
+      PickleValue state,
+      serialization::unpickle_value(absl::string_view(
+          reinterpret_cast<const char*>(payload.data_ptr<uint8_t>()), static_cast<size_t>(n))));
+  autograd::NoGradGuard no_grad;
+  EMBER_RETURN_IF_ERROR(LoadState(state, *model_, optimizer_, &step_));
+  ++recoveries_;
+  return absl::OkStatus();
+}
+
+void Manager::report_error(const absl::Status& error) {
+  if (error_.ok() && !error.ok()) error_ = error;
+}
+
+absl::Status Manager::allreduce(Tensor& t) {
+  if (!error_.ok()) return error_;
+  if (group_ == nullptr) {
+    report_error(absl::FailedPreconditionError("allreduce before start_quorum"));
+    return error_;
+  }
+  absl::Status s = Wait(group_->allreduce(t, {.op = dist::ReduceOp::kSum}), options_.timeout);
+  if (!s.ok()) {
+    report_error(s);
+    return s;
+  }
+  autograd::NoGradGuard no_grad;
+  t.div_(static_cast<double>(size_));
+  return absl::OkStatus();
+}
+
+absl::Status Manager::allreduce_gradients() {
+  std::vector<Tensor> grads;
+  int64_t total = 0;
+  for (const Tensor& p : model_->parameters()) {
+    if (p.grad().defined()) {
+      grads.push_back(p.grad());
+      total += p.grad().numel();
+    }
+  }
+  if (grads.empty()) return error_;
+  autograd::NoGradGuard no_grad;
+  Tensor flat = empty({total}, TensorOptions().dtype(grads[0].dtype()));
+  int64_t offset = 0;
+  for (const Tensor& g : grads) {
+    flat.narrow(0, offset, g.numel()).copy_(g.reshape({-1}));
+    offset += g.numel();
+  }
+  EMBER_RETURN_IF_ERROR(allreduce(flat));
+  offset = 0;
+  for (Tensor& g : grads) {
+    g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
+    offset += g.numel();
+  }
+  return absl::OkStatus();
+}
+
+bool Manager::should_commit() {
+  bool ok = error_.ok() && size_ >= options_.min_replicas && group_ != nullptr;
+  if (group_ != nullptr) {
+    // The vote: the count of participants that failed.
+    Tensor failed = tensor<int64_t>({error_.ok() ? int64_t{0} : int64_t{1}});
+    const absl::Status s =
+        Wait(group_->allreduce(failed, {.op = dist::ReduceOp::kSum}), options_.timeout);
+    ok = ok && s.ok() && failed.data_ptr<int64_t>()[0] == 0;
+  }
+  if (ok) {
+    ++step_;
+  } else {
+    ++discarded_;
+    last_failed_ = true;
+  }
+  error_ = absl::OkStatus();
+  return ok;
+}
+
+}  // namespace ember::parallel

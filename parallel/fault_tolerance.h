@@ -1,0 +1,152 @@
+// Per-step fault tolerance (torchft's Manager): replica groups, each a full
+// copy of the model, train together; each step they ask the lighthouse
+// (distributed/elastic/lighthouse.h) which of them take part, average
+// gradients over those only, and commit the step only if every participant
+// finished it. A replica group that dies is left out of the next step, the
+// step it broke is discarded everywhere (never half-applied), and a group
+// that joins or comes back gets the model and optimizer state over the
+// network from a member that has the newest, before its first step: no job
+// restart, no checkpoint read.
+//
+//   ```cpp compile-only
+//   #include "nn/optim/sgd.h"
+//   #include "parallel/fault_tolerance.h"
+//   namespace par = ember::parallel;
+//   // One process per replica group; the lighthouse at TORCHFT_LIGHTHOUSE.
+//   ember::nn::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
+//   EMBER_ASSIGN_OR_RETURN(auto ft, par::Manager::create(model, &opt, {.replica_id = "r1"}));
+//   while (ft->current_step() < 1000) {
+//     EMBER_RETURN_IF_ERROR(ft->start_quorum());  // may recover the state from a peer
+//     auto [x, y] = Batch(ft->current_step(), ft->participant_rank(), ft->num_participants());
+//     opt.zero_grad();
+//     ember::nn::functional::cross_entropy((*model)(x), y).backward();
+//     ft->allreduce_gradients();                   // a failure here is recorded, not thrown
+//     if (ft->should_commit()) opt.step();         // else the step is discarded everywhere
+//   }
+//   ```
+//
+// Note [Steps that commit]
+// current_step() counts committed steps; a step is identified by it, so
+// the batch a participant trains should be a function of (current_step(),
+// participant_rank(), num_participants()): then every committed step
+// trains each sample of its batch exactly once, whatever the failures, and
+// a run with failures equals one without them that had the same quorums.
+// start_quorum() joins the lighthouse's quorum with this group's step and
+// store address; when the members changed (or the last step failed) it
+// makes a new process group of the members over the first member's store
+// (the backend of `options.backend`), and when some member is behind
+// max_step, the first member with max_step broadcasts its state (model
+// state_dict, optimizer state_dict and the step, pickled) to all, and those
+// behind load it. allreduce / allreduce_gradients average over the
+// participants (sum / num_participants); an error in them, or in anything
+// the caller reports with report_error, makes this step fail. should_commit
+// is a vote of every participant (all succeeded, and at least
+// min_replicas took part); when it passes, current_step() advances and the
+// caller applies the step; when it fails, or the vote itself fails, the
+// caller must discard the step (zero_grad without stepping), and the next
+// start_quorum makes a new group.
+//
+// A heartbeat thread keeps the group known to the lighthouse every
+// heartbeat_interval. Errors: create() and start_quorum() return
+// absl::Status (the lighthouse's and the backend's; InvalidArgument for bad
+// options, named). Thread-safety: one thread drives a Manager.
+#ifndef EMBER_PARALLEL_FAULT_TOLERANCE_H_
+#define EMBER_PARALLEL_FAULT_TOLERANCE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "distributed/elastic/lighthouse.h"
+#include "distributed/process_group.h"
+#include "distributed/tcp_store.h"
+#include "nn/module.h"
+#include "nn/optim/optimizer.h"
+#include "tensor/tensor.h"
+
+namespace ember::parallel {
+
+struct ManagerOptions {
+  // The lighthouse, "host:port"; empty: $TORCHFT_LIGHTHOUSE.
+  std::string lighthouse;
+  // This replica group's name, unique in the job; empty: $REPLICA_GROUP_ID.
+  std::string replica_id;
+  // The backend of the groups across replicas ("gloo", "tcp").
+  std::string backend = "gloo";
+  // The host other replica groups reach this one's store at.
+  std::string host = "127.0.0.1";
+  // Fewer participants than this: steps do not commit (torchft's
+  // min_replica_size).
+  int min_replicas = 1;
+  // Each collective and the state transfer; start_quorum's wait.
+  absl::Duration timeout = absl::Seconds(60);
+  absl::Duration quorum_timeout = absl::Seconds(60);
+  absl::Duration heartbeat_interval = absl::Milliseconds(100);
+};
+
+class Manager {
+ public:
+  // Starts this group's store server and heartbeats. `optimizer` may be
+  // null (then only the model's state is recovered).
+  static absl::StatusOr<std::unique_ptr<Manager>> create(std::shared_ptr<nn::Module> model,
+                                                         nn::optim::Optimizer* optimizer,
+                                                         ManagerOptions options);
+  ~Manager();
+  Manager(const Manager&) = delete;
+  Manager& operator=(const Manager&) = delete;
+
+  // Note [Steps that commit].
+  absl::Status start_quorum();
+  // Averages `tensor` in place over the participants; errors are recorded
+  // (and returned).
+  absl::Status allreduce(Tensor& tensor);
+  // Every parameter's gradient averaged, in one flat buffer.
+  absl::Status allreduce_gradients();
+  // Makes the current step fail.
+  void report_error(const absl::Status& error);
+  bool should_commit();
+
+  int64_t current_step() const { return step_; }
+  int participant_rank() const { return rank_; }
+  int num_participants() const { return size_; }
+  int64_t quorum_id() const { return quorum_id_; }
+  const std::string& replica_id() const { return options_.replica_id; }
+  // Times this group loaded the state from a peer, and steps discarded.
+  int64_t recoveries() const { return recoveries_; }
+  int64_t discarded_steps() const { return discarded_; }
+
+ private:
+  Manager() = default;
+  absl::Status Reconfigure(const distributed::elastic::Quorum& quorum);
+  absl::Status Recover(const distributed::elastic::Quorum& quorum);
+
+  std::shared_ptr<nn::Module> model_;
+  nn::optim::Optimizer* optimizer_ = nullptr;
+  ManagerOptions options_;
+  std::unique_ptr<distributed::TcpStore> own_store_;  // serves; peers reach it
+  std::string address_;
+  std::unique_ptr<distributed::elastic::LighthouseClient> lighthouse_;
+  std::shared_ptr<distributed::Store> group_store_;
+  std::shared_ptr<distributed::ProcessGroup> group_;
+  int64_t decision_ = -1;  // the quorum decision group_ was made for
+  int64_t quorum_id_ = -1;
+  int64_t step_ = 0;
+  int rank_ = 0;
+  int size_ = 1;
+  bool last_failed_ = false;
+  absl::Status error_;  // this step's first error
+  int64_t recoveries_ = 0;
+  int64_t discarded_ = 0;
+  absl::Notification stop_;
+  std::thread heartbeat_;
+};
+
+}  // namespace ember::parallel
+
+#endif  // EMBER_PARALLEL_FAULT_TOLERANCE_H_

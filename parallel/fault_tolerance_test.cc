@@ -1,0 +1,272 @@
+// Per-step fault tolerance on forked processes: a lighthouse (rank 0) and
+// three replica groups (ranks 1-3, one process each) train an MLP with SGD
+// and momentum for kSteps committed steps, each committed step's batch of 12
+// rows split over its participants (Note [Steps that commit]). Replica "r2"
+// is killed with SIGKILL in the middle of step kKillAt, before its gradients
+// are averaged; the survivors go on without it up to step kRejoinAt, where
+// they wait until its rank's process has started a replacement with other
+// initial weights, which must recover the model and the momentum from a
+// peer. Every replica's final parameters must equal one process training
+// the whole batch of every step (within 1e-6 relative: the average of the
+// participants' mean losses is the batch's mean loss when the rows split
+// evenly), the broken step must have been discarded, and the replacement
+// must have recovered. Over gloo and tcp. The parent never
+// touches gRPC (it does not survive fork); each process starts its own.
+#include "parallel/fault_tolerance.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "distributed/elastic/lighthouse.h"
+#include "distributed/testing/ranks.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nn/activation.h"
+#include "nn/container.h"
+#include "nn/linear.h"
+#include "nn/loss.h"
+#include "nn/optim/sgd.h"
+#include "parallel/rank_testing.h"
+#include "serialization/serialization.h"
+#include "tensor/factories.h"
+#include "tensor/status_macros.h"
+
+namespace ember::parallel {
+namespace {
+
+namespace fs = std::filesystem;
+namespace elastic = ::ember::distributed::elastic;
+using ::ember::distributed::testing::ProcessResult;
+using ::ember::distributed::testing::Rank;
+using ::ember::distributed::testing::RunRankProcesses;
+using ::ember::distributed::testing::RunRanksOptions;
+
+constexpr int kReplicas = 3;
+constexpr int64_t kSteps = 16;
+constexpr int64_t kRejoinAt = 10;  // the survivors wait here for the replacement
+constexpr int64_t kKillAt = 4;
+constexpr int64_t kRows = 12;
+
+std::shared_ptr<nn::Sequential> MakeModel(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(16, 4)});
+}
+
+nn::optim::SGDOptions Sgd() { return {.lr = 0.1, .momentum = 0.9}; }
+
+// The global batch of committed step `step`.
+std::pair<Tensor, Tensor> Batch(int64_t step) {
+  Generator teacher(7);
+  const Tensor w = randn({8, 4}, {}, &teacher);
+  Generator gen(100 + step);
+  Tensor x = randn({kRows, 8}, {}, &gen);
+  return {x, x.matmul(w).argmax(1)};
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path + ".tmp") << text;
+  fs::rename(path + ".tmp", path);
+}
+
+// The lighthouse's address, once rank 0 has written it.
+absl::StatusOr<std::string> LighthouseAddress(const std::string& dir) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    if (fs::exists(dir + "/lighthouse")) return ReadFile(dir + "/lighthouse");
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return absl::DeadlineExceededError("no lighthouse address written");
+}
+
+// Waits for <dir>/<name> to exist.
+absl::Status AwaitFile(const std::string& dir, const std::string& name) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!fs::exists(absl::StrCat(dir, "/", name))) {
+    if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat("no ", name));
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return absl::OkStatus();
+}
+
+// Trains replica `id` until kSteps committed steps (or, with `die_at`, until
+// it kills itself in the middle of that step). The survivors ("r1", "r3")
+// stop at kRejoinAt until the replacement is alive ("r2_back"); "r1" says
+// when it got there ("reached"). Writes the final parameters and counters to
+// <dir>/<id>.pt.
+absl::Status Replica(const std::string& dir, const std::string& id, const std::string& backend,
+                     uint64_t seed, int64_t die_at) {
+  EMBER_ASSIGN_OR_RETURN(std::string lighthouse, LighthouseAddress(dir));
+  auto model = MakeModel(seed);
+  nn::optim::SGD opt(model->parameters(), Sgd());
+  EMBER_ASSIGN_OR_RETURN(auto ft, Manager::create(model, &opt,
+                                                  {.lighthouse = lighthouse,
+                                                   .replica_id = id,
+                                                   .backend = backend,
+                                                   .timeout = absl::Seconds(10),
+                                                   .quorum_timeout = absl::Seconds(30)}));
+  const bool replacement = id == "r2" && die_at < 0;
+  if (replacement) {
+    WriteFile(dir + "/r2_back", "1");
+  } else {
+    // The three start together, so the first quorum has all of them.
+    WriteFile(absl::StrCat(dir, "/up_", id), "1");
+    for (int i = 1; i <= kReplicas; ++i) EMBER_RETURN_IF_ERROR(AwaitFile(dir, absl::StrCat("up_r", i)));
+  }
+  int failures = 0;
+  while (ft->current_step() < kSteps) {
+    if (!replacement && id != "r2" && ft->current_step() == kRejoinAt) {
+      if (id == "r1") WriteFile(dir + "/reached", "1");
+      EMBER_RETURN_IF_ERROR(AwaitFile(dir, "r2_back"));
+    }
+    if (absl::Status s = ft->start_quorum(); !s.ok()) {
+      if (++failures > 5) return s;  // never loop forever
+      ft->should_commit();           // fails; the next quorum makes a new group
+      continue;
+    }
+    const auto [x, y] = Batch(ft->current_step());
+    const int64_t n = ft->num_participants();
+    const int64_t r = ft->participant_rank();
+    opt.zero_grad();
+    nn::functional::cross_entropy((*model)(x.narrow(0, r * kRows / n, kRows / n)),
+                                  y.narrow(0, r * kRows / n, kRows / n))
+        .backward();
+    if (die_at >= 0 && ft->current_step() >= die_at) ::raise(SIGKILL);
+    ft->allreduce_gradients().IgnoreError();  // recorded; should_commit sees it
+    if (ft->should_commit()) opt.step();
+  }
+  StateDict out = model->state_dict();
+  out.push_back({"recoveries", tensor<int64_t>({ft->recoveries()})});
+  out.push_back({"discarded", tensor<int64_t>({ft->discarded_steps()})});
+  EMBER_RETURN_IF_ERROR(save(out, absl::StrCat(dir, "/", id, ".pt")));
+  WriteFile(absl::StrCat(dir, "/done_", id), "1");
+  return absl::OkStatus();
+}
+
+absl::Status Lighthouse(const std::string& dir) {
+  EMBER_ASSIGN_OR_RETURN(auto server,
+                         elastic::LighthouseServer::create({.min_replicas = 2,
+                                                            .join_timeout = absl::Seconds(5),
+                                                            .heartbeat_timeout =
+                                                                absl::Milliseconds(500)}));
+  WriteFile(dir + "/lighthouse", server->address());
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  for (;;) {
+    int done = 0;
+    for (int i = 1; i <= kReplicas; ++i) done += fs::exists(absl::StrCat(dir, "/done_r", i));
+    if (done == kReplicas) return absl::OkStatus();
+    if (absl::Now() > deadline) return absl::DeadlineExceededError("replicas did not finish");
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+// Every replica's final parameters against one process training the whole
+// batch of every step; the counters of the survivors and the replacement.
+absl::Status CompareWithOneProcess(const std::string& dir) {
+  auto whole = MakeModel(0);
+  nn::optim::SGD opt(whole->parameters(), Sgd());
+  for (int64_t s = 0; s < kSteps; ++s) {
+    const auto [x, y] = Batch(s);
+    opt.zero_grad();
+    nn::functional::cross_entropy((*whole)(x), y).backward();
+    opt.step();
+  }
+  int64_t survivors_discarded = 0;
+  for (int i = 1; i <= kReplicas; ++i) {
+    const std::string id = absl::StrCat("r", i);
+    EMBER_ASSIGN_OR_RETURN(StateDict got, load(absl::StrCat(dir, "/", id, ".pt")));
+    for (const auto& [name, want] : whole->state_dict()) {
+      const Tensor mine = rank_testing::Get(got, name);
+      if (!mine.defined()) return absl::NotFoundError(absl::StrCat(id, " saved no ", name));
+      const double rel = (mine - want).abs().max().item<double>() /
+                         std::max(want.abs().max().item<double>(), 1e-12);
+      if (rel > 1e-6) {
+        return absl::InternalError(
+            absl::StrCat(id, "'s ", name, " differs from one process by ", rel, " relative"));
+      }
+    }
+    const int64_t recoveries = rank_testing::Get(got, "recoveries").item<int64_t>();
+    const int64_t discarded = rank_testing::Get(got, "discarded").item<int64_t>();
+    std::fprintf(stderr, "%s: recoveries %lld, discarded steps %lld\n", id.c_str(),
+                 static_cast<long long>(recoveries), static_cast<long long>(discarded));
+    if (id == "r2" && recoveries < 1) {
+      return absl::InternalError("the replacement r2 did not recover the state from a peer");
+    }
+    if (id != "r2") survivors_discarded += discarded;
+  }
+  // Whoever was in r2's quorum when it died discarded that step (a survivor
+  // that joined later saw none).
+  if (survivors_discarded < 1) {
+    return absl::InternalError("no survivor discarded a step, yet r2 died in one");
+  }
+  return absl::OkStatus();
+}
+
+// Rank 2: the first r2 in a child that dies at kKillAt, then a replacement.
+absl::Status KilledAndReplaced(const std::string& dir, const std::string& backend) {
+  const pid_t child = fork();
+  if (child == 0) {
+    const absl::Status s = Replica(dir, "r2", backend, /*seed=*/0, kKillAt);
+    _exit(s.ok() ? 3 : 4);  // should not get here: it kills itself
+  }
+  int status = 0;
+  if (waitpid(child, &status, 0) != child || !WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) {
+    return absl::InternalError(absl::StrCat("the first r2 was not killed (status ", status, ")"));
+  }
+  // Once the survivors went on without r2 (its heartbeat expired after
+  // 500 ms) up to kRejoinAt, so some steps committed with 2 participants.
+  EMBER_RETURN_IF_ERROR(AwaitFile(dir, "reached"));
+  return Replica(dir, "r2", backend, /*seed=*/555, /*die_at=*/-1);
+}
+
+class FaultToleranceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FaultToleranceTest, AKilledReplicaIsReplacedAndTrainingEqualsOneProcess) {
+  const std::string backend = GetParam();
+  RunRanksOptions options;
+  options.make_group = false;
+  const std::vector<ProcessResult> results = RunRankProcesses(
+      kReplicas + 1,
+      [&](Rank& me) -> absl::Status {
+        return rank_testing::Guard([&]() -> absl::Status {
+          if (me.rank == 0) {
+            EMBER_RETURN_IF_ERROR(Lighthouse(me.temp_dir));
+            return CompareWithOneProcess(me.temp_dir);
+          }
+          if (me.rank == 2) return KilledAndReplaced(me.temp_dir, backend);
+          return Replica(me.temp_dir, absl::StrCat("r", me.rank), backend, /*seed=*/0, -1);
+        });
+      },
+      options, absl::Seconds(120));
+  rank_testing::ExpectAllSucceeded(results);
+  ASSERT_EQ(results.size(), static_cast<size_t>(kReplicas + 1));
+  // Rank 0 compared and reported the counters.
+  EXPECT_THAT(results[0].output, ::testing::HasSubstr("r2: recoveries 1"));
+  std::cout << results[0].output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FaultToleranceTest, ::testing::Values("gloo", "tcp"));
+
+}  // namespace
+}  // namespace ember::parallel
