@@ -20,7 +20,8 @@
 //   a message naming its rank, local rank, pid and code or signal.
 // - With --max_restarts=R, a failed attempt stops every worker group and
 //   starts them all again, up to R times; TORCHELASTIC_RESTART_COUNT tells
-//   workers which attempt they are.
+//   workers which attempt they are. With --replica_groups a failed worker is
+//   restarted alone instead (Note [Replica groups]).
 // - SIGINT, SIGTERM and SIGHUP are forwarded to every worker group; the
 //   launcher then waits for them (SIGKILL after the grace, or on a second
 //   signal) and exits with 128 + the signal.
@@ -101,6 +102,8 @@ struct Worker {
   std::string error_file;  // its TORCHELASTIC_ERROR_FILE
   std::string outcome;     // how it ended, once reaped
   int signal = 0;          // the signal that killed it; 0 if it exited
+  bool failed = false;     // it ended with a non-zero code or a signal
+  int restarts = 0;        // --replica_groups: its own restarts so far
 };
 
 // Whether the process group `pgid` still has a member.
@@ -516,6 +519,7 @@ class Supervisor {
                                             SignalName(WTERMSIG(status)), ")")
                              : absl::StrCat("exited with code ", WEXITSTATUS(status));
         bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        worker.failed = !ok;
         if (!ok && !failure) {
           failure = Outcome{Outcome::kWorkerFailed,
                             WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status),
@@ -524,6 +528,35 @@ class Supervisor {
       }
     }
     return failure;
+  }
+
+  // Note [Replica groups]
+  // With --replica_groups each worker is a replica group of a fault-tolerant
+  // job (parallel/fault_tolerance.h): the others train on without it, so a
+  // failed worker is restarted alone, with its own rank and a restart count
+  // of its own, while the others keep running. Returns false, leaving the
+  // failure to the usual path (stop everyone, report), once a failed worker
+  // has used up --max_restarts or cannot be started.
+  bool RestartFailedAlone() {
+    const bool omp_set = std::getenv("OMP_NUM_THREADS") != nullptr;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Worker& worker = workers_[i];
+      if (worker.running || !worker.failed) continue;
+      if (worker.restarts >= options_.max_restarts) return false;
+      ++worker.restarts;
+      Say(absl::StrCat("worker rank ", worker.spec.rank, " ", worker.outcome,
+                       "; restarting it alone (restart ", worker.restarts, " of ",
+                       options_.max_restarts, "), the other workers go on"));
+      DrainOutputs();
+      if (worker.err_fd >= 0) close(worker.err_fd);
+      kill(-worker.pid, SIGKILL);  // what the failed worker left in its group
+      Worker fresh;
+      fresh.spec = MakeWorkerSpec(options_, static_cast<int>(i), worker.restarts, omp_set);
+      fresh.restarts = worker.restarts;
+      if (!Start(fresh)) return false;
+      worker = std::move(fresh);
+    }
+    return true;
   }
 
   int Running() const {
@@ -610,7 +643,9 @@ class Supervisor {
   Outcome Supervise(ElasticAgent* agent = nullptr) {
     absl::Time next_check = absl::Now() + options_.monitor_interval;
     while (true) {
-      if (std::optional<Outcome> failure = Reap()) {
+      std::optional<Outcome> failure = Reap();
+      if (failure && options_.replica_groups && RestartFailedAlone()) failure.reset();
+      if (failure) {
         // Note [Failure summary]: the others' states, their dumps, then stop.
         std::vector<std::string> states;
         for (const Worker& worker : workers_) {

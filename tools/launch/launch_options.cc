@@ -77,6 +77,7 @@ absl::Status ParseRdzvConf(const std::string& text, LaunchOptions& options) {
 std::string Usage() {
   return "usage: launch [--nproc_per_node=N] [--nnodes=M] [--node_rank=K] [--master_addr=ADDR]\n"
          "              [--master_port=PORT] [--use_env] [--max_restarts=R] [--serve_store]\n"
+         "              [--replica_groups [--lighthouse=HOST:PORT]]\n"
          "              [-m | --no-python] program [args...]\n"
          "       launch [--nproc_per_node=N] --nnodes=MIN:MAX --rdzv_endpoint=HOST[:PORT]\n"
          "              [--rdzv_id=JOB] [--rdzv_backend=c10d] [--rdzv_conf=KEY=SECONDS,...]\n"
@@ -85,7 +86,9 @@ std::string Usage() {
          "Starts N workers of `program` on this node (node K of M) with MASTER_ADDR, MASTER_PORT,\n"
          "WORLD_SIZE, RANK and LOCAL_RANK set for env:// rendezvous; passes --local_rank=i unless\n"
          "--use_env. --serve_store: node 0's launcher serves the store (Ember's and PyTorch's\n"
-         "env:// connect to it).\n"
+         "env:// connect to it). --replica_groups: each worker is a replica group of a\n"
+         "fault-tolerant job (REPLICA_GROUP_ID=its rank, TORCHFT_LIGHTHOUSE=--lighthouse) and a\n"
+         "worker that fails is restarted alone, up to --max_restarts times each.\n"
          "A program ending in .py runs as `python3 -u program` (python3 from PATH), a module\n"
          "given with -m as `python3 -u -m module`; --no-python runs the program as it is.\n"
          "Elastic: the launchers meet at HOST:PORT (served by the launcher there), wait for MIN\n"
@@ -119,11 +122,12 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
     }
     if (name == "help") return UsageError("help requested");
     if (name == "use_env" || name == "serve_store" || name == "no_python" ||
-        name == "no-python") {
+        name == "no-python" || name == "replica_groups") {
       if (value) return UsageError(absl::StrCat("--", name, " takes no value"));
-      (name == "use_env" ? options.use_env
-       : name == "serve_store" ? options.serve_store
-                               : options.no_python) = true;
+      (name == "use_env"          ? options.use_env
+       : name == "serve_store"    ? options.serve_store
+       : name == "replica_groups" ? options.replica_groups
+                                  : options.no_python) = true;
       continue;
     }
     if (!value) {
@@ -170,6 +174,11 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
     } else if (name == "max_restarts") {
       if (absl::Status s = ParseInt(name, *value, 0, 1000000, options.max_restarts); !s.ok())
         return s;
+    } else if (name == "lighthouse") {
+      if (value->find(':') == std::string::npos) {
+        return UsageError(absl::StrCat("--lighthouse=", *value, " is not HOST:PORT"));
+      }
+      options.lighthouse = *value;
     } else if (name == "master_addr") {
       if (value->empty()) return UsageError("--master_addr is empty");
       options.master_addr = *value;
@@ -184,6 +193,13 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(const std::vector<std::string>& ar
   if (options.min_nodes != options.max_nodes && !options.elastic()) {
     return UsageError(absl::StrCat("--nnodes=", options.min_nodes, ":", options.max_nodes,
                                    " needs --rdzv_endpoint=HOST[:PORT], where the launchers meet"));
+  }
+  if (options.replica_groups && options.elastic()) {
+    return UsageError("--replica_groups restarts workers alone; it does not combine with an "
+                      "elastic --rdzv_endpoint, whose rounds restart every worker");
+  }
+  if (!options.lighthouse.empty() && !options.replica_groups) {
+    return UsageError("--lighthouse is for --replica_groups jobs");
   }
   if (!options.elastic() && options.node_rank >= options.nnodes) {
     return UsageError(absl::StrCat("--node_rank=", options.node_rank,
@@ -217,6 +233,10 @@ WorkerSpec MakeWorkerSpec(const LaunchOptions& options, int local_rank, int rest
   spec.env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
   spec.env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
   if (!omp_num_threads_set && options.nproc_per_node > 1) spec.env["OMP_NUM_THREADS"] = "1";
+  if (options.replica_groups) {
+    spec.env["REPLICA_GROUP_ID"] = std::to_string(spec.rank);
+    if (!options.lighthouse.empty()) spec.env["TORCHFT_LIGHTHOUSE"] = options.lighthouse;
+  }
   if (options.serve_store) {
     spec.env["EMBER_STORE_SERVED_BY_LAUNCHER"] = "1";
     // PyTorch's env:// then connects every rank to the launcher's store too,

@@ -13,6 +13,10 @@
 // nproc_per_node > 1, and, unless --use_env, the argument --local_rank=i
 // before the program's own arguments.
 //
+// --replica_groups [--lighthouse=HOST:PORT] (an Ember extension): each
+// worker is a replica group of a fault-tolerant job and is restarted alone
+// when it fails (LaunchOptions::replica_groups).
+//
 // --serve_store (an Ember extension): the launcher of node 0 serves the
 // job's TcpStore on master_port itself, afresh for every attempt, and sets
 // EMBER_STORE_SERVED_BY_LAUNCHER=1 so that Ember's env:// rendezvous connects
@@ -71,6 +75,13 @@ struct LaunchOptions {
   // else is an executable, run as it is.
   bool module = false;
   bool no_python = false;
+  // --replica_groups (an Ember extension, for parallel/fault_tolerance.h):
+  // every worker is a replica group of a fault-tolerant job, with
+  // REPLICA_GROUP_ID=<rank> (and TORCHFT_LIGHTHOUSE=--lighthouse when given);
+  // a worker that fails is restarted alone, up to --max_restarts times each,
+  // while the others keep training. Not with --nnodes=MIN:MAX.
+  bool replica_groups = false;
+  std::string lighthouse;  // --lighthouse=HOST:PORT
 };
 
 // The command line that runs options.program, before its own arguments:

@@ -66,6 +66,28 @@ TEST(LaunchOptionsTest, PythonProgramsRunAsTorchrunRunsThem) {
               HasSubstr("-m and --no-python exclude each other"));
 }
 
+TEST(LaunchOptionsTest, ReplicaGroupsNameEachWorkerAndTheLighthouse) {
+  LaunchOptions options = ParseLaunchArgs({"--nproc_per_node=3", "--replica_groups",
+                                           "--lighthouse=10.0.0.5:29510", "prog"})
+                              .value();
+  EXPECT_TRUE(options.replica_groups);
+  WorkerSpec spec = MakeWorkerSpec(options, 2, 1, false);
+  EXPECT_EQ(spec.env["REPLICA_GROUP_ID"], "2");
+  EXPECT_EQ(spec.env["TORCHFT_LIGHTHOUSE"], "10.0.0.5:29510");
+  EXPECT_EQ(spec.env["TORCHELASTIC_RESTART_COUNT"], "1");
+  EXPECT_EQ(MakeWorkerSpec(ParseLaunchArgs({"prog"}).value(), 0, 0, false).env.count(
+                "REPLICA_GROUP_ID"),
+            0u);
+  EXPECT_THAT(ParseLaunchArgs({"--lighthouse=h:1", "prog"}).status().message(),
+              HasSubstr("--lighthouse is for --replica_groups jobs"));
+  EXPECT_THAT(ParseLaunchArgs({"--replica_groups", "--lighthouse=nohost", "prog"}).status().message(),
+              HasSubstr("--lighthouse=nohost is not HOST:PORT"));
+  EXPECT_THAT(ParseLaunchArgs({"--replica_groups", "--nnodes=1:2", "--rdzv_endpoint=h:1", "prog"})
+                  .status()
+                  .message(),
+              HasSubstr("does not combine with an elastic --rdzv_endpoint"));
+}
+
 TEST(LaunchOptionsTest, ErrorsNameTheOption) {
   EXPECT_THAT(ParseLaunchArgs({"--max_restarts=-1", "p"}).status().message(), HasSubstr("--max_restarts=-1"));
   EXPECT_THAT(ParseLaunchArgs({"--use_env=1", "p"}).status().message(), HasSubstr("--use_env takes no value"));
