@@ -1,4 +1,4 @@
-// What every Ember tool (launch, shm_manager, hub) promises on its command
+// What every Ember tool (launch, shm_manager, hub, lighthouse) promises on its command
 // line: --version prints "<tool> <VERSION> (git <commit>)", --help prints the
 // usage with its exit codes and exits 0, a usage error exits 2, and a tool
 // that lacks something it needs says what and exits non-zero. The binaries
@@ -75,7 +75,7 @@ TEST_P(ToolTest, UnknownFlagIsAUsageError) {
   EXPECT_EQ(r.out, "");
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryTool, ToolTest, ::testing::Values("launch", "shm_manager", "hub"),
+INSTANTIATE_TEST_SUITE_P(EveryTool, ToolTest, ::testing::Values("launch", "shm_manager", "hub", "lighthouse"),
                          [](const auto& info) { return info.param; });
 
 TEST(MissingRequirements, ShmManagerNamesTheMissingSocketDirectory) {
@@ -89,6 +89,12 @@ TEST(MissingRequirements, HubWithoutAnyHomeSaysWhatToSet) {
   EXPECT_EQ(r.code, 1);
   EXPECT_THAT(r.err, HasSubstr("no hub directory"));
   EXPECT_THAT(r.err, HasSubstr("TORCH_HUB_DIR"));
+}
+
+TEST(MissingRequirements, LighthouseNamesTheAddressItCannotServe) {
+  Result r = RunTool("lighthouse", "--bind=192.0.2.1:29510");  // not this host's
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("cannot listen on 192.0.2.1:29510"));
 }
 
 TEST(MissingRequirements, LaunchNamesTheMissingProgram) {

@@ -29,7 +29,8 @@ constexpr char kUsage[] =
     "0.0.0.0:29510; port 0 picks one). A quorum needs --min_replicas groups (default 1);\n"
     "it waits for every group alive (heard from within --heartbeat_timeout_ms, default\n"
     "5000) and at most --join_timeout_ms (default 60000) for late ones. Prints\n"
-    "\"lighthouse: serving on HOST:PORT\" once it serves; stops on SIGINT or SIGTERM.\n";
+    "\"lighthouse: serving on HOST:PORT\" once it serves; stops on SIGINT or SIGTERM.\n"
+    "Exit status: 0 stopped by a signal, 1 it cannot serve (why on stderr), 2 usage error.\n";
 
 int Usage(std::string_view bad) {
   std::fprintf(stderr, "lighthouse: bad argument '%.*s'\n%s", static_cast<int>(bad.size()),
