@@ -9,19 +9,25 @@
 // restart, no checkpoint read.
 //
 //   ```cpp compile-only
+//   #include "nn/linear.h"
+//   #include "nn/loss.h"
 //   #include "nn/optim/sgd.h"
 //   #include "parallel/fault_tolerance.h"
+//   #include "tensor/factories.h"
 //   namespace par = ember::parallel;
 //   // One process per replica group; the lighthouse at TORCHFT_LIGHTHOUSE.
+//   auto model = std::make_shared<ember::nn::Linear>(16, 4);
 //   ember::nn::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
 //   EMBER_ASSIGN_OR_RETURN(auto ft, par::Manager::create(model, &opt, {.replica_id = "r1"}));
 //   while (ft->current_step() < 1000) {
 //     EMBER_RETURN_IF_ERROR(ft->start_quorum());  // may recover the state from a peer
-//     auto [x, y] = Batch(ft->current_step(), ft->participant_rank(), ft->num_participants());
+//     ember::Generator gen(ft->current_step());   // the step's batch: this member's share
+//     const int64_t rows = 96 / ft->num_participants();
+//     ember::Tensor x = ember::randn({96, 16}, {}, &gen).narrow(0, ft->participant_rank() * rows, rows);
 //     opt.zero_grad();
-//     ember::nn::functional::cross_entropy((*model)(x), y).backward();
-//     ft->allreduce_gradients();                   // a failure here is recorded, not thrown
-//     if (ft->should_commit()) opt.step();         // else the step is discarded everywhere
+//     ember::nn::functional::mse_loss((*model)(x), ember::zeros({rows, 4})).backward();
+//     ft->allreduce_gradients().IgnoreError();  // a failure here is recorded, not thrown
+//     if (ft->should_commit()) opt.step();       // else the step is discarded everywhere
 //   }
 //   ```
 //
