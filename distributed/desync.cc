@@ -25,6 +25,10 @@ namespace ember::distributed {
 // text), the layer above the backends (Work::Finish) publishes its own
 // progress, reads the others' and appends the report to the error, for
 // every backend constructed with a store (tcp, gloo; mpi when given one).
+// The thread publishes outside the publisher's lock and holds its state
+// itself, so a publisher destroyed while a publish waits on a store whose
+// server already exited (the rank serving it finished first) does not wait
+// out the store's timeout: it leaves the thread to end on its own.
 
 namespace {
 
@@ -39,50 +43,65 @@ absl::Duration PeriodFromEnv() {
 
 ProgressPublisher::ProgressPublisher(std::shared_ptr<Store> store, std::string prefix,
                                      std::shared_ptr<FlightRecorder> recorder)
-    : store_(std::move(store)),
-      prefix_(std::move(prefix)),
-      recorder_(std::move(recorder)),
-      period_(PeriodFromEnv()) {
-  if (period_ > absl::ZeroDuration() && recorder_->enabled()) {
-    thread_ = std::thread([this] { Loop(); });
+    : shared_(std::make_shared<Shared>()) {
+  shared_->store = std::move(store);
+  shared_->prefix = std::move(prefix);
+  shared_->recorder = std::move(recorder);
+  shared_->period = PeriodFromEnv();
+  if (shared_->period > absl::ZeroDuration() && shared_->recorder->enabled()) {
+    thread_ = std::thread([shared = shared_] { shared->Loop(); });
+  } else {
+    shared_->finished.Notify();
   }
 }
 
 ProgressPublisher::~ProgressPublisher() {
   {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
+    absl::MutexLock lock(&shared_->mu);
+    shared_->stopping = true;
   }
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return;
+  // A publish blocked on a store whose server is gone (its rank exited
+  // first) would hold up the process's exit for the store's timeout: let
+  // the thread finish on its own, with the state it holds.
+  if (shared_->finished.WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+    thread_.join();
+  } else {
+    thread_.detach();
+  }
 }
 
-std::string ProgressPublisher::Key(int rank) const {
-  return absl::StrCat(prefix_, "ember_progress/", rank);
+std::string ProgressPublisher::Shared::Key(int rank) const {
+  return absl::StrCat(prefix, "ember_progress/", rank);
 }
 
-void ProgressPublisher::Publish() {
+void ProgressPublisher::Shared::Publish() {
+  absl::MutexLock lock(&publish_mu);
   const std::string value =
-      absl::StrCat(recorder_->last_enqueued(), " ", recorder_->last_completed(), " ",
-                   recorder_->last_enqueued_op());
-  if (value == published_) return;
-  if (store_->set(Key(recorder_->rank()), value).ok()) published_ = value;
+      absl::StrCat(recorder->last_enqueued(), " ", recorder->last_completed(), " ",
+                   recorder->last_enqueued_op());
+  if (value == published) return;
+  if (store->set(Key(recorder->rank()), value).ok()) published = value;
 }
 
-void ProgressPublisher::Loop() {
-  absl::MutexLock lock(&mu_);
-  auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stop), period_)) Publish();
+void ProgressPublisher::Shared::Loop() {
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu);
+      auto stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return stopping; };
+      if (mu.AwaitWithTimeout(absl::Condition(&stop), period)) break;
+    }
+    Publish();  // outside `mu`: the destructor never waits for a store call
+  }
+  finished.Notify();
 }
 
 std::string ProgressPublisher::Report(int64_t seq) {
-  {
-    absl::MutexLock lock(&mu_);
-    Publish();
-  }
+  shared_->Publish();
   std::vector<std::string> behind, silent;
-  for (int p = 0; p < recorder_->size(); ++p) {
-    if (p == recorder_->rank()) continue;
-    absl::StatusOr<std::string> got = store_->get(Key(p), absl::Milliseconds(100));
+  for (int p = 0; p < shared_->recorder->size(); ++p) {
+    if (p == shared_->recorder->rank()) continue;
+    absl::StatusOr<std::string> got = shared_->store->get(shared_->Key(p), absl::Milliseconds(100));
     if (!got.ok()) {
       silent.push_back(absl::StrCat(p));
       continue;

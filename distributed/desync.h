@@ -13,7 +13,8 @@
 // Environment: EMBER_DESYNC_PUBLISH_MS, how often a changed progress is
 // published (default 100; 0 turns publishing off).
 //
-// Thread-safety: thread-safe; the publishing thread stops in the destructor.
+// Thread-safety: thread-safe; the publishing thread stops in the destructor
+// (which waits at most 200 ms for a store call it is in to return).
 #ifndef EMBER_DISTRIBUTED_DESYNC_H_
 #define EMBER_DISTRIBUTED_DESYNC_H_
 
@@ -24,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "distributed/flight_recorder.h"
 #include "distributed/store.h"
@@ -46,18 +48,28 @@ class ProgressPublisher {
   std::string Report(int64_t seq);
 
  private:
-  void Loop();
-  // Publishes the current progress when it changed.
-  void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string Key(int rank) const;
+  // What the publishing thread uses. The thread holds it too, so that a
+  // thread still inside a store call (a peer's store server gone: the call
+  // retries up to the store's timeout) may outlive the publisher; the
+  // destructor waits for it only briefly (Note [Desync reports]).
+  struct Shared {
+    std::shared_ptr<Store> store;
+    std::string prefix;
+    std::shared_ptr<FlightRecorder> recorder;
+    absl::Duration period;
+    absl::Mutex mu;
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+    absl::Mutex publish_mu;  // one publish at a time
+    std::string published ABSL_GUARDED_BY(publish_mu);
+    absl::Notification finished;  // the thread has left its loop
 
-  const std::shared_ptr<Store> store_;
-  const std::string prefix_;
-  const std::shared_ptr<FlightRecorder> recorder_;
-  const absl::Duration period_;
-  absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::string published_ ABSL_GUARDED_BY(mu_);
+    std::string Key(int rank) const;
+    // Publishes the current progress when it changed.
+    void Publish() ABSL_LOCKS_EXCLUDED(publish_mu);
+    void Loop() ABSL_LOCKS_EXCLUDED(mu);
+  };
+
+  std::shared_ptr<Shared> shared_;
   std::thread thread_;
 };
 

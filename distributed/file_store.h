@@ -17,7 +17,9 @@
 //
 // Blocking: each call takes the file's lock, waiting at most the call's
 // timeout (or the store's default timeout) for it; Get and Wait poll the file
-// until their keys appear or the timeout passes.
+// until their keys appear or the timeout passes, giving the lock at least
+// 50 ms even when less of the timeout is left (a Get or Wait that cannot
+// have it then times out as a missing key, kDeadlineExceeded).
 // Errors: kUnavailable when the file cannot be opened, locked, read or
 // written (the message names the path and errno); kDataLoss when the file
 // holds bytes that are not a FileStore log; others as in store.h.
