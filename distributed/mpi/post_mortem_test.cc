@@ -47,6 +47,7 @@ namespace ember::distributed::mpi {
 namespace {
 
 using ::ember::distributed::testing::launched_job;
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kTimeout = absl::Seconds(3);
@@ -309,7 +310,10 @@ TEST_P(MpiPostMortemAtRanks, StoppedRankIsNamedByTheOthersAndTheAnalyser) {
 // mpirun's defaults: it names the rank and the signal, and stops the others
 // (SIGCONT; SIGTERM a second later; SIGKILL a second after that) before
 // their timeout; each dumps its flight recorder on the SIGTERM, and fr_trace
-// over the dumps names the killed rank and all_reduce #3.
+// over the dumps names the killed rank and all_reduce #3. On a loaded
+// machine a survivor may not finish its dump within mpirun's second before
+// the SIGKILL, so the trace must name the killed rank among those that left
+// no dump and show at least one dump taken on the SIGTERM, not every one.
 TEST_P(MpiPostMortemAtRanks, KilledRankIsNamedByMpirunAndByTheOthersDumps) {
   const int ranks = GetParam();
   MpirunResult job = Job("Sigkill", ranks);
@@ -318,7 +322,10 @@ TEST_P(MpiPostMortemAtRanks, KilledRankIsNamedByMpirunAndByTheOthersDumps) {
   EXPECT_THAT(job.output, HasSubstr(absl::StrCat("rank ", ranks - 1))) << job.output;
   EXPECT_THAT(job.output, HasSubstr("signal 9")) << job.output;
   const std::string trace = Trace();
-  EXPECT_THAT(trace, HasSubstr(EnteredByAllButTheLast("left no dump")));
+  EXPECT_THAT(trace, ContainsRegex(absl::StrCat(
+                         "all_reduce #3 \\(group 0, 32 B float32\\): ranks? [0-9, ]+ entered it; "
+                         "ranks? ([0-9]+, )*",
+                         ranks - 1, " left no dump")));
   EXPECT_THAT(trace, HasSubstr("dumped on: SIGTERM"));
 }
 
