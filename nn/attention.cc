@@ -11,6 +11,7 @@
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "nn/dropout.h"
+#include "tensor/autocast.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/shape.h"
@@ -458,6 +459,17 @@ namespace functional {
 
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     const ScaledDotProductAttentionOptions& options) {
+  // A float attn_mask is cast with query, key and value.
+  auto with_mask = [&options](const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& mask) {
+    ScaledDotProductAttentionOptions cast_options = options;
+    cast_options.attn_mask = mask;
+    return scaled_dot_product_attention(q, k, v, cast_options);
+  };
+  if (auto cast = ember::internal::MaybeAutocast(kOp, with_mask, query, key, value,
+                                                 options.attn_mask)) {
+    return *std::move(cast);
+  }
   EMBER_CHECK(query.defined() && key.defined() && value.defined(), kOp,
               ": query, key and value must be defined tensors");
   EMBER_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,

@@ -13,6 +13,7 @@
 #include "nn/init.h"
 #include "nn/kernel_util.h"
 #include "nn/onednn.h"
+#include "tensor/autocast.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
@@ -346,9 +347,9 @@ constinit DeviceKernel<ConvWeightGradFn> conv2d_weight_grad{"conv2d weight gradi
 
 namespace {
 
-EMBER_REGISTER_NN_KERNEL(internal::conv2d_forward, DeviceType::kCPU, &ConvForward);
-EMBER_REGISTER_NN_KERNEL(internal::conv2d_input_grad, DeviceType::kCPU, &ConvInputGrad);
-EMBER_REGISTER_NN_KERNEL(internal::conv2d_weight_grad, DeviceType::kCPU, &ConvWeightGrad);
+EMBER_REGISTER_NN_KERNEL(internal::conv2d_forward, DeviceType::kCPU, internal::InFloat32<&ConvForward>);
+EMBER_REGISTER_NN_KERNEL(internal::conv2d_input_grad, DeviceType::kCPU, internal::InFloat32<&ConvInputGrad>);
+EMBER_REGISTER_NN_KERNEL(internal::conv2d_weight_grad, DeviceType::kCPU, internal::InFloat32<&ConvWeightGrad>);
 
 // Each runs its slot's kernel for the device of its first argument.
 Tensor ConvForwardOn(const Tensor& x, const Tensor& w, const Tensor& b, const ConvParams& p) {
@@ -481,6 +482,10 @@ namespace functional {
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Int2 stride,
               Int2 padding, Int2 dilation, int64_t groups) {
+  if (auto cast = ember::internal::MaybeAutocast("conv2d", conv2d, input, weight, bias, stride,
+                                                 padding, dilation, groups)) {
+    return *std::move(cast);
+  }
   EMBER_CHECK(input.defined(), "conv2d: input is an undefined tensor");
   internal::CheckDevice(weight, input.device(), "conv2d", "weight");
   if (input.dim() == 3) {

@@ -42,7 +42,7 @@ Tensor EmbeddingBackwardCpu(const Tensor& g, const Tensor& indices, int64_t num_
   return gw;
 }
 
-EMBER_REGISTER_NN_KERNEL(internal::embedding_backward, DeviceType::kCPU, &EmbeddingBackwardCpu);
+EMBER_REGISTER_NN_KERNEL(internal::embedding_backward, DeviceType::kCPU, internal::InFloat32<&EmbeddingBackwardCpu>);
 
 // The scatter by the kernel of grad's device.
 Tensor EmbeddingScatter(const Tensor& grad, const Tensor& indices, int64_t num_weights,

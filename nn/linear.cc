@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "autograd/function.h"
 #include "nn/init.h"
+#include "tensor/autocast.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 
@@ -41,6 +42,9 @@ struct LinearFunction : autograd::Function<LinearFunction> {
 namespace functional {
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  if (auto cast = ember::internal::MaybeAutocast("linear", linear, input, weight, bias)) {
+    return *std::move(cast);
+  }
   EMBER_CHECK(input.defined() && weight.defined(), "linear: input and weight must be defined");
   EMBER_CHECK(weight.dim() == 2,
               "linear: expected a 2-D weight [out_features, in_features], got "

@@ -8,6 +8,7 @@
 #include "autograd/grad_mode.h"
 #include "nn/kernel_util.h"
 #include "nn/loss_kernels.h"
+#include "tensor/autocast.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 
@@ -296,6 +297,10 @@ namespace functional {
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target,
                      const CrossEntropyOptions& options) {
+  if (auto cast = ember::internal::MaybeAutocast("cross_entropy_loss", cross_entropy, input,
+                                                 target, options)) {
+    return *std::move(cast);
+  }
   EMBER_CHECK(
       options.label_smoothing >= 0.0 && options.label_smoothing <= 1.0,
       "cross_entropy: label_smoothing must be between 0.0 and 1.0. Got: ", options.label_smoothing);
@@ -307,6 +312,9 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target,
 }
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NllOptions& options) {
+  if (auto cast = ember::internal::MaybeAutocast("nll_loss", nll_loss, input, target, options)) {
+    return *std::move(cast);
+  }
   return WithBatch(input, target, options.reduction, [&](const Tensor& x, const Tensor& y) {
     Tensor t = CheckClassTargets("nll_loss", x, y);
     return NllFunction::apply(x, t, static_cast<int64_t>(options.reduction), options.ignore_index);
@@ -314,18 +322,29 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NllOptions& opt
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (auto cast = ember::internal::MaybeAutocast("mse_loss", mse_loss, input, target, reduction)) {
+    return *std::move(cast);
+  }
   EMBER_CHECK(input.defined() && target.defined(), "mse_loss: input and target must be defined");
   Tensor d = input - target;
   return Reduce(d * d, reduction);
 }
 
 Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (auto cast = ember::internal::MaybeAutocast("l1_loss", l1_loss, input, target, reduction)) {
+    return *std::move(cast);
+  }
   EMBER_CHECK(input.defined() && target.defined(), "l1_loss: input and target must be defined");
   return Reduce((input - target).abs(), reduction);
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         Reduction reduction, const Tensor& pos_weight) {
+  if (auto cast = ember::internal::MaybeAutocast("binary_cross_entropy_with_logits",
+                                                 binary_cross_entropy_with_logits, input, target,
+                                                 reduction, pos_weight)) {
+    return *std::move(cast);
+  }
   EMBER_CHECK(input.defined() && target.defined(),
               "binary_cross_entropy_with_logits: input and target must be defined");
   EMBER_CHECK(input.sizes() == target.sizes(), "Target size (", ShapeToString(target.sizes()),

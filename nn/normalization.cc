@@ -13,6 +13,7 @@
 #include "nn/batch_norm_kernels.h"
 #include "nn/kernel_util.h"
 #include "nn/layer_norm_kernels.h"
+#include "tensor/autocast.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
@@ -224,8 +225,22 @@ std::array<Tensor, 3> BatchNormBackwardCpu(const Tensor& g, const Tensor& x, con
   return {gx, needs[1] && w.defined() ? gw : Tensor(), needs[2] ? gb : Tensor()};
 }
 
-EMBER_REGISTER_NN_KERNEL(internal::batch_norm_forward, DeviceType::kCPU, &BatchNormForwardCpu);
-EMBER_REGISTER_NN_KERNEL(internal::batch_norm_backward, DeviceType::kCPU, &BatchNormBackwardCpu);
+EMBER_REGISTER_NN_KERNEL(internal::batch_norm_forward, DeviceType::kCPU, internal::InFloat32<&BatchNormForwardCpu>);
+EMBER_REGISTER_NN_KERNEL(internal::batch_norm_backward, DeviceType::kCPU, internal::InFloat32<&BatchNormBackwardCpu>);
+
+// The gradients {input, weight, bias, ...} in the dtypes of what they are
+// gradients of: a 16-bit input may come with float32 parameters
+// (CheckParamDtype), and the kernels give parameter gradients in float32
+// (Note [16-bit floats on the CPU] in kernel_util.h).
+std::vector<Tensor> InInputDtypes(std::vector<Tensor> grads, const Tensor& input,
+                                  const Tensor& weight) {
+  const Dtype param = weight.defined() ? weight.dtype() : input.dtype();
+  if (grads[0].defined()) grads[0] = grads[0].to(input.dtype());
+  for (size_t i : {1, 2}) {
+    if (grads[i].defined()) grads[i] = grads[i].to(param);
+  }
+  return grads;
+}
 
 // x viewed as [N, C, S]; statistics per channel, by the kernels of x's device.
 struct BatchNormFunction : autograd::Function<BatchNormFunction> {
@@ -258,7 +273,7 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
       for (size_t i = 0; i < grads.size(); ++i) {
         if (!ctx->needs_input_grad(i)) grads[i] = Tensor();
       }
-      return grads;
+      return InInputDtypes(std::move(grads), saved[0], saved[1]);
     }
     Tensor x = saved[0].detach().contiguous();
     Tensor w = saved[1].defined() ? saved[1].detach().contiguous() : Tensor();
@@ -270,7 +285,7 @@ struct BatchNormFunction : autograd::Function<BatchNormFunction> {
     grads[0] = gx;
     grads[1] = gw;
     grads[2] = gb;
-    return grads;
+    return InInputDtypes(std::move(grads), saved[0], saved[1]);
   }
 };
 
@@ -350,8 +365,8 @@ std::array<Tensor, 3> LayerNormBackwardCpu(const Tensor& g, const Tensor& x, con
           needs[2] ? gb.to(x.dtype()) : Tensor()};
 }
 
-EMBER_REGISTER_NN_KERNEL(internal::layer_norm_forward, DeviceType::kCPU, &LayerNormForwardCpu);
-EMBER_REGISTER_NN_KERNEL(internal::layer_norm_backward, DeviceType::kCPU, &LayerNormBackwardCpu);
+EMBER_REGISTER_NN_KERNEL(internal::layer_norm_forward, DeviceType::kCPU, internal::InFloat32<&LayerNormForwardCpu>);
+EMBER_REGISTER_NN_KERNEL(internal::layer_norm_backward, DeviceType::kCPU, internal::InFloat32<&LayerNormBackwardCpu>);
 
 // x viewed as [R, D]; statistics per row, by the kernels of x's device.
 struct LayerNormFunction : autograd::Function<LayerNormFunction> {
@@ -380,7 +395,7 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
       for (size_t i = 0; i < grads.size(); ++i) {
         if (!ctx->needs_input_grad(i)) grads[i] = Tensor();
       }
-      return grads;
+      return InInputDtypes(std::move(grads), saved[0], saved[1]);
     }
     Tensor x = saved[0].detach().contiguous();
     Tensor w = saved[1].defined() ? saved[1].detach().contiguous() : Tensor();
@@ -394,7 +409,7 @@ struct LayerNormFunction : autograd::Function<LayerNormFunction> {
     grads[0] = gx;
     if (gw.defined()) grads[1] = gw.view(shape);
     if (gb.defined()) grads[2] = gb.view(shape);
-    return grads;
+    return InInputDtypes(std::move(grads), saved[0], saved[1]);
   }
 };
 
@@ -425,8 +440,8 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
               "batch_norm: running_mean and running_var must both be given or both be undefined");
   EMBER_CHECK(training || running_mean.defined(),
               "batch_norm: running_mean and running_var are needed in eval mode");
-  if (weight.defined()) internal::CheckSameDtype(input, weight, "batch_norm", "input", "weight");
-  if (bias.defined()) internal::CheckSameDtype(input, bias, "batch_norm", "input", "bias");
+  if (weight.defined()) internal::CheckParamDtype(input, weight, "batch_norm", "weight");
+  if (bias.defined()) internal::CheckParamDtype(input, bias, "batch_norm", "bias");
   if (training) {
     const int64_t per_channel = c > 0 ? input.numel() / c : 0;
     EMBER_CHECK(per_channel > 1,
@@ -440,6 +455,10 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
 
 Tensor layer_norm(const Tensor& input, IntArrayRef normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
+  if (auto cast = ember::internal::MaybeAutocast("layer_norm", layer_norm, input,
+                                                 normalized_shape, weight, bias, eps)) {
+    return *std::move(cast);
+  }
   EMBER_CHECK(input.defined(), "layer_norm: input is an undefined tensor");
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   EMBER_CHECK(k >= 1, "layer_norm: normalized_shape must have at least one dim");
@@ -454,7 +473,7 @@ Tensor layer_norm(const Tensor& input, IntArrayRef normalized_shape, const Tenso
     if (!t->defined()) continue;
     EMBER_CHECK(t->sizes() == normalized_shape, "layer_norm: expected weight and bias of shape ",
                 ShapeToString(normalized_shape), ", got ", ShapeToString(t->sizes()));
-    internal::CheckSameDtype(input, *t, "layer_norm", "input", "weight/bias");
+    internal::CheckParamDtype(input, *t, "layer_norm", "weight/bias");
     internal::CheckDevice(*t, input.device(), "layer_norm", "weight/bias");
   }
   return LayerNormFunction::apply(

@@ -215,9 +215,9 @@ constinit DeviceKernel<AvgPool2dAdjointFn> avg_pool2d_adjoint{"avg_pool2d backwa
 
 namespace {
 
-EMBER_REGISTER_NN_KERNEL(internal::max_pool2d_forward, DeviceType::kCPU, &MaxPool2dCpu);
-EMBER_REGISTER_NN_KERNEL(internal::max_pool2d_scatter, DeviceType::kCPU, &MaxPoolScatter);
-EMBER_REGISTER_NN_KERNEL(internal::max_pool2d_gather, DeviceType::kCPU, &MaxPoolGather);
+EMBER_REGISTER_NN_KERNEL(internal::max_pool2d_forward, DeviceType::kCPU, internal::InFloat32<&MaxPool2dCpu>);
+EMBER_REGISTER_NN_KERNEL(internal::max_pool2d_scatter, DeviceType::kCPU, internal::InFloat32<&MaxPoolScatter>);
+EMBER_REGISTER_NN_KERNEL(internal::max_pool2d_gather, DeviceType::kCPU, internal::InFloat32<&MaxPoolGather>);
 
 struct MaxPoolGatherFunction;
 
@@ -386,8 +386,8 @@ Tensor AvgPoolAdjoint(const Tensor& grad, const AvgPlan& p) {
   return gx;
 }
 
-EMBER_REGISTER_NN_KERNEL(internal::avg_pool2d_forward, DeviceType::kCPU, &AvgPool);
-EMBER_REGISTER_NN_KERNEL(internal::avg_pool2d_adjoint, DeviceType::kCPU, &AvgPoolAdjoint);
+EMBER_REGISTER_NN_KERNEL(internal::avg_pool2d_forward, DeviceType::kCPU, internal::InFloat32<&AvgPool>);
+EMBER_REGISTER_NN_KERNEL(internal::avg_pool2d_adjoint, DeviceType::kCPU, internal::InFloat32<&AvgPoolAdjoint>);
 
 void SavePlan(AutogradContext* ctx, const AvgPlan& p) {
   ctx->saved_data["sizes"] = p.sizes;

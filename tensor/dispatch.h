@@ -6,6 +6,11 @@
 // arguments (and of a TensorOptions argument, for factories) and runs the
 // registered kernel of the highest-priority key among them. DispatchKey's
 // values are that order, highest first:
+//   kAutocast  - when autocast is on, on this thread, for the device of an
+//                argument, and the op has an autocast kernel (Note [Autocast]
+//                in tensor/autocast.h): the kernel casts the arguments by the
+//                op's policy, then calls Redispatch below itself, so the casts
+//                and the op are recorded by autograd as the user's ops;
 //   kAutograd  - when an argument requires grad (the autograd layer records the
 //                graph there, then calls Redispatch below itself);
 //   kCUDA      - the device kernels, CUDA before CPU: a call whose arguments
@@ -59,8 +64,8 @@ class Tensor;
 class TensorOptions;
 
 // In priority order, highest first (Note [Dispatch]).
-enum class DispatchKey : uint8_t { kAutograd = 0, kCUDA = 1, kCPU = 2, kComposite = 3 };
-inline constexpr int kNumDispatchKeys = 4;
+enum class DispatchKey : uint8_t { kAutocast = 0, kAutograd = 1, kCUDA = 2, kCPU = 3, kComposite = 4 };
+inline constexpr int kNumDispatchKeys = 5;
 
 // A small set of keys, one bit each.
 class DispatchKeySet {
@@ -127,6 +132,11 @@ extern thread_local constinit bool tls_below_autograd;
 // tensor/tensor.h).
 inline thread_local constinit bool tls_grad_mode = true;
 
+// The device keys whose autocast is on for this thread's ops (Note [Autocast]
+// in tensor/autocast.h sets it; empty while an autocast kernel runs the op
+// below it, so the op's inner calls are not cast again).
+inline thread_local constinit DispatchKeySet tls_autocast_keys;
+
 }  // namespace internal
 
 // While alive, ops called on this thread skip their autograd kernels (Note
@@ -150,6 +160,7 @@ class Op;
 template <typename R, typename... Args>
 class Op<R(Args...)> {
  public:
+  using Signature = R(Args...);
   using Kernel = R (*)(Args...);
 
   constexpr explicit Op(std::string_view name, bool cross_device = false)
@@ -168,12 +179,17 @@ class Op<R(Args...)> {
   R operator()(Args... args) const {
     DispatchKeySet keys;
     ((keys = keys | internal::KeysOf(args)), ...);
+    // Only ops with an autocast kernel read autocast's thread-local.
+    if (registered_.Has(DispatchKey::kAutocast) && !(keys & internal::tls_autocast_keys).empty()) {
+      keys = keys | DispatchKeySet(DispatchKey::kAutocast);
+    }
     return Call(keys, std::forward<Args>(args)...);
   }
 
   // Runs the op as if `below` and every key of higher priority were absent:
   // the autograd kernel calls Redispatch(kAutograd, ...) to reach the device
-  // or composite kernel. Ops the composite kernel calls in turn still see the
+  // or composite kernel, the autocast kernel Redispatch(kAutocast, ...) to
+  // reach the autograd one. Ops the composite kernel calls in turn still see the
   // autograd key unless a BelowAutogradGuard is alive (Note [Below autograd]).
   R Redispatch(DispatchKey below, Args... args) const {
     DispatchKeySet keys;
