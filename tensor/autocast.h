@@ -1,11 +1,19 @@
 // Automatic mixed precision's autocast: regions of code whose ops run in a
 // lower-precision float where that is safe, as torch.autocast.
 //
+//   ```cpp
+//   #include "tensor/autocast.h"
+//   #include "tensor/factories.h"
+//   ember::Tensor x = ember::randn({8, 4}), w = ember::randn({4, 3});
 //   {
 //     ember::autocast ac(ember::DeviceType::kCPU);  // bfloat16, the CPU's default
 //     ember::Tensor y = x.mm(w);                      // bfloat16
-//     ember::Tensor p = y.to(ember::kFloat32).prod(); // float32: prod stays in float32
+//     ember::Tensor p = y.prod();                     // float32: prod runs in float32
+//     if (y.dtype() != ember::kBFloat16 || p.dtype() != ember::kFloat32) {
+//       return absl::InternalError("autocast did not apply");
+//     }
 //   }
+//   ```
 //
 // Note [Autocast]
 // While an `autocast` is alive on a thread, the ops of that thread whose
