@@ -1,5 +1,6 @@
 // The CUDA kernels of nn/optim's sgd_step and adam_step slots (Note [Fused
-// optimizer steps] in nn/optim/fused_kernels.h): the tensors that fuse
+// optimizer steps] in nn/optim/fused_kernels.h) and of GradScaler's
+// amp_unscale and amp_update_scale (grad_scaler_kernels.h): the tensors that fuse
 // (contiguous, and gradient and states of the parameter's dtype, one of
 // float32, float64, float16, bfloat16) are stepped per dtype by a few
 // multi-tensor launches on the current stream (optim_kernels.cu); any other
@@ -14,6 +15,7 @@
 #include "cuda/kernels.h"
 #include "nn/device_kernels.h"
 #include "nn/optim/fused_kernels.h"
+#include "nn/optim/grad_scaler_kernels.h"
 #include "tensor/device_guard.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -170,6 +172,64 @@ void AdamStepCuda(const std::vector<Tensor>& params, const std::vector<Tensor>& 
   }
 }
 
+// GradScaler's unscale: contiguous gradients by multi-tensor launches per
+// dtype; another layout through a contiguous copy, written back.
+void AmpUnscaleCuda(const std::vector<Tensor>& grads, const Tensor& found_inf,
+                    const Tensor& inv_scale) {
+  if (grads.empty()) return;
+  const Device device = grads[0].device();
+  DeviceGuard guard(device);
+  EMBER_CHECK(found_inf.device() == device && inv_scale.device() == device &&
+                  found_inf.dtype() == kFloat32 && inv_scale.dtype() == kFloat32,
+              "GradScaler unscale: found_inf and inv_scale must be float32 on ", device.str());
+  std::vector<PointerLists> by_dtype(4);
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (gradient, its contiguous copy)
+  for (const Tensor& grad : grads) {
+    EMBER_CHECK(grad.device() == device, "GradScaler unscale: gradients on ", device.str(),
+                " and ", grad.device().str(), " in one list");
+    const std::optional<int> dtype = StepDtypeOf(grad.dtype());
+    EMBER_CHECK(dtype.has_value(), "GradScaler: gradients must be floating point, got ",
+                dtype_name(grad.dtype()));
+    Tensor g = grad;
+    if (!grad.is_contiguous()) {
+      g = grad.contiguous();
+      copies.emplace_back(grad, g);
+    }
+    const Tensor none;
+    by_dtype[*dtype].Add({&g, &none});
+  }
+  const cudaStream_t stream = ember::cuda::internal::StreamOf(device);
+  for (int dtype = 0; dtype < 4; ++dtype) {
+    PointerLists& l = by_dtype[dtype];
+    if (l.numels.empty()) continue;
+    int launches = 0;
+    ember::cuda::internal::CheckLaunch(
+        kernels::LaunchAmpUnscale(stream, dtype, static_cast<int64_t>(l.numels.size()),
+                                  l.Data(0), l.numels.data(), found_inf.data_ptr<float>(),
+                                  inv_scale.data_ptr<float>(), &launches),
+        "GradScaler unscale kernel");
+    for (const Tensor& t : l.written) BumpVersion(t);
+  }
+  for (auto& [grad, copy] : copies) grad.copy_(copy);
+}
+
+void AmpUpdateScaleCuda(const Tensor& scale, const Tensor& growth_tracker,
+                        const Tensor& found_inf, double growth_factor, double backoff_factor,
+                        int64_t growth_interval) {
+  DeviceGuard guard(scale.device());
+  ember::cuda::internal::CheckLaunch(
+      kernels::LaunchAmpUpdateScale(ember::cuda::internal::StreamOf(scale.device()),
+                                    scale.data_ptr<float>(), growth_tracker.data_ptr<int32_t>(),
+                                    found_inf.data_ptr<float>(), growth_factor, backoff_factor,
+                                    growth_interval),
+      "GradScaler update kernel");
+  BumpVersion(scale);
+  BumpVersion(growth_tracker);
+}
+
+EMBER_REGISTER_NN_KERNEL(optim::internal::amp_unscale, DeviceType::kCUDA, &AmpUnscaleCuda);
+EMBER_REGISTER_NN_KERNEL(optim::internal::amp_update_scale, DeviceType::kCUDA,
+                         &AmpUpdateScaleCuda);
 EMBER_REGISTER_NN_KERNEL(optim::internal::sgd_step, DeviceType::kCUDA, &SgdStepCuda);
 EMBER_REGISTER_NN_KERNEL(optim::internal::adam_step, DeviceType::kCUDA, &AdamStepCuda);
 

@@ -227,6 +227,44 @@ __global__ void __launch_bounds__(kThreads) AdamKernel(TensorTable<5> table, Ada
   StepChunk<T, 5>(ptrs, kAmsgrad ? 5 : 4, kAmsgrad ? 0b11101u : 0b01101u, begin, end, op);
 }
 
+// GradScaler's unscale of one chunk of one gradient: the check reads the
+// value before the multiply, as torch's _amp_foreach_non_finite_check_and_
+// unscale_ does; a block with a non-finite value sets the flag (any thread
+// may, all write the same 1).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    AmpUnscaleKernel(TensorTable<1> table, float* found_inf, const float* inv_scale) {
+  int64_t begin, end;
+  const int t = BlockRange(table, begin, end);
+  T* const ptrs[1] = {static_cast<T*>(table.ptrs[0][t])};
+  const Math<T> inv = static_cast<Math<T>>(*inv_scale);
+  bool bad = false;
+  StepChunk<T, 1>(ptrs, 1, 0b1u, begin, end, [&](T (&x)[1]) {
+    const Math<T> v = Load(x, 0);
+    bad |= !isfinite(v);
+    Store(x, 0, v * inv);
+  });
+  if (bad) *found_inf = 1.0f;
+}
+
+__global__ void AmpUpdateScaleKernel(float* scale, int32_t* growth_tracker, const float* found_inf,
+                                     double growth_factor, double backoff_factor,
+                                     int64_t growth_interval) {
+  if (*found_inf != 0.0f) {
+    *scale = static_cast<float>(*scale * backoff_factor);
+    *growth_tracker = 0;
+    return;
+  }
+  const int32_t successful = *growth_tracker + 1;
+  if (successful == growth_interval) {
+    const float grown = static_cast<float>(*scale * growth_factor);
+    if (isfinite(grown)) *scale = grown;
+    *growth_tracker = 0;
+  } else {
+    *growth_tracker = successful;
+  }
+}
+
 // The table of one launch from the caller's N lists (null lists give null
 // pointers).
 template <int N>
@@ -304,6 +342,32 @@ cudaError_t LaunchAdamStep(cudaStream_t stream, int dtype, int64_t n, void* cons
       return cudaGetLastError();
     });
   });
+}
+
+cudaError_t LaunchAmpUnscale(cudaStream_t stream, int dtype, int64_t n, void* const* grads,
+                             const int64_t* numels, float* found_inf, const float* inv_scale,
+                             int* launches) {
+  void* const* const lists[1] = {grads};
+  return VisitStepDtype(dtype, [&]<typename T>() {
+    return PlanMultiTensorLaunches(
+        n, numels,
+        [&](const LaunchPlan& plan) {
+          const TensorTable<1> table = TableOf<1>(plan, lists, numels);
+          AmpUnscaleKernel<T><<<plan.num_blocks, kThreads, 0, stream>>>(table, found_inf,
+                                                                         inv_scale);
+          ++*launches;
+          return cudaGetLastError();
+        },
+        kTableTensors<1>);
+  });
+}
+
+cudaError_t LaunchAmpUpdateScale(cudaStream_t stream, float* scale, int32_t* growth_tracker,
+                                 const float* found_inf, double growth_factor,
+                                 double backoff_factor, int64_t growth_interval) {
+  AmpUpdateScaleKernel<<<1, 1, 0, stream>>>(scale, growth_tracker, found_inf, growth_factor,
+                                            backoff_factor, growth_interval);
+  return cudaGetLastError();
 }
 
 }  // namespace ember::nn::cuda::kernels

@@ -112,6 +112,19 @@ cudaError_t LaunchAdamStep(cudaStream_t stream, int dtype, int64_t n, void* cons
                            void* const* max_exp_avg_sqs, const int64_t* numels,
                            const AdamScalars& s, int* launches);
 
+// GradScaler's unscale (nn/optim/grad_scaler_kernels.h): the n gradients of
+// `dtype` multiplied in place by *inv_scale, *found_inf set to 1 when any
+// value is an inf or a NaN; both are float32 device pointers. Multi-tensor
+// launches as the steps', one pointer a tensor.
+cudaError_t LaunchAmpUnscale(cudaStream_t stream, int dtype, int64_t n, void* const* grads,
+                             const int64_t* numels, float* found_inf, const float* inv_scale,
+                             int* launches);
+// GradScaler's update of *scale and *growth_tracker from *found_inf, one
+// thread on the device.
+cudaError_t LaunchAmpUpdateScale(cudaStream_t stream, float* scale, int32_t* growth_tracker,
+                                 const float* found_inf, double growth_factor,
+                                 double backoff_factor, int64_t growth_interval);
+
 // The kernel launches of every SGD and Adam step on CUDA so far, in this
 // process (for tests).
 int64_t StepLaunchCount();

@@ -17,6 +17,8 @@
 #include "nn/cuda/optim_kernels.h"
 #include "nn/optim/adam.h"
 #include "nn/optim/fused_kernels.h"
+#include "nn/optim/grad_scaler.h"
+#include "nn/optim/grad_scaler_kernels.h"
 #include "nn/optim/sgd.h"
 #include "tensor/factories.h"
 #include "tensor/tensor.h"
@@ -29,6 +31,8 @@ const Device kGpu(DeviceType::kCUDA, 0);
 // ---- Without a device ----
 
 TEST(OptimKernelsTest, SlotsHaveCudaKernels) {
+  EXPECT_TRUE(optim::internal::amp_unscale.has(DeviceType::kCUDA));
+  EXPECT_TRUE(optim::internal::amp_update_scale.has(DeviceType::kCUDA));
   EXPECT_TRUE(optim::internal::sgd_step.has(DeviceType::kCUDA));
   EXPECT_TRUE(optim::internal::adam_step.has(DeviceType::kCUDA));
   EXPECT_TRUE(optim::internal::sgd_step.has(DeviceType::kCPU));
@@ -331,6 +335,41 @@ TEST_F(OptimOnCudaTest, FewLaunchesForManyParameters) {
     adamw.step();
     EXPECT_EQ(kernels::StepLaunchCount() - middle, 2) << "62 tensors: Adam tables of 36 + 26";
   }
+}
+
+// GradScaler on cuda:0 (the unscale and update kernels, a non-contiguous and
+// a bfloat16 gradient among them) against the same iterations on the CPU:
+// the same scales, skipped steps and weights.
+TEST_F(OptimOnCudaTest, GradScalerMatchesCpu) {
+  auto run = [](Device device) {
+    manual_seed(11);
+    Tensor w = randn({64, 33}).to(device).requires_grad_();
+    Tensor v = randn({40}).to(device).to(kBFloat16).requires_grad_();
+    optim::SGD opt({w, v}, {.lr = 0.05, .momentum = 0.9});
+    optim::GradScaler scaler(device.type(), {.init_scale = 256.0, .growth_interval = 2});
+    std::vector<double> scales;
+    std::vector<bool> stepped;
+    for (int it = 0; it < 6; ++it) {
+      opt.zero_grad();
+      Tensor loss = (w * w).sum() + (v.to(kFloat32) * 3).sum();
+      scaler.scale(loss).backward();
+      if (it == 2) w.grad().select(0, 3).select(0, 5).fill_(INFINITY);
+      if (it == 4) {  // a transposed view as the gradient
+        w.set_grad(w.grad().t().contiguous().t());
+        v.grad().select(0, 1).fill_(NAN);
+      }
+      stepped.push_back(scaler.step(opt));
+      scaler.update();
+      scales.push_back(scaler.get_scale());
+    }
+    return std::make_tuple(scales, stepped, w.detach().cpu(), v.detach().to(kFloat32).cpu());
+  };
+  auto [cpu_scales, cpu_stepped, cpu_w, cpu_v] = run(Device(kCPU));
+  auto [gpu_scales, gpu_stepped, gpu_w, gpu_v] = run(Device(DeviceType::kCUDA, 0));
+  EXPECT_EQ(gpu_scales, cpu_scales);
+  EXPECT_EQ(gpu_stepped, cpu_stepped);
+  EXPECT_TRUE(gpu_w.allclose(cpu_w, 1e-5, 1e-6));
+  EXPECT_TRUE(gpu_v.allclose(cpu_v, 1e-2, 1e-2));
 }
 
 }  // namespace
