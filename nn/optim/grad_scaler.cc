@@ -89,12 +89,12 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     internal::amp_unscale(device)(grads, found, inv_scale.to(device));
     found_infs.push_back(found);
   }
-  reduce_found_inf(found_infs);
+  reduce_found_inf(found_infs, scale_.device());
   state.found_inf_per_device = std::move(found_infs);
   state.stage = Stage::kUnscaled;
 }
 
-void GradScaler::reduce_found_inf(std::vector<Tensor>& /*found_infs*/) {}
+void GradScaler::reduce_found_inf(std::vector<Tensor>& /*found_infs*/, Device /*scale_device*/) {}
 
 bool GradScaler::step(Optimizer& optimizer) {
   if (!options_.enabled) {

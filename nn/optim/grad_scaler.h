@@ -122,10 +122,11 @@ class GradScaler {
 
  protected:
   // Called by unscale_ with the found-inf flag of each device the
-  // optimizer's gradients are on (float32 [1] each, updated in place). The
-  // base leaves them; a scaler of gradients sharded across processes makes
-  // every rank's flags the same (ShardedGradScaler).
-  virtual void reduce_found_inf(std::vector<Tensor>& found_infs);
+  // optimizer's gradients are on (float32 [1] each; empty when it has no
+  // gradient here) and the scale's device. The base leaves them; a scaler of
+  // gradients sharded across processes makes every rank's flags the same
+  // (ShardedGradScaler), and may replace the list.
+  virtual void reduce_found_inf(std::vector<Tensor>& found_infs, Device scale_device);
 
  private:
   enum class Stage { kReady, kUnscaled, kStepped };
