@@ -244,6 +244,14 @@ void BlockPool::free(Block* block) {
   block->allocated = false;
   AddAllocated(-static_cast<int64_t>(block->size), -static_cast<int64_t>(block->requested_size));
   block->requested_size = 0;
+  if (captures_ > 0 && !block->stream_uses.empty()) {
+    deferred_.push_back(block);  // its events are recorded once no capture is underway
+    return;
+  }
+  RecordUsesAndReinsert(block);
+}
+
+void BlockPool::RecordUsesAndReinsert(Block* block) {
   for (const Stream& use : block->stream_uses) {
     absl::StatusOr<void*> event =
         backing_.record_event ? backing_.record_event(use)
@@ -274,8 +282,23 @@ void BlockPool::record_stream(Block* block, Stream stream) {
   }
 }
 
+void BlockPool::begin_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++captures_;
+}
+
+void BlockPool::end_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  EMBER_INTERNAL_ASSERT(captures_ > 0, "BlockPool::end_capture without begin_capture");
+  if (--captures_ > 0) return;
+  std::vector<Block*> deferred;
+  deferred.swap(deferred_);
+  for (Block* block : deferred) RecordUsesAndReinsert(block);
+}
+
 void BlockPool::empty_cache() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (captures_ > 0) return;  // cudaFree cannot run during a capture
   ProcessEvents();
   ReleaseFreeSegments();
 }
@@ -347,9 +370,15 @@ Block* BlockPool::FindFree(size_t size, Stream stream, bool large) {
 absl::StatusOr<Block*> BlockPool::AllocateSegmentWithRetries(size_t request, Stream stream,
                                                              bool large) {
   const size_t size = segment_size(request);
-  if (options_.garbage_collection_threshold > 0) GarbageCollect();
+  if (options_.garbage_collection_threshold > 0 && captures_ == 0) GarbageCollect();
   absl::StatusOr<Block*> block = AllocateSegment(size, stream, large);
   if (!absl::IsResourceExhausted(block.status())) return block;
+  if (captures_ > 0) {
+    // Releasing memory (cudaFree) and waiting for events cannot happen while
+    // a capture is underway: the request fails as out of memory.
+    ++stats_.num_ooms;
+    return block;
+  }
   if (large && ReleaseOversizeBlocks(size, stream)) {
     block = AllocateSegment(size, stream, large);
     if (!absl::IsResourceExhausted(block.status())) return block;
@@ -508,6 +537,7 @@ void BlockPool::Reinsert(Block* block) {
 }
 
 void BlockPool::ProcessEvents() {
+  if (captures_ > 0) return;  // no event is queried during a capture
   size_t kept = 0;
   for (size_t i = 0; i < pending_.size(); ++i) {
     PendingEvent pending = pending_[i];

@@ -232,8 +232,20 @@ class BlockPool {
   void record_stream(Block* block, Stream stream);
 
   // Returns every cached segment none of whose blocks is handed out or
-  // waiting on events to the backing source.
+  // waiting on events to the backing source. Does nothing while a capture is
+  // underway.
   void empty_cache();
+  // Note [Allocating during a capture]
+  // Between begin_capture and end_capture (they nest: a CUDA graph capture
+  // is underway on the pool's device, cuda/graphs.h) the pool calls nothing
+  // a capture forbids: it queries and records no events (a freed block used
+  // on other streams is set aside until the last end_capture, then freed as
+  // usual), and returns no memory to the source: empty_cache does nothing
+  // and a request no cached block or new segment can serve fails as out of
+  // memory at once, without the release-and-wait retries. New segments are
+  // still obtained (cudaMalloc is allowed during a capture).
+  void begin_capture();
+  void end_capture();
   MemoryStats memory_stats();
   // Sets the peaks to the current values.
   void reset_peak_memory_stats();
@@ -274,6 +286,8 @@ class BlockPool {
   // Puts a freed block back into its pool, merged with free neighbours.
   void Reinsert(Block* block);
   void ProcessEvents();
+  // Records the events of a freed block's other streams, or reinserts it.
+  void RecordUsesAndReinsert(Block* block);
   void ReleaseFreeSegments();
   void AddAllocated(int64_t bytes, int64_t requested);
 
@@ -286,6 +300,8 @@ class BlockPool {
   FreeSet large_;
   std::vector<Block*> segments_;  // The first block of every segment.
   std::vector<PendingEvent> pending_;
+  int captures_ = 0;              // begin_capture calls not yet ended
+  std::vector<Block*> deferred_;  // freed during a capture, their events not yet recorded
   MemoryStats stats_;
 };
 

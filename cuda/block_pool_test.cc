@@ -411,6 +411,42 @@ TEST(BlockPoolTest, OutOfMemoryReleasesTheCacheAndRetriesOnce) {
   pool.free(again);
 }
 
+// Note [Allocating during a capture]: no event is recorded or queried, no
+// memory returned, until the last capture ends; then the set-aside blocks
+// are freed as usual.
+TEST(BlockPoolTest, DuringACaptureNoEventIsTouchedAndNoMemoryReturned) {
+  HostBacking host(/*budget=*/24 * kMiB);
+  BlockPool pool(host.Make());
+  Block* shared = Alloc(pool, kMiB / 2);  // a 2 MiB small segment
+  pool.record_stream(shared, kS2);
+  host.Submit(kS2);
+  pool.free(Alloc(pool, 12 * kMiB));  // 12 MiB cached
+  pool.begin_capture();
+  pool.begin_capture();  // captures nest
+  pool.free(shared);
+  EXPECT_EQ(host.recorded(), 0) << "an event recorded during a capture";
+  // Neither the release of the cached 12 MiB nor a wait: out of memory now.
+  absl::StatusOr<Block*> big = pool.allocate(14 * kMiB, kS1);
+  EXPECT_TRUE(absl::IsResourceExhausted(big.status())) << big.status();
+  EXPECT_EQ(pool.memory_stats().num_alloc_retries, 0);
+  EXPECT_EQ(pool.memory_stats().num_device_free, 0);
+  pool.empty_cache();
+  EXPECT_EQ(pool.memory_stats().num_device_free, 0);
+  Block* small = Alloc(pool, kMiB);  // the small segment's free rest still serves
+  ASSERT_NE(small, nullptr);
+  pool.end_capture();
+  EXPECT_EQ(host.recorded(), 0) << "the outer capture is still underway";
+  pool.end_capture();
+  EXPECT_EQ(host.recorded(), 1) << "the set-aside block's event, once no capture is underway";
+  host.Finish(kS2);
+  pool.free(small);
+  pool.empty_cache();
+  EXPECT_GT(pool.memory_stats().num_device_free, 0);
+  Block* again = Alloc(pool, 14 * kMiB);  // the retries work again
+  EXPECT_NE(again, nullptr);
+  pool.free(again);
+}
+
 TEST(BlockPoolTest, OutOfMemoryWaitsForBlocksPendingOnOtherStreamsBeforeGivingUp) {
   HostBacking host(/*budget=*/20 * kMiB);
   BlockPool pool(host.Make());
