@@ -2,9 +2,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -74,6 +78,67 @@ class Devices {
   }
   std::vector<std::unique_ptr<BlockPool>> pools_;
 };
+
+// Note [Graph memory pools]'s state: the private pools by (device, id), and
+// which capture feeds which pool.
+struct PrivatePool {
+  PrivatePool(int device, const BlockPoolOptions& options)
+      : pool(DeviceBacking(device), options) {}
+  BlockPool pool;
+  int graphs = 0;  // RetainPool calls not yet released
+};
+
+// A private pool's block, as the DataPtr's context: the pool stays alive
+// while the block is in use.
+struct PrivateBlock {
+  Block* block;
+  std::shared_ptr<PrivatePool> owner;
+};
+
+class PrivatePools {
+ public:
+  static PrivatePools& Get() {
+    static PrivatePools* pools = new PrivatePools;
+    return *pools;
+  }
+  // Captures routing to a pool, process-wide: 0 skips the routing check.
+  std::atomic<int> captures{0};
+  std::mutex mu;
+  using Key = std::tuple<int, uint64_t, uint64_t>;
+  std::map<Key, std::shared_ptr<PrivatePool>> pools;
+  struct Route {
+    int device;
+    unsigned long long capture_id;
+    MempoolId id;
+    std::shared_ptr<PrivatePool> pool;
+  };
+  std::vector<Route> routes;
+
+  static Key KeyOf(int device, MempoolId id) { return {device, id.first, id.second}; }
+  std::shared_ptr<PrivatePool>& FindOrMake(int device, MempoolId id) {
+    std::shared_ptr<PrivatePool>& pool = pools[KeyOf(device, id)];
+    if (pool == nullptr) {
+      pool = std::make_shared<PrivatePool>(
+          device, Config().ok() ? Config()->options : BlockPoolOptions{});
+    }
+    return pool;
+  }
+  // The pool the capture `stream` takes part in feeds, if any.
+  std::shared_ptr<PrivatePool> RouteOf(int device, Stream stream) {
+    const std::optional<unsigned long long> id = internal::CaptureIdOf(stream);
+    if (!id) return nullptr;
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Route& r : routes) {
+      if (r.device == device && r.capture_id == *id) return r.pool;
+    }
+    return nullptr;
+  }
+};
+
+void FreePrivateBlock(void* context) {
+  std::unique_ptr<PrivateBlock> b(static_cast<PrivateBlock*>(context));
+  b->owner->pool.free(b->block);
+}
 
 // The pool a query reads: null without a usable device or for a bad index.
 BlockPool* QueryPool(int device) {
@@ -146,6 +211,19 @@ absl::StatusOr<DataPtr> AllocateOn(size_t nbytes, int device, std::optional<Stre
   EMBER_ASSIGN_OR_RETURN(const int d, internal::CheckDevice("caching_allocator_alloc", device));
   const Device on(DeviceType::kCUDA, d);
   const Stream s = stream.has_value() ? Stream(on, stream->id()) : current_stream(on);
+  PrivatePools& privates = PrivatePools::Get();
+  if (privates.captures.load(std::memory_order_acquire) > 0) {
+    if (std::shared_ptr<PrivatePool> routed = privates.RouteOf(d, s)) {
+      absl::StatusOr<Block*> block = routed->pool.allocate(nbytes, Stream(on, s.id()));
+      if (absl::IsResourceExhausted(block.status())) {
+        return absl::ResourceExhaustedError(
+            OutOfMemoryMessage(nbytes, d, routed->pool, block.status()));
+      }
+      if (!block.ok()) return block.status();
+      if (*block == nullptr) return DataPtr(nullptr, nullptr, nullptr, on);
+      return DataPtr((*block)->ptr, new PrivateBlock{*block, routed}, &FreePrivateBlock, on);
+    }
+  }
   BlockPool& pool = *Devices::Get().pool(d);
   absl::StatusOr<Block*> block = pool.allocate(nbytes, Stream(on, s.id()));
   if (absl::IsResourceExhausted(block.status())) {
@@ -226,6 +304,16 @@ absl::StatusOr<DataPtr> caching_allocator_alloc(size_t nbytes, int device,
 
 absl::Status record_stream(const DataPtr& ptr, Stream stream) {
   if (!ptr) return absl::OkStatus();  // Zero bytes: nothing to keep.
+  if (ptr.deleter() == &FreePrivateBlock) {
+    absl::StatusOr<Stream> s = internal::CheckCudaStream(stream);
+    if (!s.ok()) {
+      return absl::Status(s.status().code(),
+                          absl::StrCat("record_stream: ", s.status().message()));
+    }
+    auto* b = static_cast<PrivateBlock*>(ptr.context());
+    b->owner->pool.record_stream(b->block, *s);
+    return absl::OkStatus();
+  }
   if (ptr.deleter() != &FreeDeviceBlock) {
     return absl::InvalidArgumentError(
         absl::StrCat("record_stream: the pointer on ", ptr.device().str(),
@@ -298,6 +386,66 @@ std::vector<SegmentInfo> memory_snapshot() {
 }
 
 namespace internal {
+
+absl::Status BeginAllocateToPool(int device, MempoolId id, unsigned long long capture_id) {
+  EMBER_ASSIGN_OR_RETURN(const int d, CheckDevice("CUDA graph capture", device));
+  PrivatePools& privates = PrivatePools::Get();
+  std::shared_ptr<PrivatePool> pool;
+  {
+    std::lock_guard<std::mutex> lock(privates.mu);
+    pool = privates.FindOrMake(d, id);
+    privates.routes.push_back({d, capture_id, id, pool});
+  }
+  Devices::Get().pool(d)->begin_capture();
+  pool->pool.begin_capture();
+  privates.captures.fetch_add(1, std::memory_order_acq_rel);
+  return absl::OkStatus();
+}
+
+void EndAllocateToPool(int device, MempoolId id) {
+  PrivatePools& privates = PrivatePools::Get();
+  std::shared_ptr<PrivatePool> pool;
+  {
+    std::lock_guard<std::mutex> lock(privates.mu);
+    for (auto it = privates.routes.begin(); it != privates.routes.end(); ++it) {
+      if (it->device == device && it->id == id) {
+        pool = it->pool;
+        privates.routes.erase(it);
+        break;
+      }
+    }
+  }
+  if (pool == nullptr) return;
+  privates.captures.fetch_sub(1, std::memory_order_acq_rel);
+  pool->pool.end_capture();
+  Devices::Get().pool(device)->end_capture();
+}
+
+void RetainPool(int device, MempoolId id) {
+  PrivatePools& privates = PrivatePools::Get();
+  std::lock_guard<std::mutex> lock(privates.mu);
+  ++privates.FindOrMake(device, id)->graphs;
+}
+
+void ReleasePool(int device, MempoolId id) {
+  PrivatePools& privates = PrivatePools::Get();
+  std::shared_ptr<PrivatePool> released;
+  {
+    std::lock_guard<std::mutex> lock(privates.mu);
+    auto it = privates.pools.find(PrivatePools::KeyOf(device, id));
+    if (it == privates.pools.end()) return;
+    if (--it->second->graphs > 0) return;
+    released = std::move(it->second);  // freed here, or by its last block's free
+    privates.pools.erase(it);
+  }
+}
+
+MemoryStats private_pool_stats(int device, MempoolId id) {
+  PrivatePools& privates = PrivatePools::Get();
+  std::lock_guard<std::mutex> lock(privates.mu);
+  auto it = privates.pools.find(PrivatePools::KeyOf(device, id));
+  return it == privates.pools.end() ? MemoryStats{} : it->second->pool.memory_stats();
+}
 
 void AddStreamEvents(BlockPoolBacking& backing) {
   backing.record_event = &RecordEvent;

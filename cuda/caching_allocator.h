@@ -50,6 +50,11 @@
 // linked) only the default stream, id 0, exists and its events are plain
 // cudaEvents recorded on the legacy default stream.
 //
+// CUDA graphs (cuda/graphs.h): while a graph is being captured, allocations
+// made on a stream taking part in that capture come from the graph's private
+// pool (Note [Graph memory pools]), and every pool of the device follows Note
+// [Allocating during a capture] in block_pool.h.
+//
 // Errors: the Status API (caching_allocator_alloc, record_stream) returns
 // kFailedPrecondition with the runtime's reason when no device is usable,
 // kInvalidArgument for a bad device index or a pointer of another allocator,
@@ -120,6 +125,44 @@ void empty_cache();
 // The segments of every device with their blocks (torch.cuda.memory_snapshot);
 // each segment's stream names its device.
 std::vector<SegmentInfo> memory_snapshot();
+
+// A private memory pool's id (torch's MempoolId_t): (0, n) for the pools
+// graph_pool_handle() makes to share between graphs, (n, 0) for a graph's
+// own. {0, 0} names no pool.
+struct MempoolId {
+  uint64_t first = 0;
+  uint64_t second = 0;
+  friend bool operator==(const MempoolId& a, const MempoolId& b) {
+    return a.first == b.first && a.second == b.second;
+  }
+  friend bool operator<(const MempoolId& a, const MempoolId& b) {
+    return a.first != b.first ? a.first < b.first : a.second < b.second;
+  }
+};
+
+// Note [Graph memory pools]
+// A private pool is a BlockPool of its own on one device, over cudaMalloc as
+// the device's pool is. From BeginAllocateToPool to EndAllocateToPool, every
+// allocation on that device whose stream is capturing the given capture
+// (cudaStreamGetCaptureInfo's id; a side stream joined to the capture
+// through an event takes part too) comes from the pool; a block freed
+// afterwards, during a later capture or a replay, goes back to it and is
+// reused only by the pool's own later requests (a graph's replays write the
+// same addresses, so nothing else may take them). A pool lives while a graph
+// holds it (RetainPool / ReleasePool: pools shared between graphs, as
+// torch's graph_pool_handle, count each) or one of its blocks is in use;
+// then its memory returns to the driver. The routing check costs nothing
+// while no capture is underway in the process. memory_allocated and the
+// other queries count the device's own pool only; private_pool_stats reads
+// a private pool.
+namespace internal {
+absl::Status BeginAllocateToPool(int device, MempoolId pool, unsigned long long capture_id);
+void EndAllocateToPool(int device, MempoolId pool);
+void RetainPool(int device, MempoolId pool);
+void ReleasePool(int device, MempoolId pool);
+// The counters of a private pool (zeros when it does not exist).
+MemoryStats private_pool_stats(int device, MempoolId pool);
+}  // namespace internal
 
 namespace internal {
 // Fills the event functions of `backing` with CUDA events on kCUDA streams

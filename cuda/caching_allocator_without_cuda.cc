@@ -81,6 +81,15 @@ namespace internal {
 // No stream has events without CUDA: the backing keeps none.
 void AddStreamEvents(BlockPoolBacking& backing) {}
 
+// No capture can begin without CUDA (cuda/graphs.h says why first).
+absl::Status BeginAllocateToPool(int device, MempoolId pool, unsigned long long capture_id) {
+  return CheckAvailable("CUDA graph capture");
+}
+void EndAllocateToPool(int device, MempoolId pool) {}
+void RetainPool(int device, MempoolId pool) {}
+void ReleasePool(int device, MempoolId pool) {}
+MemoryStats private_pool_stats(int device, MempoolId pool) { return {}; }
+
 absl::StatusOr<Stream> CheckCudaStream(Stream stream) {
   if (!stream.device().is_cuda()) {
     return absl::InvalidArgumentError(absl::StrCat("the stream is on ", stream.device().str(),

@@ -127,6 +127,10 @@ bool NonBlocking(const Tensor& host) {
 }
 
 void HostToDevice(const Tensor& out, const Tensor& src) {
+  if (!NonBlocking(src.contiguous())) {
+    internal::CheckNotCapturing(out.device(),
+                                "a copy from the host to the device (cuda(), to())");
+  }
   DeviceGuard guard(out.device());
   cudaStream_t stream = StreamOf(out.device());
   const Tensor host = src.contiguous();
@@ -143,6 +147,10 @@ void HostToDevice(const Tensor& out, const Tensor& src) {
 
 void DeviceToHost(const Tensor& out, const Tensor& src) {
   const bool non_blocking = NonBlocking(out) && out.is_contiguous();
+  if (!non_blocking) {
+    internal::CheckNotCapturing(src.device(),
+                                "a copy from the device to the host (item(), cpu(), to(kCPU))");
+  }
   DeviceGuard guard(src.device());
   cudaStream_t stream = StreamOf(src.device());
   Tensor dev = src;
@@ -160,6 +168,7 @@ void DeviceToHost(const Tensor& out, const Tensor& src) {
 }
 
 void PeerCopy(const Tensor& out, const Tensor& src) {
+  internal::CheckNotCapturing(src.device(), "a copy between devices");
   Tensor staged = src;
   {
     DeviceGuard guard(src.device());

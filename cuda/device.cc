@@ -192,6 +192,12 @@ class CudaGuardImpl final : public DeviceGuardImpl {
   }
 
   absl::Status SynchronizeStream(ember::Stream stream) override {
+    if (is_current_stream_capturing(stream.device().has_index() ? stream.device().index() : -1)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "synchronize(", internal::DescribeStream(stream),
+          ") cannot run while the current stream is capturing a CUDA graph: it waits for the "
+          "device; synchronize after the capture ends"));
+    }
     EMBER_ASSIGN_OR_RETURN(const internal::ResolvedStream s,
                            internal::ResolveStream("synchronize", stream));
     return internal::OnDevice(s.device, [&] {
@@ -380,6 +386,11 @@ absl::StatusOr<DeviceProperties> get_device_properties(int device) {
 
 absl::Status synchronize(int device) {
   EMBER_ASSIGN_OR_RETURN(const int index, internal::CheckDevice("cuda::synchronize", device));
+  if (is_current_stream_capturing(index)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda::synchronize(", index, ") cannot run while the current stream is capturing a CUDA "
+        "graph: it waits for the device; synchronize after the capture ends"));
+  }
   return internal::OnDevice(
       index, [] { return runtime_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize()"); });
 }

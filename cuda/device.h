@@ -52,6 +52,7 @@
 #ifndef EMBER_CUDA_DEVICE_H_
 #define EMBER_CUDA_DEVICE_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -90,6 +91,11 @@ absl::StatusOr<DeviceProperties> get_device_properties(int device);
 absl::Status synchronize(int device = -1);
 
 namespace internal {
+
+// The id of the CUDA graph capture `stream` takes part in
+// (cudaStreamGetCaptureInfo), or nullopt when it is not capturing (or names
+// no stream of a usable device). Defined with the streams (stream.cc).
+std::optional<unsigned long long> CaptureIdOf(Stream stream);
 
 // OK when a device is usable; otherwise kFailedPrecondition naming `call` and
 // the reason.

@@ -4,6 +4,7 @@
 // stream; nothing is drawn on the host.
 #include "cuda/random_kernels.h"
 
+#include "cuda/graphs.h"
 #include "cuda/kernels.h"
 #include "tensor/device_guard.h"
 #include "tensor/factories.h"
@@ -24,12 +25,24 @@ void Draw(const Tensor& out, Generator* gen, const kernels::RandomParams& p, con
   DeviceGuard guard(out.device());
   const Tensor dense =
       out.is_contiguous() ? out : EmptyTensor(out.sizes(), out.dtype(), out.device());
-  const Generator::PhiloxInputs in = gen->philox_engine_inputs(kernels::kOffsetIncrement);
-  internal::CheckLaunch(
-      kernels::LaunchRandom(internal::StreamOf(out.device()), internal::Ptr(dense),
-                            internal::DtypeCode(dense.dtype()), dense.numel(), in.seed, in.offset,
-                            p),
-      op);
+  const cudaStream_t stream = internal::StreamOf(out.device());
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  unsigned long long capture_id = 0;
+  if (cudaStreamGetCaptureInfo(stream, &capture, &capture_id) == cudaSuccess &&
+      capture == cudaStreamCaptureStatusActive) {
+    const internal::CapturedPhilox in =
+        internal::CapturedDraw(capture_id, gen, kernels::kOffsetIncrement);
+    internal::CheckLaunch(kernels::LaunchRandom(stream, internal::Ptr(dense),
+                                                internal::DtypeCode(dense.dtype()), dense.numel(),
+                                                0, in.offset, p, in.state),
+                          op);
+  } else {
+    const Generator::PhiloxInputs in = gen->philox_engine_inputs(kernels::kOffsetIncrement);
+    internal::CheckLaunch(
+        kernels::LaunchRandom(stream, internal::Ptr(dense), internal::DtypeCode(dense.dtype()),
+                              dense.numel(), in.seed, in.offset, p),
+        op);
+  }
   if (!dense.is_same(out)) ops::copy_out(out, dense);
 }
 

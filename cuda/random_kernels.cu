@@ -30,8 +30,12 @@ __device__ __forceinline__ M HalfOpen(M u) {
 
 template <typename T>
 __global__ void RandomKernel(T* out, int64_t n, uint64_t seed, uint64_t offset, RandomParams p,
-                             int per_group) {
+                             int per_group, const uint64_t* captured_state) {
   using M = Math<T>;
+  if (captured_state != nullptr) {  // Note [Random numbers under capture]
+    seed = captured_state[0];
+    offset += captured_state[1];
+  }
   const int64_t groups = (n + per_group - 1) / per_group;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < groups;
@@ -113,13 +117,13 @@ int ElementsPerGroup(int dtype, const RandomParams& p) {
 }
 
 cudaError_t LaunchRandom(cudaStream_t stream, char* out, int dtype, int64_t n, uint64_t seed,
-                         uint64_t offset, const RandomParams& p) {
+                         uint64_t offset, const RandomParams& p, const uint64_t* captured_state) {
   if (n == 0) return cudaSuccess;
   const int per_group = ElementsPerGroup(dtype, p);
   const int64_t groups = (n + per_group - 1) / per_group;
   VisitCode(dtype, [&]<typename T>() {
-    RandomKernel<T><<<GridFor(groups), kThreads, 0, stream>>>(reinterpret_cast<T*>(out), n, seed,
-                                                              offset, p, per_group);
+    RandomKernel<T><<<GridFor(groups), kThreads, 0, stream>>>(
+        reinterpret_cast<T*>(out), n, seed, offset, p, per_group, captured_state);
   });
   return cudaGetLastError();
 }

@@ -45,10 +45,20 @@ struct RandomParams {
 // `dtype` (loops.cuh DtypeCode) and `p`.
 int ElementsPerGroup(int dtype, const RandomParams& p);
 
+// Note [Random numbers under capture]
+// A kernel captured into a CUDA graph must not bake its seed and offset in:
+// every replay would draw the same numbers. So while a capture is underway
+// the kernel reads them from `captured_state`, two uint64s in device memory
+// (the seed, and the offset the graph starts from) that each replay writes
+// before it launches, and adds `offset`, its place within the graph
+// (cuda/graphs.h's CapturedDraw). Otherwise captured_state is null and
+// (seed, offset) are the generator's.
+
 // Fills the n contiguous elements of dtype code `dtype` at `out` from
 // Philox (seed, offset) on `stream` (the current device's).
 cudaError_t LaunchRandom(cudaStream_t stream, char* out, int dtype, int64_t n, uint64_t seed,
-                         uint64_t offset, const RandomParams& p);
+                         uint64_t offset, const RandomParams& p,
+                         const uint64_t* captured_state = nullptr);
 
 }  // namespace ember::cuda::kernels
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda/status.h"
+#include "tensor/error.h"
 #include "tensor/status_macros.h"
 
 namespace ember::cuda {
@@ -147,5 +148,38 @@ absl::StatusOr<Stream> current_stream(int device) {
   EMBER_ASSIGN_OR_RETURN(const int index, internal::CheckDevice("cuda::current_stream", device));
   return Stream::wrap(ember::current_stream(Device(DeviceType::kCUDA, index)));
 }
+
+bool is_current_stream_capturing(int device) {
+  if (!is_available()) return false;
+  absl::StatusOr<Stream> s = current_stream(device);
+  if (!s.ok()) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s->stream(), &status) != cudaSuccess) return false;
+  return status == cudaStreamCaptureStatusActive;
+}
+
+namespace internal {
+
+std::optional<unsigned long long> CaptureIdOf(ember::Stream stream) {
+  absl::StatusOr<ResolvedStream> resolved = ResolveStream("capture query", stream);
+  if (!resolved.ok()) return std::nullopt;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  if (cudaStreamGetCaptureInfo(resolved->handle, &status, &id) != cudaSuccess ||
+      status != cudaStreamCaptureStatusActive) {
+    return std::nullopt;
+  }
+  return id;
+}
+
+void CheckNotCapturing(Device device, const char* what) {
+  const int index = device.has_index() ? device.index() : -1;
+  if (!is_current_stream_capturing(index)) return;
+  EMBER_FAIL(what, " cannot run while ", DescribeStream(ember::current_stream(device)),
+             " is capturing a CUDA graph: it waits for the device, which a captured graph cannot "
+             "do; move it out of the captured region (read the graph's outputs after replay())");
+}
+
+}  // namespace internal
 
 }  // namespace ember::cuda

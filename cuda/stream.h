@@ -120,6 +120,11 @@ absl::StatusOr<Stream> default_stream(int device = -1);
 // the default stream unless an ember::StreamGuard made another current.
 absl::StatusOr<Stream> current_stream(int device = -1);
 
+// torch.cuda.is_current_stream_capturing: whether the calling thread's
+// current stream of `device` (-1: the current device) is capturing a CUDA
+// graph (cuda/graphs.h). False without a usable device.
+bool is_current_stream_capturing(int device = -1);
+
 namespace internal {
 
 // The cudaStream_t `stream` names and its device index, checking that it is
@@ -133,6 +138,12 @@ absl::StatusOr<ResolvedStream> ResolveStream(absl::string_view call, ember::Stre
 
 // "cuda:0 stream 3" or "cuda:0 default stream", for messages.
 std::string DescribeStream(ember::Stream stream);
+
+// Throws ember::Error naming `what` when the calling thread's current stream
+// of `device` is capturing a CUDA graph: `what` waits for the device (a copy
+// to the host, a synchronize), which a capture cannot hold (Note [Capturing a
+// graph] in cuda/graphs.h).
+void CheckNotCapturing(Device device, const char* what);
 
 }  // namespace internal
 
