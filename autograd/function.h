@@ -26,7 +26,9 @@
 // T::backward with one gradient per output (undefined ones are materialised
 // as zeros unless set_materialize_grads(false)); it must return one gradient
 // per forward argument (undefined for non-tensors and for inputs that need
-// none); extra trailing undefined entries are allowed.
+// none); extra trailing undefined entries are allowed. A std::vector<Tensor>
+// argument counts as one argument per element, in order (LibTorch's
+// TensorList), for the gradients and for needs_input_grad alike.
 //
 // Context:
 //   save_for_backward(tensors) / get_saved_variables(): version-checked
@@ -45,6 +47,7 @@
 #include <cxxabi.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <typeinfo>
@@ -63,8 +66,11 @@
 namespace ember::autograd {
 
 // A plain value kept in AutogradContext::saved_data.
-using SavedValue =
-    std::variant<std::monostate, bool, int64_t, double, std::string, std::vector<int64_t>, Tensor>;
+// std::shared_ptr<void> keeps an object of the caller's alive with the node
+// (std::static_pointer_cast it back), as LibTorch's saved_data holds custom
+// class objects.
+using SavedValue = std::variant<std::monostate, bool, int64_t, double, std::string,
+                                std::vector<int64_t>, Tensor, std::shared_ptr<void>>;
 
 class AutogradContext {
  public:
@@ -177,14 +183,19 @@ struct Function {
     AutogradContext* ctx = &node->ctx_;
     variable_list inputs;
     bool any_requires_grad = false;
+    auto add_tensor = [&](const Tensor& t) {
+      node->arg_edges_.push_back(static_cast<int>(inputs.size()));
+      inputs.push_back(t);
+      const bool r = RequiresGrad(t);
+      ctx->needs_input_grad_.push_back(r);
+      any_requires_grad = any_requires_grad || r;
+    };
     auto collect = [&](const auto& arg) {
       using A = std::decay_t<decltype(arg)>;
       if constexpr (std::is_same_v<A, Tensor>) {
-        node->arg_edges_.push_back(static_cast<int>(inputs.size()));
-        inputs.push_back(arg);
-        const bool r = RequiresGrad(arg);
-        ctx->needs_input_grad_.push_back(r);
-        any_requires_grad = any_requires_grad || r;
+        add_tensor(arg);
+      } else if constexpr (std::is_same_v<A, variable_list>) {
+        for (const Tensor& t : arg) add_tensor(t);  // LibTorch's TensorList arguments
       } else {
         node->arg_edges_.push_back(-1);
         ctx->needs_input_grad_.push_back(false);

@@ -55,6 +55,45 @@ TEST(FunctionTest, ForwardAndBackward) {
   EXPECT_THAT(Values(x.grad()), ElementsAre(2.5, 2.5, 2.5));
 }
 
+// sum_k scale * x * ws[k]: a tensor-list argument, and an object kept alive
+// in saved_data.
+struct WeightedSum : Function<WeightedSum> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const variable_list& ws,
+                        std::shared_ptr<double> scale) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["scale"] = std::shared_ptr<void>(scale);
+    ctx->saved_data["count"] = static_cast<int64_t>(ws.size());
+    Tensor y = x * ws[0];
+    for (size_t k = 1; k < ws.size(); ++k) y = y + x * ws[k];
+    return y * *scale;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const double scale =
+        *std::static_pointer_cast<double>(std::get<std::shared_ptr<void>>(ctx->saved_data["scale"]));
+    const Tensor x = ctx->get_saved_variables()[0];
+    const int64_t count = std::get<int64_t>(ctx->saved_data["count"]);
+    variable_list out = {Tensor()};  // x: not asked for in the test
+    EXPECT_FALSE(ctx->needs_input_grad(0));
+    for (int64_t k = 0; k < count; ++k) {
+      EXPECT_EQ(ctx->needs_input_grad(1 + k), k != 1) << k;  // flattened positions
+      out.push_back(ctx->needs_input_grad(1 + k) ? grads[0] * x * scale : Tensor());
+    }
+    out.push_back(Tensor());  // the scale
+    return out;
+  }
+};
+
+TEST(FunctionTest, TensorListArgumentsCountOneArgumentPerElement) {
+  Tensor x = Make({1, 2});
+  Tensor w0 = Make({1, 1}).requires_grad_(), w1 = Make({2, 2}), w2 = Make({3, 3}).requires_grad_();
+  Tensor y = WeightedSum::apply(x, variable_list{w0, w1, w2}, std::make_shared<double>(0.5));
+  EXPECT_THAT(Values(y), ElementsAre(0.5 * (1 + 2 + 3), 0.5 * 2 * (1 + 2 + 3)));
+  y.sum().backward();
+  EXPECT_THAT(Values(w0.grad()), ElementsAre(0.5, 1.0));
+  EXPECT_FALSE(w1.grad().defined());
+  EXPECT_THAT(Values(w2.grad()), ElementsAre(0.5, 1.0));
+}
+
 TEST(FunctionTest, NeedsInputGradAndUndefinedArguments) {
   Tensor x = Make({1, 2});
   Tensor w = Make({3, 4}).requires_grad_();
