@@ -61,6 +61,16 @@ bool Fuses(const Tensor& p, std::initializer_list<const std::vector<Tensor>*> li
   return true;
 }
 
+// A capturable step's scalar (Note [Capturable steps]): its float32 value's
+// address on `device`, or null when undefined.
+const float* DeviceScalar(const Tensor& t, Device device, const char* what) {
+  if (!t.defined()) return nullptr;
+  EMBER_CHECK(t.dtype() == kFloat32 && t.numel() == 1 && t.device() == device, "optimizer step: ",
+              what, " must be a float32 one-element tensor on ", device.str(), ", got ",
+              dtype_name(t.dtype()), " with ", t.numel(), " elements on ", t.device().str());
+  return t.data_ptr<float>();
+}
+
 // The lists of one dtype's fusing tensors, as the launchers take them.
 struct PointerLists {
   std::vector<void*> lists[5];
@@ -99,7 +109,8 @@ void SgdStepCuda(const std::vector<Tensor>& params, const std::vector<Tensor>& g
     }
     by_dtype[*StepDtypeOf(params[i].dtype())].Add({&params[i], &grads[i], &buf});
   }
-  const kernels::SgdScalars s{.lr = a.lr,
+  const kernels::SgdScalars s{.lr_ptr = DeviceScalar(a.lr_tensor, device, "lr_tensor"),
+                              .lr = a.lr,
                               .momentum = a.momentum,
                               .dampening = a.dampening,
                               .weight_decay = a.weight_decay,
@@ -145,8 +156,12 @@ void AdamStepCuda(const std::vector<Tensor>& params, const std::vector<Tensor>& 
     by_dtype[*StepDtypeOf(params[i].dtype())].Add(
         {&params[i], &grads[i], &exp_avgs[i], &exp_avg_sqs[i], &vmax});
   }
+  EMBER_CHECK(a.lr_tensor.defined() == a.step_tensor.defined(),
+              "Adam step: a capturable step passes both lr_tensor and step_tensor");
   const double t = static_cast<double>(a.step);
   const kernels::AdamScalars s{
+      .lr_ptr = DeviceScalar(a.lr_tensor, device, "lr_tensor"),
+      .step_ptr = DeviceScalar(a.step_tensor, device, "step_tensor"),
       .lr = a.lr,
       .beta1 = a.beta1,
       .beta2 = a.beta2,

@@ -142,7 +142,7 @@ struct SgdOp {
   M lr, wd, momentum, keep, sign;
   bool first_step, nesterov;
   explicit __device__ SgdOp(const SgdScalars& s)
-      : lr(static_cast<M>(s.lr)),
+      : lr(static_cast<M>(s.lr_ptr != nullptr ? static_cast<double>(*s.lr_ptr) : s.lr)),
         wd(static_cast<M>(s.weight_decay)),
         momentum(static_cast<M>(s.momentum)),
         keep(static_cast<M>(1.0 - s.dampening)),
@@ -190,7 +190,15 @@ struct AdamOp {
         step_size(static_cast<M>(s.step_size)),
         bc2_sqrt(static_cast<M>(s.bias_correction2_sqrt)),
         maximize(s.maximize),
-        decoupled(s.decoupled) {}
+        decoupled(s.decoupled) {
+    if (s.step_ptr != nullptr) {  // Note [Capturable steps]: lr_ptr is set too
+      const double lr = static_cast<double>(*s.lr_ptr);
+      const double t = static_cast<double>(*s.step_ptr);
+      decay = static_cast<M>(1.0 - lr * s.weight_decay);
+      step_size = static_cast<M>(lr / (1.0 - pow(s.beta1, t)));
+      bc2_sqrt = static_cast<M>(sqrt(1.0 - pow(s.beta2, t)));
+    }
+  }
   __device__ __forceinline__ void operator()(T (&x)[5]) const {
     M pi = Load(x, 0);
     M gi = Load(x, 1);

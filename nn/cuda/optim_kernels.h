@@ -77,7 +77,11 @@ cudaError_t PlanMultiTensorLaunches(int64_t n, const int64_t* numels, Launch&& l
   return cudaSuccess;
 }
 
+// lr_ptr / step_ptr: float32 values in device memory the kernels read
+// instead of lr and the step's bias corrections (Note [Capturable steps] in
+// nn/optim/fused_kernels.h); null: the values here.
 struct SgdScalars {
+  const float* lr_ptr = nullptr;
   double lr = 0;
   double momentum = 0;  // 0: no buffers
   double dampening = 0;
@@ -88,6 +92,8 @@ struct SgdScalars {
 };
 
 struct AdamScalars {
+  const float* lr_ptr = nullptr;    // set exactly when step_ptr is
+  const float* step_ptr = nullptr;
   double lr = 0;
   double beta1 = 0;
   double beta2 = 0;

@@ -27,7 +27,8 @@ std::vector<std::pair<std::string, double>> AdamPairs(const O& o) {
           {"eps", o.eps},
           {"weight_decay", o.weight_decay},
           {"amsgrad", o.amsgrad ? 1.0 : 0.0},
-          {"maximize", o.maximize ? 1.0 : 0.0}};
+          {"maximize", o.maximize ? 1.0 : 0.0},
+          {"capturable", o.capturable ? 1.0 : 0.0}};
 }
 
 template <typename O>
@@ -38,7 +39,7 @@ absl::Status AdamFromPairs(const std::vector<std::pair<std::string, double>>& pa
     if (!(Assign(k, v, "lr", &o->lr) || Assign(k, v, "beta1", &o->beta1) ||
           Assign(k, v, "beta2", &o->beta2) || Assign(k, v, "eps", &o->eps) ||
           Assign(k, v, "weight_decay", &o->weight_decay) || Assign(k, v, "amsgrad", &o->amsgrad) ||
-          Assign(k, v, "maximize", &o->maximize))) {
+          Assign(k, v, "maximize", &o->maximize) || Assign(k, v, "capturable", &o->capturable))) {
       return internal::UnknownOption(k, name);
     }
   }
@@ -50,12 +51,17 @@ absl::Status AdamFromPairs(const std::vector<std::pair<std::string, double>>& pa
 // fused_kernels.h). for_each(g, fn) calls fn(param, grad, state) for the
 // parameters of group g that have a gradient; `decoupled` selects AdamW's
 // weight decay.
-template <typename Groups, typename ForEach>
-void AdamSteps(const Groups& groups, ForEach for_each, bool decoupled) {
+// With capturable options, the step counts and learning rates go by tensor
+// (Note [Capturable steps]): lr_tensor(g, device) is the group's; a bucket's
+// step tensor is its first parameter's, whose count every parameter of the
+// bucket shares.
+template <typename Groups, typename ForEach, typename LrTensor>
+void AdamSteps(const Groups& groups, ForEach for_each, LrTensor lr_tensor, bool decoupled) {
   struct Bucket {
     Device device;
     Dtype dtype;
     int64_t step;
+    Tensor step_tensor;
     std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
   };
   autograd::NoGradGuard no_grad;
@@ -69,12 +75,21 @@ void AdamSteps(const Groups& groups, ForEach for_each, bool decoupled) {
         st.exp_avg_sq = zeros(p.sizes(), like_p);
       }
       if (o.amsgrad && !st.max_exp_avg_sq.defined()) st.max_exp_avg_sq = zeros(p.sizes(), like_p);
+      if (o.capturable) {
+        if (!st.step_tensor.defined()) {
+          st.step_tensor = full({1}, static_cast<double>(st.step),
+                                TensorOptions(kFloat32).device(p.device()));
+        }
+        st.step_tensor.add_(1.0);
+      }
       st.step += 1;
       Bucket* bucket = nullptr;
       for (Bucket& b : buckets) {
         if (b.device == p.device() && b.dtype == p.dtype() && b.step == st.step) bucket = &b;
       }
-      if (bucket == nullptr) bucket = &buckets.emplace_back(Bucket{p.device(), p.dtype(), st.step});
+      if (bucket == nullptr) {
+        bucket = &buckets.emplace_back(Bucket{p.device(), p.dtype(), st.step, st.step_tensor});
+      }
       bucket->params.push_back(p);
       bucket->grads.push_back(grad);
       bucket->exp_avgs.push_back(st.exp_avg);
@@ -82,7 +97,9 @@ void AdamSteps(const Groups& groups, ForEach for_each, bool decoupled) {
       if (o.amsgrad) bucket->max_exp_avg_sqs.push_back(st.max_exp_avg_sq);
     });
     for (const Bucket& b : buckets) {
-      const internal::AdamStepArgs args{.lr = o.lr,
+      const internal::AdamStepArgs args{.lr_tensor = o.capturable ? lr_tensor(g, b.device) : Tensor(),
+                                        .step_tensor = o.capturable ? b.step_tensor : Tensor(),
+                                        .lr = o.lr,
                                         .beta1 = o.beta1,
                                         .beta2 = o.beta2,
                                         .eps = o.eps,
@@ -117,7 +134,10 @@ absl::Status AdamWOptions::FromPairs(const std::vector<std::pair<std::string, do
 
 std::vector<std::pair<std::string, Tensor>> AdamState::ToPairs() const {
   std::vector<std::pair<std::string, Tensor>> out = {
-      {"step", scalar_tensor(static_cast<double>(step), TensorOptions(kFloat32))},
+      // A capturable step's count is the device's (replays run no host code).
+      {"step", step_tensor.defined() ? step_tensor.detach().cpu().reshape({})
+                                     : scalar_tensor(static_cast<double>(step),
+                                                     TensorOptions(kFloat32))},
       {"exp_avg", exp_avg},
       {"exp_avg_sq", exp_avg_sq}};
   if (max_exp_avg_sq.defined()) out.emplace_back("max_exp_avg_sq", max_exp_avg_sq);
@@ -134,6 +154,7 @@ absl::Status AdamState::FromPairs(const std::vector<std::pair<std::string, Tenso
             "loaded Adam state \"step\" must be a one-element tensor");
       }
       step = static_cast<int64_t>(v.item<double>());
+      step_tensor = Tensor();  // a capturable step makes it again from `step`
     } else if (k == "exp_avg") {
       s = internal::LoadStateTensor(k, v, param, &exp_avg);
     } else if (k == "exp_avg_sq") {
@@ -154,7 +175,7 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
 void Adam::step() {
   AdamSteps(
       param_groups(), [this](size_t g, auto fn) { ForEachParamWithGradOfGroup(g, fn); },
-      /*decoupled=*/false);
+      [this](size_t g, Device d) { return lr_tensor(g, d); }, /*decoupled=*/false);
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
@@ -163,7 +184,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
 void AdamW::step() {
   AdamSteps(
       param_groups(), [this](size_t g, auto fn) { ForEachParamWithGradOfGroup(g, fn); },
-      /*decoupled=*/true);
+      [this](size_t g, Device d) { return lr_tensor(g, d); }, /*decoupled=*/true);
 }
 
 }  // namespace ember::nn::optim

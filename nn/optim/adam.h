@@ -37,6 +37,10 @@ struct AdamOptions {
   double weight_decay = 0.0;
   bool amsgrad = false;
   bool maximize = false;
+  // torch's capturable: the step count and the learning rate live on the
+  // parameters' device (Note [Capturable steps] in fused_kernels.h), so the
+  // step can be captured in a CUDA graph and replayed.
+  bool capturable = false;
 
   static void Validate(const AdamOptions& o);
   std::vector<std::pair<std::string, double>> ToPairs() const;
@@ -52,6 +56,7 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
   bool amsgrad = false;
   bool maximize = false;
+  bool capturable = false;  // as AdamOptions'
 
   static void Validate(const AdamWOptions& o);
   std::vector<std::pair<std::string, double>> ToPairs() const;
@@ -60,6 +65,9 @@ struct AdamWOptions {
 
 struct AdamState {
   int64_t step = 0;
+  // With capturable: the count on the parameter's device, which the step
+  // increments there (`step` is then the host's count of the steps it ran).
+  Tensor step_tensor;
   Tensor exp_avg;
   Tensor exp_avg_sq;
   Tensor max_exp_avg_sq;

@@ -73,8 +73,45 @@ void SgdStepWithTensorOps(const Tensor& p, const Tensor& grad, const Tensor& buf
     }
     d = a.nesterov ? d.add(buf, a.momentum) : buf;
   }
-  p.add_(d, -a.lr);
+  if (a.lr_tensor.defined()) {  // Note [Capturable steps]
+    p.sub_(d * a.lr_tensor.to(p.dtype()));
+  } else {
+    p.add_(d, -a.lr);
+  }
 }
+
+namespace {
+
+// Adam's formulas with the learning rate and the step count read from
+// tensors on the parameter's device (Note [Capturable steps]).
+void AdamStepWithDeviceScalars(const Tensor& p, Tensor grad, const Tensor& exp_avg,
+                               const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq,
+                               const AdamStepArgs& a) {
+  const TensorOptions on = TensorOptions(p.dtype()).device(p.device());
+  const Tensor lr = a.lr_tensor.defined() ? a.lr_tensor.to(p.dtype()) : full({1}, a.lr, on);
+  const Tensor step = a.step_tensor.defined() ? a.step_tensor.to(p.dtype())
+                                              : full({1}, static_cast<double>(a.step), on);
+  if (a.weight_decay != 0.0) {
+    if (a.decoupled) {
+      p.mul_(1.0 - lr * a.weight_decay);
+    } else {
+      grad = grad.add(p, a.weight_decay);
+    }
+  }
+  exp_avg.mul_(a.beta1).add_(grad, 1.0 - a.beta1);
+  exp_avg_sq.mul_(a.beta2).add_(grad * grad, 1.0 - a.beta2);
+  const Tensor bias_correction1 = 1.0 - full({1}, a.beta1, on).pow(step);
+  const Tensor bias_correction2_sqrt = (1.0 - full({1}, a.beta2, on).pow(step)).sqrt();
+  Tensor second = exp_avg_sq;
+  if (a.amsgrad) {
+    max_exp_avg_sq.copy_(maximum(max_exp_avg_sq, exp_avg_sq));
+    second = max_exp_avg_sq;
+  }
+  const Tensor denom = (second.sqrt() / bias_correction2_sqrt).add_(a.eps);
+  p.sub_(exp_avg / denom * (lr / bias_correction1));
+}
+
+}  // namespace
 
 void AdamStepWithTensorOps(const Tensor& p, const Tensor& grad_in, const Tensor& exp_avg,
                            const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq,
@@ -90,6 +127,10 @@ void AdamStepWithTensorOps(const Tensor& p, const Tensor& grad_in, const Tensor&
     return;
   }
   Tensor grad = a.maximize ? grad_in.neg() : grad_in;
+  if (a.lr_tensor.defined() || a.step_tensor.defined()) {
+    AdamStepWithDeviceScalars(p, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, a);
+    return;
+  }
   if (a.weight_decay != 0.0) {
     if (a.decoupled) {
       p.mul_(1.0 - a.lr * a.weight_decay);
@@ -146,8 +187,23 @@ bool CanFuseOnCpu(const Tensor& p, const Tensor& g, const Tensor* buf) {
          dense_like_p(g) && (buf == nullptr || dense_like_p(*buf));
 }
 
+// The CPU reads capturable scalars once per call (Note [Capturable steps]).
+SgdStepArgs OnHost(SgdStepArgs a) {
+  if (a.lr_tensor.defined()) a.lr = a.lr_tensor.item<double>();
+  a.lr_tensor = Tensor();
+  return a;
+}
+AdamStepArgs OnHost(AdamStepArgs a) {
+  if (a.lr_tensor.defined()) a.lr = a.lr_tensor.item<double>();
+  if (a.step_tensor.defined()) a.step = static_cast<int64_t>(a.step_tensor.item<double>());
+  a.lr_tensor = Tensor();
+  a.step_tensor = Tensor();
+  return a;
+}
+
 void SgdStepCpu(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
-                const std::vector<Tensor>& bufs, const SgdStepArgs& a) {
+                const std::vector<Tensor>& bufs, const SgdStepArgs& args) {
+  const SgdStepArgs a = OnHost(args);
   CheckStepLists("SGD step", params, {&grads, &bufs});
   const bool momentum = a.momentum != 0.0;
   EMBER_CHECK(!momentum || bufs.size() == params.size(),
@@ -177,7 +233,8 @@ void SgdStepCpu(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
 
 void AdamStepCpu(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                  const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
-                 const std::vector<Tensor>& max_exp_avg_sqs, const AdamStepArgs& a) {
+                 const std::vector<Tensor>& max_exp_avg_sqs, const AdamStepArgs& args) {
+  const AdamStepArgs a = OnHost(args);
   CheckStepLists("Adam step", params, {&grads, &exp_avgs, &exp_avg_sqs, &max_exp_avg_sqs});
   EMBER_CHECK(!a.amsgrad || max_exp_avg_sqs.size() == params.size(),
               "Adam step: amsgrad needs max_exp_avg_sq per parameter");

@@ -35,8 +35,22 @@
 
 namespace ember::nn::optim::internal {
 
+// Note [Capturable steps]
+// A step captured into a CUDA graph (cuda/graphs.h) replays the kernels it
+// launched with the arguments they had: a learning rate or an Adam step count
+// passed by value would stay the capture's. So with `capturable` options the
+// optimizers pass them as tensors instead: lr_tensor, float32 [1] on the
+// parameters' device (OptimizerBase::lr_tensor, refilled by set_lr: a
+// scheduler between replays reaches the graph), and Adam's step_tensor, the
+// state's float32 [1] count that the step itself increments on the device.
+// The kernels read them from memory when they run (the CUDA kernels through
+// pointers, the tensor-op formulas as tensors, the CPU kernels once per
+// call); lr and step then only describe the host's view. Take one step
+// before capturing: it makes the state, whose creation is not captured.
+
 // The scalars of one SGD update (sgd.h's formulas).
 struct SgdStepArgs {
+  Tensor lr_tensor;  // Note [Capturable steps]; undefined: lr
   double lr = 0;
   double momentum = 0;
   double dampening = 0;
@@ -48,6 +62,8 @@ struct SgdStepArgs {
 
 // The scalars of one Adam / AdamW update (adam.h's formulas).
 struct AdamStepArgs {
+  Tensor lr_tensor;    // Note [Capturable steps]; undefined: lr
+  Tensor step_tensor;  // the count after this step; undefined: step
   double lr = 0;
   double beta1 = 0;
   double beta2 = 0;

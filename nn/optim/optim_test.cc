@@ -353,5 +353,70 @@ TEST(OptimizerTest, EachOptimizerFitsALinearRegression) {
   }
 }
 
+// Note [Capturable steps]: capturable optimizers read the learning rate and
+// Adam's step count from tensors; on the CPU their steps equal the plain
+// ones (to float32's rounding of the learning rate), a scheduler included,
+// and Adam's state_dict counts the device's steps.
+template <typename Opt, typename Options>
+std::vector<Tensor> TrainWith(Options options, int steps) {
+  manual_seed(21);
+  Tensor w = randn({6, 5}).requires_grad_(), b = randn({6}).requires_grad_();
+  Tensor x = randn({12, 5}), y = randn({12, 6});
+  Opt opt({w, b}, options);
+  StepLR schedule(opt, /*step_size=*/2, /*gamma=*/0.5);
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    functional::mse_loss(functional::linear(x, w, b), y).backward();
+    opt.step();
+    schedule.step();
+  }
+  return {w.detach(), b.detach()};
+}
+
+TEST(CapturableTest, CapturableStepsEqualThePlainOnes) {
+  const auto expect_equal = [](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(a[i].allclose(b[i], 1e-6, 1e-7)) << i;
+  };
+  expect_equal(TrainWith<Adam>(AdamOptions{.lr = 0.1, .capturable = true}, 7),
+               TrainWith<Adam>(AdamOptions{.lr = 0.1}, 7));
+  expect_equal(TrainWith<AdamW>(AdamWOptions{.lr = 0.1, .amsgrad = true, .capturable = true}, 7),
+               TrainWith<AdamW>(AdamWOptions{.lr = 0.1, .amsgrad = true}, 7));
+  expect_equal(TrainWith<SGD>(SGDOptions{.lr = 0.1, .momentum = 0.9, .capturable = true}, 7),
+               TrainWith<SGD>(SGDOptions{.lr = 0.1, .momentum = 0.9}, 7));
+  // And the learning rate really is the tensor's: a plain run at another
+  // rate differs.
+  EXPECT_FALSE(TrainWith<Adam>(AdamOptions{.lr = 0.1, .capturable = true}, 7)[0].allclose(
+      TrainWith<Adam>(AdamOptions{.lr = 0.05}, 7)[0], 1e-3, 1e-4));
+}
+
+TEST(CapturableTest, AdamsStateDictCountsTheDevicesSteps) {
+  Tensor w = ones({3}).requires_grad_();
+  Adam opt({w}, {.lr = 0.1, .capturable = true});
+  for (int s = 0; s < 3; ++s) {
+    opt.zero_grad();
+    (w * w).sum().backward();
+    opt.step();
+  }
+  OptimizerStateDict saved = opt.state_dict();
+  ASSERT_EQ(saved.state.size(), 1u);
+  Tensor step;
+  for (const auto& [k, v] : saved.state[0].values) {
+    if (k == "step") step = v;
+  }
+  ASSERT_TRUE(step.defined());
+  EXPECT_EQ(step.item<double>(), 3.0);
+  bool found = false;
+  for (const auto& [k, v] : saved.param_groups[0].options) {
+    if (k == "capturable") found = v == 1.0;
+  }
+  EXPECT_TRUE(found) << "capturable is in the group's options, as torch's";
+  Adam other({w}, {.lr = 0.1, .capturable = true});
+  ASSERT_TRUE(other.load_state_dict(saved).ok());
+  opt.zero_grad();
+  (w * w).sum().backward();
+  other.step();  // the fourth step's bias corrections
+  EXPECT_EQ(other.state_dict().state[0].values[0].second.item<double>(), 4.0);
+}
+
 }  // namespace
 }  // namespace ember::nn::optim

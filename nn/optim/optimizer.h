@@ -40,6 +40,7 @@
 
 #include "absl/status/status.h"
 #include "tensor/error.h"
+#include "tensor/factories.h"
 #include "tensor/tensor.h"
 
 namespace ember::nn::optim {
@@ -127,7 +128,12 @@ class OptimizerBase : public Optimizer {
     return groups_.at(group).params;
   }
   double lr(size_t group) const override { return groups_.at(group).options.lr; }
-  void set_lr(size_t group, double lr) override { groups_.at(group).options.lr = lr; }
+  void set_lr(size_t group, double lr) override {
+    groups_.at(group).options.lr = lr;
+    for (auto& [key, t] : lr_tensors_) {
+      if (key.first == group) t.fill_(lr);  // on the device: a captured step reads it
+    }
+  }
 
   OptimizerStateDict state_dict() const override {
     OptimizerStateDict out;
@@ -193,6 +199,18 @@ class OptimizerBase : public Optimizer {
     for (ParamGroup& g : groups) add_param_group(std::move(g.params), std::move(g.options));
   }
 
+  // The learning rate of group `g` as a float32 [1] tensor on `device`
+  // (Note [Capturable steps] in fused_kernels.h), made with the group's lr on
+  // first use and refilled by set_lr.
+  const Tensor& lr_tensor(size_t g, Device device) {
+    for (auto& [key, t] : lr_tensors_) {
+      if (key.first == g && key.second == device) return t;
+    }
+    lr_tensors_.push_back(
+        {{g, device}, full({1}, groups_.at(g).options.lr, TensorOptions(kFloat32).device(device))});
+    return lr_tensors_.back().second;
+  }
+
   // Calls fn(param, grad, state) for every parameter of group `g` that has a
   // grad, in order.
   template <typename Fn>
@@ -207,6 +225,7 @@ class OptimizerBase : public Optimizer {
  private:
   std::vector<ParamGroup> groups_;
   std::vector<std::vector<State>> state_;
+  std::vector<std::pair<std::pair<size_t, Device>, Tensor>> lr_tensors_;
 };
 
 }  // namespace ember::nn::optim

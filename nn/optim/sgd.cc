@@ -90,7 +90,8 @@ void SGD::step() {
       if (o.momentum != 0.0) bucket->buffers.push_back(state.momentum_buffer);
     });
     for (const Bucket& b : buckets) {
-      const internal::SgdStepArgs args{.lr = o.lr,
+      const internal::SgdStepArgs args{.lr_tensor = o.capturable ? lr_tensor(g, b.device) : Tensor(),
+                                       .lr = o.lr,
                                        .momentum = o.momentum,
                                        .dampening = o.dampening,
                                        .weight_decay = o.weight_decay,

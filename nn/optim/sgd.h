@@ -40,6 +40,11 @@ struct SGDOptions {
   double weight_decay = 0.0;
   bool nesterov = false;
   bool maximize = false;
+  // The learning rate read from device memory, so that a step captured in a
+  // CUDA graph follows set_lr (Note [Capturable steps] in fused_kernels.h;
+  // torch's SGD takes a tensor lr for it). A runtime choice: not in
+  // state_dict.
+  bool capturable = false;
 
   static void Validate(const SGDOptions& o);
   std::vector<std::pair<std::string, double>> ToPairs() const;
