@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cuda/device.h"
+#include "cuda/graphs.h"
 #include "distributed/testing/ranks.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -319,6 +320,71 @@ TEST(DdpCudaTest, DeviceIdsAndOutputDeviceAsTorchTakesThem) {
           for (const Tensor& p : ddp->module()->parameters()) {
             if (!p.grad().defined() || p.grad().device() != Cuda(0)) {
               return absl::InternalError("a gradient is missing or not on cuda:0");
+            }
+          }
+          return absl::OkStatus();
+        });
+      },
+      options);
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+// DDP over nccl inside a step captured into a CUDA graph (Note [Capturing a
+// graph] in cuda/graphs.h): with gradient_as_bucket_view, replays of the
+// captured step (forward, backward with its bucket all-reduces, a capturable
+// SGD step) give the parameters of the same steps run eagerly, bit for bit.
+TEST(DdpCudaTest, NcclInsideACapturedStepMatchesEagerSteps) {
+  if (cuda::device_count() < 1) {
+    GTEST_SKIP() << "needs a CUDA device: " << cuda::unavailable_reason();
+  }
+  testing::RunRanksOptions options;
+  options.backend = "nccl";
+  const absl::Status s = testing::RunRanks(
+      1,
+      [&](testing::Rank& me) {
+        return Guard([&]() -> absl::Status {
+          auto make = [&]() -> absl::StatusOr<std::shared_ptr<DistributedDataParallel>> {
+            manual_seed(3);
+            auto net = std::make_shared<Net>();
+            net->use_extra = false;
+            net->to(Cuda(0));
+            return DistributedDataParallel::create(net, {.process_group = me.group,
+                                                         .find_unused_parameters = true,
+                                                         .gradient_as_bucket_view = true});
+          };
+          EMBER_ASSIGN_OR_RETURN(auto graphed, make());
+          EMBER_ASSIGN_OR_RETURN(auto eager, make());
+          nn::optim::SGD opt(graphed->parameters(),
+                             {.lr = 0.05, .momentum = 0.9, .capturable = true});
+          nn::optim::SGD eager_opt(eager->parameters(),
+                                   {.lr = 0.05, .momentum = 0.9, .capturable = true});
+          auto step = [](DistributedDataParallel& m, nn::optim::SGD& o, const Batch& b) {
+            o.zero_grad(/*set_to_none=*/false);
+            nn::functional::cross_entropy(m(b.x), b.y).backward();
+            o.step();
+          };
+          Batch static_batch = GlobalBatch(0, Cuda(0));
+          for (int k = 0; k < 2; ++k) {  // the momentum buffers exist before the capture
+            step(*graphed, opt, GlobalBatch(k, Cuda(0)));
+            step(*eager, eager_opt, GlobalBatch(k, Cuda(0)));
+          }
+          cuda::CUDAGraph g;
+          {
+            cuda::graph capture(g);
+            step(*graphed, opt, static_batch);
+          }
+          EMBER_RETURN_IF_ERROR(cuda::capture_status_of(g));
+          for (int k = 2; k < 6; ++k) {
+            const Batch b = GlobalBatch(k, Cuda(0));
+            static_batch.x.copy_(b.x);
+            static_batch.y.copy_(b.y);
+            EMBER_RETURN_IF_ERROR(g.replay());
+            step(*eager, eager_opt, b);
+          }
+          const std::vector<Tensor> a = HostCopies(*graphed), e = HostCopies(*eager);
+          for (size_t i = 0; i < a.size(); ++i) {
+            if (!a[i].equal(e[i])) {
+              return absl::InternalError(absl::StrCat("parameter ", i, " differs from eager's"));
             }
           }
           return absl::OkStatus();
