@@ -96,6 +96,17 @@ def median_step(net, x, y, steps, warmup=WARMUP, float_loss=False):
     return statistics.median(total), statistics.median(host)
 
 
+def timed(fn, steps):
+    """Median ms of fn() followed by a device synchronisation."""
+    samples = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
 def small_add_host_us(calls=20000):
     a = torch.ones(1, device="cuda")
     out = torch.empty(1, device="cuda")
@@ -181,6 +192,65 @@ def measure():
         y = torch.randint(0, 10, (4096,), device=dev)
         figures["mlp4096_step_b4096_bf16_ms"] = median_step(net, x, y, 20, float_loss=True)[0]
 
+    def resnet_variants():
+        for mixed in (False, True):
+            torch.manual_seed(0)
+            net = resnet18(1000).to(dev).train()
+            opt = torch.optim.SGD(net.parameters(), lr=0.01)
+            x = torch.randn(64, 3, 224, 224, device=dev)
+            y = torch.randint(0, 1000, (64,), device=dev)
+
+            def step():
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mixed):
+                    loss = torch.nn.functional.cross_entropy(net(x), y)
+                loss.backward()
+                opt.step()
+
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP):
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            name = "resnet18_step_b64_" + ("autocast_bf16" if mixed else "fp32")
+            if mixed:
+                figures[name + "_ms"] = timed(step, 25)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            figures[name + "_graphed_ms"] = timed(graph.replay, 25)
+
+    def mlp4096_autocast():
+        torch.manual_seed(0)
+        net = mlp(4096, 4, 10).to(dev)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+        x = torch.randn(4096, 4096, device=dev)
+        y = torch.randint(0, 10, (4096,), device=dev)
+
+        def step():
+            opt.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+
+        for _ in range(WARMUP):
+            step()
+        figures["mlp4096_step_b4096_autocast_bf16_ms"] = timed(step, 20)
+
+    def allocator():
+        pairs = 10000
+        keep = torch.cuda.caching_allocator_alloc(1 << 20)
+        samples = []
+        for _ in range(20):
+            start = time.perf_counter()
+            for _ in range(pairs):
+                torch.cuda.caching_allocator_delete(torch.cuda.caching_allocator_alloc(1 << 20))
+            samples.append((time.perf_counter() - start) * 1e9 / pairs)
+        torch.cuda.caching_allocator_delete(keep)
+        figures["cached_alloc_free_1mib_ns"] = statistics.median(samples)
+
     def small_add():
         figures["small_add_host_us"] = small_add_host_us()
 
@@ -189,7 +259,8 @@ def measure():
             figures[f"layer_host_{layer}_us"] = layer_host_us(layer)
 
     failed = 0
-    for case in (resnet, mlp512, mlp4096, small_add, layers):
+    for case in (resnet, mlp512, mlp4096, small_add, layers, resnet_variants, mlp4096_autocast,
+                 allocator):
         try:
             case()
         except Exception as e:  # noqa: BLE001 (report and go on)
@@ -243,6 +314,18 @@ def report(ember, torch_figures):
          "mlp4096_step_b4096_bf16_ms", "mlp4096_gemms_b4096_bf16_ms", True, "<= 1.15"),
         ("4x4096 MLP step, batch 4096 bf16 (ms) vs PyTorch", "mlp4096_step_b4096_bf16_ms",
          "mlp4096_step_b4096_bf16_ms", False, ""),
+        ("ResNet-18 step b64 fp32, graphed (ms) vs PyTorch eager", "resnet18_step_b64_fp32_graphed_ms",
+         "resnet18_step_b64_fp32_ms", False, "<= 0.85"),
+        ("  vs PyTorch's torch.cuda.graphs step", "resnet18_step_b64_fp32_graphed_ms",
+         "resnet18_step_b64_fp32_graphed_ms", False, "<= 1.00"),
+        ("ResNet-18 step b64 autocast bf16 (ms) vs PyTorch's", "resnet18_step_b64_autocast_bf16_ms",
+         "resnet18_step_b64_autocast_bf16_ms", False, "<= 1.00"),
+        ("  graphed, vs PyTorch's graphed", "resnet18_step_b64_autocast_bf16_graphed_ms",
+         "resnet18_step_b64_autocast_bf16_graphed_ms", False, "<= 1.00"),
+        ("4x4096 MLP step b4096 autocast bf16 (ms) vs PyTorch's", "mlp4096_step_b4096_autocast_bf16_ms",
+         "mlp4096_step_b4096_autocast_bf16_ms", False, "<= 1.00"),
+        ("cached 1 MiB allocation + free (ns) vs PyTorch's", "cached_alloc_free_1mib_ns",
+         "cached_alloc_free_1mib_ns", False, "<= 1.00"),
     ]
     print(f"{'figure':<64} {'Ember':>10} {'baseline':>10} {'ratio':>7}  target")
     for title, mine, base, base_is_ember, target in rows:

@@ -20,6 +20,17 @@
 //                         against the same step's GEMMs alone, issued
 //                         straight to cuBLAS (cublasGemmEx, bf16 in and out,
 //                         fp32 accumulation) in the same iterations
+//   BM_ResNet18StepGraphed the ResNet-18 step captured once in a CUDA graph
+//                         (cuda/graphs.h) and replayed, against PyTorch's
+//                         torch.cuda.graph step; BM_ResNet18StepAutocast the
+//                         eager step under bfloat16 autocast, and graphed
+//                         (suffix _graphed), against torch.autocast's
+//   BM_Mlp4096AutocastStep the 4x4096 MLP in float32 parameters under
+//                         bfloat16 autocast, against torch.autocast's and
+//                         against the bfloat16 step's GEMMs
+//   BM_CachedAllocFree    one cached 1 MiB allocation and its free through the
+//                         caching allocator, against torch.cuda's
+//                         caching_allocator_alloc / caching_allocator_delete
 // A step is zero_grad, forward, cross-entropy, backward and the optimizer's
 // step, then a device synchronisation; the figures are medians over the
 // timed steps, after warm-up steps (cuDNN and cuBLAS choose their algorithms
@@ -40,7 +51,9 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "cuda/caching_allocator.h"
 #include "cuda/device.h"
+#include "cuda/graphs.h"
 #include "nn/models/resnet.h"
 #include "nn/activation.h"
 #include "nn/benchmark_mlp.h"
@@ -49,6 +62,7 @@
 #include "nn/loss.h"
 #include "nn/normalization.h"
 #include "nn/optim/sgd.h"
+#include "tensor/autocast.h"
 #include "tensor/factories.h"
 
 namespace ember::nn {
@@ -353,6 +367,131 @@ void Mlp4096Bf16Step(benchmark::State& state) {
 }
 void BM_Mlp4096Bf16Step(benchmark::State& state) { Guarded(state, &Mlp4096Bf16Step); }
 BENCHMARK(BM_Mlp4096Bf16Step)->Iterations(20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// One step with the forward under bfloat16 autocast when `mixed`.
+void MixedStep(Module& model, optim::SGD& opt, const Tensor& x, const Tensor& y, bool mixed) {
+  opt.zero_grad();
+  Tensor loss;
+  {
+    std::optional<autocast> region;
+    if (mixed) region.emplace(DeviceType::kCUDA, kBFloat16);
+    loss = functional::cross_entropy(model(x), y);
+  }
+  loss.backward();
+  opt.step();
+}
+
+// ResNet-18 b64: the eager step (autocast when `mixed`), and the same step
+// captured once and replayed (`graphed`).
+void ResNet18Variant(benchmark::State& state, bool mixed, bool graphed, const std::string& name) {
+  constexpr int64_t kBatch = 64, kImage = 224, kClasses = 1000;
+  manual_seed(0);
+  auto net = std::make_shared<nn::models::ResNet18>(nn::models::ResNetOptions{.num_classes = kClasses});
+  net->to(kGpu);
+  net->train();
+  optim::SGD opt(net->parameters(), {.lr = 0.01});
+  Tensor x = randn({kBatch, 3, kImage, kImage}).to(kGpu);
+  Tensor y = randint(0, kClasses, {kBatch}).to(kGpu);
+  for (int i = 0; i < kWarmupSteps; ++i) MixedStep(*net, opt, x, y, mixed);
+  Sync();
+  cuda::CUDAGraph g;
+  if (graphed) {
+    {
+      cuda::graph capture(g);
+      MixedStep(*net, opt, x, y, mixed);
+    }
+    if (absl::Status st = cuda::capture_status_of(g); !st.ok()) {
+      state.SkipWithError(std::string(st.message()).c_str());
+      return;
+    }
+  }
+  std::vector<double> ms, host;
+  for (auto _ : state) {
+    const double start = Now();
+    if (graphed) {
+      if (absl::Status st = g.replay(); !st.ok()) {
+        state.SkipWithError(std::string(st.message()).c_str());
+        return;
+      }
+    } else {
+      MixedStep(*net, opt, x, y, mixed);
+    }
+    host.push_back(Now() - start);
+    Sync();
+    ms.push_back(Now() - start);
+  }
+  state.counters["median_ms"] = Median(ms);
+  state.counters["host_ms"] = Median(host);
+  Figure((name + "_ms").c_str(), Median(ms));
+  Figure((name + "_host_ms").c_str(), Median(host));
+}
+void BM_ResNet18StepGraphed(benchmark::State& state) {
+  Guarded(state, [](benchmark::State& s) {
+    ResNet18Variant(s, false, true, "resnet18_step_b64_fp32_graphed");
+  });
+}
+BENCHMARK(BM_ResNet18StepGraphed)->Iterations(25)->Unit(benchmark::kMillisecond)->UseRealTime();
+void BM_ResNet18StepAutocast(benchmark::State& state) {
+  Guarded(state, [](benchmark::State& s) {
+    ResNet18Variant(s, true, false, "resnet18_step_b64_autocast_bf16");
+  });
+}
+BENCHMARK(BM_ResNet18StepAutocast)->Iterations(25)->Unit(benchmark::kMillisecond)->UseRealTime();
+void BM_ResNet18StepAutocastGraphed(benchmark::State& state) {
+  Guarded(state, [](benchmark::State& s) {
+    ResNet18Variant(s, true, true, "resnet18_step_b64_autocast_bf16_graphed");
+  });
+}
+BENCHMARK(BM_ResNet18StepAutocastGraphed)
+    ->Iterations(25)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+void Mlp4096AutocastStep(benchmark::State& state) {
+  constexpr int64_t kBatch = 4096, kWidth = 4096, kClasses = 10;
+  std::shared_ptr<Sequential> mlp = benchmark_mlp(kWidth, 4, kClasses);
+  mlp->to(kGpu);
+  optim::SGD opt(mlp->parameters(), {.lr = 0.01});
+  manual_seed(1);
+  Tensor x = randn({kBatch, kWidth}).to(kGpu);
+  Tensor y = randint(0, kClasses, {kBatch}).to(kGpu);
+  for (int i = 0; i < kWarmupSteps; ++i) MixedStep(*mlp, opt, x, y, true);
+  Sync();
+  std::vector<double> ms;
+  for (auto _ : state) {
+    const double start = Now();
+    MixedStep(*mlp, opt, x, y, true);
+    Sync();
+    ms.push_back(Now() - start);
+  }
+  state.counters["median_ms"] = Median(ms);
+  Figure("mlp4096_step_b4096_autocast_bf16_ms", Median(ms));
+}
+void BM_Mlp4096AutocastStep(benchmark::State& state) { Guarded(state, &Mlp4096AutocastStep); }
+BENCHMARK(BM_Mlp4096AutocastStep)->Iterations(20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void CachedAllocFree(benchmark::State& state) {
+  constexpr size_t kBytes = size_t{1} << 20;
+  constexpr int kPairs = 10000;
+  // The first allocation makes the segment; the pairs after it are cached.
+  (void)cuda::caching_allocator_alloc(kBytes);
+  std::vector<double> ns;
+  for (auto _ : state) {
+    const double start = Now();
+    for (int i = 0; i < kPairs; ++i) {
+      absl::StatusOr<DataPtr> p = cuda::caching_allocator_alloc(kBytes);
+      if (!p.ok()) {
+        state.SkipWithError(std::string(p.status().message()).c_str());
+        return;
+      }
+    }
+    ns.push_back((Now() - start) * 1e6 / kPairs);
+  }
+  state.counters["ns_per_pair"] = Median(ns);
+  Figure("cached_alloc_free_1mib_ns", Median(ns));
+}
+void BM_CachedAllocFree(benchmark::State& state) { Guarded(state, &CachedAllocFree); }
+BENCHMARK(BM_CachedAllocFree)->Iterations(20)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace ember::nn
