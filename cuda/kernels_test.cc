@@ -555,6 +555,15 @@ TEST(KernelsTest, MatmulsMatchTheCpuForEveryFloatingDtype) {
     ExpectSameAsCpu(
         {c, a, b}, [](const auto& in) { return ops::addmm(in[0], in[1], in[2], 0.5, 2); },
         "addmm " + what, tol);
+    // A Linear's forward: a bias on every row, the weight transposed (Note
+    // [Bias epilogue]: cuBLASLt's bias epilogue), and row-major.
+    const Tensor bias = randn({9}).to(d), w = randn({9, 17}).to(d);
+    ExpectSameAsCpu(
+        {bias, a, w}, [](const auto& in) { return ops::addmm(in[0], in[1], in[2].t(), 1, 1); },
+        "addmm with a bias row, weight transposed " + what, tol);
+    ExpectSameAsCpu(
+        {bias, a, b}, [](const auto& in) { return ops::addmm(in[0], in[1], in[2], 1, 1); },
+        "addmm with a bias row " + what, tol);
     const Tensor ba = randn({3, 8, 5}).to(d), bb = randn({3, 5, 4}).to(d);
     ExpectSameAsCpu(
         {ba, bb}, [](const auto& in) { return ops::bmm(in[0], in[1]); }, "bmm " + what, tol);

@@ -19,6 +19,7 @@
 // device's memory: every device's default stream is the same null handle,
 // so the stream alone does not tell devices apart. A thread's handles go back
 // to a per-device pool when it exits, for the next thread to reuse.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -193,6 +195,161 @@ void GemmOut(const Tensor& out_in, const Tensor& a_in, const Tensor& b_in, const
 }
 
 EMBER_REGISTER_KERNEL(gemm_out, kCUDA, &GemmOut);
+
+// Note [Bias epilogue]
+// gemm_bias_out (a Linear's forward) runs as one cuBLASLt matmul whose
+// epilogue adds the bias (CUBLASLT_EPILOGUE_BIAS), as PyTorch's addmm does,
+// instead of copying the bias into the output and accumulating onto it. In
+// cuBLASLt's column-major terms the row-major out [n, m] is D^T: D (m x n) =
+// op(b) (m x k) * op(a) (k x n) + bias (m, one per row of D). The descriptors
+// and the heuristic's algorithm are made once per shape, layout and dtype,
+// per thread and device (the host cost of a call is then one attribute set
+// and the launch); the workspace is the thread's per (device, stream), as
+// cuBLAS's.
+// Operands without a BLAS layout are made contiguous (AsBlasOperand); an
+// output or bias that is not contiguous, or a dtype cuBLASLt's bias epilogue
+// lacks here (float64), takes the composite path.
+struct LtKey {
+  int device;
+  Dtype dtype;
+  int64_t n, m, k, lda, ldb;
+  bool a_row_major, b_row_major, tf32;
+  bool operator<(const LtKey& o) const {
+    return std::tie(device, dtype, n, m, k, lda, ldb, a_row_major, b_row_major, tf32) <
+           std::tie(o.device, o.dtype, o.n, o.m, o.k, o.lda, o.ldb, o.a_row_major, o.b_row_major,
+                    o.tf32);
+  }
+};
+
+struct LtPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool ok = false;  // the heuristic found an algorithm
+};
+
+struct ThreadLt {
+  std::map<int, cublasLtHandle_t> handles;
+  std::map<LtKey, LtPlan> plans;
+  ~ThreadLt() {
+    for (auto& [key, p] : plans) {
+      if (p.desc != nullptr) (void)cublasLtMatmulDescDestroy(p.desc);
+      for (cublasLtMatrixLayout_t l : {p.a, p.b, p.d}) {
+        if (l != nullptr) (void)cublasLtMatrixLayoutDestroy(l);
+      }
+    }
+    for (auto& [device, h] : handles) (void)cublasLtDestroy(h);
+  }
+};
+
+ThreadLt& Lt() {
+  thread_local ThreadLt lt;
+  return lt;
+}
+
+// The thread's cuBLASLt workspace for (device, stream).
+void* WorkspaceFor(Device device, cudaStream_t stream) {
+  thread_local std::map<std::pair<int, cudaStream_t>, Tensor> lt_workspaces;
+  const std::pair<int, cudaStream_t> key(device.index(), stream);
+  auto ws = lt_workspaces.find(key);
+  if (ws == lt_workspaces.end()) {
+    ws = lt_workspaces.emplace(key, EmptyTensor({kWorkspaceBytes}, kUInt8, device)).first;
+  }
+  return ws->second.raw_data();
+}
+
+const LtPlan& PlanFor(const LtKey& key, cudaDataType_t type, cublasComputeType_t compute) {
+  ThreadLt& lt = Lt();
+  auto found = lt.plans.find(key);
+  if (found != lt.plans.end()) return found->second;
+  LtPlan& plan = lt.plans[key];
+  auto h = lt.handles.find(key.device);
+  if (h == lt.handles.end()) {
+    cublasLtHandle_t handle = nullptr;
+    EMBER_CHECK(cublasLtCreate(&handle) == CUBLAS_STATUS_SUCCESS, "cublasLtCreate failed");
+    h = lt.handles.emplace(key.device, handle).first;
+  }
+  if (cublasLtMatmulDescCreate(&plan.desc, compute, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
+    return plan;
+  }
+  const cublasOperation_t op_b = key.b_row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const cublasOperation_t op_a = key.a_row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  (void)cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b));
+  (void)cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a));
+  (void)cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                       sizeof(epilogue));
+  // Stored shapes: op(b) is m x k, so b is stored m x k (N) or k x m (T);
+  // op(a) is k x n, so a is stored k x n (N) or n x k (T); D is m x n.
+  const uint64_t m = key.m, n = key.n, k = key.k;
+  const bool layouts_ok =
+      cublasLtMatrixLayoutCreate(&plan.b, type, key.b_row_major ? m : k, key.b_row_major ? k : m,
+                                 key.ldb) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&plan.a, type, key.a_row_major ? k : n, key.a_row_major ? n : k,
+                                 key.lda) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&plan.d, type, m, n, m) == CUBLAS_STATUS_SUCCESS;
+  if (!layouts_ok) return plan;
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return plan;
+  const uint64_t workspace = kWorkspaceBytes;
+  (void)cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &workspace, sizeof(workspace));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found_algos = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(h->second, plan.desc, plan.b, plan.a, plan.d, plan.d, pref, 1,
+                                     &result, &found_algos);
+  (void)cublasLtMatmulPreferenceDestroy(pref);
+  if (st == CUBLAS_STATUS_SUCCESS && found_algos > 0) {
+    plan.algo = result.algo;
+    plan.ok = true;
+  }
+  return plan;
+}
+
+void GemmBiasOutCuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in,
+                     const Tensor& bias) {
+  const Dtype dtype = out.dtype();
+  internal::CheckSameDevice("gemm_bias_out", {&out, &a_in, &b_in, &bias});
+  const int64_t n = out.sizes()[0], m = out.sizes()[1], k = a_in.sizes()[1];
+  auto composite = [&] {
+    ops::copy_out(out, bias.expand(out.sizes()));
+    GemmOut(out.unsqueeze(0), a_in.unsqueeze(0), b_in.unsqueeze(0), 1, 1);
+  };
+  if (dtype == kFloat64 || k == 0 || !out.is_contiguous() || !bias.is_contiguous() ||
+      bias.dtype() != dtype) {
+    return composite();
+  }
+  DeviceGuard guard(out.device());
+  const BlasOperand a_op = AsBlasOperand(a_in.unsqueeze(0), n, k);
+  const BlasOperand b_op = AsBlasOperand(b_in.unsqueeze(0), k, m);
+  for (int64_t v : {n, m, k, a_op.layout.ld, b_op.layout.ld}) CheckFitsInt(v, a_in, b_in);
+  cudaDataType_t type = CUDA_R_32F;
+  cublasComputeType_t compute = AllowTf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  if (dtype == kFloat16) type = CUDA_R_16F;
+  if (dtype == kBFloat16) type = CUDA_R_16BF;
+  if (dtype != kFloat32) compute = CUBLAS_COMPUTE_32F;
+  const LtKey key{out.device().index(), dtype,           n,
+                  m,                    k,               a_op.layout.ld,
+                  b_op.layout.ld,       a_op.layout.row_major, b_op.layout.row_major,
+                  compute == CUBLAS_COMPUTE_32F_FAST_TF32};
+  const LtPlan& plan = PlanFor(key, type, compute);
+  if (!plan.ok) return composite();
+  cudaStream_t stream = StreamOf(out.device());
+  void* workspace = WorkspaceFor(out.device(), stream);
+  const void* bias_ptr = bias.raw_data();
+  EMBER_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                             &bias_ptr, sizeof(bias_ptr)) == CUBLAS_STATUS_SUCCESS,
+              "cublasLtMatmulDescSetAttribute(BIAS_POINTER) failed");
+  const float one = 1.0f, zero = 0.0f;
+  EMBER_CHECK(cublasLtMatmul(Lt().handles.at(key.device), plan.desc, &one, b_op.tensor.raw_data(),
+                             plan.b, a_op.tensor.raw_data(), plan.a, &zero, out.raw_data(),
+                             plan.d, out.raw_data(), plan.d, &plan.algo, workspace,
+                             kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS,
+              "cublasLtMatmul (gemm_bias_out, ", n, "x", k, " @ ", k, "x", m, ") failed");
+}
+
+EMBER_REGISTER_KERNEL(gemm_bias_out, kCUDA, &GemmBiasOutCuda);
 
 }  // namespace
 }  // namespace ember::cuda

@@ -86,6 +86,11 @@ Tensor Addmm(const Tensor& self, const Tensor& mat1, const Tensor& mat2, const S
                 beta.str(), " and alpha=", alpha.str());
   }
   Tensor out = EmptyTensor(shape, self.dtype(), self.device());
+  if (self.dim() == 1 && is_floating_point(self.dtype()) && beta.to_double() == 1.0 &&
+      alpha.to_double() == 1.0 && out.numel() > 0) {
+    ops::gemm_bias_out(out, mat1, mat2, self);  // a bias on every row
+    return out;
+  }
   // beta == 0 ignores self entirely (its NaNs included), as torch does.
   const bool use_self = beta.to_double() != 0.0;
   if (use_self && out.numel() > 0) ops::copy_out(out, self.expand(shape));
@@ -118,6 +123,13 @@ EMBER_REGISTER_KERNEL(mm, kComposite, &Mm);
 EMBER_REGISTER_KERNEL(bmm, kComposite, &Bmm);
 EMBER_REGISTER_KERNEL(addmm, kComposite, &Addmm);
 EMBER_REGISTER_KERNEL(dot, kComposite, &Dot);
+
+// The devices without a fused bias: the rows, then one GEMM with beta 1.
+void GemmBiasOut(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
+  ops::copy_out(out, bias.expand(out.sizes()));
+  ops::gemm_out(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), 1, 1);
+}
+EMBER_REGISTER_KERNEL(gemm_bias_out, kComposite, &GemmBiasOut);
 
 }  // namespace
 }  // namespace ember
