@@ -145,18 +145,35 @@ class GraphApi {
   bool was_;
 };
 
+// ResNet-18 with 1000 classes on cuda:0 in training mode, SGD lr 0.01, and
+// a batch of 64 3x224x224 images: every ResNet-18 case's setup.
+struct ResNet18Setup {
+  std::shared_ptr<nn::models::ResNet18> net;
+  std::unique_ptr<optim::SGD> opt;
+  Tensor x, y;
+};
+ResNet18Setup MakeResNet18() {
+  constexpr int64_t kBatch = 64, kImage = 224, kClasses = 1000;
+  manual_seed(0);
+  ResNet18Setup s;
+  s.net = std::make_shared<nn::models::ResNet18>(nn::models::ResNetOptions{.num_classes = kClasses});
+  s.net->to(kGpu);
+  s.net->train();
+  s.opt = std::make_unique<optim::SGD>(s.net->parameters(), optim::SGDOptions{.lr = 0.01});
+  s.x = randn({kBatch, 3, kImage, kImage}).to(kGpu);
+  s.y = randint(0, kClasses, {kBatch}).to(kGpu);
+  return s;
+}
+
 // `graph`: conv2d through cuDNN's graph API; its figures end in _graph.
 void ResNet18Step(benchmark::State& state, bool graph) {
   GraphApi api(graph);
   const std::string suffix = graph ? "_graph" : "";
-  constexpr int64_t kBatch = 64, kImage = 224, kClasses = 1000;
-  manual_seed(0);
-  auto net = std::make_shared<nn::models::ResNet18>(nn::models::ResNetOptions{.num_classes = kClasses});
-  net->to(kGpu);
-  net->train();
-  optim::SGD opt(net->parameters(), {.lr = 0.01});
-  Tensor x = randn({kBatch, 3, kImage, kImage}).to(kGpu);
-  Tensor y = randint(0, kClasses, {kBatch}).to(kGpu);
+  ResNet18Setup setup = MakeResNet18();
+  auto& net = setup.net;
+  optim::SGD& opt = *setup.opt;
+  const Tensor& x = setup.x;
+  const Tensor& y = setup.y;
   for (int i = 0; i < kWarmupSteps; ++i) Step(*net, opt, x, y, false);
   std::vector<double> ms, host, forward, backward;
   for (auto _ : state) {
@@ -384,14 +401,11 @@ void MixedStep(Module& model, optim::SGD& opt, const Tensor& x, const Tensor& y,
 // ResNet-18 b64: the eager step (autocast when `mixed`), and the same step
 // captured once and replayed (`graphed`).
 void ResNet18Variant(benchmark::State& state, bool mixed, bool graphed, const std::string& name) {
-  constexpr int64_t kBatch = 64, kImage = 224, kClasses = 1000;
-  manual_seed(0);
-  auto net = std::make_shared<nn::models::ResNet18>(nn::models::ResNetOptions{.num_classes = kClasses});
-  net->to(kGpu);
-  net->train();
-  optim::SGD opt(net->parameters(), {.lr = 0.01});
-  Tensor x = randn({kBatch, 3, kImage, kImage}).to(kGpu);
-  Tensor y = randint(0, kClasses, {kBatch}).to(kGpu);
+  ResNet18Setup setup = MakeResNet18();
+  auto& net = setup.net;
+  optim::SGD& opt = *setup.opt;
+  const Tensor& x = setup.x;
+  const Tensor& y = setup.y;
   for (int i = 0; i < kWarmupSteps; ++i) MixedStep(*net, opt, x, y, mixed);
   Sync();
   cuda::CUDAGraph g;
