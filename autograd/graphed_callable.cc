@@ -8,8 +8,6 @@
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
-#include "cuda/device.h"
-#include "cuda/stream.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
@@ -149,12 +147,7 @@ absl::StatusOr<TensorFunction> make_graphed_callable(TensorFunction fn,
     if (needs_grad) s.differentiable_inputs.push_back(i);
   }
   DeviceGuard device_guard(*device);
-  const int index = device->index();
-  EMBER_ASSIGN_OR_RETURN(cuda::Stream caller, cuda::current_stream(index));
-  EMBER_ASSIGN_OR_RETURN(cuda::Stream side, cuda::get_stream_from_pool(false, index));
-  EMBER_RETURN_IF_ERROR(side.wait_stream(caller));
-  {
-    StreamGuard on_side(side);
+  EMBER_RETURN_IF_ERROR(cuda::run_on_side_stream(*device, [&] {
     for (int k = 0; k < options.num_warmup_iters; ++k) {
       s.static_outputs = fn(s.static_inputs);
       s.differentiable_outputs.clear();
@@ -167,8 +160,7 @@ absl::StatusOr<TensorFunction> make_graphed_callable(TensorFunction fn,
       }
       if (!s.differentiable_outputs.empty()) (void)Gradients(s);
     }
-  }
-  EMBER_RETURN_IF_ERROR(caller.wait_stream(side));
+  }));
   const cuda::MempoolId pool = options.pool.value_or(cuda::graph_pool_handle());
   {
     cuda::graph capture(s.forward, pool);

@@ -222,6 +222,20 @@ absl::StatusOr<size_t> CUDAGraph::num_nodes() const {
 
 absl::Status capture_status_of(const CUDAGraph& g) { return g.state_->status; }
 
+absl::Status run_on_side_stream(Device device, const std::function<void()>& fn) {
+  EMBER_RETURN_IF_ERROR(internal::CheckAvailable("cuda::run_on_side_stream"));
+  const int index = device.has_index() ? device.index() : current_device();
+  DeviceGuard device_guard(Device(DeviceType::kCUDA, index));
+  EMBER_ASSIGN_OR_RETURN(Stream caller, current_stream(index));
+  EMBER_ASSIGN_OR_RETURN(Stream side, get_stream_from_pool(false, index));
+  EMBER_RETURN_IF_ERROR(side.wait_stream(caller));
+  {
+    StreamGuard on_side(side);
+    fn();
+  }
+  return caller.wait_stream(side);
+}
+
 graph::graph(CUDAGraph& g, std::optional<MempoolId> pool, std::optional<ember::Stream> stream,
              CaptureErrorMode mode)
     : graph_(g) {

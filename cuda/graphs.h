@@ -61,6 +61,7 @@
 #define EMBER_CUDA_GRAPHS_H_
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -130,6 +131,14 @@ class graph {
 // What the last capture of `g` came to: OK once it ended well, else why
 // (also what replay() refuses with).
 absl::Status capture_status_of(const CUDAGraph& g);
+
+// Runs `fn` with a stream of `device`'s pool current, that stream first made
+// to wait for the current stream's work and the current stream then made to
+// wait for its work: the warm-up before a capture that torch's
+// make_graphed_callables runs (lazy initialisation and first allocations
+// happen there, apart from the caller's stream). FailedPrecondition without
+// a usable device; what fn throws propagates.
+absl::Status run_on_side_stream(Device device, const std::function<void()>& fn);
 
 namespace internal {
 // For a random-number kernel launched while capture `capture_id` is

@@ -41,6 +41,10 @@ absl::StatusOr<size_t> CUDAGraph::num_nodes() const {
 
 absl::Status capture_status_of(const CUDAGraph& g) { return g.state_->status; }
 
+absl::Status run_on_side_stream(Device, const std::function<void()>&) {
+  return internal::CheckAvailable("cuda::run_on_side_stream");
+}
+
 graph::graph(CUDAGraph& g, std::optional<MempoolId>, std::optional<ember::Stream>,
              CaptureErrorMode)
     : graph_(g) {
