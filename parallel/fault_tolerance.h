@@ -34,7 +34,8 @@
 // Note [Steps that commit]
 // current_step() counts committed steps; a step is identified by it, so
 // the batch a participant trains should be a function of (current_step(),
-// participant_rank(), num_participants()): then every committed step
+// participant_rank(), num_participants()), as parallel/quorum_data_loader.h
+// makes it for a dataset: then every committed step
 // trains each sample of its batch exactly once, whatever the failures, and
 // a run with failures equals one without them that had the same quorums.
 // start_quorum() joins the lighthouse's quorum with this group's step and

@@ -10,7 +10,11 @@
 // the whole batch of every step (within 1e-6 relative: the average of the
 // participants' mean losses is the batch's mean loss when the rows split
 // evenly), the broken step must have been discarded, and the replacement
-// must have recovered. Over gloo and tcp. The parent never
+// must have recovered. Over gloo and tcp. In the "+loader" cases the batches
+// come from a QuorumDataLoader over a dataset of kEpochRows rows (shuffled,
+// two epochs in kSteps), each replica logs the dataset indices of its
+// committed shares, and the logs must hold every row of each epoch exactly
+// once; the one process trains the logged batches. The parent never
 // touches gRPC (it does not survive fork); each process starts its own.
 #include "parallel/fault_tolerance.h"
 
@@ -28,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "distributed/elastic/lighthouse.h"
@@ -39,6 +44,8 @@
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
+#include "data/dataset.h"
+#include "parallel/quorum_data_loader.h"
 #include "parallel/rank_testing.h"
 #include "serialization/serialization.h"
 #include "tensor/factories.h"
@@ -59,6 +66,7 @@ constexpr int64_t kSteps = 16;
 constexpr int64_t kRejoinAt = 10;  // the survivors wait here for the replacement
 constexpr int64_t kKillAt = 4;
 constexpr int64_t kRows = 12;
+constexpr int64_t kEpochRows = kRows * kSteps / 2;
 
 std::shared_ptr<nn::Sequential> MakeModel(uint64_t seed) {
   manual_seed(seed);
@@ -76,6 +84,20 @@ std::pair<Tensor, Tensor> Batch(int64_t step) {
   Generator gen(100 + step);
   Tensor x = randn({kRows, 8}, {}, &gen);
   return {x, x.matmul(w).argmax(1)};
+}
+
+// The loader cases' dataset: kEpochRows rows and their labels.
+std::pair<Tensor, Tensor> Rows() {
+  Generator teacher(7);
+  const Tensor w = randn({8, 4}, {}, &teacher);
+  Generator gen(99);
+  Tensor x = randn({kEpochRows, 8}, {}, &gen);
+  return {x, x.matmul(w).argmax(1)};
+}
+
+bool WithLoader(const std::string& param) { return absl::EndsWith(param, "+loader"); }
+std::string BackendOf(const std::string& param) {
+  return param.substr(0, param.find('+'));
 }
 
 std::string ReadFile(const std::string& path) {
@@ -115,8 +137,9 @@ absl::Status AwaitFile(const std::string& dir, const std::string& name) {
 // stop at kRejoinAt until the replacement is alive ("r2_back"); "r1" says
 // when it got there ("reached"). Writes the final parameters and counters to
 // <dir>/<id>.pt.
-absl::Status Replica(const std::string& dir, const std::string& id, const std::string& backend,
+absl::Status Replica(const std::string& dir, const std::string& id, const std::string& param,
                      uint64_t seed, int64_t die_at) {
+  const std::string backend = BackendOf(param);
   EMBER_ASSIGN_OR_RETURN(std::string lighthouse, LighthouseAddress(dir));
   auto model = MakeModel(seed);
   nn::optim::SGD opt(model->parameters(), Sgd());
@@ -126,6 +149,15 @@ absl::Status Replica(const std::string& dir, const std::string& id, const std::s
                                                    .backend = backend,
                                                    .timeout = absl::Seconds(10),
                                                    .quorum_timeout = absl::Seconds(30)}));
+  std::unique_ptr<QuorumDataLoader> loader;
+  if (WithLoader(param)) {
+    const auto [rx, ry] = Rows();
+    EMBER_ASSIGN_OR_RETURN(
+        loader, QuorumDataLoader::create(
+                    std::make_shared<data::TensorDataset>(std::vector<Tensor>{rx, ry}), ft.get(),
+                    {.global_batch_size = kRows, .seed = 5}));
+  }
+  std::ofstream log(absl::StrCat(dir, "/", id, ".log"), std::ios::app);
   const bool replacement = id == "r2" && die_at < 0;
   if (replacement) {
     WriteFile(dir + "/r2_back", "1");
@@ -145,16 +177,31 @@ absl::Status Replica(const std::string& dir, const std::string& id, const std::s
       ft->should_commit();           // fails; the next quorum makes a new group
       continue;
     }
-    const auto [x, y] = Batch(ft->current_step());
     const int64_t n = ft->num_participants();
     const int64_t r = ft->participant_rank();
+    Tensor x, y;
+    if (loader != nullptr) {
+      EMBER_ASSIGN_OR_RETURN(data::Sample batch, loader->next());
+      EMBER_ASSIGN_OR_RETURN(x, batch.list()[0].as<Tensor>());
+      EMBER_ASSIGN_OR_RETURN(y, batch.list()[1].as<Tensor>());
+    } else {
+      const auto [bx, by] = Batch(ft->current_step());
+      x = bx.narrow(0, r * kRows / n, kRows / n);
+      y = by.narrow(0, r * kRows / n, kRows / n);
+    }
     opt.zero_grad();
-    nn::functional::cross_entropy((*model)(x.narrow(0, r * kRows / n, kRows / n)),
-                                  y.narrow(0, r * kRows / n, kRows / n))
-        .backward();
+    nn::functional::cross_entropy((*model)(x), y).backward();
     if (die_at >= 0 && ft->current_step() >= die_at) ::raise(SIGKILL);
     ft->allreduce_gradients().IgnoreError();  // recorded; should_commit sees it
-    if (ft->should_commit()) opt.step();
+    const int64_t step = ft->current_step();
+    if (ft->should_commit()) {
+      opt.step();
+      if (loader != nullptr) {
+        log << step;
+        for (int64_t i : loader->last_indices()) log << " " << i;
+        log << std::endl;
+      }
+    }
   }
   StateDict out = model->state_dict();
   out.push_back({"recoveries", tensor<int64_t>({ft->recoveries()})});
@@ -183,11 +230,55 @@ absl::Status Lighthouse(const std::string& dir) {
 
 // Every replica's final parameters against one process training the whole
 // batch of every step; the counters of the survivors and the replacement.
-absl::Status CompareWithOneProcess(const std::string& dir) {
+// The loader cases: the rows every replica logged for each committed step;
+// each epoch's steps must hold each row once.
+absl::StatusOr<std::vector<std::vector<int64_t>>> LoggedBatches(const std::string& dir) {
+  std::vector<std::vector<int64_t>> steps(kSteps);
+  for (int i = 1; i <= kReplicas; ++i) {
+    std::ifstream in(absl::StrCat(dir, "/r", i, ".log"));
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream words(line);
+      int64_t step = -1, index = 0;
+      words >> step;
+      if (step < 0 || step >= kSteps) return absl::InternalError("bad log line: " + line);
+      while (words >> index) steps[step].push_back(index);
+    }
+  }
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int> seen(kEpochRows, 0);
+    for (int64_t s = epoch * kSteps / 2; s < (epoch + 1) * kSteps / 2; ++s) {
+      if (static_cast<int64_t>(steps[s].size()) != kRows) {
+        return absl::InternalError(absl::StrCat("committed step ", s, " trained ",
+                                                steps[s].size(), " rows, not ", kRows));
+      }
+      for (int64_t i : steps[s]) ++seen[i];
+    }
+    for (int64_t i = 0; i < kEpochRows; ++i) {
+      if (seen[i] != 1) {
+        return absl::InternalError(
+            absl::StrCat("row ", i, " was trained ", seen[i], " times in epoch ", epoch));
+      }
+    }
+  }
+  return steps;
+}
+
+absl::Status CompareWithOneProcess(const std::string& dir, bool with_loader) {
   auto whole = MakeModel(0);
   nn::optim::SGD opt(whole->parameters(), Sgd());
+  std::vector<std::vector<int64_t>> logged;
+  if (with_loader) {
+    EMBER_ASSIGN_OR_RETURN(logged, LoggedBatches(dir));
+  }
+  const auto [rx, ry] = Rows();
   for (int64_t s = 0; s < kSteps; ++s) {
-    const auto [x, y] = Batch(s);
+    auto [x, y] = Batch(s);
+    if (with_loader) {
+      const Tensor index = tensor<int64_t>(logged[s]);
+      x = rx.index_select(0, index);
+      y = ry.index_select(0, index);
+    }
     opt.zero_grad();
     nn::functional::cross_entropy((*whole)(x), y).backward();
     opt.step();
@@ -224,10 +315,10 @@ absl::Status CompareWithOneProcess(const std::string& dir) {
 }
 
 // Rank 2: the first r2 in a child that dies at kKillAt, then a replacement.
-absl::Status KilledAndReplaced(const std::string& dir, const std::string& backend) {
+absl::Status KilledAndReplaced(const std::string& dir, const std::string& param) {
   const pid_t child = fork();
   if (child == 0) {
-    const absl::Status s = Replica(dir, "r2", backend, /*seed=*/0, kKillAt);
+    const absl::Status s = Replica(dir, "r2", param, /*seed=*/0, kKillAt);
     _exit(s.ok() ? 3 : 4);  // should not get here: it kills itself
   }
   int status = 0;
@@ -237,13 +328,13 @@ absl::Status KilledAndReplaced(const std::string& dir, const std::string& backen
   // Once the survivors went on without r2 (its heartbeat expired after
   // 500 ms) up to kRejoinAt, so some steps committed with 2 participants.
   EMBER_RETURN_IF_ERROR(AwaitFile(dir, "reached"));
-  return Replica(dir, "r2", backend, /*seed=*/555, /*die_at=*/-1);
+  return Replica(dir, "r2", param, /*seed=*/555, /*die_at=*/-1);
 }
 
 class FaultToleranceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FaultToleranceTest, AKilledReplicaIsReplacedAndTrainingEqualsOneProcess) {
-  const std::string backend = GetParam();
+  const std::string param = GetParam();
   RunRanksOptions options;
   options.make_group = false;
   const std::vector<ProcessResult> results = RunRankProcesses(
@@ -252,10 +343,10 @@ TEST_P(FaultToleranceTest, AKilledReplicaIsReplacedAndTrainingEqualsOneProcess) 
         return rank_testing::Guard([&]() -> absl::Status {
           if (me.rank == 0) {
             EMBER_RETURN_IF_ERROR(Lighthouse(me.temp_dir));
-            return CompareWithOneProcess(me.temp_dir);
+            return CompareWithOneProcess(me.temp_dir, WithLoader(param));
           }
-          if (me.rank == 2) return KilledAndReplaced(me.temp_dir, backend);
-          return Replica(me.temp_dir, absl::StrCat("r", me.rank), backend, /*seed=*/0, -1);
+          if (me.rank == 2) return KilledAndReplaced(me.temp_dir, param);
+          return Replica(me.temp_dir, absl::StrCat("r", me.rank), param, /*seed=*/0, -1);
         });
       },
       options, absl::Seconds(120));
@@ -266,7 +357,13 @@ TEST_P(FaultToleranceTest, AKilledReplicaIsReplacedAndTrainingEqualsOneProcess) 
   std::cout << results[0].output;
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, FaultToleranceTest, ::testing::Values("gloo", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Backends, FaultToleranceTest, ::testing::Values("gloo", "tcp", "gloo+loader",
+                                                                "tcp+loader"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '+', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace ember::parallel

@@ -36,6 +36,7 @@ LAYERS = {
         "autograd",
         "multiprocessing",
         "distributed",
+        "data",
         "nn",
     ],
 }
