@@ -127,6 +127,16 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::create(std::shared_ptr<nn::Mod
                                                                 .timeout = options.timeout}));
   m->address_ = absl::StrCat(options.host, ":", m->own_store_->port());
   EMBER_ASSIGN_OR_RETURN(m->lighthouse_, elastic::LighthouseClient::create(options.lighthouse));
+  // The first beat before returning: a quorum decided after create() counts
+  // this group alive and waits (its join timeout) for it to ask.
+  if (absl::Status s = m->lighthouse_->heartbeat(options.replica_id, options.timeout,
+                                                 /*wait_for_ready=*/true);
+      !s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "Manager: the lighthouse at ", options.lighthouse, " did not answer within ",
+        absl::FormatDuration(options.timeout), " (", s.message(),
+        "); start tools/lighthouse there, or fix ManagerOptions.lighthouse / TORCHFT_LIGHTHOUSE"));
+  }
   Manager* self = m.get();
   m->heartbeat_ = std::thread([self] {
     do {

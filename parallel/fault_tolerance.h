@@ -53,8 +53,10 @@
 // caller must discard the step (zero_grad without stepping), and the next
 // start_quorum makes a new group.
 //
-// A heartbeat thread keeps the group known to the lighthouse every
-// heartbeat_interval. Errors: create() and start_quorum() return
+// create() returns once the lighthouse has heard this group (its first
+// heartbeat, waited for up to `timeout`), so a quorum decided after it
+// returns waits for the group to ask; a heartbeat thread then keeps the
+// group known every heartbeat_interval. Errors: create() and start_quorum() return
 // absl::Status (the lighthouse's and the backend's; InvalidArgument for bad
 // options, named). Thread-safety: one thread drives a Manager.
 #ifndef EMBER_PARALLEL_FAULT_TOLERANCE_H_

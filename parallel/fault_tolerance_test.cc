@@ -216,7 +216,7 @@ absl::Status Lighthouse(const std::string& dir) {
                          elastic::LighthouseServer::create({.min_replicas = 2,
                                                             .join_timeout = absl::Seconds(5),
                                                             .heartbeat_timeout =
-                                                                absl::Milliseconds(500)}));
+                                                                absl::Seconds(1)}));
   WriteFile(dir + "/lighthouse", server->address());
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
   for (;;) {
@@ -326,7 +326,7 @@ absl::Status KilledAndReplaced(const std::string& dir, const std::string& param)
     return absl::InternalError(absl::StrCat("the first r2 was not killed (status ", status, ")"));
   }
   // Once the survivors went on without r2 (its heartbeat expired after
-  // 500 ms) up to kRejoinAt, so some steps committed with 2 participants.
+  // 1 s) up to kRejoinAt, so some steps committed with 2 participants.
   EMBER_RETURN_IF_ERROR(AwaitFile(dir, "reached"));
   return Replica(dir, "r2", param, /*seed=*/555, /*die_at=*/-1);
 }

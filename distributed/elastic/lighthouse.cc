@@ -16,15 +16,6 @@ namespace {
 
 namespace pb = ::ember::distributed::elastic::proto;
 
-// The wait of a pending request: over once a quorum was decided or the
-// server stops.
-struct Waiter {
-  const int64_t* generation;
-  int64_t mine;
-  const bool* stopping;
-  static bool Done(Waiter* w) { return *w->generation != w->mine || *w->stopping; }
-};
-
 absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
   if (s.ok()) return absl::OkStatus();
   const std::string message = absl::StrCat(what, ": ", s.error_message());
@@ -70,26 +61,63 @@ struct LighthouseServer::Impl final : pb::Lighthouse::Service {
   int64_t quorum_id ABSL_GUARDED_BY(mu) = 0;
   elastic::Quorum decided ABSL_GUARDED_BY(mu);
   bool stopping ABSL_GUARDED_BY(mu) = false;
+  // Re-checks the timeouts (join, heartbeats, deadlines)
+  // every kTick for all pending requests at once; the requests themselves
+  // only wait for their answer, so a tick costs one pass over the pending
+  // set however many there are.
+  std::thread ticker;
+  static constexpr absl::Duration kTick = absl::Milliseconds(5);
 
-  // Decides the pending quorum when Note [Forming a quorum] says so.
-  void MaybeDecide(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    // A request whose caller gave up is no member: drop it before counting.
+  void Tick() {
+    absl::MutexLock lock(&mu);
+    while (!mu.AwaitWithTimeout(absl::Condition(&stopping), kTick)) MaybeDecide(absl::Now());
+  }
+
+  // The wait of one pending request: over once a quorum was decided, the
+  // request left the pending set (its deadline, its caller gone, or a newer
+  // request of the same group), or the server stops.
+  struct Waiter {
+    Impl* impl;
+    const std::string* id;
+    int64_t token;
+    int64_t generation;
+    static bool Done(Waiter* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // called under mu
+      if (w->impl->generation != w->generation || w->impl->stopping) return true;
+      auto it = w->impl->pending.find(*w->id);
+      return it == w->impl->pending.end() || it->second.token != w->token;
+    }
+  };
+
+  // Whether Note [Forming a quorum] decides the pending set now.
+  bool Ready(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (static_cast<int>(pending.size()) < options.min_replicas) return false;
+    if (now - first_pending >= options.join_timeout) return true;
+    for (const auto& [id, seen] : last_seen) {
+      if (now - seen <= options.heartbeat_timeout && pending.count(id) == 0) return false;
+    }
+    return true;  // every group alive is pending
+  }
+
+  // Drops the requests whose deadline passed, and with `cancelled` those
+  // whose caller gave up (asking gRPC polls, so it is done once per
+  // decision rather than per request or tick).
+  void DropGone(absl::Time now, bool cancelled) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (auto it = pending.begin(); it != pending.end();) {
-      if (it->second.deadline <= now || it->second.context->IsCancelled()) {
+      if (it->second.deadline <= now || (cancelled && it->second.context->IsCancelled())) {
         it = pending.erase(it);
       } else {
         ++it;
       }
     }
-    if (static_cast<int>(pending.size()) < options.min_replicas) return;
-    bool all_alive_pending = true;
-    for (const auto& [id, seen] : last_seen) {
-      if (now - seen <= options.heartbeat_timeout && pending.count(id) == 0) {
-        all_alive_pending = false;
-        break;
-      }
-    }
-    if (!all_alive_pending && now - first_pending < options.join_timeout) return;
+  }
+
+  // Decides the pending quorum when Note [Forming a quorum] says so. A
+  // request whose caller gave up is no member.
+  void MaybeDecide(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    DropGone(now, /*cancelled=*/false);
+    if (!Ready(now)) return;
+    DropGone(now, /*cancelled=*/true);
+    if (!Ready(now)) return;
     elastic::Quorum q;
     std::set<std::string> ids;
     for (const auto& [id, p] : pending) {
@@ -123,17 +151,11 @@ struct LighthouseServer::Impl final : pb::Lighthouse::Service {
                                .token = token};
     const int64_t mine = generation;  // decided when generation moves past it
     MaybeDecide(now);
-    while (generation == mine && !stopping) {
-      auto it = pending.find(m.replica_id());
-      if (it == pending.end() || it->second.token != token) {  // dropped, or superseded
-        return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                            absl::StrCat("no quorum with ", m.replica_id(), " decided in time"));
-      }
-      // Wake on a decision, or to re-check the timeouts (join, heartbeats,
-      // the deadline).
-      Waiter waiter{&generation, mine, &stopping};
-      mu.AwaitWithTimeout(absl::Condition(&Waiter::Done, &waiter), absl::Milliseconds(5));
-      MaybeDecide(absl::Now());
+    Waiter waiter{this, &m.replica_id(), token, mine};
+    mu.Await(absl::Condition(&Waiter::Done, &waiter));
+    if (generation == mine && !stopping) {  // dropped, or superseded
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("no quorum with ", m.replica_id(), " decided in time"));
     }
     if (generation == mine) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the lighthouse is stopping");
@@ -166,6 +188,7 @@ LighthouseServer::~LighthouseServer() {
     impl_->stopping = true;
   }
   impl_->server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  impl_->ticker.join();
 }
 
 absl::StatusOr<std::unique_ptr<LighthouseServer>> LighthouseServer::create(
@@ -196,6 +219,7 @@ absl::StatusOr<std::unique_ptr<LighthouseServer>> LighthouseServer::create(
   }
   const std::string host = options.bind.substr(0, options.bind.rfind(':'));
   impl->address = absl::StrCat(host, ":", port);
+  impl->ticker = std::thread([p = impl.get()] { p->Tick(); });
   return std::unique_ptr<LighthouseServer>(new LighthouseServer(std::move(impl)));
 }
 
@@ -254,9 +278,11 @@ absl::StatusOr<Quorum> LighthouseClient::quorum(const QuorumMember& me, absl::Du
   return q;
 }
 
-absl::Status LighthouseClient::heartbeat(const std::string& replica_id, absl::Duration timeout) {
+absl::Status LighthouseClient::heartbeat(const std::string& replica_id, absl::Duration timeout,
+                                        bool wait_for_ready) {
   grpc::ClientContext context;
   context.set_deadline(Deadline(timeout));
+  context.set_wait_for_ready(wait_for_ready);
   pb::HeartbeatRequest request;
   request.set_replica_id(replica_id);
   pb::HeartbeatResponse response;

@@ -105,7 +105,11 @@ class LighthouseClient {
 
   // Joins the pending quorum; blocks until it is decided or `timeout`.
   absl::StatusOr<Quorum> quorum(const QuorumMember& me, absl::Duration timeout);
-  absl::Status heartbeat(const std::string& replica_id, absl::Duration timeout);
+  // Tells the lighthouse `replica_id` is alive. `wait_for_ready`: a
+  // lighthouse not yet reachable is waited for (up to `timeout`) instead of
+  // failing at once.
+  absl::Status heartbeat(const std::string& replica_id, absl::Duration timeout,
+                         bool wait_for_ready = false);
 
   struct Impl;
 

@@ -1,7 +1,8 @@
 // The lighthouse on loopback with its clients on threads: quorums of every
 // group that is alive, the same quorum_id while the members stay, a group
 // that stops heartbeating left out, a late one left out after join_timeout,
-// requests that time out, 200 groups at once, and the errors.
+// requests that time out, a request whose caller went away left out, 1000
+// groups at once, and the errors.
 #include "distributed/elastic/lighthouse.h"
 
 #include <memory>
@@ -11,7 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "distributed/elastic/lighthouse.grpc.pb.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
 namespace ember::distributed::elastic {
@@ -105,6 +108,34 @@ TEST(LighthouseTest, ALiveButLateGroupIsLeftOutAfterTheJoinTimeout) {
   EXPECT_THAT(Ids(*q[0]), ::testing::ElementsAre("a", "b"));
 }
 
+// A caller that went away (its process died: gRPC cancels the call) while
+// its request was pending is no member, though its last request keeps it
+// "alive" for heartbeat_timeout.
+TEST(LighthouseTest, ARequestWhoseCallerWentAwayIsLeftOut) {
+  auto server = LighthouseServer::create({.min_replicas = 2,
+                                          .join_timeout = absl::Seconds(60),
+                                          .heartbeat_timeout = absl::Milliseconds(300)});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = proto::Lighthouse::NewStub(
+      grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext gone;
+  gone.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  std::thread asker([&] {
+    proto::QuorumRequest request;
+    request.mutable_member()->set_replica_id("gone");
+    proto::QuorumResponse response;
+    EXPECT_EQ(stub->Quorum(&gone, request, &response).error_code(), grpc::StatusCode::CANCELLED);
+  });
+  absl::SleepFor(absl::Milliseconds(200));  // "gone" is pending
+  gone.TryCancel();
+  asker.join();
+  std::vector<absl::StatusOr<Quorum>> q = AskTogether((*server)->address(), {"a", "b"});
+  ASSERT_TRUE(q[0].ok()) << q[0].status();
+  EXPECT_THAT(Ids(*q[0]), ::testing::ElementsAre("a", "b"));
+  ASSERT_TRUE(q[1].ok()) << q[1].status();
+  EXPECT_THAT(Ids(*q[1]), ::testing::ElementsAre("a", "b"));
+}
+
 TEST(LighthouseTest, TooFewGroupsTimeOutAndLeaveNothingPending) {
   auto server = LighthouseServer::create({.min_replicas = 2});
   ASSERT_TRUE(server.ok()) << server.status();
@@ -118,16 +149,16 @@ TEST(LighthouseTest, TooFewGroupsTimeOutAndLeaveNothingPending) {
   EXPECT_THAT(Ids(*pair[0]), ::testing::ElementsAre("b", "c"));
 }
 
-TEST(LighthouseTest, TwoHundredGroupsAtOnce) {
-  auto server = LighthouseServer::create({.min_replicas = 200, .join_timeout = absl::Seconds(60)});
+TEST(LighthouseTest, AThousandGroupsAtOnce) {
+  auto server = LighthouseServer::create({.min_replicas = 1000, .join_timeout = absl::Seconds(60)});
   ASSERT_TRUE(server.ok()) << server.status();
   std::vector<std::string> ids;
-  for (int i = 0; i < 200; ++i) ids.push_back(absl::StrCat("r", 1000 + i));
+  for (int i = 0; i < 1000; ++i) ids.push_back(absl::StrCat("r", 1000 + i));
   std::vector<absl::StatusOr<Quorum>> q = AskTogether((*server)->address(), ids, absl::Seconds(60));
   for (const auto& one : q) {
     ASSERT_TRUE(one.ok()) << one.status();
-    EXPECT_EQ(one->members.size(), 200u);
-    EXPECT_EQ(one->max_step, 199);
+    EXPECT_EQ(one->members.size(), 1000u);
+    EXPECT_EQ(one->max_step, 999);
   }
 }
 
