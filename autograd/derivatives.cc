@@ -10,7 +10,8 @@
 // - Recorded here: every view op, copy_/fill_, unary, binary, where, clamp,
 //   masked_fill_, masked_select, index_select, cat, reduce, std, norm,
 //   max_dim/min_dim, softmax/log_softmax, mm, bmm, addmm, dot, and the
-//   in-place forms (through Note [In-place rules]).
+//   in-place forms (through Note [In-place rules]). addmm's backward with a
+//   bias row runs the fused gemm_bias_grad_out when not under create_graph.
 // - var has no autograd kernel: its composite kernel is written in recorded
 //   ops (mean, sub, mul, sum), so it is differentiated through them. The same
 //   holds for the Tensor methods composed in tensor.cc (matmul, outer,
@@ -1085,9 +1086,24 @@ Tensor AddmmAutograd(const Tensor& self, const Tensor& mat1, const Tensor& mat2,
     out = ops::addmm(self, mat1, mat2, beta, alpha);
   }
   if (!ShouldRecord(self, mat1, mat2)) return out;
+  // A Linear's backward (a bias row, beta = alpha = 1): the weight's and the
+  // bias's gradients in one gemm_bias_grad_out, outside create_graph (the
+  // fused op is not recorded; under create_graph the formula below is).
+  const bool bias_row = self.dim() == 1 && beta.to_double() == 1.0 && alpha.to_double() == 1.0 &&
+                        is_floating_point(self.dtype());
   auto node = Formula(
-      "AddmmBackward", [beta, alpha](const variable_list& saved, const variable_list& grads) {
+      "AddmmBackward",
+      [beta, alpha, bias_row](const variable_list& saved, const variable_list& grads) {
         const Tensor& g = grads[0];
+        if (bias_row && saved[0].defined() && !GradMode::is_enabled() && g.numel() > 0) {
+          const Tensor& mat1 = saved[0];
+          Tensor g2 = empty({mat1.sizes()[1], g.sizes()[1]},
+                            TensorOptions().dtype(g.dtype()).device(g.device()));
+          Tensor g_bias = empty({g.sizes()[1]}, TensorOptions().dtype(g.dtype()).device(g.device()));
+          ops::gemm_bias_grad_out(g2, g_bias, mat1.t(), g);
+          Tensor g1 = saved[1].defined() ? g.mm(saved[1].t()) : Tensor();
+          return variable_list{g_bias, g1, g2};
+        }
         const bool beta_zero = beta.to_double() == 0.0;
         const bool alpha_one = alpha.to_double() == 1.0;
         Tensor g_self = beta_zero ? Tensor() : (beta.to_double() == 1.0 ? g : g * beta);

@@ -222,6 +222,26 @@ TEST(SubgradientTest, StdAndNormRecordTheirOwnNode) {
 
 // The device-generic paths run on the CPU here; a CUDA gradient takes them
 // with the same ops on its device.
+// A Linear's backward takes the fused gemm_bias_grad_out outside
+// create_graph and the recorded formula under it; both give the bias's
+// column sums and the weight's x^T g, computed here with mm and sum.
+TEST(AddmmBackwardTest, ABiasRowGivesTheSameGradientsFusedAndRecorded) {
+  manual_seed(21);
+  const Tensor x0 = randn({7, 3}), w0 = randn({4, 3}), b0 = randn({4}), g = randn({7, 4});
+  for (bool create_graph : {false, true}) {
+    Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
+           b = b0.clone().requires_grad_(true);
+    Tensor y = addmm(b, x, w.t());
+    variable_list grads = grad({y}, {b, x, w}, {g}, std::nullopt, create_graph);
+    const std::string what = create_graph ? "recorded" : "fused";
+    EXPECT_THAT(Values(grads[0]), Pointwise(DoubleNear(1e-5), Values(g.sum(std::vector<int64_t>{0}))))
+        << what;
+    EXPECT_THAT(Values(grads[1]), Pointwise(DoubleNear(1e-5), Values(g.mm(w0)))) << what;
+    EXPECT_THAT(Values(grads[2]), Pointwise(DoubleNear(1e-5), Values(g.t().mm(x0)))) << what;
+    EXPECT_EQ(grads[2].sizes(), w0.sizes()) << what;
+  }
+}
+
 TEST(ScatterTest, IndexAddByGatherAddsRepeatedAndNegativeIndices) {
   const Tensor grad = randn({3, 4, 5}, TensorOptions(kFloat64));
   const Tensor index = Make({2, -1, 2, 0}, {4}, kInt64);  // -1 is row 5; 2 twice

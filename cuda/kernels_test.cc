@@ -564,6 +564,17 @@ TEST(KernelsTest, MatmulsMatchTheCpuForEveryFloatingDtype) {
     ExpectSameAsCpu(
         {bias, a, b}, [](const auto& in) { return ops::addmm(in[0], in[1], in[2], 1, 1); },
         "addmm with a bias row " + what, tol);
+    // A Linear's weight and bias gradients (Note [Bias epilogue]: the
+    // bias-gradient epilogue): a^T @ c and c's column sums.
+    const auto bias_grad = [](const auto& in) {
+      Tensor out = empty({in[0].sizes()[1], in[1].sizes()[1]},
+                         TensorOptions().dtype(in[0].dtype()).device(in[0].device()));
+      Tensor sums = empty({in[1].sizes()[1]},
+                          TensorOptions().dtype(in[0].dtype()).device(in[0].device()));
+      ops::gemm_bias_grad_out(out, sums, in[0].t(), in[1]);
+      return cat({out, sums.unsqueeze(0)}, 0);
+    };
+    ExpectComputesSameAsCpu({a, c}, bias_grad, "gemm_bias_grad_out " + what, 40);
     const Tensor ba = randn({3, 8, 5}).to(d), bb = randn({3, 5, 4}).to(d);
     ExpectSameAsCpu(
         {ba, bb}, [](const auto& in) { return ops::bmm(in[0], in[1]); }, "bmm " + what, tol);

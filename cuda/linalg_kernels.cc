@@ -206,18 +206,25 @@ EMBER_REGISTER_KERNEL(gemm_out, kCUDA, &GemmOut);
 // per thread and device (the host cost of a call is then one attribute set
 // and the launch); the workspace is the thread's per (device, stream), as
 // cuBLAS's.
+// gemm_bias_grad_out (a Linear's weight and bias gradients) is the same
+// matmul with the bias-gradient epilogue: the bias pointer is written with
+// the sums of op(b) over the GEMM's k (CUBLASLT_EPILOGUE_BGRADA: cuBLASLt's
+// A is our b), the reduction PyTorch otherwise runs as a separate column
+// sum after the GEMM.
 // Operands without a BLAS layout are made contiguous (AsBlasOperand); an
-// output or bias that is not contiguous, or a dtype cuBLASLt's bias epilogue
-// lacks here (float64), takes the composite path.
+// output or bias that is not contiguous, a dtype cuBLASLt's bias epilogues
+// lack here (float64), or a shape for which the heuristic offers no
+// algorithm with the epilogue takes the composite path.
 struct LtKey {
   int device;
   Dtype dtype;
   int64_t n, m, k, lda, ldb;
   bool a_row_major, b_row_major, tf32;
+  cublasLtEpilogue_t epilogue;
   bool operator<(const LtKey& o) const {
-    return std::tie(device, dtype, n, m, k, lda, ldb, a_row_major, b_row_major, tf32) <
+    return std::tie(device, dtype, n, m, k, lda, ldb, a_row_major, b_row_major, tf32, epilogue) <
            std::tie(o.device, o.dtype, o.n, o.m, o.k, o.lda, o.ldb, o.a_row_major, o.b_row_major,
-                    o.tf32);
+                    o.tf32, o.epilogue);
   }
 };
 
@@ -274,7 +281,7 @@ const LtPlan& PlanFor(const LtKey& key, cudaDataType_t type, cublasComputeType_t
   }
   const cublasOperation_t op_b = key.b_row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
   const cublasOperation_t op_a = key.a_row_major ? CUBLAS_OP_N : CUBLAS_OP_T;
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const cublasLtEpilogue_t epilogue = key.epilogue;
   (void)cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b));
   (void)cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a));
   (void)cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
@@ -307,18 +314,16 @@ const LtPlan& PlanFor(const LtKey& key, cudaDataType_t type, cublasComputeType_t
   return plan;
 }
 
-void GemmBiasOutCuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in,
-                     const Tensor& bias) {
+// out = a @ b through cuBLASLt with `epilogue` reading or writing `bias`
+// (Note [Bias epilogue]); false when the composite must run instead.
+bool LtMatmul(const char* op, const Tensor& out, const Tensor& a_in, const Tensor& b_in,
+              const Tensor& bias, cublasLtEpilogue_t epilogue) {
   const Dtype dtype = out.dtype();
-  internal::CheckSameDevice("gemm_bias_out", {&out, &a_in, &b_in, &bias});
+  internal::CheckSameDevice(op, {&out, &a_in, &b_in, &bias});
   const int64_t n = out.sizes()[0], m = out.sizes()[1], k = a_in.sizes()[1];
-  auto composite = [&] {
-    ops::copy_out(out, bias.expand(out.sizes()));
-    GemmOut(out.unsqueeze(0), a_in.unsqueeze(0), b_in.unsqueeze(0), 1, 1);
-  };
   if (dtype == kFloat64 || k == 0 || !out.is_contiguous() || !bias.is_contiguous() ||
       bias.dtype() != dtype) {
-    return composite();
+    return false;
   }
   DeviceGuard guard(out.device());
   const BlasOperand a_op = AsBlasOperand(a_in.unsqueeze(0), n, k);
@@ -329,12 +334,19 @@ void GemmBiasOutCuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in,
   if (dtype == kFloat16) type = CUDA_R_16F;
   if (dtype == kBFloat16) type = CUDA_R_16BF;
   if (dtype != kFloat32) compute = CUBLAS_COMPUTE_32F;
-  const LtKey key{out.device().index(), dtype,           n,
-                  m,                    k,               a_op.layout.ld,
-                  b_op.layout.ld,       a_op.layout.row_major, b_op.layout.row_major,
-                  compute == CUBLAS_COMPUTE_32F_FAST_TF32};
+  const LtKey key{out.device().index(),
+                  dtype,
+                  n,
+                  m,
+                  k,
+                  a_op.layout.ld,
+                  b_op.layout.ld,
+                  a_op.layout.row_major,
+                  b_op.layout.row_major,
+                  compute == CUBLAS_COMPUTE_32F_FAST_TF32,
+                  epilogue};
   const LtPlan& plan = PlanFor(key, type, compute);
-  if (!plan.ok) return composite();
+  if (!plan.ok) return false;
   cudaStream_t stream = StreamOf(out.device());
   void* workspace = WorkspaceFor(out.device(), stream);
   const void* bias_ptr = bias.raw_data();
@@ -346,10 +358,25 @@ void GemmBiasOutCuda(const Tensor& out, const Tensor& a_in, const Tensor& b_in,
                              plan.b, a_op.tensor.raw_data(), plan.a, &zero, out.raw_data(),
                              plan.d, out.raw_data(), plan.d, &plan.algo, workspace,
                              kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS,
-              "cublasLtMatmul (gemm_bias_out, ", n, "x", k, " @ ", k, "x", m, ") failed");
+              "cublasLtMatmul (", op, ", ", n, "x", k, " @ ", k, "x", m, ") failed");
+  return true;
+}
+
+void GemmBiasOutCuda(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
+  if (LtMatmul("gemm_bias_out", out, a, b, bias, CUBLASLT_EPILOGUE_BIAS)) return;
+  ops::copy_out(out, bias.expand(out.sizes()));
+  GemmOut(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), 1, 1);
+}
+
+void GemmBiasGradOutCuda(const Tensor& out, const Tensor& bias_grad, const Tensor& a,
+                         const Tensor& b) {
+  if (LtMatmul("gemm_bias_grad_out", out, a, b, bias_grad, CUBLASLT_EPILOGUE_BGRADA)) return;
+  GemmOut(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), 0, 1);
+  ops::copy_out(bias_grad, b.sum(std::vector<int64_t>{0}));
 }
 
 EMBER_REGISTER_KERNEL(gemm_bias_out, kCUDA, &GemmBiasOutCuda);
+EMBER_REGISTER_KERNEL(gemm_bias_grad_out, kCUDA, &GemmBiasGradOutCuda);
 
 }  // namespace
 }  // namespace ember::cuda

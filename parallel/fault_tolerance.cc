@@ -27,6 +27,62 @@ absl::Status Wait(absl::StatusOr<std::shared_ptr<dist::Work>> work, absl::Durati
   return (*work)->wait(timeout);
 }
 
+// `bytes` of `root` (its size, then its bytes) on every rank of `group`.
+absl::StatusOr<std::string> BroadcastBytes(dist::ProcessGroup& group, const std::string& bytes,
+                                           int root, absl::Duration timeout) {
+  const bool is_root = group.rank() == root;
+  Tensor size = tensor<int64_t>({is_root ? static_cast<int64_t>(bytes.size()) : int64_t{0}});
+  EMBER_RETURN_IF_ERROR(Wait(group.broadcast(size, {.root = root}), timeout));
+  const int64_t n = size.data_ptr<int64_t>()[0];
+  Tensor payload = empty({n}, TensorOptions().dtype(kUInt8));
+  if (is_root) std::memcpy(payload.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  EMBER_RETURN_IF_ERROR(Wait(group.broadcast(payload, {.root = root}), timeout));
+  return std::string(reinterpret_cast<const char*>(payload.data_ptr<uint8_t>()),
+                     static_cast<size_t>(n));
+}
+
+// A quorum, or the error that stood for one, as rank 0 of a replica group
+// gives it to the others.
+absl::StatusOr<std::string> EncodeQuorum(const absl::StatusOr<elastic::Quorum>& q) {
+  if (!q.ok()) {
+    return serialization::pickle_value(PickleValue::Dict(
+        {{"code", static_cast<int64_t>(q.status().code())},
+         {"message", std::string(q.status().message())}}));
+  }
+  PickleValue::Items members;
+  for (const elastic::QuorumMember& m : q->members) {
+    members.push_back(PickleValue::Tuple({m.replica_id, m.address, m.step}));
+  }
+  return serialization::pickle_value(PickleValue::Dict({{"code", int64_t{0}},
+                                                        {"quorum_id", q->quorum_id},
+                                                        {"max_step", q->max_step},
+                                                        {"decision", q->decision},
+                                                        {"members", PickleValue::List(members)}}));
+}
+
+absl::StatusOr<elastic::Quorum> DecodeQuorum(const std::string& bytes) {
+  EMBER_ASSIGN_OR_RETURN(PickleValue v, serialization::unpickle_value(bytes));
+  try {
+    const int64_t code = v.at("code")->as_int();
+    if (code != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(code),
+                          absl::StrCat("(rank 0 of this replica group) ",
+                                       v.at("message")->as_string()));
+    }
+    elastic::Quorum q;
+    q.quorum_id = v.at("quorum_id")->as_int();
+    q.max_step = v.at("max_step")->as_int();
+    q.decision = v.at("decision")->as_int();
+    for (const PickleValue& m : v.at("members")->items()) {
+      q.members.push_back(
+          {m.items()[0].as_string(), m.items()[1].as_string(), m.items()[2].as_int()});
+    }
+    return q;
+  } catch (const Error& e) {
+    return absl::InternalError(absl::StrCat("a quorum from rank 0 of this replica group: ", e.what()));
+  }
+}
+
 // The state a recovering group loads: the step, the model's state_dict and
 // the optimizer's (Note [Steps that commit]).
 absl::StatusOr<PickleValue> StateOf(int64_t step, nn::Module& model,
@@ -121,6 +177,12 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::create(std::shared_ptr<nn::Mod
   m->model_ = std::move(model);
   m->optimizer_ = optimizer;
   m->options_ = options;
+  if (options.replica_group != nullptr) {
+    m->group_rank_ = options.replica_group->rank();
+    m->group_size_ = options.replica_group->size();
+  }
+  // Note [Replica groups of several ranks]: rank 0 alone meets the lighthouse.
+  if (m->group_rank_ != 0) return m;
   EMBER_ASSIGN_OR_RETURN(m->own_store_, dist::TcpStore::create({.host = options.host,
                                                                 .port = 0,
                                                                 .is_server = true,
@@ -141,6 +203,7 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::create(std::shared_ptr<nn::Mod
   m->heartbeat_ = std::thread([self] {
     do {
       // A lighthouse that is down or slow is retried at the next beat.
+      if (!self->beating_.load()) continue;
       self->lighthouse_->heartbeat(self->options_.replica_id, self->options_.heartbeat_interval * 5)
           .IgnoreError();
     } while (!self->stop_.WaitForNotificationWithTimeout(self->options_.heartbeat_interval));
@@ -154,15 +217,48 @@ Manager::~Manager() {
   if (group_ != nullptr) group_->abort();
 }
 
+absl::Status Manager::broken() const { return broken_; }
+
+absl::Status Manager::Break(const absl::Status& error) {
+  if (broken_.ok()) {
+    broken_ = absl::Status(error.code(),
+                           absl::StrCat("replica group ", options_.replica_id, " lost a rank (",
+                                        error.message(), "); restart the whole group"));
+    beating_ = false;  // the next quorum leaves this group out
+    if (group_ != nullptr) group_->abort();
+  }
+  return broken_;
+}
+
+absl::StatusOr<elastic::Quorum> Manager::ShareQuorum(absl::StatusOr<elastic::Quorum> mine) {
+  if (options_.replica_group == nullptr) return mine;
+  std::string bytes;
+  if (group_rank_ == 0) {
+    EMBER_ASSIGN_OR_RETURN(bytes, EncodeQuorum(mine));
+  }
+  // Rank 0 waits for the lighthouse up to quorum_timeout; the others wait
+  // for rank 0 as long, and a little more.
+  absl::StatusOr<std::string> got = BroadcastBytes(*options_.replica_group, bytes, /*root=*/0,
+                                                   options_.quorum_timeout + options_.timeout);
+  if (!got.ok()) return Break(got.status());
+  return group_rank_ == 0 ? std::move(mine) : DecodeQuorum(*got);
+}
+
 absl::Status Manager::start_quorum() {
   error_ = absl::OkStatus();
-  EMBER_ASSIGN_OR_RETURN(elastic::Quorum q,
-                         lighthouse_->quorum({.replica_id = options_.replica_id,
-                                              .address = address_,
-                                              .step = step_},
-                                             options_.quorum_timeout));
-  absl::Status s = Reconfigure(q);
-  if (s.ok()) s = Recover(q);
+  absl::Status s = broken_;
+  if (s.ok()) {
+    absl::StatusOr<elastic::Quorum> asked = absl::UnknownError("not asked");
+    if (group_rank_ == 0) {
+      asked = lighthouse_->quorum(
+          {.replica_id = options_.replica_id, .address = address_, .step = step_},
+          options_.quorum_timeout);
+    }
+    absl::StatusOr<elastic::Quorum> q = ShareQuorum(std::move(asked));
+    s = q.status();
+    if (s.ok()) s = Reconfigure(*q);
+    if (s.ok()) s = Recover(*q);
+  }
   if (!s.ok()) {
     // The next quorum makes a new group; this step cannot commit.
     report_error(s);
@@ -203,7 +299,8 @@ absl::Status Manager::Reconfigure(const elastic::Quorum& q) {
   group_store_ = std::move(store);
   EMBER_ASSIGN_OR_RETURN(const dist::BackendInfo* backend, dist::find_backend(options_.backend));
   EMBER_ASSIGN_OR_RETURN(group_, backend->create({.store = group_store_,
-                                                  .store_prefix = absl::StrCat("ft/", q.decision, "/"),
+                                                  .store_prefix = absl::StrCat("ft/", q.decision, "/",
+                                                                               group_rank_, "/"),
                                                   .rank = rank_,
                                                   .size = size_,
                                                   .timeout = options_.timeout}));
@@ -220,23 +317,16 @@ absl::Status Manager::Recover(const elastic::Quorum& q) {
     if (source < 0 && q.members[i].step == q.max_step) source = static_cast<int>(i);
   }
   if (!anyone_behind) return absl::OkStatus();
-  // The source's state, pickled, in two broadcasts: its size, then its bytes.
+  // The source's state, pickled (this local rank's part of it, Note
+  // [Replica groups of several ranks]).
   std::string bytes;
   if (rank_ == source) {
     EMBER_ASSIGN_OR_RETURN(PickleValue state, StateOf(step_, *model_, optimizer_));
     EMBER_ASSIGN_OR_RETURN(bytes, serialization::pickle_value(state));
   }
-  Tensor size = tensor<int64_t>({static_cast<int64_t>(bytes.size())});
-  EMBER_RETURN_IF_ERROR(Wait(group_->broadcast(size, {.root = source}), options_.timeout));
-  const int64_t n = size.data_ptr<int64_t>()[0];
-  Tensor payload = empty({n}, TensorOptions().dtype(kUInt8));
-  if (rank_ == source) std::memcpy(payload.data_ptr<uint8_t>(), bytes.data(), bytes.size());
-  EMBER_RETURN_IF_ERROR(Wait(group_->broadcast(payload, {.root = source}), options_.timeout));
+  EMBER_ASSIGN_OR_RETURN(bytes, BroadcastBytes(*group_, bytes, source, options_.timeout));
   if (step_ == q.max_step) return absl::OkStatus();
-  EMBER_ASSIGN_OR_RETURN(
-      PickleValue state,
-      serialization::unpickle_value(absl::string_view(
-          reinterpret_cast<const char*>(payload.data_ptr<uint8_t>()), static_cast<size_t>(n))));
+  EMBER_ASSIGN_OR_RETURN(PickleValue state, serialization::unpickle_value(bytes));
   autograd::NoGradGuard no_grad;
   EMBER_RETURN_IF_ERROR(LoadState(state, *model_, optimizer_, &step_));
   ++recoveries_;
@@ -290,14 +380,29 @@ absl::Status Manager::allreduce_gradients() {
 }
 
 bool Manager::should_commit() {
-  bool ok = error_.ok() && size_ >= options_.min_replicas && group_ != nullptr;
-  if (group_ != nullptr) {
-    // The vote: the count of participants that failed.
-    Tensor failed = tensor<int64_t>({error_.ok() ? int64_t{0} : int64_t{1}});
+  // The vote: the count of ranks that failed, within this replica group,
+  // across the groups, then within the group again so that its ranks agree
+  // (Note [Replica groups of several ranks]).
+  auto within_group = [&](int64_t failed) -> int64_t {
+    if (options_.replica_group == nullptr || !broken_.ok()) return failed + (broken_.ok() ? 0 : 1);
+    Tensor t = tensor<int64_t>({failed});
     const absl::Status s =
-        Wait(group_->allreduce(failed, {.op = dist::ReduceOp::kSum}), options_.timeout);
-    ok = ok && s.ok() && failed.data_ptr<int64_t>()[0] == 0;
+        Wait(options_.replica_group->allreduce(t, {.op = dist::ReduceOp::kSum}), options_.timeout);
+    if (!s.ok()) {
+      Break(s).IgnoreError();  // broken_ holds it
+      return failed + 1;
+    }
+    return t.data_ptr<int64_t>()[0];
+  };
+  int64_t failed = within_group(error_.ok() ? 0 : 1);
+  if (group_ != nullptr && broken_.ok()) {
+    Tensor t = tensor<int64_t>({failed});
+    const absl::Status s =
+        Wait(group_->allreduce(t, {.op = dist::ReduceOp::kSum}), options_.timeout);
+    failed = s.ok() ? t.data_ptr<int64_t>()[0] : failed + 1;
   }
+  if (options_.replica_group != nullptr) failed = within_group(failed);
+  const bool ok = failed == 0 && broken_.ok() && size_ >= options_.min_replicas && group_ != nullptr;
   if (ok) {
     ++step_;
   } else {

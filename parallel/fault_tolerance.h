@@ -56,9 +56,33 @@
 // create() returns once the lighthouse has heard this group (its first
 // heartbeat, waited for up to `timeout`), so a quorum decided after it
 // returns waits for the group to ask; a heartbeat thread then keeps the
-// group known every heartbeat_interval. Errors: create() and start_quorum() return
-// absl::Status (the lighthouse's and the backend's; InvalidArgument for bad
-// options, named). Thread-safety: one thread drives a Manager.
+// group known every heartbeat_interval.
+//
+// Note [Replica groups of several ranks]
+// A replica group may be several processes (HSDP: DDP or fully_shard over
+// the group's own ranks, a copy of the model per group). Each rank makes a
+// Manager with the same replica_id and options.replica_group, the group's
+// process group. Rank 0 of the group alone talks to the lighthouse (its
+// heartbeats and quorum requests, with its store's address) and
+// broadcasts each quorum to the group's other ranks. Local rank i of every
+// member group then forms its own process group across the groups (over
+// the first member's store, under a prefix of the decision and i): the
+// gradients (allreduce, allreduce_gradients) are averaged across groups
+// there, after the group averaged or sharded them itself, and a group
+// behind takes its state rank by rank from the same local rank of the
+// source group, so each rank's state_dict (a shard's, under fully_shard)
+// goes to its counterpart. should_commit's vote runs within the group, then
+// across groups, then within the group again, so every rank of every member
+// decides alike. A group whose own process group fails (a rank died) cannot
+// go on: its Manager is broken from then on (start_quorum and should_commit
+// fail at once, naming the first error), rank 0 stops heartbeating so the
+// next quorum leaves the group out, and the group is to be restarted whole
+// (launch --replica_groups restarts a failed worker; a multi-rank group is
+// one launch per group, whose restart brings all its ranks back).
+//
+// Errors: create() and start_quorum() return absl::Status (the
+// lighthouse's and the backend's; InvalidArgument for bad options, named).
+// Thread-safety: one thread drives a Manager.
 #ifndef EMBER_PARALLEL_FAULT_TOLERANCE_H_
 #define EMBER_PARALLEL_FAULT_TOLERANCE_H_
 
@@ -97,6 +121,9 @@ struct ManagerOptions {
   absl::Duration timeout = absl::Seconds(60);
   absl::Duration quorum_timeout = absl::Seconds(60);
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
+  // The ranks of this replica group, when it has several (Note [Replica
+  // groups of several ranks]); null: the group is this process.
+  std::shared_ptr<distributed::ProcessGroup> replica_group;
 };
 
 class Manager {
@@ -129,11 +156,22 @@ class Manager {
   // Times this group loaded the state from a peer, and steps discarded.
   int64_t recoveries() const { return recoveries_; }
   int64_t discarded_steps() const { return discarded_; }
+  // This process's rank in its replica group and the group's size (0 and 1
+  // without options.replica_group).
+  int group_rank() const { return group_rank_; }
+  int group_size() const { return group_size_; }
+  // Not OK once the replica group lost a rank: the group must restart.
+  absl::Status broken() const;
 
  private:
   Manager() = default;
   absl::Status Reconfigure(const distributed::elastic::Quorum& quorum);
   absl::Status Recover(const distributed::elastic::Quorum& quorum);
+  // Rank 0's quorum (or its error), given to every rank of the group.
+  absl::StatusOr<distributed::elastic::Quorum> ShareQuorum(
+      absl::StatusOr<distributed::elastic::Quorum> mine);
+  // Marks the group broken by `error` (an op of its own process group).
+  absl::Status Break(const absl::Status& error);
 
   std::shared_ptr<nn::Module> model_;
   nn::optim::Optimizer* optimizer_ = nullptr;
@@ -152,6 +190,10 @@ class Manager {
   absl::Status error_;  // this step's first error
   int64_t recoveries_ = 0;
   int64_t discarded_ = 0;
+  int group_rank_ = 0;
+  int group_size_ = 1;
+  absl::Status broken_;
+  std::atomic<bool> beating_{true};  // rank 0's heartbeats; off once broken
   absl::Notification stop_;
   std::thread heartbeat_;
 };

@@ -14,8 +14,15 @@
 // come from a QuorumDataLoader over a dataset of kEpochRows rows (shuffled,
 // two epochs in kSteps), each replica logs the dataset indices of its
 // committed shares, and the logs must hold every row of each epoch exactly
-// once; the one process trains the logged batches. The parent never
-// touches gRPC (it does not survive fork); each process starts its own.
+// once; the one process trains the logged batches. In the "+ddp" cases each
+// replica group is two processes (Note [Replica groups of several ranks]):
+// DistributedDataParallel averages the gradients within the group, the
+// Manager across the groups, the whole group r2 is killed and replaced, and
+// both ranks of every group must end equal to the one process; "+fsdp" the
+// same with fully_shard over the group's two ranks (HSDP: shards averaged
+// across groups, each rank's shards recovered from its counterpart). The parent
+// never touches gRPC (it does not survive fork); each process starts its
+// own.
 #include "parallel/fault_tolerance.h"
 
 #include <signal.h>
@@ -45,6 +52,10 @@
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
 #include "data/dataset.h"
+#include "distributed/backend_registry.h"
+#include "distributed/file_store.h"
+#include "parallel/distributed_data_parallel.h"
+#include "parallel/fully_sharded_data_parallel.h"
 #include "parallel/quorum_data_loader.h"
 #include "parallel/rank_testing.h"
 #include "serialization/serialization.h"
@@ -96,6 +107,11 @@ std::pair<Tensor, Tensor> Rows() {
 }
 
 bool WithLoader(const std::string& param) { return absl::EndsWith(param, "+loader"); }
+bool WithFsdp(const std::string& param) { return absl::EndsWith(param, "+fsdp"); }
+// Processes per replica group.
+int GroupRanks(const std::string& param) {
+  return absl::EndsWith(param, "+ddp") || WithFsdp(param) ? 2 : 1;
+}
 std::string BackendOf(const std::string& param) {
   return param.substr(0, param.find('+'));
 }
@@ -132,23 +148,60 @@ absl::Status AwaitFile(const std::string& dir, const std::string& name) {
   return absl::OkStatus();
 }
 
-// Trains replica `id` until kSteps committed steps (or, with `die_at`, until
+// One process of a replica group: rank `local` of its `ranks`.
+struct Member {
+  std::string id;
+  int local = 0;
+  int ranks = 1;
+  std::string file(const std::string& what) const {
+    return ranks == 1 ? absl::StrCat(what, id) : absl::StrCat(what, id, "_", local);
+  }
+};
+
+// Trains member `me` until kSteps committed steps (or, with `die_at`, until
 // it kills itself in the middle of that step). The survivors ("r1", "r3")
 // stop at kRejoinAt until the replacement is alive ("r2_back"); "r1" says
 // when it got there ("reached"). Writes the final parameters and counters to
-// <dir>/<id>.pt.
-absl::Status Replica(const std::string& dir, const std::string& id, const std::string& param,
+// <dir>/<id>.pt (<id>_<local>.pt in a group of several).
+absl::Status Replica(const std::string& dir, const Member& me, const std::string& param,
                      uint64_t seed, int64_t die_at) {
   const std::string backend = BackendOf(param);
+  const std::string& id = me.id;
   EMBER_ASSIGN_OR_RETURN(std::string lighthouse, LighthouseAddress(dir));
   auto model = MakeModel(seed);
-  nn::optim::SGD opt(model->parameters(), Sgd());
-  EMBER_ASSIGN_OR_RETURN(auto ft, Manager::create(model, &opt,
+  // What the optimizer steps and the Manager recovers: the model, or under
+  // fully_shard this rank's shards.
+  std::shared_ptr<nn::Module> trained = model;
+  const bool replacement = id == "r2" && die_at < 0;
+  std::shared_ptr<distributed::ProcessGroup> group;
+  std::shared_ptr<DistributedDataParallel> ddp;
+  std::shared_ptr<FullyShardedDataParallel> fsdp;
+  if (me.ranks > 1) {
+    // The group's own ranks, over a store of this incarnation's.
+    EMBER_ASSIGN_OR_RETURN(
+        std::shared_ptr<distributed::Store> store,
+        distributed::FileStore::open(absl::StrCat(dir, "/", id, replacement ? "b" : "a", ".store"),
+                                     absl::Seconds(30)));
+    EMBER_ASSIGN_OR_RETURN(const distributed::BackendInfo* info, distributed::find_backend(backend));
+    EMBER_ASSIGN_OR_RETURN(group, info->create({.store = store,
+                                                .rank = me.local,
+                                                .size = me.ranks,
+                                                .timeout = absl::Seconds(10)}));
+    if (WithFsdp(param)) {
+      EMBER_ASSIGN_OR_RETURN(fsdp, FullyShardedDataParallel::create(model, {.process_group = group}));
+      trained = fsdp;
+    } else {
+      EMBER_ASSIGN_OR_RETURN(ddp, DistributedDataParallel::create(model, {.process_group = group}));
+    }
+  }
+  nn::optim::SGD opt(trained->parameters(), Sgd());
+  EMBER_ASSIGN_OR_RETURN(auto ft, Manager::create(trained, &opt,
                                                   {.lighthouse = lighthouse,
                                                    .replica_id = id,
                                                    .backend = backend,
                                                    .timeout = absl::Seconds(10),
-                                                   .quorum_timeout = absl::Seconds(30)}));
+                                                   .quorum_timeout = absl::Seconds(30),
+                                                   .replica_group = group}));
   std::unique_ptr<QuorumDataLoader> loader;
   if (WithLoader(param)) {
     const auto [rx, ry] = Rows();
@@ -158,18 +211,22 @@ absl::Status Replica(const std::string& dir, const std::string& id, const std::s
                     {.global_batch_size = kRows, .seed = 5}));
   }
   std::ofstream log(absl::StrCat(dir, "/", id, ".log"), std::ios::app);
-  const bool replacement = id == "r2" && die_at < 0;
   if (replacement) {
-    WriteFile(dir + "/r2_back", "1");
+    if (me.local == 0) WriteFile(dir + "/r2_back", "1");
   } else {
-    // The three start together, so the first quorum has all of them.
-    WriteFile(absl::StrCat(dir, "/up_", id), "1");
-    for (int i = 1; i <= kReplicas; ++i) EMBER_RETURN_IF_ERROR(AwaitFile(dir, absl::StrCat("up_r", i)));
+    // Everyone starts together, so the first quorum has every group.
+    WriteFile(dir + "/" + me.file("up_"), "1");
+    for (int i = 1; i <= kReplicas; ++i) {
+      for (int l = 0; l < me.ranks; ++l) {
+        EMBER_RETURN_IF_ERROR(
+            AwaitFile(dir, Member{absl::StrCat("r", i), l, me.ranks}.file("up_")));
+      }
+    }
   }
   int failures = 0;
   while (ft->current_step() < kSteps) {
     if (!replacement && id != "r2" && ft->current_step() == kRejoinAt) {
-      if (id == "r1") WriteFile(dir + "/reached", "1");
+      if (id == "r1" && me.local == 0) WriteFile(dir + "/reached", "1");
       EMBER_RETURN_IF_ERROR(AwaitFile(dir, "r2_back"));
     }
     if (absl::Status s = ft->start_quorum(); !s.ok()) {
@@ -177,8 +234,9 @@ absl::Status Replica(const std::string& dir, const std::string& id, const std::s
       ft->should_commit();           // fails; the next quorum makes a new group
       continue;
     }
-    const int64_t n = ft->num_participants();
-    const int64_t r = ft->participant_rank();
+    // This process's share: chunk p * ranks + local of n * ranks.
+    const int64_t chunks = ft->num_participants() * me.ranks;
+    const int64_t chunk = ft->participant_rank() * me.ranks + me.local;
     Tensor x, y;
     if (loader != nullptr) {
       EMBER_ASSIGN_OR_RETURN(data::Sample batch, loader->next());
@@ -186,11 +244,14 @@ absl::Status Replica(const std::string& dir, const std::string& id, const std::s
       EMBER_ASSIGN_OR_RETURN(y, batch.list()[1].as<Tensor>());
     } else {
       const auto [bx, by] = Batch(ft->current_step());
-      x = bx.narrow(0, r * kRows / n, kRows / n);
-      y = by.narrow(0, r * kRows / n, kRows / n);
+      x = bx.narrow(0, chunk * kRows / chunks, kRows / chunks);
+      y = by.narrow(0, chunk * kRows / chunks, kRows / chunks);
     }
     opt.zero_grad();
-    nn::functional::cross_entropy((*model)(x), y).backward();
+    // Under DDP or fully_shard the backward pass averages the gradients
+    // within the group (fully_shard: this rank's shard of them).
+    const Tensor out = fsdp != nullptr ? (*fsdp)(x) : ddp != nullptr ? (*ddp)(x) : (*model)(x);
+    nn::functional::cross_entropy(out, y).backward();
     if (die_at >= 0 && ft->current_step() >= die_at) ::raise(SIGKILL);
     ft->allreduce_gradients().IgnoreError();  // recorded; should_commit sees it
     const int64_t step = ft->current_step();
@@ -203,15 +264,20 @@ absl::Status Replica(const std::string& dir, const std::string& id, const std::s
       }
     }
   }
-  StateDict out = model->state_dict();
+  StateDict out;
+  if (fsdp != nullptr) {
+    EMBER_ASSIGN_OR_RETURN(out, fsdp->full_state_dict());
+  } else {
+    out = model->state_dict();
+  }
   out.push_back({"recoveries", tensor<int64_t>({ft->recoveries()})});
   out.push_back({"discarded", tensor<int64_t>({ft->discarded_steps()})});
-  EMBER_RETURN_IF_ERROR(save(out, absl::StrCat(dir, "/", id, ".pt")));
-  WriteFile(absl::StrCat(dir, "/done_", id), "1");
+  EMBER_RETURN_IF_ERROR(save(out, absl::StrCat(dir, "/", me.file(""), ".pt")));
+  WriteFile(dir + "/" + me.file("done_"), "1");
   return absl::OkStatus();
 }
 
-absl::Status Lighthouse(const std::string& dir) {
+absl::Status Lighthouse(const std::string& dir, int ranks) {
   EMBER_ASSIGN_OR_RETURN(auto server,
                          elastic::LighthouseServer::create({.min_replicas = 2,
                                                             .join_timeout = absl::Seconds(5),
@@ -221,8 +287,12 @@ absl::Status Lighthouse(const std::string& dir) {
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
   for (;;) {
     int done = 0;
-    for (int i = 1; i <= kReplicas; ++i) done += fs::exists(absl::StrCat(dir, "/done_r", i));
-    if (done == kReplicas) return absl::OkStatus();
+    for (int i = 1; i <= kReplicas; ++i) {
+      for (int l = 0; l < ranks; ++l) {
+        done += fs::exists(dir + "/" + Member{absl::StrCat("r", i), l, ranks}.file("done_"));
+      }
+    }
+    if (done == kReplicas * ranks) return absl::OkStatus();
     if (absl::Now() > deadline) return absl::DeadlineExceededError("replicas did not finish");
     absl::SleepFor(absl::Milliseconds(10));
   }
@@ -264,7 +334,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> LoggedBatches(const std::strin
   return steps;
 }
 
-absl::Status CompareWithOneProcess(const std::string& dir, bool with_loader) {
+absl::Status CompareWithOneProcess(const std::string& dir, bool with_loader, int ranks) {
   auto whole = MakeModel(0);
   nn::optim::SGD opt(whole->parameters(), Sgd());
   std::vector<std::vector<int64_t>> logged;
@@ -284,8 +354,9 @@ absl::Status CompareWithOneProcess(const std::string& dir, bool with_loader) {
     opt.step();
   }
   int64_t survivors_discarded = 0;
-  for (int i = 1; i <= kReplicas; ++i) {
-    const std::string id = absl::StrCat("r", i);
+  for (int i = 1; i <= kReplicas * ranks; ++i) {
+    const Member who{absl::StrCat("r", (i - 1) / ranks + 1), (i - 1) % ranks, ranks};
+    const std::string id = who.file("");
     EMBER_ASSIGN_OR_RETURN(StateDict got, load(absl::StrCat(dir, "/", id, ".pt")));
     for (const auto& [name, want] : whole->state_dict()) {
       const Tensor mine = rank_testing::Get(got, name);
@@ -301,10 +372,10 @@ absl::Status CompareWithOneProcess(const std::string& dir, bool with_loader) {
     const int64_t discarded = rank_testing::Get(got, "discarded").item<int64_t>();
     std::fprintf(stderr, "%s: recoveries %lld, discarded steps %lld\n", id.c_str(),
                  static_cast<long long>(recoveries), static_cast<long long>(discarded));
-    if (id == "r2" && recoveries < 1) {
+    if (who.id == "r2" && recoveries < 1) {
       return absl::InternalError("the replacement r2 did not recover the state from a peer");
     }
-    if (id != "r2") survivors_discarded += discarded;
+    if (who.id != "r2") survivors_discarded += discarded;
   }
   // Whoever was in r2's quorum when it died discarded that step (a survivor
   // that joined later saw none).
@@ -314,11 +385,12 @@ absl::Status CompareWithOneProcess(const std::string& dir, bool with_loader) {
   return absl::OkStatus();
 }
 
-// Rank 2: the first r2 in a child that dies at kKillAt, then a replacement.
-absl::Status KilledAndReplaced(const std::string& dir, const std::string& param) {
+// Group r2's ranks: the first r2 in a child that dies at kKillAt, then a
+// replacement.
+absl::Status KilledAndReplaced(const std::string& dir, const Member& me, const std::string& param) {
   const pid_t child = fork();
   if (child == 0) {
-    const absl::Status s = Replica(dir, "r2", param, /*seed=*/0, kKillAt);
+    const absl::Status s = Replica(dir, me, param, /*seed=*/0, kKillAt);
     _exit(s.ok() ? 3 : 4);  // should not get here: it kills itself
   }
   int status = 0;
@@ -328,37 +400,42 @@ absl::Status KilledAndReplaced(const std::string& dir, const std::string& param)
   // Once the survivors went on without r2 (its heartbeat expired after
   // 1 s) up to kRejoinAt, so some steps committed with 2 participants.
   EMBER_RETURN_IF_ERROR(AwaitFile(dir, "reached"));
-  return Replica(dir, "r2", param, /*seed=*/555, /*die_at=*/-1);
+  return Replica(dir, me, param, /*seed=*/555, /*die_at=*/-1);
 }
 
 class FaultToleranceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(FaultToleranceTest, AKilledReplicaIsReplacedAndTrainingEqualsOneProcess) {
   const std::string param = GetParam();
+  const int ranks = GroupRanks(param);
   RunRanksOptions options;
   options.make_group = false;
   const std::vector<ProcessResult> results = RunRankProcesses(
-      kReplicas + 1,
+      1 + kReplicas * ranks,
       [&](Rank& me) -> absl::Status {
         return rank_testing::Guard([&]() -> absl::Status {
           if (me.rank == 0) {
-            EMBER_RETURN_IF_ERROR(Lighthouse(me.temp_dir));
-            return CompareWithOneProcess(me.temp_dir, WithLoader(param));
+            EMBER_RETURN_IF_ERROR(Lighthouse(me.temp_dir, ranks));
+            return CompareWithOneProcess(me.temp_dir, WithLoader(param), ranks);
           }
-          if (me.rank == 2) return KilledAndReplaced(me.temp_dir, param);
-          return Replica(me.temp_dir, absl::StrCat("r", me.rank), param, /*seed=*/0, -1);
+          const Member member{absl::StrCat("r", (me.rank - 1) / ranks + 1), (me.rank - 1) % ranks,
+                              ranks};
+          if (member.id == "r2") return KilledAndReplaced(me.temp_dir, member, param);
+          return Replica(me.temp_dir, member, param, /*seed=*/0, -1);
         });
       },
       options, absl::Seconds(120));
   rank_testing::ExpectAllSucceeded(results);
-  ASSERT_EQ(results.size(), static_cast<size_t>(kReplicas + 1));
+  ASSERT_EQ(results.size(), static_cast<size_t>(1 + kReplicas * ranks));
   // Rank 0 compared and reported the counters.
-  EXPECT_THAT(results[0].output, ::testing::HasSubstr("r2: recoveries 1"));
+  EXPECT_THAT(results[0].output,
+              ::testing::HasSubstr(ranks == 1 ? "r2: recoveries 1" : "r2_1: recoveries 1"));
   std::cout << results[0].output;
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, FaultToleranceTest, ::testing::Values("gloo", "tcp", "gloo+loader",
-                                                                "tcp+loader"),
+INSTANTIATE_TEST_SUITE_P(Backends, FaultToleranceTest,
+                         ::testing::Values("gloo", "tcp", "gloo+loader", "tcp+loader", "gloo+ddp",
+                                           "tcp+ddp", "gloo+fsdp", "tcp+fsdp"),
                          [](const auto& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '+', '_');

@@ -8,6 +8,8 @@
 // requires; the result has it. Every dtype but bool is supported (torch has no
 // bool matrix product on CPU). For integer dtypes addmm's beta and alpha must
 // be integers.
+#include <vector>
+
 #include "tensor/ops.h"
 
 namespace ember {
@@ -130,6 +132,13 @@ void GemmBiasOut(const Tensor& out, const Tensor& a, const Tensor& b, const Tens
   ops::gemm_out(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), 1, 1);
 }
 EMBER_REGISTER_KERNEL(gemm_bias_out, kComposite, &GemmBiasOut);
+
+// The devices without a fused bias gradient: the GEMM, then the column sums.
+void GemmBiasGradOut(const Tensor& out, const Tensor& bias_grad, const Tensor& a, const Tensor& b) {
+  ops::gemm_out(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), 0, 1);
+  ops::copy_out(bias_grad, b.sum(std::vector<int64_t>{0}));
+}
+EMBER_REGISTER_KERNEL(gemm_bias_grad_out, kComposite, &GemmBiasGradOut);
 
 }  // namespace
 }  // namespace ember

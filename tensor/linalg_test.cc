@@ -243,6 +243,20 @@ TEST(LinalgTest, MatmulOneAndTwoDims) {
   EXPECT_EQ(zeros({0}).dot(zeros({0})).item<float>(), 0.0f);
 }
 
+// A Linear's weight and bias gradients: out = a @ b and the column sums of b.
+TEST(LinalgTest, GemmBiasGradOutIsTheProductAndTheColumnSums) {
+  manual_seed(14);
+  Tensor a = randn({4, 6}).t(), b = randn({4, 5});  // a: a transposed view, as input^T
+  Tensor out = empty({6, 5}), bias_grad = empty({5});
+  ops::gemm_bias_grad_out(out, bias_grad, a, b);
+  ExpectNear(Values(out), RefBmm(Values(a.contiguous()), Values(b), 1, 6, 4, 5), 1e-5);
+  const std::vector<double> bv = Values(b);
+  std::vector<double> sums(5, 0.0);
+  for (int p = 0; p < 4; ++p)
+    for (int j = 0; j < 5; ++j) sums[j] += bv[p * 5 + j];
+  ExpectNear(Values(bias_grad), sums, 1e-5);
+}
+
 TEST(LinalgTest, Addmm) {
   manual_seed(13);
   Tensor m1 = randn({4, 6}), m2 = randn({6, 5});

@@ -1,11 +1,12 @@
 """PyTorch's side of the fault-tolerance benchmark: torchft training on the CPU
-over gloo with 3 replica groups of one process each, while replica 1 is killed
+over gloo with --groups replica groups (3) of one process each, while replica 1 is killed
 with SIGKILL every --kill_every seconds and restarted at once under the same
 replica id. The fresh process gets its model and optimizer state from a healthy
 peer through torchft's own recovery (the Manager's HTTP checkpoint transport),
 never from a file.
 
 Usage: torchft_train_bench.py [--duration=60] [--kill_every=15] [--baseline=X]
+                              [--groups=3] [--model=mlp|resnet18]
 
 The job
   * A torchft lighthouse (the torchft_lighthouse binary that sits next to
@@ -51,16 +52,19 @@ The job
     loss.backward() instead of skipping the step. Manager.allreduce(...).wait()
     used directly swallows the error, reports it to the manager and the step
     is not committed, which is the behaviour torchft intends.
-  * Model Sequential(Linear(64, 256), ReLU, Linear(256, 256), ReLU,
+  * --model=mlp: Sequential(Linear(64, 256), ReLU, Linear(256, 256), ReLU,
     Linear(256, 10)). The global batch of committed step s is 96 rows
     x = randn(96, 64) from a generator seeded 1000 + s, y = (x @ W).argmax(1)
-    with W = randn(64, 10) seeded 7; s is Manager.current_step(), the committed
+    with W = randn(64, 10) seeded 7; --model=resnet18: torchvision's
+    resnet18(num_classes=10), 24 rows x = randn(24, 3, 32, 32) the same way,
+    y = (x.flatten(1) @ W).argmax(1), W = randn(3072, 10), and a gloo
+    timeout of 10 s (its 45 MB all-reduce takes longer than 1 s on 2 cores); s is Manager.current_step(), the committed
     step, which a recovered replica receives from its peer. With n quorum
     members this replica takes rows [i*96//n, (i+1)*96//n), where
     i = Manager.participating_rank(): with the synchronous quorum that is the
     replica's index among the quorum's members sorted by replica id (the
     lighthouse and the manager both sort by it), and n = num_participants().
-    Loss cross_entropy (mean over the slice; slices are equal for n = 2, 3).
+    Loss cross_entropy (mean over the slice; slices are equal for n = 2, 3, 4).
 
 What it prints, one key=value a line
   steps_per_s           committed steps per second seen by replica 0 (never
@@ -110,7 +114,6 @@ import sys
 import tempfile
 import time
 
-REPLICAS = 3
 KILLED = 1
 BATCH = 96
 WARMUP_S = 5.0
@@ -139,10 +142,17 @@ def replica_main(args):
                      timeout=timedelta(seconds=30))
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.ReLU(),
-        torch.nn.Linear(256, 256), torch.nn.ReLU(),
-        torch.nn.Linear(256, 10))
+    resnet = args.model == "resnet18"
+    if resnet:
+        import torchvision
+        model = torchvision.models.resnet18(num_classes=10)
+        features, batch, timeout_s = 3 * 32 * 32, 24, 10
+    else:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.ReLU(),
+            torch.nn.Linear(256, 256), torch.nn.ReLU(),
+            torch.nn.Linear(256, 10))
+        features, batch, timeout_s = 64, BATCH, GLOO_TIMEOUT_S
     sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def save():
@@ -152,7 +162,7 @@ def replica_main(args):
         model.load_state_dict(state["model"])
         sgd.load_state_dict(state["optim"])
 
-    pg = torchft.ProcessGroupGloo(timeout=timedelta(seconds=GLOO_TIMEOUT_S))
+    pg = torchft.ProcessGroupGloo(timeout=timedelta(seconds=timeout_s))
     manager = torchft.Manager(
         pg=pg,
         load_state_dict=load,
@@ -173,7 +183,7 @@ def replica_main(args):
     )
     params = list(model.parameters())
     opt = torchft.Optimizer(manager, sgd)
-    w = torch.randn(64, 10, generator=torch.Generator().manual_seed(7))
+    w = torch.randn(features, 10, generator=torch.Generator().manual_seed(7))
 
     log = open(args._log, "a", buffering=1)
     log.write(f"ready {time.time():.6f}\n")
@@ -182,9 +192,10 @@ def replica_main(args):
         step = manager.current_step()
         n = manager.num_participants()
         i = manager.participating_rank()
-        x = torch.randn(BATCH, 64, generator=torch.Generator().manual_seed(1000 + step))
-        y = (x @ w).argmax(1)
-        lo, hi = i * BATCH // n, (i + 1) * BATCH // n
+        shape = (batch, 3, 32, 32) if resnet else (batch, features)
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(1000 + step))
+        y = (x.reshape(batch, features) @ w).argmax(1)
+        lo, hi = i * batch // n, (i + 1) * batch // n
         loss = F.cross_entropy(model(x[lo:hi]), y[lo:hi])
         loss.backward()
         # One flat buffer, one allreduce (what a single DDP bucket would do).
@@ -300,7 +311,8 @@ def controller(args):
         env = dict(os.environ, OMP_NUM_THREADS="1")
         p = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), f"--_replica={replica}",
-             f"--_lighthouse=http://localhost:{port}", f"--_log={log}"],
+             f"--_lighthouse=http://localhost:{port}", f"--_log={log}",
+             f"--model={args.model}"],
             stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent)
         procs[replica] = p
         return log
@@ -310,7 +322,7 @@ def controller(args):
         if not wait_port(port, lighthouse, 15.0):
             failed = "lighthouse did not come up:\n" + tail(lh_out.name)
             return 1
-        logs = {r: launch(r, 0) for r in range(REPLICAS)}
+        logs = {r: launch(r, 0) for r in range(args.groups)}
         start = time.time()
         end = start + args.duration
         next_kill = start + args.kill_every if args.kill_every > 0 else float("inf")
@@ -408,6 +420,8 @@ def main():
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--kill_every", type=float, default=15.0)
     ap.add_argument("--baseline", type=float, default=None)
+    ap.add_argument("--groups", type=int, default=3)
+    ap.add_argument("--model", choices=("mlp", "resnet18"), default="mlp")
     # internal: run as one replica group
     ap.add_argument("--_replica", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_lighthouse", default=None, help=argparse.SUPPRESS)
