@@ -36,11 +36,8 @@
 //
 // The controller serves the lighthouse and starts each group as this binary
 // with --replica=K (posix_spawn, so no gRPC state crosses a fork).
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,6 +59,7 @@
 #include "absl/time/time.h"
 #include "distributed/distributed.h"
 #include "distributed/elastic/lighthouse.h"
+#include "distributed/testing/free_port.h"
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/linear.h"
@@ -269,27 +267,12 @@ pid_t SpawnReplica(const std::string& self, const Flags& f, int replica) {
   return Spawn(args);
 }
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 // --elastic: the launcher running --groups workers of this binary.
 pid_t SpawnLaunch(const std::string& self, const Flags& f) {
   std::vector<std::string> args = {f.launch, absl::StrCat("--nproc_per_node=", f.groups),
                                    "--max_restarts=1000", "--serve_store", "--use_env",
                                    "--master_addr=127.0.0.1",
-                                   absl::StrCat("--master_port=", FreePort())};
+                                   absl::StrCat("--master_port=", ember::distributed::testing::FreePort())};
   for (const std::string& a : ChildArgs(self, f)) args.push_back(a);
   args.push_back("--elastic_worker");
   return Spawn(args);
