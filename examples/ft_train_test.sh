@@ -43,8 +43,12 @@ expect "worker rank 1 was killed by signal 9 (SIGKILL); restarting it alone" \
 for g in 0 1 2; do
   expect "replica group $g: 300 steps committed" "replica group $g did not commit 300 steps"
 done
-expect "replica group 1: 300 steps committed, 0 discarded, 1 recoveries" \
-  "the replacement of group 1 did not recover the state from a peer"
+# Its first step may be discarded: the quorum overlaps each step (Note
+# [Overlapping the quorum]), and a membership change costs one step.
+if ! echo "$run" | grep -E -q "replica group 1: 300 steps committed, [01] discarded, 1 recoveries"; then
+  echo "FAIL: the replacement of group 1 did not recover the state from a peer" >&2
+  exit 1
+fi
 if ! echo "$run" | grep -E -q "replica group [02]: 300 steps committed, [1-9][0-9]* discarded"; then
   echo "FAIL: no survivor discarded the step in which group 1 died" >&2
   exit 1

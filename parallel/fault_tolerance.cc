@@ -212,6 +212,10 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::create(std::shared_ptr<nn::Mod
 }
 
 Manager::~Manager() {
+  if (pending_.valid()) {
+    lighthouse_->cancel();  // a quorum nobody awaits
+    pending_.wait();
+  }
   stop_.Notify();
   if (heartbeat_.joinable()) heartbeat_.join();
   if (group_ != nullptr) group_->abort();
@@ -244,27 +248,66 @@ absl::StatusOr<elastic::Quorum> Manager::ShareQuorum(absl::StatusOr<elastic::Quo
   return group_rank_ == 0 ? std::move(mine) : DecodeQuorum(*got);
 }
 
+absl::StatusOr<elastic::Quorum> Manager::Ask() {
+  if (group_rank_ != 0) return absl::UnknownError("not asked (rank 0 of the group asks)");
+  return lighthouse_->quorum({.replica_id = options_.replica_id, .address = address_, .step = step_},
+                             options_.quorum_timeout);
+}
+
 absl::Status Manager::start_quorum() {
+  Await();  // a quorum left pending by the last call
   error_ = absl::OkStatus();
+  group_ready_ = false;
   absl::Status s = broken_;
-  if (s.ok()) {
-    absl::StatusOr<elastic::Quorum> asked = absl::UnknownError("not asked");
-    if (group_rank_ == 0) {
-      asked = lighthouse_->quorum(
-          {.replica_id = options_.replica_id, .address = address_, .step = step_},
-          options_.quorum_timeout);
-    }
-    absl::StatusOr<elastic::Quorum> q = ShareQuorum(std::move(asked));
-    s = q.status();
-    if (s.ok()) s = Reconfigure(*q);
-    if (s.ok()) s = Recover(*q);
+  if (s.ok() && options_.async_quorum && group_ != nullptr && !last_failed_) {
+    // Note [Overlapping the quorum]: answered on a thread, applied by Await.
+    if (group_rank_ == 0) pending_ = std::async(std::launch::async, [this] { return Ask(); });
+    awaiting_ = true;
+    group_ready_ = true;  // the guess, until Await says otherwise
+    return absl::OkStatus();
   }
-  if (!s.ok()) {
-    // The next quorum makes a new group; this step cannot commit.
-    report_error(s);
-    last_failed_ = true;
-  }
+  if (s.ok()) s = Apply(ShareQuorum(Ask()));
+  // The next quorum makes a new group; this step cannot commit.
+  if (!s.ok()) Fail(s);
   return s;
+}
+
+void Manager::Await() {
+  if (!awaiting_) return;
+  awaiting_ = false;
+  absl::StatusOr<elastic::Quorum> q = ShareQuorum(
+      pending_.valid() ? pending_.get() : absl::UnknownError("not asked (rank 0 of the group asks)"));
+  absl::Status s = q.status();
+  bool held = false;
+  if (s.ok()) {
+    // The guess held: the same members at the same addresses, none behind.
+    held = q->members.size() == members_.size() && q->max_step == step_;
+    for (size_t i = 0; held && i < members_.size(); ++i) {
+      held = q->members[i].replica_id == members_[i].replica_id &&
+             q->members[i].address == members_[i].address && q->members[i].step == step_;
+    }
+    if (!held) last_failed_ = true;  // a process group of its own for the new quorum
+    const int64_t guessed = quorum_id_;
+    const int guessed_size = size_;
+    const int64_t step = step_;
+    s = Apply(*std::move(q));
+    if (s.ok() && !held) {
+      report_error(absl::AbortedError(absl::StrCat(
+          "replica group ", options_.replica_id, ": the quorum changed while step ", step,
+          " ran (it guessed quorum ", guessed, " of ", guessed_size, " groups; it is quorum ",
+          quorum_id_, " of ", size_, "); the step is discarded, the next one runs in the new "
+          "quorum")));
+    }
+  }
+  if (!s.ok()) Fail(s);
+}
+
+absl::Status Manager::Apply(absl::StatusOr<elastic::Quorum> asked) {
+  EMBER_ASSIGN_OR_RETURN(const elastic::Quorum q, std::move(asked));
+  EMBER_RETURN_IF_ERROR(Reconfigure(q));
+  EMBER_RETURN_IF_ERROR(Recover(q));
+  group_ready_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status Manager::Reconfigure(const elastic::Quorum& q) {
@@ -277,10 +320,16 @@ absl::Status Manager::Reconfigure(const elastic::Quorum& q) {
                                             " does not list this replica group (",
                                             options_.replica_id, ")"));
   }
-  const bool same = group_ != nullptr && q.quorum_id == quorum_id_ && !last_failed_;
+  bool same = group_ != nullptr && q.quorum_id == quorum_id_ && !last_failed_ &&
+              q.members.size() == members_.size();
+  for (size_t i = 0; same && i < members_.size(); ++i) {
+    same = q.members[i].replica_id == members_[i].replica_id &&
+           q.members[i].address == members_[i].address;
+  }
   quorum_id_ = q.quorum_id;
   rank_ = rank;
   size_ = static_cast<int>(q.members.size());
+  members_ = q.members;
   if (same) return absl::OkStatus();
   if (group_ != nullptr) group_->abort();
   group_.reset();
@@ -337,17 +386,28 @@ void Manager::report_error(const absl::Status& error) {
   if (error_.ok() && !error.ok()) error_ = error;
 }
 
+void Manager::Fail(const absl::Status& error) {
+  report_error(error);
+  last_failed_ = true;
+  group_ready_ = false;
+  // gloo and tcp tell a peer of a failure only when it waits on this
+  // member's connection; aborting closes them, so a member still waiting
+  // for this one fails at once instead of at its timeout.
+  if (group_ != nullptr) group_->abort();
+}
+
 absl::Status Manager::allreduce(Tensor& t) {
-  if (!error_.ok()) return error_;
-  if (group_ == nullptr) {
-    report_error(absl::FailedPreconditionError("allreduce before start_quorum"));
+  Await();
+  if (group_ == nullptr || !group_ready_) {
+    report_error(absl::FailedPreconditionError(
+        "allreduce without a quorum: call start_quorum first (or it failed)"));
     return error_;
   }
+  // Even after an error of this step the collective runs: the others wait
+  // for it, and the vote discards the step.
   absl::Status s = Wait(group_->allreduce(t, {.op = dist::ReduceOp::kSum}), options_.timeout);
-  if (!s.ok()) {
-    report_error(s);
-    return s;
-  }
+  if (!s.ok()) Fail(s);
+  if (!error_.ok()) return error_;
   autograd::NoGradGuard no_grad;
   t.div_(static_cast<double>(size_));
   return absl::OkStatus();
@@ -362,7 +422,10 @@ absl::Status Manager::allreduce_gradients() {
       total += p.grad().numel();
     }
   }
-  if (grads.empty()) return error_;
+  if (grads.empty()) {
+    Await();
+    return error_;
+  }
   autograd::NoGradGuard no_grad;
   Tensor flat = empty({total}, TensorOptions().dtype(grads[0].dtype()));
   int64_t offset = 0;
@@ -380,6 +443,7 @@ absl::Status Manager::allreduce_gradients() {
 }
 
 bool Manager::should_commit() {
+  Await();
   // The vote: the count of ranks that failed, within this replica group,
   // across the groups, then within the group again so that its ranks agree
   // (Note [Replica groups of several ranks]).
@@ -399,6 +463,7 @@ bool Manager::should_commit() {
     Tensor t = tensor<int64_t>({failed});
     const absl::Status s =
         Wait(group_->allreduce(t, {.op = dist::ReduceOp::kSum}), options_.timeout);
+    if (!s.ok()) Fail(s);
     failed = s.ok() ? t.data_ptr<int64_t>()[0] : failed + 1;
   }
   if (options_.replica_group != nullptr) failed = within_group(failed);

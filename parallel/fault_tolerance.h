@@ -53,6 +53,24 @@
 // caller must discard the step (zero_grad without stepping), and the next
 // start_quorum makes a new group.
 //
+// Note [Overlapping the quorum]
+// With options.async_quorum (the default, as torchft's use_async_quorum),
+// a start_quorum() that follows a committed step asks the lighthouse on a
+// background thread and returns at once, so the request's round trip (and
+// the wait for the slowest group to ask) overlaps the forward and backward
+// passes. Until the answer is awaited, current_step(), participant_rank()
+// and num_participants() are the last quorum's: a guess that the
+// membership holds. The first allreduce (or should_commit) awaits the
+// answer (rank 0's, shared with its replica group there). When the quorum
+// is the last one (the same members at the same addresses, nobody behind)
+// the step goes on in the same process group; otherwise the new quorum is
+// applied then and there (a new process group, a recovery from a peer),
+// the collectives run in it so that members that asked synchronously are
+// met, and the step fails (kAborted, naming both quorums): its batch was
+// chosen for the old membership. So a membership change costs one
+// discarded step. After a step that failed, and for the first, the quorum
+// is asked synchronously, as without async_quorum.
+//
 // create() returns once the lighthouse has heard this group (its first
 // heartbeat, waited for up to `timeout`), so a quorum decided after it
 // returns waits for the group to ask; a heartbeat thread then keeps the
@@ -88,9 +106,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -124,6 +144,8 @@ struct ManagerOptions {
   // The ranks of this replica group, when it has several (Note [Replica
   // groups of several ranks]); null: the group is this process.
   std::shared_ptr<distributed::ProcessGroup> replica_group;
+  // Note [Overlapping the quorum].
+  bool async_quorum = true;
 };
 
 class Manager {
@@ -140,7 +162,9 @@ class Manager {
   // Note [Steps that commit].
   absl::Status start_quorum();
   // Averages `tensor` in place over the participants; errors are recorded
-  // (and returned).
+  // (and returned). Runs the collective while this step's process group
+  // is usable even after an error, so that the other participants are not
+  // kept waiting; the result then is not to be used.
   absl::Status allreduce(Tensor& tensor);
   // Every parameter's gradient averaged, in one flat buffer.
   absl::Status allreduce_gradients();
@@ -148,6 +172,8 @@ class Manager {
   void report_error(const absl::Status& error);
   bool should_commit();
 
+  // While an overlapped quorum is pending, the last quorum's (Note
+  // [Overlapping the quorum]).
   int64_t current_step() const { return step_; }
   int participant_rank() const { return rank_; }
   int num_participants() const { return size_; }
@@ -165,11 +191,21 @@ class Manager {
 
  private:
   Manager() = default;
+  // This group's quorum request (rank 0 asks; the others get UnknownError).
+  absl::StatusOr<distributed::elastic::Quorum> Ask();
+  // Applies an answer (shared with the group): the process group, a
+  // recovery.
+  absl::Status Apply(absl::StatusOr<distributed::elastic::Quorum> asked);
+  // Applies the overlapped quorum, if one is pending.
+  void Await();
   absl::Status Reconfigure(const distributed::elastic::Quorum& quorum);
   absl::Status Recover(const distributed::elastic::Quorum& quorum);
   // Rank 0's quorum (or its error), given to every rank of the group.
   absl::StatusOr<distributed::elastic::Quorum> ShareQuorum(
       absl::StatusOr<distributed::elastic::Quorum> mine);
+  // Fails this step on `error` of the process group across replica groups
+  // (aborted, so the next quorum makes a new one).
+  void Fail(const absl::Status& error);
   // Marks the group broken by `error` (an op of its own process group).
   absl::Status Break(const absl::Status& error);
 
@@ -182,6 +218,10 @@ class Manager {
   std::shared_ptr<distributed::Store> group_store_;
   std::shared_ptr<distributed::ProcessGroup> group_;
   int64_t decision_ = -1;  // the quorum decision group_ was made for
+  std::vector<distributed::elastic::QuorumMember> members_;  // of group_'s quorum
+  bool group_ready_ = false;  // group_ is this step's (quorum applied)
+  bool awaiting_ = false;     // an overlapped quorum is to be applied
+  std::future<absl::StatusOr<distributed::elastic::Quorum>> pending_;  // rank 0's
   int64_t quorum_id_ = -1;
   int64_t step_ = 0;
   int rank_ = 0;

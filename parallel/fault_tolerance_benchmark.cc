@@ -8,10 +8,11 @@
 // 64 features per committed step; --model=resnet18: ResNet-18 with 10
 // classes on 3x32x32 images, a global batch of 24; split over the step's
 // participants (96 and 24 split evenly over 2, 3 and 4). SGD lr 0.01
-// momentum 0.9; the lighthouse with min_replicas 2, join timeout 200 ms,
-// heartbeat timeout 1 s; collectives time out after 1 s (the MLP) or 10 s
-// (ResNet-18, whose 45 MB all-reduce and 90 MB state transfer take longer
-// than 1 s on 2 cores).
+// momentum 0.9; the lighthouse with min_replicas 2, join timeout
+// --join_timeout_ms (200), heartbeat timeout 1 s; collectives time out after
+// 1 s (the MLP) or 10 s (ResNet-18, whose 45 MB all-reduce and 90 MB state
+// transfer take longer than 1 s on 2 cores). The quorum overlaps each step
+// (Note [Overlapping the quorum]); --sync_quorum asks it before each step.
 //
 // --elastic: the same job under restart-based elastic training instead:
 // tools/launch (--launch, default bazel-bin's next to this binary) with
@@ -88,6 +89,8 @@ struct Flags {
   bool elastic = false;
   std::string launch;  // --elastic: the launcher
   int save_every = 100;
+  bool sync_quorum = false;  // the quorum before each step, not overlapped
+  int join_timeout_ms = 200;
   int replica = -1;  // >= 0: run as that replica group
   bool elastic_worker = false;
   std::string lighthouse;
@@ -138,7 +141,8 @@ int RunReplica(const Flags& f) {
                                               .backend = "gloo",
                                               .min_replicas = 2,
                                               .timeout = Timeout(f),
-                                              .quorum_timeout = absl::Seconds(30)});
+                                              .quorum_timeout = absl::Seconds(30),
+                                              .async_quorum = !f.sync_quorum});
   if (!ft.ok()) {
     std::fprintf(stderr, "replica %d: %s\n", f.replica, ft.status().ToString().c_str());
     return 1;
@@ -257,8 +261,11 @@ pid_t Spawn(const std::vector<std::string>& command) {
 
 // This binary's own flags for a child of the controller.
 std::vector<std::string> ChildArgs(const std::string& self, const Flags& f) {
-  return {self, absl::StrCat("--model=", f.model), absl::StrCat("--save_every=", f.save_every),
-          absl::StrCat("--lighthouse=", f.lighthouse), absl::StrCat("--dir=", f.dir)};
+  std::vector<std::string> args = {
+      self, absl::StrCat("--model=", f.model), absl::StrCat("--save_every=", f.save_every),
+      absl::StrCat("--lighthouse=", f.lighthouse), absl::StrCat("--dir=", f.dir)};
+  if (f.sync_quorum) args.push_back("--sync_quorum");
+  return args;
 }
 
 pid_t SpawnReplica(const std::string& self, const Flags& f, int replica) {
@@ -306,7 +313,7 @@ int RunController(const Flags& f0) {
     }
   } else {
     auto server = elastic::LighthouseServer::create({.min_replicas = 2,
-                                                     .join_timeout = absl::Milliseconds(200),
+                                                     .join_timeout = absl::Milliseconds(f.join_timeout_ms),
                                                      .heartbeat_timeout = absl::Seconds(1)});
     if (!server.ok()) {
       std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
@@ -416,6 +423,8 @@ int main(int argc, char** argv) {
     else if (const char* v = value("--launch=")) f.launch = v;
     else if (const char* v = value("--save_every=")) f.save_every = std::atoi(v);
     else if (arg == "--elastic_worker") f.elastic_worker = true;
+    else if (arg == "--sync_quorum") f.sync_quorum = true;
+    else if (const char* v = value("--join_timeout_ms=")) f.join_timeout_ms = std::atoi(v);
     else if (const char* v = value("--replica=")) f.replica = std::atoi(v);
     else if (const char* v = value("--lighthouse=")) f.lighthouse = v;
     else if (const char* v = value("--dir=")) f.dir = v;

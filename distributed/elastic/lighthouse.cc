@@ -26,6 +26,8 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
       return absl::InvalidArgumentError(message);
     case grpc::StatusCode::UNAVAILABLE:
       return absl::UnavailableError(message);
+    case grpc::StatusCode::CANCELLED:
+      return absl::CancelledError(message);
     default:
       return absl::InternalError(message);
   }
@@ -233,6 +235,22 @@ int64_t LighthouseServer::quorums_decided() const {
 struct LighthouseClient::Impl {
   std::string address;
   std::unique_ptr<pb::Lighthouse::Stub> stub;
+  absl::Mutex mu;
+  std::set<grpc::ClientContext*> calls ABSL_GUARDED_BY(mu);  // in flight, for cancel()
+
+  // Keeps `context` in `calls` while it lives.
+  struct InFlight {
+    Impl* impl;
+    grpc::ClientContext* context;
+    InFlight(Impl* i, grpc::ClientContext* c) : impl(i), context(c) {
+      absl::MutexLock lock(&impl->mu);
+      impl->calls.insert(context);
+    }
+    ~InFlight() {
+      absl::MutexLock lock(&impl->mu);
+      impl->calls.erase(context);
+    }
+  };
 };
 
 LighthouseClient::LighthouseClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -258,6 +276,7 @@ absl::StatusOr<Quorum> LighthouseClient::quorum(const QuorumMember& me, absl::Du
   grpc::ClientContext context;
   context.set_deadline(Deadline(timeout));
   context.set_wait_for_ready(true);  // a lighthouse still starting is waited for
+  const Impl::InFlight in_flight(impl_.get(), &context);
   pb::QuorumRequest request;
   request.mutable_member()->set_replica_id(me.replica_id);
   request.mutable_member()->set_address(me.address);
@@ -283,11 +302,17 @@ absl::Status LighthouseClient::heartbeat(const std::string& replica_id, absl::Du
   grpc::ClientContext context;
   context.set_deadline(Deadline(timeout));
   context.set_wait_for_ready(wait_for_ready);
+  const Impl::InFlight in_flight(impl_.get(), &context);
   pb::HeartbeatRequest request;
   request.set_replica_id(replica_id);
   pb::HeartbeatResponse response;
   return FromGrpc(impl_->stub->Heartbeat(&context, request, &response),
                   absl::StrCat("heartbeat of ", replica_id, " to lighthouse ", impl_->address));
+}
+
+void LighthouseClient::cancel() {
+  absl::MutexLock lock(&impl_->mu);
+  for (grpc::ClientContext* context : impl_->calls) context->TryCancel();
 }
 
 }  // namespace ember::distributed::elastic

@@ -36,7 +36,8 @@
 //
 // Errors: absl::Status; kInvalidArgument for options or requests that make
 // no sense (named), kUnavailable when the server cannot be reached,
-// kDeadlineExceeded when no quorum is decided in time. Thread-safety:
+// kDeadlineExceeded when no quorum is decided in time, kCancelled
+// for a call cancel() ended. Thread-safety:
 // LighthouseServer serves any number of concurrent requests;
 // LighthouseClient's methods may be called from several threads.
 #ifndef EMBER_DISTRIBUTED_ELASTIC_LIGHTHOUSE_H_
@@ -110,6 +111,9 @@ class LighthouseClient {
   // failing at once.
   absl::Status heartbeat(const std::string& replica_id, absl::Duration timeout,
                          bool wait_for_ready = false);
+  // Every call in flight now fails at once with kCancelled (later calls
+  // are not affected): a caller giving up on a pending quorum.
+  void cancel();
 
   struct Impl;
 

@@ -1,8 +1,8 @@
 // The lighthouse on loopback with its clients on threads: quorums of every
 // group that is alive, the same quorum_id while the members stay, a group
 // that stops heartbeating left out, a late one left out after join_timeout,
-// requests that time out, a request whose caller went away left out, 1000
-// groups at once, and the errors.
+// requests that time out, a request whose caller went away left out, a
+// client's cancel(), 1000 groups at once, and the errors.
 #include "distributed/elastic/lighthouse.h"
 
 #include <memory>
@@ -134,6 +134,35 @@ TEST(LighthouseTest, ARequestWhoseCallerWentAwayIsLeftOut) {
   EXPECT_THAT(Ids(*q[0]), ::testing::ElementsAre("a", "b"));
   ASSERT_TRUE(q[1].ok()) << q[1].status();
   EXPECT_THAT(Ids(*q[1]), ::testing::ElementsAre("a", "b"));
+}
+
+// cancel() ends the calls in flight (kCancelled, not the deadline an hour
+// away) and leaves the client usable.
+TEST(LighthouseTest, CancelEndsACallInFlightAndLaterCallsWork) {
+  auto server = LighthouseServer::create({.min_replicas = 2,
+                                          .join_timeout = absl::Seconds(60),
+                                          .heartbeat_timeout = absl::Milliseconds(300)});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = LighthouseClient::create((*server)->address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Quorum> cancelled = absl::UnknownError("not run");
+  std::thread asker([&] {
+    cancelled = (*client)->quorum({.replica_id = "a", .address = "host:1"}, absl::Hours(1));
+  });
+  absl::SleepFor(absl::Milliseconds(200));  // "a" is pending, alone below min_replicas
+  (*client)->cancel();
+  asker.join();
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+  EXPECT_THAT(cancelled.status().message(), HasSubstr("quorum of a"));
+  absl::StatusOr<Quorum> again = absl::UnknownError("not run");
+  std::thread a([&] {
+    again = (*client)->quorum({.replica_id = "a", .address = "host:1"}, absl::Seconds(20));
+  });
+  std::vector<absl::StatusOr<Quorum>> b = AskTogether((*server)->address(), {"b"});
+  a.join();
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_THAT(Ids(*again), ::testing::ElementsAre("a", "b"));
+  ASSERT_TRUE(b[0].ok()) << b[0].status();
 }
 
 TEST(LighthouseTest, TooFewGroupsTimeOutAndLeaveNothingPending) {

@@ -12,6 +12,7 @@ The job
   * A torchft lighthouse (the torchft_lighthouse binary that sits next to
     sys.executable) on a free localhost port, started with
         --min_replicas=2 --join_timeout_ms=200 --quorum_tick_ms=20
+    (--join_timeout_ms to change the first)
         --heartbeat_timeout_ms=1000
     min_replicas=2 rather than 1: one replica that reaches the quorum more than
     join_timeout ahead of the others (easy on 2 cores) can never form a quorum
@@ -293,7 +294,7 @@ def controller(args):
     lh_out = open(os.path.join(work, "lighthouse.out"), "w")
     lighthouse = subprocess.Popen(
         [lighthouse_bin, f"--bind=[::]:{port}", f"--min_replicas={MIN_REPLICAS}",
-         f"--join_timeout_ms={JOIN_TIMEOUT_MS}", f"--quorum_tick_ms={QUORUM_TICK_MS}",
+         f"--join_timeout_ms={args.join_timeout_ms}", f"--quorum_tick_ms={QUORUM_TICK_MS}",
          f"--heartbeat_timeout_ms={HEARTBEAT_TIMEOUT_MS}"],
         stdout=lh_out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     procs = {}      # replica -> Popen of its current process
@@ -422,6 +423,7 @@ def main():
     ap.add_argument("--baseline", type=float, default=None)
     ap.add_argument("--groups", type=int, default=3)
     ap.add_argument("--model", choices=("mlp", "resnet18"), default="mlp")
+    ap.add_argument("--join_timeout_ms", type=int, default=JOIN_TIMEOUT_MS)
     # internal: run as one replica group
     ap.add_argument("--_replica", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_lighthouse", default=None, help=argparse.SUPPRESS)
