@@ -145,6 +145,16 @@ absl::Status LoadState(const PickleValue& v, nn::Module& model, nn::optim::Optim
   }
 }
 
+// The same replica groups at the same store addresses.
+bool SameGroups(const std::vector<elastic::QuorumMember>& a,
+                const std::vector<elastic::QuorumMember>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].replica_id != b[i].replica_id || a[i].address != b[i].address) return false;
+  }
+  return true;
+}
+
 std::string FromEnv(const std::string& given, const char* name) {
   if (!given.empty()) return given;
   const char* v = std::getenv(name);
@@ -281,11 +291,8 @@ void Manager::Await() {
   bool held = false;
   if (s.ok()) {
     // The guess held: the same members at the same addresses, none behind.
-    held = q->members.size() == members_.size() && q->max_step == step_;
-    for (size_t i = 0; held && i < members_.size(); ++i) {
-      held = q->members[i].replica_id == members_[i].replica_id &&
-             q->members[i].address == members_[i].address && q->members[i].step == step_;
-    }
+    held = SameGroups(q->members, members_) && q->max_step == step_;
+    for (const elastic::QuorumMember& m : q->members) held = held && m.step == step_;
     if (!held) last_failed_ = true;  // a process group of its own for the new quorum
     const int64_t guessed = quorum_id_;
     const int guessed_size = size_;
@@ -320,12 +327,8 @@ absl::Status Manager::Reconfigure(const elastic::Quorum& q) {
                                             " does not list this replica group (",
                                             options_.replica_id, ")"));
   }
-  bool same = group_ != nullptr && q.quorum_id == quorum_id_ && !last_failed_ &&
-              q.members.size() == members_.size();
-  for (size_t i = 0; same && i < members_.size(); ++i) {
-    same = q.members[i].replica_id == members_[i].replica_id &&
-           q.members[i].address == members_[i].address;
-  }
+  const bool same = group_ != nullptr && q.quorum_id == quorum_id_ && !last_failed_ &&
+                    SameGroups(q.members, members_);
   quorum_id_ = q.quorum_id;
   rank_ = rank;
   size_ = static_cast<int>(q.members.size());
