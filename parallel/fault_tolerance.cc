@@ -285,8 +285,8 @@ absl::Status Manager::start_quorum() {
 void Manager::Await() {
   if (!awaiting_) return;
   awaiting_ = false;
-  absl::StatusOr<elastic::Quorum> q = ShareQuorum(
-      pending_.valid() ? pending_.get() : absl::UnknownError("not asked (rank 0 of the group asks)"));
+  // Rank 0's answer from its thread; the others' Ask() only says they did not ask.
+  absl::StatusOr<elastic::Quorum> q = ShareQuorum(pending_.valid() ? pending_.get() : Ask());
   absl::Status s = q.status();
   bool held = false;
   if (s.ok()) {
