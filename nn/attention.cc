@@ -1,10 +1,13 @@
 #include "nn/attention.h"
 
 #include <cblas.h>
+#include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -50,6 +53,134 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
                 static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
                 beta, c, static_cast<int>(ldc));
   }
+}
+
+// --- Row kernels -----------------------------------------------------------------------
+
+// The softmax's per-row work on a block of scores: the row maximum, and
+// x = exp(x - shift) with the row's sum. float rows take glibc's vector
+// exponentials (libmvec, the x86-64 vector function ABI: 16 lanes on
+// AVX-512, 8 on AVX2) where the CPU has them; double rows and other CPUs
+// the scalar std::exp. Either way a row's result does not depend on the
+// thread that computes it.
+extern "C" __m512 _ZGVeN16v_expf(__m512);
+extern "C" __m256 _ZGVdN8v_expf(__m256);
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+std::atomic<int> g_max_vector_bits{512};  // internal::set_max_vector_bits
+
+Isa CpuIsa() {
+  static const Isa detected = __builtin_cpu_supports("avx512f") ? Isa::kAvx512
+                              : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+                                  ? Isa::kAvx2
+                                  : Isa::kScalar;
+  const int cap = g_max_vector_bits.load(std::memory_order_relaxed);
+  const Isa allowed = cap >= 512 ? Isa::kAvx512 : cap >= 256 ? Isa::kAvx2 : Isa::kScalar;
+  return std::min(detected, allowed);
+}
+
+// GCC 12 flags the undefined pass-through operand inside its own AVX-512
+// intrinsics (_mm512_max_ps) as uninitialised.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+__attribute__((target("avx512f"))) float RowMaxAvx512(const float* x, int64_t n) {
+  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) best = _mm512_max_ps(best, _mm512_loadu_ps(x + i));
+  if (i < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    best = _mm512_mask_max_ps(best, tail, best, _mm512_maskz_loadu_ps(tail, x + i));
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, best);
+  return *std::max_element(lanes, lanes + 16);
+}
+
+__attribute__((target("avx512f"))) float ExpShiftAvx512(float* x, int64_t n, float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512 sum = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = _ZGVeN16v_expf(_mm512_sub_ps(_mm512_loadu_ps(x + i), s));
+    _mm512_storeu_ps(x + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(
+        tail, _ZGVeN16v_expf(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + i), s)));
+    _mm512_mask_storeu_ps(x + i, tail, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  return std::accumulate(lanes, lanes + 16, 0.0f);
+}
+
+#pragma GCC diagnostic pop
+
+__attribute__((target("avx2,fma"))) float HorizontalAvx2(__m256 v, bool max) {
+  __m128 x = max ? _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))
+                 : _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 y = _mm_movehl_ps(x, x);
+  x = max ? _mm_max_ps(x, y) : _mm_add_ps(x, y);
+  y = _mm_shuffle_ps(x, x, 1);
+  x = max ? _mm_max_ss(x, y) : _mm_add_ss(x, y);
+  return _mm_cvtss_f32(x);
+}
+
+__attribute__((target("avx2,fma"))) float RowMaxAvx2(const float* x, int64_t n) {
+  __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) best = _mm256_max_ps(best, _mm256_loadu_ps(x + i));
+  float m = HorizontalAvx2(best, /*max=*/true);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+__attribute__((target("avx2,fma"))) float ExpShiftAvx2(float* x, int64_t n, float shift) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = _ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    _mm256_storeu_ps(x + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  float total = HorizontalAvx2(sum, /*max=*/false);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    total += x[i];
+  }
+  return total;
+}
+
+template <typename T>
+T RowMax(const T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (CpuIsa() == Isa::kAvx512) return RowMaxAvx512(x, n);
+    if (CpuIsa() == Isa::kAvx2) return RowMaxAvx2(x, n);
+  }
+  T best = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < n; ++i) best = std::max(best, x[i]);
+  return best;
+}
+
+// x[i] = exp(x[i] - shift) for i < n; returns their sum.
+template <typename T>
+T ExpShift(T* x, int64_t n, T shift) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (CpuIsa() == Isa::kAvx512) return ExpShiftAvx512(x, n, shift);
+    if (CpuIsa() == Isa::kAvx2) return ExpShiftAvx2(x, n, shift);
+  }
+  T sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - shift);
+    sum += x[i];
+  }
+  return sum;
 }
 
 // --- Masks ---------------------------------------------------------------------------
@@ -116,6 +247,39 @@ MaskView<T> MakeMaskView(const Tensor& mask, int64_t bh, bool causal) {
   return view;
 }
 
+// The rows [S, X] of one key or value head, transposed a block of kKeyBlock
+// rows at a time: block j is [X, kKeyBlock] (row-major, leading dim
+// kKeyBlock), so the products with it (q k^T, dO v^T) are plain row-major
+// products, which BLAS runs faster than ones with a transposed operand. A
+// worker keeps the head it transposed last and transposes again only when
+// the head changes.
+template <typename T>
+class TransposedHead {
+ public:
+  // `id` names the rows (x, rows, cols) across calls.
+  void Load(int64_t id, const T* x, int64_t rows, int64_t cols) {
+    if (id == id_) return;
+    id_ = id;
+    cols_ = cols;
+    data_.resize(((rows + kKeyBlock - 1) / kKeyBlock) * kKeyBlock * cols);
+    for (int64_t j0 = 0; j0 < rows; j0 += kKeyBlock) {
+      T* block = data_.data() + j0 * cols;
+      const int64_t nc = std::min(kKeyBlock, rows - j0);
+      for (int64_t c = 0; c < nc; ++c) {
+        const T* row = x + (j0 + c) * cols;
+        for (int64_t e = 0; e < cols; ++e) block[e * kKeyBlock + c] = row[e];
+      }
+    }
+  }
+  // Block of rows j0.. (j0 a multiple of kKeyBlock): [cols, kKeyBlock].
+  const T* block(int64_t j0) const { return data_.data() + j0 * cols_; }
+
+ private:
+  std::vector<T> data_;
+  int64_t id_ = -1;
+  int64_t cols_ = 0;
+};
+
 // --- The fused kernels (Note [Fused attention on the CPU]) ---------------------------
 
 struct Dims {
@@ -138,38 +302,32 @@ void ForwardKernel(const Dims& d, const T* q, const T* k, const T* v, const Mask
   parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<T> s(kQueryBlock * kKeyBlock), acc(kQueryBlock * d.Ev);
     std::vector<T> m(kQueryBlock), l(kQueryBlock);
+    TransposedHead<T> kt;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t bh = t / d.query_blocks(), i0 = (t % d.query_blocks()) * kQueryBlock;
       const int64_t b = bh / d.heads, h = bh % d.heads, hk = h / d.group();
       const int64_t nr = std::min(kQueryBlock, d.L - i0);
       const T* qp = q + (bh * d.L + i0) * d.E;
-      const T* kp = k + (b * d.kv_heads + hk) * d.S * d.E;
       const T* vp = v + (b * d.kv_heads + hk) * d.S * d.Ev;
+      kt.Load(b * d.kv_heads + hk, k + (b * d.kv_heads + hk) * d.S * d.E, d.S, d.E);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), T(0));
       std::fill(acc.begin(), acc.end(), T(0));
       const int64_t key_end = d.key_end(mask.causal, i0, nr);
       for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
         const int64_t nc = std::min(kKeyBlock, key_end - j0);
-        Gemm<T>(false, true, nr, nc, d.E, scale, qp, std::max<int64_t>(1, d.E), kp + j0 * d.E,
-                std::max<int64_t>(1, d.E), T(0), s.data(), kKeyBlock);
+        Gemm<T>(false, false, nr, nc, d.E, scale, qp, std::max<int64_t>(1, d.E), kt.block(j0),
+                kKeyBlock, T(0), s.data(), kKeyBlock);
         mask.Apply(s.data(), kKeyBlock, bh, i0, nr, j0, nc);
         for (int64_t r = 0; r < nr; ++r) {
           T* row = s.data() + r * kKeyBlock;
-          T block_max = kNegInf;
-          for (int64_t c = 0; c < nc; ++c) block_max = std::max(block_max, row[c]);
-          const T m_new = std::max(m[r], block_max);
+          const T m_new = std::max(m[r], RowMax(row, nc));
           if (m_new == kNegInf) {  // Nothing to attend yet in this row.
             std::fill(row, row + nc, T(0));
             continue;
           }
           const T alpha = std::exp(m[r] - m_new);  // 0 while m[r] is -inf.
-          T sum = 0;
-          for (int64_t c = 0; c < nc; ++c) {
-            row[c] = std::exp(row[c] - m_new);
-            sum += row[c];
-          }
-          l[r] = l[r] * alpha + sum;
+          l[r] = l[r] * alpha + ExpShift(row, nc, m_new);
           m[r] = m_new;
           if (alpha != T(1)) {
             T* a = acc.data() + r * d.Ev;
@@ -202,7 +360,7 @@ void Probabilities(T* s, int64_t nr, int64_t nc, const T* lse) {
       std::fill(row, row + nc, T(0));
       continue;
     }
-    for (int64_t c = 0; c < nc; ++c) row[c] = std::exp(row[c] - shift);
+    ExpShift(row, nc, shift);
   }
 }
 
@@ -234,18 +392,75 @@ void BackwardKernel(const Dims& d, const T* q, const T* k, const T* v, const T* 
                  }
                });
   const int64_t ld_e = std::max<int64_t>(1, d.E), ld_ev = std::max<int64_t>(1, d.Ev);
+  if (d.batch * d.kv_heads >= get_num_threads()) {
+    // One pass per (batch, key/value head): each block of probabilities is
+    // recomputed once and serves dV, dK and dQ; the task owns its heads' dQ
+    // rows and its dK, dV rows. The sums run in the two-pass order (dK, dV
+    // over the group's heads and query blocks, dQ over key blocks), so both
+    // give the same bits.
+    parallel_for(0, d.batch * d.kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> s(kQueryBlock * kKeyBlock), dp(kQueryBlock * kKeyBlock);
+      std::vector<T> dq_acc(kQueryBlock * d.E), dk_acc(d.S * d.E), dv_acc(d.S * d.Ev);
+      TransposedHead<T> kt, vt;
+      for (int64_t bhk = begin; bhk < end; ++bhk) {
+        const int64_t b = bhk / d.kv_heads, hk = bhk % d.kv_heads;
+        const T* kp = k + bhk * d.S * d.E;
+        kt.Load(bhk, kp, d.S, d.E);
+        vt.Load(bhk, v + bhk * d.S * d.Ev, d.S, d.Ev);
+        std::fill(dk_acc.begin(), dk_acc.end(), T(0));
+        std::fill(dv_acc.begin(), dv_acc.end(), T(0));
+        for (int64_t h = hk * d.group(); h < (hk + 1) * d.group(); ++h) {
+          const int64_t bh = b * d.heads + h;
+          for (int64_t i0 = 0; i0 < d.L; i0 += kQueryBlock) {
+            const int64_t nr = std::min(kQueryBlock, d.L - i0);
+            const T* qp = q + (bh * d.L + i0) * d.E;
+            const T* gp = grad + (bh * d.L + i0) * d.Ev;
+            std::fill(dq_acc.begin(), dq_acc.end(), T(0));
+            const int64_t key_end = d.key_end(mask.causal, i0, nr);
+            for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+              const int64_t nc = std::min(kKeyBlock, key_end - j0);
+              Gemm<T>(false, false, nr, nc, d.E, scale, qp, ld_e, kt.block(j0), kKeyBlock, T(0),
+                      s.data(), kKeyBlock);
+              mask.Apply(s.data(), kKeyBlock, bh, i0, nr, j0, nc);
+              Probabilities(s.data(), nr, nc, lse + bh * d.L + i0);
+              Gemm<T>(true, false, nc, d.Ev, nr, T(1), s.data(), kKeyBlock, gp, ld_ev, T(1),
+                      dv_acc.data() + j0 * d.Ev, ld_ev);
+              Gemm<T>(false, false, nr, nc, d.Ev, T(1), gp, ld_ev, vt.block(j0), kKeyBlock, T(0),
+                      dp.data(), kKeyBlock);
+              ScoreGradients(s.data(), dp.data(), nr, nc, delta.data() + bh * d.L + i0);
+              Gemm<T>(true, false, nc, d.E, nr, scale, dp.data(), kKeyBlock, qp, ld_e, T(1),
+                      dk_acc.data() + j0 * d.E, ld_e);
+              if (dq != nullptr) {
+                Gemm<T>(false, false, nr, d.E, nc, scale, dp.data(), kKeyBlock, kp + j0 * d.E,
+                        ld_e, T(1), dq_acc.data(), ld_e);
+              }
+            }
+            if (dq != nullptr) {
+              std::copy(dq_acc.begin(), dq_acc.begin() + nr * d.E, dq + (bh * d.L + i0) * d.E);
+            }
+          }
+        }
+        if (dk != nullptr) std::copy(dk_acc.begin(), dk_acc.end(), dk + bhk * d.S * d.E);
+        if (dv != nullptr) std::copy(dv_acc.begin(), dv_acc.end(), dv + bhk * d.S * d.Ev);
+      }
+    });
+    return;
+  }
+  // Fewer (batch, key/value head) pairs than threads: two passes over blocks.
   if (dk != nullptr || dv != nullptr) {
     // Pass 1: dK and dV per (batch, key/value head, key block).
     const int64_t tasks = d.batch * d.kv_heads * d.key_blocks();
     parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> s(kQueryBlock * kKeyBlock), dp(kQueryBlock * kKeyBlock);
       std::vector<T> dk_acc(kKeyBlock * d.E), dv_acc(kKeyBlock * d.Ev);
+      TransposedHead<T> kt, vt;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t bhk = t / d.key_blocks(), j0 = (t % d.key_blocks()) * kKeyBlock;
         const int64_t b = bhk / d.kv_heads, hk = bhk % d.kv_heads;
         const int64_t nc = std::min(kKeyBlock, d.S - j0);
         const T* kp = k + (bhk * d.S + j0) * d.E;
-        const T* vp = v + (bhk * d.S + j0) * d.Ev;
+        kt.Load(t, kp, nc, d.E);
+        vt.Load(t, v + (bhk * d.S + j0) * d.Ev, nc, d.Ev);
         std::fill(dk_acc.begin(), dk_acc.end(), T(0));
         std::fill(dv_acc.begin(), dv_acc.end(), T(0));
         for (int64_t h = hk * d.group(); h < (hk + 1) * d.group(); ++h) {
@@ -256,13 +471,14 @@ void BackwardKernel(const Dims& d, const T* q, const T* k, const T* v, const T* 
             const int64_t nr = std::min(kQueryBlock, d.L - i0);
             const T* qp = q + (bh * d.L + i0) * d.E;
             const T* gp = grad + (bh * d.L + i0) * d.Ev;
-            Gemm<T>(false, true, nr, nc, d.E, scale, qp, ld_e, kp, ld_e, T(0), s.data(), kKeyBlock);
+            Gemm<T>(false, false, nr, nc, d.E, scale, qp, ld_e, kt.block(0), kKeyBlock, T(0),
+                    s.data(), kKeyBlock);
             mask.Apply(s.data(), kKeyBlock, bh, i0, nr, j0, nc);
             Probabilities(s.data(), nr, nc, lse + bh * d.L + i0);
             Gemm<T>(true, false, nc, d.Ev, nr, T(1), s.data(), kKeyBlock, gp, ld_ev, T(1),
                     dv_acc.data(), ld_ev);
-            Gemm<T>(false, true, nr, nc, d.Ev, T(1), gp, ld_ev, vp, ld_ev, T(0), dp.data(),
-                    kKeyBlock);
+            Gemm<T>(false, false, nr, nc, d.Ev, T(1), gp, ld_ev, vt.block(0), kKeyBlock, T(0),
+                    dp.data(), kKeyBlock);
             ScoreGradients(s.data(), dp.data(), nr, nc, delta.data() + bh * d.L + i0);
             Gemm<T>(true, false, nc, d.E, nr, scale, dp.data(), kKeyBlock, qp, ld_e, T(1),
                     dk_acc.data(), ld_e);
@@ -282,23 +498,26 @@ void BackwardKernel(const Dims& d, const T* q, const T* k, const T* v, const T* 
     parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
       std::vector<T> s(kQueryBlock * kKeyBlock), dp(kQueryBlock * kKeyBlock);
       std::vector<T> dq_acc(kQueryBlock * d.E);
+      TransposedHead<T> kt, vt;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t bh = t / d.query_blocks(), i0 = (t % d.query_blocks()) * kQueryBlock;
         const int64_t b = bh / d.heads, h = bh % d.heads, hk = h / d.group();
         const int64_t nr = std::min(kQueryBlock, d.L - i0);
         const T* qp = q + (bh * d.L + i0) * d.E;
         const T* gp = grad + (bh * d.L + i0) * d.Ev;
-        const T* kp = k + (b * d.kv_heads + hk) * d.S * d.E;
-        const T* vp = v + (b * d.kv_heads + hk) * d.S * d.Ev;
+        const int64_t bhk = b * d.kv_heads + hk;
+        const T* kp = k + bhk * d.S * d.E;
+        kt.Load(bhk, kp, d.S, d.E);
+        vt.Load(bhk, v + bhk * d.S * d.Ev, d.S, d.Ev);
         std::fill(dq_acc.begin(), dq_acc.end(), T(0));
         const int64_t key_end = d.key_end(mask.causal, i0, nr);
         for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
           const int64_t nc = std::min(kKeyBlock, key_end - j0);
-          Gemm<T>(false, true, nr, nc, d.E, scale, qp, ld_e, kp + j0 * d.E, ld_e, T(0), s.data(),
-                  kKeyBlock);
+          Gemm<T>(false, false, nr, nc, d.E, scale, qp, ld_e, kt.block(j0), kKeyBlock, T(0),
+                  s.data(), kKeyBlock);
           mask.Apply(s.data(), kKeyBlock, bh, i0, nr, j0, nc);
           Probabilities(s.data(), nr, nc, lse + bh * d.L + i0);
-          Gemm<T>(false, true, nr, nc, d.Ev, T(1), gp, ld_ev, vp + j0 * d.Ev, ld_ev, T(0),
+          Gemm<T>(false, false, nr, nc, d.Ev, T(1), gp, ld_ev, vt.block(j0), kKeyBlock, T(0),
                   dp.data(), kKeyBlock);
           ScoreGradients(s.data(), dp.data(), nr, nc, delta.data() + bh * d.L + i0);
           Gemm<T>(false, false, nr, d.E, nc, scale, dp.data(), kKeyBlock, kp + j0 * d.E, ld_e, T(1),
@@ -454,6 +673,12 @@ int64_t Product(const SizeVector& s) {
 }
 
 }  // namespace
+
+namespace internal {
+
+void set_max_vector_bits(int bits) { g_max_vector_bits.store(bits, std::memory_order_relaxed); }
+
+}  // namespace internal
 
 namespace functional {
 

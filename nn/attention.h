@@ -44,14 +44,22 @@
 // exp(m_old - m_new) as the maximum grows. So no [L, S] matrix is
 // materialised per head, only a block of scores per worker; what is kept for
 // the backward is the output and the per-row logsumexp m + log(l). The
-// backward recomputes the probabilities block by block from that logsumexp:
-// one pass over (batch, key/value head, key block) accumulates dK and dV
-// (summing over the query heads of a GQA group, so no two tasks write the
-// same rows), a second over (batch, head, query block) accumulates dQ, each
-// with D = rowsum(dO * O) computed once. Both passes and the forward run
-// their tasks on Ember's intra-op pool (tensor/thread_pool.h) and use
-// single-threaded BLAS for the block products; results do not depend on the
-// thread count. Masks are read in place through their (broadcast) strides.
+// backward recomputes the probabilities block by block from that logsumexp,
+// with D = rowsum(dO * O) computed once per row. When there are at least as
+// many (batch, key/value head) pairs as threads it is one pass per pair:
+// each block of probabilities is recomputed once and serves dV, dK and dQ
+// (the pair owns its dK and dV rows and its query heads' dQ rows, so no two
+// tasks write the same rows). With fewer pairs it is two passes that split
+// the work finer: one over (batch, key/value head, key block) accumulates dK
+// and dV, a second over (batch, head, query block) dQ. Both sum in the same
+// order, so results do not depend on the thread count. Every block product
+// is single-threaded BLAS on plain row-major operands (each worker keeps its
+// key/value head transposed a block at a time, so q k^T and dO v^T need no
+// transposed operand); the tasks run on Ember's intra-op pool
+// (tensor/thread_pool.h). A block's row maximum and exponentials use
+// glibc's vector expf (libmvec) on AVX-512 or AVX2 for float32, scalar
+// std::exp otherwise. Masks are read in place through their (broadcast)
+// strides.
 // float16 and bfloat16 CPU inputs compute in float32 and are rounded back.
 // Under create_graph the backward is written in recorded tensor ops (the
 // composed probabilities), so second derivatives work.
@@ -101,6 +109,11 @@ namespace ember::nn::internal {
 // pick sizes that don't divide them.
 inline constexpr int64_t kQueryBlock = 64;
 inline constexpr int64_t kKeyBlock = 64;
+
+// The widest vectors the float kernel's softmax may use, in bits: 512
+// (AVX-512, the default where the CPU has it), 256 (AVX2) or 0 (scalar);
+// the CPU's own limit still applies. For tests of each path.
+void set_max_vector_bits(int bits);
 
 }  // namespace ember::nn::internal
 

@@ -146,6 +146,17 @@ TEST(ScaledDotProductAttention, FusedMatchesReferenceFloat32) {
   for (const Case& c : Cases()) CheckCase(c, kFloat32, 2e-5);
 }
 
+// The softmax's AVX2 and scalar paths (where the CPU has AVX-512 the test
+// above took the AVX-512 one).
+TEST(ScaledDotProductAttention, FusedMatchesReferenceOnNarrowerVectors) {
+  for (int bits : {256, 0}) {
+    SCOPED_TRACE("vector bits " + std::to_string(bits));
+    internal::set_max_vector_bits(bits);
+    for (const Case& c : Cases()) CheckCase(c, kFloat32, 2e-5);
+  }
+  internal::set_max_vector_bits(512);
+}
+
 TEST(ScaledDotProductAttention, FullyMaskedRowsGiveZerosAsTorch) {
   Tensor q = randn({1, 2, 5, 4}, TensorOptions(kFloat64)).requires_grad_();
   Tensor k = randn({1, 2, 7, 4}, TensorOptions(kFloat64)).requires_grad_();
@@ -199,25 +210,37 @@ TEST(ScaledDotProductAttention, SecondDerivativesMatchFiniteDifferences) {
        randn({1, 4, 2}, TensorOptions(kFloat64))});
 }
 
+// 8 (batch, head) pairs take the backward's one pass at 1 and 4 threads; a
+// single pair (and a GQA pair of 3 query heads) takes it at 1 thread and the
+// two passes over blocks at 4: the same bits either way.
 TEST(ScaledDotProductAttention, ThreadCountDoesNotChangeResults) {
-  Generator gen(3);
-  Tensor q = randn({2, 4, 150, 32}, TensorOptions(), &gen).requires_grad_();
-  Tensor k = randn({2, 4, 140, 32}, TensorOptions(), &gen).requires_grad_();
-  Tensor v = randn({2, 4, 140, 32}, TensorOptions(), &gen).requires_grad_();
-  Tensor g = randn({2, 4, 150, 32}, TensorOptions(), &gen);
-  const int threads = get_num_threads();
-  std::vector<std::vector<double>> results[2];
-  for (int run = 0; run < 2; ++run) {
-    set_num_threads(run == 0 ? 1 : 4);
-    q.set_grad(Tensor());
-    k.set_grad(Tensor());
-    v.set_grad(Tensor());
-    Tensor out = scaled_dot_product_attention(q, k, v, {.is_causal = true});
-    out.backward(g);
-    results[run] = {Values(out), Values(q.grad()), Values(k.grad()), Values(v.grad())};
+  struct Shape {
+    int64_t B, Hq, Hk;
+    bool causal;
+  };
+  for (const Shape& shape : {Shape{2, 4, 4, true}, Shape{1, 1, 1, false}, Shape{1, 3, 1, true}}) {
+    SCOPED_TRACE(std::to_string(shape.B) + "x" + std::to_string(shape.Hq) + "/" +
+                 std::to_string(shape.Hk));
+    Generator gen(3);
+    Tensor q = randn({shape.B, shape.Hq, 150, 32}, TensorOptions(), &gen).requires_grad_();
+    Tensor k = randn({shape.B, shape.Hk, 140, 32}, TensorOptions(), &gen).requires_grad_();
+    Tensor v = randn({shape.B, shape.Hk, 140, 24}, TensorOptions(), &gen).requires_grad_();
+    Tensor g = randn({shape.B, shape.Hq, 150, 24}, TensorOptions(), &gen);
+    const int threads = get_num_threads();
+    std::vector<std::vector<double>> results[2];
+    for (int run = 0; run < 2; ++run) {
+      set_num_threads(run == 0 ? 1 : 4);
+      q.set_grad(Tensor());
+      k.set_grad(Tensor());
+      v.set_grad(Tensor());
+      Tensor out = scaled_dot_product_attention(
+          q, k, v, {.is_causal = shape.causal, .enable_gqa = shape.Hq != shape.Hk});
+      out.backward(g);
+      results[run] = {Values(out), Values(q.grad()), Values(k.grad()), Values(v.grad())};
+    }
+    set_num_threads(threads);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(results[0][i], results[1][i]) << "result " << i;
   }
-  set_num_threads(threads);
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(results[0][i], results[1][i]) << "result " << i;
 }
 
 TEST(ScaledDotProductAttention, BroadcastsBatchDimsAndLowDims) {
