@@ -1,5 +1,6 @@
 #include "parallel/fault_tolerance.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -222,10 +223,20 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::create(std::shared_ptr<nn::Mod
 }
 
 Manager::~Manager() {
-  if (pending_.valid()) {
-    lighthouse_->cancel();  // a quorum nobody awaits
-    pending_.wait();
+  if (asker_.joinable()) {
+    absl::MutexLock lock(&ask_mu_);
+    asker_stop_ = true;
+    // A quorum nobody awaits: cancelled until the call returns (a call
+    // that had not started when cancel() ran is cancelled by the next).
+    while (asking_) {
+      ask_mu_.Unlock();
+      lighthouse_->cancel();
+      ask_mu_.Lock();
+      ask_mu_.AwaitWithTimeout(absl::Condition(+[](bool* asking) { return !*asking; }, &asking_),
+                               absl::Milliseconds(10));
+    }
   }
+  if (asker_.joinable()) asker_.join();
   stop_.Notify();
   if (heartbeat_.joinable()) heartbeat_.join();
   if (group_ != nullptr) group_->abort();
@@ -264,14 +275,41 @@ absl::StatusOr<elastic::Quorum> Manager::Ask() {
                              options_.quorum_timeout);
 }
 
+void Manager::AskLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&ask_mu_);
+      ask_mu_.Await(absl::Condition(
+          +[](Manager* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(m->ask_mu_) {
+            return m->ask_wanted_ || m->asker_stop_;
+          },
+          this));
+      if (asker_stop_) return;
+      ask_wanted_ = false;
+      asking_ = true;
+    }
+    absl::StatusOr<elastic::Quorum> q = Ask();
+    absl::MutexLock lock(&ask_mu_);
+    answer_ = std::move(q);
+    asking_ = false;
+  }
+}
+
 absl::Status Manager::start_quorum() {
   Await();  // a quorum left pending by the last call
   error_ = absl::OkStatus();
   group_ready_ = false;
+  voted_ = false;
   absl::Status s = broken_;
   if (s.ok() && options_.async_quorum && group_ != nullptr && !last_failed_) {
     // Note [Overlapping the quorum]: answered on a thread, applied by Await.
-    if (group_rank_ == 0) pending_ = std::async(std::launch::async, [this] { return Ask(); });
+    if (group_rank_ == 0) {
+      if (!asker_.joinable()) asker_ = std::thread([this] { AskLoop(); });
+      absl::MutexLock lock(&ask_mu_);
+      answer_.reset();
+      ask_wanted_ = true;
+      asked_ = true;
+    }
     awaiting_ = true;
     group_ready_ = true;  // the guess, until Await says otherwise
     return absl::OkStatus();
@@ -285,8 +323,20 @@ absl::Status Manager::start_quorum() {
 void Manager::Await() {
   if (!awaiting_) return;
   awaiting_ = false;
-  // Rank 0's answer from its thread; the others' Ask() only says they did not ask.
-  absl::StatusOr<elastic::Quorum> q = ShareQuorum(pending_.valid() ? pending_.get() : Ask());
+  // Rank 0's answer from asker_; the others' Ask() only says they did not ask.
+  absl::StatusOr<elastic::Quorum> mine = absl::UnknownError("not asked");
+  if (asked_) {
+    absl::MutexLock lock(&ask_mu_);
+    ask_mu_.Await(absl::Condition(
+        +[](Manager* m) ABSL_EXCLUSIVE_LOCKS_REQUIRED(m->ask_mu_) { return m->answer_.has_value(); },
+        this));
+    mine = *std::move(answer_);
+    answer_.reset();
+    asked_ = false;
+  } else {
+    mine = Ask();
+  }
+  absl::StatusOr<elastic::Quorum> q = ShareQuorum(std::move(mine));
   absl::Status s = q.status();
   bool held = false;
   if (s.ok()) {
@@ -399,17 +449,23 @@ void Manager::Fail(const absl::Status& error) {
   if (group_ != nullptr) group_->abort();
 }
 
-absl::Status Manager::allreduce(Tensor& t) {
+absl::Status Manager::SumAcross(Tensor& t) {
   Await();
   if (group_ == nullptr || !group_ready_) {
-    report_error(absl::FailedPreconditionError(
-        "allreduce without a quorum: call start_quorum first (or it failed)"));
-    return error_;
+    const absl::Status s = absl::FailedPreconditionError(
+        "allreduce without a quorum: call start_quorum first (or it failed)");
+    report_error(s);
+    return s;
   }
   // Even after an error of this step the collective runs: the others wait
   // for it, and the vote discards the step.
   absl::Status s = Wait(group_->allreduce(t, {.op = dist::ReduceOp::kSum}), options_.timeout);
   if (!s.ok()) Fail(s);
+  return s;
+}
+
+absl::Status Manager::allreduce(Tensor& t) {
+  SumAcross(t).IgnoreError();  // error_ holds it
   if (!error_.ok()) return error_;
   autograd::NoGradGuard no_grad;
   t.div_(static_cast<double>(size_));
@@ -425,18 +481,31 @@ absl::Status Manager::allreduce_gradients() {
       total += p.grad().numel();
     }
   }
-  if (grads.empty()) {
-    Await();
-    return error_;
-  }
+  Await();
+  if (grads.empty()) return error_;
   autograd::NoGradGuard no_grad;
-  Tensor flat = empty({total}, TensorOptions().dtype(grads[0].dtype()));
+  // Note [The vote in the gradients]: one more element, this member's
+  // failure, where the sum of small integers is exact.
+  const Dtype dtype = grads[0].dtype();
+  const bool fold = options_.replica_group == nullptr && group_ != nullptr && group_ready_ &&
+                    (dtype == kFloat32 || dtype == kFloat64);
+  Tensor flat = empty({total + (fold ? 1 : 0)}, TensorOptions().dtype(dtype));
   int64_t offset = 0;
   for (const Tensor& g : grads) {
     flat.narrow(0, offset, g.numel()).copy_(g.reshape({-1}));
     offset += g.numel();
   }
-  EMBER_RETURN_IF_ERROR(allreduce(flat));
+  if (fold) {
+    flat.narrow(0, total, 1).fill_(error_.ok() ? 0.0 : 1.0);
+    failed_before_vote_ = !error_.ok();
+  }
+  const absl::Status summed = SumAcross(flat);
+  if (fold) {
+    voted_ = true;
+    voted_failed_ = summed.ok() ? std::llround(flat.narrow(0, total, 1).item<double>()) : 1;
+  }
+  if (!error_.ok()) return error_;
+  flat.narrow(0, 0, total).div_(static_cast<double>(size_));
   offset = 0;
   for (Tensor& g : grads) {
     g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
@@ -462,7 +531,10 @@ bool Manager::should_commit() {
     return t.data_ptr<int64_t>()[0];
   };
   int64_t failed = within_group(error_.ok() ? 0 : 1);
-  if (group_ != nullptr && broken_.ok()) {
+  if (voted_) {
+    // Taken in allreduce_gradients; an error since is this member's alone.
+    failed = voted_failed_ + (!error_.ok() && !failed_before_vote_ ? 1 : 0);
+  } else if (group_ != nullptr && broken_.ok()) {
     Tensor t = tensor<int64_t>({failed});
     const absl::Status s =
         Wait(group_->allreduce(t, {.op = dist::ReduceOp::kSum}), options_.timeout);
@@ -478,6 +550,7 @@ bool Manager::should_commit() {
     last_failed_ = true;
   }
   error_ = absl::OkStatus();
+  voted_ = false;
   return ok;
 }
 

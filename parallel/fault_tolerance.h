@@ -53,6 +53,20 @@
 // caller must discard the step (zero_grad without stepping), and the next
 // start_quorum makes a new group.
 //
+// Note [The vote in the gradients]
+// When the replica group is one process and the gradients are float32 or
+// float64, allreduce_gradients() carries the vote: one more element, 1 for
+// a participant that failed this step so far, summed with the gradients.
+// should_commit() then needs no collective of its own: it commits when
+// that count was 0 and nothing failed since. A participant whose gradient
+// all-reduce failed, or that fails after it, discards the step alone while
+// the others may commit it; it is then behind, so the next quorum makes a
+// new process group and it takes the state from a member with the newest
+// step (its batch was trained by the others: nothing is lost or trained
+// twice). Otherwise (gradients averaged by allreduce() calls, say DDP's
+// hook, or replica groups of several ranks) should_commit() runs the vote
+// as described above.
+//
 // Note [Overlapping the quorum]
 // With options.async_quorum (the default, as torchft's use_async_quorum),
 // a start_quorum() that follows a committed step asks the lighthouse on a
@@ -106,14 +120,16 @@
 
 #include <atomic>
 #include <cstdint>
-#include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "distributed/elastic/lighthouse.h"
@@ -203,6 +219,9 @@ class Manager {
   // Rank 0's quorum (or its error), given to every rank of the group.
   absl::StatusOr<distributed::elastic::Quorum> ShareQuorum(
       absl::StatusOr<distributed::elastic::Quorum> mine);
+  // The sum of `t` over the participants (Fail on an error of the
+  // collective); the collective's status.
+  absl::Status SumAcross(Tensor& t);
   // Fails this step on `error` of the process group across replica groups
   // (aborted, so the next quorum makes a new one).
   void Fail(const absl::Status& error);
@@ -221,13 +240,28 @@ class Manager {
   std::vector<distributed::elastic::QuorumMember> members_;  // of group_'s quorum
   bool group_ready_ = false;  // group_ is this step's (quorum applied)
   bool awaiting_ = false;     // an overlapped quorum is to be applied
-  std::future<absl::StatusOr<distributed::elastic::Quorum>> pending_;  // rank 0's
+  // Rank 0's overlapped requests run on asker_, one thread for the
+  // Manager's life (so a step starts no thread): start_quorum sets
+  // ask_wanted_, the thread asks and leaves the answer in answer_.
+  void AskLoop();
+  absl::Mutex ask_mu_;
+  bool ask_wanted_ ABSL_GUARDED_BY(ask_mu_) = false;
+  bool asker_stop_ ABSL_GUARDED_BY(ask_mu_) = false;
+  bool asking_ ABSL_GUARDED_BY(ask_mu_) = false;  // Ask() runs on asker_
+  std::optional<absl::StatusOr<distributed::elastic::Quorum>> answer_ ABSL_GUARDED_BY(ask_mu_);
+  bool asked_ = false;  // a request of start_quorum's is on asker_
+  std::thread asker_;
   int64_t quorum_id_ = -1;
   int64_t step_ = 0;
   int rank_ = 0;
   int size_ = 1;
   bool last_failed_ = false;
   absl::Status error_;  // this step's first error
+  // Note [The vote in the gradients]: this step's vote was taken, counting
+  // voted_failed_ failed participants; whether this member had failed then.
+  bool voted_ = false;
+  int64_t voted_failed_ = 0;
+  bool failed_before_vote_ = false;
   int64_t recoveries_ = 0;
   int64_t discarded_ = 0;
   int group_rank_ = 0;
