@@ -37,6 +37,7 @@ declare -A summary=(
   [launch]="start and supervise the workers of a distributed job"
   [shm_manager]="clean up the shared memory of processes that died"
   [hub]="fetch hub repositories and weights from the command line"
+  [lighthouse]="decide the quorums of fault-tolerant jobs' replica groups"
 )
 for binary in "$@"; do
   tool=$(basename "$binary")
@@ -83,11 +84,11 @@ Depends: $depends
 Section: devel
 Priority: optional
 Installed-Size: $(du -sk --exclude=DEBIAN "$deb" | cut -f1)
-Description: Ember's command-line tools: launch, shm_manager, hub
+Description: Ember's command-line tools: launch, shm_manager, hub, lighthouse
  launch starts the workers of a distributed job with PyTorch's launcher
  environment; shm_manager unlinks the shared memory of processes that died
  (Ember's file_system sharing strategy); hub fetches hub repositories and
- weights.
+ weights; lighthouse decides the quorums of fault-tolerant jobs.
 END
 find "$deb" -exec touch -h -d @0 {} +
 dpkg-deb --root-owner-group -Zxz --build "$deb" "$out/ember-tools_${version}_amd64.deb" >/dev/null

@@ -4,6 +4,7 @@
 // LD_LIBRARY_PATH) for --version, --help and one real job, the shared
 // libraries each still loads, the glibc it needs, tampered and truncated
 // archives, and the .deb installed, run and removed in a throwaway root.
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,12 +14,14 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "distributed/elastic/lighthouse.h"
 #include "distributed/testing/free_port.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -36,8 +39,8 @@ using ::testing::MatchesRegex;
 using ::testing::UnorderedElementsAreArray;
 
 // The shared libraries besides glibc the hub binary still loads: those Debian
-// ships no static archive for (README.md "Installing the tools"). launch and
-// shm_manager load none.
+// ships no static archive for (README.md "Installing the tools"). launch,
+// shm_manager and lighthouse load none.
 const std::vector<std::string> kHubSharedLibraries = {
     "libacl.so.1",  "libgssapi_krb5.so.2", "liblber-2.5.so.0", "libldap-2.5.so.0",
     "liblz4.so.1",  "libnghttp2.so.14",    "libpsl.so.5",      "librtmp.so.1",
@@ -94,7 +97,7 @@ std::string FreshDir(const std::string& name) {
   return dir;
 }
 
-const std::vector<std::string> kTools = {"launch", "shm_manager", "hub"};
+const std::vector<std::string> kTools = {"launch", "shm_manager", "hub", "lighthouse"};
 
 class ReleaseTest : public ::testing::Test {
  protected:
@@ -120,7 +123,7 @@ TEST_F(ReleaseTest, ArtifactsMatchTheirChecksums) {
   EXPECT_THAT(r.out, HasSubstr(DebName() + ": OK"));
   r = Sh("sha256sum -c SHA256SUMS", *root_);
   EXPECT_EQ(r.code, 0) << r.out << r.err;
-  for (std::string file : {"bin/launch", "bin/shm_manager", "bin/hub", "LICENSE",
+  for (std::string file : {"bin/launch", "bin/shm_manager", "bin/hub", "bin/lighthouse", "LICENSE",
                            "THIRD_PARTY_NOTICES", "share/man/man1/hub.1"}) {
     EXPECT_THAT(r.out, HasSubstr(absl::StrCat(file, ": OK")));
   }
@@ -172,8 +175,8 @@ TEST_F(ReleaseTest, BinariesLoadOnlyGlibcAndTheDocumentedLibraries) {
     r = Sh("objdump -T '" + Bin(tool) + "' | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1");
     EXPECT_EQ(r.out, absl::StrCat("GLIBC_", kGlibc, "\n")) << tool;
   }
-  // ldd agrees: launch and shm_manager resolve nothing outside glibc.
-  for (std::string tool : {"launch", "shm_manager"}) {
+  // ldd agrees: launch, shm_manager and lighthouse resolve nothing outside glibc.
+  for (std::string tool : {"launch", "shm_manager", "lighthouse"}) {
     Result r = Sh("env -i ldd '" + Bin(tool) + "' | awk '{ print $1 }'");
     EXPECT_THAT(Lines(r.out),
                 UnorderedElementsAreArray<std::string>(
@@ -197,6 +200,48 @@ TEST_F(ReleaseTest, LaunchRunsTwoRanksThatRendezvous) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(ReadFile(out + "/joined0"), "2");
   EXPECT_EQ(ReadFile(out + "/joined1"), "2");
+}
+
+// The tarball's lighthouse, started with no environment, decides a quorum of
+// two replica groups asking at once and stops cleanly on SIGTERM.
+TEST_F(ReleaseTest, LighthouseFormsAQuorumOfTwoGroups) {
+  const std::string dir = FreshDir("lighthouse");
+  const std::string address = absl::StrCat("127.0.0.1:", distributed::testing::FreePort());
+  Result r = Sh(absl::StrCat("env -i '", Bin("lighthouse"), "' --bind=", address,
+                             " --min_replicas=2 --join_timeout_ms=10000 >log 2>&1 & echo $!"),
+                dir);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const pid_t pid = std::stoi(r.out);
+  ASSERT_TRUE(WaitUntil([&] { return ReadFile(dir + "/log").find("serving on") != std::string::npos; },
+                        absl::Seconds(30)))
+      << ReadFile(dir + "/log");
+  absl::StatusOr<distributed::elastic::Quorum> quorums[2];
+  std::vector<std::thread> groups;
+  for (int g = 0; g < 2; ++g) {
+    groups.emplace_back([&, g] {
+      auto client = distributed::elastic::LighthouseClient::create(address);
+      if (!client.ok()) {
+        quorums[g] = client.status();
+        return;
+      }
+      quorums[g] = (*client)->quorum(
+          {.replica_id = absl::StrCat("group", g), .address = absl::StrCat("host", g, ":1"),
+           .step = 10 * g},
+          absl::Seconds(30));
+    });
+  }
+  for (std::thread& t : groups) t.join();
+  for (int g = 0; g < 2; ++g) {
+    ASSERT_TRUE(quorums[g].ok()) << g << ": " << quorums[g].status();
+    ASSERT_EQ(quorums[g]->members.size(), 2u) << g;
+    EXPECT_EQ(quorums[g]->members[0].replica_id, "group0");
+    EXPECT_EQ(quorums[g]->members[1].address, "host1:1");
+    EXPECT_EQ(quorums[g]->max_step, 10);
+  }
+  EXPECT_EQ(quorums[0]->quorum_id, quorums[1]->quorum_id);
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  EXPECT_TRUE(WaitUntil([&] { return kill(pid, 0) != 0; }, absl::Seconds(30)));
+  EXPECT_THAT(ReadFile(dir + "/log"), HasSubstr("stopping (1 quorums decided)"));
 }
 
 TEST_F(ReleaseTest, HubFetchesFromTheTestServer) {

@@ -21,7 +21,7 @@ contain those libraries.
 
 oneDNN (libdnnl, nn's convolutions) is not among the modules: no release
 tool links nn (`bazel query 'somepath(//tools/release:hub,
-//third_party/dnnl)'` is empty for all three), and Debian's libdnnl-dev ships
+//third_party/dnnl)'` is empty for all four), and Debian's libdnnl-dev ships
 no libdnnl.a, so a tool that did would load libdnnl.so.2 at run time; release_test's list of the libraries each binary loads would then
 fail. Programs that use nn link oneDNN as a shared library, through the
 consumer workspace (tools/release/consumer_archive_test.sh builds //:ember,
