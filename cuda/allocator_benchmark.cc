@@ -9,6 +9,15 @@
 //                 measures the pool's own bookkeeping against glibc).
 //   BM_CudaChurn: the kCUDA caching allocator vs cudaMalloc/cudaFree on the
 //                 current device; skipped, saying why, without a GPU.
+//   BM_HostCachedPair: one cached 1 MiB allocation and its free through a
+//                 BlockPool over malloc, the pool's share of the CUDA
+//                 allocator's fast path (train_step_benchmark's
+//                 BM_CachedAllocFree on a GPU); its time is per pair.
+//   BM_CudaCachedPair, BM_CudaCurrentDevice, BM_CudaCurrentStream: the same
+//                 pair through caching_allocator_alloc, and the two lookups
+//                 every allocation makes before it reaches the pool, so that
+//                 the fast path's host time splits into its parts; skipped,
+//                 saying why, without a GPU.
 //
 //   bazel run //cuda:allocator_benchmark -- --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
@@ -25,6 +34,7 @@
 #include "cuda/block_pool.h"
 #include "cuda/caching_allocator.h"
 #include "cuda/device.h"
+#include "tensor/stream.h"
 
 namespace ember::cuda {
 namespace {
@@ -94,6 +104,22 @@ void BM_HostChurn(benchmark::State& state) {
 }
 BENCHMARK(BM_HostChurn)->Unit(benchmark::kMicrosecond);
 
+void BM_HostCachedPair(benchmark::State& state) {
+  BlockPoolBacking backing;
+  backing.allocate = [](size_t n) -> absl::StatusOr<void*> { return std::malloc(n); };
+  backing.free = [](void* p, size_t) { std::free(p); };
+  BlockPool pool(std::move(backing));
+  const Stream stream;
+  constexpr size_t kBytes = size_t{1} << 20;
+  pool.free(*pool.allocate(kBytes, stream));  // The segment; every pair after it is cached.
+  for (auto _ : state) {
+    Block* b = *pool.allocate(kBytes, stream);
+    benchmark::DoNotOptimize(b);
+    pool.free(b);
+  }
+}
+BENCHMARK(BM_HostCachedPair);
+
 void BM_CudaChurn(benchmark::State& state) {
   if (absl::Status available = internal::CheckAvailable("allocator_benchmark"); !available.ok()) {
     state.SkipWithError(std::string(available.message()).c_str());
@@ -118,6 +144,38 @@ void BM_CudaChurn(benchmark::State& state) {
   Report(state, baseline_s, cached_s);
 }
 BENCHMARK(BM_CudaChurn)->Unit(benchmark::kMillisecond);
+
+void BM_CudaCachedPair(benchmark::State& state) {
+  if (absl::Status available = internal::CheckAvailable("allocator_benchmark"); !available.ok()) {
+    state.SkipWithError(std::string(available.message()).c_str());
+    return;
+  }
+  constexpr size_t kBytes = size_t{1} << 20;
+  (void)caching_allocator_alloc(kBytes);  // The segment; every pair after it is cached.
+  for (auto _ : state) {
+    absl::StatusOr<DataPtr> p = caching_allocator_alloc(kBytes);
+    benchmark::DoNotOptimize(p);
+  }
+}
+BENCHMARK(BM_CudaCachedPair);
+
+void BM_CudaCurrentDevice(benchmark::State& state) {
+  if (absl::Status available = internal::CheckAvailable("allocator_benchmark"); !available.ok()) {
+    state.SkipWithError(std::string(available.message()).c_str());
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(current_device());
+}
+BENCHMARK(BM_CudaCurrentDevice);
+
+void BM_CudaCurrentStream(benchmark::State& state) {
+  if (absl::Status available = internal::CheckAvailable("allocator_benchmark"); !available.ok()) {
+    state.SkipWithError(std::string(available.message()).c_str());
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(ember::current_stream(Device(DeviceType::kCUDA)));
+}
+BENCHMARK(BM_CudaCurrentStream);
 
 }  // namespace
 }  // namespace ember::cuda
