@@ -87,6 +87,13 @@ void Report(benchmark::State& state, double baseline_s, double cached_s) {
   state.counters["x_baseline"] = baseline_s / cached_s;
 }
 
+// True, having marked `state` skipped with the reason, when CUDA is not available.
+bool SkippedWithoutCuda(benchmark::State& state) {
+  absl::Status available = internal::CheckAvailable("allocator_benchmark");
+  if (!available.ok()) state.SkipWithError(std::string(available.message()).c_str());
+  return !available.ok();
+}
+
 void BM_HostChurn(benchmark::State& state) {
   BlockPoolBacking backing;
   backing.allocate = [](size_t n) -> absl::StatusOr<void*> { return std::malloc(n); };
@@ -121,10 +128,7 @@ void BM_HostCachedPair(benchmark::State& state) {
 BENCHMARK(BM_HostCachedPair);
 
 void BM_CudaChurn(benchmark::State& state) {
-  if (absl::Status available = internal::CheckAvailable("allocator_benchmark"); !available.ok()) {
-    state.SkipWithError(std::string(available.message()).c_str());
-    return;
-  }
+  if (SkippedWithoutCuda(state)) return;
   double baseline_s = 0;
   double cached_s = 0;
   for (auto _ : state) {
@@ -146,10 +150,7 @@ void BM_CudaChurn(benchmark::State& state) {
 BENCHMARK(BM_CudaChurn)->Unit(benchmark::kMillisecond);
 
 void BM_CudaCachedPair(benchmark::State& state) {
-  if (absl::Status available = internal::CheckAvailable("allocator_benchmark"); !available.ok()) {
-    state.SkipWithError(std::string(available.message()).c_str());
-    return;
-  }
+  if (SkippedWithoutCuda(state)) return;
   constexpr size_t kBytes = size_t{1} << 20;
   (void)caching_allocator_alloc(kBytes);  // The segment; every pair after it is cached.
   for (auto _ : state) {
@@ -160,19 +161,13 @@ void BM_CudaCachedPair(benchmark::State& state) {
 BENCHMARK(BM_CudaCachedPair);
 
 void BM_CudaCurrentDevice(benchmark::State& state) {
-  if (absl::Status available = internal::CheckAvailable("allocator_benchmark"); !available.ok()) {
-    state.SkipWithError(std::string(available.message()).c_str());
-    return;
-  }
+  if (SkippedWithoutCuda(state)) return;
   for (auto _ : state) benchmark::DoNotOptimize(current_device());
 }
 BENCHMARK(BM_CudaCurrentDevice);
 
 void BM_CudaCurrentStream(benchmark::State& state) {
-  if (absl::Status available = internal::CheckAvailable("allocator_benchmark"); !available.ok()) {
-    state.SkipWithError(std::string(available.message()).c_str());
-    return;
-  }
+  if (SkippedWithoutCuda(state)) return;
   for (auto _ : state) benchmark::DoNotOptimize(ember::current_stream(Device(DeviceType::kCUDA)));
 }
 BENCHMARK(BM_CudaCurrentStream);
