@@ -94,11 +94,16 @@ bool SkippedWithoutCuda(benchmark::State& state) {
   return !available.ok();
 }
 
-void BM_HostChurn(benchmark::State& state) {
+// A block pool's source over malloc and free, for the host cases.
+BlockPoolBacking MallocBacking() {
   BlockPoolBacking backing;
   backing.allocate = [](size_t n) -> absl::StatusOr<void*> { return std::malloc(n); };
   backing.free = [](void* p, size_t) { std::free(p); };
-  BlockPool pool(std::move(backing));
+  return backing;
+}
+
+void BM_HostChurn(benchmark::State& state) {
+  BlockPool pool(MallocBacking());
   const Stream stream;
   double baseline_s = 0;
   double cached_s = 0;
@@ -112,10 +117,7 @@ void BM_HostChurn(benchmark::State& state) {
 BENCHMARK(BM_HostChurn)->Unit(benchmark::kMicrosecond);
 
 void BM_HostCachedPair(benchmark::State& state) {
-  BlockPoolBacking backing;
-  backing.allocate = [](size_t n) -> absl::StatusOr<void*> { return std::malloc(n); };
-  backing.free = [](void* p, size_t) { std::free(p); };
-  BlockPool pool(std::move(backing));
+  BlockPool pool(MallocBacking());
   const Stream stream;
   constexpr size_t kBytes = size_t{1} << 20;
   pool.free(*pool.allocate(kBytes, stream));  // The segment; every pair after it is cached.
