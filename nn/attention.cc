@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -13,6 +14,7 @@
 
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
+#include "nn/attention_kernels.h"
 #include "nn/dropout.h"
 #include "tensor/autocast.h"
 #include "tensor/error.h"
@@ -551,24 +553,6 @@ Dims DimsOf(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 // --- The composed path ---------------------------------------------------------------
 
-// k [B, Hk, S, X] -> [B, Hq, S, X], each key/value head repeated for its
-// group of query heads (torch's repeat_interleave on dim -3).
-Tensor RepeatHeads(const Tensor& k, int64_t heads) {
-  const int64_t kv_heads = k.size(1);
-  if (kv_heads == heads) return k;
-  const int64_t group = heads / kv_heads;
-  return k.unsqueeze(2)
-      .expand({k.size(0), kv_heads, group, k.size(2), k.size(3)})
-      .reshape({k.size(0), heads, k.size(2), k.size(3)});
-}
-
-// The inverse's adjoint: [B, Hq, S, X] -> [B, Hk, S, X], summing each group.
-Tensor SumHeadGroups(const Tensor& g, int64_t kv_heads) {
-  const int64_t heads = g.size(1);
-  if (kv_heads == heads) return g;
-  return g.reshape({g.size(0), kv_heads, heads / kv_heads, g.size(2), g.size(3)}).sum({2});
-}
-
 // softmax(q k^T * scale + mask) in recorded tensor ops, rows with nothing to
 // attend set to 0. q [B, H, L, E], k [B, H, S, E]; mask undefined or
 // broadcastable to [B, H, L, S].
@@ -592,73 +576,112 @@ Tensor ComposedProbabilities(const Tensor& q, const Tensor& k, const Tensor& mas
   return s.masked_fill(dead, 0.0).softmax(-1).masked_fill(dead, 0.0);
 }
 
-// --- The fused Function ----------------------------------------------------------------
+// The gradients of attention from the composed probabilities, in tensor ops
+// (recorded under create_graph, so they have gradients of their own).
+internal::AttentionGrads ComposedGradients(const internal::AttentionCall& c, const Tensor& grad,
+                                           const std::array<bool, 3>& needs) {
+  const int64_t heads = c.q.size(1), kv_heads = c.k.size(1);
+  Tensor k_rep = internal::RepeatHeads(c.k, heads), v_rep = internal::RepeatHeads(c.v, heads);
+  Tensor m4 = c.mask.defined() ? c.mask.reshape({c.q.size(0), heads, c.q.size(2), c.k.size(2)})
+                               : c.mask;
+  Tensor p = ComposedProbabilities(c.q, k_rep, m4, c.causal, c.scale);
+  internal::AttentionGrads g;
+  if (needs[2]) g.dv = internal::SumHeadGroups(p.transpose(-2, -1).matmul(grad), kv_heads);
+  if (needs[0] || needs[1]) {
+    Tensor dp = grad.matmul(v_rep.transpose(-2, -1));
+    Tensor ds = p * (dp - (dp * p).sum({-1}, /*keepdim=*/true));
+    if (needs[0]) g.dq = ds.matmul(k_rep) * c.scale;
+    if (needs[1]) g.dk = internal::SumHeadGroups(ds.transpose(-2, -1).matmul(c.q) * c.scale, kv_heads);
+  }
+  return g;
+}
 
-// q [B, H, L, E], k [B, Hk, S, E], v [B, Hk, S, Ev] contiguous; mask
-// undefined or [batch..., L, S] (any strides) of bool or q's dtype, not
-// requiring grad.
-struct FusedAttention : autograd::Function<FusedAttention> {
+// --- The CPU's kernels (Note [Fused attention on the CPU]) ---------------------------
+
+// float32 and float64 (the layer computes float16 and bfloat16 in float32);
+// stats: the per-row logsumexp [B, H, L] in the input's dtype.
+bool AttentionForwardCpu(const internal::AttentionCall& c, Tensor* out, Tensor* stats) {
+  if (c.q.dtype() != kFloat32 && c.q.dtype() != kFloat64) return false;
+  const Dims d = DimsOf(c.q, c.k, c.v);
+  *out = empty({d.batch, d.heads, d.L, d.Ev}, c.q.options());
+  *stats = empty({d.batch, d.heads, d.L}, c.q.options());
+  VisitFloat(c.q.dtype(), [&]<typename T>() {
+    const MaskView<T> view = MakeMaskView<T>(c.mask, d.batch * d.heads, c.causal);
+    ForwardKernel<T>(d, c.q.data_ptr<T>(), c.k.data_ptr<T>(), c.v.data_ptr<T>(), view,
+                     static_cast<T>(c.scale), out->data_ptr<T>(), stats->data_ptr<T>());
+  });
+  return true;
+}
+
+bool AttentionBackwardCpu(const internal::AttentionCall& c, const Tensor& out,
+                          const Tensor& stats, const Tensor& grad,
+                          const std::array<bool, 3>& needs, internal::AttentionGrads* grads) {
+  const Dims d = DimsOf(c.q, c.k, c.v);
+  grads->dq = needs[0] ? empty_like(c.q) : Tensor();
+  grads->dk = needs[1] || needs[2] ? empty_like(c.k) : Tensor();
+  grads->dv = needs[1] || needs[2] ? empty_like(c.v) : Tensor();
+  VisitFloat(c.q.dtype(), [&]<typename T>() {
+    const MaskView<T> view = MakeMaskView<T>(c.mask, d.batch * d.heads, c.causal);
+    BackwardKernel<T>(d, c.q.data_ptr<T>(), c.k.data_ptr<T>(), c.v.data_ptr<T>(),
+                      out.data_ptr<T>(), grad.data_ptr<T>(), stats.data_ptr<T>(), view,
+                      static_cast<T>(c.scale), needs[0] ? grads->dq.data_ptr<T>() : nullptr,
+                      grads->dk.defined() ? grads->dk.data_ptr<T>() : nullptr,
+                      grads->dv.defined() ? grads->dv.data_ptr<T>() : nullptr);
+  });
+  return true;
+}
+
+// --- The kernels' Function -----------------------------------------------------------
+
+// What a device's forward kernel returned for the call.
+struct KernelResult {
+  Tensor out, stats;
+};
+
+// q, k, v as the kernel's call had them (not detached: the Function records
+// them); the kernel has run, so forward only keeps its results. backward
+// asks the same device's backward kernel, and differentiates the composed
+// probabilities where it declines or under create_graph (Note [Attention
+// kernels decline] in nn/attention_kernels.h).
+struct KernelAttention : autograd::Function<KernelAttention> {
   static Tensor forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& mask, bool causal, double scale) {
-    const Dims d = DimsOf(q, k, v);
-    Tensor out = empty({d.batch, d.heads, d.L, d.Ev}, q.options());
-    Tensor lse = empty({d.batch, d.heads, d.L}, q.options());
-    VisitFloat(q.dtype(), [&]<typename T>() {
-      const MaskView<T> view = MakeMaskView<T>(mask, d.batch * d.heads, causal);
-      ForwardKernel<T>(d, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), view,
-                       static_cast<T>(scale), out.data_ptr<T>(), lse.data_ptr<T>());
-    });
+                        const KernelResult& result, const Tensor& mask, bool causal,
+                        double scale) {
     ctx->save_for_backward({q, k, v});
-    ctx->saved_data["out"] = out.detach();
-    ctx->saved_data["lse"] = lse;
+    ctx->saved_data["out"] = result.out;
+    ctx->saved_data["stats"] = result.stats;
     ctx->saved_data["mask"] = mask;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
-    return out;
+    return result.out;
   }
 
   static std::vector<Tensor> backward(AutogradContext* ctx, std::vector<Tensor> grad_outputs) {
     std::vector<Tensor> saved = ctx->get_saved_variables();
-    const Tensor& q = saved[0];
-    const Tensor& k = saved[1];
-    const Tensor& v = saved[2];
-    const Tensor& mask = std::get<Tensor>(ctx->saved_data["mask"]);
-    const bool causal = std::get<bool>(ctx->saved_data["causal"]);
-    const double scale = std::get<double>(ctx->saved_data["scale"]);
-    const bool need_q = ctx->needs_input_grad(0), need_k = ctx->needs_input_grad(1),
-               need_v = ctx->needs_input_grad(2);
+    internal::AttentionCall call{.q = saved[0],
+                                 .k = saved[1],
+                                 .v = saved[2],
+                                 .mask = std::get<Tensor>(ctx->saved_data["mask"]),
+                                 .causal = std::get<bool>(ctx->saved_data["causal"]),
+                                 .scale = std::get<double>(ctx->saved_data["scale"])};
+    const std::array<bool, 3> needs = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                                       ctx->needs_input_grad(2)};
     const Tensor& grad = grad_outputs[0];
-    if (autograd::GradMode::is_enabled()) {
-      // create_graph: recorded ops, so the gradients have gradients.
-      const int64_t heads = q.size(1), kv_heads = k.size(1);
-      Tensor k_rep = RepeatHeads(k, heads), v_rep = RepeatHeads(v, heads);
-      Tensor m4 = mask.defined() ? mask.reshape({q.size(0), heads, q.size(2), k.size(2)}) : mask;
-      Tensor p = ComposedProbabilities(q, k_rep, m4, causal, scale);
-      Tensor dq, dk, dv;
-      if (need_v) dv = SumHeadGroups(p.transpose(-2, -1).matmul(grad), kv_heads);
-      if (need_q || need_k) {
-        Tensor dp = grad.matmul(v_rep.transpose(-2, -1));
-        Tensor ds = p * (dp - (dp * p).sum({-1}, /*keepdim=*/true));
-        if (need_q) dq = ds.matmul(k_rep) * scale;
-        if (need_k) dk = SumHeadGroups(ds.transpose(-2, -1).matmul(q) * scale, kv_heads);
-      }
-      return {dq, dk, dv, Tensor(), Tensor(), Tensor()};
+    internal::AttentionGrads g;
+    bool ran = false;
+    if (!autograd::GradMode::is_enabled()) {
+      const Tensor& out = std::get<Tensor>(ctx->saved_data["out"]);
+      const Tensor& stats = std::get<Tensor>(ctx->saved_data["stats"]);
+      call.q = call.q.detach();
+      call.k = call.k.detach();
+      call.v = call.v.detach();
+      ran = internal::attention_backward(call.q.device())(call, out, stats, grad.contiguous(),
+                                                          needs, &g);
     }
-    const Tensor& out = std::get<Tensor>(ctx->saved_data["out"]);
-    const Tensor& lse = std::get<Tensor>(ctx->saved_data["lse"]);
-    const Dims d = DimsOf(q, k, v);
-    Tensor g = grad.contiguous();
-    Tensor dq = need_q ? empty_like(q) : Tensor();
-    Tensor dk = need_k || need_v ? empty_like(k) : Tensor();
-    Tensor dv = need_k || need_v ? empty_like(v) : Tensor();
-    VisitFloat(q.dtype(), [&]<typename T>() {
-      const MaskView<T> view = MakeMaskView<T>(mask, d.batch * d.heads, causal);
-      BackwardKernel<T>(
-          d, q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), out.data_ptr<T>(), g.data_ptr<T>(),
-          lse.data_ptr<T>(), view, static_cast<T>(scale), need_q ? dq.data_ptr<T>() : nullptr,
-          dk.defined() ? dk.data_ptr<T>() : nullptr, dv.defined() ? dv.data_ptr<T>() : nullptr);
-    });
-    return {dq, need_k ? dk : Tensor(), need_v ? dv : Tensor(), Tensor(), Tensor(), Tensor()};
+    if (!ran) g = ComposedGradients(call, grad, needs);
+    // One per forward argument: q, k, v, then result, mask, causal, scale.
+    return {needs[0] ? g.dq : Tensor(), needs[1] ? g.dk : Tensor(), needs[2] ? g.dv : Tensor(),
+            Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -677,6 +700,27 @@ int64_t Product(const SizeVector& s) {
 namespace internal {
 
 void set_max_vector_bits(int bits) { g_max_vector_bits.store(bits, std::memory_order_relaxed); }
+
+constinit DeviceKernel<AttentionForwardFn> attention_forward{"scaled_dot_product_attention"};
+constinit DeviceKernel<AttentionBackwardFn> attention_backward{
+    "scaled_dot_product_attention backward"};
+EMBER_REGISTER_NN_KERNEL(attention_forward, DeviceType::kCPU, &AttentionForwardCpu);
+EMBER_REGISTER_NN_KERNEL(attention_backward, DeviceType::kCPU, &AttentionBackwardCpu);
+
+Tensor RepeatHeads(const Tensor& k, int64_t heads) {
+  const int64_t kv_heads = k.size(1);
+  if (kv_heads == heads) return k;
+  const int64_t group = heads / kv_heads;
+  return k.unsqueeze(2)
+      .expand({k.size(0), kv_heads, group, k.size(2), k.size(3)})
+      .reshape({k.size(0), heads, k.size(2), k.size(3)});
+}
+
+Tensor SumHeadGroups(const Tensor& g, int64_t kv_heads) {
+  const int64_t heads = g.size(1);
+  if (kv_heads == heads) return g;
+  return g.reshape({g.size(0), kv_heads, heads / kv_heads, g.size(2), g.size(3)}).sum({2});
+}
 
 }  // namespace internal
 
@@ -786,28 +830,41 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
       options.scale.has_value() ? *options.scale : 1.0 / std::sqrt(static_cast<double>(E));
 
   const Dtype dtype = query.dtype();
-  const bool low_precision = query.is_cpu() && (dtype == kFloat16 || dtype == kBFloat16);
+  const Device device = query.device();
+  // Note [Attention kernels decline]: the device's kernel first, where there
+  // is no dropout and no mask gradient; the composed path otherwise.
   const bool mask_needs_grad = m.defined() && m.requires_grad() && autograd::GradMode::is_enabled();
-  const bool fused = query.is_cpu() && options.dropout_p == 0.0 && !mask_needs_grad &&
-                     (dtype == kFloat32 || dtype == kFloat64 || low_precision);
-  Tensor out;
-  if (fused) {
-    if (low_precision) {
-      q4 = q4.to(kFloat32);
-      k4 = k4.to(kFloat32);
-      v4 = v4.to(kFloat32);
-      if (m.defined() && m.dtype() != kBool) m = m.to(kFloat32);
+  if (options.dropout_p == 0.0 && !mask_needs_grad &&
+      internal::attention_forward.has(device.type())) {
+    // float16 and bfloat16 on the CPU compute in float32 (recorded casts).
+    const bool widen = query.is_cpu() && (dtype == kFloat16 || dtype == kBFloat16);
+    Tensor q = (widen ? q4.to(kFloat32) : q4).contiguous();
+    Tensor k = (widen ? k4.to(kFloat32) : k4).contiguous();
+    Tensor v = (widen ? v4.to(kFloat32) : v4).contiguous();
+    Tensor mask_in;
+    if (m.defined()) mask_in = (widen && m.dtype() != kBool ? m.to(kFloat32) : m).detach();
+    const internal::AttentionCall call{.q = q.detach(),
+                                       .k = k.detach(),
+                                       .v = v.detach(),
+                                       .mask = mask_in,
+                                       .causal = options.is_causal,
+                                       .scale = scale};
+    KernelResult result;
+    bool ran;
+    {
+      autograd::NoGradGuard no_grad;
+      ran = internal::attention_forward(device)(call, &result.out, &result.stats);
     }
-    Tensor mask_in = m.defined() ? m.detach() : Tensor();
-    out = FusedAttention::apply(q4.contiguous(), k4.contiguous(), v4.contiguous(), mask_in,
-                                options.is_causal, scale);
-    if (low_precision) out = out.to(dtype);
-  } else {
-    Tensor m4 = m.defined() ? m.reshape({batch, heads, L, S}) : m;
-    Tensor p = ComposedProbabilities(q4, RepeatHeads(k4, heads), m4, options.is_causal, scale);
-    if (options.dropout_p > 0.0) p = dropout(p, options.dropout_p, true, options.generator);
-    out = p.matmul(RepeatHeads(v4, heads));
+    if (ran) {
+      Tensor out = KernelAttention::apply(q, k, v, result, mask_in, options.is_causal, scale);
+      return (widen ? out.to(dtype) : out).reshape(out_shape);
+    }
   }
+  Tensor m4 = m.defined() ? m.reshape({batch, heads, L, S}) : m;
+  Tensor p = ComposedProbabilities(q4, internal::RepeatHeads(k4, heads), m4, options.is_causal,
+                                   scale);
+  if (options.dropout_p > 0.0) p = dropout(p, options.dropout_p, true, options.generator);
+  Tensor out = p.matmul(internal::RepeatHeads(v4, heads));
   return out.reshape(out_shape);
 }
 

@@ -64,11 +64,16 @@
 // Under create_graph the backward is written in recorded tensor ops (the
 // composed probabilities), so second derivatives work.
 //
-// The composed path, matmul + masked softmax + dropout + matmul recorded by
-// autograd, is taken for dropout_p > 0, for a float mask that requires grad
-// (its gradient is the scores'), and for tensors on other devices: on CUDA it
-// runs on the existing device ops, so attention works on a GPU; cuDNN's
-// fused attention is not used (not part of Ember yet).
+// Each device's kernels sit in the slots of nn/attention_kernels.h and may
+// decline a call (Note [Attention kernels decline]): the CPU's fused kernel
+// takes every float call it is given; on CUDA, cuDNN's fused attention
+// (Note [cuDNN fused attention] in nn/cuda/attention.cc) takes float16 and
+// bfloat16 without a mask (causal or not) and head sizes that are multiples
+// of 8 up to 256. The composed path, matmul + masked softmax + dropout +
+// matmul recorded by autograd, is taken for dropout_p > 0, for a float mask
+// that requires grad (its gradient is the scores'), and for whatever a
+// device's kernel declines (on CUDA: float32, float64, masks), on the
+// device's tensor ops.
 //
 // Errors throw ember::Error with torch's messages where it has them: fewer
 // than 2 dims, dtype mismatches, E of query and key or S of key and value

@@ -1,5 +1,6 @@
-// scaled_dot_product_attention and MultiheadAttention on cuda:0 (the composed
-// path on the device's tensor ops; cuDNN's fused attention is not used)
+// scaled_dot_product_attention and MultiheadAttention on cuda:0 in float64
+// (the composed path on the device's tensor ops; cuDNN's fused attention,
+// float16 and bfloat16 only, is nn/cuda/attention_test's)
 // against the CPU's fused kernel, outputs and gradients. Without a usable
 // CUDA device each case skips, saying why.
 #include <cmath>

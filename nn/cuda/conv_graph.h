@@ -15,6 +15,7 @@
 
 #include "nn/conv_kernels.h"
 #include "nn/cuda/conv_graph_plan.h"
+#include "nn/cuda/cudnn_graph.h"
 #include "tensor/device.h"
 #include "tensor/tensor.h"
 
@@ -36,13 +37,8 @@ bool GraphConvolution(ConvDirection direction, cudnnHandle_t handle, Device devi
                       const ::ember::nn::internal::ConvParams& p, void* x, void* w, void* y,
                       bool accumulate);
 
-// What the plan cache holds (for tests and diagnostics): shapes with a plan,
-// shapes left to the legacy path, and why the last of those was.
-struct GraphPlanStats {
-  int64_t plans = 0;
-  int64_t fallbacks = 0;
-  std::string last_fallback;
-};
+// What conv2d's plan cache holds (for tests and diagnostics): shapes with a
+// plan, shapes left to the legacy path, and why the last of those was.
 GraphPlanStats GraphStats();
 
 }  // namespace ember::nn::cudnn::internal

@@ -3,9 +3,10 @@
 Measures PyTorch 2.x eager with the benchmark's protocol (warm-up steps, then
 the median of synchronised steps): ResNet-18 (batch 64, 3x224x224, fp32,
 SGD lr 0.01, cross-entropy), the 4x512 MLP of nn/benchmark_mlp.h (batch 64,
-fp32, its host time too), the 4x4096 MLP (batch 4096, bf16) and the host time
+fp32, its host time too), the 4x4096 MLP (batch 4096, bf16), the host time
 of a one-element add enqueued with out= (cuda/kernels_benchmark.cc's
-BM_SmallAddHostOverhead). Prints one line per figure, in the benchmark's
+BM_SmallAddHostOverhead) and scaled_dot_product_attention's forward and
+backward (B=4, H=16, L=S=2048, E=64, bf16, causal and not). Prints one line per figure, in the benchmark's
 `ember-figure` form with a `torch-figure` prefix.
 
 With --ember-log FILE (the GPU bundle's log, holding the output of
@@ -254,13 +255,31 @@ def measure():
     def small_add():
         figures["small_add_host_us"] = small_add_host_us()
 
+    def sdpa():
+        F = torch.nn.functional
+        for causal in (False, True):
+            torch.manual_seed(2)
+            q, k, v = (torch.randn(4, 16, 2048, 64, device=dev, dtype=torch.bfloat16)
+                       .requires_grad_() for _ in range(3))
+            g = torch.randn(4, 16, 2048, 64, device=dev, dtype=torch.bfloat16)
+
+            def step():
+                q.grad = k.grad = v.grad = None
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(g)
+
+            for _ in range(WARMUP):
+                step()
+            torch.cuda.synchronize()
+            name = "sdpa_fwd_bwd_b4h16l2048e64_bf16" + ("_causal" if causal else "")
+            figures[name + "_ms"] = timed(step, 20)
+
     def layers():
         for layer in LAYERS:
             figures[f"layer_host_{layer}_us"] = layer_host_us(layer)
 
     failed = 0
     for case in (resnet, mlp512, mlp4096, small_add, layers, resnet_variants, mlp4096_autocast,
-                 allocator):
+                 allocator, sdpa):
         try:
             case()
         except Exception as e:  # noqa: BLE001 (report and go on)
@@ -326,6 +345,10 @@ def report(ember, torch_figures):
          "mlp4096_step_b4096_autocast_bf16_ms", False, "<= 1.00"),
         ("cached 1 MiB allocation + free (ns) vs PyTorch's", "cached_alloc_free_1mib_ns",
          "cached_alloc_free_1mib_ns", False, "<= 1.00"),
+        ("SDPA fwd+bwd B4 H16 L2048 E64 bf16 (ms) vs PyTorch's", "sdpa_fwd_bwd_b4h16l2048e64_bf16_ms",
+         "sdpa_fwd_bwd_b4h16l2048e64_bf16_ms", False, "<= 1.00"),
+        ("  causal", "sdpa_fwd_bwd_b4h16l2048e64_bf16_causal_ms",
+         "sdpa_fwd_bwd_b4h16l2048e64_bf16_causal_ms", False, "<= 1.00"),
     ]
     print(f"{'figure':<64} {'Ember':>10} {'baseline':>10} {'ratio':>7}  target")
     for title, mine, base, base_is_ember, target in rows:

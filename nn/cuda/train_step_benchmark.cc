@@ -31,6 +31,13 @@
 //   BM_CachedAllocFree    one cached 1 MiB allocation and its free through the
 //                         caching allocator, against torch.cuda's
 //                         caching_allocator_alloc / caching_allocator_delete
+//   BM_SdpaStep/<causal>  scaled_dot_product_attention's forward and backward
+//                         (cuDNN's fused graphs, Note [cuDNN fused attention]
+//                         in nn/cuda/attention.cc) at B=4, H=16, L=S=2048,
+//                         E=64, bfloat16, against torch's (its flash or cuDNN
+//                         backend, as torch picks); fused_calls counts the
+//                         calls that took the fused graphs (0: the composed
+//                         path ran, and the figure says nothing about them)
 // A step is zero_grad, forward, cross-entropy, backward and the optimizer's
 // step, then a device synchronisation; the figures are medians over the
 // timed steps, after warm-up steps (cuDNN and cuBLAS choose their algorithms
@@ -56,8 +63,10 @@
 #include "cuda/graphs.h"
 #include "nn/models/resnet.h"
 #include "nn/activation.h"
+#include "nn/attention.h"
 #include "nn/benchmark_mlp.h"
 #include "nn/conv.h"
+#include "nn/cuda/attention.h"
 #include "nn/cuda/cudnn.h"
 #include "nn/loss.h"
 #include "nn/normalization.h"
@@ -506,6 +515,41 @@ void CachedAllocFree(benchmark::State& state) {
 }
 void BM_CachedAllocFree(benchmark::State& state) { Guarded(state, &CachedAllocFree); }
 BENCHMARK(BM_CachedAllocFree)->Iterations(20)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void SdpaStep(benchmark::State& state) {
+  constexpr int64_t kB = 4, kH = 16, kL = 2048, kE = 64;
+  const bool causal = state.range(0) != 0;
+  manual_seed(2);
+  auto make = [] { return randn({kB, kH, kL, kE}).to(kGpu).to(kBFloat16); };
+  Tensor q = make().requires_grad_(), k = make().requires_grad_(), v = make().requires_grad_();
+  Tensor g = make();
+  auto step = [&] {
+    q.set_grad(Tensor());
+    k.set_grad(Tensor());
+    v.set_grad(Tensor());
+    functional::scaled_dot_product_attention(q, k, v, {.is_causal = causal}).backward(g);
+  };
+  const int64_t fused_before = cudnn::internal::AttentionBackwardStats().plans;
+  for (int i = 0; i < kWarmupSteps; ++i) step();
+  Sync();
+  const cudnn::internal::GraphPlanStats stats = cudnn::internal::AttentionBackwardStats();
+  std::vector<double> ms;
+  for (auto _ : state) {
+    const double start = Now();
+    step();
+    Sync();
+    ms.push_back(Now() - start);
+  }
+  state.counters["median_ms"] = Median(ms);
+  state.counters["fused_plans"] = static_cast<double>(stats.plans - fused_before);
+  if (stats.plans == fused_before) {
+    state.SetLabel("composed path: " + stats.last_fallback);
+  }
+  Figure(causal ? "sdpa_fwd_bwd_b4h16l2048e64_bf16_causal_ms" : "sdpa_fwd_bwd_b4h16l2048e64_bf16_ms",
+         Median(ms));
+}
+void BM_SdpaStep(benchmark::State& state) { Guarded(state, &SdpaStep); }
+BENCHMARK(BM_SdpaStep)->Arg(0)->Arg(1)->Iterations(20)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace ember::nn
