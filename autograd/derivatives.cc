@@ -1100,7 +1100,7 @@ Tensor AddmmAutograd(const Tensor& self, const Tensor& mat1, const Tensor& mat2,
           Tensor g2 = empty({mat1.sizes()[1], g.sizes()[1]},
                             TensorOptions().dtype(g.dtype()).device(g.device()));
           Tensor g_bias = empty({g.sizes()[1]}, TensorOptions().dtype(g.dtype()).device(g.device()));
-          ops::gemm_bias_grad_out(g2, g_bias, mat1.t(), g);
+          ops::gemm_bias_grad_out(g2, g_bias, mat1.t(), g, /*of_a=*/false);
           Tensor g1 = saved[1].defined() ? g.mm(saved[1].t()) : Tensor();
           return variable_list{g_bias, g1, g2};
         }

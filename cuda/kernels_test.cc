@@ -571,10 +571,20 @@ TEST(KernelsTest, MatmulsMatchTheCpuForEveryFloatingDtype) {
                          TensorOptions().dtype(in[0].dtype()).device(in[0].device()));
       Tensor sums = empty({in[1].sizes()[1]},
                           TensorOptions().dtype(in[0].dtype()).device(in[0].device()));
-      ops::gemm_bias_grad_out(out, sums, in[0].t(), in[1]);
+      ops::gemm_bias_grad_out(out, sums, in[0].t(), in[1], /*of_a=*/false);
       return cat({out, sums.unsqueeze(0)}, 0);
     };
     ExpectComputesSameAsCpu({a, c}, bias_grad, "gemm_bias_grad_out " + what, 40);
+    // nn::Linear's: g^T @ x and g's column sums (the rows of g^T).
+    const auto bias_grad_of_a = [](const auto& in) {
+      Tensor out = empty({in[1].sizes()[1], in[0].sizes()[1]},
+                         TensorOptions().dtype(in[0].dtype()).device(in[0].device()));
+      Tensor sums = empty({in[1].sizes()[1]},
+                          TensorOptions().dtype(in[0].dtype()).device(in[0].device()));
+      ops::gemm_bias_grad_out(out, sums, in[1].t(), in[0], /*of_a=*/true);
+      return cat({out, sums.unsqueeze(1)}, 1);
+    };
+    ExpectComputesSameAsCpu({a, c}, bias_grad_of_a, "gemm_bias_grad_out of_a " + what, 40);
     const Tensor ba = randn({3, 8, 5}).to(d), bb = randn({3, 5, 4}).to(d);
     ExpectSameAsCpu(
         {ba, bb}, [](const auto& in) { return ops::bmm(in[0], in[1]); }, "bmm " + what, tol);

@@ -207,10 +207,10 @@ EMBER_REGISTER_KERNEL(gemm_out, kCUDA, &GemmOut);
 // and the launch); the workspace is the thread's per (device, stream), as
 // cuBLAS's.
 // gemm_bias_grad_out (a Linear's weight and bias gradients) is the same
-// matmul with the bias-gradient epilogue: the bias pointer is written with
-// the sums of op(b) over the GEMM's k (CUBLASLT_EPILOGUE_BGRADA: cuBLASLt's
-// A is our b), the reduction PyTorch otherwise runs as a separate column
-// sum after the GEMM.
+// matmul with a bias-gradient epilogue: the bias pointer is written with the
+// sums over the GEMM's k of op(b) (CUBLASLT_EPILOGUE_BGRADA: cuBLASLt's A is
+// our b) or, with of_a, of op(a) (CUBLASLT_EPILOGUE_BGRADB: its B is our a),
+// the reduction PyTorch otherwise runs as a separate sum after the GEMM.
 // Operands without a BLAS layout are made contiguous (AsBlasOperand); an
 // output or bias that is not contiguous, a dtype cuBLASLt's bias epilogues
 // lack here (float64), or a shape for which the heuristic offers no
@@ -369,10 +369,13 @@ void GemmBiasOutCuda(const Tensor& out, const Tensor& a, const Tensor& b, const 
 }
 
 void GemmBiasGradOutCuda(const Tensor& out, const Tensor& bias_grad, const Tensor& a,
-                         const Tensor& b) {
-  if (LtMatmul("gemm_bias_grad_out", out, a, b, bias_grad, CUBLASLT_EPILOGUE_BGRADA)) return;
+                         const Tensor& b, bool of_a) {
+  if (LtMatmul("gemm_bias_grad_out", out, a, b, bias_grad,
+               of_a ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BGRADA)) {
+    return;
+  }
   GemmOut(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), 0, 1);
-  ops::copy_out(bias_grad, b.sum(std::vector<int64_t>{0}));
+  ops::copy_out(bias_grad, of_a ? a.sum(std::vector<int64_t>{1}) : b.sum(std::vector<int64_t>{0}));
 }
 
 EMBER_REGISTER_KERNEL(gemm_bias_out, kCUDA, &GemmBiasOutCuda);

@@ -92,6 +92,26 @@ TEST(LinearTest, GradientsMatchFiniteDifferences) {
       {Randn64({2, 3, 3}), Randn64({2, 3})});
 }
 
+// The weight and bias gradients come from one gemm_bias_grad_out outside
+// create_graph (Note [Bias epilogue]) and from recorded ops under it; both
+// are g^T x and g's column sums, computed here with plain ops.
+TEST(LinearTest, FusedAndRecordedBackwardGiveTheSameGradients) {
+  manual_seed(12);
+  const Tensor x0 = randn({7, 3}), w0 = randn({4, 3}), b0 = randn({4}), g = randn({7, 4});
+  for (bool create_graph : {false, true}) {
+    Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(),
+           b = b0.clone().requires_grad_();
+    Tensor y = functional::linear(x, w, b);
+    std::vector<Tensor> grads = autograd::grad({y}, {x, w, b}, {g}, std::nullopt, create_graph);
+    SCOPED_TRACE(create_graph ? "recorded" : "fused");
+    ExpectNear(Values(grads[0]), Values(g.mm(w0)), 1e-5);
+    ExpectNear(Values(grads[1]), Values(g.t().mm(x0)), 1e-5);
+    ExpectNear(Values(grads[2]), Values(g.sum(std::vector<int64_t>{0})), 1e-5);
+    EXPECT_EQ(grads[1].sizes(), w0.sizes());
+    EXPECT_TRUE(grads[1].is_contiguous());
+  }
+}
+
 TEST(LinearTest, SupportsDoubleBackward) {
   manual_seed(13);
   Tensor x = randn({2, 3}, kFloat64).requires_grad_();

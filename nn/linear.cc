@@ -5,10 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "autograd/function.h"
+#include "autograd/grad_mode.h"
 #include "nn/init.h"
 #include "tensor/autocast.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
+#include "tensor/ops.h"
 
 namespace ember::nn {
 namespace {
@@ -30,8 +32,19 @@ struct LinearFunction : autograd::Function<LinearFunction> {
     Tensor gx, gw, gb;
     if (g.defined()) {
       if (ctx->needs_input_grad(0)) gx = g.mm(w);
-      if (ctx->needs_input_grad(1)) gw = g.t().mm(x);
-      if (ctx->needs_input_grad(2)) gb = g.sum(/*dims=*/{0});
+      const bool need_w = ctx->needs_input_grad(1), need_b = ctx->needs_input_grad(2);
+      if (need_w && need_b && !autograd::GradMode::is_enabled() && g.numel() > 0 &&
+          g.is_floating_point()) {
+        // The weight's g^T x and the bias's column sums of g in one call
+        // (one GEMM with cuBLASLt's bias-gradient epilogue on CUDA, Note
+        // [Bias epilogue]). Under create_graph the recorded ops below run.
+        gw = empty(w.sizes(), w.options());
+        gb = empty({w.size(0)}, w.options());
+        ops::gemm_bias_grad_out(gw, gb, g.t(), x, /*of_a=*/true);
+      } else {
+        if (need_w) gw = g.t().mm(x);
+        if (need_b) gb = g.sum(/*dims=*/{0});
+      }
     }
     return {gx, gw, gb};
   }

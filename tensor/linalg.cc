@@ -133,10 +133,11 @@ void GemmBiasOut(const Tensor& out, const Tensor& a, const Tensor& b, const Tens
 }
 EMBER_REGISTER_KERNEL(gemm_bias_out, kComposite, &GemmBiasOut);
 
-// The devices without a fused bias gradient: the GEMM, then the column sums.
-void GemmBiasGradOut(const Tensor& out, const Tensor& bias_grad, const Tensor& a, const Tensor& b) {
+// The devices without a fused bias gradient: the GEMM, then the sums.
+void GemmBiasGradOut(const Tensor& out, const Tensor& bias_grad, const Tensor& a, const Tensor& b,
+                     bool of_a) {
   ops::gemm_out(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), 0, 1);
-  ops::copy_out(bias_grad, b.sum(std::vector<int64_t>{0}));
+  ops::copy_out(bias_grad, of_a ? a.sum(std::vector<int64_t>{1}) : b.sum(std::vector<int64_t>{0}));
 }
 EMBER_REGISTER_KERNEL(gemm_bias_grad_out, kComposite, &GemmBiasGradOut);
 

@@ -248,12 +248,28 @@ TEST(LinalgTest, GemmBiasGradOutIsTheProductAndTheColumnSums) {
   manual_seed(14);
   Tensor a = randn({4, 6}).t(), b = randn({4, 5});  // a: a transposed view, as input^T
   Tensor out = empty({6, 5}), bias_grad = empty({5});
-  ops::gemm_bias_grad_out(out, bias_grad, a, b);
+  ops::gemm_bias_grad_out(out, bias_grad, a, b, /*of_a=*/false);
   ExpectNear(Values(out), RefBmm(Values(a.contiguous()), Values(b), 1, 6, 4, 5), 1e-5);
   const std::vector<double> bv = Values(b);
   std::vector<double> sums(5, 0.0);
   for (int p = 0; p < 4; ++p)
     for (int j = 0; j < 5; ++j) sums[j] += bv[p * 5 + j];
+  ExpectNear(Values(bias_grad), sums, 1e-5);
+}
+
+// nn::Linear's weight and bias gradients: out = g^T @ x and the row sums of
+// g^T (over k, the batch), the bias gradient.
+TEST(LinalgTest, GemmBiasGradOutOfASumsTheRowsOfA) {
+  manual_seed(15);
+  Tensor g = randn({4, 6}), x = randn({4, 5});
+  Tensor a = g.t();  // [6, 4], a transposed view
+  Tensor out = empty({6, 5}), bias_grad = empty({6});
+  ops::gemm_bias_grad_out(out, bias_grad, a, x, /*of_a=*/true);
+  ExpectNear(Values(out), RefBmm(Values(a.contiguous()), Values(x), 1, 6, 4, 5), 1e-5);
+  const std::vector<double> gv = Values(g);
+  std::vector<double> sums(6, 0.0);
+  for (int p = 0; p < 4; ++p)
+    for (int j = 0; j < 6; ++j) sums[j] += gv[p * 6 + j];
   ExpectNear(Values(bias_grad), sums, 1e-5);
 }
 
