@@ -585,6 +585,21 @@ TEST(KernelsTest, MatmulsMatchTheCpuForEveryFloatingDtype) {
       return cat({out, sums.unsqueeze(1)}, 1);
     };
     ExpectComputesSameAsCpu({a, c}, bias_grad_of_a, "gemm_bias_grad_out of_a " + what, 40);
+    // A Linear and its activation (cuBLASLt's RELU_BIAS and GELU_AUX_BIAS
+    // epilogues); the pre-activation GELU keeps beside the output.
+    for (GemmActivation act : {GemmActivation::kReLU, GemmActivation::kGeluTanh}) {
+      const auto linear_act = [act](const auto& in) {
+        const TensorOptions o = TensorOptions().dtype(in[0].dtype()).device(in[0].device());
+        Tensor out = empty({in[1].sizes()[0], in[0].sizes()[0]}, o);
+        Tensor pre = act == GemmActivation::kReLU ? Tensor() : empty(out.sizes(), o);
+        ops::gemm_bias_act_out(out, pre, in[1], in[2].t(), in[0], static_cast<int64_t>(act));
+        return pre.defined() ? cat({out, pre}, 0) : out;
+      };
+      ExpectComputesSameAsCpu({bias, a, w}, linear_act,
+                              std::string("gemm_bias_act_out ") +
+                                  (act == GemmActivation::kReLU ? "relu " : "gelu ") + what,
+                              tol);
+    }
     const Tensor ba = randn({3, 8, 5}).to(d), bb = randn({3, 5, 4}).to(d);
     ExpectSameAsCpu(
         {ba, bb}, [](const auto& in) { return ops::bmm(in[0], in[1]); }, "bmm " + what, tol);

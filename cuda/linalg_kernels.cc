@@ -211,8 +211,12 @@ EMBER_REGISTER_KERNEL(gemm_out, kCUDA, &GemmOut);
 // sums over the GEMM's k of op(b) (CUBLASLT_EPILOGUE_BGRADA: cuBLASLt's A is
 // our b) or, with of_a, of op(a) (CUBLASLT_EPILOGUE_BGRADB: its B is our a),
 // the reduction PyTorch otherwise runs as a separate sum after the GEMM.
+// gemm_bias_act_out (a Linear and the activation after it) adds the
+// activation to the forward's epilogue: CUBLASLT_EPILOGUE_RELU_BIAS, or
+// CUBLASLT_EPILOGUE_GELU_AUX_BIAS, which also writes the pre-activation into
+// the auxiliary buffer (`pre`, leading dimension m) for GELU's backward.
 // Operands without a BLAS layout are made contiguous (AsBlasOperand); an
-// output or bias that is not contiguous, a dtype cuBLASLt's bias epilogues
+// output, bias or auxiliary buffer that is not contiguous, a dtype cuBLASLt's bias epilogues
 // lack here (float64), or a shape for which the heuristic offers no
 // algorithm with the epilogue takes the composite path.
 struct LtKey {
@@ -286,6 +290,16 @@ const LtPlan& PlanFor(const LtKey& key, cudaDataType_t type, cublasComputeType_t
   (void)cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a));
   (void)cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                        sizeof(epilogue));
+  if (epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+    // The auxiliary output is laid out as D: m rows (column-major), ld m. The
+    // heuristic sees it with a placeholder pointer; each call sets its own.
+    const int64_t aux_ld = static_cast<int64_t>(key.m);
+    const void* placeholder = reinterpret_cast<const void*>(uintptr_t{256});
+    (void)cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                         sizeof(aux_ld));
+    (void)cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                         &placeholder, sizeof(placeholder));
+  }
   // Stored shapes: op(b) is m x k, so b is stored m x k (N) or k x m (T);
   // op(a) is k x n, so a is stored k x n (N) or n x k (T); D is m x n.
   const uint64_t m = key.m, n = key.n, k = key.k;
@@ -315,14 +329,19 @@ const LtPlan& PlanFor(const LtKey& key, cudaDataType_t type, cublasComputeType_t
 }
 
 // out = a @ b through cuBLASLt with `epilogue` reading or writing `bias`
-// (Note [Bias epilogue]); false when the composite must run instead.
+// (and `aux`, [n, m], where the epilogue has an auxiliary output) (Note
+// [Bias epilogue]); false when the composite must run instead.
 bool LtMatmul(const char* op, const Tensor& out, const Tensor& a_in, const Tensor& b_in,
-              const Tensor& bias, cublasLtEpilogue_t epilogue) {
+              const Tensor& bias, cublasLtEpilogue_t epilogue, const Tensor& aux = Tensor()) {
   const Dtype dtype = out.dtype();
   internal::CheckSameDevice(op, {&out, &a_in, &b_in, &bias});
   const int64_t n = out.sizes()[0], m = out.sizes()[1], k = a_in.sizes()[1];
   if (dtype == kFloat64 || k == 0 || !out.is_contiguous() || !bias.is_contiguous() ||
       bias.dtype() != dtype) {
+    return false;
+  }
+  if (aux.defined() && (!aux.is_contiguous() || aux.dtype() != dtype || aux.sizes() != out.sizes() ||
+                        aux.device() != out.device())) {
     return false;
   }
   DeviceGuard guard(out.device());
@@ -353,6 +372,12 @@ bool LtMatmul(const char* op, const Tensor& out, const Tensor& a_in, const Tenso
   EMBER_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                              &bias_ptr, sizeof(bias_ptr)) == CUBLAS_STATUS_SUCCESS,
               "cublasLtMatmulDescSetAttribute(BIAS_POINTER) failed");
+  if (aux.defined()) {
+    const void* aux_ptr = aux.raw_data();
+    EMBER_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                               &aux_ptr, sizeof(aux_ptr)) == CUBLAS_STATUS_SUCCESS,
+                "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER) failed");
+  }
   const float one = 1.0f, zero = 0.0f;
   EMBER_CHECK(cublasLtMatmul(Lt().handles.at(key.device), plan.desc, &one, b_op.tensor.raw_data(),
                              plan.b, a_op.tensor.raw_data(), plan.a, &zero, out.raw_data(),
@@ -378,7 +403,23 @@ void GemmBiasGradOutCuda(const Tensor& out, const Tensor& bias_grad, const Tenso
   ops::copy_out(bias_grad, of_a ? a.sum(std::vector<int64_t>{1}) : b.sum(std::vector<int64_t>{0}));
 }
 
+void GemmBiasActOutCuda(const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b,
+                        const Tensor& bias, int64_t act) {
+  const auto activation = static_cast<GemmActivation>(act);
+  // RELU_BIAS writes no pre-activation, GELU_AUX_BIAS needs somewhere to
+  // write it: other requests take the composite.
+  const bool fused =
+      activation == GemmActivation::kReLU
+          ? !pre.defined() &&
+                LtMatmul("gemm_bias_act_out", out, a, b, bias, CUBLASLT_EPILOGUE_RELU_BIAS)
+          : activation == GemmActivation::kGeluTanh && pre.defined() &&
+                LtMatmul("gemm_bias_act_out", out, a, b, bias, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+                         pre);
+  if (!fused) ops::gemm_bias_act_out.Redispatch(DispatchKey::kCUDA, out, pre, a, b, bias, act);
+}
+
 EMBER_REGISTER_KERNEL(gemm_bias_out, kCUDA, &GemmBiasOutCuda);
+EMBER_REGISTER_KERNEL(gemm_bias_act_out, kCUDA, &GemmBiasActOutCuda);
 EMBER_REGISTER_KERNEL(gemm_bias_grad_out, kCUDA, &GemmBiasGradOutCuda);
 
 }  // namespace

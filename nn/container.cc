@@ -1,8 +1,12 @@
 #include "nn/container.h"
 
+#include <optional>
+#include <typeinfo>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "nn/activation.h"
+#include "nn/linear.h"
 #include "tensor/error.h"
 
 namespace ember::nn {
@@ -24,9 +28,43 @@ std::shared_ptr<Module> Sequential::operator[](int64_t index) const {
   return modules_[index < 0 ? index + n : index];
 }
 
+namespace {
+
+// Note [Sequential fuses a Linear and its activation]: `first` and `second`
+// as one linear_activation on `x`, or nullopt when they don't qualify.
+std::optional<Tensor> FusedPair(Module& first, Module& second, const Tensor& x) {
+  if (!x.defined() || typeid(first) != typeid(Linear) || first.has_hooks() ||
+      second.has_hooks() || !functional::fuses_linear_activation(x.device())) {
+    return std::nullopt;
+  }
+  const auto& linear = static_cast<Linear&>(first);
+  if (!linear.bias().defined()) return std::nullopt;
+  functional::LinearActivation act;
+  if (typeid(second) == typeid(ReLU)) {
+    act = functional::LinearActivation::kReLU;
+  } else if (typeid(second) == typeid(GELU) &&
+             static_cast<GELU&>(second).approximate() == "tanh") {
+    act = functional::LinearActivation::kGeluTanh;
+  } else {
+    return std::nullopt;
+  }
+  return functional::linear_activation(x, linear.weight(), linear.bias(), act);
+}
+
+}  // namespace
+
 Tensor Sequential::forward(const Tensor& input) {
   Tensor x = input;
-  for (const auto& m : modules_) x = (*m)(x);
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    if (i + 1 < modules_.size()) {
+      if (std::optional<Tensor> y = FusedPair(*modules_[i], *modules_[i + 1], x)) {
+        x = *std::move(y);
+        ++i;
+        continue;
+      }
+    }
+    x = (*modules_[i])(x);
+  }
   return x;
 }
 

@@ -21,6 +21,15 @@
 // their hooks run. Children are registered under "0", "1", ..., so parameter
 // names read "0.weight", "2.bias", as in PyTorch. clone() clones every child.
 //
+// Note [Sequential fuses a Linear and its activation]
+// Where a child that is exactly a Linear with a bias is followed by exactly a
+// ReLU or a GELU("tanh"), neither with hooks, and the input's device fuses
+// them (functional::fuses_linear_activation: CUDA), the pair runs as one
+// functional::linear_activation (Note [Linear and its activation] in
+// linear.h): what the pair returns and every gradient are the same
+// computation, the intermediate output is never visible, and subclasses or
+// hooked modules run unfused. On the CPU nothing changes.
+//
 // Errors: indexing outside the container and bad dims throw ember::Error.
 // Thread-safety: as Module (nn/module.h).
 #ifndef EMBER_NN_CONTAINER_H_

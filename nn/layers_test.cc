@@ -112,6 +112,61 @@ TEST(LinearTest, FusedAndRecordedBackwardGiveTheSameGradients) {
   }
 }
 
+// Note [Linear and its activation]: linear_activation is the two calls,
+// values and gradients (the CPU runs the composite: GEMM, then activation).
+TEST(LinearTest, LinearActivationIsTheLinearThenTheActivation) {
+  manual_seed(16);
+  const Tensor x0 = randn({6, 5}), w0 = randn({3, 5}), b0 = randn({3}), g = randn({6, 3});
+  for (auto act : {functional::LinearActivation::kReLU, functional::LinearActivation::kGeluTanh}) {
+    const bool relu = act == functional::LinearActivation::kReLU;
+    SCOPED_TRACE(relu ? "relu" : "gelu tanh");
+    std::vector<Tensor> fused_in = {x0.clone().requires_grad_(), w0.clone().requires_grad_(),
+                                    b0.clone().requires_grad_()};
+    std::vector<Tensor> plain_in = {x0.clone().requires_grad_(), w0.clone().requires_grad_(),
+                                    b0.clone().requires_grad_()};
+    Tensor fused = functional::linear_activation(fused_in[0], fused_in[1], fused_in[2], act);
+    Tensor z = functional::linear(plain_in[0], plain_in[1], plain_in[2]);
+    Tensor plain = relu ? functional::relu(z) : functional::gelu(z, "tanh");
+    ExpectNear(Values(fused), Values(plain), 1e-6);
+    std::vector<Tensor> gf = autograd::grad({fused}, fused_in, {g});
+    std::vector<Tensor> gp = autograd::grad({plain}, plain_in, {g});
+    for (int i = 0; i < 3; ++i) ExpectNear(Values(gf[i]), Values(gp[i]), 1e-5);
+  }
+  // Leading dims fold into rows, as linear's.
+  Tensor x3 = randn({2, 4, 5});
+  Tensor y3 = functional::linear_activation(x3, w0, b0, functional::LinearActivation::kReLU);
+  EXPECT_EQ(y3.sizes(), (IntArrayRef{2, 4, 3}));
+  ExpectNear(Values(y3), Values(functional::relu(functional::linear(x3, w0, b0))), 1e-6);
+}
+
+TEST(LinearTest, LinearActivationGradientsMatchFiniteDifferences) {
+  manual_seed(17);
+  for (auto act : {functional::LinearActivation::kReLU, functional::LinearActivation::kGeluTanh}) {
+    auto fn = [act](const std::vector<Tensor>& in) {
+      return functional::linear_activation(in[0], in[1], in[2], act);
+    };
+    ExpectGradientsMatch(fn, {Randn64({4, 3}), Randn64({2, 3}), Randn64({2})});
+    if (act == functional::LinearActivation::kGeluTanh) {
+      ExpectSecondDerivativesMatch(fn, {Randn64({3, 2}), Randn64({2, 2}), Randn64({2})});
+    }
+  }
+}
+
+TEST(LinearTest, LinearActivationNeedsABiasAndTheCpuDoesNotFuse) {
+  EXPECT_THROW(
+      {
+        try {
+          functional::linear_activation(randn({2, 3}), randn({4, 3}), Tensor(),
+                                        functional::LinearActivation::kReLU);
+        } catch (const Error& e) {
+          EXPECT_THAT(e.what(), ::testing::HasSubstr("the bias must be defined"));
+          throw;
+        }
+      },
+      Error);
+  EXPECT_FALSE(functional::fuses_linear_activation(Device(DeviceType::kCPU)));
+}
+
 TEST(LinearTest, SupportsDoubleBackward) {
   manual_seed(13);
   Tensor x = randn({2, 3}, kFloat64).requires_grad_();

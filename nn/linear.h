@@ -14,9 +14,24 @@
 // kaiming_uniform_(weight, a = sqrt(5)) and bias uniform in
 // [-1/sqrt(in_features), 1/sqrt(in_features)].
 //
-// The product runs as one GEMM (bias broadcast into the output first); its
-// backward is explicit: grad_input = grad W, grad_weight = grad^T x and
-// grad_bias = the column sums of grad, each computed only when needed.
+// The product runs as one GEMM with the bias added (cuBLASLt's bias
+// epilogue on CUDA); its backward is explicit: grad_input = grad W, and
+// grad_weight = grad^T x with grad_bias = the column sums of grad in one
+// call (cuBLASLt's bias-gradient epilogue on CUDA), each computed only when
+// needed.
+//
+// Note [Linear and its activation]
+// functional::linear_activation(x, w, b, act) is relu(linear(x, w, b)) or
+// gelu(linear(x, w, b), "tanh") as one op, gemm_bias_act_out: on CUDA one
+// cuBLASLt GEMM whose epilogue adds the bias and applies the activation
+// (RELU_BIAS; GELU_AUX_BIAS, which also keeps the pre-activation for the
+// backward), so the activation costs no kernel and no pass over the output
+// of its own; elsewhere the GEMM and the activation as before. A
+// Sequential calls it for a Linear with a bias followed by a ReLU or a
+// GELU("tanh"), where fuses_linear_activation(device) says the device has
+// the fused kernel and neither module has hooks (container.h); the values
+// are the separate calls' up to the GEMM's rounding. GELU's exact (erf)
+// form has no cuBLASLt epilogue and is never fused.
 //
 // Errors: shape, dtype and device mismatches throw ember::Error. Thread-safety:
 // as Module (nn/module.h).
@@ -27,6 +42,7 @@
 #include <string>
 
 #include "nn/module.h"
+#include "tensor/device.h"
 #include "tensor/tensor.h"
 
 namespace ember::nn {
@@ -34,6 +50,19 @@ namespace ember::nn {
 namespace functional {
 // input [*, in], weight [out, in], bias [out] or undefined -> [*, out].
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
+
+// The activations linear_activation applies: ReLU, and GELU's tanh form
+// (torch's gelu(approximate="tanh")).
+enum class LinearActivation { kReLU, kGeluTanh };
+
+// activation(linear(input, weight, bias)) as one op (Note [Linear and its
+// activation]); bias must be defined.
+Tensor linear_activation(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                         LinearActivation activation);
+
+// Whether `device`'s kernels fuse linear_activation (CUDA's do), so that
+// calling it beats the two calls.
+bool fuses_linear_activation(Device device);
 }  // namespace functional
 
 class Linear : public Cloneable<Linear> {

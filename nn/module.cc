@@ -127,6 +127,10 @@ struct BackwardHookCall {
 
 }  // namespace
 
+bool Module::has_hooks() const {
+  return !hooks_->pre.empty() || !hooks_->post.empty() || !hooks_->backward.empty();
+}
+
 Tensor Module::operator()(const Tensor& input) {
   const bool backward_hooks = !hooks_->backward.empty() && autograd::GradMode::is_enabled();
   if (hooks_->pre.empty() && hooks_->post.empty() && !backward_hooks) return forward(input);

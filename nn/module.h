@@ -245,6 +245,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // is kept alive until that call's graph is freed when it is owned by a
   // shared_ptr; otherwise it must outlive the backward pass.
   HookHandle register_full_backward_hook(FullBackwardHook hook);
+  // Whether any hook of the three kinds is registered (a Sequential fuses
+  // only modules without hooks: Note [Sequential fuses a Linear and its
+  // activation] in container.h).
+  bool has_hooks() const;
 
   // --- Deep copy -------------------------------------------------------------
   // A module with the same structure and its own copies of every parameter,

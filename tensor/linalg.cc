@@ -2,12 +2,14 @@
 // and dot. They check ranks, shapes and dtypes with torch's messages, allocate
 // the result and call the device kernel gemm_out on batched 3-D views
 // (b x n x k @ b x k x m -> b x n x m). matmul and outer are composed from
-// these in tensor.cc.
+// these in tensor.cc. Beside them, the composites of a Linear's fused
+// kernels: gemm_bias_out, gemm_bias_act_out and gemm_bias_grad_out.
 //
 // Dtypes: both operands (and addmm's self) must share one dtype, as torch
 // requires; the result has it. Every dtype but bool is supported (torch has no
 // bool matrix product on CPU). For integer dtypes addmm's beta and alpha must
 // be integers.
+#include <cmath>
 #include <vector>
 
 #include "tensor/ops.h"
@@ -132,6 +134,31 @@ void GemmBiasOut(const Tensor& out, const Tensor& a, const Tensor& b, const Tens
   ops::gemm_out(out.unsqueeze(0), a.unsqueeze(0), b.unsqueeze(0), 1, 1);
 }
 EMBER_REGISTER_KERNEL(gemm_bias_out, kComposite, &GemmBiasOut);
+
+// GELU's tanh form, 0.5 z (1 + tanh(sqrt(2 / pi) (z + 0.044715 z^3))).
+Tensor GeluTanh(const Tensor& z) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return z * 0.5 * (((z + z * z * z * 0.044715) * k).tanh() + 1.0);
+}
+
+// The devices without a fused activation: the GEMM with its bias, then the
+// activation.
+void GemmBiasActOut(const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b,
+                    const Tensor& bias, int64_t act) {
+  const Tensor& z = pre.defined() ? pre : out;
+  ops::gemm_bias_out(z, a, b, bias);
+  switch (static_cast<GemmActivation>(act)) {
+    case GemmActivation::kReLU:
+      ops::copy_out(out, z.relu());
+      return;
+    case GemmActivation::kGeluTanh:
+      ops::copy_out(out, GeluTanh(z));
+      return;
+  }
+  EMBER_CHECK(false, "gemm_bias_act_out: unknown activation ", act,
+              " (GemmActivation::kReLU or kGeluTanh)");
+}
+EMBER_REGISTER_KERNEL(gemm_bias_act_out, kComposite, &GemmBiasActOut);
 
 // The devices without a fused bias gradient: the GEMM, then the sums.
 void GemmBiasGradOut(const Tensor& out, const Tensor& bias_grad, const Tensor& a, const Tensor& b,

@@ -257,6 +257,29 @@ TEST(LinalgTest, GemmBiasGradOutIsTheProductAndTheColumnSums) {
   ExpectNear(Values(bias_grad), sums, 1e-5);
 }
 
+// A Linear and its activation: out = act(a @ b + bias), pre = a @ b + bias.
+TEST(LinalgTest, GemmBiasActOutAppliesTheActivationAfterTheBias) {
+  manual_seed(16);
+  Tensor a = randn({5, 4}), b = randn({4, 3}), bias = randn({3});
+  std::vector<double> z = RefBmm(Values(a), Values(b), 1, 5, 4, 3);
+  const std::vector<double> bv = Values(bias);
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 3; ++j) z[i * 3 + j] += bv[j];
+  std::vector<double> relu(z.size()), gelu(z.size());
+  for (size_t i = 0; i < z.size(); ++i) {
+    relu[i] = z[i] > 0 ? z[i] : 0;
+    const double u = std::sqrt(2 / M_PI) * (z[i] + 0.044715 * z[i] * z[i] * z[i]);
+    gelu[i] = 0.5 * z[i] * (1 + std::tanh(u));
+  }
+  Tensor out = empty({5, 3}), pre = empty({5, 3});
+  ops::gemm_bias_act_out(out, Tensor(), a, b, bias, static_cast<int64_t>(GemmActivation::kReLU));
+  ExpectNear(Values(out), relu, 1e-5);
+  ops::gemm_bias_act_out(out, pre, a, b, bias, static_cast<int64_t>(GemmActivation::kGeluTanh));
+  ExpectNear(Values(out), gelu, 1e-5);
+  ExpectNear(Values(pre), z, 1e-5);
+  EXPECT_THROW(ops::gemm_bias_act_out(out, pre, a, b, bias, 7), Error);
+}
+
 // nn::Linear's weight and bias gradients: out = g^T @ x and the row sums of
 // g^T (over k, the batch), the bias gradient.
 TEST(LinalgTest, GemmBiasGradOutOfASumsTheRowsOfA) {

@@ -34,6 +34,11 @@ enum class BinaryOp : uint8_t { EMBER_BINARY_OPS(EMBER_OP_KIND) };
 enum class ReduceOp : uint8_t { EMBER_REDUCE_OPS(EMBER_OP_KIND) };
 #undef EMBER_OP_KIND
 
+// The activations gemm_bias_act_out applies after a GEMM and its bias (its
+// int64_t `act`): ReLU, and GELU's tanh approximation (what cuBLASLt's GELU
+// epilogue computes; torch's approximate="tanh").
+enum class GemmActivation : int64_t { kReLU = 1, kGeluTanh = 2 };
+
 // Lowercase names as in torch ("exp", "add", "sum"), for messages.
 std::string_view UnaryOpName(UnaryOp op);
 std::string_view BinaryOpName(BinaryOp op);

@@ -4,18 +4,24 @@
 // Dropout: the mask is drawn on the device by its Philox generator (the CPU
 // generator is untouched), is reproducible for a seed, keeps about 1 - p of
 // the elements scaled by 1 / (1 - p), and the gradient flows through the same
-// mask. Without a device the GPU cases skip, saying why; the case about a
-// generator of the wrong device type runs everywhere.
+// mask. A Linear and its activation as one cuBLASLt GEMM (Note [Linear and
+// its activation]), alone and inside a Sequential. Without a device the GPU
+// cases skip, saying why; the case about a generator of the wrong device
+// type runs everywhere.
 #include "nn/activation.h"
 
 #include <cmath>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nn/cuda/layer_testing.h"
+#include "nn/container.h"
 #include "nn/dropout.h"
+#include "nn/linear.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "third_party/cuda/device_check.h"
@@ -59,6 +65,70 @@ TEST(ActivationCudaTest, GradcheckOnTheDeviceInFloat64) {
     SCOPED_TRACE(name);
     ExpectGradcheckOnDevice([&](const std::vector<Tensor>& in) { return act->forward(in[0]); },
                             {x});
+  }
+}
+
+// Note [Linear and its activation]: on cuda:0 a Linear and its ReLU or
+// GELU("tanh") run as one cuBLASLt GEMM with the activation in its epilogue;
+// values and gradients equal the CPU's two calls.
+TEST(LinearActivationCudaTest, TheFusedEpiloguesMatchTheCpu) {
+  EXPECT_TRUE(functional::fuses_linear_activation(kGpu));
+  EMBER_SKIP_WITHOUT_CUDA();
+  for (auto act : {functional::LinearActivation::kReLU, functional::LinearActivation::kGeluTanh}) {
+    for (Dtype dtype : {kFloat32, kBFloat16}) {
+      const bool relu = act == functional::LinearActivation::kReLU;
+      ExpectMatchesCpu(
+          [act](const std::vector<Tensor>& in) {
+            return functional::linear_activation(in[0], in[1], in[2], act);
+          },
+          {randn({64, 48}).to(dtype), randn({40, 48}).to(dtype), randn({40}).to(dtype)},
+          {true, true, true},
+          std::string(relu ? "relu " : "gelu tanh ") + std::string(dtype_name(dtype)),
+          dtype == kFloat32 ? 1e-4 : 3e-2);
+    }
+  }
+}
+
+// A Sequential of Linear / ReLU / Linear / GELU("tanh") / Linear fuses both
+// pairs on cuda:0 (Note [Sequential fuses a Linear and its activation]) and
+// gives the CPU's outputs and gradients; a hooked Linear runs unfused.
+TEST(LinearActivationCudaTest, ASequentialFusesItsPairsOnTheDevice) {
+  EMBER_SKIP_WITHOUT_CUDA();
+  manual_seed(5);
+  auto make = [] {
+    auto net = std::make_shared<Sequential>();
+    net->push_back(std::make_shared<Linear>(32, 64));
+    net->push_back(std::make_shared<ReLU>());
+    net->push_back(std::make_shared<Linear>(64, 48));
+    net->push_back(std::make_shared<GELU>("tanh"));
+    net->push_back(std::make_shared<Linear>(48, 8));
+    return net;
+  };
+  std::shared_ptr<Sequential> cpu = make();
+  for (bool hooked : {false, true}) {
+    SCOPED_TRACE(hooked ? "a hook on the first Linear" : "fused");
+    std::shared_ptr<Module> gpu = cpu->clone(kGpu);
+    int calls = 0;
+    if (hooked) {
+      (*std::static_pointer_cast<Sequential>(gpu))[0]->register_forward_hook(
+          [&calls](Module&, const Tensor&, const Tensor&) -> std::optional<Tensor> {
+            ++calls;
+            return std::nullopt;
+          });
+    }
+    Tensor x = randn({16, 32});
+    Tensor want = (*cpu)(x);
+    Tensor got = (*gpu)(x.to(kGpu));
+    testing::ExpectClose(got, want, 1e-4, "output");
+    EXPECT_EQ(calls, hooked ? 1 : 0);
+    want.sum().backward();
+    got.sum().backward();
+    const std::vector<Tensor> cpu_params = cpu->parameters(), gpu_params = gpu->parameters();
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      testing::ExpectClose(gpu_params[i].grad(), cpu_params[i].grad(), 1e-4,
+                           "gradient " + std::to_string(i));
+    }
+    cpu->zero_grad();
   }
 }
 
