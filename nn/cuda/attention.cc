@@ -291,7 +291,10 @@ bool ForwardCuda(const AttentionCall& c, Tensor* out, Tensor* stats) {
 bool BackwardCuda(const AttentionCall& c, const Tensor& out, const Tensor& stats,
                   const Tensor& grad, const std::array<bool, 3>& needs, AttentionGrads* grads) {
   (void)needs;  // The graph computes all three.
-  if (!Refusal(c).empty() || stats.dtype() != kFloat32 || !Aligned(out) || !Aligned(grad)) {
+  // The stats must be this kernel's (float32), the gradient of the output's
+  // dtype (the graph reads both as such).
+  if (!Refusal(c).empty() || stats.dtype() != kFloat32 || grad.dtype() != c.q.dtype() ||
+      out.dtype() != c.q.dtype() || !Aligned(out) || !Aligned(grad)) {
     return false;
   }
   DeviceGuard guard(c.q.device());
