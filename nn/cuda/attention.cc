@@ -345,6 +345,20 @@ std::string FusedAttentionRefusal(Dtype dtype, bool masked, int64_t head_dim, in
   return "";
 }
 
+std::string BuildAttentionOperations(bool backward, Dtype dtype, int64_t b, int64_t h, int64_t sq,
+                                     int64_t skv, int64_t d, int64_t dv, bool causal) {
+  const Shape s{.type = DataType(dtype, "scaled_dot_product_attention"),
+                .b = b, .h = h, .sq = sq, .skv = skv, .d = d, .dv = dv, .causal = causal};
+  Descriptors owned;
+  GraphBuilder g(owned);
+  if (backward) {
+    BuildBackward(g, s);
+  } else {
+    BuildForward(g, s);
+  }
+  return g.why();
+}
+
 GraphPlanStats AttentionForwardStats() { return Plans(Direction::kForward).Stats(); }
 GraphPlanStats AttentionBackwardStats() { return Plans(Direction::kBackward).Stats(); }
 

@@ -23,6 +23,15 @@ namespace ember::nn::cudnn::internal {
 std::string FusedAttentionRefusal(Dtype dtype, bool masked, int64_t head_dim, int64_t value_dim,
                                   bool empty, bool aligned);
 
+// Builds every tensor and operation of the forward's (or, with `backward`,
+// the backward's) graph for q [b, h, sq, d], k [b, h, skv, d], v
+// [b, h, skv, dv] of `dtype` and returns "" when cuDNN accepted each of
+// them, else its refusal. It stops before the operation graph, which needs a
+// device's handle, so it runs without a device (a check of the graphs'
+// descriptors wherever cuDNN's library loads).
+std::string BuildAttentionOperations(bool backward, Dtype dtype, int64_t b, int64_t h, int64_t sq,
+                                     int64_t skv, int64_t d, int64_t dv, bool causal);
+
 // What the forward's and the backward's plan caches hold (shapes with a
 // plan; shapes left to the composed path, and why the last was).
 GraphPlanStats AttentionForwardStats();

@@ -3,8 +3,9 @@
 // causal and not, grouped-query heads, L != S, against the CPU in float32
 // from the same rounded inputs, forward and backward, with the plan caches
 // showing the fused path ran. float32 declines to the composed path. Without
-// a device the GPU cases skip, saying why; the refusal rules and the
-// registration run everywhere.
+// a device the GPU cases skip, saying why; the refusal rules, the
+// registration and cuDNN's acceptance of every descriptor of both graphs
+// (short of the operation graph, which needs a device) run everywhere.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -48,6 +49,26 @@ TEST(AttentionCudaKernelTest, RefusalsNameWhatTheFusedGraphsDoNotTake) {
   EXPECT_THAT(FusedAttentionRefusal(kFloat16, false, 64, 64, true, true), HasSubstr("empty"));
   EXPECT_THAT(FusedAttentionRefusal(kFloat16, false, 64, 64, false, false),
               HasSubstr("16-byte aligned"));
+}
+
+// cuDNN accepts every tensor and operation descriptor of both graphs (only
+// the operation graph and its plan need a device).
+TEST(AttentionCudaKernelTest, EveryDescriptorOfTheGraphsFinalizesOnTheHost) {
+  for (bool backward : {false, true}) {
+    for (bool causal : {false, true}) {
+      for (Dtype dtype : {kFloat16, kBFloat16}) {
+        SCOPED_TRACE(std::string(backward ? "backward " : "forward ") +
+                     (causal ? "causal " : "") + std::string(dtype_name(dtype)));
+        EXPECT_EQ(cudnn::internal::BuildAttentionOperations(backward, dtype, 2, 4, 128, 96, 64,
+                                                            32, causal),
+                  "");
+      }
+    }
+  }
+  // A descriptor cuDNN refuses (a negative head size) is reported with its words.
+  EXPECT_THAT(cudnn::internal::BuildAttentionOperations(false, kFloat16, 2, 4, 128, 96, -8, 32,
+                                                        false),
+              HasSubstr("CUDNN_STATUS"));
 }
 
 // max |a - b| / max |b|, on the host in float64.
