@@ -1,7 +1,8 @@
 // Elastic DistributedDataParallel training: the job runs under
 // `launch --nnodes=MIN:MAX --rdzv_endpoint=...`, whose rounds may change the
-// number of nodes (a node lost, a node added). Rank 0 saves a checkpoint
-// (model, optimizer momentum and the step) every --save_every steps; every
+// number of nodes (a node lost, a node added). Rank 0 saves a distributed
+// checkpoint (model, optimizer momentum and the step; parallel/state_dict.h)
+// every --save_every steps; every
 // start, the first and each restart of a new round, resumes from the last
 // checkpoint, so the loss goes on where it was rather than starting over.
 //
@@ -11,7 +12,7 @@
 //   bazel-bin/tools/launch/launch --nproc_per_node=2 $rdzv bazel-bin/examples/elastic_train
 //
 // Options: --steps=N (300), --batch=N (per rank, 32), --save_every=N (20),
-// --checkpoint=PATH (elastic_train.pt), --step_delay_ms=N (0; slows steps
+// --checkpoint=DIR (elastic_train.ckpt), --step_delay_ms=N (0; slows steps
 // down, for tests and demonstrations), --log=PATH (rank 0 appends "round R
 // world W step S loss L" per step). Exits non-zero, with the error, when
 // anything fails.
@@ -29,7 +30,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "distributed/distributed.h"
@@ -39,12 +39,13 @@
 #include "nn/loss.h"
 #include "nn/optim/sgd.h"
 #include "parallel/distributed_data_parallel.h"
-#include "serialization/serialization.h"
+#include "parallel/state_dict.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
 #include "tensor/status_macros.h"
 
 namespace dist = ember::distributed;
+namespace dcp = ember::distributed::checkpoint;
 using ember::Tensor;
 
 namespace {
@@ -57,7 +58,7 @@ struct Options {
   int64_t batch = 32;
   int save_every = 20;
   int step_delay_ms = 0;
-  std::string checkpoint = "elastic_train.pt";
+  std::string checkpoint = "elastic_train.ckpt";
   std::string log;
 };
 
@@ -112,52 +113,39 @@ struct Task {
   }
 };
 
-// The checkpoint: the model's parameters, the optimizer's momentum buffers
-// ("optim.<index>.<name>") and the next step ("step").
+// The checkpoint, a distributed checkpoint (a directory) as
+// parallel/state_dict.h names a model's state: the model's parameters, the
+// optimizer's momentum buffers and hyperparameters, and the next step
+// ("step"). Rank 0 writes it alone (every rank holds the same replicated
+// state under DDP); a save replaces the previous checkpoint only once it is
+// whole, so a rank killed mid-save leaves the last one.
+absl::StatusOr<ember::parallel::ModelStateDict> Checkpoint(ember::nn::Module& model,
+                                                           ember::nn::optim::Optimizer& optimizer,
+                                                           const Tensor& step) {
+  EMBER_ASSIGN_OR_RETURN(ember::parallel::ModelStateDict state,
+                         ember::parallel::get_state_dict(model, &optimizer));
+  state.model.emplace_back("step", dcp::replicated(step));
+  return state;
+}
+
 absl::Status Save(const std::string& path, ember::nn::Module& model,
-                  const ember::nn::optim::Optimizer& optimizer, int next_step) {
-  ember::StateDict sd;
-  for (auto& [name, t] : model.state_dict()) sd.emplace_back(name, t);
-  for (const auto& p : optimizer.state_dict().state) {
-    for (const auto& [name, t] : p.values)
-      sd.emplace_back(absl::StrCat("optim.", p.index, ".", name), t);
-  }
-  sd.emplace_back("step", ember::full({1}, next_step, ember::TensorOptions(ember::kInt64)));
-  return ember::save(sd, path);
+                  ember::nn::optim::Optimizer& optimizer, int next_step) {
+  EMBER_ASSIGN_OR_RETURN(
+      ember::parallel::ModelStateDict state,
+      Checkpoint(model, optimizer, ember::full({1}, next_step, ember::TensorOptions(ember::kInt64))));
+  return ember::parallel::save_state_dict(state, &optimizer, {.path = path});
 }
 
 // The step to start from: 1 without a checkpoint, else the saved one, with
-// the model and optimizer restored.
+// the model and optimizer restored in place.
 absl::StatusOr<int> Resume(const std::string& path, ember::nn::Module& model,
                            ember::nn::optim::Optimizer& optimizer) {
   if (access(path.c_str(), R_OK) != 0) return 1;
-  EMBER_ASSIGN_OR_RETURN(ember::StateDict sd, ember::load(path));
-  ember::StateDict params;
-  ember::nn::optim::OptimizerStateDict opt = optimizer.state_dict();
-  int step = 1;
-  for (auto& [name, t] : sd) {
-    absl::string_view rest = name;
-    if (name == "step") {
-      step = static_cast<int>(t.item<int64_t>());
-    } else if (absl::ConsumePrefix(&rest, "optim.")) {
-      std::vector<std::string> parts = absl::StrSplit(rest, absl::MaxSplits('.', 1));
-      int64_t index = 0;
-      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &index)) {
-        return absl::DataLossError(absl::StrCat(path, ": bad optimizer key '", name, "'"));
-      }
-      ember::nn::optim::OptimizerStateDict::ParamState* state = nullptr;
-      for (auto& s : opt.state) state = s.index == index ? &s : state;
-      if (state == nullptr)
-        state =
-            &opt.state.emplace_back(ember::nn::optim::OptimizerStateDict::ParamState{index, {}});
-      state->values.emplace_back(parts[1], t);
-    } else {
-      params.emplace_back(name, t);
-    }
-  }
-  EMBER_RETURN_IF_ERROR(model.load_state_dict(params));
-  EMBER_RETURN_IF_ERROR(optimizer.load_state_dict(opt));
-  return step;
+  Tensor step = ember::zeros({1}, ember::TensorOptions(ember::kInt64));
+  EMBER_ASSIGN_OR_RETURN(ember::parallel::ModelStateDict state,
+                         Checkpoint(model, optimizer, step));
+  EMBER_RETURN_IF_ERROR(ember::parallel::load_state_dict(state, &optimizer, {.path = path}));
+  return static_cast<int>(step.item<int64_t>());
 }
 
 absl::Status Train(const Options& options) {

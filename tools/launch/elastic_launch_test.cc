@@ -68,7 +68,7 @@ Node StartNode(const std::string& name, int port, const std::string& nnodes,
       absl::StrCat("--steps=", steps),
       "--save_every=5",
       "--step_delay_ms=40",
-      absl::StrCat("--checkpoint=", Tmp(job + ".pt")),
+      absl::StrCat("--checkpoint=", Tmp(job + ".ckpt")),
       absl::StrCat("--log=", Tmp(job + "_steps.txt")),
   };
   node.pid = fork();

@@ -583,7 +583,7 @@ TEST(MultiHostTest, ElasticNodesAcrossHostsSurviveALossAndAdmitANewNode) {
         "--rdzv_conf=join_timeout=30,last_call_timeout=1,heartbeat_timeout=2",
         "--monitor_interval=0.2", "--max_restarts=3", "--local_addr=" + hosts->address(host),
         Runfile("examples/elastic_train"), "--steps=300", "--save_every=5", "--step_delay_ms=40",
-        "--checkpoint=" + dir + "/elastic.pt", "--log=" + steps};
+        "--checkpoint=" + dir + "/elastic.ckpt", "--log=" + steps};
     return std::make_pair(Spawn(argv, dir + "/elastic_" + name + ".log"),
                           dir + "/elastic_" + name + ".log");
   };
