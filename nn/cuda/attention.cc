@@ -39,6 +39,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -266,24 +267,41 @@ float NegativeInfinity() {
                                    : -std::numeric_limits<float>::infinity();
 }
 
+// One call's plan and operands, on the call's device (current: the caller
+// holds a DeviceGuard): k and v with their heads repeated to q's.
+struct Launch {
+  Device device;
+  Shape s;
+  cudnnHandle_t handle;
+  const Plan* plan;
+  Tensor k, v;
+};
+
+// The launch of `c` in `direction`, or nullopt when there is no plan.
+std::optional<Launch> Prepare(Direction direction, const AttentionCall& c) {
+  Launch l{.device = c.q.device(), .s = ShapeOf(c)};
+  l.handle = Handle(l.device);
+  l.plan = FindPlan(direction, l.handle, l.device, c.q.dtype(), l.s);
+  if (l.plan == nullptr) return std::nullopt;
+  l.k = ::ember::nn::internal::RepeatHeads(c.k, l.s.h).contiguous();
+  l.v = ::ember::nn::internal::RepeatHeads(c.v, l.s.h).contiguous();
+  return l;
+}
+
 bool ForwardCuda(const AttentionCall& c, Tensor* out, Tensor* stats) {
   if (!Refusal(c).empty()) return false;
   DeviceGuard guard(c.q.device());
-  const Device device = c.q.device();
-  const Shape s = ShapeOf(c);
-  cudnnHandle_t handle = Handle(device);
-  const Plan* plan = FindPlan(Direction::kForward, handle, device, c.q.dtype(), s);
-  if (plan == nullptr) return false;
-  Tensor k = ::ember::nn::internal::RepeatHeads(c.k, s.h).contiguous();
-  Tensor v = ::ember::nn::internal::RepeatHeads(c.v, s.h).contiguous();
+  std::optional<Launch> l = Prepare(Direction::kForward, c);
+  if (!l.has_value()) return false;
+  const Shape& s = l->s;
   *out = empty({s.b, s.h, s.sq, s.dv}, c.q.options());
   *stats = empty({s.b, s.h, s.sq}, c.q.options().dtype(kFloat32));
   float scale = static_cast<float>(c.scale), neg_inf = NegativeInfinity();
   const int64_t uids[] = {kQ, kK, kV, kO, kStats, kScale, kNegInf};
-  void* const pointers[] = {c.q.raw_data(),     k.raw_data(), v.raw_data(), out->raw_data(),
-                            stats->raw_data(), &scale,       &neg_inf};
+  void* const pointers[] = {c.q.raw_data(),    l->k.raw_data(), l->v.raw_data(), out->raw_data(),
+                            stats->raw_data(), &scale,          &neg_inf};
   // The causal mask's -inf is no tensor of the graph without causal.
-  Execute(handle, device, *plan, std::span(uids, s.causal ? 7 : 6),
+  Execute(l->handle, l->device, *l->plan, std::span(uids, s.causal ? 7 : 6),
           std::span(pointers, s.causal ? 7 : 6));
   return true;
 }
@@ -298,14 +316,10 @@ bool BackwardCuda(const AttentionCall& c, const Tensor& out, const Tensor& stats
     return false;
   }
   DeviceGuard guard(c.q.device());
-  const Device device = c.q.device();
-  const Shape s = ShapeOf(c);
-  cudnnHandle_t handle = Handle(device);
-  const Plan* plan = FindPlan(Direction::kBackward, handle, device, c.q.dtype(), s);
-  if (plan == nullptr) return false;
+  std::optional<Launch> l = Prepare(Direction::kBackward, c);
+  if (!l.has_value()) return false;
+  const Shape& s = l->s;
   const int64_t kv_heads = c.k.size(1);
-  Tensor k = ::ember::nn::internal::RepeatHeads(c.k, s.h).contiguous();
-  Tensor v = ::ember::nn::internal::RepeatHeads(c.v, s.h).contiguous();
   Tensor dq = empty_like(c.q);
   Tensor dk = empty({s.b, s.h, s.skv, s.d}, c.q.options());
   Tensor dv = empty({s.b, s.h, s.skv, s.dv}, c.q.options());
@@ -314,13 +328,13 @@ bool BackwardCuda(const AttentionCall& c, const Tensor& out, const Tensor& stats
   float scale = static_cast<float>(c.scale), one = 1.0f, neg_inf = NegativeInfinity();
   const int64_t uids[] = {kQ,     kK,     kV,     kO,      kGradO,    kStats,  kScale,
                           kOne,   kGradQ, kGradK, kGradV,  kRowDot,   kGradQSum, kNegInf};
-  void* const pointers[] = {c.q.raw_data(),     k.raw_data(),     v.raw_data(),
+  void* const pointers[] = {c.q.raw_data(),     l->k.raw_data(),  l->v.raw_data(),
                             out.raw_data(),     grad.raw_data(),  stats.raw_data(),
                             &scale,             &one,             dq.raw_data(),
                             dk.raw_data(),      dv.raw_data(),    row_dot.raw_data(),
                             dq_sum.raw_data(),  &neg_inf};
   const size_t n = s.causal ? 14 : 13;
-  Execute(handle, device, *plan, std::span(uids, n), std::span(pointers, n));
+  Execute(l->handle, l->device, *l->plan, std::span(uids, n), std::span(pointers, n));
   grads->dq = dq;
   grads->dk = ::ember::nn::internal::SumHeadGroups(dk, kv_heads);
   grads->dv = ::ember::nn::internal::SumHeadGroups(dv, kv_heads);
