@@ -14,6 +14,11 @@ rounds="${1:-7}"
 peer_src="${EMBER_PEERS_DIR:-$(dirname "$0")/../../shared/peers}/libtorch_autograd.cc"
 peer_bin="${TMPDIR:-/tmp}/ember_libtorch_autograd"
 if [[ ! -x "$peer_bin" || "$peer_src" -nt "$peer_bin" ]]; then
+  if [[ ! -f /usr/include/torch/csrc/api/include/torch/torch.h ]]; then
+    echo "compare_mlp_with_libtorch.sh: the LibTorch peer needs LibTorch's headers;" \
+      "install Debian's libtorch-dev (apt-get install libtorch-dev) and run again" >&2
+    exit 2
+  fi
   g++ -O2 -std=c++17 "$peer_src" -I/usr/include/torch/csrc/api/include \
     -ltorch -ltorch_cpu -lc10 -o "$peer_bin"
 fi
