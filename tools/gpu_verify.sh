@@ -29,7 +29,7 @@
 # paths, which run.sh links into each test's working folder). cuBLAS, cuDNN and NCCL are far too large to carry:
 # run.sh finds them on the GPU machine (see tools/gpu_verify_run.sh). Beside
 # them, the PyTorch peers run.sh runs when the machine's python3 has torch
-# with CUDA: torch_train_step.py (nn/cuda/: the training-step benchmarks) and
+# with CUDA: torch_train_step.py (nn/cuda/: the training-step and attention benchmarks) and
 # torch_cuda_queue.py (multiprocessing/: cuda_queue_benchmark's CUDA tensors
 # through a Queue).
 set -euo pipefail
