@@ -834,19 +834,19 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   // Note [Attention kernels decline]: the device's kernel first, where there
   // is no dropout and no mask gradient; the composed path otherwise.
   const bool mask_needs_grad = m.defined() && m.requires_grad() && autograd::GradMode::is_enabled();
+  // float16 and bfloat16 on the CPU compute in float32 (recorded casts).
+  bool widen = false;
   if (options.dropout_p == 0.0 && !mask_needs_grad &&
       internal::attention_forward.has(device.type())) {
-    // float16 and bfloat16 on the CPU compute in float32 (recorded casts).
-    const bool widen = query.is_cpu() && (dtype == kFloat16 || dtype == kBFloat16);
-    Tensor q = (widen ? q4.to(kFloat32) : q4).contiguous();
-    Tensor k = (widen ? k4.to(kFloat32) : k4).contiguous();
-    Tensor v = (widen ? v4.to(kFloat32) : v4).contiguous();
-    Tensor mask_in;
-    if (m.defined()) mask_in = (widen && m.dtype() != kBool ? m.to(kFloat32) : m).detach();
-    const internal::AttentionCall call{.q = q.detach(),
-                                       .k = k.detach(),
-                                       .v = v.detach(),
-                                       .mask = mask_in,
+    widen = query.is_cpu() && (dtype == kFloat16 || dtype == kBFloat16);
+    q4 = (widen ? q4.to(kFloat32) : q4).contiguous();
+    k4 = (widen ? k4.to(kFloat32) : k4).contiguous();
+    v4 = (widen ? v4.to(kFloat32) : v4).contiguous();
+    if (m.defined()) m = (widen && m.dtype() != kBool ? m.to(kFloat32) : m).detach();
+    const internal::AttentionCall call{.q = q4.detach(),
+                                       .k = k4.detach(),
+                                       .v = v4.detach(),
+                                       .mask = m,
                                        .causal = options.is_causal,
                                        .scale = scale};
     KernelResult result;
@@ -856,16 +856,17 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
       ran = internal::attention_forward(device)(call, &result.out, &result.stats);
     }
     if (ran) {
-      Tensor out = KernelAttention::apply(q, k, v, result, mask_in, options.is_causal, scale);
+      Tensor out = KernelAttention::apply(q4, k4, v4, result, m, options.is_causal, scale);
       return (widen ? out.to(dtype) : out).reshape(out_shape);
     }
+    // Declined: the composed path below takes the same (contiguous) operands.
   }
   Tensor m4 = m.defined() ? m.reshape({batch, heads, L, S}) : m;
   Tensor p = ComposedProbabilities(q4, internal::RepeatHeads(k4, heads), m4, options.is_causal,
                                    scale);
   if (options.dropout_p > 0.0) p = dropout(p, options.dropout_p, true, options.generator);
   Tensor out = p.matmul(internal::RepeatHeads(v4, heads));
-  return out.reshape(out_shape);
+  return (widen ? out.to(dtype) : out).reshape(out_shape);
 }
 
 }  // namespace functional
