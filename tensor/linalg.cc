@@ -145,18 +145,13 @@ Tensor GeluTanh(const Tensor& z) {
 // activation.
 void GemmBiasActOut(const Tensor& out, const Tensor& pre, const Tensor& a, const Tensor& b,
                     const Tensor& bias, int64_t act) {
+  const auto activation = static_cast<GemmActivation>(act);
+  EMBER_CHECK(activation == GemmActivation::kReLU || activation == GemmActivation::kGeluTanh,
+              "gemm_bias_act_out: unknown activation ", act,
+              " (GemmActivation::kReLU or kGeluTanh)");
   const Tensor& z = pre.defined() ? pre : out;
   ops::gemm_bias_out(z, a, b, bias);
-  switch (static_cast<GemmActivation>(act)) {
-    case GemmActivation::kReLU:
-      ops::copy_out(out, z.relu());
-      return;
-    case GemmActivation::kGeluTanh:
-      ops::copy_out(out, GeluTanh(z));
-      return;
-  }
-  EMBER_CHECK(false, "gemm_bias_act_out: unknown activation ", act,
-              " (GemmActivation::kReLU or kGeluTanh)");
+  ops::copy_out(out, activation == GemmActivation::kReLU ? z.relu() : GeluTanh(z));
 }
 EMBER_REGISTER_KERNEL(gemm_bias_act_out, kComposite, &GemmBiasActOut);
 
