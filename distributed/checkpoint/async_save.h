@@ -39,7 +39,10 @@
 // then runs save() on the staged copy with the checkpointer's plan cache
 // (Note [Cached save plans]), so the atomic commit (Note [Atomic commit] in
 // checkpoint.cc) holds as for a synchronous save: a failed or killed write
-// leaves the previous checkpoint at its path. Every collective of that save
+// leaves the previous checkpoint at its path. The data files go to the disk
+// with direct I/O (Note [Direct writes] in data_file.h), so the background
+// write's CPU time is mostly its checksums, not a copy into the page cache.
+// Every collective of that save
 // is bounded by the group's timeout, so the background write ends, and with
 // it every wait, even when a peer dies. writer_nice can put the writer below
 // the training threads; on a machine whose every core the training keeps busy

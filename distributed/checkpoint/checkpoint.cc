@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "base/unique_fd.h"
 #include "distributed/checkpoint/crc32c.h"
+#include "distributed/checkpoint/data_file.h"
 #include "distributed/checkpoint/metadata.h"
 #include "tensor/error.h"
 #include "tensor/factories.h"
@@ -554,14 +555,14 @@ absl::StatusOr<std::vector<std::pair<size_t, ChunkMetadata>>> WritePieces(
   std::vector<std::pair<size_t, ChunkMetadata>> out;
   const std::string name = DataFileName(rank);
   const std::string path = absl::StrCat(temp_dir, "/", name);
-  base::UniqueFd fd;
-  int64_t offset = 0;
+  std::optional<DataFileWriter> file;
   const int64_t block = std::max<int64_t>(options.checksum_block_bytes, 4096);
   for (const Assignment& a : plan) {
     if (a.writer != rank) continue;
-    if (fd.get() < 0) {
-      fd = base::UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-      if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", path));
+    if (!file.has_value()) {
+      EMBER_ASSIGN_OR_RETURN(DataFileWriter created,
+                             DataFileWriter::Create(path, options.direct_io));
+      file.emplace(std::move(created));
     }
     const std::string& key = keys0[a.key_index].key;
     const std::vector<Piece>& pieces = mine.at(key);
@@ -575,19 +576,16 @@ absl::StatusOr<std::vector<std::pair<size_t, ChunkMetadata>>> WritePieces(
     ch.offsets = a.box.offsets;
     ch.sizes = a.box.sizes;
     ch.file = name;
-    ch.offset = offset;
+    ch.offset = file->size();
     ch.length = length;
     ch.block_bytes = block;
     for (int64_t pos = 0; pos < length; pos += block) {
       ch.crc32c.push_back(crc32c(bytes + pos, std::min(block, length - pos)));
     }
-    EMBER_RETURN_IF_ERROR(WriteAll(fd.get(), bytes, length, path));
-    offset += length;
+    EMBER_RETURN_IF_ERROR(file->Append(bytes, static_cast<size_t>(length)));
     out.emplace_back(a.key_index, std::move(ch));
   }
-  if (fd.get() >= 0 && options.sync_files && ::fsync(fd.get()) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot fsync ", path));
-  }
+  if (file.has_value()) EMBER_RETURN_IF_ERROR(file->Close(options.sync_files));
   return out;
 }
 

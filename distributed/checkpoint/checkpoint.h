@@ -148,6 +148,11 @@ struct CheckpointOptions {
   // the commit, as PyTorch's FileSystemWriter(sync_files=True) does. Off, a
   // crash of the machine (not of a process) may lose a committed checkpoint.
   bool sync_files = true;
+  // Write data files around the page cache (O_DIRECT) where the file system
+  // takes it, from the tensors' own memory where it is aligned (Note [Direct
+  // writes] in data_file.h); the files are the same either way. Off: through
+  // the page cache.
+  bool direct_io = true;
   // Bytes covered by each CRC-32C of a piece's data (the smallest unit a
   // load reads and verifies).
   int64_t checksum_block_bytes = int64_t{1} << 20;

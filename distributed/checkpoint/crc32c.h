@@ -1,6 +1,7 @@
 // CRC-32C (Castagnoli), the checksum of a distributed checkpoint's data
-// blocks: the SSE4.2 crc32 instruction where the CPU has it, a table
-// otherwise (same values). Internal to distributed/checkpoint/.
+// blocks: the SSE4.2 crc32 instruction where the CPU has it, three chains of
+// it at once on long inputs (Note [Three crc32 streams] in crc32c.cc), a
+// table otherwise (same values). Internal to distributed/checkpoint/.
 //
 //   uint32_t crc = ember::distributed::checkpoint::crc32c("123456789", 9);
 //   // crc == 0xe3069283 (the CRC-32C check value)
