@@ -183,6 +183,11 @@ absl::StatusOr<std::unique_ptr<Manager>> Manager::create(std::shared_ptr<nn::Mod
     return absl::InvalidArgumentError(
         absl::StrCat("Manager: min_replicas must be at least 1, got ", options.min_replicas));
   }
+  if (options.quorum_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Manager: quorum_every must be at least 1 (1: ask the lighthouse every step), got ",
+        options.quorum_every));
+  }
   EMBER_RETURN_IF_ERROR(dist::find_backend(options.backend).status());
   std::unique_ptr<Manager> m(new Manager());
   m->model_ = std::move(model);
@@ -301,6 +306,11 @@ absl::Status Manager::start_quorum() {
   group_ready_ = false;
   voted_ = false;
   absl::Status s = broken_;
+  if (s.ok() && group_ != nullptr && !last_failed_ && step_ % options_.quorum_every != 0) {
+    // Note [Asking every few steps]: the last quorum, without asking.
+    group_ready_ = true;
+    return absl::OkStatus();
+  }
   if (s.ok() && options_.async_quorum && group_ != nullptr && !last_failed_) {
     // Note [Overlapping the quorum]: answered on a thread, applied by Await.
     if (group_rank_ == 0) {

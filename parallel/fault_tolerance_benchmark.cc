@@ -12,7 +12,9 @@
 // --join_timeout_ms (200), heartbeat timeout 1 s; collectives time out after
 // 1 s (the MLP) or 10 s (ResNet-18, whose 45 MB all-reduce and 90 MB state
 // transfer take longer than 1 s on 2 cores). The quorum overlaps each step
-// (Note [Overlapping the quorum]); --sync_quorum asks it before each step.
+// (Note [Overlapping the quorum]); --sync_quorum asks it before each step;
+// --quorum_every=N asks the lighthouse every N committed steps (Note [Asking
+// every few steps]; 1 by default).
 //
 // --elastic: the same job under restart-based elastic training instead:
 // tools/launch (--launch, default bazel-bin's next to this binary) with
@@ -90,6 +92,7 @@ struct Flags {
   std::string launch;  // --elastic: the launcher
   int save_every = 100;
   bool sync_quorum = false;  // the quorum before each step, not overlapped
+  int quorum_every = 1;      // ManagerOptions::quorum_every
   int join_timeout_ms = 200;
   int replica = -1;  // >= 0: run as that replica group
   bool elastic_worker = false;
@@ -142,7 +145,8 @@ int RunReplica(const Flags& f) {
                                               .min_replicas = 2,
                                               .timeout = Timeout(f),
                                               .quorum_timeout = absl::Seconds(30),
-                                              .async_quorum = !f.sync_quorum});
+                                              .async_quorum = !f.sync_quorum,
+                                              .quorum_every = f.quorum_every});
   if (!ft.ok()) {
     std::fprintf(stderr, "replica %d: %s\n", f.replica, ft.status().ToString().c_str());
     return 1;
@@ -265,6 +269,7 @@ std::vector<std::string> ChildArgs(const std::string& self, const Flags& f) {
       self, absl::StrCat("--model=", f.model), absl::StrCat("--save_every=", f.save_every),
       absl::StrCat("--lighthouse=", f.lighthouse), absl::StrCat("--dir=", f.dir)};
   if (f.sync_quorum) args.push_back("--sync_quorum");
+  args.push_back(absl::StrCat("--quorum_every=", f.quorum_every));
   return args;
 }
 
@@ -424,6 +429,7 @@ int main(int argc, char** argv) {
     else if (const char* v = value("--save_every=")) f.save_every = std::atoi(v);
     else if (arg == "--elastic_worker") f.elastic_worker = true;
     else if (arg == "--sync_quorum") f.sync_quorum = true;
+    else if (const char* v = value("--quorum_every=")) f.quorum_every = std::atoi(v);
     else if (const char* v = value("--join_timeout_ms=")) f.join_timeout_ms = std::atoi(v);
     else if (const char* v = value("--replica=")) f.replica = std::atoi(v);
     else if (const char* v = value("--lighthouse=")) f.lighthouse = v;

@@ -23,7 +23,8 @@
 // across groups, each rank's shards recovered from its counterpart). The
 // quorum overlaps each step (Note [Overlapping the quorum]), so a survivor
 // must also have discarded the step in which r2 came back; "+sync" asks it
-// before each step instead. The parent never touches gRPC (it does not
+// before each step instead; "+every4" asks it every 4 committed steps, so
+// the replacement joins at step 12, not at kRejoinAt. The parent never touches gRPC (it does not
 // survive fork); each process starts its own.
 #include "parallel/fault_tolerance.h"
 
@@ -112,6 +113,9 @@ bool WithLoader(const std::string& param) { return absl::EndsWith(param, "+loade
 bool WithFsdp(const std::string& param) { return absl::EndsWith(param, "+fsdp"); }
 // "+sync": the quorum asked before each step instead of overlapped with it.
 bool Sync(const std::string& param) { return absl::EndsWith(param, "+sync"); }
+// "+every4": the lighthouse asked every 4 committed steps (Note [Asking
+// every few steps]).
+int QuorumEvery(const std::string& param) { return absl::EndsWith(param, "+every4") ? 4 : 1; }
 // Processes per replica group.
 int GroupRanks(const std::string& param) {
   return absl::EndsWith(param, "+ddp") || WithFsdp(param) ? 2 : 1;
@@ -206,7 +210,8 @@ absl::Status Replica(const std::string& dir, const Member& me, const std::string
                                                    .timeout = absl::Seconds(10),
                                                    .quorum_timeout = absl::Seconds(30),
                                                    .replica_group = group,
-                                                   .async_quorum = !Sync(param)}));
+                                                   .async_quorum = !Sync(param),
+                                                   .quorum_every = QuorumEvery(param)}));
   std::unique_ptr<QuorumDataLoader> loader;
   if (WithLoader(param)) {
     const auto [rx, ry] = Rows();
@@ -229,6 +234,7 @@ absl::Status Replica(const std::string& dir, const Member& me, const std::string
     }
   }
   int failures = 0;
+  int64_t first_commit = -1;  // the step of this process's first commit
   while (ft->current_step() < kSteps) {
     if (!replacement && id != "r2" && ft->current_step() == kRejoinAt) {
       if (id == "r1" && me.local == 0) WriteFile(dir + "/reached", "1");
@@ -262,6 +268,7 @@ absl::Status Replica(const std::string& dir, const Member& me, const std::string
     const int64_t step = ft->current_step();
     if (ft->should_commit()) {
       opt.step();
+      if (first_commit < 0) first_commit = step;
       if (loader != nullptr) {
         log << step;
         for (int64_t i : loader->last_indices()) log << " " << i;
@@ -277,6 +284,7 @@ absl::Status Replica(const std::string& dir, const Member& me, const std::string
   }
   out.push_back({"recoveries", tensor<int64_t>({ft->recoveries()})});
   out.push_back({"discarded", tensor<int64_t>({ft->discarded_steps()})});
+  out.push_back({"first_commit", tensor<int64_t>({first_commit})});
   EMBER_RETURN_IF_ERROR(save(out, absl::StrCat(dir, "/", me.file(""), ".pt")));
   WriteFile(dir + "/" + me.file("done_"), "1");
   return absl::OkStatus();
@@ -340,7 +348,7 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> LoggedBatches(const std::strin
 }
 
 absl::Status CompareWithOneProcess(const std::string& dir, bool with_loader, int ranks,
-                                   bool async_quorum) {
+                                   bool async_quorum, int quorum_every) {
   auto whole = MakeModel(0);
   nn::optim::SGD opt(whole->parameters(), Sgd());
   std::vector<std::vector<int64_t>> logged;
@@ -382,6 +390,17 @@ absl::Status CompareWithOneProcess(const std::string& dir, bool with_loader, int
       return absl::InternalError("the replacement r2 did not recover the state from a peer");
     }
     if (who.id != "r2") survivors_discarded += discarded;
+    // The survivors wait for the replacement at kRejoinAt (10), so asking
+    // every step it joins at 10 or 11; asking every 4 steps, not before the
+    // survivors' next ask at 12.
+    const int64_t first_commit = rank_testing::Get(got, "first_commit").item<int64_t>();
+    if (who.id == "r2" && quorum_every > 1 &&
+        (first_commit < kRejoinAt || first_commit % quorum_every != 0)) {
+      return absl::InternalError(absl::StrCat("the replacement r2 first committed step ",
+                                              first_commit, "; asking the lighthouse every ",
+                                              quorum_every, " steps it should join at ",
+                                              (kRejoinAt / quorum_every + 1) * quorum_every));
+    }
     // Overlapped quorums (Note [Overlapping the quorum]): a survivor also
     // discards the step in which r2 came back, whose batch it chose for
     // two participants.
@@ -429,7 +448,8 @@ TEST_P(FaultToleranceTest, AKilledReplicaIsReplacedAndTrainingEqualsOneProcess) 
         return rank_testing::Guard([&]() -> absl::Status {
           if (me.rank == 0) {
             EMBER_RETURN_IF_ERROR(Lighthouse(me.temp_dir, ranks));
-            return CompareWithOneProcess(me.temp_dir, WithLoader(param), ranks, !Sync(param));
+            return CompareWithOneProcess(me.temp_dir, WithLoader(param), ranks, !Sync(param),
+                                         QuorumEvery(param));
           }
           const Member member{absl::StrCat("r", (me.rank - 1) / ranks + 1), (me.rank - 1) % ranks,
                               ranks};
@@ -446,8 +466,28 @@ TEST_P(FaultToleranceTest, AKilledReplicaIsReplacedAndTrainingEqualsOneProcess) 
   std::cout << results[0].output;
 }
 
+// Options that make no sense are refused by name before anything is
+// started (no store, no lighthouse call: the parent never touches gRPC).
+TEST(ManagerOptionsTest, RefusesBadOptionsByName) {
+  auto model = MakeModel(0);
+  const ManagerOptions good{.lighthouse = "127.0.0.1:1", .replica_id = "r1"};
+  ManagerOptions every = good;
+  every.quorum_every = 0;
+  absl::StatusOr<std::unique_ptr<Manager>> m = Manager::create(model, nullptr, every);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(m.status().message(), ::testing::HasSubstr("quorum_every must be at least 1"));
+  EXPECT_THAT(m.status().message(), ::testing::HasSubstr("got 0"));
+  ManagerOptions replicas = good;
+  replicas.min_replicas = 0;
+  m = Manager::create(model, nullptr, replicas);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), ::testing::HasSubstr("min_replicas must be at least 1"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, FaultToleranceTest,
-                         ::testing::Values("gloo", "tcp", "gloo+sync", "tcp+sync", "gloo+loader",
+                         ::testing::Values("gloo", "tcp", "gloo+sync", "tcp+sync", "gloo+every4",
+                                           "gloo+loader",
                                            "tcp+loader", "gloo+ddp", "tcp+ddp", "gloo+fsdp",
                                            "tcp+fsdp"),
                          [](const auto& info) {
