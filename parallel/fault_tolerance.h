@@ -1,5 +1,6 @@
 // Per-step fault tolerance (torchft's Manager): replica groups, each a full
-// copy of the model, train together; each step they ask the lighthouse
+// copy of the model, train together; each step (or every few, Note [Asking
+// every few steps]) they ask the lighthouse
 // (distributed/elastic/lighthouse.h) which of them take part, average
 // gradients over those only, and commit the step only if every participant
 // finished it. A replica group that dies is left out of the next step, the

@@ -1,6 +1,7 @@
 // The lighthouse: the quorum service of a fault-tolerant job (torchft's
 // Lighthouse). Replica groups, each training a full copy of the model, ask
-// it before every step which groups take part in that step (the quorum);
+// it before every step (or every few: Note [Asking every few steps] in
+// parallel/fault_tolerance.h) which groups take part (the quorum);
 // they keep themselves known by heartbeat, so a group that died is left out
 // of the next quorum instead of being waited for. parallel/fault_tolerance.h
 // (the Manager) is its client; tools/lighthouse serves one.
