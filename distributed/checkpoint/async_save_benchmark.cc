@@ -41,14 +41,14 @@ std::string Dir() {
   return d.string();
 }
 
-// Seconds for one loop of `steps` steps in `mode`.
 // Time spent inside save() / async_save() calls, summed over a loop.
 absl::Duration in_calls;
 // --direct_io (CheckpointOptions::direct_io).
 bool direct_io = true;
 
-// One checkpointer for the whole run, as a job keeps one: after the warm-up
-// its staging tensors are reused (reuse_staging_buffers).
+// Seconds for one loop of `steps` steps in `mode`. One checkpointer serves
+// the whole run, as a job keeps one: after the warm-up its staging tensors
+// are reused (reuse_staging_buffers).
 double Loop(Mode mode, AsyncCheckpointer& checkpointer, std::vector<Tensor>& state,
             const Tensor& a, int steps, int every, const std::string& dir, int round) {
   in_calls = absl::ZeroDuration();
